@@ -1,0 +1,205 @@
+#include "collate.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace fastdata {
+namespace {
+
+struct Dim {
+  int64_t n, ss, ds;  // extent, source byte stride, destination byte stride
+};
+
+// Normalises one copy into as few dimensions as possible, innermost last: size-1 dimensions
+// dropped, dimensions ordered by destination stride (so writes are sequential), and neighbours
+// merged where both sides are contiguous across them. An HWC image seen as CHW becomes two
+// dimensions: (C, src stride 1, dst stride H*W) and (H*W, src stride C, dst stride 1).
+int plan(int ndim, const int64_t* shape, const int64_t* ss, const int64_t* ds, Dim* out) {
+  int m = 0;
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] != 1) out[m++] = {shape[i], ss[i], ds[i]};
+  }
+  std::stable_sort(out, out + m, [](const Dim& a, const Dim& b) {
+    return std::llabs(a.ds) > std::llabs(b.ds);
+  });
+  int k = 0;
+  for (int i = 0; i < m; ++i) {
+    if (k > 0 && out[k - 1].ss == out[i].ss * out[i].n && out[k - 1].ds == out[i].ds * out[i].n) {
+      out[k - 1] = {out[k - 1].n * out[i].n, out[i].ss, out[i].ds};
+    } else {
+      out[k++] = out[i];
+    }
+  }
+  return k;
+}
+
+// Planar from interleaved: dst[k * plane + i] = src[i * K + k]; and the reverse for
+// channels_last. With K a constant the compiler turns these loops into byte shuffles, which
+// need SSSE3 (pshufb): HWC->CHW of 256 images of 224x224x3 takes 3 ms with it and 17 ms
+// without. So each kernel is compiled twice and the CPU picks at run time.
+#define FASTDATA_PLANAR_KERNELS(NS, ATTR)                                                     \
+  namespace NS {                                                                             \
+  template <typename T, int K>                                                               \
+  ATTR void deinterleave(const uint8_t* __restrict s, uint8_t* __restrict d, int64_t plane,  \
+                         int64_t n) {                                                        \
+    const T* src = reinterpret_cast<const T*>(s);                                            \
+    T* out[K];                                                                               \
+    for (int k = 0; k < K; ++k) out[k] = reinterpret_cast<T*>(d + k * plane);                \
+    for (int64_t i = 0; i < n; ++i) {                                                        \
+      for (int k = 0; k < K; ++k) out[k][i] = src[i * K + k];                                \
+    }                                                                                        \
+  }                                                                                          \
+  template <typename T, int K>                                                               \
+  ATTR void interleave(const uint8_t* __restrict s, uint8_t* __restrict d, int64_t plane,    \
+                       int64_t n) {                                                          \
+    const T* in[K];                                                                          \
+    for (int k = 0; k < K; ++k) in[k] = reinterpret_cast<const T*>(s + k * plane);           \
+    T* dst = reinterpret_cast<T*>(d);                                                        \
+    for (int64_t i = 0; i < n; ++i) {                                                        \
+      for (int k = 0; k < K; ++k) dst[i * K + k] = in[k][i];                                 \
+    }                                                                                        \
+  }                                                                                          \
+  }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FASTDATA_HAVE_SSSE3 1
+FASTDATA_PLANAR_KERNELS(ssse3, __attribute__((target("ssse3"))))
+#endif
+FASTDATA_PLANAR_KERNELS(generic, )
+
+template <typename T>
+void strided(const uint8_t* s, uint8_t* d, int64_t n, int64_t ss, int64_t ds) {
+  for (int64_t i = 0; i < n; ++i) {
+    *reinterpret_cast<T*>(d + i * ds) = *reinterpret_cast<const T*>(s + i * ss);
+  }
+}
+
+using Kernel = void (*)(const uint8_t*, uint8_t*, int64_t, int64_t);
+
+template <typename T>
+Kernel pick_planar(int k, bool to_planar) {
+#if FASTDATA_HAVE_SSSE3
+  static const bool fast = __builtin_cpu_supports("ssse3");
+  if (fast) {
+    switch (k) {
+      case 2: return to_planar ? ssse3::deinterleave<T, 2> : ssse3::interleave<T, 2>;
+      case 3: return to_planar ? ssse3::deinterleave<T, 3> : ssse3::interleave<T, 3>;
+      case 4: return to_planar ? ssse3::deinterleave<T, 4> : ssse3::interleave<T, 4>;
+      default: return nullptr;
+    }
+  }
+#endif
+  switch (k) {
+    case 2: return to_planar ? generic::deinterleave<T, 2> : generic::interleave<T, 2>;
+    case 3: return to_planar ? generic::deinterleave<T, 3> : generic::interleave<T, 3>;
+    case 4: return to_planar ? generic::deinterleave<T, 4> : generic::interleave<T, 4>;
+    default: return nullptr;
+  }
+}
+
+Kernel pick_planar(int64_t itemsize, int64_t k, bool to_planar) {
+  switch (itemsize) {
+    case 1: return pick_planar<uint8_t>(int(k), to_planar);
+    case 2: return pick_planar<uint16_t>(int(k), to_planar);
+    case 4: return pick_planar<uint32_t>(int(k), to_planar);
+    case 8: return pick_planar<uint64_t>(int(k), to_planar);
+    default: return nullptr;
+  }
+}
+
+void copy_one(const uint8_t* src, const int64_t* sstrides, uint8_t* dst, const int64_t* dstrides,
+              int ndim, const int64_t* shape, int64_t es) {
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] == 0) return;
+  }
+  Dim dims[kMaxDims + 1];
+  int m = plan(ndim, shape, sstrides, dstrides, dims);
+  if (m == 0) {
+    std::memcpy(dst, src, es);
+    return;
+  }
+  // Choose the innermost kernel; it consumes the last `inner` dimensions.
+  const Dim& a = dims[m - 1];
+  int inner = 1;
+  enum { kMemcpy, kPlanar, kStrided } kind = kStrided;
+  Kernel planar = nullptr;
+  int64_t plane = 0, run = a.n;
+  if (a.ss == es && a.ds == es) {
+    kind = kMemcpy;
+  } else if (m >= 2) {
+    const Dim& b = dims[m - 2];
+    if (a.ds == es && b.ss == es && b.n <= 4 && a.ss == b.n * es && b.ds >= a.n * es) {
+      // b: K channels (src stride es, dst stride = plane); a: n pixels of K interleaved values.
+      planar = pick_planar(es, b.n, true);
+      plane = b.ds;
+      run = a.n;
+    } else if (a.ds == es && b.ss == es && a.n <= 4 && b.ds == a.n * es && a.ss >= b.n * es) {
+      // b: n pixels (dst stride K*es); a: K channels read from K planes (src stride = plane).
+      planar = pick_planar(es, a.n, false);
+      plane = a.ss;
+      run = b.n;
+    }
+    if (planar) {
+      kind = kPlanar;
+      inner = 2;
+    }
+  }
+  // Odometer over the outer dimensions.
+  int outer = m - inner;
+  int64_t idx[kMaxDims] = {0};
+  const uint8_t* s = src;
+  uint8_t* d = dst;
+  while (true) {
+    switch (kind) {
+      case kMemcpy: std::memcpy(d, s, a.n * es); break;
+      case kPlanar: planar(s, d, plane, run); break;
+      case kStrided:
+        switch (es) {
+          case 1: strided<uint8_t>(s, d, a.n, a.ss, a.ds); break;
+          case 2: strided<uint16_t>(s, d, a.n, a.ss, a.ds); break;
+          case 4: strided<uint32_t>(s, d, a.n, a.ss, a.ds); break;
+          case 8: strided<uint64_t>(s, d, a.n, a.ss, a.ds); break;
+          default:
+            for (int64_t i = 0; i < a.n; ++i) std::memcpy(d + i * a.ds, s + i * a.ss, es);
+        }
+        break;
+    }
+    int j = outer - 1;
+    for (; j >= 0; --j) {
+      s += dims[j].ss;
+      d += dims[j].ds;
+      if (++idx[j] < dims[j].n) break;
+      s -= dims[j].ss * dims[j].n;
+      d -= dims[j].ds * dims[j].n;
+      idx[j] = 0;
+    }
+    if (j < 0) return;
+  }
+}
+
+}  // namespace
+
+void collate(const std::vector<ArrayView>& srcs, int ndim, const int64_t* shape, int64_t itemsize,
+             uint8_t* dst, int64_t dst_batch_stride, const int64_t* dst_strides, int threads) {
+  const int64_t n = int64_t(srcs.size());
+  auto work = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      copy_one(srcs[i].data, srcs[i].strides, dst + i * dst_batch_stride, dst_strides, ndim,
+               shape, itemsize);
+    }
+  };
+  int t = int(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  if (t == 1) {
+    work(0, n);
+    return;
+  }
+  // Threads are started per call: about 30 us each, under 1% of a 38 MB batch.
+  std::vector<std::thread> pool;
+  pool.reserve(t - 1);
+  for (int k = 1; k < t; ++k) pool.emplace_back(work, n * k / t, n * (k + 1) / t);
+  work(0, n / t);
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace fastdata

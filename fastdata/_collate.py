@@ -1,0 +1,166 @@
+"""Collation: torch's own `collate` walk, with tensor and ndarray leaves copied by the native core.
+
+Nested structure (tuples, lists, dicts, namedtuples), numbers, strings and every leaf the
+native core does not take are handled by torch's `default_collate` machinery itself, so the
+result is the same object `default_collate` would build, value for value.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils.collate import collate as _torch_collate
+from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
+
+from ._buffers import BufferRing, ring_for_this_process
+
+logger = logging.getLogger("fastdata")
+
+_ext: Any = None
+if os.environ.get("FASTDATA_DISABLE_NATIVE", "0").lower() in ("", "0", "false", "no"):
+    try:
+        from . import _native as _ext
+    except ImportError as e:  # a source checkout that was never built
+        logger.warning("fastdata's native extension is not built (%s); using the Python fallback", e)
+
+NATIVE = _ext is not None
+"""True when collation runs in the native extension, False when in the Python fallback."""
+
+# Below this many bytes a batch is cheaper to stack in torch than to hand to the native core
+# (about 20 us of call and DLPack overhead).
+_NATIVE_MIN_BYTES = 1 << 16
+
+_NUMPY_TO_TORCH = {
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
+_NATIVE_DTYPES = frozenset(_NUMPY_TO_TORCH.values()) | {torch.bfloat16}
+
+
+def default_threads() -> int:
+    """Copy threads for one collation: 1 inside a worker process (the workers are the
+    parallelism there), else the cores this process may run on, at most 8."""
+    if get_worker_info() is not None:
+        return 1
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+def copy_into(samples: Sequence[Any], out: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    """out[i] = samples[i] for every i (tensors or ndarrays of out's dtype and shape[1:]).
+
+    The native core does it with `threads` threads and the GIL released; the fallback is
+    torch's `copy_`, which gives the same bits.
+    """
+    if _ext is not None:
+        _ext.collate(list(samples), out, threads)
+    else:
+        for i, s in enumerate(samples):
+            out[i].copy_(torch.as_tensor(s))
+    return out
+
+
+_ring: BufferRing | None = None  # the slot ring of the collation under way in this process
+
+
+def _new_batch(n: int, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+    """(buffer to collate into, what the batch holds): a ring slot when one is free."""
+    shape = (n, *shape)
+    if _ring is not None:
+        got = _ring.alloc(shape, dtype)
+        if got is not None:
+            return got
+    if get_worker_info() is not None:
+        # As default_collate does: straight into shared memory, so the batch crosses to the
+        # main process without a copy.
+        numel = int(np.prod(shape, dtype=np.int64))
+        elem = torch.empty((), dtype=dtype)
+        storage = elem._typed_storage()._new_shared(numel, device="cpu")
+        out = elem.new(storage).resize_(*shape)
+    else:
+        out = torch.empty(shape, dtype=dtype)
+    return out, out
+
+
+def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
+    elem = batch[0]
+    if (
+        type(elem) is not torch.Tensor
+        or elem.dtype not in _NATIVE_DTYPES
+        or elem.device.type != "cpu"
+        or elem.layout != torch.strided
+        or elem.numel() * elem.element_size() * len(batch) < _NATIVE_MIN_BYTES
+        or any(
+            type(t) is not torch.Tensor
+            or t.dtype != elem.dtype
+            or t.shape != elem.shape
+            or t.device.type != "cpu"
+            or t.requires_grad
+            or t.is_conj()
+            or t.is_neg()
+            for t in batch
+        )
+    ):
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+    out, result = _new_batch(len(batch), elem.shape, elem.dtype)
+    copy_into([t.detach() for t in batch], out, default_threads())
+    return result
+
+
+def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None = None) -> Any:
+    elem = batch[0]
+    dtype = _NUMPY_TO_TORCH.get(elem.dtype)
+    if (
+        dtype is None
+        or elem.nbytes * len(batch) < _NATIVE_MIN_BYTES
+        or any(a.dtype != elem.dtype or a.shape != elem.shape for a in batch)
+    ):
+        # torch's path: the string/object dtype check, then as_tensor and stack.
+        return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
+    out, result = _new_batch(len(batch), elem.shape, dtype)
+    copy_into(batch, out, default_threads())
+    return result
+
+
+COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = dict(default_collate_fn_map)
+COLLATE_FN_MAP[torch.Tensor] = _collate_tensors
+COLLATE_FN_MAP[np.ndarray] = _collate_arrays
+
+
+def collate(batch: Sequence[Any]) -> Any:
+    """`torch.utils.data.default_collate`, value for value, with native tensor and array leaves."""
+    return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
+
+
+class RingCollate:
+    """The loader's collate_fn: `collate`, writing into a reused slot of this process's ring.
+
+    Picklable, so worker processes get it; each process makes its own ring on first use
+    (shared memory in a worker, pinned memory in the main process when `pin` is set).
+    """
+
+    def __init__(self, slots: int, pin: bool = False) -> None:
+        self.slots, self.pin = slots, pin
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        global _ring
+        in_worker = get_worker_info() is not None
+        ring = ring_for_this_process(shared=in_worker, slots=self.slots, pin=self.pin and not in_worker)
+        ring.begin()
+        _ring = ring
+        try:
+            return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
+        finally:
+            _ring = None
+            ring.end()

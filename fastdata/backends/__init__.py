@@ -1,0 +1,1 @@
+"""One module per backend; `fastdata.factory` chooses among them."""

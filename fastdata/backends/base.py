@@ -1,0 +1,79 @@
+"""The `Loader` object every backend returns, and what all backends share."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(num_workers: int | str) -> int:
+    """`num_workers="auto"`: one worker per core this process may use, at most 16. (Workers
+    sleep while their prefetch queue is full, so on a busy consumer they cost nothing; fewer
+    leave cores idle while the consumer waits.) A tuned config, when present, overrides it."""
+    if num_workers == "auto":
+        return max(1, min(16, usable_cores()))
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(
+            f"num_workers should be a non-negative integer or 'auto', but got {num_workers!r}"
+        )
+    return num_workers
+
+
+def new_stats() -> dict[str, Any]:
+    return {"samples": 0, "batches": 0, "skipped": 0, "errors": [], "wait_s": 0.0}
+
+
+class Loader:
+    """What `fastdata.loader` returns: iterate it for batches.
+
+    `len(loader)` is the number of batches per epoch for this rank, `loader.backend` names the
+    backend that runs it, `loader.stats` counts samples, batches, skipped samples (with the
+    first 100 errors) and the seconds the consumer spent waiting for batches.
+    """
+
+    backend: str = ""
+    batch_size: int | None = None
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = new_stats()
+
+    def __iter__(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _timed(self, batches: Iterator[Any], count: Any) -> Iterator[Any]:
+        """Yields from `batches`, adding the consumer's wait and each batch's size to stats."""
+        stats = self.stats
+        it = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            stats["wait_s"] += time.perf_counter() - t0
+            stats["batches"] += 1
+            stats["samples"] += count(batch)
+            yield batch
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(backend={self.backend!r}, batch_size={self.batch_size})"

@@ -1,0 +1,189 @@
+"""Drop-in mode: `fastdata.loader(dataset, ...)` over torch's own DataLoader machinery.
+
+The samplers, worker processes, worker seeding and error handling are DataLoader's, so the
+batches are DataLoader's. What changes: collation (native, into a reused ring of shared or
+pinned buffers: see `fastdata._buffers`), exact mid-epoch resume, stats, and the device stage.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import inspect
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from .._buffers import forget_workers
+from .._collate import RingCollate
+from ..device import prefetch
+from .base import Loader, resolve_workers
+
+DATALOADER_KEYWORDS = tuple(
+    name for name in inspect.signature(DataLoader.__init__).parameters if name not in ("self", "dataset")
+)
+# What decides which indices make a batch: given to a reference DataLoader, whose batch
+# sampler the working DataLoader then draws from.
+_INDEX_KEYWORDS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+_STATE_VERSION = 1
+
+
+class _Resumable:
+    """Wraps the epoch's (batch) sampler: records the RNG state its shuffle starts from, and on
+    resume restores it and skips the batches already delivered, by index only: no sample of a
+    skipped batch is read."""
+
+    def __init__(self, inner: Any, rng: torch.Generator) -> None:
+        self.inner, self.rng = inner, rng
+        self.skip = 0
+        self.restore: torch.Tensor | None = None
+        self.rng_at_start: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.restore is not None:
+            self.rng.set_state(self.restore)
+            self.restore = None
+        self.rng_at_start = self.rng.get_state()
+        skip, self.skip = self.skip, 0
+        it = iter(self.inner)
+        for _ in range(skip):
+            next(it, None)
+        return it
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, collections.abc.Mapping):
+        return _batch_len(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if isinstance(first, (torch.Tensor, collections.abc.Mapping, list, tuple)):
+            return _batch_len(first)
+        return len(batch)
+    return 1
+
+
+class TorchLoader(Loader):
+    """Drop-in mode. Takes every keyword of `torch.utils.data.DataLoader` with its meaning and
+    default, plus `num_workers="auto"` and `device`."""
+
+    backend = "torch"
+
+    def __init__(self, dataset: Any, *, device: Any = None, **kwargs: Any) -> None:
+        super().__init__()
+        if "num_workers" in kwargs:
+            kwargs["num_workers"] = resolve_workers(kwargs["num_workers"])
+        # The reference DataLoader validates every argument with DataLoader's own errors and
+        # builds the sampler exactly as DataLoader would; `len` is its len.
+        ref = DataLoader(dataset, **kwargs)
+        self._ref = ref
+        self.dataset = dataset
+        self.batch_size = ref.batch_size
+        self.device = None if device is None else torch.device(device)
+        self._rng = ref.generator if ref.generator is not None else torch.default_generator
+        self._iterable = isinstance(dataset, IterableDataset)
+        self._auto_collation = ref._auto_collation
+
+        own = {k: v for k, v in kwargs.items() if k not in _INDEX_KEYWORDS and k != "collate_fn"}
+        collate_fn = kwargs.get("collate_fn")
+        if collate_fn is None and ref._auto_collation:
+            pin = bool(ref.pin_memory) and torch.accelerator.is_available()
+            collate_fn = RingCollate(slots=(ref.prefetch_factor or 2) + 2, pin=pin)
+        self._index: _Resumable | None = None
+        if self._iterable:
+            self._loader = DataLoader(
+                dataset, batch_size=ref.batch_size, drop_last=ref.drop_last, collate_fn=collate_fn, **own
+            )
+        elif ref._auto_collation:
+            self._index = _Resumable(ref.batch_sampler, self._rng)
+            self._loader = DataLoader(dataset, batch_sampler=self._index, collate_fn=collate_fn, **own)
+        else:
+            self._index = _Resumable(ref.sampler, self._rng)
+            self._loader = DataLoader(
+                dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn, **own
+            )
+        self._epoch: int | None = None
+        self._resume: dict[str, Any] | None = None
+        self._epoch_rng: torch.Tensor | None = None
+        self._delivered = 0
+        self._in_epoch = False
+
+    def __len__(self) -> int:
+        return len(self._ref)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Eager like DataLoader's __iter__: workers start and seeds are drawn now, not at the
+        # first next(), so the RNG is consumed in the same order as with DataLoader.
+        resume, self._resume = self._resume, None
+        skip = 0
+        if resume is not None:
+            self._rng.set_state(resume["rng"])
+            skip = resume["batches"]
+            if self._index is not None:
+                self._index.restore = resume["sampler_rng"]
+                self._index.skip = skip
+        self._epoch_rng = self._rng.get_state()
+        self._delivered = skip
+        self._in_epoch = True
+        it = iter(self._loader)
+        if self._iterable:
+            # An iterable dataset cannot seek: fast-forward by reading the skipped batches.
+            for _ in range(skip):
+                next(it)
+        return self._run(it)
+
+    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
+        batches = it if self.device is None else prefetch(it, self.device)
+        count = _batch_len if self._auto_collation else (lambda batch: 1)
+        try:
+            for batch in self._timed(batches, count):
+                self._delivered += 1
+                yield batch
+            self._in_epoch = False
+        finally:
+            if not self._loader.persistent_workers:
+                forget_workers([w.pid for w in getattr(it, "_workers", ())])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Records the epoch and passes it to the sampler when it has `set_epoch` (as
+        `DistributedSampler` does)."""
+        self._epoch = epoch
+        for s in (self._ref.sampler, self._ref.batch_sampler, getattr(self._ref.batch_sampler, "sampler", None)):
+            if hasattr(s, "set_epoch"):
+                s.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: taken after k batches of an epoch, a loader given it yields
+        the batches after those k, then carries on to later epochs the same way. Exact when
+        the dataset's samples are a function of their index; an iterable dataset is
+        fast-forwarded. Without a `generator`, the shuffle comes from torch's global RNG, and
+        resuming restores that global state."""
+        if self._in_epoch:
+            sampler_rng = self._index.rng_at_start if self._index is not None else None
+            return {
+                "version": _STATE_VERSION,
+                "epoch": self._epoch,
+                "batches": self._delivered,
+                "rng": self._epoch_rng,
+                "sampler_rng": sampler_rng,
+            }
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "batches": 0,
+            "rng": self._rng.get_state(),
+            "sampler_rng": None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}"
+            )
+        if state["epoch"] is not None:
+            self.set_epoch(state["epoch"])
+        self._resume = dict(state)

@@ -1,0 +1,88 @@
+"""The device stage: batches cross to the target device on a side stream, one batch ahead."""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """`fn` applied to every tensor leaf of a batch, containers rebuilt the way torch's own
+    `pin_memory` rebuilds them (mutable ones cloned, so their extra attributes survive);
+    every other leaf untouched."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, collections.abc.Mapping):
+        try:
+            if isinstance(data, collections.abc.MutableMapping):
+                clone = copy.copy(data)
+                clone.update({k: map_tensors(fn, v) for k, v in data.items()})
+                return clone
+            return type(data)({k: map_tensors(fn, v) for k, v in data.items()})  # type: ignore[call-arg]
+        except TypeError:
+            return {k: map_tensors(fn, v) for k, v in data.items()}
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # namedtuple
+            return type(data)(*(map_tensors(fn, v) for v in data))
+        return type(data)(map_tensors(fn, v) for v in data)
+    if isinstance(data, collections.abc.Sequence):
+        try:
+            if isinstance(data, collections.abc.MutableSequence):
+                clone = copy.copy(data)
+                for i, v in enumerate(data):
+                    clone[i] = map_tensors(fn, v)
+                return clone
+            return type(data)([map_tensors(fn, v) for v in data])  # type: ignore[call-arg]
+        except TypeError:
+            return [map_tensors(fn, v) for v in data]
+    return data
+
+
+def _leaves(data: Any, out: list) -> list:
+    map_tensors(out.append, data)
+    return out
+
+
+def prefetch(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
+    """Yields each batch on `device`. On CUDA the copy of batch i+1 runs on a side stream while
+    the consumer works on batch i; tensors are handed to the consumer's stream properly
+    (wait_stream, record_stream), and each host batch is kept alive until its copy is done,
+    since a reused buffer must not be overwritten under an in-flight copy."""
+    if device.type != "cuda":
+        for batch in batches:
+            yield map_tensors(lambda t: t.to(device), batch)
+        return
+
+    stream = torch.cuda.Stream(device)
+
+    def start(host: Any) -> tuple[Any, Any, torch.cuda.Event]:
+        with torch.cuda.stream(stream):
+            moved = map_tensors(lambda t: t.to(device, non_blocking=True), host)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return host, moved, done
+
+    ahead = None
+    for host in batches:
+        current, ahead = ahead, start(host)
+        if current is not None:
+            yield _hand_over(current, device, stream)
+    if ahead is not None:
+        yield _hand_over(ahead, device, stream)
+
+
+def _hand_over(item: tuple, device: torch.device, stream: "torch.cuda.Stream") -> Any:
+    host, moved, done = item
+    consumer = torch.cuda.current_stream(device)
+    consumer.wait_stream(stream)
+    for t in _leaves(moved, []):
+        if t.device.type == "cuda":
+            t.record_stream(consumer)
+    done.synchronize()  # the host buffer may be reused once this returns; the copy is long done
+    del host
+    return moved
