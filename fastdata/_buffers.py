@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,6 +48,8 @@ def _lease_type(nbytes: int) -> type:
 
         def __del__(self) -> None:
             self.flags.array[self.slot, self.leaf] = 0
+            if self.live is not None:
+                self.live.discard((self.slot, self.leaf))
 
     return Lease
 
@@ -59,47 +62,73 @@ def leased_tensor(
     flags: Flags,
     slot: int,
     leaf: int,
+    live: set | None = None,
 ) -> torch.Tensor:
     """A tensor over `storage[offset:]` that clears `flags[slot, leaf]` when it dies."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-    lease = _lease_type(max(nbytes, 1)).from_address(storage.data_ptr() + offset)
-    lease.storage, lease.flags, lease.slot, lease.leaf = storage, flags, slot, leaf
     if nbytes == 0:
+        flags.array[slot, leaf] = 0
         return torch.empty(shape, dtype=dtype)
+    lease = _lease_type(nbytes).from_address(storage.data_ptr() + offset)
+    lease.storage, lease.flags, lease.slot, lease.leaf, lease.live = storage, flags, slot, leaf, live
+    if live is not None:
+        live.add((slot, leaf))
     return torch.frombuffer(lease, dtype=dtype, count=nbytes // itemsize).view(shape)
 
 
-def _rebuild(
-    flags_storage: torch.UntypedStorage,
-    storage: torch.UntypedStorage,
-    key: tuple,
-    slot: int,
-    leaf: int,
-    offset: int,
-    shape: tuple,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    # Runs in the main process when a worker's batch is unpickled. Keeping the storages in
-    # MAPPED makes torch's shared-storage cache hand back the same mapping every batch instead
-    # of mapping (and page-faulting) the slot anew.
-    MAPPED[key] = (flags_storage, storage)
-    return leased_tensor(storage, offset, shape, dtype, Flags(flags_storage), slot, leaf)
+class WorkerRings:
+    """The main process's record of each worker's ring, so that the next epoch's workers (new
+    processes, unless persistent) adopt the slots instead of page-faulting new ones."""
+
+    def __init__(self) -> None:
+        self.token = os.urandom(8).hex()
+        self.rings: dict[int, tuple[torch.UntypedStorage, list]] = {}  # worker id -> (flags, slot storages)
+        self.live: dict[int, set] = {}  # worker id -> (slot, leaf) with a lease alive here
+        _WORKER_RINGS[self.token] = self
+
+    def __getstate__(self) -> dict:
+        # To a spawned worker: the storages travel as shared-memory handles.
+        return {"token": self.token, "rings": self.rings, "live": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def received(self, worker: int, flags: torch.UntypedStorage, slot: int, storage) -> set:
+        ring = self.rings.get(worker)
+        if ring is None or ring[0].data_ptr() != flags.data_ptr():
+            ring = self.rings[worker] = (flags, [])
+        storages = ring[1]
+        storages.extend([None] * (slot + 1 - len(storages)))
+        storages[slot] = storage
+        return self.live.setdefault(worker, set())
+
+    def reclaim(self) -> None:
+        """After the workers exited: frees the slots of batches that were in flight and never
+        delivered (an epoch left early), which no lease will ever free."""
+        for worker, (flags, _) in self.rings.items():
+            array = Flags(flags).array
+            live = self.live.get(worker, set())
+            for slot, leaf in zip(*np.nonzero(array)):
+                if (int(slot), int(leaf)) not in live:
+                    array[slot, leaf] = 0
 
 
-MAPPED: dict[tuple, Any] = {}
-"""Worker slots mapped into this process, keyed by (worker pid, slot, leaf). Cleared by the
-loader when its workers exit; live batches keep their own references."""
+_WORKER_RINGS: "weakref.WeakValueDictionary[str, WorkerRings]" = weakref.WeakValueDictionary()
 
 
-def forget_workers(pids: Sequence[int]) -> None:
-    for key in [k for k in MAPPED if k[0] in pids]:
-        del MAPPED[key]
+def _rebuild(token, worker, flags_storage, storage, slot, leaf, offset, shape, dtype) -> torch.Tensor:
+    # Runs in the main process as a worker's batch is unpickled: a leased tensor over the
+    # worker's slot, and the slot recorded so the mapping stays (torch's shared-storage cache
+    # then hands back the same mapping every batch instead of mapping it anew).
+    record = _WORKER_RINGS.get(token)
+    live = record.received(worker, flags_storage, slot, storage) if record is not None else None
+    return leased_tensor(storage, offset, shape, dtype, Flags(flags_storage), slot, leaf, live)
 
 
 class SlotLeaf:
     """A tensor collated into a worker's slot, as it crosses to the main process: it pickles to
-    a leased tensor over the same shared memory (no copy, storages passed as file descriptors)."""
+    a leased tensor over the same shared memory (no copy; storages go as file descriptors)."""
 
     __slots__ = ("ring", "storage", "slot", "leaf", "offset", "shape", "dtype")
 
@@ -108,25 +137,27 @@ class SlotLeaf:
         self.offset, self.shape, self.dtype = offset, tuple(shape), dtype
 
     def __reduce__(self):
-        key = (os.getpid(), self.slot, self.leaf)
-        return (
-            _rebuild,
-            (self.ring.flags_storage, self.storage, key, self.slot, self.leaf, self.offset,
-             self.shape, self.dtype),
-        )
+        r = self.ring
+        return (_rebuild, (r.token, r.worker, r.flags_storage, self.storage, self.slot, self.leaf,
+                           self.offset, self.shape, self.dtype))
 
 
 class BufferRing:
     """`slots` reusable batch slots of growing capacity, in shared, pinned or plain memory."""
 
-    def __init__(self, slots: int, shared: bool, pin: bool = False) -> None:
-        self.shared, self.pin = shared, pin
-        flags = torch.zeros(slots * MAX_LEAVES, dtype=torch.uint8)
-        if shared:
-            flags.share_memory_()
-        self.flags_storage = flags.untyped_storage()
+    def __init__(self, slots: int, shared: bool, pin: bool = False, token: str = "", worker: int = -1,
+                 adopt: tuple | None = None) -> None:
+        self.shared, self.pin, self.token, self.worker = shared, pin, token, worker
+        if adopt is not None and len(adopt[1]) <= slots:
+            self.flags_storage = adopt[0]
+            self.storages: list[torch.UntypedStorage | None] = list(adopt[1]) + [None] * (slots - len(adopt[1]))
+        else:
+            flags = torch.zeros(slots * MAX_LEAVES, dtype=torch.uint8)
+            if shared:
+                flags.share_memory_()
+            self.flags_storage = flags.untyped_storage()
+            self.storages = [None] * slots
         self.flags = Flags(self.flags_storage)
-        self.storages: list[torch.UntypedStorage | None] = [None] * slots
         self._next = 0
         self._slot: int | None = None
         self._offset = 0
@@ -178,10 +209,21 @@ class BufferRing:
 _RINGS: dict[tuple, BufferRing] = {}
 
 
-def ring_for_this_process(shared: bool, slots: int, pin: bool = False) -> BufferRing:
-    """This process's ring (a forked worker must not use its parent's)."""
-    key = (os.getpid(), shared, pin)
+def ring_for_this_process(slots: int, pin: bool = False, workers: WorkerRings | None = None) -> BufferRing:
+    """This process's ring: shared memory in a worker (adopting the slots its predecessor with
+    the same worker id left, when `workers` knows them), plain or pinned memory in the main
+    process. Keyed by pid, since a forked worker must not use its parent's ring."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    shared = info is not None
+    key = (os.getpid(), shared, pin, workers.token if workers is not None and shared else "")
     ring = _RINGS.get(key)
     if ring is None or len(ring.storages) < slots:
-        ring = _RINGS[key] = BufferRing(slots, shared, pin)
+        if shared and workers is not None:
+            ring = BufferRing(slots, True, token=workers.token, worker=info.id,
+                              adopt=workers.rings.get(info.id))
+        else:
+            ring = BufferRing(slots, shared, pin=pin and not shared)
+        _RINGS[key] = ring
     return ring

@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from ._buffers import BufferRing, ring_for_this_process
+from ._buffers import BufferRing, WorkerRings, ring_for_this_process
 
 logger = logging.getLogger("fastdata")
 
@@ -57,18 +57,21 @@ def default_threads() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
-def copy_into(samples: Sequence[Any], out: torch.Tensor, threads: int = 1) -> torch.Tensor:
-    """out[i] = samples[i] for every i (tensors or ndarrays of out's dtype and shape[1:]).
-
-    The native core does it with `threads` threads and the GIL released; the fallback is
-    torch's `copy_`, which gives the same bits.
-    """
-    if _ext is not None:
-        _ext.collate(list(samples), out, threads)
-    else:
-        for i, s in enumerate(samples):
-            out[i].copy_(torch.as_tensor(s))
+def copy_into_python(samples: Sequence[Any], out: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    """The fallback: out[i] = samples[i] with torch's `copy_`, which gives the native core's bits."""
+    for i, s in enumerate(samples):
+        out[i].copy_(torch.as_tensor(s))
     return out
+
+
+def copy_into_native(samples: Sequence[Any], out: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    """out[i] = samples[i] (tensors or ndarrays of out's dtype and shape[1:]) on `threads`
+    threads with the GIL released, whatever the strides on either side."""
+    _ext.collate(list(samples), out, threads)
+    return out
+
+
+copy_into = copy_into_native if _ext is not None else copy_into_python
 
 
 _ring: BufferRing | None = None  # the slot ring of the collation under way in this process
@@ -147,16 +150,17 @@ class RingCollate:
     """The loader's collate_fn: `collate`, writing into a reused slot of this process's ring.
 
     Picklable, so worker processes get it; each process makes its own ring on first use
-    (shared memory in a worker, pinned memory in the main process when `pin` is set).
+    (shared memory in a worker, pinned memory in the main process when `pin` is set), and a
+    worker adopts the ring its predecessor with the same worker id left (see WorkerRings).
     """
 
     def __init__(self, slots: int, pin: bool = False) -> None:
         self.slots, self.pin = slots, pin
+        self.workers = WorkerRings()
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         global _ring
-        in_worker = get_worker_info() is not None
-        ring = ring_for_this_process(shared=in_worker, slots=self.slots, pin=self.pin and not in_worker)
+        ring = ring_for_this_process(self.slots, self.pin, self.workers)
         ring.begin()
         _ring = ring
         try:

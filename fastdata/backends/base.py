@@ -20,11 +20,9 @@ def resolve_workers(num_workers: int | str) -> int:
     leave cores idle while the consumer waits.) A tuned config, when present, overrides it."""
     if num_workers == "auto":
         return max(1, min(16, usable_cores()))
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(
-            f"num_workers should be a non-negative integer or 'auto', but got {num_workers!r}"
-        )
-    return num_workers
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise TypeError(f"num_workers should be a non-negative integer or 'auto', but got {num_workers!r}")
+    return num_workers  # a negative count gets DataLoader's own ValueError
 
 
 def new_stats() -> dict[str, Any]:

@@ -14,7 +14,6 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .._buffers import forget_workers
 from .._collate import RingCollate
 from ..device import prefetch
 from .base import Loader, resolve_workers
@@ -43,6 +42,9 @@ class _Resumable:
         return len(self.inner)
 
     def __iter__(self) -> Iterator[Any]:
+        # A generator, so nothing runs until the first index is asked for: DataLoader calls
+        # iter() on its sampler before drawing its worker seed (and, with workers, twice,
+        # dropping the first), while the shuffle draws lazily; resuming must keep that order.
         if self.restore is not None:
             self.rng.set_state(self.restore)
             self.restore = None
@@ -51,7 +53,7 @@ class _Resumable:
         it = iter(self.inner)
         for _ in range(skip):
             next(it, None)
-        return it
+        yield from it
 
 
 def _batch_len(batch: Any) -> int:
@@ -145,8 +147,12 @@ class TorchLoader(Loader):
                 yield batch
             self._in_epoch = False
         finally:
-            if not self._loader.persistent_workers:
-                forget_workers([w.pid for w in getattr(it, "_workers", ())])
+            collate_fn = self._loader.collate_fn
+            if isinstance(collate_fn, RingCollate) and not self._loader.persistent_workers:
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()  # the workers are gone before their slots are reclaimed
+                collate_fn.workers.reclaim()
 
     def set_epoch(self, epoch: int) -> None:
         """Records the epoch and passes it to the sampler when it has `set_epoch` (as

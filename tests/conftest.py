@@ -1,0 +1,122 @@
+"""Shared helpers for the fastdata tests: batch-stream comparison, cloning, worker checks."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import collections.abc  # noqa: E402
+import gc  # noqa: E402
+import multiprocessing  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def assert_same(a, b, path="batch"):
+    """a and b are the same batch: same container types and nesting, tensors with the same
+    dtype, shape and values, other leaves equal (and of the same type)."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+        assert a.device == b.device, f"{path}: device {a.device} != {b.device}"
+        assert torch.equal(a, b), f"{path}: values differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert np.array_equal(a, b), f"{path}: values differ"
+    elif isinstance(a, (str, bytes)):
+        assert a == b, f"{path}: {a!r} != {b!r}"
+    elif isinstance(a, collections.abc.Mapping):
+        assert list(a.keys()) == list(b.keys()), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), f"{path}: len {len(a)} != {len(b)}"
+        if hasattr(a, "_fields"):
+            assert a._fields == b._fields, path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def assert_same_stream(got, want):
+    assert len(got) == len(want), f"{len(got)} batches != {len(want)} batches"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, f"batch {i}")
+
+
+def clone(data):
+    """A deep copy of a batch whose tensors own fresh memory."""
+    if isinstance(data, torch.Tensor):
+        return data.clone()
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, collections.abc.Mapping):
+        return type(data)({k: clone(v) for k, v in data.items()})
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):
+            return type(data)(*(clone(v) for v in data))
+        return tuple(clone(v) for v in data)
+    if isinstance(data, list):
+        return [clone(v) for v in data]
+    return data
+
+
+def take(iterator, n):
+    """The next n batches of `iterator`, cloned (so no buffer of the loader is held)."""
+    out = []
+    for _ in range(n):
+        batch = next(iterator)
+        out.append(clone(batch))
+        del batch
+    return out
+
+
+def collect(loader):
+    """One epoch of `loader`, each batch cloned and the original dropped at once."""
+    out = []
+    for batch in loader:
+        out.append(clone(batch))
+        del batch
+    return out
+
+
+def new_children(before, timeout=10.0):
+    """Child processes not in `before` still alive after waiting up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        alive = [p for p in multiprocessing.active_children() if p.pid not in before]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_pin_memory_warning():
+    # On this CPU-only machine DataLoader warns that pin_memory has no accelerator to pin for.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        yield
+
+
+@pytest.fixture
+def h():
+    """The helpers above, for the test modules (which should not import conftest)."""
+    return types.SimpleNamespace(
+        assert_same=assert_same,
+        assert_same_stream=assert_same_stream,
+        clone=clone,
+        take=take,
+        collect=collect,
+        new_children=new_children,
+    )

@@ -1,0 +1,155 @@
+"""Native collation against the Python fallback and against torch's default_collate."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from fastdata import _collate
+from fastdata._buffers import BufferRing
+from fastdata._collate import RingCollate, collate, copy_into_python
+
+native = pytest.mark.skipif(not _collate.NATIVE, reason="native extension disabled")
+
+
+def test_native_extension_is_built_unless_disabled():
+    # CI builds the extension: a silent fallback would leave the native path untested.
+    disabled = os.environ.get("FASTDATA_DISABLE_NATIVE", "0") not in ("", "0", "false", "no")
+    assert _collate.NATIVE is not disabled
+
+
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
+
+
+def _samples(dtype, n, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return [torch.rand(shape, generator=g) > 0.5 for _ in range(n)]
+    if dtype.is_floating_point:
+        return [torch.randn(shape, generator=g).to(dtype) * 100 for _ in range(n)]
+    info = torch.iinfo(dtype)
+    return [torch.randint(info.min, info.max, shape, generator=g, dtype=torch.int64).to(dtype)
+            for _ in range(n)]
+
+
+# Each view maker turns a contiguous sample into a strided view of the same logical shape.
+VIEWS = {
+    "contiguous": lambda t: t,
+    "hwc_as_chw": lambda t: t.permute(1, 2, 0).contiguous().permute(2, 0, 1),
+    "flipped": lambda t: t.flip(-1).contiguous().flip(-1) if t.dtype != torch.bool else t,
+    "every_other": lambda t: torch.cat([t, t], -1)[..., ::2],
+    "transposed": lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2),
+}
+
+
+@native
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", sorted(VIEWS))
+@pytest.mark.parametrize("channels", [1, 2, 3, 4, 5])
+def test_native_equals_fallback(dtype, view, channels):
+    samples = [VIEWS[view](s) for s in _samples(dtype, 7, (channels, 9, 13), seed=channels)]
+    ref = torch.stack(samples)
+    for threads in (1, 3):
+        out = torch.empty_like(ref)
+        _collate.copy_into_native(samples, out, threads)
+        assert torch.equal(out, ref)
+        fallback = torch.empty_like(ref)
+        copy_into_python(samples, fallback)
+        assert torch.equal(out, fallback)
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.float64])
+@pytest.mark.parametrize("source", ["chw", "hwc_as_chw"])
+def test_native_into_channels_last(dtype, source):
+    samples = [VIEWS["contiguous" if source == "chw" else "hwc_as_chw"](s)
+               for s in _samples(dtype, 5, (3, 17, 11), seed=3)]
+    out = torch.empty(5, 3, 17, 11, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    _collate.copy_into_native(samples, out, 2)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, torch.stack(samples))
+
+
+@native
+def test_native_odd_shapes_and_numpy():
+    cases = [
+        [np.array(float(i)) for i in range(4)],  # 0-d arrays
+        [np.zeros((0, 3), np.float32) for _ in range(3)],  # empty
+        [np.arange(2 * 3 * 4 * 5 * 6, dtype=np.int32).reshape(2, 3, 4, 5, 6)[:, ::-1, :, ::2] + i for i in range(3)],
+        [np.broadcast_to(np.arange(5, dtype=np.int16) + i, (4, 5)) for i in range(3)],  # stride 0
+        [np.full((7, 7, 3), i, np.uint8).transpose(2, 0, 1)[:, 1:, :-1] for i in range(3)],
+    ]
+    for samples in cases:
+        ref = torch.stack([torch.as_tensor(np.array(s)) for s in samples])
+        out = torch.empty_like(ref)
+        _collate.copy_into_native(samples, out, 2)
+        assert torch.equal(out, ref)
+
+
+@native
+def test_native_rejects_mismatched_samples():
+    out = torch.empty(2, 3, 4)
+    with pytest.raises(ValueError, match="shape"):
+        _collate.copy_into_native([torch.zeros(3, 4), torch.zeros(3, 5)], out)
+    with pytest.raises(ValueError, match="dtype"):
+        _collate.copy_into_native([torch.zeros(3, 4), torch.zeros(3, 4, dtype=torch.float64)], out)
+
+
+def _assert_same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_collate_equals_default_collate_on_nested_samples():
+    batch = [
+        {
+            "image": np.full((64, 64, 3), i, np.uint8).transpose(2, 0, 1),  # native path
+            "mask": torch.full((1, 128, 128), float(i)),  # native path
+            "label": i,
+            "score": np.float32(i) / 2,
+            "name": f"s{i}",
+            "pair": (torch.tensor([i, -i]), [float(i)]),
+        }
+        for i in range(8)
+    ]
+    _assert_same(collate(batch), default_collate(batch))
+    _assert_same(RingCollate(slots=2)(batch), default_collate(batch))
+
+
+def test_ring_reuses_a_slot_only_when_no_tensor_holds_it():
+    collate_fn = RingCollate(slots=2)
+    batch = [np.full((3, 64, 64), i, np.uint8) for i in range(16)]
+    first = collate_fn(batch)
+    view = first[3:5]  # a view keeps the slot held after `first` is gone
+    first_ptr = view.data_ptr() - 3 * 3 * 64 * 64
+    del first
+    seen = {collate_fn(batch).data_ptr() for _ in range(6)}
+    assert first_ptr not in seen
+    assert torch.equal(view, torch.stack([torch.as_tensor(b) for b in batch[3:5]]))
+    del view
+    assert first_ptr in {collate_fn(batch).data_ptr() for _ in range(4)}
+
+
+def test_full_ring_falls_back_to_fresh_buffers():
+    ring = BufferRing(slots=1, shared=False)
+    assert ring.begin()
+    target, held = ring.alloc((2, 3), torch.float32)
+    ring.end()
+    assert not ring.begin()  # the only slot is held by `held`
+    assert ring.alloc((2, 3), torch.float32) is None
+    del target, held
+    assert ring.begin()

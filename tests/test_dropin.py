@@ -1,0 +1,680 @@
+"""Drop-in mode: `fastdata.loader(dataset, ...)` must behave as `torch.utils.data.DataLoader`.
+
+Every sample encodes its index in its pixels and values, so a wrong sample, a wrong order or a
+buffer overwritten under a live batch fails the comparison. Batches of 3x64x64 uint8 images (and
+the other big leaves below) at batch size 16 are over `fastdata._collate._NATIVE_MIN_BYTES`, so
+they take the native collation path; the small leaves and the short last batches take torch's.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import importlib.util
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SubsetRandomSampler,
+    get_worker_info,
+)
+
+import fastdata
+import fastdata._collate
+from fastdata.backends.base import resolve_workers
+
+H = W = 64
+
+
+def image_hwc(i: int, h: int = H, w: int = W) -> np.ndarray:
+    """An HWC uint8 image that encodes i: channel 0 is i % 251, channels 1 and 2 are ramps
+    shifted by i (so no two nearby indices share an image)."""
+    img = np.empty((h, w, 3), np.uint8)
+    img[..., 0] = i % 251
+    img[..., 1] = (np.arange(w)[None, :] + 7 * i) % 256
+    img[..., 2] = (3 * np.arange(h)[:, None] + 11 * i + i // 251) % 256
+    return img
+
+
+def image_chw(i: int, h: int = H, w: int = W) -> np.ndarray:
+    """image_hwc(i) seen as CHW: a strided view, not a contiguous array."""
+    return image_hwc(i, h, w).transpose(2, 0, 1)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class TupleDS(Dataset):
+    """(CHW uint8 ndarray view, int label)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return image_chw(i), i
+
+
+class DictDS(Dataset):
+    """A dict of every kind of leaf; the big ones collate natively at batch size 16."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return {
+            "tensor": torch.arange(3 * 32 * 32, dtype=torch.float32).reshape(3, 32, 32) + i,
+            "f64": np.full((32, 32), float(i)) + np.arange(32)[:, None] / 8,
+            "f16": ((np.arange(3 * 32 * 32) % 97) + i).astype(np.float16).reshape(3, 32, 32),
+            "i64": np.arange(16 * 64, dtype=np.int64).reshape(16, 64) * (i + 1) - 5,
+            "mask": (np.arange(64 * 64).reshape(64, 64) + i) % 3 == 0,
+            "small": np.array([i, -i, 2 * i, 0.5], np.float64),
+            "np_scalar": np.float32(i) / 4,
+            "py_float": i / 3,
+            "name": f"sample-{i}",
+            "nested": (i, (np.int64(i * i), torch.tensor([i, -i], dtype=torch.int64))),
+        }
+
+
+Sample = collections.namedtuple("Sample", ["image", "label", "weight"])
+
+
+class NamedDS(Dataset):
+    """Sample(image=CHW uint8 tensor (a permuted HWC view), label=int, weight=np.float32)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return Sample(torch.from_numpy(image_hwc(i)).permute(2, 0, 1), i, np.float32(i) * 0.5)
+
+
+class TensorDS(Dataset):
+    """A plain float32 CHW tensor per sample."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.from_numpy(image_chw(i, 32, 32).astype(np.float32))
+
+
+class IterDS(IterableDataset):
+    """An iterable dataset sharded over the DataLoader workers: (CHW image view, index)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            yield image_chw(i), i
+
+
+class RandomDS(Dataset):
+    """Samples that depend on the worker's RNGs and on what worker_init_fn set."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.worker_tag = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        noise = np.random.randint(0, 1 << 30)
+        torch_noise = torch.randint(0, 1 << 30, ()).item()
+        return image_chw(i), i, noise, torch_noise, self.worker_tag
+
+
+def seed_worker(worker_id: int) -> None:
+    info = get_worker_info()
+    np.random.seed((info.seed + 17) % 2**32)
+    info.dataset.worker_tag = 100 + worker_id
+
+
+def stack_collate(samples):
+    images, labels = zip(*samples)
+    return {"images": torch.from_numpy(np.stack(images)), "labels": list(labels)}
+
+
+def _index_list(n: int) -> list[int]:
+    return [int(i) for i in np.random.default_rng(0).permutation(n)[: n - 3]]
+
+
+# Each case makes (dataset, DataLoader keywords) afresh, generators and samplers included, so
+# the reference DataLoader and the loader under test start from identical state.
+CASES = {
+    "tuple-shuffle": lambda: (TupleDS(50), dict(batch_size=16, shuffle=True, generator=gen(1))),
+    "tuple-shuffle-drop_last": lambda: (
+        TupleDS(50),
+        dict(batch_size=16, shuffle=True, drop_last=True, generator=gen(2)),
+    ),
+    "dict-sequential": lambda: (DictDS(40), dict(batch_size=16)),
+    "dict-shuffle-drop_last": lambda: (
+        DictDS(40),
+        dict(batch_size=16, shuffle=True, drop_last=True, generator=gen(3)),
+    ),
+    "namedtuple-subset_sampler": lambda: (
+        NamedDS(40),
+        dict(batch_size=16, sampler=SubsetRandomSampler(range(3, 38), generator=gen(4))),
+    ),
+    "tensor-index_list_sampler": lambda: (TensorDS(40), dict(batch_size=16, sampler=_index_list(40))),
+    "tensor-batch_sampler": lambda: (
+        TensorDS(40),
+        dict(batch_sampler=BatchSampler(RandomSampler(range(40), generator=gen(5)), 16, drop_last=False)),
+    ),
+    "tuple-batch_size_None": lambda: (TupleDS(12), dict(batch_size=None, shuffle=True, generator=gen(6))),
+    "dict-batch_size_None": lambda: (DictDS(6), dict(batch_size=None)),
+    "tuple-collate_fn": lambda: (
+        TupleDS(40),
+        dict(batch_size=16, shuffle=True, generator=gen(7), collate_fn=stack_collate),
+    ),
+    "tuple-pin_memory": lambda: (
+        TupleDS(40),
+        dict(batch_size=16, shuffle=True, generator=gen(8), pin_memory=True),
+    ),
+    "iterable-sharded": lambda: (IterDS(45), dict(batch_size=16)),
+    "iterable-sharded-drop_last": lambda: (IterDS(45), dict(batch_size=8, drop_last=True)),
+    "iterable-batch_size_None": lambda: (IterDS(10), dict(batch_size=None)),
+}
+
+
+def make_pair(case: str, **extra):
+    """(reference DataLoader, fastdata loader) for `case`, each over its own fresh arguments."""
+    ds, kw = CASES[case]()
+    ref = DataLoader(ds, **kw, **extra)
+    ds, kw = CASES[case]()
+    fast = fastdata.loader(ds, **kw, **extra)
+    return ref, fast
+
+
+# 1, 2. Same batches and same len as DataLoader.
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_batches_as_dataloader(case, num_workers, h):
+    ref, fast = make_pair(case, num_workers=num_workers)
+    assert len(fast) == len(ref)
+    for epoch in range(2):  # the second epoch checks the RNG advanced the same way
+        want = h.collect(ref)
+        got = h.collect(fast)
+        assert want, "the case should yield batches"
+        h.assert_same_stream(got, want)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_global_rng_shuffle_same_as_dataloader(num_workers, h):
+    """generator=None: both shuffle (and seed workers) from torch's global RNG."""
+    torch.manual_seed(1234)
+    want = h.collect(DataLoader(TupleDS(40), batch_size=16, shuffle=True, num_workers=num_workers))
+    after_ref = torch.random.get_rng_state()
+    torch.manual_seed(1234)
+    got = h.collect(fastdata.loader(TupleDS(40), batch_size=16, shuffle=True, num_workers=num_workers))
+    h.assert_same_stream(got, want)
+    assert torch.equal(torch.random.get_rng_state(), after_ref), "global RNG consumed differently"
+
+
+def test_persistent_workers_same_as_dataloader(h):
+    ref, fast = make_pair("tuple-shuffle", num_workers=2, persistent_workers=True, prefetch_factor=3)
+    for epoch in range(3):
+        h.assert_same_stream(h.collect(fast), h.collect(ref))
+
+
+def test_persistent_workers_iterable_same_as_dataloader(h):
+    ref, fast = make_pair("iterable-sharded", num_workers=2, persistent_workers=True)
+    for epoch in range(2):
+        h.assert_same_stream(h.collect(fast), h.collect(ref))
+
+
+def test_worker_init_fn_and_worker_seeding_same_as_dataloader(h):
+    """Workers are seeded as DataLoader seeds them (base seed from the generator), and
+    worker_init_fn runs in each worker: the per-sample noise and worker tags must match."""
+
+    def run(make):
+        return h.collect(
+            make(RandomDS(40), batch_size=8, shuffle=True, generator=gen(9), num_workers=2, worker_init_fn=seed_worker)
+        )
+
+    want = run(DataLoader)
+    got = run(fastdata.loader)
+    h.assert_same_stream(got, want)
+    tags = torch.cat([b[4] for b in got]).unique().tolist()
+    assert tags == [100, 101], "worker_init_fn should have run in both workers"
+    noise = torch.cat([b[2] for b in got])
+    assert noise.unique().numel() > 30, "the noise should vary"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_len_same_as_dataloader(case):
+    ref, fast = make_pair(case)
+    assert len(fast) == len(ref)
+
+
+@pytest.mark.parametrize(
+    "n, batch_size, drop_last, expected",
+    [(50, 16, False, 4), (50, 16, True, 3), (48, 16, False, 3), (48, 16, True, 3), (5, 16, True, 0), (5, 16, False, 1)],
+)
+def test_len_drop_last(n, batch_size, drop_last, expected):
+    fast = fastdata.loader(TupleDS(n), batch_size=batch_size, drop_last=drop_last)
+    assert len(fast) == len(DataLoader(TupleDS(n), batch_size=batch_size, drop_last=drop_last)) == expected
+    fast = fastdata.loader(IterDS(n), batch_size=batch_size, drop_last=drop_last)
+    assert len(fast) == expected
+
+
+def test_native_path_is_exercised(monkeypatch, h):
+    """The big leaves really go through `copy_into` (the native core, or its fallback)."""
+    calls = []
+    real = fastdata._collate.copy_into
+
+    def spy(samples, out, threads=1):
+        calls.append((len(samples), tuple(out.shape), out.dtype, out.numel() * out.element_size()))
+        return real(samples, out, threads)
+
+    monkeypatch.setattr(fastdata._collate, "copy_into", spy)
+    ref, fast = make_pair("dict-sequential")
+    h.assert_same_stream(h.collect(fast), h.collect(ref))
+    dtypes = {dtype for n, shape, dtype, nbytes in calls if n == 16}
+    assert dtypes == {torch.float32, torch.float64, torch.float16, torch.int64, torch.bool}
+    # Only batches of at least 64 KiB go there: in the last batch (8 samples) the 48 KiB float16
+    # leaf, the 32 KiB masks and the tiny leaves are stacked by torch.
+    assert all(nbytes >= fastdata._collate._NATIVE_MIN_BYTES for *_, nbytes in calls)
+    assert {dtype for n, shape, dtype, nbytes in calls if n == 8} == {torch.float32, torch.float64, torch.int64}
+
+    calls.clear()
+    ref, fast = make_pair("tuple-shuffle")
+    h.assert_same_stream(h.collect(fast), h.collect(ref))
+    assert (16, (16, 3, H, W), torch.uint8, 16 * 3 * H * W) in calls
+
+
+def test_native_flag_follows_environment():
+    disabled = os.environ.get("FASTDATA_DISABLE_NATIVE", "0").lower() not in ("", "0", "false", "no")
+    built = importlib.util.find_spec("fastdata._native") is not None
+    assert fastdata._collate.NATIVE is (built and not disabled)
+
+
+# 3. backend and stats.
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "make, samples",
+    [
+        (lambda: (TupleDS(50), dict(batch_size=16, shuffle=True, generator=gen(1))), 50),
+        (lambda: (TupleDS(50), dict(batch_size=16, drop_last=True)), 48),
+        (lambda: (DictDS(40), dict(batch_size=16)), 40),
+        (lambda: (TupleDS(7), dict(batch_size=None)), 7),
+        (lambda: (IterDS(45), dict(batch_size=16)), 45),
+    ],
+    ids=["tuple", "drop_last", "dict", "batch_size_None", "iterable"],
+)
+def test_backend_and_stats(make, samples, num_workers, h):
+    ds, kw = make()
+    fast = fastdata.loader(ds, num_workers=num_workers, **kw)
+    assert fast.backend == "torch"
+    assert isinstance(fast, fastdata.Loader)
+    batches = h.collect(fast)
+    stats = fast.stats
+    assert set(stats) >= {"samples", "batches", "skipped", "errors", "wait_s"}
+    assert stats["batches"] == len(batches)
+    if not (isinstance(ds, IterableDataset) and num_workers > 1):
+        # (each worker of an iterable dataset batches its own shard: more, shorter batches)
+        assert len(batches) == len(fast)
+    assert stats["samples"] == samples
+    assert stats["skipped"] == 0
+    assert list(stats["errors"]) == []
+    assert isinstance(stats["wait_s"], float) and stats["wait_s"] >= 0
+
+
+# 1 (continued). Buffer reuse never overwrites a batch the user still holds.
+
+
+def _check_tuple_batch(batch, what):
+    images, labels = batch
+    assert images.shape[1:] == (3, H, W) and images.dtype == torch.uint8, what
+    for image, label in zip(images, labels.tolist()):
+        assert torch.equal(image, torch.from_numpy(image_chw(label))), f"{what}: sample {label} overwritten"
+
+
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)], ids=["0", "2", "2-persistent"])
+@pytest.mark.parametrize("keep", ["all", "every-other", "views"])
+def test_held_batches_stay_intact(keep, num_workers, persistent, h):
+    """Holds batches (or only views of them) without cloning across two epochs, while the
+    loader keeps collating: every held tensor must keep its values."""
+    kw = dict(batch_size=16, shuffle=True, num_workers=num_workers, persistent_workers=persistent)
+    ref = DataLoader(TupleDS(150), generator=gen(11), **kw)
+    want = h.collect(ref) + h.collect(ref)
+    fast = fastdata.loader(TupleDS(150), generator=gen(11), **kw)
+    held = []
+    for epoch in range(2):
+        for i, batch in enumerate(fast):
+            n = epoch * len(fast) + i
+            if keep == "all":
+                held.append((n, batch))
+            elif keep == "every-other" and n % 2 == 0:
+                held.append((n, batch))
+            elif keep == "views":
+                # Only views of the batch survive it: a slice of the images, a numpy view.
+                held.append((n, (batch[0][1:5], batch[1][1:5].numpy())))
+            del batch
+            gc.collect()
+    assert len(held) == {"all": 20, "every-other": 10, "views": 20}[keep]
+    for n, batch in held:
+        if keep == "views":
+            images, labels = batch
+            assert torch.equal(images, want[n][0][1:5]), f"view of batch {n} overwritten"
+            assert np.array_equal(labels, want[n][1][1:5].numpy())
+            _check_tuple_batch((images, torch.from_numpy(labels)), f"view of batch {n}")
+        else:
+            h.assert_same(batch, want[n], f"held batch {n}")
+            _check_tuple_batch(batch, f"held batch {n}")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_released_buffers_are_reused(num_workers):
+    """The premise of the tests above: a batch dropped at once gives its buffer back (the
+    images land in a few recycled buffers), a batch held keeps its own."""
+    fast = fastdata.loader(TupleDS(150), batch_size=16, num_workers=num_workers)
+    ptrs = []
+    for batch in fast:
+        ptrs.append(batch[0].data_ptr())
+        del batch
+    assert len(set(ptrs)) < len(ptrs) == 10
+    held = list(fast)
+    assert len({batch[0].data_ptr() for batch in held}) == len(held) == 10
+    for batch in held:
+        _check_tuple_batch(batch, "held batch")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_held_dict_batches_stay_intact(num_workers, h):
+    """Many leaves per batch, all held for the whole epoch."""
+    ref, fast = make_pair("dict-shuffle-drop_last", num_workers=num_workers)
+    want = h.collect(ref) + h.collect(ref)
+    held = list(fast) + list(fast)
+    gc.collect()
+    h.assert_same_stream(held, want)
+
+
+# 4. Exact mid-epoch resume.
+
+
+def _resume_run(h, make, k, num_workers, **extra):
+    """make(seed, num_workers, factory=fastdata.loader, **extra) -> loader. Returns (epochs 0 and
+    1 of an uninterrupted DataLoader, the first k batches of an interrupted fastdata run, what a
+    fresh fastdata loader built with a different seed yields for the rest of epoch 0 and for
+    epoch 1 after loading the state taken after those k batches and round-tripped through
+    pickle). All loaders are gone when it returns: a failing assertion must not keep worker
+    processes alive in a traceback."""
+    ref = make(1, num_workers, factory=DataLoader, **extra)
+    epoch0, epoch1 = h.collect(ref), h.collect(ref)
+    del ref
+    assert 0 <= k <= len(epoch0)
+
+    first = make(1, num_workers, **extra)
+    it = iter(first)
+    head = h.take(it, k)
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    del it, first
+
+    resumed = make(2, num_workers, **extra)
+    resumed.load_state_dict(state)
+    rest = h.collect(resumed)
+    following = h.collect(resumed)
+    del resumed
+    return epoch0, epoch1, head, rest, following
+
+
+def _resume_check(h, make, k, num_workers, **extra):
+    epoch0, epoch1, head, rest, following = _resume_run(h, make, k, num_workers, **extra)
+    h.assert_same_stream(head, epoch0[:k])
+    h.assert_same_stream(rest, epoch0[k:])
+    h.assert_same_stream(following, epoch1)
+
+
+def _shuffled(seed, num_workers, factory=fastdata.loader, **extra):
+    """50 samples in batches of 8: 7 batches per epoch."""
+    return factory(TupleDS(50), batch_size=8, shuffle=True, generator=gen(seed), num_workers=num_workers, **extra)
+
+
+@pytest.mark.parametrize(
+    "num_workers, k",
+    [
+        (0, 0),
+        (0, 1),
+        (0, 3),
+        (0, 6),  # len - 1
+        (2, 0),
+        (2, 1),
+        (2, 3),
+        (2, 6),  # len - 1
+    ],
+)
+def test_resume_mid_epoch_shuffled(num_workers, k, h):
+    assert len(_shuffled(1, 0)) == 7
+    _resume_check(h, _shuffled, k, num_workers)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 3])
+def test_resume_mid_epoch_sequential(num_workers, k, h):
+    """No shuffle, so no RNG: the skip itself must land on the right batch."""
+
+    def make(seed, num_workers, factory=fastdata.loader):
+        return factory(DictDS(40), batch_size=8, num_workers=num_workers)
+
+    _resume_check(h, make, k, num_workers)
+
+
+@pytest.mark.parametrize(
+    "num_workers, k",
+    [
+        (0, 0),
+        (0, 2),
+        (2, 2),
+    ],
+)
+def test_resume_global_rng(num_workers, k, h):
+    """generator=None: the shuffle comes from torch's global RNG, which the state restores
+    (the resumed loader is made after reseeding the global RNG differently)."""
+
+    def make(seed, num_workers, factory=fastdata.loader):
+        torch.manual_seed(76 + seed)
+        return factory(TupleDS(50), batch_size=8, shuffle=True, num_workers=num_workers)
+
+    _resume_check(h, make, k, num_workers)
+
+
+def test_resume_persistent_workers(h):
+    _resume_check(h, _shuffled, 2, 2, persistent_workers=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_between_epochs(num_workers, h):
+    """A state taken after a full epoch resumes to the same next epochs."""
+    ref = _shuffled(1, num_workers, factory=DataLoader)
+    epochs = [h.collect(ref) for _ in range(3)]
+    first = _shuffled(1, num_workers)
+    h.assert_same_stream(h.collect(first), epochs[0])
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    resumed = _shuffled(2, num_workers)
+    resumed.load_state_dict(state)
+    h.assert_same_stream(h.collect(resumed), epochs[1])
+    h.assert_same_stream(h.collect(resumed), epochs[2])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 4])
+def test_resume_iterable(num_workers, k, h):
+    """An iterable dataset cannot seek: it is fast-forwarded to the same place."""
+
+    def make(seed, num_workers, factory=fastdata.loader):
+        return factory(IterDS(45), batch_size=8, num_workers=num_workers, generator=gen(seed))
+
+    _resume_check(h, make, k, num_workers)
+
+
+def test_load_state_dict_rejects_garbage():
+    fast = fastdata.loader(TupleDS(4), batch_size=2)
+    with pytest.raises(ValueError):
+        fast.load_state_dict({"version": -1})
+    with pytest.raises(ValueError):
+        fast.load_state_dict("not a state")
+
+
+# 5. Early exit shuts the workers down.
+
+
+def _alive_children():
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_early_exit_shuts_down_workers(h):
+    before = _alive_children()
+    fast = fastdata.loader(TupleDS(200), batch_size=16, shuffle=True, generator=gen(3), num_workers=2)
+    it = iter(fast)
+    batch = next(it)
+    assert len(h.new_children(before, timeout=0)) == 2, "two workers should be running"
+    del it
+    gc.collect()
+    assert h.new_children(before, timeout=10) == [], "workers still alive after the iterator died"
+    # The batch lives in memory a dead worker collated into: it must still be whole, also after
+    # a whole new epoch whose workers may recycle that worker's buffers.
+    _check_tuple_batch(batch, "batch held past its workers")
+    view = batch[0][3:7]
+    labels = batch[1].clone()
+    del batch
+    assert len(h.collect(fast)) == len(fast)
+    assert len(h.collect(fast)) == len(fast)
+    _check_tuple_batch((view, labels[3:7]), "view held across the next epochs")
+    assert h.new_children(before, timeout=10) == []
+
+
+def test_break_out_of_epoch_shuts_down_workers(h):
+    before = _alive_children()
+    fast = fastdata.loader(TupleDS(200), batch_size=16, num_workers=2)
+    for i, batch in enumerate(fast):
+        if i == 2:
+            break
+    del batch
+    assert h.new_children(before, timeout=10) == []
+
+
+def test_persistent_workers_exit_with_loader(h):
+    before = _alive_children()
+    fast = fastdata.loader(TupleDS(64), batch_size=16, num_workers=2, persistent_workers=True)
+    h.collect(fast)
+    h.collect(fast)
+    del fast
+    assert h.new_children(before, timeout=10) == []
+
+
+# 6. Argument errors.
+
+
+def test_unknown_keyword_raises_type_error():
+    with pytest.raises(TypeError, match="shufle"):
+        fastdata.loader(TupleDS(8), batch_size=2, shufle=True)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (TupleDS(8), dict(batch_size=4, batch_sampler=BatchSampler(range(8), 2, False))),
+        lambda: (TupleDS(8), dict(batch_size=4, sampler=range(8), shuffle=True)),
+        lambda: (IterDS(8), dict(batch_size=4, shuffle=True)),
+        lambda: (TupleDS(8), dict(batch_size=4, num_workers=-1)),
+        lambda: (TupleDS(8), dict(batch_size=4, num_workers=0, prefetch_factor=2)),
+    ],
+    ids=["batch_sampler+batch_size", "sampler+shuffle", "iterable+shuffle", "negative-workers", "prefetch-no-workers"],
+)
+def test_dataloader_argument_errors(make):
+    ds, kw = make()
+    with pytest.raises(ValueError):
+        DataLoader(ds, **kw)
+    with pytest.raises(ValueError):
+        fastdata.loader(ds, **kw)
+
+
+def test_bad_num_workers_string():
+    with pytest.raises(TypeError, match="lots"):
+        fastdata.loader(TupleDS(8), batch_size=4, num_workers="lots")
+
+
+# 7. device="cpu".
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_device_cpu_same_batches(device, num_workers, h):
+    ds, kw = CASES["dict-shuffle-drop_last"]()
+    ref = DataLoader(ds, num_workers=num_workers, **kw)
+    ds, kw = CASES["dict-shuffle-drop_last"]()
+    fast = fastdata.loader(ds, num_workers=num_workers, device=device, **kw)
+    got, want = h.collect(fast), h.collect(ref)
+    h.assert_same_stream(got, want)
+    for batch in got:
+        assert all(t.device.type == "cpu" for t in (batch["tensor"], batch["f64"], batch["nested"][1][1]))
+        assert isinstance(batch["name"], list) and all(isinstance(s, str) for s in batch["name"])
+        labels = batch["nested"][0].tolist()
+        assert batch["name"] == [f"sample-{i}" for i in labels]
+
+
+# 8. num_workers="auto".
+
+
+def test_num_workers_auto(h):
+    resolved = resolve_workers("auto")
+    assert resolved == max(1, min(16, len(os.sched_getaffinity(0))))
+    for case in ("tuple-shuffle", "iterable-sharded"):
+        ds, kw = CASES[case]()
+        want = h.collect(DataLoader(ds, num_workers=resolved, **kw))
+        ds, kw = CASES[case]()
+        fast = fastdata.loader(ds, num_workers="auto", **kw)
+        h.assert_same_stream(h.collect(fast), want)
+
+
+# set_epoch reaches the sampler, as DistributedSampler needs.
+
+
+def test_set_epoch_reaches_distributed_sampler(h):
+    def sampler():
+        return DistributedSampler(TupleDS(40), num_replicas=2, rank=1, shuffle=True, seed=5)
+
+    ref_sampler = sampler()
+    ref = DataLoader(TupleDS(40), batch_size=8, sampler=ref_sampler)
+    fast = fastdata.loader(TupleDS(40), batch_size=8, sampler=sampler())
+    for epoch in (0, 1, 2):
+        ref_sampler.set_epoch(epoch)
+        fast.set_epoch(epoch)
+        h.assert_same_stream(h.collect(fast), h.collect(ref))
+    ref_sampler.set_epoch(0)
+    fast.set_epoch(1)
+    assert [b[1].tolist() for b in h.collect(fast)] != [b[1].tolist() for b in h.collect(ref)]
