@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import weakref
 from typing import Any, Sequence
@@ -65,8 +66,8 @@ def leased_tensor(
     live: set | None = None,
 ) -> torch.Tensor:
     """A tensor over `storage[offset:]` that clears `flags[slot, leaf]` when it dies."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+    itemsize = dtype.itemsize
+    nbytes = math.prod(shape) * itemsize
     if nbytes == 0:
         flags.array[slot, leaf] = 0
         return torch.empty(shape, dtype=dtype)
@@ -158,7 +159,6 @@ class BufferRing:
             self.flags_storage = flags.untyped_storage()
             self.storages = [None] * slots
         self.flags = Flags(self.flags_storage)
-        self._next = 0
         self._slot: int | None = None
         self._offset = 0
         self._leaf = 0
@@ -171,12 +171,10 @@ class BufferRing:
 
     def begin(self) -> bool:
         """Claims a free slot for the next batch; False when every slot is still held."""
-        n = len(self.storages)
-        for k in range(n):
-            s = (self._next + k) % n
+        # Lowest free slot first: the most recently used memory is the most likely in cache.
+        for s in range(len(self.storages)):
             if not self.flags.array[s].any():
                 self._slot, self._offset, self._leaf = s, 0, 0
-                self._next = (s + 1) % n
                 return True
         self._slot = None
         return False
@@ -189,8 +187,8 @@ class BufferRing:
         s = self._slot
         if s is None or self._leaf >= MAX_LEAVES:
             return None
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        itemsize = dtype.itemsize
+        nbytes = math.prod(shape) * itemsize
         start = -(-self._offset // _ALIGN) * _ALIGN
         storage = self.storages[s]
         if storage is None or storage.nbytes() < start + nbytes:

@@ -132,14 +132,14 @@ def test_collate_equals_default_collate_on_nested_samples():
 
 def test_ring_reuses_a_slot_only_when_no_tensor_holds_it():
     collate_fn = RingCollate(slots=2)
-    batch = [np.full((3, 64, 64), i, np.uint8) for i in range(16)]
+    batch = [np.full((64, 64, 3), i, np.uint8).transpose(2, 0, 1) for i in range(16)]  # strided: native
     first = collate_fn(batch)
     view = first[3:5]  # a view keeps the slot held after `first` is gone
     first_ptr = view.data_ptr() - 3 * 3 * 64 * 64
     del first
     seen = {collate_fn(batch).data_ptr() for _ in range(6)}
     assert first_ptr not in seen
-    assert torch.equal(view, torch.stack([torch.as_tensor(b) for b in batch[3:5]]))
+    assert torch.equal(view, torch.stack([torch.as_tensor(np.ascontiguousarray(b)) for b in batch[3:5]]))
     del view
     assert first_ptr in {collate_fn(batch).data_ptr() for _ in range(4)}
 
@@ -153,3 +153,12 @@ def test_full_ring_falls_back_to_fresh_buffers():
     assert ring.alloc((2, 3), torch.float32) is None
     del target, held
     assert ring.begin()
+
+
+@native
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_raw_address_path_equals_fallback(view):
+    samples = [VIEWS[view](s) for s in _samples(torch.float32, 6, (3, 8, 5), seed=9)]
+    out = torch.empty(6, 3, 8, 5)
+    _collate._copy_checked_tensors(samples, out, 2)
+    assert torch.equal(out, torch.stack(samples))

@@ -290,15 +290,19 @@ def test_len_drop_last(n, batch_size, drop_last, expected):
 
 
 def test_native_path_is_exercised(monkeypatch, h):
-    """The big leaves really go through `copy_into` (the native core, or its fallback)."""
+    """Leaves routed to the native core pass through `_new_batch` (a ring slot or a fresh
+    buffer). In a worker every leaf of at least 64 KiB goes there; in the main process only
+    strided ones (or batches of 32 MiB and more), since torch.stack is as fast on the rest."""
     calls = []
-    real = fastdata._collate.copy_into
+    real = fastdata._collate._new_batch
 
-    def spy(samples, out, threads=1):
-        calls.append((len(samples), tuple(out.shape), out.dtype, out.numel() * out.element_size()))
-        return real(samples, out, threads)
+    def spy(n, shape, dtype):
+        calls.append((n, (n, *shape), dtype, n * int(np.prod(shape)) * dtype.itemsize))
+        return real(n, shape, dtype)
 
-    monkeypatch.setattr(fastdata._collate, "copy_into", spy)
+    monkeypatch.setattr(fastdata._collate, "_new_batch", spy)
+    # As inside a worker process (the spy cannot see into real ones).
+    monkeypatch.setattr(fastdata._collate, "get_worker_info", lambda: object())
     ref, fast = make_pair("dict-sequential")
     h.assert_same_stream(h.collect(fast), h.collect(ref))
     dtypes = {dtype for n, shape, dtype, nbytes in calls if n == 16}
@@ -308,8 +312,10 @@ def test_native_path_is_exercised(monkeypatch, h):
     assert all(nbytes >= fastdata._collate._NATIVE_MIN_BYTES for *_, nbytes in calls)
     assert {dtype for n, shape, dtype, nbytes in calls if n == 8} == {torch.float32, torch.float64, torch.int64}
 
+    monkeypatch.undo()
+    monkeypatch.setattr(fastdata._collate, "_new_batch", spy)
     calls.clear()
-    ref, fast = make_pair("tuple-shuffle")
+    ref, fast = make_pair("tuple-shuffle")  # HWC images seen as CHW: strided
     h.assert_same_stream(h.collect(fast), h.collect(ref))
     assert (16, (16, 3, H, W), torch.uint8, 16 * 3 * H * W) in calls
 
