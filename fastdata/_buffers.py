@@ -160,6 +160,7 @@ class BufferRing:
             self.storages = [None] * slots
         self.flags = Flags(self.flags_storage)
         self._slot: int | None = None
+        self.claimed: bool | None = None  # None: no claim tried for this batch yet
         self._offset = 0
         self._leaf = 0
 
@@ -175,12 +176,15 @@ class BufferRing:
         for s in range(len(self.storages)):
             if not self.flags.array[s].any():
                 self._slot, self._offset, self._leaf = s, 0, 0
+                self.claimed = True
                 return True
         self._slot = None
+        self.claimed = False
         return False
 
     def end(self) -> None:
         self._slot = None
+        self.claimed = None
 
     def alloc(self, shape: Sequence[int], dtype: torch.dtype):
         """A (tensor to collate into, handle for the user) pair in the claimed slot, or None."""
@@ -202,26 +206,3 @@ class BufferRing:
         if self.shared:
             return target, SlotLeaf(self, storage, s, leaf, start, shape, dtype)
         return target, leased_tensor(storage, start, shape, dtype, self.flags, s, leaf)
-
-
-_RINGS: dict[tuple, BufferRing] = {}
-
-
-def ring_for_this_process(slots: int, pin: bool = False, workers: WorkerRings | None = None) -> BufferRing:
-    """This process's ring: shared memory in a worker (adopting the slots its predecessor with
-    the same worker id left, when `workers` knows them), plain or pinned memory in the main
-    process. Keyed by pid, since a forked worker must not use its parent's ring."""
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    shared = info is not None
-    key = (os.getpid(), shared, pin, workers.token if workers is not None and shared else "")
-    ring = _RINGS.get(key)
-    if ring is None or len(ring.storages) < slots:
-        if shared and workers is not None:
-            ring = BufferRing(slots, True, token=workers.token, worker=info.id,
-                              adopt=workers.rings.get(info.id))
-        else:
-            ring = BufferRing(slots, shared, pin=pin and not shared)
-        _RINGS[key] = ring
-    return ring

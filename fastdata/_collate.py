@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from ._buffers import BufferRing, WorkerRings, ring_for_this_process
+from ._buffers import BufferRing, WorkerRings
 
 logger = logging.getLogger("fastdata")
 
@@ -104,6 +104,8 @@ def _new_batch(n: int, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.
     """(buffer to collate into, what the batch holds): a ring slot when one is free."""
     shape = (n, *shape)
     if _ring is not None:
+        if _ring.claimed is None:
+            _ring.begin()
         got = _ring.alloc(shape, dtype)
         if got is not None:
             return got
@@ -126,7 +128,8 @@ def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
     dtype, shape = elem.dtype, elem.shape
     if dtype not in _NATIVE_DTYPES or elem.layout != torch.strided:
         return False
-    if elem.numel() * dtype.itemsize * len(batch) < _NATIVE_MIN_BYTES:
+    nbytes = elem.numel() * dtype.itemsize * len(batch)
+    if not _worth_it(nbytes, elem.is_contiguous()):  # decided on the first sample: no loop
         return False
     contiguous = True
     for t in batch:
@@ -135,7 +138,7 @@ def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
         if t.requires_grad or not t.is_cpu or t.is_neg():
             return False
         contiguous = contiguous and t.is_contiguous()
-    return _worth_it(elem.numel() * dtype.itemsize * len(batch), contiguous)
+    return _worth_it(nbytes, contiguous)
 
 
 def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
@@ -183,12 +186,29 @@ class RingCollate:
     def __init__(self, slots: int, pin: bool = False) -> None:
         self.slots, self.pin = slots, pin
         self.workers = WorkerRings()
+        self._ring: BufferRing | None = None
+        self._ring_pid = 0
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ring": None}
+
+    def _this_process_ring(self) -> BufferRing:
+        # Checked by pid: a forked worker inherits its parent's ring and must not use it.
+        if self._ring is None or self._ring_pid != os.getpid():
+            info = get_worker_info()
+            if info is None:
+                self._ring = BufferRing(self.slots, shared=False, pin=self.pin)
+            else:
+                w = self.workers
+                self._ring = BufferRing(self.slots, shared=True, token=w.token, worker=info.id,
+                                        adopt=w.rings.get(info.id))
+            self._ring_pid = os.getpid()
+        return self._ring
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         global _ring
-        ring = ring_for_this_process(self.slots, self.pin, self.workers)
-        ring.begin()
-        _ring = ring
+        ring = self._this_process_ring()
+        _ring = ring  # a slot is claimed at the batch's first native leaf, if it has one
         try:
             return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
         finally:

@@ -301,8 +301,8 @@ def test_native_path_is_exercised(monkeypatch, h):
         return real(n, shape, dtype)
 
     monkeypatch.setattr(fastdata._collate, "_new_batch", spy)
-    # As inside a worker process (the spy cannot see into real ones).
-    monkeypatch.setattr(fastdata._collate, "get_worker_info", lambda: object())
+    # The policy inside a worker process (the spy cannot see into real ones).
+    monkeypatch.setattr(fastdata._collate, "_worth_it", lambda nbytes, contiguous: nbytes >= fastdata._collate._NATIVE_MIN_BYTES)
     ref, fast = make_pair("dict-sequential")
     h.assert_same_stream(h.collect(fast), h.collect(ref))
     dtypes = {dtype for n, shape, dtype, nbytes in calls if n == 16}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Iterator
 
 
@@ -57,21 +56,6 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
-
-    def _timed(self, batches: Iterator[Any], count: Any) -> Iterator[Any]:
-        """Yields from `batches`, adding the consumer's wait and each batch's size to stats."""
-        stats = self.stats
-        it = iter(batches)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            stats["wait_s"] += time.perf_counter() - t0
-            stats["batches"] += 1
-            stats["samples"] += count(batch)
-            yield batch
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, batch_size={self.batch_size})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import time
 from typing import Any, Iterator
 
 import torch
@@ -140,9 +141,18 @@ class TorchLoader(Loader):
 
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         batches = it if self.device is None else prefetch(it, self.device)
-        count = _batch_len if self._auto_collation else (lambda batch: 1)
+        stats, clock = self.stats, time.perf_counter
+        count = _batch_len if self._auto_collation else None
         try:
-            for batch in self._timed(batches, count):
+            while True:
+                t0 = clock()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                stats["wait_s"] += clock() - t0
+                stats["batches"] += 1
+                stats["samples"] += count(batch) if count is not None else 1
                 self._delivered += 1
                 yield batch
             self._in_epoch = False
