@@ -144,17 +144,14 @@ class TorchLoader(Loader):
         stats, clock = self.stats, time.perf_counter
         count = _batch_len if self._auto_collation else None
         try:
-            while True:
-                t0 = clock()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    break
+            t0 = clock()
+            for batch in batches:
                 stats["wait_s"] += clock() - t0
                 stats["batches"] += 1
                 stats["samples"] += count(batch) if count is not None else 1
                 self._delivered += 1
                 yield batch
+                t0 = clock()
             self._in_epoch = False
         finally:
             collate_fn = self._loader.collate_fn
