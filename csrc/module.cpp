@@ -22,6 +22,21 @@ std::string shape_str(size_t ndim, const int64_t* shape) {
   return s + "]";
 }
 
+// Copies the views into out (rows along dimension 0) with the GIL released.
+void copy_to_out(const std::vector<fastdata::ArrayView>& views, OutArray& out, int64_t itemsize,
+                 int threads) {
+  const int ndim = int(out.ndim()) - 1;
+  int64_t shape[fastdata::kMaxDims], dst_strides[fastdata::kMaxDims];
+  for (int d = 0; d < ndim; ++d) {
+    shape[d] = out.shape(d + 1);
+    dst_strides[d] = out.stride(d + 1) * itemsize;
+  }
+  uint8_t* dst = static_cast<uint8_t*>(out.data());
+  const int64_t batch_stride = out.stride(0) * itemsize;
+  nb::gil_scoped_release release;
+  fastdata::collate(views, ndim, shape, itemsize, dst, batch_stride, dst_strides, threads);
+}
+
 // collate(samples, out, threads): out[i] = samples[i] for every i, values copied bit for bit
 // whatever the strides on either side. Shapes and dtypes must match exactly; the Python side
 // sends anything else to torch's default_collate.
@@ -58,15 +73,7 @@ void collate(nb::list samples, OutArray out, int threads) {
     }
     views[i].data = static_cast<const uint8_t*>(a.data());
   }
-  int64_t shape[fastdata::kMaxDims], dst_strides[fastdata::kMaxDims];
-  for (int d = 0; d < ndim; ++d) {
-    shape[d] = out.shape(d + 1);
-    dst_strides[d] = out.stride(d + 1) * itemsize;
-  }
-  uint8_t* dst = static_cast<uint8_t*>(out.data());
-  const int64_t batch_stride = out.stride(0) * itemsize;
-  nb::gil_scoped_release release;
-  fastdata::collate(views, ndim, shape, itemsize, dst, batch_stride, dst_strides, threads);
+  copy_to_out(views, out, itemsize, threads);
 }
 
 // collate_ptrs(addresses, strides, out, threads): as collate, for sources given as raw data
@@ -91,15 +98,7 @@ void collate_ptrs(const std::vector<uintptr_t>& addresses, const std::vector<int
     views[i].data = reinterpret_cast<const uint8_t*>(addresses[i]);
     for (int d = 0; d < ndim; ++d) views[i].strides[d] = strides[i * ndim + d] * itemsize;
   }
-  int64_t shape[fastdata::kMaxDims], dst_strides[fastdata::kMaxDims];
-  for (int d = 0; d < ndim; ++d) {
-    shape[d] = out.shape(d + 1);
-    dst_strides[d] = out.stride(d + 1) * itemsize;
-  }
-  uint8_t* dst = static_cast<uint8_t*>(out.data());
-  const int64_t batch_stride = out.stride(0) * itemsize;
-  nb::gil_scoped_release release;
-  fastdata::collate(views, ndim, shape, itemsize, dst, batch_stride, dst_strides, threads);
+  copy_to_out(views, out, itemsize, threads);
 }
 
 }  // namespace
