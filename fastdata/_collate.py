@@ -48,6 +48,7 @@ def _worth_it(nbytes: int, contiguous: bool) -> bool:
         return True  # torch's path maps a fresh shared-memory block per batch: always slower
     return not contiguous or nbytes >= _MAIN_CONTIGUOUS_MIN_BYTES
 
+
 _NUMPY_TO_TORCH = {
     np.dtype(np.bool_): torch.bool,
     np.dtype(np.uint8): torch.uint8,
@@ -129,16 +130,14 @@ def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
     if dtype not in _NATIVE_DTYPES or elem.layout != torch.strided:
         return False
     nbytes = elem.numel() * dtype.itemsize * len(batch)
-    if not _worth_it(nbytes, elem.is_contiguous()):  # decided on the first sample: no loop
+    if not _worth_it(nbytes, elem.is_contiguous()):  # decided on the first sample
         return False
-    contiguous = True
     for t in batch:
         if type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != shape:
             return False
         if t.requires_grad or not t.is_cpu or t.is_neg():
             return False
-        contiguous = contiguous and t.is_contiguous()
-    return _worth_it(nbytes, contiguous)
+    return True
 
 
 def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
@@ -155,8 +154,8 @@ def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None 
     dtype = _NUMPY_TO_TORCH.get(elem.dtype)
     if (
         dtype is None
+        or not _worth_it(elem.nbytes * len(batch), elem.flags.c_contiguous)  # decided on the first
         or any(a.dtype != elem.dtype or a.shape != elem.shape for a in batch)
-        or not _worth_it(elem.nbytes * len(batch), all(a.flags.c_contiguous for a in batch))
     ):
         # torch's path: the string/object dtype check, then as_tensor and stack.
         return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
