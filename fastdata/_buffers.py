@@ -137,6 +137,12 @@ class SlotLeaf:
         self.ring, self.storage, self.slot, self.leaf = ring, storage, slot, leaf
         self.offset, self.shape, self.dtype = offset, tuple(shape), dtype
 
+    def narrow(self, dim: int, start: int, length: int) -> "SlotLeaf":
+        """The first `length` rows (as Tensor.narrow(0, 0, length)), for a batch with samples left out."""
+        if dim != 0 or start != 0:
+            raise ValueError("a slot leaf narrows along dimension 0 from row 0 only")
+        return SlotLeaf(self.ring, self.storage, self.slot, self.leaf, self.offset, (length, *self.shape[1:]), self.dtype)
+
     def __reduce__(self):
         r = self.ring
         return (_rebuild, (r.token, r.worker, r.flags_storage, self.storage, self.slot, self.leaf,
@@ -206,3 +212,34 @@ class BufferRing:
         if self.shared:
             return target, SlotLeaf(self, storage, s, leaf, start, shape, dtype)
         return target, leased_tensor(storage, start, shape, dtype, self.flags, s, leaf)
+
+
+class ProcessRings:
+    """Whoever collates into rings holds one: it gives each process its own ring on first use
+    (shared memory in a worker, pinned memory in the main process when `pin` is set), and a
+    worker adopts the ring its predecessor with the same worker id left (see WorkerRings).
+    Picklable, so it travels to worker processes with its owner."""
+
+    def __init__(self, slots: int, pin: bool = False) -> None:
+        self.slots, self.pin = slots, pin
+        self.workers = WorkerRings()
+        self._ring: BufferRing | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ring": None}
+
+    def ring(self) -> BufferRing:
+        # Checked by pid: a forked worker inherits its parent's ring and must not use it.
+        if self._ring is None or self._pid != os.getpid():
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+            if info is None:
+                self._ring = BufferRing(self.slots, shared=False, pin=self.pin)
+            else:
+                w = self.workers
+                self._ring = BufferRing(self.slots, shared=True, token=w.token, worker=info.id,
+                                        adopt=w.rings.get(info.id))
+            self._pid = os.getpid()
+        return self._ring

@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from ._buffers import BufferRing, WorkerRings
+from ._buffers import BufferRing, ProcessRings
 
 logger = logging.getLogger("fastdata")
 
@@ -175,38 +175,15 @@ def collate(batch: Sequence[Any]) -> Any:
 
 
 class RingCollate:
-    """The loader's collate_fn: `collate`, writing into a reused slot of this process's ring.
-
-    Picklable, so worker processes get it; each process makes its own ring on first use
-    (shared memory in a worker, pinned memory in the main process when `pin` is set), and a
-    worker adopts the ring its predecessor with the same worker id left (see WorkerRings).
-    """
+    """The loader's collate_fn: `collate`, writing into a reused slot of this process's ring
+    (see `ProcessRings`). Picklable, so worker processes get it."""
 
     def __init__(self, slots: int, pin: bool = False) -> None:
-        self.slots, self.pin = slots, pin
-        self.workers = WorkerRings()
-        self._ring: BufferRing | None = None
-        self._ring_pid = 0
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ring": None}
-
-    def _this_process_ring(self) -> BufferRing:
-        # Checked by pid: a forked worker inherits its parent's ring and must not use it.
-        if self._ring is None or self._ring_pid != os.getpid():
-            info = get_worker_info()
-            if info is None:
-                self._ring = BufferRing(self.slots, shared=False, pin=self.pin)
-            else:
-                w = self.workers
-                self._ring = BufferRing(self.slots, shared=True, token=w.token, worker=info.id,
-                                        adopt=w.rings.get(info.id))
-            self._ring_pid = os.getpid()
-        return self._ring
+        self.rings = ProcessRings(slots, pin)
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         global _ring
-        ring = self._this_process_ring()
+        ring = self.rings.ring()
         _ring = ring  # a slot is claimed at the batch's first native leaf, if it has one
         try:
             return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)

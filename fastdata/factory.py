@@ -2,25 +2,62 @@
 
 from __future__ import annotations
 
-import os
+import json
+import logging
 from typing import Any
 
+from . import sources
 from .backends.base import Loader
+from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
 
 _DROPIN_KEYWORDS = frozenset(DATALOADER_KEYWORDS) | {"device"}
+logger = logging.getLogger("fastdata")
 
 
-def _is_image_source(source: Any) -> bool:
-    if isinstance(source, (str, os.PathLike)):
-        return True
-    if isinstance(source, (list, tuple)) and source:
-        first = source[0]
-        if isinstance(first, (str, os.PathLike)):
-            return True
-        if isinstance(first, (list, tuple)) and len(first) == 2 and isinstance(first[0], (str, os.PathLike)):
-            return True
-    return False
+_IMAGE_KEYWORDS = frozenset({
+    "shuffle", "drop_last", "num_workers", "timeout", "prefetch_factor", "persistent_workers",
+    "pin_memory", "transform", "backend", "device", "dtype", "channels_last", "placement", "seed",
+    "rank", "world_size", "on_error", "config",
+})
+_BACKENDS = ("auto", "pil", "wds", "dali")
+
+
+def _with_config(options: dict[str, Any]) -> dict[str, Any]:
+    """`config=PATH`: a JSON file (as `fastdata-profile --tune` writes) whose values fill every
+    keyword the caller did not give."""
+    path = options.pop("config", None)
+    if path is None:
+        return options
+    try:
+        with open(path) as f:
+            tuned = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"config should be a readable JSON file from fastdata-profile --tune, but {path!r}: {e}") from e
+    values = tuned.get("loader", tuned) if isinstance(tuned, dict) else None
+    if not isinstance(values, dict):
+        raise ValueError(f"config {path!r} should hold a JSON object of loader keywords")
+    for name, value in values.items():
+        if name not in _IMAGE_KEYWORDS or name == "config":
+            raise ValueError(f"config {path!r} sets {name!r}, which is not a loader keyword")
+        options.setdefault(name, value)
+    return options
+
+
+def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Loader:
+    for name in options:
+        if name not in _IMAGE_KEYWORDS:
+            raise TypeError(f"loader() got an unexpected keyword argument {name!r} for an image source")
+    options = _with_config(dict(options))
+    backend = options.pop("backend", "auto")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend should be one of {', '.join(map(repr, _BACKENDS))}, but got {backend!r}")
+    if backend in ("wds", "dali"):
+        raise RuntimeError(f"backend {backend!r} is not built yet in this fastdata; use backend='pil' (or 'auto')")
+    samples = sources.resolve(source)
+    logger.info("image mode: %s, backend 'pil' (%s)", samples.description,
+                "chosen" if backend == "pil" else "auto: no DALI backend yet, no shards")
+    return PilLoader(samples, batch_size, **options)
 
 
 def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
@@ -30,12 +67,14 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
     it is a drop-in for `torch.utils.data.DataLoader`: the same keywords, defaults and batches,
     collated natively, plus `num_workers="auto"` and `device=` (batches copied to that device
     on a side stream, one batch ahead).
+
+    Given images (an ImageFolder folder, a list of (path, label) pairs) it decodes them into
+    `(images, labels)` batches with the fastest backend this machine has; see the README for
+    the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
+    world_size, on_error, config).
     """
-    if _is_image_source(source):
-        raise NotImplementedError(
-            "image mode (a folder, a file list or WebDataset shards) is not built yet; "
-            "wrap your images in a torch Dataset to use the drop-in mode meanwhile"
-        )
+    if sources.is_image_source(source):
+        return _image_loader(source, batch_size, options)
     for name in options:
         if name not in _DROPIN_KEYWORDS:
             raise TypeError(f"loader() got an unexpected keyword argument {name!r}")

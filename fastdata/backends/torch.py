@@ -159,7 +159,7 @@ class TorchLoader(Loader):
                 shutdown = getattr(it, "_shutdown_workers", None)
                 if shutdown is not None:
                     shutdown()  # the workers are gone before their slots are reclaimed
-                collate_fn.workers.reclaim()
+                collate_fn.rings.workers.reclaim()
 
     def set_epoch(self, epoch: int) -> None:
         """Records the epoch and passes it to the sampler when it has `set_epoch` (as

@@ -1,0 +1,392 @@
+"""The `pil` backend: image files decoded into reused batch slots, in DataLoader's workers.
+
+Each batch is one task: a worker (torch's DataLoader machinery: processes, seeding, timeouts,
+dead-worker detection) reads the batch's files, sizes them from their headers, plans every
+sample's geometry at once (`transforms.plan`), and decodes each image straight into its row
+of a slot of the worker's shared-memory ring: JPEGs with the native crop-aware decoder
+(only the crop window, at a reduced DCT scale when it is at least twice the output), the rest
+with Pillow (Pillow-SIMD when installed). The slot reaches the main process as a leased tensor
+(`fastdata._buffers`): no collation copy, no per-batch allocation. With num_workers=0 the
+main process decodes with the native decoder's own threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import warnings
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from .._buffers import ProcessRings
+from ..device import prefetch
+from ..errors import DataError
+from ..sources import Samples
+from ..transforms import Compose, Normalize
+from ..transforms import pil as pil_lowering
+from ..transforms.plan import plan_geometry
+from .base import Loader, resolve_workers, usable_cores
+
+logger = logging.getLogger("fastdata")
+
+try:
+    from .. import _decode
+except ImportError:  # built without the native decoder
+    _decode = None  # type: ignore[assignment]
+
+_MAX_ERRORS = 100
+_STATE_VERSION = 1
+
+
+def _native_jpeg() -> bool:
+    return _decode is not None and _decode.AVAILABLE
+
+
+def _check_complete(data: bytes) -> str | None:
+    """Why these bytes cannot be a whole image, or None. Pillow would decode a truncated file
+    into a partly gray image when LOAD_TRUNCATED_IMAGES is set anywhere in the process; a
+    missing end marker is caught here whatever that flag says."""
+    if not data:
+        return "empty file"
+    if data[:3] == b"\xff\xd8\xff":
+        if data.rfind(b"\xff\xd9", max(0, len(data) - 1024)) < 0:
+            return "truncated JPEG: no end-of-image marker"
+    elif data[:8] == b"\x89PNG\r\n\x1a\n":
+        if data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
+            return "truncated PNG: no IEND chunk"
+    return None
+
+
+class _Decoder(Dataset):
+    """Map-style over (epoch, index) keys; `__getitems__` decodes a whole batch."""
+
+    def __init__(self, samples: Samples, transform: Compose | None, seed: int, on_error: str, slots: int, pin: bool) -> None:
+        self.samples = samples
+        self.geometry = transform.geometry if transform is not None else ()
+        self.seed = seed
+        self.on_error = on_error
+        self.rings = ProcessRings(slots, pin)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key):  # DataLoader asks for batches only (see __getitems__)
+        return self.__getitems__([key])
+
+    def _fail(self, errors: list, path: str, cause: str) -> None:
+        if self.on_error == "raise":
+            raise DataError(f"cannot read {path}: {cause} (backend 'pil')", path=path)
+        errors.append((path, cause))
+
+    def __getitems__(self, keys: Sequence[tuple[int, int]]):
+        epoch = keys[0][0]
+        index = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
+        paths = [self.samples.paths[i] for i in index]
+        errors: list[tuple[str, str]] = []
+        datas: list[bytes] = []
+        ok: list[int] = []
+        for j, path in enumerate(paths):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                self._fail(errors, path, e.strerror or type(e).__name__)
+                continue
+            cause = _check_complete(data)
+            if cause is not None:
+                self._fail(errors, path, cause)
+                continue
+            datas.append(data)
+            ok.append(j)
+
+        # Sizes from the headers, then every sample's geometry at once.
+        sizes = np.zeros((len(datas), 2), dtype=np.int64)
+        jpeg = np.array([d[:3] == b"\xff\xd8\xff" for d in datas], dtype=bool)
+        native = _native_jpeg()
+        infos = _decode.jpeg_info_batch([d for d, j in zip(datas, jpeg) if j]) if native and jpeg.any() else []
+        it = iter(infos)
+        keep = []
+        for k, data in enumerate(datas):
+            info = next(it) if native and jpeg[k] else None
+            try:
+                sizes[k] = info[:2] if info is not None else pil_lowering.size_of(data)
+            except Exception as e:  # not an image Pillow knows
+                self._fail(errors, paths[ok[k]], f"not a readable image ({type(e).__name__}: {e})")
+                continue
+            keep.append(k)
+        datas = [datas[k] for k in keep]
+        jpeg = jpeg[keep]
+        sizes = sizes[keep]
+        ok = [ok[k] for k in keep]
+        sel = index[ok]
+        n = len(datas)
+        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
+        if n and (geo.sizes != geo.sizes[0]).any():
+            odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
+            raise ValueError(
+                f"images in a batch should have one size, but {paths[ok[0]]} is {geo.sizes[0][0]}x{geo.sizes[0][1]} and "
+                f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
+                f"e.g. transform=fastdata.transforms.imagenet_train(224)"
+            )
+        out_w, out_h = (int(geo.sizes[0][0]), int(geo.sizes[0][1])) if n else (1, 1)
+
+        ring = self.rings.ring()
+        ring.begin()
+        try:
+            got = ring.alloc((n, out_h, out_w, 3), torch.uint8)
+            if got is None:
+                target = torch.empty((n, out_h, out_w, 3), dtype=torch.uint8)
+                handle: Any = target
+            else:
+                target, handle = got
+            failed = self._decode_into(target, datas, jpeg, geo, [paths[j] for j in ok], errors, native)
+        finally:
+            ring.end()
+        if failed:
+            # Close the gaps the failed samples left, so the batch stays one block.
+            good = [k for k in range(n) if k not in failed]
+            for dst, src in enumerate(good):
+                if dst != src:
+                    target[dst].copy_(target[src])
+            handle = handle.narrow(0, 0, len(good))
+            sel = sel[good]
+        labels = torch.from_numpy(self.samples.labels[sel])
+        return handle, labels, errors
+
+    def _decode_into(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
+        failed: set[int] = set()
+        size = (target.shape[2], target.shape[1])
+        pillow = [k for k in range(len(datas)) if not (native and jpeg[k])]
+        if native:
+            js = [k for k in range(len(datas)) if jpeg[k]]
+            if js:
+                boxes = geo.boxes[js]
+                x0, y0 = np.rint(boxes[:, 0]), np.rint(boxes[:, 1])
+                crops = np.stack([x0, y0, np.maximum(1, np.rint(boxes[:, 2]) - x0),
+                                  np.maximum(1, np.rint(boxes[:, 3]) - y0)], axis=1).astype(np.int32)
+                threads = 1 if get_worker_info() is not None else usable_cores()
+                chw = target.permute(0, 3, 1, 2)
+                out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
+                results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads)
+                if out is not chw:
+                    chw[js] = out
+                for k, err in zip(js, results):
+                    if err is None:
+                        continue
+                    if "color space" in err:  # CMYK and the like: Pillow handles them
+                        pillow.append(k)
+                    else:
+                        failed.add(k)
+                        self._fail(errors, paths[k], f"corrupt JPEG ({err})")
+        for k in pillow:
+            try:
+                target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size)
+            except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
+                failed.add(k)
+                self._fail(errors, paths[k], f"cannot decode ({type(e).__name__}: {e})")
+        return failed
+
+
+def _first(batch):
+    return batch
+
+
+class _Batches:
+    """This rank's batches of (epoch, index) keys: a pure function of (seed, epoch). Every rank
+    gets the same number of samples (the epoch's order is padded by wrapping, or cut with
+    drop_last, to a multiple of world_size, as DistributedSampler does), and so of batches."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int, rank: int, world_size: int) -> None:
+        self.n, self.batch_size, self.shuffle, self.drop_last = n, batch_size, shuffle, drop_last
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        self.skip = 0
+        per_rank = n // world_size if drop_last else math.ceil(n / world_size)
+        self.per_rank = per_rank
+        self.batches = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def order(self, epoch: int) -> np.ndarray:
+        if self.shuffle:
+            order = np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(self.n)
+        else:
+            order = np.arange(self.n)
+        total = self.per_rank * self.world_size
+        if total > self.n:
+            order = np.concatenate([order, order[: total - self.n]])
+        return order[:total][self.rank :: self.world_size]
+
+    def __iter__(self):
+        epoch, skip = self.epoch, self.skip
+        self.skip = 0
+        mine = self.order(epoch)
+        b = self.batch_size
+        for k in range(skip, self.batches):
+            chunk = mine[k * b : (k + 1) * b]
+            yield [(epoch, int(i)) for i in chunk]
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    live = dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if live else 0
+    if world_size is None:
+        world_size = dist.get_world_size() if live else 1
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank should be in [0, world_size), but got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+class PilLoader(Loader):
+    """Image mode on the CPU: files decoded by the native JPEG decoder or Pillow."""
+
+    backend = "pil"
+
+    def __init__(
+        self,
+        samples: Samples,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        num_workers: int | str = 0,
+        timeout: float = 0,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        transform: Compose | None = None,
+        device: Any = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = True,
+        placement: str = "auto",
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        on_error: str = "raise",
+    ) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer in image mode, but got {batch_size!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r}")
+        if placement not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"placement should be 'auto', 'cpu' or 'gpu', but got {placement!r}")
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype should be torch.float32, torch.float16 or torch.bfloat16, but got {dtype}")
+        if transform is not None and not isinstance(transform, Compose):
+            raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {type(transform).__name__}")
+        self.samples = samples
+        self.batch_size = batch_size
+        self.transform = transform
+        self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype, self.channels_last, self.placement = dtype, channels_last, placement
+        self.on_error = on_error
+        self.seed = seed
+        rank, world_size = _dist_defaults(rank, world_size)
+        self.rank, self.world_size = rank, world_size
+        workers = resolve_workers(num_workers)
+        self._batches = _Batches(len(samples), batch_size, shuffle, drop_last, seed, rank, world_size)
+        pin = bool(pin_memory) and torch.accelerator.is_available()
+        slots = (prefetch_factor or 2) + 2
+        self._decoder = _Decoder(samples, transform, seed, on_error, slots, pin)
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
+        self._loader = DataLoader(self._decoder, batch_sampler=self._batches, collate_fn=_first,
+                                  num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
+        norm = transform.normalize if transform is not None else None
+        self._norm = None
+        if norm is not None:
+            self._norm = (torch.tensor(norm.mean).mul(255).view(1, 3, 1, 1), torch.tensor(norm.std).mul(255).view(1, 3, 1, 1))
+        self._epoch = 0
+        self._delivered = 0
+        self._in_epoch = False
+        self._warned: set[str] = set()
+
+    @property
+    def num_workers(self) -> int:
+        return self._loader.num_workers
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (it also advances by itself after each full one)."""
+        self._epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._batches.epoch = self._epoch
+        self._batches.skip = self._delivered if self._in_epoch else 0
+        self._delivered = self._batches.skip
+        self._in_epoch = True
+        return self._run(iter(self._loader))
+
+    def _finish(self, batch: Any) -> Any:
+        images, labels, errors = batch
+        if errors:
+            self._record(errors)
+        images = images.permute(0, 3, 1, 2)  # NHWC slot seen as NCHW: channels_last
+        if not self.channels_last:
+            images = images.contiguous()
+        return images, labels
+
+    def _record(self, errors: list) -> None:
+        stats = self.stats
+        stats["skipped"] += len(errors)
+        for path, cause in errors:
+            if len(stats["errors"]) < _MAX_ERRORS:
+                stats["errors"].append({"path": path, "cause": cause})
+            logger.warning("skipped %s: %s", path, cause)
+
+    def _device_stage(self, batch: tuple) -> tuple:
+        images, labels = batch
+        if self._norm is not None:
+            mean, std = (t.to(images.device) for t in self._norm)
+            images = images.to(self.dtype).sub_(mean.to(self.dtype)).div_(std.to(self.dtype))
+        return images, labels
+
+    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
+        batches = (self._finish(b) for b in it)
+        if self.device.type != "cpu":
+            batches = prefetch(batches, self.device)
+        stats, clock = self.stats, time.perf_counter
+        try:
+            t0 = clock()
+            for batch in batches:
+                batch = self._device_stage(batch)
+                stats["wait_s"] += clock() - t0
+                stats["batches"] += 1
+                stats["samples"] += int(batch[1].shape[0])
+                self._delivered += 1
+                yield batch
+                t0 = clock()
+            self._in_epoch = False
+            self._delivered = 0
+            self._epoch += 1
+        finally:
+            if not self._loader.persistent_workers:
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
+                self._decoder.rings.workers.reclaim()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,
+                "batches": self._delivered if self._in_epoch else 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
+            raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
+        if state.get("seed", self.seed) != self.seed:
+            warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
+        self._epoch = int(state["epoch"])
+        self._delivered = int(state["batches"])
+        self._in_epoch = self._delivered > 0

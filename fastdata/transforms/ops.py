@@ -1,0 +1,151 @@
+"""The augmentation ops, as data: frozen dataclasses with torchvision's names and defaults.
+
+An op does nothing by itself. A pipeline is compiled (`plan.py`) into per-sample geometry (one
+crop box, one output size, one flip: what the decoders apply in a single pass), per-sample
+pixel ops, and batch ops that run after collation (Normalize, on the device). Images stay
+uint8 until Normalize, so one byte per pixel crosses to the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _pair(name: str, size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    size = tuple(size)
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise ValueError(f"{name} size should be a positive int or an (h, w) pair, but got {size!r}")
+    return size  # type: ignore[return-value]
+
+
+class Op:
+    """Base of every op. `geometric` ops change where pixels come from (folded into one crop
+    box per sample); `batch` ops run on the collated batch."""
+
+    geometric = False
+    batch = False
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop(Op):
+    """A random crop of `scale` of the area and `ratio` aspect, resized to `size` (h, w)."""
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    geometric = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _pair("RandomResizedCrop", self.size))
+        lo, hi = self.scale
+        if not 0 < lo <= hi:
+            raise ValueError(f"RandomResizedCrop scale should be (min, max) with 0 < min <= max, but got {self.scale}")
+        rlo, rhi = self.ratio
+        if not 0 < rlo <= rhi:
+            raise ValueError(f"RandomResizedCrop ratio should be (min, max) with 0 < min <= max, but got {self.ratio}")
+
+
+@dataclass(frozen=True)
+class Resize(Op):
+    """An int resizes the shorter side to it (keeping the aspect, as torchvision does); an
+    (h, w) pair resizes to exactly that."""
+
+    size: int | tuple[int, int]
+    geometric = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, int) and not isinstance(self.size, bool):
+            if self.size <= 0:
+                raise ValueError(f"Resize size should be positive, but got {self.size}")
+        else:
+            object.__setattr__(self, "size", _pair("Resize", self.size))
+
+
+@dataclass(frozen=True)
+class CenterCrop(Op):
+    size: int | tuple[int, int]
+    geometric = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _pair("CenterCrop", self.size))
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip(Op):
+    p: float = 0.5
+    geometric = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip p should be in [0, 1], but got {self.p}")
+
+
+@dataclass(frozen=True)
+class Normalize(Op):
+    """(x / 255 - mean) / std per channel, then the loader's `dtype`. Runs on the batch, on
+    the target device."""
+
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    batch = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if len(self.mean) != 3 or len(self.std) != 3 or any(s <= 0 for s in self.std):
+            raise ValueError(f"Normalize should get 3 means and 3 positive stds, but got {self.mean}, {self.std}")
+
+
+@dataclass(frozen=True)
+class Compose:
+    """A pipeline: per-sample ops first (geometry, then pixel ops), batch ops last."""
+
+    ops: tuple[Op, ...] = field(default_factory=tuple)
+
+    def __init__(self, ops: Sequence[Op]) -> None:
+        ops = tuple(ops)
+        for op in ops:
+            if not isinstance(op, Op):
+                raise TypeError(f"Compose should get fastdata.transforms ops, but got {op!r}")
+        seen_batch = False
+        for op in ops:
+            if op.batch:
+                seen_batch = True
+            elif seen_batch:
+                raise ValueError(f"{type(op).__name__} should come before the batch ops (Normalize), but comes after")
+        object.__setattr__(self, "ops", ops)
+
+    @property
+    def geometry(self) -> tuple[Op, ...]:
+        return tuple(op for op in self.ops if op.geometric)
+
+    @property
+    def batch_ops(self) -> tuple[Op, ...]:
+        return tuple(op for op in self.ops if op.batch)
+
+    @property
+    def normalize(self) -> Normalize | None:
+        return next((op for op in self.ops if isinstance(op, Normalize)), None)
+
+    def __iter__(self):
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+def imagenet_train(size: int = 224) -> Compose:
+    """RandomResizedCrop(size), RandomHorizontalFlip(), Normalize(ImageNet mean and std)."""
+    return Compose([RandomResizedCrop(size), RandomHorizontalFlip(), Normalize()])
+
+
+def imagenet_eval(size: int = 224) -> Compose:
+    """Resize(size / 0.875) (256 for 224), CenterCrop(size), Normalize(ImageNet mean and std)."""
+    return Compose([Resize(int(math.floor(size / 0.875))), CenterCrop(size), Normalize()])

@@ -1,0 +1,104 @@
+"""Compiles a pipeline's per-sample geometry into what a decoder applies in one pass.
+
+RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip, in any order, fold into one
+box in the source image's coordinates, one output size and one flip per sample: the native
+decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
+output), and Pillow does it as one `resize(size, box=...)`. Vectorised over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ._random import uniforms
+from .ops import CenterCrop, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
+
+_RRC_ATTEMPTS = 10  # torchvision's
+
+
+@dataclass
+class Geometry:
+    boxes: np.ndarray  # float64 [N, 4]: x0, y0, x1, y1 in source pixels
+    flips: np.ndarray  # bool [N]
+    sizes: np.ndarray  # int64 [N, 2]: output (w, h)
+
+
+def _rrc(op: RandomResizedCrop, u: np.ndarray, W: np.ndarray, H: np.ndarray):
+    """torchvision's RandomResizedCrop.get_params, for a batch, from uniforms [N, 40]."""
+    n = len(W)
+    area = (W * H).astype(np.float64)
+    lo, hi = op.scale
+    log_r = (math.log(op.ratio[0]), math.log(op.ratio[1]))
+    u = u.reshape(n, _RRC_ATTEMPTS, 4)
+    target = area[:, None] * (lo + (hi - lo) * u[:, :, 0])
+    aspect = np.exp(log_r[0] + (log_r[1] - log_r[0]) * u[:, :, 1])
+    w = np.rint(np.sqrt(target * aspect)).astype(np.int64)
+    h = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+    ok = (w > 0) & (w <= W[:, None]) & (h > 0) & (h <= H[:, None])
+    first = np.argmax(ok, axis=1)
+    found = ok[np.arange(n), first]
+    w, h = w[np.arange(n), first], h[np.arange(n), first]
+    top = np.floor(u[np.arange(n), first, 2] * (H - h + 1)).astype(np.int64)
+    left = np.floor(u[np.arange(n), first, 3] * (W - w + 1)).astype(np.int64)
+    # No attempt fit: torchvision's fallback, a central crop clamped to the ratio range.
+    in_ratio = W / H
+    fw = np.where(in_ratio < op.ratio[0], W, np.where(in_ratio > op.ratio[1], np.rint(H * op.ratio[1]), W))
+    fh = np.where(in_ratio < op.ratio[0], np.rint(W / op.ratio[0]), H)
+    fw, fh = fw.astype(np.int64), fh.astype(np.int64)
+    w, h = np.where(found, w, fw), np.where(found, h, fh)
+    top = np.where(found, top, (H - h) // 2)
+    left = np.where(found, left, (W - w) // 2)
+    return left, top, w, h
+
+
+def _resize_to(op: Resize, W: np.ndarray, H: np.ndarray):
+    if isinstance(op.size, tuple):
+        return np.full_like(W, op.size[1]), np.full_like(H, op.size[0])
+    s = op.size
+    short, long_ = np.minimum(W, H), np.maximum(W, H)
+    new_long = (s * long_ // short).astype(np.int64)  # torchvision: int(size * long / short)
+    return np.where(W <= H, s, new_long), np.where(W <= H, new_long, s)
+
+
+def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
+                  widths: np.ndarray, heights: np.ndarray) -> Geometry:
+    """Boxes, flips and output sizes for samples `indices` of sizes (widths, heights)."""
+    n = len(indices)
+    W = np.asarray(widths, dtype=np.int64).copy()  # the current image's size, op by op
+    H = np.asarray(heights, dtype=np.int64).copy()
+    box = np.stack([np.zeros(n), np.zeros(n), W.astype(np.float64), H.astype(np.float64)], axis=1)
+    flip = np.zeros(n, dtype=bool)
+
+    def crop(left, top, w, h):
+        # A crop in the current image's coordinates, mapped back to the source box (minding a
+        # flip already applied: the current image is the box mirrored).
+        sx = (box[:, 2] - box[:, 0]) / W
+        sy = (box[:, 3] - box[:, 1]) / H
+        left_src = np.where(flip, W - (left + w), left)
+        x0 = box[:, 0] + left_src * sx
+        y0 = box[:, 1] + top * sy
+        box[:, 0], box[:, 1] = x0, y0
+        box[:, 2], box[:, 3] = x0 + w * sx, y0 + h * sy
+
+    for stream, op in enumerate(ops):
+        if isinstance(op, RandomResizedCrop):
+            left, top, w, h = _rrc(op, uniforms(seed, epoch, indices, stream, 4 * _RRC_ATTEMPTS), W, H)
+            crop(left, top, w, h)
+            H, W = np.full(n, op.size[0], np.int64), np.full(n, op.size[1], np.int64)
+        elif isinstance(op, Resize):
+            W, H = _resize_to(op, W, H)
+        elif isinstance(op, CenterCrop):
+            ch, cw = op.size
+            # torchvision rounds the offset; a crop larger than the image is clamped to it.
+            cw_, ch_ = np.minimum(cw, W), np.minimum(ch, H)
+            crop(np.rint((W - cw_) / 2.0).astype(np.int64), np.rint((H - ch_) / 2.0).astype(np.int64), cw_, ch_)
+            W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
+        elif isinstance(op, RandomHorizontalFlip):
+            flip ^= uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
+        else:
+            raise TypeError(f"{type(op).__name__} is not a geometric op")
+    return Geometry(box, flip, np.stack([W, H], axis=1))
