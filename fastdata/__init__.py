@@ -1,6 +1,6 @@
 """fastdata: keeps GPUs fed during PyTorch training.
 
-Public names: `loader` (the factory), `Loader` (what it returns), `DataError`.
+Public names: `loader` (the factory), `Loader` (what it returns), `transforms`, `DataError`.
 """
 
 __version__ = "0.1.0"
@@ -14,8 +14,9 @@ except ImportError as e:  # torch is deliberately not a pip requirement: see pyp
     ) from e
 
 from ._collate import NATIVE as _NATIVE  # noqa: F401
+from . import transforms
 from .backends.base import Loader
 from .errors import DataError
 from .factory import loader
 
-__all__ = ["DataError", "Loader", "loader", "__version__"]
+__all__ = ["DataError", "Loader", "loader", "transforms", "__version__"]

@@ -4,7 +4,9 @@ import inspect
 
 import fastdata
 
-PUBLIC = ["DataError", "Loader", "__version__", "loader"]
+PUBLIC = ["DataError", "Loader", "__version__", "loader", "transforms"]
+TRANSFORMS = ["CenterCrop", "Compose", "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "RandomHorizontalFlip",
+              "RandomResizedCrop", "Resize", "imagenet_eval", "imagenet_train"]
 LOADER_METHODS = ["load_state_dict", "set_epoch", "state_dict"]
 
 
@@ -27,8 +29,5 @@ def test_data_error_is_a_runtime_error():
     assert isinstance(err, RuntimeError) and err.path == "a.jpg" and "a.jpg" in str(err)
 
 
-def test_image_mode_says_it_is_not_built_yet(tmp_path):
-    import pytest
-
-    with pytest.raises(NotImplementedError, match="image mode"):
-        fastdata.loader(str(tmp_path))
+def test_transforms_surface():
+    assert sorted(fastdata.transforms.__all__) == sorted(TRANSFORMS)

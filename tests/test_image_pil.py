@@ -1,0 +1,226 @@
+"""Image mode on the `pil` backend, on images the tests make.
+
+Every image is one flat color that encodes its sample: red = 40 * class + 20, green = the
+image's number within its class * 12 + 10, blue a constant. Flat colors survive any crop and
+resampling exactly, so the content of every output row names the sample it came from and
+must agree with its label."""
+
+import logging
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata import transforms as T
+
+CLASSES, PER_CLASS = 4, 9
+
+
+def _color(c, i):
+    return (40 * c + 20, 12 * i + 10, 77)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs")
+    rng = np.random.default_rng(0)
+    for c in range(CLASSES):
+        os.makedirs(root / f"class{c}")
+        for i in range(PER_CLASS):
+            w, h = int(rng.integers(60, 200)), int(rng.integers(60, 200))
+            img = Image.new("RGB", (w, h), _color(c, i))
+            fmt = "png" if i % 4 == 3 else "jpg"  # PNGs go through Pillow, JPEGs native
+            img.save(root / f"class{c}" / f"{i:03d}.{fmt}", quality=95)
+    return root
+
+
+def _decode_ids(images):
+    """(class, number) per row from the flat colors, checked flat."""
+    x = images.float()
+    r, g = x[:, 0].mean((1, 2)), x[:, 1].mean((1, 2))
+    assert (x[:, 0] - r[:, None, None]).abs().max() <= 3, "a row is not one flat color"
+    return torch.round((r - 20) / 40).long(), torch.round((g - 10) / 12).long()
+
+
+def _epoch(loader):
+    images, labels = [], []
+    for x, y in loader:
+        assert x.dtype == torch.uint8 and x.shape[1:] == (3, 32, 48)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert y.dtype == torch.int64
+        images.append(x.clone())
+        labels.append(y.clone())
+    return torch.cat(images), torch.cat(labels)
+
+
+def _train(size=(32, 48)):
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_labels_match_content_and_every_sample_once(folder, num_workers):
+    loader = fastdata.loader(str(folder), batch_size=5, shuffle=True, transform=_train(), num_workers=num_workers)
+    assert loader.backend == "pil" and len(loader) == 8
+    images, labels = _epoch(loader)
+    cls, num = _decode_ids(images)
+    assert torch.equal(cls, labels)
+    seen = sorted(zip(cls.tolist(), num.tolist()))
+    assert seen == [(c, i) for c in range(CLASSES) for i in range(PER_CLASS)]
+    assert loader.stats["samples"] == 36 and loader.stats["batches"] == 8 and loader.stats["skipped"] == 0
+
+
+def test_same_output_across_workers_and_batch_sizes(folder):
+    runs = [
+        _epoch(fastdata.loader(str(folder), batch_size=bs, shuffle=True, transform=_train(), num_workers=nw, seed=3))
+        for bs, nw in [(4, 0), (7, 2), (36, 0)]
+    ]
+    for images, labels in runs[1:]:
+        assert torch.equal(images, runs[0][0]) and torch.equal(labels, runs[0][1])
+
+
+def test_epoch_and_seed_change_order_and_augmentation(folder):
+    a = fastdata.loader(str(folder), batch_size=6, shuffle=True, transform=_train(), seed=1)
+    first, again = _epoch(a), None
+    a.set_epoch(0)
+    again = _epoch(a)
+    assert torch.equal(first[0], again[0])
+    second = _epoch(a)  # the epoch advanced by itself
+    assert not torch.equal(first[1], second[1])
+    other_seed = _epoch(fastdata.loader(str(folder), batch_size=6, shuffle=True, transform=_train(), seed=2))
+    assert not torch.equal(first[1], other_seed[1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 4])
+def test_resume_mid_epoch(folder, num_workers, k):
+    make = lambda: fastdata.loader(str(folder), batch_size=5, shuffle=True, transform=_train(), num_workers=num_workers, seed=9)  # noqa: E731
+    ref = make()
+    want = [(x.clone(), y.clone()) for x, y in ref] + [(x.clone(), y.clone()) for x, y in ref]
+    first = make()
+    it = iter(first)
+    for _ in range(k):
+        next(it)
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = [(x.clone(), y.clone()) for x, y in resumed] + [(x.clone(), y.clone()) for x, y in resumed]
+    assert len(got) == len(want) - k
+    for (x, y), (wx, wy) in zip(got, want[k:]):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_get_equal_disjoint_shares(folder, drop_last):
+    shares = []
+    for rank in range(3):
+        loader = fastdata.loader(str(folder), batch_size=4, shuffle=True, transform=_train(), rank=rank,
+                                 world_size=3, drop_last=drop_last)
+        images, _ = _epoch(loader)
+        shares.append(list(zip(*(t.tolist() for t in _decode_ids(images)))))
+    assert len({len(s) for s in shares}) == 1  # the same number of samples, so of batches
+    assert len(set(shares[0]) & set(shares[1])) == 0 and len(set(shares[1]) & set(shares[2])) == 0
+    assert len(set().union(*shares)) == 36  # 36 = 3 x 12: nothing padded or dropped here
+
+
+def test_ranks_pad_to_equal_batch_counts(folder):
+    lens = [len(fastdata.loader(str(folder), batch_size=4, transform=_train(), rank=r, world_size=5)) for r in range(5)]
+    assert len(set(lens)) == 1
+
+
+def test_normalize_gives_dtype_and_values(folder):
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
+    t = T.Compose([T.CenterCrop(16), T.Normalize(mean, std)])
+    for dtype in (torch.float32, torch.bfloat16):
+        loader = fastdata.loader(str(folder), batch_size=36, transform=t, dtype=dtype, device="cpu")
+        x, y = next(iter(loader))
+        assert x.dtype == dtype and x.shape == (36, 3, 16, 16)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        red = x[:, 0, 8, 8].float() * 0.2 + 0.5  # back to [0, 1]
+        assert torch.allclose(red * 255, (40 * y + 20).float(), atol=3)
+
+
+def test_channels_last_false_gives_contiguous(folder):
+    loader = fastdata.loader(str(folder), batch_size=4, transform=_train(), channels_last=False)
+    x, _ = next(iter(loader))
+    assert x.is_contiguous()
+
+
+def test_eval_preset_geometry_matches_pillow(tmp_path):
+    # A gradient image: the output must be Pillow's resize-then-center-crop, up to resampling.
+    w, h = 300, 200
+    grad = np.zeros((h, w, 3), np.uint8)
+    grad[..., 0] = np.linspace(0, 255, w)[None, :]
+    grad[..., 1] = np.linspace(0, 255, h)[:, None]
+    os.makedirs(tmp_path / "a")
+    Image.fromarray(grad).save(tmp_path / "a" / "g.png")
+    loader = fastdata.loader(str(tmp_path), batch_size=1, transform=T.imagenet_eval(64), device="cpu")
+    x, _ = next(iter(loader))
+    mean = torch.tensor(T.IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(T.IMAGENET_STD).view(3, 1, 1)
+    got = (x[0] * std + mean) * 255
+    ref = Image.fromarray(grad).resize((int(73 * w / h), 73), Image.BILINEAR)
+    left, top = round((ref.width - 64) / 2), round((ref.height - 64) / 2)
+    ref = torch.from_numpy(np.array(ref.crop((left, top, left + 64, top + 64)))).permute(2, 0, 1).float()
+    assert (got - ref).abs().mean() < 2.0
+
+
+def test_images_of_different_sizes_need_a_transform(folder):
+    with pytest.raises(ValueError, match="resize or crop"):
+        next(iter(fastdata.loader(str(folder), batch_size=8)))
+
+
+def test_source_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        fastdata.loader(str(tmp_path / "nope"), batch_size=2)
+    with pytest.raises(ValueError, match="no class folders"):
+        fastdata.loader(str(tmp_path), batch_size=2)
+    with pytest.raises(TypeError, match="shufle"):
+        fastdata.loader(str(tmp_path), batch_size=2, shufle=True)
+    with pytest.raises(RuntimeError, match="wds"):
+        fastdata.loader(str(tmp_path), batch_size=2, backend="wds")
+
+
+@pytest.fixture()
+def broken(tmp_path, folder):
+    """The good images as a (path, label) list, with four bad ones among them."""
+    pairs = [(str(folder / f"class{c}" / f"{i:03d}.{'png' if i % 4 == 3 else 'jpg'}"), c)
+             for c in range(CLASSES) for i in range(PER_CLASS)]
+    good = open(pairs[0][0], "rb").read()
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "truncated.jpg").write_bytes(good[: len(good) * 6 // 10])
+    (tmp_path / "text.jpg").write_bytes(b"this is not an image at all\n" * 20)
+    bad = [str(tmp_path / "empty.jpg"), str(tmp_path / "truncated.jpg"), str(tmp_path / "text.jpg"),
+           str(tmp_path / "missing.jpg")]
+    for k, path in enumerate(bad):
+        pairs.insert(5 + 7 * k, (path, 0))
+    return pairs, bad
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bad_file_raises_data_error_naming_it(broken, num_workers):
+    pairs, bad = broken
+    loader = fastdata.loader(pairs, batch_size=40, transform=_train(), num_workers=num_workers)
+    with pytest.raises(fastdata.DataError) as err:
+        next(iter(loader))
+    assert any(os.path.basename(p) in str(err.value) for p in bad)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_counts_names_and_keeps_every_good_sample(broken, num_workers, caplog):
+    pairs, bad = broken
+    loader = fastdata.loader(pairs, batch_size=6, transform=_train(), num_workers=num_workers, on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        images, labels = _epoch(loader)
+    cls, num = _decode_ids(images)
+    assert torch.equal(cls, labels)
+    assert sorted(zip(cls.tolist(), num.tolist())) == [(c, i) for c in range(CLASSES) for i in range(PER_CLASS)]
+    assert loader.stats["skipped"] == 4
+    named = {e["path"]: e["cause"] for e in loader.stats["errors"]}
+    assert set(named) == set(bad)
+    assert "empty" in named[bad[0]] and "truncated" in named[bad[1]] and "No such file" in named[bad[3]]
+    assert sum("skipped" in r.message for r in caplog.records) == 4
