@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "collate.h"
+#ifdef FASTDATA_HAVE_JPEG
+#include "decode.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -101,6 +104,139 @@ void collate_ptrs(const std::vector<uintptr_t>& addresses, const std::vector<int
   copy_to_out(views, out, itemsize, threads);
 }
 
+#ifdef FASTDATA_HAVE_JPEG
+// The bytes of each bytes-like object (bytes, bytearray, memoryview, contiguous numpy array),
+// held through the buffer protocol so they stay put while the GIL is released. Release needs
+// the GIL: declare it before any gil_scoped_release, so it is destroyed after.
+class HeldBytes {
+ public:
+  explicit HeldBytes(size_t n) { views_.reserve(n); }
+  ~HeldBytes() {
+    for (Py_buffer& v : views_) PyBuffer_Release(&v);
+  }
+  HeldBytes(const HeldBytes&) = delete;
+  HeldBytes& operator=(const HeldBytes&) = delete;
+
+  fastdata::ByteSpan add(nb::handle obj, const char* what) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      throw nb::type_error((std::string(what) +
+                            " should be bytes-like (bytes, bytearray, memoryview or a "
+                            "contiguous uint8 array), but got " +
+                            nb::type_name(obj.type()).c_str())
+                               .c_str());
+    }
+    views_.push_back(view);
+    return {static_cast<const uint8_t*>(view.buf), size_t(view.len)};
+  }
+
+ private:
+  std::vector<Py_buffer> views_;
+};
+
+// jpeg_info(data) -> (width, height, components), from the header alone; ValueError with
+// libjpeg's message for anything it cannot parse.
+nb::tuple jpeg_info(nb::handle data) {
+  HeldBytes held(1);
+  const fastdata::ByteSpan src = held.add(data, "data");
+  fastdata::JpegInfo info;
+  std::string err = fastdata::jpeg_info(src, &info);
+  if (!err.empty()) throw nb::value_error(err.c_str());
+  return nb::make_tuple(info.width, info.height, info.components);
+}
+
+// jpeg_info_batch(datas) -> [(width, height, components) or None], GIL released.
+nb::list jpeg_info_batch(nb::sequence datas) {
+  const size_t n = nb::len(datas);
+  HeldBytes held(n);
+  std::vector<fastdata::ByteSpan> srcs;
+  srcs.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    srcs.push_back(held.add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
+  }
+  std::vector<fastdata::JpegInfo> infos(n);
+  std::vector<char> ok(n);
+  {
+    nb::gil_scoped_release release;
+    for (size_t i = 0; i < n; ++i) ok[i] = fastdata::jpeg_info(srcs[i], &infos[i]).empty();
+  }
+  nb::list result;
+  for (size_t i = 0; i < n; ++i) {
+    if (ok[i]) {
+      result.append(nb::make_tuple(infos[i].width, infos[i].height, infos[i].components));
+    } else {
+      result.append(nb::none());
+    }
+  }
+  return result;
+}
+
+using CropArray = nb::ndarray<const int32_t, nb::ndim<2>, nb::device::cpu>;
+using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu>;
+using ImageBatch = nb::ndarray<uint8_t, nb::ndim<4>, nb::device::cpu>;
+
+// decode_crop_resize(datas, crops, flips, out, threads) -> [None or error message]: out[i] =
+// the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear), mirrored
+// where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while decoding.
+nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
+                            int threads) {
+  const size_t n = nb::len(datas);
+  if (crops.shape(0) != n || crops.shape(1) != 4) {
+    throw nb::value_error(("crops should have shape [" + std::to_string(n) + ", 4], but got " +
+                           shape_str(crops.ndim(), crops.shape_ptr()))
+                              .c_str());
+  }
+  const nb::dlpack::dtype fdt = flips.dtype();
+  if (flips.shape(0) != n || fdt.bits != 8 || fdt.lanes != 1 ||
+      (fdt.code != uint8_t(nb::dlpack::dtype_code::UInt) &&
+       fdt.code != uint8_t(nb::dlpack::dtype_code::Bool))) {
+    throw nb::value_error(("flips should be uint8 or bool with shape [" + std::to_string(n) +
+                           "], but got shape " + shape_str(flips.ndim(), flips.shape_ptr()))
+                              .c_str());
+  }
+  if (out.shape(0) != n || out.shape(1) != 3 || out.shape(2) < 1 || out.shape(3) < 1 ||
+      out.shape(2) > (1 << 20) || out.shape(3) > (1 << 20)) {
+    throw nb::value_error(("out should have shape [" + std::to_string(n) +
+                           ", 3, H, W], but got " + shape_str(out.ndim(), out.shape_ptr()))
+                              .c_str());
+  }
+  HeldBytes held(n);
+  std::vector<fastdata::ByteSpan> srcs;
+  srcs.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    srcs.push_back(held.add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
+  }
+  // Copied out of their arrays, whatever their strides.
+  std::vector<int32_t> crop_values(4 * n);
+  std::vector<uint8_t> flip_values(n);
+  const int32_t* c = crops.data();
+  const uint8_t* f = static_cast<const uint8_t*>(flips.data());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < 4; ++j) crop_values[4 * i + j] = c[i * crops.stride(0) + j * crops.stride(1)];
+    flip_values[i] = f[i * flips.stride(0)] != 0;
+  }
+  const fastdata::OutView view{out.data(),         out.stride(0),      out.stride(1),
+                               out.stride(2),      out.stride(3),      int(out.shape(2)),
+                               int(out.shape(3))};
+  std::vector<std::string> errors;
+  {
+    nb::gil_scoped_release release;
+    fastdata::decode_crop_resize(srcs, crop_values.data(), flip_values.data(), view, threads,
+                                 &errors);
+  }
+  nb::list result;
+  for (const std::string& e : errors) {
+    if (e.empty()) {
+      result.append(nb::none());
+    } else {
+      result.append(nb::str(e.c_str(), e.size()));
+    }
+  }
+  return result;
+}
+#endif  // FASTDATA_HAVE_JPEG
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -109,4 +245,18 @@ NB_MODULE(_native, m) {
         "Copy samples[i] into out[i] for every i with up to `threads` threads, GIL released.");
   m.def("collate_ptrs", &collate_ptrs, nb::arg("addresses"), nb::arg("strides"), nb::arg("out"),
         nb::arg("threads") = 1, "collate() for sources given as data addresses and element strides.");
+#ifdef FASTDATA_HAVE_JPEG
+  m.attr("HAVE_JPEG") = true;
+  m.def("jpeg_info", &jpeg_info, nb::arg("data"),
+        "(width, height, components) from a JPEG's header; ValueError if it cannot be parsed.");
+  m.def("jpeg_info_batch", &jpeg_info_batch, nb::arg("datas"),
+        "jpeg_info for each of datas, None where it cannot be parsed; GIL released.");
+  m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
+        nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
+        "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
+        "strides) as Pillow's bilinear resize with that box, mirrored where flips[i]; returns "
+        "None or an error message per sample. GIL released.");
+#else
+  m.attr("HAVE_JPEG") = false;  // built without libjpeg-turbo: images decode with Pillow
+#endif
 }

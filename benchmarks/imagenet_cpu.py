@@ -1,0 +1,233 @@
+"""The ImageNet training transform on the CPU: fastdata `pil` against today's baselines.
+
+RandomResizedCrop(224, scale=(0.08, 1)), random horizontal flip, uint8 CHW batches of 256,
+2 workers (or threads), on the synthetic ImageNet-like set (`fastdata.synthetic`):
+
+- DataLoader + stock Pillow, hand-written RandomResizedCrop (in a virtualenv that has stock
+  Pillow, made on first use under benchmarks/.venv-stock-pillow),
+- DataLoader + Pillow-SIMD, the same code (the Pillow this environment runs),
+- a hand-written DALI CPU pipeline (fn.decoders.image_random_crop on the CPU), when DALI is installed,
+- fastdata.loader(backend="pil").
+
+Each candidate runs in its own process, one candidate after another in rounds, so drift on
+this shared machine hits all alike; a process times `--epochs` epochs after a warm-up one and
+the median epoch counts. Prints images/s and the ratios; writes JSON.
+
+    OMP_NUM_THREADS=1 python benchmarks/imagenet_cpu.py [--images 2000] [--rounds 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STOCK_VENV = HERE / ".venv-stock-pillow"
+BATCH, WORKERS, SIZE = 256, 2, 224
+
+
+# ----------------------------------------------------------------- candidates (run in children)
+
+def _rrc_params(w: int, h: int, rng: random.Random) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params, by hand (torchvision has no CPU build here)."""
+    area = w * h
+    log_ratio = (math.log(3 / 4), math.log(4 / 3))
+    for _ in range(10):
+        target = area * rng.uniform(0.08, 1.0)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return rng.randint(0, w - cw), rng.randint(0, h - ch), cw, ch
+    side = min(w, h)
+    return (w - side) // 2, (h - side) // 2, side, side
+
+
+class _PillowRRC:
+    """The Dataset a PyTorch user writes today: open, RGB, RandomResizedCrop, flip, to CHW."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        path, label = self.files[i]
+        rng = random.Random(i)
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            x, y, w, h = _rrc_params(img.width, img.height, rng)
+            img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(x, y, x + w, y + h))
+        if rng.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(img).transpose(2, 0, 1)), label
+
+
+def _time_epochs(make_iter, epochs: int) -> list[float]:
+    for _ in make_iter():  # warm-up epoch: workers, page cache
+        pass
+    times = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        n = 0
+        for images, labels in make_iter():
+            n += len(labels)
+        times.append(n / (time.perf_counter() - t))
+    return times
+
+
+def run_dataloader(files, epochs):
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    loader = DataLoader(_PillowRRC(files), batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
+    return _time_epochs(lambda: loader, epochs)
+
+
+def run_dali(files, epochs):
+    from nvidia.dali import fn, pipeline_def, types
+
+    listing = HERE / "results" / ".dali_files.txt"
+    listing.write_text("".join(f"{p} {l}\n" for p, l in files))
+
+    @pipeline_def(batch_size=BATCH, num_threads=WORKERS, device_id=None, seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_list=str(listing), random_shuffle=True, name="r")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
+        images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
+                                          mirror=fn.random.coin_flip(), mean=[0.0], std=[1.0])
+        return images, labels
+
+    p = pipe()
+    p.build()
+    steps = math.ceil(len(files) / BATCH)
+
+    def epoch():
+        for _ in range(steps):
+            images, labels = p.run()
+            yield images, [0] * len(labels)
+
+    return _time_epochs(epoch, epochs)
+
+
+def run_fastdata(files, epochs, root):
+    import torch
+
+    import fastdata
+    from fastdata import transforms as T
+
+    torch.set_num_threads(1)
+    loader = fastdata.loader(root, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
+                             transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]),
+                             device="cpu", backend="pil")
+    return _time_epochs(lambda: loader, epochs)
+
+
+def _child(name: str, root: str, epochs: int) -> None:
+    from fastdata.synthetic import make_file_list
+
+    files = make_file_list(root)
+    if name == "dali":
+        times = run_dali(files, epochs)
+    elif name == "fastdata":
+        times = run_fastdata(files, epochs, root)
+    else:
+        times = run_dataloader(files, epochs)
+    import PIL
+
+    print(json.dumps({"images_per_s": times, "pillow": PIL.__version__}))
+
+
+# ----------------------------------------------------------------- the parent
+
+def _stock_python() -> str | None:
+    py = STOCK_VENV / "bin" / "python"
+    if not py.exists():
+        print("making a virtualenv with stock Pillow for the baseline (once)...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(STOCK_VENV)], check=True)
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "pillow"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"could not install stock Pillow: {r.stderr.strip()[-300:]}", file=sys.stderr)
+            return None
+    return str(py)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per candidate process")
+    ap.add_argument("--root", default=str(HERE / "data" / "imagenet-like"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.child:
+        _child(args.child, args.root, args.epochs)
+        return
+
+    from fastdata._pillow import PILLOW
+    from fastdata.synthetic import make_imagenet_like
+
+    sys.path.insert(0, str(HERE))
+    import _common
+
+    make_imagenet_like(args.root, n_images=args.images, progress=True)
+    candidates = {"DataLoader + Pillow-SIMD": [sys.executable, "dataloader"]}
+    stock = _stock_python()
+    if stock:
+        candidates = {"DataLoader + stock Pillow": [stock, "dataloader"], **candidates}
+    try:
+        import nvidia.dali  # noqa: F401
+
+        candidates["DALI CPU pipeline"] = [sys.executable, "dali"]
+    except ImportError:
+        print("DALI is not installed: its baseline is left out (pip install nvidia-dali-cuda120)", file=sys.stderr)
+    candidates["fastdata pil"] = [sys.executable, "fastdata"]
+
+    results: dict[str, list[float]] = {name: [] for name in candidates}
+    pillows: dict[str, str] = {}
+    print(f"{args.images} images, batch {BATCH}, {WORKERS} workers, {args.rounds} rounds x {args.epochs} epochs; "
+          f"this environment: {PILLOW}", file=sys.stderr)
+    for r in range(args.rounds):
+        for name, (py, child) in candidates.items():
+            out = subprocess.run([py, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
+            rep = json.loads(out.stdout.strip().splitlines()[-1])
+            results[name] += rep["images_per_s"]
+            pillows[name] = rep["pillow"]
+            print(f"  round {r + 1}/{args.rounds}  {name:<28} {statistics.median(rep['images_per_s']):7.0f} img/s", file=sys.stderr)
+
+    med = {name: statistics.median(v) for name, v in results.items()}
+    fast = med["fastdata pil"]
+    print(f"\n{'pipeline':<30}{'images/s':>10}{'fastdata is':>14}")
+    for name, v in med.items():
+        print(f"{name:<30}{v:>10.0f}{fast / v:>13.2f}x")
+    targets = {"DataLoader + Pillow-SIMD": 1.6, "DataLoader + stock Pillow": 2.0, "DALI CPU pipeline": 1.5}
+    report = {"images": args.images, "batch": BATCH, "workers": WORKERS, "images_per_s": med, "all": results,
+              "pillow": pillows, "ratios": {n: fast / v for n, v in med.items() if n != "fastdata pil"},
+              "targets": {n: t for n, t in targets.items() if n in med}}
+    for n, t in report["targets"].items():
+        print(f"fastdata pil vs {n}: {fast / med[n]:.2f}x (target >= {t}x)")
+    _common.write("imagenet_cpu", report, args.json)
+
+
+if __name__ == "__main__":
+    main()
