@@ -5,8 +5,8 @@ import inspect
 import fastdata
 
 PUBLIC = ["DataError", "Loader", "__version__", "loader", "transforms"]
-TRANSFORMS = ["CenterCrop", "Compose", "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "RandomHorizontalFlip",
-              "RandomResizedCrop", "Resize", "imagenet_eval", "imagenet_train"]
+TRANSFORMS = ["CenterCrop", "ColorJitter", "Compose", "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "RandomHorizontalFlip",
+              "RandomResizedCrop", "Resize", "TrivialAugment", "imagenet_eval", "imagenet_train"]
 LOADER_METHODS = ["load_state_dict", "set_epoch", "state_dict"]
 
 

@@ -29,7 +29,7 @@ from ..errors import DataError
 from ..sources import Samples
 from ..transforms import Compose, Normalize
 from ..transforms import pil as pil_lowering
-from ..transforms.plan import plan_geometry
+from ..transforms.plan import plan_geometry, plan_pixels
 from .base import Loader, resolve_workers, usable_cores
 
 logger = logging.getLogger("fastdata")
@@ -68,6 +68,7 @@ class _Decoder(Dataset):
     def __init__(self, samples: Samples, transform: Compose | None, seed: int, on_error: str, slots: int, pin: bool) -> None:
         self.samples = samples
         self.geometry = transform.geometry if transform is not None else ()
+        self.pixel_ops = transform.pixel_ops if transform is not None else ()
         self.seed = seed
         self.on_error = on_error
         self.rings = ProcessRings(slots, pin)
@@ -145,6 +146,11 @@ class _Decoder(Dataset):
             else:
                 target, handle = got
             failed = self._decode_into(target, datas, jpeg, geo, [paths[j] for j in ok], errors, native)
+            if self.pixel_ops:
+                plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
+                for k in range(n):
+                    if k not in failed:
+                        pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
         finally:
             ring.end()
         if failed:

@@ -87,6 +87,50 @@ class RandomHorizontalFlip(Op):
             raise ValueError(f"RandomHorizontalFlip p should be in [0, 1], but got {self.p}")
 
 
+def _jitter_range(name: str, value: float | tuple[float, float], center: float, bound: tuple[float, float] | None):
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"ColorJitter {name} should be non-negative, but got {value}")
+        lo, hi = center - value, center + value
+        if bound is not None:
+            lo = max(lo, bound[0])
+    else:
+        lo, hi = (float(v) for v in value)
+    if bound is not None and not (bound[0] <= lo <= hi <= bound[1]):
+        raise ValueError(f"ColorJitter {name} should give a range within {bound}, but got ({lo}, {hi})")
+    return (float(lo), float(hi))
+
+
+@dataclass(frozen=True)
+class ColorJitter(Op):
+    """torchvision's ColorJitter: brightness, contrast and saturation factors drawn from
+    [max(0, 1 - v), 1 + v] (or a given range), hue from [-h, h]; applied in a random order."""
+
+    brightness: float | tuple[float, float] = 0.0
+    contrast: float | tuple[float, float] = 0.0
+    saturation: float | tuple[float, float] = 0.0
+    hue: float | tuple[float, float] = 0.0
+
+    def __post_init__(self) -> None:
+        inf = float("inf")
+        object.__setattr__(self, "brightness", _jitter_range("brightness", self.brightness, 1.0, (0.0, inf)))
+        object.__setattr__(self, "contrast", _jitter_range("contrast", self.contrast, 1.0, (0.0, inf)))
+        object.__setattr__(self, "saturation", _jitter_range("saturation", self.saturation, 1.0, (0.0, inf)))
+        object.__setattr__(self, "hue", _jitter_range("hue", self.hue, 0.0, (-0.5, 0.5)))
+
+
+@dataclass(frozen=True)
+class TrivialAugment(Op):
+    """torchvision's TrivialAugmentWide: one of 14 ops per image, at one of `num_magnitude_bins`
+    magnitudes, both drawn uniformly; signed ops take a random sign."""
+
+    num_magnitude_bins: int = 31
+
+    def __post_init__(self) -> None:
+        if self.num_magnitude_bins < 2:
+            raise ValueError(f"TrivialAugment num_magnitude_bins should be at least 2, but got {self.num_magnitude_bins}")
+
+
 @dataclass(frozen=True)
 class Normalize(Op):
     """(x / 255 - mean) / std per channel, then the loader's `dtype`. Runs on the batch, on
@@ -114,17 +158,27 @@ class Compose:
         for op in ops:
             if not isinstance(op, Op):
                 raise TypeError(f"Compose should get fastdata.transforms ops, but got {op!r}")
-        seen_batch = False
+        seen_batch = seen_pixel = False
         for op in ops:
             if op.batch:
                 seen_batch = True
             elif seen_batch:
                 raise ValueError(f"{type(op).__name__} should come before the batch ops (Normalize), but comes after")
+            elif op.geometric and seen_pixel:
+                # The geometry runs in the decoder, before any pixel op: say so rather than reorder.
+                raise ValueError(f"{type(op).__name__} should come before ColorJitter and TrivialAugment, but comes after")
+            else:
+                seen_pixel = seen_pixel or not op.geometric
         object.__setattr__(self, "ops", ops)
 
     @property
     def geometry(self) -> tuple[Op, ...]:
         return tuple(op for op in self.ops if op.geometric)
+
+    @property
+    def pixel_ops(self) -> tuple[Op, ...]:
+        """Per-sample ops that change values, not geometry (ColorJitter, TrivialAugment)."""
+        return tuple(op for op in self.ops if not op.geometric and not op.batch)
 
     @property
     def batch_ops(self) -> tuple[Op, ...]:

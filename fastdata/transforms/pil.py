@@ -41,3 +41,78 @@ def size_of(data: bytes) -> tuple[int, int]:
 
     with Image.open(io.BytesIO(data)) as img:
         return img.size
+
+
+# ---- pixel ops (ColorJitter, TrivialAugment) on a PIL image, with parameters from plan_pixels
+
+def _hue(img, shift: float):
+    from PIL import Image
+
+    if abs(shift) < 1e-9:
+        return img
+    h, s, v = img.convert("HSV").split()
+    h = Image.fromarray((np.asarray(h).astype(np.int16) + int(round(shift * 255))).astype(np.uint8), "L")
+    return Image.merge("HSV", (h, s, v)).convert("RGB")
+
+
+def color_jitter(img, p: dict):
+    from PIL import ImageEnhance
+
+    for k in p["order"]:
+        if k == 0:
+            img = ImageEnhance.Brightness(img).enhance(p["brightness"])
+        elif k == 1:
+            img = ImageEnhance.Contrast(img).enhance(p["contrast"])
+        elif k == 2:
+            img = ImageEnhance.Color(img).enhance(p["saturation"])
+        else:
+            img = _hue(img, p["hue"])
+    return img
+
+
+def trivial_augment(img, p: dict):
+    """One TrivialAugmentWide op. Geometry convention (the GPU lowering follows it): shear maps
+    output (x, y) to input (x + m*y, y); translate moves content right/down by m pixels;
+    rotate turns counter-clockwise about the centre; nearest sampling, fill 0."""
+    from PIL import Image, ImageEnhance, ImageOps
+
+    name, m = p["op"], p["magnitude"]
+    if name == "ShearX":
+        return img.transform(img.size, Image.AFFINE, (1, m, 0, 0, 1, 0), Image.NEAREST, fillcolor=(0, 0, 0))
+    if name == "ShearY":
+        return img.transform(img.size, Image.AFFINE, (1, 0, 0, m, 1, 0), Image.NEAREST, fillcolor=(0, 0, 0))
+    if name == "TranslateX":
+        return img.transform(img.size, Image.AFFINE, (1, 0, -int(m), 0, 1, 0), Image.NEAREST, fillcolor=(0, 0, 0))
+    if name == "TranslateY":
+        return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, -int(m)), Image.NEAREST, fillcolor=(0, 0, 0))
+    if name == "Rotate":
+        return img.rotate(m, resample=Image.NEAREST, fillcolor=(0, 0, 0))
+    if name == "Brightness":
+        return ImageEnhance.Brightness(img).enhance(1 + m)
+    if name == "Color":
+        return ImageEnhance.Color(img).enhance(1 + m)
+    if name == "Contrast":
+        return ImageEnhance.Contrast(img).enhance(1 + m)
+    if name == "Sharpness":
+        return ImageEnhance.Sharpness(img).enhance(1 + m)
+    if name == "Posterize":
+        return ImageOps.posterize(img, int(m))
+    if name == "Solarize":
+        return ImageOps.solarize(img, m)
+    if name == "AutoContrast":
+        return ImageOps.autocontrast(img)
+    if name == "Equalize":
+        return ImageOps.equalize(img)
+    return img
+
+
+def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
+    """Runs the pixel ops on one HWC uint8 row in place (a row of the batch slot)."""
+    from PIL import Image
+
+    from .ops import ColorJitter
+
+    img = Image.fromarray(row)
+    for op, p in zip(ops, params):
+        img = color_jitter(img, p) if isinstance(op, ColorJitter) else trivial_augment(img, p)
+    row[...] = np.asarray(img)

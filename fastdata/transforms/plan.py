@@ -102,3 +102,58 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
         else:
             raise TypeError(f"{type(op).__name__} is not a geometric op")
     return Geometry(box, flip, np.stack([W, H], axis=1))
+
+
+# Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter
+# does not change any crop.
+_PIXEL_STREAM = 1 << 20
+TRIVIAL_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+               "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
+_SIGNED = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness"}
+
+
+def trivial_magnitude(name: str, bin_: int, bins: int) -> float:
+    """torchvision's TrivialAugmentWide magnitude table, for one (op, bin)."""
+    t = bin_ / (bins - 1)
+    if name in ("ShearX", "ShearY", "Brightness", "Color", "Contrast", "Sharpness"):
+        return 0.99 * t
+    if name in ("TranslateX", "TranslateY"):
+        return 32.0 * t
+    if name == "Rotate":
+        return 135.0 * t
+    if name == "Posterize":
+        return float(8 - int(round(bin_ / ((bins - 1) / 6))))
+    if name == "Solarize":
+        return 255.0 * (1 - t)
+    return 0.0
+
+
+def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray) -> list[list[dict]]:
+    """Per op, per sample: the parameters each engine applies (a dict per sample)."""
+    from .ops import ColorJitter, TrivialAugment
+
+    plans = []
+    for k, op in enumerate(ops):
+        u = uniforms(seed, epoch, indices, _PIXEL_STREAM + k, 8)
+        if isinstance(op, ColorJitter):
+            order = np.argsort(u[:, :4], axis=1)
+            lerp = lambda r, x: r[0] + (r[1] - r[0]) * x  # noqa: E731
+            plans.append([
+                {"order": order[i].tolist(), "brightness": lerp(op.brightness, u[i, 4]),
+                 "contrast": lerp(op.contrast, u[i, 5]), "saturation": lerp(op.saturation, u[i, 6]),
+                 "hue": lerp(op.hue, u[i, 7])}
+                for i in range(len(indices))
+            ])
+        elif isinstance(op, TrivialAugment):
+            params = []
+            for i in range(len(indices)):
+                name = TRIVIAL_OPS[min(int(u[i, 0] * len(TRIVIAL_OPS)), len(TRIVIAL_OPS) - 1)]
+                bin_ = min(int(u[i, 1] * op.num_magnitude_bins), op.num_magnitude_bins - 1)
+                mag = trivial_magnitude(name, bin_, op.num_magnitude_bins)
+                if name in _SIGNED and u[i, 2] < 0.5:
+                    mag = -mag
+                params.append({"op": name, "magnitude": mag})
+            plans.append(params)
+        else:
+            raise TypeError(f"{type(op).__name__} is not a pixel op")
+    return plans
