@@ -5,7 +5,8 @@ import inspect
 import fastdata
 
 PUBLIC = ["DataError", "Loader", "__version__", "loader", "transforms"]
-TRANSFORMS = ["CenterCrop", "ColorJitter", "Compose", "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "RandomHorizontalFlip",
+TRANSFORMS = ["CenterCrop", "ColorJitter", "Compose", "CutMix", "IMAGENET_MEAN", "IMAGENET_STD", "LabelSmoothing",
+              "MixUp", "Normalize", "RandomHorizontalFlip",
               "RandomResizedCrop", "Resize", "TrivialAugment", "imagenet_eval", "imagenet_train"]
 LOADER_METHODS = ["load_state_dict", "set_epoch", "state_dict"]
 

@@ -27,7 +27,8 @@ from .._buffers import ProcessRings
 from ..device import prefetch
 from ..errors import DataError
 from ..sources import Samples
-from ..transforms import Compose, Normalize
+from ..transforms import Compose
+from ..transforms import batch as batch_ops
 from ..transforms import pil as pil_lowering
 from ..transforms.plan import plan_geometry, plan_pixels
 from .base import Loader, resolve_workers, usable_cores
@@ -308,10 +309,13 @@ class PilLoader(Loader):
             extra.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
         self._loader = DataLoader(self._decoder, batch_sampler=self._batches, collate_fn=_first,
                                   num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
-        norm = transform.normalize if transform is not None else None
-        self._norm = None
-        if norm is not None:
-            self._norm = (torch.tensor(norm.mean).mul(255).view(1, 3, 1, 1), torch.tensor(norm.std).mul(255).view(1, 3, 1, 1))
+        self._batch_ops = transform.batch_ops if transform is not None else ()
+        self.num_classes = len(samples.classes) if samples.classes else int(samples.labels.max()) + 1
+        if placement == "gpu" and transform is not None and transform.pixel_ops:
+            raise ValueError(
+                "placement='gpu' should move ColorJitter/TrivialAugment to the device, but the Kornia "
+                "device stage is not built yet; use placement='cpu' (or 'auto')"
+            )
         self._epoch = 0
         self._delivered = 0
         self._in_epoch = False
@@ -354,10 +358,10 @@ class PilLoader(Loader):
 
     def _device_stage(self, batch: tuple) -> tuple:
         images, labels = batch
-        if self._norm is not None:
-            mean, std = (t.to(images.device) for t in self._norm)
-            images = images.to(self.dtype).sub_(mean.to(self.dtype)).div_(std.to(self.dtype))
-        return images, labels
+        if not self._batch_ops:
+            return images, labels
+        return batch_ops.apply(images, labels, self._batch_ops, dtype=self.dtype, num_classes=self.num_classes,
+                               seed=self.seed, epoch=self._epoch, rank=self.rank, batch=self._delivered)
 
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         batches = (self._finish(b) for b in it)

@@ -148,6 +148,45 @@ class Normalize(Op):
 
 
 @dataclass(frozen=True)
+class MixUp(Op):
+    """Per batch: lam ~ Beta(alpha, alpha); images and (soft) labels become lam * own +
+    (1 - lam) * the batch rolled by one, as torchvision.transforms.v2.MixUp does."""
+
+    alpha: float = 0.2
+    batch = True
+
+    def __post_init__(self) -> None:
+        if self.alpha <= 0:
+            raise ValueError(f"MixUp alpha should be positive, but got {self.alpha}")
+
+
+@dataclass(frozen=True)
+class CutMix(Op):
+    """Per batch: lam ~ Beta(alpha, alpha); a box of (1 - lam) of the area is pasted from the
+    batch rolled by one, and labels mix by the area actually pasted (torchvision's v2.CutMix).
+    With MixUp in the same pipeline, each batch gets one of the two, at even odds."""
+
+    alpha: float = 1.0
+    batch = True
+
+    def __post_init__(self) -> None:
+        if self.alpha <= 0:
+            raise ValueError(f"CutMix alpha should be positive, but got {self.alpha}")
+
+
+@dataclass(frozen=True)
+class LabelSmoothing(Op):
+    """Soft targets: (1 - eps) * one_hot + eps / num_classes."""
+
+    eps: float = 0.1
+    batch = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.eps < 1:
+            raise ValueError(f"LabelSmoothing eps should be in [0, 1), but got {self.eps}")
+
+
+@dataclass(frozen=True)
 class Compose:
     """A pipeline: per-sample ops first (geometry, then pixel ops), batch ops last."""
 
@@ -183,6 +222,11 @@ class Compose:
     @property
     def batch_ops(self) -> tuple[Op, ...]:
         return tuple(op for op in self.ops if op.batch)
+
+    @property
+    def soft_labels(self) -> bool:
+        """Whether labels come out as float [N, num_classes] targets instead of int64 [N]."""
+        return any(isinstance(op, (MixUp, CutMix, LabelSmoothing)) for op in self.ops)
 
     @property
     def normalize(self) -> Normalize | None:

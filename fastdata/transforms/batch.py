@@ -1,0 +1,55 @@
+"""The batch ops (Normalize, MixUp, CutMix, LabelSmoothing) on a collated batch, in torch, on
+whatever device the batch is on. Randomness is per batch: a pure function of (seed, epoch,
+rank, batch number), so a resumed run mixes the same pairs."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .ops import CutMix, LabelSmoothing, MixUp, Normalize, Op
+
+
+def _rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64([seed, epoch, rank, batch, 0x6D6978]))
+
+
+def apply(images: torch.Tensor, labels: torch.Tensor, ops: Sequence[Op], *, dtype: torch.dtype,
+          num_classes: int, seed: int, epoch: int, rank: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """images uint8 [N, 3, H, W] -> `dtype` when any op needs floats; labels int64 [N] -> float
+    [N, num_classes] when a mixing or smoothing op is there."""
+    rng = _rng(seed, epoch, rank, batch)
+    mixers = [op for op in ops if isinstance(op, (MixUp, CutMix))]
+    mixer = mixers[int(rng.integers(len(mixers)))] if len(mixers) > 1 else (mixers[0] if mixers else None)
+    if any(not isinstance(op, Normalize) for op in ops):
+        soft = torch.nn.functional.one_hot(labels, num_classes).to(torch.float32)
+    else:
+        soft = None
+    for op in ops:
+        if isinstance(op, Normalize):
+            mean = torch.tensor(op.mean, device=images.device, dtype=dtype).mul_(255).view(1, 3, 1, 1)
+            std = torch.tensor(op.std, device=images.device, dtype=dtype).mul_(255).view(1, 3, 1, 1)
+            images = images.to(dtype).sub_(mean).div_(std)
+        elif op is mixer and len(labels) > 1:
+            lam = float(rng.beta(op.alpha, op.alpha))
+            if not images.is_floating_point():
+                images = images.to(dtype)
+            other = images.roll(1, 0)
+            if isinstance(op, MixUp):
+                images = images.mul(lam).add_(other, alpha=1 - lam)
+            else:
+                H, W = images.shape[-2:]
+                cut = math.sqrt(1 - lam)
+                cx, cy = int(rng.integers(W)), int(rng.integers(H))
+                x0, x1 = max(cx - int(W * cut / 2), 0), min(cx + int(W * cut / 2), W)
+                y0, y1 = max(cy - int(H * cut / 2), 0), min(cy + int(H * cut / 2), H)
+                images = images.clone()
+                images[..., y0:y1, x0:x1] = other[..., y0:y1, x0:x1]
+                lam = 1 - (x1 - x0) * (y1 - y0) / (W * H)
+            soft = soft.mul(lam).add_(soft.roll(1, 0), alpha=1 - lam)
+        elif isinstance(op, LabelSmoothing):
+            soft = soft.mul(1 - op.eps).add_(op.eps / num_classes)
+    return images, (soft if soft is not None else labels)

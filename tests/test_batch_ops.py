@@ -1,0 +1,77 @@
+"""Batch ops: Normalize, MixUp, CutMix, LabelSmoothing on collated batches."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata import transforms as T
+from fastdata.transforms import batch
+
+
+def _flat_batch(n=6, size=16):
+    """Image i is flat with value 10 * i + 5 in every channel, label i % 3."""
+    images = torch.stack([torch.full((3, size, size), 10 * i + 5, dtype=torch.uint8) for i in range(n)])
+    return images, torch.arange(n) % 3
+
+
+def _run(ops, b=0, **kw):
+    images, labels = _flat_batch(**kw)
+    return batch.apply(images, labels, ops, dtype=torch.float32, num_classes=3, seed=1, epoch=2, rank=0, batch=b)
+
+
+def test_label_smoothing():
+    _, soft = _run([T.LabelSmoothing(0.1)])
+    assert soft.shape == (6, 3) and soft.dtype == torch.float32
+    assert torch.allclose(soft.sum(1), torch.ones(6))
+    assert torch.allclose(soft.max(1).values, torch.full((6,), 0.9 + 0.1 / 3))
+    assert torch.equal(soft.argmax(1), torch.arange(6) % 3)
+
+
+def test_mixup_mixes_images_and_labels_alike():
+    images, soft = _run([T.MixUp(alpha=1.0)])
+    lam = (images[:, 0, 0, 0] - torch.roll(torch.arange(6) * 10 + 5, 1).float()) / (
+        (torch.arange(6) * 10 + 5).float() - torch.roll(torch.arange(6) * 10 + 5, 1).float())
+    assert torch.allclose(lam, lam[0].expand(6), atol=1e-4)  # one lam per batch
+    assert (images[0] == images[0, 0, 0, 0]).all()  # still flat: a pixelwise mix
+    own = torch.nn.functional.one_hot(torch.arange(6) % 3, 3).float()
+    assert torch.allclose(soft, lam[0] * own + (1 - lam[0]) * own.roll(1, 0), atol=1e-5)
+
+
+def test_cutmix_label_weight_is_the_pasted_area():
+    images, soft = _run([T.CutMix(alpha=1.0)], b=3, size=32)
+    own_value = (torch.arange(6) * 10 + 5).float().view(6, 1, 1)
+    kept = (images[:, 0] == own_value).float().mean((1, 2))
+    own = torch.nn.functional.one_hot(torch.arange(6) % 3, 3).float()
+    want = kept.view(6, 1) * own + (1 - kept.view(6, 1)) * own.roll(1, 0)
+    assert torch.allclose(soft, want, atol=1e-5)
+
+
+def test_batch_randomness_is_a_function_of_the_batch():
+    a = _run([T.MixUp(0.4), T.CutMix(1.0)], b=5)
+    b = _run([T.MixUp(0.4), T.CutMix(1.0)], b=5)
+    c = _run([T.MixUp(0.4), T.CutMix(1.0)], b=6)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[1], c[1])
+
+
+def test_ops_validate():
+    with pytest.raises(ValueError, match="alpha"):
+        T.MixUp(0)
+    with pytest.raises(ValueError, match="eps"):
+        T.LabelSmoothing(1.0)
+
+
+def test_loader_gives_soft_labels(tmp_path):
+    for c in range(4):
+        os.makedirs(tmp_path / f"c{c}")
+        for i in range(3):
+            Image.new("RGB", (40, 30), (60 * c, 20 * i, 9)).save(tmp_path / f"c{c}" / f"{i}.png")
+    t = T.Compose([T.CenterCrop(16), T.Normalize(), T.MixUp(0.5), T.LabelSmoothing(0.1)])
+    loader = fastdata.loader(str(tmp_path), batch_size=6, shuffle=True, transform=t, device="cpu")
+    for x, y in loader:
+        assert x.dtype == torch.float32 and y.shape == (6, 4) and y.dtype == torch.float32
+        assert torch.allclose(y.sum(1), torch.ones(6))
