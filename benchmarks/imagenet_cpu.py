@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -35,45 +34,6 @@ BATCH, WORKERS, SIZE = 256, 2, 224
 
 
 # ----------------------------------------------------------------- candidates (run in children)
-
-def _rrc_params(w: int, h: int, rng: random.Random) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params, by hand (torchvision has no CPU build here)."""
-    area = w * h
-    log_ratio = (math.log(3 / 4), math.log(4 / 3))
-    for _ in range(10):
-        target = area * rng.uniform(0.08, 1.0)
-        aspect = math.exp(rng.uniform(*log_ratio))
-        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
-        if 0 < cw <= w and 0 < ch <= h:
-            return rng.randint(0, w - cw), rng.randint(0, h - ch), cw, ch
-    side = min(w, h)
-    return (w - side) // 2, (h - side) // 2, side, side
-
-
-class _PillowRRC:
-    """The Dataset a PyTorch user writes today: open, RGB, RandomResizedCrop, flip, to CHW."""
-
-    def __init__(self, files):
-        self.files = files
-
-    def __len__(self):
-        return len(self.files)
-
-    def __getitem__(self, i):
-        import numpy as np
-        import torch
-        from PIL import Image
-
-        path, label = self.files[i]
-        rng = random.Random(i)
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            x, y, w, h = _rrc_params(img.width, img.height, rng)
-            img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(x, y, x + w, y + h))
-        if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.asarray(img).transpose(2, 0, 1)), label
-
 
 def _time_epochs(make_iter, epochs: int) -> list[float]:
     for _ in make_iter():  # warm-up epoch: workers, page cache
@@ -93,7 +53,9 @@ def run_dataloader(files, epochs):
     from torch.utils.data import DataLoader
 
     torch.set_num_threads(1)
-    loader = DataLoader(_PillowRRC(files), batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
+    from fastdata.demo import PillowRRC
+
+    loader = DataLoader(PillowRRC(files, SIZE), batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
     return _time_epochs(lambda: loader, epochs)
 
 
