@@ -82,6 +82,21 @@ def _epoch_seconds(loader) -> float:
     return time.perf_counter() - t
 
 
+def _side_by_side(baseline: str, torch_loader, fast_loader, n: int, epochs: int) -> float:
+    """Alternates epochs of the two loaders, prints each and the best of each; the speedup."""
+    t_torch, t_fast = [], []
+    for epoch in range(epochs):
+        t_torch.append(_epoch_seconds(torch_loader))
+        t_fast.append(_epoch_seconds(fast_loader))
+        print(f"  epoch {epoch + 1}/{epochs}: {baseline} {n / t_torch[-1]:7.0f} img/s   "
+              f"fastdata ({fast_loader.backend}) {n / t_fast[-1]:7.0f} img/s", file=sys.stderr)
+    best_torch, best_fast = min(t_torch), min(t_fast)
+    print(f"{'loader':<22}{'images/s':>10}")
+    print(f"{baseline:<22}{n / best_torch:>10.0f}")
+    print(f"{'fastdata.loader':<22}{n / best_fast:>10.0f}")
+    return best_torch / best_fast
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastdata-demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,17 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         for a, b in zip(DataLoader(data, generator=torch.Generator().manual_seed(1), batch_size=args.batch_size, shuffle=True),
                         fastdata.loader(data, generator=torch.Generator().manual_seed(1), batch_size=args.batch_size, shuffle=True))
     )
-    t_torch, t_fast = [], []
-    for epoch in range(args.epochs):
-        t_torch.append(_epoch_seconds(torch_loader))
-        t_fast.append(_epoch_seconds(fast_loader))
-        print(f"  epoch {epoch + 1}/{args.epochs}: DataLoader {args.samples / t_torch[-1]:7.0f} img/s   "
-              f"fastdata {args.samples / t_fast[-1]:7.0f} img/s", file=sys.stderr)
-    best_torch, best_fast = min(t_torch), min(t_fast)
-    print(f"{'loader':<22}{'images/s':>10}")
-    print(f"{'torch DataLoader':<22}{args.samples / best_torch:>10.0f}")
-    print(f"{'fastdata.loader':<22}{args.samples / best_fast:>10.0f}")
-    print(f"speedup {best_torch / best_fast:.2f}x; same batches as DataLoader: {'yes' if same else 'NO'}")
+    speedup = _side_by_side("torch DataLoader", torch_loader, fast_loader, args.samples, args.epochs)
+    print(f"speedup {speedup:.2f}x; same batches as DataLoader: {'yes' if same else 'NO'}")
     if args.images > 0:
         _image_mode(args)
     return 0 if same else 1
@@ -149,16 +155,8 @@ def _image_mode(args) -> None:
     torch_loader = DataLoader(PillowRRC(files), **common)
     fast_loader = fastdata.loader(str(root), transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
                                   device="cpu", **common)
-    t_torch, t_fast = [], []
-    for epoch in range(args.epochs):
-        t_torch.append(_epoch_seconds(torch_loader))
-        t_fast.append(_epoch_seconds(fast_loader))
-        print(f"  epoch {epoch + 1}/{args.epochs}: DataLoader + Pillow {len(files) / t_torch[-1]:6.0f} img/s   "
-              f"fastdata ({fast_loader.backend}) {len(files) / t_fast[-1]:6.0f} img/s", file=sys.stderr)
-    best_torch, best_fast = min(t_torch), min(t_fast)
-    print(f"{'DataLoader + Pillow':<22}{len(files) / best_torch:>10.0f}")
-    print(f"{'fastdata.loader':<22}{len(files) / best_fast:>10.0f}")
-    print(f"speedup {best_torch / best_fast:.2f}x (images/s, decode + RandomResizedCrop + flip)")
+    speedup = _side_by_side("DataLoader + Pillow", torch_loader, fast_loader, len(files), args.epochs)
+    print(f"speedup {speedup:.2f}x (images/s, decode + RandomResizedCrop + flip)")
 
 
 if __name__ == "__main__":
