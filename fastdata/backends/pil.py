@@ -135,7 +135,7 @@ class _Decoder(Dataset):
                 f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
                 f"e.g. transform=fastdata.transforms.imagenet_train(224)"
             )
-        out_w, out_h = (int(geo.sizes[0][0]), int(geo.sizes[0][1])) if n else (1, 1)
+        out_w, out_h = (int(geo.sizes[0][0]), int(geo.sizes[0][1])) if n else (0, 0)
 
         ring = self.rings.ring()
         ring.begin()
