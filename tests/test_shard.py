@@ -1,0 +1,352 @@
+"""fastdata-shard: WebDataset shards and their index, on images the tests make.
+
+Every image is one flat color that encodes its sample: red = 40 * class + 20, green = the
+image's number within its class * 12 + 10, blue a constant. So a sample read back from a shard
+names itself, and must agree with its label and its key (its position in the source order)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastdata import DataError
+from fastdata.shard import count_samples, index_path, main, read_index, write_shards
+
+CLASSES, PER_CLASS = 3, 7
+N = CLASSES * PER_CLASS
+
+
+def _color(c, i):
+    return (40 * c + 20, 12 * i + 10, 77)
+
+
+def _name(i):
+    # PNG and JPEG, and one .JPEG, whose member must be named .jpg
+    return f"{i:03d}." + ("png" if i % 3 == 2 else "JPEG" if i == 4 else "jpg")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs")
+    rng = np.random.default_rng(0)
+    for c in range(CLASSES):
+        os.makedirs(root / f"class{c}")
+        for i in range(PER_CLASS):
+            w, h = int(rng.integers(16, 64)), int(rng.integers(16, 64))
+            name = _name(i)
+            Image.new("RGB", (w, h), _color(c, i)).save(root / f"class{c}" / name, "PNG" if name.endswith("png") else "JPEG",
+                                                          quality=90)
+    return root
+
+
+def _pairs(folder):
+    """The folder's samples in ImageFolder order, as (path, label)."""
+    return [(str(folder / f"class{c}" / _name(i)), c) for c in range(CLASSES) for i in range(PER_CLASS)]
+
+
+def _ids(data):
+    """(class, number) from an image file's flat color."""
+    r, g, _ = Image.open(io.BytesIO(data)).convert("RGB").getpixel((3, 3))
+    return round((r - 20) / 40), round((g - 10) / 12)
+
+
+def _ext(path):
+    ext = os.path.splitext(path)[1][1:].lower()
+    return "jpg" if ext == "jpeg" else ext
+
+
+def _check(index_file, pairs, max_count=None, max_size=None, classes=None):
+    """Everything the shards and their index promise, read back with tarfile and by hand:
+    returns the shards' paths."""
+    index = read_index(index_file)
+    assert index["version"] == 1 and index["format"] == "fastdata-wds-index"
+    assert index["total"] == len(pairs) and index["classes"] == classes
+    assert list(index) == ["version", "format", "shards", "classes", "total"]
+    root = os.path.dirname(index_file)
+    position, paths = 0, []
+    for s, shard in enumerate(index["shards"]):
+        assert list(shard) == ["name", "samples", "bytes", "sha256", "samples_index", "members"]
+        path = os.path.join(root, shard["name"])
+        paths.append(path)
+        raw = open(path, "rb").read()
+        assert len(raw) == shard["bytes"] and hashlib.sha256(raw).hexdigest() == shard["sha256"]
+        assert raw[-1024:] == bytes(1024)  # the end of archive, and nothing after it
+        n = shard["samples"]
+        assert len(shard["samples_index"]) == len(shard["members"]) == n >= 1
+        if max_count is not None:
+            assert n <= max_count
+        if max_size is not None and n > 1:
+            assert len(raw) <= max_size
+        # tarfile: two members a sample, in order, with the fixed header fields
+        with tarfile.open(path) as tf:
+            members = tf.getmembers()
+        assert len(members) == 2 * n
+        for j, (key, offset, length) in enumerate(shard["samples_index"]):
+            src, label = pairs[position]
+            assert key == f"{position:08d}" and shard["members"][j][0] == key
+            image, cls = members[2 * j], members[2 * j + 1]
+            assert (image.name, cls.name) == (f"{key}.{_ext(src)}", f"{key}.cls")
+            for m in (image, cls):
+                assert m.isreg() and m.mode == 0o644 and m.mtime == 0 and (m.uid, m.gid) == (0, 0)
+                assert m.uname == "" and m.gname == "" and m.pax_headers == {}
+                assert raw[m.offset + 257:m.offset + 265] == b"ustar\x0000"  # USTAR, no pax or GNU header
+            # samples_index: the sample's first header is at offset, its members fill [offset, offset + length)
+            assert offset == image.offset
+            header = tarfile.TarInfo.frombuf(raw[offset:offset + 512], "utf-8", "strict")
+            assert header.name == image.name
+            end = shard["samples_index"][j + 1][1] if j + 1 < n else len(raw) - 1024
+            assert offset + length == end
+            with tarfile.open(fileobj=io.BytesIO(raw[offset:offset + length] + bytes(1024))) as one:
+                assert one.getnames() == [image.name, cls.name]
+            # members: the payloads are the file's bytes and the label
+            (ext, data_offset, data_size), (cls_ext, cls_offset, cls_size) = shard["members"][j][1]
+            assert (ext, cls_ext) == (_ext(src), "cls")
+            assert (data_offset, data_size) == (image.offset_data, image.size)
+            assert raw[data_offset:data_offset + data_size] == open(src, "rb").read()
+            assert raw[cls_offset:cls_offset + cls_size] == str(label).encode()
+            position += 1
+        assert count_samples(path) == n
+        # a shard is full: the next sample would pass a bound
+        if s + 1 < len(index["shards"]):
+            following = index["shards"][s + 1]["samples_index"][0][2]
+            assert (max_count is not None and n == max_count) or \
+                   (max_size is not None and len(raw) + following > max_size)
+    assert position == len(pairs)
+    return paths
+
+
+def _listing(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+# ----------------------------------------------------------------- bounds and content
+
+def test_max_count(folder, tmp_path):
+    index = write_shards(folder, tmp_path / "train-%06d.tar", max_count=4, workers=1)
+    assert index == tmp_path / "train-index.json"
+    paths = _check(str(index), _pairs(folder), max_count=4, classes=[f"class{c}" for c in range(CLASSES)])
+    assert [os.path.basename(p) for p in paths] == [f"train-{k:06d}.tar" for k in range(6)]  # 21 = 5 x 4 + 1
+    assert [s["samples"] for s in read_index(index)["shards"]] == [4, 4, 4, 4, 4, 1]
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(p) for p in paths] + ["train-index.json"])
+
+
+def test_max_size(folder, tmp_path):
+    index = write_shards(_pairs(folder), str(tmp_path / "s-%03d.tar"), max_size=5000, workers=2)
+    paths = _check(str(index), _pairs(folder), max_size=5000)
+    assert len(paths) > 3 and all(os.path.getsize(p) <= 5000 for p in paths)
+
+
+def test_too_big_sample_gets_its_own_shard(folder, tmp_path):
+    big = tmp_path / "big.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(big)
+    assert big.stat().st_size > 10000
+    pairs = _pairs(folder)
+    pairs.insert(5, (str(big), 2))
+    index = write_shards(pairs, tmp_path / "out" / "b-%d.tar", max_size=6000, max_count=3)
+    paths = _check(str(index), pairs, max_count=3, max_size=6000)
+    shards = read_index(index)["shards"]
+    alone = [s for s in shards if s["bytes"] > 6000]
+    assert len(alone) == 1 and alone[0]["samples"] == 1 and alone[0]["samples_index"][0][0] == "00000005"
+    assert len(paths) == len(shards)
+
+
+def test_webdataset_reads_every_sample_once(folder, tmp_path):
+    wds = pytest.importorskip("webdataset")
+    index = write_shards(folder, tmp_path / "train-%06d.tar", max_count=5, workers=2)
+    urls = [str(tmp_path / s["name"]) for s in read_index(index)["shards"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # webdataset leaves its shard files to the GC
+        samples = list(wds.WebDataset(urls, shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [f"{k:08d}" for k in range(N)]
+    seen = []
+    for k, s in enumerate(samples):
+        (ext,) = {"jpg", "png"} & set(s)
+        assert set(s) - {"__key__", "__url__", "__local_path__"} == {ext, "cls"}
+        path, label = _pairs(folder)[k]
+        assert ext == _ext(path) and s[ext] == open(path, "rb").read()
+        c, i = _ids(s[ext])
+        assert int(s["cls"]) == label == c
+        seen.append((c, i))
+    assert seen == [(c, i) for c in range(CLASSES) for i in range(PER_CLASS)]
+
+
+def test_byte_identical_runs_and_workers(folder, tmp_path):
+    outs = []
+    for k, workers in enumerate([1, 2, 2]):
+        d = tmp_path / f"run{k}"
+        write_shards(folder, d / "train-%04d.tar", max_count=3, workers=workers)
+        outs.append(_listing(d))
+    assert len(outs[0]) == 8  # 7 shards and the index, no temporary file
+    assert outs[0] == outs[1] == outs[2]
+
+
+# ----------------------------------------------------------------- helpers
+
+def test_count_samples_groups_as_webdataset_does(tmp_path):
+    """A tar from elsewhere: folders, metadata, multi-dot names, members without extension."""
+    path = tmp_path / "other.tar"
+    with tarfile.open(path, "w") as tf:
+        def add(name, data=b"x"):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        d = tarfile.TarInfo("dir")
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+        add("__meta__")
+        for name in ["a.jpg", "a.cls", "dir/b.x.jpg", "dir/b.cls", "noext", "c.txt", "a.png", "d.seg.png"]:
+            add(name)
+    assert count_samples(path) == 5  # a, dir/b, c, a again (not consecutive), d
+    gz = tmp_path / "other.tar.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert count_samples(gz) == 5
+    wds = pytest.importorskip("webdataset")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        assert len(list(wds.WebDataset([str(path)], shardshuffle=False))) == 5
+
+
+def test_read_index_checks_the_format(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"version": 1, "format": "something else"}))
+    with pytest.raises(ValueError, match="fastdata-wds-index"):
+        read_index(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text(json.dumps({"version": 2, "format": "fastdata-wds-index", "shards": [], "total": 0}))
+    with pytest.raises(ValueError, match="version"):
+        read_index(tmp_path / "b.json")
+
+
+def test_index_names():
+    assert index_path("out/train-%06d.tar") == index_path("out/train_%d.tar") == \
+        index_path("out/train.%06d.tar") != index_path("out/val-%06d.tar")
+    assert str(index_path("out/train-%06d.tar")) == os.path.join("out", "train-index.json")
+    assert str(index_path("out/%06d.tar")) == os.path.join("out", "index.json")
+
+
+@pytest.mark.parametrize("pattern", ["out/train.tar", "out/a-%d-%d.tar", "out/a-{000000..000009}.tar", "out%d/a.tar",
+                                     "out/a-%s.tar", "out/a-%5d.tar", "out/a-%06d.tar.gz"])
+def test_bad_patterns(folder, tmp_path, pattern):
+    with pytest.raises(ValueError, match="pattern"):
+        write_shards(folder, str(tmp_path / pattern))
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_sources_and_arguments(folder, tmp_path):
+    out = str(tmp_path / "out" / "x-%d.tar")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        write_shards(tmp_path / "nope", out)
+    pairs = _pairs(folder)
+    with pytest.raises(DataError, match="missing.jpg"):
+        write_shards(pairs[:3] + [(str(tmp_path / "missing.jpg"), 0)], out)
+    assert os.listdir(tmp_path / "out") == []  # checked before anything was written
+    (tmp_path / "noext").write_bytes(b"x")
+    with pytest.raises(ValueError, match="extension"):
+        write_shards([(str(tmp_path / "noext"), 0)], out)
+    with pytest.raises(ValueError, match="labels"):
+        write_shards([(pairs[0][0], "cat")], out)
+    with pytest.raises(ValueError, match="max_count"):
+        write_shards(folder, out, max_count=0)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match="cannot write"):
+        write_shards(folder, str(tmp_path / "file" / "x-%d.tar"))
+
+
+def test_failure_while_writing_leaves_no_partial_file(folder, tmp_path):
+    (tmp_path / "dir.jpg").mkdir()  # stat works, reading fails
+    pairs = _pairs(folder)
+    pairs.insert(15, (str(tmp_path / "dir.jpg"), 1))
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="dir.jpg"):
+        write_shards(pairs, out / "x-%03d.tar", max_count=2, workers=2)
+    assert not any(".tmp" in f or f.endswith(".json") for f in os.listdir(out))
+
+
+def test_stale_shards_are_pointed_out(folder, tmp_path):
+    write_shards(folder, tmp_path / "t-%02d.tar", max_count=4)
+    with pytest.warns(UserWarning, match="t-01.tar"):
+        write_shards(folder, tmp_path / "t-%02d.tar", max_count=40)
+    assert read_index(tmp_path / "t-index.json")["shards"][0]["samples"] == N
+
+
+def test_progress(folder, tmp_path, capsys):
+    write_shards(folder, tmp_path / "a-%d.tar", max_count=8, workers=2, progress=True)
+    err = capsys.readouterr().err
+    assert f"{N}/{N} samples" in err and "MB/s" in err and err.endswith("\n")
+    write_shards(folder, tmp_path / "b-%d.tar", max_count=8)
+    assert capsys.readouterr().err == ""
+
+
+# ----------------------------------------------------------------- CLI
+
+def _cli():
+    exe = shutil.which("fastdata-shard")
+    return [exe] if exe else [sys.executable, "-m", "fastdata.shard"]
+
+
+def _run(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(_cli() + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cli_help():
+    r = _run("--help")
+    assert r.returncode == 0 and "OUT_PATTERN" in r.stdout and "samples_index" in r.stdout
+
+
+def test_cli_writes_what_write_shards_writes(folder, tmp_path):
+    r = _run(folder, tmp_path / "cli" / "train-%06d.tar", "--max-count", "5", "--max-size", "1M", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    index = tmp_path / "cli" / "train-index.json"
+    shards = read_index(index)["shards"]
+    nbytes = sum(s["bytes"] for s in shards)
+    assert f"{len(shards)} shards, {N} samples, {nbytes} bytes" in r.stdout and str(index) in r.stdout
+    assert f"{N}/{N} samples" in r.stderr and "MB/s" in r.stderr and "Traceback" not in r.stderr
+    write_shards(folder, tmp_path / "api" / "train-%06d.tar", max_count=5, max_size=1 << 20)
+    assert _listing(tmp_path / "cli") == _listing(tmp_path / "api")
+
+
+def test_cli_missing_source_exits_2():
+    r = _run("/nonexistent/folder", "/tmp/x-%06d.tar")
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "nonexistent" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("case", ["pattern", "unwritable", "size", "count", "missing-argument", "file-source"])
+def test_cli_bad_input_is_one_line(folder, tmp_path, capsys, case):
+    (tmp_path / "file").write_text("")
+    out = str(tmp_path / "o-%d.tar")
+    argv = {
+        "pattern": [str(folder), str(tmp_path / "o.tar")],
+        "unwritable": [str(folder), str(tmp_path / "file" / "o-%d.tar")],
+        "size": [str(folder), out, "--max-size", "12X"],
+        "count": [str(folder), out, "--max-count", "0"],
+        "missing-argument": [str(folder)],
+        "file-source": [str(tmp_path / "file"), out],
+    }[case]
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own checks
+        rc = e.code
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastdata-shard: error: ")
+    assert not list(tmp_path.glob("o*"))
+
+
+def test_cli_sizes(folder, tmp_path, capsys):
+    assert main([str(folder), str(tmp_path / "a-%d.tar"), "--max-size", "3K", "-q"]) == 0
+    assert capsys.readouterr().err == ""
+    shards = read_index(tmp_path / "a-index.json")["shards"]
+    assert all(s["bytes"] <= 3072 or s["samples"] == 1 for s in shards) and len(shards) > 5
