@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate
 from ..device import prefetch
@@ -142,13 +142,13 @@ class TorchLoader(Loader):
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         batches = it if self.device is None else prefetch(it, self.device)
         stats, clock = self.stats, time.perf_counter
-        count = _batch_len if self._auto_collation else None
+        sizes = self._batch_sizes()
         try:
             t0 = clock()
             for batch in batches:
                 stats["wait_s"] += clock() - t0
                 stats["batches"] += 1
-                stats["samples"] += count(batch) if count is not None else 1
+                stats["samples"] += sizes(batch, self._delivered)
                 self._delivered += 1
                 yield batch
                 t0 = clock()
@@ -160,6 +160,18 @@ class TorchLoader(Loader):
                 if shutdown is not None:
                     shutdown()  # the workers are gone before their slots are reclaimed
                 collate_fn.rings.workers.reclaim()
+
+    def _batch_sizes(self):
+        """How many samples a delivered batch holds: from the batch sampler's arithmetic when it
+        is torch's BatchSampler (no look into the batch: this runs every batch), else from the
+        batch itself."""
+        if not self._auto_collation:
+            return lambda batch, k: 1
+        bs = self._ref.batch_sampler
+        if not self._iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):
+            n, size, drop = len(bs.sampler), bs.batch_size, bs.drop_last
+            return (lambda batch, k: size) if drop else (lambda batch, k: min(size, n - k * size))
+        return lambda batch, k: _batch_len(batch)
 
     def set_epoch(self, epoch: int) -> None:
         """Records the epoch and passes it to the sampler when it has `set_epoch` (as
