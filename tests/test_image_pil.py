@@ -224,3 +224,28 @@ def test_skip_counts_names_and_keeps_every_good_sample(broken, num_workers, capl
     assert set(named) == set(bad)
     assert "empty" in named[bad[0]] and "truncated" in named[bad[1]] and "No such file" in named[bad[3]]
     assert sum("skipped" in r.message for r in caplog.records) == 4
+
+
+def test_config_fills_only_what_the_call_did_not_give(folder, tmp_path):
+    import json
+
+    cfg = tmp_path / "tuned.json"
+    cfg.write_text(json.dumps({"loader": {"num_workers": 2, "shuffle": True, "seed": 5}}))
+    loader = fastdata.loader(str(folder), batch_size=6, transform=_train(), config=str(cfg), seed=7)
+    assert loader.num_workers == 2 and loader.seed == 7  # the call's seed wins
+    images, labels = _epoch(loader)
+    assert sorted(labels.tolist()) != labels.tolist()  # shuffled, from the config
+    cfg.write_text(json.dumps({"loader": {"shufle": True}}))
+    with pytest.raises(ValueError, match="shufle"):
+        fastdata.loader(str(folder), batch_size=6, config=str(cfg))
+    with pytest.raises(ValueError, match="config"):
+        fastdata.loader(str(folder), batch_size=6, config=str(tmp_path / "missing.json"))
+
+
+def test_same_size_images_need_no_transform(tmp_path):
+    os.makedirs(tmp_path / "k")
+    for i in range(5):
+        Image.new("RGB", (24, 16), (10 * i, 0, 0)).save(tmp_path / "k" / f"{i}.png")
+    x, y = next(iter(fastdata.loader(str(tmp_path), batch_size=5, device="cpu")))
+    assert x.shape == (5, 3, 16, 24) and x.dtype == torch.uint8
+    assert x[:, 0, 0, 0].tolist() == [0, 10, 20, 30, 40] and y.tolist() == [0] * 5
