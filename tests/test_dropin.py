@@ -684,3 +684,20 @@ def test_set_epoch_reaches_distributed_sampler(h):
     ref_sampler.set_epoch(0)
     fast.set_epoch(1)
     assert [b[1].tolist() for b in h.collect(fast)] != [b[1].tolist() for b in h.collect(ref)]
+
+
+class _DiesInWorker(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 9 and torch.utils.data.get_worker_info() is not None:
+            os._exit(3)  # a worker killed mid-epoch (OOM killer, segfault in a decoder, ...)
+        return torch.full((4,), i)
+
+
+def test_a_dead_worker_ends_in_an_error_not_a_hang():
+    loader = fastdata.loader(_DiesInWorker(), batch_size=4, num_workers=2, timeout=60)
+    with pytest.raises(RuntimeError, match="exited unexpectedly|worker"):
+        for _ in loader:
+            pass

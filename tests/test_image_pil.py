@@ -249,3 +249,21 @@ def test_same_size_images_need_no_transform(tmp_path):
     x, y = next(iter(fastdata.loader(str(tmp_path), batch_size=5, device="cpu")))
     assert x.shape == (5, 3, 16, 24) and x.dtype == torch.uint8
     assert x[:, 0, 0, 0].tolist() == [0, 10, 20, 30, 40] and y.tolist() == [0] * 5
+
+
+def test_early_exit_leaves_no_worker(folder):
+    import gc
+    import multiprocessing
+    import time
+
+    loader = fastdata.loader(str(folder), batch_size=4, transform=_train(), num_workers=2)
+    it = iter(loader)
+    x, _ = next(it)
+    kept = x.clone()
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()
+    assert torch.equal(x, kept)  # the batch held across the shutdown is intact
