@@ -37,11 +37,14 @@ def machine() -> dict:
 
 def interleaved(runs: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
     """Runs each candidate once per round, rounds repeated `reps` times, so drift on this shared
-    machine hits every candidate alike. Each callable returns the seconds it measured."""
+    machine hits every candidate alike; every other round runs them in reverse order (ABBA),
+    since going first or second is itself worth a few percent here. Each callable returns the
+    seconds it measured."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, fn in runs.items():
-            times[name].append(fn())
+    names = list(runs)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else reversed(names):
+            times[name].append(runs[name]())
     return times
 
 

@@ -111,9 +111,9 @@ def main() -> None:
             "iterable w2": (Stream(), dict(batch_size=64, num_workers=2)),
             "custom collate w2": (small, dict(batch_size=64, num_workers=2, collate_fn=lambda b: len(b))),
         }
-        print(f"matrix: {len(configs)} configurations, 7 interleaved epochs each", file=sys.stderr)
+        print(f"matrix: {len(configs)} configurations, 10 interleaved epochs each", file=sys.stderr)
         for i, (name, (ds, kw)) in enumerate(configs.items()):
-            r = _pair(ds, 7, **kw)
+            r = _pair(ds, 10, **kw)
             report["matrix"][name] = r
             print(f"  [{i + 1}/{len(configs)}] {name:<24} DataLoader {r['DataLoader_s'] * 1e3:8.1f} ms   "
                   f"fastdata {r['fastdata_s'] * 1e3:8.1f} ms   {r['ratio']:.2f}x", file=sys.stderr)
