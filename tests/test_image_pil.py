@@ -230,9 +230,10 @@ def test_config_fills_only_what_the_call_did_not_give(folder, tmp_path):
     import json
 
     cfg = tmp_path / "tuned.json"
-    cfg.write_text(json.dumps({"loader": {"num_workers": 2, "shuffle": True, "seed": 5}}))
+    cfg.write_text(json.dumps({"loader": {"num_workers": 2, "shuffle": True, "seed": 5, "dtype": "bfloat16"}}))
     loader = fastdata.loader(str(folder), batch_size=6, transform=_train(), config=str(cfg), seed=7)
     assert loader.num_workers == 2 and loader.seed == 7  # the call's seed wins
+    assert loader.dtype == torch.bfloat16
     images, labels = _epoch(loader)
     assert sorted(labels.tolist()) != labels.tolist()  # shuffled, from the config
     cfg.write_text(json.dumps({"loader": {"shufle": True}}))

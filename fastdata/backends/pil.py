@@ -286,6 +286,8 @@ class PilLoader(Loader):
             raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r}")
         if placement not in ("auto", "cpu", "gpu"):
             raise ValueError(f"placement should be 'auto', 'cpu' or 'gpu', but got {placement!r}")
+        if isinstance(dtype, str):  # as a JSON config gives it: "bfloat16" or "torch.bfloat16"
+            dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"dtype should be torch.float32, torch.float16 or torch.bfloat16, but got {dtype}")
         if transform is not None and not isinstance(transform, Compose):
