@@ -85,30 +85,32 @@ class WorkerRings:
     def __init__(self) -> None:
         self.token = os.urandom(8).hex()
         self.rings: dict[int, tuple[torch.UntypedStorage, list]] = {}  # worker id -> (flags, slot storages)
+        self._flags: dict[int, Flags] = {}  # worker id -> a view of its flags, made once
         self.live: dict[int, set] = {}  # worker id -> (slot, leaf) with a lease alive here
         _WORKER_RINGS[self.token] = self
 
     def __getstate__(self) -> dict:
         # To a spawned worker: the storages travel as shared-memory handles.
-        return {"token": self.token, "rings": self.rings, "live": {}}
+        return {"token": self.token, "rings": self.rings, "live": {}, "_flags": {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
 
-    def received(self, worker: int, flags: torch.UntypedStorage, slot: int, storage) -> set:
+    def received(self, worker: int, flags: torch.UntypedStorage, slot: int, storage) -> tuple[Flags, set]:
         ring = self.rings.get(worker)
         if ring is None or ring[0].data_ptr() != flags.data_ptr():
             ring = self.rings[worker] = (flags, [])
+            self._flags[worker] = Flags(flags)
         storages = ring[1]
         storages.extend([None] * (slot + 1 - len(storages)))
         storages[slot] = storage
-        return self.live.setdefault(worker, set())
+        return self._flags[worker], self.live.setdefault(worker, set())
 
     def reclaim(self) -> None:
         """After the workers exited: frees the slots of batches that were in flight and never
         delivered (an epoch left early), which no lease will ever free."""
         for worker, (flags, _) in self.rings.items():
-            array = Flags(flags).array
+            array = self._flags.setdefault(worker, Flags(flags)).array
             live = self.live.get(worker, set())
             for slot, leaf in zip(*np.nonzero(array)):
                 if (int(slot), int(leaf)) not in live:
@@ -123,8 +125,10 @@ def _rebuild(token, worker, flags_storage, storage, slot, leaf, offset, shape, d
     # worker's slot, and the slot recorded so the mapping stays (torch's shared-storage cache
     # then hands back the same mapping every batch instead of mapping it anew).
     record = _WORKER_RINGS.get(token)
-    live = record.received(worker, flags_storage, slot, storage) if record is not None else None
-    return leased_tensor(storage, offset, shape, dtype, Flags(flags_storage), slot, leaf, live)
+    if record is None:  # unpickled outside the loader that made it
+        return leased_tensor(storage, offset, shape, dtype, Flags(flags_storage), slot, leaf)
+    flags, live = record.received(worker, flags_storage, slot, storage)
+    return leased_tensor(storage, offset, shape, dtype, flags, slot, leaf, live)
 
 
 class SlotLeaf:
@@ -214,6 +218,27 @@ class BufferRing:
         return target, leased_tensor(storage, start, shape, dtype, self.flags, s, leaf)
 
 
+def new_batch(ring: BufferRing | None, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+    """(buffer to write a batch into, what the batch holds): a slot of `ring` (claimed at the
+    batch's first buffer) when one is free, else a fresh buffer: in a worker, straight into
+    shared memory as default_collate does, so it crosses to the main process without a copy."""
+    if ring is not None:
+        if ring.claimed is None:
+            ring.begin()
+        got = ring.alloc(shape, dtype)
+        if got is not None:
+            return got
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
+        elem = torch.empty((), dtype=dtype)
+        storage = elem._typed_storage()._new_shared(math.prod(shape), device="cpu")
+        out = elem.new(storage).resize_(*shape)
+    else:
+        out = torch.empty(tuple(shape), dtype=dtype)
+    return out, out
+
+
 class ProcessRings:
     """Whoever collates into rings holds one: it gives each process its own ring on first use
     (shared memory in a worker, pinned memory in the main process when `pin` is set), and a
@@ -243,3 +268,12 @@ class ProcessRings:
                                         adopt=w.rings.get(info.id))
             self._pid = os.getpid()
         return self._ring
+
+    def end_epoch(self, it: Any) -> None:
+        """After an epoch of a DataLoader iterator `it` (run to the end or left early) whose
+        workers do not persist: the workers are shut down first, then the slots of batches that
+        were in flight and never delivered are freed."""
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self.workers.reclaim()

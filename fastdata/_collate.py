@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from ._buffers import BufferRing, ProcessRings
+from ._buffers import BufferRing, ProcessRings, new_batch
 
 logger = logging.getLogger("fastdata")
 
@@ -102,24 +102,8 @@ _ring: BufferRing | None = None  # the slot ring of the collation under way in t
 
 
 def _new_batch(n: int, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
-    """(buffer to collate into, what the batch holds): a ring slot when one is free."""
-    shape = (n, *shape)
-    if _ring is not None:
-        if _ring.claimed is None:
-            _ring.begin()
-        got = _ring.alloc(shape, dtype)
-        if got is not None:
-            return got
-    if get_worker_info() is not None:
-        # As default_collate does: straight into shared memory, so the batch crosses to the
-        # main process without a copy.
-        numel = int(np.prod(shape, dtype=np.int64))
-        elem = torch.empty((), dtype=dtype)
-        storage = elem._typed_storage()._new_shared(numel, device="cpu")
-        out = elem.new(storage).resize_(*shape)
-    else:
-        out = torch.empty(shape, dtype=dtype)
-    return out, out
+    """(buffer to collate into, what the batch holds) for the collation under way."""
+    return new_batch(_ring, (n, *shape), dtype)
 
 
 def _native_ok(batch: Sequence[torch.Tensor]) -> bool:

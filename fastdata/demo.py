@@ -139,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _image_mode(args) -> None:
-    import torch
     from torch.utils.data import DataLoader
 
     import fastdata

@@ -15,27 +15,17 @@ import torch
 from PIL import Image
 
 import fastdata
+from _images import color_folder
 from fastdata import transforms as T
 
 CLASSES, PER_CLASS = 4, 9
 
 
-def _color(c, i):
-    return (40 * c + 20, 12 * i + 10, 77)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs")
-    rng = np.random.default_rng(0)
-    for c in range(CLASSES):
-        os.makedirs(root / f"class{c}")
-        for i in range(PER_CLASS):
-            w, h = int(rng.integers(60, 200)), int(rng.integers(60, 200))
-            img = Image.new("RGB", (w, h), _color(c, i))
-            fmt = "png" if i % 4 == 3 else "jpg"  # PNGs go through Pillow, JPEGs native
-            img.save(root / f"class{c}" / f"{i:03d}.{fmt}", quality=95)
-    return root
+    # PNGs go through Pillow, JPEGs through the native decoder.
+    return color_folder(tmp_path_factory.mktemp("imgs"), CLASSES, PER_CLASS, (60, 200),
+                        lambda i: f"{i:03d}." + ("png" if i % 4 == 3 else "jpg"))
 
 
 def _decode_ids(images):

@@ -21,15 +21,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from _images import color_folder
 from fastdata import DataError
 from fastdata.shard import count_samples, index_path, main, read_index, write_shards
 
 CLASSES, PER_CLASS = 3, 7
 N = CLASSES * PER_CLASS
-
-
-def _color(c, i):
-    return (40 * c + 20, 12 * i + 10, 77)
 
 
 def _name(i):
@@ -39,16 +36,7 @@ def _name(i):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs")
-    rng = np.random.default_rng(0)
-    for c in range(CLASSES):
-        os.makedirs(root / f"class{c}")
-        for i in range(PER_CLASS):
-            w, h = int(rng.integers(16, 64)), int(rng.integers(16, 64))
-            name = _name(i)
-            Image.new("RGB", (w, h), _color(c, i)).save(root / f"class{c}" / name, "PNG" if name.endswith("png") else "JPEG",
-                                                          quality=90)
-    return root
+    return color_folder(tmp_path_factory.mktemp("imgs"), CLASSES, PER_CLASS, (16, 64), _name)
 
 
 def _pairs(folder):

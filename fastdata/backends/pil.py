@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import warnings
 from typing import Any, Iterator, Sequence
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .._buffers import ProcessRings
+from .._buffers import ProcessRings, new_batch
 from ..device import prefetch
 from ..errors import DataError
 from ..sources import Samples
@@ -138,14 +137,8 @@ class _Decoder(Dataset):
         out_w, out_h = (int(geo.sizes[0][0]), int(geo.sizes[0][1])) if n else (0, 0)
 
         ring = self.rings.ring()
-        ring.begin()
         try:
-            got = ring.alloc((n, out_h, out_w, 3), torch.uint8)
-            if got is None:
-                target = torch.empty((n, out_h, out_w, 3), dtype=torch.uint8)
-                handle: Any = target
-            else:
-                target, handle = got
+            target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
             failed = self._decode_into(target, datas, jpeg, geo, [paths[j] for j in ok], errors, native)
             if self.pixel_ops:
                 plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
@@ -385,10 +378,7 @@ class PilLoader(Loader):
             self._epoch += 1
         finally:
             if not self._loader.persistent_workers:
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
-                self._decoder.rings.workers.reclaim()
+                self._decoder.rings.end_epoch(it)
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,

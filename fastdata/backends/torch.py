@@ -189,10 +189,7 @@ class TorchLoader(Loader):
             stats["samples"] += n
             collate_fn = self._loader.collate_fn
             if isinstance(collate_fn, RingCollate) and not self._loader.persistent_workers:
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()  # the workers are gone before their slots are reclaimed
-                collate_fn.rings.workers.reclaim()
+                collate_fn.rings.end_epoch(it)
 
     def _batch_sizes(self):
         """How many samples a delivered batch holds: from the batch sampler's arithmetic when it

@@ -1,0 +1,29 @@
+"""Images the tests make: one flat color per image that names its sample (red = 40 * class
++ 20, green = 12 * number + 10, blue a constant), so any crop or resize of it still says which
+sample it came from, and must agree with its label."""
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+
+def color(c: int, i: int) -> tuple[int, int, int]:
+    return (40 * c + 20, 12 * i + 10, 77)
+
+
+def color_folder(root: Path, classes: int, per_class: int, sides: tuple[int, int],
+                 name: Callable[[int], str]) -> Path:
+    """An ImageFolder of flat-color images with random sizes in `sides`; `name(i)` names image
+    i of a class, its extension picks the format."""
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        os.makedirs(root / f"class{c}")
+        for i in range(per_class):
+            w, h = int(rng.integers(*sides)), int(rng.integers(*sides))
+            n = name(i)
+            Image.new("RGB", (w, h), color(c, i)).save(root / f"class{c}" / n, "PNG" if n.endswith("png") else "JPEG",
+                                                       quality=95)
+    return root
