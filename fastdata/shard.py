@@ -1,6 +1,6 @@
 """`fastdata-shard`: packs an image source into WebDataset tar shards, with an index.
 
-    fastdata-shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N] [--quiet]
+    fastdata-shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N] [--no-shuffle] [--seed S] [--quiet]
     fastdata-shard imagenet/train out/train-%06d.tar --max-size 1G
 
 SRC is a folder in ImageFolder layout (SRC/<class>/<image>: classes sorted by name, label =
@@ -10,13 +10,16 @@ one `%d` or `%0Nd` in the file name (no braces), e.g. out/train-%06d.tar -> out/
 out/train-000001.tar, ...
 
 The shards
-  Samples go in source order. A shard holds at most --max-count samples (default 10000) and
+  Samples go in a shuffled order, the permutation numpy.random.Generator(PCG64(seed))
+  .permutation(n) of the source order (--seed, default 0), so that a shard mixes the classes
+  of a class-sorted folder and a loader's shuffle buffer sees a mix; --no-shuffle keeps the
+  source order. A shard holds at most --max-count samples (default 10000) and
   at most --max-size bytes (default 1G; K/M/G/T are binary: 1K = 1024); the next sample starts
   a new shard when it would pass either bound, and a single sample bigger than --max-size gets
   a shard of its own. Sample i (its position in the source order) is two tar members:
     <key>.<ext>  the image file's bytes, unchanged; ext = its extension lowercased, jpeg -> jpg
     <key>.cls    the label as decimal text (b"3")
-  with key = "%08d" % i. The tars are plain USTAR, uncompressed, written byte for byte the same
+  with key = "%08d" % i, i the sample's position in the source order. The tars are plain USTAR, uncompressed, written byte for byte the same
   on every run and for any number of workers: every header has mode 0644, uid/gid 0, empty
   uname/gname, mtime 0, and the archive ends with its two zero blocks (no padding to a 10 KiB
   record), so a shard's size is exactly the sum of its samples' sizes + 1024. Shards are
@@ -57,6 +60,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 INDEX_FORMAT = "fastdata-wds-index"
 INDEX_VERSION = 1
@@ -279,14 +284,16 @@ def _prepare_folder(folder: str) -> None:
         raise err from None
 
 
-def _plan(samples, max_count: int, max_size: int) -> list[list[tuple]]:
-    """The samples of each shard: (key, path, ext, label, size) in source order."""
+def _plan(samples, max_count: int, max_size: int, order) -> list[list[tuple]]:
+    """The samples of each shard: (key, path, ext, label, size) in `order`."""
     from .errors import DataError
 
     shards: list[list[tuple]] = []
     current: list[tuple] = []
     current_bytes = len(_END)
-    for i, (path, label) in enumerate(zip(samples.paths, samples.labels.tolist())):
+    labels = samples.labels.tolist()
+    for i in order:
+        path, label = samples.paths[i], labels[i]
         ext = _ext(path)
         try:
             size = os.stat(path).st_size
@@ -364,14 +371,16 @@ def _run(jobs: list[tuple], workers: int, progress: _Progress) -> list[dict]:
 
 
 def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, workers: int | None,
-           progress: bool) -> tuple[Path, dict]:
+           progress: bool, shuffle: bool = True, seed: int = 0) -> tuple[Path, dict]:
     max_count = _check_int("max_count", max_count, 1)
     max_size = _check_int("max_size", parse_size(max_size) if isinstance(max_size, str) else max_size, 1)
     workers = _default_workers() if workers is None else _check_int("workers", workers, 1)
     folder, name, index_name = _parse_pattern(pattern)
     samples = _resolve_source(source)
     _prepare_folder(folder)
-    plan = _plan(samples, max_count, max_size)
+    seed = _check_int("seed", seed, 0)
+    order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else range(len(samples))
+    plan = _plan(samples, max_count, max_size, [int(i) for i in order])
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     finals = [os.path.join(folder, name % k) for k in range(len(plan))]
     index_file = os.path.join(folder, index_name)
@@ -405,7 +414,7 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
 
 
 def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10000, max_size: int | str = 1 << 30,
-                 workers: int | None = None, progress: bool = False) -> Path:
+                 workers: int | None = None, shuffle: bool = True, seed: int = 0, progress: bool = False) -> Path:
     """Writes `source` (an ImageFolder folder or a list of (path, label) pairs) as WebDataset
     tar shards named by `pattern` ("out/train-%06d.tar") and returns the path of their index,
     <prefix>-index.json next to them. See the module docstring for the shards' content and
@@ -414,11 +423,12 @@ def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10
     A shard holds at most `max_count` samples and `max_size` bytes (an int, or "500M", "1G"),
     except that a sample bigger than `max_size` gets a shard of its own. `workers` processes
     write shards in parallel (default: the usable cores); the output is byte-identical for any
-    number. `progress` prints a line on stderr (samples written / total, MB/s).
+    number. Samples go in the order of a permutation drawn from `seed`, or in source order with
+    `shuffle=False`. `progress` prints a line on stderr (samples written / total, MB/s).
 
     Raises FileNotFoundError / ValueError for a bad source or pattern, OSError when the output
     folder cannot be written, fastdata.DataError when an image file cannot be read."""
-    return _write(source, pattern, max_count, max_size, workers, progress)[0]
+    return _write(source, pattern, max_count, max_size, workers, progress, shuffle, seed)[0]
 
 
 # ----------------------------------------------------------------- reading
@@ -503,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bytes per shard, at most: 1073741824, 500M, 1G (binary units; default 1G)")
     ap.add_argument("--workers", type=_positive, default=None, metavar="N",
                     help="processes writing shards (default: the usable cores)")
+    ap.add_argument("--no-shuffle", action="store_true", help="keep the source order (default: a shuffled order)")
+    ap.add_argument("--seed", type=int, default=0, help="the shuffled order's seed (default 0)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
     args = ap.parse_args(argv)
 
@@ -513,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             path, index = _write(args.src, args.pattern, args.max_count, args.max_size, args.workers,
-                                 progress=not args.quiet)
+                                 progress=not args.quiet, shuffle=not args.no_shuffle, seed=args.seed)
     except (OSError, ValueError, DataError) as e:
         print(f"{ap.prog}: error: {e}".replace("\n", " "), file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 Every image is one flat color that encodes its sample: red = 40 * class + 20, green = the
 image's number within its class * 12 + 10, blue a constant. So a sample read back from a shard
-names itself, and must agree with its label and its key (its position in the source order)."""
+names itself, and must agree with its label and its key (its position in the source order;
+shards hold the samples in a seeded shuffled order unless written with shuffle=False)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _ext(path):
     return "jpg" if ext == "jpeg" else ext
 
 
-def _check(index_file, pairs, max_count=None, max_size=None, classes=None):
+def _check(index_file, pairs, max_count=None, max_size=None, classes=None, order=None):
     """Everything the shards and their index promise, read back with tarfile and by hand:
     returns the shards' paths."""
     index = read_index(index_file)
@@ -63,6 +64,8 @@ def _check(index_file, pairs, max_count=None, max_size=None, classes=None):
     assert index["total"] == len(pairs) and index["classes"] == classes
     assert list(index) == ["version", "format", "shards", "classes", "total"]
     root = os.path.dirname(index_file)
+    if order is None:  # write_shards' default: shuffled with seed 0
+        order = np.random.Generator(np.random.PCG64(0)).permutation(len(pairs))
     position, paths = 0, []
     for s, shard in enumerate(index["shards"]):
         assert list(shard) == ["name", "samples", "bytes", "sha256", "samples_index", "members"]
@@ -82,8 +85,8 @@ def _check(index_file, pairs, max_count=None, max_size=None, classes=None):
             members = tf.getmembers()
         assert len(members) == 2 * n
         for j, (key, offset, length) in enumerate(shard["samples_index"]):
-            src, label = pairs[position]
-            assert key == f"{position:08d}" and shard["members"][j][0] == key
+            src, label = pairs[order[position]]
+            assert key == f"{order[position]:08d}" and shard["members"][j][0] == key
             image, cls = members[2 * j], members[2 * j + 1]
             assert (image.name, cls.name) == (f"{key}.{_ext(src)}", f"{key}.cls")
             for m in (image, cls):
@@ -157,9 +160,10 @@ def test_webdataset_reads_every_sample_once(folder, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)  # webdataset leaves its shard files to the GC
         samples = list(wds.WebDataset(urls, shardshuffle=False))
-    assert [s["__key__"] for s in samples] == [f"{k:08d}" for k in range(N)]
+    order = np.random.Generator(np.random.PCG64(0)).permutation(N)  # the default shuffle, seed 0
+    assert [s["__key__"] for s in samples] == [f"{k:08d}" for k in order]
     seen = []
-    for k, s in enumerate(samples):
+    for k, s in zip(order, samples):
         (ext,) = {"jpg", "png"} & set(s)
         assert set(s) - {"__key__", "__url__", "__local_path__"} == {ext, "cls"}
         path, label = _pairs(folder)[k]
@@ -167,7 +171,18 @@ def test_webdataset_reads_every_sample_once(folder, tmp_path):
         c, i = _ids(s[ext])
         assert int(s["cls"]) == label == c
         seen.append((c, i))
-    assert seen == [(c, i) for c in range(CLASSES) for i in range(PER_CLASS)]
+    assert sorted(seen) == [(c, i) for c in range(CLASSES) for i in range(PER_CLASS)]
+    assert seen != sorted(seen)  # shuffled: the classes are mixed
+
+
+def test_no_shuffle_keeps_the_source_order(folder, tmp_path):
+    index = write_shards(folder, tmp_path / "train-%06d.tar", max_count=5, shuffle=False)
+    _check(index, _pairs(folder), max_count=5, classes=[f"class{c}" for c in range(CLASSES)], order=np.arange(N))
+    keys = [k for s in read_index(index)["shards"] for k, _, _ in s["samples_index"]]
+    assert keys == [f"{k:08d}" for k in range(N)]
+    other = write_shards(folder, tmp_path / "seed1" / "train-%06d.tar", max_count=5, seed=1)
+    _check(other, _pairs(folder), max_count=5, classes=[f"class{c}" for c in range(CLASSES)],
+           order=np.random.Generator(np.random.PCG64(1)).permutation(N))
 
 
 def test_byte_identical_runs_and_workers(folder, tmp_path):

@@ -62,48 +62,39 @@ def _check_complete(data: bytes) -> str | None:
     return None
 
 
-class _Decoder(Dataset):
-    """Map-style over (epoch, index) keys; `__getitems__` decodes a whole batch."""
+class _BatchDecoder(Dataset):
+    """Decodes a batch of encoded images into a slot of this process's ring: what the `pil`
+    and `wds` backends share. Subclasses read the bytes (`__getitems__`) and call `_decode`."""
 
-    def __init__(self, samples: Samples, transform: Compose | None, seed: int, on_error: str, slots: int, pin: bool) -> None:
-        self.samples = samples
+    backend = ""
+
+    def __init__(self, transform: Compose | None, seed: int, on_error: str, slots: int, pin: bool) -> None:
         self.geometry = transform.geometry if transform is not None else ()
         self.pixel_ops = transform.pixel_ops if transform is not None else ()
         self.seed = seed
         self.on_error = on_error
         self.rings = ProcessRings(slots, pin)
 
-    def __len__(self) -> int:
-        return len(self.samples)
-
     def __getitem__(self, key):  # DataLoader asks for batches only (see __getitems__)
         return self.__getitems__([key])
 
     def _fail(self, errors: list, path: str, cause: str) -> None:
         if self.on_error == "raise":
-            raise DataError(f"cannot read {path}: {cause} (backend 'pil')", path=path)
+            raise DataError(f"cannot read {path}: {cause} (backend {self.backend!r})", path=path)
         errors.append((path, cause))
 
-    def __getitems__(self, keys: Sequence[tuple[int, int]]):
-        epoch = keys[0][0]
-        index = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
-        paths = [self.samples.paths[i] for i in index]
-        errors: list[tuple[str, str]] = []
-        datas: list[bytes] = []
-        ok: list[int] = []
-        for j, path in enumerate(paths):
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                self._fail(errors, path, e.strerror or type(e).__name__)
-                continue
+    def _decode(self, epoch: int, index: np.ndarray, paths: list[str], datas: list[bytes], labels: np.ndarray,
+                errors: list[tuple[str, str]]):
+        """(images, labels, errors) for samples `index` (their ids for the random transforms),
+        named `paths`, with bytes `datas`; a sample that fails is left out (or raises)."""
+        ok = []
+        for j, (path, data) in enumerate(zip(paths, datas)):
             cause = _check_complete(data)
             if cause is not None:
                 self._fail(errors, path, cause)
                 continue
-            datas.append(data)
             ok.append(j)
+        datas = [datas[j] for j in ok]
 
         # Sizes from the headers, then every sample's geometry at once.
         sizes = np.zeros((len(datas), 2), dtype=np.int64)
@@ -125,6 +116,7 @@ class _Decoder(Dataset):
         sizes = sizes[keep]
         ok = [ok[k] for k in keep]
         sel = index[ok]
+        labels = labels[ok]
         n = len(datas)
         geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
         if n and (geo.sizes != geo.sizes[0]).any():
@@ -154,9 +146,8 @@ class _Decoder(Dataset):
                 if dst != src:
                     target[dst].copy_(target[src])
             handle = handle.narrow(0, 0, len(good))
-            sel = sel[good]
-        labels = torch.from_numpy(self.samples.labels[sel])
-        return handle, labels, errors
+            labels = labels[good]
+        return handle, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)), errors
 
     def _decode_into(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
@@ -190,6 +181,37 @@ class _Decoder(Dataset):
                 failed.add(k)
                 self._fail(errors, paths[k], f"cannot decode ({type(e).__name__}: {e})")
         return failed
+
+
+class _Decoder(_BatchDecoder):
+    """Map-style over (epoch, index) keys; `__getitems__` reads and decodes a whole batch."""
+
+    backend = "pil"
+
+    def __init__(self, samples: Samples, transform: Compose | None, seed: int, on_error: str, slots: int, pin: bool) -> None:
+        super().__init__(transform, seed, on_error, slots, pin)
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitems__(self, keys: Sequence[tuple[int, int]]):
+        epoch = keys[0][0]
+        index = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
+        errors: list[tuple[str, str]] = []
+        paths, datas, ok = [], [], []
+        for j, i in enumerate(index):
+            path = self.samples.paths[i]
+            try:
+                with open(path, "rb") as f:
+                    datas.append(f.read())
+            except OSError as e:
+                self._fail(errors, path, e.strerror or type(e).__name__)
+                continue
+            paths.append(path)
+            ok.append(j)
+        index = index[ok]
+        return self._decode(epoch, index, paths, datas, self.samples.labels[index], errors)
 
 
 def _first(batch):
