@@ -10,6 +10,7 @@ from . import sources
 from .backends.base import Loader
 from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
+from .backends.wds import WdsLoader
 
 _DROPIN_KEYWORDS = frozenset(DATALOADER_KEYWORDS) | {"device"}
 logger = logging.getLogger("fastdata")
@@ -52,12 +53,19 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
     backend = options.pop("backend", "auto")
     if backend not in _BACKENDS:
         raise ValueError(f"backend should be one of {', '.join(map(repr, _BACKENDS))}, but got {backend!r}")
-    if backend in ("wds", "dali"):
-        raise RuntimeError(f"backend {backend!r} is not built yet in this fastdata; use backend='pil' (or 'auto')")
+    if backend == "dali":
+        raise RuntimeError("backend 'dali' is not built yet in this fastdata; use backend='pil' or 'wds' (or 'auto')")
+    shards = sources.is_shard_source(source)
+    if backend == "pil" and shards:
+        raise ValueError("backend 'pil' reads image files; WebDataset shards are read by backend 'wds' (or 'auto')")
+    if backend == "wds" and not shards:
+        raise ValueError("backend 'wds' reads WebDataset shards (.tar); write a folder or file list as shards with "
+                         "fastdata-shard, or use backend 'pil' (or 'auto')")
     samples = sources.resolve(source)
-    logger.info("image mode: %s, backend 'pil' (%s)", samples.description,
-                "chosen" if backend == "pil" else "auto: no DALI backend yet, no shards")
-    return PilLoader(samples, batch_size, **options)
+    kind = WdsLoader if shards else PilLoader
+    logger.info("image mode: %s, backend %r (%s)", samples.description, kind.backend,
+                "chosen" if backend != "auto" else "auto: no DALI backend yet")
+    return kind(samples, batch_size, **options)
 
 
 def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
@@ -68,7 +76,8 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
     collated natively, plus `num_workers="auto"` and `device=` (batches copied to that device
     on a side stream, one batch ahead).
 
-    Given images (an ImageFolder folder, a list of (path, label) pairs) it decodes them into
+    Given images (an ImageFolder folder, a list of (path, label) pairs, WebDataset shards:
+    a .tar path, a brace pattern, a list of shard paths or URLs) it decodes them into
     `(images, labels)` batches with the fastest backend this machine has; see the README for
     the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
     world_size, on_error, config).

@@ -69,6 +69,267 @@ def file_list(pairs: Sequence[Any]) -> Samples:
     return Samples(paths, np.asarray(labels, dtype=np.int64), None, f"file list ({len(paths)} images)")
 
 
+# ----------------------------------------------------------------- WebDataset shards
+
+_SCHEMES = ("pipe:", "http://", "https://", "file:")
+_HTTP_TIMEOUT = 60.0
+
+
+@dataclass
+class Shards:
+    """WebDataset shards: `urls[s]` holds `len(keys[s])` samples; sample i of shard s is the tar
+    members in bytes [spans[s][i, 0], spans[s][i, 0] + spans[s][i, 1]) and has key keys[s][i].
+    From the shards' index when there is one, else from a scan of their tar headers."""
+
+    urls: list[str]
+    keys: list[list[str]]
+    spans: list[np.ndarray]  # int64 [n, 2]: offset, length
+    classes: list[str] | None
+    description: str
+
+    def __len__(self) -> int:
+        return sum(len(k) for k in self.keys)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.array([len(k) for k in self.keys], dtype=np.int64)
+
+
+def is_shard_source(source: Any) -> bool:
+    def one(s: Any) -> bool:
+        s = os.fspath(s)
+        return s.endswith(".tar") or s.startswith(_SCHEMES) or ("{" in s and ".." in s)
+
+    if isinstance(source, (str, os.PathLike)):
+        return one(source)
+    return isinstance(source, (list, tuple)) and bool(source) and all(isinstance(s, (str, os.PathLike)) for s in source) \
+        and one(source[0])
+
+
+def _local(url: str) -> str | None:
+    """The file path a shard URL names, or None for a stream (pipe:, http(s):)."""
+    if url.startswith("file:"):
+        return url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
+    return None if url.startswith(("pipe:", "http://", "https://")) else url
+
+
+def open_stream(url: str):
+    """A binary stream of a whole shard: a file, an HTTP response, or webdataset's gopen for
+    pipe: (a command whose stdout is the shard)."""
+    local = _local(url)
+    if local is not None:
+        return open(local, "rb")
+    if url.startswith("pipe:"):
+        import webdataset
+
+        return webdataset.gopen(url, "rb")
+    return _http(url, None)
+
+
+def _http(url: str, byte_range: tuple[int, int] | None):
+    # urllib rather than webdataset's gopen (curl): gopen retries an unreachable host for a
+    # minute, and cannot ask for a byte range.
+    import urllib.request
+
+    headers = {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"} if byte_range else {}
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_HTTP_TIMEOUT)
+
+
+def read_range(url: str, start: int, length: int) -> bytes:
+    """Bytes [start, start + length) of a shard, fewer where it ends sooner. Files seek, HTTP
+    asks for the range (a server that ignores Range is read up to it); pipe: streams are read
+    from the start (the wds backend keeps them open between reads instead)."""
+    if length <= 0:
+        return b""
+    local = _local(url)
+    if local is not None:
+        with open(local, "rb") as f:
+            f.seek(start)
+            return f.read(length)
+    if url.startswith("pipe:"):
+        with open_stream(url) as f:
+            _discard(f, start)
+            return f.read(length)
+    with _http(url, (start, start + length)) as r:
+        if r.status != 206:
+            _discard(r, start)
+        return r.read(length)
+
+
+def _discard(f, n: int) -> int:
+    left = n
+    while left > 0:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        left -= len(chunk)
+    return n - left
+
+
+def _expand(source: Any) -> list[str]:
+    from braceexpand import braceexpand  # webdataset's own dependency
+
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    urls = [u for item in items for u in braceexpand(os.fspath(item))]
+    if not urls:
+        raise ValueError(f"the shard source {source!r:.200} names no shards")
+    return urls
+
+
+def _index_location(url: str) -> str:
+    """Where an index written by fastdata-shard for these shards would be: <prefix>-index.json
+    next to them, <prefix> the shard name before its number (train-000003.tar -> train)."""
+    head, _, name = url.rpartition("/")
+    stem = name[: -len(".tar")] if name.endswith(".tar") else name
+    prefix = stem.rstrip("0123456789").rstrip("-_. ")
+    index = f"{prefix}-index.json" if prefix else "index.json"
+    return f"{head}/{index}" if head else index
+
+
+def _load_index(urls: list[str]) -> tuple[dict | None, str]:
+    from .shard import INDEX_FORMAT, read_index
+
+    where = _index_location(urls[0])
+    if urls[0].startswith("pipe:"):
+        return None, where
+    local = _local(where)
+    if local is not None:
+        return (read_index(local) if os.path.exists(local) else None), where
+    import json
+    import urllib.error
+
+    try:
+        with _http(where, None) as r:
+            index = json.loads(r.read())
+    except urllib.error.HTTPError:  # no index there (404): the shards get scanned
+        return None, where
+    except (OSError, ValueError):
+        return None, where  # unreachable: the shards' own reads will say so
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != 1:
+        return None, where
+    return index, where
+
+
+def scan_shard(url: str) -> tuple[list[str], np.ndarray]:
+    """The samples of a shard without an index, from its tar headers (webdataset's grouping:
+    consecutive members with one key are a sample): (keys, [offset, length] spans). A shard cut
+    off mid-member keeps that member's sample with the length its header gives: reading it
+    fails there, and names the member."""
+    import tarfile
+
+    from .shard import _KEY_EXT, _META, _padded
+
+    keys: list[str] = []
+    spans: list[list[int]] = []
+    local = _local(url)
+    with (open(local, "rb") if local is not None else open_stream(url)) as f:
+        mode = "r:" if local is not None else "r|"
+        try:
+            tf = tarfile.open(fileobj=f, mode=mode)
+        except tarfile.ReadError as e:
+            from .errors import DataError
+
+            raise DataError(f"cannot read shard {url}: not a tar file ({e})", path=url) from None
+        with tf:
+            for info in _members(tf, url, keys):
+                tf.members = []  # keep memory flat over long shards
+                name = info.name
+                if not info.isreg() or _META.match(name) or (name.startswith("__") and name.endswith("__")):
+                    continue
+                m = _KEY_EXT.match(name)
+                if m is None:
+                    continue
+                end = info.offset_data + _padded(info.size)
+                if keys and keys[-1] == m.group(1):
+                    spans[-1][1] = end - spans[-1][0]
+                else:
+                    keys.append(m.group(1))
+                    spans.append([info.offset, end - info.offset])
+    return keys, np.array(spans, dtype=np.int64).reshape(-1, 2)
+
+
+def _members(tf, url: str, keys: list[str]):
+    """The members of an open tar; a shard cut off after its first member just ends (its cut
+    member's sample is kept: reading it names the member)."""
+    import tarfile
+
+    while True:
+        try:
+            info = tf.next()
+        except tarfile.ReadError:
+            if not keys:
+                raise
+            return
+        if info is None:
+            return
+        yield info
+
+
+def shards(source: Any, progress: bool = True) -> Shards:
+    """The shards a `.tar` path, brace pattern or list of paths/URLs names, with their samples:
+    from the index fastdata-shard writes next to them (<prefix>-index.json), else from a scan
+    of each shard's headers (for a remote shard, one full read)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .errors import DataError
+
+    urls = _expand(source)
+    for url in urls:
+        local = _local(url)
+        if local is not None and not os.path.exists(local):
+            raise FileNotFoundError(f"shard {url!r} does not exist")
+    index, where = _load_index(urls)
+    entries = {e["name"]: e for e in index["shards"]} if index else {}
+    keys: list[list[str] | None] = [None] * len(urls)
+    spans: list[np.ndarray | None] = [None] * len(urls)
+    for s, url in enumerate(urls):
+        entry = entries.get(url.rpartition("/")[2])
+        if entry is None:
+            continue
+        local = _local(url)
+        size = os.path.getsize(local) if local is not None else entry["bytes"]
+        if size != entry["bytes"]:
+            import warnings
+
+            # Shorter: most likely cut off, and the index names what is lost. Longer: rewritten.
+            how = ("keeping the index: the samples past its end will be reported lost" if size < entry["bytes"]
+                   else "reading its headers instead")
+            warnings.warn(f"shard {url} is {size} bytes, not the {entry['bytes']} its index {where} gives; {how}",
+                          stacklevel=4)
+            if size > entry["bytes"]:
+                continue
+        keys[s] = [k for k, _, _ in entry["samples_index"]]
+        spans[s] = np.array([[o, n] for _, o, n in entry["samples_index"]], dtype=np.int64).reshape(-1, 2)
+    todo = [s for s in range(len(urls)) if keys[s] is None]
+    if todo:
+        def scan(s: int):
+            try:
+                return scan_shard(urls[s])
+            except DataError:
+                raise
+            except Exception as e:  # OSError, URLError, tarfile errors
+                raise DataError(f"cannot read shard {urls[s]}: {_cause(e)}", path=urls[s]) from None
+
+        with ThreadPoolExecutor(min(8, len(todo))) as pool:
+            for s, (k, sp) in zip(todo, pool.map(scan, todo)):
+                keys[s], spans[s] = k, sp
+    classes = index.get("classes") if index else None
+    n = sum(len(k) for k in keys)
+    how = f"index {where}" if index and len(todo) < len(urls) else "no index: counted from the tar headers"
+    if index and todo:
+        how += f", {len(todo)} shards counted from their headers"
+    return Shards(urls, keys, spans, classes, f"WebDataset shards ({len(urls)} shards, {n} samples; {how})")
+
+
+def _cause(e: BaseException) -> str:
+    if isinstance(getattr(e, "code", None), int):  # urllib's HTTPError
+        return f"HTTP {e.code} {getattr(e, 'reason', '')}".strip()
+    reason = getattr(e, "reason", None)  # urllib's URLError
+    if reason is not None:
+        return f"{type(e).__name__}: {reason}"
+    return getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
+
+
 def is_image_source(source: Any) -> bool:
     if isinstance(source, (str, os.PathLike)):
         return True
@@ -81,13 +342,13 @@ def is_image_source(source: Any) -> bool:
     return False
 
 
-def resolve(source: Any) -> Samples:
-    """Samples for an image source (shards come with the wds backend)."""
+def resolve(source: Any) -> Samples | Shards:
+    """What an image source names: Shards for shards, else Samples (files)."""
+    if is_shard_source(source):
+        return shards(source)
     if isinstance(source, (str, os.PathLike)):
-        s = os.fspath(source)
-        if s.endswith(".tar") or "{" in s or s.startswith(("pipe:", "http://", "https://", "file:")):
-            raise RuntimeError(f"WebDataset shards ({s}) need the 'wds' backend, which is not built yet")
-        return image_folder(s)
+        return image_folder(source)
     if isinstance(source, (list, tuple)) and source and isinstance(source[0], (str, os.PathLike)):
-        raise RuntimeError("a list of shard paths needs the 'wds' backend, which is not built yet")
+        raise ValueError(f"a list of paths should name WebDataset shards (.tar), but {os.fspath(source[0])!r} "
+                         "is not one; a file list holds (path, label) pairs")
     return file_list(source)

@@ -317,17 +317,16 @@ class PilLoader(Loader):
         rank, world_size = _dist_defaults(rank, world_size)
         self.rank, self.world_size = rank, world_size
         workers = resolve_workers(num_workers)
-        self._batches = _Batches(len(samples), batch_size, shuffle, drop_last, seed, rank, world_size)
         pin = bool(pin_memory) and torch.accelerator.is_available()
         slots = (prefetch_factor or 2) + 2
-        self._decoder = _Decoder(samples, transform, seed, on_error, slots, pin)
+        self._batches, self._decoder = self._plan(shuffle, drop_last, workers, slots, pin)
         extra: dict[str, Any] = {}
         if workers > 0:
             extra.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
         self._loader = DataLoader(self._decoder, batch_sampler=self._batches, collate_fn=_first,
                                   num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
         self._batch_ops = transform.batch_ops if transform is not None else ()
-        self.num_classes = len(samples.classes) if samples.classes else int(samples.labels.max()) + 1
+        self.num_classes = self._num_classes()
         if placement == "gpu" and transform is not None and transform.pixel_ops:
             raise ValueError(
                 "placement='gpu' should move ColorJitter/TrivialAugment to the device, but the Kornia "
@@ -337,6 +336,15 @@ class PilLoader(Loader):
         self._delivered = 0
         self._in_epoch = False
         self._warned: set[str] = set()
+
+    def _plan(self, shuffle: bool, drop_last: bool, workers: int, slots: int, pin: bool) -> tuple[Any, _BatchDecoder]:
+        """(batch sampler, decoder dataset) for DataLoader: what a backend reads and how."""
+        batches = _Batches(len(self.samples), self.batch_size, shuffle, drop_last, self.seed, self.rank, self.world_size)
+        return batches, _Decoder(self.samples, self.transform, self.seed, self.on_error, slots, pin)
+
+    def _num_classes(self) -> int | None:
+        samples = self.samples
+        return len(samples.classes) if samples.classes else int(samples.labels.max()) + 1
 
     @property
     def num_workers(self) -> int:

@@ -1,0 +1,322 @@
+"""The `wds` backend: WebDataset shards streamed in DataLoader's workers, decoded as `pil` does.
+
+Which samples a batch holds is arithmetic on the shards' sample counts (from their index, or a
+scan of their headers), a pure function of (seed, epoch):
+- the epoch's shard order is a permutation of the shards drawn from (seed, epoch) (or their
+  order as given, without shuffle); the epoch is the concatenation of the shards in that order;
+- rank r takes the contiguous range [r * P, (r + 1) * P) of it, P the samples per rank (the
+  epoch wraps around to pad the last rank, or P is cut to whole batches with drop_last, so every
+  rank gets the same count: DDP never waits on a rank with a batch less);
+- within a rank, "lane" w (worker w; one lane with num_workers=0) takes the contiguous range
+  that holds its batches (DataLoader hands batch k to worker k % num_workers), so a worker reads
+  only the shards its range covers, sequentially;
+- the shuffle buffer: a lane's range is cut into blocks of >= 1024 samples (whole batches), and
+  each block is permuted by a generator seeded with (seed, epoch, rank, lane, block). Unlike a
+  streaming shuffle buffer, that makes every batch addressable, so a resumed loader seeks to
+  the block of its next batch instead of reading and discarding what came before.
+
+A worker reads a block's samples as one byte range per shard (files seek, HTTP asks for the
+range; pipe: streams are read on), parses the tar members with webdataset's tar iterator and
+key grouping, and reads the next block in a thread while it decodes this one. The images are
+decoded into ring slots by the code the `pil` backend runs (`_BatchDecoder`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..sources import Shards, _cause, _local, open_stream, read_range
+from .pil import PilLoader, _BatchDecoder
+
+_BLOCK_SAMPLES = 1024  # the shuffle buffer: samples per block, at least (rounded up to whole batches)
+_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+
+class _Plan:
+    """Which samples each of this rank's batches holds, in which epoch."""
+
+    def __init__(self, counts: np.ndarray, batch_size: int, shuffle: bool, drop_last: bool, seed: int,
+                 rank: int, world_size: int, lanes: int) -> None:
+        self.counts = counts
+        self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # first sample id of each shard
+        self.n = n = int(counts.sum())
+        self.batch_size, self.shuffle, self.seed, self.rank = batch_size, shuffle, seed, rank
+        per_rank = n // world_size if drop_last else math.ceil(n / world_size)
+        if drop_last:
+            per_rank -= per_rank % batch_size
+        self.per_rank = per_rank
+        self.batches = math.ceil(per_rank / batch_size)
+        self.lanes = lanes
+        short = self.batches * batch_size - per_rank  # the last batch's missing samples
+        self.lane_samples = [len(range(w, self.batches, lanes)) * batch_size for w in range(lanes)]
+        if self.batches:
+            self.lane_samples[(self.batches - 1) % lanes] -= short
+        self.lane_start = np.concatenate([[0], np.cumsum(self.lane_samples)[:-1]]).astype(np.int64)
+        self.block_batches = max(1, math.ceil(_BLOCK_SAMPLES / batch_size))
+        self.block = self.block_batches * batch_size
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        if self.shuffle:
+            return np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(len(self.counts))
+        return np.arange(len(self.counts))
+
+    def locate(self, k: int) -> tuple[int, int, int]:
+        """Batch k of the rank: (lane, block in the lane, first row in the block's order)."""
+        lane, j = k % self.lanes, k // self.lanes
+        block, row = divmod(j, self.block_batches)
+        return lane, block, row * self.batch_size
+
+    def blocks(self, lane: int) -> int:
+        return math.ceil(self.lane_samples[lane] / self.block)
+
+    def block_ids(self, epoch: int, lane: int, block: int) -> np.ndarray:
+        """The sample ids of a block, in stream order (ids number the samples of the shards in
+        their given order: the first shard's are 0..)."""
+        lo = block * self.block
+        hi = min(lo + self.block, self.lane_samples[lane])
+        q = (self.rank * self.per_rank + self.lane_start[lane] + np.arange(lo, hi)) % self.n
+        order = self.shard_order(epoch)
+        ends = np.cumsum(self.counts[order])
+        i = np.searchsorted(ends, q, side="right")
+        shard = order[i]
+        return self.first[shard] + q - (ends[i] - self.counts[shard])
+
+    def permutation(self, epoch: int, lane: int, block: int, size: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(size)
+        rng = np.random.Generator(np.random.PCG64([self.seed, epoch, self.rank, lane, block]))
+        return rng.permutation(size)
+
+
+class _LaneBatches:
+    """The batch sampler: this rank's batch numbers, one key (epoch, k) a batch."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.epoch = 0
+        self.skip = 0
+
+    def __len__(self) -> int:
+        return self.plan.batches
+
+    def __iter__(self):
+        epoch, skip = self.epoch, self.skip
+        self.skip = 0
+        for k in range(skip, self.plan.batches):
+            yield [(epoch, k)]
+
+
+class _Block:
+    """A block's samples in stream order: ids, names (shard and image member), the image bytes
+    and labels, or why a sample cannot be had."""
+
+    __slots__ = ("ids", "names", "datas", "labels", "causes")
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids
+        self.names: list[str] = []
+        self.datas: list[bytes | None] = []
+        self.labels: list[int] = []
+        self.causes: list[str | None] = []
+
+    def add(self, name: str, data: bytes | None, label: int, cause: str | None) -> None:
+        self.names.append(name)
+        self.datas.append(data)
+        self.labels.append(label)
+        self.causes.append(cause)
+
+
+class _ShardDecoder(_BatchDecoder):
+    """Map-style over (epoch, k) batch keys: reads the block that holds batch k (from the
+    prefetch thread) and decodes the batch's samples."""
+
+    backend = "wds"
+
+    def __init__(self, shards: Shards, plan: _Plan, transform, seed: int, on_error: str, slots: int, pin: bool) -> None:
+        super().__init__(transform, seed, on_error, slots, pin)
+        self.shards = shards
+        self.plan = plan
+        self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future})
+        self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_proc"], state["_pipes"] = None, {}
+        return state
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitems__(self, keys):
+        ((epoch, k),) = keys
+        plan = self.plan
+        lane, block, row = plan.locate(k)
+        data = self._block(epoch, lane, block)
+        rows = plan.permutation(epoch, lane, block, len(data.ids))[row : row + plan.batch_size]
+        errors: list[tuple[str, str]] = []
+        index, paths, datas, labels = [], [], [], []
+        for r in rows.tolist():
+            if data.causes[r] is not None:
+                self._fail(errors, data.names[r], data.causes[r])
+                continue
+            index.append(data.ids[r])
+            paths.append(data.names[r])
+            datas.append(data.datas[r])
+            labels.append(data.labels[r])
+        return self._decode(epoch, np.asarray(index, dtype=np.int64), paths, datas,
+                            np.asarray(labels, dtype=np.int64), errors)
+
+    # ------------------------------------------------------------- reading, one block ahead
+
+    def _block(self, epoch: int, lane: int, block: int) -> _Block:
+        pid = os.getpid()
+        if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
+            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {})
+            self._pipes = {}
+        _, reader, pending = self._proc
+        key = (epoch, lane, block)
+        future: Future = pending.pop(key, None) or reader.submit(self._read_block, *key)
+        for stale in [k for k in pending if k < key]:  # a resumed or restarted epoch skipped them
+            pending.pop(stale).cancel()
+        if block + 1 < self.plan.blocks(lane):
+            following = (epoch, lane, block + 1)
+            if following not in pending:
+                pending[following] = reader.submit(self._read_block, *following)
+        return future.result()
+
+    def _read_block(self, epoch: int, lane: int, block: int) -> _Block:
+        ids = self.plan.block_ids(epoch, lane, block)
+        out = _Block(ids)
+        shard = np.searchsorted(self.plan.first, ids, side="right") - 1
+        local = ids - self.plan.first[shard]
+        # runs of consecutive samples of one shard: one read each
+        breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
+        for lo, hi in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(ids)]])):
+            self._read_run(out, int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1)
+        return out
+
+    def _read_run(self, out: _Block, s: int, first: int, end: int) -> None:
+        """Samples [first, end) of shard s, appended to `out` in order."""
+        import webdataset.tariterators as wt
+
+        url, keys, spans = self.shards.urls[s], self.shards.keys[s], self.shards.spans[s]
+        start = int(spans[first, 0])
+        length = int(spans[end - 1, 0] + spans[end - 1, 1]) - start
+        try:
+            raw = self._read(url, start, length)
+        except Exception as e:  # OSError, URLError, a pipe's failed command
+            cause = f"cannot read the shard ({_cause(e)})"
+            for key in keys[first:end]:
+                out.add(f"{url} (member {key}.*)", None, 0, cause)
+            return
+        # webdataset's own stages parse the members; `rename_files` is their hook that sees each
+        # member's name before its data is read, so a member cut off can be named.
+        reading = [None]
+
+        def seen(name: str) -> str:
+            reading[0] = name
+            return name
+
+        # Members are grouped by key here rather than by webdataset's group_by_keys, which holds
+        # a sample back until the next key starts: a shard cut off there would lose the last
+        # intact sample along with the cut one.
+        found: dict[str, dict] = {}
+        broken = None
+        try:
+            for member in wt.tar_file_iterator(io.BytesIO(raw), rename_files=seen):
+                key, ext = wt.base_plus_ext(member["fname"])
+                if key is not None:
+                    found.setdefault(key, {})[ext.lower()] = member["data"]
+        except Exception as e:  # tarfile.ReadError and the like
+            message = str(e.args[0]).split(" @ ")[0] if e.args else type(e).__name__
+            broken = (reading[0], f"the shard is cut off or corrupt in member {reading[0]} ({message})")
+            found.pop(wt.base_plus_ext(reading[0])[0] if reading[0] else None, None)
+        for key in keys[first:end]:
+            sample = found.get(key)
+            if sample is None:
+                if broken is not None and key == wt.base_plus_ext(broken[0])[0]:
+                    out.add(f"{url} (member {broken[0]})", None, 0, broken[1])
+                elif broken is not None:
+                    out.add(f"{url} (member {key}.*)", None, 0, f"lost: the shard is cut off or corrupt before it, "
+                            f"in member {broken[0]}")
+                else:
+                    out.add(f"{url} (member {key}.*)", None, 0,
+                            "no such sample where the index puts it (the shard ends early, or the index is stale)")
+                continue
+            self._add(out, url, key, sample)
+
+    def _add(self, out: _Block, url: str, key: str, sample: dict) -> None:
+        ext = next((e for e in _IMAGE_EXTENSIONS if e in sample), None)
+        if ext is None:
+            members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
+            out.add(f"{url} (member {key}.*)", None, 0,
+                    f"the sample has no image member (jpg, jpeg, png or webp), only: {members}")
+            return
+        name = f"{url} (member {key}.{ext})"
+        cls = sample.get("cls")
+        if cls is None:
+            out.add(name, None, 0, "the sample has no cls member (its label)")
+            return
+        try:
+            label = int(cls)
+        except ValueError:
+            out.add(f"{url} (member {key}.cls)", None, 0,
+                    f"the label should be an integer, but the cls member holds {cls[:40]!r}")
+            return
+        out.add(name, sample[ext], label, None)
+
+    def _read(self, url: str, start: int, length: int) -> bytes:
+        if _local(url) is not None or not url.startswith("pipe:"):
+            return read_range(url, start, length)
+        # A pipe cannot seek: keep it open, and read on from where the last read stopped.
+        stream, at = self._pipes.get(url, (None, 0))
+        if stream is None or at > start:
+            if stream is not None:
+                stream.close()
+            stream, at = open_stream(url), 0
+        while at < start:
+            chunk = stream.read(min(start - at, 1 << 20))
+            if not chunk:
+                break
+            at += len(chunk)
+        data = stream.read(length)
+        self._pipes[url] = [stream, at + len(data)]
+        return data
+
+
+class WdsLoader(PilLoader):
+    """Image mode over WebDataset shards, streamed by DataLoader's workers."""
+
+    backend = "wds"
+
+    def _plan(self, shuffle: bool, drop_last: bool, workers: int, slots: int, pin: bool):
+        plan = _Plan(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
+                     self.world_size, max(1, workers))
+        decoder = _ShardDecoder(self.samples, plan, self.transform, self.seed, self.on_error, slots, pin)
+        return _LaneBatches(plan), decoder
+
+    def _num_classes(self) -> int | None:
+        if self.samples.classes:
+            return len(self.samples.classes)
+        if self.transform is not None and self.transform.soft_labels:
+            raise ValueError("MixUp, CutMix and LabelSmoothing need the number of classes, but these shards' index "
+                             "does not name the classes (or there is no index): write the shards with fastdata-shard "
+                             "from an ImageFolder")
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "lanes": self._batches.plan.lanes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        lanes = state.get("lanes", self._batches.plan.lanes) if isinstance(state, dict) else None
+        if lanes != self._batches.plan.lanes:
+            raise ValueError(f"the state was taken with num_workers={lanes} (the wds backend splits a rank's "
+                             f"samples among its workers), so resume with num_workers={lanes}, not "
+                             f"{self._batches.plan.lanes}")
+        super().load_state_dict(state)
