@@ -42,17 +42,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(end - start))
             self.send_header("Accept-Ranges", "bytes" if self.ranges else "none")
             self.end_headers()
-            f.seek(start)
-            left = end - start
-            while left > 0:
-                chunk = f.read(min(left, 1 << 20))
-                if not chunk:
-                    break
-                try:
-                    self.wfile.write(chunk)
-                except (BrokenPipeError, ConnectionResetError):
-                    return
-                left -= len(chunk)
+            self.wfile.flush()
+            try:
+                self.connection.sendfile(f, start, end - start)  # the kernel copies: no Python loop
+            except (BrokenPipeError, ConnectionResetError):
+                return
 
 
 @contextmanager

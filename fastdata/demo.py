@@ -61,18 +61,23 @@ class PillowRRC:
         return len(self.files)
 
     def __getitem__(self, i: int):
-        import torch
-        from PIL import Image
-
         path, label = self.files[i]
-        rng = random.Random(i)
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            x, y, w, h = rrc_params(img.width, img.height, rng)
-            img = img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + w, y + h))
-        if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.array(img).transpose(2, 0, 1)), label
+        return pillow_rrc(path, self.size, random.Random(i)), label
+
+
+def pillow_rrc(fp, size: int, rng: random.Random):
+    """An image file (a path or a binary stream) as a PyTorch user's transform leaves it:
+    RGB, RandomResizedCrop(size), random horizontal flip, uint8 CHW tensor."""
+    import torch
+    from PIL import Image
+
+    with Image.open(fp) as img:
+        img = img.convert("RGB")
+        x, y, w, h = rrc_params(img.width, img.height, rng)
+        img = img.resize((size, size), Image.BILINEAR, box=(x, y, x + w, y + h))
+    if rng.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.array(img).transpose(2, 0, 1))
 
 
 def _epoch_seconds(loader) -> float:

@@ -135,25 +135,43 @@ def _http(url: str, byte_range: tuple[int, int] | None):
     return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_HTTP_TIMEOUT)
 
 
-def read_range(url: str, start: int, length: int) -> bytes:
-    """Bytes [start, start + length) of a shard, fewer where it ends sooner. Files seek, HTTP
-    asks for the range (a server that ignores Range is read up to it); pipe: streams are read
-    from the start (the wds backend keeps them open between reads instead)."""
-    if length <= 0:
-        return b""
+def read_range(url: str, start: int, view: memoryview) -> int:
+    """Reads bytes [start, start + len(view)) of a shard into `view`; returns the count read
+    (fewer where the shard ends sooner). Files seek, HTTP asks for the range (a server that
+    ignores Range is read up to it); pipe: streams are read from the start (the wds backend
+    keeps them open between reads instead)."""
+    if not len(view):
+        return 0
     local = _local(url)
     if local is not None:
-        with open(local, "rb") as f:
+        with open(local, "rb", buffering=0) as f:
             f.seek(start)
-            return f.read(length)
+            return _fill(f, view)
     if url.startswith("pipe:"):
         with open_stream(url) as f:
             _discard(f, start)
-            return f.read(length)
-    with _http(url, (start, start + length)) as r:
+            return _fill(f, view)
+    with _http(url, (start, start + len(view))) as r:
         if r.status != 206:
             _discard(r, start)
-        return r.read(length)
+        return _fill(r, view)
+
+
+def _fill(f, view: memoryview) -> int:
+    """Reads into `view` until it is full or `f` ends; the count read."""
+    got = 0
+    readinto = getattr(f, "readinto", None)  # webdataset's Pipe has read() only
+    while got < len(view):
+        if readinto is not None:
+            k = readinto(view[got:])
+        else:
+            chunk = f.read(min(len(view) - got, 1 << 20))
+            k = len(chunk)
+            view[got:got + k] = chunk
+        if not k:
+            break
+        got += k
+    return got
 
 
 def _discard(f, n: int) -> int:

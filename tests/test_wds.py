@@ -5,6 +5,7 @@ its label. Shards of unequal sizes (7 and 21 samples) make the rank and worker s
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import socket
@@ -50,8 +51,6 @@ def _write(folder, out: Path, counts=(7, 21, 7, 14, 11)) -> list[str]:
         start += n
     assert start == N
     # one index for the set, as fastdata-shard writes for one run
-    import json
-
     shards = []
     for s in range(len(counts)):
         part = json.load(open(out / f"part{s}-index.json"))
@@ -207,9 +206,9 @@ def test_resume_seeks_instead_of_reading(shards, monkeypatch):
     reads = []
     real = wds.read_range
 
-    def recording(url, start, length):
-        reads.append((os.path.basename(url), start, length))
-        return real(url, start, length)
+    def recording(url, start, view):
+        reads.append((os.path.basename(url), start, len(view)))
+        return real(url, start, view)
 
     monkeypatch.setattr(wds, "read_range", recording)
     loader = _load(_pattern(shards), shuffle=False)
@@ -219,9 +218,15 @@ def test_resume_seeks_instead_of_reading(shards, monkeypatch):
     resumed = _load(_pattern(shards), shuffle=False)
     resumed.load_state_dict({**loader.state_dict(), "batches": 6, "epoch": 0})
     assert _epoch(resumed) == expected[6:]
-    # batches 6 and 7 are in the last 16-sample block: its bytes are read, and nothing before
-    assert 0 < sum(r[2] for r in reads) < everything / 3
-    assert {r[0] for r in reads} <= {"train-000003.tar", "train-000004.tar"}
+    # Batches 6 and 7 are in epoch 0's last 16-sample block (samples 48-59: shards 3 and 4), which
+    # is read, and so is epoch 1's first block (samples 0-15: shards 0 and 1), ahead. Samples
+    # 16-47 of epoch 0, which come before batch 6, are not: shard 2 not at all, shard 1 only
+    # its first 9 samples.
+    read = {(r[0], r[1]): r[2] for r in reads}
+    assert {name for name, _ in read} == {f"train-00000{s}.tar" for s in (0, 1, 3, 4)}
+    shard1 = json.load(open(os.path.join(os.path.dirname(shards[0]), "train-index.json")))["shards"][1]
+    assert read[("train-000001.tar", 0)] == sum(n for _, _, n in shard1["samples_index"][:9])
+    assert sum(read.values()) < everything / 2
 
 
 def test_resume_needs_the_same_worker_count(shards):
@@ -422,8 +427,6 @@ _DDP = textwrap.dedent("""
 
 
 def test_torchrun_two_ranks_uneven_shards(shards, tmp_path):
-    import json
-
     script = tmp_path / "ddp.py"
     script.write_text(_DDP)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}

@@ -47,17 +47,17 @@ def _native_jpeg() -> bool:
     return _decode is not None and _decode.AVAILABLE
 
 
-def _check_complete(data: bytes) -> str | None:
+def _check_complete(data: bytes | memoryview) -> str | None:
     """Why these bytes cannot be a whole image, or None. Pillow would decode a truncated file
     into a partly gray image when LOAD_TRUNCATED_IMAGES is set anywhere in the process; a
     missing end marker is caught here whatever that flag says."""
-    if not data:
+    if not len(data):
         return "empty file"
     if data[:3] == b"\xff\xd8\xff":
-        if data.rfind(b"\xff\xd9", max(0, len(data) - 1024)) < 0:
+        if bytes(data[-1024:]).rfind(b"\xff\xd9") < 0:
             return "truncated JPEG: no end-of-image marker"
     elif data[:8] == b"\x89PNG\r\n\x1a\n":
-        if data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
+        if bytes(data[-64:]).rfind(b"IEND") < 0:
             return "truncated PNG: no IEND chunk"
     return None
 

@@ -31,11 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from ..sources import Shards, _cause, _local, open_stream, read_range
+from ..shard import _META
+from ..sources import Shards, _cause, _discard, _fill, _local, open_stream, read_range
 from .pil import PilLoader, _BatchDecoder
 
 _BLOCK_SAMPLES = 1024  # the shuffle buffer: samples per block, at least (rounded up to whole batches)
 _IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+_ZERO_BLOCK = bytes(512)
 
 
 class _Plan:
@@ -142,12 +144,14 @@ class _ShardDecoder(_BatchDecoder):
         super().__init__(transform, seed, on_error, slots, pin)
         self.shards = shards
         self.plan = plan
-        self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future})
+        self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
+        self._reads = 0  # reads submitted in this process: which buffer the next one fills
+        self._current: tuple | None = None  # (key, _Block) of the block being decoded
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_proc"], state["_pipes"] = None, {}
+        state["_proc"], state["_pipes"], state["_current"] = None, {}, None
         return state
 
     def __len__(self) -> int:
@@ -177,46 +181,86 @@ class _ShardDecoder(_BatchDecoder):
     def _block(self, epoch: int, lane: int, block: int) -> _Block:
         pid = os.getpid()
         if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
-            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {})
-            self._pipes = {}
-        _, reader, pending = self._proc
+            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, [bytearray(), bytearray()])
+            self._pipes, self._current = {}, None
+        _, reader, pending, _ = self._proc
         key = (epoch, lane, block)
-        future: Future = pending.pop(key, None) or reader.submit(self._read_block, *key)
+        if self._current is not None and self._current[0] == key:  # the block's next batch
+            return self._current[1]
+        future: Future = pending.pop(key, None) or self._submit(key)
         for stale in [k for k in pending if k < key]:  # a resumed or restarted epoch skipped them
             pending.pop(stale).cancel()
-        if block + 1 < self.plan.blocks(lane):
-            following = (epoch, lane, block + 1)
-            if following not in pending:
-                pending[following] = reader.submit(self._read_block, *following)
-        return future.result()
+        # The next block of the lane, or after its last, the first of the next epoch (which
+        # this worker serves too when it persists: DataLoader starts each epoch at worker 0).
+        following = (epoch, lane, block + 1) if block + 1 < self.plan.blocks(lane) else (epoch + 1, lane, 0)
+        if following not in pending:
+            pending[following] = self._submit(following)
+        self._current = None  # its buffer may be refilled from here on
+        self._current = (key, future.result())
+        return self._current[1]
 
-    def _read_block(self, epoch: int, lane: int, block: int) -> _Block:
+    def _submit(self, key: tuple[int, int, int]) -> Future:
+        # Blocks are read into two buffers kept for the process, in turn: the one thread reads
+        # blocks in the order they are submitted, and the next is submitted only when the
+        # decoder moves on to the block before it, so a buffer is never refilled while a block
+        # in it is decoded. (Fresh 100 MB buffers would cost more in page faults than the read.)
+        _, reader, _, buffers = self._proc
+        buf = buffers[self._reads % 2]
+        self._reads += 1
+        return reader.submit(self._read_block, *key, buf)
+
+    def _read_block(self, epoch: int, lane: int, block: int, buf: bytearray) -> _Block:
         ids = self.plan.block_ids(epoch, lane, block)
         out = _Block(ids)
         shard = np.searchsorted(self.plan.first, ids, side="right") - 1
         local = ids - self.plan.first[shard]
         # runs of consecutive samples of one shard: one read each
         breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
-        for lo, hi in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(ids)]])):
-            self._read_run(out, int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1)
+        runs = list(zip(np.concatenate([[0], breaks]).tolist(), np.concatenate([breaks, [len(ids)]]).tolist()))
+        spans = [self._span(int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1) for lo, hi in runs]
+        need = sum(length for _, length in spans)
+        if len(buf) < need:
+            buf.extend(bytes(need - len(buf)))
+        view = memoryview(buf)
+        at = 0
+        for (lo, hi), (start, length) in zip(runs, spans):
+            self._read_run(out, int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1, start, view[at:at + length])
+            at += length
         return out
 
-    def _read_run(self, out: _Block, s: int, first: int, end: int) -> None:
-        """Samples [first, end) of shard s, appended to `out` in order."""
-        import webdataset.tariterators as wt
-
-        url, keys, spans = self.shards.urls[s], self.shards.keys[s], self.shards.spans[s]
+    def _span(self, s: int, first: int, end: int) -> tuple[int, int]:
+        spans = self.shards.spans[s]
         start = int(spans[first, 0])
-        length = int(spans[end - 1, 0] + spans[end - 1, 1]) - start
+        return start, int(spans[end - 1, 0] + spans[end - 1, 1]) - start
+
+    def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview) -> None:
+        """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`
+        and appended to `out` in order; the image bytes stay views of it."""
+        url, keys = self.shards.urls[s], self.shards.keys[s]
         try:
-            raw = self._read(url, start, length)
+            got = self._read(url, start, view)
         except Exception as e:  # OSError, URLError, a pipe's failed command
             cause = f"cannot read the shard ({_cause(e)})"
             for key in keys[first:end]:
                 out.add(f"{url} (member {key}.*)", None, 0, cause)
             return
-        # webdataset's own stages parse the members; `rename_files` is their hook that sees each
-        # member's name before its data is read, so a member cut off can be named.
+        found = _plain_members(view[:got]) if got == len(view) else None
+        if found is None:  # something other than whole plain USTAR members: webdataset's parse
+            self._parse(out, url, keys[first:end], bytes(view[:got]))
+            return
+        for key in keys[first:end]:
+            sample = found.get(key)
+            if sample is None:
+                out.add(f"{url} (member {key}.*)", None, 0,
+                        "no such sample where the index puts it (the shard ends early, or the index is stale)")
+            else:
+                self._add(out, url, key, sample)
+
+    def _parse(self, out: _Block, url: str, keys: list[str], raw: bytes) -> None:
+        """The members of `raw` parsed by webdataset's tar iterator: its `rename_files` hook sees
+        each member's name before its data is read, so a member cut off can be named."""
+        import webdataset.tariterators as wt
+
         reading = [None]
 
         def seen(name: str) -> str:
@@ -237,7 +281,7 @@ class _ShardDecoder(_BatchDecoder):
             message = str(e.args[0]).split(" @ ")[0] if e.args else type(e).__name__
             broken = (reading[0], f"the shard is cut off or corrupt in member {reading[0]} ({message})")
             found.pop(wt.base_plus_ext(reading[0])[0] if reading[0] else None, None)
-        for key in keys[first:end]:
+        for key in keys:
             sample = found.get(key)
             if sample is None:
                 if broken is not None and key == wt.base_plus_ext(broken[0])[0]:
@@ -264,30 +308,63 @@ class _ShardDecoder(_BatchDecoder):
             out.add(name, None, 0, "the sample has no cls member (its label)")
             return
         try:
-            label = int(cls)
+            label = int(bytes(cls))
         except ValueError:
             out.add(f"{url} (member {key}.cls)", None, 0,
-                    f"the label should be an integer, but the cls member holds {cls[:40]!r}")
+                    f"the label should be an integer, but the cls member holds {bytes(cls[:40])!r}")
             return
         out.add(name, sample[ext], label, None)
 
-    def _read(self, url: str, start: int, length: int) -> bytes:
+    def _read(self, url: str, start: int, view: memoryview) -> int:
+        """Reads shard bytes [start, start + len(view)) into `view`; the count read (fewer
+        where the shard ends sooner)."""
         if _local(url) is not None or not url.startswith("pipe:"):
-            return read_range(url, start, length)
+            return read_range(url, start, view)
         # A pipe cannot seek: keep it open, and read on from where the last read stopped.
         stream, at = self._pipes.get(url, (None, 0))
         if stream is None or at > start:
             if stream is not None:
                 stream.close()
             stream, at = open_stream(url), 0
-        while at < start:
-            chunk = stream.read(min(start - at, 1 << 20))
-            if not chunk:
-                break
-            at += len(chunk)
-        data = stream.read(length)
-        self._pipes[url] = [stream, at + len(data)]
-        return data
+        at += _discard(stream, start - at)
+        got = _fill(stream, view)
+        self._pipes[url] = [stream, at + got]
+        return got
+
+
+def _plain_members(raw: memoryview) -> dict[str, dict[str, memoryview]] | None:
+    """{key: {ext: payload view}} for bytes that are whole plain USTAR members (what
+    fastdata-shard and most tar writers make), grouped by key as webdataset does (its
+    `base_plus_ext`, metadata members skipped); None for anything else (extended headers, a
+    member cut off, a bad checksum), which webdataset's own parse then reads and reports. This
+    walk slices the payloads out of the buffer where tarfile would copy each one twice."""
+    import tarfile
+
+    from webdataset.tariterators import base_plus_ext
+
+    found: dict[str, dict[str, memoryview]] = {}
+    pos, n = 0, len(raw)
+    while pos + 512 <= n:
+        header = bytes(raw[pos:pos + 512])
+        if header == _ZERO_BLOCK:
+            break
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            return None
+        if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+            return None
+        end = pos + 512 + info.size
+        if end > n:
+            return None
+        name = info.name
+        if not (_META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__"))):
+            key, ext = base_plus_ext(name)
+            if key is not None:
+                found.setdefault(key, {})[ext.lower()] = raw[pos + 512:end]
+        pos = pos + 512 + -(-info.size // 512) * 512
+    return found
+
 
 
 class WdsLoader(PilLoader):

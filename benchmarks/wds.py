@@ -1,0 +1,169 @@
+"""WebDataset shards on the CPU: fastdata `wds` against webdataset + DataLoader + Pillow.
+
+The ImageNet training transform of benchmarks/imagenet_cpu.py (RandomResizedCrop(224,
+scale=(0.08, 1)), random horizontal flip, uint8 CHW batches of 256, 2 workers) on the synthetic
+ImageNet-like set written as shards by `fastdata-shard` (250 samples a shard):
+
+- webdataset + DataLoader, the pipeline a user writes today: WebDataset(shards, shardshuffle)
+  .shuffle(1000).to_tuple("jpg", "cls"), a Pillow transform per sample, .batched(256), in a
+  DataLoader with 2 workers; with the Pillow this environment runs (Pillow-SIMD after the install),
+- fastdata.loader(shards, backend="wds") from the local shards,
+- the same from a loopback HTTP server (127.0.0.1, answering Range requests) in the process.
+
+Each candidate runs in its own process, one after another in rounds (ABBA order), so drift on
+this shared machine hits all alike; a process times `--epochs` epochs after a warm-up one and
+the median counts. Prints images/s and the ratios; writes JSON.
+
+    OMP_NUM_THREADS=1 python benchmarks/wds.py [--images 2000] [--rounds 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BATCH, WORKERS, SIZE = 256, 2, 224
+PER_SHARD = 250
+
+
+def _time_epochs(make_iter, epochs: int) -> list[float]:
+    for _ in make_iter():  # warm-up epoch: workers, page cache
+        pass
+    times = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        n = 0
+        for images, labels in make_iter():
+            n += len(labels)
+        times.append(n / (time.perf_counter() - t))
+    return times
+
+
+def run_webdataset(shards: list[str], epochs: int) -> list[float]:
+    import io
+    import random
+
+    import torch
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    from fastdata.demo import pillow_rrc
+
+    torch.set_num_threads(1)
+    rng = random.Random(0)
+
+    def transform(data: bytes):
+        return pillow_rrc(io.BytesIO(data), SIZE, rng)
+
+    dataset = (wds.WebDataset(shards, shardshuffle=len(shards), seed=0, empty_check=False)
+               .shuffle(1000).to_tuple("jpg", "cls").map_tuple(transform, int).batched(BATCH))
+    loader = DataLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+    return _time_epochs(lambda: loader, epochs)
+
+
+def run_fastdata(source: str, epochs: int) -> list[float]:
+    import torch
+
+    import fastdata
+    from fastdata import transforms as T
+
+    torch.set_num_threads(1)
+    loader = fastdata.loader(source, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
+                             transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]),
+                             device="cpu", backend="wds")
+    assert len(loader.samples) > 0
+    return _time_epochs(lambda: loader, epochs)
+
+
+def _child(name: str, folder: str, epochs: int) -> None:
+    shards = sorted(str(p) for p in Path(folder).glob("train-*.tar"))
+    pattern = f"train-{{000000..{len(shards) - 1:06d}}}.tar"
+    if name == "webdataset":
+        times = run_webdataset(shards, epochs)
+    elif name == "local":
+        times = run_fastdata(os.path.join(folder, pattern), epochs)
+    else:
+        from fastdata._serve import serve
+
+        with serve(folder) as base:
+            times = run_fastdata(f"{base}/{pattern}", epochs)
+    import PIL
+
+    print(json.dumps({"images_per_s": times, "pillow": PIL.__version__}))
+
+
+def _shards(root: str, folder: Path, images: int) -> None:
+    from fastdata.shard import write_shards
+    from fastdata.synthetic import make_imagenet_like
+
+    make_imagenet_like(root, n_images=images, progress=True)
+    if not (folder / "train-index.json").exists():
+        print(f"writing shards to {folder} (once)...", file=sys.stderr)
+        write_shards(root, folder / "train-%06d.tar", max_count=PER_SHARD, progress=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per candidate process")
+    ap.add_argument("--root", default=str(HERE / "data" / "imagenet-like"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--shards", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    folder = Path(args.shards or f"{args.root}-shards")
+    if args.child:
+        _child(args.child, str(folder), args.epochs)
+        return
+
+    from fastdata._pillow import PILLOW
+
+    sys.path.insert(0, str(HERE))
+    import _common
+
+    _shards(args.root, folder, args.images)
+    candidates = {"webdataset + DataLoader + Pillow": "webdataset", "fastdata wds, local shards": "local",
+                  "fastdata wds, HTTP 127.0.0.1": "http"}
+    results: dict[str, list[float]] = {name: [] for name in candidates}
+    pillows: dict[str, str] = {}
+    print(f"{args.images} images in {PER_SHARD}-sample shards, batch {BATCH}, {WORKERS} workers, "
+          f"{args.rounds} rounds x {args.epochs} epochs; this environment: {PILLOW}", file=sys.stderr)
+    names = list(candidates)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            out = subprocess.run([sys.executable, __file__, "--child", candidates[name], "--root", args.root,
+                                  "--shards", str(folder), "--epochs", str(args.epochs)], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
+            rep = json.loads(out.stdout.strip().splitlines()[-1])
+            results[name] += rep["images_per_s"]
+            pillows[name] = rep["pillow"]
+            print(f"  round {r + 1}/{args.rounds}  {name:<34} {statistics.median(rep['images_per_s']):7.0f} img/s",
+                  file=sys.stderr)
+
+    med = {name: statistics.median(v) for name, v in results.items()}
+    base, local, http = (med[n] for n in names)
+    print(f"\n{'pipeline':<36}{'images/s':>10}{'vs baseline':>13}")
+    for name, v in med.items():
+        print(f"{name:<36}{v:>10.0f}{v / base:>12.2f}x")
+    report = {"images": args.images, "batch": BATCH, "workers": WORKERS, "per_shard": PER_SHARD, "pillow": PILLOW,
+              "images_per_s": med, "all": results,
+              "ratios": {"local vs webdataset": local / base, "http vs webdataset": http / base,
+                         "http vs local": http / local},
+              "targets": {"local vs webdataset": 1.6, "http vs local": 0.9}}
+    print(f"fastdata wds (local) vs webdataset + DataLoader + {PILLOW}: {local / base:.2f}x (target >= 1.6x)")
+    print(f"fastdata wds over HTTP vs local shards: {http / local:.2f} (target >= 0.90: within 10%)")
+    _common.write("wds", report, args.json)
+
+
+if __name__ == "__main__":
+    main()
