@@ -155,6 +155,19 @@ def test_reproducible_and_set_epoch(shards):
     assert _epoch(c) != e0
 
 
+def test_persistent_workers_give_the_same_epochs(shards, monkeypatch):
+    # 16-sample blocks: several a worker, read ahead into the two buffers in turn, and each
+    # epoch's first read ahead at the end of the one before
+    monkeypatch.setattr(wds, "_BLOCK_SAMPLES", 16)
+    fresh = _load(_pattern(shards), shuffle=True, num_workers=2, batch_size=4)
+    kept = _load(_pattern(shards), shuffle=True, num_workers=2, batch_size=4, persistent_workers=True)
+    for _ in range(3):
+        assert _epoch(kept) == _epoch(fresh)
+    kept.set_epoch(0)  # back to an epoch whose first block was not read ahead
+    fresh.set_epoch(0)
+    assert _epoch(kept) == _epoch(fresh)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_balanced_and_disjoint(shards, world, drop_last):

@@ -317,6 +317,7 @@ class PilLoader(Loader):
         rank, world_size = _dist_defaults(rank, world_size)
         self.rank, self.world_size = rank, world_size
         workers = resolve_workers(num_workers)
+        self.persistent_workers = bool(persistent_workers) and workers > 0
         pin = bool(pin_memory) and torch.accelerator.is_available()
         slots = (prefetch_factor or 2) + 2
         self._batches, self._decoder = self._plan(shuffle, drop_last, workers, slots, pin)

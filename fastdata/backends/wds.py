@@ -140,10 +140,12 @@ class _ShardDecoder(_BatchDecoder):
 
     backend = "wds"
 
-    def __init__(self, shards: Shards, plan: _Plan, transform, seed: int, on_error: str, slots: int, pin: bool) -> None:
+    def __init__(self, shards: Shards, plan: _Plan, transform, seed: int, on_error: str, slots: int, pin: bool,
+                 persistent: bool) -> None:
         super().__init__(transform, seed, on_error, slots, pin)
         self.shards = shards
         self.plan = plan
+        self.persistent = persistent  # the process serves the next epoch too: read its first block ahead
         self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
@@ -188,12 +190,15 @@ class _ShardDecoder(_BatchDecoder):
         if self._current is not None and self._current[0] == key:  # the block's next batch
             return self._current[1]
         future: Future = pending.pop(key, None) or self._submit(key)
-        for stale in [k for k in pending if k < key]:  # a resumed or restarted epoch skipped them
-            pending.pop(stale).cancel()
         # The next block of the lane, or after its last, the first of the next epoch (which
         # this worker serves too when it persists: DataLoader starts each epoch at worker 0).
-        following = (epoch, lane, block + 1) if block + 1 < self.plan.blocks(lane) else (epoch + 1, lane, 0)
-        if following not in pending:
+        if block + 1 < self.plan.blocks(lane):
+            following = (epoch, lane, block + 1)
+        else:
+            following = (epoch + 1, lane, 0) if self.persistent else None
+        for stale in [k for k in pending if k != following]:  # a resume or set_epoch skipped them
+            pending.pop(stale).cancel()
+        if following is not None and following not in pending:
             pending[following] = self._submit(following)
         self._current = None  # its buffer may be refilled from here on
         self._current = (key, future.result())
@@ -375,7 +380,8 @@ class WdsLoader(PilLoader):
     def _plan(self, shuffle: bool, drop_last: bool, workers: int, slots: int, pin: bool):
         plan = _Plan(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
                      self.world_size, max(1, workers))
-        decoder = _ShardDecoder(self.samples, plan, self.transform, self.seed, self.on_error, slots, pin)
+        decoder = _ShardDecoder(self.samples, plan, self.transform, self.seed, self.on_error, slots, pin,
+                                persistent=self.persistent_workers or workers == 0)
         return _LaneBatches(plan), decoder
 
     def _num_classes(self) -> int | None:
