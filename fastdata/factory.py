@@ -8,6 +8,7 @@ from typing import Any
 
 from . import sources
 from .backends.base import Loader
+from .backends.dali import DaliLoader
 from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
 from .backends.wds import WdsLoader
@@ -53,8 +54,6 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
     backend = options.pop("backend", "auto")
     if backend not in _BACKENDS:
         raise ValueError(f"backend should be one of {', '.join(map(repr, _BACKENDS))}, but got {backend!r}")
-    if backend == "dali":
-        raise RuntimeError("backend 'dali' is not built yet in this fastdata; use backend='pil' or 'wds' (or 'auto')")
     shards = sources.is_shard_source(source)
     if backend == "pil" and shards:
         raise ValueError("backend 'pil' reads image files; WebDataset shards are read by backend 'wds' (or 'auto')")
@@ -62,10 +61,27 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
         raise ValueError("backend 'wds' reads WebDataset shards (.tar); write a folder or file list as shards with "
                          "fastdata-shard, or use backend 'pil' (or 'auto')")
     samples = sources.resolve(source)
-    kind = WdsLoader if shards else PilLoader
-    logger.info("image mode: %s, backend %r (%s)", samples.description, kind.backend,
-                "chosen" if backend != "auto" else "auto: no DALI backend yet")
+    why = "chosen"
+    if backend == "auto":
+        backend, why = _auto(shards, options.get("device"))
+    kind = {"dali": DaliLoader, "wds": WdsLoader, "pil": PilLoader}[backend]
+    logger.info("image mode: %s, backend %r (%s)", samples.description, backend, why)
     return kind(samples, batch_size, **options)
+
+
+def _auto(shards: bool, device: Any) -> tuple[str, str]:
+    """The contract's rule: `dali` when a CUDA device is the target and DALI is installed, else
+    `wds` for shards, else `pil`."""
+    import importlib.util
+
+    import torch
+
+    cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+    if cuda and importlib.util.find_spec("nvidia.dali") is not None:
+        return "dali", "auto: a CUDA target and DALI installed"
+    if shards:
+        return "wds", "auto: shards" + (" (DALI is not installed)" if cuda else "")
+    return "pil", "auto: image files" + (" (DALI is not installed)" if cuda else ", a CPU target")
 
 
 def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:

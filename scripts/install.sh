@@ -14,6 +14,17 @@ PILLOW_SIMD=12.1.1.post0
 "$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -c "import fastdata, fastdata._collate as c; print(f'fastdata {fastdata.__version__} installed; native collation: {c.NATIVE}')"
 
+# NVIDIA DALI for the `dali` backend (about 430 MB; it runs CPU-only pipelines where there is no
+# GPU, so the backend is tested everywhere). It requires no torch and no Pillow.
+DALI=nvidia-dali-cuda120==2.4.0
+if "$PY" -c "import nvidia.dali" 2>/dev/null; then
+    echo "DALI $("$PY" -c 'import nvidia.dali as d; print(d.__version__)') already installed"
+elif "$PY" -m pip install -q "$DALI"; then
+    echo "DALI installed ($DALI)"
+else
+    echo "warning: installing $DALI failed; backend='dali' will say it is missing, and its tests skip" >&2
+fi
+
 # Pillow-SIMD, last: it and stock Pillow both install the `PIL` package, so anything installed
 # after it that requires `pillow` (torchvision, say) puts stock Pillow's files over it.
 simd_active() {

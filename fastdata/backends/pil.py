@@ -16,6 +16,7 @@ import logging
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -62,6 +63,24 @@ def _check_complete(data: bytes | memoryview) -> str | None:
     return None
 
 
+@dataclass
+class Checked:
+    """A batch's samples that passed `check`: ids, names, bytes, labels, which are JPEGs, and
+    their planned geometry (`geo.boxes`, `geo.flips`, one output size)."""
+
+    index: np.ndarray
+    paths: list[str]
+    datas: list
+    labels: np.ndarray
+    jpeg: np.ndarray
+    geo: Any
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the output images; (0, 0) for no samples."""
+        return (int(self.geo.sizes[0][0]), int(self.geo.sizes[0][1])) if len(self.datas) else (0, 0)
+
+
 class _BatchDecoder(Dataset):
     """Decodes a batch of encoded images into a slot of this process's ring: what the `pil`
     and `wds` backends share. Subclasses read the bytes (`__getitems__`) and call `_decode`."""
@@ -83,10 +102,10 @@ class _BatchDecoder(Dataset):
             raise DataError(f"cannot read {path}: {cause} (backend {self.backend!r})", path=path)
         errors.append((path, cause))
 
-    def _decode(self, epoch: int, index: np.ndarray, paths: list[str], datas: list[bytes], labels: np.ndarray,
-                errors: list[tuple[str, str]]):
-        """(images, labels, errors) for samples `index` (their ids for the random transforms),
-        named `paths`, with bytes `datas`; a sample that fails is left out (or raises)."""
+    def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
+              errors: list[tuple[str, str]]) -> "Checked":
+        """The samples that are whole images, with their sizes (from the headers) and planned
+        geometry; the others fail (raise, or are recorded in `errors`)."""
         ok = []
         for j, (path, data) in enumerate(zip(paths, datas)):
             cause = _check_complete(data)
@@ -111,27 +130,32 @@ class _BatchDecoder(Dataset):
                 self._fail(errors, paths[ok[k]], f"not a readable image ({type(e).__name__}: {e})")
                 continue
             keep.append(k)
-        datas = [datas[k] for k in keep]
-        jpeg = jpeg[keep]
-        sizes = sizes[keep]
         ok = [ok[k] for k in keep]
         sel = index[ok]
-        labels = labels[ok]
-        n = len(datas)
-        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
-        if n and (geo.sizes != geo.sizes[0]).any():
+        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[keep, 0], sizes[keep, 1])
+        if len(ok) and (geo.sizes != geo.sizes[0]).any():
             odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
             raise ValueError(
                 f"images in a batch should have one size, but {paths[ok[0]]} is {geo.sizes[0][0]}x{geo.sizes[0][1]} and "
                 f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
                 f"e.g. transform=fastdata.transforms.imagenet_train(224)"
             )
-        out_w, out_h = (int(geo.sizes[0][0]), int(geo.sizes[0][1])) if n else (0, 0)
+        return Checked(sel, [paths[j] for j in ok], [datas[k] for k in keep], labels[ok], jpeg[keep], geo)
+
+    def _decode(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
+                errors: list[tuple[str, str]]):
+        """(images, labels, errors) for samples `index` (their ids for the random transforms),
+        named `paths`, with bytes `datas`; a sample that fails is left out (or raises)."""
+        c = self.check(epoch, index, paths, datas, labels, errors)
+        sel, datas, labels, jpeg, geo = c.index, c.datas, c.labels, c.jpeg, c.geo
+        n = len(datas)
+        out_w, out_h = c.size
+        native = _native_jpeg()
 
         ring = self.rings.ring()
         try:
             target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
-            failed = self._decode_into(target, datas, jpeg, geo, [paths[j] for j in ok], errors, native)
+            failed = self._decode_into(target, datas, jpeg, geo, c.paths, errors, native)
             if self.pixel_ops:
                 plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
                 for k in range(n):
@@ -196,6 +220,11 @@ class _Decoder(_BatchDecoder):
         return len(self.samples)
 
     def __getitems__(self, keys: Sequence[tuple[int, int]]):
+        return self._decode(*self.read(keys))
+
+    def read(self, keys: Sequence[tuple[int, int]]):
+        """(epoch, ids, paths, bytes, labels, errors) of a batch's samples: what `_decode` and
+        `check` take."""
         epoch = keys[0][0]
         index = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
         errors: list[tuple[str, str]] = []
@@ -211,7 +240,7 @@ class _Decoder(_BatchDecoder):
             paths.append(path)
             ok.append(j)
         index = index[ok]
-        return self._decode(epoch, index, paths, datas, self.samples.labels[index], errors)
+        return epoch, index, paths, datas, self.samples.labels[index], errors
 
 
 def _first(batch):
@@ -321,11 +350,7 @@ class PilLoader(Loader):
         pin = bool(pin_memory) and torch.accelerator.is_available()
         slots = (prefetch_factor or 2) + 2
         self._batches, self._decoder = self._plan(shuffle, drop_last, workers, slots, pin)
-        extra: dict[str, Any] = {}
-        if workers > 0:
-            extra.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
-        self._loader = DataLoader(self._decoder, batch_sampler=self._batches, collate_fn=_first,
-                                  num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
+        self._loader = self._workers(workers, timeout, prefetch_factor, pin)
         self._batch_ops = transform.batch_ops if transform is not None else ()
         self.num_classes = self._num_classes()
         if placement == "gpu" and transform is not None and transform.pixel_ops:
@@ -343,6 +368,14 @@ class PilLoader(Loader):
         batches = _Batches(len(self.samples), self.batch_size, shuffle, drop_last, self.seed, self.rank, self.world_size)
         return batches, _Decoder(self.samples, self.transform, self.seed, self.on_error, slots, pin)
 
+    def _workers(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Any:
+        """What runs the decoder: DataLoader's worker processes (or its main-process loop)."""
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra.update(prefetch_factor=prefetch_factor, persistent_workers=self.persistent_workers)
+        return DataLoader(self._decoder, batch_sampler=self._batches, collate_fn=_first,
+                          num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
+
     def _num_classes(self) -> int | None:
         samples = self.samples
         return len(samples.classes) if samples.classes else int(samples.labels.max()) + 1
@@ -355,7 +388,12 @@ class PilLoader(Loader):
         return len(self._batches)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (it also advances by itself after each full one)."""
+        """The epoch the next iteration runs (it also advances by itself after each full one).
+        Another epoch than the current starts from its first batch; the current one (as after
+        `load_state_dict`, in a loop that calls set_epoch at the top) keeps its position."""
+        if int(epoch) != self._epoch:
+            self._in_epoch = False
+            self._delivered = 0
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:
@@ -364,6 +402,11 @@ class PilLoader(Loader):
         self._delivered = self._batches.skip
         self._in_epoch = True
         return self._run(iter(self._loader))
+
+    def _end(self, it: Iterator[Any]) -> None:
+        """After an epoch's iteration, whole or left early."""
+        if not self.persistent_workers:
+            self._decoder.rings.end_epoch(it)
 
     def _finish(self, batch: Any) -> Any:
         images, labels, errors = batch
@@ -408,8 +451,7 @@ class PilLoader(Loader):
             self._delivered = 0
             self._epoch += 1
         finally:
-            if not self._loader.persistent_workers:
-                self._decoder.rings.end_epoch(it)
+            self._end(it)
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,

@@ -160,6 +160,10 @@ class _ShardDecoder(_BatchDecoder):
         return len(self.shards)
 
     def __getitems__(self, keys):
+        return self._decode(*self.read(keys))
+
+    def read(self, keys):
+        """(epoch, ids, names, bytes, labels, errors) of batch (epoch, k)'s samples."""
         ((epoch, k),) = keys
         plan = self.plan
         lane, block, row = plan.locate(k)
@@ -175,8 +179,7 @@ class _ShardDecoder(_BatchDecoder):
             paths.append(data.names[r])
             datas.append(data.datas[r])
             labels.append(data.labels[r])
-        return self._decode(epoch, np.asarray(index, dtype=np.int64), paths, datas,
-                            np.asarray(labels, dtype=np.int64), errors)
+        return epoch, np.asarray(index, dtype=np.int64), paths, datas, np.asarray(labels, dtype=np.int64), errors
 
     # ------------------------------------------------------------- reading, one block ahead
 
