@@ -20,7 +20,7 @@ logger = logging.getLogger("fastdata")
 _IMAGE_KEYWORDS = frozenset({
     "shuffle", "drop_last", "num_workers", "timeout", "prefetch_factor", "persistent_workers",
     "pin_memory", "transform", "backend", "device", "dtype", "channels_last", "placement", "seed",
-    "rank", "world_size", "on_error", "config",
+    "rank", "world_size", "on_error", "config", "hw_decoder_load",
 })
 _BACKENDS = ("auto", "pil", "wds", "dali")
 
@@ -65,6 +65,8 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
     if backend == "auto":
         backend, why = _auto(shards, options.get("device"))
     kind = {"dali": DaliLoader, "wds": WdsLoader, "pil": PilLoader}[backend]
+    if "hw_decoder_load" in options and kind is not DaliLoader:
+        raise ValueError(f"hw_decoder_load tunes DALI's GPU decoding, but backend {backend!r} was picked")
     logger.info("image mode: %s, backend %r (%s)", samples.description, backend, why)
     return kind(samples, batch_size, **options)
 
@@ -96,7 +98,7 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
     a .tar path, a brace pattern, a list of shard paths or URLs) it decodes them into
     `(images, labels)` batches with the fastest backend this machine has; see the README for
     the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
-    world_size, on_error, config).
+    world_size, on_error, config; hw_decoder_load for the dali backend).
     """
     if sources.is_image_source(source):
         return _image_loader(source, batch_size, options)

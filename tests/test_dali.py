@@ -213,3 +213,11 @@ def test_without_dali_the_error_names_the_package(folder, monkeypatch):
 
 def test_auto_picks_dali_only_for_a_cuda_target(folder):
     assert _load(str(folder), backend="auto", device="cpu").backend == "pil"
+
+
+def test_hw_decoder_load(folder):
+    assert _load(str(folder), hw_decoder_load=0.9).hw_decoder_load == 0.9
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        _load(str(folder), hw_decoder_load=1.5)
+    with pytest.raises(ValueError, match="backend 'pil' was picked"):
+        _load(str(folder), hw_decoder_load=0.9, backend="pil")

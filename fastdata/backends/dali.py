@@ -41,7 +41,6 @@ from .pil import PilLoader, _Batches, _Decoder
 
 logger = logging.getLogger("fastdata")
 
-HW_DECODER_LOAD = 0.65  # DALI's default share of JPEGs for the hardware decoder (A100/H100 class)
 
 
 def _require():
@@ -77,6 +76,14 @@ class DaliLoader(PilLoader):
     """Image mode with an NVIDIA DALI pipeline doing the decoding and the geometry."""
 
     backend = "dali"
+
+    def __init__(self, samples: Any, batch_size: int, *, hw_decoder_load: float = 0.65, **options: Any) -> None:
+        # hw_decoder_load: the share of JPEGs DALI gives the hardware decoder of A100/H100-class
+        # GPUs (the rest go to nvJPEG on the CUDA cores); 0.65 is DALI's default. Unused on the CPU.
+        if not (isinstance(hw_decoder_load, (int, float)) and 0.0 <= hw_decoder_load <= 1.0):
+            raise ValueError(f"hw_decoder_load should be a number in [0, 1], but got {hw_decoder_load!r}")
+        self.hw_decoder_load = float(hw_decoder_load)
+        super().__init__(samples, batch_size, **options)
 
     def _plan(self, shuffle: bool, drop_last: bool, workers: int, slots: int, pin: bool):
         _require()
@@ -132,7 +139,7 @@ class DaliLoader(PilLoader):
             # a shard's samples, though: views of the wds reader's buffers, refilled sooner.
             datas, starts, shapes, sizes, flips = fn.external_source(
                 source=_Feed(self), num_outputs=5, batch=True, cycle="raise", no_copy=not isinstance(self.samples, Shards))
-            decode = dict(device="mixed", hw_decoder_load=HW_DECODER_LOAD) if gpu else dict(device="cpu")
+            decode = dict(device="mixed", hw_decoder_load=self.hw_decoder_load) if gpu else dict(device="cpu")
             images = fn.decoders.image_slice(datas, starts, shapes, normalized_anchor=False, normalized_shape=False,
                                              output_type=types.RGB, **decode)
             images = fn.resize(images, size=sizes, interp_type=types.INTERP_LINEAR, antialias=True)
