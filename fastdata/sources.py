@@ -286,7 +286,8 @@ def _members(tf, url: str, keys: list[str]):
 def shards(source: Any, progress: bool = True) -> Shards:
     """The shards a `.tar` path, brace pattern or list of paths/URLs names, with their samples:
     from the index fastdata-shard writes next to them (<prefix>-index.json), else from a scan
-    of each shard's headers (for a remote shard, one full read)."""
+    of each shard's headers (for a remote shard, one full read; with `progress`, a line on
+    stderr counts them once that takes more than 2 s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .errors import DataError
@@ -328,9 +329,17 @@ def shards(source: Any, progress: bool = True) -> Shards:
             except Exception as e:  # OSError, URLError, tarfile errors
                 raise DataError(f"cannot read shard {urls[s]}: {_cause(e)}", path=urls[s]) from None
 
+        import sys
+        import time
+
+        start, shown = time.monotonic(), False
         with ThreadPoolExecutor(min(8, len(todo))) as pool:
-            for s, (k, sp) in zip(todo, pool.map(scan, todo)):
+            for done, (s, (k, sp)) in enumerate(zip(todo, pool.map(scan, todo)), 1):
                 keys[s], spans[s] = k, sp
+                if progress and (shown or time.monotonic() - start > 2):  # a line once it takes a while
+                    shown = True
+                    print(f"\rcounting the samples of shards without an index: {done}/{len(todo)}",
+                          end="\n" if done == len(todo) else "", file=sys.stderr, flush=True)
     classes = index.get("classes") if index else None
     n = sum(len(k) for k in keys)
     how = f"index {where}" if index and len(todo) < len(urls) else "no index: counted from the tar headers"

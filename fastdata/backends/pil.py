@@ -83,7 +83,8 @@ class Checked:
 
 class _BatchDecoder(Dataset):
     """Decodes a batch of encoded images into a slot of this process's ring: what the `pil`
-    and `wds` backends share. Subclasses read the bytes (`__getitems__`) and call `_decode`."""
+    and `wds` backends share. Subclasses read a batch's bytes (`read`); `__getitems__` then
+    checks and decodes them (`_decode`). The `dali` backend calls `read` and `check` only."""
 
     backend = ""
 
@@ -99,7 +100,10 @@ class _BatchDecoder(Dataset):
 
     def _fail(self, errors: list, path: str, cause: str) -> None:
         if self.on_error == "raise":
-            raise DataError(f"cannot read {path}: {cause} (backend {self.backend!r})", path=path)
+            # a tar member is named "<shard> (member <name>)": DataError carries both
+            shard, _, member = path.partition(" (member ")
+            raise DataError(f"cannot read {path}: {cause} (backend {self.backend!r})", path=shard,
+                            member=member[:-1] or None)
         errors.append((path, cause))
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
