@@ -14,6 +14,9 @@ PILLOW_SIMD=12.1.1.post0
 "$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -c "import fastdata, fastdata._collate as c; print(f'fastdata {fastdata.__version__} installed; native collation: {c.NATIVE}')"
 
+# Kornia for the device stage's pixel ops (it requires torch, already here, and no Pillow).
+"$PY" -m pip install -q "kornia==0.9.0"
+
 # NVIDIA DALI for the `dali` backend (about 430 MB; it runs CPU-only pipelines where there is no
 # GPU, so the backend is tested everywhere). It requires no torch and no Pillow.
 DALI=nvidia-dali-cuda120==2.4.0

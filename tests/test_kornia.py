@@ -1,0 +1,92 @@
+"""The Kornia (device) lowering of the pixel ops against the Pillow lowering, op by op, with the
+same parameters, on photographs the test makes (fastdata.synthetic): within the per-op
+tolerance of `fastdata.transforms.kornia.PARITY`. And the two lowerings agree per sample in a
+mixed batch, so a sample gets its own parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdata.synthetic import make_file_list, make_imagenet_like
+from fastdata.transforms import ColorJitter, TrivialAugment
+from fastdata.transforms import pil as P
+from fastdata.transforms.plan import TRIVIAL_OPS, plan_pixels, trivial_magnitude
+
+K = pytest.importorskip("fastdata.transforms.kornia", exc_type=ImportError)
+pytest.importorskip("kornia")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("photos")
+    make_imagenet_like(root, n_images=12, n_classes=3, workers=1)
+    imgs = [np.asarray(Image.open(p).convert("RGB").resize((72, 56))) for p, _ in make_file_list(root)]
+    return imgs, torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).contiguous()
+
+
+def _pillow(op, imgs, params):
+    lower = P.color_jitter if isinstance(op, ColorJitter) else P.trivial_augment
+    return np.stack([np.asarray(lower(Image.fromarray(a), p)) for a, p in zip(imgs, params)])
+
+
+def _kornia(op, batch, params):
+    return K.apply_pixel_ops(batch, [op], [params]).permute(0, 2, 3, 1).numpy()
+
+
+@pytest.mark.parametrize("name", TRIVIAL_OPS)
+def test_trivial_augment_ops_match_pillow(photos, name):
+    imgs, batch = photos
+    rng = np.random.default_rng(TRIVIAL_OPS.index(name))
+    params = []
+    for _ in imgs:
+        mag = trivial_magnitude(name, int(rng.integers(1, 31)), 31)
+        params.append({"op": name, "magnitude": -mag if rng.random() < 0.5 and name not in
+                       ("Posterize", "Solarize") else mag})
+    ref, out = _pillow(TrivialAugment(), imgs, params), _kornia(TrivialAugment(), batch, params)
+    diff = np.abs(out.astype(int) - ref.astype(int)).mean()
+    assert diff <= K.PARITY[name], (name, diff)
+    if name != "Identity":
+        assert np.abs(ref.astype(int) - np.stack(imgs).astype(int)).mean() > 3 * K.PARITY[name]  # the op does something
+
+
+@pytest.mark.parametrize("key,lo,hi", [("brightness", 0.5, 1.5), ("contrast", 0.5, 1.5), ("saturation", 0.3, 1.7),
+                                       ("hue", -0.2, 0.2)])
+def test_color_jitter_parts_match_pillow(photos, key, lo, hi):
+    imgs, batch = photos
+    rng = np.random.default_rng(1)
+    params = [{"order": [0, 1, 2, 3], "brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 0.0, key: v}
+              for v in rng.uniform(lo, hi, len(imgs))]
+    diff = np.abs(_kornia(ColorJitter(), batch, params).astype(int) - _pillow(ColorJitter(), imgs, params).astype(int))
+    assert diff.mean() <= K.PARITY[f"ColorJitter.{key}"], diff.mean()
+
+
+def test_planned_pipeline_matches_pillow_per_sample(photos):
+    """ColorJitter (each sample in its own order) then TrivialAugment (each sample its own op),
+    with the parameters plan_pixels draws: every sample close to its Pillow twin."""
+    imgs, batch = photos
+    ops = [ColorJitter(0.4, 0.4, 0.4, 0.1), TrivialAugment()]
+    plans = plan_pixels(ops, 7, 2, np.arange(len(imgs)))
+    assert len({tuple(p["order"]) for p in plans[0]}) > 1 and len({p["op"] for p in plans[1]}) > 3
+    out = K.apply_pixel_ops(batch, ops, plans).permute(0, 2, 3, 1).numpy().astype(int)
+    refs = [np.asarray(P.trivial_augment(P.color_jitter(Image.fromarray(a), plans[0][i]), plans[1][i])).astype(int)
+            for i, a in enumerate(imgs)]
+    # Chained, the one-level differences of the blends can grow (Equalize redistributes them),
+    # but each sample is nearest its own twin, and close to it.
+    for i, ref in enumerate(refs):
+        diff = np.abs(out[i] - ref).mean()
+        assert diff < 4, (i, plans[0][i], plans[1][i], diff)
+        assert diff < min(np.abs(out[j] - ref).mean() for j in range(len(refs)) if j != i)
+
+
+def test_any_strides_and_input_untouched(photos):
+    _, batch = photos
+    channels_last = batch.contiguous(memory_format=torch.channels_last)
+    before = channels_last.clone()
+    ops = [TrivialAugment()]
+    plans = plan_pixels(ops, 0, 0, np.arange(len(batch)))
+    a = K.apply_pixel_ops(channels_last, ops, plans)
+    assert torch.equal(a, K.apply_pixel_ops(batch, ops, plans)) and torch.equal(channels_last, before)
+    assert a.dtype == torch.uint8 and a.shape == batch.shape
