@@ -90,3 +90,38 @@ def test_any_strides_and_input_untouched(photos):
     a = K.apply_pixel_ops(channels_last, ops, plans)
     assert torch.equal(a, K.apply_pixel_ops(batch, ops, plans)) and torch.equal(channels_last, before)
     assert a.dtype == torch.uint8 and a.shape == batch.shape
+
+
+# ------------------------------------------------------------------ placement="gpu": the device stage
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("folder")
+    make_imagenet_like(root, n_images=24, n_classes=3, workers=1)
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_gpu_placement_matches_cpu_placement(photo_folder, workers):
+    """ColorJitter + TrivialAugment in the device stage (Kornia, here on the CPU device) give
+    each sample what the workers' Pillow lowering gives it, within the parity of chained ops;
+    Normalize, dtype and channels_last follow as on the CPU side."""
+    import fastdata
+    from fastdata import transforms as T
+
+    spec = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                      T.TrivialAugment()])
+    kw = dict(batch_size=8, shuffle=True, seed=3, transform=spec, num_workers=workers, device="cpu")
+    cpu = list(fastdata.loader(str(photo_folder), placement="cpu", **kw))
+    gpu = list(fastdata.loader(str(photo_folder), placement="gpu", **kw))
+    assert len(cpu) == len(gpu) == 3
+    for (x, y), (u, v) in zip(cpu, gpu):
+        assert torch.equal(y, v) and u.dtype == torch.uint8 and u.shape == x.shape
+        assert u.is_contiguous(memory_format=torch.channels_last)
+        d = (x.float() - u.float()).abs().mean(dim=(1, 2, 3))
+        assert (d < 4).all(), d
+    norm = T.Compose([*spec.ops, T.Normalize([0.5] * 3, [0.25] * 3)])
+    (x, _), (u, _) = (next(iter(fastdata.loader(str(photo_folder), **{**kw, "transform": norm, "dtype": torch.bfloat16},
+                                                placement=p))) for p in ("cpu", "gpu"))
+    assert u.dtype == torch.bfloat16 and (x.float() - u.float()).abs().mean() < 4 / 255 / 0.25
