@@ -1,0 +1,378 @@
+"""`fastdata-bench augment`: the throughput of each augmentation on each engine this machine has.
+
+    fastdata-bench augment [--size 224] [--batch-size 64] [--images 256] [--reps 3]
+                           [--json PATH] [--plot PATH.html] [--no-pipeline] [--quiet]
+
+Engines (each where it can run here):
+  pillow       per image, the Pillow this process runs (Pillow-SIMD when installed), as the
+               `pil`/`wds` workers apply the ops (fastdata/transforms/pil.py)
+  kornia-cpu   batched torch tensors on the CPU: Kornia, and fastdata's Kornia lowering of the
+               pixel ops (fastdata/transforms/kornia.py) and torch batch ops
+  kornia-cuda  the same on the GPU, when there is one
+  dali-cpu     an NVIDIA DALI pipeline of the op, on the CPU, when DALI is installed
+  dali-gpu     the same on the GPU, when there is one
+
+Every op of fastdata.transforms is measured on already decoded uint8 images (synthetic
+photographs from fastdata.synthetic, 320x288): the geometric ops from that size to --size,
+the others at --size. A cell is images/s: the median of --reps timed passes over --images
+images after a warm-up pass; "-" where the engine has no lowering of the op. With a GPU the
+timing synchronizes the device. Then, unless --no-pipeline, the whole ImageNet training
+pipeline (RandomResizedCrop, flip, ColorJitter, TrivialAugment, Normalize) through
+fastdata.loader with each placement. Prints a table; --json writes it, --plot writes a
+self-contained HTML bar chart (no scripts, no links: no plotting library is needed, so none
+can replace Pillow-SIMD).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _ops(size: int) -> dict[str, Any]:
+    from . import transforms as T
+
+    return {
+        "RandomResizedCrop": T.RandomResizedCrop(size), "Resize": T.Resize(size), "CenterCrop": T.CenterCrop(size),
+        "RandomHorizontalFlip": T.RandomHorizontalFlip(), "ColorJitter": T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+        "TrivialAugment": T.TrivialAugment(), "Normalize": T.Normalize(), "MixUp": T.MixUp(), "CutMix": T.CutMix(),
+        "LabelSmoothing": T.LabelSmoothing(),
+    }
+
+
+def _images(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """n decoded photographs at SOURCE size and at size x size, uint8 NHWC."""
+    import tempfile
+
+    from PIL import Image
+
+    from .synthetic import make_file_list, make_imagenet_like
+
+    with tempfile.TemporaryDirectory() as root:
+        make_imagenet_like(root, n_images=min(max(n, 4), 64), n_classes=4, workers=1)
+        files = make_file_list(root)
+        big = [np.asarray(Image.open(p).convert("RGB").resize(SOURCE, Image.BILINEAR)) for p, _ in files]
+    small = [np.asarray(Image.fromarray(a).resize((size, size), Image.BILINEAR)) for a in big]
+    pick = np.arange(n) % len(big)
+    return np.stack(big)[pick], np.stack(small)[pick]
+
+
+# ----------------------------------------------------------------- engines: op -> one pass
+
+def _pillow(name: str, op, big: np.ndarray, small: np.ndarray, size: int) -> Callable[[], None] | None:
+    from PIL import Image
+
+    from .transforms import pil as P
+    from .transforms.plan import plan_geometry, plan_pixels
+
+    n = len(big)
+    if op.batch and name != "Normalize":
+        return None  # batch ops run on tensors: no Pillow lowering
+    if op.geometric:
+        imgs = [Image.fromarray(a) for a in big]
+        geo = plan_geometry((op,), 0, 0, np.arange(n), np.full(n, SOURCE[0]), np.full(n, SOURCE[1]))
+        if name == "RandomHorizontalFlip":
+            def run():
+                for k, img in enumerate(imgs):
+                    if geo.flips[k]:
+                        img.transpose(Image.FLIP_LEFT_RIGHT)
+            return run
+
+        def run():
+            for k, img in enumerate(imgs):
+                w, h = (int(v) for v in geo.sizes[k])
+                out = img.resize((w, h), Image.BILINEAR, box=tuple(float(v) for v in geo.boxes[k]))
+                if geo.flips[k]:
+                    out.transpose(Image.FLIP_LEFT_RIGHT)
+        return run
+    if name == "Normalize":
+        mean = np.array(op.mean, np.float32) * 255
+        std = np.array(op.std, np.float32) * 255
+
+        def run():
+            for a in small:
+                (a.astype(np.float32) - mean) / std
+        return run
+    plans = plan_pixels((op,), 0, 0, np.arange(n))[0]
+
+    def run():
+        for a, p in zip(small, plans):
+            P.apply_pixel_ops(a.copy(), (op,), [p])
+    return run
+
+
+def _kornia(name: str, op, big: np.ndarray, small: np.ndarray, size: int, device: str) -> Callable[[], None] | None:
+    import kornia
+    import torch
+
+    from .transforms import batch as batch_ops
+    from .transforms import kornia as K
+    from .transforms.plan import plan_geometry, plan_pixels
+
+    n = len(big)
+    src = torch.from_numpy(big).permute(0, 3, 1, 2).contiguous().to(device)
+    at = torch.from_numpy(small).permute(0, 3, 1, 2).contiguous().to(device)
+    labels = torch.arange(n, device=device) % 10
+    if op.geometric:
+        geo = plan_geometry((op,), 0, 0, np.arange(n), np.full(n, SOURCE[0]), np.full(n, SOURCE[1]))
+        b = torch.tensor(geo.boxes, dtype=torch.float32, device=device)
+        corners = torch.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], dim=1) - 0.5
+        w, h = (int(v) for v in geo.sizes[0])
+        flips = torch.tensor(geo.flips, device=device)
+
+        def run():
+            if name == "RandomHorizontalFlip":
+                torch.where(flips.view(-1, 1, 1, 1), src.flip(-1), src)
+                return
+            out = kornia.geometry.transform.crop_and_resize(src.float(), corners, (h, w))
+            out.round_().clamp_(0, 255).to(torch.uint8)
+        return run
+    if op.batch:
+        def run():
+            batch_ops.apply(at, labels, (op,), dtype=torch.float32, num_classes=10, seed=0, epoch=0, rank=0, batch=0)
+        return run
+    plans = plan_pixels((op,), 0, 0, np.arange(n))
+
+    def run():
+        K.apply_pixel_ops(at, (op,), plans)
+    return run
+
+
+def _dali(name: str, op, big: np.ndarray, small: np.ndarray, size: int, device: str) -> Callable[[], None] | None:
+    from nvidia.dali import fn, pipeline_def, types
+
+    from .transforms import ColorJitter, Normalize, RandomHorizontalFlip
+    from .transforms.plan import plan_geometry
+
+    n = len(big)
+    gpu = device == "gpu"
+    if name in ("TrivialAugment", "MixUp", "CutMix", "LabelSmoothing"):
+        return None  # no DALI lowering in fastdata
+    data = big if op.geometric else small
+    geo = plan_geometry((op,), 0, 0, np.arange(n), np.full(n, SOURCE[0]), np.full(n, SOURCE[1])) if op.geometric else None
+    rng = np.random.default_rng(0)
+
+    @pipeline_def(batch_size=n, num_threads=2, device_id=0 if gpu else None, seed=0, prefetch_queue_depth=1)
+    def pipeline():
+        x = fn.external_source(source=lambda: list(data), batch=True, layout="HWC", no_copy=True)
+        if gpu:
+            x = x.gpu()
+        if isinstance(op, RandomHorizontalFlip):
+            return fn.flip(x, horizontal=fn.external_source(source=lambda: list(geo.flips.astype(np.int32)), batch=True))
+        if op.geometric:
+            starts = [np.array(b[:2], np.float32) for b in geo.boxes]
+            shapes = [np.array(b[2:] - b[:2], np.float32) for b in geo.boxes]
+            x = fn.slice(x, fn.external_source(source=lambda: starts, batch=True),
+                         fn.external_source(source=lambda: shapes, batch=True), normalized_anchor=False,
+                         normalized_shape=False, out_of_bounds_policy="trim_to_shape")
+            w, h = (float(v) for v in geo.sizes[0])
+            return fn.resize(x, resize_x=w, resize_y=h)
+        if isinstance(op, ColorJitter):
+            def draw(lo, hi):
+                return lambda: [np.float32(v) for v in rng.uniform(lo, hi, n)]
+            return fn.color_twist(x, brightness=fn.external_source(source=draw(*op.brightness), batch=True),
+                                  contrast=fn.external_source(source=draw(*op.contrast), batch=True),
+                                  saturation=fn.external_source(source=draw(*op.saturation), batch=True),
+                                  hue=fn.external_source(source=draw(op.hue[0] * 360, op.hue[1] * 360), batch=True))
+        if isinstance(op, Normalize):
+            return fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW",
+                                            mean=[m * 255 for m in op.mean], std=[s * 255 for s in op.std])
+        return x
+
+    pipe = pipeline()
+    pipe.build()
+
+    def run():
+        pipe.run()
+    return run
+
+
+def _engines() -> dict[str, Callable]:
+    import importlib.util
+
+    engines: dict[str, Callable] = {"pillow": _pillow}
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if importlib.util.find_spec("kornia") is not None:
+        engines["kornia-cpu"] = lambda *a: _kornia(*a, device="cpu")
+        if cuda:
+            engines["kornia-cuda"] = lambda *a: _kornia(*a, device="cuda")
+    if importlib.util.find_spec("nvidia.dali") is not None:
+        engines["dali-cpu"] = lambda *a: _dali(*a, device="cpu")
+        if cuda:
+            engines["dali-gpu"] = lambda *a: _dali(*a, device="gpu")
+    return engines
+
+
+def _time(run: Callable[[], None], n: int, reps: int, sync: Callable[[], None]) -> float:
+    run()  # warm-up: first-call costs, allocations
+    sync()
+    rates = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        sync()
+        rates.append(n / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
+def _pipeline(images: int, size: int) -> dict[str, float]:
+    """The ImageNet training pipeline through fastdata.loader, with each placement."""
+    import tempfile
+
+    import torch
+
+    import fastdata
+    from fastdata import transforms as T
+
+    from .synthetic import make_imagenet_like
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                      T.TrivialAugment(), T.Normalize()])
+    out = {}
+    with tempfile.TemporaryDirectory() as root:
+        make_imagenet_like(root, n_images=images, n_classes=4)
+        for placement in ("cpu", "gpu"):
+            loader = fastdata.loader(root, batch_size=64, num_workers="auto", persistent_workers=True, transform=spec,
+                                     device=device, dtype=torch.bfloat16, placement=placement)
+            rates = []
+            for rep in range(3):
+                t = time.perf_counter()
+                n = sum(len(y) for _, y in loader)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if rep:  # the first pass starts the workers
+                    rates.append(n / (time.perf_counter() - t))
+            out[f"placement={placement}"] = statistics.median(rates)
+    return out
+
+
+def _plot(path: str, report: dict) -> None:
+    """A self-contained HTML page: one grouped horizontal bar chart (SVG), images/s on a log axis."""
+    engines, rows = report["engines"], report["ops"]
+    colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1"]
+    values = [v for r in rows.values() for v in r.values() if v]
+    top = max(values) if values else 1.0
+    lo = min(values) if values else 1.0
+    span = max(np.log10(top) - np.log10(lo) + 0.5, 1e-9)
+    bar, gap, left, width = 12, 10, 170, 560
+    height = len(rows) * (len(engines) * bar + gap) + 60
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 140}" height="{height}" '
+             'font-family="sans-serif" font-size="11">']
+    y = 30
+    for op, cells in rows.items():
+        parts.append(f'<text x="{left - 8}" y="{y + len(engines) * bar / 2 + 4}" text-anchor="end">{html.escape(op)}</text>')
+        for k, engine in enumerate(engines):
+            v = cells.get(engine)
+            if v:
+                w = max(2.0, width * (np.log10(v) - np.log10(lo) + 0.5) / span)
+                parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar - 2}" fill="{colors[k % 6]}"/>'
+                             f'<text x="{left + w + 4:.1f}" y="{y + bar - 3}">{v:,.0f}</text>')
+            y += bar
+        y += gap
+    for k, engine in enumerate(engines):
+        parts.append(f'<rect x="{left + 110 * k}" y="8" width="10" height="10" fill="{colors[k % 6]}"/>'
+                     f'<text x="{left + 110 * k + 14}" y="17">{html.escape(engine)}</text>')
+    parts.append("</svg>")
+    title = f"fastdata-bench augment: images/s per op and engine ({html.escape(report['machine'])})"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+            f"<h3>{title}</h3><p>{report['images']} images, output {report['size']}px, log scale.</p>"
+            + "".join(parts) + "</body></html>")
+    with open(path, "w") as f:
+        f.write(page)
+
+
+def augment(args: argparse.Namespace) -> dict:
+    import platform
+
+    import torch
+
+    from ._pillow import PILLOW
+
+    ops = _ops(args.size)
+    engines = _engines()
+    big, small = _images(args.images, args.size)
+    cuda_sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    table: dict[str, dict[str, float | None]] = {name: {} for name in ops}
+    cells = [(name, engine) for name in ops for engine in engines]
+    for i, (name, engine) in enumerate(cells, 1):
+        if not args.quiet:
+            print(f"\r[{i}/{len(cells)}] {name} on {engine}".ljust(60), end="", file=sys.stderr, flush=True)
+        run = engines[engine](name, ops[name], big, small, args.size)
+        sync = cuda_sync if engine.endswith(("cuda", "gpu")) else (lambda: None)
+        table[name][engine] = _time(run, len(big), args.reps, sync) if run is not None else None
+    if not args.quiet:
+        print(file=sys.stderr)
+    report = {"machine": f"{platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} "
+                         f"cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"),
+              "pillow": PILLOW, "size": args.size, "images": args.images, "engines": list(engines), "ops": table}
+    if args.pipeline:
+        if not args.quiet:
+            print("the ImageNet training pipeline with each placement...", file=sys.stderr)
+        report["pipeline"] = _pipeline(args.pipeline_images, args.size)
+    return report
+
+
+def _print(report: dict) -> None:
+    engines = report["engines"]
+    print(f"images/s, {report['images']} images, output {report['size']}px; {report['machine']}; {report['pillow']}")
+    print(f"{'op':<22}" + "".join(f"{e:>13}" for e in engines))
+    for op, row in report["ops"].items():
+        print(f"{op:<22}" + "".join(f"{row[e]:>13,.0f}" if row.get(e) else f"{'-':>13}" for e in engines))
+    for name, rate in report.get("pipeline", {}).items():
+        print(f"ImageNet training pipeline, {name}: {rate:,.0f} images/s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _Parser(prog="fastdata-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    aug = sub.add_parser("augment", help="images/s of each augmentation on each engine")
+    aug.add_argument("--size", type=int, default=224, help="output size of the geometric ops (default 224)")
+    aug.add_argument("--images", type=int, default=256, help="images a timed pass (the batch; default 256)")
+    aug.add_argument("--reps", type=int, default=3, help="timed passes a cell (default 3)")
+    aug.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    aug.add_argument("--plot", metavar="PATH", help="write an HTML bar chart")
+    aug.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                     help="skip the whole ImageNet pipeline with each placement")
+    aug.add_argument("--pipeline-images", type=int, default=512, help=argparse.SUPPRESS)
+    aug.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    for name in ("size", "images", "reps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} should be at least 1, but got {getattr(args, name)}")
+    try:
+        report = augment(args)
+    except KeyboardInterrupt:
+        print(f"{ap.prog}: interrupted", file=sys.stderr)
+        return 130
+    _print(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    if args.plot:
+        _plot(args.plot, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

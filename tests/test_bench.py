@@ -1,0 +1,49 @@
+"""fastdata-bench augment: a table of images/s per op and engine, JSON, a self-contained plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fastdata import bench
+
+
+def test_augment_table_json_and_plot(tmp_path, capsys):
+    out, page = tmp_path / "b.json", tmp_path / "b.html"
+    assert bench.main(["augment", "--images", "4", "--reps", "1", "--size", "32", "--no-pipeline", "-q",
+                       "--json", str(out), "--plot", str(page)]) == 0
+    report = json.loads(out.read_text())
+    assert report["engines"][0] == "pillow" and "Pillow" in report["pillow"]
+    ops = report["ops"]
+    assert set(ops) == {"RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "ColorJitter",
+                        "TrivialAugment", "Normalize", "MixUp", "CutMix", "LabelSmoothing"}
+    for op, row in ops.items():
+        assert set(row) == set(report["engines"])
+        assert any(v for v in row.values()), op  # every op has a lowering on some engine here
+        assert all(v is None or v > 0 for v in row.values())
+    assert ops["MixUp"]["pillow"] is None  # a batch op: no per-image Pillow lowering
+    if "kornia-cpu" in report["engines"]:
+        assert all(row["kornia-cpu"] for row in ops.values())  # every op has a device lowering
+    printed = capsys.readouterr().out
+    assert "RandomResizedCrop" in printed and "images/s" in printed
+    text = page.read_text()
+    assert "<svg" in text and "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_cli_help_and_bad_input():
+    done = subprocess.run([sys.executable, "-m", "fastdata.bench", "augment", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--size" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "fastdata.bench", "augment", "--images", "0"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--images" in done.stderr
+
+
+@pytest.mark.slow
+def test_pipeline_rows(tmp_path):
+    out = tmp_path / "b.json"
+    assert bench.main(["augment", "--images", "2", "--reps", "1", "--size", "32", "-q", "--json", str(out),
+                       "--pipeline-images", "64"]) == 0
+    assert set(json.loads(out.read_text())["pipeline"]) == {"placement=cpu", "placement=gpu"}
