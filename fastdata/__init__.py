@@ -1,6 +1,7 @@
 """fastdata: keeps GPUs fed during PyTorch training.
 
-Public names: `loader` (the factory), `Loader` (what it returns), `transforms`, `DataError`.
+Public names: `loader` (the factory), `Loader` (what it returns), `transforms`, `DataError`,
+`profile` (is the training step waiting on its input?).
 """
 
 __version__ = "0.1.0"
@@ -18,5 +19,6 @@ from . import transforms
 from .backends.base import Loader
 from .errors import DataError
 from .factory import loader
+from .profiler import profile
 
-__all__ = ["DataError", "Loader", "loader", "transforms", "__version__"]
+__all__ = ["DataError", "Loader", "loader", "profile", "transforms", "__version__"]

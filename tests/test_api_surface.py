@@ -4,7 +4,7 @@ import inspect
 
 import fastdata
 
-PUBLIC = ["DataError", "Loader", "__version__", "loader", "transforms"]
+PUBLIC = ["DataError", "Loader", "__version__", "loader", "profile", "transforms"]
 TRANSFORMS = ["CenterCrop", "ColorJitter", "Compose", "CutMix", "IMAGENET_MEAN", "IMAGENET_STD", "LabelSmoothing",
               "MixUp", "Normalize", "RandomHorizontalFlip",
               "RandomResizedCrop", "Resize", "TrivialAugment", "imagenet_eval", "imagenet_train"]

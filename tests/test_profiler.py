@@ -1,0 +1,121 @@
+"""fastdata.profile and fastdata-profile: the three measurements, the verdict, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import fastdata
+from _images import color_folder
+from fastdata import transforms as T
+
+
+class Slow(Dataset):
+    """Each sample takes `ms` to make: a loader that cannot keep up."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(self.ms / 1e3)
+        return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i % 10
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return color_folder(tmp_path_factory.mktemp("imgs"), 3, 8, (20, 40), lambda i: f"{i:03d}.jpg")
+
+
+def test_input_bound():
+    loader = fastdata.loader(Slow(2.0), batch_size=8)  # ~16 ms a batch
+    report = fastdata.profile(loader, step_ms=2, steps=5, warmup=1)
+    assert report.verdict.startswith("input-bound") and report.stall_fraction > 0.5
+    assert report.loader_images_per_s < report.step_images_per_s
+    assert len(report.steps) == 5 and all(w > c for w, c in report.steps)  # each step mostly waited
+    assert report.advice
+
+
+def test_compute_bound():
+    loader = fastdata.loader(Slow(0.0), batch_size=8)
+    report = fastdata.profile(loader, step_ms=20, steps=5, warmup=1)
+    assert report.verdict.startswith("compute-bound") and report.stall_fraction < 0.1
+    assert report.advice == ["nothing to change on the input side"]
+    assert 8 / 0.020 * 0.7 < report.step_images_per_s < 8 / 0.020 * 1.05
+
+
+def test_image_loader_and_a_real_step(folder):
+    loader = fastdata.loader(str(folder), batch_size=8, transform=T.Compose([T.Resize(16), T.CenterCrop(16)]),
+                             device="cpu")
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch):
+        images, labels = batch
+        torch.nn.functional.cross_entropy(model(images.float()), labels).backward()
+        opt.step()
+        opt.zero_grad()
+
+    report = fastdata.profile(loader, step, steps=6, warmup=1)  # more steps than an epoch: it carries on
+    assert report.config["backend"] == "pil" and report.batch_size == 8
+    assert report.together_images_per_s > 0 and 0 <= report.stall_fraction <= 1
+    ceiling = fastdata.profile(loader, steps=3)
+    assert ceiling.step_images_per_s is None and "ceiling" in ceiling.verdict
+
+
+def test_arguments():
+    loader = fastdata.loader(Slow(0.0), batch_size=8)
+    with pytest.raises(ValueError, match="either step or step_ms"):
+        fastdata.profile(loader, lambda b: None, step_ms=5)
+    with pytest.raises(ValueError, match="step_ms should be positive"):
+        fastdata.profile(loader, step_ms=0)
+
+
+def _cli(*args, env=None):
+    # as the fastdata-profile console script runs it (python -m would import the module twice)
+    code = "import sys; from fastdata.profiler import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=300)
+
+
+def test_cli_report(folder, tmp_path):
+    done = _cli(str(folder), "--step-ms", "5", "--steps", "3", "--batch-size", "8", "--size", "16", "--workers", "0",
+                "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "verdict:" in done.stdout and "loader alone" in done.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["batch_size"] == 8 and len(report["steps"]) == 3
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<svg" in page and "<script" not in page and "https://" not in page
+
+
+def test_cli_model(folder, tmp_path):
+    (tmp_path / "tiny.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),\n"
+        "                               torch.nn.Linear(4, 3))\n"
+        "def broken():\n"
+        "    raise RuntimeError('no weights here')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    common = ["--steps", "2", "--batch-size", "8", "--size", "16", "--workers", "0"]
+    done = _cli(str(folder), "--model", "tiny:build", *common, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "step alone" in done.stdout
+    for model, cause in (("tiny:broken", "no weights here"), ("nope:build", "cannot import"), ("tiny", "module:callable")):
+        done = _cli(str(folder), "--model", model, *common, env=env)
+        assert done.returncode == 1 and cause in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_cli_bad_source():
+    done = _cli("/no/such/folder", "--step-ms", "5")
+    assert done.returncode == 1 and "does not exist" in done.stderr and "Traceback" not in done.stderr
