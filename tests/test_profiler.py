@@ -10,10 +10,10 @@ import time
 
 import pytest
 import torch
+from _images import color_folder
 from torch.utils.data import Dataset
 
 import fastdata
-from _images import color_folder
 from fastdata import transforms as T
 
 
