@@ -24,7 +24,12 @@ forward, backward (cross-entropy) and SGD step in bfloat16 autocast and channels
 device. `--step-ms MS` simulates a step of that duration; the process sleeps, as it does while
 a GPU computes. With neither, only the loader's ceiling is reported.
 
-Not yet built: the per-stage breakdown and `--tune`.
+With a fastdata image loader (`pil`, `wds`), the loader-alone run also times the stages: read,
+decode (with the header checks), CPU transforms and collate in the workers, and the device
+stage in the training process. They appear as `fastdata.*` ranges in a torch profiler trace
+too. The report gives their milliseconds per image and names the costliest.
+
+Not yet built: `--tune`, and predictions for each piece of advice.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class Report:
     steps: list[tuple[float, float]]
     advice: list[str]
     config: dict[str, Any]
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)  # ms of CPU per image, loader alone
+    bound: str | None = None  # the stage that costs the most per image
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -70,6 +77,10 @@ class Report:
             lines.append(f"  step alone:     {self.step_images_per_s:10,.0f} images/s")
             lines.append(f"  together:       {self.together_images_per_s:10,.0f} images/s "
                          f"(the step waited for data {100 * self.stall_fraction:.0f}% of the time)")
+        if self.stages:
+            lines.append("  where an image's time goes (ms, loader alone; worker stages summed over workers):")
+            lines += [f"    {name:<15}{ms:8.2f}" + ("   <- the most" if name == self.bound else "")
+                      for name, ms in self.stages.items()]
         lines.append(f"  verdict: {self.verdict}")
         lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
@@ -91,9 +102,18 @@ class Report:
                f'font-family="sans-serif" font-size="11">{"".join(rects)}'
                f'<text x="0" y="{height + 15}">steps: red = waiting for data, blue = compute '
                f'(tallest {1e3 * total:.0f} ms)</text></svg>')
+        top = max(self.stages.values(), default=1.0) or 1.0
+        stage_svg = "".join(
+            f'<text x="0" y="{18 * k + 13}">{html.escape(name)}</text><rect x="110" y="{18 * k + 2}" '
+            f'width="{500 * ms / top:.1f}" height="14" fill="{"#e15759" if name == self.bound else "#76b7b2"}"/>'
+            f'<text x="{116 + 500 * ms / top:.1f}" y="{18 * k + 13}">{ms:.2f} ms</text>'
+            for k, (name, ms) in enumerate(self.stages.items()))
+        stages = (f'<h4>Where an image\'s time goes (ms per image)</h4><svg xmlns="http://www.w3.org/2000/svg" '
+                  f'width="700" height="{18 * len(self.stages) + 4}" font-family="sans-serif" font-size="11">'
+                  f'{stage_svg}</svg>') if self.stages else ""
         return ("<!doctype html><html><head><meta charset='utf-8'><title>fastdata-profile</title></head><body>"
                 f"<h3>fastdata-profile: {html.escape(self.source)}</h3><pre>{html.escape(str(self))}</pre>"
-                f"{svg if self.steps else ''}</body></html>")
+                f"{'<h4>Steps</h4>' + svg if self.steps else ''}{stages}</body></html>")
 
     def write(self, out: str | os.PathLike) -> Path:
         out = Path(out)
@@ -129,7 +149,15 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
     device = device if device is not None else getattr(loader, "device", None)
+    timed = hasattr(loader, "_timing") and loader._timing(True)
+    try:
+        return _measure(loader, step, steps, warmup, device, source, timed)
+    finally:
+        if timed:
+            loader._timing(False)
 
+
+def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool) -> Report:
     def batches():
         while True:  # epochs end; the profile goes on into the next
             empty = True
@@ -139,10 +167,11 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
             if empty:
                 raise ValueError("the loader yields no batches")
 
-    # 1. the loader alone
+    # 1. the loader alone, with its stages timed
     it = batches()
     for _ in range(warmup):
         cached = next(it)
+    before = _stage_totals(loader) if timed else {}
     t = time.perf_counter()
     n = 0
     for _ in range(steps):
@@ -150,13 +179,15 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         n += _batch_len(cached)
     _sync(device)
     loader_rate = n / (time.perf_counter() - t)
+    stages = _per_image(before, _stage_totals(loader)) if timed else {}
+    bound = max(stages, key=stages.get) if stages else None
     batch_size = _batch_len(cached)
     config = {k: getattr(loader, k) for k in ("backend", "num_workers", "batch_size", "placement") if hasattr(loader, k)}
     config["device"] = str(device) if device is not None else "cpu"
 
     if step is None:
         return Report(source, batch_size, loader_rate, None, None, None, "no consumer given: the loader's ceiling",
-                      [], _advice(loader, loader_rate, None, None), config)
+                      [], _advice(loader, loader_rate, None, None, stages), config, stages, bound)
 
     # 2. the step alone, on one cached batch
     for _ in range(min(warmup, 2)):
@@ -191,10 +222,27 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     else:
         verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
     return Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline,
-                  _advice(loader, loader_rate, step_rate, stall), config)
+                  _advice(loader, loader_rate, step_rate, stall, stages), config, stages, bound)
 
 
-def _advice(loader: Any, loader_rate: float, step_rate: float | None, stall: float | None) -> list[str]:
+_WORKER_STAGES = ("read", "decode", "cpu_transforms", "collate")
+
+
+def _stage_totals(loader: Any) -> dict[str, float]:
+    return {k: v for k, v in loader.stats.get("stages", {}).items() if not isinstance(v, dict)}
+
+
+def _per_image(before: dict, after: dict) -> dict[str, float]:
+    """ms per image of each stage between two snapshots of stats["stages"]."""
+    images = after.get("images", 0) - before.get("images", 0)
+    if images <= 0:
+        return {}
+    names = [*_WORKER_STAGES, "device_stage"]
+    return {k: 1e3 * (after.get(k, 0) - before.get(k, 0)) / images for k in names if k in after}
+
+
+def _advice(loader: Any, loader_rate: float, step_rate: float | None, stall: float | None,
+            stages: dict[str, float] | None = None) -> list[str]:
     from ._pillow import pillow_info
     from .backends.base import usable_cores
 
@@ -214,6 +262,14 @@ def _advice(loader: Any, loader_rate: float, step_rate: float | None, stall: flo
     if not info.get("simd", False):
         advice.append("Pillow-SIMD is not active: bash scripts/install.sh builds it (measured on the ImageNet "
                       "transform here: a DataLoader with Pillow-SIMD ran 1.2x one with stock Pillow)")
+    if stages and isinstance(workers, int) and workers > 0:
+        in_workers = sum(stages.get(k, 0) for k in _WORKER_STAGES) / workers  # ms an image, in parallel
+        device_ms = stages.get("device_stage", 0)
+        if device_ms > 0.25 * in_workers:
+            advice.append(f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms an "
+                          f"image in the training process, against {in_workers:.2f} in the workers"
+                          + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
+                             if getattr(loader, "device", None) is not None and loader.device.type == "cpu" else ""))
     if step_rate is not None and loader_rate < step_rate:
         advice.append(f"the loader alone gives {loader_rate:,.0f} images/s against the step's {step_rate:,.0f}: "
                       "input is the bound")

@@ -70,6 +70,20 @@ def test_image_loader_and_a_real_step(folder):
     assert report.together_images_per_s > 0 and 0 <= report.stall_fraction <= 1
     ceiling = fastdata.profile(loader, steps=3)
     assert ceiling.step_images_per_s is None and "ceiling" in ceiling.verdict
+    assert set(report.stages) >= {"read", "decode", "cpu_transforms", "collate"}
+    assert report.stages["decode"] > 0 and report.bound in report.stages
+    assert not loader._decoder.timing  # off again after profiling
+
+
+def test_stage_timing_per_worker(folder):
+    spec = T.Compose([T.Resize(16), T.CenterCrop(16), T.ColorJitter(0.4, 0.4, 0.4, 0.1)])
+    loader = fastdata.loader(str(folder), batch_size=4, transform=spec, device="cpu", num_workers=2)
+    assert "stages" not in loader.stats  # off by default
+    report = fastdata.profile(loader, steps=4, warmup=1)
+    stages = loader.stats["stages"]
+    assert {"worker 0", "worker 1"} <= set(stages) and stages["images"] >= 20
+    assert report.stages["cpu_transforms"] > 0  # ColorJitter runs in the workers
+    assert sum(stages[w]["images"] for w in ("worker 0", "worker 1")) == stages["images"]
 
 
 def test_arguments():

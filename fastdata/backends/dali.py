@@ -222,7 +222,8 @@ class DaliLoader(PilLoader):
                 raise
             c, errors, n, _ = self._meta.popleft()
             self._drained += 1
-            yield self._copy_out(images, n, c.size), torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index
+            yield (self._copy_out(images, n, c.size), torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index,
+                   None)
 
     def _copy_out(self, images, n: int, size: tuple[int, int]):
         from nvidia.dali.plugin.pytorch import feed_ndarray

@@ -95,8 +95,24 @@ class _BatchDecoder(Dataset):
         self.on_error = on_error
         self.rings = ProcessRings(slots, pin)
 
+    timing = False  # stage timing (fastdata.profile turns it on): off, it costs one check a batch
+
     def __getitem__(self, key):  # DataLoader asks for batches only (see __getitems__)
         return self.__getitems__([key])
+
+    def __getitems__(self, keys):
+        """(images, labels, errors, sample ids, stage seconds or None) of one batch."""
+        if not self.timing:
+            return *self._decode(*self.read(keys)), None
+        from torch.autograd.profiler import record_function
+
+        info = get_worker_info()
+        stages = {"worker": info.id if info is not None else -1}
+        t = time.perf_counter()
+        with record_function("fastdata.read"):
+            args = self.read(keys)
+        stages["read"] = time.perf_counter() - t
+        return *self._decode(*args, stages=stages), stages
 
     def _fail(self, errors: list, path: str, cause: str) -> None:
         if self.on_error == "raise":
@@ -147,9 +163,13 @@ class _BatchDecoder(Dataset):
         return Checked(sel, [paths[j] for j in ok], [datas[k] for k in keep], labels[ok], jpeg[keep], geo)
 
     def _decode(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
-                errors: list[tuple[str, str]]):
-        """(images, labels, errors) for samples `index` (their ids for the random transforms),
-        named `paths`, with bytes `datas`; a sample that fails is left out (or raises)."""
+                errors: list[tuple[str, str]], stages: dict | None = None):
+        """(images, labels, errors, ids) for samples `index` (their ids for the random
+        transforms), named `paths`, with bytes `datas`; a sample that fails is left out (or
+        raises). With `stages`, the seconds of decode (with the header checks), cpu_transforms
+        and collate (closing the gaps of failed samples) go in it."""
+        clock = time.perf_counter if stages is not None else None
+        t0 = clock() if clock else 0.0
         c = self.check(epoch, index, paths, datas, labels, errors)
         sel, datas, labels, jpeg, geo = c.index, c.datas, c.labels, c.jpeg, c.geo
         n = len(datas)
@@ -160,6 +180,9 @@ class _BatchDecoder(Dataset):
         try:
             target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
             failed = self._decode_into(target, datas, jpeg, geo, c.paths, errors, native)
+            if clock:
+                t1 = clock()
+                stages["decode"] = t1 - t0
             if self.pixel_ops:
                 plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
                 for k in range(n):
@@ -167,6 +190,10 @@ class _BatchDecoder(Dataset):
                         pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
         finally:
             ring.end()
+        if clock:
+            t2 = clock()
+            stages["cpu_transforms"] = t2 - t1
+            stages["images"] = n
         if failed:
             # Close the gaps the failed samples left, so the batch stays one block.
             good = [k for k in range(n) if k not in failed]
@@ -176,6 +203,8 @@ class _BatchDecoder(Dataset):
             handle = handle.narrow(0, 0, len(good))
             labels = labels[good]
             sel = sel[good]
+        if clock:
+            stages["collate"] = clock() - t2
         return handle, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)), errors, sel
 
     def _decode_into(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
@@ -223,9 +252,6 @@ class _Decoder(_BatchDecoder):
 
     def __len__(self) -> int:
         return len(self.samples)
-
-    def __getitems__(self, keys: Sequence[tuple[int, int]]):
-        return self._decode(*self.read(keys))
 
     def read(self, keys: Sequence[tuple[int, int]]):
         """(epoch, ids, paths, bytes, labels, errors) of a batch's samples: what `_decode` and
@@ -417,13 +443,35 @@ class PilLoader(Loader):
             self._decoder.rings.end_epoch(it)
 
     def _finish(self, batch: Any) -> Any:
-        images, labels, errors, ids = batch
+        images, labels, errors, ids, stages = batch
         if errors:
             self._record(errors)
+        if stages is not None:
+            self._add_stages(stages)
         images = images.permute(0, 3, 1, 2)  # NHWC slot seen as NCHW: channels_last
         if not self.channels_last:
             images = images.contiguous()
         return images, labels, ids  # the sample ids: the device stage's random parameters
+
+    def _timing(self, on: bool) -> bool:
+        """Stage timing on or off (for fastdata.profile); False when it cannot reach running
+        persistent workers."""
+        running = getattr(getattr(self._loader, "_iterator", None), "_workers", None)
+        if on and running:
+            return False  # persistent workers hold their own copy of the decoder
+        self._decoder.timing = on
+        if on:
+            self.stats.setdefault("stages", {})
+        return True
+
+    def _add_stages(self, stages: dict) -> None:
+        """Sums a batch's stage seconds into stats["stages"]: per stage, and per worker."""
+        into = self.stats.setdefault("stages", {})
+        worker = into.setdefault(f"worker {stages['worker']}", {})
+        for name, value in stages.items():
+            if name != "worker":
+                into[name] = into.get(name, 0) + value
+                worker[name] = worker.get(name, 0) + value
 
     def _record(self, errors: list) -> None:
         stats = self.stats
@@ -432,6 +480,18 @@ class PilLoader(Loader):
             if len(stats["errors"]) < _MAX_ERRORS:
                 stats["errors"].append({"path": path, "cause": cause})
             logger.warning("skipped %s: %s", path, cause)
+
+    def _timed_device_stage(self, batch: tuple) -> tuple:
+        from torch.autograd.profiler import record_function
+
+        t = time.perf_counter()
+        with record_function("fastdata.device_stage"):
+            out = self._device_stage(batch)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # timing only: the stage's own time
+        stages = self.stats.setdefault("stages", {})
+        stages["device_stage"] = stages.get("device_stage", 0) + time.perf_counter() - t
+        return out
 
     def _device_stage(self, batch: tuple) -> tuple:
         images, labels, ids = batch
@@ -455,7 +515,7 @@ class PilLoader(Loader):
         try:
             t0 = clock()
             for batch in batches:
-                batch = self._device_stage(batch)
+                batch = self._timed_device_stage(batch) if self._decoder.timing else self._device_stage(batch)
                 stats["wait_s"] += clock() - t0
                 stats["batches"] += 1
                 stats["samples"] += int(batch[1].shape[0])

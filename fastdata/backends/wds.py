@@ -159,9 +159,6 @@ class _ShardDecoder(_BatchDecoder):
     def __len__(self) -> int:
         return len(self.shards)
 
-    def __getitems__(self, keys):
-        return self._decode(*self.read(keys))
-
     def read(self, keys):
         """(epoch, ids, names, bytes, labels, errors) of batch (epoch, k)'s samples."""
         ((epoch, k),) = keys
