@@ -46,11 +46,34 @@ def _with_config(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """num_workers="auto" and placement="auto" take a config `fastdata-profile --tune` chose for
+    this source, transform, batch size and machine, when there is one."""
+    workers_auto = options.get("num_workers") == "auto"
+    placement_auto = options.get("placement", "auto") == "auto"
+    if not (workers_auto or placement_auto):
+        return options
+    from .profiler import cached_tune
+
+    tuned = cached_tune(source, options.get("transform"), batch_size)
+    if not tuned:
+        return options
+    if workers_auto and "num_workers" in tuned:
+        options["num_workers"] = tuned["num_workers"]
+        if tuned["num_workers"] and "prefetch_factor" in tuned:
+            options.setdefault("prefetch_factor", tuned["prefetch_factor"])
+    if placement_auto and "placement" in tuned:
+        options["placement"] = tuned["placement"]
+    logger.info("using the tuned config for this source: %s", tuned)
+    return options
+
+
 def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Loader:
     for name in options:
         if name not in _IMAGE_KEYWORDS:
             raise TypeError(f"loader() got an unexpected keyword argument {name!r} for an image source")
     options = _with_config(dict(options))
+    options = _with_tune(source, batch_size, options)
     backend = options.pop("backend", "auto")
     if backend not in _BACKENDS:
         raise ValueError(f"backend should be one of {', '.join(map(repr, _BACKENDS))}, but got {backend!r}")

@@ -29,7 +29,14 @@ decode (with the header checks), CPU transforms and collate in the workers, and 
 stage in the training process. They appear as `fastdata.*` ranges in a torch profiler trace
 too. The report gives their milliseconds per image and names the costliest.
 
-Not yet built: `--tune`, and predictions for each piece of advice.
+`--tune` searches num_workers, prefetch_factor, backend and placement. It measures one probe
+per backend and placement with the stages timed, predicts every config from those stage
+costs, and measures the best predictions. The winner is kept for this source, transform,
+batch size and machine (under ~/.cache/fastdata/tuned), where `num_workers="auto"` and
+`placement="auto"` find it; with --out, it is also written as `config.json` for
+`fastdata.loader(config=...)`.
+
+Not yet built: predictions for each piece of advice.
 """
 
 from __future__ import annotations
@@ -341,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="auto", help="num_workers (default auto)")
     ap.add_argument("--steps", type=int, default=30, help="batches timed per measurement (default 30)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    ap.add_argument("--out", help="write report.json and report.html in this folder")
+    ap.add_argument("--tune", action="store_true",
+                    help="search workers, prefetch, backend and placement; write the best as a config")
+    ap.add_argument("--out", help="write report.json and report.html (and config.json with --tune) in this folder")
     ap.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     args = ap.parse_args(argv)
     try:
@@ -349,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report)
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
+        if args.tune:
+            _run_tune(args)
     except KeyboardInterrupt:
         print(f"{ap.prog}: interrupted", file=sys.stderr)
         return 130
@@ -361,22 +372,74 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _source(args: argparse.Namespace) -> str:
+    from .synthetic import make_imagenet_like
+
+    source = args.source
+    if source == "synthetic":
+        return str(make_imagenet_like(Path.home() / ".cache" / "fastdata" / "demo-imagenet-like", n_images=2000,
+                                      progress=True))
+    if not (os.path.exists(source) or "{" in source or "://" in source or source.startswith("pipe:")):
+        raise _Fail(f"source {source!r} does not exist")
+    return source
+
+
+def _run_tune(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    import torch
+
+    import fastdata
+
+    from .backends.base import usable_cores
+    from .sources import is_shard_source
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    source = _source(args)
+    transform = _transform(args.transform, args.size)
+    cores = usable_cores()
+    backends = ["wds" if is_shard_source(source) else "pil"]
+    if importlib.util.find_spec("nvidia.dali") is not None and not transform.pixel_ops:
+        backends.append("dali")
+    placements = ["cpu", "gpu"] if transform.pixel_ops and importlib.util.find_spec("kornia") else ["cpu"]
+    space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], cores}),
+             "prefetch_factor": [2, 4], "backend": backends, "placement": placements}
+    step = _model_step(args.model, device) if args.model else None
+
+    def make(config: dict):
+        w = config["num_workers"]
+        extra = {"prefetch_factor": config["prefetch_factor"], "persistent_workers": True} if w else {}
+        return fastdata.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=w, transform=transform,
+                               device=device, backend=config["backend"], placement=config["placement"], **extra)
+
+    print(f"tuning over {space}...", file=sys.stderr)
+    t = time.perf_counter()
+    best, trials = tune(make, space=space, step=step, step_ms=args.step_ms, steps=max(6, args.steps // 2),
+                        device=device)
+    best = {k: v for k, v in best.items() if not (k == "prefetch_factor" and best["num_workers"] == 0)}
+    config = {"loader": best, "measured_images_per_s": max(t.measured for t in trials if t.measured),
+              "machine": machine_key(), "tuning_s": time.perf_counter() - t}
+    cache = _cache_path(source, transform, args.batch_size)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(config, indent=2) + "\n")
+    print(f"tuned: {json.dumps(best)} at {config['measured_images_per_s']:,.0f} images/s "
+          f"({config['tuning_s']:.0f} s); num_workers='auto' and placement='auto' use it for this source")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        print(f"wrote {out}/config.json: fastdata.loader(..., config={str(out / 'config.json')!r})")
+
+
 def _run(args: argparse.Namespace) -> Report:
     import torch
 
     import fastdata
 
-    from .synthetic import make_imagenet_like
-
     if args.steps < 1 or args.batch_size < 1 or args.size < 1:
         raise _Fail("--steps, --batch-size and --size should be at least 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    source = args.source
-    if source == "synthetic":
-        source = str(make_imagenet_like(Path.home() / ".cache" / "fastdata" / "demo-imagenet-like", n_images=2000,
-                                        progress=True))
-    elif not (os.path.exists(source) or "{" in source or "://" in source or source.startswith("pipe:")):
-        raise _Fail(f"source {source!r} does not exist")
+    source = _source(args)
     workers = args.workers if args.workers == "auto" else int(args.workers)
     step = _model_step(args.model, device) if args.model else None
     loader = fastdata.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=workers,
@@ -385,3 +448,118 @@ def _run(args: argparse.Namespace) -> Report:
     print(f"profiling {loader.backend} over {source}: {args.steps} steps a measurement...", file=sys.stderr)
     return profile(loader, step, steps=args.steps, step_ms=args.step_ms, device=device, source=source)
 
+
+
+# ----------------------------------------------------------------- --tune
+
+def machine_key() -> str:
+    """The machine a tuned config is for: CPU model, usable cores, GPU name."""
+    import platform
+
+    import torch
+
+    from .backends.base import usable_cores
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{platform.processor() or platform.machine()}, {usable_cores()} cores, {gpu}"
+
+
+def _cache_path(source: Any, transform: Any, batch_size: int) -> Path:
+    """Where the tuned config for (source, transform, batch size, machine) is kept."""
+    import hashlib
+
+    where = os.path.abspath(source) if isinstance(source, (str, os.PathLike)) and os.path.exists(source) else str(source)
+    key = json.dumps([where, repr(transform), batch_size, machine_key()])
+    root = Path(os.environ.get("FASTDATA_CACHE", Path.home() / ".cache" / "fastdata")) / "tuned"
+    return root / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def cached_tune(source: Any, transform: Any, batch_size: int) -> dict[str, Any] | None:
+    """The loader keywords a `--tune` chose for this source, transform, batch size and machine,
+    or None."""
+    path = _cache_path(source, transform, batch_size)
+    try:
+        return json.loads(path.read_text())["loader"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+@dataclasses.dataclass
+class Trial:
+    config: dict[str, Any]
+    predicted: float | None  # images/s the rate model gave, together with the step
+    measured: float | None = None
+
+
+def _rate(loader_factory: Callable[[dict], Any], config: dict, step, step_ms, steps: int, device) -> tuple[float, Report]:
+    loader = loader_factory(config)
+    report = profile(loader, step, steps=steps, step_ms=step_ms, warmup=2, device=device)
+    rate = report.together_images_per_s if report.together_images_per_s is not None else report.loader_images_per_s
+    return rate, report
+
+
+def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=None, step_ms: float | None = None,
+         steps: int = 8, device=None, confirm: int = 2, progress: bool = True) -> tuple[dict, list[Trial]]:
+    """Searches `space` (keyword -> values: num_workers, prefetch_factor, backend, placement)
+    for the config with the highest images/s with the step. It measures one probe per backend
+    and placement with their stages timed, predicts every config from those stage costs (a rate
+    model: worker stages in parallel up to the cores, the training-process stages in series,
+    the step pipelined with the loader), and measures the `confirm` best predictions. Returns
+    (best config, trials)."""
+    from .backends.base import usable_cores
+
+    cores = usable_cores()
+    workers = sorted(space.get("num_workers", [cores]))
+    probe_w = max(w for w in workers if w <= cores) if any(w <= cores for w in workers) else workers[0]
+    step_rate = None
+    trials: list[Trial] = []
+    costs: dict[tuple, tuple[float, float]] = {}  # (backend, placement) -> (worker s/image, main s/image)
+    base = {k: v[0] for k, v in space.items()}
+
+    def say(msg: str) -> None:
+        if progress:
+            print(msg, file=sys.stderr)
+
+    for backend in space.get("backend", [base.get("backend")]):
+        for placement in space.get("placement", [base.get("placement")]):
+            config = {**base, "num_workers": probe_w, "backend": backend, "placement": placement}
+            config = {k: v for k, v in config.items() if v is not None}
+            rate, report = _rate(loader_factory, config, step, step_ms, steps, device)
+            trials.append(Trial(config, None, rate))
+            step_rate = report.step_images_per_s
+            st = report.stages
+            if st:
+                work = sum(st.get(k, 0) for k in _WORKER_STAGES) / 1e3
+                main = st.get("device_stage", 0) / 1e3
+            else:  # no stage timing (dali): the probe's rate stands for the whole loader
+                work, main = max(1, probe_w) / report.loader_images_per_s, 0.0
+            costs[(backend, placement)] = (work, main)
+            say(f"  probe {config}: {rate:,.0f} images/s; worker {1e3 * work:.2f} ms, main {1e3 * main:.2f} ms an image")
+
+    def predict(config: dict) -> float:
+        work, main = costs[(config.get("backend"), config.get("placement"))]
+        w = config.get("num_workers", 0)
+        if w == 0:
+            loader = 1.0 / (work + main)  # everything in the training process
+        else:
+            # bounded by the CPU (workers and the training process share the cores), by the
+            # workers (one image at a time each), and by the training process's own stages
+            loader = min(cores / (work + main), w / work, 1.0 / main if main else float("inf"))
+        return min(loader, step_rate) if step_rate else loader
+
+    import itertools
+
+    keys = list(space)
+    candidates = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+    candidates = [{k: v for k, v in c.items() if v is not None} for c in candidates]
+    predicted = sorted(((predict(c), c) for c in candidates), key=lambda pc: -pc[0])
+    measured = {json.dumps(t.config, sort_keys=True): t.measured for t in trials}
+    for p, config in predicted[:confirm]:
+        key = json.dumps(config, sort_keys=True)
+        if key not in measured:
+            rate, _ = _rate(loader_factory, config, step, step_ms, steps, device)
+            measured[key] = rate
+            say(f"  confirm {config}: predicted {p:,.0f}, measured {rate:,.0f} images/s")
+        trials.append(Trial(config, p, measured[key]))
+    best = max((t for t in trials if t.measured is not None), key=lambda t: t.measured)
+    return best.config, trials

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 import fastdata
 from fastdata import transforms as T
+from fastdata.backends.base import resolve_workers
 
 
 class Slow(Dataset):
@@ -133,3 +134,34 @@ def test_cli_model(folder, tmp_path):
 def test_cli_bad_source():
     done = _cli("/no/such/folder", "--step-ms", "5")
     assert done.returncode == 1 and "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_tune_picks_a_measured_config(folder):
+    from fastdata.profiler import tune
+
+    spec = T.Compose([T.Resize(16), T.CenterCrop(16)])
+
+    def make(config):
+        return fastdata.loader(str(folder), batch_size=4, transform=spec, device="cpu", **config)
+
+    space = {"num_workers": [0, 1], "backend": ["pil"], "placement": ["cpu"]}
+    best, trials = tune(make, space=space, step_ms=1, steps=3, confirm=2, progress=False)
+    assert best["num_workers"] in (0, 1) and best["backend"] == "pil"
+    assert all(t.measured and t.measured > 0 for t in trials)
+    assert any(t.predicted for t in trials)  # the confirmed ones carry the model's prediction
+    assert max(t.measured for t in trials) == next(t.measured for t in trials if t.config == best)
+
+
+def test_auto_uses_the_cached_tune(folder, tmp_path, monkeypatch):
+    from fastdata.profiler import _cache_path
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path))
+    spec = T.Compose([T.Resize(16), T.CenterCrop(16)])
+    path = _cache_path(str(folder), spec, 4)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"loader": {"num_workers": 1, "prefetch_factor": 3, "placement": "cpu"}}))
+    tuned = fastdata.loader(str(folder), batch_size=4, transform=spec, num_workers="auto")
+    assert tuned.num_workers == 1
+    assert fastdata.loader(str(folder), batch_size=4, transform=spec, num_workers=0).num_workers == 0  # given: kept
+    other = fastdata.loader(str(folder), batch_size=8, transform=spec, num_workers="auto")  # another batch size
+    assert other.num_workers == resolve_workers("auto") != 1
