@@ -499,13 +499,16 @@ def _rate(loader_factory: Callable[[dict], Any], config: dict, step, step_ms, st
 
 
 def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=None, step_ms: float | None = None,
-         steps: int = 8, device=None, confirm: int = 2, progress: bool = True) -> tuple[dict, list[Trial]]:
+         steps: int = 8, device=None, confirm: int = 2, progress: bool = True,
+         predictions: list | None = None) -> tuple[dict, list[Trial]]:
     """Searches `space` (keyword -> values: num_workers, prefetch_factor, backend, placement)
     for the config with the highest images/s with the step. It measures one probe per backend
     and placement with their stages timed, predicts every config from those stage costs (a rate
     model: worker stages in parallel up to the cores, the training-process stages in series,
     the step pipelined with the loader), and measures the `confirm` best predictions. Returns
-    (best config, trials)."""
+    (best config, trials); `predictions`, when given a list, gets (config, predicted images/s)
+    for every config of the space. Configs that differ only in prefetch_factor predict alike
+    (the model has no term for it): the first of them stands for all."""
     from .backends.base import usable_cores
 
     cores = usable_cores()
@@ -553,8 +556,16 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
     candidates = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
     candidates = [{k: v for k, v in c.items() if v is not None} for c in candidates]
     predicted = sorted(((predict(c), c) for c in candidates), key=lambda pc: -pc[0])
+    if predictions is not None:
+        predictions.extend((c, p) for p, c in predicted)
     measured = {json.dumps(t.config, sort_keys=True): t.measured for t in trials}
-    for p, config in predicted[:confirm]:
+    distinct, seen = [], set()
+    for p, config in predicted:
+        key = json.dumps({k: v for k, v in config.items() if k != "prefetch_factor"}, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            distinct.append((p, config))
+    for p, config in distinct[:confirm]:
         key = json.dumps(config, sort_keys=True)
         if key not in measured:
             rate, _ = _rate(loader_factory, config, step, step_ms, steps, device)
