@@ -168,7 +168,10 @@ class _BatchDecoder(Dataset):
         transforms), named `paths`, with bytes `datas`; a sample that fails is left out (or
         raises). With `stages`, the seconds of decode (with the header checks), cpu_transforms
         and collate (closing the gaps of failed samples) go in it."""
-        clock = time.perf_counter if stages is not None else None
+        # CPU seconds of this process, not wall time: under contention (workers sharing the
+        # cores with the training process) wall time counts the waits for a core too, and the
+        # profiler's rate model needs what an image costs.
+        clock = time.process_time if stages is not None else None
         t0 = clock() if clock else 0.0
         c = self.check(epoch, index, paths, datas, labels, errors)
         sel, datas, labels, jpeg, geo = c.index, c.datas, c.labels, c.jpeg, c.geo
@@ -484,13 +487,15 @@ class PilLoader(Loader):
     def _timed_device_stage(self, batch: tuple) -> tuple:
         from torch.autograd.profiler import record_function
 
-        t = time.perf_counter()
+        # On a CPU device its CPU seconds (as the workers' stages); on a GPU its wall time, synchronized.
+        clock = time.thread_time if self.device.type == "cpu" else time.perf_counter
+        t = clock()
         with record_function("fastdata.device_stage"):
             out = self._device_stage(batch)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # timing only: the stage's own time
         stages = self.stats.setdefault("stages", {})
-        stages["device_stage"] = stages.get("device_stage", 0) + time.perf_counter() - t
+        stages["device_stage"] = stages.get("device_stage", 0) + clock() - t
         return out
 
     def _device_stage(self, batch: tuple) -> tuple:
