@@ -1,4 +1,5 @@
-"""What every benchmark shares: interleaved timing, the machine's facts, and the JSON report."""
+"""What every benchmark shares: interleaved timing (in one process, or candidate processes in
+rounds), the machine's facts, and the JSON report."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -46,6 +48,39 @@ def interleaved(runs: dict[str, Callable[[], float]], reps: int) -> dict[str, li
         for name in names if r % 2 == 0 else reversed(names):
             times[name].append(runs[name]())
     return times
+
+
+def time_epochs(make_iter: Callable[[], Any], epochs: int) -> list[float]:
+    """Images/s of each of `epochs` epochs of `make_iter()` (an iterable of (images, labels)
+    batches), after a warm-up epoch (workers started, page cache warm)."""
+    for _ in make_iter():
+        pass
+    rates = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        n = sum(len(batch[1]) for batch in make_iter())
+        rates.append(n / (time.perf_counter() - t))
+    return rates
+
+
+def process_rounds(commands: dict[str, list[str]], rounds: int, abba: bool = True) -> tuple[dict, dict]:
+    """Runs each candidate's command in its own process, one after another, `rounds` times (in
+    ABBA order unless abba=False), so drift on this shared machine hits all alike. A command
+    prints a JSON object with "images_per_s" (a list) as its last line. Returns the rates of
+    each candidate over all rounds, and its last report."""
+    rates: dict[str, list[float]] = {name: [] for name in commands}
+    reports: dict[str, dict] = {}
+    names = list(commands)
+    for r in range(rounds):
+        for name in names if not abba or r % 2 == 0 else reversed(names):
+            out = subprocess.run(commands[name], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
+            reports[name] = json.loads(out.stdout.strip().splitlines()[-1])
+            rates[name] += reports[name]["images_per_s"]
+            print(f"  round {r + 1}/{rounds}  {name:<34} {median(reports[name]['images_per_s']):7.0f} img/s",
+                  file=sys.stderr)
+    return rates, reports
 
 
 def median(xs: list[float]) -> float:

@@ -24,24 +24,13 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import _common
 
 HERE = Path(__file__).resolve().parent
 BATCH, THREADS, SIZE = 256, 2, 224
-
-
-def _time_epochs(make_iter, epochs: int) -> list[float]:
-    for _ in make_iter():  # warm-up epoch
-        pass
-    times = []
-    for _ in range(epochs):
-        t = time.perf_counter()
-        n = sum(len(labels) for _, labels in make_iter())
-        times.append(n / (time.perf_counter() - t))
-    return times
 
 
 def run_hand_written(root: str, epochs: int) -> list[float]:
@@ -70,7 +59,7 @@ def run_hand_written(root: str, epochs: int) -> list[float]:
             yield out["images"], out["labels"]
 
     assert math.ceil(len(files) / BATCH) == len(loader)
-    return _time_epochs(epoch, epochs)
+    return _common.time_epochs(epoch, epochs)
 
 
 def run_fastdata(root: str, epochs: int) -> list[float]:
@@ -82,7 +71,7 @@ def run_fastdata(root: str, epochs: int) -> list[float]:
     torch.set_num_threads(1)
     loader = fastdata.loader(root, batch_size=BATCH, shuffle=True, num_workers=THREADS, backend="dali", device="cpu",
                              transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]))
-    return _time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(lambda: loader, epochs)
 
 
 def main() -> None:
@@ -106,25 +95,14 @@ def main() -> None:
 
     from fastdata.synthetic import make_imagenet_like
 
-    sys.path.insert(0, str(HERE))
-    import _common
-
     make_imagenet_like(args.root, n_images=args.images, progress=True)
     candidates = {"hand-written DALI CPU pipeline": "hand", "fastdata dali (CPU)": "fastdata"}
-    results: dict[str, list[float]] = {name: [] for name in candidates}
     print(f"{args.images} images, batch {BATCH}, {THREADS} DALI threads, {args.rounds} rounds x {args.epochs} epochs, "
           f"DALI {nvidia.dali.__version__}", file=sys.stderr)
     names = list(candidates)
-    for r in range(args.rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            out = subprocess.run([sys.executable, __file__, "--child", candidates[name], "--root", args.root,
-                                  "--epochs", str(args.epochs)], capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
-            rep = json.loads(out.stdout.strip().splitlines()[-1])
-            results[name] += rep["images_per_s"]
-            print(f"  round {r + 1}/{args.rounds}  {name:<32} {statistics.median(rep['images_per_s']):7.0f} img/s",
-                  file=sys.stderr)
+    commands = {name: [sys.executable, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)]
+                for name, child in candidates.items()}
+    results, _ = _common.process_rounds(commands, args.rounds)
     med = {name: statistics.median(v) for name, v in results.items()}
     hand, fast = (med[n] for n in names)
     print(f"\n{'pipeline':<34}{'images/s':>10}")

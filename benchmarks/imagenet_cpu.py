@@ -25,8 +25,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+import _common
 
 HERE = Path(__file__).resolve().parent
 STOCK_VENV = HERE / ".venv-stock-pillow"
@@ -34,19 +35,6 @@ BATCH, WORKERS, SIZE = 256, 2, 224
 
 
 # ----------------------------------------------------------------- candidates (run in children)
-
-def _time_epochs(make_iter, epochs: int) -> list[float]:
-    for _ in make_iter():  # warm-up epoch: workers, page cache
-        pass
-    times = []
-    for _ in range(epochs):
-        t = time.perf_counter()
-        n = 0
-        for images, labels in make_iter():
-            n += len(labels)
-        times.append(n / (time.perf_counter() - t))
-    return times
-
 
 def run_dataloader(files, epochs):
     import torch
@@ -56,7 +44,7 @@ def run_dataloader(files, epochs):
     from fastdata.demo import PillowRRC
 
     loader = DataLoader(PillowRRC(files, SIZE), batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
-    return _time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(lambda: loader, epochs)
 
 
 def run_dali(files, epochs):
@@ -84,7 +72,7 @@ def run_dali(files, epochs):
             images, labels = p.run()
             yield images, [0] * len(labels)
 
-    return _time_epochs(epoch, epochs)
+    return _common.time_epochs(epoch, epochs)
 
 
 def run_fastdata(files, epochs, root):
@@ -97,7 +85,7 @@ def run_fastdata(files, epochs, root):
     loader = fastdata.loader(root, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
                              transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]),
                              device="cpu", backend="pil")
-    return _time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(lambda: loader, epochs)
 
 
 def _child(name: str, root: str, epochs: int) -> None:
@@ -146,9 +134,6 @@ def main() -> None:
     from fastdata._pillow import PILLOW
     from fastdata.synthetic import make_imagenet_like
 
-    sys.path.insert(0, str(HERE))
-    import _common
-
     make_imagenet_like(args.root, n_images=args.images, progress=True)
     candidates = {"DataLoader + Pillow-SIMD": [sys.executable, "dataloader"]}
     stock = _stock_python()
@@ -162,20 +147,12 @@ def main() -> None:
         print("DALI is not installed: its baseline is left out (pip install nvidia-dali-cuda120)", file=sys.stderr)
     candidates["fastdata pil"] = [sys.executable, "fastdata"]
 
-    results: dict[str, list[float]] = {name: [] for name in candidates}
-    pillows: dict[str, str] = {}
     print(f"{args.images} images, batch {BATCH}, {WORKERS} workers, {args.rounds} rounds x {args.epochs} epochs; "
           f"this environment: {PILLOW}", file=sys.stderr)
-    for r in range(args.rounds):
-        for name, (py, child) in candidates.items():
-            out = subprocess.run([py, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)],
-                                 capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
-            rep = json.loads(out.stdout.strip().splitlines()[-1])
-            results[name] += rep["images_per_s"]
-            pillows[name] = rep["pillow"]
-            print(f"  round {r + 1}/{args.rounds}  {name:<28} {statistics.median(rep['images_per_s']):7.0f} img/s", file=sys.stderr)
+    commands = {name: [py, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)]
+                for name, (py, child) in candidates.items()}
+    results, reports = _common.process_rounds(commands, args.rounds, abba=False)
+    pillows = {name: rep["pillow"] for name, rep in reports.items()}
 
     med = {name: statistics.median(v) for name, v in results.items()}
     fast = med["fastdata pil"]

@@ -23,27 +23,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import _common
 
 HERE = Path(__file__).resolve().parent
 BATCH, WORKERS, SIZE = 256, 2, 224
 PER_SHARD = 250
-
-
-def _time_epochs(make_iter, epochs: int) -> list[float]:
-    for _ in make_iter():  # warm-up epoch: workers, page cache
-        pass
-    times = []
-    for _ in range(epochs):
-        t = time.perf_counter()
-        n = 0
-        for images, labels in make_iter():
-            n += len(labels)
-        times.append(n / (time.perf_counter() - t))
-    return times
 
 
 def run_webdataset(shards: list[str], epochs: int) -> list[float]:
@@ -65,7 +52,7 @@ def run_webdataset(shards: list[str], epochs: int) -> list[float]:
     dataset = (wds.WebDataset(shards, shardshuffle=len(shards), seed=0, empty_check=False)
                .shuffle(1000).to_tuple("jpg", "cls").map_tuple(transform, int).batched(BATCH))
     loader = DataLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=True)
-    return _time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(lambda: loader, epochs)
 
 
 def run_fastdata(source: str, epochs: int) -> list[float]:
@@ -79,7 +66,7 @@ def run_fastdata(source: str, epochs: int) -> list[float]:
                              transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]),
                              device="cpu", backend="wds")
     assert len(loader.samples) > 0
-    return _time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(lambda: loader, epochs)
 
 
 def _child(name: str, folder: str, epochs: int) -> None:
@@ -127,28 +114,15 @@ def main() -> None:
 
     from fastdata._pillow import PILLOW
 
-    sys.path.insert(0, str(HERE))
-    import _common
-
     _shards(args.root, folder, args.images)
     candidates = {"webdataset + DataLoader + Pillow": "webdataset", "fastdata wds, local shards": "local",
                   "fastdata wds, HTTP 127.0.0.1": "http"}
-    results: dict[str, list[float]] = {name: [] for name in candidates}
-    pillows: dict[str, str] = {}
     print(f"{args.images} images in {PER_SHARD}-sample shards, batch {BATCH}, {WORKERS} workers, "
           f"{args.rounds} rounds x {args.epochs} epochs; this environment: {PILLOW}", file=sys.stderr)
     names = list(candidates)
-    for r in range(args.rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            out = subprocess.run([sys.executable, __file__, "--child", candidates[name], "--root", args.root,
-                                  "--shards", str(folder), "--epochs", str(args.epochs)], capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
-            rep = json.loads(out.stdout.strip().splitlines()[-1])
-            results[name] += rep["images_per_s"]
-            pillows[name] = rep["pillow"]
-            print(f"  round {r + 1}/{args.rounds}  {name:<34} {statistics.median(rep['images_per_s']):7.0f} img/s",
-                  file=sys.stderr)
+    commands = {name: [sys.executable, __file__, "--child", child, "--root", args.root, "--shards", str(folder),
+                       "--epochs", str(args.epochs)] for name, child in candidates.items()}
+    results, _ = _common.process_rounds(commands, args.rounds)
 
     med = {name: statistics.median(v) for name, v in results.items()}
     base, local, http = (med[n] for n in names)

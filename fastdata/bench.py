@@ -35,13 +35,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._cli import Parser
+
 SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _ops(size: int) -> dict[str, Any]:
@@ -344,7 +340,7 @@ def _print(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="fastdata-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="fastdata-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     aug = sub.add_parser("augment", help="images/s of each augmentation on each engine")
     aug.add_argument("--size", type=int, default=224, help="output size of the geometric ops (default 224)")

@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ._cli import Parser
+
 INPUT_BOUND = 0.10  # stall fraction above which the step is input-bound
 COMPUTE_BOUND = 1.5  # loader rate / step rate above which the step is compute-bound
 
@@ -285,12 +287,6 @@ def _advice(loader: Any, loader_rate: float, step_rate: float | None, stall: flo
 
 # ----------------------------------------------------------------- the command line
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 class _Fail(Exception):
     """A one-line cause for the command line."""
 
@@ -337,7 +333,7 @@ def _transform(spec: str, size: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="fastdata-profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="fastdata-profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source", metavar="SOURCE", help="an ImageFolder, WebDataset shards, or 'synthetic' (made here)")
     consumer = ap.add_mutually_exclusive_group()
     consumer.add_argument("--step-ms", type=float, help="simulate a training step of this many milliseconds")

@@ -1,6 +1,7 @@
 """`fastdata-shard`: packs an image source into WebDataset tar shards, with an index.
 
-    fastdata-shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N] [--no-shuffle] [--seed S] [--quiet]
+    fastdata-shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N]
+                   [--no-shuffle] [--seed S] [--quiet]
     fastdata-shard imagenet/train out/train-%06d.tar --max-size 1G
 
 SRC is a folder in ImageFolder layout (SRC/<class>/<image>: classes sorted by name, label =
@@ -19,14 +20,15 @@ The shards
   a shard of its own. Sample i (its position in the source order) is two tar members:
     <key>.<ext>  the image file's bytes, unchanged; ext = its extension lowercased, jpeg -> jpg
     <key>.cls    the label as decimal text (b"3")
-  with key = "%08d" % i, i the sample's position in the source order. The tars are plain USTAR, uncompressed, written byte for byte the same
-  on every run and for any number of workers: every header has mode 0644, uid/gid 0, empty
-  uname/gname, mtime 0, and the archive ends with its two zero blocks (no padding to a 10 KiB
-  record), so a shard's size is exactly the sum of its samples' sizes + 1024. Shards are
-  written in parallel (--workers processes, default: the usable cores), each under a temporary
-  name in the output folder and renamed when complete; the index is written last, so an index
-  that exists describes a complete set. Shards left in the folder by an earlier, longer run are
-  not removed (a warning names them); the index lists only this run's.
+  with key = "%08d" % i, i the sample's position in the source order. The tars are plain
+  USTAR, uncompressed, written byte for byte the same on every run and for any number of
+  workers: every header has mode 0644, uid/gid 0, empty uname/gname, mtime 0, and the archive
+  ends with its two zero blocks (no padding to a 10 KiB record), so a shard's size is exactly
+  the sum of its samples' sizes + 1024. Shards are written in parallel (--workers processes,
+  default: the usable cores), each under a temporary name in the output folder and renamed
+  when complete; the index is written last, so an index that exists describes a complete set.
+  Shards left in the folder by an earlier, longer run are not removed (a warning names them);
+  the index lists only this run's.
 
 The index: <prefix>-index.json next to the shards
   <prefix> is the shard file name before the `%d`, without trailing "-", "_", "." or spaces
@@ -63,6 +65,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._cli import Parser
+
 INDEX_FORMAT = "fastdata-wds-index"
 INDEX_VERSION = 1
 
@@ -75,6 +79,16 @@ _CONVERSION = re.compile(r"%(0\d+)?d")
 # the metadata members it skips.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
+
+
+def sample_key(name: str) -> str | None:
+    """The key of the sample a tar member belongs to, as webdataset groups them (split at the
+    first dot of the file name); None for its metadata members (__name__) and names without
+    an extension, which it skips."""
+    if _META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__")):
+        return None
+    m = _KEY_EXT.match(name)
+    return m.group(1) if m else None
 
 
 # ----------------------------------------------------------------- tar layout
@@ -462,26 +476,14 @@ def count_samples(tar_path: str | os.PathLike) -> int:
     with tarfile.open(os.fspath(tar_path), "r:*") as tf:
         while (info := tf.next()) is not None:
             tf.members.clear()  # keep memory flat over long shards
-            name = info.name
-            if not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")) \
-                    or _META.match(name):
-                continue
-            m = _KEY_EXT.match(name)
-            if m is None:
-                continue
-            if m.group(1) != last:
+            key = sample_key(info.name) if info.isreg() else None
+            if key is not None and key != last:
                 count += 1
-                last = m.group(1)
+                last = key
     return count
 
 
 # ----------------------------------------------------------------- CLI
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
 
 def _positive(text: str) -> int:
     try:
@@ -504,7 +506,7 @@ def _size(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="fastdata-shard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="fastdata-shard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", metavar="SRC", help="a folder in ImageFolder layout (SRC/<class>/<image>)")
     ap.add_argument("pattern", metavar="OUT_PATTERN", help="shard names, printf style: out/train-%%06d.tar")
     ap.add_argument("--max-count", type=_positive, default=10000, metavar="N",

@@ -235,7 +235,7 @@ def scan_shard(url: str) -> tuple[list[str], np.ndarray]:
     fails there, and names the member."""
     import tarfile
 
-    from .shard import _KEY_EXT, _META, _padded
+    from .shard import _padded, sample_key
 
     keys: list[str] = []
     spans: list[list[int]] = []
@@ -249,26 +249,23 @@ def scan_shard(url: str) -> tuple[list[str], np.ndarray]:
 
             raise DataError(f"cannot read shard {url}: not a tar file ({e})", path=url) from None
         with tf:
-            for info in _members(tf, url, keys):
+            for info in _members(tf, keys):
                 tf.members = []  # keep memory flat over long shards
-                name = info.name
-                if not info.isreg() or _META.match(name) or (name.startswith("__") and name.endswith("__")):
-                    continue
-                m = _KEY_EXT.match(name)
-                if m is None:
+                key = sample_key(info.name) if info.isreg() else None
+                if key is None:
                     continue
                 end = info.offset_data + _padded(info.size)
-                if keys and keys[-1] == m.group(1):
+                if keys and keys[-1] == key:
                     spans[-1][1] = end - spans[-1][0]
                 else:
-                    keys.append(m.group(1))
+                    keys.append(key)
                     spans.append([info.offset, end - info.offset])
     return keys, np.array(spans, dtype=np.int64).reshape(-1, 2)
 
 
-def _members(tf, url: str, keys: list[str]):
-    """The members of an open tar; a shard cut off after its first member just ends (its cut
-    member's sample is kept: reading it names the member)."""
+def _members(tf, keys: list[str]):
+    """The members of an open tar; a shard cut off after its first sample (`keys` so far) just
+    ends (its cut member's sample is kept: reading it names the member)."""
     import tarfile
 
     while True:

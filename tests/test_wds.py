@@ -76,6 +76,15 @@ def _pattern(paths) -> str:
     return os.path.join(os.path.dirname(paths[0]), PATTERN)
 
 
+def _copy(shards, to: Path, indexed: bool) -> Path:
+    """The shards copied into `to`, with their index or without."""
+    for p in shards:
+        shutil.copy(p, to)
+    if indexed:
+        shutil.copy(os.path.join(os.path.dirname(shards[0]), "train-index.json"), to)
+    return to
+
+
 def _ids(images: torch.Tensor, labels: torch.Tensor) -> list[tuple[int, int]]:
     """(class, number) of each image from its color, checked against its label."""
     if not len(labels):  # every sample of the batch skipped
@@ -133,8 +142,7 @@ def test_sources_agree(shards, tmp_path):
     assert _epoch(_load([f"pipe:cat {p}" for p in shards], shuffle=True, seed=3)) == reference
     bare = tmp_path / "bare"
     bare.mkdir()
-    for p in shards:
-        shutil.copy(p, bare)
+    _copy(shards, bare, indexed=False)
     loader = _load(str(bare / PATTERN), shuffle=True, seed=3)
     assert "no index" in loader.samples.description
     assert _epoch(loader) == reference
@@ -263,8 +271,7 @@ def test_http_streams_the_same_batches(shards, ranges):
 
 
 def test_http_without_index_counts_the_shards(shards, tmp_path):
-    for p in shards:
-        shutil.copy(p, tmp_path)
+    _copy(shards, tmp_path, indexed=False)
     reference = _epoch(_load(_pattern(shards), shuffle=False))
     with serve(tmp_path) as base:
         loader = _load(f"{base}/{PATTERN}", shuffle=False)
@@ -285,9 +292,7 @@ def test_unreachable_url_names_it():
 
 
 def test_shard_gone_after_indexing(shards, tmp_path):
-    for p in shards:
-        shutil.copy(p, tmp_path)
-    shutil.copy(os.path.join(os.path.dirname(shards[0]), "train-index.json"), tmp_path)
+    _copy(shards, tmp_path, indexed=True)
     with serve(tmp_path) as base:
         loader = _load(f"{base}/{PATTERN}", shuffle=False, on_error="skip")
         os.unlink(tmp_path / "train-000001.tar")  # 404 from now on
@@ -327,10 +332,7 @@ def _corrupt(src: str, dst: Path, how: str) -> tuple[str, str]:
 @pytest.mark.parametrize("how", ["cut", "image", "cls"])
 @pytest.mark.parametrize("indexed", [True, False])
 def test_bad_shard_raises_naming_shard_and_member(shards, tmp_path, how, indexed):
-    for p in shards:
-        shutil.copy(p, tmp_path)
-    if indexed:
-        shutil.copy(os.path.join(os.path.dirname(shards[0]), "train-index.json"), tmp_path)
+    _copy(shards, tmp_path, indexed)
     bad = tmp_path / "train-000002.tar"
     member, cause = _corrupt(shards[2], bad, how)
     if indexed and how == "cut":
@@ -346,10 +348,7 @@ def test_bad_shard_raises_naming_shard_and_member(shards, tmp_path, how, indexed
 @pytest.mark.parametrize("how", ["cut", "image", "cls"])
 @pytest.mark.parametrize("indexed", [True, False])
 def test_bad_shard_skipped_and_counted(shards, tmp_path, how, indexed):
-    for p in shards:
-        shutil.copy(p, tmp_path)
-    if indexed:
-        shutil.copy(os.path.join(os.path.dirname(shards[0]), "train-index.json"), tmp_path)
+    _copy(shards, tmp_path, indexed)
     member, _ = _corrupt(shards[2], tmp_path / "train-000002.tar", how)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the cut shard's size

@@ -37,7 +37,7 @@ from .._buffers import new_batch
 from ..errors import DataError
 from ..sources import Shards
 from . import wds
-from .pil import PilLoader, _Batches, _Decoder
+from .pil import PilLoader
 
 logger = logging.getLogger("fastdata")
 
@@ -91,15 +91,10 @@ class DaliLoader(PilLoader):
             names = ", ".join(type(op).__name__ for op in self.transform.pixel_ops)
             raise ValueError(f"backend 'dali' runs the geometry and Normalize; {names} has no DALI lowering yet: "
                              "use backend 'pil' or 'wds' for it")
-        if isinstance(self.samples, Shards):
-            plan = wds._Plan(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                             self.world_size, 1)
-            batches, reader = wds._LaneBatches(plan), wds._ShardDecoder(
-                self.samples, plan, self.transform, self.seed, self.on_error, slots, pin, persistent=True)
-        else:
-            batches = _Batches(len(self.samples), self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                               self.world_size)
-            reader = _Decoder(self.samples, self.transform, self.seed, self.on_error, slots, pin)
+        # The batches and the reader of the `wds` or `pil` backend, as with 0 workers: here the
+        # training process reads (one lane of a shard plan), and DALI's threads decode.
+        sibling = wds.WdsLoader if isinstance(self.samples, Shards) else PilLoader
+        batches, reader = sibling._plan(self, shuffle, drop_last, 0, slots, pin)
         reader.backend = "dali"  # its errors name this backend
         return batches, reader
 

@@ -16,9 +16,10 @@ scan of their headers), a pure function of (seed, epoch):
   the block of its next batch instead of reading and discarding what came before.
 
 A worker reads a block's samples as one byte range per shard (files seek, HTTP asks for the
-range; pipe: streams are read on), parses the tar members with webdataset's tar iterator and
-key grouping, and reads the next block in a thread while it decodes this one. The images are
-decoded into ring slots by the code the `pil` backend runs (`_BatchDecoder`).
+range; pipe: streams are read on) into one of two buffers it keeps, slices plain USTAR members
+out of it without a copy (anything else goes through webdataset's tar iterator), groups them
+by key as webdataset does, and reads the next block in a thread while it decodes this one.
+The images are decoded into ring slots by the code the `pil` backend runs (`_BatchDecoder`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from ..shard import _META
-from ..sources import Shards, _cause, _discard, _fill, _local, open_stream, read_range
+from ..shard import sample_key
+from ..sources import Shards, _cause, _discard, _fill, open_stream, read_range
 from .pil import PilLoader, _BatchDecoder
 
 _BLOCK_SAMPLES = 1024  # the shuffle buffer: samples per block, at least (rounded up to whole batches)
 _IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 _ZERO_BLOCK = bytes(512)
+_NOT_THERE = "no such sample where the index puts it (the shard ends early, or the index is stale)"
 
 
 class _Plan:
@@ -116,12 +118,13 @@ class _LaneBatches:
 
 class _Block:
     """A block's samples in stream order: ids, names (shard and image member), the image bytes
-    and labels, or why a sample cannot be had."""
+    and labels, or why a sample cannot be had; and `order`, the block's shuffle."""
 
-    __slots__ = ("ids", "names", "datas", "labels", "causes")
+    __slots__ = ("ids", "order", "names", "datas", "labels", "causes")
 
-    def __init__(self, ids: np.ndarray) -> None:
+    def __init__(self, ids: np.ndarray, order: np.ndarray) -> None:
         self.ids = ids
+        self.order = order
         self.names: list[str] = []
         self.datas: list[bytes | None] = []
         self.labels: list[int] = []
@@ -165,7 +168,7 @@ class _ShardDecoder(_BatchDecoder):
         plan = self.plan
         lane, block, row = plan.locate(k)
         data = self._block(epoch, lane, block)
-        rows = plan.permutation(epoch, lane, block, len(data.ids))[row : row + plan.batch_size]
+        rows = data.order[row : row + plan.batch_size]
         errors: list[tuple[str, str]] = []
         index, paths, datas, labels = [], [], [], []
         for r in rows.tolist():
@@ -215,28 +218,27 @@ class _ShardDecoder(_BatchDecoder):
         return reader.submit(self._read_block, *key, buf)
 
     def _read_block(self, epoch: int, lane: int, block: int, buf: bytearray) -> _Block:
-        ids = self.plan.block_ids(epoch, lane, block)
-        out = _Block(ids)
-        shard = np.searchsorted(self.plan.first, ids, side="right") - 1
-        local = ids - self.plan.first[shard]
-        # runs of consecutive samples of one shard: one read each
+        plan = self.plan
+        ids = plan.block_ids(epoch, lane, block)
+        out = _Block(ids, plan.permutation(epoch, lane, block, len(ids)))
+        shard = np.searchsorted(plan.first, ids, side="right") - 1
+        local = ids - plan.first[shard]
+        # runs of consecutive samples of one shard: one read each, of bytes [start, stop)
         breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
-        runs = list(zip(np.concatenate([[0], breaks]).tolist(), np.concatenate([breaks, [len(ids)]]).tolist()))
-        spans = [self._span(int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1) for lo, hi in runs]
-        need = sum(length for _, length in spans)
+        runs = []
+        for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(ids)]):
+            s, first, end = int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1
+            spans = self.shards.spans[s]
+            runs.append((s, first, end, int(spans[first, 0]), int(spans[end - 1].sum())))
+        need = sum(stop - start for *_, start, stop in runs)
         if len(buf) < need:
             buf.extend(bytes(need - len(buf)))
         view = memoryview(buf)
         at = 0
-        for (lo, hi), (start, length) in zip(runs, spans):
-            self._read_run(out, int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1, start, view[at:at + length])
-            at += length
+        for s, first, end, start, stop in runs:
+            self._read_run(out, s, first, end, start, view[at:at + stop - start])
+            at += stop - start
         return out
-
-    def _span(self, s: int, first: int, end: int) -> tuple[int, int]:
-        spans = self.shards.spans[s]
-        start = int(spans[first, 0])
-        return start, int(spans[end - 1, 0] + spans[end - 1, 1]) - start
 
     def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview) -> None:
         """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`
@@ -256,8 +258,7 @@ class _ShardDecoder(_BatchDecoder):
         for key in keys[first:end]:
             sample = found.get(key)
             if sample is None:
-                out.add(f"{url} (member {key}.*)", None, 0,
-                        "no such sample where the index puts it (the shard ends early, or the index is stale)")
+                out.add(f"{url} (member {key}.*)", None, 0, _NOT_THERE)
             else:
                 self._add(out, url, key, sample)
 
@@ -295,8 +296,7 @@ class _ShardDecoder(_BatchDecoder):
                     out.add(f"{url} (member {key}.*)", None, 0, f"lost: the shard is cut off or corrupt before it, "
                             f"in member {broken[0]}")
                 else:
-                    out.add(f"{url} (member {key}.*)", None, 0,
-                            "no such sample where the index puts it (the shard ends early, or the index is stale)")
+                    out.add(f"{url} (member {key}.*)", None, 0, _NOT_THERE)
                 continue
             self._add(out, url, key, sample)
 
@@ -323,7 +323,7 @@ class _ShardDecoder(_BatchDecoder):
     def _read(self, url: str, start: int, view: memoryview) -> int:
         """Reads shard bytes [start, start + len(view)) into `view`; the count read (fewer
         where the shard ends sooner)."""
-        if _local(url) is not None or not url.startswith("pipe:"):
+        if not url.startswith("pipe:"):
             return read_range(url, start, view)
         # A pipe cannot seek: keep it open, and read on from where the last read stopped.
         stream, at = self._pipes.get(url, (None, 0))
@@ -362,14 +362,11 @@ def _plain_members(raw: memoryview) -> dict[str, dict[str, memoryview]] | None:
         end = pos + 512 + info.size
         if end > n:
             return None
-        name = info.name
-        if not (_META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__"))):
-            key, ext = base_plus_ext(name)
-            if key is not None:
-                found.setdefault(key, {})[ext.lower()] = raw[pos + 512:end]
+        if sample_key(info.name) is not None:
+            key, ext = base_plus_ext(info.name)
+            found.setdefault(key, {})[ext.lower()] = raw[pos + 512:end]
         pos = pos + 512 + -(-info.size // 512) * 512
     return found
-
 
 
 class WdsLoader(PilLoader):
