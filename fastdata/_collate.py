@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -165,8 +166,70 @@ class RingCollate:
     def __init__(self, slots: int, pin: bool = False) -> None:
         self.rings = ProcessRings(slots, pin)
         self._calls = 0
+        # Stage timing (fastdata.profile): None when off (one check a batch), else a shared
+        # float64 [processes, 5] table, a row per worker (the last for the main process):
+        # dataset CPU seconds, dataset wall seconds, batches with them, collate CPU seconds, samples.
+        self.timing: torch.Tensor | None = None
+        self._row: Any = None
+        self._left: tuple[float, float] | None = None  # (CPU, wall) clocks when this process's last collation ended
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_row": None, "_left": None}
 
     def __call__(self, batch: Sequence[Any]) -> Any:
+        if self.timing is None:
+            return self._collate(batch)
+        return self._timed(batch)
+
+    def _timed(self, batch: Sequence[Any]) -> Any:
+        """The collation, timed. The time since this process's last collation is the dataset's
+        (a worker waits for indices, fetches, collates and queues the batch, and while the
+        consumer keeps up its indices are already queued): its CPU seconds as "dataset", the
+        rest of its wall time (I/O, sleeps) as "read". CPU seconds, not wall time, for what
+        computes, like the image backends' stages: under contention wall time counts the waits
+        for a core too."""
+        from torch.autograd.profiler import record_function
+
+        info = get_worker_info()
+        if self._row is None:
+            self._row = self.timing.numpy()[info.id if info is not None else -1]
+        clock = time.process_time if info is not None else time.thread_time
+        start, wall = clock(), time.perf_counter()
+        with record_function("fastdata.collate"):
+            out = self._collate(batch)
+        end = clock()
+        row = self._row
+        if self._left is not None:  # a process's first batch has no "since"
+            row[0] += start - self._left[0]
+            row[1] += wall - self._left[1]
+            row[2] += 1
+        row[3] += end - start
+        row[4] += len(batch)
+        self._left = (end, time.perf_counter())
+        return out
+
+    def stages(self) -> dict[str, Any]:
+        """The timing table as stage seconds: "read" (the dataset's wall time beyond its CPU
+        time), "dataset" (its CPU time), "collate", "images", and the same per "worker k"
+        (the main process is "worker -1")."""
+        names = ("read", "dataset", "collate")
+        out: dict[str, Any] = {**dict.fromkeys(names, 0.0), "images": 0}
+        if self.timing is None:
+            return out
+        rows = self.timing.tolist()
+        for k, (cpu, wall, fetched, collate, samples) in enumerate(rows):
+            if not samples:
+                continue
+            # a process's first batch has no dataset seconds: scale its others up to all its batches
+            scale = (fetched + 1) / fetched if fetched else 0.0
+            own = {"read": max(0.0, wall - cpu) * scale, "dataset": cpu * scale, "collate": collate,
+                   "images": int(samples)}
+            out[f"worker {k if k < len(rows) - 1 else -1}"] = own
+            for name in (*names, "images"):
+                out[name] += own[name]
+        return out
+
+    def _collate(self, batch: Sequence[Any]) -> Any:
         global _ring
         if self._calls < 0:
             # The first batches had nothing for the native core (small or contiguous leaves in

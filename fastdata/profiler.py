@@ -35,8 +35,6 @@ costs, and measures the best predictions. The winner is kept for this source, tr
 batch size and machine (under ~/.cache/fastdata/tuned), where `num_workers="auto"` and
 `placement="auto"` find it; with --out, it is also written as `config.json` for
 `fastdata.loader(config=...)`.
-
-Not yet built: predictions for each piece of advice.
 """
 
 from __future__ import annotations
@@ -57,6 +55,19 @@ from ._cli import Parser
 INPUT_BOUND = 0.10  # stall fraction above which the step is input-bound
 COMPUTE_BOUND = 1.5  # loader rate / step rate above which the step is compute-bound
 
+# What each stage is, as the report says it (ms an image; where: worker, training process, GPU).
+STAGES = {
+    "read": "reading the bytes (wall time)",
+    "dataset": "the Dataset's __getitem__ (CPU)",
+    "decode": "JPEG decode, crop, resize (CPU)",
+    "cpu_transforms": "pixel ops on the CPU (CPU)",
+    "collate": "batching into shared memory (CPU)",
+    "deliver": "taking batches in the training process (CPU)",
+    "device_stage": "Normalize, dtype, device-placed ops",
+    "h2d_copy": "host-to-device copy (GPU time)",
+    "consumer_wait": "the step waiting for data (wall time, together)",
+}
+
 
 @dataclasses.dataclass
 class Report:
@@ -73,8 +84,9 @@ class Report:
     steps: list[tuple[float, float]]
     advice: list[str]
     config: dict[str, Any]
-    stages: dict[str, float] = dataclasses.field(default_factory=dict)  # ms of CPU per image, loader alone
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)  # ms per image (see _per_image)
     bound: str | None = None  # the stage that costs the most per image
+    predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the advice's, machine-readable
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -87,12 +99,46 @@ class Report:
             lines.append(f"  together:       {self.together_images_per_s:10,.0f} images/s "
                          f"(the step waited for data {100 * self.stall_fraction:.0f}% of the time)")
         if self.stages:
-            lines.append("  where an image's time goes (ms, loader alone; worker stages summed over workers):")
-            lines += [f"    {name:<15}{ms:8.2f}" + ("   <- the most" if name == self.bound else "")
+            lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
+            lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}" + ("   <- the most" if name == self.bound else "")
                       for name, ms in self.stages.items()]
         lines.append(f"  verdict: {self.verdict}")
         lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
+
+    def print(self, console: Any = None) -> None:
+        """The summary in the terminal, with rich: the rates, a bar per stage, the verdict in
+        colour, the advice."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        console.rule(f"[bold]fastdata-profile[/]: {self.source}")
+        console.print(f"[dim]{json.dumps(self.config)}[/]")
+        rates = Table(show_header=False, box=None, padding=(0, 2))
+        rates.add_row("loader alone", f"{self.loader_images_per_s:,.0f} images/s")
+        if self.step_images_per_s is not None:
+            rates.add_row("step alone", f"{self.step_images_per_s:,.0f} images/s")
+            rates.add_row("together", f"{self.together_images_per_s:,.0f} images/s",
+                          f"the step waited for data {100 * self.stall_fraction:.0f}% of the time")
+        console.print(rates)
+        if self.stages:
+            table = Table(title="where an image's time goes (loader alone; worker stages summed over workers)",
+                          title_justify="left", box=None, padding=(0, 2))
+            table.add_column("stage")
+            table.add_column("ms/image", justify="right")
+            table.add_column("")
+            table.add_column("what", style="dim")
+            top = max(self.stages.values()) or 1.0
+            for name, ms in self.stages.items():
+                colour = "red" if name == self.bound else "cyan"
+                table.add_row(name, f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
+                              STAGES.get(name, ""))
+            console.print(table)
+        colour = "red" if self.verdict.startswith("input") else "green" if self.verdict.startswith("compute") else "yellow"
+        console.print(f"verdict: [bold {colour}]{self.verdict}[/]")
+        for a in self.advice:
+            console.print(f"  • {a}")
 
     def to_html(self) -> str:
         """A self-contained page: the summary, and one bar per step (wait, then compute)."""
@@ -181,22 +227,30 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(warmup):
         cached = next(it)
     before = _stage_totals(loader) if timed else {}
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     n = 0
     for _ in range(steps):
         cached = next(it)
         n += _batch_len(cached)
     _sync(device)
     loader_rate = n / (time.perf_counter() - t)
+    cpu = time.process_time() - cpu
     stages = _per_image(before, _stage_totals(loader)) if timed else {}
-    bound = max(stages, key=stages.get) if stages else None
+    if stages:
+        # "deliver": the training process's CPU an image beyond the stages it ran itself (taking
+        # batches from the workers, the loop's own work)
+        own = _COSTS if _in_process(loader) else {"device_stage"}
+        stages["deliver"] = max(0.0, 1e3 * cpu / n - sum(v for k, v in stages.items() if k in own))
+    bound = max((_COSTS | {"deliver"}).intersection(stages), key=stages.get, default=None)
     batch_size = _batch_len(cached)
     config = {k: getattr(loader, k) for k in ("backend", "num_workers", "batch_size", "placement") if hasattr(loader, k)}
     config["device"] = str(device) if device is not None else "cpu"
 
     if step is None:
-        return Report(source, batch_size, loader_rate, None, None, None, "no consumer given: the loader's ceiling",
-                      [], _advice(loader, loader_rate, None, None, stages), config, stages, bound)
+        report = Report(source, batch_size, loader_rate, None, None, None, "no consumer given: the loader's ceiling",
+                        [], [], config, stages, bound)
+        _advice(loader, report)
+        return report
 
     # 2. the step alone, on one cached batch
     for _ in range(min(warmup, 2)):
@@ -209,7 +263,11 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     step_s = (time.perf_counter() - t) / steps
     step_rate = batch_size / step_s
 
-    # 3. both, as training runs them
+    # 3. both, as training runs them; first as many steps as batches can queue up ahead, since
+    # the loader filled its queues while the step ran alone and a full queue is no steady state
+    for _ in range(_ahead(loader) + min(warmup, 2)):
+        step(next(it))
+    _sync(device)
     timeline: list[tuple[float, float]] = []
     n = 0
     start = time.perf_counter()
@@ -223,6 +281,8 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         n += _batch_len(batch)
     real = time.perf_counter() - start
     together = n / real
+    if stages:
+        stages["consumer_wait"] = 1e3 * sum(w for w, _ in timeline) / n  # wall ms an image
     stall = max(0.0, 1.0 - steps * step_s / real)
     if stall > INPUT_BOUND:
         verdict = f"input-bound: the step waited for data {100 * stall:.0f}% of the time"
@@ -230,15 +290,36 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         verdict = "compute-bound: the loader has headroom; faster input would not speed this step up"
     else:
         verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
-    return Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline,
-                  _advice(loader, loader_rate, step_rate, stall, stages), config, stages, bound)
+    report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline, [], config, stages,
+                    bound)
+    _advice(loader, report)
+    return report
 
 
-_WORKER_STAGES = ("read", "decode", "cpu_transforms", "collate")
+# where a worker's time goes: the image backends' stages, or the drop-in's dataset (the user's
+# __getitem__) and collation
+_WORKER_STAGES = ("read", "dataset", "decode", "cpu_transforms", "collate")
+
+
+# the stages that cost the loader's own time (a bound): not the GPU's copy, not the consumer's wait
+_COSTS = frozenset((*_WORKER_STAGES, "device_stage"))
+
+
+def _ahead(loader: Any) -> int:
+    """How many batches the loader can have ready ahead of the consumer."""
+    workers = getattr(loader, "num_workers", 0) or 0
+    inner = getattr(loader, "_loader", None)
+    depth = getattr(inner, "prefetch_factor", None) or getattr(loader, "_depth", None) or 2
+    return (workers or 1) * depth + 1
+
+
+def _in_process(loader: Any) -> bool:
+    """Whether the loader's stages run in the training process (no worker processes)."""
+    return getattr(loader, "num_workers", 0) == 0 or getattr(loader, "backend", "") == "dali"
 
 
 def _stage_totals(loader: Any) -> dict[str, float]:
-    return {k: v for k, v in loader.stats.get("stages", {}).items() if not isinstance(v, dict)}
+    return {k: v for k, v in loader._stages().items() if not isinstance(v, dict)}
 
 
 def _per_image(before: dict, after: dict) -> dict[str, float]:
@@ -246,29 +327,87 @@ def _per_image(before: dict, after: dict) -> dict[str, float]:
     images = after.get("images", 0) - before.get("images", 0)
     if images <= 0:
         return {}
-    names = [*_WORKER_STAGES, "device_stage"]
+    names = [*_WORKER_STAGES, "device_stage", "h2d_copy"]
     return {k: 1e3 * (after.get(k, 0) - before.get(k, 0)) / images for k in names if k in after}
 
 
-def _advice(loader: Any, loader_rate: float, step_rate: float | None, stall: float | None,
-            stages: dict[str, float] | None = None) -> list[str]:
+@dataclasses.dataclass
+class RateModel:
+    """images/s of a loader config together with the step, from the stage costs of one run.
+
+    A worker handles one image at a time: its stages' time, waits included ("read"), bounds
+    each worker. The training process's own stages (the device stage, taking batches) run in
+    series with the step, in its thread. All the CPU work, workers' and training process's,
+    shares the cores. With 0 workers everything runs in series. Prefetch depth does not
+    enter: it absorbs jitter, it adds no capacity. Left out: cores slowing each other down
+    (memory bandwidth, shared caches)."""
+
+    work: float  # s an image in a worker: its stages, waits included
+    cpu: float  # CPU s an image in the workers
+    main: float  # s an image of the training process's stages
+    step: float  # s an image of the step; 0 for the loader alone
+    cores: int
+    main_on_cpu: bool = True  # False when the device stage runs on a GPU
+
+    @classmethod
+    def of(cls, report: "Report", cores: int) -> "RateModel | None":
+        st = report.stages
+        work = sum(st.get(k, 0) for k in _WORKER_STAGES) / 1e3
+        if work <= 0:
+            return None
+        cpu = work - st.get("read", 0) / 1e3
+        main = (st.get("device_stage", 0) + st.get("deliver", 0)) / 1e3
+        step = 1.0 / report.step_images_per_s if report.step_images_per_s else 0.0
+        return cls(work, cpu, main, step, cores, report.config.get("device", "cpu") == "cpu")
+
+    def rate(self, workers: int) -> float:
+        if workers == 0:
+            return 1.0 / (self.work + self.main + self.step)
+        cpu = self.cpu + (self.main if self.main_on_cpu else 0.0)
+        bounds = [workers / self.work, self.cores / max(cpu, 1e-9)]
+        if self.main + self.step > 0:
+            bounds.append(1.0 / (self.main + self.step))
+        return min(bounds)
+
+    def moved(self, seconds: float) -> "RateModel":
+        """The model with `seconds` an image of CPU work taken off the workers (onto the GPU)."""
+        return dataclasses.replace(self, work=max(self.work - seconds, 1e-9), cpu=max(self.cpu - seconds, 0.0))
+
+
+def _advice(loader: Any, report: Report) -> None:
+    """Fills report.advice, and report.predictions with each predicted change:
+    {"change": {keyword: value}, "images_per_s": prediction (with the step, if any)}."""
     from ._pillow import pillow_info
     from .backends.base import usable_cores
 
-    advice = []
+    advice, predictions = report.advice, report.predictions
+    stall, stages = report.stall_fraction, report.stages
     if stall is not None and stall <= INPUT_BOUND:
-        return ["nothing to change on the input side"]
+        advice.append("nothing to change on the input side")
+        return
+    measured = report.together_images_per_s or report.loader_images_per_s
     workers = getattr(loader, "num_workers", None)
     cores = usable_cores()
-    if isinstance(workers, int) and 0 < workers < cores:
-        # decode scales with processes up to the cores (measured: 98-99% of the decoder's own
-        # two-thread rate at 2 workers on 2 cores)
-        advice.append(f"{cores} workers instead of {workers}: about {loader_rate * cores / workers:,.0f} images/s "
-                      "(the loader scales with workers up to the cores)")
+    model = RateModel.of(report, cores)
+    if model is not None and isinstance(workers, int) and report.config.get("backend") != "dali":
+        now = model.rate(workers)
+        options = {w: model.rate(w) for w in sorted({0, 1, cores, 2 * cores} - {workers})}
+        best = max(options, key=options.get)
+        if options[best] >= 1.1 * measured:
+            advice.append(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
+                          f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)")
+            predictions.append({"change": {"num_workers": best}, "images_per_s": options[best]})
     elif workers == 0 and cores > 1:
         advice.append(f"num_workers='auto' ({cores} here) instead of 0: decoding moves off the training process")
-    info = pillow_info()
-    if not info.get("simd", False):
+    pixel = stages.get("cpu_transforms", 0)
+    device = getattr(loader, "device", None)
+    if (model is not None and getattr(loader, "placement", None) == "cpu" and device is not None
+            and device.type == "cuda" and pixel > 0.1 * 1e3 * model.work):
+        gain = model.moved(pixel / 1e3).rate(max(workers or 0, 0))
+        advice.append(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms of CPU "
+                      f"a batch) to the GPU: about {gain:,.0f} images/s")
+        predictions.append({"change": {"placement": "gpu"}, "images_per_s": gain})
+    if not pillow_info().get("simd", False):
         advice.append("Pillow-SIMD is not active: bash scripts/install.sh builds it (measured on the ImageNet "
                       "transform here: a DataLoader with Pillow-SIMD ran 1.2x one with stock Pillow)")
     if stages and isinstance(workers, int) and workers > 0:
@@ -278,11 +417,13 @@ def _advice(loader: Any, loader_rate: float, step_rate: float | None, stall: flo
             advice.append(f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms an "
                           f"image in the training process, against {in_workers:.2f} in the workers"
                           + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
-                             if getattr(loader, "device", None) is not None and loader.device.type == "cpu" else ""))
-    if step_rate is not None and loader_rate < step_rate:
-        advice.append(f"the loader alone gives {loader_rate:,.0f} images/s against the step's {step_rate:,.0f}: "
-                      "input is the bound")
-    return advice or ["no change found to suggest"]
+                             if device is not None and device.type == "cpu" else ""))
+    step_rate = report.step_images_per_s
+    if step_rate is not None and report.loader_images_per_s < step_rate:
+        advice.append(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
+                      f"{step_rate:,.0f}: input is the bound")
+    if not advice:
+        advice.append("no change found to suggest")
 
 
 # ----------------------------------------------------------------- the command line
@@ -351,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         report = _run(args)
-        print(report)
+        report.print()
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
         if args.tune:
@@ -499,9 +640,8 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
          predictions: list | None = None) -> tuple[dict, list[Trial]]:
     """Searches `space` (keyword -> values: num_workers, prefetch_factor, backend, placement)
     for the config with the highest images/s with the step. It measures one probe per backend
-    and placement with their stages timed, predicts every config from those stage costs (a rate
-    model: worker stages in parallel up to the cores, the training-process stages in series,
-    the step pipelined with the loader), and measures the `confirm` best predictions. Returns
+    and placement with their stages timed, predicts every config from those stage costs (see
+    `RateModel`), and measures the `confirm` best predictions. Returns
     (best config, trials); `predictions`, when given a list, gets (config, predicted images/s)
     for every config of the space. Configs that differ only in prefetch_factor predict alike
     (the model has no term for it): the first of them stands for all."""
@@ -510,9 +650,8 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
     cores = usable_cores()
     workers = sorted(space.get("num_workers", [cores]))
     probe_w = max(w for w in workers if w <= cores) if any(w <= cores for w in workers) else workers[0]
-    step_rate = None
     trials: list[Trial] = []
-    costs: dict[tuple, tuple[float, float]] = {}  # (backend, placement) -> (worker s/image, main s/image)
+    models: dict[tuple, RateModel] = {}  # (backend, placement) -> the rate model of its probe
     base = {k: v[0] for k, v in space.items()}
 
     def say(msg: str) -> None:
@@ -525,26 +664,17 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
             config = {k: v for k, v in config.items() if v is not None}
             rate, report = _rate(loader_factory, config, step, step_ms, steps, device)
             trials.append(Trial(config, None, rate))
-            step_rate = report.step_images_per_s
-            st = report.stages
-            if st:
-                work = sum(st.get(k, 0) for k in _WORKER_STAGES) / 1e3
-                main = st.get("device_stage", 0) / 1e3
-            else:  # no stage timing (dali): the probe's rate stands for the whole loader
-                work, main = max(1, probe_w) / report.loader_images_per_s, 0.0
-            costs[(backend, placement)] = (work, main)
-            say(f"  probe {config}: {rate:,.0f} images/s; worker {1e3 * work:.2f} ms, main {1e3 * main:.2f} ms an image")
+            model = RateModel.of(report, cores)
+            if model is None:  # no stage timing: the probe's rate stands for the whole loader
+                step_s = 1.0 / report.step_images_per_s if report.step_images_per_s else 0.0
+                work = max(1, probe_w) / report.loader_images_per_s
+                model = RateModel(work, work, 0.0, step_s, cores)
+            models[(backend, placement)] = model
+            say(f"  probe {config}: {rate:,.0f} images/s; worker {1e3 * model.work:.2f} ms, "
+                f"main {1e3 * model.main:.2f} ms an image")
 
     def predict(config: dict) -> float:
-        work, main = costs[(config.get("backend"), config.get("placement"))]
-        w = config.get("num_workers", 0)
-        if w == 0:
-            loader = 1.0 / (work + main)  # everything in the training process
-        else:
-            # bounded by the CPU (workers and the training process share the cores), by the
-            # workers (one image at a time each), and by the training process's own stages
-            loader = min(cores / (work + main), w / work, 1.0 / main if main else float("inf"))
-        return min(loader, step_rate) if step_rate else loader
+        return models[(config.get("backend"), config.get("placement"))].rate(config.get("num_workers", 0))
 
     import itertools
 

@@ -221,3 +221,15 @@ def test_hw_decoder_load(folder):
         _load(str(folder), hw_decoder_load=1.5)
     with pytest.raises(ValueError, match="backend 'pil' was picked"):
         _load(str(folder), hw_decoder_load=0.9, backend="pil")
+
+
+def test_stage_timing(folder):
+    loader = _load(str(folder))
+    report = fastdata.profile(loader, steps=3, warmup=1)
+    assert {"read", "decode", "collate", "deliver"} <= set(report.stages)
+    assert report.stages["read"] > 0 and report.stages["decode"] >= 0
+    assert loader.stats["stages"]["images"] >= 4 * 8
+    fresh = _load(str(folder))
+    loader.set_epoch(7)
+    fresh.set_epoch(7)
+    assert _epoch(loader) == _epoch(fresh)  # timing off again, and the batches unchanged

@@ -87,6 +87,76 @@ def test_stage_timing_per_worker(folder):
     assert sum(stages[w]["images"] for w in ("worker 0", "worker 1")) == stages["images"]
 
 
+class Busy(Dataset):
+    """Each sample sleeps `ms` (as a read from storage would wait) and then computes; its pixels
+    are its index."""
+
+    def __init__(self, ms: float, n: int = 96) -> None:
+        self.ms, self.n = ms, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.ms / 1e3)
+        x = torch.full((3, 64, 64), i % 256, dtype=torch.uint8)
+        return x, i % 10
+
+
+def test_dropin_stage_timing():
+    loader = fastdata.loader(Busy(1.0), batch_size=8, num_workers=2, device="cpu")
+    assert "stages" not in loader.stats  # off by default
+    report = fastdata.profile(loader, steps=4, warmup=2)
+    assert {"read", "dataset", "collate", "deliver"} <= set(report.stages)
+    # the sleep is the dataset's wall time beyond its CPU time: at least 1 ms an image
+    assert report.stages["read"] >= 0.9
+    stages = loader._stages()
+    workers = [stages[f"worker {k}"] for k in (0, 1)]
+    assert sum(w["images"] for w in workers) == stages["images"] >= 6 * 8
+    assert all(w["collate"] > 0 for w in workers)  # 64 KB batches: the native collation, timed in each worker
+    first = next(iter(loader))  # timing off again: the batches are the same, and nothing is counted
+    assert torch.equal(first[0][:, 0, 0, 0], torch.arange(8, dtype=torch.uint8))
+    assert loader._loader.collate_fn.timing is None
+
+
+def test_dropin_with_a_user_collate_is_not_timed():
+    loader = fastdata.loader(Busy(0.0), batch_size=8, collate_fn=lambda b: torch.stack([x for x, _ in b]))
+    report = fastdata.profile(loader, steps=2, warmup=1)
+    assert report.stages == {} and report.loader_images_per_s > 0
+
+
+def test_rate_model():
+    from fastdata.profiler import RateModel
+
+    # 4 ms an image in a worker (1 of it waiting on reads), 0.5 ms in the training process, 2 cores
+    m = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=0.0, cores=2)
+    assert m.rate(0) == pytest.approx(1 / 4.5e-3)  # all in series
+    assert m.rate(1) == pytest.approx(250)  # one worker: its 4 ms
+    assert m.rate(2) == pytest.approx(500)  # two workers: 2 / 4 ms (the CPU bound is 2 / 3.5 ms)
+    assert m.rate(4) == pytest.approx(2 / 3.5e-3)  # the cores bound
+    slow = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=2e-3, cores=2)
+    assert slow.rate(4) == pytest.approx(400)  # the step and the training process's stages in series
+    assert slow.rate(0) == pytest.approx(1 / 6.5e-3)
+    assert m.moved(1e-3).rate(1) == pytest.approx(1 / 3e-3)
+
+
+def test_advice_predicts_workers():
+    loader = fastdata.loader(Busy(2.0), batch_size=8, num_workers=0)  # 16 ms a batch, mostly waiting
+    report = fastdata.profile(loader, step_ms=2, steps=4, warmup=1)
+    assert report.verdict.startswith("input-bound")
+    (prediction,) = [p for p in report.predictions if "num_workers" in p["change"]]
+    assert prediction["change"]["num_workers"] > 0
+    assert prediction["images_per_s"] > 1.1 * report.together_images_per_s
+    assert any(f"num_workers={prediction['change']['num_workers']} instead of 0" in a for a in report.advice)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_h2d_copy_is_timed_on_cuda():
+    loader = fastdata.loader(Busy(0.0), batch_size=8, num_workers=1, device="cuda", pin_memory=True)
+    report = fastdata.profile(loader, steps=4, warmup=1)
+    assert report.stages["h2d_copy"] > 0
+
+
 def test_arguments():
     loader = fastdata.loader(Slow(0.0), batch_size=8)
     with pytest.raises(ValueError, match="either step or step_ms"):

@@ -57,5 +57,13 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _add_stage(self, name: str, seconds: float) -> None:
+        stages = self.stats.setdefault("stages", {})
+        stages[name] = stages.get(name, 0.0) + seconds
+
+    def _stages(self) -> dict[str, Any]:
+        """Stage seconds so far (with stage timing on): per stage, "images", and per "worker k"."""
+        return self.stats.get("stages", {})
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, batch_size={self.batch_size})"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import io
 import logging
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -112,6 +113,7 @@ class DaliLoader(PilLoader):
         self._meta: collections.deque = collections.deque()
         self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
         self._dummy = _placeholder()
+        self._fed = [0.0, 0.0]  # with stage timing: the feed's wall and CPU seconds so far
         return None
 
     @property
@@ -149,6 +151,9 @@ class DaliLoader(PilLoader):
         `_meta` for its output."""
         keys = iter(self._batches)
         for key in keys:
+            timing = self._decoder.timing
+            if timing:
+                wall, cpu = time.perf_counter(), time.thread_time()
             epoch, index, paths, datas, labels, errors = self._decoder.read(key)
             if self._bad:
                 keep = [j for j, i in enumerate(index.tolist()) if i not in self._bad]
@@ -170,6 +175,9 @@ class DaliLoader(PilLoader):
                 w, h = c.size
                 inputs = ([np.frombuffer(d, np.uint8) for d in c.datas], list(starts), list(shapes),
                           [np.array([h, w], np.float32)] * n, list(c.geo.flips.astype(np.int32)))
+            if timing:  # the read and the header checks, in this thread: the stage "read"
+                self._fed[0] += time.perf_counter() - wall
+                self._fed[1] += time.thread_time() - cpu
             self._meta.append((c, errors, n, inputs))  # fed without a copy: kept alive until the batch is out
             yield inputs
 
@@ -204,6 +212,9 @@ class DaliLoader(PilLoader):
     def _drain(self, pipe) -> Iterator[tuple]:
         self._drained = self._batches.skip  # batches of the epoch that came out, for a restart
         while True:
+            timing = self._decoder.timing
+            if timing:
+                cpu, fed = time.process_time(), self._fed[:]
             try:
                 (images,) = pipe.run()
             except StopIteration:
@@ -217,8 +228,18 @@ class DaliLoader(PilLoader):
                 raise
             c, errors, n, _ = self._meta.popleft()
             self._drained += 1
-            yield (self._copy_out(images, n, c.size), torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index,
-                   None)
+            if not timing:
+                yield self._copy_out(images, n, c.size), torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index, None
+                continue
+            # Stage seconds: "read" (the feed's wall time, as pil's), "decode" (the CPU seconds
+            # of the whole process during run(), less the feed's: DALI's threads decoding,
+            # resizing and flipping) and "collate" (the copy out of DALI's buffer).
+            t = time.process_time()
+            stages = {"worker": -1, "read": self._fed[0] - fed[0], "decode": t - cpu - (self._fed[1] - fed[1]),
+                      "images": n}
+            out = self._copy_out(images, n, c.size)
+            stages["collate"] = time.process_time() - t
+            yield out, torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index, stages
 
     def _copy_out(self, images, n: int, size: tuple[int, int]):
         from nvidia.dali.plugin.pytorch import feed_ndarray

@@ -122,6 +122,10 @@ class TorchLoader(Loader):
         self._delivered = 0
         self._in_epoch = False
 
+    @property
+    def num_workers(self) -> int:
+        return self._loader.num_workers
+
     def __len__(self) -> int:
         return len(self._ref)
 
@@ -154,7 +158,9 @@ class TorchLoader(Loader):
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         # One generator with both loops inline: a delegating `yield from` per item would cost
         # another 0.2 us.
-        batches = it if self.device is None else prefetch(it, self.device)
+        timed = isinstance(self._loader.collate_fn, RingCollate) and self._loader.collate_fn.timing is not None
+        timer = (lambda s: self._add_stage("h2d_copy", s)) if timed else None
+        batches = it if self.device is None else prefetch(it, self.device, timer)
         stats, clock = self.stats, time.perf_counter
         n = 0
         try:
@@ -188,8 +194,32 @@ class TorchLoader(Loader):
             stats["batches"] += n
             stats["samples"] += n
             collate_fn = self._loader.collate_fn
+            if timed:
+                stats["stages"] = self._stages()
             if isinstance(collate_fn, RingCollate) and not self._loader.persistent_workers:
                 collate_fn.rings.end_epoch(it)
+
+    def _timing(self, on: bool) -> bool:
+        """Stage timing on or off (for fastdata.profile): the dataset's and the collation's CPU
+        seconds, per worker. False when it cannot: a collate_fn of the user's, or persistent
+        workers already running (they hold their own copy of the collate function)."""
+        collate_fn = self._loader.collate_fn
+        if not isinstance(collate_fn, RingCollate):
+            return False
+        if on and getattr(getattr(self._loader, "_iterator", None), "_workers", None):
+            return False
+        if on and collate_fn.timing is None:
+            collate_fn.timing = torch.zeros((self._loader.num_workers + 1, 5), dtype=torch.float64).share_memory_()
+        elif not on:
+            collate_fn.timing = None
+        return True
+
+    def _stages(self) -> dict[str, Any]:
+        collate_fn = self._loader.collate_fn
+        if not isinstance(collate_fn, RingCollate) or collate_fn.timing is None:
+            return self.stats.get("stages", {})
+        copied = {k: v for k, v in self.stats.get("stages", {}).items() if k == "h2d_copy"}
+        return {**collate_fn.stages(), **copied}
 
     def _batch_sizes(self):
         """How many samples a delivered batch holds: from the batch sampler's arithmetic when it
