@@ -112,7 +112,7 @@ class Report:
         from rich.console import Console
         from rich.table import Table
 
-        console = console or Console()
+        console = console or Console(width=None if sys.stdout.isatty() else 120)
         console.rule(f"[bold]fastdata-profile[/]: {self.source}")
         console.print(f"[dim]{json.dumps(self.config)}[/]")
         rates = Table(show_header=False, box=None, padding=(0, 2))
@@ -393,7 +393,7 @@ def _advice(loader: Any, report: Report) -> None:
         now = model.rate(workers)
         options = {w: model.rate(w) for w in sorted({0, 1, cores, 2 * cores} - {workers})}
         best = max(options, key=options.get)
-        if options[best] >= 1.1 * measured:
+        if options[best] >= 1.1 * max(measured, now):  # better than both the run and the model's own figure for it
             advice.append(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
                           f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)")
             predictions.append({"change": {"num_workers": best}, "images_per_s": options[best]})
