@@ -2,7 +2,7 @@
 
     fastdata-profile SOURCE [--step-ms MS | --model module:callable] [--transform imagenet_train]
                      [--size 224] [--batch-size 256] [--workers auto] [--steps 30] [--device D]
-                     [--out DIR] [--debug]
+                     [--tune] [--out DIR] [--debug]
 
 It measures three things, one after the other:
 - the loader alone: batches as fast as they come;
@@ -24,10 +24,13 @@ forward, backward (cross-entropy) and SGD step in bfloat16 autocast and channels
 device. `--step-ms MS` simulates a step of that duration; the process sleeps, as it does while
 a GPU computes. With neither, only the loader's ceiling is reported.
 
-With a fastdata image loader (`pil`, `wds`), the loader-alone run also times the stages: read,
-decode (with the header checks), CPU transforms and collate in the workers, and the device
-stage in the training process. They appear as `fastdata.*` ranges in a torch profiler trace
-too. The report gives their milliseconds per image and names the costliest.
+With a fastdata loader, the loader-alone run also times the stages: read, decode (with the
+header checks), CPU transforms and collate in the workers (`pil`, `wds`); the Dataset's time and
+collate (drop-in); read, DALI's decode and the copy out (`dali`); and, in the training process,
+taking batches, the device stage and the host-to-device copy. They appear as `fastdata.*`
+ranges in a torch profiler trace too. The report gives their milliseconds per image, names the
+costliest, and advises: a rate model (RateModel) predicts what another worker count (or, on
+a GPU, placement="gpu") would give.
 
 `--tune` searches num_workers, prefetch_factor, backend and placement. It measures one probe
 per backend and placement with the stages timed, predicts every config from those stage

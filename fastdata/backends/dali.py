@@ -228,8 +228,9 @@ class DaliLoader(PilLoader):
                 raise
             c, errors, n, _ = self._meta.popleft()
             self._drained += 1
+            labels = torch.from_numpy(np.ascontiguousarray(c.labels))
             if not timing:
-                yield self._copy_out(images, n, c.size), torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index, None
+                yield self._copy_out(images, n, c.size), labels, errors, c.index, None
                 continue
             # Stage seconds: "read" (the feed's wall time, as pil's), "decode" (the CPU seconds
             # of the whole process during run(), less the feed's: DALI's threads decoding,
@@ -239,7 +240,7 @@ class DaliLoader(PilLoader):
                       "images": n}
             out = self._copy_out(images, n, c.size)
             stages["collate"] = time.process_time() - t
-            yield out, torch.from_numpy(np.ascontiguousarray(c.labels)), errors, c.index, stages
+            yield out, labels, errors, c.index, stages
 
     def _copy_out(self, images, n: int, size: tuple[int, int]):
         from nvidia.dali.plugin.pytorch import feed_ndarray

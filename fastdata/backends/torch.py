@@ -210,7 +210,8 @@ class TorchLoader(Loader):
             return False
         if on and collate_fn.timing is None:
             collate_fn.timing = torch.zeros((self._loader.num_workers + 1, 5), dtype=torch.float64).share_memory_()
-        elif not on:
+        elif not on and collate_fn.timing is not None:
+            self.stats["stages"] = self._stages()  # what was timed stays in stats
             collate_fn.timing = None
         return True
 
