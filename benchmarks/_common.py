@@ -63,6 +63,22 @@ def time_epochs(make_iter: Callable[[], Any], epochs: int) -> list[float]:
     return rates
 
 
+def rounds_parser(doc: str, rounds: int = 3) -> "argparse.ArgumentParser":
+    """The arguments every process-rounds benchmark takes: --images, --rounds, --epochs (timed
+    per candidate process), --root (the synthetic set), --json, and the hidden --child that
+    runs one candidate."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per candidate process")
+    ap.add_argument("--root", default=str(RESULTS.parent / "data" / "imagenet-like"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    return ap
+
+
 def process_rounds(commands: dict[str, list[str]], rounds: int, abba: bool = True) -> tuple[dict, dict]:
     """Runs each candidate's command in its own process, one after another, `rounds` times (in
     ABBA order unless abba=False), so drift on this shared machine hits all alike. A command

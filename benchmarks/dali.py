@@ -19,7 +19,6 @@ images/s and the ratio; writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -75,13 +74,7 @@ def run_fastdata(root: str, epochs: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per candidate process")
-    ap.add_argument("--root", default=str(HERE / "data" / "imagenet-like"))
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap = _common.rounds_parser(__doc__, rounds=4)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.child:

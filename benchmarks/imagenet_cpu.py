@@ -18,7 +18,6 @@ the median epoch counts. Prints images/s and the ratios; writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -118,13 +117,7 @@ def _stock_python() -> str | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per candidate process")
-    ap.add_argument("--root", default=str(HERE / "data" / "imagenet-like"))
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap = _common.rounds_parser(__doc__)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.child:

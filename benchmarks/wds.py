@@ -97,13 +97,7 @@ def _shards(root: str, folder: Path, images: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per candidate process")
-    ap.add_argument("--root", default=str(HERE / "data" / "imagenet-like"))
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap = _common.rounds_parser(__doc__)
     ap.add_argument("--shards", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")

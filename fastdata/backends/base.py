@@ -61,6 +61,10 @@ class Loader:
         stages = self.stats.setdefault("stages", {})
         stages[name] = stages.get(name, 0.0) + seconds
 
+    def _time_copy(self, seconds: float) -> None:
+        """device.prefetch's timer: one host-to-device copy's seconds."""
+        self._add_stage("h2d_copy", seconds)
+
     def _stages(self) -> dict[str, Any]:
         """Stage seconds so far (with stage timing on): per stage, "images", and per "worker k"."""
         return self.stats.get("stages", {})

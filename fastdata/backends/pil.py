@@ -515,8 +515,7 @@ class PilLoader(Loader):
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         batches = (self._finish(b) for b in it)
         if self.device.type != "cpu":
-            timer = (lambda s: self._add_stage("h2d_copy", s)) if self._decoder.timing else None
-            batches = prefetch(batches, self.device, timer)
+            batches = prefetch(batches, self.device, self._time_copy if self._decoder.timing else None)
         stats, clock = self.stats, time.perf_counter
         try:
             t0 = clock()

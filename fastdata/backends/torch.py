@@ -158,9 +158,9 @@ class TorchLoader(Loader):
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         # One generator with both loops inline: a delegating `yield from` per item would cost
         # another 0.2 us.
-        timed = isinstance(self._loader.collate_fn, RingCollate) and self._loader.collate_fn.timing is not None
-        timer = (lambda s: self._add_stage("h2d_copy", s)) if timed else None
-        batches = it if self.device is None else prefetch(it, self.device, timer)
+        collate_fn = self._ring_collate()
+        timed = collate_fn is not None and collate_fn.timing is not None
+        batches = it if self.device is None else prefetch(it, self.device, self._time_copy if timed else None)
         stats, clock = self.stats, time.perf_counter
         n = 0
         try:
@@ -193,18 +193,17 @@ class TorchLoader(Loader):
         finally:
             stats["batches"] += n
             stats["samples"] += n
-            collate_fn = self._loader.collate_fn
             if timed:
                 stats["stages"] = self._stages()
-            if isinstance(collate_fn, RingCollate) and not self._loader.persistent_workers:
+            if collate_fn is not None and not self._loader.persistent_workers:
                 collate_fn.rings.end_epoch(it)
 
     def _timing(self, on: bool) -> bool:
         """Stage timing on or off (for fastdata.profile): the dataset's and the collation's CPU
         seconds, per worker. False when it cannot: a collate_fn of the user's, or persistent
         workers already running (they hold their own copy of the collate function)."""
-        collate_fn = self._loader.collate_fn
-        if not isinstance(collate_fn, RingCollate):
+        collate_fn = self._ring_collate()
+        if collate_fn is None:
             return False
         if on and getattr(getattr(self._loader, "_iterator", None), "_workers", None):
             return False
@@ -215,9 +214,14 @@ class TorchLoader(Loader):
             collate_fn.timing = None
         return True
 
-    def _stages(self) -> dict[str, Any]:
+    def _ring_collate(self) -> RingCollate | None:
+        """fastdata's own collate function, when it is the one in use (not a user's)."""
         collate_fn = self._loader.collate_fn
-        if not isinstance(collate_fn, RingCollate) or collate_fn.timing is None:
+        return collate_fn if isinstance(collate_fn, RingCollate) else None
+
+    def _stages(self) -> dict[str, Any]:
+        collate_fn = self._ring_collate()
+        if collate_fn is None or collate_fn.timing is None:
             return self.stats.get("stages", {})
         copied = {k: v for k, v in self.stats.get("stages", {}).items() if k == "h2d_copy"}
         return {**collate_fn.stages(), **copied}
