@@ -10,7 +10,11 @@ It measures three things, one after the other:
 - the two together, as training runs them, timing each step's wait for data and its compute.
 
 The stall fraction is 1 - ideal/real. Here "ideal" is the steps' time at the step-alone rate,
-and "real" is the time the loop took together. The verdict follows from it:
+and "real" is the time the loop took together. The rates and the stall are of the steady
+state: a step that begins an epoch waits while the workers' queues refill (DataLoader's
+workers do not run ahead into the next epoch), so it is left out and reported apart; on a
+short dataset that would otherwise decide a run's figure by where its epochs happen to end.
+The verdict follows from the stall:
 - input-bound: the step waited for more than 10% of the time;
 - compute-bound: the loader alone is at least 1.5x the step's rate;
 - balanced: otherwise.
@@ -90,6 +94,16 @@ class Report:
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # ms per image (see _per_image)
     bound: str | None = None  # the stage that costs the most per image
     predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the advice's, machine-readable
+    # steps of the run together that began an epoch: left out of the rates, since the worker
+    # queues refill then (a cost each epoch, not the steady state); their waits are in `steps`
+    epoch_starts: list[int] = dataclasses.field(default_factory=list)
+
+    def epoch_start_note(self) -> str | None:
+        if not self.epoch_starts or len(self.epoch_starts) == len(self.steps):
+            return None
+        wait = 1e3 * max(self.steps[k][0] for k in self.epoch_starts)
+        return (f"left out of the rates: {len(self.epoch_starts)} step(s) that began an epoch "
+                f"(waited up to {wait:,.0f} ms while the workers' queues refilled; a cost each epoch)")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -101,6 +115,8 @@ class Report:
             lines.append(f"  step alone:     {self.step_images_per_s:10,.0f} images/s")
             lines.append(f"  together:       {self.together_images_per_s:10,.0f} images/s "
                          f"(the step waited for data {100 * self.stall_fraction:.0f}% of the time)")
+            if self.epoch_start_note():
+                lines.append(f"  {self.epoch_start_note()}")
         if self.stages:
             lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
             lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}" + ("   <- the most" if name == self.bound else "")
@@ -125,6 +141,8 @@ class Report:
             rates.add_row("together", f"{self.together_images_per_s:,.0f} images/s",
                           f"the step waited for data {100 * self.stall_fraction:.0f}% of the time")
         console.print(rates)
+        if self.epoch_start_note():
+            console.print(f"[dim]{self.epoch_start_note()}[/]")
         if self.stages:
             table = Table(title="where an image's time goes (loader alone; worker stages summed over workers)",
                           title_justify="left", box=None, padding=(0, 2))
@@ -216,9 +234,12 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
 
 
 def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool) -> Report:
+    epochs = [0]  # epochs begun so far
+
     def batches():
         while True:  # epochs end; the profile goes on into the next
             empty = True
+            epochs[0] += 1
             for b in loader:
                 empty = False
                 yield b
@@ -230,13 +251,15 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(warmup):
         cached = next(it)
     before = _stage_totals(loader) if timed else {}
-    t, cpu = time.perf_counter(), time.process_time()
-    n = 0
+    cpu = time.process_time()
+    alone: list[tuple[float, int, bool]] = []  # (s, images, began an epoch) a batch
     for _ in range(steps):
+        e, t = epochs[0], time.perf_counter()
         cached = next(it)
-        n += _batch_len(cached)
+        alone.append((time.perf_counter() - t, _batch_len(cached), epochs[0] != e))
     _sync(device)
-    loader_rate = n / (time.perf_counter() - t)
+    n = sum(k for _, k, _ in alone)
+    loader_rate = _steady_rate(alone)
     cpu = time.process_time() - cpu
     stages = _per_image(before, _stage_totals(loader)) if timed else {}
     if stages:
@@ -272,21 +295,23 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         step(next(it))
     _sync(device)
     timeline: list[tuple[float, float]] = []
-    n = 0
-    start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
+    together_steps: list[tuple[float, int, bool]] = []
+    epoch_starts: list[int] = []
+    for k in range(steps):
+        e, t0 = epochs[0], time.perf_counter()
         batch = next(it)
         t1 = time.perf_counter()
         step(batch)
         _sync(device)
         timeline.append((t1 - t0, time.perf_counter() - t1))
-        n += _batch_len(batch)
-    real = time.perf_counter() - start
-    together = n / real
+        together_steps.append((time.perf_counter() - t0, _batch_len(batch), epochs[0] != e))
+        if epochs[0] != e:
+            epoch_starts.append(k)
+    together = _steady_rate(together_steps)
+    steady = [(w, c) for k, (w, c) in enumerate(timeline) if k not in epoch_starts] or timeline
     if stages:
-        stages["consumer_wait"] = 1e3 * sum(w for w, _ in timeline) / n  # wall ms an image
-    stall = max(0.0, 1.0 - steps * step_s / real)
+        stages["consumer_wait"] = 1e3 * sum(w for w, _ in steady) / (batch_size * len(steady))  # wall ms an image
+    stall = max(0.0, 1.0 - len(steady) * step_s / sum(w + c for w, c in steady))
     if stall > INPUT_BOUND:
         verdict = f"input-bound: the step waited for data {100 * stall:.0f}% of the time"
     elif loader_rate >= COMPUTE_BOUND * step_rate:
@@ -294,9 +319,16 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     else:
         verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline, [], config, stages,
-                    bound)
+                    bound, epoch_starts=epoch_starts)
     _advice(loader, report)
     return report
+
+
+def _steady_rate(runs: list[tuple[float, int, bool]]) -> float:
+    """images/s over (seconds, images, began an epoch) of each step, leaving out the steps that
+    began an epoch (all of them count when every step did)."""
+    steady = [(t, k) for t, k, began in runs if not began] or [(t, k) for t, k, _ in runs]
+    return sum(k for _, k in steady) / max(sum(t for t, _ in steady), 1e-9)
 
 
 # where a worker's time goes: the image backends' stages, or the drop-in's dataset (the user's
@@ -340,8 +372,9 @@ class RateModel:
 
     A worker handles one image at a time: its stages' time, waits included ("read"), bounds
     each worker. The training process's own stages (the device stage, taking batches) run in
-    series with the step, in its thread. All the CPU work, workers' and training process's,
-    shares the cores. With 0 workers everything runs in series. Prefetch depth does not
+    series with the step, in its thread, at the share of a core the scheduler leaves it
+    beside the busy workers. All the CPU work, workers' and training process's, shares the
+    cores. With 0 workers everything runs in series. Prefetch depth does not
     enter: it absorbs jitter, it adds no capacity. Left out: cores slowing each other down
     (memory bandwidth, shared caches)."""
 
@@ -367,10 +400,18 @@ class RateModel:
         if workers == 0:
             return 1.0 / (self.work + self.main + self.step)
         cpu = self.cpu + (self.main if self.main_on_cpu else 0.0)
-        bounds = [workers / self.work, self.cores / max(cpu, 1e-9)]
-        if self.main + self.step > 0:
-            bounds.append(1.0 / (self.main + self.step))
-        return min(bounds)
+        supply = min(workers / self.work, self.cores / max(cpu, 1e-9))
+        if self.main + self.step <= 0:
+            return supply
+        # The training process's stages share the cores with the workers that are busy at
+        # that rate: with more runnable processes than cores, the scheduler gives it
+        # cores / (busy + 1) of one. (A fixed point; three rounds settle it.)
+        rate = min(supply, 1.0 / (self.main + self.step))
+        for _ in range(3):
+            busy = min(workers, rate * self.cpu)
+            share = min(1.0, self.cores / (busy + 1)) if self.main_on_cpu else 1.0
+            rate = min(supply, 1.0 / (self.main / share + self.step))
+        return rate
 
     def moved(self, seconds: float) -> "RateModel":
         """The model with `seconds` an image of CPU work taken off the workers (onto the GPU)."""
