@@ -126,6 +126,28 @@ def test_dropin_with_a_user_collate_is_not_timed():
     assert report.stages == {} and report.loader_images_per_s > 0
 
 
+class SlowStart:
+    """An iterable of 4-batch epochs whose first batch comes after 300 ms, as the first batch
+    of an epoch does when workers must refill their queues."""
+
+    def __iter__(self):
+        for k in range(4):
+            if k == 0:
+                time.sleep(0.3)
+            yield torch.zeros(8, 3, 4, 4), torch.arange(8)
+
+
+def test_epoch_starts_left_out_of_the_rates():
+    report = fastdata.profile(SlowStart(), step_ms=20, steps=9, warmup=1)
+    starts = report.epoch_starts
+    assert starts and all(report.steps[k][0] >= 0.29 for k in starts)  # those steps waited for the new epoch
+    assert all(report.steps[k][0] < 0.1 for k in range(9) if k not in starts)
+    # the steady steps: 20 ms each, nothing to wait for (with the 300 ms waits it would be < 200)
+    assert report.together_images_per_s > 8 / 0.03 and report.stall_fraction < 0.2
+    assert report.loader_images_per_s > 1000  # the loader alone, its epoch starts left out too
+    assert "began an epoch" in str(report)
+
+
 def test_rate_model():
     from fastdata.profiler import RateModel
 
