@@ -103,6 +103,19 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def ratio_ci(baseline: list[float], candidate: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval for median(baseline) / median(candidate) (times: above 1 means
+    the candidate is faster), resampling each side's runs; seeded, so a report reproduces."""
+    import random
+
+    rng = random.Random(0)
+    ratios = sorted(
+        median(rng.choices(baseline, k=len(baseline))) / median(rng.choices(candidate, k=len(candidate)))
+        for _ in range(resamples)
+    )
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
 def write(name: str, report: dict, path: str | None = None) -> Path:
     out = Path(path) if path else RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

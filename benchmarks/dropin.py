@@ -7,9 +7,10 @@ Every pair is measured interleaved in one run; ratios are DataLoader time / fast
 
 The matrix epochs are short (15-200 ms), so this shared host's noise is of the size of the
 differences: each configuration runs --matrix-reps interleaved epochs a side, and is reported
-by the median epoch and by the fastest one (noise here only ever adds time, as timeit's docs
-argue). An A/A row, DataLoader against a second DataLoader, measures the noise floor in the
-same run.
+by the median epoch, by the fastest one (noise here only ever adds time, as timeit's docs
+argue), and by a 95% bootstrap interval of the ratio of medians. "Never slower" is read as: no
+configuration's interval lies wholly below 1. An A/A row, DataLoader against a second
+DataLoader, measures the noise floor in the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/dropin.py [--samples 10240] [--reps 5] [--matrix-reps 20]
                                                   [--no-matrix] [--json PATH]
@@ -79,7 +80,8 @@ def _pair(dataset, reps: int, aa: bool = False, **kw) -> dict:
     times = _common.interleaved(runs, reps)
     t_torch, t_fast = _common.median(times["DataLoader"]), _common.median(times["fastdata"])
     return {"DataLoader_s": t_torch, "fastdata_s": t_fast, "ratio": t_torch / t_fast,
-            "ratio_fastest": min(times["DataLoader"]) / min(times["fastdata"]), "all": times}
+            "ratio_fastest": min(times["DataLoader"]) / min(times["fastdata"]),
+            "ci95": _common.ratio_ci(times["DataLoader"], times["fastdata"]), "all": times}
 
 
 def main() -> None:
@@ -125,16 +127,25 @@ def main() -> None:
             r = _pair(ds, args.matrix_reps, **kw)
             report["matrix"][name] = r
             print(f"  [{i + 1}/{len(configs)}] {name:<24} DataLoader {r['DataLoader_s'] * 1e3:8.1f} ms   "
-                  f"fastdata {r['fastdata_s'] * 1e3:8.1f} ms   {r['ratio']:.2f}x (fastest epochs: "
-                  f"{r['ratio_fastest']:.2f}x)", file=sys.stderr)
+                  f"fastdata {r['fastdata_s'] * 1e3:8.1f} ms   {r['ratio']:.2f}x (95% interval "
+                  f"{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})", file=sys.stderr)
 
     head = report["headline"]["persistent_workers=False"]["ratio"]
-    print(f"\n{'configuration':<40}{'DataLoader ms':>14}{'fastdata ms':>13}{'ratio':>8}{'fastest':>9}")
+    print(f"\n{'configuration':<40}{'DataLoader ms':>14}{'fastdata ms':>13}{'ratio':>8}{'fastest':>9}"
+          f"{'95% interval':>15}")
     for section in ("headline", "matrix"):
         for name, r in report[section].items():
             print(f"{name:<40}{r['DataLoader_s'] * 1e3:>14.1f}{r['fastdata_s'] * 1e3:>13.1f}{r['ratio']:>7.2f}x"
-                  f"{r['ratio_fastest']:>8.2f}x")
+                  f"{r['ratio_fastest']:>8.2f}x{r['ci95'][0]:>9.2f}-{r['ci95'][1]:.2f}")
     print(f"\nheadline (2 workers, pin_memory, fresh workers per epoch): {head:.2f}x (target >= 1.3x)")
+    if report["matrix"]:
+        # "never slower": no configuration whose whole interval lies below 1 (the A/A row shows
+        # how wide this host's noise makes an interval when nothing differs)
+        slower = [name for name, r in report["matrix"].items() if not name.startswith("A/A") and r["ci95"][1] < 1.0]
+        below = [name for name, r in report["matrix"].items() if not name.startswith("A/A") and r["ratio"] < 1.0]
+        print(f"slower beyond noise (95% interval below 1): {', '.join(slower) or 'none'}; "
+              f"median below 1 but within noise: {', '.join(below) or 'none'}")
+        report["slower_beyond_noise"] = slower
     report["ratio"] = head
     report["target"] = 1.3
     _common.write("dropin", report, args.json)

@@ -68,6 +68,14 @@ class TupleDS(Dataset):
         return image_chw(i), i
 
 
+class ManyDS(TupleDS):
+    """Fetches a batch's samples in one call (`__getitems__`, which DataLoader's fetcher uses),
+    each with the batch's first index as a third field, so a batch fetched one by one shows."""
+
+    def __getitems__(self, indices):
+        return [(image_chw(i), i, indices[0]) for i in indices]
+
+
 class DictDS(Dataset):
     """A dict of every kind of leaf; the big ones collate natively at batch size 16."""
 
@@ -185,6 +193,7 @@ CASES = {
         NamedDS(40),
         dict(batch_size=16, sampler=SubsetRandomSampler(range(3, 38), generator=gen(4))),
     ),
+    "getitems-shuffle": lambda: (ManyDS(40), dict(batch_size=16, shuffle=True, generator=gen(9))),
     "tensor-index_list_sampler": lambda: (TensorDS(40), dict(batch_size=16, sampler=_index_list(40))),
     "tensor-batch_sampler": lambda: (
         TensorDS(40),
@@ -240,6 +249,17 @@ def test_global_rng_shuffle_same_as_dataloader(num_workers, h):
     got = h.collect(fastdata.loader(TupleDS(40), batch_size=16, shuffle=True, num_workers=num_workers))
     h.assert_same_stream(got, want)
     assert torch.equal(torch.random.get_rng_state(), after_ref), "global RNG consumed differently"
+
+
+def test_profiler_ranges_kept_with_0_workers(h):
+    # With 0 workers the drop-in fetches without DataLoader's __next__ (its ~10 us a batch),
+    # except while a torch profiler records, whose trace then has DataLoader's own ranges.
+    ref, fast = make_pair("tuple-shuffle", num_workers=0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = h.collect(fast)
+    h.assert_same_stream(got, h.collect(ref))
+    names = {e.name for e in prof.events()}
+    assert "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__" in names
 
 
 def test_persistent_workers_same_as_dataloader(h):
