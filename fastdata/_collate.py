@@ -19,6 +19,7 @@ from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from ._buffers import BufferRing, ProcessRings, new_batch
+from ._trace import trace_range
 
 logger = logging.getLogger("fastdata")
 
@@ -188,14 +189,12 @@ class RingCollate:
         rest of its wall time (I/O, sleeps) as "read". CPU seconds, not wall time, for what
         computes, like the image backends' stages: under contention wall time counts the waits
         for a core too."""
-        from torch.autograd.profiler import record_function
-
         info = get_worker_info()
         if self._row is None:
             self._row = self.timing.numpy()[info.id if info is not None else -1]
         clock = time.process_time if info is not None else time.thread_time
         start, wall = clock(), time.perf_counter()
-        with record_function("fastdata.collate"):
+        with trace_range("fastdata.collate"):
             out = self._collate(batch)
         end = clock()
         row = self._row

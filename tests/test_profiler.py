@@ -126,6 +126,23 @@ def test_dropin_with_a_user_collate_is_not_timed():
     assert report.stages == {} and report.loader_images_per_s > 0
 
 
+def _traced(loader) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in loader:
+            pass
+    return {e.name for e in prof.events()}
+
+
+def test_stages_are_ranges_in_a_torch_profiler_trace(folder):
+    spec = T.Compose([T.Resize(16), T.CenterCrop(16), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.Normalize()])
+    loader = fastdata.loader(str(folder), batch_size=8, transform=spec, device="cpu", num_workers=0)
+    assert loader._timing(True)
+    assert {"fastdata.read", "fastdata.decode", "fastdata.cpu_transforms", "fastdata.device_stage"} <= _traced(loader)
+    dropin = fastdata.loader(Slow(0.0), batch_size=8)
+    assert dropin._timing(True)
+    assert "fastdata.collate" in _traced(dropin)
+
+
 class SlowStart:
     """An iterable of 4-batch epochs whose first batch comes after 300 ms, as the first batch
     of an epoch does when workers must refill their queues."""

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .._buffers import ProcessRings, new_batch
+from .._trace import trace_range
 from ..device import prefetch
 from ..errors import DataError
 from ..sources import Samples
@@ -104,12 +105,10 @@ class _BatchDecoder(Dataset):
         """(images, labels, errors, sample ids, stage seconds or None) of one batch."""
         if not self.timing:
             return *self._decode(*self.read(keys)), None
-        from torch.autograd.profiler import record_function
-
         info = get_worker_info()
         stages = {"worker": info.id if info is not None else -1}
         t = time.perf_counter()
-        with record_function("fastdata.read"):
+        with trace_range("fastdata.read"):
             args = self.read(keys)
         stages["read"] = time.perf_counter() - t
         return *self._decode(*args, stages=stages), stages
@@ -182,15 +181,17 @@ class _BatchDecoder(Dataset):
         ring = self.rings.ring()
         try:
             target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
-            failed = self._decode_into(target, datas, jpeg, geo, c.paths, errors, native)
+            with trace_range("fastdata.decode"):
+                failed = self._decode_into(target, datas, jpeg, geo, c.paths, errors, native)
             if clock:
                 t1 = clock()
                 stages["decode"] = t1 - t0
             if self.pixel_ops:
                 plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
-                for k in range(n):
-                    if k not in failed:
-                        pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
+                with trace_range("fastdata.cpu_transforms"):
+                    for k in range(n):
+                        if k not in failed:
+                            pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
         finally:
             ring.end()
         if clock:
@@ -485,12 +486,10 @@ class PilLoader(Loader):
             logger.warning("skipped %s: %s", path, cause)
 
     def _timed_device_stage(self, batch: tuple) -> tuple:
-        from torch.autograd.profiler import record_function
-
         # On a CPU device its CPU seconds (as the workers' stages); on a GPU its wall time, synchronized.
         clock = time.thread_time if self.device.type == "cpu" else time.perf_counter
         t = clock()
-        with record_function("fastdata.device_stage"):
+        with trace_range("fastdata.device_stage"):
             out = self._device_stage(batch)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # timing only: the stage's own time

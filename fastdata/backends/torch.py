@@ -174,7 +174,7 @@ class TorchLoader(Loader):
             # An iterable dataset cannot seek: fast-forward by reading the skipped batches.
             for _ in range(skip):
                 next(it)
-        elif self._loader.num_workers == 0 and not torch.autograd.profiler._is_profiler_enabled:
+        elif self._loader.num_workers == 0 and not torch.autograd._profiler_enabled():
             it = _fetches(it)
         return self._run(it)
 
