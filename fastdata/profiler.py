@@ -296,22 +296,21 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     _sync(device)
     timeline: list[tuple[float, float]] = []
     together_steps: list[tuple[float, int, bool]] = []
-    epoch_starts: list[int] = []
-    for k in range(steps):
+    for _ in range(steps):
         e, t0 = epochs[0], time.perf_counter()
         batch = next(it)
         t1 = time.perf_counter()
         step(batch)
         _sync(device)
-        timeline.append((t1 - t0, time.perf_counter() - t1))
-        together_steps.append((time.perf_counter() - t0, _batch_len(batch), epochs[0] != e))
-        if epochs[0] != e:
-            epoch_starts.append(k)
+        t2 = time.perf_counter()
+        timeline.append((t1 - t0, t2 - t1))
+        together_steps.append((t2 - t0, _batch_len(batch), epochs[0] != e))
     together = _steady_rate(together_steps)
-    steady = [(w, c) for k, (w, c) in enumerate(timeline) if k not in epoch_starts] or timeline
-    if stages:
-        stages["consumer_wait"] = 1e3 * sum(w for w, _ in steady) / (batch_size * len(steady))  # wall ms an image
-    stall = max(0.0, 1.0 - len(steady) * step_s / sum(w + c for w, c in steady))
+    epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
+    steady = [k for k in range(steps) if k not in epoch_starts] or list(range(steps))
+    if stages:  # wall ms an image
+        stages["consumer_wait"] = 1e3 * sum(timeline[k][0] for k in steady) / sum(together_steps[k][1] for k in steady)
+    stall = max(0.0, 1.0 - len(steady) * step_s / sum(together_steps[k][0] for k in steady))
     if stall > INPUT_BOUND:
         verdict = f"input-bound: the step waited for data {100 * stall:.0f}% of the time"
     elif loader_rate >= COMPUTE_BOUND * step_rate:
