@@ -3,6 +3,7 @@ rounds), the machine's facts, and the JSON report."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -63,12 +64,10 @@ def time_epochs(make_iter: Callable[[], Any], epochs: int) -> list[float]:
     return rates
 
 
-def rounds_parser(doc: str, rounds: int = 3) -> "argparse.ArgumentParser":
+def rounds_parser(doc: str, rounds: int = 3) -> argparse.ArgumentParser:
     """The arguments every process-rounds benchmark takes: --images, --rounds, --epochs (timed
     per candidate process), --root (the synthetic set), --json, and the hidden --child that
     runs one candidate."""
-    import argparse
-
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=rounds)

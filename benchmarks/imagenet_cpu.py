@@ -3,8 +3,8 @@
 RandomResizedCrop(224, scale=(0.08, 1)), random horizontal flip, uint8 CHW batches of 256,
 2 workers (or threads), on the synthetic ImageNet-like set (`fastdata.synthetic`):
 
-- DataLoader + stock Pillow, hand-written RandomResizedCrop (in a virtualenv that has stock
-  Pillow, made on first use under benchmarks/.venv-stock-pillow),
+- DataLoader + stock Pillow, hand-written RandomResizedCrop (stock Pillow of Pillow-SIMD's
+  release, which scripts/install.sh puts in .stock-pillow/, first on the child's PYTHONPATH),
 - DataLoader + Pillow-SIMD, the same code (the Pillow this environment runs),
 - a hand-written DALI CPU pipeline (fn.decoders.image_random_crop on the CPU), when DALI is installed,
 - fastdata.loader(backend="pil").
@@ -22,14 +22,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import _common
 
 HERE = Path(__file__).resolve().parent
-STOCK_VENV = HERE / ".venv-stock-pillow"
 BATCH, WORKERS, SIZE = 256, 2, 224
 
 
@@ -104,18 +102,6 @@ def _child(name: str, root: str, epochs: int) -> None:
 
 # ----------------------------------------------------------------- the parent
 
-def _stock_python() -> str | None:
-    py = STOCK_VENV / "bin" / "python"
-    if not py.exists():
-        print("making a virtualenv with stock Pillow for the baseline (once)...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(STOCK_VENV)], check=True)
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "pillow"], capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"could not install stock Pillow: {r.stderr.strip()[-300:]}", file=sys.stderr)
-            return None
-    return str(py)
-
-
 def main() -> None:
     ap = _common.rounds_parser(__doc__)
     args = ap.parse_args()
@@ -124,14 +110,18 @@ def main() -> None:
         _child(args.child, args.root, args.epochs)
         return
 
-    from fastdata._pillow import PILLOW
+    from fastdata._pillow import PILLOW, stock_pillow_path
     from fastdata.synthetic import make_imagenet_like
 
     make_imagenet_like(args.root, n_images=args.images, progress=True)
     candidates = {"DataLoader + Pillow-SIMD": [sys.executable, "dataloader"]}
-    stock = _stock_python()
-    if stock:
-        candidates = {"DataLoader + stock Pillow": [stock, "dataloader"], **candidates}
+    stock = stock_pillow_path()
+    if stock:  # the same code with stock Pillow first on the path
+        candidates = {"DataLoader + stock Pillow": ["env", f"PYTHONPATH={stock}", sys.executable, "dataloader"],
+                      **candidates}
+    else:
+        print("no stock Pillow in .stock-pillow/ (scripts/install.sh puts it there): its baseline is left out",
+              file=sys.stderr)
     try:
         import nvidia.dali  # noqa: F401
 
@@ -142,8 +132,8 @@ def main() -> None:
 
     print(f"{args.images} images, batch {BATCH}, {WORKERS} workers, {args.rounds} rounds x {args.epochs} epochs; "
           f"this environment: {PILLOW}", file=sys.stderr)
-    commands = {name: [py, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)]
-                for name, (py, child) in candidates.items()}
+    commands = {name: [*py, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)]
+                for name, (*py, child) in candidates.items()}
     results, reports = _common.process_rounds(commands, args.rounds, abba=False)
     pillows = {name: rep["pillow"] for name, rep in reports.items()}
 

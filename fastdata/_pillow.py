@@ -6,6 +6,9 @@ metadata; the one whose version is `PIL.__version__` is the one whose files are 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 # The distributions that provide `PIL`, by their normalised names.
 _DISTRIBUTIONS = ("pillow-simd", "pillow")
 
@@ -51,3 +54,11 @@ def _describe(info: dict) -> str:
 
 # One line for reports and benchmark headers, e.g. "Pillow-SIMD 12.1.1.post0 (libjpeg-turbo)".
 PILLOW: str = _describe(pillow_info())
+
+
+def stock_pillow_path() -> Path | None:
+    """The stock Pillow that scripts/install.sh puts beside Pillow-SIMD (`pip install --target
+    .stock-pillow`, or $FASTDATA_STOCK_PILLOW): a folder to put on PYTHONPATH for a process that
+    should run stock Pillow (the parity tests' reference, a baseline). None when it is not there."""
+    root = Path(os.environ.get("FASTDATA_STOCK_PILLOW") or Path(__file__).resolve().parents[1] / ".stock-pillow")
+    return root if (root / "PIL" / "__init__.py").is_file() else None

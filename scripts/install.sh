@@ -75,4 +75,17 @@ else
     fi
     rm -f "$log"
 fi
+
+# Stock Pillow of the same release, beside it and not over it (pip --target into .stock-pillow/,
+# never imported unless put on PYTHONPATH): the reference the parity tests hold Pillow-SIMD to,
+# and the baseline benchmarks/imagenet_cpu.py runs.
+STOCK_PILLOW=${PILLOW_SIMD%.post*}
+if [ -e .stock-pillow/PIL/__init__.py ] && PYTHONPATH=.stock-pillow "$PY" -c \
+        "import PIL, sys; sys.exit(PIL.__version__ != '$STOCK_PILLOW')" 2>/dev/null; then
+    echo "stock Pillow $STOCK_PILLOW already in .stock-pillow/"
+elif rm -rf .stock-pillow && "$PY" -m pip install -q --no-deps --target .stock-pillow "pillow==$STOCK_PILLOW"; then
+    echo "stock Pillow $STOCK_PILLOW put in .stock-pillow/ (for the parity tests and baselines)"
+else
+    echo "warning: could not put stock Pillow in .stock-pillow/; its parity tests skip" >&2
+fi
 "$PY" -c "from fastdata._pillow import PILLOW; print(f'active Pillow: {PILLOW}')"
