@@ -104,6 +104,31 @@ def test_resume_mid_epoch(folder, num_workers, k):
         assert torch.equal(x, wx) and torch.equal(y, wy)
 
 
+def test_persistent_workers_run_ahead_into_the_next_epoch(folder):
+    make = lambda **kw: fastdata.loader(str(folder), batch_size=5, shuffle=True, transform=_train(),  # noqa: E731
+                                        num_workers=2, seed=4, **kw)
+    fresh, kept = make(), make(persistent_workers=True)
+
+    def same(a, b):
+        return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    for epoch in range(2):
+        assert same(_epoch(kept), _epoch(fresh))
+        # the workers were handed the next epoch's first batches before this one ended
+        assert kept._batches.epoch == epoch + 1
+    # left mid-epoch, the loader carries on where it stopped (with the queued batches dropped)
+    for loader in (kept, fresh):
+        it = iter(loader)
+        next(it)
+        next(it)
+        del it
+    assert same(_epoch(kept), _epoch(fresh))
+    for epoch in (7, 3):  # another epoch than the one under way: the workers start it afresh
+        kept.set_epoch(epoch)
+        fresh.set_epoch(epoch)
+        assert same(_epoch(kept), _epoch(fresh))
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_get_equal_disjoint_shares(folder, drop_last):
     shares = []
