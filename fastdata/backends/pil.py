@@ -361,6 +361,7 @@ class PilLoader(Loader):
     """Image mode on the CPU: files decoded by the native JPEG decoder or Pillow."""
 
     backend = "pil"
+    _run_ahead = True  # persistent workers run ahead into the next epoch (off: benchmarks/run_ahead.py's ablation)
 
     def __init__(
         self,
@@ -438,7 +439,7 @@ class PilLoader(Loader):
         extra: dict[str, Any] = {}
         if workers > 0:
             extra.update(prefetch_factor=prefetch_factor, persistent_workers=self.persistent_workers)
-        batches = _RunAhead(self._batches) if self.persistent_workers else self._batches
+        batches = _RunAhead(self._batches) if self.persistent_workers and self._run_ahead else self._batches
         return DataLoader(self._decoder, batch_sampler=batches, collate_fn=_first,
                           num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
 
@@ -563,7 +564,7 @@ class PilLoader(Loader):
             self._in_epoch = False
             self._delivered = 0
             self._epoch += 1
-            if self.persistent_workers:
+            if isinstance(self._loader.batch_sampler, _RunAhead):
                 self._ahead = (self._epoch, 0)
         finally:
             self._end(it)
