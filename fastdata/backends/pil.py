@@ -564,7 +564,7 @@ class PilLoader(Loader):
             self._in_epoch = False
             self._delivered = 0
             self._epoch += 1
-            if isinstance(self._loader.batch_sampler, _RunAhead):
+            if isinstance(getattr(self._loader, "batch_sampler", None), _RunAhead):
                 self._ahead = (self._epoch, 0)
         finally:
             self._end(it)
