@@ -11,9 +11,10 @@ It measures three things, one after the other:
 
 The stall fraction is 1 - ideal/real. Here "ideal" is the steps' time at the step-alone rate,
 and "real" is the time the loop took together. The rates and the stall are of the steady
-state: a step that begins an epoch waits while the workers' queues refill (DataLoader's
-workers do not run ahead into the next epoch), so it is left out and reported apart; on a
-short dataset that would otherwise decide a run's figure by where its epochs happen to end.
+state: a step that begins an epoch can wait while the workers' queues refill (DataLoader's
+workers, and fastdata's without persistent_workers, do not run ahead into the next epoch), so
+it is left out and reported apart; on a short dataset that would otherwise decide a run's
+figure by where its epochs happen to end.
 The verdict follows from the stall:
 - input-bound: the step waited for more than 10% of the time;
 - compute-bound: the loader alone is at least 1.5x the step's rate;
@@ -94,8 +95,8 @@ class Report:
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # ms per image (see _per_image)
     bound: str | None = None  # the stage that costs the most per image
     predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the advice's, machine-readable
-    # steps of the run together that began an epoch: left out of the rates, since the worker
-    # queues refill then (a cost each epoch, not the steady state); their waits are in `steps`
+    # steps of the run together that began an epoch: left out of the rates, since worker queues
+    # may refill then (a cost each epoch, not the steady state); their waits are in `steps`
     epoch_starts: list[int] = dataclasses.field(default_factory=list)
 
     def epoch_start_note(self) -> str | None:
