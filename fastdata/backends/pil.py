@@ -325,12 +325,13 @@ class _RunAhead:
     next ones. Given to DataLoader with persistent workers, so that they run ahead into the
     next epoch instead of idling while the last batches of this one drain.
 
-    NOTE: DataLoader asks for new indices only within an epoch, so at each epoch start a
-    persistent worker pool waits for the first batch from scratch: on the synthetic set (8
-    batches of 256 an epoch, 2 workers) that cost about a fifth of the epoch. The keys carry
-    their epoch, and an epoch's batches are a pure function of (seed, epoch), so the next
-    epoch's batches can be decoded before it begins; the loader takes `len` batches an epoch
-    from one running iterator (see PilLoader.__iter__)."""
+    NOTE: DataLoader asks for new indices only within an epoch, so at each epoch's end its
+    persistent workers idle while the consumer works through the queued batches, and the next
+    epoch's first batch is made while the consumer waits. In a training loop with a 150 ms step
+    on the synthetic set (8 batches of 256 an epoch, 2 workers) the run-ahead measured 1.27x
+    (benchmarks/run_ahead.py). The keys carry their epoch, and an epoch's batches are a pure
+    function of (seed, epoch), so the next epoch's batches can be decoded before it begins; the
+    loader takes `len` batches an epoch from one running iterator (see PilLoader.__iter__)."""
 
     def __init__(self, batches: Any) -> None:
         self.batches = batches
