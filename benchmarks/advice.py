@@ -10,6 +10,10 @@ throughput drifts between minutes, so a prediction is held to the rerun next to 
 came from. The table gives the medians over the rounds and the median of the rounds' ratios
 prediction / rerun (target: within 15%), the rate model's figure for the start itself next to
 its own measurement, and what the first profile's advice printed against the reruns' median.
+The host's speed also moves within a round (the same decode costing up to 1.8x the CPU a
+minute later), so each advised change also gets the ratio adjusted for it: the prediction
+scaled by the CPU an image took in the start's profile over the rerun's (both profiles time
+their stages).
 
 The starts (2,000 synthetic ImageNet-like JPEGs, batch 64):
 - image mode, `pil`, RandomResizedCrop(160) + flip + ColorJitter + TrivialAugment + Normalize,
@@ -65,6 +69,12 @@ def _row(kind: str, config: dict, change: dict, predicted: list[float], measured
             "spread": max(measured) / min(measured), "runs": measured, "predictions": predicted}
 
 
+def _cpu(report) -> float:
+    """CPU ms an image of the loader's own stages (dataset or decode, transforms, collate): how
+    fast the host runs this work at the time of the profile."""
+    return sum(report.stages.get(k, 0.0) for k in ("dataset", "decode", "cpu_transforms", "collate"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
@@ -90,8 +100,9 @@ def main() -> None:
         return fastdata.loader(dataset, batch_size=64, shuffle=True, device="cpu", **config, **extra)
 
     starts = [("image", {"num_workers": 0}), ("image", {"num_workers": 1}), ("dropin", {"num_workers": 0})]
-    def measure(kind: str, config: dict) -> float:
-        return profile(make(kind, config), step_ms=args.step_ms, steps=args.steps).together_images_per_s
+    def measure(kind: str, config: dict) -> tuple[float, float]:
+        report = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps)
+        return report.together_images_per_s, _cpu(report)
 
     cores = usable_cores()
     rows = []
@@ -111,6 +122,7 @@ def main() -> None:
         own, measured_start = [], []
         predicted: dict[str, list[float]] = {str(c): [] for c in changes}
         measured: dict[str, list[float]] = {str(c): [] for c in changes}
+        drift: dict[str, list[float]] = {str(c): [] for c in changes}
         for k in range(args.rounds):
             again = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps)
             model = RateModel.of(again, cores)
@@ -118,14 +130,18 @@ def main() -> None:
             measured_start.append(again.together_images_per_s)
             for c in changes:
                 predicted[str(c)].append(model.rate(c["num_workers"]))
-                measured[str(c)].append(measure(kind, {**config, **c}))
-                print(f"  round {k + 1}: {c} predicted {predicted[str(c)][-1]:,.0f}, "
-                      f"measured {measured[str(c)][-1]:,.0f}", file=sys.stderr)
+                rate, cpu = measure(kind, {**config, **c})
+                measured[str(c)].append(rate)
+                drift[str(c)].append(cpu / _cpu(again))
+                print(f"  round {k + 1}: {c} predicted {predicted[str(c)][-1]:,.0f}, measured {rate:,.0f} "
+                      f"(CPU an image in the workers: {drift[str(c)][-1]:.2f}x the start's)", file=sys.stderr)
         rows.append(_row(kind, config, {}, own, measured_start))
         for prediction in report.predictions:
             c = prediction["change"]
-            rows.append({**_row(kind, config, c, predicted[str(c)], measured[str(c)]),
-                         "first_advice": prediction["images_per_s"]})  # the figure the first profile printed
+            row = _row(kind, config, c, predicted[str(c)], measured[str(c)])
+            adjusted = [p / d / m for p, d, m in zip(predicted[str(c)], drift[str(c)], measured[str(c)])]
+            rows.append({**row, "first_advice": prediction["images_per_s"],  # the figure the first profile printed
+                         "cpu_drift": drift[str(c)], "ratio_drift_adjusted": median(adjusted)})
 
     print(f"\n{'start':<28}{'change':<22}{'predicted':>10}{'measured':>10}{'ratio':>8}  runs")
     for r in rows:
@@ -136,8 +152,11 @@ def main() -> None:
     advised = [r for r in rows if r["change"]]
     within = sum(abs(r["ratio"] - 1) <= 0.15 for r in advised)
     for r in advised:
-        print(f"the first profile advised {r['change']} at {r['first_advice']:,.0f} images/s: "
-              f"{r['first_advice'] / r['measured']:.2f} of the reruns' median")
+        print(f"{r['start']} {r['from']} -> {r['change']}: the first profile advised {r['first_advice']:,.0f} "
+              f"images/s, {r['first_advice'] / r['measured']:.2f} of the reruns' median; the rounds' ratios "
+              f"{[round(x, 2) for x in r['ratios']]}; adjusted for the host's speed (the CPU an image took in "
+              f"each rerun against its start: {[round(x, 2) for x in r['cpu_drift']]}): "
+              f"{r['ratio_drift_adjusted']:.2f}")
     print(f"\n{within} of {len(advised)} advised predictions within 15% (median over the rounds of prediction / "
           f"the rerun next to it; target: all)")
     _common.write("advice", {"step_ms": args.step_ms, "steps": args.steps, "rows": rows, "within_15": within},
