@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _pillow_ops
 import numpy as np
 import pytest
 
@@ -85,9 +86,6 @@ def test_pillow_simd_matches_stock_pillow(tmp_path):
     from PIL import Image
 
     from fastdata.synthetic import make_file_list, make_imagenet_like
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    import _pillow_ops
 
     make_imagenet_like(tmp_path / "photos", n_images=8, n_classes=2, workers=1)
     files = [str(p) for p, _ in make_file_list(tmp_path / "photos")]
