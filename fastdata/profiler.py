@@ -103,8 +103,10 @@ class Report:
         if not self.epoch_starts or len(self.epoch_starts) == len(self.steps):
             return None
         wait = 1e3 * max(self.steps[k][0] for k in self.epoch_starts)
-        return (f"left out of the rates: {len(self.epoch_starts)} step(s) that began an epoch "
-                f"(waited up to {wait:,.0f} ms while the workers' queues refilled; a cost each epoch)")
+        others = [w for k, (w, _) in enumerate(self.steps) if k not in self.epoch_starts]
+        return (f"left out of the rates: {len(self.epoch_starts)} step(s) that began an epoch (waited up to "
+                f"{wait:,.0f} ms, the others {1e3 * sum(others) / len(others):,.0f} ms on average: the workers' "
+                f"queues refill at an epoch start unless they run ahead)")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
