@@ -9,8 +9,9 @@ It measures three things, one after the other:
 - the consumer step alone, replaying one cached batch, so that data costs nothing;
 - the two together, as training runs them, timing each step's wait for data and its compute.
 
-The stall fraction is 1 - ideal/real. Here "ideal" is the steps' time at the step-alone rate,
-and "real" is the time the loop took together. The rates and the stall are of the steady
+The stall fraction is 1 - ideal/real. Here "ideal" is the steps' own compute time in the run
+together (as if data were always ready), and "real" is the time the loop took: the share of
+the time the step waited for data. (The step-alone rate is reported beside it.) The rates and the stall are of the steady
 state: a step that begins an epoch can wait while the workers' queues refill (DataLoader's
 workers, and fastdata's without persistent_workers, do not run ahead into the next epoch), so
 it is left out and reported apart; on a short dataset that would otherwise decide a run's
@@ -313,7 +314,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     steady = [k for k in range(steps) if k not in epoch_starts] or list(range(steps))
     if stages:  # wall ms an image
         stages["consumer_wait"] = 1e3 * sum(timeline[k][0] for k in steady) / sum(together_steps[k][1] for k in steady)
-    stall = max(0.0, 1.0 - len(steady) * step_s / sum(together_steps[k][0] for k in steady))
+    # ideal: the steps' own compute in this run (a simulated step's sleep overshoots by
+    # milliseconds on a busy host, more in one phase than another); real: compute and waits
+    stall = max(0.0, 1.0 - sum(timeline[k][1] for k in steady) / sum(together_steps[k][0] for k in steady))
     if stall > INPUT_BOUND:
         verdict = f"input-bound: the step waited for data {100 * stall:.0f}% of the time"
     elif loader_rate >= COMPUTE_BOUND * step_rate:
