@@ -51,6 +51,14 @@ def interleaved(runs: dict[str, Callable[[], float]], reps: int) -> dict[str, li
     return times
 
 
+def epoch_seconds(loader: Any) -> float:
+    """Seconds one pass over `loader` takes."""
+    t = time.perf_counter()
+    for _ in loader:
+        pass
+    return time.perf_counter() - t
+
+
 def time_epochs(make_iter: Callable[[], Any], epochs: int) -> list[float]:
     """Images/s of each of `epochs` epochs of `make_iter()` (an iterable of (images, labels)
     batches), after a warm-up epoch (workers started, page cache warm)."""

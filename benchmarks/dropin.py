@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import _common
 import numpy as np
@@ -61,12 +60,6 @@ class Stream(IterableDataset):
             yield self.a[i % 64], i
 
 
-def _epoch(loader) -> float:
-    t = time.perf_counter()
-    for batch in loader:
-        pass
-    return time.perf_counter() - t
-
 
 def _pair(dataset, reps: int, aa: bool = False, **kw) -> dict:
     make_torch = lambda: DataLoader(dataset, generator=torch.Generator().manual_seed(0), **kw)  # noqa: E731
@@ -75,8 +68,8 @@ def _pair(dataset, reps: int, aa: bool = False, **kw) -> dict:
     loaders = {"DataLoader": make_torch(), "fastdata": make_fast()}
     if persistent:  # warm both: workers started once, as a multi-epoch run has them
         for ld in loaders.values():
-            _epoch(ld)
-    runs = {name: (lambda ld=ld: _epoch(ld)) for name, ld in loaders.items()}
+            _common.epoch_seconds(ld)
+    runs = {name: (lambda ld=ld: _common.epoch_seconds(ld)) for name, ld in loaders.items()}
     times = _common.interleaved(runs, reps)
     t_torch, t_fast = _common.median(times["DataLoader"]), _common.median(times["fastdata"])
     return {"DataLoader_s": t_torch, "fastdata_s": t_fast, "ratio": t_torch / t_fast,

@@ -56,9 +56,10 @@ def main() -> None:
             loaders[name] = loader
         images = len(loaders["off"].dataset) if what == "drop-in" else 2000
         for loader in loaders.values():
-            _epoch(loader)  # workers started, page cache warm
+            _common.epoch_seconds(loader)  # workers started, page cache warm
         assert loaders["on"]._stages().get("images")  # the timing ran
-        times = _common.interleaved({name: (lambda ld=ld: _epoch(ld)) for name, ld in loaders.items()}, args.reps)
+        runs = {name: (lambda ld=ld: _common.epoch_seconds(ld)) for name, ld in loaders.items()}
+        times = _common.interleaved(runs, args.reps)
         off, on, again = (_common.median(times[k]) for k in ("off", "on", "off, again"))
         # on against both timing-off loaders' epochs together, with a 95% bootstrap interval
         offs = times["off"] + times["off, again"]
@@ -90,12 +91,6 @@ def main() -> None:
     report["drop-in"]["collate_us"] = {"off": off_us, "on": on_us, "batch_ms": per_batch}
     _common.write("profiling_cost", {"loaders": report, "target": 0.97}, args.json)
 
-
-def _epoch(loader) -> float:
-    t = time.perf_counter()
-    for _ in loader:
-        pass
-    return time.perf_counter() - t
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import _common
-import torch
 from torch.utils.data import DataLoader
 
 import fastdata

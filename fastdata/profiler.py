@@ -540,12 +540,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     args = ap.parse_args(argv)
     try:
-        report = _run(args)
+        setup = _setup(args)
+        report = _run(args, *setup)
         report.print()
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
         if args.tune:
-            _run_tune(args)
+            _run_tune(args, *setup)
     except KeyboardInterrupt:
         print(f"{ap.prog}: interrupted", file=sys.stderr)
         return 130
@@ -570,19 +571,27 @@ def _source(args: argparse.Namespace) -> str:
     return source
 
 
-def _run_tune(args: argparse.Namespace) -> None:
-    import importlib.util
-
+def _setup(args: argparse.Namespace) -> tuple[str, str, Any, Callable[[Any], None] | None]:
+    """(device, source, transform, step) of the command line, made once for the profile and the
+    tune (the source may be made here; --model builds a model)."""
     import torch
+
+    if args.steps < 1 or args.batch_size < 1 or args.size < 1:
+        raise _Fail("--steps, --batch-size and --size should be at least 1")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    source = _source(args)
+    step = _model_step(args.model, device) if args.model else None
+    return device, source, _transform(args.transform, args.size), step
+
+
+def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> None:
+    import importlib.util
 
     import fastdata
 
     from .backends.base import usable_cores
     from .sources import is_shard_source
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    source = _source(args)
-    transform = _transform(args.transform, args.size)
     cores = usable_cores()
     backends = ["wds" if is_shard_source(source) else "pil"]
     if importlib.util.find_spec("nvidia.dali") is not None and not transform.pixel_ops:
@@ -590,7 +599,6 @@ def _run_tune(args: argparse.Namespace) -> None:
     placements = ["cpu", "gpu"] if transform.pixel_ops and importlib.util.find_spec("kornia") else ["cpu"]
     space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], cores}),
              "prefetch_factor": [2, 4], "backend": backends, "placement": placements}
-    step = _model_step(args.model, device) if args.model else None
 
     def make(config: dict):
         w = config["num_workers"]
@@ -617,20 +625,12 @@ def _run_tune(args: argparse.Namespace) -> None:
         print(f"wrote {out}/config.json: fastdata.loader(..., config={str(out / 'config.json')!r})")
 
 
-def _run(args: argparse.Namespace) -> Report:
-    import torch
-
+def _run(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> Report:
     import fastdata
 
-    if args.steps < 1 or args.batch_size < 1 or args.size < 1:
-        raise _Fail("--steps, --batch-size and --size should be at least 1")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    source = _source(args)
     workers = args.workers if args.workers == "auto" else int(args.workers)
-    step = _model_step(args.model, device) if args.model else None
     loader = fastdata.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=workers,
-                             persistent_workers=workers != 0, transform=_transform(args.transform, args.size),
-                             device=device)
+                             persistent_workers=workers != 0, transform=transform, device=device)
     print(f"profiling {loader.backend} over {source}: {args.steps} steps a measurement...", file=sys.stderr)
     return profile(loader, step, steps=args.steps, step_ms=args.step_ms, device=device, source=source)
 

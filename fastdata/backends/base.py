@@ -69,5 +69,10 @@ class Loader:
         """Stage seconds so far (with stage timing on): per stage, "images", and per "worker k"."""
         return self.stats.get("stages", {})
 
+    def _workers_running(self) -> bool:
+        """Whether persistent DataLoader workers are up: they hold their own copies of what
+        they run, so a flag set here (stage timing) no longer reaches them."""
+        return bool(getattr(getattr(getattr(self, "_loader", None), "_iterator", None), "_workers", None))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, batch_size={self.batch_size})"

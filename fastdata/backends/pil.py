@@ -495,9 +495,8 @@ class PilLoader(Loader):
     def _timing(self, on: bool) -> bool:
         """Stage timing on or off (for fastdata.profile); False when it cannot reach running
         persistent workers."""
-        running = getattr(getattr(self._loader, "_iterator", None), "_workers", None)
-        if on and running:
-            return False  # persistent workers hold their own copy of the decoder
+        if on and self._workers_running():
+            return False
         self._decoder.timing = on
         if on:
             self.stats.setdefault("stages", {})
@@ -528,8 +527,7 @@ class PilLoader(Loader):
             out = self._device_stage(batch)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # timing only: the stage's own time
-        stages = self.stats.setdefault("stages", {})
-        stages["device_stage"] = stages.get("device_stage", 0) + clock() - t
+        self._add_stage("device_stage", clock() - t)
         return out
 
     def _device_stage(self, batch: tuple) -> tuple:

@@ -233,7 +233,7 @@ class TorchLoader(Loader):
         collate_fn = self._ring_collate()
         if collate_fn is None:
             return False
-        if on and getattr(getattr(self._loader, "_iterator", None), "_workers", None):
+        if on and self._workers_running():
             return False
         if on and collate_fn.timing is None:
             collate_fn.timing = torch.zeros((self._loader.num_workers + 1, 5), dtype=torch.float64).share_memory_()
