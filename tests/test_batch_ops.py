@@ -22,6 +22,23 @@ def _run(ops, b=0, **kw):
     return batch.apply(images, labels, ops, dtype=torch.float32, num_classes=3, seed=1, epoch=2, rank=0, batch=b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_normalize_into_a_given_buffer_matches_fresh(dtype, channels_last):
+    # The loader's CPU device stage gives Normalize a reused buffer: same values, layout, dtype.
+    images = torch.randint(0, 256, (4, 3, 8, 10), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    made = []
+    new = lambda shape, dt: made.append(torch.empty(tuple(shape), dtype=dt)) or made[-1]  # noqa: E731
+    ops = [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+    kw = dict(dtype=dtype, num_classes=3, seed=1, epoch=0, rank=0, batch=0)
+    want, _ = batch.apply(images, torch.zeros(4, dtype=torch.long), ops, **kw)
+    got, _ = batch.apply(images, torch.zeros(4, dtype=torch.long), ops, new=new, **kw)
+    assert len(made) == 1 and got.data_ptr() == made[0].data_ptr()
+    assert got.dtype == dtype and got.stride() == want.stride() and torch.equal(got, want)
+
+
 def test_label_smoothing():
     _, soft = _run([T.LabelSmoothing(0.1)])
     assert soft.shape == (6, 3) and soft.dtype == torch.float32

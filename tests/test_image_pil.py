@@ -159,6 +159,25 @@ def test_normalize_gives_dtype_and_values(folder):
         assert torch.allclose(red * 255, (40 * y + 20).float(), atol=3)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_held_normalized_batches_stay_whole(folder, num_workers):
+    # On a CPU device the float batches come from reused slots: a batch still held must not be
+    # written over by later ones, and dropped ones' slots are reused.
+    t = T.Compose([T.CenterCrop(16), T.Normalize((0.5,) * 3, (0.25,) * 3)])
+    loader = fastdata.loader(str(folder), batch_size=4, transform=t, device="cpu", num_workers=num_workers)
+    held, copies, addresses = [], [], set()
+    for k, (x, y) in enumerate(loader):
+        addresses.add(x.data_ptr())
+        if k % 3 == 0:  # hold every third batch to the end, drop the others
+            held.append((x, y))
+            copies.append(x.clone())
+    assert len(held) == 3 and len(addresses) < len(loader)  # slots reused
+    for (x, y), c in zip(held, copies):
+        assert torch.equal(x, c)
+        red = x[:, 0, 8, 8] * 0.25 + 0.5
+        assert torch.allclose(red * 255, (40 * y + 20).float(), atol=3)  # still its own labels' images
+
+
 def test_channels_last_false_gives_contiguous(folder):
     loader = fastdata.loader(str(folder), batch_size=4, transform=_train(), channels_last=False)
     x, _ = next(iter(loader))

@@ -5,7 +5,7 @@ rank, batch number), so a resumed run mixes the same pairs."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -18,9 +18,11 @@ def _rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
 
 
 def apply(images: torch.Tensor, labels: torch.Tensor, ops: Sequence[Op], *, dtype: torch.dtype,
-          num_classes: int, seed: int, epoch: int, rank: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+          num_classes: int, seed: int, epoch: int, rank: int, batch: int,
+          new: Callable[[Sequence[int], torch.dtype], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """images uint8 [N, 3, H, W] -> `dtype` when any op needs floats; labels int64 [N] -> float
-    [N, num_classes] when a mixing or smoothing op is there."""
+    [N, num_classes] when a mixing or smoothing op is there. `new(shape, dtype)`, when given,
+    makes the buffer Normalize writes into (a reused slot, instead of fresh memory)."""
     rng = _rng(seed, epoch, rank, batch)
     mixers = [op for op in ops if isinstance(op, (MixUp, CutMix))]
     mixer = mixers[int(rng.integers(len(mixers)))] if len(mixers) > 1 else (mixers[0] if mixers else None)
@@ -32,7 +34,11 @@ def apply(images: torch.Tensor, labels: torch.Tensor, ops: Sequence[Op], *, dtyp
         if isinstance(op, Normalize):
             mean = torch.tensor(op.mean, device=images.device, dtype=dtype).mul_(255).view(1, 3, 1, 1)
             std = torch.tensor(op.std, device=images.device, dtype=dtype).mul_(255).view(1, 3, 1, 1)
-            images = images.to(dtype).sub_(mean).div_(std)
+            out = _like(images, dtype, new) if new is not None and not images.is_floating_point() else None
+            if out is None:
+                images = images.to(dtype).sub_(mean).div_(std)
+            else:  # (torch.sub(images, mean, out=out) would cast images into a fresh temporary first)
+                images = out.copy_(images).sub_(mean).div_(std)
         elif op is mixer and len(labels) > 1:
             lam = float(rng.beta(op.alpha, op.alpha))
             if not images.is_floating_point():
@@ -53,3 +59,14 @@ def apply(images: torch.Tensor, labels: torch.Tensor, ops: Sequence[Op], *, dtyp
         elif isinstance(op, LabelSmoothing):
             soft = soft.mul(1 - op.eps).add_(op.eps / num_classes)
     return images, (soft if soft is not None else labels)
+
+
+def _like(images: torch.Tensor, dtype: torch.dtype, new: Callable) -> torch.Tensor | None:
+    """A `dtype` buffer from `new` with the shape and memory format of `images` (contiguous or
+    channels_last), or None for any other layout."""
+    if images.is_contiguous():
+        return new(images.shape, dtype)
+    if images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last):
+        n, c, h, w = images.shape
+        return new((n, h, w, c), dtype).permute(0, 3, 1, 2)
+    return None

@@ -1,0 +1,94 @@
+"""The device stage on a CPU device: Normalize into reused slots against into fresh memory.
+
+With `device="cpu"`, Normalize (uint8 to float) runs in the training process on every batch.
+Written as `images.to(dtype).sub_(mean).div_(std)` it asks the allocator for a fresh float
+batch (19.6 MB at batch 64 and 160 px) each time. Whether glibc hands back memory it still
+has, or returns it to the kernel and page-faults it in again, depends on the heap's state; in
+the second case the stage costs up to 4x its CPU, and a whole run slows by a quarter. (This
+was the "slow mode" of earlier advice.py runs: one in three 2-worker runs at about 300 images/s
+against 440.) fastdata's `pil` loader gives the stage a ring of reused output slots instead,
+leased like the workers' batch slots, so a batch the user still holds is never written over.
+
+The loop: 2,000 synthetic ImageNet-like JPEGs, RandomResizedCrop(160) + flip + ColorJitter +
+TrivialAugment + Normalize, batch 64, 2 persistent workers, a simulated step of --step-ms a
+batch (the CPU is free meanwhile, as while a GPU computes). Each candidate runs in its own
+process (the heap's state is a process's history), --epochs timed epochs after a warm one,
+processes in ABBA order over --rounds:
+
+- fastdata `pil` with the output ring removed (the stage allocates, as before);
+- fastdata `pil` as shipped.
+
+Prints images/s, the ratio with its 95% bootstrap interval, each side's slowest and fastest
+epoch, and the training process's page faults an epoch; writes JSON.
+
+    OMP_NUM_THREADS=1 python benchmarks/device_stage.py [--rounds 6] [--epochs 3] [--step-ms 100] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import _common
+
+import fastdata
+from fastdata import transforms as T
+from fastdata.synthetic import make_imagenet_like
+
+CANDIDATES = {"fresh memory (before)": "fresh", "reused slots (fastdata)": "slots"}
+
+
+def _faults() -> int:
+    """Minor page faults of this process so far."""
+    return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def child(args) -> None:
+    spec = T.Compose([T.RandomResizedCrop(160), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                      T.TrivialAugment(), T.Normalize()])
+    loader = fastdata.loader(args.root, batch_size=64, shuffle=True, transform=spec, device="cpu", num_workers=2,
+                             persistent_workers=True)
+    if args.child == "fresh":
+        loader._out_ring = None  # the ablation: Normalize allocates its output, as before
+    rates, faults = [], []
+    for epoch in range(args.epochs + 1):
+        f, t, n = _faults(), time.perf_counter(), 0
+        for images, labels in loader:
+            n += len(labels)
+            time.sleep(args.step_ms / 1e3)
+        if epoch:  # the first epoch starts the workers and fills the slots
+            rates.append(n / (time.perf_counter() - t))
+            faults.append(_faults() - f)
+    print(json.dumps({"images_per_s": rates, "faults": faults}))
+
+
+def main() -> None:
+    ap = _common.rounds_parser(__doc__, rounds=6)
+    ap.add_argument("--step-ms", type=float, default=100)
+    ap.set_defaults(epochs=3)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    make_imagenet_like(Path(args.root), n_images=args.images, progress=True)
+    commands = {name: [sys.executable, __file__, "--child", c, "--root", args.root, "--epochs", str(args.epochs),
+                       "--step-ms", str(args.step_ms)] for name, c in CANDIDATES.items()}
+    rates, reports = _common.process_rounds(commands, args.rounds)
+    med = {name: _common.median(v) for name, v in rates.items()}
+    before, after = CANDIDATES
+    lo, hi = _common.ratio_ci([1 / r for r in rates[before]], [1 / r for r in rates[after]])
+    print(f"\n{'device stage output':<28}{'images/s':>10}{'slowest':>10}{'fastest':>10}{'faults/epoch':>14}")
+    for name, v in rates.items():
+        print(f"{name:<28}{med[name]:>10,.0f}{min(v):>10,.0f}{max(v):>10,.0f}"
+              f"{_common.median(reports[name]['faults']):>14,.0f}")
+    ratio = med[after] / med[before]
+    print(f"\nreused slots / fresh memory: {ratio:.2f}x (95% interval {lo:.2f}-{hi:.2f}); "
+          f"slowest epoch {min(rates[after]) / min(rates[before]):.2f}x")
+    _common.write("device_stage", {"step_ms": args.step_ms, "images_per_s": med, "all": rates, "ratio": ratio,
+                                   "interval": [lo, hi], "faults_last_run": {n: r["faults"] for n, r in reports.items()}},
+                  args.json)
+
+
+if __name__ == "__main__":
+    main()
