@@ -53,6 +53,7 @@ import dataclasses
 import html
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -99,6 +100,9 @@ class Report:
     # steps of the run together that began an epoch: left out of the rates, since worker queues
     # may refill then (a cost each epoch, not the steady state); their waits are in `steps`
     epoch_starts: list[int] = dataclasses.field(default_factory=list)
+    # images in a steady step of the run together, on average: below the batch size when a short
+    # last batch of an epoch fell among them (the step costs a whole step all the same)
+    images_per_step: float | None = None
 
     def epoch_start_note(self) -> str | None:
         if not self.epoch_starts or len(self.epoch_starts) == len(self.steps):
@@ -323,8 +327,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         verdict = "compute-bound: the loader has headroom; faster input would not speed this step up"
     else:
         verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
+    per_step = sum(together_steps[k][1] for k in steady) / len(steady)
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline, [], config, stages,
-                    bound, epoch_starts=epoch_starts)
+                    bound, epoch_starts=epoch_starts, images_per_step=per_step)
     _advice(loader, report)
     return report
 
@@ -376,17 +381,20 @@ class RateModel:
     """images/s of a loader config together with the step, from the stage costs of one run.
 
     A worker handles one image at a time: its stages' time, waits included ("read"), bounds
-    each worker. The training process's own stages (the device stage, taking batches) run in
-    series with the step, in its thread, at the share of a core the scheduler leaves it
-    beside the busy workers. All the CPU work, workers' and training process's, shares the
-    cores. With 0 workers everything runs in series. Prefetch depth does not
-    enter: it absorbs jitter, it adds no capacity. Left out: cores slowing each other down
-    (memory bandwidth, shared caches)."""
+    each worker. All the CPU work, workers' and training process's, shares the cores. The
+    training process's own stages (the device stage, taking batches) run in series with the
+    step, in its thread, at the share of a core the scheduler leaves it beside the busy workers:
+    it joins one core's run queue and shares that core with the workers there. Taking a batch
+    sets a worker to work, so the workers busy at that rate, rounded up, are busy then (measured
+    with 2 workers on 2 cores: a 15 ms device stage took 27 ms). The step costs a whole step a
+    batch, a short last batch too (`step` is a step over the images a step took on average).
+    With 0 workers everything runs in series. Prefetch depth does not enter: it absorbs jitter,
+    it adds no capacity. Left out: cores slowing each other down (memory bandwidth, caches)."""
 
     work: float  # s an image in a worker: its stages, waits included
     cpu: float  # CPU s an image in the workers
     main: float  # s an image of the training process's stages
-    step: float  # s an image of the step; 0 for the loader alone
+    step: float  # s of the step an image; 0 for the loader alone
     cores: int
     main_on_cpu: bool = True  # False when the device stage runs on a GPU
 
@@ -398,7 +406,9 @@ class RateModel:
             return None
         cpu = work - st.get("read", 0) / 1e3
         main = (st.get("device_stage", 0) + st.get("deliver", 0)) / 1e3
-        step = 1.0 / report.step_images_per_s if report.step_images_per_s else 0.0
+        step = 0.0
+        if report.step_images_per_s:
+            step = report.batch_size / report.step_images_per_s / (report.images_per_step or report.batch_size)
         return cls(work, cpu, main, step, cores, report.config.get("device", "cpu") == "cpu")
 
     def rate(self, workers: int) -> float:
@@ -408,14 +418,14 @@ class RateModel:
         supply = min(workers / self.work, self.cores / max(cpu, 1e-9))
         if self.main + self.step <= 0:
             return supply
-        # The training process's stages share the cores with the workers that are busy at
-        # that rate: with more runnable processes than cores, the scheduler gives it
-        # cores / (busy + 1) of one. (A fixed point; three rounds settle it.)
-        rate = min(supply, 1.0 / (self.main + self.step))
-        for _ in range(3):
-            busy = min(workers, rate * self.cpu)
-            share = min(1.0, self.cores / (busy + 1)) if self.main_on_cpu else 1.0
+        # The fewest busy workers consistent with the rate they make: with b of them busy, the
+        # training process's core has b - cores + 1 of them (b / cores beyond the cores).
+        for busy in range(workers + 1):
+            beside = max(0, busy - self.cores + 1) if busy <= self.cores else busy / self.cores
+            share = 1.0 / (1 + beside) if self.main_on_cpu else 1.0
             rate = min(supply, 1.0 / (self.main / share + self.step))
+            if math.ceil(min(workers, rate * self.cpu) - 1e-9) <= busy:
+                break
         return rate
 
     def moved(self, seconds: float) -> "RateModel":

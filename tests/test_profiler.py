@@ -175,12 +175,25 @@ def test_rate_model():
     assert m.rate(2) == pytest.approx(500)  # two workers: 2 / 4 ms (the CPU bound is 2 / 3.5 ms)
     assert m.rate(4) == pytest.approx(2 / 3.5e-3)  # the cores bound
     slow = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=2e-3, cores=2)
-    # the step and the training process's stages in series (1 / 2.5 ms = 400 a second), those
-    # stages at the share of a core left beside the workers busy at that rate: 2 / (r * 3 ms + 1)
-    r = slow.rate(4)
-    assert r == pytest.approx(1 / (0.5e-3 * (r * 3e-3 + 1) / 2 + 2e-3), rel=1e-3) and 385 < r < 400
+    # the step and the training process's stages in series: 1 / 2.5 ms = 400 a second would keep
+    # 1.2 workers busy, so (rounded up) 2 are busy beside those stages, and on 2 cores one of them
+    # shares its core: the stages run at half speed (1 / 3 ms, and that keeps 1 worker busy)
+    assert slow.rate(4) == pytest.approx(1 / (0.5e-3 / 0.5 + 2e-3))
+    assert slow.rate(1) == pytest.approx(1 / 4e-3)  # one worker leaves a core free: its 4 ms bound
+    assert RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=20e-3, cores=2).rate(4) == pytest.approx(1 / 20.5e-3)
     assert slow.rate(0) == pytest.approx(1 / 6.5e-3)
     assert m.moved(1e-3).rate(1) == pytest.approx(1 / 3e-3)
+
+
+def test_rate_model_counts_a_whole_step_for_a_short_batch():
+    from fastdata.profiler import Report, RateModel
+
+    # 64-image steps of 100 ms, but a 16-image last batch among 4 steps: 52 images a step
+    report = Report("x", 64, 1000.0, 640.0, 500.0, 0.1, "", [], [], {"device": "cpu"}, {"dataset": 1.0},
+                    images_per_step=(3 * 64 + 16) / 4)
+    model = RateModel.of(report, cores=2)
+    assert model.step == pytest.approx(0.1 / 52)
+    assert model.rate(2) == pytest.approx(520)  # 52 images a 100 ms step; the workers make 2,000
 
 
 def test_advice_predicts_workers():
