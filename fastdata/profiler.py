@@ -388,8 +388,10 @@ class RateModel:
     sets a worker to work, so the workers busy at that rate, rounded up, are busy then (measured
     with 2 workers on 2 cores: a 15 ms device stage took 27 ms). The step costs a whole step a
     batch, a short last batch too (`step` is a step over the images a step took on average).
-    With 0 workers everything runs in series. Prefetch depth does not enter: it absorbs jitter,
-    it adds no capacity. Left out: cores slowing each other down (memory bandwidth, caches)."""
+    With 0 workers everything runs in series: at the loader-alone time an image, when the profile
+    measured it so (the in-process decoder's threads overlap, so its CPU seconds would overstate
+    it). Prefetch depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores
+    slowing each other down (memory bandwidth, caches)."""
 
     work: float  # s an image in a worker: its stages, waits included
     cpu: float  # CPU s an image in the workers
@@ -397,6 +399,7 @@ class RateModel:
     step: float  # s of the step an image; 0 for the loader alone
     cores: int
     main_on_cpu: bool = True  # False when the device stage runs on a GPU
+    serial: float | None = None  # s an image of the loader alone, measured with 0 workers
 
     @classmethod
     def of(cls, report: "Report", cores: int) -> "RateModel | None":
@@ -409,11 +412,12 @@ class RateModel:
         step = 0.0
         if report.step_images_per_s:
             step = report.batch_size / report.step_images_per_s / (report.images_per_step or report.batch_size)
-        return cls(work, cpu, main, step, cores, report.config.get("device", "cpu") == "cpu")
+        serial = 1.0 / report.loader_images_per_s if report.config.get("num_workers") == 0 else None
+        return cls(work, cpu, main, step, cores, report.config.get("device", "cpu") == "cpu", serial)
 
     def rate(self, workers: int) -> float:
         if workers == 0:
-            return 1.0 / (self.work + self.main + self.step)
+            return 1.0 / ((self.work + self.main if self.serial is None else self.serial) + self.step)
         cpu = self.cpu + (self.main if self.main_on_cpu else 0.0)
         supply = min(workers / self.work, self.cores / max(cpu, 1e-9))
         if self.main + self.step <= 0:
@@ -430,7 +434,9 @@ class RateModel:
 
     def moved(self, seconds: float) -> "RateModel":
         """The model with `seconds` an image of CPU work taken off the workers (onto the GPU)."""
-        return dataclasses.replace(self, work=max(self.work - seconds, 1e-9), cpu=max(self.cpu - seconds, 0.0))
+        serial = None if self.serial is None else max(self.serial - seconds, 1e-9)
+        return dataclasses.replace(self, work=max(self.work - seconds, 1e-9), cpu=max(self.cpu - seconds, 0.0),
+                                   serial=serial)
 
 
 def _advice(loader: Any, report: Report) -> None:

@@ -194,6 +194,19 @@ def test_rate_model_counts_a_whole_step_for_a_short_batch():
     model = RateModel.of(report, cores=2)
     assert model.step == pytest.approx(0.1 / 52)
     assert model.rate(2) == pytest.approx(520)  # 52 images a 100 ms step; the workers make 2,000
+    assert model.serial is None and model.rate(0) == pytest.approx(1 / (1e-3 + 0.1 / 52))
+
+
+def test_rate_model_with_0_workers_takes_the_measured_loader_time():
+    from fastdata.profiler import Report, RateModel
+
+    # 1.5 ms of decode CPU an image, but the in-process decoder's threads made 1,000 images/s
+    report = Report("x", 64, 1000.0, 6400.0, 800.0, 0.5, "", [], [], {"device": "cpu", "num_workers": 0},
+                    {"decode": 1.5})  # a 10 ms step
+    model = RateModel.of(report, cores=2)
+    assert model.rate(0) == pytest.approx(1 / (1e-3 + 0.01 / 64))
+    assert model.rate(1) == pytest.approx(1 / 1.5e-3)  # a worker decodes on one thread
+    assert model.moved(0.5e-3).rate(0) == pytest.approx(1 / (0.5e-3 + 0.01 / 64))
 
 
 def test_advice_predicts_workers():
