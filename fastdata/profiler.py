@@ -267,7 +267,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         alone.append((time.perf_counter() - t, _batch_len(cached), epochs[0] != e))
     _sync(device)
     n = sum(k for _, k, _ in alone)
-    loader_rate = _steady_rate(alone)
+    loader_rate = _rate_over(alone, _steady(alone))
     cpu = time.process_time() - cpu
     stages = _per_image(before, _stage_totals(loader)) if timed else {}
     if stages:
@@ -313,9 +313,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         t2 = time.perf_counter()
         timeline.append((t1 - t0, t2 - t1))
         together_steps.append((t2 - t0, _batch_len(batch), epochs[0] != e))
-    together = _steady_rate(together_steps)
+    steady = _steady(together_steps)
+    together = _rate_over(together_steps, steady)
     epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
-    steady = [k for k in range(steps) if k not in epoch_starts] or list(range(steps))
     if stages:  # wall ms an image
         stages["consumer_wait"] = 1e3 * sum(timeline[k][0] for k in steady) / sum(together_steps[k][1] for k in steady)
     # ideal: the steps' own compute in this run (a simulated step's sleep overshoots by
@@ -327,18 +327,22 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         verdict = "compute-bound: the loader has headroom; faster input would not speed this step up"
     else:
         verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
-    per_step = sum(together_steps[k][1] for k in steady) / len(steady)
+    per_step = sum(together_steps[k][1] for k in steady) / len(steady)  # images
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline, [], config, stages,
                     bound, epoch_starts=epoch_starts, images_per_step=per_step)
     _advice(loader, report)
     return report
 
 
-def _steady_rate(runs: list[tuple[float, int, bool]]) -> float:
-    """images/s over (seconds, images, began an epoch) of each step, leaving out the steps that
-    began an epoch (all of them count when every step did)."""
-    steady = [(t, k) for t, k, began in runs if not began] or [(t, k) for t, k, _ in runs]
-    return sum(k for _, k in steady) / max(sum(t for t, _ in steady), 1e-9)
+def _steady(runs: list[tuple[float, int, bool]]) -> list[int]:
+    """Of (seconds, images, began an epoch) a step: the steps that did not begin an epoch (all
+    of them when every step did)."""
+    return [k for k, (_, _, began) in enumerate(runs) if not began] or list(range(len(runs)))
+
+
+def _rate_over(runs: list[tuple[float, int, bool]], steps: list[int]) -> float:
+    """images/s over those `steps` of `runs`."""
+    return sum(runs[k][1] for k in steps) / max(sum(runs[k][0] for k in steps), 1e-9)
 
 
 # where a worker's time goes: the image backends' stages, or the drop-in's dataset (the user's
@@ -409,11 +413,15 @@ class RateModel:
             return None
         cpu = work - st.get("read", 0) / 1e3
         main = (st.get("device_stage", 0) + st.get("deliver", 0)) / 1e3
-        step = 0.0
-        if report.step_images_per_s:
-            step = report.batch_size / report.step_images_per_s / (report.images_per_step or report.batch_size)
         serial = 1.0 / report.loader_images_per_s if report.config.get("num_workers") == 0 else None
-        return cls(work, cpu, main, step, cores, report.config.get("device", "cpu") == "cpu", serial)
+        return cls(work, cpu, main, cls.step_of(report), cores, report.config.get("device", "cpu") == "cpu", serial)
+
+    @staticmethod
+    def step_of(report: "Report") -> float:
+        """The step's seconds an image in `report`: a step over the images a step took."""
+        if not report.step_images_per_s:
+            return 0.0
+        return report.batch_size / report.step_images_per_s / (report.images_per_step or report.batch_size)
 
     def rate(self, workers: int) -> float:
         if workers == 0:
@@ -475,8 +483,8 @@ def _advice(loader: Any, report: Report) -> None:
     if not pillow_info().get("simd", False):
         advice.append("Pillow-SIMD is not active: bash scripts/install.sh builds it (measured on the ImageNet "
                       "transform here: a DataLoader with Pillow-SIMD ran 1.2x one with stock Pillow)")
-    if stages and isinstance(workers, int) and workers > 0:
-        in_workers = sum(stages.get(k, 0) for k in _WORKER_STAGES) / workers  # ms an image, in parallel
+    if model is not None and isinstance(workers, int) and workers > 0:
+        in_workers = 1e3 * model.work / workers  # ms an image, in parallel
         device_ms = stages.get("device_stage", 0)
         if device_ms > 0.25 * in_workers:
             advice.append(f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms an "
@@ -731,9 +739,8 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
             trials.append(Trial(config, None, rate))
             model = RateModel.of(report, cores)
             if model is None:  # no stage timing: the probe's rate stands for the whole loader
-                step_s = 1.0 / report.step_images_per_s if report.step_images_per_s else 0.0
                 work = max(1, probe_w) / report.loader_images_per_s
-                model = RateModel(work, work, 0.0, step_s, cores)
+                model = RateModel(work, work, 0.0, RateModel.step_of(report), cores)
             models[(backend, placement)] = model
             say(f"  probe {config}: {rate:,.0f} images/s; worker {1e3 * model.work:.2f} ms, "
                 f"main {1e3 * model.main:.2f} ms an image")
