@@ -90,18 +90,19 @@ def process_rounds(commands: dict[str, list[str]], rounds: int, abba: bool = Tru
     """Runs each candidate's command in its own process, one after another, `rounds` times (in
     ABBA order unless abba=False), so drift on this shared machine hits all alike. A command
     prints a JSON object with "images_per_s" (a list) as its last line. Returns the rates of
-    each candidate over all rounds, and its last report."""
+    each candidate over all rounds, and its reports, one a round."""
     rates: dict[str, list[float]] = {name: [] for name in commands}
-    reports: dict[str, dict] = {}
+    reports: dict[str, list[dict]] = {name: [] for name in commands}
     names = list(commands)
     for r in range(rounds):
         for name in names if not abba or r % 2 == 0 else reversed(names):
             out = subprocess.run(commands[name], capture_output=True, text=True)
             if out.returncode != 0:
                 raise SystemExit(f"{name} failed: {out.stderr.strip()[-2000:]}")
-            reports[name] = json.loads(out.stdout.strip().splitlines()[-1])
-            rates[name] += reports[name]["images_per_s"]
-            print(f"  round {r + 1}/{rounds}  {name:<34} {median(reports[name]['images_per_s']):7.0f} img/s",
+            report = json.loads(out.stdout.strip().splitlines()[-1])
+            reports[name].append(report)
+            rates[name] += report["images_per_s"]
+            print(f"  round {r + 1}/{rounds}  {name:<34} {median(report['images_per_s']):7.0f} img/s",
                   file=sys.stderr)
     return rates, reports
 

@@ -135,7 +135,7 @@ def main() -> None:
     commands = {name: [*py, __file__, "--child", child, "--root", args.root, "--epochs", str(args.epochs)]
                 for name, (*py, child) in candidates.items()}
     results, reports = _common.process_rounds(commands, args.rounds, abba=False)
-    pillows = {name: rep["pillow"] for name, rep in reports.items()}
+    pillows = {name: reps[-1]["pillow"] for name, reps in reports.items()}
 
     med = {name: statistics.median(v) for name, v in results.items()}
     fast = med["fastdata pil"]

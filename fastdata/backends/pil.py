@@ -424,9 +424,9 @@ class PilLoader(Loader):
         self._loader = self._workers(workers, timeout, prefetch_factor, pin)
         self._batch_ops = transform.batch_ops if transform is not None else ()
         # On a CPU device the device stage's float batch goes into reused slots: a fresh one
-        # (19.6 MB at batch 64, 160 px) page-faults as often as the malloc's state has it, which
-        # made some runs a quarter slower (benchmarks/device_stage.py: 1.09x the median run,
-        # 1.34x the slowest epoch).
+        # (19.6 MB at batch 64, 160 px) is page-faulted in every step or not at all, as the
+        # process's heap happens to have it (benchmarks/device_stage.py: 1.03-1.33x over three
+        # runs, as 2 to 5 of 6 allocating processes faulted).
         self._out_ring = BufferRing(3, shared=False) if self.device.type == "cpu" else None
         self.num_classes = self._num_classes()
         self._epoch = 0
