@@ -125,9 +125,15 @@ void copy_one(const uint8_t* src, const int64_t* sstrides, uint8_t* dst, const i
   enum { kMemcpy, kPlanar, kStrided } kind = kStrided;
   Kernel planar = nullptr;
   int64_t plane = 0, run = a.n;
+  // The typed kernels load and store whole elements, which C++ allows only at addresses aligned
+  // to them; numpy hands over sources that are not (frombuffer with an offset, a field of a
+  // packed structured array). Strides are whole elements, so the two base addresses decide, and
+  // misaligned copies take the per-element memcpy, which any address allows.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) %
+                        uintptr_t(es)) == 0;
   if (a.ss == es && a.ds == es) {
     kind = kMemcpy;
-  } else if (m >= 2) {
+  } else if (m >= 2 && aligned) {
     const Dim& b = dims[m - 2];
     if (a.ds == es && b.ss == es && b.n <= 4 && a.ss == b.n * es && b.ds >= a.n * es) {
       // b: K channels (src stride es, dst stride = plane); a: n pixels of K interleaved values.
@@ -155,7 +161,7 @@ void copy_one(const uint8_t* src, const int64_t* sstrides, uint8_t* dst, const i
       case kMemcpy: std::memcpy(d, s, a.n * es); break;
       case kPlanar: planar(s, d, plane, run); break;
       case kStrided:
-        switch (es) {
+        switch (aligned ? es : 0) {
           case 1: strided<uint8_t>(s, d, a.n, a.ss, a.ds); break;
           case 2: strided<uint16_t>(s, d, a.n, a.ss, a.ds); break;
           case 4: strided<uint32_t>(s, d, a.n, a.ss, a.ds); break;

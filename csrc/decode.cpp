@@ -21,10 +21,11 @@
 namespace fastdata {
 namespace {
 
-// Twice Pillow's MAX_IMAGE_PIXELS: beyond it Pillow raises DecompressionBombError, so the
-// fallback would fail as well. Refusing here keeps a hostile header from making libjpeg allocate
-// gigabytes (a progressive JPEG buffers every coefficient of the image before the first row).
-constexpr uint64_t kMaxPixels = 2ull * (1024ull * 1024 * 1024 / 4 / 3);
+// Refusing larger images keeps a hostile header from making libjpeg allocate gigabytes (a
+// progressive JPEG buffers every coefficient of the image before the first row). The loaders
+// refuse them before any decode (fastdata._decode.MAX_IMAGE_PIXELS); this is the same limit for
+// direct callers.
+constexpr uint64_t kMaxPixels = kMaxImagePixels;
 
 // Pillow's fixed point for 8-bit resampling: 22 fraction bits leave room for 8 bits of value and
 // 2 of overshoot in a signed 32-bit sum. Same bits here, so the same roundings.
@@ -486,20 +487,127 @@ std::string precheck(const ByteSpan& src) {
   return {};
 }
 
-// Whether an end-of-image marker (FF D9) follows the scan data that starts at `from`. Inside
-// entropy-coded data a 0xFF byte is always followed by a stuffed 0x00 or a restart marker
-// (D0-D7), so FF D9 there is the real end. A baseline decode stops at the crop window's last
-// row and would never notice a file cut short below it; this makes a truncated file an error
-// whatever the crop, as it is for Pillow. Searched backwards: it is normally the last 2 bytes.
-bool has_eoi(const uint8_t* from, const uint8_t* end) {
-  for (const uint8_t* p = end - 1; p > from; --p) {
-    if (*p == 0xD9 && p[-1] == 0xFF) return true;
-  }
-  return false;
+// The walks behind check_structure: they follow markers and lengths and never look at pixel
+// data, so they run at memchr speed. fastdata/_decode.py has the same walks in Python (the
+// fallback for a build without this file), with the same messages; the tests hold them equal.
+inline uint32_t be16(const uint8_t* p) { return uint32_t(p[0]) << 8 | p[1]; }
+inline uint32_t be32(const uint8_t* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
 }
 
-// One libjpeg decompressor, reused for every image of a thread: creating one allocates its
-// memory pools, and jpeg_abort_decompress makes it ready for the next image, after an error too.
+std::string jpeg_ends_early(size_t n) {
+  return format("truncated JPEG: no end-of-image marker (the file ends after %zu bytes)", n);
+}
+
+// From SOI through every marker segment (its length must fit in the file) and, after each SOS,
+// the entropy-coded data to the marker that ends it, up to EOI. The first frame header (SOF0-15;
+// C4, C8 and CC in that range are other markers) gives the size.
+std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
+  const uint8_t* d = src.data;
+  const size_t n = src.size;
+  size_t pos = 2;
+  bool frame = false, scan = false;
+  for (;;) {
+    if (pos >= n) return jpeg_ends_early(n);
+    if (d[pos] != 0xFF) return format("corrupt JPEG: no marker at byte %zu (0x%02x)", pos, d[pos]);
+    const size_t at = pos;
+    while (pos < n && d[pos] == 0xFF) ++pos;  // fill bytes may come before a marker
+    if (pos >= n) return jpeg_ends_early(n);
+    const uint32_t m = d[pos++];
+    if (m == 0xD9) {
+      if (!scan) return format("corrupt JPEG: end-of-image marker at byte %zu before any scan", at);
+      return {};
+    }
+    if ((m >= 0xD0 && m <= 0xD7) || m == 0x01) continue;  // RSTn, TEM: no segment
+    if (m == 0x00 || m == 0xD8) {
+      return format("corrupt JPEG: unexpected marker 0xFF%02X at byte %zu", m, at);
+    }
+    if (n - pos < 2) return jpeg_ends_early(n);
+    const uint32_t len = be16(d + pos);
+    if (len < 2) return format("corrupt JPEG: the 0xFF%02X segment at byte %zu has length %u", m, at, len);
+    if (len > n - pos) {
+      return format("truncated JPEG: the 0xFF%02X segment at byte %zu runs past the end of the file "
+                    "(%zu bytes)", m, at, n);
+    }
+    if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC && !frame) {
+      if (len < 8) return format("corrupt JPEG: the frame header at byte %zu has length %u", at, len);
+      out->height = int(be16(d + pos + 3));
+      out->width = int(be16(d + pos + 5));
+      if (out->width == 0 || out->height == 0) {
+        return format("corrupt JPEG: the frame header claims a %dx%d image", out->width, out->height);
+      }
+      frame = true;
+    }
+    pos += len;
+    if (m != 0xDA) continue;
+    if (!frame) return format("corrupt JPEG: a scan at byte %zu before the frame header", at);
+    scan = true;
+    // Inside entropy-coded data a 0xFF is followed by a stuffed 0x00 or a restart marker
+    // (D0-D7); any other byte after it (and after fill bytes) is the marker that ends the scan.
+    const size_t data_start = pos;
+    for (;;) {
+      const void* ff = pos < n ? std::memchr(d + pos, 0xFF, n - pos) : nullptr;
+      size_t q = ff ? size_t(static_cast<const uint8_t*>(ff) - d) + 1 : n;
+      while (q < n && d[q] == 0xFF) ++q;
+      if (q >= n) {
+        return format("truncated JPEG: no end-of-image marker (the scan data from byte %zu runs "
+                      "to the end of the file, %zu bytes)", data_start, n);
+      }
+      if (d[q] == 0x00 || (d[q] >= 0xD0 && d[q] <= 0xD7)) {
+        pos = q + 1;
+        continue;
+      }
+      pos = q - 1;  // the 0xFF before the marker: the outer loop reads the marker
+      break;
+    }
+  }
+}
+
+// A chunk's type as text when it is 4 ASCII letters (all real ones are), else in hex.
+std::string chunk_name(const uint8_t* p) {
+  for (int i = 0; i < 4; ++i) {
+    if (!((p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= 'a' && p[i] <= 'z'))) {
+      return format("0x%08X", be32(p));
+    }
+  }
+  return std::string(reinterpret_cast<const char*>(p), 4);
+}
+
+// From the signature through every chunk (length, type, data, CRC: the length must fit in the
+// file) to IEND. The first chunk must be the 13-byte IHDR, which gives the size. CRCs are not
+// checked: Pillow decodes a PNG whole, so a corrupt one fails the same way for every crop.
+std::string walk_png(const ByteSpan& src, ImageStructure* out) {
+  const uint8_t* d = src.data;
+  const size_t n = src.size;
+  for (size_t pos = 8;;) {
+    if (n - pos < 8) {
+      return format("truncated PNG: no IEND chunk (the file ends after %zu bytes)", n);
+    }
+    const uint32_t len = be32(d + pos);
+    const std::string type = chunk_name(d + pos + 4);
+    if (uint64_t(len) + 12 > n - pos) {
+      return format("truncated PNG: the %s chunk at byte %zu runs past the end of the file "
+                    "(%zu bytes)", type.c_str(), pos, n);
+    }
+    if (pos == 8) {
+      if (type != "IHDR" || len != 13) {
+        return format("corrupt PNG: the first chunk is %s of %u bytes, not a 13-byte IHDR",
+                      type.c_str(), len);
+      }
+      const uint32_t w = be32(d + pos + 8), h = be32(d + pos + 12);
+      if (w == 0 || h == 0 || w > 0x7FFFFFFFu || h > 0x7FFFFFFFu) {
+        return format("corrupt PNG: the header claims a %ux%u image", w, h);
+      }
+      out->width = int(w);
+      out->height = int(h);
+    }
+    if (type == "IEND") return {};
+    pos += 12 + size_t(len);
+  }
+}
+
+// A thread's decoder: its row buffers and filter taps are reused from image to image, its libjpeg
+// decompressor is made anew for each (see fresh()).
 class Decoder {
  public:
   Decoder() {
@@ -520,7 +628,7 @@ class Decoder {
   std::string info(const ByteSpan& src, JpegInfo* out) {
     std::string why = precheck(src);
     if (!why.empty()) return why;
-    if (!created_) return "out of memory";
+    if (!fresh()) return "out of memory";
     if (!read_info(src, out)) return err_.message;
     return {};
   }
@@ -528,8 +636,14 @@ class Decoder {
   std::string decode(const ByteSpan& src, const int32_t* crop, bool flip, const OutView& out,
                      int64_t index) {
     std::string why = precheck(src);
+    if (why.empty()) {
+      // A decode reads only the rows the crop needs; the walk makes a file cut short an error
+      // whatever the crop.
+      ImageStructure structure;
+      why = check_structure(src, &structure);
+    }
     if (!why.empty()) return why;
-    if (!created_) return "out of memory";
+    if (!fresh()) return "out of memory";
     try {
       if (!decode_window(src, crop, out.height, out.width)) return err_.message;
     } catch (const std::bad_alloc&) {
@@ -541,6 +655,26 @@ class Decoder {
   }
 
  private:
+  // A decompressor keeps the quantization and Huffman tables of the images it read (libjpeg's
+  // support for abbreviated datastreams, which leave them out), so a JPEG missing a table would
+  // decode with an earlier image's instead of failing as in Pillow, and the same bytes would
+  // decode or not depending on what the thread read before. So every image gets a new one
+  // (a few small allocations, next to a decode's); false when it cannot be made.
+  bool fresh() {
+    if (created_ && used_) {
+      jpeg_destroy_decompress(&cinfo_);
+      created_ = false;
+    }
+    if (!created_) {
+      if (setjmp(err_.jump) == 0) {
+        jpeg_create_decompress(&cinfo_);  // keeps cinfo_.err
+        created_ = true;
+      }
+    }
+    used_ = created_;
+    return created_;
+  }
+
   // Everything between a setjmp and the libjpeg calls that may longjmp to it keeps its state
   // in members, never in locals with destructors: longjmp skips destructors.
   bool read_info(const ByteSpan& src, JpegInfo* out) {
@@ -596,10 +730,6 @@ class Decoder {
       return fail("crop (%lld, %lld, %lld, %lld) outside the %lldx%lld image", (long long)x,
                   (long long)y, (long long)w, (long long)h, (long long)W, (long long)H);
     }
-    if (!has_eoi(cinfo_.src->next_input_byte, src.data + src.size)) {
-      return fail("Premature end of JPEG file (no end-of-image marker after the image data)");
-    }
-
     // DCT scaling: the IDCT itself shrinks by 2, 4 or 8, the cheapest way to drop pixels the
     // resize would average away anyway. Taken only while the scaled window still has at least
     // the output's pixels, so the resize never enlarges what it was handed.
@@ -666,7 +796,23 @@ class Decoder {
       horizontal(p[0], want == 2 ? p[1] : p[0], x0_, htaps_, d, want == 2 ? d + out_w * 4 : d,
                  out_w);
     }
-    // Stop here: the rows below the window are never decoded.
+    // The rows below the window are entropy-decoded too (libjpeg's skip: Huffman decoding only,
+    // no IDCT, upsampling or colour conversion), so that corrupt data there (a file cut short
+    // and closed with an end marker, a bad Huffman code) is an error for every crop, not only
+    // for the crops that reach it. libjpeg's skip to the very end returns without decoding, so
+    // the skip stops a row short and the last row is read. A multi-scan (progressive) image was
+    // read whole by jpeg_start_decompress already.
+    if (!jpeg_has_multiple_scans(&cinfo_)) {
+      const JDIMENSION left = cinfo_.output_height - cinfo_.output_scanline;
+      if (left > 1 && jpeg_skip_scanlines(&cinfo_, left - 1) != left - 1) {
+        return fail("Premature end of JPEG file (below the crop window)");
+      }
+      JSAMPROW p = row_.data();
+      if (left > 0 && jpeg_read_scanlines(&cinfo_, &p, 1) != 1) {
+        return fail("Premature end of JPEG file (last row)");
+      }
+    }
+    // Stop here, before the end-of-image bookkeeping of jpeg_finish_decompress.
     jpeg_abort_decompress(&cinfo_);
     return true;
   }
@@ -687,7 +833,7 @@ class Decoder {
 
   jpeg_decompress_struct cinfo_{};
   ErrorManager err_{};
-  bool created_ = false;
+  bool created_ = false, used_ = false;
   Taps htaps_, vtaps_;
   int x0_ = 0, y0_ = 0;  // the decoded window's first column and row, in scaled pixels
   std::vector<uint8_t> row_, rows_, line_;
@@ -701,6 +847,22 @@ Decoder& this_thread_decoder() {
 }
 
 }  // namespace
+
+std::string check_structure(const ByteSpan& src, ImageStructure* out) {
+  static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  *out = ImageStructure{};
+  const uint8_t* d = src.data;
+  if (src.size == 0) return "empty file";
+  if (src.size >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF) {
+    out->kind = kImageJpeg;
+    return walk_jpeg(src, out);
+  }
+  if (src.size >= 8 && std::memcmp(d, kPng, 8) == 0) {
+    out->kind = kImagePng;
+    return walk_png(src, out);
+  }
+  return {};
+}
 
 std::string jpeg_info(const ByteSpan& src, JpegInfo* info) {
   try {

@@ -20,6 +20,25 @@ struct JpegInfo {
   int width = 0, height = 0, components = 0;
 };
 
+// The most pixels an image may claim: Pillow's MAX_IMAGE_PIXELS (the size at which it warns of a
+// decompression bomb), the same number as fastdata._decode.MAX_IMAGE_PIXELS.
+constexpr uint64_t kMaxImagePixels = 1024ull * 1024 * 1024 / 4 / 3;
+
+// What check_structure found: the container, and the size its header claims.
+enum ImageKind : int { kImageOther = 0, kImageJpeg = 1, kImagePng = 2 };
+struct ImageStructure {
+  int kind = kImageOther;
+  int width = 0, height = 0;  // a JPEG's first frame header (SOFn), a PNG's IHDR
+};
+
+// Whether `src` is a whole JPEG or PNG, from its container structure alone (no pixel data is
+// decoded): a JPEG's marker segments from SOI, through each scan's entropy-coded data, to EOI; a
+// PNG's chunks from the signature to IEND; every length must fit in the file. Bytes after EOI or
+// IEND are allowed. Returns "" for a whole file (or one that is neither format: kind
+// kImageOther, nothing checked), else why not ("empty file", "truncated JPEG: ...",
+// "corrupt PNG: ..."). It cannot see corrupt entropy-coded data inside a whole structure.
+std::string check_structure(const ByteSpan& src, ImageStructure* out);
+
 // Reads the header of `src` (no pixel data) into *info. Returns "" on success, else why it
 // could not (libjpeg's message, or ours for empty and non-JPEG input).
 std::string jpeg_info(const ByteSpan& src, JpegInfo* info);

@@ -172,6 +172,39 @@ nb::list jpeg_info_batch(nb::sequence datas) {
   return result;
 }
 
+// inspect_batch(datas, jpeg_headers) -> [(cause or None, kind, width, height)]: check_structure
+// for each (kind 0 other, 1 JPEG, 2 PNG), and with jpeg_headers libjpeg's header parse of each
+// whole JPEG too; GIL released.
+nb::list inspect_batch(nb::sequence datas, bool jpeg_headers) {
+  const size_t n = nb::len(datas);
+  HeldBytes held(n);
+  std::vector<fastdata::ByteSpan> srcs;
+  srcs.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    srcs.push_back(held.add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
+  }
+  std::vector<fastdata::ImageStructure> found(n);
+  std::vector<std::string> causes(n);
+  {
+    nb::gil_scoped_release release;
+    for (size_t i = 0; i < n; ++i) {
+      causes[i] = fastdata::check_structure(srcs[i], &found[i]);
+      if (jpeg_headers && causes[i].empty() && found[i].kind == fastdata::kImageJpeg) {
+        fastdata::JpegInfo info;
+        const std::string why = fastdata::jpeg_info(srcs[i], &info);
+        if (!why.empty()) causes[i] = "corrupt JPEG header (" + why + ")";
+      }
+    }
+  }
+  nb::list result;
+  for (size_t i = 0; i < n; ++i) {
+    nb::object cause = nb::none();
+    if (!causes[i].empty()) cause = nb::str(causes[i].c_str(), causes[i].size());
+    result.append(nb::make_tuple(cause, found[i].kind, found[i].width, found[i].height));
+  }
+  return result;
+}
+
 using CropArray = nb::ndarray<const int32_t, nb::ndim<2>, nb::device::cpu>;
 using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu>;
 using ImageBatch = nb::ndarray<uint8_t, nb::ndim<4>, nb::device::cpu>;
@@ -251,6 +284,11 @@ NB_MODULE(_native, m) {
         "(width, height, components) from a JPEG's header; ValueError if it cannot be parsed.");
   m.def("jpeg_info_batch", &jpeg_info_batch, nb::arg("datas"),
         "jpeg_info for each of datas, None where it cannot be parsed; GIL released.");
+  m.def("inspect_batch", &inspect_batch, nb::arg("datas"), nb::arg("jpeg_headers") = true,
+        "(cause or None, kind, width, height) of each of datas from its JPEG/PNG structure (kind "
+        "0 other, 1 JPEG, 2 PNG), with libjpeg's header parse of whole JPEGs when jpeg_headers; "
+        "GIL released.");
+  m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "

@@ -10,7 +10,10 @@ PILLOW_SIMD=12.1.1.post0
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 # The build needs no torch: scikit-build-core + nanobind compile csrc/ against raw buffers.
 # setuptools and pybind11 are Pillow-SIMD's build requirements (built without isolation below).
-"$PY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" "pytest>=7" "setuptools>=77" "pybind11"
+# pytest-timeout: no test may hang (the default limit is in pyproject.toml); atheris: the tar and
+# index fuzzer (tests/test_fuzz.py, scripts/fuzz.sh). Neither requires torch or Pillow.
+"$PY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" "pytest>=7" "pytest-timeout>=2.3" "atheris>=2.3" \
+    "setuptools>=77" "pybind11"
 "$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -c "import fastdata, fastdata._collate as c; print(f'fastdata {fastdata.__version__} installed; native collation: {c.NATIVE}')"
 

@@ -1,0 +1,168 @@
+// libFuzzer target for the native JPEG path (csrc/decode.cpp): check_structure, jpeg_info, then
+// decode_crop_resize with a crop, flip, output size and output layout the input chooses.
+//
+// Input: 8 parameter bytes, then the JPEG (the seed corpus is real JPEGs behind a header):
+//   [0] out width - 1 (mod 64)    [1] out height - 1 (mod 64)
+//   [2..5] crop x, y, w, h as fractions of the image (x/255 of the room left, ...)
+//   [6] bit 0 flip; bits 1-2 layout: 0 NCHW, 1 NHWC, 2 padded HWC (4 bytes a pixel, padded
+//       rows and samples), 3 NCHW with its rows in reverse (a negative row stride, as a numpy
+//       view out[:, :, ::-1] has); bit 3 a batch of two (the sample again, mirrored the other
+//       way) on two threads
+//   [7] edge nudge: crop value k moves by {0, +1, -1, +2}[(b >> 2k) & 3], so that crops one
+//       pixel past the image (which must be refused) come up as often as crops flush with it
+// tests/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
+//
+// What fails the run, beside ASan/UBSan reports and crashes:
+// - a sample that fails without a message, or whose output bytes were touched anyway;
+// - any byte outside the output view written (the buffer holds exactly the view's span, padding
+//   included, so ASan catches writes past it and the padding is checked here);
+// - a decode that differs from the same crop decoded into a plain NCHW buffer (mirrored where
+//   flipped): layout and flip only move bytes, they never change them;
+// - the same crop decoding in one call and failing in another (on another thread, or after
+//   other images: a decoder must carry nothing from one image to the next);
+// - a decode of bytes that check_structure or jpeg_info refused;
+// - a grayscale JPEG whose output is not R = G = B.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../decode.h"
+#include "fuzz_input.h"
+
+namespace {
+
+using fastdata::ByteSpan;
+using fastdata::OutView;
+
+[[noreturn]] void fail(const char* what, const std::string& detail = {}) {
+  std::fprintf(stderr, "decode_fuzzer: %s %s\n", what, detail.c_str());
+  std::abort();
+}
+
+constexpr uint8_t kSentinel = 0xA5;
+constexpr int kNudge[4] = {0, 1, -1, 2};  // a zero byte (input run out) nudges nothing
+// Larger images decode slowly and say nothing new about the crop/resize arithmetic; libjpeg's
+// own allocation for a hostile header (a progressive image buffers all its coefficients) is
+// bounded by decode.cpp's pixel limit, not worth an out-of-memory report here.
+constexpr int64_t kMaxFuzzPixels = int64_t(1) << 22;
+
+// A uint8 [n, 3, h, w] view with the layout's strides over a buffer that holds exactly its span.
+struct Out {
+  std::vector<uint8_t> buf;
+  OutView view{};
+  int64_t origin = 0;  // offset of element (0, 0, 0, 0) in buf
+  int n = 0;
+
+  Out(int n_, int h, int w, int layout) : n(n_) {
+    int64_t sb, sc, sh, sw;
+    switch (layout) {
+      case 1: sc = 1, sw = 3, sh = int64_t(3) * w, sb = int64_t(3) * h * w; break;
+      case 2: sc = 1, sw = 4, sh = int64_t(4) * w + 5, sb = sh * h + 7; break;
+      case 3: sw = 1, sh = -int64_t(w), sc = int64_t(h) * w, sb = int64_t(3) * h * w; break;
+      default: sw = 1, sh = w, sc = int64_t(h) * w, sb = int64_t(3) * h * w; break;
+    }
+    int64_t lo = 0, hi = 0;
+    const int64_t extent[4] = {n, 3, h, w}, stride[4] = {sb, sc, sh, sw};
+    for (int d = 0; d < 4; ++d) {
+      const int64_t reach = (extent[d] - 1) * stride[d];
+      (reach < 0 ? lo : hi) += reach;
+    }
+    buf.assign(size_t(hi - lo + 1), kSentinel);
+    origin = -lo;
+    view = {buf.data() + origin, sb, sc, sh, sw, h, w};
+  }
+  int64_t offset(int i, int c, int y, int x) const {
+    return origin + i * view.batch_stride + c * view.stride_c + y * view.stride_h +
+           x * view.stride_w;
+  }
+  uint8_t at(int i, int c, int y, int x) const { return buf[size_t(offset(i, c, y, x))]; }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  fastdata_fuzz::Cursor in{data, size};
+  const int out_w = 1 + in.byte() % 64, out_h = 1 + in.byte() % 64;
+  const uint8_t fx = in.byte(), fy = in.byte(), fw = in.byte(), fh = in.byte();
+  const uint8_t flags = in.byte(), nudge = in.byte();
+  const ByteSpan jpeg{size > 8 ? data + 8 : data, size > 8 ? size - 8 : 0};
+  const bool flip = flags & 1, pair = flags & 8;
+  const int layout = (flags >> 1) & 3;
+
+  // The container walk (the decode runs it too; here also on PNGs, which the decode refuses).
+  fastdata::ImageStructure structure;
+  const std::string structure_error = fastdata::check_structure(jpeg, &structure);
+  if (structure_error.empty() && structure.kind != fastdata::kImageOther &&
+      (structure.width < 1 || structure.height < 1)) {
+    fail("check_structure passed an image with no size");
+  }
+
+  fastdata::JpegInfo info;
+  const std::string info_error = fastdata::jpeg_info(jpeg, &info);
+  int64_t W = 1, H = 1;
+  if (info_error.empty()) {
+    W = info.width, H = info.height;
+    if (W < 1 || H < 1 || info.components < 1) fail("jpeg_info accepted a degenerate image");
+    if (W * H > kMaxFuzzPixels) return 0;
+  }
+  int64_t crop64[4];
+  crop64[2] = 1 + fw * (W - 1) / 255;
+  crop64[3] = 1 + fh * (H - 1) / 255;
+  crop64[0] = fx * (W - crop64[2]) / 255;
+  crop64[1] = fy * (H - crop64[3]) / 255;
+  for (int k = 0; k < 4; ++k) crop64[k] += kNudge[(nudge >> (2 * k)) & 3];
+  const int32_t crop[8] = {int32_t(crop64[0]), int32_t(crop64[1]), int32_t(crop64[2]),
+                           int32_t(crop64[3]), int32_t(crop64[0]), int32_t(crop64[1]),
+                           int32_t(crop64[2]), int32_t(crop64[3])};
+
+  const int n = pair ? 2 : 1;
+  const uint8_t flips[2] = {uint8_t(flip), uint8_t(!flip)};
+  const std::vector<ByteSpan> srcs(size_t(n), jpeg);
+  Out out(n, out_h, out_w, layout);
+  std::vector<std::string> errors;
+  fastdata::decode_crop_resize(srcs, crop, flips, out.view, n, &errors);
+  if (errors.size() != size_t(n)) fail("wrong number of results");
+
+  // The reference: the same crop, one sample, plain NCHW, not flipped.
+  Out ref(1, out_h, out_w, 0);
+  std::vector<std::string> ref_errors;
+  const uint8_t no_flip = 0;
+  fastdata::decode_crop_resize({jpeg}, crop, &no_flip, ref.view, 1, &ref_errors);
+  const bool ok = ref_errors[0].empty();
+  if (!info_error.empty() && ok) fail("decoded a JPEG whose header jpeg_info refused:", info_error);
+  if (ok && (!structure_error.empty() || structure.kind != fastdata::kImageJpeg)) {
+    fail("decoded a file check_structure refused:", structure_error);
+  }
+
+  std::vector<char> in_view(out.buf.size(), 0);
+  for (int i = 0; i < n; ++i) {
+    const std::string& e = errors[size_t(i)];
+    if (e.empty() != ok) {
+      fail("the same crop decoded in one call and failed in another:", e + " / " + ref_errors[0]);
+    }
+    const bool mirrored = flips[i] != 0;
+    for (int c = 0; c < 3; ++c) {
+      for (int y = 0; y < out_h; ++y) {
+        for (int x = 0; x < out_w; ++x) {
+          in_view[size_t(out.offset(i, c, y, x))] = 1;
+          const uint8_t got = out.at(i, c, y, x);
+          if (!ok) {
+            if (got != kSentinel) fail("a failed sample's output was written:", e);
+            continue;
+          }
+          const uint8_t want = ref.at(0, c, y, mirrored ? out_w - 1 - x : x);
+          if (got != want) fail("layout or flip changed a pixel value");
+          if (info.components == 1 && got != out.at(i, 0, y, x)) {
+            fail("grayscale came out in color");
+          }
+        }
+      }
+    }
+    if (!ok && e.empty()) fail("a failed sample has no message");
+  }
+  for (size_t k = 0; k < out.buf.size(); ++k) {
+    if (!in_view[k] && out.buf[k] != kSentinel) fail("a byte outside the output view was written");
+  }
+  return 0;
+}
