@@ -16,15 +16,18 @@ scan of their headers), a pure function of (seed, epoch):
   the block of its next batch instead of reading and discarding what came before.
 
 A worker reads a block's samples as one byte range per shard (files seek, HTTP asks for the
-range; pipe: streams are read on) into one of two buffers it keeps, slices plain USTAR members
-out of it without a copy (anything else goes through webdataset's tar iterator), groups them
-by key as webdataset does, and reads the next block in a thread while it decodes this one.
+range; pipe: streams are read on) into one of two buffers it keeps, walks each sample's span
+of it header by header (`shard.walk_tar`: USTAR, pax and GNU long names), checks that the
+members there are the sample's, as many and as big as the index (or the header scan) said,
+slices their payloads out without a copy, groups them by key as webdataset does, checks the
+label against the classes, and reads the next block in a thread while it decodes this one. A
+damaged header, a member cut off, or a span that holds other members fails that sample alone
+(a DataError naming the shard, the member and the byte, or a counted skip).
 The images are decoded into ring slots by the code the `pil` backend runs (`_BatchDecoder`).
 """
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,14 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from ..shard import sample_key
+from ..shard import IMAGE_MEMBERS as _IMAGE_EXTENSIONS
+from ..shard import Damage, sample_key, walk_tar
 from ..sources import Shards, _cause, _discard, _fill, open_stream, read_range
 from .pil import PilLoader, _BatchDecoder
 
 _BLOCK_SAMPLES = 1024  # the shuffle buffer: samples per block, at least (rounded up to whole batches)
-_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
-_ZERO_BLOCK = bytes(512)
-_NOT_THERE = "no such sample where the index puts it (the shard ends early, or the index is stale)"
 
 
 class _Plan:
@@ -153,6 +154,9 @@ class _ShardDecoder(_BatchDecoder):
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
         self._current: tuple | None = None  # (key, _Block) of the block being decoded
+        # labels are in [0, _label_limit): the index's classes, else [0, 2**31)
+        self._label_limit = shards.label_limit
+        self._label_range = f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named"
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -161,6 +165,19 @@ class _ShardDecoder(_BatchDecoder):
 
     def __len__(self) -> int:
         return len(self.shards)
+
+    def close(self) -> None:
+        """Stops this process's read-ahead thread and closes its pipes (in the training
+        process, when a 0-worker pass ends: no thread of it may be live at a fork)."""
+        if self._proc is None or self._proc[0] != os.getpid():
+            return
+        _, reader, pending, _ = self._proc
+        for future in pending.values():
+            future.cancel()
+        reader.shutdown(wait=True)
+        for stream, _ in self._pipes.values():
+            stream.close()
+        self._proc, self._pipes, self._current = None, {}, None
 
     def read(self, keys):
         """(epoch, ids, names, bytes, labels, errors) of batch (epoch, k)'s samples."""
@@ -251,54 +268,58 @@ class _ShardDecoder(_BatchDecoder):
             for key in keys[first:end]:
                 out.add(f"{url} (member {key}.*)", None, 0, cause)
             return
-        found = _plain_members(view[:got]) if got == len(view) else None
-        if found is None:  # something other than whole plain USTAR members: webdataset's parse
-            self._parse(out, url, keys[first:end], bytes(view[:got]))
-            return
-        for key in keys[first:end]:
-            sample = found.get(key)
-            if sample is None:
-                out.add(f"{url} (member {key}.*)", None, 0, _NOT_THERE)
-            else:
-                self._add(out, url, key, sample)
+        raw = view[:got]
 
-    def _parse(self, out: _Block, url: str, keys: list[str], raw: bytes) -> None:
-        """The members of `raw` parsed by webdataset's tar iterator: its `rename_files` hook sees
-        each member's name before its data is read, so a member cut off can be named."""
-        import webdataset.tariterators as wt
+        def read(pos: int, n: int) -> bytes:
+            return bytes(raw[pos - start:pos - start + n])
 
-        reading = [None]
+        contents = self.shards.contents[s] if self.shards.contents is not None else None
+        indexed = self.shards.indexed[s] if self.shards.indexed is not None else True
+        stale = "the index is stale: " if indexed else "the shard changed since its headers were counted: "
+        spans = self.shards.spans[s][first:end].tolist()
+        expected = contents[first:end].tolist() if contents is not None else [(-1, -1)] * (end - first)
+        for key, (a, n), expect in zip(keys[first:end], spans, expected):
+            self._read_sample(out, url, key, a, a + n, read, raw, start, expect, stale)
 
-        def seen(name: str) -> str:
-            reading[0] = name
-            return name
-
-        # Members are grouped by key here rather than by webdataset's group_by_keys, which holds
-        # a sample back until the next key starts: a shard cut off there would lose the last
-        # intact sample along with the cut one.
-        found: dict[str, dict] = {}
-        broken = None
-        try:
-            for member in wt.tar_file_iterator(io.BytesIO(raw), rename_files=seen):
-                key, ext = wt.base_plus_ext(member["fname"])
-                if key is not None:
-                    found.setdefault(key, {})[ext.lower()] = member["data"]
-        except Exception as e:  # tarfile.ReadError and the like
-            message = str(e.args[0]).split(" @ ")[0] if e.args else type(e).__name__
-            broken = (reading[0], f"the shard is cut off or corrupt in member {reading[0]} ({message})")
-            found.pop(wt.base_plus_ext(reading[0])[0] if reading[0] else None, None)
-        for key in keys:
-            sample = found.get(key)
-            if sample is None:
-                if broken is not None and key == wt.base_plus_ext(broken[0])[0]:
-                    out.add(f"{url} (member {broken[0]})", None, 0, broken[1])
-                elif broken is not None:
-                    out.add(f"{url} (member {key}.*)", None, 0, f"lost: the shard is cut off or corrupt before it, "
-                            f"in member {broken[0]}")
-                else:
-                    out.add(f"{url} (member {key}.*)", None, 0, _NOT_THERE)
+    def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, read, raw: memoryview, start: int,
+                     expect: list[int], stale: str) -> None:
+        """The sample `key` from its bytes [a, b) (in `raw`, which starts at shard byte `start`):
+        every header there must be valid and name one of its members, and they must be as many
+        and as big as the index (or the scan) said; else the sample fails naming the member."""
+        found: dict[str, memoryview] = {}
+        count = nbytes = 0
+        length = start + len(raw)
+        for m in walk_tar(read, a, b, length, resync=False):
+            if type(m) is Damage:
+                where = m.name or (f"{key}.*" if key else f"at byte {m.offset}")
+                out.add(f"{url} (member {where})", None, 0, m.cause)
+                return
+            k = sample_key(m.name)
+            if k is None:  # webdataset's __metadata__ members
                 continue
-            self._add(out, url, key, sample)
+            if k != key:
+                cause = (f"it lists no sample in bytes [{a}, {b}), which hold member {m.name}" if not key
+                         else f"the member at byte {m.offset} is {m.name}, not one of sample {key}'s")
+                out.add(f"{url} (member {m.name})", None, 0, stale + cause)
+                return
+            if m.data + m.size > b:
+                out.add(f"{url} (member {m.name})", None, 0,
+                        f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
+                return
+            found[m.name[len(k) + 1:].lower()] = raw[m.data - start:m.data - start + m.size]
+            count += 1
+            nbytes += m.size
+        if not key:
+            out.add(f"{url} (member at byte {a})", None, 0, f"{stale}it lists no sample in bytes [{a}, {b})")
+        elif not count:
+            cause = f"the shard ends at byte {length}" if a >= length else "no member of it is there"
+            out.add(f"{url} (member {key}.*)", None, 0, f"no such sample at byte {a}: {cause} (the shard is cut off, "
+                                                        "or changed since it was indexed or counted)")
+        elif expect[0] >= 0 and (count, nbytes) != tuple(expect):
+            out.add(f"{url} (member {key}.*)", None, 0, f"{stale}sample {key} at byte {a} has {count} member(s) of "
+                                                        f"{nbytes} bytes, not {expect[0]} of {expect[1]}")
+        else:
+            self._add(out, url, key, found)
 
     def _add(self, out: _Block, url: str, key: str, sample: dict) -> None:
         ext = next((e for e in _IMAGE_EXTENSIONS if e in sample), None)
@@ -313,10 +334,17 @@ class _ShardDecoder(_BatchDecoder):
             out.add(name, None, 0, "the sample has no cls member (its label)")
             return
         try:
-            label = int(bytes(cls))
+            label = int(bytes(cls)) if len(cls) <= 20 else None
         except ValueError:
+            label = None
+        if label is None:
             out.add(f"{url} (member {key}.cls)", None, 0,
                     f"the label should be an integer, but the cls member holds {bytes(cls[:40])!r}")
+            return
+        if not 0 <= label < self._label_limit:
+            out.add(f"{url} (member {key}.cls)", None, 0,
+                    f"the label should be in [0, {self._label_limit}) ({self._label_range}), but the cls member "
+                    f"holds {label}")
             return
         out.add(name, sample[ext], label, None)
 
@@ -338,34 +366,21 @@ class _ShardDecoder(_BatchDecoder):
 
 
 def _plain_members(raw: memoryview) -> dict[str, dict[str, memoryview]] | None:
-    """{key: {ext: payload view}} for bytes that are whole plain USTAR members (what
-    fastdata-shard and most tar writers make), grouped by key as webdataset does (its
-    `base_plus_ext`, metadata members skipped); None for anything else (extended headers, a
-    member cut off, a bad checksum), which webdataset's own parse then reads and reports. This
-    walk slices the payloads out of the buffer where tarfile would copy each one twice."""
-    import tarfile
-
-    from webdataset.tariterators import base_plus_ext
-
+    """{key: {ext: payload view}} of bytes that are whole tar members, walked as the block reader
+    walks a sample's span (`shard.walk_tar`: the payloads are views of `raw`, not copies) and
+    grouped by key as webdataset does (metadata members skipped); None where a header is
+    damaged or the bytes end inside a member."""
     found: dict[str, dict[str, memoryview]] = {}
-    pos, n = 0, len(raw)
-    while pos + 512 <= n:
-        header = bytes(raw[pos:pos + 512])
-        if header == _ZERO_BLOCK:
-            break
-        try:
-            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except tarfile.HeaderError:
-            return None
-        if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
-            return None
-        end = pos + 512 + info.size
-        if end > n:
-            return None
-        if sample_key(info.name) is not None:
-            key, ext = base_plus_ext(info.name)
-            found.setdefault(key, {})[ext.lower()] = raw[pos + 512:end]
-        pos = pos + 512 + -(-info.size // 512) * 512
+
+    def read(pos: int, n: int) -> bytes:
+        return bytes(raw[pos:pos + n])
+
+    for m in walk_tar(read, 0, len(raw), len(raw), resync=False):
+        if type(m) is Damage:
+            return None if m.offset or m.cause != "empty file" else found
+        key = sample_key(m.name)
+        if key is not None:
+            found.setdefault(key, {})[m.name[len(key) + 1:].lower()] = raw[m.data:m.data + m.size]
     return found
 
 

@@ -1,0 +1,395 @@
+"""Hostile shards and labels: damaged tar headers, truncated shards, indexes that disagree with
+their tar, and labels out of range, on `wds` (0 and 2 workers) and `dali` (CPU), with
+on_error="raise" and "skip".
+
+The shards hold flat-color images whose color names the sample (class c, number j: see
+_images.py) with label c, written by fastdata-shard from an ImageFolder without shuffling:
+sample key "%08d" % i with i = c * PER_CLASS + j, shard 0 the keys 0-5, shard 1 the keys 6-11.
+Every delivered image is checked against its label, and the delivered set against the samples
+left intact; what was lost must be counted (skip) or raise a DataError naming shard, member and
+cause (raise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _images import color, color_folder
+
+import fastdata
+from fastdata import DataError
+from fastdata import transforms as T
+from fastdata.shard import count_samples, write_shards
+from fastdata.sources import file_list, shards
+
+CLASSES, PER_CLASS = 3, 4
+N = CLASSES * PER_CLASS
+SIZE = 16
+TRANSFORM = T.Compose([T.Resize(SIZE), T.CenterCrop(SIZE)])
+PATTERN = "train-{000000..000001}.tar"
+ALL = {(c, j) for c in range(CLASSES) for j in range(PER_CLASS)}
+BACKENDS = [("wds", 0), ("wds", 2), pytest.param(("dali", 1), marks=pytest.mark.dali)]
+
+
+def sample(i: int) -> tuple[int, int]:
+    """(class, number) of the sample with key i."""
+    return divmod(i, PER_CLASS)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return color_folder(tmp_path_factory.mktemp("imgs"), CLASSES, PER_CLASS, (20, 40), lambda j: f"{j:03d}.jpg")
+
+
+@pytest.fixture(scope="module")
+def pristine(folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    write_shards(folder, out / "train-%06d.tar", max_count=6, shuffle=False, workers=1)
+    return out
+
+
+@pytest.fixture(params=BACKENDS, ids=lambda b: f"{b[0]}-{b[1]}")
+def backend(request):
+    if request.param[0] == "dali":
+        pytest.importorskip("nvidia.dali")
+    return request.param
+
+
+def _copy(pristine: Path, to: Path, indexed: bool) -> Path:
+    for name in ("train-000000.tar", "train-000001.tar") + (("train-index.json",) if indexed else ()):
+        shutil.copy(pristine / name, to / name)
+    return to
+
+
+def _members(path: Path) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(path) as tf:
+        return {m.name: m for m in tf.getmembers()}
+
+
+def _load(where: Path, backend, on_error: str, pattern: str = PATTERN, **kw):
+    """The loader, and the warnings its construction gave."""
+    name, workers = backend
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = fastdata.loader(str(where / pattern), batch_size=4, transform=TRANSFORM, backend=name,
+                                 num_workers=workers, device="cpu", on_error=on_error, shuffle=True, **kw)
+    return loader, [str(w.message) for w in caught]
+
+
+def _delivered(loader) -> list[tuple[int, int]]:
+    """(class, number) of every delivered sample, each image checked against its label."""
+    out = []
+    for images, labels in loader:
+        assert images.shape[0] == labels.shape[0]
+        if not len(labels):
+            continue
+        px = images[:, :, SIZE // 2, SIZE // 2].to(torch.int64)
+        c = ((px[:, 0] - 20).float() / 40).round().long()
+        j = ((px[:, 1] - 10).float() / 12).round().long()
+        assert torch.equal(c, labels), (c, labels)  # the label is the image's own
+        out += list(zip(c.tolist(), j.tolist()))
+    return out
+
+
+def _expect(loader, on_error: str, lost: set[int], shard: str, member: str, cause: str, skipped: int | None = None):
+    """Raise: a DataError naming `shard`, `member` and matching `cause`. Skip: every sample but
+    the keys `lost` delivered once, with its label, and `skipped` (default len(lost)) counted,
+    each error naming `shard`, one of them `member` with `cause`."""
+    if on_error == "raise":
+        with pytest.raises(DataError) as e:
+            _delivered(loader)
+        # (Raised in a DataLoader worker, torch re-raises it under a traceback: its own line last.)
+        message = str(e.value).rstrip("\n").splitlines()[-1]
+        assert shard in message and f"(member {member})" in message, message
+        assert cause in message, message
+        return
+    got = _delivered(loader)
+    assert len(got) == len(set(got))
+    assert set(got) == ALL - {sample(i) for i in lost}
+    skipped = len(lost) if skipped is None else skipped
+    assert loader.stats["skipped"] == skipped and loader.stats["samples"] == N - len(lost)
+    errors = loader.stats["errors"]
+    assert len(errors) == skipped and all(shard in e["path"] for e in errors)
+    assert any(e["path"].endswith(f"(member {member})") and cause in e["cause"] for e in errors), errors
+
+
+# ------------------------------------------------------------------ damaged member headers
+
+
+def _garbage(path: Path, offset: int, how: str) -> None:
+    raw = bytearray(path.read_bytes())
+    if how == "garbage":  # random bytes: neither name nor checksum readable
+        raw[offset:offset + 512] = np.random.default_rng(offset).integers(0, 256, 512, dtype=np.uint8).tobytes()
+    elif how == "checksum":  # only the checksum wrong: the name still shows
+        raw[offset + 148:offset + 156] = b"0000001\0"
+    elif how == "zeros":  # a zeroed header: tarfile takes it for the end of the archive
+        raw[offset:offset + 512] = bytes(512)
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["scanned", "indexed"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("member", ["00000003.jpg", "00000003.cls", "00000006.jpg"])
+def test_garbage_member_header(pristine, tmp_path, backend, indexed, on_error, member):
+    """A header of random bytes mid-shard (or the first of a shard, which is the first header
+    of a read): the walk steps over it to the next valid header; only its sample is lost."""
+    shard = "train-000000.tar" if member < "00000006" else "train-000001.tar"
+    at = _members(pristine / shard)[member].offset
+    _garbage(_copy(pristine, tmp_path, indexed) / shard, at, "garbage")
+    loader, warned = _load(tmp_path, backend, on_error)
+    assert len(loader) == 3 and len(loader.samples) == N  # every sample counted, the damaged one too
+    if not indexed:
+        assert any(f"{shard} is damaged: invalid tar header at byte {at}" in w for w in warned), warned
+        assert count_samples(tmp_path / shard) == 6
+    key = member.split(".")[0]
+    _expect(loader, on_error, {int(key)}, shard, f"{key}.*", f"invalid tar header at byte {at}")
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["scanned", "indexed"])
+@pytest.mark.parametrize("how", ["checksum", "zeros"])
+def test_damaged_header_named(pristine, tmp_path, indexed, how):
+    """A header whose checksum alone is wrong is named by the name it still shows; a zeroed one
+    is not the end of the archive when a header follows its member."""
+    at = _members(pristine / "train-000000.tar")["00000002.jpg"].offset
+    _garbage(_copy(pristine, tmp_path, indexed) / "train-000000.tar", at, how)
+    assert count_samples(tmp_path / "train-000000.tar") == 6
+    member, cause = {"checksum": ("00000002.jpg", f"invalid tar header at byte {at} (bad checksum)"),
+                     "zeros": ("00000002.*", f"a block of zeros at byte {at}")}[how]
+    for on_error in ("raise", "skip"):
+        loader, _ = _load(tmp_path, ("wds", 0), on_error)
+        _expect(loader, on_error, {2}, "train-000000.tar", member, cause)
+
+
+def test_tarfile_would_stop_at_the_damage(pristine, tmp_path):
+    """What the walk replaces: tarfile ends the archive at a damaged header mid-shard."""
+    at = _members(pristine / "train-000000.tar")["00000002.jpg"].offset
+    _garbage(_copy(pristine, tmp_path, False) / "train-000000.tar", at, "garbage")
+    with tarfile.open(tmp_path / "train-000000.tar") as tf:
+        assert len(tf.getmembers()) == 4  # samples 0 and 1: the 4 after the damage are gone
+    with pytest.warns(UserWarning, match=r"train-000000\.tar is damaged: invalid tar header at byte"):
+        assert len(shards(str(tmp_path / PATTERN), progress=False)) == N
+
+
+# ------------------------------------------------------------------ truncated shards
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["scanned", "indexed"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("cut", ["mid-member", "mid-header"])
+def test_truncated_shard(pristine, tmp_path, backend, indexed, on_error, cut):
+    """Shard 1 cut in sample 9's image (or 100 bytes into sample 10's first header): every
+    sample before the cut is delivered with its label; the cut one fails naming its member;
+    with an index, the samples past the end are reported too."""
+    path = _copy(pristine, tmp_path, indexed) / "train-000001.tar"
+    m = _members(pristine / "train-000001.tar")["00000009.jpg" if cut == "mid-member" else "00000010.jpg"]
+    end = m.offset_data + m.size // 2 if cut == "mid-member" else m.offset + 100
+    path.write_bytes(path.read_bytes()[:end])
+    loader, warned = _load(tmp_path, backend, on_error)
+    first = 9 if cut == "mid-member" else 10
+    if indexed:
+        assert any("keeping the index" in w for w in warned), warned
+        assert len(loader.samples) == N
+        lost, skipped = set(range(first, 12)), 12 - first
+    else:
+        assert any("train-000001.tar is damaged: the shard is cut off" in w for w in warned), warned
+        assert len(loader.samples) == first + 1  # the samples after the cut are not in the file
+        lost, skipped = set(range(first, 12)), 1
+    cause = "the shard is cut off in member" if cut == "mid-member" else "the shard is cut off in a tar header"
+    _expect(loader, on_error, lost, "train-000001.tar", m.name, cause, skipped)
+    if on_error == "skip" and indexed:
+        past = [e for e in loader.stats["errors"] if "no such sample" in e["cause"]]
+        assert len(past) == 11 - first and all("the shard ends at byte" in e["cause"] for e in past)
+
+
+def test_not_a_tar_at_all(tmp_path):
+    (tmp_path / "x-000000.tar").write_bytes(np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(DataError, match=r"x-000000\.tar: not a tar file \(invalid tar header at byte 0"):
+        fastdata.loader(str(tmp_path / "x-000000.tar"), batch_size=2, transform=TRANSFORM)
+    with pytest.raises(DataError, match=r"not a tar file"):
+        count_samples(tmp_path / "x-000000.tar")
+    (tmp_path / "y-000000.tar").write_bytes(b"")
+    with pytest.raises(DataError, match=r"y-000000\.tar: not a tar file \(empty file\)"):
+        fastdata.loader(str(tmp_path / "y-000000.tar"), batch_size=2, transform=TRANSFORM)
+
+
+# ------------------------------------------------------------------ an index that disagrees with its tar
+
+
+def _edit_index(where: Path, edit) -> None:
+    index = json.loads((where / "train-index.json").read_text())
+    edit(index)
+    (where / "train-index.json").write_text(json.dumps(index))
+
+
+def _drop(key: str):
+    """An index edit: the sample `key` left out of its shard's entry, the counts kept consistent."""
+
+    def edit(index):
+        for entry in index["shards"]:
+            keep = [i for i, row in enumerate(entry["samples_index"]) if row[0] != key]
+            if len(keep) < len(entry["samples_index"]):
+                entry["samples_index"] = [entry["samples_index"][i] for i in keep]
+                entry["members"] = [entry["members"][i] for i in keep]
+                entry["samples"] -= 1
+                index["total"] -= 1
+
+    return edit
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("missed", [8, 11], ids=["middle", "last"])
+def test_index_missing_a_sample(pristine, tmp_path, backend, on_error, missed):
+    """119 in the index, 120 in the tar: the index's samples must tile the shard, so the bytes of
+    the sample it misses are a slot of their own, reported when read."""
+    _edit_index(_copy(pristine, tmp_path, True), _drop(f"{missed:08d}"))
+    loader, warned = _load(tmp_path, backend, on_error)
+    assert len(loader.samples) == N  # the missed sample's bytes are a slot
+    at = _members(pristine / "train-000001.tar")[f"{missed:08d}.jpg"].offset
+    assert any("is stale: it lists no sample in 1 byte range(s) of shard" in w and f"at byte {at}" in w
+               for w in warned), warned
+    _expect(loader, on_error, {missed}, "train-000001.tar", f"{missed:08d}.jpg",
+            f"the index is stale: it lists no sample in bytes [{at}, ")
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_index_member_sizes_disagree(pristine, tmp_path, backend, on_error):
+    """The index gives sample 4's image one byte more than its header: the sample fails."""
+
+    def edit(index):
+        members = index["shards"][0]["members"]
+        key, exts = members[4]
+        assert key == "00000004" and exts[0][0] == "jpg"
+        exts[0][2] += 1
+
+    _edit_index(_copy(pristine, tmp_path, True), edit)
+    loader, _ = _load(tmp_path, backend, on_error)
+    _expect(loader, on_error, {4}, "train-000000.tar", "00000004.*",
+            "the index is stale: sample 00000004 at byte")
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_index_of_another_order(folder, tmp_path, backend, on_error):
+    """The index of a shard written in another order (the same bytes in all): no sample is
+    delivered from where the index wrongly puts it, every delivered one carries its own label,
+    and every sample is delivered or counted."""
+    for seed in (0, 1):
+        write_shards(folder, tmp_path / f"s{seed}" / "one-%06d.tar", seed=seed, workers=1)
+    shutil.copy(tmp_path / "s1" / "one-000000.tar", tmp_path / "s0" / "one-000000.tar")
+    assert os.path.getsize(tmp_path / "s1" / "one-000000.tar") == json.loads(
+        (tmp_path / "s0" / "one-index.json").read_text())["shards"][0]["bytes"]
+    loader, _ = _load(tmp_path / "s0", backend, on_error, pattern="one-000000.tar")
+    if on_error == "raise":
+        with pytest.raises(DataError, match=r"one-000000\.tar \(member .*\): (the index is stale|invalid tar header)"):
+            _delivered(loader)
+        return
+    got = _delivered(loader)
+    assert len(got) == len(set(got)) and loader.stats["skipped"] >= 1
+    assert len(got) + loader.stats["skipped"] == N
+
+
+def test_index_that_does_not_fit_is_not_used(pristine, tmp_path):
+    """Spans that overlap are no layout of the shard: it is counted from its headers instead."""
+
+    def edit(index):
+        rows = index["shards"][0]["samples_index"]
+        rows[2][1] -= 512  # sample 2 starts inside sample 1
+
+    _edit_index(_copy(pristine, tmp_path, True), edit)
+    loader, warned = _load(tmp_path, ("wds", 0), "raise")
+    assert any("does not fit shard" in w and "train-000000.tar" in w for w in warned), warned
+    assert sorted(_delivered(loader)) == sorted(ALL)
+
+
+def test_malformed_index_entry_is_a_value_error(pristine, tmp_path):
+    _edit_index(_copy(pristine, tmp_path, True), lambda index: index["shards"][1].pop("samples_index"))
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: its entry for 'train-000001\.tar'"):
+        shards(str(tmp_path / PATTERN), progress=False)
+
+
+# ------------------------------------------------------------------ labels
+
+
+def _labelled_shard(path: Path, labels: list[bytes | None]) -> None:
+    """A shard written with tarfile: sample i is an image of color(i % CLASSES, i) (a JPEG) and,
+    unless its label is None, a cls member holding it."""
+    import io
+
+    from PIL import Image
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for i, label in enumerate(labels):
+            out = io.BytesIO()
+            Image.new("RGB", (24, 24), color(i % CLASSES, i)).save(out, "JPEG", quality=95)
+            for name, data in ((f"{i:08d}.jpg", out.getvalue()), (f"{i:08d}.cls", label)):
+                if data is not None:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+
+
+BAD_LABELS = {2: b"-1", 4: b"1000000000000", 5: b"2147483648", 7: b"x1", 9: None, 10: b""}
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_shard_labels_checked(tmp_path, backend, on_error):
+    """Shards without classes: a label is an integer in [0, 2**31); anything else (negative,
+    too big, not an integer, missing) fails its sample naming the member."""
+    labels = [BAD_LABELS.get(i, b"%d" % (i % CLASSES)) for i in range(12)]
+    _labelled_shard(tmp_path / "lab-000000.tar", labels)
+    name, workers = backend
+    loader = fastdata.loader(str(tmp_path / "lab-000000.tar"), batch_size=4, transform=TRANSFORM, backend=name,
+                             num_workers=workers, device="cpu", on_error=on_error)
+    if on_error == "raise":
+        with pytest.raises(DataError, match=r"lab-000000\.tar \(member 00000002\.cls\): the label should be in "
+                                            r"\[0, 2147483648\) \(no classes named\), but the cls member holds -1"):
+            _delivered(loader)
+        return
+    got = []
+    for images, labels_ in loader:
+        if len(labels_):
+            px = images[:, :, SIZE // 2, SIZE // 2].to(torch.int64)
+            j = ((px[:, 1] - 10).float() / 12).round().long()
+            assert torch.equal(j % CLASSES, labels_)  # sample j's label is j % CLASSES
+            got += j.tolist()
+    assert sorted(got) == [i for i in range(12) if i not in BAD_LABELS]
+    causes = {e["path"].rpartition("(member ")[2][:-1]: e["cause"] for e in loader.stats["errors"]}
+    assert loader.stats["skipped"] == len(BAD_LABELS) == len(causes)
+    assert "holds -1" in causes["00000002.cls"] and "holds 1000000000000" in causes["00000004.cls"]
+    assert "holds 2147483648" in causes["00000005.cls"]
+    assert "should be an integer" in causes["00000007.cls"] and "should be an integer" in causes["00000010.cls"]
+    assert "no cls member" in causes["00000009.jpg"]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_shard_label_beyond_the_index_classes(pristine, tmp_path, on_error):
+    """Shards whose index names 3 classes: a cls member holding 3 is out of range."""
+    path = _copy(pristine, tmp_path, True) / "train-000000.tar"
+    m = _members(path)["00000005.cls"]
+    raw = bytearray(path.read_bytes())
+    assert raw[m.offset_data:m.offset_data + m.size] == b"1"
+    raw[m.offset_data] = ord("3")
+    path.write_bytes(bytes(raw))
+    loader, _ = _load(tmp_path, ("wds", 0), on_error)
+    _expect(loader, on_error, {5}, "train-000000.tar", "00000005.cls",
+            "the label should be in [0, 3) (the 3 classes of the index), but the cls member holds 3")
+
+
+def test_file_list_labels_checked(folder):
+    path = str(folder / "class0" / "000.jpg")
+    for bad in (-1, 2 ** 31, 10 ** 12):
+        with pytest.raises(ValueError, match=rf"labels should be in \[0, 2\*\*31\), but item 1 \(.*000\.jpg\) has "
+                                             rf"label {bad}"):
+            file_list([(path, 0), (path, bad)])
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(ValueError, match=r"labels should be integers, but item 1"):
+            file_list([(path, 0), (path, bad)])
+    assert file_list([(path, 0), (path, np.int64(2 ** 31 - 1))]).labels.tolist() == [0, 2 ** 31 - 1]
+    with pytest.raises(ValueError, match=r"item 0 .* has label -3"):
+        fastdata.loader([(path, -3)], batch_size=1, transform=TRANSFORM)
