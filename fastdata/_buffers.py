@@ -79,22 +79,40 @@ def leased_tensor(
 
 
 class WorkerRings:
-    """The main process's record of each worker's ring, so that the next epoch's workers (new
-    processes, unless persistent) adopt the slots instead of page-faulting new ones."""
+    """The main process's record of each worker's ring, for one pass of a DataLoader iterator
+    (one generation of workers), so that the next pass's workers (new processes, unless
+    persistent) adopt the slots instead of page-faulting new ones.
+
+    A generation owns its rings until it ends (`end`: its workers are gone and the slots of
+    batches it never delivered are freed); only then does the next generation adopt them
+    (`successor`). So ending an old pass late, after a newer one started, can never free a
+    slot that the newer pass's workers are filling: a newer pass that starts before the old
+    one ended gets rings of its own."""
 
     def __init__(self) -> None:
         self.token = os.urandom(8).hex()
         self.rings: dict[int, tuple[torch.UntypedStorage, list]] = {}  # worker id -> (flags, slot storages)
         self._flags: dict[int, Flags] = {}  # worker id -> a view of its flags, made once
         self.live: dict[int, set] = {}  # worker id -> (slot, leaf) with a lease alive here
+        self.ended = True  # nothing under way yet: a successor may adopt (nothing)
         _WORKER_RINGS[self.token] = self
 
     def __getstate__(self) -> dict:
         # To a spawned worker: the storages travel as shared-memory handles.
-        return {"token": self.token, "rings": self.rings, "live": {}, "_flags": {}}
+        return {"token": self.token, "rings": self.rings, "live": {}, "_flags": {}, "ended": False}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+    def successor(self) -> "WorkerRings":
+        """The record for the next generation of workers: this one's rings when it has ended
+        (they pass over whole, with the leases still alive here), else empty."""
+        new = WorkerRings()
+        if self.ended:
+            new.rings, new._flags, new.live = self.rings, self._flags, self.live
+            self.rings, self._flags, self.live = {}, {}, {}
+        new.ended = False
+        return new
 
     def received(self, worker: int, flags: torch.UntypedStorage, slot: int, storage) -> tuple[Flags, set]:
         ring = self.rings.get(worker)
@@ -106,9 +124,12 @@ class WorkerRings:
         storages[slot] = storage
         return self._flags[worker], self.live.setdefault(worker, set())
 
-    def reclaim(self) -> None:
-        """After the workers exited: frees the slots of batches that were in flight and never
-        delivered (an epoch left early), which no lease will ever free."""
+    def end(self) -> None:
+        """After this generation's workers exited: frees the slots of batches that were in
+        flight and never delivered (an epoch left early), which no lease will ever free."""
+        if self.ended:
+            return
+        self.ended = True
         for worker, (flags, _) in self.rings.items():
             array = self._flags.setdefault(worker, Flags(flags)).array
             live = self.live.get(worker, set())
@@ -269,11 +290,8 @@ class ProcessRings:
             self._pid = os.getpid()
         return self._ring
 
-    def end_epoch(self, it: Any) -> None:
-        """After an epoch of a DataLoader iterator `it` (run to the end or left early) whose
-        workers do not persist: the workers are shut down first, then the slots of batches that
-        were in flight and never delivered are freed."""
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self.workers.reclaim()
+    def begin_pass(self) -> WorkerRings:
+        """Before a DataLoader iterator starts its workers: the generation they belong to
+        (they take it with them when they fork or unpickle this object)."""
+        self.workers = self.workers.successor()
+        return self.workers

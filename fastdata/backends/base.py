@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+import weakref
+from typing import Any, Callable, Iterator
 
 
 def usable_cores() -> int:
@@ -56,6 +57,26 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    _live: tuple | None = None  # (weak reference to the live pass's iterator, its end)
+
+    def _start(self, batches: Iterator[Any], end: Callable[[], None]) -> Iterator[Any]:
+        """Records `batches` (what iter() returns) as the live pass; `end` ends it (idempotent:
+        the pass's own `finally` calls it too)."""
+        self._live = (weakref.ref(batches), end)
+        return batches
+
+    def _stop(self) -> None:
+        """Ends the live pass, whole or not, before a new one starts: a new iter() shares no
+        workers or buffer slots with an older iterator, whenever that one is dropped."""
+        if self._live is None:
+            return
+        ref, end = self._live
+        self._live = None
+        batches = ref()
+        if batches is not None:
+            batches.close()  # runs its `finally` when it had started
+        end()  # when it had not
 
     def _add_stage(self, name: str, seconds: float) -> None:
         stages = self.stats.setdefault("stages", {})

@@ -29,12 +29,14 @@ import collections
 import io
 import logging
 import time
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from .._buffers import new_batch
+from .._workers import hold_threads, release_threads
 from ..errors import DataError
 from ..sources import Shards
 from . import wds
@@ -42,6 +44,10 @@ from .pil import PilLoader
 
 logger = logging.getLogger("fastdata")
 
+
+# The formats DALI's image decoders read, by Pillow's names for them (MPO: a JPEG with a
+# multi-picture index, as cameras write).
+_DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM", "JPEG2000", "WEBP"})
 
 
 def _require():
@@ -63,14 +69,16 @@ def _placeholder() -> bytes:
 
 
 class _Feed:
-    """DALI's external source: iterating it gives the current epoch's batches, from the batch
-    the loader resumes at; DALI iterates it again after `reset()`."""
+    """DALI's external source: iterating it gives the live pass's batches, from the batch the
+    pass starts at. It holds the loader weakly: a strong reference would close a cycle (loader,
+    pipeline, source, loader) that only the garbage collector frees, and a forked child may
+    run that collection on a pipeline whose threads it does not have, and block forever."""
 
     def __init__(self, loader: DaliLoader) -> None:
-        self.loader = loader
+        self.loader = weakref.ref(loader)
 
     def __iter__(self):
-        return self.loader._feed()
+        return self.loader()._feed()
 
 
 class DaliLoader(PilLoader):
@@ -108,8 +116,7 @@ class DaliLoader(PilLoader):
         # num_workers is DALI's CPU thread count here (at least one).
         self._threads = max(1, workers)
         self._depth = prefetch_factor or 2
-        self._pipe = None
-        self._ended = False  # the pipeline ran an epoch to its end: reset() starts the next
+        self._pipe = None  # built at a pass's first batch, shut down at its end (see _close)
         self._meta: collections.deque = collections.deque()
         self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
         self._dummy = _placeholder()
@@ -137,8 +144,11 @@ class DaliLoader(PilLoader):
             datas, starts, shapes, sizes, flips = fn.external_source(
                 source=_Feed(self), num_outputs=5, batch=True, cycle="raise", no_copy=not isinstance(self.samples, Shards))
             decode = dict(device="mixed", hw_decoder_load=self.hw_decoder_load) if gpu else dict(device="cpu")
+            # adjust_orientation=False: the image as stored, EXIF orientation ignored, as Pillow's
+            # open, torchvision's decode_jpeg and the other backends give it (and the crop window
+            # was planned on the stored size).
             images = fn.decoders.image_slice(datas, starts, shapes, normalized_anchor=False, normalized_shape=False,
-                                             output_type=types.RGB, **decode)
+                                             output_type=types.RGB, adjust_orientation=False, **decode)
             images = fn.resize(images, size=sizes, interp_type=types.INTERP_LINEAR, antialias=True)
             return fn.flip(images, horizontal=flips)
 
@@ -182,32 +192,35 @@ class DaliLoader(PilLoader):
             yield inputs
 
     def _pipeline(self):
-        if self._pipe is not None and self._ended:
-            self._pipe.reset()  # iterates _Feed again: the epoch and skip set in __iter__
-        elif self._pipe is None or self._meta:
-            self._pipe = None  # left early, or after an error: a fresh one (a rare cost of ~0.1 s)
+        if self._pipe is None:
             self._meta.clear()
             self._pipe = self._build()
-        self._ended = False
+            hold_threads(self._pipe)  # worker loaders start by forkserver while it lives
         return self._pipe
 
-    def __iter__(self) -> Iterator[Any]:
-        self._batches.epoch = self._epoch
-        self._batches.skip = self._delivered if self._in_epoch else 0
-        self._delivered = self._batches.skip
-        self._in_epoch = True
-        return self._run(self._outputs())
+    def _close(self) -> None:
+        """Shuts the pipeline and its threads down now: at the end of every pass, whole or
+        not, and after an error. Nothing is left for the garbage collector (see _Feed)."""
+        pipe, self._pipe = self._pipe, None
+        self._meta.clear()
+        if pipe is not None:
+            release_threads(pipe)
+            pipe._shutdown()  # DALI's own teardown, which its __del__ and atexit hook call: joins its threads
 
-    def _outputs(self) -> Iterator[tuple]:
+    def _open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Any]:
+        self._batches.epoch, self._batches.skip = epoch, skip
+        return self._outputs(epoch), self._close
+
+    def _outputs(self, epoch: int) -> Iterator[tuple]:
         while True:
             pipe = self._pipeline()
             try:
                 yield from self._drain(pipe)
                 return
             except _Retry:
-                self._batches.epoch = self._epoch
+                self._batches.epoch = epoch
                 self._batches.skip = self._drained
-                self._pipe = None
+                self._close()
 
     def _drain(self, pipe) -> Iterator[tuple]:
         self._drained = self._batches.skip  # batches of the epoch that came out, for a restart
@@ -218,10 +231,9 @@ class DaliLoader(PilLoader):
             try:
                 (images,) = pipe.run()
             except StopIteration:
-                self._ended = True
                 return
             except DataError:  # from the feed: a file that failed the checks, with on_error="raise"
-                self._pipe = None
+                self._close()
                 raise
             except RuntimeError as e:
                 self._isolate(e)  # raises DataError, or _Retry without the culprits
@@ -271,10 +283,13 @@ class DaliLoader(PilLoader):
                 try:
                     with Image.open(io.BytesIO(data)) as img:
                         img.load()
+                        kind = img.format
                 except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                     culprits.append((i, path, f"cannot decode ({type(e).__name__}: {e})"))
-        self._pipe = None  # first: it may still hold the inputs fed without a copy
-        self._meta.clear()
+                    continue
+                if kind not in _DALI_FORMATS:  # a GIF named .jpg, say: Pillow's, not DALI's
+                    culprits.append((i, path, f"DALI cannot decode {kind} images (backend 'pil' can)"))
+        self._close()  # first: it may still hold the inputs fed without a copy
         if not culprits:
             raise DataError(f"DALI failed on a batch whose images all decode with Pillow: {error}") from error
         if self.on_error == "raise":
@@ -284,9 +299,6 @@ class DaliLoader(PilLoader):
             self._bad[i] = cause
         logger.warning("DALI failed on %d sample(s); restarting its pipeline without them", len(culprits))
         raise _Retry()
-
-    def _end(self, it: Iterator[Any]) -> None:
-        pass  # the pipeline stays; one left mid-epoch is rebuilt by the next iteration
 
 
 class _Retry(Exception):

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .._buffers import BufferRing, ProcessRings, new_batch
 from .._trace import trace_range
+from .._workers import NoWatchdog, Watchdog, pass_end, stall_limit, start_method
 from ..device import prefetch
 from ..errors import DataError
 from ..sources import Samples
@@ -37,32 +38,41 @@ from .base import Loader, resolve_workers, usable_cores
 
 logger = logging.getLogger("fastdata")
 
-try:
-    from .. import _decode
-except ImportError:  # built without the native decoder
-    _decode = None  # type: ignore[assignment]
+from .. import _decode  # the native decoder when built (AVAILABLE), the structure checks always
 
 _MAX_ERRORS = 100
 _STATE_VERSION = 1
 
 
 def _native_jpeg() -> bool:
-    return _decode is not None and _decode.AVAILABLE
+    return _decode.AVAILABLE
 
 
-def _check_complete(data: bytes | memoryview) -> str | None:
-    """Why these bytes cannot be a whole image, or None. Pillow would decode a truncated file
-    into a partly gray image when LOAD_TRUNCATED_IMAGES is set anywhere in the process; a
-    missing end marker is caught here whatever that flag says."""
-    if not len(data):
-        return "empty file"
-    if data[:3] == b"\xff\xd8\xff":
-        if bytes(data[-1024:]).rfind(b"\xff\xd9") < 0:
-            return "truncated JPEG: no end-of-image marker"
-    elif data[:8] == b"\x89PNG\r\n\x1a\n":
-        if bytes(data[-64:]).rfind(b"IEND") < 0:
-            return "truncated PNG: no IEND chunk"
-    return None
+def _check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
+    """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
+    height). JPEGs and PNGs are walked from their signature to their end marker (`_decode.
+    inspect_batch`: a file cut short is refused whatever the crop, and whatever Pillow's
+    LOAD_TRUNCATED_IMAGES says; bytes after the end are accepted, as Pillow does); other formats
+    are sized by Pillow. An image whose header claims more than `_decode.MAX_IMAGE_PIXELS` is
+    refused here, before any decoder allocates for it (DALI included)."""
+    limit = _decode.MAX_IMAGE_PIXELS
+    out = []
+    for data, (cause, kind, w, h) in zip(datas, _decode.inspect_batch(datas, jpeg_headers=_native_jpeg())):
+        if cause is None and not kind:
+            from PIL import Image, UnidentifiedImageError
+
+            try:
+                w, h = pil_lowering.size_of(data)
+            except UnidentifiedImageError:
+                cause = f"not a readable image (Pillow knows no format that starts with {bytes(data[:8])!r})"
+            except Image.DecompressionBombError as e:
+                cause = f"over the pixel limit of {limit} ({e})"
+            except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...
+                cause = f"not a readable image ({type(e).__name__}: {e})"
+        if cause is None and w * h > limit:
+            cause = f"the header claims {w}x{h} = {w * h} pixels, over the limit of {limit} (a decompression bomb?)"
+        out.append((cause, kind == "jpeg", w, h))
+    return out
 
 
 @dataclass
@@ -99,20 +109,32 @@ class _BatchDecoder(Dataset):
 
     timing = False  # stage timing (fastdata.profile turns it on): off, it costs one check a batch
 
+    def close(self) -> None:
+        """Stops whatever threads this process runs for the decoder (a read-ahead); the next
+        batch starts them again."""
+
     def __getitem__(self, key):  # DataLoader asks for batches only (see __getitems__)
         return self.__getitems__([key])
 
     def __getitems__(self, keys):
-        """(images, labels, errors, sample ids, stage seconds or None) of one batch."""
-        if not self.timing:
-            return *self._decode(*self.read(keys)), None
-        info = get_worker_info()
-        stages = {"worker": info.id if info is not None else -1}
-        t = time.perf_counter()
-        with trace_range("fastdata.read"):
-            args = self.read(keys)
-        stages["read"] = time.perf_counter() - t
-        return *self._decode(*args, stages=stages), stages
+        """(images, labels, errors, sample ids, stage seconds or None) of one batch. In a
+        worker a DataError is returned as the batch, not raised: it reaches the training
+        process as itself (one line, with its path and member), where DataLoader would re-raise
+        it as a new exception whose message is the worker's traceback."""
+        try:
+            if not self.timing:
+                return *self._decode(*self.read(keys)), None
+            info = get_worker_info()
+            stages = {"worker": info.id if info is not None else -1}
+            t = time.perf_counter()
+            with trace_range("fastdata.read"):
+                args = self.read(keys)
+            stages["read"] = time.perf_counter() - t
+            return *self._decode(*args, stages=stages), stages
+        except DataError as e:
+            if get_worker_info() is None:
+                raise
+            return e
 
     def _fail(self, errors: list, path: str, cause: str) -> None:
         if self.on_error == "raise":
@@ -124,35 +146,21 @@ class _BatchDecoder(Dataset):
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]]) -> "Checked":
-        """The samples that are whole images, with their sizes (from the headers) and planned
-        geometry; the others fail (raise, or are recorded in `errors`)."""
-        ok = []
-        for j, (path, data) in enumerate(zip(paths, datas)):
-            cause = _check_complete(data)
+        """The samples that are whole images within the pixel limit (`_check_complete`), with
+        their sizes (from the headers) and planned geometry; the others fail (raise, or are
+        recorded in `errors`). The same checks on every backend, before any decode."""
+        ok, sizes, jpeg = [], [], []
+        for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, _check_complete(datas))):
             if cause is not None:
                 self._fail(errors, path, cause)
                 continue
             ok.append(j)
-        datas = [datas[j] for j in ok]
-
-        # Sizes from the headers, then every sample's geometry at once.
-        sizes = np.zeros((len(datas), 2), dtype=np.int64)
-        jpeg = np.array([d[:3] == b"\xff\xd8\xff" for d in datas], dtype=bool)
-        native = _native_jpeg()
-        infos = _decode.jpeg_info_batch([d for d, j in zip(datas, jpeg) if j]) if native and jpeg.any() else []
-        it = iter(infos)
-        keep = []
-        for k, data in enumerate(datas):
-            info = next(it) if native and jpeg[k] else None
-            try:
-                sizes[k] = info[:2] if info is not None else pil_lowering.size_of(data)
-            except Exception as e:  # not an image Pillow knows
-                self._fail(errors, paths[ok[k]], f"not a readable image ({type(e).__name__}: {e})")
-                continue
-            keep.append(k)
-        ok = [ok[k] for k in keep]
+            sizes.append((w, h))
+            jpeg.append(is_jpeg)
+        sizes = np.array(sizes, dtype=np.int64).reshape(-1, 2)
+        jpeg = np.array(jpeg, dtype=bool)
         sel = index[ok]
-        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[keep, 0], sizes[keep, 1])
+        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
         if len(ok) and (geo.sizes != geo.sizes[0]).any():
             odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
             raise ValueError(
@@ -160,7 +168,7 @@ class _BatchDecoder(Dataset):
                 f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
                 f"e.g. transform=fastdata.transforms.imagenet_train(224)"
             )
-        return Checked(sel, [paths[j] for j in ok], [datas[k] for k in keep], labels[ok], jpeg[keep], geo)
+        return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo)
 
     def _decode(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
                 errors: list[tuple[str, str]], stages: dict | None = None):
@@ -421,6 +429,7 @@ class PilLoader(Loader):
             from ..transforms import kornia as _kornia  # noqa: F401 (fails early when Kornia is missing)
 
             self._decoder.pixel_ops = ()
+        self._timeout = timeout
         self._loader = self._workers(workers, timeout, prefetch_factor, pin)
         self._batch_ops = transform.batch_ops if transform is not None else ()
         # On a CPU device the device stage's float batch goes into reused slots: a fresh one
@@ -429,9 +438,10 @@ class PilLoader(Loader):
         # runs, as 2 to 5 of 6 allocating processes faulted).
         self._out_ring = BufferRing(3, shared=False) if self.device.type == "cpu" else None
         self.num_classes = self._num_classes()
-        self._epoch = 0
-        self._delivered = 0
-        self._in_epoch = False
+        self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
+        self._skip = 0  # batches of self._epoch the next pass skips (a resume)
+        self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
+        self._in_epoch = False  # a pass is live and its epoch not finished
         self._ahead: tuple[int, int] | None = None  # (epoch, batch) the running workers deliver next
         self._warned: set[str] = set()
 
@@ -446,8 +456,8 @@ class PilLoader(Loader):
         if workers > 0:
             extra.update(prefetch_factor=prefetch_factor, persistent_workers=self.persistent_workers)
         batches = _RunAhead(self._batches) if self.persistent_workers and self._run_ahead else self._batches
-        return DataLoader(self._decoder, batch_sampler=batches, collate_fn=_first,
-                          num_workers=workers, timeout=timeout, pin_memory=pin, **extra)
+        return DataLoader(self._decoder, batch_sampler=batches, collate_fn=_first, num_workers=workers,
+                          timeout=stall_limit(timeout) if workers else 0, pin_memory=pin, **extra)
 
     def _num_classes(self) -> int | None:
         samples = self.samples
@@ -461,32 +471,50 @@ class PilLoader(Loader):
         return len(self._batches)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (it also advances by itself after each full one).
+        """The epoch the next iteration runs (it also advances by itself after each pass).
         Another epoch than the current starts from its first batch; the current one (as after
-        `load_state_dict`, in a loop that calls set_epoch at the top) keeps its position."""
+        `load_state_dict`, in a loop that calls set_epoch at the top) keeps its resume point."""
         if int(epoch) != self._epoch:
-            self._in_epoch = False
-            self._delivered = 0
+            self._skip = 0
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        skip = self._delivered if self._in_epoch else 0
-        ahead, self._ahead = self._ahead, None
-        if ahead == (self._epoch, skip):
-            it = self._loader._iterator  # persistent workers already into this epoch (see _RunAhead)
-        else:
-            self._batches.epoch, self._batches.skip = self._epoch, skip
-            it = iter(self._loader)  # (persistent workers: drops what they had under way)
-        self._delivered = skip
-        self._in_epoch = True
-        return self._run(it, len(self._batches) - skip)
+        """A pass over the next epoch (from the resume point after `load_state_dict`). The
+        previous iterator, if still alive, ends first. An epoch counts as finished when its
+        last batch is handed out; a pass left early ends its epoch there too."""
+        self._stop()
+        if self._in_epoch:  # the last iterator was dropped before its first batch: its start stands
+            self._skip = self._delivered
+        epoch, skip, self._skip = self._epoch, self._skip, 0
+        it, end = self._open(epoch, skip)
+        self._delivered, self._in_epoch = skip, True
+        return self._start(self._run(it, epoch, skip, end), end)
 
-    def _end(self, it: Iterator[Any]) -> None:
-        """After an epoch's iteration, whole or left early."""
-        if not self.persistent_workers:
-            self._decoder.rings.end_epoch(it)
+    def _open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Any]:
+        """(the iterator of raw batches from batch `skip` of `epoch` on, the pass's end)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead == (epoch, skip):
+            return self._loader._iterator, pass_end(self._loader._iterator, None, True)  # see _RunAhead
+        self._batches.epoch, self._batches.skip = epoch, skip
+        starting = self._loader.num_workers > 0 and not self._workers_running()
+        if starting:
+            self._loader.multiprocessing_context = start_method(None)
+        rings = self._decoder.rings.begin_pass() if starting else None
+        it = iter(self._loader)  # (persistent workers: drops what they had under way)
+        end = pass_end(it, rings, self.persistent_workers)
+        if self._loader.num_workers:
+            return it, end
+        decoder = self._decoder
+
+        def end_here() -> None:  # the decoder ran in this process: its threads stop with the pass
+            end()
+            decoder.close()
+
+        return it, end_here
 
     def _finish(self, batch: Any) -> Any:
+        if isinstance(batch, DataError):  # from a worker (see _BatchDecoder.__getitems__)
+            raise batch
         images, labels, errors, ids, stages = batch
         if errors:
             self._record(errors)
@@ -524,30 +552,32 @@ class PilLoader(Loader):
                 stats["errors"].append({"path": path, "cause": cause})
             logger.warning("skipped %s: %s", path, cause)
 
-    def _timed_device_stage(self, batch: tuple) -> tuple:
+    def _timed_device_stage(self, batch: tuple, epoch: int, k: int) -> tuple:
         # On a CPU device its CPU seconds (as the workers' stages); on a GPU its wall time, synchronized.
         clock = time.thread_time if self.device.type == "cpu" else time.perf_counter
         t = clock()
         with trace_range("fastdata.device_stage"):
-            out = self._device_stage(batch)
+            out = self._device_stage(batch, epoch, k)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # timing only: the stage's own time
         self._add_stage("device_stage", clock() - t)
         return out
 
-    def _device_stage(self, batch: tuple) -> tuple:
+    def _device_stage(self, batch: tuple, epoch: int, k: int) -> tuple:
+        """Batch k of `epoch` through the device stage: its random parameters are a function of
+        (seed, epoch, sample) and, for the batch ops, (seed, epoch, rank, k)."""
         images, labels, ids = batch
         if self._device_pixel_ops:
             from ..transforms import kornia
 
-            plans = plan_pixels(self._device_pixel_ops, self.seed, self._epoch, ids)
+            plans = plan_pixels(self._device_pixel_ops, self.seed, epoch, ids)
             images = kornia.apply_pixel_ops(images, self._device_pixel_ops, plans)
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
         if not self._batch_ops:
             return images, labels
         return batch_ops.apply(images, labels, self._batch_ops, dtype=self.dtype, num_classes=self.num_classes,
-                               seed=self.seed, epoch=self._epoch, rank=self.rank, batch=self._delivered,
+                               seed=self.seed, epoch=epoch, rank=self.rank, batch=k,
                                new=self._new_output if self._out_ring is not None else None)
 
     def _new_output(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -557,39 +587,74 @@ class PilLoader(Loader):
         finally:
             self._out_ring.end()
 
-    def _run(self, it: Iterator[Any], count: int | None = None) -> Iterator[Any]:
-        """The epoch's batches from `it` (its first `count`, when it runs on past the epoch)."""
-        batches = (self._finish(b) for b in (it if count is None else itertools.islice(it, count)))
+    def _run(self, it: Iterator[Any], epoch: int, skip: int, end: Any) -> Iterator[Any]:
+        """The batches of `epoch` after its first `skip`, from `it` (which may run on past the
+        epoch, into the next)."""
+        total = len(self._batches)
+        batches = (self._finish(b) for b in itertools.islice(it, total - skip))
         if self.device.type != "cpu":
             batches = prefetch(batches, self.device, self._time_copy if self._decoder.timing else None)
         stats, clock = self.stats, time.perf_counter
+        k = skip
+        dog = Watchdog(it, self._timeout) if self._loader is not None and self._loader.num_workers else NoWatchdog()
         try:
+            dog.waiting = k
             t0 = clock()
             for batch in batches:
-                batch = self._timed_device_stage(batch) if self._decoder.timing else self._device_stage(batch)
+                dog.waiting = -1
+                if self._decoder.timing:
+                    batch = self._timed_device_stage(batch, epoch, k)
+                else:
+                    batch = self._device_stage(batch, epoch, k)
                 stats["wait_s"] += clock() - t0
                 stats["batches"] += 1
                 stats["samples"] += int(batch[1].shape[0])
-                self._delivered += 1
+                k += 1
+                self._delivered = k
+                if k == total:  # trainers take len() batches and never ask past the last
+                    self._next_epoch(epoch)
+                    if isinstance(getattr(self._loader, "batch_sampler", None), _RunAhead):
+                        self._ahead = (epoch + 1, 0)
                 yield batch
+                dog.waiting = k
                 t0 = clock()
-            self._in_epoch = False
-            self._delivered = 0
-            self._epoch += 1
-            if isinstance(getattr(self._loader, "batch_sampler", None), _RunAhead):
-                self._ahead = (self._epoch, 0)
+        except Exception as e:  # a killed worker's read may fail with any error on the way
+            error = dog.error(e)  # first: it kills stuck workers, which a shutdown would wait on
+            if self.persistent_workers:
+                # They are shut down here, not left to the iterator's finalizer: an error's
+                # traceback can hold this loader in a reference cycle, and a cycle collected
+                # in a forked child would run that finalizer there.
+                self._shutdown_workers()
+            if error is None:
+                raise
+            raise error from None
         finally:
-            self._end(it)
+            dog.close()
+            if k < total and self._in_epoch and self._epoch == epoch:
+                self._next_epoch(epoch)  # left early: the next pass is the next epoch
+            end()
+
+    def _shutdown_workers(self) -> None:
+        live = getattr(self._loader, "_iterator", None)
+        if live is not None:
+            live._shutdown_workers()
+            self._loader._iterator = None
+        self._ahead = None
+
+    def _next_epoch(self, epoch: int) -> None:
+        self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
 
     def state_dict(self) -> dict[str, Any]:
+        """Where the stream stands: mid-epoch while a pass is live, else where the next pass
+        starts."""
         return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,
-                "batches": self._delivered if self._in_epoch else 0}
+                "batches": self._delivered if self._in_epoch else self._skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
             raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
         if state.get("seed", self.seed) != self.seed:
             warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
+        self._stop()
         self._epoch = int(state["epoch"])
-        self._delivered = int(state["batches"])
-        self._in_epoch = self._delivered > 0
+        self._skip = int(state["batches"])

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate
+from .._workers import NoWatchdog, Watchdog, pass_end, stall_limit, start_method
 from ..device import prefetch
 from .base import Loader, resolve_workers
 
@@ -125,6 +126,12 @@ class TorchLoader(Loader):
         self._auto_collation = ref._auto_collation
 
         own = {k: v for k, v in kwargs.items() if k not in _INDEX_KEYWORDS and k != "collate_fn"}
+        # The working DataLoader always has a time limit (see fastdata._workers); the user's
+        # timeout and start method stay what they asked for.
+        self._timeout = ref.timeout
+        self._asked_context = ref.multiprocessing_context
+        if ref.num_workers > 0:
+            own["timeout"] = stall_limit(ref.timeout)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is None and ref._auto_collation:
             pin = bool(ref.pin_memory) and torch.accelerator.is_available()
@@ -158,6 +165,7 @@ class TorchLoader(Loader):
     def __iter__(self) -> Iterator[Any]:
         # Eager like DataLoader's __iter__: workers start and seeds are drawn now, not at the
         # first next(), so the RNG is consumed in the same order as with DataLoader.
+        self._stop()  # the previous iterator's workers are shut down before new ones start
         resume, self._resume = self._resume, None
         skip = 0
         if resume is not None:
@@ -169,62 +177,87 @@ class TorchLoader(Loader):
         self._epoch_rng = self._rng.get_state()
         self._delivered = skip
         self._in_epoch = True
-        it = iter(self._loader)
+        collate_fn = self._ring_collate()
+        starting = self._loader.num_workers > 0 and not self._workers_running()
+        if starting:
+            self._loader.multiprocessing_context = start_method(self._asked_context)
+        workers = collate_fn.rings.begin_pass() if collate_fn is not None and starting else None
+        loader_it = it = iter(self._loader)
         if self._iterable:
             # An iterable dataset cannot seek: fast-forward by reading the skipped batches.
             for _ in range(skip):
                 next(it)
         elif self._loader.num_workers == 0 and not torch.autograd._profiler_enabled():
             it = _fetches(it)
-        return self._run(it)
+        end = pass_end(loader_it, workers, self._loader.persistent_workers)
+        return self._start(self._run(it, loader_it, end), end)
 
     # Per-sample loading (batch_size=None): items take ~15 us, and two clock reads plus the
     # counters (~0.7 us) would cost 5%. So there the wait is timed on every 8th item and
     # scaled, and the counters are added 8 at a time (flushed when the iteration ends).
     _SAMPLE_EVERY = 8
 
-    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
+    def _run(self, it: Iterator[Any], loader_it: Any, end: Any) -> Iterator[Any]:
         # One generator with both loops inline: a delegating `yield from` per item would cost
         # another 0.2 us.
         collate_fn = self._ring_collate()
         timed = collate_fn is not None and collate_fn.timing is not None
         batches = it if self.device is None else prefetch(it, self.device, self._time_copy if timed else None)
         stats, clock = self.stats, time.perf_counter
+        # The pass counts as done when its last batch is handed out: trainers take len()
+        # batches and never ask past them.
+        total = -1 if self._iterable else len(self._ref)
+        dog = Watchdog(loader_it, self._timeout) if self._loader.num_workers else NoWatchdog()
         n = 0
         try:
             if self._auto_collation:
                 sizes = self._batch_sizes()
+                dog.waiting = self._delivered
                 t0 = clock()
                 for batch in batches:
+                    dog.waiting = -1
                     stats["wait_s"] += clock() - t0
                     stats["batches"] += 1
                     stats["samples"] += sizes(batch, self._delivered)
                     self._delivered += 1
+                    if self._delivered == total:
+                        self._in_epoch = False
                     yield batch
+                    dog.waiting = self._delivered
                     t0 = clock()
             else:
                 every = self._SAMPLE_EVERY
+                dog.waiting = self._delivered
                 t0 = clock()
                 for item in batches:
+                    dog.waiting = -1
                     if t0:
                         stats["wait_s"] += (clock() - t0) * every
                         t0 = 0.0
                     n += 1
                     self._delivered += 1
+                    if self._delivered == total:
+                        self._in_epoch = False
                     yield item
+                    dog.waiting = self._delivered
                     if n == every:
                         stats["batches"] += n
                         stats["samples"] += n
                         n = 0
                         t0 = clock()
             self._in_epoch = False
+        except Exception as e:  # a killed worker's read may fail with any error on the way
+            error = dog.error(e)
+            if error is None:
+                raise
+            raise error from None
         finally:
+            dog.close()
             stats["batches"] += n
             stats["samples"] += n
             if timed:
                 stats["stages"] = self._stages()
-            if collate_fn is not None and not self._loader.persistent_workers:
-                collate_fn.rings.end_epoch(it)
+            end()
 
     def _timing(self, on: bool) -> bool:
         """Stage timing on or off (for fastdata.profile): the dataset's and the collation's CPU

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
 import numpy as np
 
@@ -36,11 +37,14 @@ def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int]) -> n
 
 
 def size_of(data: bytes) -> tuple[int, int]:
-    """(width, height) from the header."""
+    """(width, height) from the header. Pillow's decompression-bomb warning is silenced: the
+    loaders hold the size to their own limit (`fastdata._decode.MAX_IMAGE_PIXELS`)."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as img:
-        return img.size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(io.BytesIO(data)) as img:
+            return img.size
 
 
 # ---- pixel ops (ColorJitter, TrivialAugment) on a PIL image, with parameters from plan_pixels

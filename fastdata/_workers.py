@@ -1,0 +1,204 @@
+"""DataLoader worker processes: how they start, how a stall ends, how a pass over them ends.
+
+- Start: `fork`, unless something in this process holds threads (a DALI pipeline, see
+  `hold_threads`): a forked child gets a copy of such an object but none of its threads, and
+  the first garbage collection or lock that touches it there can crash or block the child
+  forever. Then workers start by `forkserver`, from a clean server process that never held
+  those threads; it costs the server's start once and a `fastdata` import in each worker.
+- Stall: DataLoader's watchdog notices a worker that died, not one that stopped or is stuck
+  in native code, and with `timeout=0` it waits forever. So a loader always gives DataLoader a
+  limit: its `timeout`, or with `timeout=0` the stall limit (`FASTDATA_STALL_TIMEOUT` seconds,
+  600 by default: no batch in ten minutes is no progress). When it passes, the workers are
+  killed (SIGKILL reaches a stopped process; DataLoader's SIGTERM does not) before the error
+  is raised, so the error comes at the limit and no worker is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+_STALL_ENV = "FASTDATA_STALL_TIMEOUT"
+_STALL_DEFAULT = 600.0
+
+_threaded: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def hold_threads(owner: Any) -> None:
+    """`owner` runs threads in this process until `release_threads(owner)` (or until it dies)."""
+    _threaded.add(owner)
+
+
+def release_threads(owner: Any) -> None:
+    _threaded.discard(owner)
+
+
+def start_method(asked: Any) -> Any:
+    """The multiprocessing context for a loader's workers: what the user asked for, else
+    None (DataLoader's default, fork) unless threads are live here, then "forkserver"."""
+    if asked is not None or not len(_threaded):
+        return asked
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["fastdata"])  # imported once in the server, not in each worker
+    return ctx
+
+
+def stall_limit(timeout: float) -> float:
+    """The seconds DataLoader waits for a batch before the loader gives up: `timeout` when
+    set, else the stall limit."""
+    if timeout and timeout > 0:
+        return float(timeout)
+    text = os.environ.get(_STALL_ENV, "")
+    try:
+        limit = float(text) if text else _STALL_DEFAULT
+    except ValueError:
+        raise ValueError(f"{_STALL_ENV} should be a number of seconds, but got {text!r}") from None
+    return limit if limit > 0 else _STALL_DEFAULT
+
+
+class Watchdog:
+    """Ends a pass whose consumer has waited longer than the stall limit for a batch.
+
+    DataLoader's own timeout covers the wait for a batch to be queued, not the unpickling of
+    one: a tensor crosses from a worker as a file descriptor that the worker's resource-sharer
+    thread hands over on request, so a worker stopped (or stuck in native code holding its
+    GIL) after queueing a batch blocks the consumer forever with any timeout. This thread
+    kills the workers when a wait passes the limit; the blocked read then fails, and `error`
+    turns what DataLoader raises into the timeout error.
+    """
+
+    def __init__(self, it: Any, timeout: float) -> None:
+        self.it, self.timeout, self.limit = it, timeout, stall_limit(timeout)
+        # The consumer sets `waiting` to the number of the batch it waits for, and to -1 when
+        # it has it: two stores a batch, no clock read; this thread times how long one number stays.
+        self.waiting = -1
+        self.killed: list[int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="fastdata-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        period = min(1.0, self.limit / 4)
+        seen, since = -1, 0.0
+        while not self._stop.wait(period):
+            waiting, now = self.waiting, time.monotonic()
+            if waiting < 0 or waiting != seen:
+                seen, since = waiting, now
+            elif now - since > self.limit:
+                self.killed = []  # first: the consumer's read fails as soon as a worker dies
+                kill_workers(self.it, self.killed)
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def error(self, error: BaseException) -> BaseException | None:
+        """For an error out of the DataLoader iterator: the error to raise instead, or None to
+        raise it as it is. A stall becomes the timeout error (the workers killed); a worker
+        that died under a read (its socket reset before DataLoader could see it exit) becomes
+        DataLoader's own "exited unexpectedly" error."""
+        self.close()  # a kill under way in the watchdog's thread completes
+        if isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out"):
+            self.killed = kill_workers(self.it, [])
+        if self.killed is not None:
+            why = f"timeout={self.timeout:g}" if self.timeout and self.timeout > 0 else \
+                f"timeout=0, so fastdata's stall limit: {_STALL_ENV}={self.limit:g} s"
+            return RuntimeError(f"DataLoader timed out after {self.limit:g} seconds: no batch came from the workers "
+                                f"({why}); a worker is stuck or stopped; workers {self.killed} were killed")
+        workers = getattr(self.it, "_workers", None) or ()
+        deadline = time.monotonic() + (1.0 if isinstance(error, (OSError, EOFError)) else 0.0)
+        while True:
+            dead = [w for w in workers if w.exitcode not in (None, 0)]
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        _unlink_orphans([w.pid for w in dead])  # a worker killed from outside may have left a name
+        if dead and not isinstance(error, RuntimeError):
+            causes = ", ".join(f"pid {w.pid}: " + (f"killed by signal {-w.exitcode}" if w.exitcode < 0
+                                                   else f"exit code {w.exitcode}") for w in dead)
+            return RuntimeError(f"DataLoader worker exited unexpectedly ({causes})")
+        return None
+
+
+class NoWatchdog:
+    """For a pass without workers: nothing to watch."""
+
+    waiting = -1
+
+    def close(self) -> None:
+        pass
+
+    def error(self, error: BaseException) -> None:
+        return None
+
+
+def kill_workers(it: Any, pids: list[int]) -> list[int]:
+    """SIGKILLs the live workers of DataLoader iterator `it` and reaps them; their pids,
+    appended to `pids`."""
+    if getattr(it, "_worker_pids_set", False):
+        # Unregistered first, as DataLoader's own shutdown does: else its SIGCHLD handler
+        # would raise "worker killed" in this thread at whatever line it happens to run.
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+    for w in getattr(it, "_workers", None) or ():
+        if w.is_alive():
+            pids.append(w.pid)
+            try:
+                os.kill(w.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for w in getattr(it, "_workers", None) or ():
+        if w.pid in pids:
+            w.join(5)
+    _unlink_orphans(pids)
+    return pids
+
+
+def _unlink_orphans(pids: list[int]) -> None:
+    """Removes the shared-memory names that killed workers left. torch names a worker's
+    segment /dev/shm/torch_<pid>_... and, sharing by file descriptor (its default), unlinks the
+    name right after creating it, before anyone else can know it; a worker killed between the
+    two leaves a name that nothing will ever remove."""
+    import torch.multiprocessing
+
+    if not pids or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    prefixes = tuple(f"torch_{pid}_" for pid in pids)
+    for name in names:
+        if name.startswith(prefixes):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
+    """The end of a pass of DataLoader iterator `it` whose workers fill the generation of
+    worker rings `rings` (or None): the workers are shut down, then the slots of batches they
+    made and never delivered are freed. Idempotent. Holds `it` weakly: an iterator that was
+    dropped shut its workers down as it went."""
+    if persistent:
+        return lambda: None
+    ref = weakref.ref(it)
+
+    def end() -> None:
+        live = ref()
+        if live is not None and hasattr(live, "_shutdown_workers"):
+            live._shutdown_workers()
+        if rings is not None:
+            rings.end()
+
+    return end

@@ -1,0 +1,323 @@
+"""Faults end in a clear error or a clean stop, in bounded time, with nothing left behind.
+
+Each case checks the process table (no worker of the loader alive, stopped or orphaned
+afterwards) and /dev/shm (no segment left). The DALI cases check that a loader that used a
+DALI pipeline leaves no thread of it behind, so that worker processes forked later (by
+fastdata or by torch's own DataLoader) cannot inherit a half-alive pipeline."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastdata
+from _images import color_folder
+from fastdata import transforms as T
+
+
+def _shm():
+    return set(os.listdir("/dev/shm"))
+
+
+def _alive(pid):
+    """Whether `pid` is a live process (running or stopped, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _children():
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+@pytest.fixture
+def clean():
+    """Asserts, after the test, that no child process it started is alive and /dev/shm holds
+    nothing new."""
+    gc.collect()
+    before, shm = _children(), _shm()
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (_children() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (_children() - before), "a worker process is still alive"
+    left = {n for n in _shm() - shm if n.startswith(("torch_", "psm_", "fastdata"))}
+    assert not left, f"left in /dev/shm: {sorted(left)}"
+
+
+class Slow(torch.utils.data.Dataset):
+    """Sample i is i; sample `stuck` sleeps far beyond any limit in a test."""
+
+    def __init__(self, n=64, stuck=-1):
+        self.n, self.stuck = n, stuck
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.stuck:
+            time.sleep(3600)
+        return torch.full((16,), float(i))
+
+
+class Raises(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 20:
+            raise ValueError("sample 20 is broken")
+        return torch.full((16,), float(i))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return color_folder(tmp_path_factory.mktemp("imgs"), 5, 20, (40, 90), lambda i: f"{i:03d}.jpg")
+
+
+def _image_ids(images, labels):
+    x = images.float()
+    r, g = x[:, 0].mean((1, 2)), x[:, 1].mean((1, 2))
+    cls, num = torch.round((r - 20) / 40).long(), torch.round((g - 10) / 12).long()
+    assert torch.equal(cls, labels)
+    return (cls * 20 + num).tolist()
+
+
+def _image_loader(folder, **kw):
+    return fastdata.loader(str(folder), batch_size=16, transform=T.Compose([T.RandomResizedCrop(24)]), **kw)
+
+
+# --------------------------------------------------------------- dead, stopped and stuck workers
+
+
+@pytest.mark.parametrize("kind", ["dropin", "image"])
+def test_worker_killed_mid_epoch_is_an_error_at_once(folder, kind, clean):
+    before = _children()
+    loader = fastdata.loader(Slow(), batch_size=4, num_workers=2) if kind == "dropin" else \
+        _image_loader(folder, num_workers=2)
+    it = iter(loader)
+    next(it)
+    workers = sorted(_children() - before)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="killed by signal|exited unexpectedly"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t < 10
+    del it, loader
+
+
+@pytest.mark.parametrize("kind", ["dropin", "image"])
+def test_stopped_worker_times_out_within_its_timeout_and_is_not_left_behind(folder, kind, clean):
+    before = _children()
+    timeout = 4
+    loader = fastdata.loader(Slow(), batch_size=4, num_workers=2, timeout=timeout) if kind == "dropin" else \
+        _image_loader(folder, num_workers=2, timeout=timeout)
+    it = iter(loader)
+    next(it)
+    workers = sorted(_children() - before)
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)  # stopped: DataLoader's watchdog sees it alive
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"timed out after {timeout} seconds.*were killed"):
+        for _ in it:
+            pass
+    took = time.monotonic() - t
+    # within its timeout (and the kill), not the timeout plus DataLoader's joins
+    assert took < timeout * 1.6, f"the error took {took:.1f} s for timeout={timeout}"
+    assert not any(_alive(pid) for pid in workers), "a stopped worker was left behind"
+    del it, loader
+
+
+def test_stuck_worker_with_timeout_0_hits_the_stall_limit(monkeypatch, clean):
+    monkeypatch.setenv("FASTDATA_STALL_TIMEOUT", "3")
+    before = _children()
+    loader = fastdata.loader(Slow(stuck=9), batch_size=4, num_workers=2)  # timeout=0, DataLoader's default
+    with pytest.raises(RuntimeError, match="FASTDATA_STALL_TIMEOUT=3"):
+        for _ in loader:
+            pass
+    workers = _children() - before
+    assert not workers
+
+
+def test_dataset_that_raises_stops_cleanly(clean):
+    loader = fastdata.loader(Raises(), batch_size=4, num_workers=2)
+    with pytest.raises(ValueError, match="sample 20 is broken"):
+        for _ in loader:
+            pass
+
+
+def test_image_worker_error_leaves_nothing_behind(folder, tmp_path, clean):
+    bad = tmp_path / "bad"
+    (bad / "a").mkdir(parents=True)
+    for i in range(20):
+        (bad / "a" / f"{i:02d}.jpg").write_bytes(b"\xff\xd8\xff" + b"\0" * (50 + i))  # no image in there
+    for persistent in (False, True):
+        loader = _image_loader(bad, num_workers=2, persistent_workers=persistent)
+        with pytest.raises(fastdata.DataError, match=r"bad/a/\d\d\.jpg") as e:
+            for _ in loader:
+                pass
+        # the worker's error arrives as itself: one line, with the file for code to read
+        assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
+        assert e.value.path.startswith(str(bad / "a"))
+        del loader, e
+
+
+def test_shard_server_that_stops_answering(folder, tmp_path, clean):
+    """A shard server that hangs mid-epoch: the workers' reads block, and the loader ends with
+    a timeout error instead of waiting forever."""
+    from fastdata._serve import _Handler
+    import http.server
+
+    from fastdata.shard import write_shards
+
+    write_shards(str(folder), str(tmp_path / "s-%04d.tar"), max_count=25, progress=False)
+    hang = threading.Event()
+    release = threading.Event()
+
+    class Handler(_Handler):
+        root = str(tmp_path)
+
+        def do_GET(self):
+            if hang.is_set():
+                release.wait(30)  # holds the connection without a byte
+                return
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/s-{{0000..0003}}.tar"
+        loader = fastdata.loader(url, batch_size=16, transform=T.Compose([T.RandomResizedCrop(24)]),
+                                 num_workers=2, timeout=4)
+        hang.set()
+        with pytest.raises(RuntimeError, match="timed out"):
+            for _ in loader:
+                pass
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_ctrl_c_in_the_consumer_stops_cleanly(folder, tmp_path):
+    """SIGINT to a training process mid-epoch: it exits at once, and none of its workers is
+    left running."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, sys, time
+        import fastdata
+        from fastdata import transforms as T
+        loader = fastdata.loader({str(folder)!r}, batch_size=8, num_workers=2,
+                                 transform=T.Compose([T.RandomResizedCrop(24)]))
+        for epoch in range(100):
+            for i, batch in enumerate(loader):
+                if epoch == 0 and i == 1:
+                    print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+                time.sleep(0.05)
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                         text=True)
+    try:
+        workers = [int(x) for x in p.stdout.readline().split()]
+        assert len(workers) == 2
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=30)[1]
+    finally:
+        p.kill()
+    assert p.returncode != 0 and "KeyboardInterrupt" in err
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(w) for w in workers), "a worker outlived its training process"
+
+
+# --------------------------------------------------------------- threads in the parent, fork in the child
+
+
+def test_dali_then_worker_loaders_three_rounds(folder, clean):
+    """The issue's reproduction: a dali loader used and dropped, then a worker-based loader over
+    every image, three times; every image arrives, no worker crashes or blocks."""
+    pytest.importorskip("nvidia.dali")
+    for _ in range(3):
+        dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
+        it = iter(dali)
+        next(it), next(it)
+        del it, dali
+        ids = []
+        for images, labels in _image_loader(folder, backend="pil", num_workers=2, shuffle=True):
+            ids += _image_ids(images, labels)
+        assert sorted(ids) == list(range(100))
+
+
+def test_dali_leaves_no_thread_behind(folder):
+    """Its pipeline's threads end with the pass (whole, or left early): none outlive it."""
+    pytest.importorskip("nvidia.dali")
+    before = _threads()
+    dali = _image_loader(folder, backend="dali", device="cpu", num_workers=2)
+    it = iter(dali)
+    next(it)
+    assert _threads() > before  # the pipeline runs its own threads while the pass is live
+    del it
+    assert _threads() == before
+    assert len(list(dali)) == len(dali)
+    assert _threads() == before
+    del dali
+
+
+def _collect_in_worker(_):
+    gc.collect()  # a collection in the child: it would run the finalizer of any inherited DALI garbage
+
+
+def test_torch_dataloader_forked_after_dali(folder, clean):
+    """The suite's old hang: torch's own DataLoader forked after a dali loader was used, with a
+    garbage collection in each worker."""
+    pytest.importorskip("nvidia.dali")
+    dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
+    it = iter(dali)
+    next(it), next(it)
+    del it, dali
+    loader = torch.utils.data.DataLoader(Slow(), batch_size=8, num_workers=2, worker_init_fn=_collect_in_worker,
+                                         timeout=60)
+    assert torch.equal(torch.cat([b[:, 0] for b in loader]), torch.arange(64.0))
+
+
+def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, clean):
+    """A dali pass still live (its pipeline's threads running) while a worker-based loader
+    starts: the workers do not fork from this process."""
+    pytest.importorskip("nvidia.dali")
+    dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
+    it = iter(dali)
+    next(it)
+    pil = _image_loader(folder, backend="pil", num_workers=2, shuffle=True)
+    ids = []
+    for images, labels in pil:
+        ids += _image_ids(images, labels)
+    assert sorted(ids) == list(range(100))
+    assert pil._loader.multiprocessing_context.get_start_method() == "forkserver"
+    rest = sum(1 for _ in it)
+    assert rest == len(dali) - 1
+    del it, dali
+    pil2 = _image_loader(folder, backend="pil", num_workers=2)
+    assert len(list(pil2)) == len(pil2)
+    assert pil2._loader.multiprocessing_context is None  # no threads live here now: fork again

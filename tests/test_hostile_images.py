@@ -1,0 +1,413 @@
+"""Hostile image files, the same on every backend: `pil` (0 and 2 workers), `wds` (the same files
+as shards) and `dali` (CPU pipeline).
+
+Accepted files (a PNG named .jpg, CMYK, grayscale and progressive JPEGs, EXIF-rotated JPEGs,
+1x1 images, a JPEG with data after its end marker) must give the pixels Pillow gives for the
+same crop: the image as stored, EXIF orientation ignored (Pillow's `Image.open` and
+torchvision's `decode_jpeg` do not apply it either). Rejected files (empty, cut short, not an
+image, a header claiming 13000x13000 pixels) must raise a `DataError` naming the file and the
+cause (one line when the main process decodes; torch's DataLoader re-raises a worker's with its
+traceback), or with on_error="skip" be left out and counted, on every backend, for every crop
+the epoch draws.
+
+The images are gradients (red follows x, green follows y), so a rotated, mirrored or misplaced
+crop is off by tens of levels where resampling differences are a level or two.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+import fastdata
+from fastdata import DataError, _decode
+from fastdata import transforms as T
+from fastdata.shard import write_shards
+from fastdata.transforms.plan import plan_geometry
+
+OUT = 24
+RRC = T.Compose([T.RandomResizedCrop(OUT, scale=(0.25, 1.0)), T.RandomHorizontalFlip()])
+CONFIGS = [("pil", 0), ("pil", 2), ("wds", 0), ("dali", 0)]
+# Mean absolute difference from Pillow's decode of the same crop: resampling and DCT-scaling
+# differences stay under a level on these gradients; a rotated or misplaced window is off by tens.
+TOLERANCE = 2.0
+
+
+# ---------------------------------------------------------------------------- the files
+
+
+def gradient(w: int, h: int, blue: int = 40) -> Image.Image:
+    x = np.linspace(0, 255, w)[None, :] * np.ones((h, 1))
+    y = np.linspace(0, 255, h)[:, None] * np.ones((1, w))
+    return Image.fromarray(np.stack([x, y, np.full((h, w), float(blue))], -1).astype(np.uint8))
+
+
+def encode(img: Image.Image, fmt: str = "JPEG", **kw) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt, **kw)
+    return out.getvalue()
+
+
+def oriented(img: Image.Image, orientation: int) -> bytes:
+    """A JPEG of `img` as stored, with an EXIF Orientation tag (3: turn 180 degrees to display,
+    6 and 8: 90 degrees)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(img, quality=95, exif=exif.tobytes())
+
+
+def bomb_jpeg(side: int = 13000) -> bytes:
+    """A ~550-byte progressive JPEG whose frame header claims side x side pixels: libjpeg would
+    buffer every coefficient of that image before the first row."""
+    data = bytearray(encode(gradient(16, 16), progressive=True))
+    sof = data.find(b"\xff\xc2")
+    data[sof + 5:sof + 9] = side.to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def bomb_png(side: int = 13000) -> bytes:
+    """A small PNG whose IHDR (CRC fixed up) claims side x side pixels."""
+    data = bytearray(encode(gradient(16, 16), "PNG"))
+    data[16:24] = side.to_bytes(4, "big") * 2
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def photo(w: int = 160, h: int = 120) -> bytes:
+    """A baseline JPEG with enough entropy-coded data that a cut lands inside the scan."""
+    noise = np.random.default_rng(1).integers(-12, 13, (h, w, 3))
+    img = np.clip(np.asarray(gradient(w, h)).astype(int) + noise, 0, 255).astype(np.uint8)
+    return encode(Image.fromarray(img), quality=90)
+
+
+PLAIN = encode(gradient(96, 64), quality=95)
+PHOTO = photo()
+CUT = PHOTO[: len(PHOTO) * 85 // 100]
+PNG = encode(Image.open(io.BytesIO(PHOTO)), "PNG")
+GOOD = {
+    "plain.jpg": PLAIN,
+    "png-named.jpg": encode(gradient(80, 60), "PNG"),
+    "cmyk.jpg": encode(gradient(96, 64).convert("CMYK"), quality=95),
+    "gray.jpg": encode(gradient(96, 64).convert("L"), quality=95),
+    "progressive.jpg": encode(gradient(96, 64), quality=95, progressive=True),
+    "exif180.jpg": oriented(gradient(96, 64), 3),
+    "exif90.jpg": oriented(gradient(96, 64), 6),
+    "exif90-square.jpg": oriented(gradient(64, 64), 8),
+    "one-pixel.jpg": encode(Image.new("RGB", (1, 1), (200, 30, 90)), quality=95),
+    "one-pixel.png": encode(Image.new("RGB", (1, 1), (20, 130, 190)), "PNG"),
+    "tail.jpg": PLAIN + np.random.default_rng(2).integers(0, 256, 2048, dtype=np.uint8).tobytes(),
+}
+BAD = {  # name: (bytes, what the cause says)
+    "empty.jpg": (b"", "empty file"),
+    "cut85.jpg": (CUT, "truncated JPEG: no end-of-image marker"),
+    "cut85.png": (PNG[: len(PNG) * 85 // 100], "truncated PNG: the IDAT chunk"),
+    "text.jpg": (b"this is not an image\n" * 20, "not a readable image"),
+    "bomb.jpg": (bomb_jpeg(), "13000x13000 = 169000000 pixels, over the limit of 89478485"),
+    "bomb.png": (bomb_png(), "13000x13000 = 169000000 pixels, over the limit of 89478485"),
+}
+
+
+def write(folder, files: dict) -> list[tuple[str, int]]:
+    """The files written to `folder`; (path, label) pairs, the label being the file's position."""
+    os.makedirs(folder, exist_ok=True)
+    pairs = []
+    for k, (name, data) in enumerate(files.items()):
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        pairs.append((path, k))
+    return pairs
+
+
+_SHARD_DIRS = itertools.count()
+
+
+def make(config, pairs, tmp_path, **kw):
+    """A loader over `pairs` on `config` = (backend, workers), samples in list order (with `wds`,
+    one shard of them, in the same order: sample ids are list positions either way)."""
+    backend, workers = config
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    source = pairs
+    if backend == "wds":
+        out = tmp_path / f"shards-{next(_SHARD_DIRS)}"
+        write_shards(pairs, out / "s-%06d.tar", shuffle=False, workers=1)
+        source = str(out / "s-000000.tar")
+    kw.setdefault("transform", RRC)
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("seed", 3)
+    return fastdata.loader(source, backend=backend, num_workers=workers, device="cpu", **kw)
+
+
+def named(config, message: str, pairs, k: int) -> bool:
+    """Whether an error message names sample k: its file, or with `wds` its tar member."""
+    if config[0] == "wds":
+        return f"(member {k:08d}." in message
+    return pairs[k][0] in message
+
+
+def reference(data: bytes, index: int, epoch: int, seed: int = 3) -> np.ndarray:
+    """Pillow's pixels for sample `index` of epoch `epoch`: the crop and flip the loaders plan,
+    applied by `Image.open -> convert('RGB') -> resize(box) -> flip` (EXIF not applied)."""
+    with Image.open(io.BytesIO(data)) as img:
+        w, h = img.size
+    geo = plan_geometry(RRC.geometry, seed, epoch, np.array([index]), np.array([w]), np.array([h]))
+    x0, y0, x1, y1 = geo.boxes[0]
+    crop = (round(x0), round(y0), max(1, round(x1) - round(x0)), max(1, round(y1) - round(y0)))
+    return _decode.pillow_crop_resize(data, crop, bool(geo.flips[0]), (OUT, OUT)).astype(np.float64)
+
+
+def images_by_label(loader) -> dict[int, np.ndarray]:
+    """One epoch: {label: HWC image as float}."""
+    got = {}
+    for images, labels in loader:
+        for image, label in zip(images, labels.tolist()):
+            assert label not in got, f"sample {label} delivered twice"
+            got[label] = image.permute(1, 2, 0).numpy().astype(np.float64)
+    return got
+
+
+# ---------------------------------------------------------------------------- the walk
+
+
+def _corpus() -> list[bytes]:
+    rng = np.random.default_rng(0)
+    bases = [*GOOD.values(), *(d for d, _ in BAD.values()), PHOTO]
+    out = []
+    for base in bases:
+        out.append(base)
+        out += [base[:cut] for cut in range(0, len(base), max(1, len(base) // 41))]
+        for _ in range(40):
+            m = bytearray(base)
+            for _ in range(int(rng.integers(1, 4))):
+                if m:
+                    m[int(rng.integers(0, len(m)))] = int(rng.integers(0, 256))
+            out.append(bytes(m))
+    return out
+
+
+@pytest.mark.skipif(_decode._ext is None or not hasattr(_decode._ext, "inspect_batch"),
+                    reason="native extension not built")
+def test_native_walk_equals_the_python_walk():
+    corpus = _corpus()
+    kinds = ("", "jpeg", "png")
+    native = [(c, kinds[k], w, h) for c, k, w, h in _decode._ext.inspect_batch(corpus, False)]
+    python = [tuple(_decode.check_structure(d)) for d in corpus]
+    for i, (a, b) in enumerate(zip(native, python)):
+        assert a == b, (i, a, b)
+    causes = {c.split(":")[0] for c, *_ in python if c}
+    assert {"empty file", "truncated JPEG", "corrupt JPEG", "truncated PNG", "corrupt PNG"} <= causes
+    assert sum(c is None for c, *_ in python) > len(GOOD)  # some mutations leave the structure whole
+    assert _decode._ext.MAX_PIXELS == _decode.MAX_IMAGE_PIXELS == 89_478_485 == Image.MAX_IMAGE_PIXELS
+
+
+def test_walk_accepts_whole_files_and_refuses_cut_ones():
+    for name, data in GOOD.items():
+        found = _decode.check_structure(data)
+        assert found.cause is None, (name, found)
+    with Image.open(io.BytesIO(PLAIN)) as img:
+        assert _decode.check_structure(PLAIN) == (None, "jpeg", *img.size)
+    assert _decode.check_structure(GOOD["png-named.jpg"]) == (None, "png", 80, 60)
+    # every cut of a JPEG is refused, whatever byte it ends on; so is a PNG's
+    for cut in range(3, len(PHOTO) - 1, 7):  # (shorter: no JPEG signature, so Pillow decides)
+        cause = _decode.check_structure(PHOTO[:cut]).cause
+        assert cause is not None and cause.startswith(("truncated JPEG", "corrupt JPEG")), (cut, cause)
+    png = GOOD["png-named.jpg"]
+    for cut in range(8, len(png) - 1, 5):
+        assert _decode.check_structure(png[:cut]).cause.startswith("truncated PNG"), cut
+    # An end marker inside a segment (an EXIF thumbnail is a whole JPEG in APP1) does not end
+    # the file: a file cut in its scan is refused though FF D9 occurs near its end.
+    thumb = encode(gradient(8, 8), quality=50)
+    app1 = b"\xff\xe1" + (len(thumb) + 8).to_bytes(2, "big") + b"Exif\0\0" + thumb
+    small = encode(gradient(40, 30), quality=90)
+    with_thumb = small[:2] + app1 + small[2:-40]
+    assert with_thumb.rfind(b"\xff\xd9") > len(with_thumb) - 1024  # found by a search from the end
+    assert _decode.check_structure(with_thumb).cause.startswith("truncated JPEG")
+    assert _decode.check_structure(small[:2] + app1 + small[2:]).cause is None
+    # not JPEG or PNG: not walked, Pillow decides
+    assert _decode.check_structure(b"GIF89a....") == (None, "", 0, 0)
+
+
+# ---------------------------------------------------------------------------- the backends
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_accepted_files_give_pillows_pixels(config, tmp_path):
+    pairs = write(tmp_path / "good", GOOD)
+    datas = list(GOOD.values())
+    loader = make(config, pairs, tmp_path)
+    for epoch in range(2):
+        got = images_by_label(loader)
+        assert sorted(got) == list(range(len(GOOD))), f"epoch {epoch}: {sorted(got)}"
+        for k, name in enumerate(GOOD):
+            diff = np.abs(got[k] - reference(datas[k], k, epoch)).mean()
+            assert diff < TOLERANCE, f"{name} (epoch {epoch}): mean difference {diff:.2f} from Pillow"
+    assert loader.stats["skipped"] == 0
+    # The comparison sees a rotation: the EXIF-rotated rendering of the same window is far off.
+    for name in ("exif180.jpg", "exif90-square.jpg"):
+        k = list(GOOD).index(name)
+        with Image.open(io.BytesIO(GOOD[name])) as img:
+            turned = encode(ImageOps.exif_transpose(img), "PNG")
+        assert np.abs(got[k] - reference(turned, k, 1)).mean() > 20, name
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.mark.parametrize("name", list(BAD))
+def test_rejected_file_raises_naming_it(config, name, tmp_path):
+    data, cause = BAD[name]
+    pairs = write(tmp_path / "files", {"plain.jpg": PLAIN, name: data})
+    loader = make(config, pairs, tmp_path, batch_size=2)
+    with pytest.raises(DataError) as err:
+        for _ in loader:
+            pass
+    message = str(err.value)
+    assert cause in message and named(config, message, pairs, 1), message
+    if config[1] == 0:  # (from a worker, torch's DataLoader re-raises it with the traceback)
+        assert "\n" not in message and err.value.path is not None, message
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_rejected_files_skipped_and_counted(config, tmp_path):
+    files, bad = {}, list(BAD)
+    for k, (name, data) in enumerate(GOOD.items()):  # the bad files among the good ones
+        files[name] = data
+        if k < len(bad):
+            files[bad[k]] = BAD[bad[k]][0]
+    pairs = write(tmp_path / "files", files)
+    names = list(files)
+    loader = make(config, pairs, tmp_path, on_error="skip", shuffle=True)
+    got = images_by_label(loader)
+    want = [k for k, n in enumerate(names) if n in GOOD]
+    assert sorted(got) == want
+    for k in want:
+        assert np.abs(got[k] - reference(files[names[k]], k, 0)).mean() < TOLERANCE, names[k]
+    assert loader.stats["skipped"] == len(BAD) == len(loader.stats["errors"])
+    for k, n in enumerate(names):
+        if n in BAD:
+            (error,) = [e for e in loader.stats["errors"] if named(config, e["path"], pairs, k)]
+            assert BAD[n][1] in error["cause"], (n, error)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_cut_file_rejected_in_every_epoch(config, tmp_path):
+    """The cut file is refused by its structure, whatever window the epoch's crop draws. A cut
+    closed with a pasted end marker is structurally whole: the native decoder (pil, wds)
+    entropy-decodes every row and refuses it in every epoch; DALI fills the missing rows, as
+    Pillow does, and delivers it in every epoch. Never a mix."""
+    whole = PHOTO
+    files = {"a.jpg": whole, "cut85.jpg": CUT, "b.jpg": PLAIN, "cut-closed.jpg": CUT + b"\xff\xd9", "c.jpg": whole}
+    pairs = write(tmp_path / "files", files)
+    loader = make(config, pairs, tmp_path, on_error="skip", batch_size=5, persistent_workers=config[1] > 0)
+    closed_rejected = config[0] != "dali" and _decode.AVAILABLE
+    windows = []
+    for epoch in range(20):
+        before = loader.stats["skipped"]
+        got = images_by_label(loader)
+        want = {0, 2, 4} | (set() if closed_rejected else {3})
+        assert set(got) == want, f"epoch {epoch}: got {sorted(got)}"
+        assert loader.stats["skipped"] - before == 5 - len(want), f"epoch {epoch}"
+        windows.append(got[0])
+    assert all(named(config, e["path"], pairs, 1) or named(config, e["path"], pairs, 3)
+               for e in loader.stats["errors"])
+    assert sum("truncated JPEG" in e["cause"] for e in loader.stats["errors"]) == 20
+    # the crops did differ from epoch to epoch
+    assert len({w.tobytes() for w in windows}) > 10
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_data_after_the_end_marker_changes_nothing(config, tmp_path):
+    plain = make(config, write(tmp_path / "plain", {"x.jpg": PLAIN}), tmp_path, batch_size=1)
+    tail = make(config, write(tmp_path / "tail", {"x.jpg": GOOD["tail.jpg"]}), tmp_path, batch_size=1)
+    for epoch in range(3):
+        (a,), (b,) = ([x.clone() for x, _ in loader] for loader in (plain, tail))
+        assert torch.equal(a, b), f"epoch {epoch}"
+    assert tail.stats["skipped"] == 0
+
+
+_BOMB_SCRIPT = """
+import json, os, resource, sys
+import fastdata
+from fastdata import transforms as T
+from fastdata.shard import write_shards
+backend, good, bomb, tmp = sys.argv[1:5]
+if backend == "dali":
+    import nvidia.dali  # noqa: F401
+source = [(good, 0), (bomb, 1)]
+if backend == "wds":
+    write_shards(source, os.path.join(tmp, "s-%06d.tar"), shuffle=False, workers=1)
+    source = os.path.join(tmp, "s-000000.tar")
+def run(on_error):
+    loader = fastdata.loader(source, batch_size=2, backend=backend, device="cpu", on_error=on_error,
+                             transform=T.Compose([T.RandomResizedCrop(32)]))
+    try:
+        n = sum(len(y) for _, y in loader)
+        return n, [e["cause"] for e in loader.stats["errors"]]
+    except fastdata.DataError as e:
+        return None, str(e)
+run("skip")  # a first epoch: imports, threads and buffers are in place before measuring
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+results = [run("skip"), run("raise")]
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
+print(json.dumps({"results": results, "grown_mb": grown}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["pil", "wds", "dali"])
+def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
+    """A header claiming 13000x13000 pixels (169M, over the 89M limit) is refused from the
+    header: no decoder sees it, so memory does not grow by the gigabyte it would take."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    (good, _), (bomb, _) = write(tmp_path / "files", {"good.jpg": PLAIN, "bomb.jpg": bomb_jpeg()})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _BOMB_SCRIPT, backend, good, bomb, str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    (delivered, causes), (raised, message) = report["results"]
+    assert delivered == 1 and len(causes) == 1 and "13000x13000" in causes[0], report
+    assert raised is None and "13000x13000" in message and "bomb" in message
+    assert report["grown_mb"] < 200, report
+
+
+_FALLBACK_SCRIPT = """
+import json, sys
+import fastdata
+from fastdata import _decode, transforms as T
+pairs = json.loads(sys.argv[1])
+loader = fastdata.loader([tuple(p) for p in pairs], batch_size=4, backend="pil", on_error="skip",
+                         transform=T.Compose([T.RandomResizedCrop(24)]))
+labels = sorted(y for _, ys in loader for y in ys.tolist())
+print(json.dumps({"native": _decode.AVAILABLE, "labels": labels,
+                  "errors": sorted((e["path"], e["cause"]) for e in loader.stats["errors"])}))
+"""
+
+
+@pytest.mark.slow
+def test_python_fallback_accepts_and_rejects_the_same(tmp_path):
+    """Without the native extension the same walk runs in Python: the same files pass, and the
+    refused ones are refused with the same causes."""
+    files = {**GOOD, **{n: d for n, (d, _) in BAD.items()}}
+    pairs = write(tmp_path / "files", files)
+    runs = {}
+    for disable in ("0", "1"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FASTDATA_DISABLE_NATIVE": disable}
+        proc = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT, json.dumps(pairs)], env=env,
+                              capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[disable] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs["1"]["native"] is False
+    assert runs["0"]["labels"] == runs["1"]["labels"] == list(range(len(GOOD)))
+    assert runs["0"]["errors"] == runs["1"]["errors"] and len(runs["0"]["errors"]) == len(BAD)
+
