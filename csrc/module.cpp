@@ -131,6 +131,16 @@ class HeldBytes {
     return {static_cast<const uint8_t*>(view.buf), size_t(view.len)};
   }
 
+  // The spans of datas[0 .. n), each named "datas[i]" in an error.
+  std::vector<fastdata::ByteSpan> add_all(nb::sequence datas, size_t n) {
+    std::vector<fastdata::ByteSpan> spans;
+    spans.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      spans.push_back(add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
+    }
+    return spans;
+  }
+
  private:
   std::vector<Py_buffer> views_;
 };
@@ -150,11 +160,7 @@ nb::tuple jpeg_info(nb::handle data) {
 nb::list jpeg_info_batch(nb::sequence datas) {
   const size_t n = nb::len(datas);
   HeldBytes held(n);
-  std::vector<fastdata::ByteSpan> srcs;
-  srcs.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    srcs.push_back(held.add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
-  }
+  const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
   std::vector<fastdata::JpegInfo> infos(n);
   std::vector<char> ok(n);
   {
@@ -178,11 +184,7 @@ nb::list jpeg_info_batch(nb::sequence datas) {
 nb::list inspect_batch(nb::sequence datas, bool jpeg_headers) {
   const size_t n = nb::len(datas);
   HeldBytes held(n);
-  std::vector<fastdata::ByteSpan> srcs;
-  srcs.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    srcs.push_back(held.add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
-  }
+  const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
   std::vector<fastdata::ImageStructure> found(n);
   std::vector<std::string> causes(n);
   {
@@ -235,11 +237,7 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
                               .c_str());
   }
   HeldBytes held(n);
-  std::vector<fastdata::ByteSpan> srcs;
-  srcs.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    srcs.push_back(held.add(datas[i], ("datas[" + std::to_string(i) + "]").c_str()));
-  }
+  const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
   // Copied out of their arrays, whatever their strides.
   std::vector<int32_t> crop_values(4 * n);
   std::vector<uint8_t> flip_values(n);

@@ -190,6 +190,7 @@ class BufferRing:
             self.flags_storage = flags.untyped_storage()
             self.storages = [None] * slots
         self.flags = Flags(self.flags_storage)
+        self._last = -1  # the slot claimed last
         self._slot: int | None = None
         self.claimed: bool | None = None  # None: no claim tried for this batch yet
         self._offset = 0
@@ -203,10 +204,16 @@ class BufferRing:
 
     def begin(self) -> bool:
         """Claims a free slot for the next batch; False when every slot is still held."""
-        # Lowest free slot first: the most recently used memory is the most likely in cache.
-        for s in range(len(self.storages)):
+        # The next free slot after the last one claimed, in turn: every slot is made in the
+        # first few batches, so the ring's memory is at its bound from the first epoch on,
+        # instead of growing a slot at a time, whenever the consumer's timing first holds one
+        # more batch (the page faults are the same, paid once either way).
+        n = len(self.storages)
+        for i in range(1, n + 1):
+            s = (self._last + i) % n
             if not self.flags.array[s].any():
                 self._slot, self._offset, self._leaf = s, 0, 0
+                self._last = s
                 self.claimed = True
                 return True
         self._slot = None

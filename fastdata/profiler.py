@@ -637,9 +637,7 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     best = {k: v for k, v in best.items() if not (k == "prefetch_factor" and best["num_workers"] == 0)}
     config = {"loader": best, "measured_images_per_s": max(t.measured for t in trials if t.measured),
               "machine": machine_key(), "tuning_s": time.perf_counter() - t}
-    cache = _cache_path(source, transform, args.batch_size)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(config, indent=2) + "\n")
+    store_tune(source, transform, args.batch_size, config)
     print(f"tuned: {json.dumps(best)} at {config['measured_images_per_s']:,.0f} images/s "
           f"({config['tuning_s']:.0f} s); num_workers='auto' and placement='auto' use it for this source")
     if args.out:
@@ -684,13 +682,40 @@ def _cache_path(source: Any, transform: Any, batch_size: int) -> Path:
     return root / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
+def store_tune(source: Any, transform: Any, batch_size: int, config: dict[str, Any]) -> Path:
+    """Keeps `config` (what `--tune` chose, under "loader") as the tuned config for this source,
+    transform, batch size and machine; returns its path. Several jobs may tune and read the
+    same entry at once, so it is written whole or not at all: into a temporary file in the same
+    folder, flushed to disk, then renamed over the old one (a rename within a file system is
+    atomic), so a reader opens the old file or the new one, never one half written."""
+    import tempfile
+
+    path = _cache_path(source, transform, batch_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from a cache shared between users
+            f.write(json.dumps(config, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
 def cached_tune(source: Any, transform: Any, batch_size: int) -> dict[str, Any] | None:
     """The loader keywords a `--tune` chose for this source, transform, batch size and machine,
-    or None."""
+    or None. (`store_tune` replaces the file whole, so a read never sees a torn one.)"""
     path = _cache_path(source, transform, batch_size)
     try:
         return json.loads(path.read_text())["loader"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
