@@ -4,13 +4,15 @@
   `hold_threads`): a forked child gets a copy of such an object but none of its threads, and
   the first garbage collection or lock that touches it there can crash or block the child
   forever. Then workers start by `forkserver`, from a clean server process that never held
-  those threads; it costs the server's start once and a `fastdata` import in each worker.
+  those threads; it costs the server's start (and its one `fastdata` import) once a process.
 - Stall: DataLoader's watchdog notices a worker that died, not one that stopped or is stuck
   in native code, and with `timeout=0` it waits forever. So a loader always gives DataLoader a
   limit: its `timeout`, or with `timeout=0` the stall limit (`FASTDATA_STALL_TIMEOUT` seconds,
-  600 by default: no batch in ten minutes is no progress). When it passes, the workers are
-  killed (SIGKILL reaches a stopped process; DataLoader's SIGTERM does not) before the error
-  is raised, so the error comes at the limit and no worker is left behind.
+  600 by default: no batch in ten minutes is no progress), and a `Watchdog` covers the one
+  wait DataLoader's limit does not. When it passes, the workers are killed (SIGKILL reaches a
+  stopped process; DataLoader's SIGTERM does not) before the error is raised, so the error
+  comes at the limit and no worker is left behind.
+- End: `pass_end` shuts a pass's workers down and frees the buffer slots it never delivered.
 """
 
 from __future__ import annotations
