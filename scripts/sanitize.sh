@@ -4,8 +4,8 @@
 #
 #   scripts/sanitize.sh [PYTEST ARGS...]     (default: the native tests, see `tests` below)
 #
-# The installed build is never touched: CMake configures into $SAN_DIR (default
-# /tmp/fastdata-asan), the package's Python files are copied to $SAN_DIR/pkg/fastdata/ with the
+# The installed build is never touched: CMake configures into $SAN_DIR (default build/asan in
+# this checkout, which git ignores: a build folder belongs to one source tree), the package's Python files are copied to $SAN_DIR/pkg/fastdata/ with the
 # sanitized _native beside them, and the tests run with that folder first on the path. The
 # editable install's import hook would still send `fastdata` to the checkout (and its
 # _native to site-packages), so $SAN_DIR/pkg/sitecustomize.py takes the hook out in every Python
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-dir=${SAN_DIR:-/tmp/fastdata-asan}
+dir=${SAN_DIR:-$root/build/asan}
 py=$(command -v "${PYTHON:-python3}")
 export OMP_NUM_THREADS=1
 

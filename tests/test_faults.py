@@ -13,8 +13,8 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
-import numpy as np
 import pytest
 import torch
 
@@ -282,7 +282,26 @@ def test_dali_leaves_no_thread_behind(folder):
     assert _threads() == before
     assert len(list(dali)) == len(dali)
     assert _threads() == before
+    ref = weakref.ref(dali)
     del dali
+    assert ref() is None, "the loader is in a reference cycle: only the garbage collector would free it"
+
+
+@pytest.mark.parametrize("backend", ["pil", "torch"])
+def test_loaders_are_freed_without_the_garbage_collector(folder, backend):
+    """A loader and its iterator hold no reference cycle, also after a pass left early, so
+    dropping them frees them (and their workers) at once, never in a later collection."""
+    loader = _image_loader(folder, num_workers=2) if backend == "pil" else \
+        fastdata.loader(Slow(), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    refs = [weakref.ref(loader), weakref.ref(it)]
+    gc.disable()
+    try:
+        del it, loader
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
 
 
 def _collect_in_worker(_):

@@ -76,9 +76,18 @@ class _Feed:
 
     def __init__(self, loader: DaliLoader) -> None:
         self.loader = weakref.ref(loader)
+        self.live: Iterator[tuple] | None = None
 
     def __iter__(self):
-        return self.loader()._feed()
+        self.live = self.loader()._feed()
+        return self.live
+
+    def close(self) -> None:
+        """Ends the generator handed to DALI, which refers to the loader: DALI may keep it in
+        reference cycles of its own after the pipeline is gone."""
+        if self.live is not None:
+            self.live.close()
+            self.live = None
 
 
 class DaliLoader(PilLoader):
@@ -117,6 +126,7 @@ class DaliLoader(PilLoader):
         self._threads = max(1, workers)
         self._depth = prefetch_factor or 2
         self._pipe = None  # built at a pass's first batch, shut down at its end (see _close)
+        self._source: _Feed | None = None  # the pipeline's external source
         self._meta: collections.deque = collections.deque()
         self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
         self._dummy = _placeholder()
@@ -134,6 +144,11 @@ class DaliLoader(PilLoader):
 
         gpu = self.device.type == "cuda"
         device_id = self.device.index if self.device.index is not None else (torch.cuda.current_device() if gpu else None)
+        # The graph's function closes over these values, not over the loader: DALI keeps the
+        # function in reference cycles of its own, which would keep the loader alive with them.
+        feed = self._source = _Feed(self)
+        no_copy = not isinstance(self.samples, Shards)
+        decode = dict(device="mixed", hw_decoder_load=self.hw_decoder_load) if gpu else dict(device="cpu")
 
         @pipeline_def(batch_size=self.batch_size, num_threads=self._threads, device_id=device_id, seed=self.seed,
                       prefetch_queue_depth=self._depth)
@@ -142,8 +157,7 @@ class DaliLoader(PilLoader):
             # hand-written pipeline here): the inputs wait in _meta until their batch is out. Not
             # a shard's samples, though: views of the wds reader's buffers, refilled sooner.
             datas, starts, shapes, sizes, flips = fn.external_source(
-                source=_Feed(self), num_outputs=5, batch=True, cycle="raise", no_copy=not isinstance(self.samples, Shards))
-            decode = dict(device="mixed", hw_decoder_load=self.hw_decoder_load) if gpu else dict(device="cpu")
+                source=feed, num_outputs=5, batch=True, cycle="raise", no_copy=no_copy)
             # adjust_orientation=False: the image as stored, EXIF orientation ignored, as Pillow's
             # open, torchvision's decode_jpeg and the other backends give it (and the crop window
             # was planned on the stored size).
@@ -206,10 +220,18 @@ class DaliLoader(PilLoader):
         if pipe is not None:
             release_threads(pipe)
             pipe._shutdown()  # DALI's own teardown, which its __del__ and atexit hook call: joins its threads
+            self._source.close()
 
     def _open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Any]:
         self._batches.epoch, self._batches.skip = epoch, skip
-        return self._outputs(epoch), self._close
+        close = weakref.WeakMethod(self._close)  # the loader keeps its pass's end: no cycle through it
+
+        def end() -> None:
+            live = close()
+            if live is not None:
+                live()
+
+        return self._outputs(epoch), end
 
     def _outputs(self, epoch: int) -> Iterator[tuple]:
         while True:
