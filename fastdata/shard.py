@@ -655,12 +655,23 @@ def _reader(f) -> Callable[[int, int], bytes]:
 
         return read
     at = [0]
+    kept = [0, b""]  # the last bytes read from the stream and where they start: _resync reads
+    # ahead, and the walk then goes back to the header it found in them
 
     def read_on(pos: int, n: int) -> bytes:
+        head = b""
+        if pos < at[0]:
+            start, data = kept
+            if pos < start:
+                raise ValueError(f"a tar stream read at byte {pos}, after it passed byte {start}")
+            head = data[pos - start:pos - start + n]
+            pos, n = pos + len(head), n - len(head)
+            if not n or pos < at[0]:
+                return head
         while at[0] < pos:
             skipped = f.read(min(pos - at[0], _CHUNK))
             if not skipped:
-                return b""
+                return head
             at[0] += len(skipped)
         parts, got = [], 0
         while got < n:
@@ -669,8 +680,10 @@ def _reader(f) -> Callable[[int, int], bytes]:
                 break
             parts.append(part)
             got += len(part)
+        data = b"".join(parts)
+        kept[0], kept[1] = at[0], data
         at[0] += got
-        return b"".join(parts)
+        return head + data
 
     return read_on
 

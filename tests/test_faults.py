@@ -147,6 +147,31 @@ def test_stopped_worker_times_out_within_its_timeout_and_is_not_left_behind(fold
     del it, loader
 
 
+@pytest.mark.parametrize("kind", ["dropin", "image"])
+def test_persistent_workers_after_a_stall_are_replaced(folder, kind, clean):
+    """Persistent workers killed for a stall cannot serve another pass: the next iter() starts
+    fresh ones and delivers the whole epoch."""
+    before = _children()
+    make = (lambda: fastdata.loader(Slow(), batch_size=4, num_workers=2, timeout=3, persistent_workers=True)) \
+        if kind == "dropin" else (lambda: _image_loader(folder, num_workers=2, timeout=3, persistent_workers=True))
+    loader = make()
+    it = iter(loader)
+    next(it)
+    for pid in _children() - before:
+        os.kill(pid, signal.SIGSTOP)
+    with pytest.raises(RuntimeError, match="timed out"):
+        for _ in it:
+            pass
+    del it
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    if kind == "dropin":
+        assert torch.equal(torch.cat([b[:, 0] for b in batches]), torch.arange(64.0))
+    else:
+        assert sorted(i for x, y in batches for i in _image_ids(x, y)) == list(range(100))
+    del batches, loader
+
+
 def test_stuck_worker_with_timeout_0_hits_the_stall_limit(monkeypatch, clean):
     monkeypatch.setenv("FASTDATA_STALL_TIMEOUT", "3")
     before = _children()

@@ -177,6 +177,21 @@ def test_tarfile_would_stop_at_the_damage(pristine, tmp_path):
         assert len(shards(str(tmp_path / PATTERN), progress=False)) == N
 
 
+@pytest.mark.parametrize("how", ["garbage", "checksum"])
+def test_damaged_header_in_a_stream_is_stepped_over_as_in_a_file(pristine, tmp_path, how):
+    """A shard read as a stream (pipe:, HTTP without an index): after a damaged header the walk
+    goes back to the valid header it found reading ahead, and counts what a file's scan counts."""
+    at = _members(pristine / "train-000000.tar")["00000002.jpg"].offset
+    path = _copy(pristine, tmp_path, False) / "train-000000.tar"
+    _garbage(path, at, how)
+    with pytest.warns(UserWarning, match="is damaged"):
+        local = shards(str(path), progress=False)
+    with pytest.warns(UserWarning, match="is damaged"):
+        piped = shards(f"pipe:cat {path}", progress=False)
+    assert list(piped.keys[0]) == list(local.keys[0]) and len(local.keys[0]) == 6
+    assert np.array_equal(piped.spans[0], local.spans[0])
+
+
 # ------------------------------------------------------------------ truncated shards
 
 

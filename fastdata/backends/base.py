@@ -78,6 +78,14 @@ class Loader:
             batches.close()  # runs its `finally` when it had started
         end()  # when it had not
 
+    def _shutdown_workers(self) -> None:
+        """Shuts persistent DataLoader workers down now (after a stall or a dead worker, they
+        cannot serve another pass): the next iter() starts fresh ones."""
+        live = getattr(getattr(self, "_loader", None), "_iterator", None)
+        if live is not None:
+            live._shutdown_workers()
+            self._loader._iterator = None
+
     def _add_stage(self, name: str, seconds: float) -> None:
         stages = self.stats.setdefault("stages", {})
         stages[name] = stages.get(name, 0.0) + seconds

@@ -217,10 +217,14 @@ class DaliLoader(PilLoader):
         not, and after an error. Nothing is left for the garbage collector (see _Feed)."""
         pipe, self._pipe = self._pipe, None
         self._meta.clear()
-        if pipe is not None:
-            release_threads(pipe)
-            pipe._shutdown()  # DALI's own teardown, which its __del__ and atexit hook call: joins its threads
-            self._source.close()
+        try:
+            if pipe is not None:
+                release_threads(pipe)
+                pipe._shutdown()  # DALI's own teardown, which its __del__ and atexit hook call: joins its threads
+        finally:
+            if self._source is not None:
+                self._source.close()
+            self._decoder.close()  # the shard reader's read-ahead thread, in this process
 
     def _open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Any]:
         self._batches.epoch, self._batches.skip = epoch, skip

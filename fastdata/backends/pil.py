@@ -635,10 +635,7 @@ class PilLoader(Loader):
             end()
 
     def _shutdown_workers(self) -> None:
-        live = getattr(self._loader, "_iterator", None)
-        if live is not None:
-            live._shutdown_workers()
-            self._loader._iterator = None
+        super()._shutdown_workers()
         self._ahead = None
 
     def _next_epoch(self, epoch: int) -> None:

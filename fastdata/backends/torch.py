@@ -250,6 +250,8 @@ class TorchLoader(Loader):
             error = dog.error(e)
             if error is None:
                 raise
+            if self._loader.persistent_workers:
+                self._shutdown_workers()  # killed or dead: they cannot serve the next pass
             raise error from None
         finally:
             dog.close()
