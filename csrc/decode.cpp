@@ -23,9 +23,8 @@ namespace {
 
 // Refusing larger images keeps a hostile header from making libjpeg allocate gigabytes (a
 // progressive JPEG buffers every coefficient of the image before the first row). The loaders
-// refuse them before any decode (fastdata._decode.MAX_IMAGE_PIXELS); this is the same limit for
-// direct callers.
-constexpr uint64_t kMaxPixels = kMaxImagePixels;
+// refuse them before any decode (fastdata._decode.MAX_IMAGE_PIXELS); kMaxImagePixels (decode.h)
+// is the same limit for direct callers.
 
 // Pillow's fixed point for 8-bit resampling: 22 fraction bits leave room for 8 bits of value and
 // 2 of overshoot in a signed 32-bit sum. Same bits here, so the same roundings.
@@ -721,9 +720,9 @@ class Decoder {
         return fail("unsupported JPEG color space (%d components)", cinfo_.num_components);
     }
     const int64_t W = cinfo_.image_width, H = cinfo_.image_height;
-    if (uint64_t(W) * uint64_t(H) > kMaxPixels) {
+    if (uint64_t(W) * uint64_t(H) > kMaxImagePixels) {
       return fail("image of %lldx%lld pixels is over the limit of %llu pixels", (long long)W,
-                  (long long)H, (unsigned long long)kMaxPixels);
+                  (long long)H, (unsigned long long)kMaxImagePixels);
     }
     const int64_t x = crop[0], y = crop[1], w = crop[2], h = crop[3];
     if (w <= 0 || h <= 0 || x < 0 || y < 0 || x + w > W || y + h > H) {

@@ -6,8 +6,7 @@ wds backend's member parsing), fed mutated shards and indexes.
 An input is a shard and optionally its index (`seeds.tar_input`): 2 bytes little-endian, the
 index's length (0: no index), the index JSON, then the shard's bytes. They are written as
 train-000000.tar and train-index.json in a scratch folder, then read by every reader there is:
-`_plain_members` (the wds backend's fast walk over a read block), `count_samples`, `read_index`,
-`shards` (index or header scan), and a `wds` loader with on_error="skip" that decodes every
+`count_samples`, `read_index`, `shards` (index or header scan), and a `wds` loader with on_error="skip" that decodes every
 sample (the block reads, the member parsing of each sample, Pillow's decode).
 
 Each must return, or raise fastdata.DataError or ValueError with a one-line message: any other
@@ -59,7 +58,6 @@ def check(data: bytes, folder: str) -> None:
     """Reads one input with every reader; raises on anything but a clean result or error."""
     import fastdata
     from fastdata import transforms as T
-    from fastdata.backends.wds import _plain_members
     from fastdata.shard import count_samples, read_index
     from fastdata.sources import shards
 
@@ -75,11 +73,6 @@ def check(data: bytes, folder: str) -> None:
         with open(index_file, "wb") as f:
             f.write(index)
 
-    members = _plain_members(memoryview(shard))
-    if members is not None:
-        for key, exts in members.items():
-            if not isinstance(key, str) or not all(isinstance(v, memoryview) for v in exts.values()):
-                raise AssertionError(f"_plain_members gave {key!r}: {exts!r}")
     count = _clean("count_samples", count_samples, tar)
     if count is not None and count < 0:
         raise AssertionError(f"count_samples gave {count}")

@@ -494,7 +494,7 @@ class PilLoader(Loader):
         """(the iterator of raw batches from batch `skip` of `epoch` on, the pass's end)."""
         ahead, self._ahead = self._ahead, None
         if ahead == (epoch, skip):
-            return self._loader._iterator, pass_end(self._loader._iterator, None, True)  # see _RunAhead
+            return self._loader._iterator, lambda: None  # persistent workers, already running ahead (see _RunAhead)
         self._batches.epoch, self._batches.skip = epoch, skip
         starting = self._loader.num_workers > 0 and not self._workers_running()
         if starting:

@@ -364,26 +364,6 @@ class _ShardDecoder(_BatchDecoder):
         self._pipes[url] = [stream, at + got]
         return got
 
-
-def _plain_members(raw: memoryview) -> dict[str, dict[str, memoryview]] | None:
-    """{key: {ext: payload view}} of bytes that are whole tar members, walked as the block reader
-    walks a sample's span (`shard.walk_tar`: the payloads are views of `raw`, not copies) and
-    grouped by key as webdataset does (metadata members skipped); None where a header is
-    damaged or the bytes end inside a member."""
-    found: dict[str, dict[str, memoryview]] = {}
-
-    def read(pos: int, n: int) -> bytes:
-        return bytes(raw[pos:pos + n])
-
-    for m in walk_tar(read, 0, len(raw), len(raw), resync=False):
-        if type(m) is Damage:
-            return None if m.offset or m.cause != "empty file" else found
-        key = sample_key(m.name)
-        if key is not None:
-            found.setdefault(key, {})[m.name[len(key) + 1:].lower()] = raw[m.data:m.data + m.size]
-    return found
-
-
 class WdsLoader(PilLoader):
     """Image mode over WebDataset shards, streamed by DataLoader's workers."""
 
