@@ -26,13 +26,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def machine() -> dict:
     import fastdata
     from fastdata import _collate
+    from fastdata._cores import usable_cores
 
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "fastdata": fastdata.__version__,
         "native": _collate.NATIVE,
-        "cores": len(os.sched_getaffinity(0)),
+        "cores": usable_cores(),
         "accelerator": torch.accelerator.is_available(),
         "cpu": platform.processor() or platform.machine(),
     }

@@ -5,15 +5,15 @@
 For each misconfigured start below, `fastdata.profile` measures it against a simulated step of
 --step-ms and advises. Then, over --rounds, the start is profiled afresh and each advised change
 that comes with a prediction ("num_workers=2: about X images/s") is predicted from that profile
-by the advice's own arithmetic and measured by a fresh profile right after it: this host's
+by the advice's own arithmetic and measured by a fresh profile right after it: a shared host's
 throughput drifts between minutes, so a prediction is held to the rerun next to the profile it
 came from. The table gives the medians over the rounds and the median of the rounds' ratios
 prediction / rerun (target: within 15%), the rate model's figure for the start itself next to
 its own measurement, and what the first profile's advice printed against the reruns' median.
-The host's speed also moves within a round (the same decode costing up to 1.8x the CPU a
-minute later), so each advised change also gets the ratio adjusted for it: the prediction
-scaled by the CPU an image took in the start's profile over the rerun's (both profiles time
-their stages).
+The host's speed also moves within a round (the same decode can cost much more CPU a minute
+later), so each advised change also gets the ratio adjusted for it: the prediction scaled by
+the CPU an image took in the start's profile over the rerun's (both profiles time their
+stages).
 
 The starts (2,000 synthetic ImageNet-like JPEGs, batch 64):
 - image mode, `pil`, RandomResizedCrop(160) + flip + ColorJitter + TrivialAugment + Normalize,
@@ -36,8 +36,8 @@ from PIL import Image
 
 import fastdata
 from fastdata import transforms as T
-from fastdata.backends.base import usable_cores
-from fastdata.profiler import RateModel, profile
+from fastdata._cores import usable_cores
+from fastdata.profiling import RateModel, profile
 from fastdata.synthetic import make_imagenet_like
 
 HERE = Path(__file__).resolve().parent
@@ -114,8 +114,8 @@ def main() -> None:
             print(f"  - {a}", file=sys.stderr)
         # The reruns, over --rounds: the start profiled afresh, its advice's predictions
         # recomputed from that profile (the advice's own arithmetic: RateModel.rate), then each
-        # advised change measured right after it. This host's throughput drifts by 10-20%
-        # between minutes, so each prediction is held to the measurement taken next to the
+        # advised change measured right after it. A shared host's throughput drifts between
+        # minutes, so each prediction is held to the measurement taken next to the
         # profile it came from; the table gives the medians of the rounds.
         changes = [p["change"] for p in report.predictions]
         assert all(set(c) == {"num_workers"} for c in changes), changes  # no GPU here: no placement advice

@@ -4,10 +4,9 @@ With `device="cpu"`, Normalize (uint8 to float) runs in the training process on 
 Written as `images.to(dtype).sub_(mean).div_(std)` it asks the allocator for a fresh float
 batch (19.6 MB at batch 64 and 160 px) each time. Whether glibc hands back memory it still
 has, or returns it to the kernel and page-faults it in again, depends on the heap's state; in
-the second case the stage costs up to 4x its CPU, and a whole run slows by up to a third. (This
-was the "slow mode" of earlier advice.py runs: one in three 2-worker runs at about 300 images/s
-against 440.) fastdata's `pil` loader gives the stage a ring of reused output slots instead,
-leased like the workers' batch slots, so a batch the user still holds is never written over.
+the second case the stage costs several times its CPU in page faults, and the whole run slows.
+fastdata's `pil` loader gives the stage a ring of reused output slots instead, leased like the
+workers' batch slots, so a batch the user still holds is never written over.
 
 The loop: 2,000 synthetic ImageNet-like JPEGs, RandomResizedCrop(160) + flip + ColorJitter +
 TrivialAugment + Normalize, batch 64, 2 persistent workers, a simulated step of --step-ms a
@@ -15,7 +14,7 @@ batch (the CPU is free meanwhile, as while a GPU computes). Each candidate runs 
 process (the heap's state is a process's history), --epochs timed epochs after a warm one,
 processes in ABBA order over --rounds:
 
-- fastdata `pil` with the output ring removed (the stage allocates, as before);
+- fastdata `pil` with the output ring removed (the stage allocates a fresh batch each time);
 - fastdata `pil` as shipped.
 
 Prints images/s, the ratio with its 95% bootstrap interval, each side's slowest and fastest
@@ -52,7 +51,7 @@ def child(args) -> None:
     loader = fastdata.loader(args.root, batch_size=64, shuffle=True, transform=spec, device="cpu", num_workers=2,
                              persistent_workers=True)
     if args.child == "fresh":
-        loader._out_ring = None  # the ablation: Normalize allocates its output, as before
+        loader._out_ring = None  # the ablation: Normalize allocates its output
     rates, faults = [], []
     for epoch in range(args.epochs + 1):
         f, t, n = _faults(), time.perf_counter(), 0

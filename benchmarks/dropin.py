@@ -5,12 +5,12 @@ shuffled; one fresh epoch per round as a training loop runs it (target: >= 1.3x)
 configurations of the test matrix at a smaller scale (target: never slower, within noise).
 Every pair is measured interleaved in one run; ratios are DataLoader time / fastdata time.
 
-The matrix epochs are short (15-200 ms), so this shared host's noise is of the size of the
-differences: each configuration runs --matrix-reps interleaved epochs a side, and is reported
-by the median epoch, by the fastest one (noise here only ever adds time, as timeit's docs
-argue), and by a 95% bootstrap interval of the ratio of medians. "Never slower" is read as: no
-configuration's interval lies wholly below 1. An A/A row, DataLoader against a second
-DataLoader, measures the noise floor in the same run.
+The matrix epochs are short, so a shared host's noise is of the size of the differences:
+each configuration runs --matrix-reps interleaved epochs a side, and is reported by the median
+epoch, by the fastest one (noise only ever adds time, as timeit's docs argue), and by a 95%
+bootstrap interval of the ratio of medians. "Never slower" is read as: no configuration's
+interval lies wholly below 1. An A/A row, DataLoader against a second DataLoader, measures the
+noise floor in the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/dropin.py [--samples 10240] [--reps 5] [--matrix-reps 20]
                                                   [--no-matrix] [--json PATH]
@@ -133,7 +133,7 @@ def main() -> None:
     print(f"\nheadline (2 workers, pin_memory, fresh workers per epoch): {head:.2f}x (target >= 1.3x)")
     if report["matrix"]:
         # "never slower": no configuration whose whole interval lies below 1 (the A/A row shows
-        # how wide this host's noise makes an interval when nothing differs)
+        # how wide the host's noise makes an interval when nothing differs)
         slower = [name for name, r in report["matrix"].items() if not name.startswith("A/A") and r["ci95"][1] < 1.0]
         below = [name for name, r in report["matrix"].items() if not name.startswith("A/A") and r["ratio"] < 1.0]
         print(f"slower beyond noise (95% interval below 1): {', '.join(slower) or 'none'}; "

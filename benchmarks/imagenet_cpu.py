@@ -10,7 +10,7 @@ RandomResizedCrop(224, scale=(0.08, 1)), random horizontal flip, uint8 CHW batch
 - fastdata.loader(backend="pil").
 
 Each candidate runs in its own process, one candidate after another in rounds, so drift on
-this shared machine hits all alike; a process times `--epochs` epochs after a warm-up one and
+a shared machine hits all alike; a process times `--epochs` epochs after a warm-up one and
 the median epoch counts. Prints images/s and the ratios; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/imagenet_cpu.py [--images 2000] [--rounds 3] [--json PATH]

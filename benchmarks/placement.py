@@ -1,4 +1,4 @@
-"""Where the pixel augmentations should run on this machine: the ImageNet training pipeline
+"""Where the pixel augmentations should run on the machine at hand: the ImageNet training pipeline
 (RandomResizedCrop(224), flip, ColorJitter(0.4, 0.4, 0.4, 0.1), TrivialAugment, Normalize to
 bfloat16) with placement="cpu" (Pillow lowering in the 2 workers) against placement="gpu"
 (Kornia lowering in the device stage, on the target device: here the CPU), batch 256, on the

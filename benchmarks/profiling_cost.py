@@ -1,8 +1,8 @@
 """What stage timing costs a loader, with timing on against off: interleaved epochs (ABBA) in one
-process, with a second timing-off loader as an A/A row (epochs here move by +-10%, so the A/A
-ratio says how far apart two equal loaders come out). The ratio is the median epoch of both
-timing-off loaders over the timing-on one's, with a 95% bootstrap interval. Target: on < 3%
-slower. Two loaders:
+process, with a second timing-off loader as an A/A row (epochs move by several percent from
+one to the next, so the A/A ratio says how far apart two equal loaders come out). The ratio
+is the median epoch of both timing-off loaders over the timing-on one's, with a 95% bootstrap
+interval. Target: on < 3% slower. Two loaders:
 
 - image mode: the `pil` ImageNet training loader (RandomResizedCrop(224), flip, batch 256,
   2 persistent workers) on the synthetic ImageNet-like set;
@@ -52,12 +52,12 @@ def main() -> None:
         loaders = {}
         for name, on in (("off", False), ("on", True), ("off, again", False)):
             loader = make()
-            assert loader._timing(on) or not on  # before the workers start: they take the flag with them
+            assert loader.set_stage_timing(on) or not on  # before the workers start: they take the flag with them
             loaders[name] = loader
         images = len(loaders["off"].dataset) if what == "drop-in" else 2000
         for loader in loaders.values():
             _common.epoch_seconds(loader)  # workers started, page cache warm
-        assert loaders["on"]._stages().get("images")  # the timing ran
+        assert loaders["on"].stage_seconds().get("images")  # the timing ran
         runs = {name: (lambda ld=ld: _common.epoch_seconds(ld)) for name, ld in loaders.items()}
         times = _common.interleaved(runs, args.reps)
         off, on, again = (_common.median(times[k]) for k in ("off", "on", "off, again"))

@@ -27,8 +27,8 @@ import torch
 
 import fastdata
 from fastdata import transforms as T
-from fastdata.backends.base import usable_cores
-from fastdata.profiler import profile, tune
+from fastdata._cores import usable_cores
+from fastdata.profiling import profile, tune
 from fastdata.synthetic import make_imagenet_like
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +86,7 @@ def main() -> None:
         print(f"{json.dumps(config):<78}{predicted[json.dumps(config, sort_keys=True)]:>11,.0f}{rate:>10,.0f}")
     # The tuned config's throughput as the sweep measured it (one measurement per config, taken
     # alike for all), against the sweep's best; and, apart, tune's own measurement of its pick,
-    # taken minutes away from the sweep's on this drifting host.
+    # taken minutes away from the sweep's on a drifting host.
     in_sweep = next(rate for config, rate in sweep if config == best)
     print(f"\ntune:  {json.dumps(best)}: {tuned_rate:,.0f} images/s in {tune_s:.0f} s (the sweep measured it "
           f"at {in_sweep:,.0f})")

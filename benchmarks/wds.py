@@ -11,7 +11,7 @@ ImageNet-like set written as shards by `fastdata-shard` (250 samples a shard):
 - the same from a loopback HTTP server (127.0.0.1, answering Range requests) in the process.
 
 Each candidate runs in its own process, one after another in rounds (ABBA order), so drift on
-this shared machine hits all alike; a process times `--epochs` epochs after a warm-up one and
+a shared machine hits all alike; a process times `--epochs` epochs after a warm-up one and
 the median counts. Prints images/s and the ratios; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/wds.py [--images 2000] [--rounds 3] [--json PATH]

@@ -150,7 +150,7 @@ inline uint8_t clip8(int32_t v) {
 // The resampling kernels, all giving the same bytes. Pixels are 4 bytes (RGBX, which
 // libjpeg-turbo writes at the cost of RGB) so that a pixel's channels fill a 4-lane vector. On
 // x86 the CPU picks AVX2 or SSE4.1 versions at run time: with plain C++ the resize, not the
-// decode, is the most expensive step of a 224x224 crop (measured 1.7x the libjpeg time).
+// decode, is the most expensive step of a 224x224 crop.
 // Each output pixel sums `taps` taps (the largest count of any), zero weights past its own
 // count included (the buffers are padded for it): a fixed trip count that the compiler
 // unrolls, instead of a count alternating between 2 and 3 that the branch predictor misses.
@@ -757,8 +757,8 @@ class Decoder {
     jpeg_start_decompress(&cinfo_);
     // One column more on each side than the taps read: fancy (smooth) chroma upsampling at the
     // edge of a cropped window sees no neighbour beyond it and replicates the edge instead, so
-    // the window's outermost columns differ from a full decode's (measured: 1 crop in 5 off
-    // without the margin). jpeg_crop_scanline then widens the window to iMCU boundaries and
+    // the window's outermost columns differ from a full decode's (about 1 crop in 5 without
+    // the margin). jpeg_crop_scanline then widens the window to iMCU boundaries and
     // says where it starts. Only for luma MCUs of up to 4 blocks (4:4:4, 4:2:2, 4:4:0, 4:2:0,
     // 4:1:1): libjpeg-turbo 2.1.5 crops 4x2 and 2x4 MCUs wrongly at 1/2 and 1/4 scale (found by
     // comparing with full decodes); the rare larger MCUs decode full width.

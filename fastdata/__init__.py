@@ -19,6 +19,6 @@ from . import transforms
 from .backends.base import Loader
 from .errors import DataError
 from .factory import loader
-from .profiler import profile
+from .profiling import profile
 
 __all__ = ["DataError", "Loader", "loader", "profile", "transforms", "__version__"]

@@ -1,12 +1,13 @@
 """A ring of reusable batch buffers, for collating in place instead of allocating per batch.
 
-NOTE: why a ring, and why leases. On this project's machines a fresh 38.5 MB batch buffer costs
-more than filling it: page-faulting new memory takes 20-50 ms (worse from two threads at once),
-a warm native copy 2-4 ms. DataLoader pays that every batch twice over: workers collate into a
-fresh shared-memory block, and with `pin_memory=True` its pin thread copies each batch again
-into fresh pinned memory. Here each process collates into one of a few slots that it maps once
-and reuses; worker slots are shared memory, so the batch reaches the main process with no copy,
-and main-process slots are pinned when an accelerator is there, so pinning costs no copy.
+NOTE: why a ring, and why leases. A fresh batch buffer costs more than filling it:
+page-faulting new memory is about ten times slower than a native copy into memory already
+mapped (worse from two threads at once). DataLoader pays that every batch twice over: workers
+collate into a fresh shared-memory block, and with `pin_memory=True` its pin thread copies
+each batch again into fresh pinned memory. Here each process collates into one of a few slots
+that it maps once and reuses; worker slots are shared memory, so the batch reaches the main
+process with no copy, and main-process slots are pinned when an accelerator is there, so
+pinning costs no copy.
 
 A slot may be reused only when every tensor handed out of it is dead, and the user may hold a
 batch for as long as they like. So each tensor the user gets aliases its slot through a *lease*

@@ -18,21 +18,12 @@ walk in Python (same results, same messages).
 from __future__ import annotations
 
 import io
-import logging
-import os
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-logger = logging.getLogger("fastdata")
-
-_ext: Any = None
-if os.environ.get("FASTDATA_DISABLE_NATIVE", "0").lower() in ("", "0", "false", "no"):
-    try:
-        from . import _native as _ext
-    except ImportError:  # a source checkout that was never built; _collate already warns
-        _ext = None
+from ._ext import native as _ext
 
 AVAILABLE: bool = _ext is not None and bool(getattr(_ext, "HAVE_JPEG", False))
 """True when the native decoder is here: the extension is built, with libjpeg-turbo, and

@@ -187,6 +187,21 @@ def _unlink_orphans(pids: list[int]) -> None:
                 pass
 
 
+def workers_running(loader: Any) -> bool:
+    """Whether persistent workers of DataLoader `loader` are up: they hold their own copies of
+    what they run, so a flag set in this process (stage timing) no longer reaches them."""
+    return bool(getattr(getattr(loader, "_iterator", None), "_workers", None))
+
+
+def shutdown_workers(loader: Any) -> None:
+    """Shuts the persistent workers of DataLoader `loader` down now (after a stall or a dead
+    worker they cannot serve another pass): its next iter() starts fresh ones."""
+    live = getattr(loader, "_iterator", None)
+    if live is not None:
+        live._shutdown_workers()
+        loader._iterator = None
+
+
 def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
     """The end of a pass of DataLoader iterator `it` whose workers fill the generation of
     worker rings `rings` (or None): the workers are shut down, then the slots of batches they

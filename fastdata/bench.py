@@ -36,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._cli import Parser
+from ._cores import usable_cores
 
 SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
 
@@ -150,9 +151,10 @@ def _kornia(name: str, op, big: np.ndarray, small: np.ndarray, size: int, device
 
 
 def _dali(name: str, op, big: np.ndarray, small: np.ndarray, size: int, device: str) -> Callable[[], None] | None:
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, pipeline_def
 
     from .transforms import ColorJitter, Normalize, RandomHorizontalFlip
+    from .transforms import dali as lowering
     from .transforms.plan import plan_geometry
 
     n = len(big)
@@ -163,31 +165,27 @@ def _dali(name: str, op, big: np.ndarray, small: np.ndarray, size: int, device: 
     geo = plan_geometry((op,), 0, 0, np.arange(n), np.full(n, SOURCE[0]), np.full(n, SOURCE[1])) if op.geometric else None
     rng = np.random.default_rng(0)
 
+    def fed(values):
+        return fn.external_source(source=lambda: values, batch=True)
+
     @pipeline_def(batch_size=n, num_threads=2, device_id=0 if gpu else None, seed=0, prefetch_queue_depth=1)
     def pipeline():
         x = fn.external_source(source=lambda: list(data), batch=True, layout="HWC", no_copy=True)
         if gpu:
             x = x.gpu()
         if isinstance(op, RandomHorizontalFlip):
-            return fn.flip(x, horizontal=fn.external_source(source=lambda: list(geo.flips.astype(np.int32)), batch=True))
+            return lowering.flip(x, fed(list(geo.flips.astype(np.int32))))
         if op.geometric:
-            starts = [np.array(b[:2], np.float32) for b in geo.boxes]
-            shapes = [np.array(b[2:] - b[:2], np.float32) for b in geo.boxes]
-            x = fn.slice(x, fn.external_source(source=lambda: starts, batch=True),
-                         fn.external_source(source=lambda: shapes, batch=True), normalized_anchor=False,
-                         normalized_shape=False, out_of_bounds_policy="trim_to_shape")
+            starts, shapes = lowering.window_inputs(geo.windows())
             w, h = (float(v) for v in geo.sizes[0])
-            return fn.resize(x, resize_x=w, resize_y=h)
+            return lowering.resize(lowering.crop(x, fed(starts), fed(shapes)), (h, w))
         if isinstance(op, ColorJitter):
             def draw(lo, hi):
-                return lambda: [np.float32(v) for v in rng.uniform(lo, hi, n)]
-            return fn.color_twist(x, brightness=fn.external_source(source=draw(*op.brightness), batch=True),
-                                  contrast=fn.external_source(source=draw(*op.contrast), batch=True),
-                                  saturation=fn.external_source(source=draw(*op.saturation), batch=True),
-                                  hue=fn.external_source(source=draw(op.hue[0] * 360, op.hue[1] * 360), batch=True))
+                return fed([np.float32(v) for v in rng.uniform(lo, hi, n)])
+            return lowering.color_jitter(x, draw(*op.brightness), draw(*op.contrast), draw(*op.saturation),
+                                         draw(op.hue[0] * 360, op.hue[1] * 360))
         if isinstance(op, Normalize):
-            return fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW",
-                                            mean=[m * 255 for m in op.mean], std=[s * 255 for s in op.std])
+            return lowering.normalize(x, op.mean, op.std)
         return x
 
     pipe = pipeline()
@@ -319,7 +317,7 @@ def augment(args: argparse.Namespace) -> dict:
         table[name][engine] = _time(run, len(big), args.reps, sync) if run is not None else None
     if not args.quiet:
         print(file=sys.stderr)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} "
+    report = {"machine": f"{platform.processor() or platform.machine()}, {usable_cores()} "
                          f"cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"),
               "pillow": PILLOW, "size": args.size, "images": args.images, "engines": list(engines), "ops": table}
     if args.pipeline:

@@ -1,12 +1,17 @@
-"""The device stage: batches cross to the target device on a side stream, one batch ahead."""
+"""The transfer and the device stage: batches cross to the target device on a side stream, one
+batch ahead (`prefetch`), then the ops placed on the device run there (`DeviceStage`)."""
 
 from __future__ import annotations
 
 import collections.abc
 import copy
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+
+from ._buffers import BufferRing, new_batch
+from .transforms import batch as batch_ops
+from .transforms.plan import plan_pixels
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -94,3 +99,42 @@ def _hand_over(item: tuple, device: torch.device, stream: "torch.cuda.Stream", t
         timer(began.elapsed_time(done) / 1e3)
     del host
     return moved
+
+
+class DeviceStage:
+    """Image mode's last stage, on the target device: the pixel ops placed there (Kornia, with
+    placement="gpu"), then the batch ops (Normalize into `dtype`, MixUp, CutMix,
+    LabelSmoothing). Their random parameters are a function of (seed, epoch, sample) and, for
+    the batch ops, (seed, epoch, rank, batch k): the same whichever process or device runs them."""
+
+    def __init__(self, pixel_ops: Sequence, ops: Sequence, *, device: torch.device, dtype: torch.dtype,
+                 channels_last: bool, num_classes: int | None, seed: int, rank: int) -> None:
+        self.pixel_ops, self.ops = tuple(pixel_ops), tuple(ops)
+        self.dtype, self.channels_last, self.num_classes = dtype, channels_last, num_classes
+        self.seed, self.rank = seed, rank
+        # On a CPU device the float batch goes into reused slots: a fresh one is page-faulted
+        # in every step or not at all, as the process's heap happens to have it.
+        self.out_ring = BufferRing(3, shared=False) if device.type == "cpu" else None
+
+    def __call__(self, batch: tuple, epoch: int, k: int) -> tuple:
+        """(images, labels) of batch k of `epoch`, from (images, labels, sample ids)."""
+        images, labels, ids = batch
+        if self.pixel_ops:
+            from .transforms import kornia
+
+            plans = plan_pixels(self.pixel_ops, self.seed, epoch, ids)
+            images = kornia.apply_pixel_ops(images, self.pixel_ops, plans)
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+        if not self.ops:
+            return images, labels
+        return batch_ops.apply(images, labels, self.ops, dtype=self.dtype, num_classes=self.num_classes,
+                               seed=self.seed, epoch=epoch, rank=self.rank, batch=k,
+                               new=self._new_output if self.out_ring is not None else None)
+
+    def _new_output(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A buffer for the stage's output: a free slot of the output ring, else fresh."""
+        try:
+            return new_batch(self.out_ring, shape, dtype)[1]
+        finally:
+            self.out_ring.end()

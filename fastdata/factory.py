@@ -12,6 +12,7 @@ from .backends.dali import DaliLoader
 from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
 from .backends.wds import WdsLoader
+from .tunecache import cached_tune
 
 _DROPIN_KEYWORDS = frozenset(DATALOADER_KEYWORDS) | {"device"}
 logger = logging.getLogger("fastdata")
@@ -53,8 +54,6 @@ def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[st
     placement_auto = options.get("placement", "auto") == "auto"
     if not (workers_auto or placement_auto):
         return options
-    from .profiler import cached_tune
-
     tuned = cached_tune(source, options.get("transform"), batch_size)
     if not tuned:
         return options

@@ -1,4 +1,6 @@
 """A seeded synthetic ImageNet-like JPEG dataset, for the demo, the tests and the benchmarks.
+Over 400 lines: the image model (about 170 lines) stays beside the resumable writer, whose
+manifest records the model's version (`GENERATOR`), to be bumped with any change to it.
 
     python -m fastdata.synthetic ROOT [--images 2000] [--classes 10] [--seed 0]
 
@@ -15,8 +17,7 @@
 Image i depends only on (seed, i); its class is i % n_classes (the folder: nothing is encoded
 in the pixels). The pixels are computed with float32 +, -, * on numbers from numpy's PCG64 (no
 transcendental functions, BLAS or FFT, whose last bits vary with the CPU and the library), so
-the files are byte-identical wherever the JPEG encoder is libjpeg-turbo (checked: Pillow-SIMD
-12.1.1 on libjpeg-turbo 2.1.5 and Pillow 13.0 on 3.2.0 write the same bytes).
+the files are byte-identical wherever the JPEG encoder is libjpeg-turbo.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ._cores import usable_cores
+from .sources.files import IMAGE_EXTENSIONS, image_folder
+
 # Bump when the pixels or the layout change: an existing dataset with another generator is
 # regenerated.
 GENERATOR = "fastdata.synthetic/1"
@@ -39,8 +43,6 @@ MANIFEST = "manifest.json"
 
 _CLASS_DIR = re.compile(r"n\d{5}")
 _IMAGE_FILE = re.compile(r"(\d{8})\.JPEG")
-# torchvision.datasets.folder.IMG_EXTENSIONS, for make_file_list's ImageFolder rules.
-_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 # Tuned so that the mean file is about 100 KB, as in ImageNet's training set.
 _TEXTURE = 130.0  # luminance texture at full size, 0-255 units (times a per-image 0.6-1.4)
@@ -276,13 +278,6 @@ def _check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may use
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: int = 0,
                        workers: int | None = None, progress: bool = False) -> Path:
     """Makes (or completes) the synthetic ImageNet-like dataset under `root` and returns its
@@ -299,7 +294,7 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
     seed = _check_int("seed", seed, 0)
     if n_classes > n_images:  # ImageFolder refuses empty class folders
         raise ValueError(f"`n_classes` should be at most `n_images` ({n_images}), but got {n_classes}")
-    workers = _default_workers() if workers is None else _check_int("workers", workers, 1)
+    workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
     root = Path(root)
     want = _wanted(n_images, n_classes, seed)
     old = _read_manifest(root)
@@ -373,27 +368,17 @@ def _make(root: Path, seed: int, n_classes: int, todo: list[int], workers: int, 
 
 
 def make_file_list(root) -> list[tuple[str, int]]:
-    """The (path, label) pairs of an image folder by torchvision's ImageFolder rules: classes
-    are the sorted sub-folder names of `root`, labels their indices, and files with an image
-    extension (any case) are listed recursively in sorted order, class after class. Raises
-    FileNotFoundError for no class folder or an empty one, as ImageFolder does."""
-    root = os.fspath(root)
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    if not classes:
-        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
-    files, empty = [], []
-    for label, name in enumerate(classes):
-        n = len(files)
-        for dirpath, _, names in sorted(os.walk(os.path.join(root, name), followlinks=True)):
-            for f in sorted(names):
-                if f.lower().endswith(_IMG_EXTENSIONS):
-                    files.append((os.path.join(dirpath, f), label))
-        if len(files) == n:
-            empty.append(name)
+    """The (path, label) pairs of an image folder by torchvision's ImageFolder rules
+    (`fastdata.sources.image_folder`), class after class. As ImageFolder, raises
+    FileNotFoundError for a class folder without images."""
+    samples = image_folder(root)
+    labels = samples.labels.tolist()
+    found = set(labels)
+    empty = [name for label, name in enumerate(samples.classes or []) if label not in found]
     if empty:
         raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. "
-                                f"Supported extensions are: {', '.join(_IMG_EXTENSIONS)}")
-    return files
+                                f"Supported extensions are: {', '.join(IMAGE_EXTENSIONS)}")
+    return list(zip(samples.paths, labels))
 
 
 # ----------------------------------------------------------------- CLI

@@ -1,4 +1,5 @@
-"""Shared helpers for the fastdata tests: batch-stream comparison, cloning, worker checks."""
+"""Shared helpers for the fastdata tests: batch-stream comparison, cloning, worker checks, and
+the skips of `gpu` and `dali` tests where no CUDA device or no DALI is present."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import collections.abc  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import multiprocessing  # noqa: E402
 import time  # noqa: E402
@@ -101,9 +103,27 @@ def new_children(before, timeout=10.0):
         time.sleep(0.05)
 
 
+@functools.cache
+def _missing(marker: str) -> str | None:
+    """Why tests marked `marker` cannot run here, or None when they can."""
+    if marker == "gpu":
+        return None if torch.cuda.is_available() else "needs a CUDA device"
+    try:  # imported only when a dali test is about to run, as pytest.importorskip would
+        import nvidia.dali  # noqa: F401
+    except ImportError as e:
+        return f"needs NVIDIA DALI ({e})"
+    return None
+
+
+def pytest_runtest_setup(item):
+    for marker in ("gpu", "dali"):
+        if item.get_closest_marker(marker) is not None and (reason := _missing(marker)):
+            pytest.skip(reason)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_pin_memory_warning():
-    # On this CPU-only machine DataLoader warns that pin_memory has no accelerator to pin for.
+    # Without an accelerator, DataLoader warns that pin_memory has nothing to pin for.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
         yield

@@ -18,7 +18,7 @@ from fastdata import DataError
 from fastdata import transforms as T
 from fastdata.shard import write_shards
 
-pytest.importorskip("nvidia.dali")
+pytestmark = pytest.mark.dali
 
 CLASSES, PER_CLASS = 3, 12
 N = CLASSES * PER_CLASS

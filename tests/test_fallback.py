@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 
-# The whole drop-in suite runs inside this one test (about 100 s here): more than the default limit.
+# The whole drop-in suite runs inside this one test: more than the default limit.
 @pytest.mark.timeout(600)
 def test_dropin_suite_passes_on_the_python_fallback():
     env = {**os.environ, "FASTDATA_DISABLE_NATIVE": "1", "OMP_NUM_THREADS": "1"}

@@ -280,10 +280,10 @@ def test_ctrl_c_in_the_consumer_stops_cleanly(folder, tmp_path):
 # --------------------------------------------------------------- threads in the parent, fork in the child
 
 
+@pytest.mark.dali
 def test_dali_then_worker_loaders_three_rounds(folder, clean):
     """The issue's reproduction: a dali loader used and dropped, then a worker-based loader over
     every image, three times; every image arrives, no worker crashes or blocks."""
-    pytest.importorskip("nvidia.dali")
     for _ in range(3):
         dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
         it = iter(dali)
@@ -295,9 +295,9 @@ def test_dali_then_worker_loaders_three_rounds(folder, clean):
         assert sorted(ids) == list(range(100))
 
 
+@pytest.mark.dali
 def test_dali_leaves_no_thread_behind(folder):
     """Its pipeline's threads end with the pass (whole, or left early): none outlive it."""
-    pytest.importorskip("nvidia.dali")
     before = _threads()
     dali = _image_loader(folder, backend="dali", device="cpu", num_workers=2)
     it = iter(dali)
@@ -333,10 +333,10 @@ def _collect_in_worker(_):
     gc.collect()  # a collection in the child: it would run the finalizer of any inherited DALI garbage
 
 
+@pytest.mark.dali
 def test_torch_dataloader_forked_after_dali(folder, clean):
     """The suite's old hang: torch's own DataLoader forked after a dali loader was used, with a
     garbage collection in each worker."""
-    pytest.importorskip("nvidia.dali")
     dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
     it = iter(dali)
     next(it), next(it)
@@ -346,10 +346,10 @@ def test_torch_dataloader_forked_after_dali(folder, clean):
     assert torch.equal(torch.cat([b[:, 0] for b in loader]), torch.arange(64.0))
 
 
+@pytest.mark.dali
 def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, clean):
     """A dali pass still live (its pipeline's threads running) while a worker-based loader
     starts: the workers do not fork from this process."""
-    pytest.importorskip("nvidia.dali")
     dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
     it = iter(dali)
     next(it)
@@ -358,10 +358,10 @@ def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, 
     for images, labels in pil:
         ids += _image_ids(images, labels)
     assert sorted(ids) == list(range(100))
-    assert pil._loader.multiprocessing_context.get_start_method() == "forkserver"
+    assert pil._runner.loader.multiprocessing_context.get_start_method() == "forkserver"
     rest = sum(1 for _ in it)
     assert rest == len(dali) - 1
     del it, dali
     pil2 = _image_loader(folder, backend="pil", num_workers=2)
     assert len(list(pil2)) == len(pil2)
-    assert pil2._loader.multiprocessing_context is None  # no threads live here now: fork again
+    assert pil2._runner.loader.multiprocessing_context is None  # no threads live here now: fork again

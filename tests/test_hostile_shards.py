@@ -57,8 +57,6 @@ def pristine(folder, tmp_path_factory):
 
 @pytest.fixture(params=BACKENDS, ids=lambda b: f"{b[0]}-{b[1]}")
 def backend(request):
-    if request.param[0] == "dali":
-        pytest.importorskip("nvidia.dali")
     return request.param
 
 

@@ -74,7 +74,7 @@ def test_image_loader_and_a_real_step(folder):
     assert ceiling.step_images_per_s is None and "ceiling" in ceiling.verdict
     assert set(report.stages) >= {"read", "decode", "cpu_transforms", "collate"}
     assert report.stages["decode"] > 0 and report.bound in report.stages
-    assert not loader._decoder.timing  # off again after profiling
+    assert not loader._runner.timing  # off again after profiling
 
 
 def test_stage_timing_per_worker(folder):
@@ -111,7 +111,7 @@ def test_dropin_stage_timing():
     assert {"read", "dataset", "collate", "deliver"} <= set(report.stages)
     # the sleep is the dataset's wall time beyond its CPU time: at least 1 ms an image
     assert report.stages["read"] >= 0.9
-    stages = loader._stages()
+    stages = loader.stage_seconds()
     workers = [stages[f"worker {k}"] for k in (0, 1)]
     assert sum(w["images"] for w in workers) == stages["images"] >= 6 * 8
     assert all(w["collate"] > 0 for w in workers)  # 64 KB batches: the native collation, timed in each worker
@@ -136,10 +136,10 @@ def _traced(loader) -> set[str]:
 def test_stages_are_ranges_in_a_torch_profiler_trace(folder):
     spec = T.Compose([T.Resize(16), T.CenterCrop(16), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.Normalize()])
     loader = fastdata.loader(str(folder), batch_size=8, transform=spec, device="cpu", num_workers=0)
-    assert loader._timing(True)
+    assert loader.set_stage_timing(True)
     assert {"fastdata.read", "fastdata.decode", "fastdata.cpu_transforms", "fastdata.device_stage"} <= _traced(loader)
     dropin = fastdata.loader(Slow(0.0), batch_size=8)
-    assert dropin._timing(True)
+    assert dropin.set_stage_timing(True)
     assert "fastdata.collate" in _traced(dropin)
 
 
@@ -166,7 +166,7 @@ def test_epoch_starts_left_out_of_the_rates():
 
 
 def test_rate_model():
-    from fastdata.profiler import RateModel
+    from fastdata.profiling import RateModel
 
     # 4 ms an image in a worker (1 of it waiting on reads), 0.5 ms in the training process, 2 cores
     m = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=0.0, cores=2)
@@ -186,7 +186,7 @@ def test_rate_model():
 
 
 def test_rate_model_counts_a_whole_step_for_a_short_batch():
-    from fastdata.profiler import Report, RateModel
+    from fastdata.profiling import RateModel, Report
 
     # 64-image steps of 100 ms, but a 16-image last batch among 4 steps: 52 images a step
     report = Report("x", 64, 1000.0, 640.0, 500.0, 0.1, "", [], [], {"device": "cpu"}, {"dataset": 1.0},
@@ -198,7 +198,7 @@ def test_rate_model_counts_a_whole_step_for_a_short_batch():
 
 
 def test_rate_model_with_0_workers_takes_the_measured_loader_time():
-    from fastdata.profiler import Report, RateModel
+    from fastdata.profiling import RateModel, Report
 
     # 1.5 ms of decode CPU an image, but the in-process decoder's threads made 1,000 images/s
     report = Report("x", 64, 1000.0, 6400.0, 800.0, 0.5, "", [], [], {"device": "cpu", "num_workers": 0},
@@ -219,7 +219,7 @@ def test_advice_predicts_workers():
     assert any(f"num_workers={prediction['change']['num_workers']} instead of 0" in a for a in report.advice)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_h2d_copy_is_timed_on_cuda():
     loader = fastdata.loader(Busy(0.0), batch_size=8, num_workers=1, device="cuda", pin_memory=True)
     report = fastdata.profile(loader, steps=4, warmup=1)
@@ -236,7 +236,7 @@ def test_arguments():
 
 def _cli(*args, env=None):
     # as the fastdata-profile console script runs it (python -m would import the module twice)
-    code = "import sys; from fastdata.profiler import main; sys.exit(main())"
+    code = "import sys; from fastdata.profiling.cli import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=300)
 
@@ -276,7 +276,7 @@ def test_cli_bad_source():
 
 
 def test_tune_picks_a_measured_config(folder):
-    from fastdata.profiler import tune
+    from fastdata.profiling import tune
 
     spec = T.Compose([T.Resize(16), T.CenterCrop(16)])
 
@@ -292,11 +292,11 @@ def test_tune_picks_a_measured_config(folder):
 
 
 def test_auto_uses_the_cached_tune(folder, tmp_path, monkeypatch):
-    from fastdata.profiler import _cache_path
+    from fastdata.tunecache import cache_path
 
     monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path))
     spec = T.Compose([T.Resize(16), T.CenterCrop(16)])
-    path = _cache_path(str(folder), spec, 4)
+    path = cache_path(str(folder), spec, 4)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"loader": {"num_workers": 1, "prefetch_factor": 3, "placement": "cpu"}}))
     tuned = fastdata.loader(str(folder), batch_size=4, transform=spec, num_workers="auto")

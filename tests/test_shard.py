@@ -7,10 +7,8 @@ shards hold the samples in a seeded shuffled order unless written with shuffle=F
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -24,7 +22,8 @@ from PIL import Image
 
 from _images import color_folder
 from fastdata import DataError
-from fastdata.shard import count_samples, index_path, main, read_index, write_shards
+from fastdata.shard import index_path, main, write_shards
+from fastdata.sources.tarformat import count_samples, read_index
 
 CLASSES, PER_CLASS = 3, 7
 N = CLASSES * PER_CLASS
@@ -196,39 +195,6 @@ def test_byte_identical_runs_and_workers(folder, tmp_path):
 
 
 # ----------------------------------------------------------------- helpers
-
-def test_count_samples_groups_as_webdataset_does(tmp_path):
-    """A tar from elsewhere: folders, metadata, multi-dot names, members without extension."""
-    path = tmp_path / "other.tar"
-    with tarfile.open(path, "w") as tf:
-        def add(name, data=b"x"):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        d = tarfile.TarInfo("dir")
-        d.type = tarfile.DIRTYPE
-        tf.addfile(d)
-        add("__meta__")
-        for name in ["a.jpg", "a.cls", "dir/b.x.jpg", "dir/b.cls", "noext", "c.txt", "a.png", "d.seg.png"]:
-            add(name)
-    assert count_samples(path) == 5  # a, dir/b, c, a again (not consecutive), d
-    gz = tmp_path / "other.tar.gz"
-    gz.write_bytes(gzip.compress(path.read_bytes()))
-    assert count_samples(gz) == 5
-    wds = pytest.importorskip("webdataset")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        assert len(list(wds.WebDataset([str(path)], shardshuffle=False))) == 5
-
-
-def test_read_index_checks_the_format(tmp_path):
-    (tmp_path / "a.json").write_text(json.dumps({"version": 1, "format": "something else"}))
-    with pytest.raises(ValueError, match="fastdata-wds-index"):
-        read_index(tmp_path / "a.json")
-    (tmp_path / "b.json").write_text(json.dumps({"version": 2, "format": "fastdata-wds-index", "shards": [], "total": 0}))
-    with pytest.raises(ValueError, match="version"):
-        read_index(tmp_path / "b.json")
-
 
 def test_index_names():
     assert index_path("out/train-%06d.tar") == index_path("out/train_%d.tar") == \

@@ -73,11 +73,9 @@ def _mb(x: float) -> str:
     return f"{x / 2**20:.2f} MB"
 
 
-@pytest.mark.parametrize("config", ["pil", "pil-persistent", "wds", "wds-persistent", "dali", "torch",
-                                    "torch-persistent"])
+@pytest.mark.parametrize("config", ["pil", "pil-persistent", "wds", "wds-persistent",
+                                    pytest.param("dali", marks=pytest.mark.dali), "torch", "torch-persistent"])
 def test_memory_and_shm_stay_bounded(config, data):
-    if config == "dali":
-        pytest.importorskip("nvidia.dali")
     persistent = config.endswith("-persistent")
     before = set(os.listdir("/dev/shm"))
     epochs, done = _soak(config, data)

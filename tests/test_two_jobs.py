@@ -81,7 +81,7 @@ print(json.dumps({{"done": True, "pids": sorted(pids), "names": sorted(names)}})
 
 _WRITER = """
 import time
-from fastdata.profiler import store_tune
+from fastdata.tunecache import store_tune
 pad = list(range(20000))  # about 120 KB: a file written in several pieces, as a real tune's can be
 n = 0
 while not os.path.exists({stop!r}):

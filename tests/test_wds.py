@@ -24,7 +24,9 @@ import fastdata
 from fastdata import DataError
 from fastdata import transforms as T
 from fastdata._serve import serve
-from fastdata.backends import wds
+from fastdata.image import order as order_module
+from fastdata.image import read_shards
+from fastdata.image.order import ShardOrder
 from fastdata.shard import write_shards
 
 CLASSES, PER_CLASS = 4, 15
@@ -166,7 +168,7 @@ def test_reproducible_and_set_epoch(shards):
 def test_persistent_workers_give_the_same_epochs(shards, monkeypatch):
     # 16-sample blocks: several a worker, read ahead into the two buffers in turn, and each
     # epoch's first read ahead at the end of the one before
-    monkeypatch.setattr(wds, "_BLOCK_SAMPLES", 16)
+    monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", 16)
     fresh = _load(_pattern(shards), shuffle=True, num_workers=2, batch_size=4)
     kept = _load(_pattern(shards), shuffle=True, num_workers=2, batch_size=4, persistent_workers=True)
     for _ in range(3):
@@ -206,7 +208,7 @@ def test_a_rank_reads_only_the_shards_its_range_covers(folder, tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch(shards, workers, monkeypatch):
-    monkeypatch.setattr(wds, "_BLOCK_SAMPLES", 16)  # small shuffle blocks, so a resume seeks past some
+    monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", 16)  # small shuffle blocks, so a resume seeks past some
     full = _load(_pattern(shards), shuffle=True, num_workers=workers)
     expected = _epoch(full) + _epoch(full) + _epoch(full)
     n = len(full)
@@ -227,15 +229,15 @@ def test_resume_mid_epoch(shards, workers, monkeypatch):
 
 
 def test_resume_seeks_instead_of_reading(shards, monkeypatch):
-    monkeypatch.setattr(wds, "_BLOCK_SAMPLES", 16)
+    monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", 16)
     reads = []
-    real = wds.read_range
+    real = read_shards.read_range
 
     def recording(url, start, view):
         reads.append((os.path.basename(url), start, len(view)))
         return real(url, start, view)
 
-    monkeypatch.setattr(wds, "read_range", recording)
+    monkeypatch.setattr(read_shards, "read_range", recording)
     loader = _load(_pattern(shards), shuffle=False)
     expected = _epoch(loader)
     everything = sum(r[2] for r in reads)
@@ -396,14 +398,14 @@ def test_plan_covers_each_rank_range_exactly(n, bs, world, lanes, drop_last):
     seen = []
     batches = set()
     for rank in range(world):
-        plan = wds._Plan(counts, bs, True, drop_last, 5, rank, world, lanes)
+        plan = ShardOrder(counts, bs, True, drop_last, 5, rank, world, lanes)
         batches.add(plan.batches)
         assert sum(plan.lane_samples) == plan.per_rank
         mine = []
         for k in range(plan.batches):
             lane, block, row = plan.locate(k)
             ids = plan.block_ids(2, lane, block)
-            perm = plan.permutation(2, lane, block, len(ids))
+            perm = plan.block_permutation(2, lane, block, len(ids))
             chunk = ids[perm[row:row + bs]]
             assert len(chunk) == (bs if k < plan.batches - 1 else plan.per_rank - bs * (plan.batches - 1))
             mine += chunk.tolist()

@@ -1,5 +1,5 @@
-"""atheris target for the tar and index reading (Python: fastdata.sources, fastdata.shard and the
-wds backend's member parsing), fed mutated shards and indexes.
+"""atheris target for the tar and index reading (Python: fastdata.sources, its shard format
+fastdata.sources.tarformat, and the wds backend's member parsing), fed mutated shards and indexes.
 
     python3 csrc/fuzz/tar_fuzzer.py [libFuzzer flags] CORPUS_DIR [SEED_DIR ...]
 
@@ -58,8 +58,8 @@ def check(data: bytes, folder: str) -> None:
     """Reads one input with every reader; raises on anything but a clean result or error."""
     import fastdata
     from fastdata import transforms as T
-    from fastdata.shard import count_samples, read_index
     from fastdata.sources import shards
+    from fastdata.sources.tarformat import count_samples, read_index
 
     index, shard = split(data)
     tar = os.path.join(folder, "train-000000.tar")
@@ -121,9 +121,9 @@ def main() -> None:
     # Coverage for the readers and the libraries they parse with; torch and numpy stay plain.
     with atheris.instrument_imports(include=["fastdata", "webdataset", "tarfile", "json"]):
         import fastdata  # noqa: F401
-        import fastdata.backends.wds  # noqa: F401
-        import fastdata.shard  # noqa: F401
+        import fastdata.image.read_shards  # noqa: F401
         import fastdata.sources  # noqa: F401
+        import fastdata.sources.tarformat  # noqa: F401
     quiet()
     folder = tempfile.mkdtemp(prefix="fastdata-tar-fuzz-")
     atheris.Setup(sys.argv, lambda data: check(data, folder))

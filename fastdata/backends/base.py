@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any, Callable, Iterator
 
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+from .._cores import usable_cores
 
 
 def resolve_workers(num_workers: int | str) -> int:
@@ -78,30 +72,45 @@ class Loader:
             batches.close()  # runs its `finally` when it had started
         end()  # when it had not
 
-    def _shutdown_workers(self) -> None:
-        """Shuts persistent DataLoader workers down now (after a stall or a dead worker, they
-        cannot serve another pass): the next iter() starts fresh ones."""
-        live = getattr(getattr(self, "_loader", None), "_iterator", None)
-        if live is not None:
-            live._shutdown_workers()
-            self._loader._iterator = None
+    # ------------------------------------------------------------- the profiling protocol
+    # What fastdata.profile calls of a loader, and nothing else of it. Public methods, but not
+    # part of the contract: they may change with the profiler.
 
-    def _add_stage(self, name: str, seconds: float) -> None:
-        stages = self.stats.setdefault("stages", {})
-        stages[name] = stages.get(name, 0.0) + seconds
+    def set_stage_timing(self, on: bool) -> bool:
+        """Stage timing on or off; False when this loader cannot time its stages now."""
+        return False
+
+    def stage_seconds(self) -> dict[str, Any]:
+        """Stage seconds so far (with stage timing on): per stage, "images" (decoded so far),
+        and per "worker k" a dict of its own stages."""
+        return self.stats.get("stages", {})
+
+    def batches_ahead(self) -> int:
+        """How many batches the loader can have ready ahead of the consumer."""
+        return (self.num_workers or 1) * 2 + 1
+
+    def runs_in_process(self) -> bool:
+        """Whether the loader's stages run in the training process (no worker processes)."""
+        return self.num_workers == 0
+
+    num_workers: int = 0  # each backend says its own
+
+    def _record_stages(self, stages: dict[str, Any]) -> None:
+        """The one place stage seconds are summed: a batch's (or a main-process stage's)
+        {stage: seconds} into stats["stages"], and under "worker k" too when it names one."""
+        into = self.stats.setdefault("stages", {})
+        worker = stages.get("worker")
+        mine = into.setdefault(f"worker {worker}", {}) if worker is not None else None
+        for name, value in stages.items():
+            if name == "worker":
+                continue
+            into[name] = into.get(name, 0) + value
+            if mine is not None:
+                mine[name] = mine.get(name, 0) + value
 
     def _time_copy(self, seconds: float) -> None:
         """device.prefetch's timer: one host-to-device copy's seconds."""
-        self._add_stage("h2d_copy", seconds)
-
-    def _stages(self) -> dict[str, Any]:
-        """Stage seconds so far (with stage timing on): per stage, "images", and per "worker k"."""
-        return self.stats.get("stages", {})
-
-    def _workers_running(self) -> bool:
-        """Whether persistent DataLoader workers are up: they hold their own copies of what
-        they run, so a flag set here (stage timing) no longer reaches them."""
-        return bool(getattr(getattr(getattr(self, "_loader", None), "_iterator", None), "_workers", None))
+        self._record_stages({"h2d_copy": seconds})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, batch_size={self.batch_size})"

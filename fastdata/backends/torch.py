@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate
-from .._workers import NoWatchdog, Watchdog, pass_end, stall_limit, start_method
+from .._workers import (NoWatchdog, Watchdog, pass_end, shutdown_workers, stall_limit, start_method,
+                        workers_running)
 from ..device import prefetch
 from .base import Loader, resolve_workers
 
@@ -68,10 +69,9 @@ class _Resumable:
 def _fetches(it: Any) -> Iterator[Any]:
     """What DataLoader's single-process iterator `it` yields, without its `__next__`.
 
-    NOTE: measured with 0 workers, `__next__` costs about 10 us a call beyond the fetch (a
-    profiler range entered and left, and bookkeeping for iterable datasets): an epoch of 2,048
-    ready arrays with batch_size=None took 31 ms through DataLoader and 11 ms fetching the same
-    items straight. So here the iterator DataLoader built (its sampler iterator, RNG draws,
+    NOTE: with 0 workers, `__next__` costs about 10 us a call beyond the fetch (a profiler
+    range entered and left, and bookkeeping for iterable datasets), more than fetching a ready
+    item. So here the iterator DataLoader built (its sampler iterator, RNG draws,
     fetcher and pin settings, all as DataLoader made them) is driven by its own parts. Not for
     iterable datasets (whose length warning lives in `__next__`), nor while a torch profiler
     records (its traces keep DataLoader's ranges). Any other iterator passes through."""
@@ -178,7 +178,7 @@ class TorchLoader(Loader):
         self._delivered = skip
         self._in_epoch = True
         collate_fn = self._ring_collate()
-        starting = self._loader.num_workers > 0 and not self._workers_running()
+        starting = self._loader.num_workers > 0 and not workers_running(self._loader)
         if starting:
             self._loader.multiprocessing_context = start_method(self._asked_context)
         workers = collate_fn.rings.begin_pass() if collate_fn is not None and starting else None
@@ -192,8 +192,8 @@ class TorchLoader(Loader):
         end = pass_end(loader_it, workers, self._loader.persistent_workers)
         return self._start(self._run(it, loader_it, end), end)
 
-    # Per-sample loading (batch_size=None): items take ~15 us, and two clock reads plus the
-    # counters (~0.7 us) would cost 5%. So there the wait is timed on every 8th item and
+    # Per-sample loading (batch_size=None): an item is so quick that two clock reads plus the
+    # counters per item would cost about 5%. So there the wait is timed on every 8th item and
     # scaled, and the counters are added 8 at a time (flushed when the iteration ends).
     _SAMPLE_EVERY = 8
 
@@ -251,29 +251,29 @@ class TorchLoader(Loader):
             if error is None:
                 raise
             if self._loader.persistent_workers:
-                self._shutdown_workers()  # killed or dead: they cannot serve the next pass
+                shutdown_workers(self._loader)  # killed or dead: they cannot serve the next pass
             raise error from None
         finally:
             dog.close()
             stats["batches"] += n
             stats["samples"] += n
             if timed:
-                stats["stages"] = self._stages()
+                stats["stages"] = self.stage_seconds()
             end()
 
-    def _timing(self, on: bool) -> bool:
+    def set_stage_timing(self, on: bool) -> bool:
         """Stage timing on or off (for fastdata.profile): the dataset's and the collation's CPU
         seconds, per worker. False when it cannot: a collate_fn of the user's, or persistent
         workers already running (they hold their own copy of the collate function)."""
         collate_fn = self._ring_collate()
         if collate_fn is None:
             return False
-        if on and self._workers_running():
+        if on and workers_running(self._loader):
             return False
         if on and collate_fn.timing is None:
             collate_fn.timing = torch.zeros((self._loader.num_workers + 1, 5), dtype=torch.float64).share_memory_()
         elif not on and collate_fn.timing is not None:
-            self.stats["stages"] = self._stages()  # what was timed stays in stats
+            self.stats["stages"] = self.stage_seconds()  # what was timed stays in stats
             collate_fn.timing = None
         return True
 
@@ -282,7 +282,10 @@ class TorchLoader(Loader):
         collate_fn = self._loader.collate_fn
         return collate_fn if isinstance(collate_fn, RingCollate) else None
 
-    def _stages(self) -> dict[str, Any]:
+    def batches_ahead(self) -> int:
+        return (self.num_workers or 1) * (self._loader.prefetch_factor or 2) + 1
+
+    def stage_seconds(self) -> dict[str, Any]:
         collate_fn = self._ring_collate()
         if collate_fn is None or collate_fn.timing is None:
             return self.stats.get("stages", {})

@@ -16,9 +16,9 @@ from typing import Sequence
 
 import torch
 
-# mean |kornia - pillow| in uint8 levels, per op, over random magnitudes (measured: geometric
-# ops, Posterize and Equalize are exact; the blends are within one level, as Pillow truncates
-# where float arithmetic rounds)
+# mean |kornia - pillow| in uint8 levels, per op, over random magnitudes (geometric ops,
+# Posterize and Equalize are exact; the blends are within one level, as Pillow truncates where
+# float arithmetic rounds)
 PARITY = {
     "Identity": 0.0, "ShearX": 0.05, "ShearY": 0.05, "TranslateX": 0.05, "TranslateY": 0.05, "Rotate": 0.05,
     "Brightness": 0.6, "Color": 0.6, "Contrast": 0.6, "Sharpness": 0.6, "Posterize": 0.05, "Solarize": 0.1,

@@ -26,6 +26,13 @@ class Geometry:
     flips: np.ndarray  # bool [N]
     sizes: np.ndarray  # int64 [N, 2]: output (w, h)
 
+    def windows(self) -> np.ndarray:
+        """The crop boxes in whole pixels, as every decoder cuts them: int32 [N, 4] of (x, y,
+        w, h), each edge rounded to the nearest pixel, at least one pixel wide and high."""
+        x0, y0 = np.rint(self.boxes[:, 0]), np.rint(self.boxes[:, 1])
+        return np.stack([x0, y0, np.maximum(1, np.rint(self.boxes[:, 2]) - x0),
+                         np.maximum(1, np.rint(self.boxes[:, 3]) - y0)], axis=1).astype(np.int32)
+
 
 def _rrc(op: RandomResizedCrop, u: np.ndarray, W: np.ndarray, H: np.ndarray):
     """torchvision's RandomResizedCrop.get_params, for a batch, from uniforms [N, 40]."""

@@ -1,87 +1,24 @@
-"""Image sources: what a path, a list or a shard pattern names, as a list of samples."""
+"""WebDataset shards as a source: which samples a set of tar shards holds and where, from the
+index fastdata-shard writes next to them, or else from a scan of their tar headers."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
+import urllib.error
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .shard import Scan
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".tif", ".tiff")
-# Labels of a source that does not name its classes are in [0, 2**31): int64 holds them, and
-# so does an int32 class index (what a loss or a one-hot takes).
-MAX_LABEL = 2 ** 31
-
-
-@dataclass
-class Samples:
-    """The samples of a source: `paths[i]` with label `labels[i]`; `classes` when the source
-    names them (ImageFolder)."""
-
-    paths: list[str]
-    labels: np.ndarray  # int64
-    classes: list[str] | None
-    description: str
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-
-def image_folder(root: str | os.PathLike) -> Samples:
-    """`root/<class>/<image>`: classes sorted by name, label = index, as torchvision's
-    ImageFolder; images found recursively under each class folder, sorted."""
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"image folder {str(root)!r} does not exist")
-    if not root.is_dir():
-        raise ValueError(f"source {str(root)!r} should be a folder in ImageFolder layout (root/<class>/<image>) or a .tar shard, but it is a file")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not classes:
-        raise ValueError(f"image folder {str(root)!r} has no class folders: expected root/<class>/<image>")
-    paths: list[str] = []
-    labels: list[int] = []
-    for label, name in enumerate(classes):
-        found = sorted(
-            os.path.join(dirpath, f)
-            for dirpath, _, files in os.walk(root / name, followlinks=True)
-            for f in files
-            if f.lower().endswith(IMAGE_EXTENSIONS)
-        )
-        paths += found
-        labels += [label] * len(found)
-    if not paths:
-        raise ValueError(f"image folder {str(root)!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
-
-
-def file_list(pairs: Sequence[Any]) -> Samples:
-    """A list of (path, label) pairs; each label an int (not a bool) in [0, 2**31) (files are
-    checked when read)."""
-    paths, labels = [], []
-    for i, pair in enumerate(pairs):
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise ValueError(f"a file list should hold (path, label) pairs, but item {i} is {pair!r:.100}")
-        path, label = pair
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
-            raise ValueError(f"labels should be integers, but item {i} ({path}) has label {label!r:.50}")
-        if not 0 <= label < MAX_LABEL:
-            raise ValueError(f"labels should be in [0, 2**31), but item {i} ({path}) has label {label}")
-        paths.append(os.fspath(path))
-        labels.append(int(label))
-    if not paths:
-        raise ValueError("the file list is empty")
-    return Samples(paths, np.asarray(labels, dtype=np.int64), None, f"file list ({len(paths)} images)")
-
-
-# ----------------------------------------------------------------- WebDataset shards
-
-_SCHEMES = ("pipe:", "http://", "https://", "file:")
-_HTTP_TIMEOUT = 60.0
+from ..errors import DataError
+from .files import MAX_LABEL
+from .streams import describe_error, local_path, open_http, open_stream
+from .tarformat import INDEX_FORMAT, INDEX_VERSION, Scan, index_location, read_index, scan_tar
 
 
 @dataclass
@@ -115,96 +52,8 @@ class Shards:
         return np.array([len(k) for k in self.keys], dtype=np.int64)
 
 
-def is_shard_source(source: Any) -> bool:
-    def one(s: Any) -> bool:
-        s = os.fspath(s)
-        return s.endswith(".tar") or s.startswith(_SCHEMES) or ("{" in s and ".." in s)
-
-    if isinstance(source, (str, os.PathLike)):
-        return one(source)
-    return isinstance(source, (list, tuple)) and bool(source) and all(isinstance(s, (str, os.PathLike)) for s in source) \
-        and one(source[0])
-
-
-def _local(url: str) -> str | None:
-    """The file path a shard URL names, or None for a stream (pipe:, http(s):)."""
-    if url.startswith("file:"):
-        return url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
-    return None if url.startswith(("pipe:", "http://", "https://")) else url
-
-
-def open_stream(url: str):
-    """A binary stream of a whole shard: a file, an HTTP response, or webdataset's gopen for
-    pipe: (a command whose stdout is the shard)."""
-    local = _local(url)
-    if local is not None:
-        return open(local, "rb")
-    if url.startswith("pipe:"):
-        import webdataset
-
-        return webdataset.gopen(url, "rb")
-    return _http(url, None)
-
-
-def _http(url: str, byte_range: tuple[int, int] | None):
-    # urllib rather than webdataset's gopen (curl): gopen retries an unreachable host for a
-    # minute, and cannot ask for a byte range.
-    import urllib.request
-
-    headers = {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"} if byte_range else {}
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_HTTP_TIMEOUT)
-
-
-def read_range(url: str, start: int, view: memoryview) -> int:
-    """Reads bytes [start, start + len(view)) of a shard into `view`; returns the count read
-    (fewer where the shard ends sooner). Files seek, HTTP asks for the range (a server that
-    ignores Range is read up to it); pipe: streams are read from the start (the wds backend
-    keeps them open between reads instead)."""
-    if not len(view):
-        return 0
-    local = _local(url)
-    if local is not None:
-        with open(local, "rb", buffering=0) as f:
-            f.seek(start)
-            return _fill(f, view)
-    if url.startswith("pipe:"):
-        with open_stream(url) as f:
-            _discard(f, start)
-            return _fill(f, view)
-    with _http(url, (start, start + len(view))) as r:
-        if r.status != 206:
-            _discard(r, start)
-        return _fill(r, view)
-
-
-def _fill(f, view: memoryview) -> int:
-    """Reads into `view` until it is full or `f` ends; the count read."""
-    got = 0
-    readinto = getattr(f, "readinto", None)  # webdataset's Pipe has read() only
-    while got < len(view):
-        if readinto is not None:
-            k = readinto(view[got:])
-        else:
-            chunk = f.read(min(len(view) - got, 1 << 20))
-            k = len(chunk)
-            view[got:got + k] = chunk
-        if not k:
-            break
-        got += k
-    return got
-
-
-def _discard(f, n: int) -> int:
-    left = n
-    while left > 0:
-        chunk = f.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        left -= len(chunk)
-    return n - left
-
-
 def _expand(source: Any) -> list[str]:
+    """The shard URLs a source names: each path or URL brace-expanded (a-{000..009}.tar)."""
     from braceexpand import braceexpand  # webdataset's own dependency
 
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
@@ -214,49 +63,33 @@ def _expand(source: Any) -> list[str]:
     return urls
 
 
-def _index_location(url: str) -> str:
-    """Where an index written by fastdata-shard for these shards would be: <prefix>-index.json
-    next to them, <prefix> the shard name before its number (train-000003.tar -> train)."""
-    head, _, name = url.rpartition("/")
-    stem = name[: -len(".tar")] if name.endswith(".tar") else name
-    prefix = stem.rstrip("0123456789").rstrip("-_. ")
-    index = f"{prefix}-index.json" if prefix else "index.json"
-    return f"{head}/{index}" if head else index
-
-
 def _load_index(urls: list[str]) -> tuple[dict | None, str]:
-    from .shard import INDEX_FORMAT, read_index
-
-    where = _index_location(urls[0])
+    """(the index next to the shards, or None where there is none or it cannot be had; where it
+    would be). A local index that is not a valid one raises ValueError (`read_index`)."""
+    where = index_location(urls[0])
     if urls[0].startswith("pipe:"):
         return None, where
-    local = _local(where)
+    local = local_path(where)
     if local is not None:
         return (read_index(local) if os.path.exists(local) else None), where
-    import json
-    import urllib.error
-
     try:
-        with _http(where, None) as r:
+        with open_http(where) as r:
             index = json.loads(r.read())
     except urllib.error.HTTPError:  # no index there (404): the shards get scanned
         return None, where
     except (OSError, ValueError):
         return None, where  # unreachable: the shards' own reads will say so
-    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != 1:
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != INDEX_VERSION:
         return None, where
     return index, where
 
 
 def scan_shard(url: str) -> Scan:
-    """The samples of a shard without an index, from its tar headers (`shard.scan_tar`:
+    """The samples of a shard without an index, from its tar headers (`tarformat.scan_tar`:
     webdataset's grouping, consecutive members with one key are a sample; a damaged header is
-    stepped over and its loss joined to a sample that reports it when read): a `shard.Scan`.
+    stepped over and its loss joined to a sample that reports it when read): a `tarformat.Scan`.
     Raises DataError for a file in which no valid tar header is found."""
-    from .errors import DataError
-    from .shard import scan_tar
-
-    local = _local(url)
+    local = local_path(url)
     with (open(local, "rb") if local is not None else open_stream(url)) as f:
         scan = scan_tar(f, os.fstat(f.fileno()).st_size if local is not None else None)
     if scan.damage and not scan.has_members:
@@ -333,15 +166,10 @@ def shards(source: Any, progress: bool = True) -> Shards:
     which the loader reads in byte ranges spread over workers, so checking it would read the
     dataset once more before the first batch, and a mismatch would not say which sample is
     wrong. Damage a header scan finds is warned about here and reported by the sample it is
-    joined to when read (`shard.scan_tar`), as on_error says."""
-    import warnings
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .errors import DataError
-
+    joined to when read (`tarformat.scan_tar`), as on_error says."""
     urls = _expand(source)
     for url in urls:
-        local = _local(url)
+        local = local_path(url)
         if local is not None and not os.path.exists(local):
             raise FileNotFoundError(f"shard {url!r} does not exist")
     index, where = _load_index(urls)
@@ -363,7 +191,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
         if entry is None:
             continue
         nbytes, k, sp, ct = entry
-        local = _local(url)
+        local = local_path(url)
         size = os.path.getsize(local) if local is not None else nbytes
         if size != nbytes:
             # Shorter: most likely cut off, and the index names what is lost. Longer: rewritten.
@@ -396,10 +224,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
             except DataError:
                 raise
             except Exception as e:  # OSError, URLError, tarfile errors
-                raise DataError(f"cannot read shard {urls[s]}: {_cause(e)}", path=urls[s]) from None
-
-        import sys
-        import time
+                raise DataError(f"cannot read shard {urls[s]}: {describe_error(e)}", path=urls[s]) from None
 
         start, shown = time.monotonic(), False
         with ThreadPoolExecutor(min(8, len(todo))) as pool:
@@ -422,34 +247,3 @@ def shards(source: Any, progress: bool = True) -> Shards:
                   contents, indexed)
 
 
-def _cause(e: BaseException) -> str:
-    if isinstance(getattr(e, "code", None), int):  # urllib's HTTPError
-        return f"HTTP {e.code} {getattr(e, 'reason', '')}".strip()
-    reason = getattr(e, "reason", None)  # urllib's URLError
-    if reason is not None:
-        return f"{type(e).__name__}: {reason}"
-    return getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
-
-
-def is_image_source(source: Any) -> bool:
-    if isinstance(source, (str, os.PathLike)):
-        return True
-    if isinstance(source, (list, tuple)) and source:
-        first = source[0]
-        if isinstance(first, (str, os.PathLike)):
-            return True
-        if isinstance(first, (list, tuple)) and len(first) == 2 and isinstance(first[0], (str, os.PathLike)):
-            return True
-    return False
-
-
-def resolve(source: Any) -> Samples | Shards:
-    """What an image source names: Shards for shards, else Samples (files)."""
-    if is_shard_source(source):
-        return shards(source)
-    if isinstance(source, (str, os.PathLike)):
-        return image_folder(source)
-    if isinstance(source, (list, tuple)) and source and isinstance(source[0], (str, os.PathLike)):
-        raise ValueError(f"a list of paths should name WebDataset shards (.tar), but {os.fspath(source[0])!r} "
-                         "is not one; a file list holds (path, label) pairs")
-    return file_list(source)

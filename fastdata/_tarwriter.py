@@ -1,0 +1,199 @@
+"""How `fastdata.shard` writes shards' bytes: USTAR headers with fixed fields (so that a shard is
+the same bytes on every run and Python version), one shard written through a temporary name,
+and a pool of processes that writes many, with one progress line for all."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tarfile
+import threading
+import time
+from typing import Any, Callable
+
+from .errors import DataError
+from .sources.tarformat import BLOCK, padded
+
+END = b"\0" * (2 * BLOCK)  # the end of a tar archive
+_CHUNK = 1 << 20
+
+
+# ----------------------------------------------------------------- tar layout
+
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _header(name: str, size: int) -> bytes:
+    """The USTAR header of a regular file `name` of `size` bytes with fixed fields (mode 0644,
+    uid/gid 0, empty owner names, mtime 0), written out here so that the bytes do not depend on
+    the Python version's tarfile."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100:
+        raise ValueError(f"tar member name {name!r} is longer than USTAR's 100 bytes")
+    h = bytearray(BLOCK)
+    h[0:len(raw)] = raw
+    h[100:108] = _octal(0o644, 8)
+    h[108:116] = _octal(0, 8)  # uid
+    h[116:124] = _octal(0, 8)  # gid
+    h[124:136] = _octal(size, 12)
+    h[136:148] = _octal(0, 12)  # mtime
+    h[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    h[156:157] = tarfile.REGTYPE
+    h[257:265] = b"ustar\x0000"  # magic and version
+    # devmajor, devminor, linkname, owner names, prefix: empty (NUL), as tarfile leaves them
+    h[148:155] = b"%06o\0" % sum(h)
+    assert len(h) == BLOCK
+    return bytes(h)
+
+
+def member_ext(path: str) -> str:
+    """The extension of the tar member that holds the file `path`: its own, lowercased, jpeg ->
+    jpg; ValueError for a file without one."""
+    ext = os.path.splitext(path)[1][1:].lower()
+    if not ext:
+        raise ValueError(f"{path} has no file extension, which its tar member would be named by (e.g. .jpg)")
+    return "jpg" if ext == "jpeg" else ext
+
+
+def sample_bytes(size: int, cls_size: int) -> int:
+    """The bytes a sample takes in a shard: an image member of `size` bytes and a cls member of
+    `cls_size`, each a header and its padded data."""
+    return 2 * BLOCK + padded(size) + padded(cls_size)
+
+
+# ----------------------------------------------------------------- writing shards
+
+# (samples, bytes) written so far by all workers, and its lock (set in pool workers).
+_SHARED: tuple[Any, Any] | None = None
+
+
+def _init_worker(counts, lock) -> None:
+    global _SHARED
+    _SHARED = (counts, lock)
+
+
+def _shared_tick(samples: int, nbytes: int) -> None:
+    if _SHARED is not None:
+        counts, lock = _SHARED
+        with lock:
+            counts[0] += samples
+            counts[1] += nbytes
+
+
+def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) -> dict:
+    """Writes one shard through its temporary name; returns its index entry."""
+    final, tmp, samples = job
+    digest = hashlib.sha256()
+    samples_index, members = [], []
+    offset = 0
+
+    def put(data: bytes) -> None:
+        nonlocal offset
+        f.write(data)
+        digest.update(data)
+        offset += len(data)
+
+    try:
+        with open(tmp, "wb") as f:
+            for key, path, ext, label, size in samples:
+                start = offset
+                put(_header(f"{key}.{ext}", size))
+                data_offset = offset
+                got = 0
+                try:
+                    with open(path, "rb") as src:
+                        while chunk := src.read(_CHUNK):
+                            got += len(chunk)
+                            if got > size:
+                                break
+                            put(chunk)
+                except OSError as e:
+                    raise DataError(f"cannot read {path}: {e.strerror or e}", path=path) from None
+                if got != size:
+                    raise DataError(f"{path} changed size while being sharded ({size} bytes, then {got})", path=path)
+                put(b"\0" * (padded(size) - size))
+                cls = b"%d" % label
+                put(_header(f"{key}.cls", len(cls)))
+                cls_offset = offset
+                put(cls + b"\0" * (padded(len(cls)) - len(cls)))
+                samples_index.append([key, start, offset - start])
+                members.append([key, [[ext, data_offset, size], ["cls", cls_offset, len(cls)]]])
+                tick(1, offset - start)
+            put(END)
+        tick(0, len(END))
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {"name": os.path.basename(final), "samples": len(samples), "bytes": offset, "sha256": digest.hexdigest(),
+            "samples_index": samples_index, "members": members}
+
+
+class Progress:
+    """The progress line on stderr (samples and MB written, MB/s), redrawn at most 4 times a
+    second; nothing when not `enabled`."""
+
+    def __init__(self, enabled: bool, what: str, total: int) -> None:
+        self.enabled, self.what, self.total = enabled, what, total
+        self.start = self.last = time.monotonic()
+        self.samples = self.bytes = 0
+
+    def show(self, final: bool = False, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not (final or force) and now - self.last < 0.25:
+            return
+        self.last = now
+        rate = self.bytes / 1e6 / max(now - self.start, 1e-6)
+        print(f"\rshards {self.what}: {self.samples}/{self.total} samples, {self.bytes / 1e6:.1f} MB, {rate:.1f} MB/s",
+              end="\n" if final else "", file=sys.stderr, flush=True)
+
+    def tick(self, samples: int, nbytes: int) -> None:
+        self.samples += samples
+        self.bytes += nbytes
+        self.show()
+
+
+def write_all(jobs: list[tuple], workers: int, progress: Progress) -> list[dict]:
+    """Writes the shards `jobs` names ((final path, temporary path, samples) each) with up to
+    `workers` processes; returns their index entries in job order. The first failure stops the
+    others and is raised."""
+    if workers <= 1 or len(jobs) == 1:
+        return [_write_shard(job, progress.tick) for job in jobs]
+    import multiprocessing
+
+    # fork where there is one: the children need nothing imported again.
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    counts, lock = ctx.RawArray("q", 2), ctx.Lock()
+    finished = threading.Event()
+    failed: list[BaseException] = []
+    left = [len(jobs)]
+
+    def done(_):
+        left[0] -= 1
+        if not left[0]:
+            finished.set()
+
+    def error(e):
+        failed.append(e)
+        finished.set()
+
+    with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counts, lock)) as pool:
+        pending = [pool.apply_async(_write_shard, (job,), callback=done, error_callback=error) for job in jobs]
+        while not finished.wait(0.1):
+            with lock:
+                progress.samples, progress.bytes = counts[0], counts[1]
+            progress.show()
+        if failed:
+            raise failed[0]  # leaving the with block terminates the other workers
+        results = [r.get() for r in pending]
+    progress.samples, progress.bytes = counts[0], counts[1]
+    return results
+

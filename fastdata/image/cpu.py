@@ -1,0 +1,132 @@
+"""Who decodes on the CPU: DataLoader's worker processes (its processes, seeding, timeouts and
+dead-worker detection), each batch one task: read its samples, decode them into a slot of the
+worker's shared-memory ring (`BatchTask`). With num_workers=0 the training process runs the
+tasks, the native decoder with its own threads. The slot reaches the training process as a
+leased tensor (`fastdata._buffers`): no collation copy, no per-batch allocation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from .._trace import trace_range
+from .._workers import (NoWatchdog, Watchdog, pass_end, shutdown_workers, stall_limit, start_method,
+                        workers_running)
+from ..errors import DataError
+from .decode import BatchDecoder
+from .order import BatchOrder, Passes
+
+
+class BatchTask(Dataset):
+    """Map-style over batch keys (DataLoader asks for whole batches: `__getitems__`): reads
+    a batch with `reader` and decodes it with `decoder`. Gives (images, labels, errors, sample
+    ids, stage seconds or None)."""
+
+    def __init__(self, reader: Any, decoder: BatchDecoder) -> None:
+        self.reader, self.decoder = reader, decoder
+        self.timing = False  # stage timing (fastdata.profile turns it on): off, it costs one check a batch
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, key):
+        return self.__getitems__([key])
+
+    def __getitems__(self, keys):
+        """In a worker a DataError is returned as the batch, not raised: it reaches the
+        training process as itself (one line, with its path and member), where DataLoader would
+        re-raise it as a new exception whose message is the worker's traceback."""
+        try:
+            if not self.timing:
+                return *self.decoder.decode(self.reader.read(keys)), None
+            info = get_worker_info()
+            stages = {"worker": info.id if info is not None else -1}
+            t = time.perf_counter()
+            with trace_range("fastdata.read"):
+                read = self.reader.read(keys)
+            stages["read"] = time.perf_counter() - t
+            return *self.decoder.decode(read, stages=stages), stages
+        except DataError as e:
+            if get_worker_info() is None:
+                raise
+            return e
+
+
+def _first(batch):
+    return batch
+
+
+class CpuWorkers:
+    """Runs `task` over the batches of `order` in DataLoader's workers, one pass at a time."""
+
+    def __init__(self, order: BatchOrder, task: BatchTask, workers: int, timeout: float,
+                 prefetch_factor: int | None, pin: bool, persistent: bool, run_ahead: bool) -> None:
+        self.task = task
+        self.persistent = persistent and workers > 0
+        self.passes = Passes(order, run_ahead=self.persistent and run_ahead)
+        self.timeout = timeout
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra.update(prefetch_factor=prefetch_factor, persistent_workers=self.persistent)
+        self.loader = DataLoader(task, batch_sampler=self.passes, collate_fn=_first, num_workers=workers,
+                                 timeout=stall_limit(timeout) if workers else 0, pin_memory=pin, **extra)
+        self._ahead: tuple[int, int] | None = None  # (epoch, batch) the running workers deliver next
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers
+
+    @property
+    def timing(self) -> bool:
+        return self.task.timing
+
+    def set_timing(self, on: bool) -> bool:
+        """Not when persistent workers already run: they hold their own copy of the flag."""
+        if on and workers_running(self.loader):
+            return False
+        self.task.timing = on
+        return True
+
+    def ready_ahead(self) -> int:
+        return (self.num_workers or 1) * (self.loader.prefetch_factor or 2) + 1
+
+    def in_process(self) -> bool:
+        return self.num_workers == 0
+
+    def open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Callable[[], None]]:
+        """(the raw batches from batch `skip` of `epoch` on, the pass's end)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead == (epoch, skip):
+            return self.loader._iterator, lambda: None  # persistent workers, already running ahead (see Passes)
+        self.passes.seek(epoch, skip)
+        starting = self.num_workers > 0 and not workers_running(self.loader)
+        if starting:
+            self.loader.multiprocessing_context = start_method(None)
+        rings = self.task.decoder.rings.begin_pass() if starting else None
+        it = iter(self.loader)  # (persistent workers: drops what they had under way)
+        end = pass_end(it, rings, self.persistent)
+        if self.num_workers:
+            return it, end
+        reader = self.task.reader
+
+        def end_here() -> None:  # the reader ran in this process: its threads stop with the pass
+            end()
+            reader.close()
+
+        return it, end_here
+
+    def epoch_done(self, epoch: int) -> None:
+        """The epoch's last batch is out: running-ahead workers are already on the next."""
+        if self.passes.run_ahead:
+            self._ahead = (epoch + 1, 0)
+
+    def watchdog(self, it: Any) -> Watchdog | NoWatchdog:
+        return Watchdog(it, self.timeout) if self.num_workers else NoWatchdog()
+
+    def shutdown(self) -> None:
+        """Persistent workers shut down now (after an error: the next pass starts fresh ones)."""
+        shutdown_workers(self.loader)
+        self._ahead = None

@@ -1,0 +1,312 @@
+"""Who decodes with DALI: an NVIDIA DALI pipeline decodes, crops, resizes and flips.
+
+fastdata keeps everything that decides *which* pixels a batch holds, so `dali` gives the same
+batches as `pil` and `wds`: the same order and reader (files or shards, as with 0 workers),
+the same resume, the same checks, and the same crop window and flip for each sample (fastdata's
+own parameter sampling, `transforms.plan`). The training process reads each batch's bytes,
+checks them (whole file, readable header, within the pixel limit: what would make DALI fail
+is caught before DALI sees it), plans the geometry, and feeds DALI through
+`fn.external_source`: encoded bytes, crop windows, output sizes and flips. DALI runs the
+lowering of `fastdata.transforms.dali` (only the window is decoded, on the GPU with
+device="mixed" when the target is CUDA; then resize and flip) in its own threads, prefetching
+ahead. The uint8 NHWC batch is copied into a reused slot (or a CUDA tensor); Normalize, dtype
+and the batch ops run in the device stage as on the other backends.
+
+DALI's own readers (`readers.file`, `readers.webdataset`) are not used: their order, sharding
+and shuffle are DALI's, not a function of (seed, epoch), they cannot resume mid-epoch, and
+the crop parameters have to be fed per sample anyway. On a GPU the expensive part, the
+decode, is nvJPEG's either way.
+
+A sample that passes the checks and still fails in DALI stops the pipeline: the batches in
+flight are decoded with Pillow to find the culprit, which raises `DataError` naming it, or
+with on_error="skip" is left out while a fresh pipeline takes over from the first batch not
+delivered. The pipeline is built at a pass's first batch and shut down at its end, whole or
+not: its threads are never left for the garbage collector (see `_Feed`).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import time
+import weakref
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from .._buffers import new_batch
+from .._workers import NoWatchdog, hold_threads, release_threads
+from ..errors import DataError
+from ..transforms import dali as lowering
+from .decode import BatchDecoder
+from .order import BatchOrder, Passes
+
+logger = logging.getLogger("fastdata")
+
+
+# The formats DALI's image decoders read, by Pillow's names for them (MPO: a JPEG with a
+# multi-picture index, as cameras write).
+_DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM", "JPEG2000", "WEBP"})
+
+
+def _placeholder() -> bytes:
+    """A tiny JPEG fed in place of a batch whose samples were all left out (DALI takes no
+    empty batch); its output is dropped."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, "JPEG")
+    return out.getvalue()
+
+
+class _Feed:
+    """DALI's external source: iterating it gives the live pass's inputs, from the batch the
+    pass starts at. It holds the decoders weakly: a strong reference would close a cycle
+    (decoders, pipeline, source, decoders) that only the garbage collector frees, and a forked
+    child may run that collection on a pipeline whose threads it does not have, and block."""
+
+    def __init__(self, owner: "DaliDecoders") -> None:
+        self.owner = weakref.ref(owner)
+        self.live: Iterator[tuple] | None = None
+
+    def __iter__(self):
+        self.live = self.owner()._feed()
+        return self.live
+
+    def close(self) -> None:
+        """Ends the generator handed to DALI, which refers to the decoders: DALI may keep it in
+        reference cycles of its own after the pipeline is gone."""
+        if self.live is not None:
+            self.live.close()
+            self.live = None
+
+
+class _Retry(Exception):
+    """The pipeline is restarted from the first batch not delivered, without the culprits."""
+
+
+class DaliDecoders:
+    """Runs a DALI pipeline over the batches of `order`, read by `reader` and checked by
+    `decoder` in this process, one pass at a time. `threads` is DALI's CPU thread count (the
+    loader's num_workers, at least one), `depth` its prefetch queue."""
+
+    def __init__(self, order: BatchOrder, reader: Any, decoder: BatchDecoder, *, batch_size: int, threads: int,
+                 depth: int, device: torch.device, seed: int, on_error: str, hw_decoder_load: float,
+                 copy_inputs: bool) -> None:
+        lowering.require()
+        self.passes = Passes(order)
+        self.reader, self.decoder = reader, decoder
+        self.batch_size, self.threads, self.depth = batch_size, threads, depth
+        self.device, self.seed, self.on_error = device, seed, on_error
+        self.hw_decoder_load = hw_decoder_load
+        self.copy_inputs = copy_inputs  # a shard's samples are views of the reader's buffers, refilled sooner
+        self.timing = False
+        self._pipe = None  # built at a pass's first batch, shut down at its end (see close)
+        self._source: _Feed | None = None  # the pipeline's external source
+        self._meta: collections.deque = collections.deque()
+        self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
+        self._dummy = _placeholder()
+        self._fed = [0.0, 0.0]  # with stage timing: the feed's wall and CPU seconds so far
+        self._drained = 0
+
+    @property
+    def num_workers(self) -> int:
+        return self.threads
+
+    def set_timing(self, on: bool) -> bool:
+        self.timing = on
+        return True
+
+    def ready_ahead(self) -> int:
+        return self.depth + 1
+
+    def in_process(self) -> bool:
+        return True
+
+    def watchdog(self, it: Any) -> NoWatchdog:
+        return NoWatchdog()
+
+    def epoch_done(self, epoch: int) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Callable[[], None]]:
+        """(the decoded batches from batch `skip` of `epoch` on, the pass's end)."""
+        self.passes.seek(epoch, skip)
+        self._drained = skip  # batches of the epoch that came out: where a restarted pipeline starts
+        close = weakref.WeakMethod(self.close)  # the loader keeps its pass's end: no cycle through it
+
+        def end() -> None:
+            live = close()
+            if live is not None:
+                live()
+
+        return self._outputs(epoch), end
+
+    def close(self) -> None:
+        """Shuts the pipeline and its threads down now: at the end of every pass, whole or
+        not, and after an error. Nothing is left for the garbage collector (see _Feed)."""
+        pipe, self._pipe = self._pipe, None
+        self._meta.clear()
+        try:
+            if pipe is not None:
+                release_threads(pipe)
+                pipe._shutdown()  # DALI's own teardown, which its __del__ and atexit hook call: joins its threads
+        finally:
+            if self._source is not None:
+                self._source.close()
+            self.reader.close()  # the shard reader's read-ahead thread, in this process
+
+    # ------------------------------------------------------------- the pipeline
+
+    def _build(self):
+        from nvidia.dali import fn, pipeline_def
+
+        gpu = self.device.type == "cuda"
+        device_id = self.device.index if self.device.index is not None else (torch.cuda.current_device() if gpu else None)
+        # The graph's function closes over these values, not over self: DALI keeps the
+        # function in reference cycles of its own, which would keep the decoders alive with them.
+        feed = self._source = _Feed(self)
+        no_copy, load = not self.copy_inputs, self.hw_decoder_load
+
+        @pipeline_def(batch_size=self.batch_size, num_threads=self.threads, device_id=device_id, seed=self.seed,
+                      prefetch_queue_depth=self.depth)
+        def pipeline():
+            # Fed without a copy where the inputs outlive the batch (they wait in _meta until
+            # their batch is out).
+            datas, starts, shapes, sizes, flips = fn.external_source(
+                source=feed, num_outputs=5, batch=True, cycle="raise", no_copy=no_copy)
+            images = lowering.decode_window(datas, starts, shapes, gpu=gpu, hw_decoder_load=load)
+            return lowering.flip(lowering.resize(images, sizes), flips)
+
+        pipe = pipeline()
+        pipe.build()
+        return pipe
+
+    def _feed(self) -> Iterator[tuple]:
+        """The pass's batches as DALI's inputs; each batch's checked samples and errors wait in
+        `_meta` for its output."""
+        for keys in self.passes:
+            timing = self.timing
+            if timing:
+                wall, cpu = time.perf_counter(), time.thread_time()
+            epoch, index, paths, datas, labels, errors = self.reader.read(keys)
+            if self._bad:
+                keep = [j for j, i in enumerate(index.tolist()) if i not in self._bad]
+                for j in sorted(set(range(len(index))) - set(keep)):
+                    self.decoder.fail(errors, paths[j], self._bad[int(index[j])])
+                index, labels = index[keep], labels[keep]
+                paths, datas = [paths[j] for j in keep], [datas[j] for j in keep]
+            c = self.decoder.check(epoch, index, paths, datas, labels, errors)
+            n = len(c.datas)
+            if n == 0:
+                inputs = ([np.frombuffer(self._dummy, np.uint8)], [np.zeros(2, np.float32)], [np.full(2, 8, np.float32)],
+                          [np.full(2, 8, np.float32)], [np.zeros((), np.int32)])
+            else:
+                starts, shapes = lowering.window_inputs(c.geo.windows())
+                w, h = c.size
+                inputs = ([np.frombuffer(d, np.uint8) for d in c.datas], starts, shapes,
+                          [np.array([h, w], np.float32)] * n, list(c.geo.flips.astype(np.int32)))
+            if timing:  # the read and the header checks, in this thread: the stage "read"
+                self._fed[0] += time.perf_counter() - wall
+                self._fed[1] += time.thread_time() - cpu
+            self._meta.append((c, errors, n, inputs))  # fed without a copy: kept alive until the batch is out
+            yield inputs
+
+    def _pipeline(self):
+        if self._pipe is None:
+            self._meta.clear()
+            self._pipe = self._build()
+            hold_threads(self._pipe)  # worker loaders start by forkserver while it lives
+        return self._pipe
+
+    def _outputs(self, epoch: int) -> Iterator[tuple]:
+        while True:
+            pipe = self._pipeline()
+            try:
+                yield from self._drain(pipe)
+                return
+            except _Retry:
+                self.passes.seek(epoch, self._drained)
+                self.close()
+
+    def _drain(self, pipe) -> Iterator[tuple]:
+        while True:
+            timing = self.timing
+            if timing:
+                cpu, fed = time.process_time(), self._fed[:]
+            try:
+                (images,) = pipe.run()
+            except StopIteration:
+                return
+            except DataError:  # from the feed: a file that failed the checks, with on_error="raise"
+                self.close()
+                raise
+            except RuntimeError as e:
+                self._isolate(e)  # raises DataError, or _Retry without the culprits
+                raise
+            c, errors, n, _ = self._meta.popleft()
+            self._drained += 1
+            labels = torch.from_numpy(np.ascontiguousarray(c.labels))
+            if not timing:
+                yield self._copy_out(images, n, c.size), labels, errors, c.index, None
+                continue
+            # Stage seconds: "read" (the feed's wall time, as the workers'), "decode" (the CPU
+            # seconds of the whole process during run(), less the feed's: DALI's threads
+            # decoding, resizing and flipping) and "collate" (the copy out of DALI's buffer).
+            t = time.process_time()
+            stages = {"worker": -1, "read": self._fed[0] - fed[0], "decode": t - cpu - (self._fed[1] - fed[1]),
+                      "images": n}
+            out = self._copy_out(images, n, c.size)
+            stages["collate"] = time.process_time() - t
+            yield out, labels, errors, c.index, stages
+
+    def _copy_out(self, images, n: int, size: tuple[int, int]):
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        w, h = size
+        if n == 0:
+            return torch.empty((0, h, w, 3), dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
+        tensor = images.as_tensor()
+        if self.device.type == "cuda":
+            out = torch.empty((n, h, w, 3), dtype=torch.uint8, device=self.device)
+            feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
+            return out
+        ring = self.decoder.rings.ring()
+        try:
+            target, handle = new_batch(ring, (n, h, w, 3), torch.uint8)
+            feed_ndarray(tensor, target)
+        finally:
+            ring.end()
+        return handle
+
+    def _isolate(self, error: RuntimeError) -> None:
+        """DALI failed on a batch in flight: find the samples Pillow cannot decode either."""
+        from PIL import Image
+
+        culprits = []
+        for c, _, _, _ in self._meta:
+            for i, path, data in zip(c.index.tolist(), c.paths, c.datas):
+                try:
+                    with Image.open(io.BytesIO(data)) as img:
+                        img.load()
+                        kind = img.format
+                except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
+                    culprits.append((i, path, f"cannot decode ({type(e).__name__}: {e})"))
+                    continue
+                if kind not in _DALI_FORMATS:  # a GIF named .jpg, say: Pillow's, not DALI's
+                    culprits.append((i, path, f"DALI cannot decode {kind} images (backend 'pil' can)"))
+        self.close()  # first: it may still hold the inputs fed without a copy
+        if not culprits:
+            raise DataError(f"DALI failed on a batch whose images all decode with Pillow: {error}") from error
+        if self.on_error == "raise":
+            i, path, cause = culprits[0]
+            raise DataError(f"cannot read {path}: {cause} (backend 'dali')", path=path) from None
+        for i, path, cause in culprits:
+            self._bad[i] = cause
+        logger.warning("DALI failed on %d sample(s); restarting its pipeline without them", len(culprits))
+        raise _Retry()

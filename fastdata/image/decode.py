@@ -1,0 +1,197 @@
+"""Decoding a batch: check -> plan geometry -> decode into a slot -> pixel ops.
+
+`BatchDecoder.check` walks each image's structure (a file cut short is refused whatever the
+crop; see `check_complete`), sizes it from its header, refuses it above the pixel limit, and
+plans every sample's geometry at once (`transforms.plan`): the same checks on every backend,
+before any decode. `BatchDecoder.decode` then decodes each image straight into its row of a
+slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aware decoder
+(only the crop window, at a reduced DCT scale when it is at least twice the output), the rest
+with Pillow (Pillow-SIMD when installed); then the CPU pixel ops (ColorJitter, TrivialAugment)
+run on the rows in place. The `dali` backend runs `check` only: DALI decodes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from .. import _decode  # the native decoder when built (AVAILABLE), the structure checks always
+from .._buffers import ProcessRings, new_batch
+from .._cores import usable_cores
+from .._trace import trace_range
+from ..transforms import Compose
+from ..transforms import pil as pil_lowering
+from ..transforms.plan import plan_geometry, plan_pixels
+from .read import Failures, Read
+
+
+def _native_jpeg() -> bool:
+    return _decode.AVAILABLE
+
+
+def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
+    """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
+    height). JPEGs and PNGs are walked from their signature to their end marker (`_decode.
+    inspect_batch`: a file cut short is refused whatever the crop, and whatever Pillow's
+    LOAD_TRUNCATED_IMAGES says; bytes after the end are accepted, as Pillow does); other formats
+    are sized by Pillow. An image whose header claims more than `_decode.MAX_IMAGE_PIXELS` is
+    refused here, before any decoder allocates for it (DALI included)."""
+    limit = _decode.MAX_IMAGE_PIXELS
+    out = []
+    for data, (cause, kind, w, h) in zip(datas, _decode.inspect_batch(datas, jpeg_headers=_native_jpeg())):
+        if cause is None and not kind:
+            from PIL import Image, UnidentifiedImageError
+
+            try:
+                w, h = pil_lowering.size_of(data)
+            except UnidentifiedImageError:
+                cause = f"not a readable image (Pillow knows no format that starts with {bytes(data[:8])!r})"
+            except Image.DecompressionBombError as e:
+                cause = f"over the pixel limit of {limit} ({e})"
+            except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...
+                cause = f"not a readable image ({type(e).__name__}: {e})"
+        if cause is None and w * h > limit:
+            cause = f"the header claims {w}x{h} = {w * h} pixels, over the limit of {limit} (a decompression bomb?)"
+        out.append((cause, kind == "jpeg", w, h))
+    return out
+
+
+@dataclass
+class Checked:
+    """A batch's samples that passed `check`: ids, names, bytes, labels, which are JPEGs, and
+    their planned geometry (`geo.boxes`, `geo.flips`, one output size)."""
+
+    index: np.ndarray
+    paths: list[str]
+    datas: list
+    labels: np.ndarray
+    jpeg: np.ndarray
+    geo: Any
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the output images; (0, 0) for no samples."""
+        return (int(self.geo.sizes[0][0]), int(self.geo.sizes[0][1])) if len(self.datas) else (0, 0)
+
+
+class BatchDecoder:
+    """Checks and decodes batches into slots of this process's ring (picklable: it travels to
+    the worker processes)."""
+
+    def __init__(self, transform: Compose | None, seed: int, fail: Failures, slots: int, pin: bool) -> None:
+        self.geometry = transform.geometry if transform is not None else ()
+        self.pixel_ops = transform.pixel_ops if transform is not None else ()
+        self.seed = seed
+        self.fail = fail
+        self.rings = ProcessRings(slots, pin)
+
+    def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
+              errors: list[tuple[str, str]]) -> "Checked":
+        """The samples that are whole images within the pixel limit (`_check_complete`), with
+        their sizes (from the headers) and planned geometry; the others fail (raise, or are
+        recorded in `errors`). The same checks on every backend, before any decode."""
+        ok, sizes, jpeg = [], [], []
+        for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, check_complete(datas))):
+            if cause is not None:
+                self.fail(errors, path, cause)
+                continue
+            ok.append(j)
+            sizes.append((w, h))
+            jpeg.append(is_jpeg)
+        sizes = np.array(sizes, dtype=np.int64).reshape(-1, 2)
+        jpeg = np.array(jpeg, dtype=bool)
+        sel = index[ok]
+        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
+        if len(ok) and (geo.sizes != geo.sizes[0]).any():
+            odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
+            raise ValueError(
+                f"images in a batch should have one size, but {paths[ok[0]]} is {geo.sizes[0][0]}x{geo.sizes[0][1]} and "
+                f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
+                f"e.g. transform=fastdata.transforms.imagenet_train(224)"
+            )
+        return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo)
+
+    def decode(self, read: Read, stages: dict | None = None):
+        """(images, labels, errors, ids) of a batch as read: its images (NHWC, in a slot of this
+        process's ring) and labels; a sample that fails is left out (or raises). With `stages`,
+        the seconds of decode (with the header checks), cpu_transforms and collate (closing
+        the gaps of failed samples) go in it."""
+        epoch, index, paths, datas, labels, errors = read
+        # CPU seconds of this process, not wall time: under contention (workers sharing the
+        # cores with the training process) wall time counts the waits for a core too, and the
+        # profiler's rate model needs what an image costs.
+        clock = time.process_time if stages is not None else None
+        t0 = clock() if clock else 0.0
+        c = self.check(epoch, index, paths, datas, labels, errors)
+        sel, datas, labels, jpeg, geo = c.index, c.datas, c.labels, c.jpeg, c.geo
+        n = len(datas)
+        out_w, out_h = c.size
+        native = _native_jpeg()
+
+        ring = self.rings.ring()
+        try:
+            target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
+            with trace_range("fastdata.decode"):
+                failed = self._decode_into(target, datas, jpeg, geo, c.paths, errors, native)
+            if clock:
+                t1 = clock()
+                stages["decode"] = t1 - t0
+            if self.pixel_ops:
+                plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
+                with trace_range("fastdata.cpu_transforms"):
+                    for k in range(n):
+                        if k not in failed:
+                            pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
+        finally:
+            ring.end()
+        if clock:
+            t2 = clock()
+            stages["cpu_transforms"] = t2 - t1
+            stages["images"] = n
+        if failed:
+            # Close the gaps the failed samples left, so the batch stays one block.
+            good = [k for k in range(n) if k not in failed]
+            for dst, src in enumerate(good):
+                if dst != src:
+                    target[dst].copy_(target[src])
+            handle = handle.narrow(0, 0, len(good))
+            labels = labels[good]
+            sel = sel[good]
+        if clock:
+            stages["collate"] = clock() - t2
+        return handle, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)), errors, sel
+
+    def _decode_into(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
+        failed: set[int] = set()
+        size = (target.shape[2], target.shape[1])
+        pillow = [k for k in range(len(datas)) if not (native and jpeg[k])]
+        if native:
+            js = [k for k in range(len(datas)) if jpeg[k]]
+            if js:
+                crops = geo.windows()[js]
+                threads = 1 if get_worker_info() is not None else usable_cores()
+                chw = target.permute(0, 3, 1, 2)
+                out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
+                results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads)
+                if out is not chw:
+                    chw[js] = out
+                for k, err in zip(js, results):
+                    if err is None:
+                        continue
+                    if "color space" in err:  # CMYK and the like: Pillow handles them
+                        pillow.append(k)
+                    else:
+                        failed.add(k)
+                        self.fail(errors, paths[k], f"corrupt JPEG ({err})")
+        for k in pillow:
+            try:
+                target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size)
+            except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
+                failed.add(k)
+                self.fail(errors, paths[k], f"cannot decode ({type(e).__name__}: {e})")
+        return failed

@@ -1,0 +1,272 @@
+"""`ImageLoader`: image mode's Loader, which every image backend is.
+
+A backend is three parts (see `fastdata.backends`): an order (which samples each batch holds,
+`order.py`), a reader (their bytes, `read.py`, `read_shards.py`) and who decodes them (CPU
+workers, `cpu.py`; DALI, `dali.py`). The loader validates the call, builds the parts, and runs
+the passes: it takes the decoded batches the parts give, in order, hands each to the device
+stage (`fastdata.device`), counts what it delivers and skips (`stats`), and keeps the resume
+point (`state_dict`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import warnings
+from typing import Any, Iterator
+
+import torch
+
+from .._trace import trace_range
+from ..backends.base import Loader, resolve_workers
+from ..device import DeviceStage, prefetch
+from ..errors import DataError
+from ..transforms import Compose
+from .cpu import BatchTask, CpuWorkers
+from .decode import BatchDecoder
+from .order import BatchOrder
+from .read import Failures
+
+logger = logging.getLogger("fastdata")
+
+_MAX_ERRORS = 100
+_STATE_VERSION = 1
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    live = dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if live else 0
+    if world_size is None:
+        world_size = dist.get_world_size() if live else 1
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank should be in [0, world_size), but got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+class ImageLoader(Loader):
+    """Image mode: `(images, labels)` batches from image files or shards. A backend names
+    its parts in `_parts` (the order and the reader) and, when it is not CPU workers, in
+    `_decoders` (who decodes)."""
+
+    _run_ahead = True  # persistent workers run ahead into the next epoch (off: benchmarks/run_ahead.py's ablation)
+
+    def __init__(
+        self,
+        samples: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        num_workers: int | str = 0,
+        timeout: float = 0,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        transform: Compose | None = None,
+        device: Any = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = True,
+        placement: str = "auto",
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        on_error: str = "raise",
+    ) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer in image mode, but got {batch_size!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r}")
+        if placement not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"placement should be 'auto', 'cpu' or 'gpu', but got {placement!r}")
+        if isinstance(dtype, str):  # as a JSON config gives it: "bfloat16" or "torch.bfloat16"
+            dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype should be torch.float32, torch.float16 or torch.bfloat16, but got {dtype}")
+        if transform is not None and not isinstance(transform, Compose):
+            raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {type(transform).__name__}")
+        self.samples = samples
+        self.batch_size = batch_size
+        self.transform = transform
+        self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype, self.channels_last, self.placement = dtype, channels_last, placement
+        self.on_error = on_error
+        self.seed = seed
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        workers = resolve_workers(num_workers)
+        self.persistent_workers = bool(persistent_workers) and workers > 0
+        pin = bool(pin_memory) and torch.accelerator.is_available()
+        fail = Failures(on_error, self.backend)
+        self._order, self._reader = self._parts(shuffle, drop_last, workers, fail)
+        self._decoder = BatchDecoder(transform, seed, fail, (prefetch_factor or 2) + 2, pin)
+        # placement: where ColorJitter/TrivialAugment run; "auto" is the CPU (the README's rule).
+        pixel_ops = transform.pixel_ops if transform is not None else ()
+        device_pixel_ops = pixel_ops if placement == "gpu" else ()
+        if device_pixel_ops:
+            from ..transforms import kornia as _kornia  # noqa: F401 (fails early when Kornia is missing)
+
+            self._decoder.pixel_ops = ()
+        self._runner = self._decoders(workers, timeout, prefetch_factor, pin)
+        self.num_classes = self._reader.num_classes(transform)
+        self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
+                                         device=self.device, dtype=dtype, channels_last=channels_last,
+                                         num_classes=self.num_classes, seed=seed, rank=self.rank)
+        self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
+        self._skip = 0  # batches of self._epoch the next pass skips (a resume)
+        self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
+        self._in_epoch = False  # a pass is live and its epoch not finished
+
+    # ------------------------------------------------------------- the backend's parts
+
+    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures) -> tuple[BatchOrder, Any]:
+        """(the batch order, the reader) of this backend."""
+        raise NotImplementedError
+
+    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Any:
+        """Who decodes: DataLoader's worker processes running read-and-decode tasks."""
+        return CpuWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
+                          pin, self.persistent_workers, self._run_ahead)
+
+    # ------------------------------------------------------------- the Loader interface
+
+    @property
+    def num_workers(self) -> int:
+        return self._runner.num_workers
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (it also advances by itself after each pass).
+        Another epoch than the current starts from its first batch; the current one (as after
+        `load_state_dict`, in a loop that calls set_epoch at the top) keeps its resume point."""
+        if int(epoch) != self._epoch:
+            self._skip = 0
+        self._epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        """A pass over the next epoch (from the resume point after `load_state_dict`). The
+        previous iterator, if still alive, ends first. An epoch counts as finished when its
+        last batch is handed out; a pass left early ends its epoch there too."""
+        self._stop()
+        if self._in_epoch:  # the last iterator was dropped before its first batch: its start stands
+            self._skip = self._delivered
+        epoch, skip, self._skip = self._epoch, self._skip, 0
+        it, end = self._runner.open(epoch, skip)
+        self._delivered, self._in_epoch = skip, True
+        return self._start(self._run(it, epoch, skip, end), end)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream stands: mid-epoch while a pass is live, else where the next pass
+        starts."""
+        return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,
+                "batches": self._delivered if self._in_epoch else self._skip, **self._order.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
+            raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
+        self._order.check_state(state)
+        if state.get("seed", self.seed) != self.seed:
+            warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
+        self._stop()
+        self._epoch = int(state["epoch"])
+        self._skip = int(state["batches"])
+
+    # ------------------------------------------------------------- the profiling protocol
+
+    def set_stage_timing(self, on: bool) -> bool:
+        if not self._runner.set_timing(on):
+            return False
+        if on:
+            self.stats.setdefault("stages", {})
+        return True
+
+    def batches_ahead(self) -> int:
+        return self._runner.ready_ahead()
+
+    def runs_in_process(self) -> bool:
+        return self._runner.in_process()
+
+    # ------------------------------------------------------------- a pass
+
+    def _run(self, it: Iterator[Any], epoch: int, skip: int, end: Any) -> Iterator[Any]:
+        """The batches of `epoch` after its first `skip`, from `it` (which may run on past the
+        epoch, into the next)."""
+        runner = self._runner
+        total = len(self._order)
+        batches = (self._finish(b) for b in itertools.islice(it, total - skip))
+        if self.device.type != "cpu":
+            batches = prefetch(batches, self.device, self._time_copy if runner.timing else None)
+        stats, clock = self.stats, time.perf_counter
+        k = skip
+        dog = runner.watchdog(it)
+        try:
+            dog.waiting = k
+            t0 = clock()
+            for batch in batches:
+                dog.waiting = -1
+                batch = self._timed_device_stage(batch, epoch, k) if runner.timing else self._device_stage(batch, epoch, k)
+                stats["wait_s"] += clock() - t0
+                stats["batches"] += 1
+                stats["samples"] += int(batch[1].shape[0])
+                k += 1
+                self._delivered = k
+                if k == total:  # trainers take len() batches and never ask past the last
+                    self._next_epoch(epoch)
+                    runner.epoch_done(epoch)
+                yield batch
+                dog.waiting = k
+                t0 = clock()
+        except Exception as e:  # a killed worker's read may fail with any error on the way
+            error = dog.error(e)  # first: it kills stuck workers, which a shutdown would wait on
+            if self.persistent_workers:
+                # They are shut down here, not left to the iterator's finalizer: an error's
+                # traceback can hold this loader in a reference cycle, and a cycle collected
+                # in a forked child would run that finalizer there.
+                runner.shutdown()
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            dog.close()
+            if k < total and self._in_epoch and self._epoch == epoch:
+                self._next_epoch(epoch)  # left early: the next pass is the next epoch
+            end()
+
+    def _finish(self, batch: Any) -> Any:
+        if isinstance(batch, DataError):  # from a worker (see BatchTask.__getitems__)
+            raise batch
+        images, labels, errors, ids, stages = batch
+        if errors:
+            self._record(errors)
+        if stages is not None:
+            self._record_stages(stages)
+        images = images.permute(0, 3, 1, 2)  # NHWC slot seen as NCHW: channels_last
+        if not self.channels_last:
+            images = images.contiguous()
+        return images, labels, ids  # the sample ids: the device stage's random parameters
+
+    def _timed_device_stage(self, batch: tuple, epoch: int, k: int) -> tuple:
+        # On a CPU device its CPU seconds (as the workers' stages); on a GPU its wall time, synchronized.
+        clock = time.thread_time if self.device.type == "cpu" else time.perf_counter
+        t = clock()
+        with trace_range("fastdata.device_stage"):
+            out = self._device_stage(batch, epoch, k)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # timing only: the stage's own time
+        self._record_stages({"device_stage": clock() - t})
+        return out
+
+    def _record(self, errors: list) -> None:
+        stats = self.stats
+        stats["skipped"] += len(errors)
+        for path, cause in errors:
+            if len(stats["errors"]) < _MAX_ERRORS:
+                stats["errors"].append({"path": path, "cause": cause})
+            logger.warning("skipped %s: %s", path, cause)
+
+    def _next_epoch(self, epoch: int) -> None:
+        self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1

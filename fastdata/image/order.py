@@ -1,0 +1,201 @@
+"""The batch order: which samples each of this rank's batches holds, as a pure function of
+(seed, epoch), so that any batch of any epoch can be named without reading what came before.
+
+One protocol, two orders:
+- `FileOrder` (image files): the epoch is a permutation of all samples, split among the ranks
+  by striding, as DistributedSampler does; batch k of a rank is k's slice of its share.
+- `ShardOrder` (WebDataset shards, read sequentially): the epoch is the shards in a permuted
+  order, a rank takes a contiguous range of it, each worker ("lane") a contiguous part of that,
+  and a lane is shuffled in blocks (see its docstring).
+Both give every rank the same number of samples (the epoch wraps around to pad the last rank,
+or is cut with drop_last) and so of batches: DDP never waits on a rank with a batch less.
+
+`order.keys(epoch, k)` names batch k of `epoch` for the reader; `len(order)` is the batches
+per epoch. `Passes` is what DataLoader gets as its batch sampler: the keys from the point a
+pass starts at (`seek`), to the epoch's end, or on into the next epochs (`run_ahead`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+_BLOCK_SAMPLES = 1024  # ShardOrder's shuffle buffer: samples per block, at least (whole batches)
+
+
+class BatchOrder(Protocol):
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+
+    def keys(self, epoch: int, k: int) -> list:
+        """Batch k of `epoch`, as the reader takes it."""
+
+    def state(self) -> dict[str, Any]:
+        """What a resume must match besides the seed (added to the loader's state_dict)."""
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raises ValueError when `state` was taken with an order this one cannot resume."""
+
+
+def rank_samples(n: int, world_size: int, drop_last: bool) -> int:
+    """Samples per rank: the epoch cut to a multiple of world_size with drop_last, else
+    padded up to one."""
+    return n // world_size if drop_last else math.ceil(n / world_size)
+
+
+def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
+    """The epoch's order of n items: a permutation drawn from (seed, epoch), or as given."""
+    if shuffle:
+        return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n)
+    return np.arange(n)
+
+
+class FileOrder:
+    """Image files: batch k of a rank holds samples (epoch, i) of its strided share of the
+    epoch's permutation."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int, rank: int,
+                 world_size: int) -> None:
+        self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.per_rank = rank_samples(n, world_size, drop_last)
+        self.batches = self.per_rank // batch_size if drop_last else math.ceil(self.per_rank / batch_size)
+        self._mine: tuple[int, np.ndarray] | None = None  # (epoch, this rank's order of it)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def rank_order(self, epoch: int) -> np.ndarray:
+        """This rank's samples of `epoch`, in order."""
+        if self._mine is None or self._mine[0] != epoch:
+            order = permutation(self.seed, epoch, self.n, self.shuffle)
+            total = self.per_rank * self.world_size
+            if total > self.n:
+                order = np.concatenate([order, order[: total - self.n]])
+            self._mine = (epoch, order[:total][self.rank :: self.world_size])
+        return self._mine[1]
+
+    def keys(self, epoch: int, k: int) -> list[tuple[int, int]]:
+        b = self.batch_size
+        return [(epoch, int(i)) for i in self.rank_order(epoch)[k * b : (k + 1) * b]]
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class ShardOrder:
+    """WebDataset shards, which are read sequentially:
+    - the epoch's shard order is a permutation of the shards drawn from (seed, epoch) (or their
+      order as given, without shuffle); the epoch is the concatenation of the shards in that
+      order, and rank r takes its contiguous range [r * P, (r + 1) * P), P the samples per rank
+      (cut to whole batches with drop_last);
+    - within a rank, lane w (worker w; one lane with num_workers=0) takes the contiguous range
+      that holds its batches (DataLoader hands batch k to worker k % num_workers), so a worker
+      reads only the shards its range covers, in order;
+    - the shuffle buffer: a lane's range is cut into blocks of >= 1024 samples (whole batches),
+      each permuted by a generator seeded with (seed, epoch, rank, lane, block). Unlike a
+      streaming shuffle buffer, that makes every batch addressable: a resume seeks to the block
+      of its next batch instead of reading and discarding what came before.
+    A batch's key is (epoch, k); the reader finds its samples with `locate` and `block_ids`."""
+
+    def __init__(self, counts: np.ndarray, batch_size: int, shuffle: bool, drop_last: bool, seed: int,
+                 rank: int, world_size: int, lanes: int) -> None:
+        self.counts = counts
+        self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # first sample id of each shard
+        self.n = n = int(counts.sum())
+        self.batch_size, self.shuffle, self.seed, self.rank = batch_size, shuffle, seed, rank
+        per_rank = rank_samples(n, world_size, drop_last)
+        if drop_last:
+            per_rank -= per_rank % batch_size
+        self.per_rank = per_rank
+        self.batches = math.ceil(per_rank / batch_size)
+        self.lanes = lanes
+        short = self.batches * batch_size - per_rank  # the last batch's missing samples
+        self.lane_samples = [len(range(w, self.batches, lanes)) * batch_size for w in range(lanes)]
+        if self.batches:
+            self.lane_samples[(self.batches - 1) % lanes] -= short
+        self.lane_start = np.concatenate([[0], np.cumsum(self.lane_samples)[:-1]]).astype(np.int64)
+        self.block_batches = max(1, math.ceil(_BLOCK_SAMPLES / batch_size))
+        self.block = self.block_batches * batch_size
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def keys(self, epoch: int, k: int) -> list[tuple[int, int]]:
+        return [(epoch, k)]
+
+    def state(self) -> dict[str, Any]:
+        return {"lanes": self.lanes}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        lanes = state.get("lanes", self.lanes)
+        if lanes != self.lanes:
+            raise ValueError(f"the state was taken with num_workers={lanes} (shards split a rank's samples among "
+                             f"its workers), so resume with num_workers={lanes}, not {self.lanes}")
+
+    def locate(self, k: int) -> tuple[int, int, int]:
+        """Batch k of the rank: (lane, block in the lane, first row in the block's order)."""
+        lane, j = k % self.lanes, k // self.lanes
+        block, row = divmod(j, self.block_batches)
+        return lane, block, row * self.batch_size
+
+    def blocks(self, lane: int) -> int:
+        return math.ceil(self.lane_samples[lane] / self.block)
+
+    def block_ids(self, epoch: int, lane: int, block: int) -> np.ndarray:
+        """The sample ids of a block, in stream order (ids number the samples of the shards in
+        their given order: the first shard's are 0..)."""
+        lo = block * self.block
+        hi = min(lo + self.block, self.lane_samples[lane])
+        q = (self.rank * self.per_rank + self.lane_start[lane] + np.arange(lo, hi)) % self.n
+        order = permutation(self.seed, epoch, len(self.counts), self.shuffle)
+        ends = np.cumsum(self.counts[order])
+        i = np.searchsorted(ends, q, side="right")
+        shard = order[i]
+        return self.first[shard] + q - (ends[i] - self.counts[shard])
+
+    def block_permutation(self, epoch: int, lane: int, block: int, size: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(size)
+        rng = np.random.Generator(np.random.PCG64([self.seed, epoch, self.rank, lane, block]))
+        return rng.permutation(size)
+
+
+class Passes:
+    """DataLoader's batch sampler over an order: a pass yields the keys from (epoch, skip), set
+    by `seek`, to the epoch's end; with `run_ahead`, on into the next epochs (`epoch` follows).
+
+    Run-ahead is for persistent workers: DataLoader asks for indices only within an epoch, so
+    at an epoch's end its workers would idle while the consumer works through the queued
+    batches, and the next epoch's first batch would be made while the consumer waits. An
+    epoch's batches are a function of (seed, epoch), so the next epoch's can be decoded before
+    it begins: the loader then takes `len` batches an epoch from one running iterator."""
+
+    def __init__(self, order: BatchOrder, run_ahead: bool = False) -> None:
+        self.order, self.run_ahead = order, run_ahead
+        self.epoch = 0
+        self.skip = 0
+
+    def seek(self, epoch: int, skip: int) -> None:
+        """Where the next pass starts: batch `skip` of `epoch`."""
+        self.epoch, self.skip = epoch, skip
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[list]:
+        skip, self.skip = self.skip, 0
+        order = self.order
+        while True:
+            epoch = self.epoch
+            for k in range(skip, len(order)):
+                yield order.keys(epoch, k)
+            if not self.run_ahead:
+                return
+            skip = 0
+            self.epoch = epoch + 1

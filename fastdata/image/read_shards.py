@@ -1,0 +1,279 @@
+"""Reading WebDataset shards: the samples of a batch (epoch, k), by byte ranges, one block ahead.
+
+A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek,
+HTTP asks for the range; pipe: streams are read on) into one of two buffers it keeps, walks each
+sample's span of it header by header (`walk_tar`: USTAR, pax and GNU long names), checks that
+the members there are the sample's, as many and as big as the index (or the header scan) said,
+slices their payloads out without a copy, groups them by key as webdataset does, checks the
+label against the classes, and reads the next block in a thread while the batch of this one is
+decoded. A damaged header, a member cut off, or a span that holds other members fails that
+sample alone (a DataError naming the shard, the member and the byte, or a counted skip).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..sources import Shards
+from ..sources.streams import describe_error, discard, fill, open_stream, read_range
+from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar
+from .order import ShardOrder
+from .read import Failures, Read
+
+
+class _Block:
+    """A block's samples in stream order: ids, names (shard and image member), the image bytes
+    and labels, or why a sample cannot be had; and `order`, the block's shuffle."""
+
+    __slots__ = ("ids", "order", "names", "datas", "labels", "causes")
+
+    def __init__(self, ids: np.ndarray, order: np.ndarray) -> None:
+        self.ids = ids
+        self.order = order
+        self.names: list[str] = []
+        self.datas: list[bytes | None] = []
+        self.labels: list[int] = []
+        self.causes: list[str | None] = []
+
+    def add(self, name: str, data: bytes | None, label: int, cause: str | None) -> None:
+        self.names.append(name)
+        self.datas.append(data)
+        self.labels.append(label)
+        self.causes.append(cause)
+
+
+class ShardReader:
+    """Reads the samples of batch (epoch, k) from the block that holds it, read (or being
+    read) by this process's read-ahead thread."""
+
+    def __init__(self, shards: Shards, plan: ShardOrder, fail: Failures, persistent: bool) -> None:
+        self.shards = shards
+        self.plan = plan
+        self.fail = fail
+        self.persistent = persistent  # the process serves the next epoch too: read its first block ahead
+        self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
+        self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
+        self._reads = 0  # reads submitted in this process: which buffer the next one fills
+        self._current: tuple | None = None  # (key, _Block) of the block being decoded
+        # labels are in [0, _label_limit): the index's classes, else [0, 2**31)
+        self._label_limit = shards.label_limit
+        self._label_range = f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named"
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_proc"], state["_pipes"], state["_current"] = None, {}, None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def close(self) -> None:
+        """Stops this process's read-ahead thread and closes its pipes (in the training
+        process, when a 0-worker pass ends: no thread of it may be live at a fork)."""
+        if self._proc is None or self._proc[0] != os.getpid():
+            return
+        _, reader, pending, _ = self._proc
+        for future in pending.values():
+            future.cancel()
+        reader.shutdown(wait=True)
+        for stream, _ in self._pipes.values():
+            stream.close()
+        self._proc, self._pipes, self._current = None, {}, None
+
+    def num_classes(self, transform) -> int | None:
+        if self.shards.classes:
+            return len(self.shards.classes)
+        if transform is not None and transform.soft_labels:
+            raise ValueError("MixUp, CutMix and LabelSmoothing need the number of classes, but these shards' index "
+                             "does not name the classes (or there is no index): write the shards with fastdata-shard "
+                             "from an ImageFolder")
+        return None
+
+    def read(self, keys) -> Read:
+        """The samples of batch (epoch, k)."""
+        ((epoch, k),) = keys
+        plan = self.plan
+        lane, block, row = plan.locate(k)
+        data = self._block(epoch, lane, block)
+        rows = data.order[row : row + plan.batch_size]
+        errors: list[tuple[str, str]] = []
+        index, paths, datas, labels = [], [], [], []
+        for r in rows.tolist():
+            if data.causes[r] is not None:
+                self.fail(errors, data.names[r], data.causes[r])
+                continue
+            index.append(data.ids[r])
+            paths.append(data.names[r])
+            datas.append(data.datas[r])
+            labels.append(data.labels[r])
+        return Read(epoch, np.asarray(index, dtype=np.int64), paths, datas, np.asarray(labels, dtype=np.int64), errors)
+
+    # ------------------------------------------------------------- reading, one block ahead
+
+    def _block(self, epoch: int, lane: int, block: int) -> _Block:
+        pid = os.getpid()
+        if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
+            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, [bytearray(), bytearray()])
+            self._pipes, self._current = {}, None
+        _, reader, pending, _ = self._proc
+        key = (epoch, lane, block)
+        if self._current is not None and self._current[0] == key:  # the block's next batch
+            return self._current[1]
+        future: Future = pending.pop(key, None) or self._submit(key)
+        # The next block of the lane, or after its last, the first of the next epoch (which
+        # this worker serves too when it persists: DataLoader starts each epoch at worker 0).
+        if block + 1 < self.plan.blocks(lane):
+            following = (epoch, lane, block + 1)
+        else:
+            following = (epoch + 1, lane, 0) if self.persistent else None
+        for stale in [k for k in pending if k != following]:  # a resume or set_epoch skipped them
+            pending.pop(stale).cancel()
+        if following is not None and following not in pending:
+            pending[following] = self._submit(following)
+        self._current = None  # its buffer may be refilled from here on
+        self._current = (key, future.result())
+        return self._current[1]
+
+    def _submit(self, key: tuple[int, int, int]) -> Future:
+        # Blocks are read into two buffers kept for the process, in turn: the one thread reads
+        # blocks in the order they are submitted, and the next is submitted only when the
+        # decoder moves on to the block before it, so a buffer is never refilled while a block
+        # in it is decoded. (Fresh 100 MB buffers would cost more in page faults than the read.)
+        _, reader, _, buffers = self._proc
+        buf = buffers[self._reads % 2]
+        self._reads += 1
+        return reader.submit(self._read_block, *key, buf)
+
+    def _read_block(self, epoch: int, lane: int, block: int, buf: bytearray) -> _Block:
+        plan = self.plan
+        ids = plan.block_ids(epoch, lane, block)
+        out = _Block(ids, plan.block_permutation(epoch, lane, block, len(ids)))
+        shard = np.searchsorted(plan.first, ids, side="right") - 1
+        local = ids - plan.first[shard]
+        # runs of consecutive samples of one shard: one read each, of bytes [start, stop)
+        breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
+        runs = []
+        for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(ids)]):
+            s, first, end = int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1
+            spans = self.shards.spans[s]
+            runs.append((s, first, end, int(spans[first, 0]), int(spans[end - 1].sum())))
+        need = sum(stop - start for *_, start, stop in runs)
+        if len(buf) < need:
+            buf.extend(bytes(need - len(buf)))
+        view = memoryview(buf)
+        at = 0
+        for s, first, end, start, stop in runs:
+            self._read_run(out, s, first, end, start, view[at:at + stop - start])
+            at += stop - start
+        return out
+
+    def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview) -> None:
+        """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`
+        and appended to `out` in order; the image bytes stay views of it."""
+        url, keys = self.shards.urls[s], self.shards.keys[s]
+        try:
+            got = self._read(url, start, view)
+        except Exception as e:  # OSError, URLError, a pipe's failed command
+            cause = f"cannot read the shard ({describe_error(e)})"
+            for key in keys[first:end]:
+                out.add(f"{url} (member {key}.*)", None, 0, cause)
+            return
+        raw = view[:got]
+
+        def read(pos: int, n: int) -> bytes:
+            return bytes(raw[pos - start:pos - start + n])
+
+        contents = self.shards.contents[s] if self.shards.contents is not None else None
+        indexed = self.shards.indexed[s] if self.shards.indexed is not None else True
+        stale = "the index is stale: " if indexed else "the shard changed since its headers were counted: "
+        spans = self.shards.spans[s][first:end].tolist()
+        expected = contents[first:end].tolist() if contents is not None else [(-1, -1)] * (end - first)
+        for key, (a, n), expect in zip(keys[first:end], spans, expected):
+            self._read_sample(out, url, key, a, a + n, read, raw, start, expect, stale)
+
+    def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, read, raw: memoryview, start: int,
+                     expect: list[int], stale: str) -> None:
+        """The sample `key` from its bytes [a, b) (in `raw`, which starts at shard byte `start`):
+        every header there must be valid and name one of its members, and they must be as many
+        and as big as the index (or the scan) said; else the sample fails naming the member."""
+        found: dict[str, memoryview] = {}
+        count = nbytes = 0
+        length = start + len(raw)
+        for m in walk_tar(read, a, b, length, resync=False):
+            if type(m) is Damage:
+                where = m.name or (f"{key}.*" if key else f"at byte {m.offset}")
+                out.add(f"{url} (member {where})", None, 0, m.cause)
+                return
+            split = split_name(m.name)
+            if split is None:  # webdataset's __metadata__ members
+                continue
+            k, ext = split
+            if k != key:
+                cause = (f"it lists no sample in bytes [{a}, {b}), which hold member {m.name}" if not key
+                         else f"the member at byte {m.offset} is {m.name}, not one of sample {key}'s")
+                out.add(f"{url} (member {m.name})", None, 0, stale + cause)
+                return
+            if m.data + m.size > b:
+                out.add(f"{url} (member {m.name})", None, 0,
+                        f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
+                return
+            found[ext] = raw[m.data - start:m.data - start + m.size]
+            count += 1
+            nbytes += m.size
+        if not key:
+            out.add(f"{url} (member at byte {a})", None, 0, f"{stale}it lists no sample in bytes [{a}, {b})")
+        elif not count:
+            cause = f"the shard ends at byte {length}" if a >= length else "no member of it is there"
+            out.add(f"{url} (member {key}.*)", None, 0, f"no such sample at byte {a}: {cause} (the shard is cut off, "
+                                                        "or changed since it was indexed or counted)")
+        elif expect[0] >= 0 and (count, nbytes) != tuple(expect):
+            out.add(f"{url} (member {key}.*)", None, 0, f"{stale}sample {key} at byte {a} has {count} member(s) of "
+                                                        f"{nbytes} bytes, not {expect[0]} of {expect[1]}")
+        else:
+            self._add(out, url, key, found)
+
+    def _add(self, out: _Block, url: str, key: str, sample: dict) -> None:
+        ext = next((e for e in IMAGE_MEMBERS if e in sample), None)
+        if ext is None:
+            members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
+            out.add(f"{url} (member {key}.*)", None, 0,
+                    f"the sample has no image member (jpg, jpeg, png or webp), only: {members}")
+            return
+        name = f"{url} (member {key}.{ext})"
+        cls = sample.get("cls")
+        if cls is None:
+            out.add(name, None, 0, "the sample has no cls member (its label)")
+            return
+        try:
+            label = int(bytes(cls)) if len(cls) <= 20 else None
+        except ValueError:
+            label = None
+        if label is None:
+            out.add(f"{url} (member {key}.cls)", None, 0,
+                    f"the label should be an integer, but the cls member holds {bytes(cls[:40])!r}")
+            return
+        if not 0 <= label < self._label_limit:
+            out.add(f"{url} (member {key}.cls)", None, 0,
+                    f"the label should be in [0, {self._label_limit}) ({self._label_range}), but the cls member "
+                    f"holds {label}")
+            return
+        out.add(name, sample[ext], label, None)
+
+    def _read(self, url: str, start: int, view: memoryview) -> int:
+        """Reads shard bytes [start, start + len(view)) into `view`; the count read (fewer
+        where the shard ends sooner)."""
+        if not url.startswith("pipe:"):
+            return read_range(url, start, view)
+        # A pipe cannot seek: keep it open, and read on from where the last read stopped.
+        stream, at = self._pipes.get(url, (None, 0))
+        if stream is None or at > start:
+            if stream is not None:
+                stream.close()
+            stream, at = open_stream(url), 0
+        at += discard(stream, start - at)
+        got = fill(stream, view)
+        self._pipes[url] = [stream, at + got]
+        return got

@@ -1,0 +1,22 @@
+"""`fastdata.profile` and `fastdata-profile`: is the training step waiting on its input?
+
+- `measure`: `profile`, the three measurements (the loader alone with its stages timed, the
+  step alone, the two together), their steady state and the verdict;
+- `model`: `RateModel`, images/s of another config from the stage costs, and the advice;
+- `tune`: `tune`, the search over num_workers, prefetch_factor, backend and placement;
+- `report`: `Report`, as text, in the terminal, as a self-contained HTML page and as JSON;
+- `cli`: `fastdata-profile`; its docstring, the command's --help, says what each measurement
+  is, how the verdict follows and where a tuned config is kept.
+
+A fastdata Loader is timed through the profiling protocol declared on
+`fastdata.backends.base.Loader`; of a loader, nothing else is read but its public attributes.
+The tuned configs live in `fastdata.tunecache`, which the factory reads without this package.
+"""
+
+from .cli import main
+from .measure import profile
+from .model import RateModel
+from .report import Report
+from .tune import tune
+
+__all__ = ["RateModel", "Report", "main", "profile", "tune"]

@@ -1,0 +1,182 @@
+"""`profile`: the loader alone (its stages timed), the step alone, the two together; the
+steady state of each, and the verdict."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..backends.base import Loader
+from .model import advise
+from .report import COMPUTE_BOUND, COSTS, INPUT_BOUND, WORKER_STAGES, Report
+
+
+def _sync(device) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return int(first.shape[0]) if hasattr(first, "shape") else len(first)
+
+
+def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int = 30, step_ms: float | None = None,
+            warmup: int = 3, device: Any = None, source: str = "") -> Report:
+    """Profiles `loader` (a fastdata Loader, or any iterable of batches) against `step` (a
+    callable run on each batch), or a simulated step of `step_ms` milliseconds, over `steps`
+    batches after `warmup` ones. Returns a Report (print it, or `.write(dir)`)."""
+    if step is not None and step_ms is not None:
+        raise ValueError("give either step or step_ms, not both")
+    if step_ms is not None:
+        if step_ms <= 0:
+            raise ValueError(f"step_ms should be positive, but got {step_ms}")
+        step = lambda batch: time.sleep(step_ms / 1e3)  # noqa: E731  (the CPU is free, as while a GPU computes)
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
+    device = device if device is not None else getattr(loader, "device", None)
+    timed = isinstance(loader, Loader) and loader.set_stage_timing(True)
+    try:
+        return _measure(loader, step, steps, warmup, device, source, timed)
+    finally:
+        if timed:
+            loader.set_stage_timing(False)
+
+
+def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool) -> Report:
+    epochs = [0]  # epochs begun so far
+
+    def batches():
+        while True:  # epochs end; the profile goes on into the next
+            empty = True
+            epochs[0] += 1
+            for b in loader:
+                empty = False
+                yield b
+            if empty:
+                raise ValueError("the loader yields no batches")
+
+    # 1. the loader alone, with its stages timed
+    it = batches()
+    for _ in range(warmup):
+        cached = next(it)
+    before = _stage_totals(loader) if timed else {}
+    cpu = time.process_time()
+    alone: list[tuple[float, int, bool]] = []  # (s, images, began an epoch) a batch
+    for _ in range(steps):
+        e, t = epochs[0], time.perf_counter()
+        cached = next(it)
+        alone.append((time.perf_counter() - t, _batch_len(cached), epochs[0] != e))
+    _sync(device)
+    n = sum(k for _, k, _ in alone)
+    loader_rate = _rate_over(alone, _steady(alone))
+    cpu = time.process_time() - cpu
+    stages = _per_image(before, _stage_totals(loader)) if timed else {}
+    if stages:
+        # "deliver": the training process's CPU an image beyond the stages it ran itself (taking
+        # batches from the workers, the loop's own work)
+        own = COSTS if _in_process(loader) else {"device_stage"}
+        stages["deliver"] = max(0.0, 1e3 * cpu / n - sum(v for k, v in stages.items() if k in own))
+    bound = max((COSTS | {"deliver"}).intersection(stages), key=stages.get, default=None)
+    batch_size = _batch_len(cached)
+    config = {k: getattr(loader, k) for k in ("backend", "num_workers", "batch_size", "placement") if hasattr(loader, k)}
+    config["device"] = str(device) if device is not None else "cpu"
+
+    if step is None:
+        report = Report(source, batch_size, loader_rate, None, None, None, "no consumer given: the loader's ceiling",
+                        [], [], config, stages, bound)
+        advise(loader, report)
+        return report
+
+    # 2. the step alone, on one cached batch
+    for _ in range(min(warmup, 2)):
+        step(cached)
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        step(cached)
+    _sync(device)
+    step_s = (time.perf_counter() - t) / steps
+    step_rate = batch_size / step_s
+
+    # 3. both, as training runs them; first as many steps as batches can queue up ahead, since
+    # the loader filled its queues while the step ran alone and a full queue is no steady state
+    for _ in range(_ahead(loader) + min(warmup, 2)):
+        step(next(it))
+    _sync(device)
+    timeline: list[tuple[float, float]] = []
+    together_steps: list[tuple[float, int, bool]] = []
+    for _ in range(steps):
+        e, t0 = epochs[0], time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        step(batch)
+        _sync(device)
+        t2 = time.perf_counter()
+        timeline.append((t1 - t0, t2 - t1))
+        together_steps.append((t2 - t0, _batch_len(batch), epochs[0] != e))
+    steady = _steady(together_steps)
+    together = _rate_over(together_steps, steady)
+    epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
+    if stages:  # wall ms an image
+        stages["consumer_wait"] = 1e3 * sum(timeline[k][0] for k in steady) / sum(together_steps[k][1] for k in steady)
+    # ideal: the steps' own compute in this run (a simulated step's sleep overshoots by
+    # milliseconds on a busy host, more in one phase than another); real: compute and waits
+    stall = max(0.0, 1.0 - sum(timeline[k][1] for k in steady) / sum(together_steps[k][0] for k in steady))
+    if stall > INPUT_BOUND:
+        verdict = f"input-bound: the step waited for data {100 * stall:.0f}% of the time"
+    elif loader_rate >= COMPUTE_BOUND * step_rate:
+        verdict = "compute-bound: the loader has headroom; faster input would not speed this step up"
+    else:
+        verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
+    per_step = sum(together_steps[k][1] for k in steady) / len(steady)  # images
+    report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline, [], config, stages,
+                    bound, epoch_starts=epoch_starts, images_per_step=per_step)
+    advise(loader, report)
+    return report
+
+
+def _steady(runs: list[tuple[float, int, bool]]) -> list[int]:
+    """Of (seconds, images, began an epoch) a step: the steps that did not begin an epoch (all
+    of them when every step did)."""
+    return [k for k, (_, _, began) in enumerate(runs) if not began] or list(range(len(runs)))
+
+
+def _rate_over(runs: list[tuple[float, int, bool]], steps: list[int]) -> float:
+    """images/s over those `steps` of `runs`."""
+    return sum(runs[k][1] for k in steps) / max(sum(runs[k][0] for k in steps), 1e-9)
+
+
+# ----------------------------------------------------------------- what it asks of a loader
+# A fastdata Loader answers through its profiling protocol (fastdata.backends.base.Loader); any
+# other iterable of batches (a DataLoader, say) is not timed, and its queue depth is DataLoader's.
+
+def _ahead(loader: Any) -> int:
+    """How many batches the loader can have ready ahead of the consumer."""
+    if isinstance(loader, Loader):
+        return loader.batches_ahead()
+    workers = getattr(loader, "num_workers", 0) or 0
+    return (workers or 1) * (getattr(loader, "prefetch_factor", None) or 2) + 1
+
+
+def _in_process(loader: Any) -> bool:
+    """Whether the loader's stages run in the training process (no worker processes)."""
+    if isinstance(loader, Loader):
+        return loader.runs_in_process()
+    return getattr(loader, "num_workers", 0) == 0
+
+
+def _stage_totals(loader: Loader) -> dict[str, float]:
+    """Seconds so far of each stage, summed over the workers, and "images"."""
+    return {k: v for k, v in loader.stage_seconds().items() if not isinstance(v, dict)}
+
+
+def _per_image(before: dict, after: dict) -> dict[str, float]:
+    """ms per image of each stage between two snapshots of `_stage_totals`."""
+    images = after.get("images", 0) - before.get("images", 0)
+    if images <= 0:
+        return {}
+    names = [*WORKER_STAGES, "device_stage", "h2d_copy"]
+    return {k: 1e3 * (after.get(k, 0) - before.get(k, 0)) / images for k in names if k in after}

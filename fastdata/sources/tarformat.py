@@ -1,0 +1,446 @@
+"""The shard format, which the reader (`fastdata.sources`) and the writer (`fastdata.shard`)
+share: where a set's index is and how it is read (its layout: `fastdata.shard`'s docstring);
+webdataset's rule for which sample a tar member belongs to; a walk over tar headers that says
+what damage it steps over; and the samples of a tar counted from its headers alone. Over 400
+lines: the tar walk, and the scan and count built on it, are one format kept in one place.
+
+Imports nothing of fastdata but its errors, so that both sides can import it.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+import os
+import re
+import tarfile
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from ..errors import DataError
+
+INDEX_FORMAT = "fastdata-wds-index"
+INDEX_VERSION = 1
+
+BLOCK = 512  # tar headers and padded member data come in blocks of this size
+# The extensions a sample's image member may have (the contract's).
+IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp")
+
+_ZERO = bytes(BLOCK)
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+             tarfile.SOLARIS_XHDTYPE)
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+_MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header bigger than this is taken as damage
+_RESYNC_READ = 128 * BLOCK
+_SKIP_READ = 1 << 20  # a stream is read past unwanted bytes in pieces of at most this
+# webdataset's split of a member name into key and extension (tariterators.base_plus_ext), and
+# the metadata members it skips.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def padded(n: int) -> int:
+    """`n` bytes of member data rounded up to whole blocks, as a tar stores them."""
+    return -(-n // BLOCK) * BLOCK
+
+
+# ----------------------------------------------------------------- the index
+
+def index_name(prefix: str) -> str:
+    """The file name of the index of shards whose names start with `prefix` (the part before
+    the shard number): <prefix>-index.json, `prefix` without trailing "-", "_", "." or spaces;
+    index.json where nothing is left of it."""
+    prefix = prefix.rstrip("-_. ")
+    return f"{prefix}-index.json" if prefix else "index.json"
+
+
+def index_location(url: str) -> str:
+    """Where the index fastdata-shard writes for the shard `url` would be: next to it, named by
+    the shard's name before its number (.../train-000003.tar -> .../train-index.json)."""
+    head, _, name = url.rpartition("/")
+    stem = name[: -len(".tar")] if name.endswith(".tar") else name
+    index = index_name(stem.rstrip("0123456789"))
+    return f"{head}/{index}" if head else index
+
+
+def read_index(path: str | os.PathLike) -> dict:
+    """The index written by write_shards (its "name"s are relative to the index's folder),
+    checked for its format and version."""
+    path = os.fspath(path)
+    try:
+        with open(path) as f:
+            index = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{path} is not a JSON shard index: {e}") from None
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
+        raise ValueError(f"{path} is not a {INDEX_FORMAT} file")
+    if index.get("version") != INDEX_VERSION:
+        raise ValueError(f"{path} is a {INDEX_FORMAT} of version {index.get('version')!r}; "
+                         f"this fastdata reads version {INDEX_VERSION}")
+    shards = index.get("shards")
+    if not isinstance(shards, list) or index.get("total") != sum(s.get("samples", 0) for s in shards):
+        raise ValueError(f"{path}: the shards' sample counts do not add up to its total")
+    return index
+
+
+# ----------------------------------------------------------------- the tar key rule
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """(key, extension) of a tar member's name as webdataset splits it: at the first dot of the
+    file name, the key being the sample it belongs to (the extension is lowercased, as the
+    readers match it); None for webdataset's metadata members (__name__) and names without an
+    extension, which it skips."""
+    if _META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__")):
+        return None
+    m = _KEY_EXT.match(name)
+    return (m.group(1), m.group(2).lower()) if m else None
+
+
+def sample_key(name: str) -> str | None:
+    """The key of the sample a tar member belongs to (`split_name`), or None for a member that
+    belongs to none."""
+    split = split_name(name)
+    return split[0] if split else None
+
+
+# ----------------------------------------------------------------- walking tar headers
+
+class Member(NamedTuple):
+    """A regular tar member: where its headers start (a pax or GNU long-name header before its
+    own included), its name, where its data starts, and its size."""
+
+    offset: int
+    name: str
+    data: int
+    size: int
+
+
+class Damage(NamedTuple):
+    """Bytes [offset, end) of a tar that hold no readable member (`end` None where the walk
+    stopped there); `name` is the member's name where its damaged header still shows one."""
+
+    offset: int
+    end: int | None
+    name: str | None
+    cause: str
+
+
+def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None = None, length: int | None = None,
+             resync: bool = True) -> Iterator[Member | Damage]:
+    """The regular members of a tar from byte `pos` to `stop` (default: its end-of-archive
+    blocks), from their headers alone, and Damage for bytes that hold no readable member.
+    `read(p, n)` gives bytes [p, p + n) (fewer where the data ends), `p` never below a position
+    already passed (a stream works); `length` is the data's size where it is known (a member
+    that passes it is cut off). With `resync`, a damaged header is stepped over: the walk goes
+    on at the next 512-aligned block that is a valid header; without, it stops at the damage.
+
+    Written out here because tarfile takes a header that fails its checksum mid-archive for the
+    end of the archive (TarFile.next returns None: every member after it is lost without a
+    word), and its ignore_zeros mode steps over such blocks without saying where or what was
+    lost. Each header is still parsed by tarfile (TarInfo.frombuf: checksum, numeric fields,
+    the USTAR prefix)."""
+    while stop is None or pos < stop:
+        header = read(pos, BLOCK)
+        if not header:
+            if pos == 0:
+                yield Damage(0, 0, None, "empty file")
+            return  # the end of the data (a tar cut off after a member, or without end blocks)
+        if header == _ZERO:
+            zeros = f"a block of zeros at byte {pos} where a tar header should be"
+            if not resync:
+                yield Damage(pos, None, None, zeros)
+                return
+            # The end of the archive, unless a header follows after something other than zeros
+            # (a zeroed header: its member's data comes next). Zeros alone before a header are
+            # the end blocks of concatenated archives.
+            nxt, found, dirty = _resync(read, pos + BLOCK, stop)
+            if not found:
+                return
+            if dirty:
+                yield Damage(pos, nxt, None, zeros)
+            pos = nxt
+            continue
+        item, after = _member(read, pos, header, length)
+        if type(item) is Damage:
+            if not resync or after is None:  # (after None: the data ends in it)
+                yield item
+                return
+            nxt, found, _ = _resync(read, after, stop)
+            yield item._replace(end=nxt)
+            if not found:
+                return
+            pos = nxt
+            continue
+        if item is not None:
+            yield item
+        pos = after
+
+
+def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member | Damage | None, int | None]:
+    """(the member whose headers start at `pos` (None for a directory, link and the like) or
+    its Damage, the position after it: None where the data ends inside it)."""
+    first, name, size = pos, None, None
+    while True:
+        if len(header) < BLOCK:
+            return Damage(first, pos + len(header), _shown_name(header) or name,
+                          f"the shard is cut off in a tar header at byte {pos}"), None
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+            if info.size < 0:
+                raise tarfile.InvalidHeaderError("negative size")
+        except tarfile.HeaderError as e:
+            return Damage(first, None, _shown_name(header) or name, f"invalid tar header at byte {pos} ({e})"), pos + BLOCK
+        if info.type not in _EXTENDED:
+            break
+        # pax and GNU long-name headers: their data names (and sizes) the member that follows
+        if info.size > _MAX_EXTENDED:
+            return Damage(first, None, name, f"invalid tar header at byte {pos} (a {info.size}-byte extended header)"), \
+                pos + BLOCK
+        payload = read(pos + BLOCK, info.size)
+        if len(payload) < info.size:
+            return Damage(first, pos + BLOCK + len(payload), name,
+                          f"the shard is cut off in a tar header at byte {pos}"), None
+        try:
+            if info.type == tarfile.GNUTYPE_LONGNAME:
+                name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
+                name, size = _pax(payload, name, size)
+        except ValueError as e:
+            return Damage(first, None, name, f"invalid pax header at byte {pos} ({e})"), pos + BLOCK
+        pos += BLOCK + padded(info.size)
+        header = read(pos, BLOCK)
+    name = info.name if name is None else name
+    size = info.size if size is None else size
+    data = pos + BLOCK
+    if info.type == tarfile.GNUTYPE_SPARSE:
+        return Damage(first, None, name, f"member {name} at byte {first} is a GNU sparse file"), data
+    if info.type not in _REGULAR and info.type in tarfile.SUPPORTED_TYPES:
+        return None, data  # a directory, link, device or fifo: no data follows (as tarfile reads them)
+    if length is not None and data + size > length:
+        return Damage(first, length, name, f"the shard is cut off in member {name} (at byte {length - data} of its "
+                                           f"{size})"), None
+    return (Member(first, name, data, size) if info.type in _REGULAR else None), data + padded(size)
+
+
+def _pax(payload: bytes, name: str | None, size: int | None) -> tuple[str | None, int | None]:
+    """The path and size a pax header's records ("<length> <key>=<value>\\n") give."""
+    at = 0
+    while at < len(payload) and payload[at]:
+        space = payload.index(b" ", at)
+        n = int(payload[at:space])
+        if n <= space - at or at + n > len(payload):
+            raise ValueError(f"a record of {n} bytes at {at}")
+        key, _, value = payload[space + 1:at + n - 1].partition(b"=")
+        if key == b"path":
+            name = value.decode("utf-8", "surrogateescape")
+        elif key == b"size":
+            size = int(value)
+            if size < 0:
+                raise ValueError("a negative size")
+        at += n
+    return name, size
+
+
+def _resync(read, pos: int, stop: int | None) -> tuple[int, bool, bool]:
+    """(where the next 512-aligned valid header from `pos` is, or where the data or `stop`
+    ends; whether one was found; whether anything but zero blocks came before it)."""
+    dirty = False
+    while stop is None or pos < stop:
+        n = _RESYNC_READ if stop is None else min(_RESYNC_READ, stop - pos)
+        chunk = read(pos, n)
+        for k in range(0, len(chunk) - BLOCK + 1, BLOCK):
+            block = chunk[k:k + BLOCK]
+            if block == _ZERO:
+                continue
+            try:
+                tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+            except tarfile.HeaderError:
+                dirty = True
+                continue
+            return pos + k, True, dirty
+        if len(chunk) < n:
+            return pos + len(chunk), False, dirty or any(chunk[len(chunk) - len(chunk) % BLOCK:])
+        pos += n
+    return pos, False, dirty
+
+
+def _shown_name(header: bytes) -> str | None:
+    """The member name a damaged header still shows: its name field, where that is printable
+    UTF-8 that names a sample member (key.ext); else None."""
+    raw = header[:100]
+    if b"\0" not in raw and len(raw) < 100:
+        return None
+    try:
+        name = raw.split(b"\0", 1)[0].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return name if name.isprintable() and sample_key(name) is not None else None
+
+
+class Scan(NamedTuple):
+    """The samples of a tar from its headers: keys[i] is in bytes [spans[i, 0], spans[i, 0] +
+    spans[i, 1]) and has contents[i] = (members, payload bytes), (-1, -1) for damaged bytes
+    that are a sample of their own; `damage` lists the damaged bytes found."""
+
+    keys: list[str]
+    spans: np.ndarray
+    contents: np.ndarray
+    damage: list[Damage]
+
+    @property
+    def has_members(self) -> bool:
+        """Whether any valid member was found (a file of damage alone is not a tar)."""
+        return bool((self.contents[:, 0] >= 0).any())
+
+
+def _reader(f) -> Callable[[int, int], bytes]:
+    """read(pos, n) over a binary file: seek and read where it can seek, else read on (a pipe, an
+    HTTP response), discarding what lies before `pos`."""
+    if getattr(f, "seekable", lambda: False)():
+        def read(pos: int, n: int) -> bytes:
+            f.seek(pos)
+            return f.read(n)
+
+        return read
+    at = [0]
+    kept = [0, b""]  # the last bytes read from the stream and where they start: _resync reads
+    # ahead, and the walk then goes back to the header it found in them
+
+    def read_on(pos: int, n: int) -> bytes:
+        head = b""
+        if pos < at[0]:
+            start, data = kept
+            if pos < start:
+                raise ValueError(f"a tar stream read at byte {pos}, after it passed byte {start}")
+            head = data[pos - start:pos - start + n]
+            pos, n = pos + len(head), n - len(head)
+            if not n or pos < at[0]:
+                return head
+        while at[0] < pos:
+            skipped = f.read(min(pos - at[0], _SKIP_READ))
+            if not skipped:
+                return head
+            at[0] += len(skipped)
+        parts, got = [], 0
+        while got < n:
+            part = f.read(n - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        data = b"".join(parts)
+        kept[0], kept[1] = at[0], data
+        at[0] += got
+        return head + data
+
+    return read_on
+
+
+def scan_tar(f, length: int | None = None) -> Scan:
+    """The samples of the tar read from `f` (`length`: its size where known), grouped as
+    webdataset groups them (consecutive members with one key), from the headers alone: a
+    seekable file is read header by header.
+
+    Damaged bytes (a header that fails its checksum, a zeroed one, a cut-off end) are stepped
+    over (walk_tar) and joined to the sample they most likely belong to, so that what they
+    lost is counted once, as that sample, when it is read: the sample whose key the damaged
+    header still shows; else a neighbour left without its image or cls member by the loss (the
+    one before, then the one after); else they are a sample of their own. A member cut off by
+    the end of a stream (unknown length) keeps its sample with the length its header gives:
+    reading it fails there, and names the member."""
+    items: list = []  # [key, start, end, members, payload bytes, extensions], and Damage
+    for event in walk_tar(_reader(f), 0, None, length):
+        if type(event) is Damage:
+            items.append(event)
+            continue
+        split = split_name(event.name)
+        if split is None:
+            continue
+        key, ext = split
+        end = event.data + padded(event.size)
+        last = items[-1] if items else None
+        if type(last) is list and last[0] == key:
+            last[2] = end
+            last[3] += 1
+            last[4] += event.size
+            last[5].add(ext)
+        else:
+            items.append([key, event.offset, end, 1, event.size, {ext}])
+    damage = [d for d in items if type(d) is Damage]
+    groups = _place_damage(items) if damage else items
+    keys = [g[0] for g in groups]
+    spans = np.array([(g[1], g[2] - g[1]) for g in groups], dtype=np.int64).reshape(-1, 2)
+    contents = np.array([(g[3], g[4]) for g in groups], dtype=np.int64).reshape(-1, 2)
+    return Scan(keys, spans, contents, damage)
+
+
+def _place_damage(items: list) -> list:
+    """The samples with each damaged region joined to one (see scan_tar)."""
+
+    def complete(g: list) -> bool:
+        return "cls" in g[5] and any(e in g[5] for e in IMAGE_MEMBERS)
+
+    out: list = []
+    for j, item in enumerate(items):
+        if type(item) is not Damage:
+            out.append(item)
+            continue
+        prev = out[-1] if out and out[-1][3] >= 0 and out[-1][2] == item.offset else None
+        after = items[j + 1] if j + 1 < len(items) else None
+        nxt = after if type(after) is list and after[1] == item.end else None
+        key = sample_key(item.name) if item.name else None
+        if prev is not None and nxt is not None and prev[0] == nxt[0]:
+            target = prev  # one sample on both sides: joined again below
+        elif key is not None:
+            target = prev if prev is not None and prev[0] == key else nxt if nxt is not None and nxt[0] == key else None
+        else:
+            target = prev if prev is not None and not complete(prev) else \
+                nxt if nxt is not None and not complete(nxt) else None
+        if target is not None and target is prev:
+            prev[2] = item.end
+        elif target is not None:
+            nxt[1] = item.offset
+        else:
+            out.append([key or "", item.offset, item.end, -1, -1, set()])
+    joined: list = []
+    for g in out:
+        last = joined[-1] if joined else None
+        if last is not None and last[0] == g[0] and last[2] == g[1] and min(last[3], g[3]) >= 0:
+            last[2] = g[2]
+            last[3] += g[3]
+            last[4] += g[4]
+            last[5] |= g[5]
+        else:
+            joined.append(g)
+    return joined
+
+
+def count_samples(tar_path: str | os.PathLike) -> int:
+    """The number of samples in a tar shard as webdataset groups them: regular members, less
+    webdataset's __metadata__ ones, split into key and extension at the first dot of the file
+    name, with consecutive members of one key making a sample. Reads the headers only,
+    seeking over the data (a gzip, bzip2 or xz tar is decompressed as a stream). A damaged
+    header is stepped over as the loader's scan does (`scan_tar`), so the count is the
+    loader's: a damaged region counts as the sample it is joined to (or as one of its own).
+    Raises fastdata.DataError for a file that is not a tar."""
+    path = os.fspath(tar_path)
+    with open(path, "rb") as raw:
+        magic = raw.read(6)
+        raw.seek(0)
+        opener = {b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f), b"BZh": bz2.BZ2File, b"\xfd7zXZ": lzma.LZMAFile}
+        kind = next((k for k in opener if magic.startswith(k)), None)
+        try:
+            if kind is None:
+                scan = scan_tar(raw, os.fstat(raw.fileno()).st_size)
+            else:
+                with opener[kind](raw) as f:
+                    scan = scan_tar(f)
+        except (OSError, EOFError, lzma.LZMAError) as e:  # a corrupt compressed stream
+            raise DataError(f"cannot read shard {path}: {e}".replace("\n", " "), path=path) from None
+    if scan.damage and not scan.has_members:
+        raise DataError(f"cannot read shard {path}: not a tar file ({scan.damage[0].cause})", path=path)
+    return len(scan.keys)
+

@@ -1,0 +1,59 @@
+"""Sources (`fastdata.sources`): what a path, a list or a shard pattern names, and the shard
+format (`fastdata.sources.tarformat`): how samples group in a tar, the index's checks."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import warnings
+
+import pytest
+
+import fastdata
+from fastdata.sources.tarformat import count_samples, read_index
+
+
+def test_source_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        fastdata.loader(str(tmp_path / "nope"), batch_size=2)
+    with pytest.raises(ValueError, match="no class folders"):
+        fastdata.loader(str(tmp_path), batch_size=2)
+    with pytest.raises(TypeError, match="shufle"):
+        fastdata.loader(str(tmp_path), batch_size=2, shufle=True)
+    with pytest.raises(ValueError, match="backend 'wds' reads WebDataset shards"):
+        fastdata.loader(str(tmp_path), batch_size=2, backend="wds")
+
+
+def test_count_samples_groups_as_webdataset_does(tmp_path):
+    """A tar from elsewhere: folders, metadata, multi-dot names, members without extension."""
+    path = tmp_path / "other.tar"
+    with tarfile.open(path, "w") as tf:
+        def add(name, data=b"x"):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        d = tarfile.TarInfo("dir")
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+        add("__meta__")
+        for name in ["a.jpg", "a.cls", "dir/b.x.jpg", "dir/b.cls", "noext", "c.txt", "a.png", "d.seg.png"]:
+            add(name)
+    assert count_samples(path) == 5  # a, dir/b, c, a again (not consecutive), d
+    gz = tmp_path / "other.tar.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert count_samples(gz) == 5
+    wds = pytest.importorskip("webdataset")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        assert len(list(wds.WebDataset([str(path)], shardshuffle=False))) == 5
+
+
+def test_read_index_checks_the_format(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"version": 1, "format": "something else"}))
+    with pytest.raises(ValueError, match="fastdata-wds-index"):
+        read_index(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text(json.dumps({"version": 2, "format": "fastdata-wds-index", "shards": [], "total": 0}))
+    with pytest.raises(ValueError, match="version"):
+        read_index(tmp_path / "b.json")
