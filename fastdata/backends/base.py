@@ -54,6 +54,13 @@ class Loader:
 
     _live: tuple | None = None  # (weak reference to the live pass's iterator, its end)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A loader crosses to a spawned process (ddp_spawn) without its live pass, as a
+        # DataLoader does without its iterator.
+        state = self.__dict__.copy()
+        state.pop("_live", None)
+        return state
+
     def _start(self, batches: Iterator[Any], end: Callable[[], None]) -> Iterator[Any]:
         """Records `batches` (what iter() returns) as the live pass; `end` ends it (idempotent:
         the pass's own `finally` calls it too)."""

@@ -1,15 +1,14 @@
 """Drop-in mode: `fastdata.loader(dataset, ...)` over torch's own DataLoader machinery.
 
-The samplers, worker processes, worker seeding and error handling are DataLoader's, so the
-batches are DataLoader's. What changes: collation (native, into a reused ring of shared or
-pinned buffers: see `fastdata._buffers`), exact mid-epoch resume, stats, and the device stage.
+The loader is a DataLoader (a subclass), and its samplers, worker processes, worker seeding and
+error handling are DataLoader's, so the batches are DataLoader's. What changes: collation
+(native, into a reused ring of shared or pinned buffers: see `fastdata._buffers`), exact
+mid-epoch resume, stats, and the device stage. How a pass iterates: `torch_iter.py`.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import inspect
-import itertools
 import time
 from typing import Any, Iterator
 
@@ -17,10 +16,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate
+from .._collate import collate as native_collate
 from .._workers import (NoWatchdog, Watchdog, pass_end, shutdown_workers, stall_limit, start_method,
                         workers_running)
 from ..device import prefetch
 from .base import Loader, resolve_workers
+from .torch_iter import Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
 
 DATALOADER_KEYWORDS = tuple(
     name for name in inspect.signature(DataLoader.__init__).parameters if name not in ("self", "dataset")
@@ -31,124 +32,52 @@ _INDEX_KEYWORDS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_la
 _STATE_VERSION = 1
 
 
-class _Resumable:
-    """Wraps the epoch's (batch) sampler: records the RNG state its shuffle starts from, and on
-    resume restores it and skips the batches already delivered, by index only: no sample of a
-    skipped batch is read."""
+class TorchLoader(DataLoader, Loader):
+    """Drop-in mode: a `torch.utils.data.DataLoader` (a subclass, with all its attributes and
+    checks), plus `num_workers="auto"` and `device`.
 
-    def __init__(self, inner: Any, rng: torch.Generator) -> None:
-        self.inner, self.rng = inner, rng
-        self.skip = 0
-        self.restore: torch.Tensor | None = None
-        self.rng_at_start: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self) -> Iterator[Any]:
-        # Nothing may run before the first index is asked for: DataLoader calls iter() on its
-        # sampler before drawing its worker seed (and, with workers, twice, dropping the
-        # first), while torch's samplers draw lazily; resuming must keep that order. So the
-        # restore-and-skip runs on the first next(), and after it the sampler's own iterator
-        # is chained on at C speed (a Python generator here would cost 0.3 us an index).
-        inner = iter(self.inner)  # lazy for torch's samplers: nothing is drawn yet
-        return itertools.chain(self._prepare(inner), inner)
-
-    def _prepare(self, inner: Iterator[Any]) -> Iterator[Any]:
-        if self.restore is not None:
-            self.rng.set_state(self.restore)
-            self.restore = None
-        self.rng_at_start = self.rng.get_state()
-        skip, self.skip = self.skip, 0
-        for _ in range(skip):
-            next(inner, None)
-        return
-        yield  # a generator that yields nothing: its body runs on the first next()
-
-
-def _fetches(it: Any) -> Iterator[Any]:
-    """What DataLoader's single-process iterator `it` yields, without its `__next__`.
-
-    NOTE: with 0 workers, `__next__` costs about 10 us a call beyond the fetch (a profiler
-    range entered and left, and bookkeeping for iterable datasets), more than fetching a ready
-    item. So here the iterator DataLoader built (its sampler iterator, RNG draws,
-    fetcher and pin settings, all as DataLoader made them) is driven by its own parts. Not for
-    iterable datasets (whose length warning lives in `__next__`), nor while a torch profiler
-    records (its traces keep DataLoader's ranges). Any other iterator passes through."""
-    fetcher = getattr(it, "_dataset_fetcher", None)
-    indices = getattr(it, "_sampler_iter", None)
-    if fetcher is None or indices is None or type(it).__name__ != "_SingleProcessDataLoaderIter":
-        yield from it  # a DataLoader that changed inside: its own iterator
-        return
-    fetch, pin, device = fetcher.fetch, it._pin_memory, it._pin_memory_device
-    if pin:
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        for index in indices:
-            yield pin_memory(fetch(index), device)
-    else:
-        for index in indices:
-            yield fetch(index)
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, collections.abc.Mapping):
-        return _batch_len(next(iter(batch.values()))) if batch else 0
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        if isinstance(first, (torch.Tensor, collections.abc.Mapping, list, tuple)):
-            return _batch_len(first)
-        return len(batch)
-    return 1
-
-
-class TorchLoader(Loader):
-    """Drop-in mode. Takes every keyword of `torch.utils.data.DataLoader` with its meaning and
-    default, plus `num_workers="auto"` and `device`."""
+    DataLoader's own `__init__` validates the arguments with its own errors and builds the
+    sampler and batch sampler; the batches come from a second, working DataLoader that draws
+    from that batch sampler (through `Resumable`) and collates natively into reused slots.
+    Frameworks that rebuild a DataLoader from its attributes (Lightning and Fabric with a
+    DistributedSampler, Accelerate's sharded loader) get this class again, or, for `collate_fn`,
+    fastdata's native collation (`fastdata._collate.collate`: default_collate's values, without
+    the reused slots, which belong to this loader's passes)."""
 
     backend = "torch"
 
-    def __init__(self, dataset: Any, *, device: Any = None, **kwargs: Any) -> None:
-        super().__init__()
-        if "num_workers" in kwargs:
-            kwargs["num_workers"] = resolve_workers(kwargs["num_workers"])
-        # The reference DataLoader validates every argument with DataLoader's own errors and
-        # builds the sampler exactly as DataLoader would; `len` is its len.
-        ref = DataLoader(dataset, **kwargs)
-        self._ref = ref
-        self.dataset = dataset
-        self.batch_size = ref.batch_size
+    def __init__(self, dataset: Any, *args: Any, device: Any = None, **kwargs: Any) -> None:
+        call = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs).arguments
+        del call["self"]
+        if "num_workers" in call:
+            call["num_workers"] = resolve_workers(call["num_workers"])
+        if call.get("collate_fn") is native_collate or isinstance(call.get("collate_fn"), RingCollate):
+            del call["collate_fn"]  # ours, handed back by a framework that rebuilds the loader
+        Loader.__init__(self)
+        DataLoader.__init__(self, **call)
         self.device = None if device is None else torch.device(device)
-        self._rng = ref.generator if ref.generator is not None else torch.default_generator
         self._iterable = isinstance(dataset, IterableDataset)
-        self._auto_collation = ref._auto_collation
 
-        own = {k: v for k, v in kwargs.items() if k not in _INDEX_KEYWORDS and k != "collate_fn"}
+        own = {k: v for k, v in call.items() if k not in _INDEX_KEYWORDS and k not in ("dataset", "collate_fn")}
         # The working DataLoader always has a time limit (see fastdata._workers); the user's
         # timeout and start method stay what they asked for.
-        self._timeout = ref.timeout
-        self._asked_context = ref.multiprocessing_context
-        if ref.num_workers > 0:
-            own["timeout"] = stall_limit(ref.timeout)
-        collate_fn = kwargs.get("collate_fn")
-        if collate_fn is None and ref._auto_collation:
-            pin = bool(ref.pin_memory) and torch.accelerator.is_available()
-            collate_fn = RingCollate(slots=(ref.prefetch_factor or 2) + 2, pin=pin)
-        self._index: _Resumable | None = None
+        if self.num_workers > 0:
+            own["timeout"] = stall_limit(self.timeout)
+        collate_fn = call.get("collate_fn")
+        if collate_fn is None and self._auto_collation:
+            pin = bool(self.pin_memory) and torch.accelerator.is_available()
+            collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
+            self.collate_fn = native_collate
+        self._index: Resumable | None = None
         if self._iterable:
-            self._loader = DataLoader(
-                dataset, batch_size=ref.batch_size, drop_last=ref.drop_last, collate_fn=collate_fn, **own
-            )
-        elif ref._auto_collation:
-            self._index = _Resumable(ref.batch_sampler, self._rng)
+            self._loader = DataLoader(dataset, batch_size=self.batch_size, drop_last=self.drop_last,
+                                      collate_fn=collate_fn, **own)
+        elif self._auto_collation:
+            self._index = Resumable(self.batch_sampler, self.generator)
             self._loader = DataLoader(dataset, batch_sampler=self._index, collate_fn=collate_fn, **own)
         else:
-            self._index = _Resumable(ref.sampler, self._rng)
-            self._loader = DataLoader(
-                dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn, **own
-            )
+            self._index = Resumable(self.sampler, self.generator)
+            self._loader = DataLoader(dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn, **own)
         self._epoch: int | None = None
         self._resume: dict[str, Any] | None = None
         self._epoch_rng: torch.Tensor | None = None
@@ -156,11 +85,8 @@ class TorchLoader(Loader):
         self._in_epoch = False
 
     @property
-    def num_workers(self) -> int:
-        return self._loader.num_workers
-
-    def __len__(self) -> int:
-        return len(self._ref)
+    def _rng(self) -> torch.Generator:
+        return self.generator if self.generator is not None else torch.default_generator
 
     def __iter__(self) -> Iterator[Any]:
         # Eager like DataLoader's __iter__: workers start and seeds are drawn now, not at the
@@ -180,17 +106,20 @@ class TorchLoader(Loader):
         collate_fn = self._ring_collate()
         starting = self._loader.num_workers > 0 and not workers_running(self._loader)
         if starting:
-            self._loader.multiprocessing_context = start_method(self._asked_context)
+            self._loader.multiprocessing_context = start_method(self.multiprocessing_context)
         workers = collate_fn.rings.begin_pass() if collate_fn is not None and starting else None
+        # len() asked of this loader counts for the working one's warning (an iterable dataset
+        # that yields more than its len())
+        self._loader._IterableDataset_len_called = self._IterableDataset_len_called
         loader_it = it = iter(self._loader)
         if self._iterable:
             # An iterable dataset cannot seek: fast-forward by reading the skipped batches.
             for _ in range(skip):
                 next(it)
         elif self._loader.num_workers == 0 and not torch.autograd._profiler_enabled():
-            it = _fetches(it)
+            it = fetches(it)
         end = pass_end(loader_it, workers, self._loader.persistent_workers)
-        return self._start(self._run(it, loader_it, end), end)
+        return self._start(Pass(self._run(it, loader_it, end)), end)
 
     # Per-sample loading (batch_size=None): an item is so quick that two clock reads plus the
     # counters per item would cost about 5%. So there the wait is timed on every 8th item and
@@ -199,26 +128,39 @@ class TorchLoader(Loader):
 
     def _run(self, it: Iterator[Any], loader_it: Any, end: Any) -> Iterator[Any]:
         # One generator with both loops inline: a delegating `yield from` per item would cost
-        # another 0.2 us.
+        # another 0.2 us. A batch that raised in the dataset is handed out as Raised and the
+        # pass goes on, as DataLoader's does (not with `device`: the copy-ahead ends with it).
         collate_fn = self._ring_collate()
         timed = collate_fn is not None and collate_fn.timing is not None
         batches = it if self.device is None else prefetch(it, self.device, self._time_copy if timed else None)
+        take = batches.__next__
+        survives = self.device is None
+        workers = self._loader.num_workers
         stats, clock = self.stats, time.perf_counter
         # The pass counts as done when its last batch is handed out: trainers take len()
         # batches and never ask past them.
-        total = -1 if self._iterable else len(self._ref)
-        dog = Watchdog(loader_it, self._timeout) if self._loader.num_workers else NoWatchdog()
+        total = -1 if self._iterable else len(self)
+        dog = Watchdog(loader_it, self.timeout) if workers else NoWatchdog()
         n = 0
         try:
             if self._auto_collation:
                 sizes = self._batch_sizes()
                 dog.waiting = self._delivered
                 t0 = clock()
-                for batch in batches:
+                while True:
+                    try:
+                        batch = take()
+                    except StopIteration:
+                        break
+                    except Exception as e:
+                        if not (survives and raised_by_dataset(e, workers)):
+                            raise
+                        batch = Raised(e)
                     dog.waiting = -1
-                    stats["wait_s"] += clock() - t0
-                    stats["batches"] += 1
-                    stats["samples"] += sizes(batch, self._delivered)
+                    if batch.__class__ is not Raised:
+                        stats["wait_s"] += clock() - t0
+                        stats["batches"] += 1
+                        stats["samples"] += sizes(batch, self._delivered)
                     self._delivered += 1
                     if self._delivered == total:
                         self._in_epoch = False
@@ -229,7 +171,15 @@ class TorchLoader(Loader):
                 every = self._SAMPLE_EVERY
                 dog.waiting = self._delivered
                 t0 = clock()
-                for item in batches:
+                while True:
+                    try:
+                        item = take()
+                    except StopIteration:
+                        break
+                    except Exception as e:
+                        if not (survives and raised_by_dataset(e, workers)):
+                            raise
+                        item = Raised(e)
                     dog.waiting = -1
                     if t0:
                         stats["wait_s"] += (clock() - t0) * every
@@ -298,17 +248,17 @@ class TorchLoader(Loader):
         batch itself."""
         if not self._auto_collation:
             return lambda batch, k: 1
-        bs = self._ref.batch_sampler
+        bs = self.batch_sampler
         if not self._iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):
             n, size, drop = len(bs.sampler), bs.batch_size, bs.drop_last
             return (lambda batch, k: size) if drop else (lambda batch, k: min(size, n - k * size))
-        return lambda batch, k: _batch_len(batch)
+        return lambda batch, k: batch_len(batch)
 
     def set_epoch(self, epoch: int) -> None:
         """Records the epoch and passes it to the sampler when it has `set_epoch` (as
         `DistributedSampler` does)."""
         self._epoch = epoch
-        for s in (self._ref.sampler, self._ref.batch_sampler, getattr(self._ref.batch_sampler, "sampler", None)):
+        for s in (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
 

@@ -95,29 +95,51 @@ class ImageLoader(Loader):
         self.dtype, self.channels_last, self.placement = dtype, channels_last, placement
         self.on_error = on_error
         self.seed = seed
+        self._asked = (rank, world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         workers = resolve_workers(num_workers)
         self.persistent_workers = bool(persistent_workers) and workers > 0
         pin = bool(pin_memory) and torch.accelerator.is_available()
-        fail = Failures(on_error, self.backend)
+        self._plan = (shuffle, drop_last, workers, timeout, prefetch_factor, pin)
+        self._build()
+        self.num_classes = self._reader.num_classes(transform)
+        self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
+        self._skip = 0  # batches of self._epoch the next pass skips (a resume)
+        self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
+        self._in_epoch = False  # a pass is live and its epoch not finished
+
+    def _build(self) -> None:
+        """The parts for this rank and world size: order, reader, decoder, who decodes, the
+        device stage."""
+        shuffle, drop_last, workers, timeout, prefetch_factor, pin = self._plan
+        transform = self.transform
+        fail = Failures(self.on_error, self.backend)
         self._order, self._reader = self._parts(shuffle, drop_last, workers, fail)
-        self._decoder = BatchDecoder(transform, seed, fail, (prefetch_factor or 2) + 2, pin)
+        self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin)
         # placement: where ColorJitter/TrivialAugment run; "auto" is the CPU (the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
-        device_pixel_ops = pixel_ops if placement == "gpu" else ()
+        device_pixel_ops = pixel_ops if self.placement == "gpu" else ()
         if device_pixel_ops:
             from ..transforms import kornia as _kornia  # noqa: F401 (fails early when Kornia is missing)
 
             self._decoder.pixel_ops = ()
         self._runner = self._decoders(workers, timeout, prefetch_factor, pin)
-        self.num_classes = self._reader.num_classes(transform)
         self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
-                                         device=self.device, dtype=dtype, channels_last=channels_last,
-                                         num_classes=self.num_classes, seed=seed, rank=self.rank)
-        self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
-        self._skip = 0  # batches of self._epoch the next pass skips (a resume)
-        self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
-        self._in_epoch = False  # a pass is live and its epoch not finished
+                                         device=self.device, dtype=self.dtype, channels_last=self.channels_last,
+                                         num_classes=self._reader.num_classes(transform), seed=self.seed,
+                                         rank=self.rank)
+
+    def _follow_dist(self) -> None:
+        """A rank or world size left to torch.distributed is read again before a pass (and by
+        len()): a loader made before the process group (handed to a trainer that starts it)
+        splits the epoch among the ranks that iterate it."""
+        if None not in self._asked or (self._live is not None and self._live[0]() is not None):
+            return
+        live = _dist_defaults(*self._asked)
+        if live != (self.rank, self.world_size):
+            self._runner.shutdown()
+            self.rank, self.world_size = live
+            self._build()
 
     # ------------------------------------------------------------- the backend's parts
 
@@ -137,7 +159,20 @@ class ImageLoader(Loader):
         return self._runner.num_workers
 
     def __len__(self) -> int:
+        self._follow_dist()
         return len(self._order)
+
+    @property
+    def sampler(self) -> "EpochSampler":
+        """What trainers call `set_epoch` on (Lightning and Fabric look for a DataLoader's
+        sampler): it sets this loader's epoch."""
+        return EpochSampler(self)
+
+    @property
+    def dataset(self):
+        raise AttributeError("image mode has no torch Dataset to rebuild a DataLoader from: it reads, orders and "
+                             "splits the images itself; to skip the first k batches of an epoch, use "
+                             "loader.load_state_dict({**loader.state_dict(), 'epoch': e, 'batches': k})")
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (it also advances by itself after each pass).
@@ -152,6 +187,7 @@ class ImageLoader(Loader):
         previous iterator, if still alive, ends first. An epoch counts as finished when its
         last batch is handed out; a pass left early ends its epoch there too."""
         self._stop()
+        self._follow_dist()
         if self._in_epoch:  # the last iterator was dropped before its first batch: its start stands
             self._skip = self._delivered
         epoch, skip, self._skip = self._epoch, self._skip, 0
@@ -270,3 +306,16 @@ class ImageLoader(Loader):
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
+
+
+class EpochSampler:
+    """An image loader's stand-in for a DataLoader's sampler: `set_epoch` and `len`."""
+
+    def __init__(self, loader: ImageLoader) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self._loader) * self._loader.batch_size
