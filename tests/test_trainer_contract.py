@@ -156,3 +156,16 @@ def test_image_loader_made_before_the_process_group_splits_by_rank(folder, tmp_p
         a, b = ranks[0]["seen"][epoch], ranks[1]["seen"][epoch]
         assert not set(a) & set(b) and len(set(a) | set(b)) == n
     assert ranks[0]["seen"][0] != ranks[0]["seen"][1]  # the order changes with the epoch
+
+
+def test_image_resume_checks_batch_size_and_world_size(folder):
+    state = _image_loader(folder, rank=0, world_size=2).state_dict()
+    with pytest.raises(ValueError, match="batch_size=4"):
+        fastdata.loader(str(folder), batch_size=3, transform=T.Compose([T.CenterCrop(32)])).load_state_dict(state)
+    other = _image_loader(folder)  # world size 1
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size=2"):
+        iter(other)
+    same = _image_loader(folder, rank=1, world_size=2)
+    same.load_state_dict(state)
+    assert len(list(same)) == len(same)

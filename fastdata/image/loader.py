@@ -107,6 +107,7 @@ class ImageLoader(Loader):
         self._skip = 0  # batches of self._epoch the next pass skips (a resume)
         self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
         self._in_epoch = False  # a pass is live and its epoch not finished
+        self._state_world: int | None = None  # the world size of a state just loaded
 
     def _build(self) -> None:
         """The parts for this rank and world size: order, reader, decoder, who decodes, the
@@ -188,6 +189,10 @@ class ImageLoader(Loader):
         last batch is handed out; a pass left early ends its epoch there too."""
         self._stop()
         self._follow_dist()
+        if self._state_world not in (None, self.world_size):
+            raise ValueError(f"the state was taken with world_size={self._state_world}: each rank's share of an epoch "
+                             f"depends on it, so resume on {self._state_world} ranks, not {self.world_size}")
+        self._state_world = None
         if self._in_epoch:  # the last iterator was dropped before its first batch: its start stands
             self._skip = self._delivered
         epoch, skip, self._skip = self._epoch, self._skip, 0
@@ -199,12 +204,17 @@ class ImageLoader(Loader):
         """Where the stream stands: mid-epoch while a pass is live, else where the next pass
         starts."""
         return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,
-                "batches": self._delivered if self._in_epoch else self._skip, **self._order.state()}
+                "batches": self._delivered if self._in_epoch else self._skip, "batch_size": self.batch_size,
+                "world_size": self.world_size, **self._order.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
             raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
         self._order.check_state(state)
+        if state.get("batch_size", self.batch_size) != self.batch_size:
+            raise ValueError(f"the state was taken with batch_size={state['batch_size']}: its position counts batches "
+                             f"of that size, so resume with batch_size={state['batch_size']}, not {self.batch_size}")
+        self._state_world = state.get("world_size")  # checked when the next pass knows its world size
         if state.get("seed", self.seed) != self.seed:
             warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
         self._stop()
