@@ -103,6 +103,8 @@ def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
     """Whether the native core can take these tensors: plain dense CPU tensors of one dtype and
     shape, no autograd, no lazy negation bit. (About 0.5 us a tensor: it runs every batch.)"""
     elem = batch[0]
+    if elem.is_nested:  # strided layout, but no shape: torch's collate says it cannot batch them
+        return False
     dtype, shape = elem.dtype, elem.shape
     if dtype not in _NATIVE_DTYPES or elem.layout != torch.strided:
         return False

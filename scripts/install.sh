@@ -20,6 +20,10 @@ PILLOW_SIMD=12.1.1.post0
 # Kornia for the device stage's pixel ops (it requires torch, already here, and no Pillow).
 "$PY" -m pip install -q "kornia==0.9.0"
 
+# The trainers tests/test_frameworks.py runs fastdata under (Lightning's Trainer and Fabric,
+# Accelerate); pinned, and requiring neither a torch other than the one here nor Pillow.
+"$PY" -m pip install -q "pytorch-lightning==2.6.6" "accelerate==1.15.0"
+
 # NVIDIA DALI for the `dali` backend (about 430 MB; it runs CPU-only pipelines where there is no
 # GPU, so the backend is tested everywhere). It requires no torch and no Pillow.
 DALI=nvidia-dali-cuda120==2.4.0

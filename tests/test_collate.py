@@ -162,3 +162,12 @@ def test_raw_address_path_equals_fallback(view):
     out = torch.empty(6, 3, 8, 5)
     _collate._copy_checked_tensors(samples, out, 2)
     assert torch.equal(out, torch.stack(samples))
+
+
+def test_nested_tensors_get_torch_own_error():
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(RuntimeError) as theirs:
+        torch.utils.data.default_collate([nested, nested])
+    with pytest.raises(RuntimeError) as ours:
+        collate([nested, nested])
+    assert str(ours.value) == str(theirs.value)

@@ -139,3 +139,24 @@ def test_dropin_state_after_the_last_batch_is_the_next_pass(folder):
         next(it)
     state = loader.state_dict()
     assert state["batches"] == 0
+
+
+def test_a_dropped_pass_does_not_undo_a_load_or_a_set_epoch(folder):
+    """Lightning makes an iterator as a check and drops it before loading the loader's state,
+    and ends passes by count before calling set_epoch: neither may move the resume point."""
+    make = lambda: fastdata.loader(str(folder), batch_size=5, shuffle=True, num_workers=0,  # noqa: E731
+                                   transform=T.Compose([T.RandomResizedCrop(16)]), seed=2)
+    want = make()
+    want.set_epoch(3)
+    expected = [y.clone() for _, y in want][1:]
+    fresh = make()
+    iter(fresh)  # the check pass, dropped before its first batch
+    fresh.load_state_dict({**want.state_dict(), "epoch": 3, "batches": 1})
+    got = [y.clone() for _, y in fresh]
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    a = make()
+    it = iter(a)
+    next(it)
+    next(it)
+    a.set_epoch(1)
+    assert len(list(a)) == len(a)

@@ -181,6 +181,7 @@ class ImageLoader(Loader):
         `load_state_dict`, in a loop that calls set_epoch at the top) keeps its resume point."""
         if int(epoch) != self._epoch:
             self._skip = 0
+            self._in_epoch, self._delivered = False, 0
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:
@@ -220,6 +221,7 @@ class ImageLoader(Loader):
         self._stop()
         self._epoch = int(state["epoch"])
         self._skip = int(state["batches"])
+        self._in_epoch, self._delivered = False, 0
 
     # ------------------------------------------------------------- the profiling protocol
 
@@ -260,7 +262,7 @@ class ImageLoader(Loader):
                 stats["samples"] += int(batch[1].shape[0])
                 k += 1
                 self._delivered = k
-                if k == total:  # trainers take len() batches and never ask past the last
+                if k == total and self._epoch == epoch:  # trainers take len() batches, never asking past the last
                     self._next_epoch(epoch)
                     runner.epoch_done(epoch)
                 yield batch
