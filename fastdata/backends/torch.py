@@ -108,6 +108,8 @@ class TorchLoader(DataLoader, Loader):
         if starting:
             self._loader.multiprocessing_context = start_method(self.multiprocessing_context)
         workers = collate_fn.rings.begin_pass() if collate_fn is not None and starting else None
+        # Trainers assign worker_init_fn after construction (Lightning's seed_everything(workers=True))
+        self._loader.worker_init_fn = self.worker_init_fn
         # len() asked of this loader counts for the working one's warning (an iterable dataset
         # that yields more than its len())
         self._loader._IterableDataset_len_called = self._IterableDataset_len_called

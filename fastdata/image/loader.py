@@ -163,6 +163,8 @@ class ImageLoader(Loader):
         self._follow_dist()
         return len(self._order)
 
+    batch_sampler = None  # as a DataLoader given a sampler has (Lightning reads both)
+
     @property
     def sampler(self) -> "EpochSampler":
         """What trainers call `set_epoch` on (Lightning and Fabric look for a DataLoader's
