@@ -8,7 +8,7 @@ result is the same object `default_collate` would build, value for value.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -153,6 +153,13 @@ def collate(batch: Sequence[Any]) -> Any:
     return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
 
 
+class Timed(NamedTuple):
+    """A batch collated with stage timing on, and its stage seconds (what the loader sums)."""
+
+    batch: Any
+    stages: dict
+
+
 class RingCollate:
     """The loader's collate_fn: `collate`, writing into a reused slot of this process's ring
     (see `ProcessRings`). Picklable, so worker processes get it."""
@@ -160,66 +167,39 @@ class RingCollate:
     def __init__(self, slots: int, pin: bool = False) -> None:
         self.rings = ProcessRings(slots, pin)
         self._calls = 0
-        # Stage timing (fastdata.profile): None when off (one check a batch), else a shared
-        # float64 [processes, 5] table, a row per worker (the last for the main process):
-        # dataset CPU seconds, dataset wall seconds, batches with them, collate CPU seconds, samples.
-        self.timing: torch.Tensor | None = None
-        self._row: Any = None
+        # Stage timing (fastdata.profile): None when off (one check a batch); True: each batch
+        # comes out as Timed, with its stage seconds.
+        self.timing: bool | None = None
         self._left: tuple[float, float] | None = None  # (CPU, wall) clocks when this process's last collation ended
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_row": None, "_left": None}
+        return {**self.__dict__, "_left": None}
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         if self.timing is None:
             return self._collate(batch)
         return self._timed(batch)
 
-    def _timed(self, batch: Sequence[Any]) -> Any:
+    def _timed(self, batch: Sequence[Any]) -> Timed:
         """The collation, timed. The time since this process's last collation is the dataset's
         (a worker waits for indices, fetches, collates and queues the batch, and while the
         consumer keeps up its indices are already queued): its CPU seconds as "dataset", the
-        rest of its wall time (I/O, sleeps) as "read". CPU seconds, not wall time, for what
-        computes, like the image backends' stages: under contention wall time counts the waits
-        for a core too."""
+        rest of its wall time (I/O, sleeps) as "read", counted in "fetched" batches (a
+        process's first has no "since"). CPU seconds, not wall time, for what computes, like
+        the image backends' stages: under contention wall time counts the waits for a core too."""
         info = get_worker_info()
-        if self._row is None:
-            self._row = self.timing.numpy()[info.id if info is not None else -1]
         clock = time.process_time if info is not None else time.thread_time
         start, wall = clock(), time.perf_counter()
         with trace_range("fastdata.collate"):
             out = self._collate(batch)
         end = clock()
-        row = self._row
-        if self._left is not None:  # a process's first batch has no "since"
-            row[0] += start - self._left[0]
-            row[1] += wall - self._left[1]
-            row[2] += 1
-        row[3] += end - start
-        row[4] += len(batch)
+        stages = {"worker": info.id if info is not None else -1, "collate": end - start, "images": len(batch),
+                  "batches": 1}
+        if self._left is not None:
+            cpu = start - self._left[0]
+            stages.update(dataset=cpu, read=max(0.0, wall - self._left[1] - cpu), fetched=1)
         self._left = (end, time.perf_counter())
-        return out
-
-    def stages(self) -> dict[str, Any]:
-        """The timing table as stage seconds: "read" (the dataset's wall time beyond its CPU
-        time), "dataset" (its CPU time), "collate", "images", and the same per "worker k"
-        (the main process is "worker -1")."""
-        names = ("read", "dataset", "collate")
-        out: dict[str, Any] = {**dict.fromkeys(names, 0.0), "images": 0}
-        if self.timing is None:
-            return out
-        rows = self.timing.tolist()
-        for k, (cpu, wall, fetched, collate, samples) in enumerate(rows):
-            if not samples:
-                continue
-            # a process's first batch has no dataset seconds: scale its others up to all its batches
-            scale = (fetched + 1) / fetched if fetched else 0.0
-            own = {"read": max(0.0, wall - cpu) * scale, "dataset": cpu * scale, "collate": collate,
-                   "images": int(samples)}
-            out[f"worker {k if k < len(rows) - 1 else -1}"] = own
-            for name in (*names, "images"):
-                out[name] += own[name]
-        return out
+        return Timed(out, stages)
 
     def _collate(self, batch: Sequence[Any]) -> Any:
         global _ring

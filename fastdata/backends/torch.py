@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from .._collate import RingCollate
+from .._collate import RingCollate, Timed
 from .._collate import collate as native_collate
 from .._workers import (NoWatchdog, Watchdog, pass_end, shutdown_workers, stall_limit, start_method,
                         workers_running)
@@ -134,6 +134,8 @@ class TorchLoader(DataLoader, Loader):
         # pass goes on, as DataLoader's does (not with `device`: the copy-ahead ends with it).
         collate_fn = self._ring_collate()
         timed = collate_fn is not None and collate_fn.timing is not None
+        if timed:
+            it = self._untimed(it)
         batches = it if self.device is None else prefetch(it, self.device, self._time_copy if timed else None)
         take = batches.__next__
         survives = self.device is None
@@ -209,8 +211,6 @@ class TorchLoader(DataLoader, Loader):
             dog.close()
             stats["batches"] += n
             stats["samples"] += n
-            if timed:
-                stats["stages"] = self.stage_seconds()
             end()
 
     def set_stage_timing(self, on: bool) -> bool:
@@ -222,12 +222,16 @@ class TorchLoader(DataLoader, Loader):
             return False
         if on and workers_running(self._loader):
             return False
-        if on and collate_fn.timing is None:
-            collate_fn.timing = torch.zeros((self._loader.num_workers + 1, 5), dtype=torch.float64).share_memory_()
-        elif not on and collate_fn.timing is not None:
-            self.stats["stages"] = self.stage_seconds()  # what was timed stays in stats
-            collate_fn.timing = None
+        collate_fn.timing = True if on else None
+        if on:
+            self.stats.setdefault("stages", {})
         return True
+
+    def _untimed(self, batches: Iterator[Timed]) -> Iterator[Any]:
+        """The batches of a timed pass, their stage seconds summed into stats."""
+        for batch, stages in batches:
+            self._record_stages(stages)
+            yield batch
 
     def _ring_collate(self) -> RingCollate | None:
         """fastdata's own collate function, when it is the one in use (not a user's)."""
@@ -238,11 +242,26 @@ class TorchLoader(DataLoader, Loader):
         return (self.num_workers or 1) * (self._loader.prefetch_factor or 2) + 1
 
     def stage_seconds(self) -> dict[str, Any]:
-        collate_fn = self._ring_collate()
-        if collate_fn is None or collate_fn.timing is None:
-            return self.stats.get("stages", {})
-        copied = {k: v for k, v in self.stats.get("stages", {}).items() if k == "h2d_copy"}
-        return {**collate_fn.stages(), **copied}
+        """The stage seconds so far, each process's "read" and "dataset" scaled up to all its
+        batches: its first batch has no time since a previous one to count (see RingCollate)."""
+        summed = self.stats.get("stages", {})
+        names = ("read", "dataset", "collate", "images")
+        out: dict[str, Any] = {k: v for k, v in summed.items() if not k.startswith("worker ") and k not in
+                               (*names, "batches", "fetched")}
+        if not any(k.startswith("worker ") for k in summed):
+            return out
+        out.update(dict.fromkeys(names, 0))
+        for key, own in summed.items():
+            if not key.startswith("worker "):
+                continue
+            fetched = own.get("fetched", 0)
+            scale = own["batches"] / fetched if fetched else 0.0
+            mine = {"read": own.get("read", 0.0) * scale, "dataset": own.get("dataset", 0.0) * scale,
+                    "collate": own["collate"], "images": own["images"]}
+            out[key] = mine
+            for name in names:
+                out[name] += mine[name]
+        return out
 
     def _batch_sizes(self):
         """How many samples a delivered batch holds: from the batch sampler's arithmetic when it
