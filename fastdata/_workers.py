@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -185,6 +186,22 @@ def _unlink_orphans(pids: list[int]) -> None:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:
                 pass
+
+
+class WorkerStart:
+    """A worker's `worker_init_fn`: moves everything the worker inherited from the training
+    process into the collector's permanent generation (`gc.freeze`, which relinks list heads
+    and writes no object), then runs the user's function, if any. A full collection in the
+    worker then never writes the inherited objects' headers: their pages stay shared with the
+    training process instead of being copied, one worker at a time, at some later epoch."""
+
+    def __init__(self, user: Callable[[int], Any] | None = None) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        gc.freeze()
+        if self.user is not None:
+            self.user(worker_id)
 
 
 def workers_running(loader: Any) -> bool:

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,40 @@ import pytest
 import torch
 
 from fastdata.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+
+def launch(cmd: list[str], tmp_path: Path, run: str, mark: str, **env: str) -> subprocess.Popen:
+    """Starts `cmd` in a session of its own, its output in <tmp_path>/<run>.out, with this
+    process's sys.path, one intra-op thread, a fastdata cache of its own, and `mark` in its
+    environment (what `job_processes` looks for)."""
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1",
+            "FASTDATA_CACHE": str(tmp_path / "cache"), mark: str(tmp_path), **env}
+    with open(tmp_path / f"{run}.out", "w") as out:
+        return subprocess.Popen(cmd, cwd=tmp_path, env=full, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def kill_once_past(job: subprocess.Popen, steps, at: int, out: Path, ranks=(0, 1), limit: float = 180) -> None:
+    """Waits until every rank has logged step `at` (`steps(rank)`: its logged steps), then
+    SIGKILLs the job's whole tree; fails, with the job's output, if it ends or stalls first."""
+    try:
+        deadline = time.monotonic() + limit
+        while min(max(steps(r), default=0) for r in ranks) < at:
+            assert job.poll() is None, "the first run ended before it was killed:\n" + out.read_text()
+            assert time.monotonic() < deadline, "no checkpoint in time:\n" + out.read_text()
+            time.sleep(0.01)
+    finally:
+        kill(job)
+    assert job.returncode == -signal.SIGKILL
+
+
+def finish(job: subprocess.Popen, out: Path, limit: float = 240) -> None:
+    """Waits for the job to end well; kills it if it does not end in time."""
+    try:
+        assert job.wait(timeout=limit) == 0, out.read_text()
+    finally:
+        if job.poll() is None:
+            kill(job)
 
 
 def free_port() -> int:

@@ -8,18 +8,15 @@ the checkpoint with the same batches and losses, and no process of the job outli
 The images are flat colours that name their sample (see _images.py); the script's --log-samples
 lines say which samples every step trained on."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from _images import color_folder
-from _jobs import check_resumed, free_port, kill, logged_steps, no_job_left
+from _jobs import check_resumed, finish, free_port, kill_once_past, launch, logged_steps, no_job_left
 
 pytest.importorskip("pytorch_lightning")
 
@@ -38,12 +35,7 @@ def _fit(tmp_path: Path, folder: Path, run: str, *extra: str) -> subprocess.Pope
            "--batch-size", str(BATCH), "--lr", str(LR), "--image-size", "32", "--workers", "1",
            "--checkpoint-dir", str(tmp_path / "ckpt"), "--steps-per-checkpoint", str(EVERY),
            "--log-samples", str(tmp_path / run), *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "FASTDATA_CACHE": str(tmp_path / "cache"), _MARK: str(tmp_path)}
-    with open(tmp_path / f"{run}.out", "w") as out:
-        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    return launch(cmd, tmp_path, run, _MARK, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
 def _steps(tmp_path: Path, run: str, rank: int) -> dict[int, dict]:
@@ -57,18 +49,10 @@ def test_killed_mid_epoch_and_resumed(tmp_path):
     out1, out2 = tmp_path / "run1.out", tmp_path / "run2.out"
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     job = _fit(tmp_path, folder, "run1")
-    try:
-        # Killed once both ranks are two steps past the first checkpoint: rank 0 writes it at
-        # the end of step EVERY, before the next step's gradients are reduced across the
-        # ranks, so it is complete by then.
-        deadline = time.monotonic() + 180
-        while min(max(_steps(tmp_path, "run1", r), default=0) for r in (0, 1)) < EVERY + 2:
-            assert job.poll() is None, "the first run ended before it was killed:\n" + out1.read_text()
-            assert time.monotonic() < deadline, "no checkpoint in time:\n" + out1.read_text()
-            time.sleep(0.01)
-    finally:
-        kill(job)
-    assert job.returncode == -signal.SIGKILL
+    # Killed once both ranks are two steps past the first checkpoint: rank 0 writes it at
+    # the end of step EVERY, before the next step's gradients are reduced across the
+    # ranks, so it is complete by then.
+    kill_once_past(job, lambda r: _steps(tmp_path, "run1", r), EVERY + 2, out1)
     no_job_left(SCRIPT, tmp_path, _MARK)
     saved = torch.load(ckpt, weights_only=True)
     (state,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]  # the loader's state_dict()
@@ -80,11 +64,7 @@ def test_killed_mid_epoch_and_resumed(tmp_path):
     assert killed_at > done, "no step ran after the checkpoint before the kill"
 
     job = _fit(tmp_path, folder, "run2", "--resume")
-    try:
-        assert job.wait(timeout=240) == 0, out2.read_text()
-    finally:
-        if job.poll() is None:
-            kill(job)
+    finish(job, out2)
     no_job_left(SCRIPT, tmp_path, _MARK)
     assert f"resumed from {ckpt}: step {done}" in out2.read_text()
     second = {r: _steps(tmp_path, "run2", r) for r in (0, 1)}

@@ -6,18 +6,15 @@ batches and losses, and no process of the job outlives it.
 The images are flat colours that name their sample (see _images.py); the script's --log-samples
 lines (labels, each image's mean per channel) say which samples every step trained on."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from _images import color_folder
-from _jobs import check_resumed, free_port, kill, logged_steps, no_job_left
+from _jobs import check_resumed, finish, free_port, kill_once_past, launch, logged_steps, no_job_left
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train.py"
 CLASSES, PER_CLASS = 6, 20  # 120 images: 60 a rank, no padding
@@ -35,11 +32,7 @@ def _torchrun(tmp_path: Path, folder: Path, run: str, *extra: str) -> subprocess
            "--data", str(folder), "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--lr", str(LR),
            "--image-size", "32", "--workers", "1", "--checkpoint", str(tmp_path / "ckpt.pt"),
            "--steps-per-checkpoint", str(EVERY), "--log-samples", str(tmp_path / run), *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1",
-           "FASTDATA_CACHE": str(tmp_path / "cache"), _MARK: str(tmp_path)}
-    with open(tmp_path / f"{run}.out", "w") as out:
-        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    return launch(cmd, tmp_path, run, _MARK)
 
 
 def _steps(tmp_path: Path, run: str, rank: int) -> dict[int, dict]:
@@ -52,17 +45,9 @@ def test_killed_mid_epoch_and_resumed(tmp_path):
     folder = color_folder(tmp_path / "images", CLASSES, PER_CLASS, (40, 64), lambda i: f"{i:03d}.jpg")
     out1, out2 = tmp_path / "run1.out", tmp_path / "run2.out"
     job = _torchrun(tmp_path, folder, "run1")
-    try:
-        # Killed once both ranks are two steps past the first checkpoint: rank 0 writes it
-        # before its next step, so it is complete by then.
-        deadline = time.monotonic() + 180
-        while min(max(_steps(tmp_path, "run1", r), default=0) for r in (0, 1)) < EVERY + 2:
-            assert job.poll() is None, "the first run ended before it was killed:\n" + out1.read_text()
-            assert time.monotonic() < deadline, "no checkpoint in time:\n" + out1.read_text()
-            time.sleep(0.01)
-    finally:
-        kill(job)
-    assert job.returncode == -signal.SIGKILL
+    # Killed once both ranks are two steps past the first checkpoint: rank 0 writes it
+    # before its next step, so it is complete by then.
+    kill_once_past(job, lambda r: _steps(tmp_path, "run1", r), EVERY + 2, out1)
     no_job_left(SCRIPT, tmp_path, _MARK)
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     done, epoch, batches = saved["step"], saved["epoch"], saved["loader"]["batches"]
@@ -72,11 +57,7 @@ def test_killed_mid_epoch_and_resumed(tmp_path):
     assert killed_at > done, "no step ran after the checkpoint before the kill"
 
     job = _torchrun(tmp_path, folder, "run2", "--resume")
-    try:
-        assert job.wait(timeout=240) == 0, out2.read_text()
-    finally:
-        if job.poll() is None:
-            kill(job)
+    finish(job, out2)
     no_job_left(SCRIPT, tmp_path, _MARK)
     assert f"resumed from {tmp_path / 'ckpt.pt'}: step {done}" in out2.read_text()
     second = {r: _steps(tmp_path, "run2", r) for r in (0, 1)}

@@ -17,8 +17,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate, Timed
 from .._collate import collate as native_collate
-from .._workers import (NoWatchdog, Watchdog, pass_end, shutdown_workers, stall_limit, start_method,
-                        workers_running)
+from .._workers import (NoWatchdog, Watchdog, WorkerStart, pass_end, shutdown_workers, stall_limit,
+                        start_method, workers_running)
 from ..device import prefetch
 from .base import Loader, resolve_workers
 from .torch_iter import Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
@@ -109,7 +109,7 @@ class TorchLoader(DataLoader, Loader):
             self._loader.multiprocessing_context = start_method(self.multiprocessing_context)
         workers = collate_fn.rings.begin_pass() if collate_fn is not None and starting else None
         # Trainers assign worker_init_fn after construction (Lightning's seed_everything(workers=True))
-        self._loader.worker_init_fn = self.worker_init_fn
+        self._loader.worker_init_fn = WorkerStart(self.worker_init_fn)
         # len() asked of this loader counts for the working one's warning (an iterable dataset
         # that yields more than its len())
         self._loader._IterableDataset_len_called = self._IterableDataset_len_called
