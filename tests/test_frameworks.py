@@ -257,13 +257,7 @@ def test_accelerate_prepare(tmp_path, folder, mode, processes):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", [
-    # Open (issue 16): the rest of the interrupted epoch is exact, but the epoch after it
-    # shuffles otherwise than the uninterrupted run's. The same resume without Accelerate, with
-    # torch's RNG state restored as load_state does, is exact.
-    pytest.param("dropin", marks=pytest.mark.xfail(strict=True, reason="the epoch after an Accelerate resume "
-                                                   "shuffles otherwise (open)")),
-    "image"])
+@pytest.mark.parametrize("mode", ["dropin", "image"])
 def test_accelerate_mid_epoch_resume(tmp_path, folder, mode):
     """The prepared loader registered with register_for_checkpointing, save_state mid-epoch,
     load_state in a new Accelerator: the batches, and the losses, after that point are the

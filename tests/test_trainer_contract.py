@@ -169,3 +169,35 @@ def test_image_resume_checks_batch_size_and_world_size(folder):
     same = _image_loader(folder, rank=1, world_size=2)
     same.load_state_dict(state)
     assert len(list(same)) == len(same)
+
+
+class _Draws(Dataset):
+    """Each sample draws from torch's global RNG, in this process with 0 workers."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return i, torch.rand(1).item()
+
+
+def test_resume_carries_the_global_rng_past_the_skipped_batches():
+    """A trainer restores torch's RNG as it was at the checkpoint (Accelerate's load_state),
+    then the loader's state: the batches after it, and every epoch after, draw what the
+    uninterrupted run drew."""
+    def run(loader, start=0):
+        return [(e, k, y.tolist(), r.tolist()) for e in range(2)
+                for k, (y, r) in enumerate(loader, start=start if e == 0 else 0)]
+
+    torch.manual_seed(0)
+    whole, first = [], fastdata.loader(_Draws(), batch_size=4, shuffle=True)
+    for e in range(2):
+        for k, (y, r) in enumerate(first):
+            whole.append((e, k, y.tolist(), r.tolist()))
+            if (e, k) == (0, 5):
+                state, rng = first.state_dict(), torch.get_rng_state()
+    torch.manual_seed(1)
+    again = fastdata.loader(_Draws(), batch_size=4, shuffle=True)
+    torch.set_rng_state(rng)
+    again.load_state_dict(state)
+    assert run(again, start=6) == whole[6:]

@@ -99,6 +99,9 @@ class TorchLoader(DataLoader, Loader):
             skip = resume["batches"]
             if self._index is not None:
                 self._index.restore = resume["sampler_rng"]
+                # With 0 workers the dataset draws from this process's RNG: the state's RNG is
+                # past what the skipped batches drew (and, after a batch, past the sampler's draws).
+                self._index.restore_after = resume.get("rng_now") if skip and not self.num_workers else None
                 self._index.skip = skip
         self._epoch_rng = self._rng.get_state()
         self._delivered = skip
@@ -297,6 +300,7 @@ class TorchLoader(DataLoader, Loader):
                 "batches": self._delivered,
                 "rng": self._epoch_rng,
                 "sampler_rng": sampler_rng,
+                "rng_now": self._rng.get_state(),
             }
         return {
             "version": _STATE_VERSION,

@@ -19,6 +19,7 @@ class Resumable:
         self.inner, self.generator = inner, generator
         self.skip = 0
         self.restore: torch.Tensor | None = None
+        self.restore_after: torch.Tensor | None = None  # the RNG state once the skipped batches are passed
         self.rng_at_start: torch.Tensor | None = None
 
     @property
@@ -47,6 +48,11 @@ class Resumable:
         skip, self.skip = self.skip, 0
         for _ in range(skip):
             next(inner, None)
+        if self.restore_after is not None:
+            # where the RNG stood when the state was taken: what the dataset drew from it for
+            # the skipped batches (with 0 workers, in this process) is drawn past, not again
+            self.rng.set_state(self.restore_after)
+            self.restore_after = None
         return
         yield  # a generator that yields nothing: its body runs on the first next()
 
