@@ -102,7 +102,6 @@ class ImageLoader(Loader):
         pin = bool(pin_memory) and torch.accelerator.is_available()
         self._plan = (shuffle, drop_last, workers, timeout, prefetch_factor, pin)
         self._build()
-        self.num_classes = self._reader.num_classes(transform)
         self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
         self._skip = 0  # batches of self._epoch the next pass skips (a resume)
         self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
@@ -125,10 +124,10 @@ class ImageLoader(Loader):
 
             self._decoder.pixel_ops = ()
         self._runner = self._decoders(workers, timeout, prefetch_factor, pin)
+        self.num_classes = self._reader.num_classes(transform)
         self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
                                          device=self.device, dtype=self.dtype, channels_last=self.channels_last,
-                                         num_classes=self._reader.num_classes(transform), seed=self.seed,
-                                         rank=self.rank)
+                                         num_classes=self.num_classes, seed=self.seed, rank=self.rank)
 
     def _follow_dist(self) -> None:
         """A rank or world size left to torch.distributed is read again before a pass (and by
