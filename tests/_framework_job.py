@@ -12,8 +12,9 @@ the slow part); a run is the job's keys with its own over them:
   num_workers, out;
 - Lightning: built ("hooks": the loaders come from train_dataloader()/val_dataloader();
   "before_fit": they are made before the process group exists and passed to fit()), reload
-  (reload_dataloaders_every_n_epochs), seed_workers (seed_everything(workers=True)), ckpt_every (a checkpoint every k steps), resume_step
-  (fit from the checkpoint an earlier run took at that step);
+  (reload_dataloaders_every_n_epochs), seed_workers (seed_everything(workers=True)), ckpt_every (a checkpoint every k steps),
+  ckpt_epochs (a checkpoint at each epoch's end), resume_step (fit from the checkpoint an
+  earlier run, the one named resume_from if several, took at that step);
 - Accelerate: save_at, load_from (see `accelerate`).
 """
 
@@ -145,6 +146,9 @@ def lightning(spec: dict) -> None:
     if spec.get("ckpt_every"):
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(spec["out"], "ckpt"),
                                          every_n_train_steps=spec["ckpt_every"], save_top_k=-1))
+    if spec.get("ckpt_epochs"):
+        callbacks.append(ModelCheckpoint(dirpath=os.path.join(spec["out"], "ckpt"), every_n_epochs=1, save_top_k=-1,
+                                         save_on_train_epoch_end=True))
     trainer = pl.Trainer(accelerator="cpu", devices=spec["devices"], strategy=spec.get("strategy", "auto"),
                          max_epochs=spec["epochs"], logger=False, enable_checkpointing=bool(callbacks),
                          callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
@@ -305,7 +309,7 @@ def main(job: dict) -> None:
         spec = {**job, **run, "out": os.path.join(job["out"], run["name"])}
         os.makedirs(spec["out"], exist_ok=True)
         if "resume_step" in spec:  # the checkpoint an earlier run took at that step
-            (spec["ckpt_path"],) = glob.glob(os.path.join(job["out"], "*", "ckpt", f"*-step={spec['resume_step']}.ckpt"))
+            (spec["ckpt_path"],) = glob.glob(os.path.join(job["out"], spec.get("resume_from", "*"), "ckpt", f"*-step={spec['resume_step']}.ckpt"))
         print(f"== run {run['name']}", flush=True)
         framework(spec)
     if torch.distributed.is_initialized():

@@ -203,16 +203,33 @@ def test_lightning_fit(tmp_path, folder, mode, devices, strategy, built, keys):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["dropin", "image"])
-def test_lightning_mid_epoch_resume(tmp_path, folder, mode):
-    """A checkpoint ModelCheckpoint(every_n_train_steps) takes mid-epoch, resumed with
-    fit(ckpt_path=...): the batches, and the losses, after it are the uninterrupted run's.
-    A plain DataLoader cannot: it has no state_dict, so Lightning warns and takes the epoch's
-    remaining steps from a fresh shuffle (samples repeated and missed)."""
+@pytest.mark.parametrize("where", ["mid-epoch", "epoch-end"])
+def test_lightning_resume(tmp_path, folder, mode, where):
+    """A checkpoint taken mid-epoch (ModelCheckpoint(every_n_train_steps)) or at an epoch's end
+    (every_n_epochs), resumed with fit(ckpt_path=...): the batches, and the losses, after it are
+    the uninterrupted run's (Lightning makes the loader's iterator before it calls set_epoch
+    for the resumed epoch). In drop-in mode at an epoch's end, what a DataLoader gives. A plain DataLoader cannot resume mid-epoch: it has no state_dict, so
+    Lightning warns and takes the epoch's remaining steps from a fresh shuffle (samples repeated
+    and missed)."""
     job = {"framework": "lightning", "devices": 1, "mode": mode, "folder": str(folder), "loader": "fastdata"}
-    step = len(range(0, TRAIN, BATCH)) + 3  # the checkpoint after batch 2 of epoch 1
-    logs = run_job(tmp_path, job, [{"name": "whole", "ckpt_every": step}, {"name": "resumed", "resume_step": step}])
+    per_epoch = len(range(0, TRAIN, BATCH))
+    if where == "mid-epoch":
+        step, at, keys = per_epoch + 3, ("train", 1, 3), {"ckpt_every": per_epoch + 3}  # after batch 2 of epoch 1
+    else:
+        step, at, keys = per_epoch, ("train", 1, 0), {"ckpt_epochs": True}  # after epoch 0 (and its validation)
+    if mode == "dropin" and where == "epoch-end":
+        # Lightning restores no loader state from an epoch-end checkpoint, so a Dataset's next
+        # shuffle comes from torch's RNG as seeded: the resumed job must match a DataLoader's
+        runs = [{"name": f"{name}-{loader}", "loader": loader, **run} for loader in ("dataloader", "fastdata")
+                for name, run in (("whole", keys), ("resumed", {"resume_step": step, "resume_from": f"whole-{loader}"}))]
+        logs = run_job(tmp_path, job, runs)
+        got, want = logs["resumed-fastdata"][0], logs["resumed-dataloader"][0]
+        assert seen(got) == seen(want), "after the resume, other batches than a DataLoader's"
+        assert losses(got) == pytest.approx(losses(want), rel=1e-5), "after the resume, other losses than a DataLoader's"
+        return
+    logs = run_job(tmp_path, job, [{"name": "whole", **keys}, {"name": "resumed", "resume_step": step}])
     whole, resumed = logs["whole"][0], logs["resumed"][0]
-    start = next(i for i, r in enumerate(whole) if (r["stage"], r["epoch"], r["batch"]) == ("train", 1, 3))
+    start = next(i for i, r in enumerate(whole) if (r["stage"], r["epoch"], r["batch"]) == at)
     # (a resume skips batches by index: the random draws of the skipped samples are not made)
     assert seen(resumed, draws=False) == seen(whole[start:], draws=False), \
         "after the resume, other batches than the uninterrupted run's"

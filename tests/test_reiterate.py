@@ -160,3 +160,20 @@ def test_a_dropped_pass_does_not_undo_a_load_or_a_set_epoch(folder):
     next(it)
     a.set_epoch(1)
     assert len(list(a)) == len(a)
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_image_set_epoch_between_iter_and_the_first_batch(folder, workers, persistent):
+    """Lightning, resuming from an epoch-end checkpoint, makes the iterator and then calls
+    set_epoch(1): as a DataLoader (whose sampler is read at the first batch), that iterator runs
+    epoch 1, whole, in epoch 1's order."""
+    want = _make("image", folder, 0, False)
+    want.set_epoch(1)
+    expected = _check_images([(x.clone(), y.clone()) for x, y in want])
+    loader = _make("image", folder, workers, persistent)
+    it = iter(loader)
+    loader.set_epoch(1)
+    got = _check_images([(x.clone(), y.clone()) for x, y in it])
+    assert got == expected, "the iterator did not run the epoch set before its first batch"
+    assert loader.state_dict()["epoch"] == 2
+    assert _check_images([(x.clone(), y.clone()) for x, y in loader]) != expected, "epoch 2 repeated epoch 1's order"

@@ -177,8 +177,9 @@ class ImageLoader(Loader):
                              "loader.load_state_dict({**loader.state_dict(), 'epoch': e, 'batches': k})")
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (it also advances by itself after each pass).
-        Another epoch than the current starts from its first batch; the current one (as after
+        """The epoch the next iteration runs (it also advances by itself after each pass), or,
+        called between `iter()` and the first batch, the one that iterator runs. Another epoch
+        than the current starts from its first batch; the current one (as after
         `load_state_dict`, in a loop that calls set_epoch at the top) keeps its resume point."""
         if int(epoch) != self._epoch:
             self._skip = 0
@@ -245,6 +246,14 @@ class ImageLoader(Loader):
         """The batches of `epoch` after its first `skip`, from `it` (which may run on past the
         epoch, into the next)."""
         runner = self._runner
+        if self._epoch != epoch:
+            # set_epoch came between iter() and the first batch (Lightning's resume from an
+            # epoch-end checkpoint does that): as with a DataLoader, whose sampler is read at the
+            # first batch, the pass runs the epoch set, from its start.
+            end()
+            epoch, skip = self._epoch, 0
+            it, end = runner.open(epoch, skip)
+            self._delivered, self._in_epoch = skip, True
         total = len(self._order)
         batches = (self._finish(b) for b in itertools.islice(it, total - skip))
         if self.device.type != "cpu":
