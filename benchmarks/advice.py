@@ -111,13 +111,14 @@ def main() -> None:
         print(f"{kind} {config}: measured {report.together_images_per_s:,.0f} images/s; "
               f"stages {({k: round(v, 2) for k, v in report.stages.items()})}", file=sys.stderr)
         for a in report.advice:
-            print(f"  - {a}", file=sys.stderr)
+            print(f"  - {a.text}", file=sys.stderr)
         # The reruns, over --rounds: the start profiled afresh, its advice's predictions
         # recomputed from that profile (the advice's own arithmetic: RateModel.rate), then each
         # advised change measured right after it. A shared host's throughput drifts between
         # minutes, so each prediction is held to the measurement taken next to the
         # profile it came from; the table gives the medians of the rounds.
-        changes = [p["change"] for p in report.predictions]
+        predictions = [a for a in report.advice if a.predicted_images_per_s is not None]
+        changes = [a.change for a in predictions]
         assert all(set(c) == {"num_workers"} for c in changes), changes  # no GPU here: no placement advice
         own, measured_start = [], []
         predicted: dict[str, list[float]] = {str(c): [] for c in changes}
@@ -136,11 +137,11 @@ def main() -> None:
                 print(f"  round {k + 1}: {c} predicted {predicted[str(c)][-1]:,.0f}, measured {rate:,.0f} "
                       f"(CPU an image in the workers: {drift[str(c)][-1]:.2f}x the start's)", file=sys.stderr)
         rows.append(_row(kind, config, {}, own, measured_start))
-        for prediction in report.predictions:
-            c = prediction["change"]
+        for prediction in predictions:
+            c = prediction.change
             row = _row(kind, config, c, predicted[str(c)], measured[str(c)])
             adjusted = [p / d / m for p, d, m in zip(predicted[str(c)], drift[str(c)], measured[str(c)])]
-            rows.append({**row, "first_advice": prediction["images_per_s"],  # the figure the first profile printed
+            rows.append({**row, "first_advice": prediction.predicted_images_per_s,  # the figure the first profile printed
                          "cpu_drift": drift[str(c)], "ratio_drift_adjusted": median(adjusted)})
 
     print(f"\n{'start':<28}{'change':<22}{'predicted':>10}{'measured':>10}{'ratio':>8}  runs")

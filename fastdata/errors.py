@@ -1,4 +1,6 @@
-"""fastdata's exceptions."""
+"""fastdata's exceptions, and how a cause is put in a message."""
+
+import re
 
 
 class DataError(RuntimeError):
@@ -9,3 +11,20 @@ class DataError(RuntimeError):
         super().__init__(message)
         self.path = path
         self.member = member
+
+
+# An object's default repr, as some libraries put it in their messages (Pillow: "cannot identify
+# image file <_io.BytesIO object at 0x7f...>"): it says nothing to a user and differs each run.
+_OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def cause(e: BaseException) -> str:
+    """An exception as one line of a message: its type and text, without object reprs or line
+    breaks."""
+    text = _OBJECT_REPR.sub("", str(e)).strip()
+    if "Traceback (most recent call last)" in text:
+        # torch re-raises a worker's error with the worker's traceback in its message: its last
+        # line is the original "Type: message"
+        return text.splitlines()[-1].strip()
+    text = text.replace("\n", " ")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

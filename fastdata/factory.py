@@ -6,6 +6,8 @@ import json
 import logging
 from typing import Any
 
+import torch
+
 from . import sources
 from .backends.base import Loader
 from .backends.dali import DaliLoader
@@ -49,21 +51,25 @@ def _with_config(options: dict[str, Any]) -> dict[str, Any]:
 
 def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[str, Any]:
     """num_workers="auto" and placement="auto" take a config `fastdata-profile --tune` chose for
-    this source, transform, batch size and machine, when there is one."""
+    this source, transform, batch size and machine, when a valid one is cached (logged at INFO:
+    the file, when it was tuned, what it applied)."""
     workers_auto = options.get("num_workers") == "auto"
     placement_auto = options.get("placement", "auto") == "auto"
     if not (workers_auto or placement_auto):
         return options
-    tuned = cached_tune(source, options.get("transform"), batch_size)
-    if not tuned:
+    entry = cached_tune(source, options.get("transform"), batch_size)
+    if entry is None:
         return options
+    tuned, applied = entry["loader"], {}
     if workers_auto and "num_workers" in tuned:
-        options["num_workers"] = tuned["num_workers"]
-        if tuned["num_workers"] and "prefetch_factor" in tuned:
-            options.setdefault("prefetch_factor", tuned["prefetch_factor"])
+        applied["num_workers"] = options["num_workers"] = tuned["num_workers"]
+        if tuned["num_workers"] and "prefetch_factor" in tuned and "prefetch_factor" not in options:
+            applied["prefetch_factor"] = options["prefetch_factor"] = tuned["prefetch_factor"]
     if placement_auto and "placement" in tuned:
-        options["placement"] = tuned["placement"]
-    logger.info("using the tuned config for this source: %s", tuned)
+        applied["placement"] = options["placement"] = tuned["placement"]
+    if applied:
+        logger.info("applied the tuned config in %s (tuned %s, expires %s): %s", entry["path"], entry["created"],
+                    entry["expires"], ", ".join(f"{k}={v!r}" for k, v in applied.items()))
     return options
 
 
@@ -122,9 +128,23 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
     the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
     world_size, on_error, config; hw_decoder_load for the dali backend).
     """
+    _check_device(options.get("device"))
     if sources.is_image_source(source):
         return _image_loader(source, batch_size, options)
     for name in options:
         if name not in _DROPIN_KEYWORDS:
             raise TypeError(f"loader() got an unexpected keyword argument {name!r}")
     return TorchLoader(source, batch_size=batch_size, **options)
+
+
+def _check_device(device: Any) -> None:
+    """A CUDA device on a machine without one fails here, not at the first batch."""
+    if device is None:
+        return
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ({e})") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but this machine has no CUDA device (torch.cuda.is_available() is "
+                         "False): use device='cpu'")

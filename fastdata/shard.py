@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cli import Parser
+from ._cli import Parser, positive_int
 from ._cores import usable_cores
 from ._tarwriter import END, Progress, member_ext, sample_bytes, write_all
 from .errors import DataError
@@ -245,16 +245,6 @@ def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10
 
 # ----------------------------------------------------------------- CLI
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"should be an integer >= 1, but got {text!r}")
-    return value
-
-
 def _size(text: str) -> int:
     try:
         value = parse_size(text)
@@ -269,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="fastdata-shard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", metavar="SRC", help="a folder in ImageFolder layout (SRC/<class>/<image>)")
     ap.add_argument("pattern", metavar="OUT_PATTERN", help="shard names, printf style: out/train-%%06d.tar")
-    ap.add_argument("--max-count", type=_positive, default=10000, metavar="N",
+    ap.add_argument("--max-count", type=positive_int, default=10000, metavar="N",
                     help="samples per shard, at most (default 10000)")
     ap.add_argument("--max-size", type=_size, default=1 << 30, metavar="BYTES",
                     help="bytes per shard, at most: 1073741824, 500M, 1G (binary units; default 1G)")
-    ap.add_argument("--workers", type=_positive, default=None, metavar="N",
+    ap.add_argument("--workers", type=positive_int, default=None, metavar="N",
                     help="processes writing shards (default: the usable cores)")
     ap.add_argument("--no-shuffle", action="store_true", help="keep the source order (default: a shuffled order)")
     ap.add_argument("--seed", type=int, default=0, help="the shuffled order's seed (default 0)")

@@ -11,9 +11,10 @@ PILLOW_SIMD=12.1.1.post0
 # The build needs no torch: scikit-build-core + nanobind compile csrc/ against raw buffers.
 # setuptools and pybind11 are Pillow-SIMD's build requirements (built without isolation below).
 # pytest-timeout: no test may hang (the default limit is in pyproject.toml); atheris: the tar and
-# index fuzzer (tests/test_fuzz.py, scripts/fuzz.sh). Neither requires torch or Pillow.
+# index fuzzer (tests/test_fuzz.py, scripts/fuzz.sh); jsonschema: report.json against its schema.
+# None requires torch or Pillow.
 "$PY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" "pytest>=7" "pytest-timeout>=2.3" "atheris>=2.3" \
-    "setuptools>=77" "pybind11"
+    "jsonschema>=4.18" "setuptools>=77" "pybind11"
 "$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -c "import fastdata, fastdata._collate as c; print(f'fastdata {fastdata.__version__} installed; native collation: {c.NATIVE}')"
 
@@ -23,6 +24,18 @@ PILLOW_SIMD=12.1.1.post0
 # The trainers tests/test_frameworks.py runs fastdata under (Lightning's Trainer and Fabric,
 # Accelerate); pinned, and requiring neither a torch other than the one here nor Pillow.
 "$PY" -m pip install -q "pytorch-lightning==2.6.6" "accelerate==1.15.0"
+
+# Debian's Chromium, headless, for the profile report's browser test (tests/test_report_html.py,
+# which skips without it): installed only where apt-get runs as root.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+       { apt-get update -q >/dev/null 2>&1 && \
+         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; }; then
+        echo "chromium installed (for the report's browser test)"
+    else
+        echo "warning: could not install chromium; the report's browser test skips" >&2
+    fi
+fi
 
 # NVIDIA DALI for the `dali` backend (about 430 MB; it runs CPU-only pipelines where there is no
 # GPU, so the backend is tested everywhere). It requires no torch and no Pillow.

@@ -38,7 +38,7 @@ import torch
 
 from .._buffers import new_batch
 from .._workers import NoWatchdog, hold_threads, release_threads
-from ..errors import DataError
+from ..errors import DataError, cause
 from ..transforms import dali as lowering
 from .decode import BatchDecoder
 from .order import BatchOrder, Passes
@@ -296,7 +296,7 @@ class DaliDecoders:
                         img.load()
                         kind = img.format
                 except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
-                    culprits.append((i, path, f"cannot decode ({type(e).__name__}: {e})"))
+                    culprits.append((i, path, f"cannot decode ({cause(e)})"))
                     continue
                 if kind not in _DALI_FORMATS:  # a GIF named .jpg, say: Pillow's, not DALI's
                     culprits.append((i, path, f"DALI cannot decode {kind} images (backend 'pil' can)"))

@@ -1,7 +1,7 @@
 """`fastdata.profile` and `fastdata-profile`: is the training step waiting on its input?
 
 - `measure`: `profile`, the three measurements (the loader alone with its stages timed, the
-  step alone, the two together), their steady state and the verdict;
+  step alone, the two together), the ceiling and the verdict;
 - `model`: `RateModel`, images/s of another config from the stage costs, and the advice;
 - `tune`: `tune`, the search over num_workers, prefetch_factor, backend and placement;
 - `report`: `Report`, as text, in the terminal, as a self-contained HTML page and as JSON;

@@ -2,7 +2,8 @@
 
     fastdata-profile SOURCE [--step-ms MS | --model module:callable] [--transform imagenet_train]
                      [--size 224] [--batch-size 256] [--workers auto] [--steps 30] [--device D]
-                     [--tune] [--out DIR] [--debug]
+                     [--on-error raise|skip] [--tune] [--out DIR] [--debug]
+    fastdata-profile --show-cache | --clear-cache
 
 It measures three things, one after the other:
 - the loader alone: batches as fast as they come;
@@ -54,6 +55,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -61,12 +63,14 @@ from typing import Any, Callable
 import torch
 
 from .. import factory
+from ..backends.base import resolve_workers
 from .. import transforms as T
-from .._cli import Parser
+from .._cli import Parser, positive_float, positive_int, workers
 from .._cores import usable_cores
 from ..sources import is_shard_source
 from ..synthetic import make_imagenet_like
-from ..tunecache import machine_key, store_tune
+from ..errors import cause
+from ..tunecache import clear_tunes, list_tunes, store_tune
 from .measure import profile
 from .report import Report
 from .tune import tune
@@ -115,38 +119,70 @@ def _transform(spec: str, size: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="fastdata-profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("source", metavar="SOURCE", help="an ImageFolder, WebDataset shards, or 'synthetic' (made here)")
+    ap.add_argument("source", metavar="SOURCE", nargs="?",
+                    help="an ImageFolder, WebDataset shards, or 'synthetic' (made here)")
     consumer = ap.add_mutually_exclusive_group()
-    consumer.add_argument("--step-ms", type=float, help="simulate a training step of this many milliseconds")
+    consumer.add_argument("--step-ms", type=positive_float, help="simulate a training step of this many milliseconds")
     consumer.add_argument("--model", help="module:callable returning a torch.nn.Module to train a step of")
     ap.add_argument("--transform", default="imagenet_train", help="imagenet_train (default), imagenet_eval, or module:callable")
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", default="auto", help="num_workers (default auto)")
-    ap.add_argument("--steps", type=int, default=30, help="batches timed per measurement (default 30)")
+    ap.add_argument("--size", type=positive_int, default=224)
+    ap.add_argument("--batch-size", type=positive_int, default=256)
+    ap.add_argument("--workers", type=workers, default="auto", help="num_workers (default auto)")
+    ap.add_argument("--steps", type=positive_int, default=30, help="batches timed per measurement (default 30)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                    help="a file that cannot be read: stop with its name and cause (raise, the default), or skip "
+                         "it and count it in the report (skip)")
     ap.add_argument("--tune", action="store_true",
                     help="search workers, prefetch, backend and placement; write the best as a config")
     ap.add_argument("--out", help="write report.json and report.html (and config.json with --tune) in this folder")
     ap.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
+    cache = ap.add_mutually_exclusive_group()
+    cache.add_argument("--show-cache", action="store_true", help="list the kept tunes (no SOURCE needed) and exit")
+    cache.add_argument("--clear-cache", action="store_true", help="remove the kept tunes and exit")
     args = ap.parse_args(argv)
+    if args.show_cache or args.clear_cache:
+        return _cache(args)
+    if args.source is None:
+        ap.error("SOURCE is required (unless --show-cache or --clear-cache)")
     try:
         setup = _setup(args)
         report = _run(args, *setup)
         report.print()
+        if args.tune:
+            report.tune = _run_tune(args, *setup)
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
-        if args.tune:
-            _run_tune(args, *setup)
     except KeyboardInterrupt:
         print(f"{ap.prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
         if args.debug:
             raise
-        cause = str(e) if isinstance(e, _Fail) else f"{type(e).__name__}: {e}"
-        print(f"{ap.prog}: error: {cause}".replace("\n", " "), file=sys.stderr)
+        why = str(e) if isinstance(e, _Fail) else cause(e)
+        print(f"{ap.prog}: error: {why}".replace("\n", " "), file=sys.stderr)
         return 1
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    if args.clear_cache:
+        print(f"removed {clear_tunes()} kept tune(s)")
+        return 0
+    entries = list_tunes()
+    if not entries:
+        print("no kept tunes")
+    for e in entries:
+        state = "valid" if e["valid"] else f"not used: {e['why_not']}"
+        measured = ""
+        tune = e.get("tune") if isinstance(e.get("tune"), dict) else {}
+        best = [c for c in tune.get("candidates", []) if c.get("config") == tune.get("chosen")]
+        if best:
+            low, high = best[0]["interval_images_per_s"]
+            measured = f", measured {best[0]['median_images_per_s']:,.0f} images/s ({low:,.0f}-{high:,.0f})"
+        print(f"{e['path']}\n  {e.get('source')} (batch {e.get('batch_size')}, {e.get('transform')})\n"
+              f"  {json.dumps(e.get('loader'))}{measured}\n  tuned {e.get('created')} on {e.get('machine')}, "
+              f"expires {e.get('expires')}: {state}")
     return 0
 
 
@@ -162,16 +198,35 @@ def _source(args: argparse.Namespace) -> str:
 
 def _setup(args: argparse.Namespace) -> tuple[str, str, Any, Callable[[Any], None] | None]:
     """(device, source, transform, step) of the command line, made once for the profile and the
-    tune (the source may be made here; --model builds a model)."""
-    if args.steps < 1 or args.batch_size < 1 or args.size < 1:
-        raise _Fail("--steps, --batch-size and --size should be at least 1")
+    tune. Everything that can be checked is checked before the source is made (the synthetic
+    set takes a minute) or anything measured."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    source = _source(args)
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise _Fail(f"--device {device!r} is not a torch device ({cause(e)})") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise _Fail(f"--device {device!r}, but this machine has no CUDA device (torch.cuda.is_available() is False): "
+                    "use --device cpu")
+    if args.out:
+        _check_writable(Path(args.out))
+    transform = _transform(args.transform, args.size)
     step = _model_step(args.model, device) if args.model else None
-    return device, source, _transform(args.transform, args.size), step
+    return device, _source(args), transform, step
 
 
-def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> None:
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise _Fail(f"--out {str(out)!r} cannot be written: {e.strerror or cause(e)}") from None
+
+
+def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> dict[str, Any]:
+    """Tunes, keeps the choice in the tune cache (and config.json with --out); returns the
+    outcome for the report."""
     cores = usable_cores()
     backends = ["wds" if is_shard_source(source) else "pil"]
     if importlib.util.find_spec("nvidia.dali") is not None and not transform.pixel_ops:
@@ -179,33 +234,36 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     placements = ["cpu", "gpu"] if transform.pixel_ops and importlib.util.find_spec("kornia") else ["cpu"]
     space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], cores}),
              "prefetch_factor": [2, 4], "backend": backends, "placement": placements}
+    # what the user gets untuned (num_workers="auto"): a tune must beat it by more than the noise
+    default = {"num_workers": resolve_workers("auto"), "prefetch_factor": 2, "backend": backends[0], "placement": "cpu"}
 
     def make(config: dict):
         w = config["num_workers"]
         extra = {"prefetch_factor": config["prefetch_factor"], "persistent_workers": True} if w else {}
         return factory.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=w, transform=transform,
-                               device=device, backend=config["backend"], placement=config["placement"], **extra)
+                               device=device, backend=config["backend"], placement=config["placement"],
+                               on_error=args.on_error, **extra)
 
     print(f"tuning over {space}...", file=sys.stderr)
     t = time.perf_counter()
-    best, trials = tune(make, space=space, step=step, step_ms=args.step_ms, steps=max(6, args.steps // 2),
-                        device=device)
-    best = {k: v for k, v in best.items() if not (k == "prefetch_factor" and best["num_workers"] == 0)}
-    config = {"loader": best, "measured_images_per_s": max(t.measured for t in trials if t.measured),
-              "machine": machine_key(), "tuning_s": time.perf_counter() - t}
-    store_tune(source, transform, args.batch_size, config)
-    print(f"tuned: {json.dumps(best)} at {config['measured_images_per_s']:,.0f} images/s "
-          f"({config['tuning_s']:.0f} s); num_workers='auto' and placement='auto' use it for this source")
+    result = tune(make, space=space, step=step, step_ms=args.step_ms, steps=max(6, args.steps // 2), device=device,
+                  default=default)
+    chosen = {k: v for k, v in result.chosen.items() if not (k == "prefetch_factor" and result.chosen["num_workers"] == 0)}
+    outcome = {**result.to_json(), "chosen": chosen, "seconds": time.perf_counter() - t}
+    path = store_tune(source, transform, args.batch_size, outcome)
+    print(f"tuned: {json.dumps(chosen)} ({outcome['seconds']:.0f} s): {result.reason}")
+    print(f"kept in {path}: num_workers='auto' and placement='auto' use it for this source "
+          "(fastdata-profile --show-cache lists the kept tunes)")
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (out / "config.json").write_text(json.dumps({"loader": chosen, "tune": outcome}, indent=2) + "\n")
         print(f"wrote {out}/config.json: fastdata.loader(..., config={str(out / 'config.json')!r})")
+    return outcome
 
 
 def _run(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> Report:
-    workers = args.workers if args.workers == "auto" else int(args.workers)
-    loader = factory.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=workers,
-                             persistent_workers=workers != 0, transform=transform, device=device)
+    loader = factory.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                             persistent_workers=args.workers != 0, transform=transform, device=device,
+                             on_error=args.on_error)
     print(f"profiling {loader.backend} over {source}: {args.steps} steps a measurement...", file=sys.stderr)
     return profile(loader, step, steps=args.steps, step_ms=args.step_ms, device=device, source=source)

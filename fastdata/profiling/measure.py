@@ -1,5 +1,5 @@
-"""`profile`: the loader alone (its stages timed), the step alone, the two together; the
-steady state of each, and the verdict."""
+"""`profile`: the loader alone (its stages timed), the step alone, the two together, the
+ceiling the machine puts on the loader, and the verdict."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any, Callable
 import torch
 
 from ..backends.base import Loader
-from .model import advise
+from .._cores import usable_cores
+from .model import RateModel, advise
 from .report import COMPUTE_BOUND, COSTS, INPUT_BOUND, WORKER_STAGES, Report
 
 
@@ -38,11 +39,37 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, Loader) and loader.set_stage_timing(True)
+    skipped_before = getattr(loader, "stats", {}).get("skipped", 0)
     try:
-        return _measure(loader, step, steps, warmup, device, source, timed)
+        report = _measure(loader, step, steps, warmup, device, source, timed)
     finally:
         if timed:
             loader.set_stage_timing(False)
+    stats = getattr(loader, "stats", {})
+    if stats.get("skipped", 0) > skipped_before:
+        report.skipped = {"count": stats["skipped"] - skipped_before, "examples": list(stats.get("errors", []))[:10]}
+    check_ceiling(report, steps)
+    return report
+
+
+def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
+    """The ceiling: the usable cores over the CPU seconds an image costs (the stages' CPU, the
+    read's waits left out), which no timing window changes. A window of `steps` batches may
+    begin with a batch under way in each worker; a rate above the ceiling by more than that and
+    timer and clock-speed noise (25%) means work done outside the timed window was counted in it
+    (a loader running ahead): flagged, not trusted."""
+    model = RateModel.of(report, cores or usable_cores())
+    if model is None:
+        return
+    cpu = model.cpu + (model.main if model.main_on_cpu else 0.0)
+    if cpu <= 0:
+        return
+    report.ceiling_images_per_s = model.cores / cpu
+    under_way = (steps + (report.config.get("num_workers") or 0)) / steps
+    for name, rate in (("loader alone", report.loader_images_per_s), ("together", report.together_images_per_s)):
+        if rate is not None and rate > 1.25 * under_way * report.ceiling_images_per_s:
+            report.flags.append(f"{name}: {rate:,.0f} images/s is above this pipeline's ceiling on {model.cores} cores "
+                                f"({report.ceiling_images_per_s:,.0f}): not a valid measurement")
 
 
 def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool) -> Report:
@@ -58,9 +85,11 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
             if empty:
                 raise ValueError("the loader yields no batches")
 
-    # 1. the loader alone, with its stages timed
+    # 1. the loader alone, with its stages timed; first the warm-up, then as many batches as can
+    # queue up ahead (made while the loader started, not in the timed window): from then on each
+    # batch is made while the window runs
     it = batches()
-    for _ in range(warmup):
+    for _ in range(warmup + _ahead(loader)):
         cached = next(it)
     before = _stage_totals(loader) if timed else {}
     cpu = time.process_time()
@@ -71,7 +100,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         alone.append((time.perf_counter() - t, _batch_len(cached), epochs[0] != e))
     _sync(device)
     n = sum(k for _, k, _ in alone)
-    loader_rate = _rate_over(alone, _steady(alone))
+    loader_rate = n / max(sum(s for s, _, _ in alone), 1e-9)
     cpu = time.process_time() - cpu
     stages = _per_image(before, _stage_totals(loader)) if timed else {}
     if stages:
@@ -85,8 +114,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     config["device"] = str(device) if device is not None else "cpu"
 
     if step is None:
-        report = Report(source, batch_size, loader_rate, None, None, None, "no consumer given: the loader's ceiling",
-                        [], [], config, stages, bound)
+        report = Report(source, batch_size, loader_rate, None, None, None, None,
+                        "no training step given: only the loader's own rate was measured", [], config, stages=stages,
+                        bound=bound)
         advise(loader, report)
         return report
 
@@ -117,36 +147,29 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         t2 = time.perf_counter()
         timeline.append((t1 - t0, t2 - t1))
         together_steps.append((t2 - t0, _batch_len(batch), epochs[0] != e))
-    steady = _steady(together_steps)
-    together = _rate_over(together_steps, steady)
+    # Every step counts, those that began an epoch too: training pays for them each epoch, and
+    # leaving one out would keep the batches made while it waited (a fast step after a slow one).
+    seconds = sum(s for s, _, _ in together_steps)
+    images = sum(k for _, k, _ in together_steps)
+    together = images / max(seconds, 1e-9)
     epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
     if stages:  # wall ms an image
-        stages["consumer_wait"] = 1e3 * sum(timeline[k][0] for k in steady) / sum(together_steps[k][1] for k in steady)
+        stages["consumer_wait"] = 1e3 * sum(w for w, _ in timeline) / images
     # ideal: the steps' own compute in this run (a simulated step's sleep overshoots by
     # milliseconds on a busy host, more in one phase than another); real: compute and waits
-    stall = max(0.0, 1.0 - sum(timeline[k][1] for k in steady) / sum(together_steps[k][0] for k in steady))
+    stall = max(0.0, 1.0 - sum(c for _, c in timeline) / max(seconds, 1e-9))
     if stall > INPUT_BOUND:
-        verdict = f"input-bound: the step waited for data {100 * stall:.0f}% of the time"
+        verdict, why = "input-bound", f"the step waited for data {100 * stall:.0f}% of the time"
     elif loader_rate >= COMPUTE_BOUND * step_rate:
-        verdict = "compute-bound: the loader has headroom; faster input would not speed this step up"
+        verdict, why = "compute-bound", (f"the loader alone is {loader_rate / step_rate:.1f}x the step's rate: faster "
+                                         "input would not speed this step up")
     else:
-        verdict = "balanced: the loader just keeps up; a slower input or a faster step would make it wait"
-    per_step = sum(together_steps[k][1] for k in steady) / len(steady)  # images
-    report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, timeline, [], config, stages,
-                    bound, epoch_starts=epoch_starts, images_per_step=per_step)
+        verdict, why = "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
+    per_step = images / len(together_steps)
+    report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, why, timeline, config,
+                    stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
     advise(loader, report)
     return report
-
-
-def _steady(runs: list[tuple[float, int, bool]]) -> list[int]:
-    """Of (seconds, images, began an epoch) a step: the steps that did not begin an epoch (all
-    of them when every step did)."""
-    return [k for k, (_, _, began) in enumerate(runs) if not began] or list(range(len(runs)))
-
-
-def _rate_over(runs: list[tuple[float, int, bool]], steps: list[int]) -> float:
-    """images/s over those `steps` of `runs`."""
-    return sum(runs[k][1] for k in steps) / max(sum(runs[k][0] for k in steps), 1e-9)
 
 
 # ----------------------------------------------------------------- what it asks of a loader

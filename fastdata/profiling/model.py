@@ -9,7 +9,7 @@ from typing import Any
 
 from .._cores import usable_cores
 from .._pillow import pillow_info
-from .report import INPUT_BOUND, WORKER_STAGES, Report
+from .report import INPUT_BOUND, WORKER_STAGES, Advice, Report
 
 
 @dataclasses.dataclass
@@ -80,12 +80,12 @@ class RateModel:
 
 
 def advise(loader: Any, report: Report) -> None:
-    """Fills report.advice, and report.predictions with each predicted change:
-    {"change": {keyword: value}, "images_per_s": prediction (with the step, if any)}."""
-    advice, predictions = report.advice, report.predictions
+    """Fills report.advice: each predicted change with its keywords and the images/s the rate
+    model gives it (with the step, if any), and what else the stages show."""
+    advice = report.advice
     stall, stages = report.stall_fraction, report.stages
     if stall is not None and stall <= INPUT_BOUND:
-        advice.append("nothing to change on the input side")
+        advice.append(Advice("nothing to change on the input side"))
         return
     measured = report.together_images_per_s or report.loader_images_per_s
     workers = getattr(loader, "num_workers", None)
@@ -96,33 +96,33 @@ def advise(loader: Any, report: Report) -> None:
         options = {w: model.rate(w) for w in sorted({0, 1, cores, 2 * cores} - {workers})}
         best = max(options, key=options.get)
         if options[best] >= 1.1 * max(measured, now):  # better than both the run and the model's own figure for it
-            advice.append(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
-                          f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)")
-            predictions.append({"change": {"num_workers": best}, "images_per_s": options[best]})
+            advice.append(Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
+                                 f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
+                                 {"num_workers": best}, options[best], "model"))
     elif workers == 0 and cores > 1:
-        advice.append(f"num_workers='auto' ({cores} here) instead of 0: decoding moves off the training process")
+        advice.append(Advice(f"num_workers='auto' ({cores} here) instead of 0: decoding moves off the training process",
+                             {"num_workers": "auto"}))
     pixel = stages.get("cpu_transforms", 0)
     device = getattr(loader, "device", None)
     if (model is not None and getattr(loader, "placement", None) == "cpu" and device is not None
             and device.type == "cuda" and pixel > 0.1 * 1e3 * model.work):
         gain = model.moved(pixel / 1e3).rate(max(workers or 0, 0))
-        advice.append(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms of CPU "
-                      f"a batch) to the GPU: about {gain:,.0f} images/s")
-        predictions.append({"change": {"placement": "gpu"}, "images_per_s": gain})
+        advice.append(Advice(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms "
+                             f"of CPU a batch) to the GPU: about {gain:,.0f} images/s", {"placement": "gpu"}, gain, "model"))
     if not pillow_info().get("simd", False):
-        advice.append("Pillow-SIMD is not active: bash scripts/install.sh builds it (the README's ImageNet "
-                      "benchmark compares the two)")
+        advice.append(Advice("Pillow-SIMD is not active: bash scripts/install.sh builds it (the README's ImageNet "
+                             "benchmark compares the two)"))
     if model is not None and isinstance(workers, int) and workers > 0:
         in_workers = 1e3 * model.work / workers  # ms an image, in parallel
         device_ms = stages.get("device_stage", 0)
         if device_ms > 0.25 * in_workers:
-            advice.append(f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms an "
-                          f"image in the training process, against {in_workers:.2f} in the workers"
-                          + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
-                             if device is not None and device.type == "cpu" else ""))
+            advice.append(Advice(f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms "
+                                 f"an image in the training process, against {in_workers:.2f} in the workers"
+                                 + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
+                                    if device is not None and device.type == "cpu" else "")))
     step_rate = report.step_images_per_s
     if step_rate is not None and report.loader_images_per_s < step_rate:
-        advice.append(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
-                      f"{step_rate:,.0f}: input is the bound")
+        advice.append(Advice(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
+                             f"{step_rate:,.0f}: input is the bound"))
     if not advice:
-        advice.append("no change found to suggest")
+        advice.append(Advice("no change found to suggest"))

@@ -5,12 +5,20 @@ the rate model share: the verdict's thresholds and the stages."""
 from __future__ import annotations
 
 import dataclasses
-import html
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from .._cores import usable_cores
+from ..tunecache import machine_key, versions
+from .html import render as render_html
 
 INPUT_BOUND = 0.10  # stall fraction above which the step is input-bound
 COMPUTE_BOUND = 1.5  # loader rate / step rate above which the step is compute-bound
@@ -36,10 +44,27 @@ WORKER_STAGES = ("read", "dataset", "decode", "cpu_transforms", "collate")
 COSTS = frozenset((*WORKER_STAGES, "device_stage"))
 
 
+VERDICTS = ("input-bound", "compute-bound", "balanced")  # report.json's verdict: one of these, or null
+SCHEMA = "fastdata.profile.report/1"  # report.json's schema (report.schema.json beside this module)
+
+
+@dataclasses.dataclass
+class Advice:
+    """One thing to change (or to know): the sentence, and for a change, the keywords it sets,
+    the images/s predicted with it, and what that figure rests on: "measured" (a tune measured
+    it), "model" (the rate model's prediction from the stage costs) or "rule" (no figure)."""
+
+    text: str
+    change: dict[str, Any] | None = None
+    predicted_images_per_s: float | None = None
+    confidence: str = "rule"
+
+
 @dataclasses.dataclass
 class Report:
     """What `profile` measured. Rates are images/s; `steps` holds (wait_s, compute_s) per step
-    of the run together."""
+    of the run together. `verdict` is one of VERDICTS, or None when no step was measured;
+    `explanation` says why, in a sentence."""
 
     source: str
     batch_size: int
@@ -47,38 +72,75 @@ class Report:
     step_images_per_s: float | None
     together_images_per_s: float | None
     stall_fraction: float | None
-    verdict: str
+    verdict: str | None
+    explanation: str
     steps: list[tuple[float, float]]
-    advice: list[str]
     config: dict[str, Any]
+    advice: list[Advice] = dataclasses.field(default_factory=list)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # ms per image (see measure.py)
     bound: str | None = None  # the stage that costs the most per image
-    predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the advice's, machine-readable
-    # steps of the run together that began an epoch: left out of the rates, since worker queues
-    # may refill then (a cost each epoch, not the steady state); their waits are in `steps`
+    # steps of the run together that began an epoch (worker queues may refill then)
     epoch_starts: list[int] = dataclasses.field(default_factory=list)
-    # images in a steady step of the run together, on average: below the batch size when a short
-    # last batch of an epoch fell among them (the step costs a whole step all the same)
+    # images in a step of the run together, on average: below the batch size when a short last
+    # batch of an epoch fell among them (the step costs a whole step all the same)
     images_per_step: float | None = None
+    ceiling_images_per_s: float | None = None  # the most this pipeline can give on these cores
+    flags: list[str] = dataclasses.field(default_factory=list)  # figures not to be trusted, and why
+    skipped: dict[str, Any] = dataclasses.field(default_factory=lambda: {"count": 0, "examples": []})
+    tune: dict[str, Any] | None = None  # the tune's outcome (TuneResult.to_json() and its seconds)
+    created: str = dataclasses.field(default_factory=lambda: _now())
+
+    @property
+    def first_change(self) -> Advice | None:
+        """The one change to make first: the advised change with the highest predicted rate,
+        else the first advice that changes something."""
+        changes = [a for a in self.advice if a.change]
+        if changes:
+            return max(changes, key=lambda a: a.predicted_images_per_s or 0.0)
+        return None
+
+    def _rate(self, name: str, rate: float) -> str:
+        """A rate as the terminal shows it: not at all where it is flagged as above the ceiling."""
+        return "invalid" if any(f.startswith(f"{name}:") for f in self.flags) else f"{rate:,.0f}"
 
     def epoch_start_note(self) -> str | None:
         if not self.epoch_starts or len(self.epoch_starts) == len(self.steps):
             return None
         wait = 1e3 * max(self.steps[k][0] for k in self.epoch_starts)
         others = [w for k, (w, _) in enumerate(self.steps) if k not in self.epoch_starts]
-        return (f"left out of the rates: {len(self.epoch_starts)} step(s) that began an epoch (waited up to "
-                f"{wait:,.0f} ms, the others {1e3 * sum(others) / len(others):,.0f} ms on average: the workers' "
-                f"queues refill at an epoch start unless they run ahead)")
+        return (f"{len(self.epoch_starts)} step(s) began an epoch and waited up to {wait:,.0f} ms, the others "
+                f"{1e3 * sum(others) / len(others):,.0f} ms on average (the workers' queues refill at an epoch start "
+                f"unless they run ahead); counted in the rates, as training pays them each epoch")
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """report.json: the schema SCHEMA (report.schema.json) describes each field."""
+        first = self.first_change
+        return {
+            "schema": SCHEMA, "created": self.created, "source": self.source,
+            "verdict": self.verdict, "explanation": self.explanation,
+            "first_change": dataclasses.asdict(first) if first else None,
+            "config": self.config, "batch_size": self.batch_size,
+            "rates": {"loader_alone_images_per_s": self.loader_images_per_s,
+                      "step_alone_images_per_s": self.step_images_per_s,
+                      "together_images_per_s": self.together_images_per_s,
+                      "ceiling_images_per_s": self.ceiling_images_per_s},
+            "stall_fraction": self.stall_fraction,
+            "stages": [{"name": name, "ms_per_image": ms, "what": STAGES.get(name, ""), "where": _where(name),
+                        "bound": name == self.bound} for name, ms in self.stages.items()],
+            "steps": [{"wait_ms": 1e3 * w, "compute_ms": 1e3 * c, "epoch_start": k in self.epoch_starts}
+                      for k, (w, c) in enumerate(self.steps)],
+            "advice": [dataclasses.asdict(a) for a in self.advice],
+            "tune": self.tune, "skipped": self.skipped, "flags": self.flags, "environment": environment(),
+        }
 
     def __str__(self) -> str:
         lines = [f"fastdata-profile: {self.source}", f"  config: {json.dumps(self.config)}",
-                 f"  loader alone:   {self.loader_images_per_s:10,.0f} images/s"]
+                 f"  loader alone:   {self._rate('loader alone', self.loader_images_per_s):>10} images/s"]
+        if self.ceiling_images_per_s:
+            lines.append(f"  ceiling:        {self.ceiling_images_per_s:10,.0f} images/s (the cores over the CPU an image)")
         if self.step_images_per_s is not None:
             lines.append(f"  step alone:     {self.step_images_per_s:10,.0f} images/s")
-            lines.append(f"  together:       {self.together_images_per_s:10,.0f} images/s "
+            lines.append(f"  together:       {self._rate('together', self.together_images_per_s):>10} images/s "
                          f"(the step waited for data {100 * self.stall_fraction:.0f}% of the time)")
             if self.epoch_start_note():
                 lines.append(f"  {self.epoch_start_note()}")
@@ -86,8 +148,9 @@ class Report:
             lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
             lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}" + ("   <- the most" if name == self.bound else "")
                       for name, ms in self.stages.items()]
-        lines.append(f"  verdict: {self.verdict}")
-        lines += [f"  - {a}" for a in self.advice]
+        lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
+        lines += [f"  ! {flag}" for flag in self.flags]
+        lines += [f"  - {a.text}" for a in self.advice]
         return "\n".join(lines)
 
     def print(self, console: Any = None) -> None:
@@ -100,10 +163,13 @@ class Report:
         console.rule(f"[bold]fastdata-profile[/]: {self.source}")
         console.print(f"[dim]{json.dumps(self.config)}[/]")
         rates = Table(show_header=False, box=None, padding=(0, 2))
-        rates.add_row("loader alone", f"{self.loader_images_per_s:,.0f} images/s")
+        rates.add_row("loader alone", f"{self._rate('loader alone', self.loader_images_per_s)} images/s")
+        if self.ceiling_images_per_s:
+            rates.add_row("ceiling", f"{self.ceiling_images_per_s:,.0f} images/s",
+                          "the most this pipeline can give here: the cores over the CPU an image")
         if self.step_images_per_s is not None:
             rates.add_row("step alone", f"{self.step_images_per_s:,.0f} images/s")
-            rates.add_row("together", f"{self.together_images_per_s:,.0f} images/s",
+            rates.add_row("together", f"{self._rate('together', self.together_images_per_s)} images/s",
                           f"the step waited for data {100 * self.stall_fraction:.0f}% of the time")
         console.print(rates)
         if self.epoch_start_note():
@@ -121,40 +187,16 @@ class Report:
                 table.add_row(name, f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
                               STAGES.get(name, ""))
             console.print(table)
-        colour = "red" if self.verdict.startswith("input") else "green" if self.verdict.startswith("compute") else "yellow"
-        console.print(f"verdict: [bold {colour}]{self.verdict}[/]")
+        colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")
+        console.print(f"verdict: [bold {colour}]{self.verdict or 'none'}[/]: {self.explanation}")
+        for flag in self.flags:
+            console.print(f"[bold red]! {flag}[/]")
         for a in self.advice:
-            console.print(f"  • {a}")
+            console.print(f"  • {a.text}")
 
     def to_html(self) -> str:
-        """A self-contained page: the summary, and one bar per step (wait, then compute)."""
-        width, height = 760, 180
-        total = max((w + c for w, c in self.steps), default=1.0) or 1.0
-        bar = width / max(len(self.steps), 1)
-        rects = []
-        for k, (w, c) in enumerate(self.steps):
-            x = k * bar
-            hw, hc = height * w / total, height * c / total
-            rects.append(f'<rect x="{x:.1f}" y="{height - hw:.1f}" width="{max(bar - 1, 1):.1f}" height="{hw:.1f}" '
-                         f'fill="#e15759"><title>step {k}: waited {1e3 * w:.1f} ms</title></rect>'
-                         f'<rect x="{x:.1f}" y="{height - hw - hc:.1f}" width="{max(bar - 1, 1):.1f}" '
-                         f'height="{hc:.1f}" fill="#4e79a7"><title>step {k}: computed {1e3 * c:.1f} ms</title></rect>')
-        svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 20}" '
-               f'font-family="sans-serif" font-size="11">{"".join(rects)}'
-               f'<text x="0" y="{height + 15}">steps: red = waiting for data, blue = compute '
-               f'(tallest {1e3 * total:.0f} ms)</text></svg>')
-        top = max(self.stages.values(), default=1.0) or 1.0
-        stage_svg = "".join(
-            f'<text x="0" y="{18 * k + 13}">{html.escape(name)}</text><rect x="110" y="{18 * k + 2}" '
-            f'width="{500 * ms / top:.1f}" height="14" fill="{"#e15759" if name == self.bound else "#76b7b2"}"/>'
-            f'<text x="{116 + 500 * ms / top:.1f}" y="{18 * k + 13}">{ms:.2f} ms</text>'
-            for k, (name, ms) in enumerate(self.stages.items()))
-        stages = (f'<h4>Where an image\'s time goes (ms per image)</h4><svg xmlns="http://www.w3.org/2000/svg" '
-                  f'width="700" height="{18 * len(self.stages) + 4}" font-family="sans-serif" font-size="11">'
-                  f'{stage_svg}</svg>') if self.stages else ""
-        return ("<!doctype html><html><head><meta charset='utf-8'><title>fastdata-profile</title></head><body>"
-                f"<h3>fastdata-profile: {html.escape(self.source)}</h3><pre>{html.escape(str(self))}</pre>"
-                f"{'<h4>Steps</h4>' + svg if self.steps else ''}{stages}</body></html>")
+        """A self-contained page, rendered from `to_json()` (see html.py)."""
+        return render_html(self.to_json())
 
     def write(self, out: str | os.PathLike) -> Path:
         out = Path(out)
@@ -162,3 +204,26 @@ class Report:
         (out / "report.json").write_text(json.dumps(self.to_json(), indent=2) + "\n")
         (out / "report.html").write_text(self.to_html())
         return out
+
+
+def _where(stage: str) -> str:
+    if stage in WORKER_STAGES:
+        return "workers"
+    return {"h2d_copy": "GPU", "consumer_wait": "together"}.get(stage, "training process")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def environment() -> dict[str, Any]:
+    """The machine and the versions a figure was measured with."""
+    v = versions()
+    try:
+        dali = importlib.metadata.version("nvidia-dali-cuda120")
+    except importlib.metadata.PackageNotFoundError:
+        dali = None
+    return {"machine": machine_key(), "cores": usable_cores(), "python": v["python"], "platform": platform.platform(),
+            "torch": v["torch"], "fastdata": v["fastdata"] or "unknown", "pillow": v["pillow"]["version"],
+            "pillow_simd": v["pillow"]["simd"], "dali": dali,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

@@ -1,0 +1,161 @@
+"""report.json against its published schema, and the command's early, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastdata
+from _images import color_folder
+from fastdata import transforms as T
+from fastdata.errors import cause
+
+jsonschema = pytest.importorskip("jsonschema")
+SCHEMA = json.loads((Path(fastdata.__file__).parent / "profiling" / "report.schema.json").read_text())
+SMALL = T.Compose([T.Resize(16), T.CenterCrop(16)])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return color_folder(tmp_path_factory.mktemp("imgs"), 3, 8, (20, 40), lambda i: f"{i:03d}.jpg")
+
+
+@pytest.fixture(scope="module")
+def bad_folder(tmp_path_factory):
+    root = color_folder(tmp_path_factory.mktemp("bad"), 2, 8, (20, 40), lambda i: f"{i:03d}.jpg")
+    (root / "class0" / "zz_truncated.jpg").write_bytes((root / "class0" / "000.jpg").read_bytes()[:200])
+    (root / "class1" / "zz_text.jpg").write_text("not an image")
+    return root
+
+
+def _cli(*args, home=None):
+    code = "import sys; from fastdata.profiling.cli import main; sys.exit(main())"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"HOME": str(home)} if home else {})}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_schema_is_a_valid_json_schema():
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+@pytest.mark.parametrize("step_ms", [5.0, None])
+def test_a_real_report_follows_the_schema(folder, step_ms):
+    loader = fastdata.loader(str(folder), batch_size=8, transform=SMALL, device="cpu", num_workers=1)
+    report = fastdata.profile(loader, step_ms=step_ms, steps=10, warmup=1).to_json()
+    jsonschema.validate(report, SCHEMA)
+    assert report["schema"] == "fastdata.profile.report/1"
+    if step_ms is None:
+        assert report["verdict"] is None and report["rates"]["together_images_per_s"] is None
+    else:
+        assert report["verdict"] in ("input-bound", "compute-bound", "balanced")
+        assert len(report["steps"]) == 10 and all(s["compute_ms"] >= 4.0 for s in report["steps"])
+    assert {s["name"] for s in report["stages"]} >= {"read", "decode", "collate"}
+    assert sum(s["bound"] for s in report["stages"]) == 1
+    rates = report["rates"]
+    assert rates["ceiling_images_per_s"] > 0 and not report["flags"], report["flags"]
+    assert report["environment"]["torch"] == torch.__version__
+
+
+def test_a_rate_above_the_ceiling_is_flagged():
+    from fastdata.profiling import Report
+    from fastdata.profiling.measure import check_ceiling
+
+    # 1 ms of decode CPU an image on 2 cores: at most 2,000 images/s
+    report = Report("x", 64, 9000.0, None, None, None, None, "", [], {"device": "cpu", "num_workers": 2},
+                    stages={"decode": 1.0})
+    check_ceiling(report, steps=30, cores=2)
+    assert report.ceiling_images_per_s == pytest.approx(2000)
+    (flag,) = report.flags
+    assert "9,000 images/s is above this pipeline's ceiling on 2 cores (2,000)" in flag
+    fine = Report("x", 64, 2100.0, None, None, None, None, "", [], {"device": "cpu", "num_workers": 2},
+                  stages={"decode": 1.0})
+    check_ceiling(fine, steps=30, cores=2)
+    assert not fine.flags
+
+
+def test_the_verdict_is_a_word_and_the_advice_objects(tmp_path):
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            import time
+            time.sleep(0.002)
+            return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i % 10
+
+    report = fastdata.profile(fastdata.loader(Slow(), batch_size=8, num_workers=0), step_ms=2, steps=4, warmup=1)
+    data = report.to_json()
+    jsonschema.validate(data, SCHEMA)
+    assert data["verdict"] == "input-bound" and "waited for data" in data["explanation"]
+    first = data["first_change"]
+    assert first is not None and first["change"] and first["confidence"] in ("model", "rule")
+    assert first in data["advice"]
+    report.write(tmp_path)
+    assert json.loads((tmp_path / "report.json").read_text()) == json.loads(json.dumps(data))
+
+
+def test_on_error_skip_counts_the_bad_files(bad_folder, tmp_path):
+    done = _cli(str(bad_folder), "--step-ms", "2", "--steps", "3", "--batch-size", "4", "--size", "16",
+                "--workers", "0", "--on-error", "skip", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    skipped = report["skipped"]
+    assert skipped["count"] >= 1
+    assert {Path(e["path"]).name for e in skipped["examples"]} <= {"zz_truncated.jpg", "zz_text.jpg"}
+
+
+def test_a_bad_file_stops_the_profile_in_one_line_naming_it(bad_folder):
+    done = _cli(str(bad_folder), "--step-ms", "2", "--steps", "20", "--batch-size", "4", "--size", "16",
+                "--workers", "2")
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith("fastdata-profile: error: DataError: cannot read") and "zz_" in line, done.stderr
+    assert "Traceback" not in done.stderr and " object at 0x" not in done.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--step-ms", "-5"], "--step-ms: should be a number > 0"),
+    (["--step-ms", "0"], "--step-ms: should be a number > 0"),
+    (["--steps", "0"], "--steps: should be an integer >= 1"),
+    (["--batch-size", "x"], "--batch-size: should be an integer >= 1"),
+    (["--workers", "-1"], "--workers: should be 'auto' or an integer >= 0"),
+    (["--out", "/proc/nope/report", "--step-ms", "5"], "--out '/proc/nope/report' cannot be written"),
+    (["--device", "cuda", "--step-ms", "5"], "use --device cpu"),
+    (["--transform", "nope:thing", "--step-ms", "5"], "--transform should be"),
+    (["--on-error", "ignore"], "argument --on-error: invalid choice"),
+])
+def test_arguments_are_refused_before_anything_is_made_or_measured(tmp_path, args, says):
+    """'synthetic' would make 2,000 images under HOME before a profile: a refused argument
+    must leave HOME empty, and nothing may have been measured."""
+    if "--device" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    done = _cli("synthetic", *args, home=tmp_path)
+    assert done.returncode in (1, 2)
+    assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "profiling" not in done.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("source", ["images", "dataset"])
+def test_a_cuda_device_without_cuda_fails_when_the_loader_is_built(folder, source):
+    data = str(folder) if source == "images" else torch.utils.data.TensorDataset(torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"device='cuda', but this machine has no CUDA device.*use device='cpu'"):
+        fastdata.loader(data, batch_size=2, device="cuda")
+
+
+def test_causes_carry_no_object_reprs_nor_worker_tracebacks():
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    with pytest.raises(UnidentifiedImageError) as e:
+        Image.open(io.BytesIO(b"nothing"))
+    assert " at 0x" in str(e.value) and cause(e.value) == "UnidentifiedImageError: cannot identify image file"
+    wrapped = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+                         "last):\n  File \"x.py\", line 1, in f\nValueError: label 12 out of range")
+    assert cause(wrapped) == "ValueError: label 12 out of range"
