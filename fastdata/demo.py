@@ -4,20 +4,35 @@
 2. Image mode: a synthetic ImageNet-like JPEG folder, RandomResizedCrop(224) + flip, the
    Dataset a PyTorch user writes today (Pillow) against `fastdata.loader(folder, ...)`.
 
+Each side runs `--repeats` times, alternating with the other: each run is a fresh loader,
+timed from before it is built to the last batch of its last epoch, so start-up counts as a
+user pays it. Workers are not persistent: each epoch's end shuts them down, and the next
+run starts only when no worker is left. Per side: the median images/s, min..max over the
+runs, and the machine's ceiling for that pipeline (`fastdata.ceiling`); a figure above the
+ceiling is flagged, not printed, and the exit status is 1.
+
     fastdata-demo [--samples 4096] [--images 512] [--batch-size 256] [--workers 2] [--epochs 3]
+                  [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import multiprocessing
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from ._cores import usable_cores
+from .ceiling import ceiling, images_in, within
 
 
 class ReadyImages:
@@ -80,36 +95,88 @@ def pillow_rrc(fp, size: int, rng: random.Random):
     return torch.from_numpy(np.array(img).transpose(2, 0, 1))
 
 
-def _epoch_seconds(loader) -> float:
+_NAME = 28  # the width of the loader column
+# How each run is timed, said once in the output.
+_HOW = ("each run a fresh loader, timed from before it is built to its last batch (worker start-up "
+        "included: persistent_workers=False, so each epoch starts its workers and its end shuts them down)")
+
+
+def _run(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[int, float]:
+    """(images, seconds) of one run: a loader made by `make`, iterated for `epochs` epochs,
+    timed from before it is built to its last batch. Its workers are gone when this returns."""
+    images = 0
     t = time.perf_counter()
-    for images, labels in loader:
-        images[0, 0, 0, 0].item()  # the consumer touches the batch
-    return time.perf_counter() - t
+    loader = make()
+    for _ in range(epochs):
+        for batch in loader:
+            batch[0][0, 0, 0, 0].item()  # the consumer touches the batch
+            images += images_in(batch)
+    seconds = time.perf_counter() - t
+    del loader
+    _await_no_workers()
+    return images, seconds
 
 
-def _side_by_side(baseline: str, torch_loader, fast_loader, n: int, epochs: int) -> float:
-    """Alternates epochs of the two loaders, prints each and the best of each; the speedup."""
-    t_torch, t_fast = [], []
-    for epoch in range(epochs):
-        t_torch.append(_epoch_seconds(torch_loader))
-        t_fast.append(_epoch_seconds(fast_loader))
-        print(f"  epoch {epoch + 1}/{epochs}: {baseline} {n / t_torch[-1]:7.0f} img/s   "
-              f"fastdata ({fast_loader.backend}) {n / t_fast[-1]:7.0f} img/s", file=sys.stderr)
-    best_torch, best_fast = min(t_torch), min(t_fast)
-    print(f"{'loader':<22}{'images/s':>10}")
-    print(f"{baseline:<22}{n / best_torch:>10.0f}")
-    print(f"{'fastdata.loader':<22}{n / best_fast:>10.0f}")
-    return best_torch / best_fast
+def _await_no_workers(limit: float = 30.0) -> None:
+    """Waits until no worker process of this process is alive (a pass over non-persistent
+    workers shuts them down at its end; this checks it), so nothing of one run overlaps the
+    next run's timed window."""
+    deadline = time.monotonic() + limit
+    while multiprocessing.active_children():  # it also reaps those that ended
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker processes still alive {limit:.0f} s after a run ended")
+        time.sleep(0.01)
+
+
+def side_row(name: str, rates: list[float], limit: float) -> str:
+    """A side's result row: its median images/s, min..max over the runs and the ceiling, or,
+    when a figure is above the ceiling, the flag in place of the figures."""
+    if not all(within(r, limit) for r in rates):
+        return f"{name:<{_NAME}}(above the machine's ceiling of {limit:.0f} images/s: not a valid measurement)"
+    spread = f"{min(rates):.0f}..{max(rates):.0f}"
+    return f"{name:<{_NAME}}{statistics.median(rates):>9.0f}  {spread:>13}{limit:>10.0f}"
+
+
+def run_cell(name: str, rate: float, limit: float) -> str:
+    """One run's figure for the progress line, or the flag."""
+    if not within(rate, limit):
+        return f"{name} (above the machine's ceiling of {limit:.0f} images/s: not a valid measurement)"
+    return f"{name} {rate:7.0f} img/s"
+
+
+def _side_by_side(sides: list[tuple[str, Callable[[int], Iterable[Any]]]], workers: int, epochs: int,
+                  repeats: int, ceiling_batches: int) -> tuple[str, bool]:
+    """Measures the two sides (baseline first): their ceilings, then `repeats` runs of each,
+    alternating. Prints the table; returns (the speedup line, whether every figure is valid)."""
+    limits = [ceiling(make, batches=ceiling_batches) for _, make in sides]
+    rates: list[list[float]] = [[] for _ in sides]
+    for r in range(repeats):
+        cells = []
+        for (name, make), got, limit in zip(sides, rates, limits):
+            images, seconds = _run(functools.partial(make, workers), epochs)
+            got.append(images / seconds)
+            cells.append(run_cell(name, got[-1], limit))
+        print(f"  run {r + 1}/{repeats}: " + "   ".join(cells), file=sys.stderr)
+    print(f"{'loader':<{_NAME}}{'median':>9}  {'min..max':>13}{'ceiling':>10}  (images/s, {repeats} runs)")
+    for (name, _), got, limit in zip(sides, rates, limits):
+        print(side_row(name, got, limit))
+    valid = all(within(r, limit) for got, limit in zip(rates, limits) for r in got)
+    if not valid:
+        return "speedup: none (a figure above the machine's ceiling)", False
+    pairs = [f / b for b, f in zip(*rates)]
+    speedup = statistics.median(rates[1]) / statistics.median(rates[0])
+    return f"speedup {speedup:.2f}x (paired runs {min(pairs):.2f}..{max(pairs):.2f}x)", True
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastdata-demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=4096)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--images", type=int, default=512, help="synthetic JPEGs for the image-mode part (0: skip it)")
+    ap.add_argument("--samples", type=_positive, default=4096)
+    ap.add_argument("--batch-size", type=_positive, default=256)
+    ap.add_argument("--workers", type=_natural, default=2)
+    ap.add_argument("--epochs", type=_positive, default=3, help="epochs of each timed run")
+    ap.add_argument("--repeats", type=_positive, default=5, help="timed runs of each side, alternating")
+    ap.add_argument("--images", type=_natural, default=512, help="synthetic JPEGs for the image-mode part (0: skip it)")
     ap.add_argument("--data", default=str(Path.home() / ".cache" / "fastdata" / "demo-imagenet-like"))
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -122,28 +189,55 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     data = ReadyImages(args.samples)
-    common = dict(batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                  pin_memory=torch.accelerator.is_available(), persistent_workers=args.workers > 0)
-    torch_loader = DataLoader(data, generator=torch.Generator().manual_seed(0), **common)
-    fast_loader = fastdata.loader(data, generator=torch.Generator().manual_seed(0), **common)
+    pin = torch.accelerator.is_available()
+
+    def loaders(build: Callable[..., Iterable[Any]]) -> Callable[[int], Iterable[Any]]:
+        return lambda workers: build(data, generator=torch.Generator().manual_seed(0), batch_size=args.batch_size,
+                                     shuffle=True, num_workers=workers, pin_memory=pin, persistent_workers=False)
 
     print(f"fastdata {fastdata.__version__} ({'native' if _collate.NATIVE else 'Python fallback'} "
-          f"collation), torch {torch.__version__}", file=sys.stderr)
-    print(f"{args.samples} ready 3x224x224 uint8 images, batch {args.batch_size}, "
-          f"{args.workers} workers, {args.epochs} epochs each, interleaved", file=sys.stderr)
+          f"collation), torch {torch.__version__}, {usable_cores()} usable cores", file=sys.stderr)
+    print(f"{args.samples} ready 3x224x224 uint8 images, batch {args.batch_size}, {args.workers} workers; "
+          f"{args.repeats} runs of {args.epochs} epochs each, alternating; {_HOW}", file=sys.stderr)
     same = all(
         torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
         for a, b in zip(DataLoader(data, generator=torch.Generator().manual_seed(1), batch_size=args.batch_size, shuffle=True),
                         fastdata.loader(data, generator=torch.Generator().manual_seed(1), batch_size=args.batch_size, shuffle=True))
     )
-    speedup = _side_by_side("torch DataLoader", torch_loader, fast_loader, args.samples, args.epochs)
-    print(f"speedup {speedup:.2f}x; same batches as DataLoader: {'yes' if same else 'NO'}")
+    sides = [("torch DataLoader", loaders(DataLoader)), ("fastdata.loader", loaders(fastdata.loader))]
+    speedup, valid = _side_by_side(sides, args.workers, args.epochs, args.repeats, _ceiling_batches(args.batch_size))
+    print(f"{speedup}; same batches as DataLoader: {'yes' if same else 'NO'}")
     if args.images > 0:
-        _image_mode(args)
-    return 0 if same else 1
+        valid = _image_mode(args) and valid
+    return 0 if same and valid else 1
 
 
-def _image_mode(args) -> None:
+def _ceiling_batches(batch_size: int) -> int:
+    """Batches a ceiling counts (after as many uncounted): about 1,000 images, at least 4, so the
+    uncounted ones cover a loader's ring of batch slots (`fastdata._buffers`)."""
+    return max(4, -(-1024 // batch_size))
+
+
+def _count(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"should be an integer >= {least}, but got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _count(text, 1)
+
+
+def _natural(text: str) -> int:
+    return _count(text, 0)
+
+
+def _image_mode(args) -> bool:
+    """The image-mode part; whether its figures are valid."""
     from torch.utils.data import DataLoader
 
     import fastdata
@@ -152,15 +246,22 @@ def _image_mode(args) -> None:
     from fastdata.synthetic import make_file_list, make_imagenet_like
 
     root = make_imagenet_like(args.data, n_images=args.images, progress=True)
-    files = make_file_list(root)
-    print(f"\nimage mode: {len(files)} synthetic JPEGs, RandomResizedCrop(224) + flip, batch {args.batch_size}, "
+    print(f"\nimage mode: {args.images} synthetic JPEGs, RandomResizedCrop(224) + flip, batch {args.batch_size}, "
           f"{args.workers} workers; {PILLOW}", file=sys.stderr)
-    common = dict(batch_size=args.batch_size, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0)
-    torch_loader = DataLoader(PillowRRC(files), **common)
-    fast_loader = fastdata.loader(str(root), transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
-                                  device="cpu", **common)
-    speedup = _side_by_side("DataLoader + Pillow", torch_loader, fast_loader, len(files), args.epochs)
-    print(f"speedup {speedup:.2f}x (images/s, decode + RandomResizedCrop + flip)")
+    common = dict(batch_size=args.batch_size, shuffle=True, persistent_workers=False)
+
+    def torch_loader(workers: int) -> Iterable[Any]:  # the file list is part of building it, as for fastdata
+        return DataLoader(PillowRRC(make_file_list(root)), num_workers=workers, **common)
+
+    def fast_loader(workers: int) -> Iterable[Any]:
+        return fastdata.loader(str(root), transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
+                               device="cpu", num_workers=workers, **common)
+
+    backend = fast_loader(0).backend
+    sides = [("DataLoader + Pillow", torch_loader), (f"fastdata.loader ({backend})", fast_loader)]
+    speedup, valid = _side_by_side(sides, args.workers, args.epochs, args.repeats, _ceiling_batches(args.batch_size))
+    print(f"{speedup}; images/s of decode + RandomResizedCrop + flip")
+    return valid
 
 
 if __name__ == "__main__":
