@@ -10,8 +10,11 @@ try:
     import torch  # noqa: F401
 except ImportError as e:  # torch is deliberately not a pip requirement: see pyproject.toml
     raise ImportError(
-        "fastdata needs PyTorch, but it is not installed; install torch first "
-        "(pip install torch), then fastdata"
+        "fastdata needs PyTorch, but it is not installed; install torch first, then fastdata. "
+        "On a machine without an NVIDIA GPU, the CPU wheel: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu "
+        "(a plain `pip install torch` on Linux fetches the CUDA build, GBs of CUDA libraries); "
+        "on a GPU machine, that CUDA build: pip install torch"
     ) from e
 
 from ._collate import NATIVE as _NATIVE  # noqa: F401

@@ -1,7 +1,8 @@
-"""`fastdata-bench augment`: the throughput of each augmentation on each engine this machine has.
+"""`fastdata bench augment` (or `fastdata-bench augment`): the throughput of each augmentation
+on each engine this machine has.
 
-    fastdata-bench augment [--size 224] [--batch-size 64] [--images 256] [--reps 3]
-                           [--json PATH] [--plot PATH.html] [--no-pipeline] [--quiet]
+    fastdata bench augment [--size 224] [--images 256] [--reps 3] [--json PATH] [--plot PATH.html]
+                           [--no-pipeline] [--quiet] [--debug]
 
 Engines (each where it can run here):
   pillow       per image, the Pillow this process runs (Pillow-SIMD when installed), as the
@@ -20,12 +21,14 @@ timing synchronizes the device. Then, unless --no-pipeline, the whole ImageNet t
 pipeline (RandomResizedCrop, flip, ColorJitter, TrivialAugment, Normalize) through
 fastdata.loader with each placement. Prints a table; --json writes it, --plot writes a
 self-contained HTML bar chart (no scripts, no links: no plotting library is needed, so none
-can replace Pillow-SIMD).
+can replace Pillow-SIMD). Both paths are checked before anything is measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import html
 import json
 import statistics
@@ -35,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._cli import Parser
+from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run_command
 from ._cores import usable_cores
 
 SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
@@ -309,14 +312,13 @@ def augment(args: argparse.Namespace) -> dict:
     cuda_sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     table: dict[str, dict[str, float | None]] = {name: {} for name in ops}
     cells = [(name, engine) for name in ops for engine in engines]
-    for i, (name, engine) in enumerate(cells, 1):
-        if not args.quiet:
-            print(f"\r[{i}/{len(cells)}] {name} on {engine}".ljust(60), end="", file=sys.stderr, flush=True)
-        run = engines[engine](name, ops[name], big, small, args.size)
-        sync = cuda_sync if engine.endswith(("cuda", "gpu")) else (lambda: None)
-        table[name][engine] = _time(run, len(big), args.reps, sync) if run is not None else None
-    if not args.quiet:
-        print(file=sys.stderr)
+    with contextlib.nullcontext() if args.quiet else Progress("op x engine cells", len(cells)) as shown:
+        for i, (name, engine) in enumerate(cells, 1):
+            one_pass = engines[engine](name, ops[name], big, small, args.size)
+            sync = cuda_sync if engine.endswith(("cuda", "gpu")) else (lambda: None)
+            table[name][engine] = _time(one_pass, len(big), args.reps, sync) if one_pass is not None else None
+            if shown is not None:
+                shown.update(i)
     report = {"machine": f"{platform.processor() or platform.machine()}, {usable_cores()} "
                          f"cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"),
               "pillow": PILLOW, "size": args.size, "images": args.images, "engines": list(engines), "ops": table}
@@ -337,35 +339,51 @@ def _print(report: dict) -> None:
         print(f"ImageNet training pipeline, {name}: {rate:,.0f} images/s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="fastdata-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-    aug = sub.add_parser("augment", help="images/s of each augmentation on each engine")
-    aug.add_argument("--size", type=int, default=224, help="output size of the geometric ops (default 224)")
-    aug.add_argument("--images", type=int, default=256, help="images a timed pass (the batch; default 256)")
-    aug.add_argument("--reps", type=int, default=3, help="timed passes a cell (default 3)")
+SUMMARY = "images/s of each augmentation on each engine this machine has"
+EXAMPLE = "fastdata bench augment --images 64 --reps 1 --no-pipeline"
+
+
+def add_arguments(ap: Parser) -> None:
+    """The command's arguments, on its parser (`fastdata-bench`, or `fastdata bench`)."""
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    aug = sub.add_parser("augment", help="images/s of each augmentation on each engine", description=__doc__,
+                         example=EXAMPLE)
+    aug.add_argument("--size", type=positive_int, default=224, help="output size of the geometric ops (default 224)")
+    aug.add_argument("--images", type=positive_int, default=256, help="images a timed pass (the batch; default 256)")
+    aug.add_argument("--reps", type=positive_int, default=3, help="timed passes a cell (default 3)")
     aug.add_argument("--json", metavar="PATH", help="write the table as JSON")
     aug.add_argument("--plot", metavar="PATH", help="write an HTML bar chart")
     aug.add_argument("--no-pipeline", dest="pipeline", action="store_false",
                      help="skip the whole ImageNet pipeline with each placement")
-    aug.add_argument("--pipeline-images", type=int, default=512, help=argparse.SUPPRESS)
-    aug.add_argument("-q", "--quiet", action="store_true")
-    args = ap.parse_args(argv)
-    for name in ("size", "images", "reps"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} should be at least 1, but got {getattr(args, name)}")
-    try:
+    aug.add_argument("--pipeline-images", type=positive_int, default=512, help=argparse.SUPPRESS)
+    aug.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_debug(aug)
+    aug.set_defaults(run=functools.partial(run, aug))
+
+
+def run(ap: Parser, args: argparse.Namespace) -> int:
+    """`augment` on parsed arguments; its exit status."""
+    def body() -> int:
+        for flag, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                check_writable(flag, path)
         report = augment(args)
-    except KeyboardInterrupt:
-        print(f"{ap.prog}: interrupted", file=sys.stderr)
-        return 130
-    _print(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    if args.plot:
-        _plot(args.plot, report)
-    return 0
+        _print(report)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
+        if args.plot:
+            _plot(args.plot, report)
+        return 0
+    return run_command(ap.prog, body, args.debug)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`fastdata-bench`: the same command as `fastdata bench`."""
+    ap = Parser(prog="fastdata-bench", description=__doc__, example=EXAMPLE)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":

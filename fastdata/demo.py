@@ -1,4 +1,5 @@
-"""`fastdata-demo`: fastdata against torch's DataLoader, side by side, on data it makes.
+"""`fastdata demo` (or `fastdata-demo`): fastdata against torch's DataLoader, side by side, on
+data it makes.
 
 1. Drop-in mode: a Dataset of ready uint8 images; checks both deliver the same batches.
 2. Image mode: a synthetic ImageNet-like JPEG folder, RandomResizedCrop(224) + flip, the
@@ -9,10 +10,11 @@ timed from before it is built to the last batch of its last epoch, so start-up c
 user pays it. Workers are not persistent: each epoch's end shuts them down, and the next
 run starts only when no worker is left. Per side: the median images/s, min..max over the
 runs, and the machine's ceiling for that pipeline (`fastdata.ceiling`); a figure above the
-ceiling is flagged, not printed, and the exit status is 1.
+ceiling is flagged, not printed, and the exit status is 1 (as when the batches differ), with
+a line naming the cause.
 
-    fastdata-demo [--samples 4096] [--images 512] [--batch-size 256] [--workers 2] [--epochs 3]
-                  [--repeats 5]
+    fastdata demo [--samples 4096] [--images 512] [--batch-size 256] [--workers 2] [--epochs 3]
+                  [--repeats 5] [--data DIR] [--debug]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ._cli import CommandError, Parser, add_debug, natural_int, positive_int, run_command
 from ._cores import usable_cores
 from .ceiling import ceiling, images_in, within
 
@@ -168,17 +171,55 @@ def _side_by_side(sides: list[tuple[str, Callable[[int], Iterable[Any]]]], worke
     return f"speedup {speedup:.2f}x (paired runs {min(pairs):.2f}..{max(pairs):.2f}x)", True
 
 
+SUMMARY = "fastdata against torch's DataLoader, side by side, on data it makes"
+EXAMPLE = "fastdata demo --repeats 3"
+_DATA = Path.home() / ".cache" / "fastdata" / "demo-imagenet-like"
+
+
+def _image_count(text: str) -> int:
+    """An argparse type: 0, or enough images for the synthetic set's 10 classes."""
+    value = natural_int(text)
+    if 0 < value < 10:
+        raise argparse.ArgumentTypeError(f"should be 0 (skip) or at least 10 (one image a class), but got {text!r}")
+    return value
+
+
+def add_arguments(ap: Parser) -> None:
+    """The command's arguments, on its parser (`fastdata-demo`, or `fastdata demo`)."""
+    ap.add_argument("--samples", metavar="N", type=positive_int, default=4096,
+                    help="ready images of the drop-in part (default 4096)")
+    ap.add_argument("--batch-size", metavar="N", type=positive_int, default=256,
+                    help="images a batch, both parts (default 256)")
+    ap.add_argument("--workers", metavar="N", type=natural_int, default=2,
+                    help="num_workers of every loader (default 2)")
+    ap.add_argument("--epochs", metavar="N", type=positive_int, default=3, help="epochs of each timed run (default 3)")
+    ap.add_argument("--repeats", metavar="N", type=positive_int, default=5,
+                    help="timed runs of each side, alternating (default 5)")
+    ap.add_argument("--images", metavar="N", type=_image_count, default=512,
+                    help="synthetic JPEGs of the image-mode part, in 10 classes: 0 skips it, else at least 10 "
+                         "(default 512)")
+    ap.add_argument("--data", metavar="DIR", default=str(_DATA),
+                    help="where the synthetic JPEGs are made, or found when made before "
+                         "(default ~/.cache/fastdata/demo-imagenet-like)")
+    add_debug(ap)
+    ap.set_defaults(run=functools.partial(run, ap))
+
+
+def run(ap: Parser, args: argparse.Namespace) -> int:
+    """The command on parsed arguments; its exit status (1 when a figure is not valid or the
+    batches differ)."""
+    return run_command(ap.prog, functools.partial(_demo, args), args.debug)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fastdata-demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=_positive, default=4096)
-    ap.add_argument("--batch-size", type=_positive, default=256)
-    ap.add_argument("--workers", type=_natural, default=2)
-    ap.add_argument("--epochs", type=_positive, default=3, help="epochs of each timed run")
-    ap.add_argument("--repeats", type=_positive, default=5, help="timed runs of each side, alternating")
-    ap.add_argument("--images", type=_natural, default=512, help="synthetic JPEGs for the image-mode part (0: skip it)")
-    ap.add_argument("--data", default=str(Path.home() / ".cache" / "fastdata" / "demo-imagenet-like"))
+    """`fastdata-demo`: the same command as `fastdata demo`."""
+    ap = Parser(prog="fastdata-demo", description=__doc__, example=EXAMPLE)
+    add_arguments(ap)
     args = ap.parse_args(argv)
+    return args.run(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import torch
@@ -209,31 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{speedup}; same batches as DataLoader: {'yes' if same else 'NO'}")
     if args.images > 0:
         valid = _image_mode(args) and valid
-    return 0 if same and valid else 1
+    if not same:
+        raise CommandError("fastdata.loader's batches differ from DataLoader's")
+    if not valid:
+        raise CommandError("a figure is above the machine's ceiling for its pipeline: not a valid measurement")
+    return 0
 
 
 def _ceiling_batches(batch_size: int) -> int:
     """Batches a ceiling counts (after as many uncounted): about 1,000 images, at least 4, so the
     uncounted ones cover a loader's ring of batch slots (`fastdata._buffers`)."""
     return max(4, -(-1024 // batch_size))
-
-
-def _count(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < least:
-        raise argparse.ArgumentTypeError(f"should be an integer >= {least}, but got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _count(text, 1)
-
-
-def _natural(text: str) -> int:
-    return _count(text, 0)
 
 
 def _image_mode(args) -> bool:

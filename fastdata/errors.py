@@ -18,7 +18,7 @@ class DataError(RuntimeError):
 _OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
-def cause(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
     """An exception as one line of a message: its type and text, without object reprs or line
     breaks."""
     text = _OBJECT_REPR.sub("", str(e)).strip()

@@ -1,8 +1,9 @@
-"""`fastdata-shard`: packs an image source into WebDataset tar shards, with an index.
+"""`fastdata shard` (or `fastdata-shard`): packs an image source into WebDataset tar shards,
+with an index.
 
-    fastdata-shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N]
-                   [--no-shuffle] [--seed S] [--quiet]
-    fastdata-shard imagenet/train out/train-%06d.tar --max-size 1G
+    fastdata shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N]
+                   [--no-shuffle] [--seed S] [--quiet] [--debug]
+    fastdata shard imagenet/train out/train-%06d.tar --max-size 1G
 
 SRC is a folder in ImageFolder layout (SRC/<class>/<image>: classes sorted by name, label =
 index; images sorted). From Python, `write_shards(source, pattern)` also takes a list of
@@ -49,6 +50,8 @@ The index: <prefix>-index.json next to the shards
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
 import json
 import numbers
 import os
@@ -62,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cli import Parser, positive_int
+from ._cli import Parser, add_debug, natural_int, not_a_directory, positive_int, run_command
 from ._cores import usable_cores
 from ._tarwriter import END, Progress, member_ext, sample_bytes, write_all
 from .errors import DataError
@@ -144,6 +147,11 @@ def _resolve_source(source: Any) -> Samples:
 def _prepare_folder(folder: str) -> None:
     """Makes the output folder and checks that a file can be written in it."""
     where = folder or "."
+    blocked = not_a_directory(where)
+    if blocked is not None:  # makedirs would say "File exists" of it
+        err = NotADirectoryError(f"cannot write shards in {where!r}: {str(blocked)!r} is not a directory")
+        err.errno = errno.ENOTDIR
+        raise err
     try:
         os.makedirs(where, exist_ok=True)
         probe = os.path.join(where, f".fastdata-shard-probe-{os.getpid()}-{secrets.token_hex(4)}")
@@ -255,10 +263,25 @@ def _size(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="fastdata-shard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _pattern(text: str) -> str:
+    try:
+        _parse_pattern(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+SUMMARY = "pack an image folder into WebDataset tar shards, with an index"
+# an image folder made first, so that the example runs anywhere (a single %: the epilog is not %-formatted)
+EXAMPLE = ("python -m fastdata.synthetic /tmp/fastdata-images --images 200\n"
+           "  fastdata shard /tmp/fastdata-images /tmp/fastdata-shards/train-%06d.tar --max-count 50")
+
+
+def add_arguments(ap: Parser) -> None:
+    """The command's arguments, on its parser (`fastdata-shard`, or `fastdata shard`)."""
     ap.add_argument("src", metavar="SRC", help="a folder in ImageFolder layout (SRC/<class>/<image>)")
-    ap.add_argument("pattern", metavar="OUT_PATTERN", help="shard names, printf style: out/train-%%06d.tar")
+    ap.add_argument("pattern", metavar="OUT_PATTERN", type=_pattern,
+                    help="shard names, printf style: out/train-%%06d.tar")
     ap.add_argument("--max-count", type=positive_int, default=10000, metavar="N",
                     help="samples per shard, at most (default 10000)")
     ap.add_argument("--max-size", type=_size, default=1 << 30, metavar="BYTES",
@@ -266,29 +289,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=positive_int, default=None, metavar="N",
                     help="processes writing shards (default: the usable cores)")
     ap.add_argument("--no-shuffle", action="store_true", help="keep the source order (default: a shuffled order)")
-    ap.add_argument("--seed", type=int, default=0, help="the shuffled order's seed (default 0)")
+    ap.add_argument("--seed", type=natural_int, default=0, help="the shuffled order's seed (default 0)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
-    args = ap.parse_args(argv)
+    add_debug(ap)
+    ap.set_defaults(run=functools.partial(run, ap))
 
-    t = time.perf_counter()
-    try:
+
+def run(ap: Parser, args: argparse.Namespace) -> int:
+    """The command on parsed arguments; its exit status."""
+    def body() -> int:
+        t = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             path, index = _write(args.src, args.pattern, args.max_count, args.max_size, args.workers,
                                  progress=not args.quiet, shuffle=not args.no_shuffle, seed=args.seed)
-    except (OSError, ValueError, DataError) as e:
-        print(f"{ap.prog}: error: {e}".replace("\n", " "), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{ap.prog}: interrupted", file=sys.stderr)
-        return 130
-    for w in caught:
-        print(f"{ap.prog}: warning: {w.message}", file=sys.stderr)
-    nbytes = sum(s["bytes"] for s in index["shards"])
-    print(f"{len(index['shards'])} shards, {index['total']} samples, {nbytes} bytes ({nbytes / 1e6:.1f} MB) "
-          f"in {time.perf_counter() - t:.1f} s")
-    print(f"index: {path}")
-    return 0
+        for w in caught:
+            print(f"{ap.prog}: warning: {w.message}", file=sys.stderr)
+        nbytes = sum(s["bytes"] for s in index["shards"])
+        print(f"{len(index['shards'])} shards, {index['total']} samples, {nbytes} bytes ({nbytes / 1e6:.1f} MB) "
+              f"in {time.perf_counter() - t:.1f} s")
+        print(f"index: {path}")
+        return 0
+    return run_command(ap.prog, body, args.debug)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`fastdata-shard`: the same command as `fastdata shard`."""
+    ap = Parser(prog="fastdata-shard", description=__doc__, example=EXAMPLE)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -23,16 +23,17 @@ the files are byte-identical wherever the JPEG encoder is libjpeg-turbo.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ._cli import Progress
 from ._cores import usable_cores
 from .sources.files import IMAGE_EXTENSIONS, image_folder
 
@@ -287,8 +288,8 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
     Returns at once when `root/manifest.json` says the dataset with these arguments is
     complete. Otherwise only what is missing is made: images of the same seed are kept (moved
     when `n_classes` changed), the others removed; a crash leaves no partial file. `workers`
-    processes encode (default: the cores this process may use); `progress` prints a line on
-    stderr."""
+    processes encode (default: the cores this process may use); `progress` shows how many
+    are made on stderr (a bar on a terminal, a few lines in a log)."""
     n_images = _check_int("n_images", n_images, 1)
     n_classes = _check_int("n_classes", n_classes, 1)
     seed = _check_int("seed", seed, 0)
@@ -336,35 +337,27 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
 
 def _make(root: Path, seed: int, n_classes: int, todo: list[int], workers: int, progress: bool) -> None:
     jobs = [(str(root), seed, n_classes, i) for i in todo]
-    last = 0.0
-
-    def report(done: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if progress and (done == len(jobs) or now - last > 0.25):
-            last = now
-            end = "\n" if done == len(jobs) else ""
-            print(f"\rsynthetic images under {root}: {done}/{len(jobs)}", end=end, file=sys.stderr, flush=True)
-
     if not jobs:
         return
-    report(0)
-    workers = min(workers, len(jobs))
-    if workers == 1 or len(jobs) < 8:
-        for done, job in enumerate(jobs, 1):
-            _write_image(job)
-            report(done)
-        return
-    import multiprocessing
+    shown = Progress(f"synthetic images under {root}", len(jobs)) if progress else contextlib.nullcontext()
+    with shown:
+        report = shown.update if progress else (lambda done: None)
+        workers = min(workers, len(jobs))
+        if workers == 1 or len(jobs) < 8:
+            for done, job in enumerate(jobs, 1):
+                _write_image(job)
+                report(done)
+            return
+        import multiprocessing
 
-    # fork where there is one: the children need nothing imported again (a spawned child
-    # would import fastdata, hence torch, before its first image).
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ctx.Pool(workers) as pool:
-        chunk = max(1, min(16, len(jobs) // (workers * 8)))
-        for done, _ in enumerate(pool.imap_unordered(_write_image, jobs, chunk), 1):
-            report(done)
+        # fork where there is one: the children need nothing imported again (a spawned child
+        # would import fastdata, hence torch, before its first image).
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+        with ctx.Pool(workers) as pool:
+            chunk = max(1, min(16, len(jobs) // (workers * 8)))
+            for done, _ in enumerate(pool.imap_unordered(_write_image, jobs, chunk), 1):
+                report(done)
 
 
 def make_file_list(root) -> list[tuple[str, int]]:

@@ -12,7 +12,7 @@ import torch
 import fastdata
 from _images import color_folder
 from fastdata import transforms as T
-from fastdata.errors import cause
+from fastdata.errors import error_line
 
 jsonschema = pytest.importorskip("jsonschema")
 SCHEMA = json.loads((Path(fastdata.__file__).parent / "profiling" / "report.schema.json").read_text())
@@ -155,7 +155,7 @@ def test_causes_carry_no_object_reprs_nor_worker_tracebacks():
 
     with pytest.raises(UnidentifiedImageError) as e:
         Image.open(io.BytesIO(b"nothing"))
-    assert " at 0x" in str(e.value) and cause(e.value) == "UnidentifiedImageError: cannot identify image file"
+    assert " at 0x" in str(e.value) and error_line(e.value) == "UnidentifiedImageError: cannot identify image file"
     wrapped = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
                          "last):\n  File \"x.py\", line 1, in f\nValueError: label 12 out of range")
-    assert cause(wrapped) == "ValueError: label 12 out of range"
+    assert error_line(wrapped) == "ValueError: label 12 out of range"

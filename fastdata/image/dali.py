@@ -38,7 +38,7 @@ import torch
 
 from .._buffers import new_batch
 from .._workers import NoWatchdog, hold_threads, release_threads
-from ..errors import DataError, cause
+from ..errors import DataError, error_line
 from ..transforms import dali as lowering
 from .decode import BatchDecoder
 from .order import BatchOrder, Passes
@@ -296,7 +296,7 @@ class DaliDecoders:
                         img.load()
                         kind = img.format
                 except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
-                    culprits.append((i, path, f"cannot decode ({cause(e)})"))
+                    culprits.append((i, path, f"cannot decode ({error_line(e)})"))
                     continue
                 if kind not in _DALI_FORMATS:  # a GIF named .jpg, say: Pillow's, not DALI's
                     culprits.append((i, path, f"DALI cannot decode {kind} images (backend 'pil' can)"))
@@ -304,9 +304,9 @@ class DaliDecoders:
         if not culprits:
             raise DataError(f"DALI failed on a batch whose images all decode with Pillow: {error}") from error
         if self.on_error == "raise":
-            i, path, cause = culprits[0]
-            raise DataError(f"cannot read {path}: {cause} (backend 'dali')", path=path) from None
-        for i, path, cause in culprits:
-            self._bad[i] = cause
+            i, path, why = culprits[0]
+            raise DataError(f"cannot read {path}: {why} (backend 'dali')", path=path) from None
+        for i, path, why in culprits:
+            self._bad[i] = why
         logger.warning("DALI failed on %d sample(s); restarting its pipeline without them", len(culprits))
         raise _Retry()

@@ -24,7 +24,7 @@ from .. import _decode  # the native decoder when built (AVAILABLE), the structu
 from .._buffers import ProcessRings, new_batch
 from .._cores import usable_cores
 from .._trace import trace_range
-from ..errors import cause
+from ..errors import error_line
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
 from ..transforms.plan import plan_geometry, plan_pixels
@@ -55,7 +55,7 @@ def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
             except Image.DecompressionBombError as e:
                 cause = f"over the pixel limit of {limit} ({e})"
             except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...
-                cause = f"not a readable image ({cause(e)})"
+                cause = f"not a readable image ({error_line(e)})"
         if cause is None and w * h > limit:
             cause = f"the header claims {w}x{h} = {w * h} pixels, over the limit of {limit} (a decompression bomb?)"
         out.append((cause, kind == "jpeg", w, h))
@@ -194,5 +194,5 @@ class BatchDecoder:
                 target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
-                self.fail(errors, paths[k], f"cannot decode ({cause(e)})")
+                self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")
         return failed

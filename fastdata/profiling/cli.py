@@ -1,9 +1,10 @@
-"""`fastdata-profile` and `fastdata.profile`: is the training step waiting on its input?
+"""`fastdata profile` (or `fastdata-profile`) and `fastdata.profile`: is the training step
+waiting on its input?
 
-    fastdata-profile SOURCE [--step-ms MS | --model module:callable] [--transform imagenet_train]
+    fastdata profile SOURCE [--step-ms MS | --model module:callable] [--transform imagenet_train]
                      [--size 224] [--batch-size 256] [--workers auto] [--steps 30] [--device D]
                      [--on-error raise|skip] [--tune] [--out DIR] [--debug]
-    fastdata-profile --show-cache | --clear-cache
+    fastdata profile --show-cache | --clear-cache
 
 It measures three things, one after the other:
 - the loader alone: batches as fast as they come;
@@ -50,12 +51,12 @@ batch size and machine (under ~/.cache/fastdata/tuned), where `num_workers="auto
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -65,33 +66,28 @@ import torch
 from .. import factory
 from ..backends.base import resolve_workers
 from .. import transforms as T
-from .._cli import Parser, positive_float, positive_int, workers
+from .._cli import CommandError, Parser, add_debug, check_writable, positive_float, positive_int, run_command, workers
 from .._cores import usable_cores
 from ..sources import is_shard_source
-from ..synthetic import make_imagenet_like
-from ..errors import cause
+from ..errors import error_line
 from ..tunecache import clear_tunes, list_tunes, store_tune
 from .measure import profile
 from .report import Report
 from .tune import tune
 
 
-class _Fail(Exception):
-    """A one-line cause for the command line."""
-
-
 def _model_step(spec: str, device: str) -> Callable[[Any], None]:
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise _Fail(f"--model should be module:callable, but got {spec!r}")
+        raise CommandError(f"--model should be module:callable, but got {spec!r}")
     try:
         build = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise _Fail(f"cannot import --model {spec}: {e}") from None
+        raise CommandError(f"cannot import --model {spec}: {e}") from None
     try:
         model = build().to(device).to(memory_format=torch.channels_last)
     except Exception as e:
-        raise _Fail(f"--model {spec} raised while being built: {type(e).__name__}: {e}") from None
+        raise CommandError(f"--model {spec} raised while being built: {type(e).__name__}: {e}") from None
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     kind = torch.device(device).type
 
@@ -113,39 +109,49 @@ def _transform(spec: str, size: int):
     try:
         return getattr(importlib.import_module(module), name)()
     except Exception as e:
-        raise _Fail(f"--transform should be imagenet_train, imagenet_eval or module:callable, but {spec!r}: "
-                    f"{type(e).__name__}: {e}") from None
+        raise CommandError(f"--transform should be imagenet_train, imagenet_eval or module:callable, but {spec!r}: "
+                           f"{type(e).__name__}: {e}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="fastdata-profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+SUMMARY = "is the training step waiting on its input? measure, explain, tune"
+EXAMPLE = "fastdata profile synthetic --step-ms 100"
+
+
+def add_arguments(ap: Parser) -> None:
+    """The command's arguments, on its parser (`fastdata-profile`, or `fastdata profile`)."""
     ap.add_argument("source", metavar="SOURCE", nargs="?",
                     help="an ImageFolder, WebDataset shards, or 'synthetic' (made here)")
     consumer = ap.add_mutually_exclusive_group()
     consumer.add_argument("--step-ms", type=positive_float, help="simulate a training step of this many milliseconds")
     consumer.add_argument("--model", help="module:callable returning a torch.nn.Module to train a step of")
-    ap.add_argument("--transform", default="imagenet_train", help="imagenet_train (default), imagenet_eval, or module:callable")
-    ap.add_argument("--size", type=positive_int, default=224)
-    ap.add_argument("--batch-size", type=positive_int, default=256)
+    ap.add_argument("--transform", default="imagenet_train",
+                    help="imagenet_train, imagenet_eval, or module:callable (default imagenet_train)")
+    ap.add_argument("--size", type=positive_int, default=224, help="the transform's output size (default 224)")
+    ap.add_argument("--batch-size", type=positive_int, default=256, help="images a batch (default 256)")
     ap.add_argument("--workers", type=workers, default="auto", help="num_workers (default auto)")
     ap.add_argument("--steps", type=positive_int, default=30, help="batches timed per measurement (default 30)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--on-error", choices=["raise", "skip"], default="raise",
-                    help="a file that cannot be read: stop with its name and cause (raise, the default), or skip "
-                         "it and count it in the report (skip)")
+                    help="a file that cannot be read: stop with its name and cause (raise), or skip "
+                         "it and count it in the report (skip) (default raise)")
     ap.add_argument("--tune", action="store_true",
                     help="search workers, prefetch, backend and placement; write the best as a config")
     ap.add_argument("--out", help="write report.json and report.html (and config.json with --tune) in this folder")
-    ap.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
+    add_debug(ap)
     cache = ap.add_mutually_exclusive_group()
     cache.add_argument("--show-cache", action="store_true", help="list the kept tunes (no SOURCE needed) and exit")
     cache.add_argument("--clear-cache", action="store_true", help="remove the kept tunes and exit")
-    args = ap.parse_args(argv)
+    ap.set_defaults(run=functools.partial(run, ap))
+
+
+def run(ap: Parser, args: argparse.Namespace) -> int:
+    """The command on parsed arguments; its exit status."""
     if args.show_cache or args.clear_cache:
         return _cache(args)
     if args.source is None:
         ap.error("SOURCE is required (unless --show-cache or --clear-cache)")
-    try:
+
+    def body() -> int:
         setup = _setup(args)
         report = _run(args, *setup)
         report.print()
@@ -153,16 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             report.tune = _run_tune(args, *setup)
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
-    except KeyboardInterrupt:
-        print(f"{ap.prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:
-        if args.debug:
-            raise
-        why = str(e) if isinstance(e, _Fail) else cause(e)
-        print(f"{ap.prog}: error: {why}".replace("\n", " "), file=sys.stderr)
-        return 1
-    return 0
+        return 0
+    return run_command(ap.prog, body, args.debug)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`fastdata-profile`: the same command as `fastdata profile`."""
+    ap = Parser(prog="fastdata-profile", description=__doc__, example=EXAMPLE)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return args.run(args)
 
 
 def _cache(args: argparse.Namespace) -> int:
@@ -189,10 +195,13 @@ def _cache(args: argparse.Namespace) -> int:
 def _source(args: argparse.Namespace) -> str:
     source = args.source
     if source == "synthetic":
+        # imported here, not by the package's import, so `python -m fastdata.synthetic` runs it fresh
+        from ..synthetic import make_imagenet_like
+
         return str(make_imagenet_like(Path.home() / ".cache" / "fastdata" / "demo-imagenet-like", n_images=2000,
                                       progress=True))
     if not (os.path.exists(source) or "{" in source or "://" in source or source.startswith("pipe:")):
-        raise _Fail(f"source {source!r} does not exist")
+        raise CommandError(f"source {source!r} does not exist")
     return source
 
 
@@ -204,24 +213,15 @@ def _setup(args: argparse.Namespace) -> tuple[str, str, Any, Callable[[Any], Non
     try:
         kind = torch.device(device).type
     except RuntimeError as e:
-        raise _Fail(f"--device {device!r} is not a torch device ({cause(e)})") from None
+        raise CommandError(f"--device {device!r} is not a torch device ({error_line(e)})") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise _Fail(f"--device {device!r}, but this machine has no CUDA device (torch.cuda.is_available() is False): "
-                    "use --device cpu")
+        raise CommandError(f"--device {device!r}, but this machine has no CUDA device "
+                           "(torch.cuda.is_available() is False): use --device cpu")
     if args.out:
-        _check_writable(Path(args.out))
+        check_writable("--out", args.out, folder=True)
     transform = _transform(args.transform, args.size)
     step = _model_step(args.model, device) if args.model else None
     return device, _source(args), transform, step
-
-
-def _check_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise _Fail(f"--out {str(out)!r} cannot be written: {e.strerror or cause(e)}") from None
 
 
 def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> dict[str, Any]:
@@ -253,7 +253,7 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     path = store_tune(source, transform, args.batch_size, outcome)
     print(f"tuned: {json.dumps(chosen)} ({outcome['seconds']:.0f} s): {result.reason}")
     print(f"kept in {path}: num_workers='auto' and placement='auto' use it for this source "
-          "(fastdata-profile --show-cache lists the kept tunes)")
+          "(fastdata profile --show-cache lists the kept tunes)")
     if args.out:
         out = Path(args.out)
         (out / "config.json").write_text(json.dumps({"loader": chosen, "tune": outcome}, indent=2) + "\n")

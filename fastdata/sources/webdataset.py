@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, cause
+from ..errors import DataError, error_line
 from .files import MAX_LABEL
 from .streams import describe_error, local_path, open_http, open_stream
 from .tarformat import INDEX_FORMAT, INDEX_VERSION, Scan, index_location, read_index, scan_tar
@@ -120,7 +120,7 @@ def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarra
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         shown = entry.get("name") if isinstance(entry, dict) else None
         raise ValueError(f"the shard index {where} is malformed: its entry for {shown!r:.100} "
-                         f"({cause(e)})") from None
+                         f"({error_line(e)})") from None
     return name, nbytes, keys, spans.astype(np.int64), contents.astype(np.int64)
 
 

@@ -1,0 +1,294 @@
+"""The `fastdata` command and its aliases: help with an example, --version, the exit codes (0,
+1 with one line, 2 with one line, 130), and the command-line faults of issue 20."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fastdata
+from fastdata import bench, cli, demo, shard
+from fastdata._cli import CommandError, Progress
+from fastdata._pillow import PILLOW
+from fastdata.profiling import cli as profile_cli
+from fastdata.synthetic import make_imagenet_like
+
+from _images import color_folder
+
+# argv of each command's page under `fastdata`, and the alias that runs the same command
+LEAVES = {("profile",): profile_cli.main, ("bench", "augment"): bench.main, ("shard",): shard.main,
+          ("demo",): demo.main}
+ALIAS_ARGV = {("profile",): [], ("bench", "augment"): ["augment"], ("shard",): [], ("demo",): []}
+
+
+def _help(main, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def _split(page: str) -> tuple[str, str]:
+    """(the text before the options, the options section) of a help page."""
+    before, _, options = page.partition("\noptions:\n")
+    return before, options.partition("\nexample:")[0]
+
+
+def _entries(options: str) -> dict[str, str]:
+    """{--flag: its help text} of an options section."""
+    entries, flag = {}, None
+    for line in options.splitlines():
+        m = re.match(r"  (?:-\w, )?(--[\w-]+)", line)
+        if m:
+            flag = m.group(1)
+            entries[flag] = line
+        elif flag and line.startswith("   "):
+            entries[flag] += " " + line.strip()
+    return entries
+
+
+def _one_line_error(err: str, prog: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return color_folder(tmp_path_factory.mktemp("images"), classes=2, per_class=6, sides=(20, 40),
+                        name=lambda i: f"{i:03d}.jpg")
+
+
+# ----------------------------------------------------------------- help, examples, --version
+
+@pytest.mark.parametrize("argv", [[], ["profile"], ["bench"], ["bench", "augment"], ["shard"], ["demo"]])
+def test_every_help_ends_with_an_example_that_parses(argv, capsys):
+    page = _help(cli.main, argv, capsys)
+    example = page.rpartition("\nexample:\n")[2]
+    assert example.strip(), page
+    commands = [line.strip() for line in example.splitlines() if line.strip().startswith("fastdata ")]
+    assert commands and all(c.split()[1] == (argv or ["profile"])[0] for c in commands), example
+    for command in commands:  # a command line `fastdata` accepts, with real flags
+        args = cli.parser().parse_args(shlex.split(command)[1:])
+        assert callable(args.run)
+
+
+def test_top_help_lists_the_commands_and_the_exit_codes(capsys):
+    page = _help(cli.main, [], capsys)
+    for name, module in cli.COMMANDS.items():
+        assert re.search(rf"^    {name} +\S", page, re.MULTILINE), name
+        assert module.SUMMARY.split()[0] in page
+    codes = page.partition("exit codes:")[2]
+    for code, says in (("0", "success"), ("1", "error"), ("2", "bad command line"), ("130", "interrupted")):
+        assert re.search(rf"^  {code} +.*{says}", codes, re.MULTILINE), code
+    assert "--debug" in codes
+
+
+@pytest.mark.parametrize("leaf", list(LEAVES))
+def test_each_alias_is_the_same_command(leaf, capsys):
+    ours = _split(_help(cli.main, list(leaf), capsys))[1]
+    alias = _split(_help(LEAVES[leaf], ALIAS_ARGV[leaf], capsys))[1]
+    assert ours == alias and "--version" in ours and "--debug" in ours
+
+
+@pytest.mark.parametrize("leaf", list(LEAVES))
+def test_help_names_only_real_flags(leaf, capsys):
+    """`fastdata-bench --help` once showed a --batch-size it did not have."""
+    before, options = _split(_help(cli.main, list(leaf), capsys))
+    real = set(_entries(options))
+    named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", before))
+    assert named and named <= real, named - real
+    if leaf == ("bench", "augment"):
+        assert "--batch-size" not in before + options
+
+
+@pytest.mark.parametrize("leaf", list(LEAVES))
+def test_every_flag_with_a_default_says_it(leaf, capsys):
+    parser = cli.parser()
+    sub = parser.parse_args([*leaf, *(["src", "o-%d.tar"] if leaf == ("shard",) else [])])
+    entries = _entries(_split(_help(cli.main, list(leaf), capsys))[1])
+    checked = 0
+    for flag, text in entries.items():
+        default = getattr(sub, flag[2:].replace("-", "_"), None)
+        if default is None or isinstance(default, bool) or flag in ("--help", "--version"):
+            continue
+        checked += 1
+        assert "default" in text, text
+        if leaf == ("demo",) and isinstance(default, int):
+            assert f"default {default})" in text, text
+    assert checked >= 3
+
+
+def test_demo_flags_have_help_and_defaults(capsys):
+    entries = _entries(_split(_help(demo.main, [], capsys))[1])
+    for flag, default in (("--samples", 4096), ("--images", 512), ("--batch-size", 256), ("--workers", 2),
+                          ("--epochs", 3), ("--repeats", 5)):
+        assert f"(default {default})" in entries[flag], entries[flag]
+    assert "~/.cache/fastdata/demo-imagenet-like" in entries["--data"]
+
+
+def _versions() -> list[str]:
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    return [f"fastdata {fastdata.__version__}", f"torch {torch.__version__} ({build})", PILLOW]
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["profile", "--version"], ["bench", "augment", "--version"]])
+def test_version(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 0
+    assert capsys.readouterr().out.splitlines() == _versions()
+    assert "SIMD" in PILLOW or "stock" in PILLOW or "unknown" in PILLOW
+
+
+@pytest.mark.parametrize("module", ["fastdata.cli", "fastdata.profiling.cli", "fastdata.bench", "fastdata.shard",
+                                    "fastdata.demo"])
+def test_version_of_every_script(module):
+    # as a console script runs it: the module's main, imported
+    done = subprocess.run([sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())",
+                           "--version"], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0 and done.stdout.splitlines() == _versions(), done.stderr
+
+
+# ----------------------------------------------------------------- exit codes
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["profile", "x", "--steps", "0"], ["bench"],
+                                  ["bench", "augment", "--images", "zero"], ["shard", "src"],
+                                  ["shard", "src", "out.tar"], ["demo", "--workers", "-1"],
+                                  ["demo", "--images", "5"], ["run"]])
+def test_a_bad_command_line_is_2_and_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = _one_line_error(captured.err, captured.err.partition(": error:")[0])
+    assert line.startswith("fastdata") and line.endswith("(see --help)")
+
+
+@pytest.mark.parametrize("argv,prog,says", [
+    (["profile", "/no/such/folder", "--step-ms", "5"], "fastdata profile", "does not exist"),
+    (["shard", "/no/such/folder", "{out}/s-%06d.tar"], "fastdata shard", "does not exist"),
+])
+def test_a_missing_source_is_1_and_one_line(argv, prog, says, tmp_path, capsys):
+    assert cli.main([a.replace("{out}", str(tmp_path)) for a in argv]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and says in _one_line_error(captured.err, prog)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_missing_source_in_a_real_process():
+    done = subprocess.run([sys.executable, "-m", "fastdata.cli", "shard", "/no/such/folder", "/tmp/x-%d.tar"],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "/no/such/folder" in _one_line_error(done.stderr, "fastdata shard")
+
+
+def test_demo_failure_is_1_and_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    argv = ["demo", "--samples", "32", "--batch-size", "16", "--epochs", "1", "--repeats", "1", "--workers", "0",
+            "--images", "10", "--data", str(tmp_path / "file" / "data")]
+    assert cli.main(argv) == 1
+    line = _one_line_error(capsys.readouterr().err.splitlines()[-1], "fastdata demo")
+    assert "Not a directory" in line and str(tmp_path / "file") in line
+    with pytest.raises(NotADirectoryError):
+        cli.main([*argv, "--debug"])
+
+
+def test_interrupted_is_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "augment", interrupted)
+    assert cli.main(["bench", "augment", "-q"]) == 130
+    assert capsys.readouterr().err.strip() == "fastdata bench augment: interrupted"
+
+
+# ----------------------------------------------------------------- the faults
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+@pytest.mark.parametrize("case", ["under-a-file", "a-directory"])
+def test_bench_output_paths_are_checked_before_measuring(flag, case, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "out" if case == "under-a-file" else tmp_path
+    measured = []
+    monkeypatch.setattr(bench, "augment", lambda args: measured.append(args) or {})
+    assert bench.main(["augment", flag, str(path)]) == 1
+    captured = capsys.readouterr()
+    line = _one_line_error(captured.err, "fastdata-bench augment")
+    assert f"{flag} {str(path)!r} cannot be written" in line
+    assert ("'" + str(tmp_path / "file") + "' is not a directory" if case == "under-a-file" else "a directory") in line
+    assert not measured and captured.out == ""
+    with pytest.raises(CommandError):
+        bench.main(["augment", flag, str(path), "--debug"])
+
+
+def test_bench_writes_json_into_a_new_folder(tmp_path, capsys):
+    out = tmp_path / "new" / "augment.json"
+    (tmp_path / "old.json").write_text("kept until the results replace it")
+    assert cli.main(["bench", "augment", "--images", "2", "--reps", "1", "--size", "16", "--no-pipeline", "-q",
+                     "--json", str(out), "--plot", str(tmp_path / "old.json")]) == 0
+    assert set(json.loads(out.read_text())["ops"]) >= {"RandomResizedCrop", "Normalize"}
+    assert (tmp_path / "old.json").read_text().startswith("<!doctype html>")
+
+
+def test_shard_under_a_file_says_not_a_directory(folder, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    pattern = tmp_path / "file" / "deeper" / "x-%06d.tar"
+    assert shard.main([str(folder), str(pattern)]) == 1
+    line = _one_line_error(capsys.readouterr().err, "fastdata-shard")
+    assert f"'{tmp_path / 'file'}' is not a directory" in line and "File exists" not in line
+    with pytest.raises(NotADirectoryError, match="is not a directory"):
+        shard.write_shards(folder, pattern)
+    assert (tmp_path / "file").read_text() == ""
+
+
+def test_import_error_without_torch_suggests_the_cpu_wheel():
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import fastdata"],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: fastdata needs PyTorch")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in message
+    assert "GPU" in message and "CUDA" in message
+
+
+# ----------------------------------------------------------------- progress
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_in_a_log_is_a_few_lines():
+    log = io.StringIO()
+    with Progress("things", 1000, stream=log) as shown:
+        for done in range(1, 1001):
+            shown.update(done)
+    lines = log.getvalue().splitlines()
+    assert [line.split(": ")[1].split()[0] for line in lines] == ["0/1000", "250/1000", "500/1000", "750/1000",
+                                                                  "1000/1000"]
+
+
+def test_progress_on_a_terminal_is_a_rich_bar():
+    tty = _Terminal()
+    with Progress("things", 50, stream=tty) as shown:
+        for done in range(1, 51):
+            shown.update(done)
+    text = tty.getvalue()
+    assert "things" in text and "50/50" in text and "━" in text and "\x1b[" in text
+
+
+def test_synthetic_set_progress_in_a_log(tmp_path, capsys):
+    make_imagenet_like(tmp_path / "d", n_images=40, n_classes=2, workers=2, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert 2 <= len(lines) <= 5 and lines[-1].startswith(f"synthetic images under {tmp_path / 'd'}: 40/40")
+    assert all("\r" not in line for line in lines)
+
