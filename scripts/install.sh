@@ -1,29 +1,68 @@
 #!/usr/bin/env bash
 # Installs fastdata from this checkout, with its native extension, into the current Python,
 # and ends with Pillow-SIMD as the active Pillow.
+#   bash scripts/install.sh            fastdata, Kornia, the test tools and trainers, Pillow-SIMD;
+#                                      DALI only where a CUDA GPU is found (nvidia-smi lists one)
+#   bash scripts/install.sh --dali     DALI as well, GPU or not (it runs CPU-only pipelines)
+#   bash scripts/install.sh --no-dali  no DALI, even with a GPU
+# FASTDATA_DALI=1 or 0 does what --dali or --no-dali does. FASTDATA_AVX2=1 or 0 builds Pillow-SIMD
+# with or without AVX2 whatever this CPU has (for an image built on one machine, run on another).
 # PyTorch is installed only when missing, and pinned: a loose `torch` requirement would pull
 # several GB of CUDA wheels on a machine whose local CPU wheel is 2.13.0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PILLOW_SIMD=12.1.1.post0
+
+usage() { sed -n '4,9s/^# \{0,1\}//p' scripts/install.sh; }
+dali=${FASTDATA_DALI:-auto}
+for arg in "$@"; do
+    case $arg in
+        --dali) dali=1 ;;
+        --no-dali) dali=0 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "install.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+case $dali in
+    1) dali_why="asked for" ;;
+    0) dali_why="--no-dali" ;;
+    auto|"")
+        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+            dali=1 dali_why="a CUDA GPU is present"
+        else
+            dali=0 dali_why="no CUDA GPU found"
+        fi ;;
+    *) echo "install.sh: FASTDATA_DALI should be 1, 0 or auto, but got '$dali'" >&2; exit 2 ;;
+esac
+
+# The requirements of one of pyproject.toml's extras, one a line: the pins live there only.
+extra() {
+    "$PY" - "$1" <<'EOF'
+import sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10: tomli comes with scikit-build-core
+    import tomli as tomllib
+with open("pyproject.toml", "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["optional-dependencies"][sys.argv[1]]))
+EOF
+}
+
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 # The build needs no torch: scikit-build-core + nanobind compile csrc/ against raw buffers.
 # setuptools and pybind11 are Pillow-SIMD's build requirements (built without isolation below).
-# pytest-timeout: no test may hang (the default limit is in pyproject.toml); atheris: the tar and
-# index fuzzer (tests/test_fuzz.py, scripts/fuzz.sh); jsonschema: report.json against its schema.
-# None requires torch or Pillow.
-"$PY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" "pytest>=7" "pytest-timeout>=2.3" "atheris>=2.3" \
-    "jsonschema>=4.18" "setuptools>=77" "pybind11"
-"$PY" -m pip install -q --no-build-isolation -e .
+"$PY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" "setuptools>=77" "pybind11"
+# CMake and Ninja: scikit-build-core names the PyPI wheels it needs (none where the system has both).
+mapfile -t build_tools < <("$PY" -c "import sys
+from scikit_build_core.build import get_requires_for_build_editable as requires
+sys.stdout.writelines(r + '\n' for r in requires())")
+[ ${#build_tools[@]} -eq 0 ] || "$PY" -m pip install -q "${build_tools[@]}"
+# fastdata, with the extras the README's test command needs: the test tools, Kornia for the device
+# stage's pixel ops, and the trainers tests/test_frameworks.py runs fastdata under. Without a
+# working C++17 compiler the build falls back to pure Python, and `import fastdata` says so.
+"$PY" -m pip install -q --no-build-isolation -e ".[test,gpu,frameworks]"
 "$PY" -c "import fastdata, fastdata._collate as c; print(f'fastdata {fastdata.__version__} installed; native collation: {c.NATIVE}')"
-
-# Kornia for the device stage's pixel ops (it requires torch, already here, and no Pillow).
-"$PY" -m pip install -q "kornia==0.9.0"
-
-# The trainers tests/test_frameworks.py runs fastdata under (Lightning's Trainer and Fabric,
-# Accelerate); pinned, and requiring neither a torch other than the one here nor Pillow.
-"$PY" -m pip install -q "pytorch-lightning==2.6.6" "accelerate==1.15.0"
 
 # Debian's Chromium, headless, for the profile report's browser test (tests/test_report_html.py,
 # which skips without it): installed only where apt-get runs as root.
@@ -37,15 +76,25 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     fi
 fi
 
-# NVIDIA DALI for the `dali` backend (about 430 MB; it runs CPU-only pipelines where there is no
-# GPU, so the backend is tested everywhere). It requires no torch and no Pillow.
-DALI=nvidia-dali-cuda120==2.4.0
-if "$PY" -c "import nvidia.dali" 2>/dev/null; then
-    echo "DALI $("$PY" -c 'import nvidia.dali as d; print(d.__version__)') already installed"
-elif "$PY" -m pip install -q "$DALI"; then
-    echo "DALI installed ($DALI)"
+# NVIDIA DALI for the `dali` backend: about 1 GB of wheels (DALI with its nvJPEG, nvImageCodec,
+# nvCOMP, nvJPEG2k and nvTIFF), so only where it can use a GPU or when asked. It requires no torch
+# and no Pillow; without it backend='dali' says it is missing, and its tests skip.
+mapfile -t dali_reqs < <(extra dali)
+[ ${#dali_reqs[@]} -gt 0 ] || { echo "error: no 'dali' extra read from pyproject.toml" >&2; exit 1; }
+dali_version() { "$PY" -c "import nvidia.dali as d; print(d.__version__)" 2>/dev/null; }
+if [ "$dali" = 1 ]; then
+    if "$PY" -m pip install -q "${dali_reqs[@]}"; then
+        echo "DALI $(dali_version) installed ($dali_why)"
+    elif [ "$dali_why" = "asked for" ]; then
+        echo "error: installing ${dali_reqs[*]} failed" >&2
+        exit 1
+    else
+        echo "warning: installing ${dali_reqs[*]} failed; backend='dali' is not available" >&2
+    fi
+elif v=$(dali_version); then
+    echo "DALI $v already installed"
 else
-    echo "warning: installing $DALI failed; backend='dali' will say it is missing, and its tests skip" >&2
+    echo "DALI not installed ($dali_why; about 1 GB): bash scripts/install.sh --dali adds backend='dali'"
 fi
 
 # Pillow-SIMD, last: it and stock Pillow both install the `PIL` package, so anything installed
@@ -79,10 +128,14 @@ else
     fi
     # Uninstalling one of the two deletes the `PIL` files the other may be relying on: start clean.
     "$PY" -m pip uninstall -q -y pillow pillow-simd 2>/dev/null || true
-    # -mavx2 turns on Pillow-SIMD's AVX2 paths (only where the CPU has AVX2); no wheel cache,
-    # so that no wheel built with other flags is reused.
+    # -mavx2 turns on Pillow-SIMD's AVX2 paths (by default only where this CPU has AVX2); no wheel
+    # cache, so that no wheel built with other flags is reused.
     cc="cc"
-    grep -qw avx2 /proc/cpuinfo 2>/dev/null && cc="cc -mavx2"
+    case ${FASTDATA_AVX2:-auto} in
+        1) cc="cc -mavx2" ;;
+        0) ;;
+        *) grep -qw avx2 /proc/cpuinfo 2>/dev/null && cc="cc -mavx2" ;;
+    esac
     log=$(mktemp)
     if CC="$cc" "$PY" -m pip install --no-cache-dir --no-binary pillow-simd --no-build-isolation --no-deps \
             "pillow-simd==$PILLOW_SIMD" >"$log" 2>&1 && simd_active; then

@@ -79,6 +79,7 @@ def _stand_in_python(bin_dir: Path, log: Path) -> Path:
     py.write_text(textwrap.dedent(f"""\
         #!/bin/bash
         if [ "$1 $2" = "-m pip" ]; then
+            for arg; do [ -n "$arg" ] || {{ echo "ERROR: Invalid requirement: ''" >&2; exit 1; }}; done
             echo "pip ${{*:3}}" >> {shlex.quote(str(log))}
             [[ -n "${{FAIL_DALI:-}}" && "$*" == *nvidia-dali* ]] && exit 1
             exit 0
