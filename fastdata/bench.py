@@ -40,8 +40,10 @@ import numpy as np
 
 from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run_command
 from ._cores import usable_cores
+from .profiling.report import environment, now_utc
 
 SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
+SCHEMA = "fastdata.bench.augment/1"  # --json's schema (bench.schema.json beside this module)
 
 
 def _ops(size: int) -> dict[str, Any]:
@@ -318,9 +320,11 @@ def augment(args: argparse.Namespace) -> dict:
             table[name][engine] = _time(one_pass, len(big), args.reps, sync) if one_pass is not None else None
             if shown is not None:
                 shown.update(i)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {usable_cores()} "
+    report = {"schema": SCHEMA, "created": now_utc(), "environment": environment(),
+              "machine": f"{platform.processor() or platform.machine()}, {usable_cores()} "
                          f"cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"),
-              "pillow": PILLOW, "size": args.size, "images": args.images, "engines": list(engines), "ops": table}
+              "pillow": PILLOW, "size": args.size, "images": args.images, "reps": args.reps, "unit": "images/s",
+              "engines": list(engines), "ops": table}
     if args.pipeline:
         if not args.quiet:
             print("the ImageNet training pipeline with each placement...", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,9 @@ def test_augment_table_json_and_plot(tmp_path, capsys):
     assert bench.main(["augment", "--images", "4", "--reps", "1", "--size", "32", "--no-pipeline", "-q",
                        "--json", str(out), "--plot", str(page)]) == 0
     report = json.loads(out.read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(report, json.loads((Path(bench.__file__).parent / "bench.schema.json").read_text()))
+    assert report["schema"] == bench.SCHEMA and report["reps"] == 1 and report["size"] == 32
     assert report["engines"][0] == "pillow" and "Pillow" in report["pillow"]
     ops = report["ops"]
     assert set(ops) == {"RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "ColorJitter",

@@ -88,7 +88,7 @@ class Report:
     flags: list[str] = dataclasses.field(default_factory=list)  # figures not to be trusted, and why
     skipped: dict[str, Any] = dataclasses.field(default_factory=lambda: {"count": 0, "examples": []})
     tune: dict[str, Any] | None = None  # the tune's outcome (TuneResult.to_json() and its seconds)
-    created: str = dataclasses.field(default_factory=lambda: _now())
+    created: str = dataclasses.field(default_factory=lambda: now_utc())
 
     @property
     def first_change(self) -> Advice | None:
@@ -212,7 +212,8 @@ def _where(stage: str) -> str:
     return {"h2d_copy": "GPU", "consumer_wait": "together"}.get(stage, "training process")
 
 
-def _now() -> str:
+def now_utc() -> str:
+    """Now, as report files write it: ISO 8601 in UTC, to the second."""
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
