@@ -2,6 +2,8 @@
 
 import inspect
 
+import pytest
+
 import fastdata
 
 PUBLIC = ["DataError", "Loader", "__version__", "loader", "profile", "transforms"]
@@ -32,3 +34,32 @@ def test_data_error_is_a_runtime_error():
 
 def test_transforms_surface():
     assert sorted(fastdata.transforms.__all__) == sorted(TRANSFORMS)
+
+
+IMAGE_KEYWORDS = ["backend", "channels_last", "config", "device", "drop_last", "dtype", "hw_decoder_load", "num_workers",
+                  "on_error", "persistent_workers", "pin_memory", "placement", "prefetch_factor", "rank", "seed",
+                  "shuffle", "timeout", "transform", "world_size"]
+
+
+def test_every_keyword_is_accepted(tmp_path):
+    """A keyword that disappears (or appears) from either mode fails here: image mode's own,
+    and in drop-in mode every DataLoader keyword plus `device`."""
+    import torch
+    from PIL import Image
+
+    from fastdata import factory
+
+    assert sorted(factory._IMAGE_KEYWORDS) == IMAGE_KEYWORDS
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / "0.jpg")
+    for name in IMAGE_KEYWORDS:  # each is taken (not refused as unknown) by the image factory
+        value = {"backend": "pil", "config": None, "device": "cpu", "dtype": torch.float32, "placement": "cpu",
+                 "on_error": "raise", "transform": None, "hw_decoder_load": None}.get(name)
+        if name == "hw_decoder_load" or name == "config":
+            continue  # dali-only / a file: covered by their own tests
+        kwargs = {name: value} if value is not None else {}
+        fastdata.loader(str(tmp_path), batch_size=1, **kwargs)
+    dropin = set(inspect.signature(torch.utils.data.DataLoader.__init__).parameters) - {"self", "dataset"}
+    assert set(factory._DROPIN_KEYWORDS) == dropin | {"device"}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'shuffel'"):
+        fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(2)), shuffel=True)
