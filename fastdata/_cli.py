@@ -213,3 +213,13 @@ def workers(text: str) -> int | str:
     if value < 0:
         raise argparse.ArgumentTypeError(f"should be 'auto' or an integer >= 0, but got {text!r}")
     return value
+
+
+def run_alone(prog: str, description: str, example: str, add_arguments: Callable[[Parser], None],
+              argv: list[str] | None) -> int:
+    """A tool's own console script (`fastdata-profile`, ...): its parser alone, then the command
+    it sets (the same as under `fastdata`)."""
+    ap = Parser(prog=prog, description=description, example=example)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return args.run(args)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run_command
+from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run_alone, run_command
 from ._cores import usable_cores
 from .profiling.report import environment, now_utc
 
@@ -383,10 +383,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`fastdata-bench`: the same command as `fastdata bench`."""
-    ap = Parser(prog="fastdata-bench", description=__doc__, example=EXAMPLE)
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    return args.run(args)
+    return run_alone("fastdata-bench", __doc__, EXAMPLE, add_arguments, argv)
 
 
 if __name__ == "__main__":

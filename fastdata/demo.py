@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._cli import CommandError, Parser, add_debug, natural_int, positive_int, run_command
+from ._cli import CommandError, Parser, add_debug, natural_int, positive_int, run_alone, run_command
 from ._cores import usable_cores
 from .ceiling import ceiling, images_in, within
 
@@ -213,10 +213,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`fastdata-demo`: the same command as `fastdata demo`."""
-    ap = Parser(prog="fastdata-demo", description=__doc__, example=EXAMPLE)
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    return args.run(args)
+    return run_alone("fastdata-demo", __doc__, EXAMPLE, add_arguments, argv)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cli import Parser, add_debug, natural_int, not_a_directory, positive_int, run_command
+from ._cli import Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone, run_command
 from ._cores import usable_cores
 from ._tarwriter import END, Progress, member_ext, sample_bytes, write_all
 from .errors import DataError
@@ -315,10 +315,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`fastdata-shard`: the same command as `fastdata shard`."""
-    ap = Parser(prog="fastdata-shard", description=__doc__, example=EXAMPLE)
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    return args.run(args)
+    return run_alone("fastdata-shard", __doc__, EXAMPLE, add_arguments, argv)
 
 
 if __name__ == "__main__":

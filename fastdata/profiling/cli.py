@@ -66,7 +66,8 @@ import torch
 from .. import factory
 from ..backends.base import resolve_workers
 from .. import transforms as T
-from .._cli import CommandError, Parser, add_debug, check_writable, positive_float, positive_int, run_command, workers
+from .._cli import (CommandError, Parser, add_debug, check_writable, positive_float, positive_int, run_alone,
+                     run_command, workers)
 from .._cores import usable_cores
 from ..sources import is_shard_source
 from ..errors import error_line
@@ -165,10 +166,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`fastdata-profile`: the same command as `fastdata profile`."""
-    ap = Parser(prog="fastdata-profile", description=__doc__, example=EXAMPLE)
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    return args.run(args)
+    return run_alone("fastdata-profile", __doc__, EXAMPLE, add_arguments, argv)
 
 
 def _cache(args: argparse.Namespace) -> int:
