@@ -1,7 +1,8 @@
 """fastdata: keeps GPUs fed during PyTorch training.
 
-Public names: `loader` (the factory), `Loader` (what it returns), `transforms`, `DataError`,
-`profile` (is the training step waiting on its input?).
+Public names: `loader` (the factory), `Loader` (what it returns), `transforms`, `samplers`
+(weighted, repeat-factor and curriculum sampling), `DataError`, `profile` (is the training step
+waiting on its input?).
 """
 
 __version__ = "0.1.0"
@@ -18,10 +19,10 @@ except ImportError as e:  # torch is deliberately not a pip requirement: see pyp
     ) from e
 
 from ._collate import NATIVE as _NATIVE  # noqa: F401
-from . import transforms
+from . import samplers, transforms
 from .backends.base import Loader
 from .errors import DataError
 from .factory import loader
 from .profiling import profile
 
-__all__ = ["DataError", "Loader", "loader", "profile", "transforms", "__version__"]
+__all__ = ["DataError", "Loader", "loader", "profile", "samplers", "transforms", "__version__"]

@@ -23,7 +23,7 @@ logger = logging.getLogger("fastdata")
 _IMAGE_KEYWORDS = frozenset({
     "shuffle", "drop_last", "num_workers", "timeout", "prefetch_factor", "persistent_workers",
     "pin_memory", "transform", "backend", "device", "dtype", "channels_last", "placement", "seed",
-    "rank", "world_size", "on_error", "config", "hw_decoder_load",
+    "rank", "world_size", "on_error", "config", "hw_decoder_load", "sampler",
 })
 _BACKENDS = ("auto", "pil", "wds", "dali")
 
@@ -126,7 +126,8 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
     a .tar path, a brace pattern, a list of shard paths or URLs) it decodes them into
     `(images, labels)` batches with the fastest backend this machine has; see the README for
     the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
-    world_size, on_error, config; hw_decoder_load for the dali backend).
+    world_size, on_error, config, sampler (`fastdata.samplers`); hw_decoder_load for the dali
+    backend).
     """
     _check_device(options.get("device"))
     if sources.is_image_source(source):

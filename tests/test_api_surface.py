@@ -6,11 +6,13 @@ import pytest
 
 import fastdata
 
-PUBLIC = ["DataError", "Loader", "__version__", "loader", "profile", "transforms"]
+PUBLIC = ["DataError", "Loader", "__version__", "loader", "profile", "samplers", "transforms"]
 TRANSFORMS = ["CenterCrop", "ColorJitter", "Compose", "CutMix", "IMAGENET_MEAN", "IMAGENET_STD", "LabelSmoothing",
               "MixUp", "Normalize", "RandomHorizontalFlip",
               "RandomResizedCrop", "Resize", "TrivialAugment", "imagenet_eval", "imagenet_train"]
 LOADER_METHODS = ["load_state_dict", "set_epoch", "state_dict"]
+SAMPLERS = ["CurriculumSampler", "RepeatFactorSampler", "WeightedSampler"]
+SAMPLER_METHODS = ["indices", "load_state_dict", "set_epoch", "state_dict"]
 
 
 def test_public_names():
@@ -36,9 +38,20 @@ def test_transforms_surface():
     assert sorted(fastdata.transforms.__all__) == sorted(TRANSFORMS)
 
 
+def test_samplers_surface():
+    import torch
+
+    assert sorted(fastdata.samplers.__all__) == SAMPLERS
+    for name in SAMPLERS:
+        cls = getattr(fastdata.samplers, name)
+        assert issubclass(cls, torch.utils.data.Sampler)
+        for method in SAMPLER_METHODS:
+            assert callable(getattr(cls, method))
+
+
 IMAGE_KEYWORDS = ["backend", "channels_last", "config", "device", "drop_last", "dtype", "hw_decoder_load", "num_workers",
-                  "on_error", "persistent_workers", "pin_memory", "placement", "prefetch_factor", "rank", "seed",
-                  "shuffle", "timeout", "transform", "world_size"]
+                  "on_error", "persistent_workers", "pin_memory", "placement", "prefetch_factor", "rank", "sampler",
+                  "seed", "shuffle", "timeout", "transform", "world_size"]
 
 
 def test_every_keyword_is_accepted(tmp_path):
@@ -54,7 +67,8 @@ def test_every_keyword_is_accepted(tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "a" / "0.jpg")
     for name in IMAGE_KEYWORDS:  # each is taken (not refused as unknown) by the image factory
         value = {"backend": "pil", "config": None, "device": "cpu", "dtype": torch.float32, "placement": "cpu",
-                 "on_error": "raise", "transform": None, "hw_decoder_load": None}.get(name)
+                 "on_error": "raise", "transform": None, "hw_decoder_load": None,
+                 "sampler": fastdata.samplers.WeightedSampler([1.0])}.get(name)
         if name == "hw_decoder_load" or name == "config":
             continue  # dali-only / a file: covered by their own tests
         kwargs = {name: value} if value is not None else {}

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..image.dali import DaliDecoders
 from ..image.loader import ImageLoader
-from ..image.order import FileOrder, ShardOrder
+from ..image.order import ShardOrder
 from ..image.read import Failures, FileReader
 from ..image.read_shards import ShardReader
 
@@ -31,8 +31,7 @@ class DaliLoader(ImageLoader):
             order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
                                self.world_size, 1)
             return order, ShardReader(self.samples, order, fail, persistent=True)
-        order = FileOrder(len(self.samples), self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                          self.world_size)
+        order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)
 
     def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> DaliDecoders:

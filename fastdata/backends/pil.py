@@ -4,7 +4,6 @@ decoder, Pillow for the rest) straight into reused batch slots."""
 from __future__ import annotations
 
 from ..image.loader import ImageLoader
-from ..image.order import FileOrder
 from ..image.read import Failures, FileReader
 
 
@@ -14,6 +13,5 @@ class PilLoader(ImageLoader):
     backend = "pil"
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
-        order = FileOrder(len(self.samples), self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                          self.world_size)
+        order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)

@@ -292,6 +292,8 @@ class TorchLoader(DataLoader, Loader):
         the dataset's samples are a function of their index; an iterable dataset is
         fast-forwarded. Without a `generator`, the shuffle comes from torch's global RNG, and
         resuming restores that global state."""
+        # a sampler with state of its own (fastdata.samplers: weights set by set_weights) keeps it here too
+        own = {"sampler_state": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}
         if self._in_epoch:
             sampler_rng = self._index.rng_at_start if self._index is not None else None
             return {
@@ -301,6 +303,7 @@ class TorchLoader(DataLoader, Loader):
                 "rng": self._epoch_rng,
                 "sampler_rng": sampler_rng,
                 "rng_now": self._rng.get_state(),
+                **own,
             }
         return {
             "version": _STATE_VERSION,
@@ -308,6 +311,7 @@ class TorchLoader(DataLoader, Loader):
             "batches": 0,
             "rng": self._rng.get_state(),
             "sampler_rng": None,
+            **own,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -315,6 +319,8 @@ class TorchLoader(DataLoader, Loader):
             raise ValueError(
                 f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}"
             )
+        if state.get("sampler_state") is not None and hasattr(self.sampler, "load_state_dict"):
+            self.sampler.load_state_dict(state["sampler_state"])
         if state["epoch"] is not None:
             self.set_epoch(state["epoch"])
         self._resume = dict(state)

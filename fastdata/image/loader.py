@@ -22,10 +22,11 @@ from .._trace import trace_range
 from ..backends.base import Loader, resolve_workers
 from ..device import DeviceStage, prefetch
 from ..errors import DataError
+from ..samplers import IndexSampler
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder
-from .order import BatchOrder
+from .order import BatchOrder, FileOrder
 from .read import Failures
 
 logger = logging.getLogger("fastdata")
@@ -74,6 +75,7 @@ class ImageLoader(Loader):
         rank: int | None = None,
         world_size: int | None = None,
         on_error: str = "raise",
+        sampler: IndexSampler | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
@@ -88,7 +90,10 @@ class ImageLoader(Loader):
             raise ValueError(f"dtype should be torch.float32, torch.float16 or torch.bfloat16, but got {dtype}")
         if transform is not None and not isinstance(transform, Compose):
             raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {type(transform).__name__}")
+        if sampler is not None:
+            _check_sampler(sampler, samples, shuffle)
         self.samples = samples
+        self.index_sampler = sampler
         self.batch_size = batch_size
         self.transform = transform
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -149,8 +154,16 @@ class ImageLoader(Loader):
 
     def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Any:
         """Who decodes: DataLoader's worker processes running read-and-decode tasks."""
+        # Not ahead into the next epoch with a sampler: its next epoch's list may change
+        # (set_weights, a callable of the training state) until that epoch starts.
+        run_ahead = self._run_ahead and self.index_sampler is None
         return CpuWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
-                          pin, self.persistent_workers, self._run_ahead)
+                          pin, self.persistent_workers, run_ahead)
+
+    def _file_order(self, shuffle: bool, drop_last: bool) -> FileOrder:
+        """The order of image files for this rank: the epoch's permutation, or the sampler's list."""
+        return FileOrder(len(self.samples), self.batch_size, shuffle, drop_last, self.seed, self.rank,
+                         self.world_size, self.index_sampler)
 
     # ------------------------------------------------------------- the Loader interface
 
@@ -220,6 +233,8 @@ class ImageLoader(Loader):
         self._state_world = state.get("world_size")  # checked when the next pass knows its world size
         if state.get("seed", self.seed) != self.seed:
             warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
+        if self.index_sampler is not None:
+            self.index_sampler.load_state_dict(state["sampler"])
         self._stop()
         self._epoch = int(state["epoch"])
         self._skip = int(state["batches"])
@@ -328,6 +343,21 @@ class ImageLoader(Loader):
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
+
+
+def _check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
+    if not isinstance(sampler, IndexSampler):
+        raise TypeError("sampler should be a fastdata.samplers sampler (WeightedSampler, RepeatFactorSampler, "
+                        f"CurriculumSampler) in image mode, but got {type(sampler).__name__}")
+    if shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle: the sampler sets the order")
+    if hasattr(samples, "counts"):
+        raise ValueError("sampler should be given with image files, but got WebDataset shards: shards are read "
+                         "sequentially, so an order of single samples cannot be served from them; pass the image "
+                         "folder or file list the shards were written from, or drop sampler=")
+    if sampler.population != len(samples):
+        raise ValueError(f"sampler should index the {len(samples)} samples of this source, but it indexes "
+                         f"{sampler.population} (its per-sample list has that length)")
 
 
 class EpochSampler:

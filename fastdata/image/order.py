@@ -2,8 +2,9 @@
 (seed, epoch), so that any batch of any epoch can be named without reading what came before.
 
 One protocol, two orders:
-- `FileOrder` (image files): the epoch is a permutation of all samples, split among the ranks
-  by striding, as DistributedSampler does; batch k of a rank is k's slice of its share.
+- `FileOrder` (image files): the epoch is a permutation of all samples (or a sampler's list of
+  them, `fastdata.samplers`), split among the ranks by striding, as DistributedSampler does;
+  batch k of a rank is k's slice of its share.
 - `ShardOrder` (WebDataset shards, read sequentially): the epoch is the shards in a permuted
   order, a rank takes a contiguous range of it, each worker ("lane") a contiguous part of that,
   and a lane is shuffled in blocks (see its docstring).
@@ -57,10 +58,12 @@ class FileOrder:
     epoch's permutation."""
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, sampler: Any = None) -> None:
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
         self.rank, self.world_size = rank, world_size
-        self.per_rank = rank_samples(n, world_size, drop_last)
+        self.sampler = sampler  # a fastdata.samplers sampler: its epoch list replaces the permutation
+        self.length = sampler.num_samples if sampler is not None else n  # the epoch's samples, all ranks
+        self.per_rank = rank_samples(self.length, world_size, drop_last)
         self.batches = self.per_rank // batch_size if drop_last else math.ceil(self.per_rank / batch_size)
         self._mine: tuple[int, np.ndarray] | None = None  # (epoch, this rank's order of it)
 
@@ -70,10 +73,13 @@ class FileOrder:
     def rank_order(self, epoch: int) -> np.ndarray:
         """This rank's samples of `epoch`, in order."""
         if self._mine is None or self._mine[0] != epoch:
-            order = permutation(self.seed, epoch, self.n, self.shuffle)
+            if self.sampler is not None:
+                order = self.sampler.indices(epoch)
+            else:
+                order = permutation(self.seed, epoch, self.n, self.shuffle)
             total = self.per_rank * self.world_size
-            if total > self.n:
-                order = np.concatenate([order, order[: total - self.n]])
+            if total > self.length:
+                order = np.concatenate([order, order[: total - self.length]])
             self._mine = (epoch, order[:total][self.rank :: self.world_size])
         return self._mine[1]
 
@@ -82,10 +88,15 @@ class FileOrder:
         return [(epoch, int(i)) for i in self.rank_order(epoch)[k * b : (k + 1) * b]]
 
     def state(self) -> dict[str, Any]:
-        return {}
+        return {} if self.sampler is None else {"sampler": self.sampler.state_dict()}
 
     def check_state(self, state: dict[str, Any]) -> None:
-        pass
+        taken = state.get("sampler")
+        if (taken is None) != (self.sampler is None):
+            raise ValueError("the state was taken with " + (f"sampler {taken.get('sampler')!r}, so resume with that "
+                             "sampler" if taken is not None else "no sampler, so resume without one"))
+        if taken is not None:
+            self.sampler.check_state(taken)
 
 
 class ShardOrder:

@@ -2,8 +2,8 @@
 waiting on its input?
 
     fastdata profile SOURCE [--step-ms MS | --model module:callable] [--transform imagenet_train]
-                     [--size 224] [--batch-size 256] [--workers auto] [--steps 30] [--device D]
-                     [--on-error raise|skip] [--tune] [--out DIR] [--debug]
+                     [--size 224 | --size 0:160,10:192] [--batch-size 256] [--workers auto] [--steps 30]
+                     [--device D] [--on-error raise|skip] [--tune] [--out DIR] [--debug]
     fastdata profile --show-cache | --clear-cache
 
 It measures three things, one after the other:
@@ -39,6 +39,11 @@ taking batches, the device stage and the host-to-device copy. They appear as `fa
 ranges in a torch profiler trace too. The report gives their milliseconds per image, names the
 costliest, and advises: a rate model (RateModel) predicts what another worker count (or, on
 a GPU, placement="gpu") would give.
+
+Progressive resizing: `--size 0:160,10:192,20:224` (epoch:size steps, each size from its epoch
+on) gives imagenet_train a size schedule, as `RandomResizedCrop(size=[(0, 160), ...])` does;
+the report then adds the loader's rate alone at each size (the low-resolution epochs are where
+the input pipeline binds). A transform of `module:callable` with a schedule gets the same.
 
 `--tune` searches num_workers, prefetch_factor, backend and placement. It measures one probe
 per backend and placement with the stages timed, predicts every config from those stage
@@ -103,7 +108,22 @@ def _model_step(spec: str, device: str) -> Callable[[Any], None]:
     return step
 
 
-def _transform(spec: str, size: int):
+def size_spec(text: str) -> int | list[tuple[int, int]]:
+    """An argparse type: a size >= 1, or epoch:size steps separated by commas (a schedule)."""
+    try:
+        if ":" not in text:
+            return positive_int(text)
+        steps = [tuple(int(v) for v in step.split(":")) for step in text.split(",")]
+        T.RandomResizedCrop(steps)  # the schedule's own checks (sorted, from epoch 0, sizes >= 1)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"should be a size >= 1 or epoch:size steps such as 0:160,10:192,20:224, "
+                                         f"but got {text!r} ({e})") from None
+    return steps  # type: ignore[return-value]
+
+
+def _transform(spec: str, size: int | list[tuple[int, int]]):
+    if spec == "imagenet_eval" and not isinstance(size, int):
+        raise CommandError(f"--size {size} is a schedule, which --transform imagenet_train takes, not imagenet_eval")
     if spec in ("imagenet_train", "imagenet_eval"):
         return getattr(T, spec)(size)
     module, _, name = spec.partition(":")
@@ -127,7 +147,9 @@ def add_arguments(ap: Parser) -> None:
     consumer.add_argument("--model", help="module:callable returning a torch.nn.Module to train a step of")
     ap.add_argument("--transform", default="imagenet_train",
                     help="imagenet_train, imagenet_eval, or module:callable (default imagenet_train)")
-    ap.add_argument("--size", type=positive_int, default=224, help="the transform's output size (default 224)")
+    ap.add_argument("--size", type=size_spec, default=224,
+                    help="the transform's output size, or epoch:size steps (progressive resizing, e.g. "
+                         "0:160,10:192,20:224) (default 224)")
     ap.add_argument("--batch-size", type=positive_int, default=256, help="images a batch (default 256)")
     ap.add_argument("--workers", type=workers, default="auto", help="num_workers (default auto)")
     ap.add_argument("--steps", type=positive_int, default=30, help="batches timed per measurement (default 30)")

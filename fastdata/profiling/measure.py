@@ -10,6 +10,7 @@ import torch
 
 from ..backends.base import Loader
 from .._cores import usable_cores
+from ..transforms.schedule import SizeSchedule
 from .model import RateModel, advise
 from .report import COMPUTE_BOUND, COSTS, INPUT_BOUND, WORKER_STAGES, Report
 
@@ -28,7 +29,8 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
             warmup: int = 3, device: Any = None, source: str = "") -> Report:
     """Profiles `loader` (a fastdata Loader, or any iterable of batches) against `step` (a
     callable run on each batch), or a simulated step of `step_ms` milliseconds, over `steps`
-    batches after `warmup` ones. Returns a Report (print it, or `.write(dir)`)."""
+    batches after `warmup` ones. Returns a Report (print it, or `.write(dir)`). A fastdata
+    loader whose output size follows the epoch is also timed alone at each size (`sizes`)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -45,6 +47,8 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     finally:
         if timed:
             loader.set_stage_timing(False)
+    if isinstance(loader, Loader):
+        report.sizes = rates_per_size(loader, steps, warmup)
     stats = getattr(loader, "stats", {})
     if stats.get("skipped", 0) > skipped_before:
         report.skipped = {"count": stats["skipped"] - skipped_before, "examples": list(stats.get("errors", []))[:10]}
@@ -170,6 +174,44 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
                     stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
     advise(loader, report)
     return report
+
+
+def size_steps(transform: Any, horizon: int = 100) -> list[int]:
+    """The epochs at which a transform's output size changes (0 first), from its ops' size
+    schedules (a callable's over the first `horizon` epochs); [] when no size follows the epoch."""
+    epochs: set[int] = set()
+    for op in getattr(transform, "geometry", ()):
+        if isinstance(getattr(op, "size", None), SizeSchedule):
+            epochs.update(e for e, _ in op.size.steps(horizon))
+    return sorted(epochs)
+
+
+def rates_per_size(loader: Loader, steps: int, warmup: int) -> list[dict[str, Any]]:
+    """For a loader whose output size follows the epoch (progressive resizing): the loader's
+    rate alone at each size, timed over up to `steps` batches of the first epoch at that size
+    after `warmup` and the batches that queue up ahead (fewer where the epoch is shorter).
+    Low-resolution epochs are where the input pipeline binds. [] for a fixed size."""
+    epochs = size_steps(getattr(loader, "transform", None))
+    if not epochs:
+        return []
+    out = []
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        skip = min(warmup + _ahead(loader), max(0, len(loader) - 1))  # at least one batch left to time
+        for _ in range(skip):
+            next(it)
+        n, timed, shape, t = 0, 0, None, time.perf_counter()
+        for batch in it:
+            n, timed = n + _batch_len(batch), timed + 1
+            shape = tuple(batch[0].shape[-2:])
+            if timed == steps:
+                break
+        seconds = time.perf_counter() - t
+        del it
+        out.append({"epoch": epoch, "size": list(shape) if shape else None, "batches": timed,
+                    "images_per_s": n / max(seconds, 1e-9)})
+    return out
 
 
 # ----------------------------------------------------------------- what it asks of a loader

@@ -88,6 +88,9 @@ class Report:
     flags: list[str] = dataclasses.field(default_factory=list)  # figures not to be trusted, and why
     skipped: dict[str, Any] = dataclasses.field(default_factory=lambda: {"count": 0, "examples": []})
     tune: dict[str, Any] | None = None  # the tune's outcome (TuneResult.to_json() and its seconds)
+    # with an output size that follows the epoch: the loader's rate alone at each size
+    # (measure.rates_per_size: epoch, size [h, w], batches, images_per_s)
+    sizes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     created: str = dataclasses.field(default_factory=lambda: now_utc())
 
     @property
@@ -112,6 +115,21 @@ class Report:
                 f"{1e3 * sum(others) / len(others):,.0f} ms on average (the workers' queues refill at an epoch start "
                 f"unless they run ahead); counted in the rates, as training pays them each epoch")
 
+    def size_lines(self) -> list[str]:
+        """The loader's rate at each size of a progressive-resizing schedule, against the step's."""
+        if not self.sizes:
+            return []
+        lines = ["the loader alone at each size of the schedule (the epoch's first batches):"]
+        for s in self.sizes:
+            size = "x".join(map(str, s["size"])) if s["size"] else "?"
+            note = ""
+            if self.step_images_per_s is not None:
+                slower = s["images_per_s"] < self.step_images_per_s
+                note = "  below the step's rate: input-bound at this size" if slower else ""
+            lines.append(f"  from epoch {s['epoch']:<4} {size:>9}: {s['images_per_s']:10,.0f} images/s "
+                         f"({s['batches']} batches){note}")
+        return lines
+
     def to_json(self) -> dict[str, Any]:
         """report.json: the schema SCHEMA (report.schema.json) describes each field."""
         first = self.first_change
@@ -131,6 +149,7 @@ class Report:
                       for k, (w, c) in enumerate(self.steps)],
             "advice": [dataclasses.asdict(a) for a in self.advice],
             "tune": self.tune, "skipped": self.skipped, "flags": self.flags, "environment": environment(),
+            "sizes": self.sizes,
         }
 
     def __str__(self) -> str:
@@ -148,6 +167,7 @@ class Report:
             lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
             lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}" + ("   <- the most" if name == self.bound else "")
                       for name, ms in self.stages.items()]
+        lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
         lines += [f"  ! {flag}" for flag in self.flags]
         lines += [f"  - {a.text}" for a in self.advice]
@@ -187,6 +207,8 @@ class Report:
                 table.add_row(name, f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
                               STAGES.get(name, ""))
             console.print(table)
+        for line in self.size_lines():
+            console.print(line)
         colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")
         console.print(f"verdict: [bold {colour}]{self.verdict or 'none'}[/]: {self.explanation}")
         for flag in self.flags:

@@ -10,19 +10,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
+
+from .schedule import SizeSchedule, is_schedule
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _pair(name: str, size: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(size, int) and not isinstance(size, bool):
-        size = (size, size)
-    size = tuple(size)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-        raise ValueError(f"{name} size should be a positive int or an (h, w) pair, but got {size!r}")
-    return size  # type: ignore[return-value]
+def _pair(name: str, size: Any, where: str = "") -> tuple[int, int]:
+    pair = (size, size) if _is_int(size) else size
+    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_int(s) and s > 0 for s in pair)):
+        raise ValueError(f"{name} size should be a positive int or an (h, w) pair{where and ' ' + where}, "
+                         f"but got {size!r}")
+    return (pair[0], pair[1])
+
+
+def _short_side_or_pair(name: str, size: Any, where: str = "") -> int | tuple[int, int]:
+    """Resize's form: an int (the shorter side) or an (h, w) pair."""
+    if _is_int(size) and size > 0:
+        return size
+    return _pair(name, size, where)
+
+
+def _size_or_schedule(name: str, size: Any, check: Callable[[str, Any, str], Any]) -> Any:
+    """One size in the op's form, or a `SizeSchedule` of them (a list of (epoch, size) steps, or
+    a callable epoch -> size)."""
+    return SizeSchedule(name, size, check) if is_schedule(size) else check(name, size, "")
 
 
 class Op:
@@ -33,17 +52,33 @@ class Op:
     batch = False
 
 
-@dataclass(frozen=True)
-class RandomResizedCrop(Op):
-    """A random crop of `scale` of the area and `ratio` aspect, resized to `size` (h, w)."""
+class Sized(Op):
+    """A geometric op whose output size may follow the epoch: `size` is one size in the op's
+    form, or a `SizeSchedule` of them (progressive resizing)."""
 
-    size: int | tuple[int, int]
+    size: Any
+
+    def size_at(self, epoch: int) -> Any:
+        """The output size at `epoch`, in the op's form."""
+        return self.size.at(epoch) if isinstance(self.size, SizeSchedule) else self.size
+
+
+SizeSpec = Any  # an int, an (h, w) pair, a list of (epoch, size) steps, or a callable epoch -> size
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop(Sized):
+    """A random crop of `scale` of the area and `ratio` aspect, resized to `size` (h, w). `size`
+    may follow the epoch: `[(0, 160), (10, 192), (20, 224)]` (each size from its epoch on) or a
+    callable epoch -> size; the crop box stays the one drawn for (seed, epoch, sample)."""
+
+    size: SizeSpec
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     geometric = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair("RandomResizedCrop", self.size))
+        object.__setattr__(self, "size", _size_or_schedule("RandomResizedCrop", self.size, _pair))
         lo, hi = self.scale
         if not 0 < lo <= hi:
             raise ValueError(f"RandomResizedCrop scale should be (min, max) with 0 < min <= max, but got {self.scale}")
@@ -53,28 +88,27 @@ class RandomResizedCrop(Op):
 
 
 @dataclass(frozen=True)
-class Resize(Op):
+class Resize(Sized):
     """An int resizes the shorter side to it (keeping the aspect, as torchvision does); an
-    (h, w) pair resizes to exactly that."""
+    (h, w) pair resizes to exactly that. Either may follow the epoch, as RandomResizedCrop's."""
 
-    size: int | tuple[int, int]
+    size: SizeSpec
     geometric = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, int) and not isinstance(self.size, bool):
-            if self.size <= 0:
-                raise ValueError(f"Resize size should be positive, but got {self.size}")
-        else:
-            object.__setattr__(self, "size", _pair("Resize", self.size))
+        object.__setattr__(self, "size", _size_or_schedule("Resize", self.size, _short_side_or_pair))
 
 
 @dataclass(frozen=True)
-class CenterCrop(Op):
-    size: int | tuple[int, int]
+class CenterCrop(Sized):
+    """The central (h, w) of the image (an int: a square); may follow the epoch, as
+    RandomResizedCrop's."""
+
+    size: SizeSpec
     geometric = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair("CenterCrop", self.size))
+        object.__setattr__(self, "size", _size_or_schedule("CenterCrop", self.size, _pair))
 
 
 @dataclass(frozen=True)
@@ -239,11 +273,15 @@ class Compose:
         return len(self.ops)
 
 
-def imagenet_train(size: int = 224) -> Compose:
-    """RandomResizedCrop(size), RandomHorizontalFlip(), Normalize(ImageNet mean and std)."""
+def imagenet_train(size: SizeSpec = 224) -> Compose:
+    """RandomResizedCrop(size), RandomHorizontalFlip(), Normalize(ImageNet mean and std); `size`
+    may be a schedule (see RandomResizedCrop)."""
     return Compose([RandomResizedCrop(size), RandomHorizontalFlip(), Normalize()])
 
 
 def imagenet_eval(size: int = 224) -> Compose:
     """Resize(size / 0.875) (256 for 224), CenterCrop(size), Normalize(ImageNet mean and std)."""
+    if not _is_int(size):
+        raise ValueError(f"imagenet_eval size should be an int, but got {size!r}; for sizes that follow the epoch, "
+                         f"compose Resize and CenterCrop with size schedules")
     return Compose([Resize(int(math.floor(size / 0.875))), CenterCrop(size), Normalize()])

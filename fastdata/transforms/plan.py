@@ -3,7 +3,9 @@
 RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip, in any order, fold into one
 box in the source image's coordinates, one output size and one flip per sample: the native
 decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
-output), and Pillow does it as one `resize(size, box=...)`. Vectorised over the batch.
+output), and Pillow does it as one `resize(size, box=...)`. Vectorised over the batch. An op
+whose size follows a schedule (`schedule.py`) gives the epoch's size; its random draws do not
+depend on the size, so the crop boxes are those of a fixed-size pipeline.
 """
 
 from __future__ import annotations
@@ -62,10 +64,10 @@ def _rrc(op: RandomResizedCrop, u: np.ndarray, W: np.ndarray, H: np.ndarray):
     return left, top, w, h
 
 
-def _resize_to(op: Resize, W: np.ndarray, H: np.ndarray):
-    if isinstance(op.size, tuple):
-        return np.full_like(W, op.size[1]), np.full_like(H, op.size[0])
-    s = op.size
+def _resize_to(size: int | tuple[int, int], W: np.ndarray, H: np.ndarray):
+    if isinstance(size, tuple):
+        return np.full_like(W, size[1]), np.full_like(H, size[0])
+    s = size
     short, long_ = np.minimum(W, H), np.maximum(W, H)
     new_long = (s * long_ // short).astype(np.int64)  # torchvision: int(size * long / short)
     return np.where(W <= H, s, new_long), np.where(W <= H, new_long, s)
@@ -73,7 +75,8 @@ def _resize_to(op: Resize, W: np.ndarray, H: np.ndarray):
 
 def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
                   widths: np.ndarray, heights: np.ndarray) -> Geometry:
-    """Boxes, flips and output sizes for samples `indices` of sizes (widths, heights)."""
+    """Boxes, flips and output sizes for samples `indices` of sizes (widths, heights), at
+    `epoch` (which picks the random parameters, and the output size of a size schedule)."""
     n = len(indices)
     W = np.asarray(widths, dtype=np.int64).copy()  # the current image's size, op by op
     H = np.asarray(heights, dtype=np.int64).copy()
@@ -95,11 +98,12 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
         if isinstance(op, RandomResizedCrop):
             left, top, w, h = _rrc(op, uniforms(seed, epoch, indices, stream, 4 * _RRC_ATTEMPTS), W, H)
             crop(left, top, w, h)
-            H, W = np.full(n, op.size[0], np.int64), np.full(n, op.size[1], np.int64)
+            oh, ow = op.size_at(epoch)
+            H, W = np.full(n, oh, np.int64), np.full(n, ow, np.int64)
         elif isinstance(op, Resize):
-            W, H = _resize_to(op, W, H)
+            W, H = _resize_to(op.size_at(epoch), W, H)
         elif isinstance(op, CenterCrop):
-            ch, cw = op.size
+            ch, cw = op.size_at(epoch)
             # torchvision rounds the offset; a crop larger than the image is clamped to it.
             cw_, ch_ = np.minimum(cw, W), np.minimum(ch, H)
             crop(np.rint((W - cw_) / 2.0).astype(np.int64), np.rint((H - ch_) / 2.0).astype(np.int64), cw_, ch_)
