@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bench, demo, shard
+from . import bench, demo, run, shard
 from ._cli import EXIT_CODES, Parser
 from .profiling import cli as profile
 
 # name -> the module of its command, in the order `fastdata --help` lists them
-COMMANDS: dict[str, ModuleType] = {"profile": profile, "bench": bench, "shard": shard, "demo": demo}
+COMMANDS: dict[str, ModuleType] = {"profile": profile, "bench": bench, "shard": shard, "demo": demo, "run": run}
 
 
 def parser() -> Parser:

@@ -1,0 +1,294 @@
+"""What `fastdata run` changes in the command's processes: `torch.utils.data.DataLoader`.
+
+`install()` puts `DataLoader` (below) in torch's place. Making one decides, per loader, from its
+arguments: served by fastdata's drop-in loader (`Served`, a `TorchLoader`) or torch's own
+DataLoader (an instance of `DataLoader` itself, which adds nothing to torch's class). Both are
+instances of the class the script sees as `DataLoader` and of torch's. Each decision is appended
+to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; with `FASTDATA_RUN_PROFILE` set, each
+served loader's measurements (`fastdata._run_profile`) are appended at the process's exit.
+
+num_workers: where the script left the default (0), a served loader gets "auto" only when that
+cannot change a batch: torch's default samplers (whose draws do not depend on the worker count),
+workers started by fork (spawn would run the script's main module again), none of the keywords
+that mean something else with workers (worker_init_fn, prefetch_factor, multiprocessing_context,
+persistent_workers), and a probe of sample 0 that draws from no global RNG (torch, numpy,
+random), changes no attribute or RNG of the dataset, and returns no CUDA tensor. The probe's
+draws are undone (the RNG states restored), so the run's random streams are the script's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copyreg
+import inspect
+import itertools
+import json
+import multiprocessing
+import os
+import pickle
+import random
+import sys
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+import torch.utils.data.dataloader
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from ._run_profile import Timing
+from .backends.torch import TorchLoader
+
+TorchDataLoader = torch.utils.data.dataloader.DataLoader
+_SIGNATURE = inspect.signature(TorchDataLoader.__init__)
+# Samplers whose order is a function of their generator (or torch's global one): fastdata's
+# resume restores it, and the worker count does not change it.
+_KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,
+                   torch.utils.data.WeightedRandomSampler)
+# Keywords whose meaning changes when a loader gets workers the script did not ask for.
+_WORKER_KEYWORDS = ("worker_init_fn", "prefetch_factor", "multiprocessing_context", "persistent_workers")
+# Frames of these packages are skipped when naming where a loader was made.
+_LIBRARIES = {"torch", "fastdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
+
+_served: list[tuple[weakref.ref, Timing]] = []
+_count = itertools.count()
+
+
+class _AnyTorchLoader(type):
+    """DataLoader's metaclass: any torch DataLoader (one made before the hook, fastdata's own
+    `TorchLoader`) is an instance of `DataLoader` too, as of the class it replaces."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, TorchDataLoader) if cls is DataLoader else super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, TorchDataLoader) if cls is DataLoader else super().__subclasscheck__(sub)
+
+
+class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
+    """torch's DataLoader, as `fastdata run` gives it to the script: `DataLoader(...)` returns a
+    `Served` loader or torch's own (an instance of this class, with torch's behaviour). A
+    subclass the script defines is torch's own, unchanged."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:  # unpickling, copy: the state follows
+            return object.__new__(cls)
+        if cls is not DataLoader and cls is not Served:
+            _record(None, kwargs.get("dataset", args[0] if args else None), "fell back",
+                    f"a subclass of DataLoader ({cls.__qualname__}): its methods may rely on torch's internals", cls)
+            return object.__new__(cls)
+        served, reason, workers = decide(args, kwargs)
+        if not served:
+            _record(None, _dataset_of(args, kwargs), "fell back", reason, cls)
+            if cls is DataLoader:
+                return object.__new__(cls)
+            obj = object.__new__(DataLoader)  # Served rebuilt (a framework's type(loader)(...)) with what it cannot serve
+            TorchDataLoader.__init__(obj, *args, **kwargs)
+            return obj
+        obj = object.__new__(Served)
+        obj._fastdata_decision = (reason, workers)
+        return obj
+
+
+class Served(DataLoader, TorchLoader):
+    """A loader `fastdata run` serves: fastdata's drop-in loader, and a `DataLoader`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        reason, workers = self.__dict__.pop("_fastdata_decision", (None, None))
+        if reason is None:  # made as Served(...) directly: decided again
+            _, reason, workers = decide(args, kwargs)
+        if workers is not None:
+            kwargs["num_workers"] = workers
+        TorchLoader.__init__(self, *args, **kwargs)
+        timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
+        if timing is not None:
+            self.set_stage_timing(True)
+            _served.append((weakref.ref(self), timing))
+        self._fastdata_timing = timing
+        _record(self, self.dataset, "served", reason, type(self))
+
+    def __iter__(self) -> Any:
+        it = TorchLoader.__iter__(self)
+        timing = getattr(self, "_fastdata_timing", None)
+        return it if timing is None else timing.wrap(it, self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = TorchLoader.__getstate__(self)
+        state.pop("_fastdata_timing", None)  # a copy in another process is not this one's record
+        return state
+
+
+def _dataset_of(args: tuple, kwargs: dict) -> Any:
+    return kwargs.get("dataset", args[0] if args else None)
+
+
+def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any]:
+    """(served, the reason, num_workers to set or None) for `DataLoader(*args, **kwargs)`."""
+    try:
+        call = _SIGNATURE.bind(None, *args, **kwargs).arguments
+    except TypeError as e:
+        return False, f"arguments torch's DataLoader does not take ({e})", None
+    dataset = call.get("dataset")
+    if isinstance(dataset, IterableDataset):
+        return False, ("an IterableDataset: its iteration may have side effects (fastdata fast-forwards an iterable "
+                       "on resume by reading it again)"), None
+    sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
+    if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
+        return False, f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly", None
+    if sampler is not None and not _known(sampler):
+        return False, f"a custom sampler ({type(sampler).__qualname__}): fastdata cannot resume it exactly", None
+    reason = "native collation" if call.get("collate_fn") is None else "the script's collate_fn (no native collation)"
+    if "num_workers" in call:
+        return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None
+    auto, why = auto_workers(call)
+    if not auto:
+        return True, f"{reason}; num_workers=0 kept: {why}", None
+    return True, f"{reason}; num_workers='auto' (the script left the default)", "auto"
+
+
+def _known(sampler: Any) -> bool:
+    return isinstance(sampler, _KNOWN_SAMPLERS) or type(sampler).__module__.startswith("fastdata.")
+
+
+def auto_workers(call: dict) -> tuple[bool, str]:
+    """Whether a loader the script left at num_workers=0 may get workers without a change in any
+    batch (see the module's docstring), and if not, why not."""
+    if call.get("sampler") is not None or call.get("batch_sampler") is not None:
+        return False, "a sampler given by the script (its draws may depend on where they run)"
+    given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
+    if given:
+        return False, f"{given[0]} is set, which means something else with workers"
+    if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()) != "fork":
+        return False, "workers would start by spawn, which runs the script's main module again"
+    dataset = call["dataset"]
+    try:
+        if len(dataset) == 0:
+            return False, "an empty dataset"
+    except TypeError:
+        return False, "a dataset without len()"
+    rngs = _global_rngs()
+    before = _state_of(dataset)
+    try:
+        sample = dataset[0]
+    except Exception as e:  # the script's own fetch raises it again, where it always did
+        _restore(rngs)
+        return False, f"probing sample 0 raised {type(e).__name__}"
+    drew = _global_rngs()
+    _restore(rngs)
+    if not _same_rngs(rngs, drew):
+        return False, "the dataset draws from a global RNG in __getitem__ (workers would draw other numbers)"
+    if _state_of(dataset) != before:
+        return False, "__getitem__ changes the dataset's attributes (workers would change copies)"
+    if _has_cuda(sample):
+        return False, "the dataset returns CUDA tensors (forked workers cannot use CUDA)"
+    return True, ""
+
+
+def _global_rngs() -> tuple:
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def _same_rngs(a: tuple, b: tuple) -> bool:
+    return torch.equal(a[0], b[0]) and pickle.dumps(a[1]) == pickle.dumps(b[1]) and a[2] == b[2]
+
+
+def _restore(rngs: tuple) -> None:
+    torch.set_rng_state(rngs[0])
+    np.random.set_state(rngs[1])
+    random.setstate(rngs[2])
+
+
+def _state_of(dataset: Any) -> dict[str, Any]:
+    """The dataset's attributes, shallow: identity, plain values, and the state of any RNG."""
+    out: dict[str, Any] = {}
+    for name, value in getattr(dataset, "__dict__", {}).items():
+        if isinstance(value, (int, float, str, bytes, bool, type(None))):
+            out[name] = value
+        elif isinstance(value, np.random.Generator):
+            out[name] = repr(value.bit_generator.state)
+        elif isinstance(value, np.random.RandomState):
+            out[name] = pickle.dumps(value.get_state())
+        elif isinstance(value, random.Random):
+            out[name] = value.getstate()
+        elif isinstance(value, torch.Generator):
+            out[name] = value.get_state().numpy().tobytes()
+        else:
+            out[name] = id(value)
+    return out
+
+
+def _has_cuda(sample: Any) -> bool:
+    if isinstance(sample, torch.Tensor):
+        return sample.is_cuda
+    if isinstance(sample, dict):
+        return any(_has_cuda(v) for v in sample.values())
+    if isinstance(sample, (list, tuple)):
+        return any(_has_cuda(v) for v in sample)
+    return False
+
+
+def _where() -> str:
+    """file:line of the first frame outside torch, fastdata and the trainers: where the script
+    made the loader (or, for a loader a trainer rebuilt, the call into the trainer)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _LIBRARIES:
+            return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _record(loader: Any, dataset: Any, decision: str, reason: str, cls: type) -> None:
+    out = os.environ.get("FASTDATA_RUN_DIR")
+    if not out:
+        return
+    line = {"pid": os.getpid(), "seq": next(_count), "where": _where(), "dataset": type(dataset).__qualname__,
+            "loader": "DataLoader" if cls in (DataLoader, Served) else cls.__qualname__, "decision": decision, "reason": reason}
+    if loader is not None:
+        line["num_workers"], line["batch_size"] = loader.num_workers, loader.batch_size
+        timing = getattr(loader, "_fastdata_timing", None)
+        if timing is not None:
+            timing.seq = line["seq"]
+    _append(out, line)
+
+
+def _append(out: str, line: dict) -> None:
+    with open(os.path.join(out, f"loaders-{os.getpid()}.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def _write_profiles(pid: int) -> None:
+    out = os.environ.get("FASTDATA_RUN_DIR")
+    if not out or os.getpid() != pid:  # a forked child inherits the handler, not the loaders
+        return
+    for ref, timing in _served:
+        loader = ref()
+        if loader is not None:
+            timing.snapshot(loader)
+        if timing.batches:
+            _append(out, {"pid": pid, "seq": timing.seq, "profile": timing.to_json()})
+
+
+def torch_loader() -> Any:
+    """An empty torch DataLoader, for unpickling one (its state follows)."""
+    return object.__new__(TorchDataLoader)
+
+
+def _reduce_torch_loader(loader: Any) -> tuple:
+    # pickle names a class by where it lives, and torch's own DataLoader (the working loader
+    # inside a served one) no longer lives at torch.utils.data.dataloader.DataLoader
+    return torch_loader, (), loader.__getstate__()
+
+
+def install() -> None:
+    """Puts `DataLoader` in the place of torch's, where scripts and trainers look it up."""
+    if torch.utils.data.DataLoader is DataLoader:
+        return
+    copyreg.pickle(TorchDataLoader, _reduce_torch_loader)
+    torch.utils.data.DataLoader = DataLoader
+    torch.utils.data.dataloader.DataLoader = DataLoader
+    if os.environ.get("FASTDATA_RUN_PROFILE"):
+        atexit.register(_write_profiles, os.getpid())

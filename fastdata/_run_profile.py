@@ -1,0 +1,134 @@
+"""`fastdata run --profile`: a served loader timed in the script's own run, and its report.
+
+In the command's process, `Timing` wraps each pass of a served loader: the wait is the time in
+`next()`, the step the time from a batch handed out to the next `next()` (the script's own
+work); the loader's stage timing (the profiling protocol of `fastdata.backends.base.Loader`)
+gives the stage seconds. In `fastdata run`, `report` turns those figures into the usual
+`Report`: there is no loader-alone run in a real run, so the loader's own rate is the rate
+model's (`RateModel`) from the stage costs, or, with no workers, the images over the waits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+from ._cores import usable_cores
+from .profiling.measure import check_ceiling
+from .profiling.model import RateModel, advise
+from .profiling.report import COMPUTE_BOUND, INPUT_BOUND, WORKER_STAGES, Report
+
+STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step
+
+
+class Timing:
+    """A served loader's figures over the run: batches, images, the consumer's waits and steps,
+    the first STEPS_KEPT steps, and the loader's stage seconds."""
+
+    def __init__(self, loader: Any) -> None:
+        self.seq = -1
+        self.batches = self.images = 0
+        self.wait_s = self.compute_s = 0.0
+        self.steps: list[tuple[float, float, bool]] = []
+        self.stages: dict[str, float] = {}
+        self.num_workers, self.batch_size = loader.num_workers, loader.batch_size
+
+    def wrap(self, it: Iterator[Any], loader: Any) -> "TimedPass":
+        return TimedPass(it, self, loader)
+
+    def snapshot(self, loader: Any) -> None:
+        self.stages = {k: v for k, v in loader.stage_seconds().items() if isinstance(v, (int, float))}
+
+    def add(self, wait: float, compute: float, images: int, epoch_start: bool) -> None:
+        self.batches += 1
+        self.images += images
+        self.wait_s += wait
+        self.compute_s += compute
+        if len(self.steps) < STEPS_KEPT:
+            self.steps.append((wait, compute, epoch_start))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batches": self.batches, "images": self.images, "wait_s": self.wait_s, "compute_s": self.compute_s,
+                "steps": self.steps, "stages": self.stages, "num_workers": self.num_workers,
+                "batch_size": self.batch_size}
+
+
+class TimedPass:
+    """A pass's iterator, timed: a step is counted when the consumer asks for the next batch
+    (the last batch's step, when it never asks again, is not). As the pass's own iterator, it
+    goes on after a batch that raised."""
+
+    def __init__(self, it: Iterator[Any], timing: Timing, loader: Any) -> None:
+        self._it, self._timing, self._loader = it, timing, loader
+        self._handed: tuple[float, float, int, bool] | None = None  # (when, wait, images, epoch start)
+        self._first = True
+        self.close = getattr(it, "close", lambda: None)
+
+    def __iter__(self) -> "TimedPass":
+        return self
+
+    def __next__(self) -> Any:
+        t0 = time.perf_counter()
+        if self._handed is not None:
+            when, wait, images, first = self._handed
+            self._timing.add(wait, t0 - when, images, first)
+            self._handed = None
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._timing.snapshot(self._loader)
+            raise
+        t1 = time.perf_counter()
+        self._handed = (t1, t1 - t0, _images(batch), self._first)
+        self._first = False
+        return batch
+
+
+def _images(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape else 1
+
+
+def report(profile: dict[str, Any], source: str) -> Report:
+    """The Report of one served loader's figures (`Timing.to_json()`)."""
+    images, wait, compute = profile["images"], profile["wait_s"], profile["compute_s"]
+    seconds = max(wait + compute, 1e-9)
+    stall = wait / seconds
+    totals = profile["stages"]
+    staged = totals.get("images", 0)
+    stages = {k: 1e3 * totals[k] / staged for k in WORKER_STAGES if k in totals and staged}
+    stages["consumer_wait"] = 1e3 * wait / max(images, 1)
+    workers = profile["num_workers"]
+    config = {"backend": "torch", "num_workers": workers, "batch_size": profile["batch_size"], "device": "cpu"}
+    steps = [(w, c) for w, c, _ in profile["steps"]]
+    starts = [k for k, (_, _, first) in enumerate(profile["steps"]) if first]
+    step_rate = images / max(compute, 1e-9)
+    r = Report(source, profile["batch_size"] or 1, 0.0, step_rate, images / seconds, stall, None, "", steps, config,
+               stages=stages, bound=max((s for s in stages if s in WORKER_STAGES), key=stages.get, default=None),
+               epoch_starts=starts, images_per_step=images / max(profile["batches"], 1))
+    if workers == 0:
+        r.loader_images_per_s = images / max(wait, 1e-9)  # in-process: the wait is the loader's own time
+        how = "the loader alone: the images over the waits"
+    model = RateModel.of(r, usable_cores())
+    if workers and model is not None:
+        r.loader_images_per_s = dataclasses.replace(model, main=0.0, step=0.0).rate(workers)
+        how = "the loader alone: the rate model's figure from the stage costs"
+    elif workers:
+        r.loader_images_per_s = images / seconds  # it delivered that much: a lower bound
+        how = "the loader alone: at least the rate together (no stage timing: a collate_fn of the script's)"
+    if stall > INPUT_BOUND:
+        r.verdict, why = "input-bound", f"the step waited for data {100 * stall:.0f}% of the time"
+    elif r.loader_images_per_s >= COMPUTE_BOUND * step_rate:
+        r.verdict, why = "compute-bound", (f"the loader alone is {r.loader_images_per_s / step_rate:.1f}x the step's "
+                                           "rate: faster input would not speed this step up")
+    else:
+        r.verdict, why = "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
+    r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps; {how})"
+    advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r)
+    check_ceiling(r, max(profile["batches"], 1))
+    return r

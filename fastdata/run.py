@@ -1,0 +1,146 @@
+"""`fastdata run -- COMMAND...`: runs a training command, unchanged, with its DataLoaders served by
+fastdata's drop-in loader (native collation into reused buffers).
+
+The command runs as a child process (its exit status is this one's). In it, and in every Python
+process it starts (torchrun's ranks, spawned workers), `torch.utils.data.DataLoader` decides per
+loader: served by fastdata, or torch's own where fastdata could not give the same batches (a
+subclass of DataLoader, an IterableDataset, a custom sampler or batch sampler, arguments torch's
+DataLoader does not take). A loader the script left at num_workers=0 gets num_workers='auto'
+only where workers cannot change a batch: torch's default samplers, fork, and a dataset whose
+__getitem__ draws from no global RNG and changes none of its attributes (a probe of sample 0,
+its draws undone). At the end, one line per loader on stderr: where it was made, the dataset,
+served or fell back, and why.
+
+--profile times each served loader in the real run (the wait per step, the stall fraction, the
+stages) and writes the usual report (report.json, report.html) per loader in --out.
+
+    fastdata run [--profile] [--out DIR] [--debug] -- python train.py [ARGS...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ._cli import CommandError, add_debug, check_writable, run_command
+
+SUMMARY = "run a training command with its DataLoaders served by fastdata"
+EXAMPLE = "fastdata run --profile -- python train.py --epochs 2"
+_SITE = Path(__file__).with_name("_run_site.py")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--profile", action="store_true",
+                    help="time each served loader in the run and write its report (report.json, report.html)")
+    ap.add_argument("--out", default="fastdata-run", metavar="DIR",
+                    help="where --profile writes a folder per loader (default: ./fastdata-run)")
+    add_debug(ap)
+    ap.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
+                    help="the command to run, after --, as it runs without fastdata")
+    ap.set_defaults(run=lambda args: main_args(args, ap))
+
+
+def main_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """Runs the parsed command line; no COMMAND is a bad command line (exit 2)."""
+    if not args.command or args.command == ["--"]:
+        ap.error("no command given: fastdata run [--profile] -- python train.py ...")
+    return run_command("fastdata run", lambda: run(args.command, profile=args.profile, out=args.out), args.debug)
+
+
+def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "fastdata-run") -> int:
+    """Runs `command` with the hook; prints the loaders' decisions (and with `profile`, writes
+    their reports in `out`); returns the command's exit status."""
+    command = command[1:] if command[:1] == ["--"] else command
+    if not command:
+        raise CommandError("no command given: fastdata run [--profile] -- python train.py ...")
+    if profile:
+        check_writable("--out", out, folder=True)
+    records = tempfile.mkdtemp(prefix="fastdata-run-")
+    try:
+        shutil.copyfile(_SITE, os.path.join(records, "sitecustomize.py"))
+        env = dict(os.environ, FASTDATA_RUN_DIR=records)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [records, os.environ.get("PYTHONPATH")]))
+        if profile:
+            env["FASTDATA_RUN_PROFILE"] = "1"
+        status = _child(command, env)
+        loaders = read_records(records)
+    finally:
+        shutil.rmtree(records, ignore_errors=True)
+    print(summary(loaders), file=sys.stderr)
+    if profile:
+        for line in write_reports(loaders, Path(out)):
+            print(line, file=sys.stderr)
+    return status
+
+
+def _child(command: list[str], env: dict[str, str]) -> int:
+    """The command's exit status (128 + the signal when a signal ended it). Ctrl-C reaches the
+    child from the terminal; this process waits for it to end."""
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as e:
+        raise CommandError(f"cannot run {command[0]!r}: {e.strerror or e}") from None
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        status = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 128 - status if status < 0 else status
+
+
+def read_records(folder: str | os.PathLike) -> list[dict[str, Any]]:
+    """The loaders the command's processes made, in order (process, then creation), each with
+    its profile when one was written."""
+    loaders: dict[tuple[int, int], dict[str, Any]] = {}
+    for path in sorted(Path(folder).glob("loaders-*.jsonl")):
+        for text in path.read_text().splitlines():
+            line = json.loads(text)
+            key = (line["pid"], line["seq"])
+            if "profile" in line:
+                loaders.setdefault(key, {}).update(profile=line["profile"])
+            else:
+                loaders.setdefault(key, {}).update(line)
+    return [loaders[k] for k in sorted(loaders) if "decision" in loaders[k]]
+
+
+def summary(loaders: list[dict[str, Any]]) -> str:
+    """One line per kind of loader: where it was made, the dataset, the decision and why (a
+    loader made again alike, as trainers rebuild them, counted once with "xN")."""
+    if not loaders:
+        return ("fastdata run: the command made no DataLoader under fastdata (none made, or its Python did not load "
+                "the hook: python -S, -I or -E ignore PYTHONPATH)")
+    kinds = collections.Counter((r["decision"], r["where"], r["dataset"], r["loader"], r["reason"]) for r in loaders)
+    served = sum(r["decision"] == "served" for r in loaders)
+    lines = [f"fastdata run: {len(loaders)} DataLoader(s): {served} served by fastdata, {len(loaders) - served} "
+             "torch's own"]
+    for (decision, where, dataset, loader, reason), n in kinds.items():
+        times = f" (x{n})" if n > 1 else ""
+        lines.append(f"  {decision:<9} {where}  {loader}({dataset}){times}: {reason}")
+    return "\n".join(lines)
+
+
+def write_reports(loaders: list[dict[str, Any]], out: Path) -> list[str]:
+    """Writes a report per served loader that delivered a batch, in out/loader-K; a line each."""
+    from ._run_profile import report
+
+    lines = []
+    timed = [r for r in loaders if r.get("profile")]
+    if not timed:
+        return ["fastdata run --profile: no served loader delivered a batch: no report"]
+    for k, r in enumerate(timed, 1):
+        rep = report(r["profile"], f"{r['where']} {r['loader']}({r['dataset']})")
+        folder = rep.write(out / f"loader-{k}")
+        stall = f", the step waited {100 * rep.stall_fraction:.0f}% of the time" if rep.stall_fraction is not None else ""
+        lines.append(f"fastdata run --profile: {r['where']}: {rep.verdict}{stall}; "
+                     f"{1e3 * r['profile']['wait_s'] / max(r['profile']['batches'], 1):.2f} ms wait a step; "
+                     f"report in {folder}")
+    return lines

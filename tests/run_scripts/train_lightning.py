@@ -1,0 +1,50 @@
+"""A Lightning script, as a user writes it: a LightningModule whose train_dataloader returns a
+plain DataLoader over a Dataset whose samples encode their index; Trainer on the CPU, one
+device. Writes the ids of each batch and the losses to the JSON file named by its argument."""
+
+import json
+import sys
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Encoded(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((4,), i / 64.0), i % 2, i
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+        self.seen, self.losses = [], []
+
+    def training_step(self, batch, k):
+        x, y, ids = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.seen.append(ids.tolist())
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(Encoded(), batch_size=8, shuffle=True)
+
+
+if __name__ == "__main__":
+    pl.seed_everything(0)
+    module = Module()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module)
+    loader = trainer.train_dataloader
+    with open(sys.argv[1], "w") as f:
+        json.dump({"ids": module.seen, "losses": module.losses, "loader": type(loader).__name__}, f)

@@ -1,0 +1,73 @@
+"""A plain training loop, as a user writes it: a Dataset whose samples encode their index, a
+tiny model with dropout, SGD, shuffled batches, a few epochs. Writes the ids of each batch and
+the losses to the JSON file named by its first argument; --subclass and --iterable make the
+loaders a DataLoader subclass and an IterableDataset instead, --noisy a Dataset that draws random noise."""
+
+import argparse
+import json
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+
+class Encoded(Dataset):
+    """Sample i: 8 features that are a function of i (plus noise from torch's global RNG when
+    `noisy`), its label i % 3, and i itself."""
+
+    def __init__(self, noisy=False):
+        self.noisy = noisy
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        x = torch.arange(8, dtype=torch.float32) * (i % 7) / 7 + i / 96
+        if self.noisy:
+            x = x + 0.1 * torch.rand(8)
+        return x, i % 3, i
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        data = Encoded()
+        return (data[i] for i in range(len(data)))
+
+
+class MyLoader(DataLoader):
+    pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--subclass", action="store_true")
+    ap.add_argument("--iterable", action="store_true")
+    ap.add_argument("--noisy", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.iterable:
+        loader = DataLoader(Stream(), batch_size=16)
+    elif args.subclass:
+        loader = MyLoader(Encoded(), batch_size=16, shuffle=True)
+    else:
+        loader = DataLoader(Encoded(args.noisy), batch_size=16, shuffle=True)
+    seen, losses = [], []
+    for epoch in range(args.epochs):
+        for x, y, ids in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            seen.append(ids.tolist())
+            losses.append(loss.item())
+    with open(args.out, "w") as f:
+        json.dump({"ids": seen, "losses": losses, "loader": type(loader).__name__,
+                   "is_dataloader": isinstance(loader, DataLoader), "workers": loader.num_workers}, f)
+
+
+if __name__ == "__main__":
+    main()
