@@ -169,26 +169,24 @@ class Progress:
             self.bar.stop()
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"should be an integer >= 1, but got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"should be an integer >= {minimum}, but got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
 
 
 def natural_int(text: str) -> int:
     """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"should be an integer >= 0, but got {text!r}")
-    return value
+    return _int_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:
