@@ -314,6 +314,15 @@ def main(job: dict) -> None:
         framework(spec)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+        # The process group outlives that call while the framework's objects (a DDP model's
+        # reducer) still hold it, so its gloo threads are still live when the interpreter
+        # finalizes; one still freeing a finished collective's tensors then needs the GIL and
+        # aborts the process ("terminate called without an active exception", in
+        # ProcessGroupGloo::runLoop; pytorch/pytorch#190489). Every record is already written
+        # and flushed, so the rank leaves here, before finalization.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
