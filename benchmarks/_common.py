@@ -1,5 +1,7 @@
 """What every benchmark shares: interleaved timing (in one process, or candidate processes in
-rounds), the machine's facts, and the JSON report."""
+rounds), the machine's facts, the JSON report, and the sides several benchmarks time (the
+ImageNet training transform as DataLoader + Pillow, webdataset + DataLoader, a DALI CPU
+pipeline and fastdata write it)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The ImageNet training transform's batch, output size and workers (or threads): one a core here.
+BATCH, SIZE, WORKERS = 256, 224, 2
+PER_SHARD = 250  # samples a shard, in the shards `make_shards` writes
 
 
 def machine() -> dict:
@@ -60,11 +65,13 @@ def epoch_seconds(loader: Any) -> float:
     return time.perf_counter() - t
 
 
-def time_epochs(make_iter: Callable[[], Any], epochs: int) -> list[float]:
+def time_epochs(make_iter: Callable[[], Any], epochs: int, warm_up: bool = True) -> list[float]:
     """Images/s of each of `epochs` epochs of `make_iter()` (an iterable of (images, labels)
-    batches), after a warm-up epoch (workers started, page cache warm)."""
-    for _ in make_iter():
-        pass
+    batches), after a warm-up epoch (workers started, page cache warm) unless `warm_up` is
+    False (the caller ran one)."""
+    if warm_up:
+        for _ in make_iter():
+            pass
     rates = []
     for _ in range(epochs):
         t = time.perf_counter()
@@ -132,3 +139,118 @@ def write(name: str, report: dict, path: str | None = None) -> Path:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
     return out
+
+
+# ----------------------------------------------------------------- sides several benchmarks time
+# RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3)), a random horizontal flip, uint8
+# batches of 256 with the labels, 2 workers. Each builder returns `make_iter` for time_epochs:
+# a callable giving one epoch's iterable of (images, labels) batches.
+
+def make_shards(root: str, folder: Path, images: int) -> None:
+    """Makes the synthetic ImageNet-like set of `images` under `root` (`fastdata.synthetic`) and
+    its shards in `folder` (`fastdata-shard`, PER_SHARD samples a shard), rewriting shards that
+    hold another number of samples."""
+    from fastdata.shard import write_shards
+    from fastdata.synthetic import make_imagenet_like
+
+    make_imagenet_like(root, n_images=images, progress=True)
+    index = folder / "train-index.json"
+    if index.exists() and json.loads(index.read_text()).get("total") != images:
+        for stale in [index, *folder.glob("train-*.tar")]:
+            stale.unlink()
+    if not index.exists():
+        print(f"writing shards to {folder} (once)...", file=sys.stderr)
+        write_shards(root, folder / "train-%06d.tar", max_count=PER_SHARD, progress=True)
+
+
+def fastdata_loader(source: str, backend: str, **options: Any) -> Any:
+    """fastdata.loader on `source` (a folder or a shard pattern) with the transform."""
+    import fastdata
+    from fastdata import transforms as T
+
+    return fastdata.loader(source, batch_size=BATCH, shuffle=True, num_workers=WORKERS, device="cpu", backend=backend,
+                           transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]), **options)
+
+
+def dataloader_pillow(files: list[tuple[str, int]]) -> Callable[[], Any]:
+    """DataLoader over the Dataset a PyTorch user writes (`fastdata.demo.PillowRRC`, with the
+    Pillow first on the path), shuffled, persistent workers."""
+    from torch.utils.data import DataLoader
+
+    from fastdata.demo import PillowRRC
+
+    loader = DataLoader(PillowRRC(files, SIZE), batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                        persistent_workers=True)
+    return lambda: loader
+
+
+def webdataset_loader(shards: list[str]) -> Callable[[], Any]:
+    """webdataset + DataLoader as a user writes it: WebDataset(shards, shardshuffle)
+    .shuffle(1000).to_tuple("jpg", "cls"), a Pillow transform per sample, .batched(256), in a
+    DataLoader with persistent workers."""
+    import io
+    import random
+
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    from fastdata.demo import pillow_rrc
+
+    rng = random.Random(0)
+
+    def transform(data: bytes):
+        return pillow_rrc(io.BytesIO(data), SIZE, rng)
+
+    dataset = (wds.WebDataset(shards, shardshuffle=len(shards), seed=0, empty_check=False)
+               .shuffle(1000).to_tuple("jpg", "cls").map_tuple(transform, int).batched(BATCH))
+    loader = DataLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+    return lambda: loader
+
+
+def dali_pipeline(files: list[tuple[str, int]], decode_only: bool = False, pad_last_batch: bool = False) -> Any:
+    """A DALI CPU pipeline over `files`, WORKERS threads: fn.readers.file (shuffled, named
+    "reader") -> fn.decoders.image_random_crop, then (unless `decode_only`) fn.resize to
+    224x224 and fn.flip; HWC uint8 images and the labels."""
+    import atexit
+    import tempfile
+
+    from nvidia.dali import fn, pipeline_def, types
+
+    # A listing of its own, so two benchmarks running at once do not share one.
+    fd, listing = tempfile.mkstemp(prefix="dali-files-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{os.path.abspath(p)} {label}\n" for p, label in files))
+    atexit.register(os.unlink, listing)
+
+    @pipeline_def(batch_size=BATCH, num_threads=WORKERS, device_id=None, seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_list=listing, random_shuffle=True, name="reader",
+                                        pad_last_batch=pad_last_batch)
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        if decode_only:
+            return images, labels
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
+        return fn.flip(images, horizontal=fn.random.coin_flip()), labels
+
+    return pipe()
+
+
+def dali_loader(files: list[tuple[str, int]]) -> Callable[[], Any]:
+    """The full DALI CPU pipeline (`dali_pipeline`) through DALI's own PyTorch iterator
+    (DALIGenericIterator, a partial last batch), as DALI's docs show it."""
+    import math
+
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    loader = DALIGenericIterator(dali_pipeline(files), ["images", "labels"], reader_name="reader",
+                                 last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
+    if len(loader) != math.ceil(len(files) / BATCH):
+        raise RuntimeError(f"DALI's iterator should give {math.ceil(len(files) / BATCH)} batches an epoch, "
+                           f"but gives {len(loader)}")
+
+    def epoch():
+        for (out,) in loader:
+            yield out["images"], out["labels"]
+
+    return epoch

@@ -20,56 +20,23 @@ images/s and the ratio; writes JSON.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import sys
-from pathlib import Path
 
 import _common
 
-HERE = Path(__file__).resolve().parent
-BATCH, THREADS, SIZE = 256, 2, 224
+BATCH, THREADS = _common.BATCH, _common.WORKERS
 
 
 def run_hand_written(root: str, epochs: int) -> list[float]:
-    from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
     from fastdata.synthetic import make_file_list
 
-    files = make_file_list(root)
-    listing = HERE / "results" / ".dali_files.txt"
-    listing.write_text("".join(f"{os.path.abspath(p)} {label}\n" for p, label in files))
-
-    @pipeline_def(batch_size=BATCH, num_threads=THREADS, device_id=None, seed=0)
-    def pipe():
-        jpegs, labels = fn.readers.file(file_list=str(listing), random_shuffle=True, name="reader")
-        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
-        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
-        return fn.flip(images, horizontal=fn.random.coin_flip()), labels
-
-    loader = DALIGenericIterator(pipe(), ["images", "labels"], reader_name="reader",
-                                 last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
-
-    def epoch():
-        for (out,) in loader:
-            yield out["images"], out["labels"]
-
-    assert math.ceil(len(files) / BATCH) == len(loader)
-    return _common.time_epochs(epoch, epochs)
+    return _common.time_epochs(_common.dali_loader(make_file_list(root)), epochs)
 
 
 def run_fastdata(root: str, epochs: int) -> list[float]:
-    import torch
-
-    import fastdata
-    from fastdata import transforms as T
-
-    torch.set_num_threads(1)
-    loader = fastdata.loader(root, batch_size=BATCH, shuffle=True, num_workers=THREADS, backend="dali", device="cpu",
-                             transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]))
+    loader = _common.fastdata_loader(root, "dali")
     return _common.time_epochs(lambda: loader, epochs)
 
 

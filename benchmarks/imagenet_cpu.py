@@ -28,20 +28,13 @@ from pathlib import Path
 import _common
 
 HERE = Path(__file__).resolve().parent
-BATCH, WORKERS, SIZE = 256, 2, 224
+BATCH, WORKERS, SIZE = _common.BATCH, _common.WORKERS, _common.SIZE
 
 
 # ----------------------------------------------------------------- candidates (run in children)
 
 def run_dataloader(files, epochs):
-    import torch
-    from torch.utils.data import DataLoader
-
-    torch.set_num_threads(1)
-    from fastdata.demo import PillowRRC
-
-    loader = DataLoader(PillowRRC(files, SIZE), batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
-    return _common.time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(_common.dataloader_pillow(files), epochs)
 
 
 def run_dali(files, epochs):
@@ -73,15 +66,7 @@ def run_dali(files, epochs):
 
 
 def run_fastdata(files, epochs, root):
-    import torch
-
-    import fastdata
-    from fastdata import transforms as T
-
-    torch.set_num_threads(1)
-    loader = fastdata.loader(root, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
-                             transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]),
-                             device="cpu", backend="pil")
+    loader = _common.fastdata_loader(root, "pil", persistent_workers=True)
     return _common.time_epochs(lambda: loader, epochs)
 
 

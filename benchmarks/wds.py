@@ -29,42 +29,15 @@ from pathlib import Path
 import _common
 
 HERE = Path(__file__).resolve().parent
-BATCH, WORKERS, SIZE = 256, 2, 224
-PER_SHARD = 250
+BATCH, WORKERS, PER_SHARD = _common.BATCH, _common.WORKERS, _common.PER_SHARD
 
 
 def run_webdataset(shards: list[str], epochs: int) -> list[float]:
-    import io
-    import random
-
-    import torch
-    import webdataset as wds
-    from torch.utils.data import DataLoader
-
-    from fastdata.demo import pillow_rrc
-
-    torch.set_num_threads(1)
-    rng = random.Random(0)
-
-    def transform(data: bytes):
-        return pillow_rrc(io.BytesIO(data), SIZE, rng)
-
-    dataset = (wds.WebDataset(shards, shardshuffle=len(shards), seed=0, empty_check=False)
-               .shuffle(1000).to_tuple("jpg", "cls").map_tuple(transform, int).batched(BATCH))
-    loader = DataLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=True)
-    return _common.time_epochs(lambda: loader, epochs)
+    return _common.time_epochs(_common.webdataset_loader(shards), epochs)
 
 
 def run_fastdata(source: str, epochs: int) -> list[float]:
-    import torch
-
-    import fastdata
-    from fastdata import transforms as T
-
-    torch.set_num_threads(1)
-    loader = fastdata.loader(source, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
-                             transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]),
-                             device="cpu", backend="wds")
+    loader = _common.fastdata_loader(source, "wds", persistent_workers=True)
     assert len(loader.samples) > 0
     return _common.time_epochs(lambda: loader, epochs)
 
@@ -86,16 +59,6 @@ def _child(name: str, folder: str, epochs: int) -> None:
     print(json.dumps({"images_per_s": times, "pillow": PIL.__version__}))
 
 
-def _shards(root: str, folder: Path, images: int) -> None:
-    from fastdata.shard import write_shards
-    from fastdata.synthetic import make_imagenet_like
-
-    make_imagenet_like(root, n_images=images, progress=True)
-    if not (folder / "train-index.json").exists():
-        print(f"writing shards to {folder} (once)...", file=sys.stderr)
-        write_shards(root, folder / "train-%06d.tar", max_count=PER_SHARD, progress=True)
-
-
 def main() -> None:
     ap = _common.rounds_parser(__doc__)
     ap.add_argument("--shards", default=None, help=argparse.SUPPRESS)
@@ -108,7 +71,7 @@ def main() -> None:
 
     from fastdata._pillow import PILLOW
 
-    _shards(args.root, folder, args.images)
+    _common.make_shards(args.root, folder, args.images)
     candidates = {"webdataset + DataLoader + Pillow": "webdataset", "fastdata wds, local shards": "local",
                   "fastdata wds, HTTP 127.0.0.1": "http"}
     print(f"{args.images} images in {PER_SHARD}-sample shards, batch {BATCH}, {WORKERS} workers, "

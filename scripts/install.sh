@@ -5,6 +5,7 @@
 #                                      DALI only where a CUDA GPU is found (nvidia-smi lists one)
 #   bash scripts/install.sh --dali     DALI as well, GPU or not (it runs CPU-only pipelines)
 #   bash scripts/install.sh --no-dali  no DALI, even with a GPU
+#   bash scripts/install.sh --bench    the peers benchmarks/peers.py times (SPDL, torchdata, FFmpeg)
 # FASTDATA_DALI=1 or 0 does what --dali or --no-dali does. FASTDATA_AVX2=1 or 0 builds Pillow-SIMD
 # with or without AVX2 whatever this CPU has (for an image built on one machine, run on another).
 # PyTorch is installed only when missing, and pinned: a loose `torch` requirement would pull
@@ -14,11 +15,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PILLOW_SIMD=12.1.1.post0
 
-usage() { sed -n '4,9s/^# \{0,1\}//p' scripts/install.sh; }
+usage() { sed -n '4,10s/^# \{0,1\}//p' scripts/install.sh; }
 dali=${FASTDATA_DALI:-auto}
+bench=0
 for arg in "$@"; do
     case $arg in
         --dali) dali=1 ;;
+        --bench) bench=1 ;;
         --no-dali) dali=0 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
@@ -95,6 +98,19 @@ elif v=$(dali_version); then
     echo "DALI $v already installed"
 else
     echo "DALI not installed ($dali_why; about 1 GB): bash scripts/install.sh --dali adds backend='dali'"
+fi
+
+# The peers of benchmarks/peers.py, only when asked: SPDL decodes with FFmpeg's shared libraries
+# (Debian's, installed where apt-get runs as root; without them its side is skipped).
+if [ "$bench" = 1 ]; then
+    mapfile -t bench_reqs < <(extra bench)
+    "$PY" -m pip install -q "${bench_reqs[@]}"
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            libavfilter8 libavformat59 libavdevice59 libswscale6 >/dev/null 2>&1 || \
+            echo "warning: could not install FFmpeg's libraries; benchmarks/peers.py skips SPDL" >&2
+    fi
+    echo "benchmark peers installed: ${bench_reqs[*]}"
 fi
 
 # Pillow-SIMD, last: it and stock Pillow both install the `PIL` package, so anything installed
