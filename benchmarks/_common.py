@@ -168,26 +168,35 @@ def fastdata_loader(source: str, backend: str, **options: Any) -> Any:
     import fastdata
     from fastdata import transforms as T
 
-    return fastdata.loader(source, batch_size=BATCH, shuffle=True, num_workers=WORKERS, device="cpu", backend=backend,
+    options = {"num_workers": WORKERS, **options}
+    return fastdata.loader(source, batch_size=BATCH, shuffle=True, device="cpu", backend=backend,
                            transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]), **options)
 
 
-def dataloader_pillow(files: list[tuple[str, int]]) -> Callable[[], Any]:
+def _epochs(make: Callable[[], Any], persistent: bool) -> Callable[[], Any]:
+    """`make_iter` for time_epochs: one loader with persistent workers, or a fresh one each epoch."""
+    if not persistent:
+        return make
+    loader = make()
+    return lambda: loader
+
+
+def dataloader_pillow(files: list[tuple[str, int]], persistent: bool = True) -> Callable[[], Any]:
     """DataLoader over the Dataset a PyTorch user writes (`fastdata.demo.PillowRRC`, with the
-    Pillow first on the path), shuffled, persistent workers."""
+    Pillow first on the path), shuffled; persistent workers, or a fresh DataLoader each epoch."""
     from torch.utils.data import DataLoader
 
     from fastdata.demo import PillowRRC
 
-    loader = DataLoader(PillowRRC(files, SIZE), batch_size=BATCH, shuffle=True, num_workers=WORKERS,
-                        persistent_workers=True)
-    return lambda: loader
+    dataset = PillowRRC(files, SIZE)
+    return _epochs(lambda: DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                                      persistent_workers=persistent), persistent)
 
 
-def webdataset_loader(shards: list[str]) -> Callable[[], Any]:
+def webdataset_loader(shards: list[str], persistent: bool = True) -> Callable[[], Any]:
     """webdataset + DataLoader as a user writes it: WebDataset(shards, shardshuffle)
     .shuffle(1000).to_tuple("jpg", "cls"), a Pillow transform per sample, .batched(256), in a
-    DataLoader with persistent workers."""
+    DataLoader; persistent workers, or a fresh DataLoader each epoch."""
     import io
     import random
 
@@ -203,8 +212,8 @@ def webdataset_loader(shards: list[str]) -> Callable[[], Any]:
 
     dataset = (wds.WebDataset(shards, shardshuffle=len(shards), seed=0, empty_check=False)
                .shuffle(1000).to_tuple("jpg", "cls").map_tuple(transform, int).batched(BATCH))
-    loader = DataLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=True)
-    return lambda: loader
+    return _epochs(lambda: DataLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=persistent),
+                   persistent)
 
 
 def dali_pipeline(files: list[tuple[str, int]], decode_only: bool = False, pad_last_batch: bool = False) -> Any:

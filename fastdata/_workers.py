@@ -25,7 +25,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-_STALL_ENV = "FASTDATA_STALL_TIMEOUT"
+STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
 
 _threaded: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -57,11 +57,11 @@ def stall_limit(timeout: float) -> float:
     set, else the stall limit."""
     if timeout and timeout > 0:
         return float(timeout)
-    text = os.environ.get(_STALL_ENV, "")
+    text = os.environ.get(STALL_ENV, "")
     try:
         limit = float(text) if text else _STALL_DEFAULT
     except ValueError:
-        raise ValueError(f"{_STALL_ENV} should be a number of seconds, but got {text!r}") from None
+        raise ValueError(f"{STALL_ENV} should be a number of seconds, but got {text!r}") from None
     return limit if limit > 0 else _STALL_DEFAULT
 
 
@@ -112,7 +112,7 @@ class Watchdog:
             self.killed = kill_workers(self.it, [])
         if self.killed is not None:
             why = f"timeout={self.timeout:g}" if self.timeout and self.timeout > 0 else \
-                f"timeout=0, so fastdata's stall limit: {_STALL_ENV}={self.limit:g} s"
+                f"timeout=0, so fastdata's stall limit: {STALL_ENV}={self.limit:g} s"
             return RuntimeError(f"DataLoader timed out after {self.limit:g} seconds: no batch came from the workers "
                                 f"({why}); a worker is stuck or stopped; workers {self.killed} were killed")
         workers = getattr(self.it, "_workers", None) or ()

@@ -20,6 +20,7 @@ import torch
 
 import fastdata
 from _images import color_folder
+from fastdata import _workers
 from fastdata import transforms as T
 
 
@@ -350,6 +351,8 @@ def test_torch_dataloader_forked_after_dali(folder, clean):
 def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, clean):
     """A dali pass still live (its pipeline's threads running) while a worker-based loader
     starts: the workers do not fork from this process."""
+    gc.collect()  # earlier tests' iterators left in reference cycles, with their decode threads
+    assert _workers.start_method(None) is None  # nothing else runs threads here
     dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
     it = iter(dali)
     next(it)

@@ -174,7 +174,9 @@ def test_rate_model():
 
     # 4 ms an image in a worker (1 of it waiting on reads), 0.5 ms in the training process, 2 cores
     m = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=0.0, cores=2)
-    assert m.rate(0) == pytest.approx(1 / 4.5e-3)  # all in series
+    # 0 workers: a thread decodes ahead, its reads in series (1 ms), the decode over both cores
+    # (3 / 2 ms), the training process's stages after them (0.5 ms)
+    assert m.rate(0) == pytest.approx(1 / 3e-3)
     assert m.rate(1) == pytest.approx(250)  # one worker: its 4 ms
     assert m.rate(2) == pytest.approx(500)  # two workers: 2 / 4 ms (the CPU bound is 2 / 3.5 ms)
     assert m.rate(4) == pytest.approx(2 / 3.5e-3)  # the cores bound
@@ -185,7 +187,8 @@ def test_rate_model():
     assert slow.rate(4) == pytest.approx(1 / (0.5e-3 / 0.5 + 2e-3))
     assert slow.rate(1) == pytest.approx(1 / 4e-3)  # one worker leaves a core free: its 4 ms bound
     assert RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=20e-3, cores=2).rate(4) == pytest.approx(1 / 20.5e-3)
-    assert slow.rate(0) == pytest.approx(1 / 6.5e-3)
+    assert slow.rate(0) == pytest.approx(1 / 3e-3)  # the step (2.5 ms with the stages) overlaps the decode
+    assert RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=5e-3, cores=2).rate(0) == pytest.approx(1 / 5.5e-3)
     assert m.moved(1e-3).rate(1) == pytest.approx(1 / 3e-3)
 
 
@@ -198,7 +201,7 @@ def test_rate_model_counts_a_whole_step_for_a_short_batch():
     model = RateModel.of(report, cores=2)
     assert model.step == pytest.approx(0.1 / 52)
     assert model.rate(2) == pytest.approx(520)  # 52 images a 100 ms step; the workers make 2,000
-    assert model.serial is None and model.rate(0) == pytest.approx(1 / (1e-3 + 0.1 / 52))
+    assert model.serial is None and model.rate(0) == pytest.approx(520)  # the step bounds it too
 
 
 def test_rate_model_with_0_workers_takes_the_measured_loader_time():
@@ -208,9 +211,12 @@ def test_rate_model_with_0_workers_takes_the_measured_loader_time():
     report = Report("x", 64, 1000.0, 6400.0, 800.0, 0.5, "input-bound", "", [],
                     {"device": "cpu", "num_workers": 0}, stages={"decode": 1.5})  # a 10 ms step
     model = RateModel.of(report, cores=2)
-    assert model.rate(0) == pytest.approx(1 / (1e-3 + 0.01 / 64))
+    assert model.rate(0) == pytest.approx(1000)  # the 10 ms step overlaps the decode thread's 64 ms
     assert model.rate(1) == pytest.approx(1 / 1.5e-3)  # a worker decodes on one thread
-    assert model.moved(0.5e-3).rate(0) == pytest.approx(1 / (0.5e-3 + 0.01 / 64))
+    assert model.moved(0.5e-3).rate(0) == pytest.approx(2000)
+    slow = RateModel.of(Report("x", 64, 1000.0, 640.0, 500.0, 0.5, "input-bound", "", [],
+                               {"device": "cpu", "num_workers": 0}, stages={"decode": 1.5}), cores=2)  # 100 ms
+    assert slow.rate(0) == pytest.approx(640)  # the step is the slower
 
 
 def test_advice_predicts_workers():

@@ -218,7 +218,7 @@ def test_a_foreign_entry_is_ignored(folder, cache, caplog, change, why):
     with caplog.at_level(logging.DEBUG, logger="fastdata"):
         assert cached_tune(str(folder), SPEC, 4) is None
         loader = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto")
-    assert loader.num_workers == resolve_workers("auto")
+    assert loader.num_workers == 0  # untuned "auto" without persistent workers: the decode in process
     assert any(r.levelno == logging.DEBUG and why in r.getMessage() for r in caplog.records), caplog.text
     assert not any(r.levelno >= logging.INFO and "tuned config" in r.getMessage() for r in caplog.records)
     [listed] = list_tunes()
@@ -252,4 +252,6 @@ def test_auto_applies_the_cached_tune_and_says_so(folder, cache, caplog):
         given = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers=0, placement="cpu")
     assert given.num_workers == 0 and not any("tuned config" in r.getMessage() for r in caplog.records)
     other = fastdata.loader(str(folder), batch_size=8, transform=SPEC, num_workers="auto")  # another batch size
-    assert other.num_workers == resolve_workers("auto") != 1
+    assert other.num_workers == 0  # untuned
+    persistent = fastdata.loader(str(folder), batch_size=8, transform=SPEC, num_workers="auto", persistent_workers=True)
+    assert persistent.num_workers == resolve_workers("auto") != 1

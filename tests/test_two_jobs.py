@@ -13,9 +13,10 @@ Each job records the segments its processes map at each epoch's last batch (from
 must not meet either (that covers DataLoader's queue locks, POSIX semaphores in /dev/shm too).
 
 The tuned value must be observable: each job runs on one core of its own (sched_setaffinity;
-workers inherit it), where `num_workers="auto"` alone gives 1, while the cache, keyed by the
-same source, transform, batch size and machine (one usable core) as the writer's, says 2. A
-torn cache file would read as no cache, hence 1 worker.
+workers inherit it), where `num_workers="auto"` alone gives 0 (without persistent workers it
+decodes in the training process), while the cache, keyed by the same source, transform, batch
+size and machine (one usable core) as the writer's, says 2. A torn cache file would read as no
+cache, hence 0 workers.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from .._cores import usable_cores
 def resolve_workers(num_workers: int | str) -> int:
     """`num_workers="auto"`: one worker per core this process may use, at most 16. (Workers
     sleep while their prefetch queue is full, so on a busy consumer they cost nothing; fewer
-    leave cores idle while the consumer waits.) A tuned config, when present, overrides it."""
+    leave cores idle while the consumer waits.) A tuned config, when present, overrides it.
+    Image mode without persistent workers takes 0 instead (see ImageLoader._auto_in_process)."""
     if num_workers == "auto":
         return max(1, min(16, usable_cores()))
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):

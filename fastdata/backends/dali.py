@@ -17,6 +17,7 @@ class DaliLoader(ImageLoader):
     """Image files or shards, decoded by DALI (on the GPU when the target is CUDA)."""
 
     backend = "dali"
+    _auto_in_process = False  # num_workers is DALI's thread count
 
     def __init__(self, samples: Any, batch_size: int, *, hw_decoder_load: float = 0.65, **options: Any) -> None:
         # hw_decoder_load: the share of JPEGs DALI gives the hardware decoder of A100/H100-class

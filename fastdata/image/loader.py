@@ -28,6 +28,7 @@ from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder
 from .order import BatchOrder, FileOrder
 from .read import Failures
+from .threads import InProcess
 
 logger = logging.getLogger("fastdata")
 
@@ -53,6 +54,10 @@ class ImageLoader(Loader):
     `_decoders` (who decodes)."""
 
     _run_ahead = True  # persistent workers run ahead into the next epoch (off: benchmarks/run_ahead.py's ablation)
+    # num_workers="auto" without persistent workers: 0, a decode thread in this process (the
+    # native decoder spreads a batch over the cores), which starts a pass at once where worker
+    # processes start anew each pass (benchmarks/startup.py). With persistent workers: one a core.
+    _auto_in_process = True
 
     def __init__(
         self,
@@ -103,6 +108,8 @@ class ImageLoader(Loader):
         self._asked = (rank, world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         workers = resolve_workers(num_workers)
+        if num_workers == "auto" and not persistent_workers and self._auto_in_process:
+            workers = 0  # a fresh pass decodes in this process: no worker start (see threads.py)
         self.persistent_workers = bool(persistent_workers) and workers > 0
         pin = bool(pin_memory) and torch.accelerator.is_available()
         self._plan = (shuffle, drop_last, workers, timeout, prefetch_factor, pin)
@@ -157,6 +164,8 @@ class ImageLoader(Loader):
         # Not ahead into the next epoch with a sampler: its next epoch's list may change
         # (set_weights, a callable of the training state) until that epoch starts.
         run_ahead = self._run_ahead and self.index_sampler is None
+        if workers == 0:
+            return InProcess(self._order, BatchTask(self._reader, self._decoder), prefetch_factor, timeout)
         return CpuWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
                           pin, self.persistent_workers, run_ahead)
 

@@ -24,9 +24,10 @@ class RateModel:
     sets a worker to work, so the workers busy at that rate, rounded up, are busy then (with as
     many busy workers as cores, a stage there takes nearly twice its CPU time). The step costs a whole step a
     batch, a short last batch too (`step` is a step over the images a step took on average).
-    With 0 workers everything runs in series: at the loader-alone time an image, when the profile
-    measured it so (the in-process decoder's threads overlap, so its CPU seconds would overstate
-    it). Prefetch depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores
+    With 0 workers a thread of the training process decodes ahead of the step, each batch over
+    all the cores: the slower of the two bounds, the loader at its loader-alone time an image
+    when the profile measured it so (its CPU seconds would overstate it: the decode threads
+    overlap), else its reads in series and its decode spread over the cores. Prefetch depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores
     slowing each other down (memory bandwidth, caches)."""
 
     work: float  # s an image in a worker: its stages, waits included
@@ -57,7 +58,10 @@ class RateModel:
 
     def rate(self, workers: int) -> float:
         if workers == 0:
-            return 1.0 / ((self.work + self.main if self.serial is None else self.serial) + self.step)
+            # The decode thread runs ahead of the step; its batch spreads over the cores
+            # (reads in series, the decode in parallel).
+            loader = self.serial if self.serial is not None else (self.work - self.cpu) + self.cpu / self.cores + self.main
+            return 1.0 / max(loader, self.main + self.step)
         cpu = self.cpu + (self.main if self.main_on_cpu else 0.0)
         supply = min(workers / self.work, self.cores / max(cpu, 1e-9))
         if self.main + self.step <= 0:
