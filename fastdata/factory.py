@@ -25,7 +25,7 @@ _IMAGE_KEYWORDS = frozenset({
     "pin_memory", "transform", "backend", "device", "dtype", "channels_last", "placement", "seed",
     "rank", "world_size", "on_error", "config", "hw_decoder_load", "sampler",
 })
-_BACKENDS = ("auto", "pil", "wds", "dali")
+_BACKENDS = ("auto", "pil", "wds", "dali", "ray")  # "ray" only when asked for: it needs a cluster to pay off
 
 
 def _with_config(options: dict[str, Any]) -> dict[str, Any]:
@@ -92,11 +92,23 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
     why = "chosen"
     if backend == "auto":
         backend, why = _auto(shards, options.get("device"))
-    kind = {"dali": DaliLoader, "wds": WdsLoader, "pil": PilLoader}[backend]
+    kind = _ray_loader() if backend == "ray" else {"dali": DaliLoader, "wds": WdsLoader, "pil": PilLoader}[backend]
     if "hw_decoder_load" in options and kind is not DaliLoader:
         raise ValueError(f"hw_decoder_load tunes DALI's GPU decoding, but backend {backend!r} was picked")
     logger.info("image mode: %s, backend %r (%s)", samples.description, backend, why)
     return kind(samples, batch_size, **options)
+
+
+def _ray_loader() -> type:
+    """The `ray` backend's loader, imported only when asked for (Ray is an extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise RuntimeError("backend 'ray' needs Ray, which is not installed: pip install 'fastdata[ray]' "
+                          "(or bash scripts/install.sh --ray)")
+    from .backends.ray import RayLoader
+
+    return RayLoader
 
 
 def _auto(shards: bool, device: Any) -> tuple[str, str]:

@@ -5,6 +5,7 @@
 #                                      DALI only where a CUDA GPU is found (nvidia-smi lists one)
 #   bash scripts/install.sh --dali     DALI as well, GPU or not (it runs CPU-only pipelines)
 #   bash scripts/install.sh --no-dali  no DALI, even with a GPU
+#   bash scripts/install.sh --ray      Ray as well, for backend='ray' (the `ray` extra)
 #   bash scripts/install.sh --bench    the peers benchmarks/peers.py times (SPDL, torchdata, FFmpeg)
 # FASTDATA_DALI=1 or 0 does what --dali or --no-dali does. FASTDATA_AVX2=1 or 0 builds Pillow-SIMD
 # with or without AVX2 whatever this CPU has (for an image built on one machine, run on another).
@@ -15,14 +16,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PILLOW_SIMD=12.1.1.post0
 
-usage() { sed -n '4,10s/^# \{0,1\}//p' scripts/install.sh; }
+usage() { sed -n '4,11s/^# \{0,1\}//p' scripts/install.sh; }
 dali=${FASTDATA_DALI:-auto}
 bench=0
+ray=0
 for arg in "$@"; do
     case $arg in
         --dali) dali=1 ;;
         --bench) bench=1 ;;
         --no-dali) dali=0 ;;
+        --ray) ray=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
     esac
@@ -98,6 +101,14 @@ elif v=$(dali_version); then
     echo "DALI $v already installed"
 else
     echo "DALI not installed ($dali_why; about 1 GB): bash scripts/install.sh --dali adds backend='dali'"
+fi
+
+# Ray for backend='ray', only when asked (the `ray` extra; its tests skip without it).
+if [ "$ray" = 1 ]; then
+    mapfile -t ray_reqs < <(extra ray)
+    [ ${#ray_reqs[@]} -gt 0 ] || { echo "error: no 'ray' extra read from pyproject.toml" >&2; exit 1; }
+    "$PY" -m pip install -q "${ray_reqs[@]}"
+    echo "Ray installed: ${ray_reqs[*]}"
 fi
 
 # The peers of benchmarks/peers.py, only when asked: SPDL decodes with FFmpeg's shared libraries

@@ -38,11 +38,12 @@ def _pins(requirements):
 
 def test_extras_are_declared_and_pinned():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert set(extras) == {"dali", "gpu", "frameworks", "test", "bench"}
+    assert set(extras) == {"dali", "gpu", "frameworks", "test", "bench", "ray"}
     assert _pins(extras["dali"]) == {"nvidia-dali-cuda120": "2.4.0"}
     assert _pins(extras["gpu"]) == {"kornia": "0.9.0"}
     assert _pins(extras["frameworks"]) == {"pytorch-lightning": "2.6.6", "accelerate": "1.15.0"}
     assert _pins(extras["bench"]) == {"spdl": "0.8.0", "torchdata": "0.11.0"}
+    assert _pins(extras["ray"]) == {"ray": "2.60.0"}
     assert {re.split(r"[<>=]", r)[0] for r in extras["test"]} == {"pytest", "pytest-timeout", "atheris", "jsonschema"}
     # torch is never a requirement (a loose one pulls the CUDA build), Pillow neither (Pillow-SIMD
     # is installed last by the script, over nothing).
@@ -53,12 +54,12 @@ def test_extras_are_declared_and_pinned():
 def test_install_sh_takes_its_pins_from_the_extras():
     script = INSTALL_SH.read_text()
     extras = PYPROJECT["project"]["optional-dependencies"]
-    # The editable install names every extra but dali and bench, which the script reads from
-    # pyproject.toml when asked.
+    # The editable install names every extra but dali, bench and ray, which the script reads
+    # from pyproject.toml when asked.
     installed = re.search(r'pip install -q --no-build-isolation -e "\.\[([a-z,]+)\]"', script)
     assert installed, "install.sh does not install fastdata with its extras"
-    assert set(installed.group(1).split(",")) == set(extras) - {"dali", "bench"}
-    assert "extra dali" in script and "extra bench" in script
+    assert set(installed.group(1).split(",")) == set(extras) - {"dali", "bench", "ray"}
+    assert "extra dali" in script and "extra bench" in script and "extra ray" in script
     # No package of an extra is pinned a second time in the script.
     in_extras = {name for reqs in extras.values() for name in _pins(reqs)}
     pinned_here = set(re.findall(r"([A-Za-z0-9_.-]+)==", script))

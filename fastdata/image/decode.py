@@ -90,6 +90,7 @@ class BatchDecoder:
         self.seed = seed
         self.fail = fail
         self.rings = ProcessRings(slots, pin)
+        self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]]) -> "Checked":
@@ -175,7 +176,7 @@ class BatchDecoder:
             js = [k for k in range(len(datas)) if jpeg[k]]
             if js:
                 crops = geo.windows()[js]
-                threads = 1 if get_worker_info() is not None else usable_cores()
+                threads = self.threads or (1 if get_worker_info() is not None else usable_cores())
                 chw = target.permute(0, 3, 1, 2)
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
                 results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads)

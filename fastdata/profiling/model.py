@@ -95,7 +95,7 @@ def advise(loader: Any, report: Report) -> None:
     workers = getattr(loader, "num_workers", None)
     cores = usable_cores()
     model = RateModel.of(report, cores)
-    if model is not None and isinstance(workers, int) and report.config.get("backend") != "dali":
+    if model is not None and isinstance(workers, int) and report.config.get("backend") not in ("dali", "ray"):
         now = model.rate(workers)
         options = {w: model.rate(w) for w in sorted({0, 1, cores, 2 * cores} - {workers})}
         best = max(options, key=options.get)
@@ -125,8 +125,30 @@ def advise(loader: Any, report: Report) -> None:
                                  + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
                                     if device is not None and device.type == "cpu" else "")))
     step_rate = report.step_images_per_s
+    more = scale_out(step_rate, model, cores, workers if report.config.get("backend") == "ray" else None)
+    if more is not None:
+        advice.append(more)
     if step_rate is not None and report.loader_images_per_s < step_rate:
         advice.append(Advice(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
                              f"{step_rate:,.0f}: input is the bound"))
     if not advice:
         advice.append(Advice("no change found to suggest"))
+
+
+def scale_out(step_rate: float | None, model: RateModel | None, cores: int, actors: int | None) -> Advice | None:
+    """When the step consumes more images/s than these CPUs can decode (their cores over the
+    CPU seconds an image costs; with the `ray` backend, its actors' CPUs): how many more nodes
+    of `cores` CPUs the `ray` backend needs to close the gap."""
+    if not step_rate or model is None or model.cpu <= 0:
+        return None
+    node = cores / model.cpu  # images/s one node of this machine's cores decodes
+    have = (actors if actors else cores) / model.cpu
+    if step_rate <= 1.1 * have:
+        return None
+    nodes = math.ceil((step_rate - have) / node)
+    where = f"the cluster's {actors} Ray CPUs give" if actors else "this machine's CPUs give"
+    text = (f"this step consumes {step_rate:,.0f} images/s; {where} {have:,.0f}; {nodes} more {cores}-core "
+            f"node{'s' if nodes > 1 else ''} close{'' if nodes > 1 else 's'} the gap")
+    if not actors:
+        text += " (backend='ray' decodes on a Ray cluster's CPUs)"
+    return Advice(text, confidence="model")  # nodes to add, not a keyword: no change to apply

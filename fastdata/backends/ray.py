@@ -1,0 +1,48 @@
+"""The `ray` backend: image files or shards, in the order and with the readers of `pil` and
+`wds`, read and decoded by Ray actors anywhere in a Ray cluster (`fastdata.image.ray`); the
+batches stream to the training process through Ray's object store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..image.cpu import BatchTask
+from ..image.loader import ImageLoader
+from ..image.order import ShardOrder
+from ..image.ray import RayWorkers, cluster_cpus, connect
+from ..image.read import Failures, FileReader
+from ..image.read_shards import ShardReader
+from .base import resolve_workers
+
+
+class RayLoader(ImageLoader):
+    """Image files or shards, decoded by Ray actors (one CPU each). num_workers is the number
+    of actors (0 or "auto": one per CPU of the cluster); they persist across epochs unless
+    persistent_workers=False."""
+
+    backend = "ray"
+
+    def __init__(self, samples: Any, batch_size: int, *, num_workers: int | str = 0,
+                 persistent_workers: bool = True, **options: Any) -> None:
+        workers = 0 if num_workers == "auto" else resolve_workers(num_workers)
+        connect(workers)
+        if workers == 0:
+            workers = cluster_cpus()
+        super().__init__(samples, batch_size, num_workers=workers, persistent_workers=persistent_workers, **options)
+
+    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
+        if hasattr(self.samples, "counts"):  # shards: actor w reads lane w, as wds's worker w does
+            order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
+                               self.world_size, max(1, workers))
+            return order, ShardReader(self.samples, order, fail, persistent=self.persistent_workers)
+        return self._file_order(shuffle, drop_last), FileReader(self.samples, fail)
+
+    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> RayWorkers:
+        run_ahead = self._run_ahead and self.index_sampler is None  # as CpuWorkers (see ImageLoader._decoders)
+        return RayWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
+                          self.persistent_workers, run_ahead)
+
+    def shutdown(self) -> None:
+        """Kills the Ray actors now (the next pass starts new ones)."""
+        self._stop()
+        self._runner.shutdown()

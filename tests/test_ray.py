@@ -1,0 +1,345 @@
+"""The `ray` backend on a real Ray: a local one with 2 CPUs, then a cluster of three raylets on
+loopback (`ray.cluster_utils.Cluster`). Every image is one flat color that names its sample
+(see _images.py), and every batch is compared with the `pil` (files) or `wds` (shards)
+backend's with the same seed: pixels, labels and order, whatever actor or node decoded it."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import time
+
+import pytest
+import torch
+from _images import color_folder
+
+ray = pytest.importorskip("ray")
+
+import fastdata  # noqa: E402
+from fastdata import DataError  # noqa: E402
+from fastdata import transforms as T  # noqa: E402
+from fastdata._workers import start_method  # noqa: E402
+from fastdata.image.ray import disconnect  # noqa: E402
+from fastdata.profiling.model import RateModel, scale_out  # noqa: E402
+from fastdata.shard import write_shards  # noqa: E402
+
+CLASSES, PER_CLASS = 4, 15
+SIZE = 16
+STORE = 100 << 20
+QUIET = {"log_to_driver": False, "logging_level": logging.WARNING}
+
+
+def _transform():
+    return T.Compose([T.RandomResizedCrop(SIZE, scale=(0.5, 1.0)), T.RandomHorizontalFlip()])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return color_folder(tmp_path_factory.mktemp("imgs"), CLASSES, PER_CLASS, (20, 48), lambda i: f"{i:03d}.jpg")
+
+
+@pytest.fixture(scope="module")
+def shards(folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    write_shards(str(folder), out / "train-%06d.tar", max_count=13, workers=1)
+    return str(out / "train-{000000..000004}.tar")
+
+
+class _Rays:
+    """The Ray this module runs on: one at a time, started once, switched between kinds once."""
+
+    def __init__(self) -> None:
+        self.kind, self.cluster = None, None
+
+    def use(self, kind: str):
+        if self.kind == kind:
+            return self.cluster
+        self.stop()
+        if kind == "local":
+            ray.init(num_cpus=2, object_store_memory=STORE, include_dashboard=False, **QUIET)
+        else:
+            from ray.cluster_utils import Cluster
+
+            self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE,
+                                                                         "include_dashboard": False})
+            for _ in range(2):
+                self.cluster.add_node(num_cpus=1, object_store_memory=STORE)
+            ray.init(address=self.cluster.address, **QUIET)
+            self.cluster.wait_for_nodes()
+        self.kind = kind
+        return self.cluster
+
+    def stop(self) -> None:
+        disconnect()  # the modules after this one fork their workers again
+        if self.cluster is not None:
+            self.cluster.shutdown()
+        self.kind, self.cluster = None, None
+
+
+@pytest.fixture(scope="module")
+def rays():
+    r = _Rays()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def local(rays):
+    rays.use("local")
+
+
+@pytest.fixture
+def cluster(rays):
+    return rays.use("cluster")
+
+
+def _batches(loader):
+    """The batches of one pass, copied out, each checked: its pixels name samples of its labels."""
+    out = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, SIZE, SIZE)
+        red = images[:, 0, SIZE // 2, SIZE // 2].to(torch.int64)
+        assert torch.equal(torch.round((red - 20) / 40).long(), labels)
+        out.append((images.clone(), labels.clone()))
+    return out
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for k, ((x, y), (u, v)) in enumerate(zip(a, b)):
+        assert torch.equal(y, v), f"batch {k}: labels differ"
+        assert torch.equal(x, u), f"batch {k}: pixels differ"
+
+
+def _load(source, backend, **kw):
+    kw.setdefault("transform", _transform())
+    kw.setdefault("shuffle", True)
+    kw.setdefault("batch_size", 4)
+    return fastdata.loader(source, backend=backend, device="cpu", seed=7, **kw)
+
+
+# ------------------------------------------------------------------ a local Ray with 2 CPUs
+
+
+@pytest.mark.timeout(180)
+def test_files_same_batches_as_pil(folder, local):
+    loader = _load(str(folder), "ray", num_workers=2)
+    assert loader.backend == "ray" and loader.num_workers == 2 and len(loader) == 15
+    pil = _load(str(folder), "pil")
+    try:
+        for _ in range(2):  # the second epoch runs ahead on the same actors
+            _same(_batches(loader), _batches(pil))
+    finally:
+        loader.shutdown()
+
+
+def test_num_workers_default_is_the_clusters_cpus(folder, local):
+    loader = _load(str(folder), "ray")
+    assert loader.num_workers == 2
+
+
+@pytest.mark.timeout(180)
+def test_shards_same_batches_as_wds(shards, local):
+    loader = _load(shards, "ray", num_workers=2)
+    try:
+        _same(_batches(loader), _batches(_load(shards, "wds", num_workers=2)))
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_killed_actor_mid_epoch_gives_the_same_batches(folder, local):
+    loader = _load(str(folder), "ray", num_workers=2, prefetch_factor=4)
+    expected = _batches(_load(str(folder), "pil"))
+    got = []
+    try:
+        it = iter(loader)
+        images, labels = next(it)
+        got.append((images.clone(), labels.clone()))
+        runner = loader._runner
+        ray.kill(runner.pool().actors[1], no_restart=True)  # batches 1, 3, 5, ... are queued on it
+        got += [(x.clone(), y.clone()) for x, y in it]
+        _same(got, expected)
+        assert runner.lost >= 1
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_actors_end_with_the_loader(folder, local):
+    loader = _load(str(folder), "ray", num_workers=2)
+    it = iter(loader)
+    next(it)
+    actors = list(loader._runner.pool().actors)
+    gc.disable()  # by reference counting, not left to the collector
+    try:
+        del it, loader
+        # ray.kill is asynchronous: a call right after it may still be served
+        deadline = time.monotonic() + 30
+        for actor in actors:
+            while True:
+                try:
+                    ray.get(actor.where.remote(), timeout=10)
+                except ray.exceptions.RayActorError:
+                    break
+                assert time.monotonic() < deadline, "an actor outlived its loader by 30 s"
+                time.sleep(0.2)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.timeout(180)
+def test_bad_file_names_it_or_is_skipped(folder, local, tmp_path):
+    pairs = [(str(folder / f"class{c}" / f"{i:03d}.jpg"), c) for c in range(CLASSES) for i in range(3)]
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(open(pairs[5][0], "rb").read()[:200])  # cut short
+    pairs[5] = (str(bad), pairs[5][1])
+    loader = _load(pairs, "ray", num_workers=1, shuffle=False)
+    with pytest.raises(DataError, match="bad.jpg") as e:
+        _batches(loader)
+    assert e.value.path == str(bad)
+    loader = _load(pairs, "ray", num_workers=1, shuffle=False, on_error="skip")
+    try:
+        got = _batches(loader)
+        assert sum(len(y) for _, y in got) == len(pairs) - 1
+        assert loader.stats["skipped"] == 1 and loader.stats["errors"][0]["path"] == str(bad)
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_no_progress_ends_the_pass_naming_the_actor(folder, tmp_path, local):
+    fifo = tmp_path / "never.jpg"
+    os.mkfifo(fifo)  # open() blocks until a writer comes: none does
+    pairs = [(str(folder / "class0" / "000.jpg"), 0), (str(fifo), 0)]
+    loader = fastdata.loader(pairs, 1, backend="ray", num_workers=1, timeout=3, device="cpu",
+                             transform=_transform())
+    with pytest.raises(RuntimeError, match=r"no progress for 3 seconds.*batch 1 of epoch 0 waits on Ray actor 0"):
+        _batches(loader)
+    assert loader._runner._pool is None  # the actors were killed
+
+
+def test_stage_times_come_back_from_the_actors(folder, local):
+    loader = _load(str(folder), "ray", num_workers=2)
+    try:
+        assert loader.set_stage_timing(True)
+        _batches(loader)
+        stages = loader.stage_seconds()
+        assert stages["images"] == CLASSES * PER_CLASS
+        assert stages["decode"] > 0 and stages["read"] > 0 and "transfer" in stages
+        assert {"worker 0", "worker 1"} <= set(stages)
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_profile_says_how_many_nodes_close_the_gap(folder, local):
+    loader = _load(str(folder), "ray", num_workers=2)
+    try:
+        report = fastdata.profile(loader, step_ms=0.01, steps=20, warmup=2)  # a step far faster than 2 CPUs decode
+    finally:
+        loader.shutdown()
+    assert report.stages["decode"] > 0
+    text = " ".join(a.text for a in report.advice)
+    assert re.search(r"this step consumes [\d,]+ images/s; the cluster's 2 Ray CPUs give [\d,]+; \d+ more \d+-core "
+                     r"nodes? close", text), text
+
+
+def test_scale_out_arithmetic():
+    model = RateModel(work=1e-3, cpu=1e-3, main=0.0, step=0.0, cores=4)  # 1 ms of CPU an image
+    advice = scale_out(9000, model, 4, None)  # 4 cores give 4,000 images/s, a node 4,000 more
+    assert advice.text.startswith("this step consumes 9,000 images/s; this machine's CPUs give 4,000; "
+                                  "2 more 4-core nodes close the gap")
+    assert "Ray CPUs give 8,000; 1 more 4-core node closes" in scale_out(9000, model, 4, 8).text
+    assert scale_out(4200, model, 4, None) is None  # within 10% of what the cores give
+
+
+@pytest.mark.timeout(120)
+def test_pil_workers_start_safely_while_ray_is_live(folder, local):
+    _load(str(folder), "ray", num_workers=1)  # connects to the Ray this process runs
+    assert start_method(None) is not None  # forkserver: a fork would copy Ray's threads' state, not its threads
+    loader = _load(str(folder), "pil", num_workers=2)
+    _same(_batches(loader), _batches(_load(str(folder), "pil")))
+
+
+# ------------------------------------------------------------------ three raylets on loopback
+
+
+@pytest.mark.timeout(240)
+def test_ranks_get_pils_shares_across_nodes(folder, cluster):
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 3
+    for rank in range(2):
+        loader = _load(str(folder), "ray", num_workers=3, rank=rank, world_size=2)
+        try:
+            _same(_batches(loader), _batches(_load(str(folder), "pil", rank=rank, world_size=2)))
+        finally:
+            loader.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_resume_mid_epoch_gives_the_rest_exactly(folder, cluster):
+    whole = _batches(_load(str(folder), "pil"))
+    loader = _load(str(folder), "ray", num_workers=3)
+    try:
+        it = iter(loader)
+        first = [(x.clone(), y.clone()) for x, y in (next(it) for _ in range(5))]
+        state = loader.state_dict()  # while the pass is live: mid-epoch
+    finally:
+        loader.shutdown()
+    assert state["backend"] == "ray" and state["batches"] == 5
+    resumed = _load(str(folder), "ray", num_workers=3)
+    try:
+        resumed.load_state_dict(state)
+        _same(first + _batches(resumed), whole)
+    finally:
+        resumed.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_connects_to_the_cluster_ray_address_names(folder, cluster, monkeypatch):
+    ray.shutdown()  # this process is off the cluster, which runs on
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    loader = _load(str(folder), "ray")
+    assert ray.is_initialized() and len([n for n in ray.nodes() if n["Alive"]]) == 3
+    assert loader.num_workers == 3  # one actor per CPU of the cluster
+
+
+@pytest.mark.timeout(240)
+def test_killed_node_mid_epoch_gives_the_same_batches(folder, cluster):
+    # batches of 2, one ahead per actor: most of the victim's batches are submitted after its node is gone
+    expected = _batches(_load(str(folder), "pil", batch_size=2))
+    loader = _load(str(folder), "ray", batch_size=2, num_workers=3, prefetch_factor=1)
+    try:
+        runner = loader._runner
+        pool = runner.pool()
+        head = ray.get_runtime_context().get_node_id()[:8]
+        victim = next(i for i, node in enumerate(pool.nodes) if head not in node)
+        node_id = pool.nodes[victim].split("(")[1][:8]
+        node = next(n for n in cluster.worker_nodes if n.node_id.startswith(node_id))
+        it = iter(loader)
+        images, labels = next(it)
+        got = [(images.clone(), labels.clone())]
+        cluster.remove_node(node, allow_graceful=False)
+        # Its actor's process may serve a while after its raylet is gone: go on once the cluster
+        # has marked the node dead (and the actor with it).
+        deadline = time.monotonic() + 60
+        while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        got += [(x.clone(), y.clone()) for x, y in it]
+        _same(got, expected)
+        assert runner.lost >= 1
+    finally:
+        loader.shutdown()
+
+
+def test_backend_ray_is_never_auto_and_names_its_extra(folder, monkeypatch):
+    assert fastdata.loader(str(folder), 4, device="cpu").backend == "pil"
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(RuntimeError, match=r"pip install 'fastdata\[ray\]'"):
+        fastdata.loader(str(folder), 4, backend="ray")
+
