@@ -232,6 +232,9 @@ def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
         live = ref()
         if live is not None and hasattr(live, "_shutdown_workers"):
             live._shutdown_workers()
+            # A worker that died by a signal (killed from outside, or terminated by the
+            # shutdown for not exiting in time) may have left a shared-memory name.
+            _unlink_orphans([w.pid for w in getattr(live, "_workers", ()) if w.exitcode not in (None, 0)])
         if rings is not None:
             rings.end()
 
