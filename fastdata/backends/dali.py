@@ -8,7 +8,6 @@ from typing import Any
 
 from ..image.dali import DaliDecoders
 from ..image.loader import ImageLoader
-from ..image.order import ShardOrder
 from ..image.read import Failures, FileReader
 from ..image.read_shards import ShardReader
 
@@ -29,9 +28,7 @@ class DaliLoader(ImageLoader):
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
         if hasattr(self.samples, "counts"):  # shards
-            order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                               self.world_size, 1)
-            return order, ShardReader(self.samples, order, fail, persistent=True)
+            return self._shard_parts(shuffle, drop_last, 1, fail, True)
         order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)
 

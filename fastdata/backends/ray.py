@@ -8,10 +8,8 @@ from typing import Any
 
 from ..image.cpu import BatchTask
 from ..image.loader import ImageLoader
-from ..image.order import ShardOrder
 from ..image.ray import RayWorkers, cluster_cpus, connect
 from ..image.read import Failures, FileReader
-from ..image.read_shards import ShardReader
 from .base import resolve_workers
 
 
@@ -32,9 +30,7 @@ class RayLoader(ImageLoader):
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
         if hasattr(self.samples, "counts"):  # shards: actor w reads lane w, as wds's worker w does
-            order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                               self.world_size, max(1, workers))
-            return order, ShardReader(self.samples, order, fail, persistent=self.persistent_workers)
+            return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers)
         return self._file_order(shuffle, drop_last), FileReader(self.samples, fail)
 
     def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> RayWorkers:

@@ -26,8 +26,9 @@ from ..samplers import IndexSampler
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder
-from .order import BatchOrder, FileOrder
+from .order import BatchOrder, FileOrder, ShardOrder
 from .read import Failures
+from .read_shards import ShardReader
 from .threads import InProcess
 
 logger = logging.getLogger("fastdata")
@@ -168,6 +169,14 @@ class ImageLoader(Loader):
             return InProcess(self._order, BatchTask(self._reader, self._decoder), prefetch_factor, timeout)
         return CpuWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
                           pin, self.persistent_workers, run_ahead)
+
+    def _shard_parts(self, shuffle: bool, drop_last: bool, lanes: int, fail: Failures,
+                     persistent: bool) -> tuple[ShardOrder, ShardReader]:
+        """The order of shard samples for this rank, read in `lanes` lanes (one a worker), and its
+        reader (`persistent`: the process reads the next epoch's first block ahead)."""
+        order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
+                           self.world_size, lanes)
+        return order, ShardReader(self.samples, order, fail, persistent=persistent)
 
     def _file_order(self, shuffle: bool, drop_last: bool) -> FileOrder:
         """The order of image files for this rank: the epoch's permutation, or the sampler's list."""
