@@ -300,13 +300,15 @@ def test_rejected_files_skipped_and_counted(config, tmp_path):
 def test_cut_file_rejected_in_every_epoch(config, tmp_path):
     """The cut file is refused by its structure, whatever window the epoch's crop draws. A cut
     closed with a pasted end marker is structurally whole: the native decoder (pil, wds)
-    entropy-decodes every row and refuses it in every epoch; DALI fills the missing rows, as
-    Pillow does, and delivers it in every epoch. Never a mix."""
+    entropy-decodes every row and refuses it in every epoch; with `dali`, whose decoder would
+    fill the missing rows, its entropy-coded data is decoded natively first (once per clean
+    file), so it is refused in every epoch too. Without the native decoder, Pillow and DALI
+    fill the rows and deliver it in every epoch. Never a mix."""
     whole = PHOTO
     files = {"a.jpg": whole, "cut85.jpg": CUT, "b.jpg": PLAIN, "cut-closed.jpg": CUT + b"\xff\xd9", "c.jpg": whole}
     pairs = write(tmp_path / "files", files)
     loader = make(config, pairs, tmp_path, on_error="skip", batch_size=5, persistent_workers=config[1] > 0)
-    closed_rejected = config[0] != "dali" and _decode.AVAILABLE
+    closed_rejected = _decode.AVAILABLE
     windows = []
     for epoch in range(20):
         before = loader.stats["skipped"]
@@ -407,3 +409,29 @@ def test_python_fallback_accepts_and_rejects_the_same(tmp_path):
     assert runs["0"]["labels"] == runs["1"]["labels"] == list(range(len(GOOD)))
     assert runs["0"]["errors"] == runs["1"]["errors"] and len(runs["0"]["errors"]) == len(BAD)
 
+
+
+@pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
+def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
+    """`dali`'s check of the entropy-coded data: a clean file is decoded once and remembered by
+    its id; a corrupt one is refused each time it comes; CMYK (left to Pillow) passes."""
+    from fastdata.image.decode import EntropyCheck, check_complete
+
+    seen = []
+    real = _decode.decode_crop_resize
+
+    def counting(datas, *args, **kw):
+        seen.append(len(datas))
+        return real(datas, *args, **kw)
+
+    monkeypatch.setattr(_decode, "decode_crop_resize", counting)
+    datas = [PHOTO, CUT + b"\xff\xd9", GOOD["cmyk.jpg"], PLAIN, GOOD["png-named.jpg"]]
+    check = EntropyCheck()
+    for _ in range(2):
+        out = check(np.arange(5), datas, check_complete(datas))
+        assert [c is None for c, *_ in out] == [True, False, True, True, True]
+        assert "corrupt JPEG" in out[1][0]
+    assert seen == [4, 2]  # the JPEGs, then the corrupt one and CMYK again (neither remembered)
+    # ids far apart grow the record
+    out = check(np.array([10_000]), [PLAIN], check_complete([PLAIN]))
+    assert out[0][0] is None and check.clean[10_000]

@@ -5,7 +5,8 @@ batches as `pil` and `wds`: the same order and reader (files or shards, as with 
 the same resume, the same checks, and the same crop window and flip for each sample (fastdata's
 own parameter sampling, `transforms.plan`). The training process reads each batch's bytes,
 checks them (whole file, readable header, within the pixel limit: what would make DALI fail
-is caught before DALI sees it), plans the geometry, and feeds DALI through
+is caught before DALI sees it; and, once per file, the entropy-coded data, which DALI would fill
+where corrupt), plans the geometry, and feeds DALI through
 `fn.external_source`: encoded bytes, crop windows, output sizes and flips. DALI runs the
 lowering of `fastdata.transforms.dali` (only the window is decoded, on the GPU with
 device="mixed" when the target is CUDA; then resize and flip) in its own threads, prefetching
@@ -40,7 +41,7 @@ from .._buffers import new_batch
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line
 from ..transforms import dali as lowering
-from .decode import BatchDecoder
+from .decode import BatchDecoder, EntropyCheck
 from .order import BatchOrder, Passes
 
 logger = logging.getLogger("fastdata")
@@ -107,6 +108,7 @@ class DaliDecoders:
         self._source: _Feed | None = None  # the pipeline's external source
         self._meta: collections.deque = collections.deque()
         self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
+        self._entropy = EntropyCheck()  # DALI fills corrupt entropy-coded data: checked once per file here
         self._dummy = _placeholder()
         self._fed = [0.0, 0.0]  # with stage timing: the feed's wall and CPU seconds so far
         self._drained = 0
@@ -201,7 +203,7 @@ class DaliDecoders:
                     self.decoder.fail(errors, paths[j], self._bad[int(index[j])])
                 index, labels = index[keep], labels[keep]
                 paths, datas = [paths[j] for j in keep], [datas[j] for j in keep]
-            c = self.decoder.check(epoch, index, paths, datas, labels, errors)
+            c = self.decoder.check(epoch, index, paths, datas, labels, errors, self._entropy)
             n = len(c.datas)
             if n == 0:
                 inputs = ([np.frombuffer(self._dummy, np.uint8)], [np.zeros(2, np.float32)], [np.full(2, 8, np.float32)],

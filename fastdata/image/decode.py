@@ -7,7 +7,8 @@ before any decode. `BatchDecoder.decode` then decodes each image straight into i
 slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aware decoder
 (only the crop window, at a reduced DCT scale when it is at least twice the output), the rest
 with Pillow (Pillow-SIMD when installed); then the CPU pixel ops (ColorJitter, TrivialAugment)
-run on the rows in place. The `dali` backend runs `check` only: DALI decodes.
+run on the rows in place. The `dali` backend runs `check` only, with `EntropyCheck`: DALI
+decodes.
 """
 
 from __future__ import annotations
@@ -62,6 +63,46 @@ def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
     return out
 
 
+class EntropyCheck:
+    """Decodes each whole JPEG's entropy-coded data once, for a decoder that would fill corrupt
+    data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings, and
+    nvJPEG's, are not errors there). The native decoder is handed a 1x1 window at the top of the
+    image: it Huffman-decodes every row below its window (no IDCT, no colour conversion), so a
+    corrupt segment anywhere is its error, whatever the epoch's crop. A sample id that came out
+    clean is remembered (one byte per id), so later epochs pay nothing; a corrupt file is never
+    remembered, and fails in every epoch. Without the native decoder nothing is checked (DALI
+    fills, as Pillow does); nor are JPEGs the native decoder leaves to Pillow (CMYK)."""
+
+    def __init__(self) -> None:
+        self.clean = np.zeros(0, dtype=bool)
+        self.threads: int | None = None  # None: the usable cores
+
+    def __call__(self, index: np.ndarray, datas: Sequence, checked: list) -> list:
+        if not _native_jpeg():
+            return checked
+        ids = index.astype(np.int64, copy=False)
+        if len(ids) and int(ids.max()) >= len(self.clean):
+            grown = np.zeros(max(int(ids.max()) + 1, 2 * len(self.clean)), dtype=bool)
+            grown[: len(self.clean)] = self.clean
+            self.clean = grown
+        todo = [j for j, (cause, is_jpeg, _, _) in enumerate(checked)
+                if cause is None and is_jpeg and not self.clean[ids[j]]]
+        if not todo:
+            return checked
+        n = len(todo)
+        out = np.empty((n, 3, 1, 1), dtype=np.uint8)
+        results = _decode.decode_crop_resize([datas[j] for j in todo], np.tile(np.array([0, 0, 1, 1], np.int32), (n, 1)),
+                                             np.zeros(n, np.uint8), out, self.threads or usable_cores())
+        checked = list(checked)
+        for j, err in zip(todo, results):
+            if err is None:
+                self.clean[ids[j]] = True
+            elif "color space" not in err:  # CMYK and the like: not the native decoder's to check
+                _, is_jpeg, w, h = checked[j]
+                checked[j] = (f"corrupt JPEG ({err})", is_jpeg, w, h)
+        return checked
+
+
 @dataclass
 class Checked:
     """A batch's samples that passed `check`: ids, names, bytes, labels, which are JPEGs, and
@@ -93,12 +134,16 @@ class BatchDecoder:
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
-              errors: list[tuple[str, str]]) -> "Checked":
+              errors: list[tuple[str, str]], entropy: "EntropyCheck | None" = None) -> "Checked":
         """The samples that are whole images within the pixel limit (`_check_complete`), with
         their sizes (from the headers) and planned geometry; the others fail (raise, or are
-        recorded in `errors`). The same checks on every backend, before any decode."""
+        recorded in `errors`). The same checks on every backend, before any decode; with
+        `entropy`, also each JPEG's entropy-coded data (for a decoder that does not check it)."""
         ok, sizes, jpeg = [], [], []
-        for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, check_complete(datas))):
+        checked = check_complete(datas)
+        if entropy is not None:
+            checked = entropy(index, datas, checked)
+        for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, checked)):
             if cause is not None:
                 self.fail(errors, path, cause)
                 continue
