@@ -406,3 +406,61 @@ def test_file_list_labels_checked(folder):
     assert file_list([(path, 0), (path, np.int64(2 ** 31 - 1))]).labels.tolist() == [0, 2 ** 31 - 1]
     with pytest.raises(ValueError, match=r"item 0 .* has label -3"):
         fastdata.loader([(path, -3)], batch_size=1, transform=TRANSFORM)
+
+
+def _with_checksum(h: bytearray) -> bytes:
+    h[148:156] = b" " * 8
+    h[148:156] = f"{sum(h):06o}\0 ".encode()
+    return bytes(h)
+
+
+def _headers() -> list[bytes]:
+    """Tar headers as writers make them (USTAR and GNU, long names split into a prefix, pax,
+    spaces or NULs after the octal digits), then each with bytes overwritten at random, with
+    the checksum left or made right again."""
+    import io
+
+    out = []
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        for name in ("a.jpg", "dir/" * 20 + "b.cls", "x" * 99, "sub/ünï.jpg"):
+            for kind in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE):
+                info = tarfile.TarInfo(name)
+                info.size, info.type, info.mtime = (1234 if kind in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0), kind, 1e9
+                try:
+                    raw = info.tobuf(fmt, "utf-8", "surrogateescape")
+                except ValueError:
+                    continue
+                out += [raw[i:i + 512] for i in range(0, len(raw), 512)]
+    spaced = bytearray(out[0])
+    spaced[100:108] = b"  644 \0 "
+    out.append(_with_checksum(spaced))
+    rng = np.random.default_rng(0)
+    for base in list(out):
+        for k in range(30):
+            m = bytearray(base)
+            for _ in range(int(rng.integers(1, 3))):
+                m[int(rng.integers(0, 512))] = int(rng.choice([0, 32, 48, 55, 56, 255, int(rng.integers(0, 256))]))
+            out.append(_with_checksum(m) if k % 2 else bytes(m))
+    assert len({bytes(h) for h in out}) > 1000
+    return out
+
+
+def test_plain_header_parses_as_tarfile_does():
+    """The fast path of the header walk gives tarfile's name, size and type for every header it
+    takes, and takes the plain regular files writers make; everything else goes to tarfile."""
+    from fastdata.sources.tarformat import _plain_header
+
+    taken = 0
+    for h in _headers():
+        fast = _plain_header(h)
+        if fast is None:
+            continue
+        taken += 1
+        info = tarfile.TarInfo.frombuf(h, "utf-8", "surrogateescape")  # raises where tarfile refuses it
+        assert (fast.name, fast.size, fast.type) == (info.name, info.size, info.type), h
+    assert taken > 150
+    # a long name goes in the USTAR prefix and comes back whole
+    info = tarfile.TarInfo("dir/" * 20 + "b.cls")
+    info.size = 7
+    assert _plain_header(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")) == \
+        ("dir/" * 20 + "b.cls", 7, tarfile.REGTYPE)

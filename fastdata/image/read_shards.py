@@ -6,19 +6,21 @@ sample's span of it header by header (`walk_tar`: USTAR, pax and GNU long names)
 the members there are the sample's, as many and as big as the index (or the header scan) said,
 slices their payloads out without a copy, groups them by key as webdataset does, checks the
 label against the classes, and reads the next block in a thread while the batch of this one is
-decoded. A damaged header, a member cut off, or a span that holds other members fails that
+decoded. Where nothing was read ahead (a pass's first batch, a resume), the batch's own samples
+are read first, by themselves. A damaged header, a member cut off, or a span that holds other members fails that
 sample alone (a DataError naming the shard, the member and the byte, or a counted skip).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from ..sources import Shards
-from ..sources.streams import describe_error, discard, fill, open_stream, read_range
+from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_range
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar
 from .order import ShardOrder
 from .read import Failures, Read
@@ -45,6 +47,21 @@ class _Block:
         self.causes.append(cause)
 
 
+class _Buffer:
+    """Memory blocks are read into, grown as they need: an anonymous mapping, so that growing
+    copies nothing and its pages are faulted in by the read itself, which releases the GIL
+    (growing a bytearray zero-fills it with the GIL held: for a 100 MB block, tens of ms in
+    which the decode thread cannot run). The old mapping lives on while views of it do."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+
+    def view(self, n: int) -> memoryview:
+        if self._map is None or len(self._map) < n:
+            self._map = mmap.mmap(-1, max(n, 1))
+        return memoryview(self._map)[:n]
+
+
 class ShardReader:
     """Reads the samples of batch (epoch, k) from the block that holds it, read (or being
     read) by this process's read-ahead thread."""
@@ -57,7 +74,8 @@ class ShardReader:
         self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
-        self._current: tuple | None = None  # (key, _Block) of the block being decoded
+        self._current: tuple | None = None  # (key, Future of the _Block) of the block being decoded
+        self._files = all(local_path(url) is not None for url in shards.urls)
         # labels are in [0, _label_limit): the index's classes, else [0, 2**31)
         self._label_limit = shards.label_limit
         self._label_range = f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named"
@@ -97,7 +115,7 @@ class ShardReader:
         ((epoch, k),) = keys
         plan = self.plan
         lane, block, row = plan.locate(k)
-        data = self._block(epoch, lane, block)
+        data = self._block(epoch, lane, block, row)
         rows = data.order[row : row + plan.batch_size]
         errors: list[tuple[str, str]] = []
         index, paths, datas, labels = [], [], [], []
@@ -113,16 +131,28 @@ class ShardReader:
 
     # ------------------------------------------------------------- reading, one block ahead
 
-    def _block(self, epoch: int, lane: int, block: int) -> _Block:
+    def _block(self, epoch: int, lane: int, block: int, row: int) -> _Block:
+        """The block holding the batch at `row` of its order (a block of that batch alone, when
+        the batch was not read ahead: see below)."""
         pid = os.getpid()
         if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
-            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, [bytearray(), bytearray()])
+            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, [_Buffer(), _Buffer()])
             self._pipes, self._current = {}, None
         _, reader, pending, _ = self._proc
         key = (epoch, lane, block)
         if self._current is not None and self._current[0] == key:  # the block's next batch
-            return self._current[1]
-        future: Future = pending.pop(key, None) or self._submit(key)
+            return self._current[1].result()
+        future: Future | None = pending.pop(key, None)
+        first: Future | None = None
+        if future is None and self._files and self.plan.block > self.plan.batch_size:
+            # Nothing read ahead (a pass's start, a resume): the batch's own samples are read
+            # first, into a buffer of their own, and decoded while the thread reads the whole
+            # block after them, so the first batch waits for a quarter of a block, not all of
+            # it. Files only: that is a read per sample, a request each over HTTP, and a pipe
+            # would be read twice.
+            first = reader.submit(self._read_block, *key, _Buffer(), rows=slice(row, row + self.plan.batch_size))
+        if future is None:
+            future = self._submit(key)
         # The next block of the lane, or after its last, the first of the next epoch (which
         # this worker serves too when it persists: DataLoader starts each epoch at worker 0).
         if block + 1 < self.plan.blocks(lane):
@@ -134,23 +164,33 @@ class ShardReader:
         if following is not None and following not in pending:
             pending[following] = self._submit(following)
         self._current = None  # its buffer may be refilled from here on
-        self._current = (key, future.result())
-        return self._current[1]
+        got = (first or future).result()
+        self._current = (key, future)  # the whole block, for the batches after this one
+        return got
 
     def _submit(self, key: tuple[int, int, int]) -> Future:
         # Blocks are read into two buffers kept for the process, in turn: the one thread reads
         # blocks in the order they are submitted, and the next is submitted only when the
         # decoder moves on to the block before it, so a buffer is never refilled while a block
         # in it is decoded. (Fresh 100 MB buffers would cost more in page faults than the read.)
+        # A batch read alone before its block (see _block) has a buffer of its own.
         _, reader, _, buffers = self._proc
         buf = buffers[self._reads % 2]
         self._reads += 1
         return reader.submit(self._read_block, *key, buf)
 
-    def _read_block(self, epoch: int, lane: int, block: int, buf: bytearray) -> _Block:
+    def _read_block(self, epoch: int, lane: int, block: int, buf: _Buffer, rows: slice | None = None) -> _Block:
+        """The block's samples, read into `buf`; with `rows`, only those of its order (the
+        block's `order` then maps those rows alone, into the samples read)."""
         plan = self.plan
         ids = plan.block_ids(epoch, lane, block)
         out = _Block(ids, plan.block_permutation(epoch, lane, block, len(ids)))
+        if rows is not None:
+            wanted = np.sort(out.order[rows])
+            order = np.full(len(ids), -1, dtype=np.int64)
+            order[rows] = np.searchsorted(wanted, out.order[rows])
+            ids = ids[wanted]
+            out = _Block(ids, order)
         shard = np.searchsorted(plan.first, ids, side="right") - 1
         local = ids - plan.first[shard]
         # runs of consecutive samples of one shard: one read each, of bytes [start, stop)
@@ -161,9 +201,7 @@ class ShardReader:
             spans = self.shards.spans[s]
             runs.append((s, first, end, int(spans[first, 0]), int(spans[end - 1].sum())))
         need = sum(stop - start for *_, start, stop in runs)
-        if len(buf) < need:
-            buf.extend(bytes(need - len(buf)))
-        view = memoryview(buf)
+        view = buf.view(need)
         at = 0
         for s, first, end, start, stop in runs:
             self._read_run(out, s, first, end, start, view[at:at + stop - start])
