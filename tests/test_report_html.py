@@ -1,6 +1,8 @@
 """The HTML report: rendered from a real profile's report.json, looked at in headless Chromium
 (the screenshot must show the page: many colours, the verdict's badge, the timeline's bars),
-self-contained (nothing to fetch), escaped, and whole when every optional field is empty."""
+self-contained (nothing to fetch), escaped, and whole when every optional field is empty. A
+progressive-resizing loader's profile adds the rate at each size, marked input-bound below the
+step's rate."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from PIL import Image
 
 import fastdata
 from fastdata import transforms as T
-from fastdata.profiling.html import COMPUTE, VERDICT_COLOURS, WAIT, render
+from fastdata.profiling.html import BOUND, COMPUTE, STAGE, VERDICT_COLOURS, WAIT, render
 
 HOSTILE = '<img src="http://example.com/x.png"> & <script>alert(1)</script>'
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|<script|@import|url\(""", re.IGNORECASE)
@@ -31,6 +33,20 @@ def report(tmp_path_factory):
                              device="cpu")
     result = fastdata.profile(loader, step_ms=20, steps=8, warmup=1, source=HOSTILE)
     return json.loads(json.dumps(result.to_json()))  # what a saved report.json gives back
+
+
+@pytest.fixture(scope="module")
+def sized(tmp_path_factory):
+    """A real profile of a loader whose output size follows the epoch, with the step's rate set
+    between the slowest size's rate and the next, so one size is below it and the others above."""
+    folder = color_folder(tmp_path_factory.mktemp("imgs"), 3, 8, (20, 40), lambda i: f"{i:03d}.jpg")
+    schedule = T.Compose([T.RandomResizedCrop([(0, 8), (1, (12, 16)), (3, 32)])])
+    loader = fastdata.loader(str(folder), batch_size=4, transform=schedule, device="cpu", seed=0)
+    result = json.loads(json.dumps(fastdata.profile(loader, step_ms=20, steps=4, warmup=1).to_json()))
+    rates = sorted(s["images_per_s"] for s in result["sizes"])
+    assert [s["size"] for s in result["sizes"]] == [[8, 8], [12, 16], [32, 32]] and rates[0] < rates[1]
+    result["rates"]["step_alone_images_per_s"] = (rates[0] + rates[1]) / 2
+    return result
 
 
 def text_of(page: str) -> str:
@@ -122,9 +138,54 @@ def test_every_optional_field_empty(empty):
               "rates": {"loader_alone_images_per_s": None, "step_alone_images_per_s": None,
                         "together_images_per_s": None, "ceiling_images_per_s": None},
               "stall_fraction": None, "stages": [], "steps": [], "advice": [], "tune": None,
-              "skipped": {"count": 0, "examples": []}, "flags": [], "environment": None}
+              "skipped": {"count": 0, "examples": []}, "flags": [], "environment": None, "sizes": None}
     page = render(report if empty == "nulls" else {})
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert not EXTERNAL.findall(page)
     text = text_of(page)
     assert "loader only" in text and "nothing to change" in text and "None" not in text
+    assert SIZES not in text
+
+
+SIZES = "Rate at each size of the schedule"
+
+
+def card_text(page: str, title: str) -> str:
+    """The text of the card with this title ("" when the page has none)."""
+    return next((text_of(part) for part in page.split("<section")[1:] if f"<h2>{title}</h2>" in part), "")
+
+
+def test_rate_at_each_size(sized, report):
+    card = card_text(render(sized), SIZES)
+    step = sized["rates"]["step_alone_images_per_s"]
+    assert f"step {step:,.0f} images/s" in card
+    # each size's label ("from epoch E, WxH") in the schedule's order, then each one's figure
+    labels = re.findall(r"from epoch (\d+), (\d+)×(\d+)", card)
+    assert labels == [(str(s["epoch"]), str(s["size"][1]), str(s["size"][0])) for s in sized["sizes"]]
+    figures = re.findall(r"(?<![\d,])(?<!step )(\d[\d,]*) images/s( · input-bound)?", card)
+    assert figures == [(f"{s['images_per_s']:,.0f}", " · input-bound" if s["images_per_s"] < step else "")
+                       for s in sized["sizes"]]
+    assert 0 < sum(bool(b) for _, b in figures) < len(figures)  # one size below the step's rate, one above
+    assert SIZES not in text_of(render(report)) and report["sizes"] == []  # a fixed size: no such card
+
+
+def test_rate_at_each_size_without_a_step(sized):
+    alone = dict(sized, rates=dict(sized["rates"], step_alone_images_per_s=None),
+                 sizes=[dict(sized["sizes"][0], size=None), *sized["sizes"][1:]])
+    card = card_text(render(alone), SIZES)
+    assert "from epoch 0, ?" in card and "from epoch 3, 32×32" in card
+    for s in sized["sizes"]:
+        assert f"{s['images_per_s']:,.0f} images/s" in card
+    assert "input-bound" not in card and "step " not in card  # nothing to be bound against
+
+
+def test_rate_at_each_size_in_chromium(sized, tmp_path):
+    # a short page (no timeline, no stages) so the card is on screen; against the same page
+    # without sizes, the card adds both kinds of bar and the step's dashed line
+    short = dict(sized, steps=[], stages=[])
+    (tmp_path / "with").mkdir(), (tmp_path / "without").mkdir()
+    with_card = screenshot(render(short), tmp_path / "with")
+    without = screenshot(render(dict(short, sizes=[])), tmp_path / "without")
+    assert pixels_near(with_card, BOUND) - pixels_near(without, BOUND) > 300, "no input-bound bar"
+    assert pixels_near(with_card, STAGE) - pixels_near(without, STAGE) > 2000, "no bar for the sizes that keep up"
+    assert pixels_near(with_card, COMPUTE) - pixels_near(without, COMPUTE) > 100, "no line at the step's rate"

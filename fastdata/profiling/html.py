@@ -1,5 +1,6 @@
 """The profile report as one self-contained HTML page, rendered from the JSON report alone
-(schema "fastdata.profile.report/1"), so a saved report.json renders again the same.
+(schema "fastdata.profile.report/1"), so a saved report.json renders again the same. Over 400
+lines: the page's stylesheet and its four charts, each drawn in SVG on the scale helpers they share.
 
 `render(report)` returns the page: inline CSS and inline SVG, no script, font, image or link
 to fetch. Every string from the report is escaped; every field may be null or empty."""
@@ -69,9 +70,13 @@ code{font-family:ui-monospace,"SF Mono",Menlo,Consolas,monospace;font-size:13px}
 """
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _n(v: Any) -> str:
     """A figure as the page writes it: thousands separated, no decimals (a rate, a count)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
+    if not _number(v):
         return "—"
     return f"{v:,.0f}"
 
@@ -244,34 +249,74 @@ def _timeline(report: dict[str, Any]) -> str:
     return _card("Step timeline", f'{chart}<div class="legend">{legend}</div>', sub)
 
 
+def _bars(rows: list[tuple[str, str, float, str, str, bool]], left: int, right: int, top: int, axis: str,
+          label: str, line: tuple[float, str] | None = None) -> str:
+    """Horizontal bars from 0 on one scale. A row is (name, note, value, the value as written,
+    fill, bold); `line` is (value, its text): a dashed vertical line across the bars."""
+    row, pw = 44, W - left - right
+    xt = _ticks(0, max([v for _, _, v, _, _, _ in rows] + [line[0] if line else 0]) or 1.0)
+    x = lambda v: left + pw * v / xt[-1]  # noqa: E731
+    bottom = top + row * len(rows)
+    body = [f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top}" y2="{bottom}"/>'
+            f'<text x="{x(t):.1f}" y="{bottom + 18}" text-anchor="middle">{_tick_label(t, xt)}</text>' for t in xt]
+    values = []  # written last, with a white halo, so the line does not cross out a figure
+    for k, (name, note, v, text, fill, bold) in enumerate(rows):
+        y0 = top + row * k
+        body.append(f'<text x="0" y="{y0 + 18}" style="font-size:14px;font-weight:{700 if bold else 500}">{name}'
+                    f'</text><text class="muted" x="0" y="{y0 + 35}">{note}</text><rect x="{left}" y="{y0 + 10}" '
+                    f'width="{max(x(v) - left, 1):.1f}" height="22" rx="3" fill="{fill}"/>')
+        values.append(f'<text x="{x(v) + 8:.1f}" y="{y0 + 26}" stroke="#fff" stroke-width="4" paint-order="stroke" '
+                      f'style="font-weight:{700 if bold else 400}">{text}</text>')
+    body.append(f'<line class="axis" x1="{left}" x2="{left + pw}" y1="{bottom}" y2="{bottom}"/>'
+                f'<text x="{left + pw / 2}" y="{bottom + 38}" text-anchor="middle">{axis}</text>')
+    if line:
+        body.append(f'<line x1="{x(line[0]):.1f}" x2="{x(line[0]):.1f}" y1="{top - 6}" y2="{bottom}" stroke="{COMPUTE}"'
+                    f' stroke-width="2.5" stroke-dasharray="6 3"/><text x="{x(line[0]):.1f}" y="{top - 10}" '
+                    f'text-anchor="middle" style="fill:{COMPUTE};font-weight:600">{line[1]}</text>')
+    return _svg(bottom + 46, "".join(body + values), label)
+
+
+def _sizes(report: dict[str, Any]) -> str:
+    sizes = [s for s in report.get("sizes") or [] if isinstance(s, dict)]
+    if not sizes:
+        return ""
+    step = (report.get("rates") or {}).get("step_alone_images_per_s")
+    step = step if _number(step) else None
+    rows = []
+    for s in sizes:
+        v = s.get("images_per_s") if _number(s.get("images_per_s")) else None
+        bound = step is not None and v is not None and v < step
+        size = s.get("size") if isinstance(s.get("size"), list) else None
+        wh = "×".join(str(d) for d in reversed(size)) if size else "?"  # [h, w] written as w×h
+        batches = s.get("batches")
+        rows.append((f"from epoch {_n(s.get('epoch'))}, {escape(wh)}", f'over {_n(batches)} batch'
+                     f'{"" if batches == 1 else "es"}', v or 0.0, f'{_n(v)} images/s{" · input-bound" * bound}',
+                     BOUND if bound else STAGE, bound))
+    sub = "the loader alone over the first batches of the first epoch at each size, width × height"
+    chart = _bars(rows, 240, 250, 26, "images/s, the loader alone", "the loader's rate at each size of the schedule",
+                  None if step is None else (step, f"step {_n(step)} images/s"))
+    if step is None:
+        return _card("Rate at each size of the schedule", chart, sub)
+    legend = (f'<div class="legend"><span style="--c:{BOUND}">below the step\'s rate: input-bound at this size</span>'
+              f'<span style="--c:{STAGE}">the loader keeps up</span><span style="--c:{COMPUTE}">the step alone '
+              f'(dashed line)</span></div>')
+    return _card("Rate at each size of the schedule", chart + legend,
+                 sub + "; a size whose bar stops short of the step's line is input-bound")
+
+
 def _stages(report: dict[str, Any]) -> str:
     stages = report.get("stages") or []
     if not stages:
         return ""
-    left, row, top = 360, 44, 8
-    pw = W - left - 150
-    values = [float(s.get("ms_per_image") or 0) for s in stages]
-    xt = _ticks(0, max(values) or 1.0)
-    x = lambda v: left + pw * v / xt[-1]  # noqa: E731
-    body = [f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top}" y2="{top + row * len(stages)}"/>'
-            f'<text x="{x(t):.1f}" y="{top + row * len(stages) + 18}" text-anchor="middle">{_tick_label(t, xt)}</text>'
-            for t in xt]
-    for k, (s, v) in enumerate(zip(stages, values)):
-        y0 = top + row * k
-        bound = bool(s.get("bound"))
-        fill = BOUND if bound else OTHER if s.get("where") == "together" else STAGE
+    rows = []
+    for s in stages:
+        bound, v = bool(s.get("bound")), float(s.get("ms_per_image") or 0)
         where = f' · {s["where"]}' if s.get("where") else ""
-        body.append(f'<text x="0" y="{y0 + 18}" style="font-size:14px;font-weight:{700 if bound else 500}">'
-                    f'{escape(str(s.get("name") or "?"))}</text><text class="muted" x="0" y="{y0 + 35}">'
-                    f'{escape(str(s.get("what") or "") + where)}</text>'
-                    f'<rect x="{left}" y="{y0 + 10}" width="{max(x(v) - left, 1):.1f}" height="22" rx="3" '
-                    f'fill="{fill}"/><text x="{x(v) + 8:.1f}" y="{y0 + 26}" '
-                    f'style="font-weight:{700 if bound else 400}">{"—" if s.get("ms_per_image") is None else _ms(v)}'
-                    f'{" ms · the bound" if bound else ""}</text>')
-    bottom = top + row * len(stages)
-    body.append(f'<line class="axis" x1="{left}" x2="{left + pw}" y1="{bottom}" y2="{bottom}"/>'
-                f'<text x="{left + pw / 2}" y="{bottom + 38}" text-anchor="middle">ms per image</text>')
-    return _card("Where an image's time goes", _svg(bottom + 46, "".join(body), "milliseconds per image of each stage"),
+        text = ("—" if s.get("ms_per_image") is None else _ms(v)) + (" ms · the bound" if bound else "")
+        rows.append((escape(str(s.get("name") or "?")), escape(str(s.get("what") or "") + where), v, text,
+                     BOUND if bound else OTHER if s.get("where") == "together" else STAGE, bound))
+    return _card("Where an image's time goes",
+                 _bars(rows, 360, 150, 8, "ms per image", "milliseconds per image of each stage"),
                  "ms per image, loader alone; worker stages summed over the workers; the bound stage costs the most")
 
 
@@ -393,6 +438,6 @@ def render(report: dict[str, Any]) -> str:
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
             f"{_header(report)}{_flags(report)}{_headline(report)}{_rates(report)}{_timeline(report)}"
-            f"{_stages(report)}{_tune(report)}{_advice(report)}{_skipped(report)}"
+            f"{_sizes(report)}{_stages(report)}{_tune(report)}{_advice(report)}{_skipped(report)}"
             f"<div class='cols'>{_pairs('Environment', env)}{_pairs('Config', config)}</div>"
             "</main></body></html>\n")

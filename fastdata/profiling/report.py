@@ -121,7 +121,7 @@ class Report:
             return []
         lines = ["the loader alone at each size of the schedule (the epoch's first batches):"]
         for s in self.sizes:
-            size = "x".join(map(str, s["size"])) if s["size"] else "?"
+            size = "x".join(map(str, s["size"][::-1])) if s["size"] else "?"  # [height, width] written as WxH
             note = ""
             if self.step_images_per_s is not None:
                 slower = s["images_per_s"] < self.step_images_per_s
