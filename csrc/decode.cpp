@@ -632,8 +632,8 @@ class Decoder {
     return {};
   }
 
-  std::string decode(const ByteSpan& src, const int32_t* crop, bool flip, const OutView& out,
-                     int64_t index) {
+  std::string decode(const ByteSpan& src, const int32_t* crop, bool flip, bool whole,
+                     const OutView& out, int64_t index) {
     std::string why = precheck(src);
     if (why.empty()) {
       // A decode reads only the rows the crop needs; the walk makes a file cut short an error
@@ -644,7 +644,7 @@ class Decoder {
     if (!why.empty()) return why;
     if (!fresh()) return "out of memory";
     try {
-      if (!decode_window(src, crop, out.height, out.width)) return err_.message;
+      if (!decode_window(src, crop, out.height, out.width, whole)) return err_.message;
     } catch (const std::bad_alloc&) {
       jpeg_abort_decompress(&cinfo_);  // safe in any state; readies cinfo_ for the next image
       return "out of memory";
@@ -701,8 +701,9 @@ class Decoder {
 
   // Decodes the rows and columns of the crop window that the resampling reads, and runs the
   // horizontal pass on each row as it arrives, into rows_ (one row of out_w RGBX pixels per
-  // input row used): the decoded window itself is never held whole.
-  bool decode_window(const ByteSpan& src, const int32_t* crop, int out_h, int out_w) {
+  // input row used): the decoded window itself is never held whole. With `whole`, the rows
+  // below the window are entropy-decoded as well (see below).
+  bool decode_window(const ByteSpan& src, const int32_t* crop, int out_h, int out_w, bool whole) {
     if (setjmp(err_.jump)) {
       jpeg_abort_decompress(&cinfo_);
       return false;
@@ -795,13 +796,15 @@ class Decoder {
       horizontal(p[0], want == 2 ? p[1] : p[0], x0_, htaps_, d, want == 2 ? d + out_w * 4 : d,
                  out_w);
     }
-    // The rows below the window are entropy-decoded too (libjpeg's skip: Huffman decoding only,
-    // no IDCT, upsampling or colour conversion), so that corrupt data there (a file cut short
-    // and closed with an end marker, a bad Huffman code) is an error for every crop, not only
-    // for the crops that reach it. libjpeg's skip to the very end returns without decoding, so
-    // the skip stops a row short and the last row is read. A multi-scan (progressive) image was
-    // read whole by jpeg_start_decompress already.
-    if (!jpeg_has_multiple_scans(&cinfo_)) {
+    // With `whole`, the rows below the window are entropy-decoded too (libjpeg's skip: Huffman
+    // decoding only, no IDCT, upsampling or colour conversion), so that corrupt data there (a
+    // file cut short and closed with an end marker, a bad Huffman code) is an error for every
+    // crop, not only for the crops that reach it. Once a file has decoded whole without error,
+    // the caller may drop `whole` for it: its later decodes stop at the window's last row.
+    // libjpeg's skip to the very end returns without decoding, so the skip stops a row short
+    // and the last row is read. A multi-scan (progressive) image was read whole by
+    // jpeg_start_decompress already, with or without `whole`.
+    if (whole && !jpeg_has_multiple_scans(&cinfo_)) {
       const JDIMENSION left = cinfo_.output_height - cinfo_.output_scanline;
       if (left > 1 && jpeg_skip_scanlines(&cinfo_, left - 1) != left - 1) {
         return fail("Premature end of JPEG file (below the crop window)");
@@ -873,7 +876,7 @@ std::string jpeg_info(const ByteSpan& src, JpegInfo* info) {
 
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,
-                        std::vector<std::string>* errors) {
+                        std::vector<std::string>* errors, const uint8_t* whole) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
   // Handed out one sample at a time: decode times vary tenfold with crop size and encoding.
@@ -891,7 +894,8 @@ void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
         continue;
       }
       try {
-        err = dec->decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0, out, i);
+        err = dec->decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
+                          whole == nullptr || whole[i] != 0, out, i);
       } catch (const std::bad_alloc&) {
         err = "out of memory";
       }

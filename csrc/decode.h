@@ -57,9 +57,12 @@ struct OutView {
 // with that box does, mirrors it left-right where flips[i] is nonzero, and writes it to out[i].
 // errors[i] is "" for a sample that decoded, else the reason (out[i] is then left untouched):
 // corrupt or truncated data, CMYK, a crop outside the image. Never throws, never prints.
-// Samples are shared among up to `threads` threads.
+// Where whole is null or whole[i] is nonzero, a baseline JPEG's rows below the window are
+// entropy-decoded too, so that corrupt data anywhere in the file is an error whatever the crop;
+// where whole[i] is 0 the decode stops at the window's last row (for a file the caller has seen
+// decode whole without error). Samples are shared among up to `threads` threads.
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,
-                        std::vector<std::string>* errors);
+                        std::vector<std::string>* errors, const uint8_t* whole = nullptr);
 
 }  // namespace fastdata

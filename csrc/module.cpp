@@ -2,8 +2,10 @@
 // and never links against libtorch, so the build needs no torch and fits every torch version.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -211,23 +213,35 @@ using CropArray = nb::ndarray<const int32_t, nb::ndim<2>, nb::device::cpu>;
 using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu>;
 using ImageBatch = nb::ndarray<uint8_t, nb::ndim<4>, nb::device::cpu>;
 
-// decode_crop_resize(datas, crops, flips, out, threads) -> [None or error message]: out[i] =
-// the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear), mirrored
-// where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while decoding.
+// Whether `a` is [n] of uint8 or bool.
+bool is_byte_vector(const FlipArray& a, size_t n) {
+  const nb::dlpack::dtype dt = a.dtype();
+  return a.shape(0) == n && dt.bits == 8 && dt.lanes == 1 &&
+         (dt.code == uint8_t(nb::dlpack::dtype_code::UInt) ||
+          dt.code == uint8_t(nb::dlpack::dtype_code::Bool));
+}
+
+// decode_crop_resize(datas, crops, flips, out, threads, whole) -> [None or error message]:
+// out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear),
+// mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
+// decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
+// decode may stop at the window's last row.
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
-                            int threads) {
+                            int threads, std::optional<FlipArray> whole) {
   const size_t n = nb::len(datas);
   if (crops.shape(0) != n || crops.shape(1) != 4) {
     throw nb::value_error(("crops should have shape [" + std::to_string(n) + ", 4], but got " +
                            shape_str(crops.ndim(), crops.shape_ptr()))
                               .c_str());
   }
-  const nb::dlpack::dtype fdt = flips.dtype();
-  if (flips.shape(0) != n || fdt.bits != 8 || fdt.lanes != 1 ||
-      (fdt.code != uint8_t(nb::dlpack::dtype_code::UInt) &&
-       fdt.code != uint8_t(nb::dlpack::dtype_code::Bool))) {
+  if (!is_byte_vector(flips, n)) {
     throw nb::value_error(("flips should be uint8 or bool with shape [" + std::to_string(n) +
                            "], but got shape " + shape_str(flips.ndim(), flips.shape_ptr()))
+                              .c_str());
+  }
+  if (whole.has_value() && !is_byte_vector(*whole, n)) {
+    throw nb::value_error(("whole should be uint8 or bool with shape [" + std::to_string(n) +
+                           "], but got shape " + shape_str(whole->ndim(), whole->shape_ptr()))
                               .c_str());
   }
   if (out.shape(0) != n || out.shape(1) != 3 || out.shape(2) < 1 || out.shape(3) < 1 ||
@@ -240,12 +254,16 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
   // Copied out of their arrays, whatever their strides.
   std::vector<int32_t> crop_values(4 * n);
-  std::vector<uint8_t> flip_values(n);
+  std::vector<uint8_t> flip_values(n), whole_values(whole.has_value() ? n : 0);
   const int32_t* c = crops.data();
   const uint8_t* f = static_cast<const uint8_t*>(flips.data());
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < 4; ++j) crop_values[4 * i + j] = c[i * crops.stride(0) + j * crops.stride(1)];
     flip_values[i] = f[i * flips.stride(0)] != 0;
+  }
+  if (whole.has_value()) {
+    const uint8_t* w = static_cast<const uint8_t*>(whole->data());
+    for (size_t i = 0; i < n; ++i) whole_values[i] = w[i * whole->stride(0)] != 0;
   }
   const fastdata::OutView view{out.data(),         out.stride(0),      out.stride(1),
                                out.stride(2),      out.stride(3),      int(out.shape(2)),
@@ -254,7 +272,7 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   {
     nb::gil_scoped_release release;
     fastdata::decode_crop_resize(srcs, crop_values.data(), flip_values.data(), view, threads,
-                                 &errors);
+                                 &errors, whole.has_value() ? whole_values.data() : nullptr);
   }
   nb::list result;
   for (const std::string& e : errors) {
@@ -289,9 +307,11 @@ NB_MODULE(_native, m) {
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
+        nb::arg("whole").none() = nb::none(),
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
-        "strides) as Pillow's bilinear resize with that box, mirrored where flips[i]; returns "
-        "None or an error message per sample. GIL released.");
+        "strides) as Pillow's bilinear resize with that box, mirrored where flips[i]; a "
+        "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
+        "returns None or an error message per sample. GIL released.");
 #else
   m.attr("HAVE_JPEG") = false;  // built without libjpeg-turbo: images decode with Pillow
 #endif

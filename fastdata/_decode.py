@@ -3,7 +3,9 @@
 `decode_crop_resize` decodes only the crop window of each JPEG (DCT-scaled by 1/2, 1/4 or 1/8
 when the window is at least that many times the output), resizes it as Pillow's
 `Image.resize(size, BILINEAR, box=...)` does and writes it straight into a slot of the batch
-buffer, with the GIL released and on several threads. A sample it cannot take (corrupt or
+buffer, with the GIL released and on several threads; a baseline JPEG's rows below the window
+are entropy-decoded too (corrupt data anywhere is an error whatever the crop), unless the caller
+has seen the file decode whole before (`whole`). A sample it cannot take (corrupt or
 truncated data, CMYK, not a JPEG) comes back as an error message, for the caller to decode with
 Pillow or to report; `pillow_crop_resize` is that Pillow path, and the tests' reference.
 
@@ -208,7 +210,7 @@ def _shape(x: Any) -> list[int]:
 
 
 def decode_crop_resize(
-    datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1
+    datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None
 ) -> list[str | None]:
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels) of JPEG
     datas[i] as RGB, resize it to out's H x W as Pillow's bilinear `resize` with that box does,
@@ -221,6 +223,12 @@ def decode_crop_resize(
     Whether a file decodes does not depend on its crop: its structure is walked to the end
     (`check_structure`), and a baseline JPEG's rows below the window are entropy-decoded (not
     transformed), so corrupt data anywhere is an error (libjpeg's warnings are errors here).
+
+    whole: None (every sample decoded whole, as above) or a bool or uint8 array [N]: where
+    whole[i] is false the decode stops at the window's last row, so corrupt data below the
+    window goes unseen. For a file already seen to decode whole without error (the loaders keep
+    that record by sample id): the same pixels, without the rows below. A progressive JPEG is
+    read whole either way.
     """
     _require()
     datas = list(datas)
@@ -237,6 +245,11 @@ def decode_crop_resize(
     if flips.shape != (n,):
         raise ValueError(f"flips should have shape [{n}], but got {list(flips.shape)}")
     flips = np.ascontiguousarray(flips != 0, dtype=np.uint8)
+    if whole is not None:
+        whole = np.asarray(whole)
+        if whole.shape != (n,):
+            raise ValueError(f"whole should have shape [{n}], but got {list(whole.shape)}")
+        whole = np.ascontiguousarray(whole != 0, dtype=np.uint8)
     if isinstance(out, torch.Tensor):
         if out.dtype != torch.uint8:
             raise TypeError(f"out should have dtype torch.uint8, but got {out.dtype}")
@@ -250,7 +263,7 @@ def decode_crop_resize(
     shape = _shape(out)
     if len(shape) != 4 or shape[0] != n or shape[1] != 3 or shape[2] < 1 or shape[3] < 1:
         raise ValueError(f"out should have shape [{n}, 3, H, W], but got {shape}")
-    return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)))
+    return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole)
 
 
 def pillow_crop_resize(

@@ -397,6 +397,39 @@ def test_truncated_is_an_error_whatever_the_crop(images):
         assert errors[0] is not None and "Corrupt JPEG data" in errors[0], (crop, errors)
 
 
+def test_whole_0_stops_at_the_windows_last_row(images):
+    """whole[i] = 0 (for a file already seen to decode whole): the rows below the window are not
+    decoded. A cut closed with an end marker then decodes for a window above the cut, with the
+    intact file's pixels; whole = 1 and the default refuse it, as does a window reaching the cut
+    and a progressive file (libjpeg reads every scan before the first row)."""
+    good = images["500x375_q90_420"][0]
+    closed = good[: int(len(good) * 0.6)] + b"\xff\xd9"
+    top, bottom = (40, 10, 300, 90), (0, 300, 500, 75)
+
+    def run(datas, crops, whole):
+        out = torch.full((len(datas), 3, 32, 32), 7, dtype=torch.uint8)
+        errors = _decode.decode_crop_resize(datas, np.array(crops, np.int32), np.zeros(len(datas), bool), out,
+                                            2, whole=whole)
+        return errors, out
+
+    errors, want = run([good], [top], None)
+    assert errors == [None]
+    errors, got = run([closed, closed, closed, good], [top] * 4, np.array([0, 1, 0, 0], np.uint8))
+    assert errors[0] is None and errors[2] is None and errors[3] is None, errors
+    assert "Corrupt JPEG data" in errors[1]
+    for i in (0, 2, 3):
+        assert torch.equal(got[i], want[0]), i
+    assert (got[1] == 7).all()
+    errors, _ = run([closed], [top], None)
+    assert "Corrupt JPEG data" in errors[0]
+    errors, _ = run([closed], [bottom], np.array([False]))
+    assert errors[0] is not None and "JPEG" in errors[0], errors
+    progressive = images["500x375_q80_422_progressive"][0]
+    closed = progressive[: int(len(progressive) * 0.6)] + b"\xff\xd9"
+    errors, _ = run([closed, progressive], [top] * 2, np.array([False, False]))
+    assert errors[0] is not None and errors[1] is None, errors
+
+
 def test_crop_outside_the_image(images):
     data = images["500x375_q90_420"][0]
     for crop in ((100, 100, 401, 10), (-1, 0, 10, 10), (0, 370, 10, 6), (5, 5, 0, 10)):
@@ -415,6 +448,8 @@ def test_argument_checks(images):
         _decode.decode_crop_resize([data], np.zeros(4, np.int32), flip, out)
     with pytest.raises(ValueError, match=r"flips should have shape \[1\], but got \[2\]"):
         _decode.decode_crop_resize([data], crop, np.zeros(2, bool), out)
+    with pytest.raises(ValueError, match=r"whole should have shape \[1\], but got \[1, 1\]"):
+        _decode.decode_crop_resize([data], crop, flip, out, whole=np.ones((1, 1), bool))
     with pytest.raises(TypeError, match="out should have dtype torch.uint8, but got torch.float32"):
         _decode.decode_crop_resize([data], crop, flip, torch.zeros(1, 3, 8, 8))
     with pytest.raises(ValueError, match=r"out should have shape \[1, 3, H, W\], but got \[1, 8, 8, 3\]"):

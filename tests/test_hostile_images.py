@@ -426,12 +426,112 @@ def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
 
     monkeypatch.setattr(_decode, "decode_crop_resize", counting)
     datas = [PHOTO, CUT + b"\xff\xd9", GOOD["cmyk.jpg"], PLAIN, GOOD["png-named.jpg"]]
-    check = EntropyCheck()
+    check = EntropyCheck(5)
     for _ in range(2):
         out = check(np.arange(5), datas, check_complete(datas))
         assert [c is None for c, *_ in out] == [True, False, True, True, True]
         assert "corrupt JPEG" in out[1][0]
     assert seen == [4, 2]  # the JPEGs, then the corrupt one and CMYK again (neither remembered)
-    # ids far apart grow the record
-    out = check(np.array([10_000]), [PLAIN], check_complete([PLAIN]))
-    assert out[0][0] is None and check.clean[10_000]
+    assert check.clean.tolist() == [1, 0, 0, 1, 0]
+    # an id outside the record is checked each time it comes, never marked
+    for _ in range(2):
+        out = check(np.array([5]), [PLAIN], check_complete([PLAIN]))
+        assert out[0][0] is None
+    assert seen == [4, 2, 1, 1] and check.clean.tolist() == [1, 0, 0, 1, 0]
+
+
+def _decodes_by_file(monkeypatch, names_by_data: dict) -> list:
+    """Records each native decode as {file name: whole} (1: decoded whole)."""
+    calls = []
+    real = _decode.decode_crop_resize
+
+    def recording(datas, crops, flips, out, threads=1, whole=None):
+        flags = [1] * len(datas) if whole is None else [int(w) for w in whole]
+        calls.append({names_by_data[bytes(d)]: w for d, w in zip(datas, flags)})
+        return real(datas, crops, flips, out, threads, whole=whole)
+
+    monkeypatch.setattr(_decode, "decode_crop_resize", recording)
+    return calls
+
+
+@pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_each_file_is_decoded_whole_once(workers, persistent, tmp_path, monkeypatch):
+    """The rows below the crop window are entropy-decoded until a file has once decoded whole
+    without error: the loader's record then marks its id clean (marks made in the workers are
+    the parent's too), and its later decodes stop at the window's last row, with the same
+    pixels as Pillow's. The corrupt file is never marked: decoded whole, and refused, each
+    epoch. PNG and CMYK (Pillow's) are never marked."""
+    files = {"a.jpg": PHOTO, "cut-closed.jpg": CUT + b"\xff\xd9", "b.jpg": PLAIN, "gray.jpg": GOOD["gray.jpg"],
+             "progressive.jpg": GOOD["progressive.jpg"], "png-named.jpg": GOOD["png-named.jpg"],
+             "cmyk.jpg": GOOD["cmyk.jpg"]}
+    native_good = ["a.jpg", "b.jpg", "gray.jpg", "progressive.jpg"]
+    calls = _decodes_by_file(monkeypatch, {d: n for n, d in files.items()})
+    pairs = write(tmp_path / "files", files)
+    loader = make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=3, persistent_workers=persistent)
+    names = list(files)
+    clean = loader._decoder.entropy.clean
+    assert clean.is_shared() and clean.tolist() == [0] * len(files)
+    for epoch in range(3):
+        got = images_by_label(loader)
+        assert sorted(got) == [k for k, n in enumerate(names) if n != "cut-closed.jpg"], f"epoch {epoch}"
+        for k in got:
+            assert np.abs(got[k] - reference(files[names[k]], k, epoch)).mean() < TOLERANCE, (epoch, names[k])
+        assert [n for n, c in zip(names, clean.tolist()) if c] == native_good, f"epoch {epoch}"
+        if workers == 0:
+            decoded = {n: w for call in calls for n, w in call.items()}
+            # CMYK: tried natively (whole, as it is never marked), then decoded by Pillow
+            assert decoded == {**{n: int(epoch == 0) for n in native_good}, "cut-closed.jpg": 1, "cmyk.jpg": 1}, \
+                f"epoch {epoch}"
+            calls.clear()
+    assert loader.stats["skipped"] == 3
+    assert all("cut-closed.jpg" in e["path"] and "corrupt JPEG" in e["cause"] for e in loader.stats["errors"])
+
+
+@pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
+@pytest.mark.parametrize("start", ["in-process", "fork", "forkserver"])
+def test_a_workers_mark_reaches_later_passes(start, tmp_path):
+    """The record is one block of shared memory: a mark made by a worker is the training
+    process's, and the workers of the next pass see it, forked or started by forkserver (which
+    gets the record's file descriptor). Seen here through a file marked clean and then replaced
+    by a corrupt one whose centre window lies above the corruption: the next pass decodes only
+    the window, with the first file's pixels, where a new loader, decoding it whole, refuses it.
+    No name is left in /dev/shm."""
+    from fastdata._workers import hold_threads, release_threads
+
+    def names() -> set:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{os.getpid()}_")}
+
+    before = names()
+    pairs = write(tmp_path / "files", {"a.jpg": PHOTO, "b.jpg": PHOTO})
+    workers = 0 if start == "in-process" else 2
+
+    def new_loader():
+        return make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=2,
+                    transform=T.Compose([T.CenterCrop(OUT)]))
+
+    class Owner:  # a stand-in for a DALI pipeline, whose threads make workers start by forkserver
+        pass
+
+    owner = Owner()
+    if start == "forkserver":
+        hold_threads(owner)
+    try:
+        loader = new_loader()
+        first = [(x.clone(), y.tolist()) for x, y in loader]
+        assert loader._decoder.entropy.clean.tolist() == [1, 1]
+        with open(pairs[1][0], "wb") as f:
+            f.write(CUT + b"\xff\xd9")
+        second = [(x.clone(), y.tolist()) for x, y in loader]
+        fresh = new_loader()
+        third = [y.tolist() for _, y in fresh]
+    finally:
+        release_threads(owner)
+    if workers:
+        context = loader._runner.loader.multiprocessing_context
+        assert (context.get_start_method() if context is not None else "fork") == start
+    assert [y for _, y in first] == [y for _, y in second] == [[0, 1]] and loader.stats["skipped"] == 0
+    for images in (first[0][0], second[0][0]):
+        assert torch.equal(images[0], first[0][0][0]) and torch.equal(images[1], first[0][0][0])
+    assert third == [[0]] and "corrupt JPEG" in fresh.stats["errors"][0]["cause"]
+    assert names() == before

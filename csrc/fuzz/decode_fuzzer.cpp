@@ -7,7 +7,7 @@
 //   [6] bit 0 flip; bits 1-2 layout: 0 NCHW, 1 NHWC, 2 padded HWC (4 bytes a pixel, padded
 //       rows and samples), 3 NCHW with its rows in reverse (a negative row stride, as a numpy
 //       view out[:, :, ::-1] has); bit 3 a batch of two (the sample again, mirrored the other
-//       way) on two threads
+//       way) on two threads; bit 4 the first sample stops at its window's last row (whole = 0)
 //   [7] edge nudge: crop value k moves by {0, +1, -1, +2}[(b >> 2k) & 3], so that crops one
 //       pixel past the image (which must be refused) come up as often as crops flush with it
 // tests/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
@@ -19,7 +19,9 @@
 // - a decode that differs from the same crop decoded into a plain NCHW buffer (mirrored where
 //   flipped): layout and flip only move bytes, they never change them;
 // - the same crop decoding in one call and failing in another (on another thread, or after
-//   other images: a decoder must carry nothing from one image to the next);
+//   other images: a decoder must carry nothing from one image to the next), except that a
+//   decode stopping at the window's last row may pass where the whole decode fails (corrupt
+//   data below the window), never the other way;
 // - a decode of bytes that check_structure or jpeg_info refused;
 // - a grayscale JPEG whose output is not R = G = B.
 #include <cstdio>
@@ -87,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t fx = in.byte(), fy = in.byte(), fw = in.byte(), fh = in.byte();
   const uint8_t flags = in.byte(), nudge = in.byte();
   const ByteSpan jpeg{size > 8 ? data + 8 : data, size > 8 ? size - 8 : 0};
-  const bool flip = flags & 1, pair = flags & 8;
+  const bool flip = flags & 1, pair = flags & 8, partial = flags & 16;
   const int layout = (flags >> 1) & 3;
 
   // The container walk (the decode runs it too; here also on PNGs, which the decode refuses).
@@ -118,10 +120,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const int n = pair ? 2 : 1;
   const uint8_t flips[2] = {uint8_t(flip), uint8_t(!flip)};
+  const uint8_t whole[2] = {uint8_t(!partial), 1};
   const std::vector<ByteSpan> srcs(size_t(n), jpeg);
   Out out(n, out_h, out_w, layout);
   std::vector<std::string> errors;
-  fastdata::decode_crop_resize(srcs, crop, flips, out.view, n, &errors);
+  fastdata::decode_crop_resize(srcs, crop, flips, out.view, n, &errors, whole);
   if (errors.size() != size_t(n)) fail("wrong number of results");
 
   // The reference: the same crop, one sample, plain NCHW, not flipped.
@@ -138,28 +141,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<char> in_view(out.buf.size(), 0);
   for (int i = 0; i < n; ++i) {
     const std::string& e = errors[size_t(i)];
-    if (e.empty() != ok) {
+    const bool got = e.empty();
+    if (whole[i] ? got != ok : ok && !got) {
       fail("the same crop decoded in one call and failed in another:", e + " / " + ref_errors[0]);
+    }
+    if (got && (!info_error.empty() || !structure_error.empty() ||
+                structure.kind != fastdata::kImageJpeg)) {
+      fail("decoded (to the window's end) a file check_structure or jpeg_info refused:", e);
     }
     const bool mirrored = flips[i] != 0;
     for (int c = 0; c < 3; ++c) {
       for (int y = 0; y < out_h; ++y) {
         for (int x = 0; x < out_w; ++x) {
           in_view[size_t(out.offset(i, c, y, x))] = 1;
-          const uint8_t got = out.at(i, c, y, x);
-          if (!ok) {
-            if (got != kSentinel) fail("a failed sample's output was written:", e);
+          const uint8_t v = out.at(i, c, y, x);
+          if (!got) {
+            if (v != kSentinel) fail("a failed sample's output was written:", e);
             continue;
           }
-          const uint8_t want = ref.at(0, c, y, mirrored ? out_w - 1 - x : x);
-          if (got != want) fail("layout or flip changed a pixel value");
-          if (info.components == 1 && got != out.at(i, 0, y, x)) {
+          if (info.components == 1 && v != out.at(i, 0, y, x)) {
             fail("grayscale came out in color");
           }
+          if (!ok) continue;  // decoded to the window's end only: no whole decode to compare
+          const uint8_t want = ref.at(0, c, y, mirrored ? out_w - 1 - x : x);
+          if (v != want) fail("layout, flip or the decode's end changed a pixel value");
         }
       }
     }
-    if (!ok && e.empty()) fail("a failed sample has no message");
+    if (!ok && whole[i] && e.empty()) fail("a failed sample has no message");
   }
   for (size_t k = 0; k < out.buf.size(); ++k) {
     if (!in_view[k] && out.buf[k] != kSentinel) fail("a byte outside the output view was written");

@@ -41,7 +41,7 @@ from .._buffers import new_batch
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line
 from ..transforms import dali as lowering
-from .decode import BatchDecoder, EntropyCheck
+from .decode import BatchDecoder
 from .order import BatchOrder, Passes
 
 logger = logging.getLogger("fastdata")
@@ -108,7 +108,6 @@ class DaliDecoders:
         self._source: _Feed | None = None  # the pipeline's external source
         self._meta: collections.deque = collections.deque()
         self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
-        self._entropy = EntropyCheck()  # DALI fills corrupt entropy-coded data: checked once per file here
         self._dummy = _placeholder()
         self._fed = [0.0, 0.0]  # with stage timing: the feed's wall and CPU seconds so far
         self._drained = 0
@@ -203,7 +202,9 @@ class DaliDecoders:
                     self.decoder.fail(errors, paths[j], self._bad[int(index[j])])
                 index, labels = index[keep], labels[keep]
                 paths, datas = [paths[j] for j in keep], [datas[j] for j in keep]
-            c = self.decoder.check(epoch, index, paths, datas, labels, errors, self._entropy)
+            # DALI fills corrupt entropy-coded data: each file's is checked once here (the
+            # decoder's record of clean files, `EntropyCheck`).
+            c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True)
             n = len(c.datas)
             if n == 0:
                 inputs = ([np.frombuffer(self._dummy, np.uint8)], [np.zeros(2, np.float32)], [np.full(2, 8, np.float32)],

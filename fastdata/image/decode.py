@@ -5,10 +5,11 @@ crop; see `check_complete`), sizes it from its header, refuses it above the pixe
 plans every sample's geometry at once (`transforms.plan`): the same checks on every backend,
 before any decode. `BatchDecoder.decode` then decodes each image straight into its row of a
 slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aware decoder
-(only the crop window, at a reduced DCT scale when it is at least twice the output), the rest
-with Pillow (Pillow-SIMD when installed); then the CPU pixel ops (ColorJitter, TrivialAugment)
-run on the rows in place. The `dali` backend runs `check` only, with `EntropyCheck`: DALI
-decodes.
+(only the crop window, at a reduced DCT scale when it is at least twice the output; a file's
+rows below the window are entropy-decoded too until it has once decoded whole without error,
+which `EntropyCheck` records by sample id), the rest with Pillow (Pillow-SIMD when installed);
+then the CPU pixel ops (ColorJitter, TrivialAugment) run on the rows in place. The `dali`
+backend runs `check` only, with the entropy check of `EntropyCheck`: DALI decodes.
 """
 
 from __future__ import annotations
@@ -64,29 +65,48 @@ def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
 
 
 class EntropyCheck:
-    """Decodes each whole JPEG's entropy-coded data once, for a decoder that would fill corrupt
-    data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings, and
-    nvJPEG's, are not errors there). The native decoder is handed a 1x1 window at the top of the
-    image: it Huffman-decodes every row below its window (no IDCT, no colour conversion), so a
-    corrupt segment anywhere is its error, whatever the epoch's crop. A sample id that came out
-    clean is remembered (one byte per id), so later epochs pay nothing; a corrupt file is never
-    remembered, and fails in every epoch. Without the native decoder nothing is checked (DALI
-    fills, as Pillow does); nor are JPEGs the native decoder leaves to Pillow (CMYK)."""
+    """The record of which samples' files decoded whole without error, one byte per sample id
+    (`clean`, a uint8 tensor in shared memory: the processes decoding for one loader, its
+    DataLoader workers included, whether forked or started by forkserver, share one record).
 
-    def __init__(self) -> None:
-        self.clean = np.zeros(0, dtype=bool)
+    The native decoder entropy-decodes a baseline JPEG's rows below the crop window too, so that
+    corrupt data anywhere in a file is an error whatever the crop. That is needed once a file:
+    a sample marked clean is decoded only to its window's last row (`whole` gives 0 for it); a
+    corrupt file is never marked, so it is decoded whole, and fails, each time it comes.
+
+    Called, it checks the entropy-coded data of each unmarked JPEG for a decoder that would fill
+    corrupt data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings,
+    and nvJPEG's, are not errors there): the native decoder is handed a 1x1 window at the top of
+    the image, decoded whole. Without the native decoder nothing is checked (DALI fills, as
+    Pillow does); nor are JPEGs the native decoder leaves to Pillow (CMYK). Ids outside
+    [0, ids) are never marked."""
+
+    def __init__(self, ids: int) -> None:
+        # torch's file-descriptor sharing (its default) unlinks the segment's name at once, and
+        # pickling for a forkserver worker sends the descriptor: the worker maps the same pages.
+        self.clean = torch.zeros(max(0, int(ids)), dtype=torch.uint8).share_memory_()
         self.threads: int | None = None  # None: the usable cores
+
+    def whole(self, ids: np.ndarray) -> np.ndarray:
+        """uint8 [len(ids)]: 1 for each sample not marked clean (to be decoded whole), else 0."""
+        ids = np.asarray(ids, dtype=np.int64)
+        clean = self.clean.numpy()
+        inside = (ids >= 0) & (ids < len(clean))
+        out = np.ones(len(ids), dtype=np.uint8)
+        out[inside] = clean[ids[inside]] == 0
+        return out
+
+    def mark(self, ids: np.ndarray) -> None:
+        """Marks the samples `ids` clean: their files decoded whole without error."""
+        ids = np.asarray(ids, dtype=np.int64)
+        clean = self.clean.numpy()
+        clean[ids[(ids >= 0) & (ids < len(clean))]] = 1
 
     def __call__(self, index: np.ndarray, datas: Sequence, checked: list) -> list:
         if not _native_jpeg():
             return checked
-        ids = index.astype(np.int64, copy=False)
-        if len(ids) and int(ids.max()) >= len(self.clean):
-            grown = np.zeros(max(int(ids.max()) + 1, 2 * len(self.clean)), dtype=bool)
-            grown[: len(self.clean)] = self.clean
-            self.clean = grown
-        todo = [j for j, (cause, is_jpeg, _, _) in enumerate(checked)
-                if cause is None and is_jpeg and not self.clean[ids[j]]]
+        whole = self.whole(index)
+        todo = [j for j, (cause, is_jpeg, _, _) in enumerate(checked) if cause is None and is_jpeg and whole[j]]
         if not todo:
             return checked
         n = len(todo)
@@ -95,11 +115,10 @@ class EntropyCheck:
                                              np.zeros(n, np.uint8), out, self.threads or usable_cores())
         checked = list(checked)
         for j, err in zip(todo, results):
-            if err is None:
-                self.clean[ids[j]] = True
-            elif "color space" not in err:  # CMYK and the like: not the native decoder's to check
+            if err is not None and "color space" not in err:  # CMYK and the like: not the native decoder's to check
                 _, is_jpeg, w, h = checked[j]
                 checked[j] = (f"corrupt JPEG ({err})", is_jpeg, w, h)
+        self.mark(np.asarray(index)[[j for j, err in zip(todo, results) if err is None]])
         return checked
 
 
@@ -123,26 +142,30 @@ class Checked:
 
 class BatchDecoder:
     """Checks and decodes batches into slots of this process's ring (picklable: it travels to
-    the worker processes)."""
+    the worker processes). `ids`: the number of sample ids, the size of `entropy`, the record
+    of the files that decoded whole (shared with the workers)."""
 
-    def __init__(self, transform: Compose | None, seed: int, fail: Failures, slots: int, pin: bool) -> None:
+    def __init__(self, transform: Compose | None, seed: int, fail: Failures, slots: int, pin: bool, *,
+                 ids: int) -> None:
         self.geometry = transform.geometry if transform is not None else ()
         self.pixel_ops = transform.pixel_ops if transform is not None else ()
         self.seed = seed
         self.fail = fail
         self.rings = ProcessRings(slots, pin)
+        self.entropy = EntropyCheck(ids)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
-              errors: list[tuple[str, str]], entropy: "EntropyCheck | None" = None) -> "Checked":
-        """The samples that are whole images within the pixel limit (`_check_complete`), with
+              errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
+        """The samples that are whole images within the pixel limit (`check_complete`), with
         their sizes (from the headers) and planned geometry; the others fail (raise, or are
         recorded in `errors`). The same checks on every backend, before any decode; with
-        `entropy`, also each JPEG's entropy-coded data (for a decoder that does not check it)."""
+        `entropy`, also each unmarked JPEG's entropy-coded data (`self.entropy`, for a decoder
+        that does not check it)."""
         ok, sizes, jpeg = [], [], []
         checked = check_complete(datas)
-        if entropy is not None:
-            checked = entropy(index, datas, checked)
+        if entropy:
+            checked = self.entropy(index, datas, checked)
         for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, checked)):
             if cause is not None:
                 self.fail(errors, path, cause)
@@ -184,7 +207,7 @@ class BatchDecoder:
         try:
             target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
             with trace_range("fastdata.decode"):
-                failed = self._decode_into(target, datas, jpeg, geo, c.paths, errors, native)
+                failed = self._decode_into(target, sel, datas, jpeg, geo, c.paths, errors, native)
             if clock:
                 t1 = clock()
                 stages["decode"] = t1 - t0
@@ -213,7 +236,7 @@ class BatchDecoder:
             stages["collate"] = clock() - t2
         return handle, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)), errors, sel
 
-    def _decode_into(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
+    def _decode_into(self, target, ids, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
         pillow = [k for k in range(len(datas)) if not (native and jpeg[k])]
@@ -224,9 +247,14 @@ class BatchDecoder:
                 threads = self.threads or (1 if get_worker_info() is not None else usable_cores())
                 chw = target.permute(0, 3, 1, 2)
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
-                results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads)
+                # Whole for a file not yet seen to decode whole without error; the others stop
+                # at the window's last row.
+                whole = self.entropy.whole(ids[js])
+                results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
+                                                     whole=whole)
                 if out is not chw:
                     chw[js] = out
+                self.entropy.mark(ids[js][np.array([w == 1 and err is None for w, err in zip(whole, results)], bool)])
                 for k, err in zip(js, results):
                     if err is None:
                         continue

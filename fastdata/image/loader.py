@@ -128,7 +128,8 @@ class ImageLoader(Loader):
         transform = self.transform
         fail = Failures(self.on_error, self.backend)
         self._order, self._reader = self._parts(shuffle, drop_last, workers, fail)
-        self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin)
+        # Sample ids: a file's index in the list, or a shard sample's place among all the shards'.
+        self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin, ids=len(self.samples))
         # placement: where ColorJitter/TrivialAugment run; "auto" is the CPU (the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
         device_pixel_ops = pixel_ops if self.placement == "gpu" else ()
