@@ -418,8 +418,6 @@ def _headers() -> list[bytes]:
     """Tar headers as writers make them (USTAR and GNU, long names split into a prefix, pax,
     spaces or NULs after the octal digits), then each with bytes overwritten at random, with
     the checksum left or made right again."""
-    import io
-
     out = []
     for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
         for name in ("a.jpg", "dir/" * 20 + "b.cls", "x" * 99, "sub/ünï.jpg"):

@@ -111,8 +111,9 @@ class EntropyCheck:
             return checked
         n = len(todo)
         out = np.empty((n, 3, 1, 1), dtype=np.uint8)
-        results = _decode.decode_crop_resize([datas[j] for j in todo], np.tile(np.array([0, 0, 1, 1], np.int32), (n, 1)),
-                                             np.zeros(n, np.uint8), out, self.threads or usable_cores())
+        top_left = np.tile(np.array([0, 0, 1, 1], np.int32), (n, 1))
+        results = _decode.decode_crop_resize([datas[j] for j in todo], top_left, np.zeros(n, np.uint8), out,
+                                             self.threads or usable_cores())
         checked = list(checked)
         for j, err in zip(todo, results):
             if err is not None and "color space" not in err:  # CMYK and the like: not the native decoder's to check

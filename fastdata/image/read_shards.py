@@ -7,8 +7,9 @@ the members there are the sample's, as many and as big as the index (or the head
 slices their payloads out without a copy, groups them by key as webdataset does, checks the
 label against the classes, and reads the next block in a thread while the batch of this one is
 decoded. Where nothing was read ahead (a pass's first batch, a resume), the batch's own samples
-are read first, by themselves. A damaged header, a member cut off, or a span that holds other members fails that
-sample alone (a DataError naming the shard, the member and the byte, or a counted skip).
+are read first, by themselves. A damaged header, a member cut off, or a span that holds other
+members fails that sample alone (a DataError naming the shard, the member and the byte, or a
+counted skip).
 """
 
 from __future__ import annotations
