@@ -37,6 +37,12 @@ def _native_jpeg() -> bool:
     return _decode.AVAILABLE
 
 
+def _pillows(err: str) -> bool:
+    """Whether the native decoder's error leaves the file to Pillow (a colour space it does not
+    convert: CMYK, YCCK) rather than saying it is corrupt."""
+    return "unsupported JPEG color space" in err
+
+
 def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
     """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
     height). JPEGs and PNGs are walked from their signature to their end marker (`_decode.
@@ -116,7 +122,7 @@ class EntropyCheck:
                                              self.threads or usable_cores())
         checked = list(checked)
         for j, err in zip(todo, results):
-            if err is not None and "color space" not in err:  # CMYK and the like: not the native decoder's to check
+            if err is not None and not _pillows(err):
                 _, is_jpeg, w, h = checked[j]
                 checked[j] = (f"corrupt JPEG ({err})", is_jpeg, w, h)
         self.mark(np.asarray(index)[[j for j, err in zip(todo, results) if err is None]])
@@ -259,7 +265,7 @@ class BatchDecoder:
                 for k, err in zip(js, results):
                     if err is None:
                         continue
-                    if "color space" in err:  # CMYK and the like: Pillow handles them
+                    if _pillows(err):
                         pillow.append(k)
                     else:
                         failed.add(k)
