@@ -432,12 +432,15 @@ def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
         assert [c is None for c, *_ in out] == [True, False, True, True, True]
         assert "corrupt JPEG" in out[1][0]
     assert seen == [4, 2]  # the JPEGs, then the corrupt one and CMYK again (neither remembered)
-    assert check.clean.tolist() == [1, 0, 0, 1, 0]
+    assert check.clean.tolist() == [len(PHOTO) + 1, 0, 0, len(PLAIN) + 1, 0]  # 1 + the size of each clean file
     # an id outside the record is checked each time it comes, never marked
     for _ in range(2):
         out = check(np.array([5]), [PLAIN], check_complete([PLAIN]))
         assert out[0][0] is None
-    assert seen == [4, 2, 1, 1] and check.clean.tolist() == [1, 0, 0, 1, 0]
+    assert seen == [4, 2, 1, 1] and check.clean.tolist() == [len(PHOTO) + 1, 0, 0, len(PLAIN) + 1, 0]
+    # a file of another size under a marked id is checked again
+    out = check(np.array([0]), [PLAIN], check_complete([PLAIN]))
+    assert out[0][0] is None and seen == [4, 2, 1, 1, 1] and check.clean[0] == len(PLAIN) + 1
 
 
 def _decodes_by_file(monkeypatch, names_by_data: dict) -> list:
@@ -486,17 +489,28 @@ def test_each_file_is_decoded_whole_once(workers, persistent, tmp_path, monkeypa
             calls.clear()
     assert loader.stats["skipped"] == 3
     assert all("cut-closed.jpg" in e["path"] and "corrupt JPEG" in e["cause"] for e in loader.stats["errors"])
+    # A new loader over the same files in this process shares the record: only the corrupt
+    # file (and CMYK) is decoded whole again, and the corrupt one is refused again.
+    calls.clear()
+    again = make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=3, persistent_workers=persistent)
+    assert again._decoder.entropy.clean.tolist() == clean.tolist() != [0] * len(files)
+    assert sorted(images_by_label(again)) == [k for k, n in enumerate(names) if n != "cut-closed.jpg"]
+    if workers == 0:
+        decoded = {n: w for call in calls for n, w in call.items()}
+        assert decoded == {**{n: 0 for n in native_good}, "cut-closed.jpg": 1, "cmyk.jpg": 1}
+    assert again.stats["skipped"] == 1
 
 
 @pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
 @pytest.mark.parametrize("start", ["in-process", "fork", "forkserver"])
-def test_a_workers_mark_reaches_later_passes(start, tmp_path):
+def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
     """The record is one block of shared memory: a mark made by a worker is the training
     process's, and the workers of the next pass see it, forked or started by forkserver (which
-    gets the record's file descriptor). Seen here through a file marked clean and then replaced
-    by a corrupt one whose centre window lies above the corruption: the next pass decodes only
-    the window, with the first file's pixels, where a new loader, decoding it whole, refuses it.
-    No name is left in /dev/shm."""
+    gets the record's file descriptor); a new loader over the same files in this process shares
+    it. Seen here through a file marked clean and then replaced by a corrupt one of the same
+    size whose centre window lies above the corruption: the next pass, and a new loader, decode
+    only the window, with the first file's pixels. Replaced by a corrupt file of another size,
+    it is decoded whole again, and refused. No name is left in /dev/shm."""
     from fastdata._workers import hold_threads, release_threads
 
     def names() -> set:
@@ -505,10 +519,16 @@ def test_a_workers_mark_reaches_later_passes(start, tmp_path):
     before = names()
     pairs = write(tmp_path / "files", {"a.jpg": PHOTO, "b.jpg": PHOTO})
     workers = 0 if start == "in-process" else 2
+    closed = CUT + b"\xff\xd9"
+    same_size = closed + bytes(len(PHOTO) - len(closed))  # zeros after the end marker
 
     def new_loader():
         return make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=2,
                     transform=T.Compose([T.CenterCrop(OUT)]))
+
+    def replace(data: bytes) -> None:
+        with open(pairs[1][0], "wb") as f:
+            f.write(data)
 
     class Owner:  # a stand-in for a DALI pipeline, whose threads make workers start by forkserver
         pass
@@ -519,19 +539,22 @@ def test_a_workers_mark_reaches_later_passes(start, tmp_path):
     try:
         loader = new_loader()
         first = [(x.clone(), y.tolist()) for x, y in loader]
-        assert loader._decoder.entropy.clean.tolist() == [1, 1]
-        with open(pairs[1][0], "wb") as f:
-            f.write(CUT + b"\xff\xd9")
+        assert loader._decoder.entropy.clean.tolist() == [len(PHOTO) + 1] * 2
+        replace(same_size)
         second = [(x.clone(), y.tolist()) for x, y in loader]
         fresh = new_loader()
-        third = [y.tolist() for _, y in fresh]
+        third = [(x.clone(), y.tolist()) for x, y in fresh]
+        replace(closed)
+        changed = new_loader()
+        fourth = [y.tolist() for _, y in changed]
     finally:
         release_threads(owner)
     if workers:
         context = loader._runner.loader.multiprocessing_context
         assert (context.get_start_method() if context is not None else "fork") == start
-    assert [y for _, y in first] == [y for _, y in second] == [[0, 1]] and loader.stats["skipped"] == 0
-    for images in (first[0][0], second[0][0]):
+    assert [y for _, y in first] == [y for _, y in second] == [y for _, y in third] == [[0, 1]]
+    assert loader.stats["skipped"] == fresh.stats["skipped"] == 0
+    for images in (first[0][0], second[0][0], third[0][0]):
         assert torch.equal(images[0], first[0][0][0]) and torch.equal(images[1], first[0][0][0])
-    assert third == [[0]] and "corrupt JPEG" in fresh.stats["errors"][0]["cause"]
+    assert fourth == [[0]] and "corrupt JPEG" in changed.stats["errors"][0]["cause"]
     assert names() == before

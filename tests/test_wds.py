@@ -5,6 +5,7 @@ its label. Shards of unequal sizes (7 and 21 samples) make the rank and worker s
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -121,6 +122,20 @@ def test_every_sample_once_with_its_label(shards, workers, shuffle):
     assert sorted(flat) == ALL
     assert [len(b) for b in batches] == [8] * 7 + [4] or workers  # with workers, the short batch is a lane's
     assert loader.stats["samples"] == N and loader.stats["batches"] == 8 and loader.stats["skipped"] == 0
+
+
+def test_loaders_in_step_and_buffers_reused(shards):
+    """Two 0-worker loaders iterated in step each read into buffers of their own, and the
+    buffers of a pass that ended are the next pass's, a new loader's included (`_SPARES`, their
+    pages given back to the kernel meanwhile): every epoch is the one a lone loader gives."""
+    src = _pattern(shards)
+    want = [_epoch(_load(src, num_workers=0, shuffle=True, seed=seed)) for seed in (3, 4)]
+    assert want[0] != want[1]
+    for _ in range(3):
+        a, b = (_load(src, num_workers=0, shuffle=True, seed=seed) for seed in (3, 4))
+        got = [[_ids(*x), _ids(*y)] for x, y in itertools.zip_longest(a, b)]
+        assert [[x for x, _ in got], [y for _, y in got]] == want
+        assert len(read_shards._SPARES.free) == read_shards._Spares.KEPT
 
 
 def test_order_without_shuffle_is_the_shards_order(shards):

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from collections import OrderedDict
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -70,15 +71,43 @@ def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
     return out
 
 
+# The records of the last few sample lists loaders were built over in this process, by key
+# (see EntropyCheck): a handful, each 8 bytes a sample.
+_RECORDS: OrderedDict = OrderedDict()
+_RECORDS_KEPT = 4
+
+
+def _shared_record(ids: int, key: Hashable | None) -> torch.Tensor:
+    """The record for `key` with `ids` entries: the one kept for it, else a new one of zeros
+    (kept when there is a key)."""
+    record = _RECORDS.get(key) if key is not None else None
+    if record is None or len(record) != ids:
+        # torch's file-descriptor sharing (its default) unlinks the segment's name at once, and
+        # pickling for a forkserver worker sends the descriptor: the worker maps the same pages.
+        record = torch.zeros(ids, dtype=torch.int64).share_memory_()
+    if key is not None:
+        _RECORDS[key] = record
+        _RECORDS.move_to_end(key)
+        while len(_RECORDS) > _RECORDS_KEPT:
+            _RECORDS.popitem(last=False)
+    return record
+
+
 class EntropyCheck:
-    """The record of which samples' files decoded whole without error, one byte per sample id
-    (`clean`, a uint8 tensor in shared memory: the processes decoding for one loader, its
-    DataLoader workers included, whether forked or started by forkserver, share one record).
+    """The record of which samples' files decoded whole without error (`clean`, an int64 tensor
+    in shared memory, one entry per sample id: 0, or 1 + the size in bytes of the file as it
+    decoded whole). The processes decoding for one loader, its DataLoader workers included,
+    whether forked or started by forkserver, share one record; loaders built in this process
+    over the same samples (`key`: a validation loader each epoch, the tuner's probes, a resume)
+    share one too, so that a fresh loader does not decode whole again what an earlier one did.
 
     The native decoder entropy-decodes a baseline JPEG's rows below the crop window too, so that
     corrupt data anywhere in a file is an error whatever the crop. That is needed once a file:
-    a sample marked clean is decoded only to its window's last row (`whole` gives 0 for it); a
-    corrupt file is never marked, so it is decoded whole, and fails, each time it comes.
+    a sample marked clean at its present size is decoded only to its window's last row (`whole`
+    gives 0 for it); a corrupt file is never marked, so it is decoded whole, and fails, each
+    time it comes; a file whose size changed is decoded whole again. (A file rewritten in place
+    with corrupt data at the very same size is not: its windows decode as before, and corrupt
+    data below them goes unseen.)
 
     Called, it checks the entropy-coded data of each unmarked JPEG for a decoder that would fill
     corrupt data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings,
@@ -87,31 +116,33 @@ class EntropyCheck:
     Pillow does); nor are JPEGs the native decoder leaves to Pillow (CMYK). Ids outside
     [0, ids) are never marked."""
 
-    def __init__(self, ids: int) -> None:
-        # torch's file-descriptor sharing (its default) unlinks the segment's name at once, and
-        # pickling for a forkserver worker sends the descriptor: the worker maps the same pages.
-        self.clean = torch.zeros(max(0, int(ids)), dtype=torch.uint8).share_memory_()
+    def __init__(self, ids: int, key: Hashable | None = None) -> None:
+        self.clean = _shared_record(max(0, int(ids)), key)
         self.threads: int | None = None  # None: the usable cores
 
-    def whole(self, ids: np.ndarray) -> np.ndarray:
-        """uint8 [len(ids)]: 1 for each sample not marked clean (to be decoded whole), else 0."""
+    def whole(self, ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """uint8 [len(ids)]: 1 for each sample not marked clean at its size `sizes` (bytes),
+        to be decoded whole; else 0."""
         ids = np.asarray(ids, dtype=np.int64)
         clean = self.clean.numpy()
         inside = (ids >= 0) & (ids < len(clean))
         out = np.ones(len(ids), dtype=np.uint8)
-        out[inside] = clean[ids[inside]] == 0
+        out[inside] = clean[ids[inside]] != np.asarray(sizes, dtype=np.int64)[inside] + 1
         return out
 
-    def mark(self, ids: np.ndarray) -> None:
-        """Marks the samples `ids` clean: their files decoded whole without error."""
+    def mark(self, ids: np.ndarray, sizes: np.ndarray) -> None:
+        """Marks the samples `ids` clean: their files, of `sizes` bytes, decoded whole without
+        error."""
         ids = np.asarray(ids, dtype=np.int64)
         clean = self.clean.numpy()
-        clean[ids[(ids >= 0) & (ids < len(clean))]] = 1
+        inside = (ids >= 0) & (ids < len(clean))
+        clean[ids[inside]] = np.asarray(sizes, dtype=np.int64)[inside] + 1
 
     def __call__(self, index: np.ndarray, datas: Sequence, checked: list) -> list:
         if not _native_jpeg():
             return checked
-        whole = self.whole(index)
+        sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
+        whole = self.whole(index, sizes)
         todo = [j for j, (cause, is_jpeg, _, _) in enumerate(checked) if cause is None and is_jpeg and whole[j]]
         if not todo:
             return checked
@@ -125,7 +156,8 @@ class EntropyCheck:
             if err is not None and not _pillows(err):
                 _, is_jpeg, w, h = checked[j]
                 checked[j] = (f"corrupt JPEG ({err})", is_jpeg, w, h)
-        self.mark(np.asarray(index)[[j for j, err in zip(todo, results) if err is None]])
+        ok = [j for j, err in zip(todo, results) if err is None]
+        self.mark(np.asarray(index)[ok], sizes[ok])
         return checked
 
 
@@ -150,16 +182,17 @@ class Checked:
 class BatchDecoder:
     """Checks and decodes batches into slots of this process's ring (picklable: it travels to
     the worker processes). `ids`: the number of sample ids, the size of `entropy`, the record
-    of the files that decoded whole (shared with the workers)."""
+    of the files that decoded whole (shared with the workers, and with the loaders built in
+    this process over the samples `key` names)."""
 
     def __init__(self, transform: Compose | None, seed: int, fail: Failures, slots: int, pin: bool, *,
-                 ids: int) -> None:
+                 ids: int, key: Hashable | None = None) -> None:
         self.geometry = transform.geometry if transform is not None else ()
         self.pixel_ops = transform.pixel_ops if transform is not None else ()
         self.seed = seed
         self.fail = fail
         self.rings = ProcessRings(slots, pin)
-        self.entropy = EntropyCheck(ids)
+        self.entropy = EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
@@ -256,12 +289,14 @@ class BatchDecoder:
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
                 # Whole for a file not yet seen to decode whole without error; the others stop
                 # at the window's last row.
-                whole = self.entropy.whole(ids[js])
+                sizes = np.fromiter((len(datas[k]) for k in js), dtype=np.int64, count=len(js))
+                whole = self.entropy.whole(ids[js], sizes)
                 results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
                                                      whole=whole)
                 if out is not chw:
                     chw[js] = out
-                self.entropy.mark(ids[js][np.array([w == 1 and err is None for w, err in zip(whole, results)], bool)])
+                done = np.array([w == 1 and err is None for w, err in zip(whole, results)], bool)
+                self.entropy.mark(ids[js][done], sizes[done])
                 for k, err in zip(js, results):
                     if err is None:
                         continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 import warnings
 from typing import Any, Iterator
@@ -129,7 +130,8 @@ class ImageLoader(Loader):
         fail = Failures(self.on_error, self.backend)
         self._order, self._reader = self._parts(shuffle, drop_last, workers, fail)
         # Sample ids: a file's index in the list, or a shard sample's place among all the shards'.
-        self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin, ids=len(self.samples))
+        self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin, ids=len(self.samples),
+                                     key=_samples_key(self.samples))
         # placement: where ColorJitter/TrivialAugment run; "auto" is the CPU (the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
         device_pixel_ops = pixel_ops if self.placement == "gpu" else ()
@@ -362,6 +364,15 @@ class ImageLoader(Loader):
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
+
+
+def _samples_key(samples: Any) -> tuple:
+    """What names a source's samples, by sample id, across the loaders of this process (the
+    key of the decoder's record of clean files): the files' paths, or the shards' URLs and
+    their sample counts; with the working directory, which relative paths depend on."""
+    if hasattr(samples, "urls"):
+        return ("shards", os.getcwd(), tuple(samples.urls), tuple(len(k) for k in samples.keys))
+    return ("files", os.getcwd(), tuple(samples.paths))
 
 
 def _check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
