@@ -28,7 +28,8 @@ class DaliLoader(ImageLoader):
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
         if hasattr(self.samples, "counts"):  # shards
-            return self._shard_parts(shuffle, drop_last, 1, fail, True)
+            # not the next epoch's first block ahead: the reader's thread stops with each pass
+            return self._shard_parts(shuffle, drop_last, 1, fail, False)
         order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)
 

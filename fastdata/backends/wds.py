@@ -13,5 +13,7 @@ class WdsLoader(ImageLoader):
     backend = "wds"
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
-        # a process that serves the next epoch too reads its first block ahead
-        return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers or workers == 0)
+        # Persistent workers, which serve the next epoch too, read its first block ahead. A pass
+        # in this process does not: its reader's thread stops at the pass's end (no thread may
+        # be live at a fork), and a block read ahead then would be thrown away.
+        return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers)

@@ -64,49 +64,6 @@ class _Buffer:
             self._map = mmap.mmap(-1, max(n, 1), flags=flags)
         return memoryview(self._map)[:n]
 
-    def spare(self) -> None:
-        """Its pages become the kernel's to take back under memory pressure (MADV_FREE); the
-        ones not taken are reused as they are by the next read, without a fault."""
-        if self._map is not None and hasattr(mmap, "MADV_FREE"):
-            self._map.madvise(mmap.MADV_FREE)
-
-
-class _Spares:
-    """The buffers of the readers that closed in this process, for the next reader here: a
-    loader built each epoch (or a 0-worker pass, whose reader closes at its end) would
-    otherwise fault in new pages for two blocks and a batch each pass (on the benchmark set, a
-    fresh loader's epoch runs about 5% faster reusing them than with new, populated ones). At most `KEPT` are kept (a reader's three: two for blocks, one
-    for a batch read alone), their pages free for the kernel to take back (`_Buffer.spare`).
-    A forked child starts with none: its copies of the parent's would cost a copy-on-write
-    fault per page."""
-
-    KEPT = 3
-
-    def __init__(self) -> None:
-        self.free: list[_Buffer] = []
-
-    def take(self, k: int) -> list[_Buffer]:
-        got = []
-        while len(got) < k:
-            try:
-                got.append(self.free.pop())  # one pop is atomic: readers in two threads may take at once
-            except IndexError:
-                got.append(_Buffer())
-        return got
-
-    def give(self, buffers: list[_Buffer]) -> None:
-        for buf in buffers:
-            buf.spare()
-        self.free.extend(buffers)
-        del self.free[: max(0, len(self.free) - self.KEPT)]
-
-    def clear(self) -> None:
-        self.free = []
-
-
-_SPARES = _Spares()
-os.register_at_fork(after_in_child=_SPARES.clear)
-
 
 class ShardReader:
     """Reads the samples of batch (epoch, k) from the block that holds it, read (or being
@@ -117,7 +74,7 @@ class ShardReader:
         self.plan = plan
         self.fail = fail
         self.persistent = persistent  # the process serves the next epoch too: read its first block ahead
-        self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 3 buffers)
+        self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
         self._current: tuple | None = None  # (key, Future of the _Block) of the block being decoded
@@ -139,11 +96,10 @@ class ShardReader:
         process, when a 0-worker pass ends: no thread of it may be live at a fork)."""
         if self._proc is None or self._proc[0] != os.getpid():
             return
-        _, reader, pending, buffers = self._proc
+        _, reader, pending, _ = self._proc
         for future in pending.values():
             future.cancel()
         reader.shutdown(wait=True)
-        _SPARES.give(buffers)  # no read is under way into them now
         for stream, _ in self._pipes.values():
             stream.close()
         self._proc, self._pipes, self._current = None, {}, None
@@ -183,7 +139,7 @@ class ShardReader:
         the batch was not read ahead: see below)."""
         pid = os.getpid()
         if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
-            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, _SPARES.take(3))
+            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, [_Buffer(), _Buffer()])
             self._pipes, self._current = {}, None
         _, reader, pending, _ = self._proc
         key = (epoch, lane, block)
@@ -198,7 +154,7 @@ class ShardReader:
             # block after them, so the first batch waits for a quarter of a block, not all of
             # it. Files only: that is a read per sample, a request each over HTTP, and a pipe
             # would be read twice.
-            first = reader.submit(self._read_block, *key, self._proc[3][2], rows=slice(row, row + self.plan.batch_size))
+            first = reader.submit(self._read_block, *key, _Buffer(), rows=slice(row, row + self.plan.batch_size))
         if future is None:
             future = self._submit(key)
         following = self._following(epoch, lane, block)
