@@ -49,19 +49,20 @@ class _Block:
 
 
 class _Buffer:
-    """Memory blocks are read into, grown as they need: an anonymous mapping, so that growing
-    copies nothing and zero-fills nothing with the GIL held (growing a bytearray does: for a
-    100 MB block, tens of ms in which the decode thread cannot run). Its pages are faulted in
-    when it is mapped, in one call (MAP_POPULATE), which costs about half of faulting them in
-    one by one during the read. The old mapping lives on while views of it do."""
+    """Memory blocks are read into, grown as they need: an anonymous private mapping, so that
+    growing copies nothing and zero-fills nothing with the GIL held (growing a bytearray does:
+    for a 100 MB block, tens of ms in which the decode thread cannot run), and its pages are
+    faulted in by the read itself. The old mapping lives on while views of it do."""
 
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
 
     def view(self, n: int) -> memoryview:
         if self._map is None or len(self._map) < n:
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-            self._map = mmap.mmap(-1, max(n, 1), flags=flags)
+            # An eighth more than asked: blocks of the same length in samples differ a little
+            # in bytes, and each growth maps anew while the old mapping may still be in use.
+            # Of the extra eighth, only the pages a read reaches are ever faulted in.
+            self._map = mmap.mmap(-1, max(n + n // 8, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return memoryview(self._map)[:n]
 
 
