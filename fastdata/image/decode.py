@@ -72,7 +72,7 @@ def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
 
 
 # The records of the last few sample lists loaders were built over in this process, by key
-# (see EntropyCheck): a handful, each 8 bytes a sample.
+# (see EntropyCheck): a handful, each 4 bytes a sample.
 _RECORDS: OrderedDict = OrderedDict()
 _RECORDS_KEPT = 4
 
@@ -84,7 +84,7 @@ def _shared_record(ids: int, key: Hashable | None) -> torch.Tensor:
     if record is None or len(record) != ids:
         # torch's file-descriptor sharing (its default) unlinks the segment's name at once, and
         # pickling for a forkserver worker sends the descriptor: the worker maps the same pages.
-        record = torch.zeros(ids, dtype=torch.int64).share_memory_()
+        record = torch.zeros(ids, dtype=torch.int32).share_memory_()
     if key is not None:
         _RECORDS[key] = record
         _RECORDS.move_to_end(key)
@@ -93,10 +93,15 @@ def _shared_record(ids: int, key: Hashable | None) -> torch.Tensor:
     return record
 
 
+def _stamps(sizes: np.ndarray) -> np.ndarray:
+    """What the record holds for a clean file of each size: 1 + its size, at most 2**31 - 1."""
+    return np.minimum(np.asarray(sizes, dtype=np.int64), 2**31 - 2).astype(np.int32) + 1
+
+
 class EntropyCheck:
-    """The record of which samples' files decoded whole without error (`clean`, an int64 tensor
+    """The record of which samples' files decoded whole without error (`clean`, an int32 tensor
     in shared memory, one entry per sample id: 0, or 1 + the size in bytes of the file as it
-    decoded whole). The processes decoding for one loader, its DataLoader workers included,
+    decoded whole, sizes from 2 GiB up counted as one). The processes decoding for one loader, its DataLoader workers included,
     whether forked or started by forkserver, share one record; loaders built in this process
     over the same samples (`key`: a validation loader each epoch, the tuner's probes, a resume)
     share one too, so that a fresh loader does not decode whole again what an earlier one did.
@@ -127,7 +132,7 @@ class EntropyCheck:
         clean = self.clean.numpy()
         inside = (ids >= 0) & (ids < len(clean))
         out = np.ones(len(ids), dtype=np.uint8)
-        out[inside] = clean[ids[inside]] != np.asarray(sizes, dtype=np.int64)[inside] + 1
+        out[inside] = clean[ids[inside]] != _stamps(sizes)[inside]
         return out
 
     def mark(self, ids: np.ndarray, sizes: np.ndarray) -> None:
@@ -136,7 +141,7 @@ class EntropyCheck:
         ids = np.asarray(ids, dtype=np.int64)
         clean = self.clean.numpy()
         inside = (ids >= 0) & (ids < len(clean))
-        clean[ids[inside]] = np.asarray(sizes, dtype=np.int64)[inside] + 1
+        clean[ids[inside]] = _stamps(sizes)[inside]
 
     def __call__(self, index: np.ndarray, datas: Sequence, checked: list) -> list:
         if not _native_jpeg():

@@ -10,6 +10,7 @@ point (`state_dict`).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -366,13 +367,17 @@ class ImageLoader(Loader):
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
 
 
-def _samples_key(samples: Any) -> tuple:
+def _samples_key(samples: Any) -> bytes:
     """What names a source's samples, by sample id, across the loaders of this process (the
-    key of the decoder's record of clean files): the files' paths, or the shards' URLs and
-    their sample counts; with the working directory, which relative paths depend on."""
+    key of the decoder's record of clean files): a digest of the files' paths, or of the
+    shards' URLs and their sample counts, with the working directory, which relative paths
+    depend on. A digest, so that the record kept does not keep a copy of a million paths."""
     if hasattr(samples, "urls"):
-        return ("shards", os.getcwd(), tuple(samples.urls), tuple(len(k) for k in samples.keys))
-    return ("files", os.getcwd(), tuple(samples.paths))
+        names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys)]
+    else:
+        names = ["files", *samples.paths]
+    text = "\0".join([os.getcwd(), *names])
+    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
 def _check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
