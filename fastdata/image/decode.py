@@ -14,6 +14,8 @@ backend runs `check` only, with the entropy check of `EntropyCheck`: DALI decode
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from dataclasses import dataclass
 from collections import OrderedDict
@@ -91,6 +93,19 @@ def _shared_record(ids: int, key: Hashable | None) -> torch.Tensor:
         while len(_RECORDS) > _RECORDS_KEPT:
             _RECORDS.popitem(last=False)
     return record
+
+
+def samples_key(samples: Any) -> bytes:
+    """What names a source's samples, by sample id, across the loaders of this process (the
+    key of the decoder's record of clean files): a digest of the files' paths, or of the
+    shards' URLs and their sample counts, with the working directory, which relative paths
+    depend on. A digest, so that the record kept does not keep a copy of a million paths."""
+    if hasattr(samples, "urls"):
+        names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys)]
+    else:
+        names = ["files", *samples.paths]
+    text = "\0".join([os.getcwd(), *names])
+    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
 def _stamps(sizes: np.ndarray) -> np.ndarray:

@@ -10,10 +10,8 @@ point (`state_dict`).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
-import os
 import time
 import warnings
 from typing import Any, Iterator
@@ -27,7 +25,7 @@ from ..errors import DataError
 from ..samplers import IndexSampler
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
-from .decode import BatchDecoder
+from .decode import BatchDecoder, samples_key
 from .order import BatchOrder, FileOrder, ShardOrder
 from .read import Failures
 from .read_shards import ShardReader
@@ -132,7 +130,7 @@ class ImageLoader(Loader):
         self._order, self._reader = self._parts(shuffle, drop_last, workers, fail)
         # Sample ids: a file's index in the list, or a shard sample's place among all the shards'.
         self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin, ids=len(self.samples),
-                                     key=_samples_key(self.samples))
+                                     key=samples_key(self.samples))
         # placement: where ColorJitter/TrivialAugment run; "auto" is the CPU (the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
         device_pixel_ops = pixel_ops if self.placement == "gpu" else ()
@@ -365,19 +363,6 @@ class ImageLoader(Loader):
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
-
-
-def _samples_key(samples: Any) -> bytes:
-    """What names a source's samples, by sample id, across the loaders of this process (the
-    key of the decoder's record of clean files): a digest of the files' paths, or of the
-    shards' URLs and their sample counts, with the working directory, which relative paths
-    depend on. A digest, so that the record kept does not keep a copy of a million paths."""
-    if hasattr(samples, "urls"):
-        names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys)]
-    else:
-        names = ["files", *samples.paths]
-    text = "\0".join([os.getcwd(), *names])
-    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
 def _check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
