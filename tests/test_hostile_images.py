@@ -443,6 +443,32 @@ def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
     assert out[0][0] is None and seen == [4, 2, 1, 1, 1] and check.clean[0] == len(PLAIN) + 1
 
 
+def test_records_are_shared_by_the_same_files_only(tmp_path, monkeypatch):
+    """The key of the shared record of clean files: the same paths in the same working
+    directory share it; other paths, the same relative paths from another directory, or the
+    same shard URLs with other sample counts do not."""
+    from fastdata.image.decode import samples_key
+    from fastdata.sources.files import Samples
+    from fastdata.sources.webdataset import Shards
+
+    def files(*paths):
+        return Samples(list(paths), np.zeros(len(paths), np.int64), None, "")
+
+    def shards(*counts):
+        return Shards([f"s{i}.tar" for i in range(len(counts))], [[str(k) for k in range(n)] for n in counts],
+                      [np.zeros((n, 2), np.int64) for n in counts], None, "")
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    here = samples_key(files("x.jpg", "y.jpg"))
+    assert samples_key(files("x.jpg", "y.jpg")) == here
+    assert samples_key(files("x.jpg", "z.jpg")) != here and samples_key(files("y.jpg", "x.jpg")) != here
+    assert samples_key(shards(3, 4)) == samples_key(shards(3, 4)) != samples_key(shards(4, 3))
+    monkeypatch.chdir(tmp_path / "b")
+    assert samples_key(files("x.jpg", "y.jpg")) != here
+
+
 def _decodes_by_file(monkeypatch, names_by_data: dict) -> list:
     """Records each native decode as {file name: whole} (1: decoded whole)."""
     calls = []
