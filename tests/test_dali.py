@@ -168,6 +168,23 @@ def test_bad_files_skipped(tmp_path, folder):
     assert loader.stats["skipped"] == 3 and {e["path"] for e in loader.stats["errors"]} == set(bad)
 
 
+def test_dali_is_fed_full_batches(tmp_path, folder, monkeypatch):
+    # A short batch (the epoch's last; one with samples left out) is filled up to the batch size,
+    # so that DALI's buffers keep one shape: what comes out is the batch's own samples only.
+    from fastdata.image.dali import DaliDecoders
+
+    fed = []
+    copy_out = DaliDecoders._copy_out
+    monkeypatch.setattr(DaliDecoders, "_copy_out",
+                        lambda self, images, n, size: fed.append((len(images), n)) or copy_out(self, images, n, size))
+    pairs, bad = _bad_files(tmp_path, folder)
+    loader = _load(pairs, shuffle=True, on_error="skip")
+    batches = [(len(y), s) for y, s in ((y, _ids(x, y)) for x, y in loader)]
+    assert sorted(s for _, b in batches for s in b) == ALL and loader.stats["skipped"] == 3
+    assert [n for n, _ in batches] == [n for _, n in fed]
+    assert {m for m, _ in fed} == {8} and sum(n for _, n in fed) == N  # N = 36: the last batch is short
+
+
 def _no_quantization_table(path) -> bytes:
     """A JPEG whose header parses and whose end marker is there, but without its DQT segment:
     the structural checks pass, and decoding fails (in DALI and in Pillow)."""

@@ -14,9 +14,8 @@ fixed number of slots) is a one-batch step, which the median ignores and a slope
 
 The children run with glibc's trim threshold at 0, so memory freed is handed back at once and
 the figure follows live memory: without it glibc keeps large freed blocks for reuse (its mmap
-threshold rises after the first is freed), and the `dali` pipeline that each pass builds and
-frees leaves a few batches of such memory that comes and goes from epoch to epoch. That is the
-allocator's, not a leak, and would hide one; the full soak measures with the defaults.
+threshold rises after the first is freed), and memory it keeps for reuse is the allocator's,
+not a leak, and could hide one; the full soak measures with the defaults.
 
 /dev/shm: the bytes of the segments the job holds follow the same rule, and once the job has
 exited no name of any of its processes is left there.

@@ -53,8 +53,8 @@ _DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM", "JPEG2000
 
 
 def _placeholder() -> bytes:
-    """A tiny JPEG fed in place of a batch whose samples were all left out (DALI takes no
-    empty batch); its output is dropped."""
+    """A tiny JPEG that fills a batch up to the pipeline's batch size (see `_feed`); its
+    outputs are dropped."""
     from PIL import Image
 
     out = io.BytesIO()
@@ -206,14 +206,19 @@ class DaliDecoders:
             # decoder's record of clean files, `EntropyCheck`).
             c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True)
             n = len(c.datas)
-            if n == 0:
-                inputs = ([np.frombuffer(self._dummy, np.uint8)], [np.zeros(2, np.float32)], [np.full(2, 8, np.float32)],
-                          [np.full(2, 8, np.float32)], [np.zeros((), np.int32)])
-            else:
-                starts, shapes = lowering.window_inputs(c.geo.windows())
-                w, h = c.size
-                inputs = ([np.frombuffer(d, np.uint8) for d in c.datas], starts, shapes,
-                          [np.array([h, w], np.float32)] * n, list(c.geo.flips.astype(np.int32)))
+            starts, shapes = lowering.window_inputs(c.geo.windows()) if n else ([], [])
+            w, h = c.size if n else (8, 8)
+            # Every batch DALI sees is full, the short ones (an epoch's last, one with samples
+            # left out; DALI takes no empty batch) filled up with the placeholder at the same
+            # output size: DALI's buffers then keep one shape from pass to pass, where a batch of
+            # another size reallocates them, and glibc's heap, which DALI's host buffers come
+            # from, grows and shrinks by a batch from epoch to epoch.
+            pad = self.batch_size - n
+            dummy = np.frombuffer(self._dummy, np.uint8)
+            inputs = ([np.frombuffer(d, np.uint8) for d in c.datas] + [dummy] * pad,
+                      starts + [np.zeros(2, np.float32)] * pad, shapes + [np.full(2, 8, np.float32)] * pad,
+                      [np.array([h, w], np.float32)] * self.batch_size,
+                      (list(c.geo.flips.astype(np.int32)) if n else []) + [np.zeros((), np.int32)] * pad)
             if timing:  # the read and the header checks, in this thread: the stage "read"
                 self._fed[0] += time.perf_counter() - wall
                 self._fed[1] += time.thread_time() - cpu
@@ -274,15 +279,15 @@ class DaliDecoders:
         w, h = size
         if n == 0:
             return torch.empty((0, h, w, 3), dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
-        tensor = images.as_tensor()
+        tensor = images.as_tensor()  # the full batch: the first n are the samples, the rest filling
         if self.device.type == "cuda":
-            out = torch.empty((n, h, w, 3), dtype=torch.uint8, device=self.device)
+            out = torch.empty((self.batch_size, h, w, 3), dtype=torch.uint8, device=self.device)
             feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
-            return out
+            return out[:n]
         ring = self.decoder.rings.ring()
         try:
             target, handle = new_batch(ring, (n, h, w, 3), torch.uint8)
-            feed_ndarray(tensor, target)
+            target.copy_(torch.from_numpy(np.asarray(tensor))[:n])  # a view of DALI's buffer: one copy
         finally:
             ring.end()
         return handle
