@@ -1,7 +1,6 @@
 #include "decode.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <csetjmp>
 #include <cstdarg>
@@ -9,10 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <system_error>
-#include <thread>
 
 #include <jpeglib.h>
+
+#include "parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -879,40 +878,15 @@ void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         std::vector<std::string>* errors, const uint8_t* whole) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
-  // Handed out one sample at a time: decode times vary tenfold with crop size and encoding.
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    Decoder* dec = nullptr;
+  parallel_for(n, threads, [&](int64_t i) {
+    std::string& err = (*errors)[size_t(i)];
     try {
-      dec = &this_thread_decoder();
-    } catch (const std::bad_alloc&) {
+      err = this_thread_decoder().decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
+                                         whole == nullptr || whole[i] != 0, out, i);
+    } catch (const std::bad_alloc&) {  // the thread's decoder, or the decode's buffers
+      err = "out of memory";
     }
-    for (int64_t i; (i = next.fetch_add(1)) < n;) {
-      std::string& err = (*errors)[size_t(i)];
-      if (dec == nullptr) {
-        err = "out of memory";
-        continue;
-      }
-      try {
-        err = dec->decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
-                          whole == nullptr || whole[i] != 0, out, i);
-      } catch (const std::bad_alloc&) {
-        err = "out of memory";
-      }
-    }
-  };
-  const int t = int(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(t - 1));
-  for (int k = 1; k < t; ++k) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // fewer threads then; the ones running take the rest
-    }
-  }
-  work();
-  for (auto& th : pool) th.join();
+  });
 }
 
 }  // namespace fastdata

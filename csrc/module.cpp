@@ -5,11 +5,16 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "collate.h"
+#include "parallel.h"
+#include "read.h"
 #ifdef FASTDATA_HAVE_JPEG
 #include "decode.h"
 #endif
@@ -106,6 +111,78 @@ void collate_ptrs(const std::vector<uintptr_t>& addresses, const std::vector<int
   copy_to_out(views, out, itemsize, threads);
 }
 
+// read_files(paths, threads) -> [bytes, str or None]: each file's bytes; where it could not be
+// read, the cause as Python's OSError.strerror gives it ("No such file or directory", "Is a
+// directory", ...; "embedded null byte" for a path no system call takes); None for a path that
+// is not a regular file or a directory, which the caller reads itself. The opens and reads run
+// on up to `threads` threads with the GIL released; the bytes objects are made, empty, between
+// the two, and filled in place before anyone else sees them.
+nb::list read_files(nb::sequence paths, int threads) {
+  const size_t n = nb::len(paths);
+  std::vector<nb::object> names(n);  // each path as bytes in the file system's encoding
+  std::vector<const char*> raw(n, "");
+  std::vector<const char*> causes(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* encoded = nullptr;
+    if (!PyUnicode_FSConverter(nb::object(paths[i]).ptr(), &encoded)) {
+      if (!PyErr_ExceptionMatches(PyExc_ValueError)) throw nb::python_error();
+      PyErr_Clear();  // a NUL inside the path, as open() would say
+      causes[i] = "embedded null byte";
+      continue;
+    }
+    names[i] = nb::steal(encoded);
+    raw[i] = PyBytes_AS_STRING(encoded);
+  }
+  std::vector<fastdata::OpenFile> files;
+  {
+    nb::gil_scoped_release release;
+    fastdata::open_files(raw, &files, threads);
+  }
+  std::vector<nb::object> datas(n);
+  std::vector<uint8_t*> bufs(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    if (causes[i] != nullptr) {
+      if (files[i].fd >= 0) ::close(files[i].fd);  // raw[i] was "": nothing opened; for safety
+      files[i].fd = -1;
+      continue;
+    }
+    if (files[i].fd < 0) continue;
+    PyObject* b = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(files[i].size));
+    if (b == nullptr) {
+      for (fastdata::OpenFile& f : files) {
+        if (f.fd >= 0) ::close(f.fd);
+      }
+      throw nb::python_error();
+    }
+    datas[i] = nb::steal(b);
+    bufs[i] = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(b));
+  }
+  std::vector<int64_t> got;
+  {
+    nb::gil_scoped_release release;
+    fastdata::read_files(&files, bufs, &got, threads);
+  }
+  nb::list result;
+  for (size_t i = 0; i < n; ++i) {
+    const fastdata::OpenFile& f = files[i];
+    if (causes[i] != nullptr) {
+      result.append(nb::str(causes[i]));
+    } else if (f.error != 0) {
+      result.append(nb::str(std::strerror(f.error)));
+    } else if (!f.regular) {
+      result.append(nb::none());
+    } else {
+      if (got[i] < f.size) {  // the file shrank since it was sized: its bytes as read
+        PyObject* b = datas[i].release().ptr();
+        if (_PyBytes_Resize(&b, Py_ssize_t(got[i])) != 0) throw nb::python_error();
+        datas[i] = nb::steal(b);
+      }
+      result.append(datas[i]);
+    }
+  }
+  return result;
+}
+
 #ifdef FASTDATA_HAVE_JPEG
 // The bytes of each bytes-like object (bytes, bytearray, memoryview, contiguous numpy array),
 // held through the buffer protocol so they stay put while the GIL is released. Release needs
@@ -180,10 +257,10 @@ nb::list jpeg_info_batch(nb::sequence datas) {
   return result;
 }
 
-// inspect_batch(datas, jpeg_headers) -> [(cause or None, kind, width, height)]: check_structure
-// for each (kind 0 other, 1 JPEG, 2 PNG), and with jpeg_headers libjpeg's header parse of each
-// whole JPEG too; GIL released.
-nb::list inspect_batch(nb::sequence datas, bool jpeg_headers) {
+// inspect_batch(datas, jpeg_headers, threads) -> [(cause or None, kind, width, height)]:
+// check_structure for each (kind 0 other, 1 JPEG, 2 PNG), and with jpeg_headers libjpeg's header
+// parse of each whole JPEG too; on up to `threads` threads, GIL released.
+nb::list inspect_batch(nb::sequence datas, bool jpeg_headers, int threads) {
   const size_t n = nb::len(datas);
   HeldBytes held(n);
   const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
@@ -191,14 +268,19 @@ nb::list inspect_batch(nb::sequence datas, bool jpeg_headers) {
   std::vector<std::string> causes(n);
   {
     nb::gil_scoped_release release;
-    for (size_t i = 0; i < n; ++i) {
-      causes[i] = fastdata::check_structure(srcs[i], &found[i]);
-      if (jpeg_headers && causes[i].empty() && found[i].kind == fastdata::kImageJpeg) {
-        fastdata::JpegInfo info;
-        const std::string why = fastdata::jpeg_info(srcs[i], &info);
-        if (!why.empty()) causes[i] = "corrupt JPEG header (" + why + ")";
+    fastdata::parallel_for(int64_t(n), threads, [&](int64_t k) {
+      const size_t i = size_t(k);
+      try {
+        causes[i] = fastdata::check_structure(srcs[i], &found[i]);
+        if (jpeg_headers && causes[i].empty() && found[i].kind == fastdata::kImageJpeg) {
+          fastdata::JpegInfo info;
+          const std::string why = fastdata::jpeg_info(srcs[i], &info);
+          if (!why.empty()) causes[i] = "corrupt JPEG header (" + why + ")";
+        }
+      } catch (const std::bad_alloc&) {
+        causes[i] = "out of memory";
       }
-    }
+    });
   }
   nb::list result;
   for (size_t i = 0; i < n; ++i) {
@@ -294,6 +376,10 @@ NB_MODULE(_native, m) {
         "Copy samples[i] into out[i] for every i with up to `threads` threads, GIL released.");
   m.def("collate_ptrs", &collate_ptrs, nb::arg("addresses"), nb::arg("strides"), nb::arg("out"),
         nb::arg("threads") = 1, "collate() for sources given as data addresses and element strides.");
+  m.def("read_files", &read_files, nb::arg("paths"), nb::arg("threads") = 1,
+        "Each file's bytes, or the cause (OSError's strerror) where it cannot be read, or None for "
+        "a path that is not a regular file; opened and read on up to `threads` threads, GIL "
+        "released.");
 #ifdef FASTDATA_HAVE_JPEG
   m.attr("HAVE_JPEG") = true;
   m.def("jpeg_info", &jpeg_info, nb::arg("data"),
@@ -301,9 +387,10 @@ NB_MODULE(_native, m) {
   m.def("jpeg_info_batch", &jpeg_info_batch, nb::arg("datas"),
         "jpeg_info for each of datas, None where it cannot be parsed; GIL released.");
   m.def("inspect_batch", &inspect_batch, nb::arg("datas"), nb::arg("jpeg_headers") = true,
+        nb::arg("threads") = 1,
         "(cause or None, kind, width, height) of each of datas from its JPEG/PNG structure (kind "
         "0 other, 1 JPEG, 2 PNG), with libjpeg's header parse of whole JPEGs when jpeg_headers; "
-        "GIL released.");
+        "on up to `threads` threads, GIL released.");
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,

@@ -12,3 +12,14 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def batch_threads(threads: int | None = None) -> int:
+    """The threads a batch's native work (reads, checks, decodes) runs on: `threads` when set,
+    else 1 in a DataLoader worker (the workers split the cores, a batch each), else the usable
+    cores (the training process works for no one else)."""
+    if threads:
+        return threads
+    from torch.utils.data import get_worker_info
+
+    return 1 if get_worker_info() is not None else usable_cores()

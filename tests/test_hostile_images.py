@@ -201,6 +201,7 @@ def test_native_walk_equals_the_python_walk():
     kinds = ("", "jpeg", "png")
     native = [(c, kinds[k], w, h) for c, k, w, h in _decode._ext.inspect_batch(corpus, False)]
     python = [tuple(_decode.check_structure(d)) for d in corpus]
+    assert [tuple(x) for x in _decode.inspect_batch(corpus, False, threads=3)] == native  # spread over threads
     for i, (a, b) in enumerate(zip(native, python)):
         assert a == b, (i, a, b)
     causes = {c.split(":")[0] for c, *_ in python if c}

@@ -8,6 +8,7 @@ must agree with its label."""
 import logging
 import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -291,3 +292,50 @@ def test_early_exit_leaves_no_worker(folder):
         time.sleep(0.05)
     assert not multiprocessing.active_children()
     assert torch.equal(x, kept)  # the batch held across the shutdown is intact
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_read_files_gives_the_bytes_or_the_cause(tmp_path, monkeypatch, native):
+    # What FileReader reads a batch with: the native reads (threads, GIL released) and Python's
+    # open().read() give the same bytes and the same causes, and a file that is not a regular
+    # one (a FIFO) is read to its end, not by its size.
+    from fastdata.image import read
+
+    if not native:
+        monkeypatch.setattr(read, "_ext", None)
+    elif read._ext is None:
+        pytest.skip("native extension not built")
+    files = []
+    for k in range(40):  # sizes from 0 bytes to past a page, each file's bytes its own
+        f = tmp_path / f"{k:02d}.bin"
+        f.write_bytes(bytes((k * 7 + j) % 251 for j in range(k * 311)))
+        files.append(str(f))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def feed():  # the FIFO's writer: its open waits for the reader's
+        with open(fifo, "wb") as w:
+            w.write(b"through a pipe")
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    paths = files + [str(tmp_path / "missing.jpg"), str(tmp_path), "bad\0name.jpg", str(fifo)]
+    got = read.read_files(paths, threads=3)
+    feeder.join(10)
+    assert got[:40] == [open(f, "rb").read() for f in files]
+    assert got[40:] == ["No such file or directory", "Is a directory", "embedded null byte", b"through a pipe"]
+
+
+def test_unreadable_files_are_named_or_counted(tmp_path):
+    pairs = [(str(tmp_path / "missing.jpg"), 0), (str(tmp_path), 1)]
+    for i in range(6):
+        Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(tmp_path / f"{i}.jpg")
+        pairs.insert(2 * i, (str(tmp_path / f"{i}.jpg"), i % 2))
+    flat = T.Compose([T.Resize(8), T.CenterCrop(8)])
+    with pytest.raises(fastdata.DataError, match=r"missing.jpg: No such file or directory \(backend 'pil'\)"):
+        list(fastdata.loader(pairs, batch_size=4, transform=flat, device="cpu", num_workers=0))
+    loader = fastdata.loader(pairs, batch_size=4, transform=flat, device="cpu", num_workers=0, on_error="skip")
+    labels = torch.cat([y for _, y in loader])
+    assert sorted(labels.tolist()) == [0, 0, 0, 1, 1, 1] and loader.stats["skipped"] == 2
+    assert {(e["path"], e["cause"]) for e in loader.stats["errors"]} == {
+        (str(tmp_path / "missing.jpg"), "No such file or directory"), (str(tmp_path), "Is a directory")}

@@ -23,11 +23,10 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from .. import _decode  # the native decoder when built (AVAILABLE), the structure checks always
 from .._buffers import ProcessRings, new_batch
-from .._cores import usable_cores
+from .._cores import batch_threads, usable_cores
 from .._trace import trace_range
 from ..errors import error_line
 from ..transforms import Compose
@@ -46,7 +45,7 @@ def _pillows(err: str) -> bool:
     return "unsupported JPEG color space" in err
 
 
-def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
+def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, bool, int, int]]:
     """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
     height). JPEGs and PNGs are walked from their signature to their end marker (`_decode.
     inspect_batch`: a file cut short is refused whatever the crop, and whatever Pillow's
@@ -55,7 +54,7 @@ def check_complete(datas: Sequence) -> list[tuple[str | None, bool, int, int]]:
     refused here, before any decoder allocates for it (DALI included)."""
     limit = _decode.MAX_IMAGE_PIXELS
     out = []
-    for data, (cause, kind, w, h) in zip(datas, _decode.inspect_batch(datas, jpeg_headers=_native_jpeg())):
+    for data, (cause, kind, w, h) in zip(datas, _decode.inspect_batch(datas, _native_jpeg(), threads)):
         if cause is None and not kind:
             from PIL import Image, UnidentifiedImageError
 
@@ -223,7 +222,7 @@ class BatchDecoder:
         `entropy`, also each unmarked JPEG's entropy-coded data (`self.entropy`, for a decoder
         that does not check it)."""
         ok, sizes, jpeg = [], [], []
-        checked = check_complete(datas)
+        checked = check_complete(datas, batch_threads(self.threads))
         if entropy:
             checked = self.entropy(index, datas, checked)
         for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, checked)):
@@ -304,7 +303,7 @@ class BatchDecoder:
             js = [k for k in range(len(datas)) if jpeg[k]]
             if js:
                 crops = geo.windows()[js]
-                threads = self.threads or (1 if get_worker_info() is not None else usable_cores())
+                threads = batch_threads(self.threads)
                 chw = target.permute(0, 3, 1, 2)
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
                 # Whole for a file not yet seen to decode whole without error; the others stop
