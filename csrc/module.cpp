@@ -141,12 +141,7 @@ nb::list read_files(nb::sequence paths, int threads) {
   std::vector<nb::object> datas(n);
   std::vector<uint8_t*> bufs(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
-    if (causes[i] != nullptr) {
-      if (files[i].fd >= 0) ::close(files[i].fd);  // raw[i] was "": nothing opened; for safety
-      files[i].fd = -1;
-      continue;
-    }
-    if (files[i].fd < 0) continue;
+    if (files[i].fd < 0) continue;  // not opened: a cause, or not a regular file
     PyObject* b = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(files[i].size));
     if (b == nullptr) {
       for (fastdata::OpenFile& f : files) {

@@ -9,6 +9,7 @@
 #include "parallel.h"
 
 namespace fastdata {
+
 void open_files(const std::vector<const char*>& paths, std::vector<OpenFile>* files, int threads) {
   files->assign(paths.size(), OpenFile{});
   parallel_for(int64_t(paths.size()), threads, [&](int64_t i) {

@@ -1,7 +1,6 @@
-// Reading whole files on several threads, for a batch of image files: the open, the size and
-// the read of each file run with the GIL released, where Python's open().read() costs about
-// 40 us a file on one thread with the GIL held (the read of a batch's files was a tenth of a
-// decode thread's time). Raw POSIX calls only: no Python, no torch.
+// Reading a batch's image files whole on several threads: the size, the open and the read of
+// each run with the GIL released, where Python's open().read() holds it for each file while
+// the other cores wait for the batch. Raw POSIX calls only: no Python, no torch.
 #pragma once
 #include <cstdint>
 #include <vector>
