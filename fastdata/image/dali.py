@@ -108,7 +108,7 @@ class DaliDecoders:
         self._source: _Feed | None = None  # the pipeline's external source
         self._meta: collections.deque = collections.deque()
         self._bad: dict[int, str] = {}  # sample id -> why DALI could not decode it
-        self._dummy = _placeholder()
+        self._dummy = np.frombuffer(_placeholder(), np.uint8)
         self._fed = [0.0, 0.0]  # with stage timing: the feed's wall and CPU seconds so far
         self._drained = 0
 
@@ -206,7 +206,7 @@ class DaliDecoders:
             # decoder's record of clean files, `EntropyCheck`).
             c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True)
             n = len(c.datas)
-            starts, shapes = lowering.window_inputs(c.geo.windows()) if n else ([], [])
+            starts, shapes = lowering.window_inputs(c.geo.windows())
             w, h = c.size if n else (8, 8)
             # Every batch DALI sees is full, the short ones (an epoch's last, one with samples
             # left out; DALI takes no empty batch) filled up with the placeholder at the same
@@ -214,11 +214,10 @@ class DaliDecoders:
             # another size reallocates them, and glibc's heap, which DALI's host buffers come
             # from, grows and shrinks by a batch from epoch to epoch.
             pad = self.batch_size - n
-            dummy = np.frombuffer(self._dummy, np.uint8)
-            inputs = ([np.frombuffer(d, np.uint8) for d in c.datas] + [dummy] * pad,
+            inputs = ([np.frombuffer(d, np.uint8) for d in c.datas] + [self._dummy] * pad,
                       starts + [np.zeros(2, np.float32)] * pad, shapes + [np.full(2, 8, np.float32)] * pad,
                       [np.array([h, w], np.float32)] * self.batch_size,
-                      (list(c.geo.flips.astype(np.int32)) if n else []) + [np.zeros((), np.int32)] * pad)
+                      list(c.geo.flips.astype(np.int32)) + [np.zeros((), np.int32)] * pad)
             if timing:  # the read and the header checks, in this thread: the stage "read"
                 self._fed[0] += time.perf_counter() - wall
                 self._fed[1] += time.thread_time() - cpu
