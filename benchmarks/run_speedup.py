@@ -4,14 +4,17 @@
 The script (this file with --train; it does not import fastdata) is what a user writes: a
 Dataset of decoded images (ready 224 px uint8 HWC arrays seen as CHW, which default_collate
 copies into a batch), DataLoader(batch_size=256, shuffle=True, num_workers=2), and a short
-simulated step (a sleep: the CPU is free, as while a GPU computes). It times itself alike on
-both sides: a warm-up epoch, then images/s of each timed epoch, printed as JSON. The two sides
-run in their own processes, interleaved for --rounds rounds (ABBA), so drift hits both alike;
-the ratio is fastdata run's median images/s over the script's own, with a 95% bootstrap
-interval.
+simulated step: on the CPU a sleep (the CPU is free, as while a GPU computes); with
+--device cuda, the batch moved to the GPU with `.to(device, non_blocking=True)` and a GPU kernel
+that spins for the step's milliseconds, then a `.item()` that waits for it, as `loss.item()`
+does. It times itself alike on both sides: a warm-up epoch, then images/s of each timed epoch,
+printed as JSON. The sides run in their own processes, interleaved for --rounds rounds (ABBA),
+so drift hits them alike; the ratio is fastdata run's median images/s over the script's own,
+with a 95% bootstrap interval. With --device cuda a third side, `fastdata run --no-copy-ahead`,
+measures what the copy ahead to the GPU adds.
 
     OMP_NUM_THREADS=1 python benchmarks/run_speedup.py [--images 2048] [--rounds 5] [--epochs 2]
-                                                       [--step-ms 5] [--json PATH]
+        [--step-ms 5] [--device cpu|cuda] [--pin-memory] [--json PATH]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 
 
-def train(images: int, epochs: int, step_ms: float, workers: int) -> None:
+def train(images: int, epochs: int, step_ms: float, workers: int, device: str, pin: bool) -> None:
     """The training script: prints {"images_per_s": [one a timed epoch]}."""
     import numpy as np
     import torch
@@ -41,17 +44,36 @@ def train(images: int, epochs: int, step_ms: float, workers: int) -> None:
         def __getitem__(self, i: int):
             return torch.from_numpy(self.arrays[i % 64]).permute(2, 0, 1), i
 
-    loader = DataLoader(Decoded(images), batch_size=256, shuffle=True, num_workers=workers)
+    loader = DataLoader(Decoded(images), batch_size=256, shuffle=True, num_workers=workers, pin_memory=pin)
+    cycles = gpu_cycles(step_ms) if device != "cpu" else 0
     rates = []
     for epoch in range(epochs + 1):  # the first is the warm-up
         t, n = time.perf_counter(), 0
         for x, y in loader:
-            x[0, 0, 0, 0].item()  # the step touches the batch
-            time.sleep(step_ms / 1e3)
+            if device == "cpu":
+                x[0, 0, 0, 0].item()  # the step touches the batch
+                time.sleep(step_ms / 1e3)
+            else:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                torch.cuda._sleep(cycles)
+                (x[:, 0, 0, 0].float().sum() + y.sum()).item()  # the step reads the batch and waits for the GPU
             n += len(y)
         if epoch:
             rates.append(n / (time.perf_counter() - t))
     print(json.dumps({"images_per_s": rates}))
+
+
+def gpu_cycles(ms: float) -> int:
+    """Clock cycles of `torch.cuda._sleep` that keep the GPU busy for `ms` milliseconds."""
+    import torch
+
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return int(10_000_000 * ms / start.elapsed_time(end))
 
 
 def main() -> None:
@@ -61,31 +83,47 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs a process, after a warm-up one")
     ap.add_argument("--step-ms", type=float, default=5.0, help="the simulated step's milliseconds")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the step runs")
+    ap.add_argument("--pin-memory", action="store_true", help="the script's DataLoader pins its batches")
     ap.add_argument("--json", default=None)
     ap.add_argument("--train", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.train:
-        train(args.images, args.epochs, args.step_ms, args.workers)
+        train(args.images, args.epochs, args.step_ms, args.workers, args.device, args.pin_memory)
         return
 
     import _common
 
     script = [sys.executable, str(Path(__file__).resolve()), "--train", "--images", str(args.images),
-              "--epochs", str(args.epochs), "--step-ms", str(args.step_ms), "--workers", str(args.workers)]
-    commands = {"script as is (DataLoader)": script,
-                "fastdata run -- script": [sys.executable, "-m", "fastdata.cli", "run", "--", *script]}
+              "--epochs", str(args.epochs), "--step-ms", str(args.step_ms), "--workers", str(args.workers),
+              "--device", args.device] + ["--pin-memory"] * args.pin_memory
+    run = [sys.executable, "-m", "fastdata.cli", "run"]
+    commands = {"script as is (DataLoader)": script, "fastdata run -- script": [*run, "--", *script]}
+    if args.device == "cuda":
+        commands["fastdata run --no-copy-ahead"] = [*run, "--no-copy-ahead", "--", *script]
     rates, _ = _common.process_rounds(commands, args.rounds)
-    base, run = rates["script as is (DataLoader)"], rates["fastdata run -- script"]
-    ratio = _common.median(run) / _common.median(base)
-    low, high = _common.ratio_ci(run, base) if len(base) > 1 else (ratio, ratio)
-    print(f"script as is:            {_common.median(base):8.0f} images/s (median of {len(base)} epochs)")
-    print(f"fastdata run -- script:  {_common.median(run):8.0f} images/s")
-    print(f"speed-up: {ratio:.2f}x (95% interval {low:.2f}..{high:.2f})")
-    _common.write("run_speedup", {
+    base = rates["script as is (DataLoader)"]
+    print(f"{'script as is':<30} {_common.median(base):8.0f} images/s (median of {len(base)} epochs)")
+    ratios = {}
+    for name, key in (("fastdata run -- script", "fastdata_run"), ("fastdata run --no-copy-ahead", "no_copy_ahead")):
+        if name in rates:
+            ratio = _common.median(rates[name]) / _common.median(base)
+            low, high = _common.ratio_ci(rates[name], base) if len(base) > 1 else (ratio, ratio)
+            ratios[key] = {"speedup": ratio, "speedup_interval": [low, high]}
+            print(f"{name:<30} {_common.median(rates[name]):8.0f} images/s: {ratio:.2f}x (95% interval "
+                  f"{low:.2f}..{high:.2f})")
+    if "no_copy_ahead" in ratios:
+        gain = _common.median(rates["fastdata run -- script"]) / _common.median(rates["fastdata run --no-copy-ahead"])
+        ratios["copy_ahead_gain"] = gain
+        print(f"the copy ahead to the GPU: {gain:.2f}x fastdata run without it")
+    name = "run_speedup" if args.device == "cpu" else "run_speedup_cuda" + ("" if args.pin_memory else "_pageable")
+    _common.write(name, {
         "config": {"images": args.images, "batch_size": 256, "num_workers": args.workers, "step_ms": args.step_ms,
-                   "epochs": args.epochs, "rounds": args.rounds, "image": "224x224x3 uint8, HWC seen as CHW"},
-        "images_per_s": {"script": base, "fastdata_run": run},
-        "speedup": ratio, "speedup_interval": [low, high]}, args.json)
+                   "epochs": args.epochs, "rounds": args.rounds, "device": args.device,
+                   "pin_memory": args.pin_memory, "image": "224x224x3 uint8, HWC seen as CHW"},
+        "images_per_s": {"script": base, "fastdata_run": rates["fastdata run -- script"],
+                         **({"no_copy_ahead": rates["fastdata run --no-copy-ahead"]} if args.device == "cuda" else {})},
+        **ratios["fastdata_run"], **{k: v for k, v in ratios.items() if k != "fastdata_run"}}, args.json)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import torch.utils.data.dataloader
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from ._run_copy import CopyAhead
+from ._run_copy import install as install_copy
 from ._run_profile import Timing
 from .backends.torch import TorchLoader
 
@@ -53,6 +55,7 @@ _WORKER_KEYWORDS = ("worker_init_fn", "prefetch_factor", "multiprocessing_contex
 _LIBRARIES = {"torch", "fastdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
 
 _served: list[tuple[weakref.ref, Timing]] = []
+_copying: list[tuple[int, CopyAhead]] = []
 _count = itertools.count()
 
 
@@ -107,7 +110,15 @@ class Served(DataLoader, TorchLoader):
             self.set_stage_timing(True)
             _served.append((weakref.ref(self), timing))
         self._fastdata_timing = timing
-        _record(self, self.dataset, "served", reason, type(self))
+        # With workers and a GPU, batches are copied ahead to where the script moves them.
+        copy = self._fastdata_copy = CopyAhead() if self.num_workers > 0 and _copy_ahead() else None
+        seq = _record(self, self.dataset, "served", reason, type(self))
+        if copy is not None and seq is not None:
+            _copying.append((seq, copy))
+
+    def _to_device(self, it: Any, timed: bool) -> Any:
+        copy = getattr(self, "_fastdata_copy", None)
+        return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
 
     def __iter__(self) -> Any:
         it = TorchLoader.__iter__(self)
@@ -117,7 +128,12 @@ class Served(DataLoader, TorchLoader):
     def __getstate__(self) -> dict[str, Any]:
         state = TorchLoader.__getstate__(self)
         state.pop("_fastdata_timing", None)  # a copy in another process is not this one's record
+        state.pop("_fastdata_copy", None)
         return state
+
+
+def _copy_ahead() -> bool:
+    return torch.cuda.is_available() and not os.environ.get("FASTDATA_RUN_NO_COPY")
 
 
 def _dataset_of(args: tuple, kwargs: dict) -> Any:
@@ -241,10 +257,11 @@ def _where() -> str:
     return "?"
 
 
-def _record(loader: Any, dataset: Any, decision: str, reason: str, cls: type) -> None:
+def _record(loader: Any, dataset: Any, decision: str, reason: str, cls: type) -> int | None:
+    """Appends the decision to the run's record; the loader's number there (None: no record)."""
     out = os.environ.get("FASTDATA_RUN_DIR")
     if not out:
-        return
+        return None
     line = {"pid": os.getpid(), "seq": next(_count), "where": _where(), "dataset": type(dataset).__qualname__,
             "loader": "DataLoader" if cls in (DataLoader, Served) else cls.__qualname__, "decision": decision, "reason": reason}
     if loader is not None:
@@ -253,6 +270,7 @@ def _record(loader: Any, dataset: Any, decision: str, reason: str, cls: type) ->
         if timing is not None:
             timing.seq = line["seq"]
     _append(out, line)
+    return line["seq"]
 
 
 def _append(out: str, line: dict) -> None:
@@ -260,7 +278,8 @@ def _append(out: str, line: dict) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def _write_profiles(pid: int) -> None:
+def _write_at_exit(pid: int) -> None:
+    """The served loaders' measurements and device copies, appended to the run's record."""
     out = os.environ.get("FASTDATA_RUN_DIR")
     if not out or os.getpid() != pid:  # a forked child inherits the handler, not the loaders
         return
@@ -270,6 +289,9 @@ def _write_profiles(pid: int) -> None:
             timing.snapshot(loader)
         if timing.batches:
             _append(out, {"pid": pid, "seq": timing.seq, "profile": timing.to_json()})
+    for seq, copy in _copying:
+        if copy.device is not None:
+            _append(out, {"pid": pid, "seq": seq, "copy": copy.to_json()})
 
 
 def torch_loader() -> Any:
@@ -290,5 +312,6 @@ def install() -> None:
     copyreg.pickle(TorchDataLoader, _reduce_torch_loader)
     torch.utils.data.DataLoader = DataLoader
     torch.utils.data.dataloader.DataLoader = DataLoader
-    if os.environ.get("FASTDATA_RUN_PROFILE"):
-        atexit.register(_write_profiles, os.getpid())
+    if _copy_ahead():
+        install_copy()
+    atexit.register(_write_at_exit, os.getpid())

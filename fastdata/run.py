@@ -41,6 +41,8 @@ _SITE = Path(__file__).with_name("_run_site.py")
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--profile", action="store_true",
                     help="time each served loader in the run and write its report (report.json, report.html)")
+    ap.add_argument("--no-copy-ahead", dest="copy_ahead", action="store_false",
+                    help="do not copy batches ahead to the GPU the script moves them to")
     ap.add_argument("--out", default="fastdata-run", metavar="DIR",
                     help="where --profile writes a folder per loader (default: ./fastdata-run)")
     add_debug(ap)
@@ -53,10 +55,12 @@ def main_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """Runs the parsed command line; no COMMAND is a bad command line (exit 2)."""
     if not args.command or args.command == ["--"]:
         ap.error("no command given: fastdata run [--profile] -- python train.py ...")
-    return run_command("fastdata run", lambda: run(args.command, profile=args.profile, out=args.out), args.debug)
+    return run_command("fastdata run", lambda: run(args.command, profile=args.profile, out=args.out,
+                                                   copy_ahead=args.copy_ahead), args.debug)
 
 
-def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "fastdata-run") -> int:
+def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "fastdata-run",
+        copy_ahead: bool = True) -> int:
     """Runs `command` with the hook; prints the loaders' decisions (and with `profile`, writes
     their reports in `out`); returns the command's exit status."""
     command = command[1:] if command[:1] == ["--"] else command
@@ -71,6 +75,8 @@ def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [records, os.environ.get("PYTHONPATH")]))
         if profile:
             env["FASTDATA_RUN_PROFILE"] = "1"
+        if not copy_ahead:
+            env["FASTDATA_RUN_NO_COPY"] = "1"
         status = _child(command, env)
         loaders = read_records(records)
     finally:
@@ -105,10 +111,8 @@ def read_records(folder: str | os.PathLike) -> list[dict[str, Any]]:
         for text in path.read_text().splitlines():
             line = json.loads(text)
             key = (line["pid"], line["seq"])
-            if "profile" in line:
-                loaders.setdefault(key, {}).update(profile=line["profile"])
-            else:
-                loaders.setdefault(key, {}).update(line)
+            loaders.setdefault(key, {}).update(line if "decision" in line else
+                                              {k: v for k, v in line.items() if k in ("profile", "copy")})
     return [loaders[k] for k in sorted(loaders) if "decision" in loaders[k]]
 
 
@@ -118,7 +122,8 @@ def summary(loaders: list[dict[str, Any]]) -> str:
     if not loaders:
         return ("fastdata run: the command made no DataLoader under fastdata (none made, or its Python did not load "
                 "the hook: python -S, -I or -E ignore PYTHONPATH)")
-    kinds = collections.Counter((r["decision"], r["where"], r["dataset"], r["loader"], r["reason"]) for r in loaders)
+    kinds = collections.Counter((r["decision"], r["where"], r["dataset"], r["loader"], r["reason"] + _copied(r))
+                                for r in loaders)
     served = sum(r["decision"] == "served" for r in loaders)
     lines = [f"fastdata run: {len(loaders)} DataLoader(s): {served} served by fastdata, {len(loaders) - served} "
              "torch's own"]
@@ -126,6 +131,14 @@ def summary(loaders: list[dict[str, Any]]) -> str:
         times = f" (x{n})" if n > 1 else ""
         lines.append(f"  {decision:<9} {where}  {loader}({dataset}){times}: {reason}")
     return "\n".join(lines)
+
+
+def _copied(record: dict[str, Any]) -> str:
+    copy = record.get("copy")
+    if not copy:
+        return ""
+    return (f"; copied ahead to {copy['device']}, {copy['taken']:,} of {copy['copies']:,} tensor copies taken by "
+            "the script's .to()")
 
 
 def write_reports(loaders: list[dict[str, Any]], out: Path) -> list[str]:

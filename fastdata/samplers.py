@@ -80,7 +80,7 @@ class IndexSampler(Sampler[int]):
         self.seed = _seed(seed)
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
-        self._version = 0  # counts the changes of per-sample data (the cache's key)
+        self._data_version = 0  # counts the changes of per-sample data (the cache's key)
         self._cached: tuple[int, int, np.ndarray] | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -92,10 +92,10 @@ class IndexSampler(Sampler[int]):
         defaults to the one set. Read-only: it is cached for the epoch."""
         epoch = self.epoch if epoch is None else int(epoch)
         cached = self._cached
-        if cached is None or cached[:2] != (epoch, self._version):
+        if cached is None or cached[:2] != (epoch, self._data_version):
             order = np.ascontiguousarray(self._draw(epoch), dtype=np.int64)
             order.setflags(write=False)
-            cached = self._cached = (epoch, self._version, order)
+            cached = self._cached = (epoch, self._data_version, order)
         return cached[2]
 
     def share(self, rank: int, world_size: int, epoch: int | None = None) -> np.ndarray:
@@ -199,7 +199,7 @@ class WeightedSampler(IndexSampler):
         if not self.replacement:
             self._check_without_replacement(w)
         self._weights, self._fn, self._set = w, None, w
-        self._version += 1
+        self._data_version += 1
 
     def weights(self, epoch: int | None = None) -> np.ndarray:
         """The weights `epoch` (default: the one set) draws with."""
@@ -305,7 +305,7 @@ class CurriculumSampler(IndexSampler):
         """The difficulty from the next epoch that starts on."""
         d = _per_sample(difficulty, "difficulty", self.population)
         self._ranked, self._set = np.argsort(d, kind="stable"), d
-        self._version += 1
+        self._data_version += 1
 
     def pool(self, epoch: int | None = None) -> np.ndarray:
         """The samples `epoch` (default: the one set) draws from, easiest first."""

@@ -4,6 +4,7 @@ summary says, and --profile's reports valid against report.schema.json."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,44 @@ def test_lightning_same_batches(tmp_path):
     assert got["losses"] == want["losses"]
     assert got["loader"] == "Served"
     assert all(line.startswith("served") for line in _summary(err)), err
+
+
+def _copied(line: str) -> tuple[int, int]:
+    """(copies taken, copies made) from a summary line's copy-ahead clause."""
+    m = re.search(r"copied ahead to cuda:0, ([\d,]+) of ([\d,]+) tensor copies taken", line)
+    assert m, line
+    return int(m[1].replace(",", "")), int(m[2].replace(",", ""))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_gpu_same_batches_copied_ahead(tmp_path):
+    want = _direct("train_plain.py", tmp_path / "direct.json", "--device", "cuda")
+    got, err = _under_run("train_plain.py", tmp_path / "run.json", "--device", "cuda")
+    assert got["ids"] == want["ids"] and got["losses"] == want["losses"]
+    assert got["workers"] >= 1
+    (line,) = _summary(err)
+    # batch 0 names the destination; each later batch of the 3 epochs x 6 is copied ahead, and
+    # the script takes x and y from the copies (it keeps the ids on the host)
+    assert _copied(line) == (2 * 17, 3 * 17), line
+    no_copy, err = _under_run("train_plain.py", tmp_path / "off.json", "--device", "cuda", flags=("--no-copy-ahead",))
+    assert no_copy["losses"] == want["losses"] and "copied ahead" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_lightning_gpu_same_batches_copied_ahead(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    want = _direct("train_lightning.py", tmp_path / "direct.json", "gpu")
+    got, err = _under_run("train_lightning.py", tmp_path / "run.json", "gpu")
+    assert got["ids"] == want["ids"] and len(want["ids"]) == 2 * 8
+    assert got["losses"] == want["losses"]
+    # Lightning moves each batch before it takes the next (it takes one ahead only from a loader
+    # without len()): batch 0 names the destination, and every tensor of each later batch is taken
+    lines = _summary(err)
+    assert all(line.startswith("served") for line in lines), err
+    copied = [_copied(line) for line in lines if "copied ahead" in line]
+    assert copied == [(3 * 15, 3 * 15)], err
 
 
 def test_grandchild_and_the_shadowed_sitecustomize(tmp_path, monkeypatch):

@@ -139,7 +139,7 @@ class TorchLoader(DataLoader, Loader):
         timed = collate_fn is not None and collate_fn.timing is not None
         if timed:
             it = self._untimed(it)
-        batches = it if self.device is None else prefetch(it, self.device, self._time_copy if timed else None)
+        batches = self._to_device(it, timed)
         take = batches.__next__
         survives = self.device is None
         workers = self._loader.num_workers
@@ -215,6 +215,10 @@ class TorchLoader(DataLoader, Loader):
             stats["batches"] += n
             stats["samples"] += n
             end()
+
+    def _to_device(self, it: Iterator[Any], timed: bool) -> Iterator[Any]:
+        """The pass's batches on `device` (copied one batch ahead), or as they are without one."""
+        return it if self.device is None else prefetch(it, self.device, self._time_copy if timed else None)
 
     def set_stage_timing(self, on: bool) -> bool:
         """Stage timing on or off (for fastdata.profile): the dataset's and the collation's CPU

@@ -1,6 +1,7 @@
 """A Lightning script, as a user writes it: a LightningModule whose train_dataloader returns a
-plain DataLoader over a Dataset whose samples encode their index; Trainer on the CPU, one
-device. Writes the ids of each batch and the losses to the JSON file named by its argument."""
+plain DataLoader over a Dataset whose samples encode their index; Trainer on one device, the
+CPU (or the accelerator named by a second argument: gpu). Writes the ids of each batch and the
+losses to the JSON file named by its first argument."""
 
 import json
 import sys
@@ -42,7 +43,7 @@ class Module(pl.LightningModule):
 if __name__ == "__main__":
     pl.seed_everything(0)
     module = Module()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(accelerator=sys.argv[2] if len(sys.argv) > 2 else "cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module)
     loader = trainer.train_dataloader

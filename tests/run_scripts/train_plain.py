@@ -1,7 +1,8 @@
 """A plain training loop, as a user writes it: a Dataset whose samples encode their index, a
 tiny model with dropout, SGD, shuffled batches, a few epochs. Writes the ids of each batch and
 the losses to the JSON file named by its first argument; --subclass and --iterable make the
-loaders a DataLoader subclass and an IterableDataset instead, --noisy a Dataset that draws random noise."""
+loaders a DataLoader subclass and an IterableDataset instead, --noisy a Dataset that draws random
+noise; --device cuda trains on the GPU, each batch moved there as scripts do."""
 
 import argparse
 import json
@@ -45,9 +46,10 @@ def main():
     ap.add_argument("--subclass", action="store_true")
     ap.add_argument("--iterable", action="store_true")
     ap.add_argument("--noisy", action="store_true")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if args.iterable:
         loader = DataLoader(Stream(), batch_size=16)
@@ -58,6 +60,7 @@ def main():
     seen, losses = [], []
     for epoch in range(args.epochs):
         for x, y, ids in loader:
+            x, y = x.to(args.device, non_blocking=True), y.to(args.device, non_blocking=True)
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()

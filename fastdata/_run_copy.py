@@ -1,0 +1,262 @@
+"""The device copy `fastdata run` adds to a served loader: each batch crosses to the device the
+script moves its batches to one batch ahead, on a side stream, while the script works on the
+batch before.
+
+The script is not changed, so where its batches go is learned from the script itself: the first
+batch is handed out as is, and the first of its tensors that the script moves to another device
+(`.to(...)`, `.cuda()`) names the destination. From then on each batch is copied there as it
+comes from the workers, one batch ahead of the script, and the script still gets the host batch,
+its tensors as they were. The script's `.to()` of one of those tensors then returns the copy
+made ahead, once, instead of copying again: `Tensor.to` and `Tensor.cuda` are wrapped in the
+process for that (`install`), and a tensor with no copy ahead pays one dict lookup. The copy is
+not used, and the call does what it always does, when it asks for something else (another
+device, a memory format, converting a floating-point tensor, whose rounding could differ between
+devices) or when the tensor was changed in place since the copy (its version counter moved).
+
+Safety of the buffers: a batch is handed out only once its copy is done (the copy was started a
+batch earlier, so this rarely waits), so the script may drop or overwrite the host batch at once;
+the copy is handed to the script's stream with `record_stream`. A copy not asked for within two
+batches is dropped (two, as a trainer may take the next batch before it moves this one: Lightning
+does from a loader without len()), so a script that keeps host batches does not keep device
+copies.
+
+Only with workers: there the next batch is made whether or not it is taken early. With
+num_workers=0 the dataset runs in the script's process when a batch is taken, and taking one
+early would move its random draws before the script's step.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import weakref
+from typing import Any, Iterator
+
+import torch
+
+_to = torch.Tensor.to
+_cuda = torch.Tensor.cuda
+# id(host tensor) -> its _Copy or _Watch; an entry is live while its weak reference still
+# points at that tensor (an id is reused once a tensor dies).
+_pending: dict[int, Any] = {}
+_KEEP = 2  # batches an unused copy (or a watched batch) stays before it is dropped
+
+
+def install() -> None:
+    """Wraps `Tensor.to` and `Tensor.cuda` so that a tensor with a copy ahead is served from it."""
+    if torch.Tensor.to is not to:
+        torch.Tensor.to = to  # type: ignore[method-assign]
+        torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+
+
+def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    entry = _entry(self)
+    if entry is None:
+        return _to(self, *args, **kwargs)
+    out = entry.serve(self, _target(args, kwargs))
+    if out is None:
+        out = _to(self, *args, **kwargs)
+        entry.saw(out)
+    return out
+
+
+def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
+         memory_format: torch.memory_format = torch.preserve_format) -> Any:
+    entry = _entry(self)
+    if entry is None:
+        return _cuda(self, device, non_blocking, memory_format)
+    if device is None:
+        where = torch.device("cuda")
+    else:
+        where = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    out = entry.serve(self, (where, None, memory_format))
+    if out is None:
+        out = _cuda(self, device, non_blocking, memory_format)
+        entry.saw(out)
+    return out
+
+
+def _entry(t: torch.Tensor) -> Any:
+    if not _pending or torch.compiler.is_compiling():
+        return None
+    entry = _pending.get(id(t))
+    return entry if entry is not None and entry.ref() is t else None
+
+
+def _target(args: tuple, kwargs: dict) -> tuple | None:
+    """(device, dtype, memory_format) that a `.to` call asks for, or None for a call this does
+    not read (`.to(other_tensor)`, more positional arguments): those take their usual path."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "copy"}  # a copy made ahead is a fresh tensor
+    try:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    except (TypeError, RuntimeError):
+        return None
+    return device, dtype, memory_format
+
+
+def _same_device(asked: torch.device | None, have: torch.device) -> bool:
+    if asked is None or asked.type != have.type:
+        return False
+    if asked.index is None and asked.type == "cuda":
+        asked = torch.device("cuda", torch.cuda.current_device())
+    return asked.index is None or asked == have
+
+
+class CopyAhead:
+    """A served loader's copy stage: the destination learned, the side stream, and counts of
+    the copies made and the ones the script took."""
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+        self.stream: Any = None
+        self.made = self.served = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "stream": None}
+
+    def batches(self, it: Iterator[Any]) -> Iterator[Any]:
+        return _Pass(self, it)
+
+    def learn(self, device: torch.device) -> None:
+        if self.device is None:
+            self.device = device
+
+    def start(self, host: Any) -> tuple:
+        """Starts copying `host`'s CPU tensors to the destination: (host, [(tensor, copy)], done)."""
+        leaves = [t for t in _tensors(host) if t.device.type == "cpu"]
+        if self.device.type != "cuda":
+            return host, [(t, _to(t, self.device)) for t in leaves], None
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.stream):
+            copies = [(t, _to(t, self.device, non_blocking=True)) for t in leaves]
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return host, copies, done
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": str(self.device) if self.device is not None else None,
+                "copies": self.made, "taken": self.served}
+
+
+class _Watch:
+    """A tensor of a batch handed out before the destination is known: its move names it."""
+
+    __slots__ = ("ref", "ahead")
+
+    def __init__(self, t: torch.Tensor, ahead: CopyAhead) -> None:
+        self.ref, self.ahead = _ref(t), ahead
+
+    def serve(self, t: torch.Tensor, target: Any) -> None:
+        return None
+
+    def saw(self, out: Any) -> None:
+        t = self.ref()
+        if t is not None and isinstance(out, torch.Tensor) and out.device.type not in ("cpu", t.device.type):
+            self.ahead.learn(out.device)
+
+
+class _Copy:
+    """A tensor of a batch handed out with its copy on the destination."""
+
+    __slots__ = ("ref", "version", "copy", "ahead")
+
+    def __init__(self, t: torch.Tensor, copy: torch.Tensor, ahead: CopyAhead) -> None:
+        self.ref, self.version, self.copy, self.ahead = _ref(t), t._version, copy, ahead
+
+    def serve(self, t: torch.Tensor, target: tuple | None) -> torch.Tensor | None:
+        if target is None:
+            return None
+        device, dtype, memory_format = target
+        if memory_format not in (None, torch.preserve_format) or not _same_device(device, self.copy.device):
+            return None
+        convert = dtype is not None and dtype != t.dtype
+        if convert and (t.is_floating_point() or t.is_complex()):
+            return None
+        if t._version != self.version:
+            return None
+        del _pending[id(t)]
+        copy, self.copy = self.copy, None
+        if copy.is_cuda:
+            copy.record_stream(torch.cuda.current_stream(copy.device))
+        self.ahead.served += 1
+        return _to(copy, dtype) if convert else copy
+
+    def saw(self, out: Any) -> None:
+        pass
+
+
+class _Pass:
+    """One pass's batches, each handed out once its copy is done while the next one's copy runs.
+    A dataset error from the next batch is raised after the batch before it is handed out, and
+    the pass goes on past it as the loader's own would."""
+
+    def __init__(self, ahead: CopyAhead, it: Iterator[Any]) -> None:
+        self.ahead, self.it = ahead, it
+        self.held: tuple | None = None
+        self.error: BaseException | None = None
+        self.recent: collections.deque = collections.deque()
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self) -> Any:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        ahead = self.ahead
+        if ahead.device is None:
+            batch = next(self.it)
+            self._hand_out([(t, _Watch(t, ahead)) for t in _tensors(batch) if t.device.type == "cpu"])
+            return batch
+        if self.held is None:
+            self.held = ahead.start(next(self.it))
+        try:
+            following = next(self.it)
+        except StopIteration:
+            out, self.held = self.held, None
+        except Exception as e:
+            out, self.held = self.held, None
+            self.error = e
+        else:
+            out, self.held = self.held, ahead.start(following)
+        host, copies, done = out
+        if done is not None:
+            done.synchronize()
+        ahead.made += len(copies)
+        self._hand_out([(t, _Copy(t, copy, ahead)) for t, copy in copies])
+        return host
+
+    def _hand_out(self, entries: list) -> None:
+        """Registers a batch's entries and drops those of the batch `_KEEP` before it."""
+        for t, entry in entries:
+            _pending[id(t)] = entry
+        self.recent.append([(id(t), entry) for t, entry in entries])
+        while len(self.recent) > _KEEP:
+            for key, entry in self.recent.popleft():
+                if _pending.get(key) is entry:
+                    del _pending[key]
+
+
+def _ref(t: torch.Tensor) -> weakref.ref:
+    """A weak reference to `t` whose death drops `t`'s entry (and with it a copy never asked for)."""
+    key = id(t)
+
+    def forget(ref: weakref.ref) -> None:
+        entry = _pending.get(key)
+        if entry is not None and entry.ref is ref:
+            del _pending[key]
+
+    return weakref.ref(t, forget)
+
+
+def _tensors(data: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a batch: through mappings, tuples and lists, as collation builds them."""
+    if isinstance(data, torch.Tensor):
+        yield data
+    elif isinstance(data, collections.abc.Mapping):
+        for v in data.values():
+            yield from _tensors(v)
+    elif isinstance(data, (tuple, list)):
+        for v in data:
+            yield from _tensors(v)

@@ -1,0 +1,190 @@
+"""`fastdata run`'s copy ahead (fastdata/_run_copy.py), on the CPU: the destination learned from
+the script's first move, the script's `.to()` served from the copy made ahead only where it
+gives what the call would, unused copies dropped, and a dataset error raised in its place.
+
+Here the destination is the meta device (shapes and dtypes, no values), the only one a CPU
+machine has; tests/test_run.py::test_gpu_same_batches_copied_ahead checks the values on a GPU."""
+
+import gc
+
+import pytest
+import torch
+
+from fastdata import _run_copy
+from fastdata._run_copy import CopyAhead
+
+
+@pytest.fixture(autouse=True)
+def wrapped():
+    before = torch.Tensor.to, torch.Tensor.cuda
+    _run_copy.install()
+    yield
+    torch.Tensor.to, torch.Tensor.cuda = before
+    _run_copy._pending.clear()
+
+
+def batches(n, fail_at=None):
+    """Batch k: images whose every value is k, labels k..k+3, a dict of ids."""
+    for k in range(n):
+        if k == fail_at:
+            raise_in_place = ValueError(f"sample {k} is bad")
+            yield raise_in_place
+            continue
+        yield torch.full((4, 3, 2, 2), k, dtype=torch.uint8), torch.arange(k, k + 4), {"ids": torch.arange(4) + 4 * k}
+
+
+class Source:
+    """An iterator that raises at `fail_at` and goes on after it, as DataLoader's does."""
+
+    def __init__(self, n, fail_at=None):
+        self.it = batches(n, fail_at)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self.it)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def test_learns_the_destination_then_serves_each_move():
+    ahead = CopyAhead()
+    moved = []
+    for k, (x, y, extra) in enumerate(ahead.batches(Source(5))):
+        assert int(x[0, 0, 0, 0]) == k and y.tolist() == list(range(k, k + 4))  # the host batch, as made
+        before = ahead.served
+        gx, gy = x.to("meta", non_blocking=True), y.to(torch.device("meta"))
+        moved.append(ahead.served - before)
+        assert gx.device.type == gy.device.type == "meta" and gx.shape == x.shape and gy.dtype == y.dtype
+        assert x.device.type == "cpu"
+    # batch 0 names the destination; from batch 1 on both moves are served, ids never asked for
+    assert moved == [0, 2, 2, 2, 2] and ahead.device == torch.device("meta")
+    assert ahead.made == 4 * 3 and ahead.served == 8
+
+
+def test_served_once_and_only_for_what_the_call_would_give():
+    ahead = CopyAhead()
+    ahead.learn(torch.device("meta"))
+    it = ahead.batches(Source(6))
+    x, y, _ = next(it)
+    assert x.to("meta") is not None and ahead.served == 1
+    x.to("meta")
+    assert ahead.served == 1  # taken once: a second move copies again, as it always did
+    y.to("meta", torch.float32)
+    assert ahead.served == 2  # an integer tensor converted: exact on any device
+
+    x, y, _ = next(it)
+    x = x.float()
+    x.to("meta")  # a new tensor (float() on the host): its own copy
+    y.to(torch.float32)  # no device asked: a host conversion
+    assert ahead.served == 2
+    assert y.to("meta").dtype == torch.int64 and ahead.served == 3
+
+    x, y, _ = next(it)
+    x.add_(1)  # changed in place after its copy was made: the copy is stale
+    assert x.to("meta") is not None and ahead.served == 3
+    y.float().to("meta")
+    f = torch.zeros(2)
+    assert f.to("meta").device.type == "meta"  # never handed out: untouched
+    assert ahead.served == 3
+
+    x, y, _ = next(it)
+    x.to("meta", memory_format=torch.channels_last)
+    x.to("cpu")
+    assert ahead.served == 3
+    x.to("meta", copy=True)
+    assert ahead.served == 4
+
+
+def test_a_float_batch_is_not_converted_from_the_copy():
+    ahead = CopyAhead()
+    ahead.learn(torch.device("meta"))
+    for x in ahead.batches(iter([torch.rand(3), torch.rand(3)])):
+        assert x.to("meta", torch.float16).dtype == torch.float16
+        assert x.to("meta").dtype == torch.float32
+    assert ahead.served == 2 and ahead.made == 2
+
+
+def test_unused_copies_are_dropped():
+    ahead = CopyAhead()
+    ahead.learn(torch.device("meta"))
+    kept = []
+    for batch in ahead.batches(Source(10)):
+        kept.append(batch)  # a script that keeps every host batch and never moves one
+        assert len(_run_copy._pending) <= _run_copy._KEEP * 3
+    assert ahead.served == 0 and ahead.made == 30
+    del batch
+    kept.clear()
+    gc.collect()
+    assert not _run_copy._pending
+
+
+def test_a_trainer_one_batch_behind_is_served():
+    # Lightning takes batch k+1 before it moves batch k
+    ahead = CopyAhead()
+    it = ahead.batches(Source(6))
+    previous = next(it)
+    for batch in it:
+        previous[0].to("meta")
+        previous = batch
+    previous[0].to("meta")
+    # all but batches 0 and 1, handed out before batch 0's move named the destination
+    assert ahead.served == 4 and ahead.made == 4 * 3
+
+
+def test_a_dataset_error_comes_in_its_place_and_the_pass_goes_on():
+    ahead = CopyAhead()
+    ahead.learn(torch.device("meta"))
+    it = ahead.batches(Source(6, fail_at=3))
+    got = []
+    while True:
+        try:
+            x, *_ = next(it)
+        except StopIteration:
+            break
+        except ValueError as e:
+            got.append(str(e))
+            continue
+        x.to("meta")
+        got.append(int(x[0, 0, 0, 0]))
+    assert got == [0, 1, 2, "sample 3 is bad", 4, 5]
+    assert ahead.served == 5
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Sample i: a 2x2 image of value i % 256, and i."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.full((2, 2), i % 256, dtype=torch.uint8), i
+
+
+def test_a_served_loader_with_workers_copies_ahead(monkeypatch):
+    from fastdata import _run_hook
+
+    def make(cls):
+        return cls(Indexed(), batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0))
+
+    torch_loader = make(torch.utils.data.DataLoader)
+    want = [[i for _, i in torch_loader] for _ in range(2)]
+    monkeypatch.setattr(_run_hook, "_copy_ahead", lambda: True)  # as where CUDA is
+    loader = make(_run_hook.DataLoader)
+    assert type(loader) is _run_hook.Served and loader._fastdata_copy is not None
+    for epoch in range(2):
+        for k, (x, i) in enumerate(loader):
+            assert torch.equal(i, want[epoch][k]) and torch.equal(x[:, 0, 0], (i % 256).to(torch.uint8))
+            assert x.to("meta").shape == (4, 2, 2)
+            if epoch == 1 and k == 4:
+                state = loader.state_dict()  # counts the batches handed out, not the one copied ahead
+                break
+    copy = loader._fastdata_copy
+    # batch 0 named the destination; x of every later batch served, its ids copied and never asked for
+    assert copy.device == torch.device("meta") and copy.served == 9 + 5 and copy.made == 2 * copy.served
+    assert state["batches"] == 5
+    resumed = make(_run_hook.DataLoader)
+    resumed.load_state_dict(state)
+    assert torch.equal(torch.cat([i for _, i in resumed]), torch.cat(want[1][5:]))
