@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import functools
 import weakref
 from typing import Any, Iterator
 
@@ -49,6 +50,7 @@ def install() -> None:
         torch.Tensor.cuda = cuda  # type: ignore[method-assign]
 
 
+@functools.wraps(_to)
 def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     entry = _entry(self)
     if entry is None:
@@ -60,6 +62,7 @@ def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
+@functools.wraps(_cuda)
 def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
          memory_format: torch.memory_format = torch.preserve_format) -> Any:
     entry = _entry(self)
@@ -84,8 +87,8 @@ def _entry(t: torch.Tensor) -> Any:
 
 
 def _target(args: tuple, kwargs: dict) -> tuple | None:
-    """(device, dtype, memory_format) that a `.to` call asks for, or None for a call this does
-    not read (`.to(other_tensor)`, more positional arguments): those take their usual path."""
+    """(device, dtype, memory_format) that a `.to` call asks for, or None for arguments `.to`
+    itself would refuse: the call then takes its usual path, to its usual error."""
     kwargs = {k: v for k, v in kwargs.items() if k != "copy"}  # a copy made ahead is a fresh tensor
     try:
         device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)

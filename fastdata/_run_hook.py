@@ -4,8 +4,9 @@
 arguments: served by fastdata's drop-in loader (`Served`, a `TorchLoader`) or torch's own
 DataLoader (an instance of `DataLoader` itself, which adds nothing to torch's class). Both are
 instances of the class the script sees as `DataLoader` and of torch's. Each decision is appended
-to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; with `FASTDATA_RUN_PROFILE` set, each
-served loader's measurements (`fastdata._run_profile`) are appended at the process's exit.
+to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; at the process's exit, each served
+loader's copies ahead to the GPU (`fastdata._run_copy`, where CUDA is and FASTDATA_RUN_NO_COPY is
+not set) and, with `FASTDATA_RUN_PROFILE` set, its measurements (`fastdata._run_profile`).
 
 num_workers: where the script left the default (0), a served loader gets "auto" only when that
 cannot change a batch: torch's default samplers (whose draws do not depend on the worker count),

@@ -8,13 +8,15 @@ subclass of DataLoader, an IterableDataset, a custom sampler or batch sampler, a
 DataLoader does not take). A loader the script left at num_workers=0 gets num_workers='auto'
 only where workers cannot change a batch: torch's default samplers, fork, and a dataset whose
 __getitem__ draws from no global RNG and changes none of its attributes (a probe of sample 0,
-its draws undone). At the end, one line per loader on stderr: where it was made, the dataset,
-served or fell back, and why.
+its draws undone). Where CUDA is, a served loader with workers copies each batch ahead to the GPU
+the script moves its batches to (`fastdata._run_copy`; --no-copy-ahead: not). At the end, one
+line per loader on stderr: where it was made, the dataset, served or fell back, and why (and how
+many of the copies ahead the script took).
 
 --profile times each served loader in the real run (the wait per step, the stall fraction, the
 stages) and writes the usual report (report.json, report.html) per loader in --out.
 
-    fastdata run [--profile] [--out DIR] [--debug] -- python train.py [ARGS...]
+    fastdata run [--profile] [--out DIR] [--no-copy-ahead] [--debug] -- python train.py [ARGS...]
 """
 
 from __future__ import annotations
