@@ -113,9 +113,11 @@ def main() -> None:
             print(f"{name:<30} {_common.median(rates[name]):8.0f} images/s: {ratio:.2f}x (95% interval "
                   f"{low:.2f}..{high:.2f})")
     if "no_copy_ahead" in ratios:
-        gain = _common.median(rates["fastdata run -- script"]) / _common.median(rates["fastdata run --no-copy-ahead"])
-        ratios["copy_ahead_gain"] = gain
-        print(f"the copy ahead to the GPU: {gain:.2f}x fastdata run without it")
+        with_copy, without = rates["fastdata run -- script"], rates["fastdata run --no-copy-ahead"]
+        gain = _common.median(with_copy) / _common.median(without)
+        low, high = _common.ratio_ci(with_copy, without) if len(without) > 1 else (gain, gain)
+        ratios["copy_ahead_gain"], ratios["copy_ahead_gain_interval"] = gain, [low, high]
+        print(f"the copy ahead to the GPU: {gain:.2f}x fastdata run without it (95% interval {low:.2f}..{high:.2f})")
     name = "run_speedup" if args.device == "cpu" else "run_speedup_cuda" + ("" if args.pin_memory else "_pageable")
     _common.write(name, {
         "config": {"images": args.images, "batch_size": 256, "num_workers": args.workers, "step_ms": args.step_ms,
