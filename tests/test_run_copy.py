@@ -23,30 +23,25 @@ def wrapped():
     _run_copy._pending.clear()
 
 
-def batches(n, fail_at=None):
-    """Batch k: images whose every value is k, labels k..k+3, a dict of ids."""
-    for k in range(n):
-        if k == fail_at:
-            raise_in_place = ValueError(f"sample {k} is bad")
-            yield raise_in_place
-            continue
-        yield torch.full((4, 3, 2, 2), k, dtype=torch.uint8), torch.arange(k, k + 4), {"ids": torch.arange(4) + 4 * k}
-
-
 class Source:
-    """An iterator that raises at `fail_at` and goes on after it, as DataLoader's does."""
+    """Batch k: images whose every value is k, labels k..k+3, a dict of ids; at `fail_at` a
+    ValueError instead, and the batches after it, as DataLoader's iterator goes on after a
+    dataset error."""
 
     def __init__(self, n, fail_at=None):
-        self.it = batches(n, fail_at)
+        self.k, self.n, self.fail_at = 0, n, fail_at
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        item = next(self.it)
-        if isinstance(item, Exception):
-            raise item
-        return item
+        k = self.k
+        if k == self.n:
+            raise StopIteration
+        self.k += 1
+        if k == self.fail_at:
+            raise ValueError(f"sample {k} is bad")
+        return torch.full((4, 3, 2, 2), k, dtype=torch.uint8), torch.arange(k, k + 4), {"ids": torch.arange(4) + 4 * k}
 
 
 def test_learns_the_destination_then_serves_each_move():
