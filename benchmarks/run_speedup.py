@@ -102,31 +102,34 @@ def main() -> None:
     if args.device == "cuda":
         commands["fastdata run --no-copy-ahead"] = [*run, "--no-copy-ahead", "--", *script]
     rates, _ = _common.process_rounds(commands, args.rounds)
-    base = rates["script as is (DataLoader)"]
-    print(f"{'script as is':<30} {_common.median(base):8.0f} images/s (median of {len(base)} epochs)")
-    ratios = {}
-    for name, key in (("fastdata run -- script", "fastdata_run"), ("fastdata run --no-copy-ahead", "no_copy_ahead")):
-        if name in rates:
-            ratio = _common.median(rates[name]) / _common.median(base)
-            low, high = _common.ratio_ci(rates[name], base) if len(base) > 1 else (ratio, ratio)
-            ratios[key] = {"speedup": ratio, "speedup_interval": [low, high]}
-            print(f"{name:<30} {_common.median(rates[name]):8.0f} images/s: {ratio:.2f}x (95% interval "
+    keys = {"script as is (DataLoader)": "script", "fastdata run -- script": "fastdata_run",
+            "fastdata run --no-copy-ahead": "no_copy_ahead"}
+    rates = {keys[name]: r for name, r in rates.items()}
+
+    def paired(a: str, b: str) -> tuple[float, list[float]]:
+        """median(a) / median(b), with its 95% bootstrap interval."""
+        ratio = _common.median(rates[a]) / _common.median(rates[b])
+        return ratio, list(_common.ratio_ci(rates[a], rates[b])) if len(rates[b]) > 1 else [ratio, ratio]
+
+    print(f"{'script as is':<30} {_common.median(rates['script']):8.0f} images/s (median of {len(rates['script'])} epochs)")
+    result: dict = {}
+    for name, key in keys.items():
+        if key != "script" and key in rates:
+            ratio, (low, high) = paired(key, "script")
+            result[key] = {"speedup": ratio, "speedup_interval": [low, high]}
+            print(f"{name:<30} {_common.median(rates[key]):8.0f} images/s: {ratio:.2f}x (95% interval "
                   f"{low:.2f}..{high:.2f})")
-    if "no_copy_ahead" in ratios:
-        with_copy, without = rates["fastdata run -- script"], rates["fastdata run --no-copy-ahead"]
-        gain = _common.median(with_copy) / _common.median(without)
-        low, high = _common.ratio_ci(with_copy, without) if len(without) > 1 else (gain, gain)
-        ratios["copy_ahead_gain"], ratios["copy_ahead_gain_interval"] = gain, [low, high]
+    result.update(result.pop("fastdata_run"))
+    if "no_copy_ahead" in rates:
+        gain, (low, high) = paired("fastdata_run", "no_copy_ahead")
+        result["copy_ahead_gain"], result["copy_ahead_gain_interval"] = gain, [low, high]
         print(f"the copy ahead to the GPU: {gain:.2f}x fastdata run without it (95% interval {low:.2f}..{high:.2f})")
     name = "run_speedup" if args.device == "cpu" else "run_speedup_cuda" + ("" if args.pin_memory else "_pageable")
     _common.write(name, {
         "config": {"images": args.images, "batch_size": 256, "num_workers": args.workers, "step_ms": args.step_ms,
                    "epochs": args.epochs, "rounds": args.rounds, "device": args.device,
                    "pin_memory": args.pin_memory, "image": "224x224x3 uint8, HWC seen as CHW"},
-        "images_per_s": {"script": base, "fastdata_run": rates["fastdata run -- script"],
-                         **({"no_copy_ahead": rates["fastdata run --no-copy-ahead"]} if args.device == "cuda" else {})},
-        **ratios["fastdata_run"], **{k: v for k, v in ratios.items() if k != "fastdata_run"}}, args.json)
-
+        "images_per_s": rates, **result}, args.json)
 
 if __name__ == "__main__":
     main()

@@ -28,12 +28,13 @@ early would move its random draws before the script's step.
 from __future__ import annotations
 
 import collections
-import collections.abc
 import functools
 import weakref
 from typing import Any, Iterator
 
 import torch
+
+from .device import tensors
 
 _to = torch.Tensor.to
 _cuda = torch.Tensor.cuda
@@ -114,9 +115,6 @@ class CopyAhead:
         self.stream: Any = None
         self.made = self.served = 0
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "stream": None}
-
     def batches(self, it: Iterator[Any]) -> Iterator[Any]:
         return _Pass(self, it)
 
@@ -126,7 +124,7 @@ class CopyAhead:
 
     def start(self, host: Any) -> tuple:
         """Starts copying `host`'s CPU tensors to the destination: (host, [(tensor, copy)], done)."""
-        leaves = [t for t in _tensors(host) if t.device.type == "cpu"]
+        leaves = [t for t in tensors(host) if t.device.type == "cpu"]
         if self.device.type != "cuda":
             return host, [(t, _to(t, self.device)) for t in leaves], None
         if self.stream is None:
@@ -154,8 +152,7 @@ class _Watch:
         return None
 
     def saw(self, out: Any) -> None:
-        t = self.ref()
-        if t is not None and isinstance(out, torch.Tensor) and out.device.type not in ("cpu", t.device.type):
+        if isinstance(out, torch.Tensor) and out.device.type != "cpu":  # (the watched tensors are on the CPU)
             self.ahead.learn(out.device)
 
 
@@ -210,7 +207,7 @@ class _Pass:
         ahead = self.ahead
         if ahead.device is None:
             batch = next(self.it)
-            self._hand_out([(t, _Watch(t, ahead)) for t in _tensors(batch) if t.device.type == "cpu"])
+            self._hand_out([(t, _Watch(t, ahead)) for t in tensors(batch) if t.device.type == "cpu"])
             return batch
         if self.held is None:
             self.held = ahead.start(next(self.it))
@@ -251,15 +248,3 @@ def _ref(t: torch.Tensor) -> weakref.ref:
             del _pending[key]
 
     return weakref.ref(t, forget)
-
-
-def _tensors(data: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a batch: through mappings, tuples and lists, as collation builds them."""
-    if isinstance(data, torch.Tensor):
-        yield data
-    elif isinstance(data, collections.abc.Mapping):
-        for v in data.values():
-            yield from _tensors(v)
-    elif isinstance(data, (tuple, list)):
-        for v in data:
-            yield from _tensors(v)

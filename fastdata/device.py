@@ -48,9 +48,16 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
     return data
 
 
-def _leaves(data: Any, out: list) -> list:
-    map_tensors(out.append, data)
-    return out
+def tensors(data: Any) -> Iterator[torch.Tensor]:
+    """The tensor leaves of a batch, through the containers `map_tensors` goes through."""
+    if isinstance(data, torch.Tensor):
+        yield data
+    elif isinstance(data, collections.abc.Mapping):
+        for v in data.values():
+            yield from tensors(v)
+    elif isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
+        for v in data:
+            yield from tensors(v)
 
 
 def prefetch(batches: Iterator[Any], device: torch.device,
@@ -91,7 +98,7 @@ def _hand_over(item: tuple, device: torch.device, stream: "torch.cuda.Stream", t
     host, moved, began, done = item
     consumer = torch.cuda.current_stream(device)
     consumer.wait_stream(stream)
-    for t in _leaves(moved, []):
+    for t in tensors(moved):
         if t.device.type == "cuda":
             t.record_stream(consumer)
     done.synchronize()  # the host buffer may be reused once this returns; the copy is long done

@@ -26,7 +26,7 @@ import torch
 
 from .. import _decode  # the native decoder when built (AVAILABLE), the structure checks always
 from .._buffers import ProcessRings, new_batch
-from .._cores import batch_threads, usable_cores
+from .._cores import batch_threads
 from .._trace import trace_range
 from ..errors import error_line
 from ..transforms import Compose
@@ -169,7 +169,7 @@ class EntropyCheck:
         out = np.empty((n, 3, 1, 1), dtype=np.uint8)
         top_left = np.tile(np.array([0, 0, 1, 1], np.int32), (n, 1))
         results = _decode.decode_crop_resize([datas[j] for j in todo], top_left, np.zeros(n, np.uint8), out,
-                                             self.threads or usable_cores())
+                                             batch_threads(self.threads))
         checked = list(checked)
         for j, err in zip(todo, results):
             if err is not None and not _pillows(err):
