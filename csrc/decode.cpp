@@ -11,6 +11,7 @@
 
 #include <jpeglib.h>
 
+#include "entropy.h"
 #include "parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -645,6 +646,7 @@ class Decoder {
     try {
       if (!decode_window(src, crop, out.height, out.width, whole)) return err_.message;
     } catch (const std::bad_alloc&) {
+      entropy_.detach(false);
       jpeg_abort_decompress(&cinfo_);  // safe in any state; readies cinfo_ for the next image
       return "out of memory";
     }
@@ -694,6 +696,7 @@ class Decoder {
     va_start(ap, fmt);
     std::vsnprintf(err_.message, sizeof err_.message, fmt, ap);
     va_end(ap);
+    entropy_.detach(false);
     jpeg_abort_decompress(&cinfo_);
     return false;
   }
@@ -704,6 +707,7 @@ class Decoder {
   // below the window are entropy-decoded as well (see below).
   bool decode_window(const ByteSpan& src, const int32_t* crop, int out_h, int out_w, bool whole) {
     if (setjmp(err_.jump)) {
+      entropy_.detach(false);
       jpeg_abort_decompress(&cinfo_);
       return false;
     }
@@ -770,6 +774,7 @@ class Decoder {
       cw = JDIMENSION(sw);
     }
     if (cw < JDIMENSION(sw)) jpeg_crop_scanline(&cinfo_, &xoff, &cw);
+    const bool indexed = entropy_.attach(&cinfo_, src);
     x0_ = int(xoff);
     y0_ = vtaps_.lo;
     const int rows = vtaps_.hi - vtaps_.lo;
@@ -795,15 +800,18 @@ class Decoder {
       horizontal(p[0], want == 2 ? p[1] : p[0], x0_, htaps_, d, want == 2 ? d + out_w * 4 : d,
                  out_w);
     }
-    // With `whole`, the rows below the window are entropy-decoded too (libjpeg's skip: Huffman
-    // decoding only, no IDCT, upsampling or colour conversion), so that corrupt data there (a
-    // file cut short and closed with an end marker, a bad Huffman code) is an error for every
-    // crop, not only for the crops that reach it. Once a file has decoded whole without error,
-    // the caller may drop `whole` for it: its later decodes stop at the window's last row.
-    // libjpeg's skip to the very end returns without decoding, so the skip stops a row short
+    // With `whole`, the rows below the window are entropy-decoded too (Huffman decoding only, no
+    // IDCT, upsampling or colour conversion), so that corrupt data there (a file cut short and
+    // closed with an end marker, a bad Huffman code) is an error for every crop, not only for
+    // the crops that reach it. Once a file has decoded whole without error, the caller may drop
+    // `whole` for it: its later decodes stop at the window's last row; and the entropy decoder
+    // drops it for bytes it has seen decode whole itself. Without the entropy decoder, libjpeg's
+    // skip: its skip to the very end returns without decoding, so the skip stops a row short
     // and the last row is read. A multi-scan (progressive) image was read whole by
     // jpeg_start_decompress already, with or without `whole`.
-    if (whole && !jpeg_has_multiple_scans(&cinfo_)) {
+    if (whole && indexed) {
+      if (!entropy_.proven_whole()) entropy_.decode_rest(&cinfo_);
+    } else if (whole && !jpeg_has_multiple_scans(&cinfo_)) {
       const JDIMENSION left = cinfo_.output_height - cinfo_.output_scanline;
       if (left > 1 && jpeg_skip_scanlines(&cinfo_, left - 1) != left - 1) {
         return fail("Premature end of JPEG file (below the crop window)");
@@ -813,6 +821,7 @@ class Decoder {
         return fail("Premature end of JPEG file (last row)");
       }
     }
+    entropy_.detach(true);
     // Stop here, before the end-of-image bookkeeping of jpeg_finish_decompress.
     jpeg_abort_decompress(&cinfo_);
     return true;
@@ -834,6 +843,7 @@ class Decoder {
 
   jpeg_decompress_struct cinfo_{};
   ErrorManager err_{};
+  EntropyDecoder entropy_;
   bool created_ = false, used_ = false;
   Taps htaps_, vtaps_;
   int x0_ = 0, y0_ = 0;  // the decoded window's first column and row, in scaled pixels

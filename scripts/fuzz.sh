@@ -4,7 +4,7 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 # SECONDS per target (default 300). Targets (default: all):
-#   decode          csrc/decode.cpp under libFuzzer + ASan + UBSan (the kernels this CPU picks)
+#   decode          csrc/decode.cpp and entropy.cpp under libFuzzer + ASan + UBSan (the kernels this CPU picks)
 #   decode-sse41    the same with FASTDATA_DECODE_SIMD=sse4.1 (the SSE4.1 kernels)
 #   decode-generic  the same with FASTDATA_DECODE_SIMD=none (the plain C++ kernels)
 #   collate         csrc/collate.cpp under libFuzzer + ASan + UBSan
@@ -48,7 +48,7 @@ build() {  # build NAME SOURCES... [LIBS...]
   mv "$dir/bin/$name.tmp" "$dir/bin/$name"
 }
 need_native() { [[ " ${targets[*]} " == *" $1"* ]]; }
-need_native decode && build decode_fuzzer csrc/fuzz/decode_fuzzer.cpp csrc/decode.cpp -ljpeg
+need_native decode && build decode_fuzzer csrc/fuzz/decode_fuzzer.cpp csrc/decode.cpp csrc/entropy.cpp -ljpeg
 need_native collate && build collate_fuzzer csrc/fuzz/collate_fuzzer.cpp csrc/collate.cpp
 
 python3 csrc/fuzz/seeds.py "$dir/seeds"

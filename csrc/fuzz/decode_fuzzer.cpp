@@ -1,4 +1,4 @@
-// libFuzzer target for the native JPEG path (csrc/decode.cpp): check_structure, jpeg_info, then
+// libFuzzer target for the native JPEG path (csrc/decode.cpp, entropy.cpp): check_structure, jpeg_info, then
 // decode_crop_resize with a crop, flip, output size and output layout the input chooses.
 //
 // Input: 8 parameter bytes, then the JPEG (the seed corpus is real JPEGs behind a header):
@@ -23,7 +23,9 @@
 //   decode stopping at the window's last row may pass where the whole decode fails (corrupt
 //   data below the window), never the other way;
 // - a decode of bytes that check_structure or jpeg_info refused;
-// - a grayscale JPEG whose output is not R = G = B.
+// - a grayscale JPEG whose output is not R = G = B;
+// - a decode from the entropy decoder's checkpoints (the same bytes again) that differs from the
+//   decode that made them.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -172,6 +174,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (size_t k = 0; k < out.buf.size(); ++k) {
     if (!in_view[k] && out.buf[k] != kSentinel) fail("a byte outside the output view was written");
+  }
+
+  // Once the bytes have decoded whole, the entropy decoder jumps between its checkpoints for
+  // them (csrc/entropy.cpp): the same crop again must give the reference's pixels.
+  if (ok) {
+    Out again(1, out_h, out_w, 0);
+    std::vector<std::string> again_errors;
+    fastdata::decode_crop_resize({jpeg}, crop, &no_flip, again.view, 1, &again_errors);
+    if (!again_errors[0].empty()) fail("decoded whole, then failed:", again_errors[0]);
+    if (again.buf != ref.buf) fail("a decode from the checkpoints changed a pixel value");
   }
   return 0;
 }

@@ -1,0 +1,533 @@
+// JPEG_INTERNALS brings in jpegint.h (the module interfaces: struct jpeg_entropy_decoder, the
+// master's crop columns) and jerror.h (the message codes). It must come before any include of
+// jpeglib.h.
+#define JPEG_INTERNALS
+#include "entropy.h"
+
+#if __has_include(<jpegint.h>)
+
+#include <pthread.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace fastdata {
+namespace {
+
+// ---------------------------------------------------------------------------- Huffman tables
+
+constexpr int kFastBits = 9;  // codes (and AC coefficients) up to this many bits: one lookup
+
+// fast[] entries: 0 for a code longer than kFastBits; else bits 0-4 the bits it takes, and
+// either (kCoef clear) the symbol in bits 8-15, or (kCoef set: a whole AC coefficient, code and
+// value bits within kFastBits) the zero run in bits 8-11 and the value in bits 16-31.
+constexpr int32_t kCoef = 1 << 5;
+
+struct HuffmanTable {
+  int32_t fast[1 << kFastBits];
+  int32_t maxcode[17];    // the largest code of each length; -1 for none
+  int32_t valoffset[17];  // symbol index = code + valoffset[length]
+  uint8_t vals[256];
+};
+
+inline int32_t extend(uint32_t v, int s) {  // the value of s bits v (JPEG's sign convention)
+  return int32_t(v) + ((int32_t(v) - (1 << (s - 1))) >> 31 & int32_t((~0u << s) + 1));
+}
+
+// From a DHT segment's counts and symbols, already checked by libjpeg (jpeg_make_d_derived_tbl
+// refuses a table whose codes overflow their lengths) before this runs.
+void build_table(const JHUFF_TBL& t, bool ac, HuffmanTable* out) {
+  std::memset(out->fast, 0, sizeof out->fast);
+  std::memcpy(out->vals, t.huffval, sizeof out->vals);
+  int32_t code = 0, k = 0;
+  for (int len = 1; len <= 16; ++len) {
+    const int n = t.bits[len];
+    out->valoffset[len] = k - code;
+    out->maxcode[len] = n ? code + n - 1 : -1;
+    for (int j = 0; j < n; ++j, ++code, ++k) {
+      if (len > kFastBits) continue;
+      const int sym = t.huffval[k];
+      const int shift = kFastBits - len;
+      for (int32_t f = code << shift; f < (code + 1) << shift; ++f) {
+        int32_t e = len | sym << 8;
+        const int run = sym >> 4, size = sym & 15;
+        if (ac && size && len + size <= kFastBits) {
+          const uint32_t v = uint32_t(f >> (shift - size)) & ((1u << size) - 1);
+          e = (len + size) | kCoef | run << 8 | int32_t(uint32_t(extend(v, size)) << 16);
+        }
+        out->fast[f] = e;
+      }
+    }
+    code <<= 1;
+  }
+}
+
+// Zigzag position -> natural position, with 16 entries of 63 past the end: a corrupt run can
+// carry k to 78, and libjpeg writes such a coefficient to position 63 (its own table's padding).
+constexpr int kNatural[80] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33,
+    40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36,
+    29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
+    47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
+
+// ---------------------------------------------------------------------------- the index
+
+// The decoder's state at an MCU's first bit: where it is in the unstuffed entropy-coded data,
+// and the last DC value of each component (the next block's DC is a difference from it).
+struct Checkpoint {
+  uint32_t bit;
+  int16_t dc[3];
+};
+
+// 64 bits of a hash of the file's bytes and its size: a file's checkpoints are found by its
+// content, so a file changed in any way is a new file, and two paths to one file share one.
+struct Key {
+  uint64_t hash, size;
+  bool operator==(const Key& o) const { return hash == o.hash && size == o.size; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const { return size_t(k.hash); }
+};
+
+inline uint64_t load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline uint64_t rotl(uint64_t v, int r) { return v << r | v >> (64 - r); }
+
+// xxHash64's round on four lanes (about 10 GB/s, a few microseconds a file, next to a decode's
+// millisecond); its finish mixes the lanes and the tail.
+uint64_t hash_bytes(const uint8_t* d, size_t n) {
+  constexpr uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full,
+                     P3 = 0x165667B19E3779F9ull;
+  auto round = [](uint64_t acc, uint64_t lane) { return rotl(acc + lane * P2, 31) * P1; };
+  uint64_t a = P1 + P2, b = P2, c = 0, e = 0 - P1;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a = round(a, load64(d + i));
+    b = round(b, load64(d + i + 8));
+    c = round(c, load64(d + i + 16));
+    e = round(e, load64(d + i + 24));
+  }
+  uint64_t h = rotl(a, 1) + rotl(b, 7) + rotl(c, 12) + rotl(e, 18) + n;
+  for (; i + 8 <= n; i += 8) h = rotl(h ^ round(0, load64(d + i)), 27) * P1 + P3;
+  for (; i < n; ++i) h = rotl(h ^ (d[i] * P3), 11) * P1;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  return h ^ (h >> 32);
+}
+
+}  // namespace
+
+struct EntropyIndex {
+  std::vector<Checkpoint> at;  // at[i]: the state at MCU i's first bit; MCUs [0, size - 1) decoded
+  bool whole = false;          // every MCU decoded without error
+  size_t bytes() const { return sizeof(*this) + at.capacity() * sizeof(Checkpoint) + 64; }
+};
+
+namespace {
+
+// Checkpoints take 12 bytes an MCU (a 418x314 4:2:0 photo: 540 MCUs, 6.5 kB); past this many
+// bytes a process keeps no more files' checkpoints, and decodes the rest as before.
+constexpr size_t kIndexBudget = size_t(256) << 20;
+
+// The process's checkpoints by file content. A mutex taken twice a decode (find, keep); fork
+// waits for it (pthread_atfork), so that a child never starts with it held by a decode thread
+// of the parent's that it does not have.
+class Store {
+ public:
+  static Store& get() {
+    static Store* store = [] {
+      auto* s = new Store;  // never destroyed: decode threads may outlive static destructors
+      pthread_atfork([] { get().mu_.lock(); }, [] { get().mu_.unlock(); },
+                     [] { get().mu_.unlock(); });
+      return s;
+    }();
+    return *store;
+  }
+
+  std::shared_ptr<const EntropyIndex> find(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+
+  // Keeps `index` for `key` unless one as long is kept, or a new file would pass the budget.
+  void keep(const Key& key, std::shared_ptr<const EntropyIndex> index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = map_.find(key);
+    if (it == map_.end()) {
+      if (bytes_ + index->bytes() > kIndexBudget) return;
+      bytes_ += index->bytes();
+      map_.emplace(key, std::move(index));
+      return;
+    }
+    if (it->second->at.size() >= index->at.size()) return;
+    bytes_ += index->bytes() - it->second->bytes();
+    it->second = std::move(index);
+  }
+
+  size_t bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytes_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<const EntropyIndex>, KeyHash> map_;
+  size_t bytes_ = 0;
+};
+
+// A decode_mcu can take 16 + 15 bits a coefficient, 64 coefficients a block, 10 blocks an MCU:
+// about 2.5 kB. The unstuffed data is followed by this many zero bytes, so that the reader never
+// checks for its end inside an MCU; the bit position is checked against the data's length after
+// each MCU (past it: libjpeg's "premature end of data segment").
+constexpr size_t kPad = 4096;
+
+inline uint64_t load_be64(const uint8_t* p) { return __builtin_bswap64(load64(p)); }
+
+[[noreturn]] void fail_with(j_decompress_ptr cinfo, int code) {
+  cinfo->err->msg_code = code;
+  (*cinfo->err->error_exit)(reinterpret_cast<j_common_ptr>(cinfo));
+  std::abort();  // error_exit does not return (libjpeg's contract)
+}
+
+}  // namespace
+
+struct EntropyDecoder::State {
+  // The scan.
+  std::vector<uint8_t> data;  // entropy-coded bytes with the stuffing removed, then kPad zeros
+  uint64_t nbits = 0;         // bits of data before the padding
+  int blocks = 0;
+  int comp[D_MAX_BLOCKS_IN_MCU] = {};
+  const HuffmanTable* dc[D_MAX_BLOCKS_IN_MCU] = {};
+  const HuffmanTable* ac[D_MAX_BLOCKS_IN_MCU] = {};
+  uint32_t mcus = 0, per_row = 0, first_col = 0, last_col = 0;
+  // The reader: buf holds `bits` unread bits at its top; p is the next byte to load.
+  const uint8_t* p = nullptr;
+  uint64_t buf = 0;
+  int bits = 0;
+  int32_t last_dc[4] = {};
+  uint32_t next = 0;  // the MCU the next decode_mcu call is for
+  int64_t at = -1;    // the MCU whose first bit the reader is at, -1 for none
+  // The checkpoints: cps[0 .. ncps) are known, from `found` (kept by an earlier decode of these
+  // bytes) and from this decode (`known`, when it extends them).
+  Key key{};
+  std::shared_ptr<const EntropyIndex> found;
+  std::vector<Checkpoint> known;
+  const Checkpoint* cps = nullptr;
+  size_t ncps = 0;
+  bool recording = false, fits = true;
+  j_decompress_ptr cinfo = nullptr;
+  // Tables built for earlier images, by their DHT contents: most datasets use one set. An
+  // image uses at most 6 (a DC and an AC table for each of 3 components); the slots it uses
+  // carry its stamp, so that building one of its tables never replaces another of them.
+  struct Cached {
+    uint64_t stamp = 0;
+    bool ac = false;
+    UINT8 bits[17], vals[256];
+    HuffmanTable table;
+  };
+  Cached cache[8];
+  int cache_next = 0;
+  uint64_t image = 0;  // the stamp of the image being attached
+
+  const HuffmanTable* table(const JHUFF_TBL* t, bool is_ac) {
+    for (Cached& c : cache) {
+      if (c.stamp != 0 && c.ac == is_ac && std::memcmp(c.bits, t->bits, sizeof c.bits) == 0 &&
+          std::memcmp(c.vals, t->huffval, sizeof c.vals) == 0) {
+        c.stamp = image;
+        return &c.table;
+      }
+    }
+    while (cache[cache_next].stamp == image) cache_next = (cache_next + 1) % 8;
+    Cached& c = cache[cache_next];
+    cache_next = (cache_next + 1) % 8;
+    c.stamp = image;
+    c.ac = is_ac;
+    std::memcpy(c.bits, t->bits, sizeof c.bits);
+    std::memcpy(c.vals, t->huffval, sizeof c.vals);
+    build_table(*t, is_ac, &c.table);
+    return &c.table;
+  }
+
+  uint64_t position() const { return uint64_t(p - data.data()) * 8 - uint64_t(bits); }
+
+  void jump(const Checkpoint& c, int64_t mcu) {
+    p = data.data() + (c.bit >> 3);
+    buf = load_be64(p) << (c.bit & 7);
+    p += 7;
+    bits = 56 - int(c.bit & 7);
+    for (int ci = 0; ci < 3; ++ci) last_dc[ci] = c.dc[ci];
+    at = mcu;
+  }
+
+  // After MCU i - 1 was decoded from the frontier: its successor's state is a new checkpoint.
+  void record(uint32_t i) {
+    if (!recording || !fits || i != ncps) return;
+    Checkpoint c{uint32_t(position()), {}};
+    for (int ci = 0; ci < 3; ++ci) {
+      if (last_dc[ci] < INT16_MIN || last_dc[ci] > INT16_MAX) {
+        fits = false;  // only corrupt data gets here; such a file keeps no further checkpoints
+        return;
+      }
+      c.dc[ci] = int16_t(last_dc[ci]);
+    }
+    known.push_back(c);  // reserved: cps stays valid
+    ncps = known.size();
+  }
+
+  // Decodes the next MCU's blocks into out (or nowhere), as libjpeg-turbo's decode_mcu does.
+  template <bool Store>
+  void decode(JBLOCKROW* out) {
+    const uint8_t* q = p;
+    uint64_t b = buf;
+    int n = bits;
+    auto refill = [&] {
+      b |= load_be64(q) >> n;
+      q += (63 - n) >> 3;
+      n |= 56;
+    };
+    auto consume = [&](int len) {
+      b <<= len;
+      n -= len;
+    };
+    // A code longer than kFastBits (fast[] gave 0), of up to 16 bits; n >= 16.
+    auto slow = [&](const HuffmanTable& t) -> int {
+      const int32_t code = int32_t(b >> 48);
+      int len = kFastBits + 1;
+      while (len <= 16 && (code >> (16 - len)) > t.maxcode[len]) ++len;
+      if (len > 16) fail_with(cinfo, JWRN_HUFF_BAD_CODE);
+      const int sym = t.vals[((code >> (16 - len)) + t.valoffset[len]) & 0xFF];
+      consume(len);
+      return sym;
+    };
+    auto take = [&](int s) -> uint32_t {  // s in 1..15 bits
+      const uint32_t v = uint32_t(b >> (64 - s));
+      consume(s);
+      return v;
+    };
+    for (int k0 = 0; k0 < blocks; ++k0) {
+      JCOEF* block = Store ? out[k0][0] : nullptr;
+      const HuffmanTable& act = *ac[k0];
+      refill();
+      const HuffmanTable& dct = *dc[k0];
+      const int32_t de = dct.fast[b >> (64 - kFastBits)];
+      int s;
+      if (de) {
+        consume(de & 31);
+        s = (de >> 8) & 0xFF;
+      } else {
+        s = slow(dct);
+      }
+      const int32_t diff = s ? extend(take(s), s) : 0;
+      int32_t& last = last_dc[comp[k0]];
+      last = int32_t(uint32_t(last) + uint32_t(diff));  // wraps as libjpeg's does on bad data
+      if (Store) block[0] = JCOEF(last);
+      for (int k = 1; k < 64; ++k) {
+        if (n < 32) refill();
+        const int32_t e = act.fast[b >> (64 - kFastBits)];
+        if (e & kCoef) {
+          consume(e & 31);
+          k += (e >> 8) & 15;
+          if (Store) block[kNatural[k]] = JCOEF(e >> 16);
+          continue;
+        }
+        int rs;
+        if (e) {
+          consume(e & 31);
+          rs = (e >> 8) & 0xFF;
+        } else {
+          rs = slow(act);
+        }
+        const int r = rs >> 4, size = rs & 15;
+        if (size) {
+          k += r;
+          const int32_t v = extend(take(size), size);
+          if (Store) block[kNatural[k]] = JCOEF(v);
+        } else {
+          if (r != 15) break;
+          k += 15;
+        }
+      }
+    }
+    p = q;
+    buf = b;
+    bits = n;
+    if (position() > nbits) fail_with(cinfo, JWRN_HIT_MARKER);
+  }
+
+  // Puts the reader at MCU i's first bit: a jump to its checkpoint, or past the frontier, from
+  // the frontier on, each MCU decoded and its successor's checkpoint noted.
+  void seek(uint32_t i) {
+    if (at == int64_t(i)) return;
+    if (i < ncps) {
+      jump(cps[i], i);
+      return;
+    }
+    const uint32_t frontier = uint32_t(ncps - 1);
+    if (at < int64_t(frontier) || at > int64_t(i)) jump(cps[frontier], frontier);
+    for (uint32_t j = uint32_t(at); j < i; ++j) {
+      decode<false>(nullptr);
+      record(j + 1);
+    }
+    at = i;
+  }
+};
+
+namespace {
+
+boolean decode_mcu_hook(j_decompress_ptr cinfo, JBLOCKROW* out) {
+  auto& s = *static_cast<EntropyDecoder::State*>(cinfo->client_data);
+  const uint32_t i = s.next++;
+  if (i >= s.mcus) return TRUE;  // not reached: libjpeg asks for each MCU once
+  const uint32_t col = i % s.per_row;
+  if (out == nullptr || col < s.first_col || col > s.last_col) return TRUE;
+  s.seek(i);
+  s.decode<true>(out);
+  s.at = int64_t(i) + 1;
+  s.record(i + 1);
+  return TRUE;
+}
+
+// FASTDATA_DECODE_ENTROPY=libjpeg leaves every image to libjpeg's entropy decoder, so that the
+// tests can hold the two to the same pixels on one machine (read once, on first use).
+bool use_libjpeg() {
+  static const bool libjpeg = [] {
+    const char* v = std::getenv("FASTDATA_DECODE_ENTROPY");
+    return v != nullptr && std::strcmp(v, "libjpeg") == 0;
+  }();
+  return libjpeg;
+}
+
+}  // namespace
+
+EntropyDecoder::EntropyDecoder() : s_(new State) {}
+EntropyDecoder::~EntropyDecoder() = default;
+
+bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
+  State& s = *s_;
+  s.cinfo = nullptr;
+  if (use_libjpeg() || cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 ||
+      cinfo->restart_interval != 0 || jpeg_has_multiple_scans(cinfo) ||
+      cinfo->comps_in_scan != cinfo->num_components || cinfo->comps_in_scan > 3 ||
+      cinfo->Ss != 0 || cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||
+      cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU) {
+    return false;
+  }
+  s.blocks = cinfo->blocks_in_MCU;
+  ++s.image;
+  for (int b = 0; b < s.blocks; ++b) {
+    const int ci = cinfo->MCU_membership[b];
+    const jpeg_component_info* comp = cinfo->cur_comp_info[ci];
+    const JHUFF_TBL* dct = cinfo->dc_huff_tbl_ptrs[comp->dc_tbl_no];
+    const JHUFF_TBL* act = cinfo->ac_huff_tbl_ptrs[comp->ac_tbl_no];
+    if (dct == nullptr || act == nullptr) return false;  // libjpeg has refused it already
+    s.comp[b] = ci;
+    s.dc[b] = s.table(dct, false);
+    s.ac[b] = s.table(act, true);
+  }
+  s.per_row = cinfo->MCUs_per_row;
+  s.mcus = cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan;
+  s.first_col = cinfo->master->first_iMCU_col;
+  s.last_col = cinfo->master->last_iMCU_col;
+
+  // The scan's data: from where libjpeg stopped reading (just past the SOS segment) to the
+  // marker that ends it, the 0x00 after each data 0xFF dropped (fill 0xFFs before it too, as
+  // libjpeg does).
+  const uint8_t* q = cinfo->src->next_input_byte;
+  const uint8_t* end = file.data + file.size;
+  if (q < file.data || q > end) return false;
+  s.data.clear();
+  s.data.reserve(size_t(end - q) + kPad);
+  while (q < end) {
+    const auto* ff = static_cast<const uint8_t*>(std::memchr(q, 0xFF, size_t(end - q)));
+    if (ff == nullptr) {
+      s.data.insert(s.data.end(), q, end);
+      break;
+    }
+    s.data.insert(s.data.end(), q, ff);
+    const uint8_t* m = ff + 1;
+    while (m < end && *m == 0xFF) ++m;
+    if (m == end || *m != 0x00) break;  // a marker: the scan's data ends before ff
+    s.data.push_back(0xFF);
+    q = m + 1;
+  }
+  s.nbits = uint64_t(s.data.size()) * 8;
+  if (s.nbits >= (uint64_t(1) << 32)) return false;  // checkpoints hold 32-bit positions
+  s.data.resize(s.data.size() + kPad, 0);
+
+  s.key = Key{hash_bytes(file.data, file.size), uint64_t(file.size)};
+  s.found = Store::get().find(s.key);
+  s.fits = true;
+  s.known.clear();
+  if (s.found && s.found->whole) {
+    s.recording = false;
+    s.cps = s.found->at.data();
+    s.ncps = s.found->at.size();
+  } else {
+    s.recording = true;
+    s.known.reserve(size_t(s.mcus) + 1);
+    if (s.found) {
+      s.known.assign(s.found->at.begin(), s.found->at.end());
+    } else {
+      s.known.push_back(Checkpoint{0, {0, 0, 0}});
+    }
+    s.cps = s.known.data();
+    s.ncps = s.known.size();
+  }
+  s.next = 0;
+  s.at = -1;
+  s.cinfo = cinfo;
+  cinfo->client_data = &s;
+  cinfo->entropy->decode_mcu = decode_mcu_hook;
+  return true;
+}
+
+bool EntropyDecoder::proven_whole() const { return s_->cinfo && s_->found && s_->found->whole; }
+
+void EntropyDecoder::decode_rest(j_decompress_ptr cinfo) {
+  State& s = *s_;
+  if (s.cinfo != cinfo || s.mcus == 0) return;
+  s.seek(s.mcus);  // decodes up to the last MCU's end (checkpoint mcus: one past the last)
+}
+
+void EntropyDecoder::detach(bool ok) {
+  State& s = *s_;
+  if (s.cinfo == nullptr) return;
+  s.cinfo->client_data = nullptr;
+  s.cinfo = nullptr;
+  if (!ok || !s.recording || !s.fits || (s.found && s.found->at.size() >= s.known.size())) {
+    s.found.reset();
+    return;
+  }
+  auto index = std::make_shared<EntropyIndex>();
+  index->at.assign(s.known.begin(), s.known.end());
+  index->whole = s.known.size() == size_t(s.mcus) + 1;
+  Store::get().keep(s.key, std::move(index));
+  s.found.reset();
+}
+
+size_t entropy_index_bytes() { return Store::get().bytes(); }
+
+}  // namespace fastdata
+
+#else  // a libjpeg without its internal header: libjpeg's own entropy decoder, no index
+
+namespace fastdata {
+struct EntropyDecoder::State {};
+EntropyDecoder::EntropyDecoder() = default;
+EntropyDecoder::~EntropyDecoder() = default;
+bool EntropyDecoder::attach(j_decompress_ptr, const ByteSpan&) { return false; }
+bool EntropyDecoder::proven_whole() const { return false; }
+void EntropyDecoder::decode_rest(j_decompress_ptr) {}
+void EntropyDecoder::detach(bool) {}
+size_t entropy_index_bytes() { return 0; }
+}  // namespace fastdata
+
+#endif

@@ -1,0 +1,67 @@
+// The Huffman decoding of single-scan baseline JPEGs, in place of libjpeg-turbo's own, with an
+// index of where each MCU starts that lets a later decode of the same bytes begin at any MCU.
+//
+// libjpeg's decoders must entropy-decode every MCU from the top left corner to the crop window's
+// last one (libjpeg-turbo's jpeg_skip_scanlines and jpeg_crop_scanline save the IDCT, upsampling
+// and colour conversion of what they skip, not its Huffman decoding): the bits have no landmarks
+// and each block's DC coefficient is a difference from the one before. So about 70% of a
+// RandomResizedCrop decode was Huffman decoding of MCUs outside the window. A decode that reads
+// a file from its start notes, for every MCU, its first bit and the DC predictors at that point
+// (a checkpoint); later decodes of the same bytes (the same file in a later epoch) jump from
+// checkpoint to checkpoint and decode only the MCUs whose blocks the window's IDCT needs.
+//
+// libjpeg-turbo has no API for this, so this file replaces its entropy decoder's decode_mcu
+// method (jpegint.h: the module interface every libjpeg decoder is built from): the coefficient
+// controller calls it once per MCU, in order, with NULL for the MCUs jpeg_skip_scanlines skips,
+// and runs the IDCT only on the window's MCU columns. No library decodes Huffman data from a
+// caller's checkpoint, which is why this is written here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>  // before jpeglib.h, which uses FILE and size_t without including them
+#include <memory>
+#include <vector>
+
+#include <jpeglib.h>
+
+#include "decode.h"
+
+namespace fastdata {
+
+struct EntropyIndex;
+
+// A thread's entropy decoder: attached to one decompression at a time (after
+// jpeg_start_decompress and jpeg_crop_scanline), it takes over decode_mcu until the cinfo is
+// aborted. Errors go through cinfo's error manager with libjpeg's own warnings (bad Huffman
+// code, premature end of data), which the caller makes errors.
+class EntropyDecoder {
+ public:
+  EntropyDecoder();
+  ~EntropyDecoder();
+  EntropyDecoder(const EntropyDecoder&) = delete;
+  EntropyDecoder& operator=(const EntropyDecoder&) = delete;
+
+  // Takes over cinfo's Huffman decoding when the image is a single-scan baseline JPEG without
+  // restart markers (nearly all photos saved by Pillow, libjpeg and cameras without DRI); false
+  // leaves libjpeg's decoder in place. `file` is the whole file, cinfo's source.
+  bool attach(j_decompress_ptr cinfo, const ByteSpan& file);
+  // Whether these bytes have decoded whole without error in this process before (their index
+  // covers every MCU): corrupt data anywhere in them would have failed that decode.
+  bool proven_whole() const;
+  // Entropy-decodes every MCU not yet decoded to the scan's end, as a whole decode's check of
+  // the rows below the window; errors as above.
+  void decode_rest(j_decompress_ptr cinfo);
+  // After a decode without error: keeps the checkpoints learned for the next decode of these
+  // bytes in this process. Always ends the attachment.
+  void detach(bool ok);
+
+  struct State;  // the decode in progress (entropy.cpp)
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+// Bytes held by the index of this process (for tests and the memory figures).
+size_t entropy_index_bytes();
+
+}  // namespace fastdata
