@@ -633,7 +633,7 @@ class Decoder {
   }
 
   std::string decode(const ByteSpan& src, const int32_t* crop, bool flip, bool whole,
-                     const OutView& out, int64_t index) {
+                     bool use_index, const OutView& out, int64_t index) {
     std::string why = precheck(src);
     if (why.empty()) {
       // A decode reads only the rows the crop needs; the walk makes a file cut short an error
@@ -644,7 +644,7 @@ class Decoder {
     if (!why.empty()) return why;
     if (!fresh()) return "out of memory";
     try {
-      if (!decode_window(src, crop, out.height, out.width, whole)) return err_.message;
+      if (!decode_window(src, crop, out.height, out.width, whole, use_index)) return err_.message;
     } catch (const std::bad_alloc&) {
       entropy_.detach(false);
       jpeg_abort_decompress(&cinfo_);  // safe in any state; readies cinfo_ for the next image
@@ -705,7 +705,8 @@ class Decoder {
   // horizontal pass on each row as it arrives, into rows_ (one row of out_w RGBX pixels per
   // input row used): the decoded window itself is never held whole. With `whole`, the rows
   // below the window are entropy-decoded as well (see below).
-  bool decode_window(const ByteSpan& src, const int32_t* crop, int out_h, int out_w, bool whole) {
+  bool decode_window(const ByteSpan& src, const int32_t* crop, int out_h, int out_w, bool whole,
+                     bool use_index) {
     if (setjmp(err_.jump)) {
       entropy_.detach(false);
       jpeg_abort_decompress(&cinfo_);
@@ -774,7 +775,7 @@ class Decoder {
       cw = JDIMENSION(sw);
     }
     if (cw < JDIMENSION(sw)) jpeg_crop_scanline(&cinfo_, &xoff, &cw);
-    const bool indexed = entropy_.attach(&cinfo_, src);
+    const bool indexed = use_index && entropy_.attach(&cinfo_, src);
     x0_ = int(xoff);
     y0_ = vtaps_.lo;
     const int rows = vtaps_.hi - vtaps_.lo;
@@ -885,14 +886,14 @@ std::string jpeg_info(const ByteSpan& src, JpegInfo* info) {
 
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,
-                        std::vector<std::string>* errors, const uint8_t* whole) {
+                        std::vector<std::string>* errors, const uint8_t* whole, bool index) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
   parallel_for(n, threads, [&](int64_t i) {
     std::string& err = (*errors)[size_t(i)];
     try {
       err = this_thread_decoder().decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
-                                         whole == nullptr || whole[i] != 0, out, i);
+                                         whole == nullptr || whole[i] != 0, index, out, i);
     } catch (const std::bad_alloc&) {  // the thread's decoder, or the decode's buffers
       err = "out of memory";
     }

@@ -61,8 +61,16 @@ struct OutView {
 // entropy-decoded too, so that corrupt data anywhere in the file is an error whatever the crop;
 // where whole[i] is 0 the decode stops at the window's last row (for a file the caller has seen
 // decode whole without error). Samples are shared among up to `threads` threads.
+// With `index`, a baseline JPEG is entropy-decoded by entropy.cpp's decoder, which keeps
+// checkpoints of the bytes it decodes and decodes them again from the window's MCUs only (the
+// same pixels and errors as libjpeg's decoder, which `index` false keeps to); bytes it has seen
+// decode whole are not decoded whole again, whatever `whole` says.
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,
-                        std::vector<std::string>* errors, const uint8_t* whole = nullptr);
+                        std::vector<std::string>* errors, const uint8_t* whole = nullptr,
+                        bool index = true);
+
+// Bytes held by this process's checkpoints (see `index` above).
+size_t entropy_index_bytes();
 
 }  // namespace fastdata

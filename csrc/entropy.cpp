@@ -8,7 +8,6 @@
 
 #include <pthread.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -395,16 +394,6 @@ boolean decode_mcu_hook(j_decompress_ptr cinfo, JBLOCKROW* out) {
   return TRUE;
 }
 
-// FASTDATA_DECODE_ENTROPY=libjpeg leaves every image to libjpeg's entropy decoder, so that the
-// tests can hold the two to the same pixels on one machine (read once, on first use).
-bool use_libjpeg() {
-  static const bool libjpeg = [] {
-    const char* v = std::getenv("FASTDATA_DECODE_ENTROPY");
-    return v != nullptr && std::strcmp(v, "libjpeg") == 0;
-  }();
-  return libjpeg;
-}
-
 }  // namespace
 
 EntropyDecoder::EntropyDecoder() : s_(new State) {}
@@ -413,7 +402,7 @@ EntropyDecoder::~EntropyDecoder() = default;
 bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
   State& s = *s_;
   s.cinfo = nullptr;
-  if (use_libjpeg() || cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 ||
+  if (cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 ||
       cinfo->restart_interval != 0 || jpeg_has_multiple_scans(cinfo) ||
       cinfo->comps_in_scan != cinfo->num_components || cinfo->comps_in_scan > 3 ||
       cinfo->Ss != 0 || cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||

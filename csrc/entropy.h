@@ -32,8 +32,11 @@ struct EntropyIndex;
 
 // A thread's entropy decoder: attached to one decompression at a time (after
 // jpeg_start_decompress and jpeg_crop_scanline), it takes over decode_mcu until the cinfo is
-// aborted. Errors go through cinfo's error manager with libjpeg's own warnings (bad Huffman
-// code, premature end of data), which the caller makes errors.
+// aborted. The coefficients are libjpeg-turbo's, bit for bit (its IDCT then makes the same
+// pixels). Errors go through cinfo's error manager with libjpeg's own warnings (bad Huffman
+// code, premature end of data), which the caller makes errors. One is stricter than libjpeg:
+// a bad Huffman code is always an error, where libjpeg-turbo's fast path (all but a scan's last
+// few kB) reads it as symbol 0 without a warning.
 class EntropyDecoder {
  public:
   EntropyDecoder();
@@ -60,8 +63,5 @@ class EntropyDecoder {
  private:
   std::unique_ptr<State> s_;
 };
-
-// Bytes held by the index of this process (for tests and the memory figures).
-size_t entropy_index_bytes();
 
 }  // namespace fastdata

@@ -302,9 +302,10 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
 // out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear),
 // mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
 // decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
-// decode may stop at the window's last row.
+// decode may stop at the window's last row. index: entropy.cpp's decoder and its checkpoints
+// (else libjpeg's entropy decoder).
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
-                            int threads, std::optional<FlipArray> whole) {
+                            int threads, std::optional<FlipArray> whole, bool index) {
   const size_t n = nb::len(datas);
   if (crops.shape(0) != n || crops.shape(1) != 4) {
     throw nb::value_error(("crops should have shape [" + std::to_string(n) + ", 4], but got " +
@@ -349,7 +350,7 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   {
     nb::gil_scoped_release release;
     fastdata::decode_crop_resize(srcs, crop_values.data(), flip_values.data(), view, threads,
-                                 &errors, whole.has_value() ? whole_values.data() : nullptr);
+                                 &errors, whole.has_value() ? whole_values.data() : nullptr, index);
   }
   nb::list result;
   for (const std::string& e : errors) {
@@ -389,11 +390,13 @@ NB_MODULE(_native, m) {
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
-        nb::arg("whole").none() = nb::none(),
+        nb::arg("whole").none() = nb::none(), nb::arg("index") = true,
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
         "strides) as Pillow's bilinear resize with that box, mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
         "returns None or an error message per sample. GIL released.");
+  m.def("entropy_index_bytes", &fastdata::entropy_index_bytes,
+        "Bytes held by this process's entropy-decoding checkpoints.");
 #else
   m.attr("HAVE_JPEG") = false;  // built without libjpeg-turbo: images decode with Pillow
 #endif

@@ -460,6 +460,119 @@ def test_argument_checks(images):
                                       torch.zeros(0, 3, 8, 8, dtype=torch.uint8)) == []
 
 
+# ---------------------------------------------------------------------------- entropy decoding
+
+
+def _fresh_jpegs(seed: int) -> list[tuple[bytes, tuple[int, int]]]:
+    """JPEGs no other test decodes (so no checkpoints exist for them in this process yet): each
+    subsampling, odd sizes, grayscale, Huffman tables of their own (optimize), and two that
+    entropy.cpp leaves to libjpeg (restart markers, progressive)."""
+    specs = [
+        ((500, 375), dict(quality=90, subsampling=2)),
+        ((333, 251), dict(quality=75, subsampling=0)),
+        ((301, 203), dict(quality=85, subsampling=1)),
+        ((17, 9), dict(quality=85, subsampling=2)),
+        ((300, 200), dict(quality=85, subsampling=2, optimize=True)),
+        ((211, 157), dict(quality=80, subsampling=0, optimize=True)),
+        ((160, 120), dict(quality=85, restart_marker_blocks=3)),
+        ((200, 150), dict(quality=85, progressive=True)),
+    ]
+    out = [(encode(photo(*size, seed=seed + k), **kw), size) for k, (size, kw) in enumerate(specs)]
+    out.append((encode(photo(250, 190, seed=seed + 99).convert("L"), 85), (250, 190)))
+    return out
+
+
+def test_entropy_decoder_gives_libjpegs_pixels():
+    """entropy.cpp's Huffman decoding (index=True) keeps a checkpoint per MCU of the bytes it
+    decodes, then decodes the same bytes again from the window's MCUs only: the pixels are
+    libjpeg's (index=False) for windows at any place and DCT scale, flipped or not, on one
+    thread (one image's Huffman tables replacing another's in the thread's cache) and on two,
+    decoding whole, stopping at the window's last row, and starting from the checkpoints a
+    stopped decode left part-way. The checkpoints are kept (index_bytes grows) for the decodes
+    with index=True only."""
+    rng = np.random.default_rng(11)
+    datas, crops = [], []
+    for data, size in _fresh_jpegs(1000):
+        for crop in random_crops(rng, size, 6, area=(0.01, 1.0)) + [(0, 0, *size)]:
+            datas.append(data)
+            crops.append(crop)
+    order = rng.permutation(len(datas))
+    datas = [datas[i] for i in order]
+    crops = np.array(crops, np.int32)[order]
+    flips = rng.integers(0, 2, len(datas)).astype(bool)
+    n = len(datas)
+
+    def run(index, whole, threads, flip_crops=False):
+        out = torch.zeros(n, 3, 40, 56, dtype=torch.uint8)
+        errors = _decode.decode_crop_resize(datas, crops, flips, out, threads, whole=whole, index=index)
+        assert errors == [None] * n, [e for e in errors if e][:3]
+        return out
+
+    before = _decode.index_bytes()
+    want = run(False, None, 1)
+    assert _decode.index_bytes() == before
+    stop = np.zeros(n, np.uint8)
+    # Stopped first: checkpoints up to each window's last row; then whole, from those; then
+    # from the checkpoints of the whole decodes, stopped and not, on one and two threads.
+    for whole, threads in ((stop, 1), (None, 1), (stop, 1), (None, 2), (stop, 2)):
+        assert torch.equal(run(True, whole, threads), want), (whole is None, threads)
+    # 7 files of the 9 kept (not the ones with restart markers or progressive), whole: at
+    # least 12 bytes an MCU of 16x16 (8x8 for 4:4:4 and grayscale) pixels.
+    assert _decode.index_bytes() - before >= 12 * (500 * 375 // 256 + 333 * 251 // 64)
+
+
+def test_entropy_decoder_fails_where_libjpeg_does():
+    """Corrupt entropy-coded data (bytes overwritten in the scan; the scan cut short and closed
+    with an end marker), decoded whole: index=True fails where libjpeg's decoder fails, and
+    gives its pixels where both decode, before and after the bytes that decoded are decoded
+    again from checkpoints. It is stricter in one way: a bad Huffman code is always an error
+    ("bad Huffman code"), where libjpeg-turbo's fast path, used for all but the scan's last few
+    kB, reads it as symbol 0 without a warning. Stopped at the window's last row, it may decode
+    what libjpeg refuses (from a checkpoint it reads only the window's MCUs), never the other
+    way round, and with the same pixels."""
+    base = encode(photo(240, 180, seed=2000), 85)
+    sos = base.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(base[sos + 2:sos + 4], "big")
+    rng = np.random.default_rng(3)
+    datas = []
+    for _ in range(80):
+        b = bytearray(base)
+        for p in rng.integers(start, len(base) - 2, size=int(rng.integers(1, 4))):
+            b[p] = int(rng.integers(0, 256))
+        datas.append(bytes(b))
+    datas += [base[:start + k] + b"\xff\xd9" for k in (0, 1, 7, 100, (len(base) - start) // 2, len(base) - start - 3)]
+    n = len(datas)
+    crops = np.array(random_crops(rng, (240, 180), n, area=(0.05, 1.0)), np.int32)
+    flips = np.zeros(n, bool)
+    bad_code = "Corrupt JPEG data: bad Huffman code"
+
+    def run(index, whole):
+        out = torch.zeros(n, 3, 24, 24, dtype=torch.uint8)
+        return _decode.decode_crop_resize(datas, crops, flips, out, 1, whole=whole, index=index), out
+
+    want_errors, want = run(False, None)
+    stricter = 0
+    for _ in range(2):  # the second time from the checkpoints of the bytes that decoded
+        errors, got = run(True, None)
+        for i, (e, w) in enumerate(zip(errors, want_errors)):
+            if w is not None:
+                assert e in (w, bad_code), (i, e, w)
+            elif e is not None:
+                assert e == bad_code, (i, e)
+                stricter += 1
+            else:
+                assert torch.equal(got[i], want[i]), i
+    # Both kinds, and both failures, in the set.
+    assert sum(e is None for e in errors) > n // 4 and {bad_code, "Corrupt JPEG data: premature end of data segment"} <= set(errors)
+    stop = np.zeros(n, np.uint8)
+    want_errors, want = run(False, stop)
+    errors, got = run(True, stop)
+    for i, (e, w) in enumerate(zip(errors, want_errors)):
+        assert w is not None or e in (None, bad_code), (i, e)
+        if e is None and w is None:
+            assert torch.equal(got[i], want[i]), i
+
+
 # ---------------------------------------------------------------------------- build variants
 
 
