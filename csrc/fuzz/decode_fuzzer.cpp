@@ -1,5 +1,6 @@
-// libFuzzer target for the native JPEG path (csrc/decode.cpp, entropy.cpp): check_structure, jpeg_info, then
-// decode_crop_resize with a crop, flip, output size and output layout the input chooses.
+// libFuzzer target for the native JPEG path (csrc/decode.cpp, entropy.cpp): check_structure,
+// jpeg_info, then decode_crop_resize with a crop, flip, output size and output layout the input
+// chooses.
 //
 // Input: 8 parameter bytes, then the JPEG (the seed corpus is real JPEGs behind a header):
 //   [0] out width - 1 (mod 64)    [1] out height - 1 (mod 64)

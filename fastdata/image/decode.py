@@ -7,8 +7,10 @@ before any decode. `BatchDecoder.decode` then decodes each image straight into i
 slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aware decoder
 (only the crop window, at a reduced DCT scale when it is at least twice the output; a file's
 rows below the window are entropy-decoded too until it has once decoded whole without error,
-which `EntropyCheck` records by sample id), the rest with Pillow (Pillow-SIMD when installed);
-then the CPU pixel ops (ColorJitter, TrivialAugment) run on the rows in place. The `dali`
+which `EntropyCheck` records by sample id; a file decoded before in this process is
+Huffman-decoded from its window's MCUs only, `_decode.decode_crop_resize`'s `index`), the rest
+with Pillow (Pillow-SIMD when installed); then the CPU pixel ops (ColorJitter, TrivialAugment)
+run on the rows in place. The `dali`
 backend runs `check` only, with the entropy check of `EntropyCheck`: DALI decodes.
 """
 
