@@ -63,9 +63,9 @@ struct OutView {
 // decode whole without error). Samples are shared among up to `threads` threads.
 // With `index`, a baseline JPEG is entropy-decoded by entropy.cpp's decoder, which keeps
 // checkpoints of the bytes it decodes and decodes them again from the window's MCUs only (the
-// same pixels as libjpeg's decoder, which `index` false keeps to, and its errors, a bad Huffman
-// code always one); bytes it has seen decode whole are not decoded whole again, whatever `whole`
-// says.
+// same pixels as libjpeg's decoder, which `index` false keeps to, and its errors, a little
+// stricter: entropy.h); bytes it has seen decode whole are not decoded whole again, whatever
+// `whole` says.
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,

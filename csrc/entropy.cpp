@@ -190,8 +190,10 @@ constexpr size_t kPad = 4096;
 
 inline uint64_t load_be64(const uint8_t* p) { return __builtin_bswap64(load64(p)); }
 
-[[noreturn]] void fail_with(j_decompress_ptr cinfo, int code) {
+[[noreturn]] void fail_with(j_decompress_ptr cinfo, int code, int p0 = 0, int p1 = 0) {
   cinfo->err->msg_code = code;
+  cinfo->err->msg_parm.i[0] = p0;
+  cinfo->err->msg_parm.i[1] = p1;
   (*cinfo->err->error_exit)(reinterpret_cast<j_common_ptr>(cinfo));
   std::abort();  // error_exit does not return (libjpeg's contract)
 }
@@ -207,6 +209,8 @@ struct EntropyDecoder::State {
   const HuffmanTable* dc[D_MAX_BLOCKS_IN_MCU] = {};
   const HuffmanTable* ac[D_MAX_BLOCKS_IN_MCU] = {};
   uint32_t mcus = 0, per_row = 0, first_col = 0, last_col = 0;
+  uint32_t interval = 0;      // MCUs a restart segment, 0 for none
+  std::vector<uint32_t> seg;  // where each restart segment starts in data (bytes)
   // The reader: buf holds `bits` unread bits at its top; p is the next byte to load.
   const uint8_t* p = nullptr;
   uint64_t buf = 0;
@@ -361,6 +365,25 @@ struct EntropyDecoder::State {
     if (position() > nbits) fail_with(cinfo, JWRN_HIT_MARKER);
   }
 
+  // Decodes MCU j, the reader at its first bit, and leaves the reader at MCU j + 1's: past a
+  // restart marker, at the next segment's first byte with the DC predictors reset (the bits
+  // left in the segment's last byte are padding). A segment whose MCUs need more bits than it
+  // has fails as libjpeg does when it reaches the marker, and one with whole bytes left after
+  // its MCUs as libjpeg does when it skips them to find the marker ("extraneous bytes").
+  template <bool Store>
+  void step(JBLOCKROW* out, uint32_t j) {
+    decode<Store>(out);
+    at = int64_t(j) + 1;
+    if (interval != 0 && (j + 1) % interval == 0 && j + 1 < mcus) {
+      const uint32_t k = (j + 1) / interval, start = seg[k];
+      const uint64_t used = (position() + 7) / 8;
+      if (used > start) fail_with(cinfo, JWRN_HIT_MARKER);
+      if (used < start) fail_with(cinfo, JWRN_EXTRANEOUS_DATA, int(start - used), 0xD0 + int((k - 1) & 7));
+      jump(Checkpoint{start * 8, {0, 0, 0}}, at);
+    }
+    record(j + 1);
+  }
+
   // Puts the reader at MCU i's first bit: a jump to its checkpoint, or past the frontier, from
   // the frontier on, each MCU decoded and its successor's checkpoint noted.
   void seek(uint32_t i) {
@@ -371,11 +394,7 @@ struct EntropyDecoder::State {
     }
     const uint32_t frontier = uint32_t(ncps - 1);
     if (at < int64_t(frontier) || at > int64_t(i)) jump(cps[frontier], frontier);
-    for (uint32_t j = uint32_t(at); j < i; ++j) {
-      decode<false>(nullptr);
-      record(j + 1);
-    }
-    at = i;
+    for (uint32_t j = uint32_t(at); j < i; ++j) step<false>(nullptr, j);
   }
 };
 
@@ -388,9 +407,7 @@ boolean decode_mcu_hook(j_decompress_ptr cinfo, JBLOCKROW* out) {
   const uint32_t col = i % s.per_row;
   if (out == nullptr || col < s.first_col || col > s.last_col) return TRUE;
   s.seek(i);
-  s.decode<true>(out);
-  s.at = int64_t(i) + 1;
-  s.record(i + 1);
+  s.step<true>(out, i);
   return TRUE;
 }
 
@@ -403,7 +420,7 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
   State& s = *s_;
   s.cinfo = nullptr;
   if (cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 ||
-      cinfo->restart_interval != 0 || jpeg_has_multiple_scans(cinfo) ||
+      jpeg_has_multiple_scans(cinfo) ||
       cinfo->comps_in_scan != cinfo->num_components || cinfo->comps_in_scan > 3 ||
       cinfo->Ss != 0 || cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||
       cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU) {
@@ -428,7 +445,13 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
 
   // The scan's data: from where libjpeg stopped reading (just past the SOS segment) to the
   // marker that ends it, the 0x00 after each data 0xFF dropped (fill 0xFFs before it too, as
-  // libjpeg does).
+  // libjpeg does). With a restart interval, the scan is segments of that many MCUs, each but
+  // the last followed by its restart marker, RST0 to RST7 in turn: seg[k] is where segment k
+  // starts in the data. Markers missing or out of turn leave the image to libjpeg's decoder
+  // and its rules for resynchronising.
+  s.interval = cinfo->restart_interval;
+  const uint32_t segments = s.interval ? (s.mcus + s.interval - 1) / s.interval : 1;
+  s.seg.assign(1, 0);
   const uint8_t* q = cinfo->src->next_input_byte;
   const uint8_t* end = file.data + file.size;
   if (q < file.data || q > end) return false;
@@ -443,10 +466,19 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
     s.data.insert(s.data.end(), q, ff);
     const uint8_t* m = ff + 1;
     while (m < end && *m == 0xFF) ++m;
-    if (m == end || *m != 0x00) break;  // a marker: the scan's data ends before ff
-    s.data.push_back(0xFF);
-    q = m + 1;
+    if (m < end && *m == 0x00) {
+      s.data.push_back(0xFF);
+      q = m + 1;
+      continue;
+    }
+    if (m < end && s.seg.size() < segments && *m == 0xD0 + ((s.seg.size() - 1) & 7)) {
+      s.seg.push_back(uint32_t(s.data.size()));
+      q = m + 1;
+      continue;
+    }
+    break;  // any other marker: the scan's data ends before ff
   }
+  if (s.seg.size() != segments) return false;
   s.nbits = uint64_t(s.data.size()) * 8;
   if (s.nbits >= (uint64_t(1) << 32)) return false;  // checkpoints hold 32-bit positions
   s.data.resize(s.data.size() + kPad, 0);

@@ -34,9 +34,11 @@ struct EntropyIndex;
 // jpeg_start_decompress and jpeg_crop_scanline), it takes over decode_mcu until the cinfo is
 // aborted. The coefficients are libjpeg-turbo's, bit for bit (its IDCT then makes the same
 // pixels). Errors go through cinfo's error manager with libjpeg's own warnings (bad Huffman
-// code, premature end of data), which the caller makes errors. One is stricter than libjpeg:
-// a bad Huffman code is always an error, where libjpeg-turbo's fast path (all but a scan's last
-// few kB) reads it as symbol 0 without a warning.
+// code, premature end of data, extraneous bytes), which the caller makes errors. It is stricter
+// than libjpeg in two ways: a bad Huffman code is always an error, where libjpeg-turbo's fast
+// path (all but a scan's last few kB) reads it as symbol 0 without a warning; and so are whole
+// bytes left at the end of a restart segment, a few of which libjpeg skips without a warning
+// when it has read ahead to the marker.
 class EntropyDecoder {
  public:
   EntropyDecoder();
@@ -44,9 +46,10 @@ class EntropyDecoder {
   EntropyDecoder(const EntropyDecoder&) = delete;
   EntropyDecoder& operator=(const EntropyDecoder&) = delete;
 
-  // Takes over cinfo's Huffman decoding when the image is a single-scan baseline JPEG without
-  // restart markers (nearly all photos saved by Pillow, libjpeg and cameras without DRI); false
-  // leaves libjpeg's decoder in place. `file` is the whole file, cinfo's source.
+  // Takes over cinfo's Huffman decoding when the image is a single-scan baseline JPEG whose
+  // restart markers, if it has any, all come in turn (nearly every photo saved by Pillow,
+  // libjpeg or a camera); false leaves libjpeg's decoder in place. `file` is the whole file,
+  // cinfo's source.
   bool attach(j_decompress_ptr cinfo, const ByteSpan& file);
   // Whether these bytes have decoded whole without error in this process before (their index
   // covers every MCU): corrupt data anywhere in them would have failed that decode.

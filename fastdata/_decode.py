@@ -236,9 +236,9 @@ def decode_crop_resize(
     which keeps, for the bytes it decodes, where each MCU starts (about 12 bytes an MCU, 6.5 kB
     for a 418x314 photo; at most 256 MiB a process, then no more files are added): a later
     decode of the same bytes decodes only its window's MCUs, with the same pixels as libjpeg's
-    decoder (index=False) and its errors, a bad Huffman code always one (libjpeg-turbo reads most
-    as symbol 0). Bytes that decoded whole without error in this process are not decoded whole
-    again, whatever `whole` says.
+    decoder (index=False) and its errors, a little stricter (a bad Huffman code is always one;
+    csrc/entropy.h). Bytes that decoded whole without error in this process are not decoded
+    whole again, whatever `whole` says.
     """
     _require()
     datas = list(datas)

@@ -465,8 +465,8 @@ def test_argument_checks(images):
 
 def _fresh_jpegs(seed: int) -> list[tuple[bytes, tuple[int, int]]]:
     """JPEGs no other test decodes (so no checkpoints exist for them in this process yet): each
-    subsampling, odd sizes, grayscale, Huffman tables of their own (optimize), and two that
-    entropy.cpp leaves to libjpeg (restart markers, progressive)."""
+    subsampling, odd sizes, grayscale, Huffman tables of their own (optimize), restart markers,
+    and a progressive one, which entropy.cpp leaves to libjpeg."""
     specs = [
         ((500, 375), dict(quality=90, subsampling=2)),
         ((333, 251), dict(quality=75, subsampling=0)),
@@ -475,6 +475,7 @@ def _fresh_jpegs(seed: int) -> list[tuple[bytes, tuple[int, int]]]:
         ((300, 200), dict(quality=85, subsampling=2, optimize=True)),
         ((211, 157), dict(quality=80, subsampling=0, optimize=True)),
         ((160, 120), dict(quality=85, restart_marker_blocks=3)),
+        ((203, 150), dict(quality=85, subsampling=0, restart_marker_rows=1)),
         ((200, 150), dict(quality=85, progressive=True)),
     ]
     out = [(encode(photo(*size, seed=seed + k), **kw), size) for k, (size, kw) in enumerate(specs)]
@@ -516,9 +517,67 @@ def test_entropy_decoder_gives_libjpegs_pixels():
     # from the checkpoints of the whole decodes, stopped and not, on one and two threads.
     for whole, threads in ((stop, 1), (None, 1), (stop, 1), (None, 2), (stop, 2)):
         assert torch.equal(run(True, whole, threads), want), (whole is None, threads)
-    # 7 files of the 9 kept (not the ones with restart markers or progressive), whole: at
-    # least 12 bytes an MCU of 16x16 (8x8 for 4:4:4 and grayscale) pixels.
+    # 9 files of the 10 kept (not the progressive one), whole: 12 bytes an MCU of 16x16 (8x8
+    # for 4:4:4 and grayscale) pixels.
     assert _decode.index_bytes() - before >= 12 * (500 * 375 // 256 + 333 * 251 // 64)
+
+
+def test_entropy_decoder_takes_restart_markers_in_turn():
+    """A JPEG with restart markers (a segment every MCU, every 3 MCUs, every MCU row) is decoded
+    by entropy.cpp (its checkpoints are kept) with libjpeg's pixels; with two markers out of
+    turn it is left to libjpeg's decoder (no checkpoints), with libjpeg's result; corrupt
+    segments fail where libjpeg's decoder fails."""
+    rng = np.random.default_rng(21)
+    img = photo(180, 130, seed=3000)
+    variants = [encode(img, 85, subsampling=2, restart_marker_blocks=1),
+                encode(img, 85, subsampling=0, restart_marker_blocks=3),
+                encode(img.convert("L"), 85, restart_marker_rows=1)]
+    swapped = bytearray(variants[1])
+    a, b = swapped.index(b"\xff\xd0"), swapped.index(b"\xff\xd1")
+    swapped[a + 1], swapped[b + 1] = 0xD1, 0xD0
+    mcus = (12 * 9, 23 * 17, 23 * 17)  # 16x16 MCUs for 4:2:0, 8x8 for 4:4:4 and grayscale
+
+    def run(data, crops, index):
+        out = torch.zeros(len(crops), 3, 32, 48, dtype=torch.uint8)
+        errors = _decode.decode_crop_resize([data] * len(crops), np.array(crops, np.int32),
+                                            np.zeros(len(crops), bool), out, 1, index=index)
+        return errors, out
+
+    for data, n in zip(variants, mcus):
+        crops = random_crops(rng, (180, 130), 8, area=(0.02, 1.0))
+        want_errors, want = run(data, crops, False)
+        assert want_errors == [None] * len(crops)
+        before = _decode.index_bytes()
+        for _ in range(2):  # the first decode keeps checkpoints, the second starts from them
+            errors, got = run(data, crops, True)
+            assert errors == want_errors and torch.equal(got, want)
+        assert _decode.index_bytes() - before >= 12 * n
+    crops = random_crops(rng, (180, 130), 4)
+    before = _decode.index_bytes()
+    assert run(bytes(swapped), crops, True)[0] == run(bytes(swapped), crops, False)[0]
+    assert _decode.index_bytes() == before
+
+    # Corrupt segments: where libjpeg fails, so does entropy.cpp (the message may differ: past a
+    # segment's end it reads the next segment's bits where libjpeg reads zeros); it fails where
+    # libjpeg passes only on a bad Huffman code or whole bytes left at a segment's end (libjpeg
+    # skips a few of those silently); where both decode, the same pixels.
+    base = variants[0]
+    sos = base.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(base[sos + 2:sos + 4], "big")
+    for k in range(60):
+        b = bytearray(base)
+        for p in rng.integers(start, len(base) - 2, size=int(rng.integers(1, 4))):
+            b[p] = int(rng.integers(0, 256))
+        crops = random_crops(rng, (180, 130), 1, area=(0.05, 1.0))
+        want_errors, want = run(bytes(b), crops, False)
+        for _ in range(2):
+            errors, got = run(bytes(b), crops, True)
+            if want_errors[0] is not None:
+                assert errors[0] is not None, k
+            elif errors[0] is not None:
+                assert "bad Huffman code" in errors[0] or "extraneous bytes" in errors[0], (k, errors)
+            else:
+                assert torch.equal(got, want), k
 
 
 def test_entropy_decoder_fails_where_libjpeg_does():
