@@ -125,6 +125,7 @@ uint64_t hash_bytes(const uint8_t* d, size_t n) {
 
 struct EntropyIndex {
   std::vector<Checkpoint> at;  // at[i]: the state at MCU i's first bit; MCUs [0, size - 1) decoded
+  uint32_t mcus = 0;           // the scan's MCUs
   bool whole = false;          // every MCU decoded without error
   size_t bytes() const { return sizeof(*this) + at.capacity() * sizeof(Checkpoint) + 64; }
 };
@@ -262,6 +263,9 @@ struct EntropyDecoder::State {
   uint64_t position() const { return uint64_t(p - data.data()) * 8 - uint64_t(bits); }
 
   void jump(const Checkpoint& c, int64_t mcu) {
+    // Never past the data: the checkpoints of other bytes with the same hash (a collision, made
+    // on purpose or not) can give wrong pixels, never a read outside the buffer.
+    if (c.bit > nbits) fail_with(cinfo, JWRN_HIT_MARKER);
     p = data.data() + (c.bit >> 3);
     buf = load_be64(p) << (c.bit & 7);
     p += 7;
@@ -485,6 +489,9 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
 
   s.key = Key{hash_bytes(file.data, file.size), uint64_t(file.size)};
   s.found = Store::get().find(s.key);
+  if (s.found && (s.found->mcus != s.mcus || s.found->at.size() > size_t(s.mcus) + 1)) {
+    s.found.reset();  // another image's checkpoints under the same hash
+  }
   s.fits = true;
   s.known.clear();
   if (s.found && s.found->whole) {
@@ -529,6 +536,7 @@ void EntropyDecoder::detach(bool ok) {
   }
   auto index = std::make_shared<EntropyIndex>();
   index->at.assign(s.known.begin(), s.known.end());
+  index->mcus = s.mcus;
   index->whole = s.known.size() == size_t(s.mcus) + 1;
   Store::get().keep(s.key, std::move(index));
   s.found.reset();
