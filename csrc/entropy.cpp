@@ -314,6 +314,12 @@ struct EntropyDecoder::State {
       consume(len);
       return sym;
     };
+    // The symbol of the code at the reader, e its fast[] entry.
+    auto symbol = [&](const HuffmanTable& t, int32_t e) -> int {
+      if (e == 0) return slow(t);
+      consume(e & 31);
+      return (e >> 8) & 0xFF;
+    };
     auto take = [&](int s) -> uint32_t {  // s in 1..15 bits
       const uint32_t v = uint32_t(b >> (64 - s));
       consume(s);
@@ -323,15 +329,7 @@ struct EntropyDecoder::State {
       JCOEF* block = Store ? out[k0][0] : nullptr;
       const HuffmanTable& act = *ac[k0];
       refill();
-      const HuffmanTable& dct = *dc[k0];
-      const int32_t de = dct.fast[b >> (64 - kFastBits)];
-      int s;
-      if (de) {
-        consume(de & 31);
-        s = (de >> 8) & 0xFF;
-      } else {
-        s = slow(dct);
-      }
+      const int s = symbol(*dc[k0], dc[k0]->fast[b >> (64 - kFastBits)]);
       const int32_t diff = s ? extend(take(s), s) : 0;
       int32_t& last = last_dc[comp[k0]];
       last = int32_t(uint32_t(last) + uint32_t(diff));  // wraps as libjpeg's does on bad data
@@ -345,13 +343,7 @@ struct EntropyDecoder::State {
           if (Store) block[kNatural[k]] = JCOEF(e >> 16);
           continue;
         }
-        int rs;
-        if (e) {
-          consume(e & 31);
-          rs = (e >> 8) & 0xFF;
-        } else {
-          rs = slow(act);
-        }
+        const int rs = symbol(act, e);
         const int r = rs >> 4, size = rs & 15;
         if (size) {
           k += r;
