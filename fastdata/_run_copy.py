@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import weakref
 from typing import Any, Iterator
 
@@ -64,18 +65,15 @@ def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
 
 
 @functools.wraps(_cuda)
-def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
-         memory_format: torch.memory_format = torch.preserve_format) -> Any:
+def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    # The arguments reach torch as the script wrote them: torch parses them, and its errors
+    # and results are the script's.
     entry = _entry(self)
     if entry is None:
-        return _cuda(self, device, non_blocking, memory_format)
-    if device is None:
-        where = torch.device("cuda")
-    else:
-        where = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    out = entry.serve(self, (where, None, memory_format))
+        return _cuda(self, *args, **kwargs)
+    out = entry.serve(self, _cuda_target(args, kwargs))
     if out is None:
-        out = _cuda(self, device, non_blocking, memory_format)
+        out = _cuda(self, *args, **kwargs)
         entry.saw(out)
     return out
 
@@ -87,15 +85,87 @@ def _entry(t: torch.Tensor) -> Any:
     return entry if entry is not None and entry.ref() is t else None
 
 
+def _to_device(device: Any = None, dtype: Any = None, non_blocking: bool = False, copy: bool = False, *,
+               memory_format: Any = None) -> None:
+    """`Tensor.to(device, dtype, ...)`, the first of its three forms as torch documents them."""
+
+
+def _to_dtype(dtype: Any, non_blocking: bool = False, copy: bool = False, *, memory_format: Any = None) -> None:
+    """`Tensor.to(dtype, ...)`."""
+
+
+def _to_tensor(tensor: Any, non_blocking: bool = False, copy: bool = False, *, memory_format: Any = None) -> None:
+    """`Tensor.to(tensor, ...)`: the other tensor's device and dtype."""
+
+
+_TO = {form: inspect.signature(form) for form in (_to_device, _to_dtype, _to_tensor)}
+
+
 def _target(args: tuple, kwargs: dict) -> tuple | None:
     """(device, dtype, memory_format) that a `.to` call asks for, or None for arguments `.to`
-    itself would refuse: the call then takes its usual path, to its usual error."""
-    kwargs = {k: v for k, v in kwargs.items() if k != "copy"}  # a copy made ahead is a fresh tensor
+    would refuse, or that this does not know (an int device, a subclass's own arguments): the
+    call then takes torch's path, to torch's result or error. Parsed here rather than by torch's
+    private parser, which refuses `copy`."""
+    first = args[0] if args else None
+    if isinstance(first, torch.Tensor) or "tensor" in kwargs:
+        form = _to_tensor
+    elif isinstance(first, torch.dtype):
+        form = _to_dtype
+    else:
+        form = _to_device
     try:
-        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-    except (TypeError, RuntimeError):
+        call = _TO[form].bind(*args, **kwargs).arguments
+    except TypeError:
         return None
+    memory_format = call.get("memory_format")
+    if memory_format is not None and not isinstance(memory_format, torch.memory_format):
+        return None
+    if form is _to_tensor:
+        other = call["tensor"]
+        return (other.device, other.dtype, memory_format) if isinstance(other, torch.Tensor) else None
+    device, dtype = call.get("device"), call.get("dtype")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        return None
+    if device is not None:
+        if not isinstance(device, (str, torch.device)):
+            return None
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            return None
     return device, dtype, memory_format
+
+
+def _cuda_signature(device: Any = None, non_blocking: bool = False, *,
+                    memory_format: torch.memory_format = torch.preserve_format) -> None:
+    """`Tensor.cuda`'s signature, as torch documents and parses it."""
+
+
+_CUDA = inspect.signature(_cuda_signature)
+
+
+def _cuda_target(args: tuple, kwargs: dict) -> tuple | None:
+    """(device, dtype, memory_format) that a `.cuda` call asks for, or None for arguments
+    `.cuda` itself would refuse (or that this does not know): the call then takes its usual path."""
+    try:
+        call = _CUDA.bind(*args, **kwargs).arguments
+    except TypeError:
+        return None
+    device = call.get("device")
+    try:
+        if device is None:
+            where = torch.device("cuda")
+        elif isinstance(device, int) and not isinstance(device, bool):
+            where = torch.device("cuda", device)
+        elif isinstance(device, (str, torch.device)):
+            where = torch.device(device)
+        else:
+            return None
+    except (TypeError, RuntimeError, ValueError):
+        return None
+    if where.type != "cuda":  # torch refuses it: let it say so
+        return None
+    return where, None, call.get("memory_format", torch.preserve_format)
 
 
 def _same_device(asked: torch.device | None, have: torch.device) -> bool:
