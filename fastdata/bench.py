@@ -40,6 +40,8 @@ import numpy as np
 
 from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run_alone, run_command
 from ._cores import usable_cores
+from ._optional import has
+from ._optional import missing as optional_missing
 from .profiling.report import environment, now_utc
 
 SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
@@ -201,25 +203,26 @@ def _dali(name: str, op, big: np.ndarray, small: np.ndarray, size: int, device: 
     return run
 
 
-def _engines() -> dict[str, Callable]:
-    import importlib.util
-
+def _engines() -> tuple[dict[str, Callable], list[str]]:
+    """The engines this machine has, and a line for each optional one it lacks."""
     engines: dict[str, Callable] = {"pillow": _pillow}
-    try:
-        import torch
+    missing = []
+    import torch
 
-        cuda = torch.cuda.is_available()
-    except ImportError:
-        cuda = False
-    if importlib.util.find_spec("kornia") is not None:
+    cuda = torch.cuda.is_available()
+    if has("kornia"):
         engines["kornia-cpu"] = lambda *a: _kornia(*a, device="cpu")
         if cuda:
             engines["kornia-cuda"] = lambda *a: _kornia(*a, device="cuda")
-    if importlib.util.find_spec("nvidia.dali") is not None:
+    else:
+        missing.append(optional_missing("kornia", "engines kornia-cpu, kornia-cuda"))
+    if has("dali"):
         engines["dali-cpu"] = lambda *a: _dali(*a, device="cpu")
         if cuda:
             engines["dali-gpu"] = lambda *a: _dali(*a, device="gpu")
-    return engines
+    else:
+        missing.append(optional_missing("dali", "engines dali-cpu, dali-gpu"))
+    return engines, missing
 
 
 def _time(run: Callable[[], None], n: int, reps: int, sync: Callable[[], None]) -> float:
@@ -251,7 +254,7 @@ def _pipeline(images: int, size: int) -> dict[str, float]:
     out = {}
     with tempfile.TemporaryDirectory() as root:
         make_imagenet_like(root, n_images=images, n_classes=4)
-        for placement in ("cpu", "gpu"):
+        for placement in ("cpu", "gpu") if has("kornia") else ("cpu",):  # "gpu" runs the pixel ops with Kornia
             loader = fastdata.loader(root, batch_size=64, num_workers="auto", persistent_workers=True, transform=spec,
                                      device=device, dtype=torch.bfloat16, placement=placement)
             sum(len(y) for _, y in loader)  # the first pass starts the workers
@@ -308,7 +311,10 @@ def augment(args: argparse.Namespace) -> dict:
     from ._pillow import PILLOW
 
     ops = _ops(args.size)
-    engines = _engines()
+    engines, missing = _engines()
+    if not args.quiet:
+        for line in missing:
+            print(f"not measured: {line}", file=sys.stderr)
     big, small = _images(args.images, args.size)
     cuda_sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     table: dict[str, dict[str, float | None]] = {name: {} for name in ops}

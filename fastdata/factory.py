@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from . import _optional as optional
 from . import sources
 from .backends.base import Loader
 from .backends.dali import DaliLoader
@@ -101,11 +102,7 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
 
 def _ray_loader() -> type:
     """The `ray` backend's loader, imported only when asked for (Ray is an extra)."""
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
-        raise RuntimeError("backend 'ray' needs Ray, which is not installed: pip install 'fastdata[ray]' "
-                          "(or bash scripts/install.sh --ray)")
+    optional.require("ray", "backend 'ray'")
     from .backends.ray import RayLoader
 
     return RayLoader
@@ -114,12 +111,8 @@ def _ray_loader() -> type:
 def _auto(shards: bool, device: Any) -> tuple[str, str]:
     """The contract's rule: `dali` when a CUDA device is the target and DALI is installed, else
     `wds` for shards, else `pil`."""
-    import importlib.util
-
-    import torch
-
     cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
-    if cuda and importlib.util.find_spec("nvidia.dali") is not None:
+    if cuda and optional.has("dali"):
         return "dali", "auto: a CUDA target and DALI installed"
     if shards:
         return "wds", "auto: shards" + (" (DALI is not installed)" if cuda else "")

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import _optional as optional
 from .._trace import trace_range
 from ..backends.base import Loader, resolve_workers
 from ..device import DeviceStage, prefetch
@@ -120,6 +121,7 @@ class ImageLoader(Loader):
         self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
         self._in_epoch = False  # a pass is live and its epoch not finished
         self._state_world: int | None = None  # the world size of a state just loaded
+        self._skipped_seen: dict[str, dict | None] = {}  # a skipped file -> its stats["errors"] entry (see _record)
 
     def _build(self) -> None:
         """The parts for this rank and world size: order, reader, decoder, who decodes, the
@@ -135,8 +137,7 @@ class ImageLoader(Loader):
         pixel_ops = transform.pixel_ops if transform is not None else ()
         device_pixel_ops = pixel_ops if self.placement == "gpu" else ()
         if device_pixel_ops:
-            from ..transforms import kornia as _kornia  # noqa: F401 (fails early when Kornia is missing)
-
+            optional.require("kornia", "placement='gpu'")
             self._decoder.pixel_ops = ()
         self._runner = self._decoders(workers, timeout, prefetch_factor, pin)
         self.num_classes = self._reader.num_classes(transform)
@@ -354,12 +355,23 @@ class ImageLoader(Loader):
         return out
 
     def _record(self, errors: list) -> None:
+        """Counts each skip in stats["skipped"]; a file is listed (first 100), counted in
+        stats["skipped_files"] and logged once for this loader, however many epochs skip it
+        again (its entry's count says how many times)."""
         stats = self.stats
         stats["skipped"] += len(errors)
+        seen = self._skipped_seen  # None: a file past the first 100, counted but not listed
         for path, cause in errors:
-            if len(stats["errors"]) < _MAX_ERRORS:
-                stats["errors"].append({"path": path, "cause": cause})
-            logger.warning("skipped %s: %s", path, cause)
+            if path in seen:
+                if seen[path] is not None:
+                    seen[path]["count"] += 1
+                continue
+            entry = {"path": path, "cause": cause, "count": 1}
+            seen[path] = entry if len(stats["errors"]) < _MAX_ERRORS else None
+            if seen[path] is not None:
+                stats["errors"].append(entry)
+            stats["skipped_files"] += 1
+            logger.warning("skipped %s: %s", path, cause, extra={"fastdata_skipped": path})
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1

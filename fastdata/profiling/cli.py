@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -68,6 +67,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import _optional as optional
 from .. import factory
 from ..backends.base import resolve_workers
 from .. import transforms as T
@@ -183,7 +183,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
         return 0
-    return run_command(ap.prog, body, args.debug)
+    return run_command(ap.prog, body, args.debug, skip_flag="--on-error skip")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,9 +249,16 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     outcome for the report."""
     cores = usable_cores()
     backends = ["wds" if is_shard_source(source) else "pil"]
-    if importlib.util.find_spec("nvidia.dali") is not None and not transform.pixel_ops:
-        backends.append("dali")
-    placements = ["cpu", "gpu"] if transform.pixel_ops and importlib.util.find_spec("kornia") else ["cpu"]
+    placements = ["cpu"]
+    if not transform.pixel_ops:  # the dali backend runs no pixel ops
+        if optional.has("dali"):
+            backends.append("dali")
+        else:
+            print(f"not tried: {optional.missing('dali', 'backend dali')}", file=sys.stderr)
+    elif optional.has("kornia"):
+        placements.append("gpu")
+    else:
+        print(f"not tried: {optional.missing('kornia', 'placement gpu')}", file=sys.stderr)
     space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], cores}),
              "prefetch_factor": [2, 4], "backend": backends, "placement": placements}
     # what the user gets untuned (num_workers="auto"): a tune must beat it by more than the noise

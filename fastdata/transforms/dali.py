@@ -14,12 +14,11 @@ import numpy as np
 
 
 def require() -> None:
-    """Raises RuntimeError, saying how to install it, when DALI is missing."""
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        raise RuntimeError("backend 'dali' needs NVIDIA DALI, which is not installed: pip install nvidia-dali-cuda120 "
-                           "(runs CPU-only pipelines on a machine without a GPU too)") from None
+    """Raises RuntimeError, saying how to install it, when DALI is missing (it runs CPU-only
+    pipelines on a machine without a GPU too)."""
+    from .._optional import require as require_part
+
+    require_part("dali", "backend 'dali'")
 
 
 def window_inputs(windows: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
