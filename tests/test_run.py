@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,147 @@ def test_exit_status_and_no_command(tmp_path):
     assert "made no DataLoader" in code.stderr
     none = subprocess.run([sys.executable, "-m", "fastdata.cli", "run"], capture_output=True, text=True, timeout=60)
     assert none.returncode == 2 and "no command given" in none.stderr
+
+
+# -- the scripts of issue 31: the ImageNet example's loop, two loaders, a loader rebuilt each epoch,
+# the ways a loop moves its batches. Each runs directly and under `fastdata run`: the same batches
+# (ids read back from what the script trained on) and the same losses, bit for bit.
+
+def _both(script: str, out: Path, *args: Any) -> tuple[dict, dict, list[str]]:
+    """The script's JSON (written to `out`, which its arguments name) run directly and under
+    `fastdata run`, and the run's summary lines."""
+    direct = out.with_name(out.stem + "-direct.json")
+    mine = [str(direct) if a == str(out) else a for a in map(str, args)]
+    plain = subprocess.run([sys.executable, str(SCRIPTS / script), *mine], capture_output=True, text=True, timeout=150)
+    assert plain.returncode == 0, plain.stderr
+    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable,
+                           str(SCRIPTS / script), *map(str, args)], capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(direct.read_text()), json.loads(out.read_text()), _summary(proc.stderr)
+
+
+def _same_run(want: dict, got: dict) -> None:
+    for key in ("ids", "losses", "val_ids", "val_losses", "val_acc1"):
+        assert got.get(key) == want.get(key), key
+
+
+def _each_once(ids: list[list[int]], epochs: int, every: list[int]) -> None:
+    """Each epoch's batches hold every sample once."""
+    per = len(ids) // epochs
+    for e in range(epochs):
+        assert sorted(sum(ids[e * per:(e + 1) * per], [])) == every, ids
+
+
+@pytest.fixture(scope="module")
+def imagenet_folder(tmp_path_factory):
+    """data/train: 3 classes x 8 JPEGs, data/val: 3 x 4; 20 to 39 px a side, red and green as
+    tests/_images.py's colors (its class and number), blue dark on the left half and bright on
+    the right (which way up it is)."""
+    import numpy as np
+    from PIL import Image
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from _images import color
+
+    root = tmp_path_factory.mktemp("imagenet")
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 8), ("val", 4)):
+        for c in range(3):
+            (root / split / f"class{c}").mkdir(parents=True)
+            for i in range(per_class):
+                w, h = (int(v) for v in rng.integers(20, 40, size=2))
+                pixels = np.empty((h, w, 3), np.uint8)
+                pixels[...] = color(c, i)
+                pixels[:, :w // 2, 2], pixels[:, w // 2:, 2] = 30, 220
+                Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i:03d}.jpg", quality=95, subsampling=0)
+    return root
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_imagenet_example_loop_same_batches(tmp_path, imagenet_folder, workers):
+    out = tmp_path / "run.json"
+    want, got, lines = _both("train_imagenet_style.py", out, imagenet_folder, "-j", workers, "-b", 8,
+                             "--epochs", 2, "--seed", 0, "--out", out)
+    _same_run(want, got)
+    # the random flips, drawn in the workers (seeded as torch seeds them) or in the script's
+    # process between its steps' dropout draws
+    assert got["flips"] == want["flips"] and 0 < sum(sum(want["flips"], [])) < 2 * 24, want["flips"]
+    assert len(want["ids"]) == 2 * 3 and len(want["val_ids"]) == 2 * 2 and len(want["val_acc1"]) == 2
+    _each_once(want["ids"], 2, [100 * c + i for c in range(3) for i in range(8)])
+    assert want["val_ids"][:2] == [[0, 1, 2, 3, 100, 101, 102, 103], [200, 201, 202, 203]]
+    assert want["loaders"] == ["DataLoader"] * 2 and got["loaders"] == ["Served"] * 2
+    assert got["is_dataloader"] == [True, True] and got["workers"] == want["workers"] == [workers] * 2
+    # train and val, made on two lines of main_worker: both served, with the workers set by -j
+    assert len(lines) == 2, lines
+    assert len({line.split()[1] for line in lines}) == 2, lines
+    for line in lines:
+        assert line.startswith("served") and "train_imagenet_style.py:" in line, line
+        assert f"DataLoader(ImageFolder): native collation; num_workers={workers} as the script set it" in line, line
+
+
+@pytest.mark.parametrize("move,workers", [("to", None), ("to_nb", 2)], ids=["to-default-workers", "to_nb-2-workers"])
+def test_train_and_val_loaders_same_batches(tmp_path, move, workers):
+    args = ("--move", move, "--val") + (("--workers", str(workers)) if workers is not None else ())
+    want, got, lines = _both("train_loops.py", tmp_path / "run.json", tmp_path / "run.json", *args)
+    _same_run(want, got)
+    assert len(want["ids"]) == 2 * 6 and len(want["val_ids"]) == 2 * 3
+    _each_once(want["ids"], 2, list(range(48)))
+    assert sum(want["val_ids"][:3], []) == list(range(1000, 1020))
+    assert got["loaders"] == ["Served"] * 2 and got["is_dataloader"] == [True, True]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert line.startswith("served") and "train_loops.py:" in line and "DataLoader(Encoded)" in line, line
+        if workers is None:  # left at the default: workers cannot change a batch here
+            assert "num_workers='auto' (the script left the default)" in line, line
+        else:
+            assert f"num_workers={workers} as the script set it" in line, line
+    if workers is None:
+        assert want["workers"] == [0, 0] and min(got["workers"]) >= 1
+    else:
+        assert got["workers"] == want["workers"] == [workers] * 2
+
+
+@pytest.mark.parametrize("workers", [0, 2, None], ids=["0-workers", "2-workers", "default-workers"])
+def test_loader_rebuilt_every_epoch_same_batches(tmp_path, workers):
+    args = ("--rebuild",) + (("--workers", str(workers)) if workers is not None else ())
+    want, got, lines = _both("train_loops.py", tmp_path / "run.json", tmp_path / "run.json", *args)
+    _same_run(want, got)
+    assert len(want["ids"]) == 2 * 6
+    _each_once(want["ids"], 2, list(range(48)))
+    assert want["ids"][:6] != want["ids"][6:]  # each epoch's new loader shuffles anew
+    assert got["distinct"] == want["distinct"] == 2 and got["loaders"] == ["Served"] * 2
+    # one line for the two loaders, made alike on one line of the script
+    (line,) = lines
+    assert line.startswith("served") and "train_loops.py:" in line and "DataLoader(Encoded) (x2)" in line, line
+    if workers is None:
+        assert "num_workers='auto'" in line and min(got["workers"]) >= 1, line
+    else:
+        assert f"num_workers={workers} as the script set it" in line and got["workers"] == [workers] * 2, line
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_cuda_non_blocking_loop_gpu_same_batches(tmp_path):
+    want, got, lines = _both("train_loops.py", tmp_path / "run.json", tmp_path / "run.json", "--move", "cuda_nb",
+                             "--val")
+    _same_run(want, got)
+    assert len(want["ids"]) == 2 * 6 and min(got["workers"]) >= 1
+    assert len(lines) == 2 and all(line.startswith("served") for line in lines), lines
+    # batch 0 of each loader names the destination; each later batch's x and y (not its ids)
+    # are taken from the copies: train 12 batches, val 2 x 3
+    assert [_copied(line) for line in lines] == [(2 * 11, 3 * 11), (2 * 5, 3 * 5)], lines
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_imagenet_example_loop_gpu_same_batches(tmp_path, imagenet_folder):
+    out = tmp_path / "run.json"
+    want, got, lines = _both("train_imagenet_style.py", out, imagenet_folder, "-j", 2, "--gpu", 0, "--seed", 0,
+                             "--out", out)
+    _same_run(want, got)
+    assert len(lines) == 2 and all(line.startswith("served") for line in lines), lines
+    # the example's images.cuda(args.gpu, non_blocking=True): batch 0 names the destination,
+    # both tensors of each later batch are taken (train 2 x 3 batches, val 2 x 2)
+    assert [_copied(line) for line in lines] == [(2 * 5, 2 * 5), (2 * 3, 2 * 3)], lines
