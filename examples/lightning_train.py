@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
 import fastdata
-from train import resnet  # this folder is sys.path[0] when the script runs
+from fastdata.sources import image_folder
+from train import Parser, at_least, check_paths, positive_float, resnet, workers  # this folder is sys.path[0]
 
 
 class ImageFolderData(pl.LightningDataModule):
@@ -136,22 +137,30 @@ class FinalCheckpoint(Callback):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="an ImageFolder (default: a synthetic set under ~/.cache/fastdata)")
-    ap.add_argument("--devices", type=int, default=max(torch.cuda.device_count(), 1),
+    ap.add_argument("--devices", type=at_least(1), default=max(torch.cuda.device_count(), 1),
                     help="processes on this machine (default: one a GPU, else 1)")
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=128, help="per process")
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--image-size", type=int, default=176)
-    ap.add_argument("--workers", default="auto", type=lambda s: s if s == "auto" else int(s))
+    ap.add_argument("--epochs", type=at_least(1), default=10)
+    ap.add_argument("--batch-size", type=at_least(1), default=128, help="per process")
+    ap.add_argument("--lr", type=positive_float, default=0.1)
+    ap.add_argument("--image-size", type=at_least(1), default=176)
+    ap.add_argument("--workers", default="auto", type=workers)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint-dir", default="checkpoints", help="last.ckpt and Lightning's logs")
-    ap.add_argument("--steps-per-checkpoint", type=int, default=100)
+    ap.add_argument("--steps-per-checkpoint", type=at_least(1), default=100)
     ap.add_argument("--resume", action="store_true", help="go on from --checkpoint-dir/last.ckpt, if it exists")
     ap.add_argument("--log-samples", help="each rank appends a JSON line a step to FILE.RANK: epoch, step, "
                     "loss, labels and each image's mean per channel (which samples it trained on)")
     args = ap.parse_args()
+    check_paths(ap, args.data, ("--log-samples", args.log_samples))
+    if args.data is not None:
+        # the loader is made in setup(), inside fit(): a folder it would refuse is refused here,
+        # in one line, not as a traceback from the Trainer
+        try:
+            image_folder(args.data)
+        except (OSError, ValueError) as e:
+            ap.error(f"--data: {e}")
 
     gpu = torch.cuda.is_available()
     data = ImageFolderData(args.data, args.batch_size, args.image_size, args.workers, args.seed)

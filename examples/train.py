@@ -60,22 +60,76 @@ def save(path: str, checkpoint: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument answered in one line (no usage block), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer >= minimum."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"should be an integer >= {minimum}, but got {text!r}")
+        return value
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"should be a number > 0, but got {text!r}")
+    return value
+
+
+def workers(text: str) -> int | str:
+    """An argparse type: num_workers, "auto" or an integer >= 0."""
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"should be 'auto' or an integer >= 0, but got {text!r}")
+    return int(text)
+
+
+def check_paths(ap: argparse.ArgumentParser, data: str | None, *outputs: tuple[str, str | None]) -> None:
+    """A one-line error (exit 2) for a --data that is not a folder, or an output file (flag,
+    path) whose folder does not exist: before any process group, model or loader is made."""
+    if data is not None and not os.path.exists(data):
+        ap.error(f"--data {data!r} does not exist")
+    if data is not None and not os.path.isdir(data):
+        ap.error(f"--data {data!r} is not a folder (an ImageFolder: root/<class>/<image>)")
+    for flag, path in outputs:
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            ap.error(f"{flag} {path!r} cannot be written: its folder {folder!r} does not exist")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="an ImageFolder (default: a synthetic set under ~/.cache/fastdata)")
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=128, help="per process")
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--image-size", type=int, default=176)
-    ap.add_argument("--workers", default="auto", type=lambda s: s if s == "auto" else int(s))
+    ap.add_argument("--epochs", type=at_least(1), default=10)
+    ap.add_argument("--batch-size", type=at_least(1), default=128, help="per process")
+    ap.add_argument("--lr", type=positive_float, default=0.1)
+    ap.add_argument("--image-size", type=at_least(1), default=176)
+    ap.add_argument("--workers", default="auto", type=workers)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default="checkpoint.pt")
-    ap.add_argument("--steps-per-checkpoint", type=int, default=100)
+    ap.add_argument("--steps-per-checkpoint", type=at_least(1), default=100)
     ap.add_argument("--resume", action="store_true", help="go on from --checkpoint, if it exists")
-    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in all (0: no limit)")
+    ap.add_argument("--max-steps", type=at_least(0), default=0, help="stop after this many steps in all (0: no limit)")
     ap.add_argument("--log-samples", help="each rank appends a JSON line a step to FILE.RANK: epoch, step, "
                     "loss, labels and each image's mean per channel (which samples it trained on)")
     args = ap.parse_args()
+    check_paths(ap, args.data, ("--checkpoint", args.checkpoint), ("--log-samples", args.log_samples))
 
     distributed = "RANK" in os.environ  # started by torchrun
     if torch.cuda.is_available():
@@ -99,9 +153,12 @@ def main() -> None:
         dist.barrier()
 
     # Made after init_process_group: each rank gets its own share of every epoch.
-    loader = fastdata.loader(folder, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                             transform=fastdata.transforms.imagenet_train(args.image_size), device=device,
-                             seed=args.seed)
+    try:
+        loader = fastdata.loader(folder, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                                 transform=fastdata.transforms.imagenet_train(args.image_size), device=device,
+                                 seed=args.seed)
+    except (OSError, ValueError, fastdata.DataError) as e:  # a folder without classes or images, say
+        ap.error(f"--data: {e}")
     torch.manual_seed(args.seed)  # reproducible weights (DDP starts every rank from rank 0's)
     # channels_last as the loader's images: no layout change in the convolutions.
     model = resnet(loader.num_classes).to(device, memory_format=torch.channels_last)

@@ -7,13 +7,14 @@ traceback with --debug); 2 a bad command line, one line; 130 interrupted (Ctrl-C
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .errors import error_line
+from .errors import SKIP_OPTION, DataError, error_line
 
 EXIT_CODES = """exit codes:
   0    success
@@ -68,9 +69,31 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def run_command(prog: str, body: Callable[[], int], debug: bool = False) -> int:
+class _SkipsNamedOnce(logging.Filter):
+    """Lets the warning that names a skipped file (the loader's, on_error="skip") through once:
+    a command that makes several loaders over one source (a tune) names each file once a run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.named: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        path = getattr(record, "fastdata_skipped", None)
+        if path is None:
+            return True
+        if path in self.named:
+            return False
+        self.named.add(path)
+        return True
+
+
+def run_command(prog: str, body: Callable[[], int], debug: bool = False, skip_flag: str | None = None) -> int:
     """Runs a command's work by the exit codes: its own status, 1 and one line
-    "`prog`: error: <cause>" for an exception (re-raised when `debug`), 130 on Ctrl-C."""
+    "`prog`: error: <cause>" for an exception (re-raised when `debug`), 130 on Ctrl-C. A
+    skipped file is named once a run. `skip_flag`: the command's own way past a bad sample
+    ("--on-error skip"), which a DataError's line then ends with instead of on_error="skip"."""
+    logger, once = logging.getLogger("fastdata"), _SkipsNamedOnce()
+    logger.addFilter(once)
     try:
         return body()
     except KeyboardInterrupt:
@@ -80,8 +103,12 @@ def run_command(prog: str, body: Callable[[], int], debug: bool = False) -> int:
         if debug:
             raise
         why = str(e) if isinstance(e, CommandError) else error_line(e)
+        if skip_flag and isinstance(e, DataError) and why.endswith(SKIP_OPTION):
+            why = why[:-len(SKIP_OPTION)] + skip_flag
         print(f"{prog}: error: {why}".replace("\n", " "), file=sys.stderr)
         return 1
+    finally:
+        logger.removeFilter(once)
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,17 @@ class DataError(RuntimeError):
         self.member = member
 
 
+# How a sample's DataError ends (`skippable`): the way past it. A command line shows its own
+# flag instead (`fastdata._cli.run_command`'s skip_flag: "--on-error skip").
+SKIP_OPTION = 'on_error="skip"'
+
+
+def skippable(message: str) -> str:
+    """A DataError's message for a sample that on_error="skip" would have left out: the message,
+    ending with that way past it (one line)."""
+    return f"{message}; to leave unreadable samples out and go on, pass {SKIP_OPTION}"
+
+
 # An object's default repr, as some libraries put it in their messages (Pillow: "cannot identify
 # image file <_io.BytesIO object at 0x7f...>"): it says nothing to a user and differs each run.
 _OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")

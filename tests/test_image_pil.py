@@ -232,6 +232,8 @@ def test_bad_file_raises_data_error_naming_it(broken, num_workers):
     with pytest.raises(fastdata.DataError) as err:
         next(iter(loader))
     assert any(os.path.basename(p) in str(err.value) for p in bad)
+    # one line, ending with the way past it
+    assert "\n" not in str(err.value) and str(err.value).endswith('pass on_error="skip"'), str(err.value)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -248,6 +250,27 @@ def test_skip_counts_names_and_keeps_every_good_sample(broken, num_workers, capl
     assert set(named) == set(bad)
     assert "empty" in named[bad[0]] and "truncated" in named[bad[1]] and "No such file" in named[bad[3]]
     assert sum("skipped" in r.message for r in caplog.records) == 4
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_bad_file_is_named_once_and_counted_each_epoch(tmp_path, num_workers, caplog):
+    """One corrupt JPEG among good ones, over 4 epochs: each epoch leaves it out (4 skips), but
+    it is one file: listed once with its count, counted once in skipped_files, warned once."""
+    root = color_folder(tmp_path / "imgs", 2, 5, (40, 60), lambda i: f"{i:03d}.jpg")
+    bad = root / "class1" / "002_bad.jpg"
+    bad.write_bytes((root / "class1" / "000.jpg").read_bytes()[:300])
+    loader = fastdata.loader(str(root), batch_size=4, transform=_train(), num_workers=num_workers,
+                             persistent_workers=num_workers > 0, on_error="skip", device="cpu")
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            images, labels = _epoch(loader)
+            assert len(labels) == 10, f"epoch {epoch}: every good image, the bad one left out"
+    assert loader.stats["skipped"] == 4 and loader.stats["skipped_files"] == 1
+    (entry,) = loader.stats["errors"]
+    assert entry["path"] == str(bad) and entry["count"] == 4 and "truncated" in entry["cause"], entry
+    warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(warned) == 1 and str(bad) in warned[0], warned
 
 
 def test_config_fills_only_what_the_call_did_not_give(folder, tmp_path):

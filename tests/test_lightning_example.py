@@ -8,6 +8,7 @@ the checkpoint with the same batches and losses, and no process of the job outli
 The images are flat colours that name their sample (see _images.py); the script's --log-samples
 lines say which samples every step trained on."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,20 @@ def test_killed_mid_epoch_and_resumed(tmp_path):
     saved = torch.load(ckpt, weights_only=True)
     (state,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     assert (saved["global_step"], state["epoch"], state["batches"]) == (EPOCHS * STEPS, EPOCHS, 0)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--data", "{tmp}/missing"], "--data '{tmp}/missing' does not exist"),
+    (["--data", "{tmp}/empty"], "--data: image folder '{tmp}/empty' has no class folders"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, args, says):
+    """A folder the loader would refuse is refused before the Trainer starts: one line, exit 2."""
+    (tmp_path / "empty").mkdir()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=100)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("lightning_train.py: error: ") and says.replace("{tmp}", str(tmp_path)) in line, line
+    assert not (tmp_path / "checkpoints").exists()

@@ -47,7 +47,8 @@ def test_a_real_report_follows_the_schema(folder, step_ms):
     loader = fastdata.loader(str(folder), batch_size=8, transform=SMALL, device="cpu", num_workers=1)
     report = fastdata.profile(loader, step_ms=step_ms, steps=10, warmup=1).to_json()
     jsonschema.validate(report, SCHEMA)
-    assert report["schema"] == "fastdata.profile.report/1"
+    assert report["schema"] == "fastdata.profile.report/2"
+    assert report["skipped"] == {"count": 0, "files": 0, "examples": []}
     if step_ms is None:
         assert report["verdict"] is None and report["rates"]["together_images_per_s"] is None
     else:
@@ -107,6 +108,54 @@ def test_on_error_skip_counts_the_bad_files(bad_folder, tmp_path):
     skipped = report["skipped"]
     assert skipped["count"] >= 1
     assert {Path(e["path"]).name for e in skipped["examples"]} <= {"zz_truncated.jpg", "zz_text.jpg"}
+    assert skipped["files"] == len(skipped["examples"]) == len({e["path"] for e in skipped["examples"]})
+    assert sum(e["count"] for e in skipped["examples"]) == skipped["count"]
+    for name in ("zz_truncated.jpg", "zz_text.jpg"):
+        assert done.stderr.count(name) <= 1, done.stderr
+
+
+@pytest.fixture(scope="module")
+def one_bad(tmp_path_factory):
+    """8 good JPEGs and one corrupt one: a batch of 4 makes 3 batches an epoch."""
+    root = color_folder(tmp_path_factory.mktemp("one_bad"), 2, 4, (20, 40), lambda i: f"{i:03d}.jpg")
+    (root / "class1" / "002_corrupt.jpg").write_bytes((root / "class1" / "000.jpg").read_bytes()[:250])
+    return root
+
+
+def test_a_file_skipped_each_epoch_is_named_once_and_counted(one_bad, tmp_path):
+    """Over many epochs the corrupt file is left out each time: the run names it once (stderr),
+    the summary says 1 file and how many times, report.json lists it once with that count."""
+    done = _cli(str(one_bad), "--step-ms", "1", "--steps", "8", "--batch-size", "4", "--size", "16",
+                "--workers", "0", "--on-error", "skip", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("002_corrupt.jpg") == 1, done.stderr
+    assert "skipped " in done.stderr and "Traceback" not in done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    skipped = report["skipped"]
+    (entry,) = skipped["examples"]
+    assert entry["path"] == str(one_bad / "class1" / "002_corrupt.jpg") and "truncated" in entry["cause"]
+    # warm-up, the loader alone, the step alone's warm-up and the run together: well over 3 epochs
+    assert skipped["files"] == 1 and entry["count"] == skipped["count"] >= 3, skipped
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("skipped:")]
+    assert line == f"skipped: 1 file that could not be read, left out {skipped['count']} times in all " \
+                   "(each epoch reads a file again)", done.stdout
+    assert "002_corrupt.jpg" not in done.stdout  # named once: on stderr, as it was first left out
+
+
+def test_a_skipped_file_is_named_once_in_python_too(one_bad, caplog):
+    import logging
+
+    loader = fastdata.loader(str(one_bad), batch_size=4, transform=SMALL, device="cpu", num_workers=0,
+                             on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        report = fastdata.profile(loader, step_ms=1, steps=8, warmup=1)
+    assert sum("002_corrupt.jpg" in r.getMessage() for r in caplog.records) == 1
+    data = report.to_json()
+    jsonschema.validate(data, SCHEMA)
+    assert data["skipped"]["files"] == 1 and data["skipped"]["count"] >= 3
+    assert data["skipped"]["count"] == data["skipped"]["examples"][0]["count"] <= loader.stats["skipped"]
+    assert str(report).count("skipped: 1 file that could not be read") == 1
 
 
 def test_a_bad_file_stops_the_profile_in_one_line_naming_it(bad_folder):
@@ -115,6 +164,9 @@ def test_a_bad_file_stops_the_profile_in_one_line_naming_it(bad_folder):
     assert done.returncode == 1
     (line,) = done.stderr.strip().splitlines()[-1:]
     assert line.startswith("fastdata-profile: error: DataError: cannot read") and "zz_" in line, done.stderr
+    # the way past it, as this command spells it (in Python: on_error="skip")
+    assert line.endswith("; to leave unreadable samples out and go on, pass --on-error skip"), line
+    assert "on_error" not in line
     assert "Traceback" not in done.stderr and " object at 0x" not in done.stderr
 
 

@@ -131,14 +131,25 @@ def test_tune_flags_and_skipped(report):
     assert text.index("not valid measurements") < text.index(report["explanation"])  # flags come first
 
 
+def test_skipped_files_once_each_with_their_counts(report):
+    """Schema /2: the distinct files, each once with the times it was skipped (the epochs)."""
+    page = render(dict(report, skipped={"count": 7, "files": 2, "examples": [
+        {"path": "a/bad.jpg", "cause": "truncated JPEG", "count": 6},
+        {"path": "b/text.jpg", "cause": "not an image", "count": 1}]}))
+    text = text_of(page)
+    assert "2 files skipped (7 times)" in text and "3 files skipped" not in text
+    assert text.count("a/bad.jpg") == 1 and text.count("b/text.jpg") == 1
+    assert "file cause times a/bad.jpg truncated JPEG 6 b/text.jpg not an image 1" in text
+
+
 @pytest.mark.parametrize("empty", ["nulls", "missing"])
 def test_every_optional_field_empty(empty):
-    report = {"schema": "fastdata.profile.report/1", "created": None, "source": None, "verdict": None,
+    report = {"schema": "fastdata.profile.report/2", "created": None, "source": None, "verdict": None,
               "explanation": None, "first_change": None, "config": None, "batch_size": None,
               "rates": {"loader_alone_images_per_s": None, "step_alone_images_per_s": None,
                         "together_images_per_s": None, "ceiling_images_per_s": None},
               "stall_fraction": None, "stages": [], "steps": [], "advice": [], "tune": None,
-              "skipped": {"count": 0, "examples": []}, "flags": [], "environment": None, "sizes": None}
+              "skipped": {"count": 0, "files": 0, "examples": []}, "flags": [], "environment": None, "sizes": None}
     page = render(report if empty == "nulls" else {})
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert not EXTERNAL.findall(page)

@@ -6,6 +6,7 @@ batches and losses, and no process of the job outlives it.
 The images are flat colours that name their sample (see _images.py); the script's --log-samples
 lines (labels, each image's mean per channel) say which samples every step trained on."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,27 @@ def test_killed_mid_epoch_and_resumed(tmp_path):
     second = {r: _steps(tmp_path, "run2", r) for r in (0, 1)}
 
     check_resumed(first, second, done=done, epoch=epoch, epochs=EPOCHS, steps=STEPS, samples=CLASSES * PER_CLASS)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--data", "{tmp}/missing"], "--data '{tmp}/missing' does not exist"),
+    (["--data", "{tmp}/empty"], "--data: image folder '{tmp}/empty' has no class folders"),
+    (["--data", "{tmp}/a.jpg"], "--data '{tmp}/a.jpg' is not a folder"),
+    (["--epochs", "0"], "argument --epochs: should be an integer >= 1, but got '0'"),
+    (["--workers", "x"], "argument --workers: should be 'auto' or an integer >= 0, but got 'x'"),
+    (["--checkpoint", "{tmp}/missing/ckpt.pt"], "--checkpoint '{tmp}/missing/ckpt.pt' cannot be written"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, args, says):
+    """A bad argument stops the script in one line, argparse's way (exit 2), not a traceback;
+    before anything is made (the synthetic set without --data included)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a.jpg").write_bytes(b"")
+    (tmp_path / "cache").mkdir()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FASTDATA_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=100)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("train.py: error: ") and says.replace("{tmp}", str(tmp_path)) in line, line
+    assert not any((tmp_path / "cache").iterdir()) and not (tmp_path / "checkpoint.pt").exists()

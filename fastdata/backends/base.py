@@ -21,15 +21,19 @@ def resolve_workers(num_workers: int | str) -> int:
 
 
 def new_stats() -> dict[str, Any]:
-    return {"samples": 0, "batches": 0, "skipped": 0, "errors": [], "wait_s": 0.0}
+    # skipped: samples left out (on_error="skip"), each time; skipped_files: the distinct files
+    # (or tar members) among them; errors: the first 100 of those, each once: path, cause and
+    # count (the times it was skipped: a bad file is read again each epoch)
+    return {"samples": 0, "batches": 0, "skipped": 0, "skipped_files": 0, "errors": [], "wait_s": 0.0}
 
 
 class Loader:
     """What `fastdata.loader` returns: iterate it for batches.
 
     `len(loader)` is the number of batches per epoch for this rank, `loader.backend` names the
-    backend that runs it, `loader.stats` counts samples, batches, skipped samples (with the
-    first 100 errors) and the seconds the consumer spent waiting for batches.
+    backend that runs it, `loader.stats` counts samples, batches, skipped samples (each time, and
+    the distinct files, the first 100 in errors with their cause and count) and the seconds the
+    consumer spent waiting for batches.
     """
 
     backend: str = ""

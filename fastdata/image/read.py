@@ -14,7 +14,7 @@ import numpy as np
 
 from .._cores import batch_threads
 from .._ext import native as _ext
-from ..errors import DataError
+from ..errors import DataError, skippable
 
 
 class Read(NamedTuple):
@@ -41,7 +41,7 @@ class Failures:
         if self.on_error == "raise":
             # a tar member is named "<shard> (member <name>)": DataError carries both
             shard, _, member = path.partition(" (member ")
-            raise DataError(f"cannot read {path}: {cause} (backend {self.backend!r})", path=shard,
+            raise DataError(skippable(f"cannot read {path}: {cause} (backend {self.backend!r})"), path=shard,
                             member=member[:-1] or None)
         errors.append((path, cause))
 

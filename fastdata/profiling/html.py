@@ -1,5 +1,5 @@
 """The profile report as one self-contained HTML page, rendered from the JSON report alone
-(schema "fastdata.profile.report/1"), so a saved report.json renders again the same. Over 400
+(schema "fastdata.profile.report/2", or /1), so a saved report.json renders again the same. Over 400
 lines: the page's stylesheet and its four charts, each drawn in SVG on the scale helpers they share.
 
 `render(report)` returns the page: inline CSS and inline SVG, no script, font, image or link
@@ -409,14 +409,19 @@ def _advice(report: dict[str, Any]) -> str:
 
 def _skipped(report: dict[str, Any]) -> str:
     skipped = report.get("skipped") or {}
-    count = skipped.get("count") or 0
-    if not count:
+    count = skipped.get("count")
+    if not _number(count) or not count:
         return ""
+    examples = [e for e in skipped.get("examples") or [] if isinstance(e, dict)]
+    files = skipped.get("files") if _number(skipped.get("files")) else count  # schema /1: no "files"
     rows = "".join(f'<tr><td><code>{escape(str(e.get("path") or ""))}</code></td>'
-                   f'<td>{escape(str(e.get("cause") or ""))}</td></tr>' for e in (skipped.get("examples") or [])[:10])
-    table = f"<table><tr><th>file</th><th>cause</th></tr>{rows}</table>" if rows else ""
-    return _card(f'{_n(count)} file{"s" if count != 1 else ""} skipped', table,
-                 "unreadable samples left out of the profile (<code>--on-error skip</code>)", "warn")
+                   f'<td>{escape(str(e.get("cause") or ""))}</td><td>{_n(e.get("count"))}</td></tr>'
+                   for e in examples[:10])
+    more = f'<p class="empty">and {_n(files - 10)} more in report.json</p>' if files > 10 and rows else ""
+    table = f"<table><tr><th>file</th><th>cause</th><th>times</th></tr>{rows}</table>{more}" if rows else ""
+    times = f" ({_n(count)} times)" if count != files else ""
+    return _card(f'{_n(files)} file{"s" if files != 1 else ""} skipped{times}', table,
+                 "unreadable samples left out of the profile (<code>--on-error skip</code>), each file once", "warn")
 
 
 def _pairs(title: str, items: dict[str, Any]) -> str:
@@ -425,7 +430,7 @@ def _pairs(title: str, items: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    """The report (a dict of schema "fastdata.profile.report/1") as one self-contained page."""
+    """The report (a dict of schema "fastdata.profile.report/2", or /1) as one self-contained page."""
     env = dict(report.get("environment") or {})
     if env.get("pillow") and env.get("pillow_simd") is not None:
         env["pillow"] = f'{env["pillow"]}{" (SIMD)" if env.pop("pillow_simd") else ""}'

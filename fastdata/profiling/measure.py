@@ -41,7 +41,7 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, Loader) and loader.set_stage_timing(True)
-    skipped_before = getattr(loader, "stats", {}).get("skipped", 0)
+    skipped_before = _skips(getattr(loader, "stats", {}))
     try:
         report = _measure(loader, step, steps, warmup, device, source, timed)
     finally:
@@ -49,11 +49,32 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
             loader.set_stage_timing(False)
     if isinstance(loader, Loader):
         report.sizes = rates_per_size(loader, steps, warmup)
-    stats = getattr(loader, "stats", {})
-    if stats.get("skipped", 0) > skipped_before:
-        report.skipped = {"count": stats["skipped"] - skipped_before, "examples": list(stats.get("errors", []))[:10]}
+    report.skipped = skipped_since(skipped_before, _skips(getattr(loader, "stats", {})))
     check_ceiling(report, steps)
     return report
+
+
+def _skips(stats: dict[str, Any]) -> tuple[int, int, dict[str, dict[str, Any]]]:
+    """What a loader's stats say it skipped so far: the skips, the distinct files, and the
+    listed files (the first 100) by path, each with its cause and count."""
+    listed = {e["path"]: dict(e) for e in stats.get("errors", ()) if isinstance(e, dict) and "path" in e}
+    return stats.get("skipped", 0), stats.get("skipped_files", len(listed)), listed
+
+
+def skipped_since(before: tuple, after: tuple) -> dict[str, Any]:
+    """report.skipped from two `_skips` snapshots: the skips between them ("count"), the
+    distinct files skipped ("files"), and those files once each with the times each was skipped
+    ("examples", the loader's first 100). A file past the first 100 that was skipped before the
+    first snapshot and again after it is not known to be among them."""
+    (count0, files0, listed0), (count1, files1, listed1) = before, after
+    examples = []
+    for path, e in listed1.items():
+        times = e.get("count", 1) - listed0.get(path, {}).get("count", 0)
+        if times > 0:
+            examples.append({"path": path, "cause": e.get("cause", ""), "count": times})
+    new_listed = sum(path not in listed0 for path in (e["path"] for e in examples))
+    files = len(examples) + max(0, files1 - files0 - new_listed)  # and the new ones past the 100
+    return {"count": count1 - count0, "files": files if count1 > count0 else 0, "examples": examples}
 
 
 def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:

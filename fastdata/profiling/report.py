@@ -45,7 +45,7 @@ COSTS = frozenset((*WORKER_STAGES, "device_stage"))
 
 
 VERDICTS = ("input-bound", "compute-bound", "balanced")  # report.json's verdict: one of these, or null
-SCHEMA = "fastdata.profile.report/1"  # report.json's schema (report.schema.json beside this module)
+SCHEMA = "fastdata.profile.report/2"  # report.json's schema (report.schema.json beside this module)
 
 
 @dataclasses.dataclass
@@ -86,7 +86,9 @@ class Report:
     images_per_step: float | None = None
     ceiling_images_per_s: float | None = None  # the most this pipeline can give on these cores
     flags: list[str] = dataclasses.field(default_factory=list)  # figures not to be trusted, and why
-    skipped: dict[str, Any] = dataclasses.field(default_factory=lambda: {"count": 0, "examples": []})
+    # samples left out (on_error="skip"): the skips ("count"), the distinct files ("files") and
+    # those files once each, with their cause and times skipped ("examples"; measure.skipped_since)
+    skipped: dict[str, Any] = dataclasses.field(default_factory=lambda: {"count": 0, "files": 0, "examples": []})
     tune: dict[str, Any] | None = None  # the tune's outcome (TuneResult.to_json() and its seconds)
     # with an output size that follows the epoch: the loader's rate alone at each size
     # (measure.rates_per_size: epoch, size [h, w], batches, images_per_s)
@@ -114,6 +116,17 @@ class Report:
         return (f"{len(self.epoch_starts)} step(s) began an epoch and waited up to {wait:,.0f} ms, the others "
                 f"{1e3 * sum(others) / len(others):,.0f} ms on average (the workers' queues refill at an epoch start "
                 f"unless they run ahead); counted in the rates, as training pays them each epoch")
+
+    def skipped_line(self) -> str | None:
+        """How many files were skipped, and how many times in all (a bad file is read again each
+        epoch); None when none was. The files themselves are named once each as they are first
+        skipped (the loader's warning) and listed in report.json."""
+        count = self.skipped.get("count") or 0
+        if not count:
+            return None
+        files = self.skipped.get("files") or len(self.skipped.get("examples") or ()) or count
+        line = f"skipped: {files} file{'s' if files != 1 else ''} that could not be read"
+        return line if count == files else f"{line}, left out {count} times in all (each epoch reads a file again)"
 
     def size_lines(self) -> list[str]:
         """The loader's rate at each size of a progressive-resizing schedule, against the step's."""
@@ -169,6 +182,8 @@ class Report:
                       for name, ms in self.stages.items()]
         lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
+        if self.skipped_line():
+            lines.append(f"  {self.skipped_line()}")
         lines += [f"  ! {flag}" for flag in self.flags]
         lines += [f"  - {a.text}" for a in self.advice]
         return "\n".join(lines)
@@ -211,6 +226,8 @@ class Report:
             console.print(line)
         colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")
         console.print(f"verdict: [bold {colour}]{self.verdict or 'none'}[/]: {self.explanation}")
+        if self.skipped_line():
+            console.print(f"[yellow]{self.skipped_line()}[/]")
         for flag in self.flags:
             console.print(f"[bold red]! {flag}[/]")
         for a in self.advice:
