@@ -99,13 +99,15 @@ class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
 class Served(DataLoader, TorchLoader):
     """A loader `fastdata run` serves: fastdata's drop-in loader, and a `DataLoader`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        # `dataset` named, as in DataLoader's signature: Lightning finds a loader's dataset by
+        # that name among the arguments it records, to rebuild the loader with a sampler
         reason, workers = self.__dict__.pop("_fastdata_decision", (None, None))
         if reason is None:  # made as Served(...) directly: decided again
-            _, reason, workers = decide(args, kwargs)
+            _, reason, workers = decide((dataset, *args), kwargs)
         if workers is not None:
             kwargs["num_workers"] = workers
-        TorchLoader.__init__(self, *args, **kwargs)
+        TorchLoader.__init__(self, dataset, *args, **kwargs)
         timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
         if timing is not None:
             self.set_stage_timing(True)

@@ -93,6 +93,31 @@ def test_lightning_same_batches(tmp_path):
     assert all(line.startswith("served") for line in _summary(err)), err
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_lightning_ddp_loader_from_the_hook_same_shares(tmp_path):
+    """DDP on 2 CPU processes, the DataLoader made in train_dataloader(): Lightning records its
+    arguments as it is made and rebuilds it with a DistributedSampler, which needs the served
+    loader's `dataset` among them (it once crashed both ranks)."""
+    pytest.importorskip("pytorch_lightning")
+
+    def ranks(out: Path, run: tuple) -> tuple[list[dict], str]:
+        proc = subprocess.run([*run, sys.executable, str(SCRIPTS / "train_lightning.py"), str(out), "ddp"],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)], proc.stderr
+
+    want, _ = ranks(tmp_path / "direct.json", ())
+    got, err = ranks(tmp_path / "run.json", (sys.executable, "-m", "fastdata.cli", "run", "--"))
+    for rank in range(2):
+        assert got[rank]["ids"] == want[rank]["ids"] and got[rank]["losses"] == want[rank]["losses"], rank
+        assert got[rank]["loader"] == "Served"
+    for epoch in range(2):  # each epoch split in two disjoint halves
+        halves = [{i for batch in got[r]["ids"][4 * epoch:4 * epoch + 4] for i in batch} for r in range(2)]
+        assert not halves[0] & halves[1] and halves[0] | halves[1] == set(range(64)), epoch
+    assert all(line.startswith("served") for line in _summary(err)), err
+
+
 def _copied(line: str) -> tuple[int, int]:
     """(copies taken, copies made) from a summary line's copy-ahead clause."""
     m = re.search(r"copied ahead to cuda:0, ([\d,]+) of ([\d,]+) tensor copies taken", line)

@@ -1,7 +1,8 @@
 """A Lightning script, as a user writes it: a LightningModule whose train_dataloader returns a
 plain DataLoader over a Dataset whose samples encode their index; Trainer on one device, the
-CPU (or the accelerator named by a second argument: gpu). Writes the ids of each batch and the
-losses to the JSON file named by its first argument."""
+CPU (or the accelerator named by a second argument: gpu; or `ddp`: two CPU processes, gloo).
+Writes the ids of each batch and the losses to the JSON file named by its first argument (under
+ddp, each rank to that name plus `.rank<r>`)."""
 
 import json
 import sys
@@ -43,9 +44,11 @@ class Module(pl.LightningModule):
 if __name__ == "__main__":
     pl.seed_everything(0)
     module = Module()
-    trainer = pl.Trainer(accelerator=sys.argv[2] if len(sys.argv) > 2 else "cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+    how = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    devices = {"accelerator": "cpu", "devices": 2, "strategy": "ddp"} if how == "ddp" else {"accelerator": how, "devices": 1}
+    trainer = pl.Trainer(**devices, max_epochs=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module)
     loader = trainer.train_dataloader
-    with open(sys.argv[1], "w") as f:
+    with open(sys.argv[1] + (f".rank{trainer.global_rank}" if how == "ddp" else ""), "w") as f:
         json.dump({"ids": module.seen, "losses": module.losses, "loader": type(loader).__name__}, f)
