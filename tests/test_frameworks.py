@@ -112,7 +112,9 @@ def seen(records: list[dict], draws: bool = True) -> list[tuple]:
 
 
 def losses(records: list[dict]) -> list:
-    return [r["loss"] for r in records]
+    """The training steps' losses, in order (a validation batch has none; which batch each
+    record is, `seen` compares)."""
+    return [r["loss"] for r in records if r["loss"] is not None]
 
 
 def shape(logs: dict[int, list[dict]]) -> dict[int, list[tuple]]:

@@ -208,7 +208,7 @@ def test_exit_status_and_no_command(tmp_path):
     assert none.returncode == 2 and "no command given" in none.stderr
 
 
-# -- the scripts of issue 31: the ImageNet example's loop, two loaders, a loader rebuilt each epoch,
+# -- unchanged scripts as users write them: the ImageNet example's loop, two loaders, a loader rebuilt each epoch,
 # the ways a loop moves its batches. Each runs directly and under `fastdata run`: the same batches
 # (ids read back from what the script trained on) and the same losses, bit for bit.
 

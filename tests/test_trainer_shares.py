@@ -1,5 +1,5 @@
-"""Each rank's share of the samples under the trainers, written the way users write them
-(issue 31, item 4: "under Lightning DDP both ranks train on the same half of the data").
+"""Each rank's share of the samples under the trainers, written the way users write them: a
+bug here trains both ranks on the same half of the data, silently.
 
 tests/test_frameworks.py compares fastdata with a DataLoader batch by batch, but its jobs run
 the DataLoader first and fastdata second in the same processes (so the process group, the seeds

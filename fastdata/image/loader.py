@@ -355,23 +355,18 @@ class ImageLoader(Loader):
         return out
 
     def _record(self, errors: list) -> None:
-        """Counts each skip in stats["skipped"]; a file is listed (first 100), counted in
-        stats["skipped_files"] and logged once for this loader, however many epochs skip it
-        again (its entry's count says how many times)."""
-        stats = self.stats
+        """Counts each skip in stats["skipped"]; a file is counted in stats["skipped_files"],
+        listed (the first 100, with the times it was skipped) and logged once for this loader."""
+        stats, seen = self.stats, self._skipped_seen  # path -> its listed entry (None past the first 100)
         stats["skipped"] += len(errors)
-        seen = self._skipped_seen  # None: a file past the first 100, counted but not listed
         for path, cause in errors:
-            if path in seen:
-                if seen[path] is not None:
-                    seen[path]["count"] += 1
-                continue
-            entry = {"path": path, "cause": cause, "count": 1}
-            seen[path] = entry if len(stats["errors"]) < _MAX_ERRORS else None
+            if path not in seen:
+                seen[path] = {"path": path, "cause": cause, "count": 0} if len(stats["errors"]) < _MAX_ERRORS else None
+                stats["errors"] += [seen[path]] if seen[path] is not None else []
+                stats["skipped_files"] += 1
+                logger.warning("skipped %s: %s", path, cause, extra={"fastdata_skipped": path})
             if seen[path] is not None:
-                stats["errors"].append(entry)
-            stats["skipped_files"] += 1
-            logger.warning("skipped %s: %s", path, cause, extra={"fastdata_skipped": path})
+                seen[path]["count"] += 1
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
