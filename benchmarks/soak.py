@@ -239,6 +239,11 @@ def child(name: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     me = os.getpid()
     loader = _make_loader(name, args)
+    # What exists before the first epoch is frozen out of the collector, as pre-fork servers do:
+    # a full collection in a forked worker writes to every object's header and so unshares its
+    # pages, a step of tens of MB in the job's Pss at whichever epoch the collector's counters
+    # cross their threshold, which is not memory the loader holds.
+    gc.freeze()
     seen_pids: set[int] = set()
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
