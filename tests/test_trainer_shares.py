@@ -38,24 +38,26 @@ SAMPLES, BATCH, EPOCHS, RANKS = 80, 8, 2, 2
 WORKERS = {"w0": (0, False), "w2": (2, False), "w2p": (2, True)}  # num_workers, persistent_workers
 
 
-def runs(built: tuple[str, ...], first: str = "w2") -> list[dict]:
-    """Every worker setting with each place the loader is made; the report's case (2 workers,
-    the loader made before the framework starts) first, in the fresh processes."""
-    names = [(first, built[0])] + [(w, b) for b in built for w in WORKERS if (w, b) != (first, built[0])]
-    return [{"name": f"{w}-{b}", "num_workers": WORKERS[w][0], "persistent_workers": WORKERS[w][1], "built": b}
-            for w, b in names]
+def runs(*names: str) -> list[dict]:
+    """The runs of a job, named "<workers>-<where the loader is made>", in order: the report's
+    case (2 workers, the loader made before the framework starts) first, in the fresh processes,
+    and the one with persistent workers last (its workers outlive the run)."""
+    out = []
+    for name in names:
+        w, built = name.split("-", 1)
+        out.append({"name": name, "num_workers": WORKERS[w][0], "persistent_workers": WORKERS[w][1], "built": built})
+    return out
 
 
 CASES = [
-    pytest.param({"framework": "lightning", "strategy": "ddp"}, runs(("before_fit", "hook", "fit_arg")), 0,
-                 id="lightning-ddp"),
+    pytest.param({"framework": "lightning", "strategy": "ddp"},
+                 runs("w2-before_fit", "w0-hook", "w2-fit_arg", "w2-hook", "w2p-hook"), 0, id="lightning-ddp"),
     # ddp_spawn's ranks start their DataLoader workers by spawn too (each re-imports the job,
     # every epoch without persistent workers): two runs, the report's case and the other ways
-    pytest.param({"framework": "lightning", "strategy": "ddp_spawn"},
-                 [run for run in runs(("before_fit", "hook")) if run["name"] in ("w2-before_fit", "w2p-hook")], 0,
+    pytest.param({"framework": "lightning", "strategy": "ddp_spawn"}, runs("w2-before_fit", "w2p-hook"), 0,
                  id="lightning-ddp_spawn"),
-    pytest.param({"framework": "fabric"}, runs(("before_launch", "launched")), 0, id="fabric-ddp"),
-    pytest.param({"framework": "accelerate"}, runs(("before", "after")), RANKS, id="accelerate-2proc"),
+    pytest.param({"framework": "fabric"}, runs("w2-before_launch", "w0-launched", "w2p-launched"), 0, id="fabric-ddp"),
+    pytest.param({"framework": "accelerate"}, runs("w2-before", "w0-after", "w2p-after"), RANKS, id="accelerate-2proc"),
 ]
 
 
@@ -139,11 +141,11 @@ def launch(tmp_path: Path, monkeypatch, job: dict, run_list: list[dict], loader:
     out.mkdir()
     monkeypatch.setattr(test_frameworks, "JOB", JOB)
     job = {**job, "loader": loader, "epochs": EPOCHS, "batch_size": BATCH, "samples": SAMPLES, "seed": 0}
-    return run_job(out, job, run_list, torchrun=torchrun, timeout=200)
+    return run_job(out, job, run_list, torchrun=torchrun, timeout=280)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(450)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("job,run_list,torchrun", CASES)
 def test_rank_shares(tmp_path, monkeypatch, job, run_list, torchrun):
     """Per run: fastdata's shares (disjoint, covering, reshuffled), the framework ran
