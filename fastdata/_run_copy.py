@@ -127,13 +127,21 @@ def _target(args: tuple, kwargs: dict) -> tuple | None:
     if dtype is not None and not isinstance(dtype, torch.dtype):
         return None
     if device is not None:
-        if not isinstance(device, (str, torch.device)):
-            return None
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError, ValueError):
+        device = _device(device)
+        if device is None:
             return None
     return device, dtype, memory_format
+
+
+def _device(value: Any) -> torch.device | None:
+    """A device named by a string or a torch.device, or None for anything else (an int's
+    meaning is torch's to say) or a name torch refuses."""
+    if not isinstance(value, (str, torch.device)):
+        return None
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        return None
 
 
 def _cuda_signature(device: Any = None, non_blocking: bool = False, *,
@@ -152,18 +160,13 @@ def _cuda_target(args: tuple, kwargs: dict) -> tuple | None:
     except TypeError:
         return None
     device = call.get("device")
-    try:
-        if device is None:
-            where = torch.device("cuda")
-        elif isinstance(device, int) and not isinstance(device, bool):
-            where = torch.device("cuda", device)
-        elif isinstance(device, (str, torch.device)):
-            where = torch.device(device)
-        else:
-            return None
-    except (TypeError, RuntimeError, ValueError):
-        return None
-    if where.type != "cuda":  # torch refuses it: let it say so
+    if device is None:
+        where = torch.device("cuda")
+    elif isinstance(device, int) and not isinstance(device, bool):
+        where = _device(f"cuda:{device}")
+    else:
+        where = _device(device)
+    if where is None or where.type != "cuda":  # torch refuses it: let it say so
         return None
     return where, None, call.get("memory_format", torch.preserve_format)
 
