@@ -312,6 +312,11 @@ def main(job: dict) -> None:
             (spec["ckpt_path"],) = glob.glob(os.path.join(job["out"], spec.get("resume_from", "*"), "ckpt", f"*-step={spec['resume_step']}.ckpt"))
         print(f"== run {run['name']}", flush=True)
         framework(spec)
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Under DDP, the rank's exit once its records are written."""
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         # The process group outlives that call while the framework's objects (a DDP model's
@@ -323,7 +328,6 @@ def main(job: dict) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
