@@ -1,4 +1,5 @@
 #include "collate.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -206,6 +207,34 @@ void collate(const std::vector<ArrayView>& srcs, int ndim, const int64_t* shape,
   for (int k = 1; k < t; ++k) pool.emplace_back(work, n * k / t, n * (k + 1) / t);
   work(0, n / t);
   for (auto& th : pool) th.join();
+}
+
+namespace {
+
+template <typename T>
+void lookup_one(const uint8_t* src, int64_t hw, int c, const T* lut, T* dst) {
+  for (int ch = 0; ch < c; ++ch) {
+    const T* table = lut + ch * 256;
+    const uint8_t* s = src + ch;
+    T* d = dst + ch * hw;
+    for (int64_t i = 0; i < hw; ++i) d[i] = table[s[i * c]];
+  }
+}
+
+}  // namespace
+
+void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8_t* lut, int64_t itemsize,
+                   uint8_t* dst, int threads) {
+  parallel_for(n, threads, [&](int64_t i) {
+    const uint8_t* s = src + i * hw * c;
+    uint8_t* d = dst + i * hw * c * itemsize;
+    switch (itemsize) {
+      case 1: lookup_one(s, hw, c, lut, d); break;
+      case 2: lookup_one(s, hw, c, reinterpret_cast<const uint16_t*>(lut), reinterpret_cast<uint16_t*>(d)); break;
+      case 4: lookup_one(s, hw, c, reinterpret_cast<const uint32_t*>(lut), reinterpret_cast<uint32_t*>(d)); break;
+      default: lookup_one(s, hw, c, reinterpret_cast<const uint64_t*>(lut), reinterpret_cast<uint64_t*>(d)); break;
+    }
+  });
 }
 
 }  // namespace fastdata

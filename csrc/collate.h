@@ -19,4 +19,11 @@ struct ArrayView {
 void collate(const std::vector<ArrayView>& srcs, int ndim, const int64_t* shape, int64_t itemsize,
              uint8_t* dst, int64_t dst_batch_stride, const int64_t* dst_strides, int threads);
 
+// Lays out n interleaved images (uint8 [n, hw, c]) as planes (dst: [n, c, hw] elements of
+// `itemsize` bytes), each value replaced by its channel's entry in `lut` ([c, 256] elements of
+// `itemsize` bytes): any per-value conversion (uint8 to float, scaled, normalized) in one pass,
+// with the caller's exact values. On up to `threads` threads.
+void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8_t* lut, int64_t itemsize,
+                   uint8_t* dst, int threads);
+
 }  // namespace fastdata

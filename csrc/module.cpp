@@ -111,6 +111,39 @@ void collate_ptrs(const std::vector<uintptr_t>& addresses, const std::vector<int
   copy_to_out(views, out, itemsize, threads);
 }
 
+// lookup_planes(src, lut, out, threads): out[i, ch, y, x] = lut[ch, src[i, y, x, ch]] for
+// contiguous src (uint8 [N, H, W, C]), lut ([C, 256]) and out ([N, C, H, W], lut's dtype).
+void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
+  const nb::dlpack::dtype dt = out.dtype();
+  const int64_t itemsize = (dt.bits * dt.lanes + 7) / 8;
+  const bool shapes = src.ndim() == 4 && lut.ndim() == 2 && out.ndim() == 4 && src.dtype() == nb::dtype<uint8_t>() &&
+                      lut.dtype() == dt && lut.shape(0) == src.shape(3) && lut.shape(1) == 256 &&
+                      out.shape(0) == src.shape(0) && out.shape(1) == src.shape(3) &&
+                      out.shape(2) == src.shape(1) && out.shape(3) == src.shape(2) &&
+                      (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8);
+  if (!shapes) {
+    throw nb::value_error("lookup_planes takes uint8 src [N, H, W, C], lut [C, 256] and out [N, C, H, W] of lut's dtype");
+  }
+  auto contiguous = [](const auto& a) {
+    int64_t expect = 1;
+    for (int d = int(a.ndim()) - 1; d >= 0; --d) {
+      if (a.shape(d) != 1 && a.stride(d) != expect) return false;
+      expect *= int64_t(a.shape(d));
+    }
+    return true;
+  };
+  if (!contiguous(src) || !contiguous(lut) || !contiguous(out)) {
+    throw nb::value_error("lookup_planes takes contiguous arrays");
+  }
+  const uint8_t* s = static_cast<const uint8_t*>(src.data());
+  const uint8_t* l = static_cast<const uint8_t*>(lut.data());
+  uint8_t* d = static_cast<uint8_t*>(out.data());
+  const int64_t n = int64_t(src.shape(0)), hw = int64_t(src.shape(1)) * int64_t(src.shape(2));
+  const int c = int(src.shape(3));
+  nb::gil_scoped_release release;
+  fastdata::lookup_planes(s, n, hw, c, l, itemsize, d, threads);
+}
+
 // read_files(paths, threads) -> [bytes, str or None]: each file's bytes; where it could not be
 // read, the cause as Python's OSError.strerror gives it ("No such file or directory", "Is a
 // directory", ...; "embedded null byte" for a path no system call takes); None for a path that
@@ -372,6 +405,9 @@ NB_MODULE(_native, m) {
         "Copy samples[i] into out[i] for every i with up to `threads` threads, GIL released.");
   m.def("collate_ptrs", &collate_ptrs, nb::arg("addresses"), nb::arg("strides"), nb::arg("out"),
         nb::arg("threads") = 1, "collate() for sources given as data addresses and element strides.");
+  m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
+        "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
+        "out [N, C, H, W] of lut's dtype; GIL released.");
   m.def("read_files", &read_files, nb::arg("paths"), nb::arg("threads") = 1,
         "Each file's bytes, or the cause (OSError's strerror) where it cannot be read, or None for "
         "a path that is not a regular file; opened and read on up to `threads` threads, GIL "

@@ -179,8 +179,8 @@ class BufferRing:
     """`slots` reusable batch slots of growing capacity, in shared, pinned or plain memory."""
 
     def __init__(self, slots: int, shared: bool, pin: bool = False, token: str = "", worker: int = -1,
-                 adopt: tuple | None = None) -> None:
-        self.shared, self.pin, self.token, self.worker = shared, pin, token, worker
+                 adopt: tuple | None = None, forks: bool = False) -> None:
+        self.shared, self.pin, self.token, self.worker, self.forks = shared, pin, token, worker, forks
         if adopt is not None and len(adopt[1]) <= slots:
             self.flags_storage = adopt[0]
             self.storages: list[torch.UntypedStorage | None] = list(adopt[1]) + [None] * (slots - len(adopt[1]))
@@ -201,7 +201,12 @@ class BufferRing:
         if self.shared:
             return torch.UntypedStorage._new_shared(nbytes)
         storage = torch.UntypedStorage(nbytes)
-        return storage.pin_memory() if self.pin else storage
+        if self.pin:
+            return storage.pin_memory()
+        # Pages mapped shared, for a process that forks workers while it holds the ring: a fork
+        # makes its private pages copy-on-write while a child lives, and each slot's first write
+        # after a fork (fresh workers every epoch) would copy it whole.
+        return storage.share_memory_() if self.forks else storage
 
     def begin(self) -> bool:
         """Claims a free slot for the next batch; False when every slot is still held."""
@@ -270,12 +275,13 @@ def new_batch(ring: BufferRing | None, shape: Sequence[int], dtype: torch.dtype)
 
 class ProcessRings:
     """Whoever collates into rings holds one: it gives each process its own ring on first use
-    (shared memory in a worker, pinned memory in the main process when `pin` is set), and a
-    worker adopts the ring its predecessor with the same worker id left (see WorkerRings).
-    Picklable, so it travels to worker processes with its owner."""
+    (shared memory in a worker, pinned memory in the main process when `pin` is set, shared
+    memory there too with `forks`: see BufferRing._new_storage), and a worker adopts the ring
+    its predecessor with the same worker id left (see WorkerRings). Picklable, so it travels to
+    worker processes with its owner."""
 
-    def __init__(self, slots: int, pin: bool = False) -> None:
-        self.slots, self.pin = slots, pin
+    def __init__(self, slots: int, pin: bool = False, forks: bool = False) -> None:
+        self.slots, self.pin, self.forks = slots, pin, forks
         self.workers = WorkerRings()
         self._ring: BufferRing | None = None
         self._pid = 0
@@ -290,7 +296,7 @@ class ProcessRings:
 
             info = get_worker_info()
             if info is None:
-                self._ring = BufferRing(self.slots, shared=False, pin=self.pin)
+                self._ring = BufferRing(self.slots, shared=False, pin=self.pin, forks=self.forks)
             else:
                 w = self.workers
                 self._ring = BufferRing(self.slots, shared=True, token=w.token, worker=info.id,

@@ -148,8 +148,20 @@ COLLATE_FN_MAP[torch.Tensor] = _collate_tensors
 COLLATE_FN_MAP[np.ndarray] = _collate_arrays
 
 
+class Prepared:
+    """A batch its dataset built whole, in `__getitems__` (which torch's fetcher calls in place
+    of `__getitem__` per index): the collate functions here lay it out with `collate_into`
+    instead of collating samples."""
+
+    def collate_into(self, ring: BufferRing | None) -> Any:
+        """The batch, as default_collate gives it, its tensors in a slot of `ring` (None: fresh)."""
+        raise NotImplementedError
+
+
 def collate(batch: Sequence[Any]) -> Any:
     """`torch.utils.data.default_collate`, value for value, with native tensor and array leaves."""
+    if isinstance(batch, Prepared):
+        return batch.collate_into(None)
     return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
 
 
@@ -203,6 +215,12 @@ class RingCollate:
 
     def _collate(self, batch: Sequence[Any]) -> Any:
         global _ring
+        if isinstance(batch, Prepared):
+            ring = self.rings.ring()
+            try:
+                return batch.collate_into(ring)
+            finally:
+                ring.end()
         if self._calls < 0:
             # The first batches had nothing for the native core (small or contiguous leaves in
             # this process): torch's own collate from here on, with no routing cost per leaf.

@@ -42,6 +42,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ._run_copy import CopyAhead
 from ._run_copy import install as install_copy
 from ._run_profile import Timing
+from ._run_torchvision import Finish, Finished, Lowering, NativeFolder, lower
 from .backends.torch import TorchLoader
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
@@ -83,7 +84,7 @@ class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
             _record(None, kwargs.get("dataset", args[0] if args else None), "fell back",
                     f"a subclass of DataLoader ({cls.__qualname__}): its methods may rely on torch's internals", cls)
             return object.__new__(cls)
-        served, reason, workers = decide(args, kwargs)
+        served, reason, workers, lowering = decide(args, kwargs)
         if not served:
             _record(None, _dataset_of(args, kwargs), "fell back", reason, cls)
             if cls is DataLoader:
@@ -92,7 +93,7 @@ class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
             TorchDataLoader.__init__(obj, *args, **kwargs)
             return obj
         obj = object.__new__(Served)
-        obj._fastdata_decision = (reason, workers)
+        obj._fastdata_decision = (reason, workers, lowering)
         return obj
 
 
@@ -102,12 +103,16 @@ class Served(DataLoader, TorchLoader):
     def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
         # `dataset` named, as in DataLoader's signature: Lightning finds a loader's dataset by
         # that name among the arguments it records, to rebuild the loader with a sampler
-        reason, workers = self.__dict__.pop("_fastdata_decision", (None, None))
+        reason, workers, lowering = self.__dict__.pop("_fastdata_decision", (None, None, None))
         if reason is None:  # made as Served(...) directly: decided again
-            _, reason, workers = decide((dataset, *args), kwargs)
+            _, reason, workers, lowering = decide((dataset, *args), kwargs)
+        self._fastdata_lowering = lowering
         if workers is not None:
             kwargs["num_workers"] = workers
         TorchLoader.__init__(self, dataset, *args, **kwargs)
+        self._fastdata_finish = None if lowering is None else Finish(
+            lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
+            forks=self.num_workers > 0)
         timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
         if timing is not None:
             self.set_stage_timing(True)
@@ -119,7 +124,14 @@ class Served(DataLoader, TorchLoader):
         if copy is not None and seq is not None:
             _copying.append((seq, copy))
 
+    def _fetched_from(self, dataset: Any) -> Any:
+        lowering = getattr(self, "_fastdata_lowering", None)
+        return dataset if lowering is None else NativeFolder(dataset, lowering)
+
     def _to_device(self, it: Any, timed: bool) -> Any:
+        finish = getattr(self, "_fastdata_finish", None)
+        if finish is not None:  # natively served: the batches' images in the transform's layout and dtype
+            it = Finished(it, finish)
         copy = getattr(self, "_fastdata_copy", None)
         return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
 
@@ -143,28 +155,45 @@ def _dataset_of(args: tuple, kwargs: dict) -> Any:
     return kwargs.get("dataset", args[0] if args else None)
 
 
-def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any]:
-    """(served, the reason, num_workers to set or None) for `DataLoader(*args, **kwargs)`."""
+def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
+    """(served, the reason, num_workers to set or None, the lowering of a torchvision image
+    folder served natively or None) for `DataLoader(*args, **kwargs)`."""
     try:
         call = _SIGNATURE.bind(None, *args, **kwargs).arguments
     except TypeError as e:
-        return False, f"arguments torch's DataLoader does not take ({e})", None
+        return False, f"arguments torch's DataLoader does not take ({e})", None, None
     dataset = call.get("dataset")
     if isinstance(dataset, IterableDataset):
         return False, ("an IterableDataset: its iteration may have side effects (fastdata fast-forwards an iterable "
-                       "on resume by reading it again)"), None
+                       "on resume by reading it again)"), None, None
     sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
     if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
-        return False, f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly", None
+        return (False, f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly",
+                None, None)
     if sampler is not None and not _known(sampler):
-        return False, f"a custom sampler ({type(sampler).__qualname__}): fastdata cannot resume it exactly", None
-    reason = "native collation" if call.get("collate_fn") is None else "the script's collate_fn (no native collation)"
+        return False, f"a custom sampler ({type(sampler).__qualname__}): fastdata cannot resume it exactly", None, None
+    reason, lowering = _collation(call)
     if "num_workers" in call:
-        return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None
+        return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering
     auto, why = auto_workers(call)
     if not auto:
-        return True, f"{reason}; num_workers=0 kept: {why}", None
-    return True, f"{reason}; num_workers='auto' (the script left the default)", "auto"
+        return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
+    return True, f"{reason}; num_workers='auto' (the script left the default)", "auto", lowering
+
+
+def _collation(call: dict) -> tuple[str, Lowering | None]:
+    """How a served loader's batches are made, said for the summary, and the lowering of a
+    torchvision image folder served natively."""
+    if call.get("collate_fn") is not None:
+        return "the script's collate_fn (no native collation)", None
+    lowering, why = lower(call.get("dataset"))
+    if why:
+        return f"native collation; not served natively: {why}", None
+    if lowering is not None and call.get("batch_size", 1) is None:
+        return "native collation; not served natively: batch_size=None (samples one by one)", None
+    if lowering is not None:
+        return f"served natively: {type(call['dataset']).__name__} with {lowering.names} decoded by fastdata", lowering
+    return "native collation", None
 
 
 def _known(sampler: Any) -> bool:

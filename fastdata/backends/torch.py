@@ -74,7 +74,8 @@ class TorchLoader(DataLoader, Loader):
                                       collate_fn=collate_fn, **own)
         elif self._auto_collation:
             self._index = Resumable(self.batch_sampler, self.generator)
-            self._loader = DataLoader(dataset, batch_sampler=self._index, collate_fn=collate_fn, **own)
+            self._loader = DataLoader(self._fetched_from(dataset), batch_sampler=self._index, collate_fn=collate_fn,
+                                      **own)
         else:
             self._index = Resumable(self.sampler, self.generator)
             self._loader = DataLoader(dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn, **own)
@@ -83,6 +84,11 @@ class TorchLoader(DataLoader, Loader):
         self._epoch_rng: torch.Tensor | None = None
         self._delivered = 0
         self._in_epoch = False
+
+    def _fetched_from(self, dataset: Any) -> Any:
+        """The dataset the working DataLoader fetches batches from: `dataset` (a subclass may
+        give one whose `__getitems__` builds a batch whole: see `fastdata._collate.Prepared`)."""
+        return dataset
 
     @property
     def _rng(self) -> torch.Generator:

@@ -216,6 +216,7 @@ class BatchDecoder:
         self.rings = ProcessRings(slots, pin)
         self.entropy = EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
+        self.resample = "bilinear"  # the resize filter: "bilinear" (native or Pillow), "bicubic" or "nearest" (Pillow)
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
@@ -268,21 +269,13 @@ class BatchDecoder:
         ring = self.rings.ring()
         try:
             target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
-            with trace_range("fastdata.decode"):
-                failed = self._decode_into(target, sel, datas, jpeg, geo, c.paths, errors, native)
-            if clock:
-                t1 = clock()
-                stages["decode"] = t1 - t0
-            if self.pixel_ops:
-                plans = plan_pixels(self.pixel_ops, self.seed, epoch, sel)
-                with trace_range("fastdata.cpu_transforms"):
-                    for k in range(n):
-                        if k not in failed:
-                            pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
+            times: list[float] = []
+            failed = self.fill(target, c, epoch, errors, times.append if clock else None)
         finally:
             ring.end()
         if clock:
-            t2 = clock()
+            t1, t2 = times
+            stages["decode"] = t1 - t0
             stages["cpu_transforms"] = t2 - t1
             stages["images"] = n
         if failed:
@@ -298,9 +291,30 @@ class BatchDecoder:
             stages["collate"] = clock() - t2
         return handle, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)), errors, sel
 
+    def fill(self, target: torch.Tensor, c: "Checked", epoch: int, errors: list[tuple[str, str]],
+             lap: Any = None) -> set[int]:
+        """Decodes the checked samples `c` into `target` (uint8 [len, h, w, 3]) and runs the
+        pixel ops on them; the rows of the samples that failed (recorded or raised through
+        `self.fail`). `lap`, if given, gets the CPU clock after the decode and after the pixel ops."""
+        with trace_range("fastdata.decode"):
+            failed = self._decode_into(target, c.index, c.datas, c.jpeg, c.geo, c.paths, errors, _native_jpeg())
+        if lap:
+            lap(time.process_time())
+        if self.pixel_ops:
+            plans = plan_pixels(self.pixel_ops, self.seed, epoch, c.index)
+            with trace_range("fastdata.cpu_transforms"):
+                for k in range(len(c.datas)):
+                    if k not in failed:
+                        pil_lowering.apply_pixel_ops(target[k].numpy(), self.pixel_ops, [p[k] for p in plans])
+        if lap:
+            lap(time.process_time())
+        return failed
+
     def _decode_into(self, target, ids, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
+        # The native decoder's filter is the bilinear one; other filters are Pillow's.
+        native = native and self.resample == "bilinear"
         pillow = [k for k in range(len(datas)) if not (native and jpeg[k])]
         if native:
             js = [k for k in range(len(datas)) if jpeg[k]]
@@ -329,7 +343,8 @@ class BatchDecoder:
                         self.fail(errors, paths[k], f"corrupt JPEG ({err})")
         for k in pillow:
             try:
-                target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size)
+                target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
+                                                             self.resample)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
                 self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")

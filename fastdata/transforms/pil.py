@@ -14,14 +14,15 @@ import warnings
 import numpy as np
 
 
-def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int]) -> np.ndarray:
+def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear") -> np.ndarray:
     """HWC uint8 RGB of `data` cropped to `box` (x0, y0, x1, y1 in source pixels), resized to
-    `size` (w, h) with the bilinear filter (antialiased when shrinking), mirrored if `flip`."""
+    `size` (w, h) with the `resample` filter ("bilinear", "bicubic": antialiased when
+    shrinking, as Pillow's are; "nearest"), mirrored if `flip`."""
     from PIL import Image
 
     img = Image.open(io.BytesIO(data))
     x0, y0, x1, y1 = (float(v) for v in box)
-    if img.format == "JPEG":
+    if img.format == "JPEG" and resample == "bilinear":
         # A reduced-size DCT decode when the box is at least twice the output: Pillow picks
         # the largest of 1/2, 1/4, 1/8 that keeps the image at least the requested size.
         shrink = min((x1 - x0) / size[0], (y1 - y0) / size[1])
@@ -31,10 +32,13 @@ def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int]) -> n
             sx, sy = img.size[0] / W, img.size[1] / H
             x0, x1, y0, y1 = x0 * sx, x1 * sx, y0 * sy, y1 * sy
     img = img.convert("RGB")
-    img = img.resize(size, Image.BILINEAR, box=(x0, y0, x1, y1))
+    img = img.resize(size, _FILTERS[resample], box=(x0, y0, x1, y1))
     if flip:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(img)
+
+
+_FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0}  # PIL.Image.Resampling's values
 
 
 def size_of(data: bytes) -> tuple[int, int]:
@@ -56,7 +60,8 @@ def _hue(img, shift: float):
     if abs(shift) < 1e-9:
         return img
     h, s, v = img.convert("HSV").split()
-    h = Image.fromarray((np.asarray(h).astype(np.int16) + int(round(shift * 255))).astype(np.uint8), "L")
+    # torchvision's step: the shift truncated toward zero to whole hue levels, added modulo 256
+    h = Image.fromarray(np.asarray(h, dtype=np.uint8) + np.int32(shift * 255).astype(np.uint8), "L")
     return Image.merge("HSV", (h, s, v)).convert("RGB")
 
 

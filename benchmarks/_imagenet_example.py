@@ -1,0 +1,64 @@
+"""A training script's data pipeline as the PyTorch ImageNet example writes it, unchanged in
+shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize,
+`DataLoader(shuffle=True, batch_size=256, num_workers=..., pin_memory=True)`, a fresh iterator
+(fresh workers) each epoch. `run_torchvision.py` times it plain and under `fastdata run`.
+
+With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, channels_last, SGD)
+as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
+The last line printed is JSON: images/s of each epoch.
+
+    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none]
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torchvision
+import torchvision.transforms as transforms
+
+ap = argparse.ArgumentParser()
+ap.add_argument("data")
+ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--workers", type=int, default=2)
+ap.add_argument("--batch-size", type=int, default=256)
+ap.add_argument("--arch", default="none")
+args = ap.parse_args()
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+train_dataset = torchvision.datasets.ImageFolder(
+    args.data,
+    transforms.Compose([
+        transforms.RandomResizedCrop(224),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize,
+    ]))
+train_loader = torch.utils.data.DataLoader(
+    train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True)
+
+model = None
+if args.arch != "none":
+    model = torchvision.models.__dict__[args.arch]().to(device).to(memory_format=torch.channels_last)
+    criterion = torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+
+rates = []
+for epoch in range(args.epochs):
+    start, seen = time.perf_counter(), 0
+    for images, target in train_loader:
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        if model is not None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = criterion(model(images.contiguous(memory_format=torch.channels_last)), target)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        seen += len(images)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rates.append(seen / (time.perf_counter() - start))
+print(json.dumps({"images_per_s": rates}))

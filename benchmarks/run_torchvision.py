@@ -1,0 +1,83 @@
+"""An unchanged torchvision training script, plain and under `fastdata run`, paired.
+
+The script is `_imagenet_example.py`: the PyTorch ImageNet example's data pipeline (ImageFolder,
+RandomResizedCrop 224, flip, ToTensor, Normalize, shuffle, batch 256, pin_memory, fresh workers
+each epoch, `--workers` of them: one a core here) on the synthetic ImageNet-like set
+(`fastdata.synthetic`, files in the page cache). Candidates, each in its own process, in ABBA
+rounds so drift on a shared machine hits both alike:
+
+- plain: `python _imagenet_example.py` with the Pillow this Python has (a user's: stock Pillow),
+- fastdata run: `fastdata run -- python _imagenet_example.py` (the loader served natively),
+- with `--simd-pil DIR`: plain again with Pillow-SIMD first on PYTHONPATH (DIR holds its `PIL`).
+
+Run it with a user's environment: the registry's torch and torchvision and fastdata installed
+(.ci/run makes one). Prints each side's images/s (epoch 1, with the workers' start and first
+sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
+
+    OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import _common
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    ap = _common.rounds_parser(__doc__, rounds=4)
+    ap.set_defaults(epochs=3)
+    ap.add_argument("--workers", type=int, default=_common.WORKERS)
+    ap.add_argument("--arch", default="none", help="the script's model (resnet18 on a GPU); none: the copy only")
+    ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
+    args = ap.parse_args()
+    if args.epochs < 2:
+        ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
+    import PIL
+    import torchvision
+
+    from fastdata.synthetic import make_imagenet_like
+
+    root = make_imagenet_like(args.root, args.images, 10)
+    script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
+              "--workers", str(args.workers), "--arch", args.arch]
+    fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
+    commands = {"plain": script, "fastdata run": [fastdata_cli, "run", "--", *script]}
+    if args.simd_pil:
+        commands["plain, Pillow-SIMD"] = ["env", f"PYTHONPATH={args.simd_pil}", *script]
+    _, reports = _common.process_rounds(commands, args.rounds)
+    sides = {}
+    for name, runs in reports.items():
+        first = [r["images_per_s"][0] for r in runs]
+        later = [x for r in runs for x in r["images_per_s"][1:]]
+        sides[name] = {"epoch_1": first, "epochs_2_on": later,
+                       "epoch_1_median": statistics.median(first), "epochs_2_on_median": statistics.median(later)}
+    ratios = {}
+    for base in [n for n in commands if n != "fastdata run"]:
+        for part in ("epoch_1", "epochs_2_on"):
+            fast, slow = sides["fastdata run"][part], sides[base][part]
+            lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
+            ratios[f"{part} vs {base}"] = {"ratio": statistics.median(fast) / statistics.median(slow),
+                                            "ci95": [lo, hi]}
+    print(f"\n{args.images} images, batch 256, {args.workers} workers (fresh each epoch), {args.rounds} rounds ABBA, "
+          f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}")
+    for name, s in sides.items():
+        print(f"  {name:<20} epoch 1 {s['epoch_1_median']:7.0f} img/s   epochs 2+ {s['epochs_2_on_median']:7.0f} img/s")
+    for name, r in ratios.items():
+        print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
+    _common.write("run_torchvision", {
+        "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
+        "arch": args.arch, "pillow": PIL.__version__, "torchvision": torchvision.__version__,
+        "regime": "fresh workers each epoch (the script's DataLoader default), files in the page cache",
+        "sides": sides, "ratios": ratios}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
