@@ -33,6 +33,8 @@ from torch.utils.data import Dataset
 from ._buffers import ProcessRings, new_batch
 from ._collate import Prepared, collate, default_threads
 from ._ext import native as _ext
+from ._cores import batch_threads
+from .errors import DataError
 from .image.decode import BatchDecoder
 from .image.read import Failures, read_files
 from .transforms import ops as fd
@@ -333,6 +335,17 @@ class Finished:
         return self._finish(self._next())
 
 
+class Raise(Failures):
+    """A file that cannot be read or decoded raises DataError naming it and the cause: the script
+    chose no on_error, so the message offers none."""
+
+    def __init__(self) -> None:
+        super().__init__("raise", "pil")
+
+    def __call__(self, errors: list[tuple[str, str]], path: str, cause: str) -> None:
+        raise DataError(f"cannot read {path}: {cause} (its folder served natively by fastdata run)", path=path)
+
+
 class NativeFolder(Dataset):
     """The dataset a natively served loader's workers read: the script's torchvision folder
     (`dataset`), decoded by fastdata per batch (`__getitems__`); a single index is the script's
@@ -342,7 +355,7 @@ class NativeFolder(Dataset):
         self.dataset, self.lowering = dataset, lowering
         transform = fd.Compose([*lowering.geometry, *lowering.pixel_ops])
         # The record of files that decoded whole is made here, before any worker forks: shared.
-        self.decoder = BatchDecoder(transform, 0, Failures("raise", "pil"), slots=1, pin=False, ids=len(dataset))
+        self.decoder = BatchDecoder(transform, 0, Raise(), slots=1, pin=False, ids=len(dataset))
         self.decoder.resample = lowering.resample
         self._scratch: torch.Tensor | None = None
 
@@ -360,7 +373,7 @@ class NativeFolder(Dataset):
         samples = [ds.samples[i] for i in indices]
         paths = [path for path, _ in samples]
         errors: list[tuple[str, str]] = []
-        datas = read_files(paths, 1)
+        datas = read_files(paths, batch_threads(self.decoder.threads))
         for path, data in zip(paths, datas):
             if isinstance(data, str):
                 self.decoder.fail(errors, path, data)
