@@ -1,0 +1,708 @@
+"""`fastdata run`'s native serving of a torchvision ImageFolder pipeline (`fastdata._run_torchvision`)
+held to torchvision itself: the random parameters follow torchvision's distributions
+(RandomResizedCrop's boxes and fallback, RandomHorizontalFlip's rate, ColorJitter's factors and
+order, TrivialAugmentWide's ops and magnitudes: two-sample Kolmogorov-Smirnov statistics and
+binomial bounds on fixed seeds), and a natively served batch has, for the parameters it drew,
+the pixels torchvision's functional ops give on `pil_loader`'s image (mean and max absolute
+difference in uint8 levels, per configuration, against tolerances measured on this set), with
+default_collate's dtype, shape, layout and targets. The differences found are held as strict
+xfails, so that a fix shows: TrivialAugmentWide's float64 magnitude table against torchvision's
+float32 one (TranslateX/Y, Solarize, and 1-level differences of the enhance ops at a few bins),
+and the native decoder's whole-pixel cut of Resize + CenterCrop's fractional box.
+`benchmarks/torchvision_pixels.py` measures the pixel differences over the synthetic set.
+
+Needs torchvision (a user's environment): skipped where it is not installed.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+torchvision = pytest.importorskip("torchvision")
+
+import torchvision.transforms as T  # noqa: E402
+import torchvision.transforms.functional as F  # noqa: E402
+import torchvision.transforms.v2 as v2  # noqa: E402
+import torchvision.transforms.v2.functional as F2  # noqa: E402
+from PIL import Image  # noqa: E402
+from torchvision.datasets import ImageFolder  # noqa: E402
+from torchvision.datasets.folder import IMG_EXTENSIONS, pil_loader  # noqa: E402
+from torchvision.transforms import InterpolationMode  # noqa: E402
+from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
+
+import fastdata.transforms as fd  # noqa: E402
+from fastdata._run_torchvision import Finish, NativeFolder, _lower_transform, lower  # noqa: E402
+from fastdata.transforms import pil as fd_pil  # noqa: E402
+from fastdata.transforms.plan import TRIVIAL_OPS, plan_geometry, plan_pixels, trivial_magnitude  # noqa: E402
+
+# The torchvision side draws tens of thousands of parameters and decodes a few dozen images.
+pytestmark = pytest.mark.timeout(300)
+
+N = 5000  # draws per distribution
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+_V1_SPACE = T.TrivialAugmentWide()._augmentation_space(31)  # {op: (magnitudes, signed)}, 31 bins
+
+
+# ----------------------------------------------------------------- statistics
+
+def ks(a, b) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs
+    (evaluated at every value of either sample, so ties and discrete values are handled)."""
+    a, b = np.sort(np.asarray(a, np.float64)), np.sort(np.asarray(b, np.float64))
+    at = np.concatenate([a, b])
+    return float(np.max(np.abs(np.searchsorted(a, at, "right") / len(a) - np.searchsorted(b, at, "right") / len(b))))
+
+
+def ks_bound(n: int, m: int, c: float = 1.63) -> float:
+    """The KS statistic's critical value (c = 1.63: alpha 0.01; 1.95: alpha 0.001); for
+    discrete distributions it is conservative."""
+    return c * math.sqrt((n + m) / (n * m))
+
+
+def assert_same_distribution(name: str, a, b, c: float = 1.63) -> None:
+    d, bound = ks(a, b), ks_bound(len(a), len(b), c)
+    assert d < bound, f"{name}: KS statistic {d:.4f} >= {bound:.4f} (torchvision vs fastdata)"
+
+
+def assert_rate(name: str, hits: int, n: int, p: float, sigmas: float = 4.0) -> None:
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(hits - n * p) <= sigmas * max(sd, 1.0), f"{name}: {hits}/{n} = {hits / n:.4f}, expected {p:.4f}"
+
+
+# ----------------------------------------------------------------- a. RandomResizedCrop's boxes
+
+SCALES_RATIOS = [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.3, 0.6), (0.5, 2.0))]
+SOURCE_SIZES = [(400, 350), (1000, 120), (224, 224), (300, 500)]
+
+
+def _fallback(W: int, H: int, ratio) -> tuple[int, int, int, int]:
+    """torchvision's central crop when no attempt fits: (left, top, w, h)."""
+    r = W / H
+    if r < min(ratio):
+        w, h = W, int(round(W / min(ratio)))
+    elif r > max(ratio):
+        w, h = int(round(H * max(ratio))), H
+    else:
+        w, h = W, H
+    return (W - w) // 2, (H - h) // 2, w, h
+
+
+@pytest.mark.parametrize("scale,ratio", SCALES_RATIOS, ids=["default", "custom"])
+@pytest.mark.parametrize("W,H", SOURCE_SIZES, ids=[f"{w}x{h}" for w, h in SOURCE_SIZES])
+def test_random_resized_crop_draws(W, H, scale, ratio):
+    # the op fastdata lowers the script's RandomResizedCrop to
+    lowered = _lower_transform(T.Compose([T.RandomResizedCrop(224, scale=scale, ratio=ratio), T.ToTensor()]))
+    op = fd.RandomResizedCrop(224, scale=scale, ratio=ratio)
+    assert lowered.geometry == (op,)
+
+    torch.manual_seed(0)
+    img = torch.empty(3, H, W)  # get_params reads only the size
+    tv = np.array([T.RandomResizedCrop.get_params(img, list(scale), list(ratio)) for _ in range(N)])
+    tv = np.stack([tv[:, 1], tv[:, 0], tv[:, 3], tv[:, 2]], axis=1)  # (i, j, h, w) -> (left, top, w, h)
+    g = plan_geometry([op], 12345, 0, np.arange(N, dtype=np.int64), np.full(N, W), np.full(N, H))
+    boxes = g.boxes
+    assert np.array_equal(boxes, np.rint(boxes)), "a first RandomResizedCrop's box is in whole pixels"
+    ours = np.stack([boxes[:, 0], boxes[:, 1], boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]], 1).astype(int)
+    assert (g.sizes == [224, 224]).all() and not g.flips.any()
+    for arr in (tv, ours):  # every box within the image
+        assert (arr[:, 2] > 0).all() and (arr[:, 3] > 0).all()
+        assert (arr[:, 0] + arr[:, 2] <= W).all() and (arr[:, 1] + arr[:, 3] <= H).all() and (arr >= 0).all()
+    for k, name in enumerate(("left", "top", "width", "height")):
+        if np.ptp(tv[:, k]) == 0 and np.ptp(ours[:, k]) == 0:
+            assert tv[0, k] == ours[0, k], name
+            continue
+        assert_same_distribution(f"{W}x{H} scale={scale} ratio={ratio} {name}", tv[:, k], ours[:, k])
+    # the area's share and the aspect, which the sizes' marginals do not pin down
+    assert_same_distribution("area", tv[:, 2] * tv[:, 3], ours[:, 2] * ours[:, 3])
+    assert_same_distribution("aspect", tv[:, 2] / tv[:, 3], ours[:, 2] / ours[:, 3])
+    fb = np.array(_fallback(W, H, ratio))
+    tv_fb, our_fb = int((tv == fb).all(1).sum()), int((ours == fb).all(1).sum())
+    p = (tv_fb + our_fb) / (2 * N)
+    sd = math.sqrt(2 * N * p * (1 - p)) if 0 < p < 1 else 0.0
+    assert abs(tv_fb - our_fb) <= 4 * sd + 2, f"central-crop fallbacks: torchvision {tv_fb}/{N}, fastdata {our_fb}/{N}"
+    if (W, H) == (1000, 120):  # the fallback is the common case there: both take it
+        assert tv_fb > N // 4 and our_fb > N // 4
+
+
+# ----------------------------------------------------------------- b. RandomHorizontalFlip
+
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_horizontal_flip_rate(p):
+    lowered = _lower_transform(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(p), T.ToTensor()]))
+    assert lowered.geometry[1] == fd.RandomHorizontalFlip(p)
+    idx = np.arange(N, dtype=np.int64)
+    for seed in (0, 1):
+        g = plan_geometry(lowered.geometry, seed, 0, idx, np.full(N, 400), np.full(N, 350))
+        assert_rate(f"flips, p={p}, seed {seed}", int(g.flips.sum()), N, p)
+        # the flip does not depend on the crop: the rate is p among small and large boxes alike
+        area = (g.boxes[:, 2] - g.boxes[:, 0]) * (g.boxes[:, 3] - g.boxes[:, 1])
+        small = area < np.median(area)
+        assert_rate("flips of small boxes", int(g.flips[small].sum()), int(small.sum()), p)
+    # and is drawn per sample: another seed, other flips
+    a = plan_geometry(lowered.geometry, 0, 0, idx, np.full(N, 400), np.full(N, 350)).flips
+    b = plan_geometry(lowered.geometry, 1, 0, idx, np.full(N, 400), np.full(N, 350)).flips
+    assert_rate("flips agreeing across seeds", int((a == b).sum()), N, p * p + (1 - p) * (1 - p))
+
+
+# ----------------------------------------------------------------- c. ColorJitter
+
+def test_color_jitter_draws():
+    cj = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
+    lowered = _lower_transform(T.Compose([cj, T.ToTensor()]))
+    (op,) = lowered.pixel_ops
+    assert op == fd.ColorJitter(0.4, 0.4, 0.4, 0.1)
+    torch.manual_seed(0)
+    tv_orders, tv_factors = [], []
+    for _ in range(N):
+        order, b, c, s, h = T.ColorJitter.get_params(cj.brightness, cj.contrast, cj.saturation, cj.hue)
+        tv_orders.append(tuple(order.tolist()))
+        tv_factors.append((b, c, s, h))
+    tv_factors = np.array(tv_factors)
+    (plan,) = plan_pixels([op], 7, 0, np.arange(N, dtype=np.int64))
+    fd_orders = [tuple(p["order"]) for p in plan]
+    fd_factors = np.array([(p["brightness"], p["contrast"], p["saturation"], p["hue"]) for p in plan])
+    for k, name in enumerate(("brightness", "contrast", "saturation", "hue")):
+        lo, hi = (0.6, 1.4) if k < 3 else (-0.1, 0.1)
+        assert fd_factors[:, k].min() >= lo and fd_factors[:, k].max() <= hi, name
+        assert_same_distribution(f"ColorJitter {name}", tv_factors[:, k], fd_factors[:, k])
+    # the order: a uniform permutation of the four adjustments, in both
+    perms = list(itertools.permutations(range(4)))
+    for who, orders in (("torchvision", tv_orders), ("fastdata", fd_orders)):
+        counts = np.array([orders.count(p) for p in perms])
+        assert counts.sum() == N, f"{who}: an order that is not a permutation of 0-3"
+        # each about N/24 = 208 (sd 14): within +-35%, about 5 sd
+        assert counts.min() > 0.65 * N / 24 and counts.max() < 1.35 * N / 24, f"{who}: order counts {counts}"
+        # and the first adjustment, the one most affected by the order, uniform over the four
+        firsts = np.bincount([o[0] for o in orders], minlength=4)
+        for f in firsts:
+            assert_rate(f"{who}: first adjustment", int(f), N, 0.25)
+    # the same distribution of orders: a chi-square test of homogeneity over the 24 (categories
+    # without an order, where KS is not the test); 41.6 is chi-square(23)'s alpha 0.01 (28.1 here)
+    a = np.bincount([perms.index(o) for o in tv_orders], minlength=24)
+    b = np.bincount([perms.index(o) for o in fd_orders], minlength=24)
+    expected = (a + b) / 2  # both N draws
+    chi2 = float((((a - expected) ** 2 + (b - expected) ** 2) / expected).sum())
+    assert chi2 < 41.6, f"ColorJitter orders: chi-square {chi2:.1f} >= 41.6 (torchvision {a}, fastdata {b})"
+
+
+# ----------------------------------------------------------------- d. TrivialAugmentWide
+
+def _tv_trivial_draws(n: int, seed: int) -> list[tuple[str, float]]:
+    """(op, magnitude) as torchvision's v1 TrivialAugmentWide.forward draws them (its RNG calls
+    replayed under a fixed torch seed)."""
+    ta = T.TrivialAugmentWide()
+    space = ta._augmentation_space(ta.num_magnitude_bins)
+    names = list(space)
+    torch.manual_seed(seed)
+    out = []
+    for _ in range(n):
+        name = names[int(torch.randint(len(space), (1,)).item())]
+        mags, signed = space[name]
+        mag = float(mags[torch.randint(len(mags), (1,), dtype=torch.long)].item()) if mags.ndim > 0 else 0.0
+        if signed and torch.randint(2, (1,)):
+            mag *= -1.0
+        out.append((name, mag))
+    return out
+
+
+def _solarize_cut(threshold: float) -> int:
+    """The levels ImageOps.solarize(img, threshold) keeps: those below the threshold."""
+    return sum(i < threshold for i in range(256))
+
+
+def _tables(bins: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """{op: (fastdata's magnitudes, torchvision v1's, v2's)} per bin, v2's Solarize in levels
+    (v2 draws a fraction and solarizes at 255 times it)."""
+    v1_space = T.TrivialAugmentWide()._augmentation_space(bins)
+    v2_space = v2.TrivialAugmentWide._AUGMENTATION_SPACE
+    assert sorted(v1_space) == sorted(TRIVIAL_OPS) == sorted(v2_space)
+    out = {}
+    for name in TRIVIAL_OPS:
+        ours = np.array([trivial_magnitude(name, b, bins) for b in range(bins)])
+        mags = v1_space[name][0]
+        mags2 = v2_space[name][0](bins, 224, 224)
+        one = np.zeros(bins) if mags.ndim == 0 else np.array([float(m) for m in mags])
+        two = np.zeros(bins) if mags2 is None else np.array([float(m) for m in mags2])
+        out[name] = (ours, one, two * 255.0 if name == "Solarize" else two)
+    return out
+
+
+def test_trivial_augment_table():
+    """fastdata's (op, bin) -> magnitude is torchvision's, for v1's and v2's tables, and the
+    lowering keeps the number of bins."""
+    for bins in (31, 11):
+        for name, (ours, one, two) in _tables(bins).items():
+            np.testing.assert_allclose(ours, one, rtol=1e-6, atol=1e-6, err_msg=f"{name}, {bins} bins (v1)")
+            np.testing.assert_allclose(ours, two, rtol=1e-6, atol=1e-6, err_msg=f"{name}, {bins} bins (v2)")
+            if name == "Posterize":  # used as int(magnitude)
+                assert [int(m) for m in ours] == [int(m) for m in one] == [int(m) for m in two]
+        for cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide):
+            lowered = _lower_transform(T.Compose([cls(num_magnitude_bins=bins), T.ToTensor()]))
+            assert lowered.pixel_ops == (fd.TrivialAugment(bins),)
+
+
+# Two ops take the magnitude to an integer, where the last bits of the table count: torchvision's
+# tables are float32 (torch.linspace), fastdata's float64. Known discrepancies, held as strict
+# xfails so that a fix shows.
+
+@pytest.mark.xfail(strict=True, reason="TranslateX/Y bin 15 of 31: torchvision's float32 torch.linspace(0, 32, 31)[15] "
+                   "is 15.999999, shifted int() = 15 pixels (v1 and v2); fastdata's 32 * 15 / 30 = 16.0, 16 pixels")
+def test_trivial_augment_translate_shift():
+    """TranslateX/Y shift by int(magnitude) pixels: fastdata's shift is torchvision's at every bin."""
+    for bins in (31, 11):
+        for name in ("TranslateX", "TranslateY"):
+            ours, one, two = _tables(bins)[name]
+            assert [int(m) for m in ours] == [int(m) for m in one] == [int(m) for m in two], f"{name}, {bins} bins"
+
+
+@pytest.mark.xfail(strict=True, reason="Solarize, 31 bins: fastdata's threshold 255 * (1 - b / 30) is a hair above the "
+                   "integer at bins 8, 10, 20, 22 (187.00000000000003, ...), so it keeps one level (187, 170, 85, 68) "
+                   "that v1's float32 table (exactly 187.0, ...) inverts")
+def test_trivial_augment_solarize_levels_v1():
+    """Solarize inverts the levels at and above the threshold: the same levels as v1's table."""
+    for bins in (31, 11):
+        ours, one, _ = _tables(bins)["Solarize"]
+        assert [_solarize_cut(m) for m in ours] == [_solarize_cut(m) for m in one], f"{bins} bins"
+
+
+@pytest.mark.xfail(strict=True, reason="Solarize: v2 solarizes at 255.0 * float32 torch.linspace(1, 0, bins), a hair "
+                   "off the integer at most even bins (31 bins: 2, 4, 6, 10, 16, 18, 24, 26, 28 differ from "
+                   "fastdata's; "
+                   "11 bins: 2, 4, 6, 8); v1 and v2 differ from each other there too, and fastdata lowers both alike")
+def test_trivial_augment_solarize_levels_v2():
+    for bins in (31, 11):
+        ours, _, two = _tables(bins)["Solarize"]
+        assert [_solarize_cut(m) for m in ours] == [_solarize_cut(m) for m in two], f"{bins} bins"
+
+
+@pytest.mark.xfail(strict=True, reason="with torchvision's float32 magnitudes instead of fastdata's float64 ones, some "
+                   "(op, bin) give other pixels: TranslateX/Y +-15 (a 1-pixel shift of the whole image), Solarize 8, "
+                   "10, "
+                   "20, 22 (one level inverted or not, by 85-119 levels), and by 1 level on up to ~2% of the values: "
+                   "Brightness -20, -28, -30, Color +-20, Contrast 20, Sharpness 20")
+def test_trivial_augment_pixels_with_torchvision_magnitudes():
+    """Every (op, bin, sign) of TrivialAugmentWide (31 bins) on a few images: fastdata's magnitude
+    gives torchvision's pixels, as torchvision's own table's value does."""
+    rng = np.random.default_rng(3)
+    images = [Image.fromarray(_content(rng, 160, 120)) for _ in range(6)]
+    differ = []
+    for name in TRIVIAL_OPS:
+        mags, signed = _V1_SPACE[name]
+        for b in range(31 if mags.ndim else 1):
+            for sign in ((1, -1) if signed else (1,)):
+                ours = sign * trivial_magnitude(name, b, 31)
+                theirs = sign * float(mags[b]) if mags.ndim else 0.0
+                for img in images:
+                    a = np.asarray(_apply_op(img, name, ours, NEAREST, None))
+                    if not np.array_equal(a, np.asarray(_apply_op(img, name, theirs, NEAREST, None))):
+                        differ.append((name, sign * b))
+                        break
+    assert not differ, f"(op, signed bin) with other pixels: {differ}"
+
+
+def test_trivial_augment_draws():
+    n = 14 * 400
+    tv = _tv_trivial_draws(n, 0)
+    (plan,) = plan_pixels([fd.TrivialAugment(31)], 3, 0, np.arange(n, dtype=np.int64))
+    ours = [(p["op"], float(p["magnitude"])) for p in plan]
+    space = T.TrivialAugmentWide()._augmentation_space(31)
+    for who, draws in (("torchvision", tv), ("fastdata", ours)):
+        counts = np.array([sum(1 for d in draws if d[0] == name) for name in TRIVIAL_OPS])
+        # each op n/14 = 400 (sd 19): within +-25%, about 5 sd
+        assert counts.min() > 0.75 * n / 14 and counts.max() < 1.25 * n / 14, f"{who}: op counts {counts}"
+        signed = [d[1] for d in draws if space[d[0]][1] and d[1] != 0]
+        assert_rate(f"{who}: negative magnitudes of signed ops", sum(m < 0 for m in signed), len(signed), 0.5)
+        for name in TRIVIAL_OPS:  # every magnitude one of the table's, signed only where torchvision signs
+            mags, sign = space[name]
+            table = {0.0} if mags.ndim == 0 else {float(m) for m in mags.double()}
+            if sign:
+                table |= {-m for m in table}
+            for _, m in (d for d in draws if d[0] == name):
+                assert min(abs(m - t) for t in table) < 1e-5, f"{who}: {name} magnitude {m}"
+    # the joint distribution of (op, magnitude): each draw as its rank among every possible pair
+    keys = sorted({(TRIVIAL_OPS.index(name), round(m, 4)) for name, m in tv + ours})
+    rank = {k: r for r, k in enumerate(keys)}
+    code = lambda draws: [rank[(TRIVIAL_OPS.index(name), round(m, 4))] for name, m in draws]  # noqa: E731
+    assert_same_distribution("TrivialAugmentWide (op, magnitude)", code(tv), code(ours))
+    # and the magnitude's bin, per op with magnitudes: uniform over the 31 bins
+    for who, draws in (("torchvision", tv), ("fastdata", ours)):
+        bins = []
+        for name, m in draws:
+            mags, _ = space[name]
+            if mags.ndim > 0 and name not in ("Posterize",):
+                bins.append(int(np.argmin(np.abs(mags.double().numpy() - abs(m)))))
+        assert_same_distribution(f"{who}: magnitude bin vs uniform", bins, np.arange(len(bins)) % 31)
+
+
+def test_pixel_ops_op_by_op():
+    """The Pillow ops fastdata's pixel ops run are torchvision's on PIL images, bit for bit:
+    every TrivialAugmentWide op at several magnitudes (both signs), each ColorJitter adjustment."""
+    rng = np.random.default_rng(1)
+    img = Image.fromarray(_content(rng, 96, 80))
+    space = T.TrivialAugmentWide()._augmentation_space(31)
+    for name in TRIVIAL_OPS:
+        for b in (0, 1, 7, 15, 16, 30):
+            for sign in ((1, -1) if space[name][1] else (1,)):
+                m = sign * trivial_magnitude(name, b, 31)
+                got = np.asarray(fd_pil.trivial_augment(img, {"op": name, "magnitude": m}))
+                want = np.asarray(_apply_op(img, name, m, InterpolationMode.NEAREST, None))
+                assert np.array_equal(got, want), f"TrivialAugmentWide {name} magnitude {m}: " \
+                    f"{int((got != want).sum())} values differ, max {int(np.abs(got.astype(int) - want).max())}"
+    for f in (0.6, 0.93, 1.0, 1.27, 1.4):
+        for k, adjust in ((0, F.adjust_brightness), (1, F.adjust_contrast), (2, F.adjust_saturation)):
+            p = {"order": [k], "brightness": f, "contrast": f, "saturation": f, "hue": 0.0}
+            assert np.array_equal(np.asarray(fd_pil.color_jitter(img, p)), np.asarray(adjust(img, f))), (k, f)
+    for hue in (-0.1, -0.037, 0.003, 0.05, 0.1):
+        p = {"order": [3], "brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": hue}
+        assert np.array_equal(np.asarray(fd_pil.color_jitter(img, p)), np.asarray(F.adjust_hue(img, hue))), hue
+
+
+# ----------------------------------------------------------------- e. pixels of a served batch
+
+def _content(rng, w: int, h: int) -> np.ndarray:
+    """uint8 HWC: colour gradients, a few sharp rectangles, a sinusoid and noise."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.empty((h, w, 3), np.float32)
+    for c in range(3):
+        a, b, f, ph = rng.uniform(-1, 1), rng.uniform(-1, 1), rng.uniform(0.02, 0.15), rng.uniform(0, 6)
+        img[..., c] = 128 + 90 * (a * x / w + b * y / h) + 25 * np.sin(f * x + ph) * np.cos(0.7 * f * y)
+    for _ in range(6):
+        x0, y0 = int(rng.integers(0, w - 20)), int(rng.integers(0, h - 20))
+        img[y0:y0 + int(rng.integers(10, h // 2)), x0:x0 + int(rng.integers(10, w // 2))] = rng.uniform(0, 255, 3)
+    img += rng.normal(0, 10, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_folder(root, rng) -> dict[str, str]:
+    """A small ImageFolder under `root` (3 classes): RGB JPEGs of 300-500 px and one of 1000 px
+    (a reduced-scale DCT decode), and one each of: PNG, grayscale JPEG, CMYK JPEG, 16-bit PNG
+    (I;16), palette GIF, JPEG with an EXIF orientation (which torchvision's loader ignores).
+    Returns {kind: file name} for the special ones."""
+    special = {}
+    for c in range(3):
+        (root / f"class{c}").mkdir(parents=True)
+    for i in range(12):
+        w, h = int(rng.integers(300, 501)), int(rng.integers(300, 501))
+        Image.fromarray(_content(rng, w, h)).save(root / f"class{i % 3}" / f"img{i:02d}.jpg", quality=90)
+    Image.fromarray(_content(rng, 1000, 760)).save(root / "class0" / "large.jpg", quality=90)
+
+    def put(kind, c, name, image, **kw):
+        image.save(root / f"class{c}" / name, **kw)
+        special[kind] = f"class{c}/{name}"
+
+    put("png", 1, "rgb.png", Image.fromarray(_content(rng, 420, 330)))
+    put("gray", 2, "gray.jpg", Image.fromarray(_content(rng, 380, 460)).convert("L"), quality=90)
+    put("cmyk", 0, "cmyk.jpg", Image.fromarray(_content(rng, 900, 700)).convert("CMYK"), quality=90)  # Pillow, draft
+    sixteen = _content(rng, 360, 400)[..., 0].astype(np.uint16) * 2 + np.arange(360, dtype=np.uint16)[None, :] // 4
+    put("i16", 1, "sixteen.png", Image.fromarray(sixteen))
+    put("gif", 2, "palette.gif", Image.fromarray(_content(rng, 400, 300)).convert("P", palette=Image.Palette.ADAPTIVE))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees: torchvision's pil_loader does not apply it
+    put("exif", 0, "exif.jpg", Image.fromarray(_content(rng, 480, 320)), quality=90, exif=exif)
+    return special
+
+
+def _valid(path: str) -> bool:  # ImageFolder's extensions, and GIF
+    return path.lower().endswith((*IMG_EXTENSIONS, ".gif"))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tvfolder")
+    special = make_folder(root, np.random.default_rng(0))
+    ds = ImageFolder(str(root), is_valid_file=_valid)
+    modes = {kind: Image.open(root / name).mode for kind, name in special.items()}
+    assert modes == {"png": "RGB", "gray": "L", "cmyk": "CMYK", "i16": "I;16", "gif": "P", "exif": "RGB"}
+    assert len(ds) == 19
+    return root
+
+
+BILINEAR, BICUBIC, NEAREST = InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST
+_ADJUST = {"brightness": F.adjust_brightness, "contrast": F.adjust_contrast, "saturation": F.adjust_saturation,
+           "hue": F.adjust_hue}
+
+
+def torchvision_magnitude(name: str, magnitude: float) -> float:
+    """The magnitude torchvision's v1 TrivialAugmentWide (31 bins) uses for the (op, bin, sign)
+    fastdata drew: its own float32 table's value (where two ops differ from fastdata's: see
+    the xfails above)."""
+    mags, _ = _V1_SPACE[name]
+    if mags.ndim == 0:
+        return 0.0
+    ours = np.array([trivial_magnitude(name, b, 31) for b in range(31)])
+    b = int(np.argmin(np.abs(ours - abs(magnitude))))
+    return math.copysign(float(mags[b]), magnitude) if magnitude else float(mags[b])
+
+
+def apply_pixel_ops(img, pix, tables: bool = True):
+    """torchvision's functional ops for fastdata's planned ColorJitter and TrivialAugmentWide
+    parameters, as ColorJitter.forward and TrivialAugmentWide.forward apply them; with
+    `tables`, TrivialAugmentWide's magnitude is torchvision's table's for the drawn bin, else
+    fastdata's."""
+    for kind, p in pix:
+        if kind == "jitter":
+            for k in p["order"]:
+                name = ("brightness", "contrast", "saturation", "hue")[k]
+                img = _ADJUST[name](img, p[name])
+        else:
+            magnitude = torchvision_magnitude(p["op"], p["magnitude"]) if tables else p["magnitude"]
+            img = _apply_op(img, p["op"], magnitude, NEAREST, None)
+    return img
+
+
+def _rrc_ref(interp, pre=(), post=(), tensor=False):
+    """The reference of a RandomResizedCrop(224) [+ flip] [+ pixel ops] pipeline: torchvision's
+    functional ops with the box, flip and pixel parameters fastdata drew; `pre` and `post`, the
+    script's own deterministic ops before the crop and after the random ops."""
+    def ref(img, box, flip, pix):
+        for op in pre:
+            img = op(img)
+        left, top, w, h = box
+        if tensor:
+            img = F2.resized_crop(img, top, left, h, w, [224, 224], interpolation=interp, antialias=True)
+            img = F2.horizontal_flip(img) if flip else img
+        else:
+            img = F.resized_crop(img, top, left, h, w, [224, 224], interpolation=interp)
+            img = F.hflip(img) if flip else img
+        img = apply_pixel_ops(img, pix)
+        for op in post:
+            img = op(img)
+        return img
+    return ref
+
+
+def _configs():
+    """name -> (the script's transform, the reference of one sample (None: the transform itself,
+    deterministic), output -> uint8 levels, the transform's tail after the random ops)."""
+    normalize = T.Normalize(MEAN, STD)
+    mean, std = torch.tensor(MEAN).view(-1, 1, 1), torch.tensor(STD).view(-1, 1, 1)
+    levels_norm = lambda t: (t * std + mean) * 255  # noqa: E731
+    levels_float = lambda t: t * 255  # noqa: E731
+    levels_u8 = lambda t: t.float()  # noqa: E731
+    tail = [T.ToTensor(), normalize]
+    v2_tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    return {
+        "i: RRC bilinear + flip + ToTensor + Normalize": (
+            T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *tail]),
+            _rrc_ref(BILINEAR, post=tail), levels_norm, tail),
+        "ii: RRC bicubic + ToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.ToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.ToTensor()]), levels_float, [T.ToTensor()]),
+        "iii: RRC nearest + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=NEAREST), T.PILToTensor()]),
+            _rrc_ref(NEAREST, post=[T.PILToTensor()]), levels_u8, [T.PILToTensor()]),
+        "iv: Resize(256) + CenterCrop(224) + ToTensor + Normalize": (
+            T.Compose([T.Resize(256), T.CenterCrop(224), *tail]), None, levels_norm, tail),
+        "v: v2 RRC bilinear + flip + ToImage + ToDtype + Normalize": (
+            v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(), *v2_tail]),
+            _rrc_ref(BILINEAR, post=[v2.ToImage(), *v2_tail]), levels_norm, [v2.ToImage(), *v2_tail]),
+        "vi: v2 ToImage, then RRC on the tensor + flip + ToDtype + Normalize": (
+            v2.Compose([v2.ToImage(), v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), *v2_tail]),
+            _rrc_ref(BILINEAR, pre=[v2.ToImage()], post=v2_tail, tensor=True), levels_norm, [v2.ToImage(), *v2_tail]),
+        "vii: i + ColorJitter + TrivialAugmentWide": (
+            T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                       T.TrivialAugmentWide(), *tail]),
+            _rrc_ref(BILINEAR, post=tail), levels_norm, tail),
+    }
+
+
+CONFIGS = list(_configs())
+
+
+def serve(ds, indices, seed: int):
+    """A batch as `fastdata run` serves it (in the main process): NativeFolder's __getitems__,
+    the collate function's layout, the main process's Finish. Returns (the batch, the uint8
+    NHWC images that crossed, the decoder that drew the parameters)."""
+    lowering, why = lower(ds)
+    assert lowering is not None, why
+    nf = NativeFolder(ds, lowering)
+    torch.manual_seed(seed)
+    crossed = nf.__getitems__(list(indices)).collate_into(None)
+    assert crossed[0].dtype == torch.uint8 and tuple(crossed[0].shape) == (len(indices), 224, 224, 3)
+    batch = Finish(lowering, slots=2, pin=False, forks=False)(crossed)
+    return [t.clone() for t in batch], crossed[0].clone(), nf.decoder
+
+
+def references(ds, decoder, indices, ref):
+    """torchvision's output for each sample with the parameters fastdata drew."""
+    idx = np.asarray(indices, np.int64)
+    paths = [ds.samples[i][0] for i in idx]
+    sizes = np.array([Image.open(p).size for p in paths])  # the header's (no EXIF rotation: as pil_loader)
+    g = plan_geometry(decoder.geometry, decoder.seed, 0, idx, sizes[:, 0], sizes[:, 1])
+    plans = plan_pixels(decoder.pixel_ops, decoder.seed, 0, idx) if decoder.pixel_ops else []
+    out = []
+    for k, path in enumerate(paths):
+        img = pil_loader(path)
+        if ref is None:  # deterministic: torchvision's own transform
+            out.append(ds.transform(img))
+            continue
+        x0, y0, x1, y1 = g.boxes[k]
+        assert [x0, y0, x1, y1] == [round(v) for v in g.boxes[k]], "a first RandomResizedCrop's box is whole pixels"
+        pix = [("jitter" if isinstance(op, fd.ColorJitter) else "trivial", plan[k])
+               for op, plan in zip(decoder.pixel_ops, plans)]
+        out.append(ref(img, (int(x0), int(y0), int(x1 - x0), int(y1 - y0)), bool(g.flips[k]), pix))
+    return torch.stack(out)
+
+
+def compare(folder, name, target_transform=None) -> torch.Tensor:
+    """|served - torchvision| in uint8 levels, [samples, 3, 224, 224], over two batches (every
+    sample, then all but three in a shuffled order); checks the batch's layout on the way."""
+    transform, ref, to_levels, tail = _configs()[name]
+    ds = ImageFolder(str(folder), transform, target_transform=target_transform, is_valid_file=_valid)
+    n = len(ds)
+    order = np.random.default_rng(5).permutation(n)
+    diffs = []
+    for b, indices in enumerate((list(range(n)), [int(i) for i in order[:n - 3]])):
+        (images, targets), crossed, decoder = serve(ds, indices, seed=100 + b)
+        # laid out as default_collate lays out torchvision's own samples
+        want_images, want_targets = torch.utils.data.default_collate([ds[i] for i in indices])
+        assert images.dtype == want_images.dtype and images.shape == want_images.shape
+        assert images.is_contiguous()
+        assert targets.dtype == want_targets.dtype and torch.equal(targets, want_targets)
+        assert torch.equal(targets, torch.tensor([ds.target_transform(ds.targets[i]) if target_transform else
+                                                  ds.targets[i] for i in indices]))
+        # the values: the transform's own tail on the uint8 images that crossed, bit for bit
+        for k in range(len(indices)):
+            x = Image.fromarray(crossed[k].numpy())
+            for op in tail:
+                x = op(x)
+            assert torch.equal(images[k], x), f"{name}: sample {k}'s conversion is not torchvision's bit for bit"
+        tv = references(ds, decoder, indices, ref)
+        assert tv.dtype == images.dtype and tv.shape == images.shape
+        diffs.append((to_levels(images.double()) - to_levels(tv.double())).abs())
+    return torch.cat(diffs)
+
+
+# (mean abs, max abs) in uint8 levels, served vs torchvision, as measured on this set (38
+# samples, 5.7M values a configuration) with torch 2.13, torchvision 0.28 and stock Pillow 13,
+# set with a margin of about 20%. What they are made of:
+# - the border: a box resize (Pillow's resize(box=), and the native resampler, which follows
+#   it) reads source pixels just outside the box, where torchvision crops first: up to ~35
+#   levels on the outer rows and columns of an enlarged crop of this noisy content;
+# - Pillow 13 runs the vertical pass first for an image reduced much more in height than in
+#   width (python-pillow/Pillow#9549): torchvision's cropped image then takes the other pass
+#   order than the whole image with a box, and about a quarter of the values differ by 1
+#   (bicubic, whose intermediate clips: by up to ~8);
+# - the 1000 px JPEG (native) and the 900 px CMYK JPEG (Pillow's draft) decoded at a reduced
+#   DCT scale when the box is at least twice the output: ~0.7-1.1 mean, up to ~31 levels;
+# - iv: the native decoder cuts the box rounded to whole pixels (Geometry.windows()), where
+#   Pillow and torchvision resample the fractional box of Resize + CenterCrop: see
+#   test_resize_center_crop_subpixel_box;
+# - vii: ColorJitter and TrivialAugmentWide (Solarize, Posterize, Equalize) enlarge the
+#   differences above; on the same decoded image they are torchvision's exactly
+#   (test_pixel_ops_on_served_images).
+# measured:  i 0.142/35  ii 0.064/28  iii 0/0  iv 0.782/40  v 0.142/35  vi 0.107/35  vii 0.191/42
+TOLERANCE = {
+    "i": (0.17, 40),
+    "ii": (0.08, 34),
+    "iii": (0.0, 0),
+    "iv": (0.9, 48),
+    "v": (0.17, 40),
+    "vi": (0.13, 40),
+    "vii": (0.23, 52),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS, ids=[k.split(":")[0] for k in CONFIGS])
+def test_served_pixels_match_torchvision(folder, name):
+    diff = compare(folder, name)
+    mean, worst = float(diff.mean()), float(diff.max())
+    tol_mean, tol_max = TOLERANCE[name.split(":")[0]]
+    assert mean <= tol_mean + 1e-6 and worst <= tol_max + 1e-3, \
+        f"{name}: mean abs {mean:.4f} (<= {tol_mean}), max abs {worst:.2f} (<= {tol_max}) uint8 levels"
+
+
+def test_served_targets_through_target_transform(folder):
+    diff = compare(folder, CONFIGS[0], target_transform=lambda t: t + 100)
+    assert float(diff.mean()) <= TOLERANCE["i"][0] + 1e-6
+
+
+def test_exif_orientation_ignored_as_pil_loader_does(folder):
+    """torchvision's loader does not apply the EXIF orientation: neither does the served batch
+    (a 480x320 image stays landscape; its centre crop matches torchvision's to the level)."""
+    transform = T.Compose([T.Resize(224), T.CenterCrop(224), T.PILToTensor()])
+    ds = ImageFolder(str(folder), transform, is_valid_file=_valid)
+    (k,) = [i for i, (p, _) in enumerate(ds.samples) if p.endswith("exif.jpg")]
+    (images, _), _, _ = serve(ds, [k], 0)
+    # 480x320 -> 336x224, then the centre: the box (80, 0, 400, 320), whole pixels, which the
+    # native decoder cuts exactly
+    assert (images[0].int() - ds[k][0].int()).abs().max() <= 1
+
+
+@pytest.mark.xfail(strict=True, reason="the native JPEG decoder cuts Geometry.windows(), the box rounded to whole "
+                   "pixels, where Pillow (fastdata's own Pillow path included) and torchvision's Resize + CenterCrop "
+                   "resample the fractional box: a sub-pixel shift and scale, mean ~1 level, up to ~40 on this set "
+                   "(on the synthetic ImageNet-like set: mean 5.3, 65% of the values over 2 levels apart)")
+def test_resize_center_crop_subpixel_box(folder):
+    """Resize(256) + CenterCrop(224) of a JPEG whose box is fractional, at full DCT scale: as
+    torchvision's to within the Pillow pass-order and border effects (interior within 2 levels)."""
+    name = CONFIGS[3]
+    transform, _, to_levels, _ = _configs()[name]
+    ds = ImageFolder(str(folder), transform, is_valid_file=_valid)
+    ks_ = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "large" not in p and "cmyk" not in p]
+    (images, _), _, decoder = serve(ds, ks_, 0)
+    tv = references(ds, decoder, ks_, None)
+    diff = (to_levels(images.double()) - to_levels(tv.double())).abs()[:, :, 2:-2, 2:-2]
+    assert float(diff.mean()) < 0.05 and float(diff.max()) <= 2, \
+        f"mean {float(diff.mean()):.3f}, max {float(diff.max()):.0f} levels in the interior"
+
+
+def test_pixel_ops_on_served_images(folder):
+    """ColorJitter + TrivialAugmentWide as served are torchvision's functional ops, bit for bit,
+    on the image fastdata decoded (the same batch served without them: the pixel ops draw from
+    streams of their own, so the geometry is the same), for the parameters fastdata drew, over
+    six batches. (With torchvision's own float32 magnitudes some bins differ: the xfails above.)"""
+    geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
+    full = ImageFolder(str(folder), T.Compose([*geometry, T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.TrivialAugmentWide(),
+                                               T.PILToTensor()]), is_valid_file=_valid)
+    idx = list(range(len(plain)))
+    drawn = set()
+    for seed in range(6):
+        (pre, _), _, d0 = serve(plain, idx, seed)
+        (post, _), _, d1 = serve(full, idx, seed)
+        assert d0.seed == d1.seed
+        jitter, trivial = plan_pixels(d1.pixel_ops, d1.seed, 0, np.asarray(idx, np.int64))
+        for k in idx:
+            drawn.add(trivial[k]["op"])
+            img = apply_pixel_ops(Image.fromarray(pre[k].permute(1, 2, 0).numpy()),
+                                  [("jitter", jitter[k]), ("trivial", trivial[k])], tables=False)
+            want = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)
+            assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {jitter[k]}, {trivial[k]}: " \
+                f"{int((post[k] != want).sum())} values differ"
+    assert len(drawn) >= 12, f"only {sorted(drawn)} drawn"
+
+
+@pytest.mark.xfail(strict=True, reason="a box resize (Pillow's resize(box=), and the native resampler, which follows "
+                   "it) reads source pixels just outside the box, where torchvision crops first: the outer rows and "
+                   "columns differ, by up to 35 levels on this set")
+def test_border_as_torchvision(folder):
+    diff = compare(folder, CONFIGS[0])
+    inner = torch.zeros(diff.shape[-2:], dtype=torch.bool)
+    inner[2:-2, 2:-2] = True
+    assert float(diff[..., ~inner].max()) <= 2, f"border: max {float(diff[..., ~inner].max()):.0f} levels"
+
+
+@pytest.mark.xfail(strict=True, reason="the Pillow lowering resizes with resize(size, NEAREST, box=...), whose sample "
+                   "coordinates round differently from torchvision's crop-then-resize for some boxes: whole rows or "
+                   "columns one source pixel off (5 of 200 samples of the synthetic set, up to 230 levels)")
+def test_nearest_box_as_crop_then_resize():
+    """RandomResizedCrop(interpolation=NEAREST)'s whole-pixel boxes through fastdata's Pillow
+    lowering: torchvision's F.resized_crop (crop, then resize) exactly. Boxes from the synthetic set."""
+    rng = np.random.default_rng(0)
+    for (W, H), (x, y, w, h) in [((472, 354), (132, 7, 290, 320)), ((495, 371), (18, 25, 320, 331)),
+                                 ((570, 428), (295, 41, 212, 256)), ((466, 350), (264, 9, 128, 153))]:
+        img = Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8))
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        got = fd_pil.decode(buf.getvalue(), np.array([x, y, x + w, y + h], float), False, (224, 224), "nearest")
+        want = np.asarray(F.resized_crop(img, y, x, h, w, [224, 224], interpolation=NEAREST))
+        odd = (got != want).any(2)
+        assert not odd.any(), f"box {(x, y, w, h)} of {W}x{H}: {int(odd.any(1).sum())} rows, {int(odd.any(0).sum())} " \
+            "columns differ"
