@@ -61,6 +61,12 @@ class Lowering:
         return dtype
 
 
+class _TrivialAugmentV2(fd.TrivialAugment):
+    """torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds."""
+
+    table = "v2"
+
+
 class Unlowerable(Exception):
     """Why a transform cannot be served natively (the run's summary says it)."""
 
@@ -198,7 +204,8 @@ def _lower_transform(transform: Any) -> Lowering:
 
                 if InterpolationMode(op.interpolation) != InterpolationMode.NEAREST or op.fill not in (None, 0, [0], (0,)):
                     raise Unlowerable(f"{kind} with an interpolation or fill other than the default: not lowered")
-                pixel.append(fd.TrivialAugment(int(op.num_magnitude_bins)))
+                pixel.append((_TrivialAugmentV2 if isinstance(op, v2.TrivialAugmentWide) else fd.TrivialAugment)(
+                    int(op.num_magnitude_bins)))
             elif isinstance(op, T.ToTensor) or kind == "ToTensor":  # v2.ToTensor: the same conversion
                 if domain != "pil" or steps:
                     raise Unlowerable(f"{kind} of a tensor: not lowered")
@@ -357,6 +364,7 @@ class NativeFolder(Dataset):
         # The record of files that decoded whole is made here, before any worker forks: shared.
         self.decoder = BatchDecoder(transform, 0, Raise(), slots=1, pin=False, ids=len(dataset))
         self.decoder.resample = lowering.resample
+        self.decoder.crop_first = True
         self._scratch: torch.Tensor | None = None
 
     def __len__(self) -> int:

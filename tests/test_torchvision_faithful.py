@@ -5,11 +5,10 @@ order, TrivialAugmentWide's ops and magnitudes: two-sample Kolmogorov-Smirnov st
 binomial bounds on fixed seeds), and a natively served batch has, for the parameters it drew,
 the pixels torchvision's functional ops give on `pil_loader`'s image (mean and max absolute
 difference in uint8 levels, per configuration, against tolerances measured on this set), with
-default_collate's dtype, shape, layout and targets. The differences found are held as strict
-xfails, so that a fix shows: TrivialAugmentWide's float64 magnitude table against torchvision's
-float32 one (TranslateX/Y, Solarize, and 1-level differences of the enhance ops at a few bins),
-and the native decoder's whole-pixel cut of Resize + CenterCrop's fractional box.
-`benchmarks/torchvision_pixels.py` measures the pixel differences over the synthetic set.
+default_collate's dtype, shape, layout and targets. One known difference is held as a strict
+xfail, so that a fix shows: the native resampler reads source pixels just outside a crop's
+box, where torchvision crops first (the outer rows and columns). `benchmarks/torchvision_pixels.py`
+measures the pixel differences over the synthetic set.
 
 Needs torchvision (a user's environment): skipped where it is not installed.
 """
@@ -225,11 +224,12 @@ def _tables(bins: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     out = {}
     for name in TRIVIAL_OPS:
         ours = np.array([trivial_magnitude(name, b, bins) for b in range(bins)])
+        ours2 = np.array([trivial_magnitude(name, b, bins, "v2") for b in range(bins)])
         mags = v1_space[name][0]
         mags2 = v2_space[name][0](bins, 224, 224)
         one = np.zeros(bins) if mags.ndim == 0 else np.array([float(m) for m in mags])
         two = np.zeros(bins) if mags2 is None else np.array([float(m) for m in mags2])
-        out[name] = (ours, one, two * 255.0 if name == "Solarize" else two)
+        out[name] = (ours, one, two * 255.0 if name == "Solarize" else two, ours2)
     return out
 
 
@@ -237,55 +237,42 @@ def test_trivial_augment_table():
     """fastdata's (op, bin) -> magnitude is torchvision's, for v1's and v2's tables, and the
     lowering keeps the number of bins."""
     for bins in (31, 11):
-        for name, (ours, one, two) in _tables(bins).items():
-            np.testing.assert_allclose(ours, one, rtol=1e-6, atol=1e-6, err_msg=f"{name}, {bins} bins (v1)")
-            np.testing.assert_allclose(ours, two, rtol=1e-6, atol=1e-6, err_msg=f"{name}, {bins} bins (v2)")
+        for name, (ours, one, two, ours2) in _tables(bins).items():
+            assert ours.tolist() == one.tolist(), f"{name}, {bins} bins (v1)"
+            assert ours2.tolist() == two.tolist(), f"{name}, {bins} bins (v2)"
             if name == "Posterize":  # used as int(magnitude)
                 assert [int(m) for m in ours] == [int(m) for m in one] == [int(m) for m in two]
-        for cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide):
+        for cls, table in ((T.TrivialAugmentWide, "v1"), (v2.TrivialAugmentWide, "v2")):
             lowered = _lower_transform(T.Compose([cls(num_magnitude_bins=bins), T.ToTensor()]))
-            assert lowered.pixel_ops == (fd.TrivialAugment(bins),)
+            (op,) = lowered.pixel_ops
+            assert isinstance(op, fd.TrivialAugment) and op.num_magnitude_bins == bins and op.table == table
 
 
-# Two ops take the magnitude to an integer, where the last bits of the table count: torchvision's
-# tables are float32 (torch.linspace), fastdata's float64. Known discrepancies, held as strict
-# xfails so that a fix shows.
+# Two ops take the magnitude to an integer or compare it, where the last bits of the table
+# count: torchvision's tables are float32 (torch.linspace), and fastdata's must be the same.
 
-@pytest.mark.xfail(strict=True, reason="TranslateX/Y bin 15 of 31: torchvision's float32 torch.linspace(0, 32, 31)[15] "
-                   "is 15.999999, shifted int() = 15 pixels (v1 and v2); fastdata's 32 * 15 / 30 = 16.0, 16 pixels")
 def test_trivial_augment_translate_shift():
     """TranslateX/Y shift by int(magnitude) pixels: fastdata's shift is torchvision's at every bin."""
     for bins in (31, 11):
         for name in ("TranslateX", "TranslateY"):
-            ours, one, two = _tables(bins)[name]
-            assert [int(m) for m in ours] == [int(m) for m in one] == [int(m) for m in two], f"{name}, {bins} bins"
+            ours, one, two, ours2 = _tables(bins)[name]
+            assert [int(m) for m in ours] == [int(m) for m in one] == [int(m) for m in two] == \
+                [int(m) for m in ours2], f"{name}, {bins} bins"
 
 
-@pytest.mark.xfail(strict=True, reason="Solarize, 31 bins: fastdata's threshold 255 * (1 - b / 30) is a hair above the "
-                   "integer at bins 8, 10, 20, 22 (187.00000000000003, ...), so it keeps one level (187, 170, 85, 68) "
-                   "that v1's float32 table (exactly 187.0, ...) inverts")
 def test_trivial_augment_solarize_levels_v1():
     """Solarize inverts the levels at and above the threshold: the same levels as v1's table."""
     for bins in (31, 11):
-        ours, one, _ = _tables(bins)["Solarize"]
+        ours, one, _, _ = _tables(bins)["Solarize"]
         assert [_solarize_cut(m) for m in ours] == [_solarize_cut(m) for m in one], f"{bins} bins"
 
 
-@pytest.mark.xfail(strict=True, reason="Solarize: v2 solarizes at 255.0 * float32 torch.linspace(1, 0, bins), a hair "
-                   "off the integer at most even bins (31 bins: 2, 4, 6, 10, 16, 18, 24, 26, 28 differ from "
-                   "fastdata's; "
-                   "11 bins: 2, 4, 6, 8); v1 and v2 differ from each other there too, and fastdata lowers both alike")
 def test_trivial_augment_solarize_levels_v2():
     for bins in (31, 11):
-        ours, _, two = _tables(bins)["Solarize"]
-        assert [_solarize_cut(m) for m in ours] == [_solarize_cut(m) for m in two], f"{bins} bins"
+        _, _, two, ours2 = _tables(bins)["Solarize"]
+        assert [_solarize_cut(m) for m in ours2] == [_solarize_cut(m) for m in two], f"{bins} bins"
 
 
-@pytest.mark.xfail(strict=True, reason="with torchvision's float32 magnitudes instead of fastdata's float64 ones, some "
-                   "(op, bin) give other pixels: TranslateX/Y +-15 (a 1-pixel shift of the whole image), Solarize 8, "
-                   "10, "
-                   "20, 22 (one level inverted or not, by 85-119 levels), and by 1 level on up to ~2% of the values: "
-                   "Brightness -20, -28, -30, Color +-20, Contrast 20, Sharpness 20")
 def test_trivial_augment_pixels_with_torchvision_magnitudes():
     """Every (op, bin, sign) of TrivialAugmentWide (31 bins) on a few images: fastdata's magnitude
     gives torchvision's pixels, as torchvision's own table's value does."""
@@ -430,8 +417,8 @@ _ADJUST = {"brightness": F.adjust_brightness, "contrast": F.adjust_contrast, "sa
 
 def torchvision_magnitude(name: str, magnitude: float) -> float:
     """The magnitude torchvision's v1 TrivialAugmentWide (31 bins) uses for the (op, bin, sign)
-    fastdata drew: its own float32 table's value (where two ops differ from fastdata's: see
-    the xfails above)."""
+    fastdata drew: its own float32 table's value (fastdata's, since its table is torchvision's:
+    test_trivial_augment_table)."""
     mags, _ = _V1_SPACE[name]
     if mags.ndim == 0:
         return 0.0
@@ -581,31 +568,29 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 
 # (mean abs, max abs) in uint8 levels, served vs torchvision, as measured on this set (38
 # samples, 5.7M values a configuration) with torch 2.13, torchvision 0.28 and stock Pillow 13,
-# set with a margin of about 20%. What they are made of:
-# - the border: a box resize (Pillow's resize(box=), and the native resampler, which follows
-#   it) reads source pixels just outside the box, where torchvision crops first: up to ~35
-#   levels on the outer rows and columns of an enlarged crop of this noisy content;
-# - Pillow 13 runs the vertical pass first for an image reduced much more in height than in
-#   width (python-pillow/Pillow#9549): torchvision's cropped image then takes the other pass
-#   order than the whole image with a box, and about a quarter of the values differ by 1
-#   (bicubic, whose intermediate clips: by up to ~8);
-# - the 1000 px JPEG (native) and the 900 px CMYK JPEG (Pillow's draft) decoded at a reduced
-#   DCT scale when the box is at least twice the output: ~0.7-1.1 mean, up to ~31 levels;
-# - iv: the native decoder cuts the box rounded to whole pixels (Geometry.windows()), where
-#   Pillow and torchvision resample the fractional box of Resize + CenterCrop: see
-#   test_resize_center_crop_subpixel_box;
+# set with a margin of about 20%. Where Pillow decodes (bicubic, nearest, a box of a fraction of
+# a pixel, PNG, GIF, CMYK, 16-bit), the served pixels are torchvision's steps exactly; what the
+# others are made of:
+# - the border (bilinear JPEGs, decoded natively): the native resampler, which follows Pillow's
+#   resize(box=) arithmetic, reads source pixels just outside the box, where torchvision crops
+#   first: up to ~35 levels on the outer rows and columns of an enlarged crop of this noisy
+#   content (test_border_as_torchvision);
+# - the 1000 px JPEG decoded natively at a reduced DCT scale, its box being at least twice the
+#   output;
+# - iv: Resize + CenterCrop's fractional box, resampled by Pillow: within one level (Pillow 13's
+#   pass order, python-pillow/Pillow#9549);
 # - vii: ColorJitter and TrivialAugmentWide (Solarize, Posterize, Equalize) enlarge the
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
-# measured:  i 0.142/35  ii 0.064/28  iii 0/0  iv 0.782/40  v 0.142/35  vi 0.107/35  vii 0.191/42
+# measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0.014/1  v 0.063/35  vi 0.077/35  vii 0.098/42
 TOLERANCE = {
-    "i": (0.17, 40),
-    "ii": (0.08, 34),
+    "i": (0.08, 40),
+    "ii": (0.0, 0),
     "iii": (0.0, 0),
-    "iv": (0.9, 48),
-    "v": (0.17, 40),
-    "vi": (0.13, 40),
-    "vii": (0.23, 52),
+    "iv": (0.02, 1),
+    "v": (0.08, 40),
+    "vi": (0.1, 40),
+    "vii": (0.12, 52),
 }
 
 
@@ -635,10 +620,6 @@ def test_exif_orientation_ignored_as_pil_loader_does(folder):
     assert (images[0].int() - ds[k][0].int()).abs().max() <= 1
 
 
-@pytest.mark.xfail(strict=True, reason="the native JPEG decoder cuts Geometry.windows(), the box rounded to whole "
-                   "pixels, where Pillow (fastdata's own Pillow path included) and torchvision's Resize + CenterCrop "
-                   "resample the fractional box: a sub-pixel shift and scale, mean ~1 level, up to ~40 on this set "
-                   "(on the synthetic ImageNet-like set: mean 5.3, 65% of the values over 2 levels apart)")
 def test_resize_center_crop_subpixel_box(folder):
     """Resize(256) + CenterCrop(224) of a JPEG whose box is fractional, at full DCT scale: as
     torchvision's to within the Pillow pass-order and border effects (interior within 2 levels)."""
@@ -657,7 +638,7 @@ def test_pixel_ops_on_served_images(folder):
     """ColorJitter + TrivialAugmentWide as served are torchvision's functional ops, bit for bit,
     on the image fastdata decoded (the same batch served without them: the pixel ops draw from
     streams of their own, so the geometry is the same), for the parameters fastdata drew, over
-    six batches. (With torchvision's own float32 magnitudes some bins differ: the xfails above.)"""
+    six batches."""
     geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
     plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
     full = ImageFolder(str(folder), T.Compose([*geometry, T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.TrivialAugmentWide(),
@@ -679,9 +660,9 @@ def test_pixel_ops_on_served_images(folder):
     assert len(drawn) >= 12, f"only {sorted(drawn)} drawn"
 
 
-@pytest.mark.xfail(strict=True, reason="a box resize (Pillow's resize(box=), and the native resampler, which follows "
-                   "it) reads source pixels just outside the box, where torchvision crops first: the outer rows and "
-                   "columns differ, by up to 35 levels on this set")
+@pytest.mark.xfail(strict=True, reason="the native resampler (Pillow's resize(box=) arithmetic) reads source pixels "
+                   "just outside the crop's box, where torchvision crops first: the outer rows and columns differ, by "
+                   "up to 35 levels on this set")
 def test_border_as_torchvision(folder):
     diff = compare(folder, CONFIGS[0])
     inner = torch.zeros(diff.shape[-2:], dtype=torch.bool)
@@ -689,9 +670,6 @@ def test_border_as_torchvision(folder):
     assert float(diff[..., ~inner].max()) <= 2, f"border: max {float(diff[..., ~inner].max()):.0f} levels"
 
 
-@pytest.mark.xfail(strict=True, reason="the Pillow lowering resizes with resize(size, NEAREST, box=...), whose sample "
-                   "coordinates round differently from torchvision's crop-then-resize for some boxes: whole rows or "
-                   "columns one source pixel off (5 of 200 samples of the synthetic set, up to 230 levels)")
 def test_nearest_box_as_crop_then_resize():
     """RandomResizedCrop(interpolation=NEAREST)'s whole-pixel boxes through fastdata's Pillow
     lowering: torchvision's F.resized_crop (crop, then resize) exactly. Boxes from the synthetic set."""
@@ -701,7 +679,8 @@ def test_nearest_box_as_crop_then_resize():
         img = Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8))
         buf = io.BytesIO()
         img.save(buf, "PNG")
-        got = fd_pil.decode(buf.getvalue(), np.array([x, y, x + w, y + h], float), False, (224, 224), "nearest")
+        got = fd_pil.decode(buf.getvalue(), np.array([x, y, x + w, y + h], float), False, (224, 224), "nearest",
+                            crop_first=True)
         want = np.asarray(F.resized_crop(img, y, x, h, w, [224, 224], interpolation=NEAREST))
         odd = (got != want).any(2)
         assert not odd.any(), f"box {(x, y, w, h)} of {W}x{H}: {int(odd.any(1).sum())} rows, {int(odd.any(0).sum())} " \

@@ -217,6 +217,7 @@ class BatchDecoder:
         self.entropy = EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
         self.resample = "bilinear"  # the resize filter: "bilinear" (native or Pillow), "bicubic" or "nearest" (Pillow)
+        self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.decode)
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
@@ -313,11 +314,14 @@ class BatchDecoder:
     def _decode_into(self, target, ids, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
-        # The native decoder's filter is the bilinear one; other filters are Pillow's.
+        # The native decoder's filter is the bilinear one; other filters are Pillow's. It cuts
+        # whole-pixel windows: with `crop_first`, a box with a fraction of a pixel (a resize
+        # before the crop) goes to Pillow, which resamples it where torchvision's resize does.
         native = native and self.resample == "bilinear"
-        pillow = [k for k in range(len(datas)) if not (native and jpeg[k])]
+        whole_pixels = (geo.boxes == np.round(geo.boxes)).all(axis=1) if self.crop_first else np.ones(len(datas), bool)
+        pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and whole_pixels[k])]
         if native:
-            js = [k for k in range(len(datas)) if jpeg[k]]
+            js = [k for k in range(len(datas)) if jpeg[k] and whole_pixels[k]]
             if js:
                 crops = geo.windows()[js]
                 threads = batch_threads(self.threads)
@@ -344,7 +348,7 @@ class BatchDecoder:
         for k in pillow:
             try:
                 target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
-                                                             self.resample)
+                                                             self.resample, self.crop_first)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
                 self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")

@@ -159,6 +159,9 @@ class TrivialAugment(Op):
     magnitudes, both drawn uniformly; signed ops take a random sign."""
 
     num_magnitude_bins: int = 31
+    # whose magnitude table: torchvision.transforms' ("v1") or transforms.v2's ("v2"), which
+    # differ in Solarize's thresholds (`plan._magnitudes`); a class attribute, not a field
+    table = "v1"
 
     def __post_init__(self) -> None:
         if self.num_magnitude_bins < 2:

@@ -14,15 +14,23 @@ import warnings
 import numpy as np
 
 
-def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear") -> np.ndarray:
+def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
+           crop_first: bool = False) -> np.ndarray:
     """HWC uint8 RGB of `data` cropped to `box` (x0, y0, x1, y1 in source pixels), resized to
     `size` (w, h) with the `resample` filter ("bilinear", "bicubic": antialiased when
-    shrinking, as Pillow's are; "nearest"), mirrored if `flip`."""
+    shrinking, as Pillow's are; "nearest"), mirrored if `flip`. With `crop_first`, torchvision's
+    steps: the whole decode, then a box of whole pixels cropped before the resize (whose filter
+    then sees only the crop), with no reduced-size decode."""
     from PIL import Image
 
     img = Image.open(io.BytesIO(data))
     x0, y0, x1, y1 = (float(v) for v in box)
-    if img.format == "JPEG" and resample == "bilinear":
+    if crop_first:
+        img = img.convert("RGB")
+        if all(v.is_integer() for v in (x0, y0, x1, y1)):
+            img = img.crop((int(x0), int(y0), int(x1), int(y1)))
+            x0, y0, x1, y1 = 0.0, 0.0, float(img.size[0]), float(img.size[1])
+    elif img.format == "JPEG" and resample == "bilinear":
         # A reduced-size DCT decode when the box is at least twice the output: Pillow picks
         # the largest of 1/2, 1/4, 1/8 that keeps the image at least the requested size.
         shrink = min((x1 - x0) / size[0], (y1 - y0) / size[1])

@@ -10,6 +10,7 @@ depend on the size, so the crop boxes are those of a fixed-size pipeline.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -123,20 +124,35 @@ TRIVIAL_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rota
 _SIGNED = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness"}
 
 
-def trivial_magnitude(name: str, bin_: int, bins: int) -> float:
-    """torchvision's TrivialAugmentWide magnitude table, for one (op, bin)."""
-    t = bin_ / (bins - 1)
+@functools.lru_cache(maxsize=64)
+def _magnitudes(name: str, bins: int, table: str) -> tuple[float, ...]:
+    """torchvision's TrivialAugmentWide magnitudes for `name`, computed as torchvision computes
+    them (float32 `torch.linspace`), so that an op that truncates or compares its magnitude
+    (a translation in whole pixels, Solarize's threshold) does what torchvision's does.
+    `table`: "v1" (torchvision.transforms) or "v2" (transforms.v2, whose Solarize threshold is
+    255 times a float32 fraction)."""
+    import torch
+
     if name in ("ShearX", "ShearY", "Brightness", "Color", "Contrast", "Sharpness"):
-        return 0.99 * t
-    if name in ("TranslateX", "TranslateY"):
-        return 32.0 * t
-    if name == "Rotate":
-        return 135.0 * t
-    if name == "Posterize":
-        return float(8 - int(round(bin_ / ((bins - 1) / 6))))
-    if name == "Solarize":
-        return 255.0 * (1 - t)
-    return 0.0
+        values = torch.linspace(0.0, 0.99, bins)
+    elif name in ("TranslateX", "TranslateY"):
+        values = torch.linspace(0.0, 32.0, bins)
+    elif name == "Rotate":
+        values = torch.linspace(0.0, 135.0, bins)
+    elif name == "Posterize":
+        values = 8 - (torch.arange(bins) / ((bins - 1) / 6)).round().int()
+    elif name == "Solarize":
+        if table == "v2":
+            return tuple(255.0 * float(v) for v in torch.linspace(1.0, 0.0, bins))
+        values = torch.linspace(255.0, 0.0, bins)
+    else:
+        return (0.0,) * bins
+    return tuple(float(v) for v in values)
+
+
+def trivial_magnitude(name: str, bin_: int, bins: int, table: str = "v1") -> float:
+    """torchvision's TrivialAugmentWide magnitude for one (op, bin); see `_magnitudes`."""
+    return _magnitudes(name, bins, table)[bin_]
 
 
 def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray) -> list[list[dict]]:
@@ -160,7 +176,7 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray) -
             for i in range(len(indices)):
                 name = TRIVIAL_OPS[min(int(u[i, 0] * len(TRIVIAL_OPS)), len(TRIVIAL_OPS) - 1)]
                 bin_ = min(int(u[i, 1] * op.num_magnitude_bins), op.num_magnitude_bins - 1)
-                mag = trivial_magnitude(name, bin_, op.num_magnitude_bins)
+                mag = trivial_magnitude(name, bin_, op.num_magnitude_bins, op.table)
                 if name in _SIGNED and u[i, 2] < 0.5:
                     mag = -mag
                 params.append({"op": name, "magnitude": mag})
