@@ -71,15 +71,10 @@ class Unlowerable(Exception):
     """Why a transform cannot be served natively (the run's summary says it)."""
 
 
-def _torchvision() -> Any:
-    # Only a script that made a torchvision dataset has imported torchvision: never imported here.
-    return sys.modules.get("torchvision")
-
-
 def lower(dataset: Any) -> tuple[Lowering | None, str]:
     """(the lowering, "") when `dataset` is served natively; (None, why not) otherwise, and
     (None, "") for a dataset that is not a torchvision image folder at all."""
-    tv = _torchvision()
+    tv = sys.modules.get("torchvision")  # a script that made a torchvision dataset imported it; never here
     if tv is None:
         return None, ""
     from torchvision.datasets import DatasetFolder
@@ -117,20 +112,17 @@ def _filter(op: Any, tensor: bool) -> str:
         raise Unlowerable(f"{type(op).__name__} with interpolation {mode.value}: fastdata lowers bilinear, bicubic "
                           "and nearest")
     if tensor and (mode.value != "bilinear" or getattr(op, "antialias", True) is False):
-        raise Unlowerable(f"{type(op).__name__} on a tensor image with {mode.value} interpolation"
-                          f"{'' if getattr(op, 'antialias', True) is not False else ' and antialias=False'}: fastdata "
+        raise Unlowerable(f"{type(op).__name__} on a tensor image, {mode.value}, antialias={op.antialias}: fastdata "
                           "lowers tensor resizes only as antialiased bilinear (Pillow's filter)")
     return mode.value
 
 
-def _size(size: Any) -> Any:
-    if isinstance(size, (list, tuple)):
-        return int(size[0]) if len(size) == 1 else (int(size[0]), int(size[1]))
-    return int(size)
-
-
-def _hw(size: Any) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else size
+def _size(size: Any, pair: bool = False) -> Any:
+    """torchvision's size as fastdata's op takes it: an int, or an (h, w) pair (always with `pair`)."""
+    if isinstance(size, (list, tuple)) and len(size) != 1:
+        return (int(size[0]), int(size[1]))
+    size = int(size[0] if isinstance(size, (list, tuple)) else size)
+    return (size, size) if pair else size
 
 
 def _lower_transform(transform: Any) -> Lowering:
@@ -165,7 +157,7 @@ def _lower_transform(transform: Any) -> Lowering:
                 filters.add(_filter(op, domain != "pil"))
                 size = _size(op.size)
                 geometry.append(fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)))
-                fixed, short_side = _hw(size), None
+                fixed, short_side = _size(size, pair=True), None
             elif isinstance(op, (T.Resize, v2.Resize)):
                 check_geometry(op)
                 if op.max_size is not None:
@@ -179,7 +171,7 @@ def _lower_transform(transform: Any) -> Lowering:
                     fixed, short_side = size, None
             elif isinstance(op, (T.CenterCrop, v2.CenterCrop)):
                 check_geometry(op)
-                h, w = _hw(_size(op.size))
+                h, w = _size(op.size, pair=True)
                 # torchvision pads an image smaller than the crop; fastdata crops only within it.
                 fits = (fixed is not None and h <= fixed[0] and w <= fixed[1]) or (
                     short_side is not None and max(h, w) <= short_side)
@@ -281,8 +273,8 @@ def lookup_table(steps: tuple, dtype: torch.dtype) -> torch.Tensor:
 
 class FolderBatch(Prepared):
     """A decoded batch (uint8 NHWC, in the process's scratch) and its targets. It crosses to the
-    main process as uint8 (a quarter of float32's bytes, and of the shared pages a fresh worker
-    maps), and `Finish` lays it out there in the transform's dtype."""
+    main process as uint8 (a quarter of float32's bytes and shared pages), where `Finish` lays
+    it out in the transform's dtype."""
 
     def __init__(self, images: torch.Tensor, targets: list) -> None:
         self.images, self.targets = images, targets
