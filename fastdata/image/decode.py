@@ -262,11 +262,9 @@ class BatchDecoder:
         clock = time.process_time if stages is not None else None
         t0 = clock() if clock else 0.0
         c = self.check(epoch, index, paths, datas, labels, errors)
-        sel, datas, labels, jpeg, geo = c.index, c.datas, c.labels, c.jpeg, c.geo
-        n = len(datas)
+        sel, labels = c.index, c.labels
+        n = len(c.datas)
         out_w, out_h = c.size
-        native = _native_jpeg()
-
         ring = self.rings.ring()
         try:
             target, handle = new_batch(ring, (n, out_h, out_w, 3), torch.uint8)
