@@ -12,10 +12,10 @@ gives the reason instead for anything else, and the loader falls back to the pla
 `NativeFolder` is the dataset the served loader's workers read: `__getitems__` (which torch's
 fetcher calls with a batch's indices) reads the files named by the dataset's own `samples`,
 decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMYK with Pillow,
-as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch
-that the collate function lays out as default_collate would: `[images, targets]`, the images a
-contiguous NCHW tensor of the dtype the transform ends in. Labels are the dataset's, through its
-`target_transform`. Random parameters follow torchvision's distributions, drawn per batch from a
+as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
+which crosses to the main process as uint8; there `Finish` lays it out as default_collate would
+have: `[images, targets]`, the images a contiguous NCHW tensor of the dtype the transform ends
+in. Labels are the dataset's, through its `target_transform`. Random parameters follow torchvision's distributions, drawn per batch from a
 seed the process's torch RNG gives (in a worker, the seed torch gave that worker), as
 torchvision's transforms draw from it per sample.
 """
