@@ -24,6 +24,7 @@ its collate function's module, its len()).
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import os
@@ -219,4 +220,6 @@ def main(job: dict) -> None:
     leave_process_group()
 
 if __name__ == "__main__":
+    # A job that hangs prints each rank's stacks before the test's time limit kills it
+    faulthandler.dump_traceback_later(250, exit=False)
     main(json.loads(sys.argv[1]))

@@ -22,6 +22,7 @@ own DataLoader, with fastdata's collate function).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -141,11 +142,22 @@ def launch(tmp_path: Path, monkeypatch, job: dict, run_list: list[dict], loader:
     out.mkdir()
     monkeypatch.setattr(test_frameworks, "JOB", JOB)
     job = {**job, "loader": loader, "epochs": EPOCHS, "batch_size": BATCH, "samples": SAMPLES, "seed": 0}
-    return run_job(out, job, run_list, torchrun=torchrun, timeout=280)
+    try:
+        return run_job(out, job, run_list, torchrun=torchrun, timeout=280)
+    except pytest.fail.Exception as e:
+        # The reference, torch's own DataLoader, forks its workers after the process group's
+        # threads have started, and in CI about one Lightning DDP job in a few such hung past the
+        # limit (a job takes 20 s on an idle machine); fastdata's, whose working DataLoader has
+        # a stall limit, did not. The reference gets one more try; fastdata's job none.
+        if loader != "dataloader" or "ran past" not in str(e):
+            raise
+        shutil.rmtree(out)
+        out.mkdir()
+        return run_job(out, job, run_list, torchrun=torchrun, timeout=280)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # a job's limit is 280 s, and the reference may run twice (launch)
 @pytest.mark.parametrize("job,run_list,torchrun", CASES)
 def test_rank_shares(tmp_path, monkeypatch, job, run_list, torchrun):
     """Per run: fastdata's shares (disjoint, covering, reshuffled), the framework ran
