@@ -42,8 +42,9 @@ from torch.utils.data.distributed import DistributedSampler
 from ._run_copy import CopyAhead
 from ._run_copy import install as install_copy
 from ._run_profile import Timing
-from ._run_torchvision import Finish, Finished, Lowering, NativeFolder, lower
+from ._run_torchvision import Finish, Lowering, NativeFolder, lower
 from .backends.torch import TorchLoader
+from .backends.torch_iter import Fetches
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _SIGNATURE = inspect.signature(TorchDataLoader.__init__)
@@ -131,7 +132,7 @@ class Served(DataLoader, TorchLoader):
     def _to_device(self, it: Any, timed: bool) -> Any:
         finish = getattr(self, "_fastdata_finish", None)
         if finish is not None:  # natively served: the batches' images in the transform's layout and dtype
-            it = Finished(it, finish)
+            it = Fetches(iter(it), finish)  # an iterator that goes on after a batch that raised
         copy = getattr(self, "_fastdata_copy", None)
         return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
 

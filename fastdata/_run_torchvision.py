@@ -38,8 +38,8 @@ from .errors import DataError
 from .image.decode import BatchDecoder
 from .image.read import Failures, read_files
 from .transforms import ops as fd
+from .transforms.pil import FILTERS
 
-_FILTERS = ("bilinear", "bicubic", "nearest")  # the resize filters fastdata's decoders apply
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def _filter(op: Any, tensor: bool) -> str:
 
     mode = op.interpolation
     mode = InterpolationMode(mode) if not isinstance(mode, InterpolationMode) else mode
-    if mode.value not in _FILTERS:
+    if mode.value not in FILTERS:
         raise Unlowerable(f"{type(op).__name__} with interpolation {mode.value}: fastdata lowers bilinear, bicubic "
                           "and nearest")
     if tensor and (mode.value != "bilinear" or getattr(op, "antialias", True) is False):
@@ -316,22 +316,6 @@ class Finish:
         finally:
             ring.end()
         return [handle, batch[1]]
-
-
-class Finished:
-    """`finish` over the batches of `it`: an iterator (not a generator), so that, as DataLoader's,
-    it goes on with the next batch after one that raised in the dataset."""
-
-    __slots__ = ("_next", "_finish")
-
-    def __init__(self, it: Any, finish: Finish) -> None:
-        self._next, self._finish = iter(it).__next__, finish
-
-    def __iter__(self) -> "Finished":
-        return self
-
-    def __next__(self) -> list:
-        return self._finish(self._next())
 
 
 class Raise(Failures):

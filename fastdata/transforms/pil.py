@@ -40,13 +40,13 @@ def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resa
             sx, sy = img.size[0] / W, img.size[1] / H
             x0, x1, y0, y1 = x0 * sx, x1 * sx, y0 * sy, y1 * sy
     img = img.convert("RGB")
-    img = img.resize(size, _FILTERS[resample], box=(x0, y0, x1, y1))
+    img = img.resize(size, FILTERS[resample], box=(x0, y0, x1, y1))
     if flip:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(img)
 
 
-_FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0}  # PIL.Image.Resampling's values
+FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0}  # the resize filters, by PIL.Image.Resampling's values
 
 
 def size_of(data: bytes) -> tuple[int, int]:
