@@ -506,6 +506,7 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
   const size_t n = src.size;
   size_t pos = 2;
   bool frame = false, scan = false;
+  int scans = 0;
   for (;;) {
     if (pos >= n) return jpeg_ends_early(n);
     if (d[pos] != 0xFF) return format("corrupt JPEG: no marker at byte %zu (0x%02x)", pos, d[pos]);
@@ -540,17 +541,32 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
     pos += len;
     if (m != 0xDA) continue;
     if (!frame) return format("corrupt JPEG: a scan at byte %zu before the frame header", at);
+    // Each scan of a progressive JPEG is a pass over every block of the image, whatever its
+    // size in the file: without a limit a few hundred kB of tiny scans cost seconds a decode.
+    if (++scans > kMaxScans) {
+      return format("corrupt JPEG: more than %d scans (the scan at byte %zu is one too many)",
+                    kMaxScans, at);
+    }
     scan = true;
     // Inside entropy-coded data a 0xFF is followed by a stuffed 0x00 or a restart marker
     // (D0-D7); any other byte after it (and after fill bytes) is the marker that ends the scan.
+    // Fill bytes before a stuffed 0x00 (FF FF 00) make no marker, so the JPEG standard has no
+    // meaning for them: libjpeg's byte-at-a-time reader takes them as one 0xFF of data, its
+    // fast path as a marker, decoding the rest of that MCU from zero bits and keeping those
+    // coefficients; the decoders would disagree, so the file is refused.
     const size_t data_start = pos;
     for (;;) {
       const void* ff = pos < n ? std::memchr(d + pos, 0xFF, n - pos) : nullptr;
-      size_t q = ff ? size_t(static_cast<const uint8_t*>(ff) - d) + 1 : n;
+      const size_t first = ff ? size_t(static_cast<const uint8_t*>(ff) - d) : n;
+      size_t q = first + 1;
       while (q < n && d[q] == 0xFF) ++q;
       if (q >= n) {
         return format("truncated JPEG: no end-of-image marker (the scan data from byte %zu runs "
                       "to the end of the file, %zu bytes)", data_start, n);
+      }
+      if (d[q] == 0x00 && q > first + 1) {
+        return format("corrupt JPEG: fill bytes before a stuffed zero (0xFF 0xFF ... 0x00) at "
+                      "byte %zu of the scan data", first);
       }
       if (d[q] == 0x00 || (d[q] >= 0xD0 && d[q] <= 0xD7)) {
         pos = q + 1;
@@ -632,8 +648,38 @@ class Decoder {
     return {};
   }
 
-  std::string decode(const ByteSpan& src, const int32_t* crop, bool flip, bool whole,
+  std::string decode(const ByteSpan& caller, const int32_t* crop, bool flip, bool whole,
                      bool use_index, const OutView& out, int64_t index) {
+    // Everything below reads a private copy: the caller's buffer may be a bytearray, numpy
+    // array or mmap that another thread rewrites while the GIL is released, and the walk,
+    // libjpeg and the checkpoints' hash must all see the same bytes.
+    copy_.assign(caller.data, caller.data + caller.size);
+    const ByteSpan src{copy_.data(), copy_.size()};
+    std::string why = decode_copy(src, crop, flip, whole, use_index, out, index);
+    trim();
+    return why;
+  }
+
+  // The bytes this thread's decoder keeps between decodes.
+  size_t scratch_bytes() const {
+    return copy_.capacity() + row_.capacity() + rows_.capacity() + line_.capacity() +
+           entropy_.scratch_bytes();
+  }
+
+ private:
+  // A buffer over this many bytes is freed after the decode that grew it: one oversized file
+  // does not hold its copy for the thread's life (a typical photo's buffers stay and are reused).
+  static constexpr size_t kScratchKeep = size_t(4) << 20;
+
+  void trim() {
+    for (std::vector<uint8_t>* b : {&copy_, &row_, &rows_, &line_}) {
+      if (b->capacity() > kScratchKeep) std::vector<uint8_t>().swap(*b);
+    }
+    entropy_.trim(kScratchKeep);
+  }
+
+  std::string decode_copy(const ByteSpan& src, const int32_t* crop, bool flip, bool whole,
+                          bool use_index, const OutView& out, int64_t index) {
     std::string why = precheck(src);
     if (why.empty()) {
       // A decode reads only the rows the crop needs; the walk makes a file cut short an error
@@ -654,7 +700,6 @@ class Decoder {
     return {};
   }
 
- private:
   // A decompressor keeps the quantization and Huffman tables of the images it read (libjpeg's
   // support for abbreviated datastreams, which leave them out), so a JPEG missing a table would
   // decode with an earlier image's instead of failing as in Pillow, and the same bytes would
@@ -848,6 +893,7 @@ class Decoder {
   bool created_ = false, used_ = false;
   Taps htaps_, vtaps_;
   int x0_ = 0, y0_ = 0;  // the decoded window's first column and row, in scaled pixels
+  std::vector<uint8_t> copy_;  // the file being decoded (see decode)
   std::vector<uint8_t> row_, rows_, line_;
 };
 
@@ -883,6 +929,8 @@ std::string jpeg_info(const ByteSpan& src, JpegInfo* info) {
     return "out of memory";
   }
 }
+
+size_t decoder_scratch_bytes() { return this_thread_decoder().scratch_bytes(); }
 
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,

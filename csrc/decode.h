@@ -24,6 +24,10 @@ struct JpegInfo {
 // decompression bomb), the same number as fastdata._decode.MAX_IMAGE_PIXELS.
 constexpr uint64_t kMaxImagePixels = 1024ull * 1024 * 1024 / 4 / 3;
 
+// The most scans a JPEG may have (check_structure refuses more): libjpeg's progressive files
+// have 10 (6 grayscale), mozjpeg's a few more; each scan costs a pass over the whole image.
+constexpr int kMaxScans = 100;
+
 // What check_structure found: the container, and the size its header claims.
 enum ImageKind : int { kImageOther = 0, kImageJpeg = 1, kImagePng = 2 };
 struct ImageStructure {
@@ -34,9 +38,11 @@ struct ImageStructure {
 // Whether `src` is a whole JPEG or PNG, from its container structure alone (no pixel data is
 // decoded): a JPEG's marker segments from SOI, through each scan's entropy-coded data, to EOI; a
 // PNG's chunks from the signature to IEND; every length must fit in the file. Bytes after EOI or
-// IEND are allowed. Returns "" for a whole file (or one that is neither format: kind
-// kImageOther, nothing checked), else why not ("empty file", "truncated JPEG: ...",
-// "corrupt PNG: ..."). It cannot see corrupt entropy-coded data inside a whole structure.
+// IEND are allowed. A JPEG with more than kMaxScans scans, or with fill bytes before a stuffed
+// zero in its entropy-coded data (FF FF 00, see walk_jpeg), is refused. Returns "" for a whole
+// file (or one that is neither format: kind kImageOther, nothing checked), else why not ("empty
+// file", "truncated JPEG: ...", "corrupt PNG: ..."). It cannot see corrupt entropy-coded data
+// inside a whole structure.
 std::string check_structure(const ByteSpan& src, ImageStructure* out);
 
 // Reads the header of `src` (no pixel data) into *info. Returns "" on success, else why it
@@ -73,5 +79,9 @@ void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
 
 // Bytes held by this process's checkpoints (see `index` above).
 size_t entropy_index_bytes();
+
+// Bytes the calling thread's decoder keeps between decodes (its copy of the file, row buffers,
+// the entropy decoder's buffers): a buffer an oversized file grew past 4 MiB is freed after it.
+size_t decoder_scratch_bytes();
 
 }  // namespace fastdata

@@ -49,7 +49,8 @@ class EntropyDecoder {
   // Takes over cinfo's Huffman decoding when the image is a single-scan baseline JPEG whose
   // restart markers, if it has any, all come in turn (nearly every photo saved by Pillow,
   // libjpeg or a camera); false leaves libjpeg's decoder in place. `file` is the whole file,
-  // cinfo's source.
+  // cinfo's source, in memory no one else can change during the decode (decode.cpp's private
+  // copy): its checkpoints are found and kept by a keyed hash of exactly these bytes.
   bool attach(j_decompress_ptr cinfo, const ByteSpan& file);
   // Whether these bytes have decoded whole without error in this process before (their index
   // covers every MCU): corrupt data anywhere in them would have failed that decode.
@@ -60,6 +61,11 @@ class EntropyDecoder {
   // After a decode without error: keeps the checkpoints learned for the next decode of these
   // bytes in this process. Always ends the attachment.
   void detach(bool ok);
+  // The bytes this decoder's buffers hold between decodes (the scan's data, its checkpoints);
+  // trim frees each buffer over `keep` bytes, so that one oversized file does not keep its
+  // buffers for the thread's life. Not while attached.
+  size_t scratch_bytes() const;
+  void trim(size_t keep);
 
   struct State;  // the decode in progress (entropy.cpp)
 

@@ -144,12 +144,13 @@ void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
   fastdata::lookup_planes(s, n, hw, c, l, itemsize, d, threads);
 }
 
-// read_files(paths, threads) -> [bytes, str or None]: each file's bytes; where it could not be
-// read, the cause as Python's OSError.strerror gives it ("No such file or directory", "Is a
-// directory", ...; "embedded null byte" for a path no system call takes); None for a path that
-// is not a regular file or a directory, which the caller reads itself. The opens and reads run
-// on up to `threads` threads with the GIL released; the bytes objects are made, empty, between
-// the two, and filled in place before anyone else sees them.
+// read_files(paths, threads) -> [bytes or str]: each file's bytes (at most the size fstat gave
+// when it was opened); where it could not be read, the cause: as Python's OSError.strerror
+// gives it ("No such file or directory", "Is a directory", ...; "embedded null byte" for a path
+// no system call takes), or "not a regular file (a FIFO)" (a character device, a block device,
+// a socket) for a file that is not read at all (see open_files). The opens and reads run on up
+// to `threads` threads with the GIL released; the bytes objects are made, empty, between the
+// two, and filled in place before anyone else sees them.
 nb::list read_files(nb::sequence paths, int threads) {
   const size_t n = nb::len(paths);
   std::vector<nb::object> names(n);  // each path as bytes in the file system's encoding
@@ -174,7 +175,7 @@ nb::list read_files(nb::sequence paths, int threads) {
   std::vector<nb::object> datas(n);
   std::vector<uint8_t*> bufs(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
-    if (files[i].fd < 0) continue;  // not opened: a cause, or not a regular file
+    if (files[i].fd < 0) continue;  // not opened, or closed unread: a cause
     PyObject* b = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(files[i].size));
     if (b == nullptr) {
       for (fastdata::OpenFile& f : files) {
@@ -197,8 +198,8 @@ nb::list read_files(nb::sequence paths, int threads) {
       result.append(nb::str(causes[i]));
     } else if (f.error != 0) {
       result.append(nb::str(std::strerror(f.error)));
-    } else if (!f.regular) {
-      result.append(nb::none());
+    } else if (f.refused != nullptr) {
+      result.append(nb::str(f.refused));
     } else {
       if (got[i] < f.size) {  // the file shrank since it was sized: its bytes as read
         PyObject* b = datas[i].release().ptr();
@@ -409,9 +410,9 @@ NB_MODULE(_native, m) {
         "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
         "out [N, C, H, W] of lut's dtype; GIL released.");
   m.def("read_files", &read_files, nb::arg("paths"), nb::arg("threads") = 1,
-        "Each file's bytes, or the cause (OSError's strerror) where it cannot be read, or None for "
-        "a path that is not a regular file; opened and read on up to `threads` threads, GIL "
-        "released.");
+        "Each file's bytes (at most its size when opened), or the cause where it cannot be read "
+        "(OSError's strerror, or 'not a regular file (a FIFO)' and the like); opened and read on up "
+        "to `threads` threads, GIL released.");
 #ifdef FASTDATA_HAVE_JPEG
   m.attr("HAVE_JPEG") = true;
   m.def("jpeg_info", &jpeg_info, nb::arg("data"),
@@ -424,6 +425,7 @@ NB_MODULE(_native, m) {
         "0 other, 1 JPEG, 2 PNG), with libjpeg's header parse of whole JPEGs when jpeg_headers; "
         "on up to `threads` threads, GIL released.");
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
+  m.attr("MAX_SCANS") = fastdata::kMaxScans;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
         nb::arg("whole").none() = nb::none(), nb::arg("index") = true,
@@ -433,6 +435,8 @@ NB_MODULE(_native, m) {
         "returns None or an error message per sample. GIL released.");
   m.def("entropy_index_bytes", &fastdata::entropy_index_bytes,
         "Bytes held by this process's entropy-decoding checkpoints.");
+  m.def("decoder_scratch_bytes", &fastdata::decoder_scratch_bytes,
+        "Bytes the calling thread's decoder keeps between decodes.");
 #else
   m.attr("HAVE_JPEG") = false;  // built without libjpeg-turbo: images decode with Pillow
 #endif

@@ -10,32 +10,53 @@
 
 namespace fastdata {
 
+const char* not_regular(unsigned mode) {
+  if (S_ISFIFO(mode)) return "not a regular file (a FIFO)";
+  if (S_ISCHR(mode)) return "not a regular file (a character device)";
+  if (S_ISBLK(mode)) return "not a regular file (a block device)";
+  if (S_ISSOCK(mode)) return "not a regular file (a socket)";
+  return "not a regular file";
+}
+
 void open_files(const std::vector<const char*>& paths, std::vector<OpenFile>* files, int threads) {
   files->assign(paths.size(), OpenFile{});
   parallel_for(int64_t(paths.size()), threads, [&](int64_t i) {
     OpenFile& f = (*files)[size_t(i)];
-    // stat before open: opening a FIFO would connect to (or wait for) its writer.
-    struct stat st;
-    if (::stat(paths[size_t(i)], &st) != 0) {
-      f.error = errno;
-      return;
-    }
-    if (S_ISDIR(st.st_mode)) {
-      f.error = EISDIR;
-      return;
-    }
-    if (!S_ISREG(st.st_mode)) return;
+    const char* path = paths[size_t(i)];
+    // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer
+    // (and a serial device's open does not wait for its line). It changes nothing for a
+    // regular file, whose reads never block on it, so it is left set for the read.
+    // O_NOCTTY: a terminal device opened here never becomes the process's terminal.
     int fd;
     do {
-      fd = ::open(paths[size_t(i)], O_RDONLY | O_CLOEXEC);
+      fd = ::open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     } while (fd < 0 && errno == EINTR);
+    struct stat st;
     if (fd < 0) {
       f.error = errno;
+      // Name the kind where the path is one that is not read anyway (a socket's open is ENXIO).
+      if (::stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        f.error = 0;
+        f.refused = not_regular(unsigned(st.st_mode));
+      }
+      return;
+    }
+    if (::fstat(fd, &st) != 0) {
+      f.error = errno;
+      ::close(fd);
+      return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      if (S_ISDIR(st.st_mode)) {
+        f.error = EISDIR;
+      } else {
+        f.refused = not_regular(unsigned(st.st_mode));
+      }
+      ::close(fd);
       return;
     }
     f.fd = fd;
-    f.size = int64_t(st.st_size);  // a file that shrinks before its read is read to its end
-    f.regular = true;
+    f.size = int64_t(st.st_size);  // the read stops there: a file that grows is read to this size
   });
 }
 
@@ -54,7 +75,7 @@ void read_files(std::vector<OpenFile>* files, const std::vector<uint8_t*>& bufs,
         done = -1;
         break;
       }
-      if (r == 0) break;  // the file shrank since stat
+      if (r == 0) break;  // the file shrank since it was sized: read to its end
       done += r;
     }
     (*got)[size_t(i)] = done;

@@ -1,4 +1,4 @@
-// Reading a batch's image files whole on several threads: the size, the open and the read of
+// Reading a batch's image files whole on several threads: the open, the size and the read of
 // each run with the GIL released, where Python's open().read() holds it for each file while
 // the other cores wait for the batch. Raw POSIX calls only: no Python, no torch.
 #pragma once
@@ -9,21 +9,28 @@ namespace fastdata {
 
 struct OpenFile {
   int fd = -1;
-  int64_t size = 0;   // bytes, from stat
-  int error = 0;      // errno of the stat or open, else 0
-  bool regular = false;  // a regular file (only these are read here; see open_files)
+  int64_t size = 0;               // bytes, from fstat of the open descriptor
+  int error = 0;                  // errno of the open or read, else 0
+  const char* refused = nullptr;  // not a regular file: why ("not a regular file (a FIFO)", ...)
 };
 
-// Sizes each path (stat) and opens it, on up to `threads` threads. A directory is EISDIR, as
-// Python's open() has it. A path that is neither a regular file nor a directory (a FIFO, a
-// device) is not opened, and has regular false: its size says nothing of its contents, and the
-// caller reads it another way.
+// Why a file of this st_mode is not read: "not a regular file (a FIFO)", "(a character
+// device)", "(a block device)", "(a socket)", or "not a regular file" for any other kind.
+const char* not_regular(unsigned mode);
+
+// Opens each path (O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC) and sizes it with fstat of
+// the descriptor, on up to `threads` threads: what is sized is what is read, with no race
+// between a stat and an open. A directory is EISDIR, as Python's open() has it. Any other file
+// that is not regular (a FIFO, a device, a socket; a symlink to one is the same) is closed
+// unread and has `refused` set: a FIFO could block its read forever, a device (/dev/zero) give
+// bytes without end. A path that cannot be opened has `error`, or `refused` when it names a
+// file that is not regular (a socket cannot be opened at all: ENXIO).
 void open_files(const std::vector<const char*>& paths, std::vector<OpenFile>* files, int threads);
 
-// Reads files[i] (open and regular, error 0) into bufs[i], which holds files[i].size bytes,
-// and closes every open descriptor, on up to `threads` threads. got[i] is the bytes read: less
-// than the size when the file shrank since stat; -1 with files[i].error set when a read
-// failed.
+// Reads files[i] (open: fd >= 0) into bufs[i], which holds files[i].size bytes, and closes
+// every open descriptor, on up to `threads` threads. got[i] is the bytes read: never more than
+// the size, less when the file shrank since it was sized; -1 with files[i].error set when a
+// read failed.
 void read_files(std::vector<OpenFile>* files, const std::vector<uint8_t*>& bufs,
                 std::vector<int64_t>* got, int threads);
 

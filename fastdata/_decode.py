@@ -39,6 +39,13 @@ refused before any decode, as decompression bombs, on every backend. Pillow's ow
 same limit (`_native.MAX_PIXELS`)."""
 
 
+MAX_SCANS: int = 100
+"""The most scans a JPEG may have: `check_structure` refuses more, on every backend, before any
+decode. Each scan of a progressive JPEG is a pass over every block of the image however few bytes
+it takes, so a file of many tiny scans would cost seconds a decode; libjpeg writes 10 (6 for
+grayscale), mozjpeg a few more. The native decoder's limit is the same (`_native.MAX_SCANS`)."""
+
+
 class Inspection(NamedTuple):
     """What `inspect_batch` found for one file."""
 
@@ -59,7 +66,7 @@ def _jpeg_ends_early(n: int) -> str:
 def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
     # csrc/decode.cpp's walk_jpeg, line for line (its comments say why).
     n = len(d)
-    pos, frame, scan, width, height = 2, False, False, 0, 0
+    pos, frame, scan, scans, width, height = 2, False, False, 0, 0, 0
     while True:
         if pos >= n:
             return _jpeg_ends_early(n), width, height
@@ -101,6 +108,9 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
             continue
         if not frame:
             return f"corrupt JPEG: a scan at byte {at} before the frame header", width, height
+        scans += 1
+        if scans > MAX_SCANS:
+            return f"corrupt JPEG: more than {MAX_SCANS} scans (the scan at byte {at} is one too many)", width, height
         scan = True
         data_start = pos
         while True:
@@ -111,6 +121,9 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
             if q >= n:
                 return (f"truncated JPEG: no end-of-image marker (the scan data from byte {data_start} runs "
                         f"to the end of the file, {n} bytes)"), width, height
+            if d[q] == 0x00 and q > ff + 1:
+                return (f"corrupt JPEG: fill bytes before a stuffed zero (0xFF 0xFF ... 0x00) at byte {ff} "
+                        "of the scan data"), width, height
             if d[q] == 0x00 or 0xD0 <= d[q] <= 0xD7:
                 pos = q + 1
                 continue
@@ -153,7 +166,9 @@ def check_structure(data: Any) -> Inspection:
     a JPEG's marker segments from SOI, through each scan's entropy-coded data (up to the first
     0xFF not followed by a stuffed 0x00 or a restart marker), to EOI; a PNG's chunks from the
     signature to IEND; every length must fit in the file. Bytes after EOI or IEND are accepted
-    (as Pillow does). Other formats are not walked (kind ""). The pure-Python twin of the native
+    (as Pillow does). Other formats are not walked (kind ""). Refused as well: a JPEG of more
+    than MAX_SCANS scans, and fill bytes before a stuffed zero (FF FF 00) in entropy-coded data,
+    which libjpeg's two Huffman readers decode differently. The pure-Python twin of the native
     walk, with the same results and messages.
 
     It cannot see corrupt entropy-coded data inside a whole structure (flipped bits, a file cut

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from .errors import DataError
+from .image.read import open_regular
 from .sources.tarformat import BLOCK, padded
 
 END = b"\0" * (2 * BLOCK)  # the end of a tar archive
@@ -102,8 +103,11 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
                 put(_header(f"{key}.{ext}", size))
                 data_offset = offset
                 got = 0
+                opened = open_regular(path)  # a FIFO or a device is refused, not waited on or read
+                if isinstance(opened, str):
+                    raise DataError(f"cannot read {path}: {opened}", path=path)
                 try:
-                    with open(path, "rb") as src:
+                    with open(opened[0], "rb") as src:
                         while chunk := src.read(_CHUNK):
                             got += len(chunk)
                             if got > size:

@@ -8,7 +8,7 @@ must agree with its label."""
 import logging
 import os
 import pickle
-import threading
+import time
 
 import numpy as np
 import pytest
@@ -319,9 +319,12 @@ def test_early_exit_leaves_no_worker(folder):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_read_files_gives_the_bytes_or_the_cause(tmp_path, monkeypatch, native):
-    # What FileReader reads a batch with: the native reads (threads, GIL released) and Python's
-    # open().read() give the same bytes and the same causes, and a file that is not a regular
-    # one (a FIFO) is read to its end, not by its size.
+    # What FileReader reads a batch with: the native reads (threads, GIL released) and the
+    # Python ones give the same bytes and the same causes. A file that is not a regular one is
+    # refused unread, at once: a FIFO with no writer (whose read would wait forever), /dev/null,
+    # a symlink to /dev/zero (whose read would never end), a unix socket.
+    import socket
+
     from fastdata.image import read
 
     if not native:
@@ -333,20 +336,24 @@ def test_read_files_gives_the_bytes_or_the_cause(tmp_path, monkeypatch, native):
         f = tmp_path / f"{k:02d}.bin"
         f.write_bytes(bytes((k * 7 + j) % 251 for j in range(k * 311)))
         files.append(str(f))
-    fifo = tmp_path / "fifo"
+    fifo = tmp_path / "fifo.jpg"
     os.mkfifo(fifo)
-
-    def feed():  # the FIFO's writer: its open waits for the reader's
-        with open(fifo, "wb") as w:
-            w.write(b"through a pipe")
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
-    paths = files + [str(tmp_path / "missing.jpg"), str(tmp_path), "bad\0name.jpg", str(fifo)]
-    got = read.read_files(paths, threads=3)
-    feeder.join(10)
+    zero = tmp_path / "zero.jpg"
+    zero.symlink_to("/dev/zero")
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "sock.jpg"))
+        paths = files + [str(tmp_path / "missing.jpg"), str(tmp_path), "bad\0name.jpg", str(fifo), "/dev/null",
+                         str(zero), str(tmp_path / "sock.jpg")]
+        started = time.monotonic()
+        got = read.read_files(paths, threads=3)
+        assert time.monotonic() - started < 5  # nothing waited on the FIFO, nothing read /dev/zero
+    finally:
+        sock.close()
     assert got[:40] == [open(f, "rb").read() for f in files]
-    assert got[40:] == ["No such file or directory", "Is a directory", "embedded null byte", b"through a pipe"]
+    assert got[40:] == ["No such file or directory", "Is a directory", "embedded null byte",
+                        "not a regular file (a FIFO)", "not a regular file (a character device)",
+                        "not a regular file (a character device)", "not a regular file (a socket)"]
 
 
 def test_unreadable_files_are_named_or_counted(tmp_path):
@@ -362,3 +369,28 @@ def test_unreadable_files_are_named_or_counted(tmp_path):
     assert sorted(labels.tolist()) == [0, 0, 0, 1, 1, 1] and loader.stats["skipped"] == 2
     assert {(e["path"], e["cause"]) for e in loader.stats["errors"]} == {
         (str(tmp_path / "missing.jpg"), "No such file or directory"), (str(tmp_path), "Is a directory")}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_files_that_are_not_regular_are_named_or_counted(tmp_path, workers):
+    # A scraped folder whose x.jpg is a FIFO with no writer and z.jpg a symlink to /dev/zero:
+    # neither is read (no wait on the FIFO, no endless read), each is named with its kind.
+    for label in range(2):
+        (tmp_path / f"c{label}").mkdir()
+        for i in range(3):
+            Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(tmp_path / f"c{label}" / f"{i}.jpg")
+    fifo, zero = tmp_path / "c0" / "x.jpg", tmp_path / "c1" / "z.jpg"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    flat = T.Compose([T.Resize(8), T.CenterCrop(8)])
+    causes = {str(fifo): "not a regular file (a FIFO)", str(zero): "not a regular file (a character device)"}
+    with pytest.raises(fastdata.DataError) as raised:
+        list(fastdata.loader(str(tmp_path), batch_size=4, transform=flat, device="cpu", num_workers=workers))
+    assert raised.value.path in causes
+    assert f"cannot read {raised.value.path}: {causes[raised.value.path]} (backend 'pil')" in str(raised.value)
+    loader = fastdata.loader(str(tmp_path), batch_size=4, transform=flat, device="cpu", num_workers=workers,
+                             on_error="skip")
+    labels = torch.cat([y for _, y in loader])
+    assert sorted(labels.tolist()) == [0, 0, 0, 1, 1, 1] and loader.stats["skipped"] == 2
+    assert {(e["path"], e["cause"]) for e in loader.stats["errors"]} == set(causes.items())

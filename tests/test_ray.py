@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -210,15 +211,38 @@ def test_bad_file_names_it_or_is_skipped(folder, local, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_no_progress_ends_the_pass_naming_the_actor(folder, tmp_path, local):
-    fifo = tmp_path / "never.jpg"
-    os.mkfifo(fifo)  # open() blocks until a writer comes: none does
-    pairs = [(str(folder / "class0" / "000.jpg"), 0), (str(fifo), 0)]
-    loader = fastdata.loader(pairs, 1, backend="ray", num_workers=1, timeout=3, device="cpu",
+def test_no_progress_ends_the_pass_naming_the_actor(folder, local):
+    # The actor stops (SIGSTOP) after batch 0: batch 1, submitted only once batch 0 is taken
+    # (prefetch_factor=1, one actor), never comes.
+    pairs = [(str(folder / "class0" / "000.jpg"), 0), (str(folder / "class0" / "001.jpg"), 0)]
+    loader = fastdata.loader(pairs, 1, backend="ray", num_workers=1, timeout=3, device="cpu", prefetch_factor=1,
                              transform=_transform())
-    with pytest.raises(RuntimeError, match=r"no progress for 3 seconds.*batch 1 of epoch 0 waits on Ray actor 0"):
-        _batches(loader)
-    assert loader._runner._pool is None  # the actors were killed
+    it = iter(loader)
+    next(it)
+    actor = loader._runner._pool.actors[0]
+    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RuntimeError, match=r"no progress for 3 seconds.*batch 1 of epoch 0 waits on Ray actor 0"):
+            next(it)
+        assert loader._runner._pool is None  # the actors were killed
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)  # a kill Ray sent it takes effect
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_stage_times_come_back_from_the_actors(folder, local):

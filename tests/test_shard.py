@@ -241,6 +241,18 @@ def test_failure_while_writing_leaves_no_partial_file(folder, tmp_path):
     assert not any(".tmp" in f or f.endswith(".json") for f in os.listdir(out))
 
 
+@pytest.mark.timeout(60)
+def test_files_that_are_not_regular_are_refused(folder, tmp_path):
+    # A FIFO with no writer is refused at once (its read would wait forever), a symlink to
+    # /dev/zero unread (its read would never end): each named with its kind.
+    os.mkfifo(tmp_path / "fifo.jpg")
+    (tmp_path / "zero.jpg").symlink_to("/dev/zero")
+    pairs = _pairs(folder)
+    for name, kind in [("fifo.jpg", "a FIFO"), ("zero.jpg", "a character device")]:
+        with pytest.raises(DataError, match=rf"{name}: not a regular file \({kind}\)"):
+            write_shards(pairs[:3] + [(str(tmp_path / name), 0)], tmp_path / "out" / "x-%d.tar", workers=1)
+
+
 def test_stale_shards_are_pointed_out(folder, tmp_path):
     write_shards(folder, tmp_path / "t-%02d.tar", max_count=4)
     with pytest.warns(UserWarning, match="t-01.tar"):

@@ -26,7 +26,10 @@
 // - a decode of bytes that check_structure or jpeg_info refused;
 // - a grayscale JPEG whose output is not R = G = B;
 // - a decode from the entropy decoder's checkpoints (the same bytes again) that differs from the
-//   decode that made them.
+//   decode that made them;
+// - the differential check: the same crop decoded by libjpeg's own Huffman decoder (index false)
+//   with other pixels, or failing where the checkpoint decoder decoded, or decoding where it
+//   failed for any reason but the two where it is stricter by design (entropy.h).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -175,6 +178,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (size_t k = 0; k < out.buf.size(); ++k) {
     if (!in_view[k] && out.buf[k] != kSentinel) fail("a byte outside the output view was written");
+  }
+
+  // The differential check: libjpeg's own Huffman decoder (index false) on the same crop. The
+  // same pixels where both decode; where one fails, so does the other, except for the two ways
+  // entropy.cpp is stricter (entropy.h): a bad Huffman code, which libjpeg-turbo's fast path
+  // reads as symbol 0 without a warning, and whole bytes left at the end of a restart segment,
+  // which libjpeg skips without one when it has read ahead to the marker.
+  {
+    Out lib(1, out_h, out_w, 0);
+    std::vector<std::string> lib_errors;
+    fastdata::decode_crop_resize({jpeg}, crop, &no_flip, lib.view, 1, &lib_errors, nullptr, false);
+    const bool lib_ok = lib_errors[0].empty();
+    if (lib_ok && ok && lib.buf != ref.buf) fail("the checkpoint decoder and libjpeg's disagree on a pixel");
+    if (!lib_ok && ok) fail("the checkpoint decoder decoded what libjpeg's refused:", lib_errors[0]);
+    if (lib_ok && !ok && ref_errors[0].find("bad Huffman code") == std::string::npos &&
+        ref_errors[0].find("extraneous bytes") == std::string::npos) {
+      fail("libjpeg's decoder decoded what the checkpoint decoder refused:", ref_errors[0]);
+    }
   }
 
   // Once the bytes have decoded whole, the entropy decoder jumps between its checkpoints for

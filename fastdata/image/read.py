@@ -8,6 +8,9 @@ raise a DataError naming the file (and tar member) and the cause, or record a co
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -46,21 +49,78 @@ class Failures:
         errors.append((path, cause))
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str:
+    """Why a file of this st_mode is not read (the extension's words, csrc/read.cpp)."""
+    kind = next((name for test, name in _KINDS if test(mode)), None)
+    return f"not a regular file ({kind})" if kind else "not a regular file"
+
+
+def open_regular(path) -> tuple[int, int] | str:
+    """(an open descriptor, its size by fstat of that descriptor) of a regular file, or why not:
+    OSError's strerror, "embedded null byte", or "not a regular file (a FIFO)" and the like,
+    the file closed unread. What the extension's open_files does for each path."""
+    try:
+        # O_NONBLOCK: a FIFO's open returns at once instead of waiting for a writer; it changes
+        # nothing for a regular file's reads. O_NOCTTY: a terminal never becomes this process's.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        try:  # a socket cannot be opened (ENXIO): named by its kind, as any file not read
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            return _not_regular(mode)
+        return e.strerror or type(e).__name__
+    except ValueError as e:  # a NUL inside the path
+        return str(e)
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        return e.strerror or type(e).__name__
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return os.strerror(errno.EISDIR) if stat.S_ISDIR(st.st_mode) else _not_regular(st.st_mode)
+    return fd, st.st_size
+
+
+def _read_file(path) -> bytes | str:
+    """One file's bytes, at most the size it had when opened, or why not."""
+    opened = open_regular(path)
+    if isinstance(opened, str):
+        return opened
+    fd, size = opened
+    try:
+        chunks, done = [], 0
+        while done < size:  # a file that shrank is read to its end
+            chunk = os.pread(fd, size - done, done)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            done += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    finally:
+        os.close(fd)
+
+
 def read_files(paths: Sequence[str], threads: int) -> list:
-    """Each file's bytes, or why it could not be read (OSError's strerror: "No such file or
-    directory", "Is a directory", ...). Natively when the extension is built: opened and read
-    on `threads` threads with the GIL released, the same bytes and causes as below."""
-    got = _ext.read_files(paths, threads) if _ext is not None else [None] * len(paths)
-    for j, data in enumerate(got):
-        if data is None:  # no extension, or not a regular file (a FIFO): read to its end here
-            try:
-                with open(paths[j], "rb") as f:
-                    got[j] = f.read()
-            except OSError as e:
-                got[j] = e.strerror or type(e).__name__
-            except ValueError as e:  # a NUL inside the path
-                got[j] = str(e)
-    return got
+    """Each file's bytes, or why it could not be read: OSError's strerror ("No such file or
+    directory", "Is a directory", ...), "embedded null byte", or, for a file that is not a
+    regular one (a symlink to one included), "not a regular file (a FIFO)" ("(a character
+    device)", "(a block device)", "(a socket)"), which is never read: a FIFO could block the
+    read forever, /dev/zero give bytes without end. Each file is opened, then sized by fstat of
+    that descriptor, and read to at most that size. Natively when the extension is built
+    (opened and read on `threads` threads with the GIL released), else here, one by one, with
+    the same bytes and causes."""
+    if _ext is not None:
+        return _ext.read_files(paths, threads)
+    return [_read_file(path) for path in paths]
 
 
 class FileReader:

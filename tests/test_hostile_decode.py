@@ -1,0 +1,306 @@
+"""Crafted JPEGs against the native decoder: no file can take another file's checkpoints, no
+buffer rewritten during a decode leaves a trace, a file's work is bounded, and the checkpoint
+decoder (index=True) and libjpeg's (index=False) give the same pixels or both refuse.
+
+The forged pairs are built against the hash fastdata used to key its checkpoints before they
+were keyed per process (`old_hash`, xxHash64's rounds with a fixed seed): a 32-byte block after
+the end-of-image marker, solved from the rounds' inverse, gives a second file that hash and
+size. Under that hash the second file decoded with the first's checkpoints; each must now get
+its own pixels and errors.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata import DataError, _decode
+from fastdata import transforms as T
+
+pytestmark = pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+
+M64 = (1 << 64) - 1
+P1, P2, P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+
+
+def _rotl(v: int, r: int) -> int:
+    return ((v << r) | (v >> (64 - r))) & M64
+
+
+def _round(acc: int, lane: int) -> int:
+    return _rotl((acc + lane * P2) & M64, 31) * P1 & M64
+
+
+def _lanes(d: bytes, stripes: int) -> list[int]:
+    acc = [(P1 + P2) & M64, P2, 0, (-P1) & M64]
+    for i in range(stripes):
+        for k in range(4):
+            acc[k] = _round(acc[k], int.from_bytes(d[32 * i + 8 * k:32 * i + 8 * k + 8], "little"))
+    return acc
+
+
+def old_hash(d: bytes) -> int:
+    """The unkeyed checkpoint key fastdata had (csrc/entropy.cpp's former hash_bytes)."""
+    n, i = len(d), len(d) // 32 * 32
+    a, b, c, e = _lanes(d, n // 32)
+    h = (_rotl(a, 1) + _rotl(b, 7) + _rotl(c, 12) + _rotl(e, 18) + n) & M64
+    for j in range(i, n - 7, 8):
+        h = (_rotl(h ^ _round(0, int.from_bytes(d[j:j + 8], "little")), 27) * P1 + P3) & M64
+        i = j + 8
+    for j in range(i, n):
+        h = _rotl(h ^ (d[j] * P3 & M64), 11) * P1 & M64
+    h ^= h >> 33
+    h = h * P2 & M64
+    h ^= h >> 29
+    h = h * P3 & M64
+    return h ^ (h >> 32)
+
+
+def forge(a: bytes, b: bytes) -> tuple[bytes, bytes]:
+    """(a', b'): a and b padded after their end-of-image marker to one length, each closed by a
+    32-byte block; b's block is solved so that old_hash(a') == old_hash(b')."""
+    stripes = -(-max(len(a), len(b)) // 32)
+    a2 = a + bytes(32 * stripes - len(a)) + bytes(range(7, 39))
+    b2 = b + bytes(32 * stripes - len(b))
+    want, have = _lanes(a2, stripes + 1), _lanes(b2, stripes)
+    inv1, inv2 = pow(P1, -1, 1 << 64), pow(P2, -1, 1 << 64)
+    block = b"".join((((_rotl(w * inv1 & M64, 33) - h) * inv2) & M64).to_bytes(8, "little")
+                     for w, h in zip(want, have))
+    b2 += block
+    assert len(a2) == len(b2) and old_hash(a2) == old_hash(b2)
+    return a2, b2
+
+
+def noise(w: int, h: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    smooth = np.kron(rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3)), np.ones((8, 8, 1)))[:h, :w]
+    return Image.fromarray(np.clip(smooth + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8))
+
+
+def jpeg(img: Image.Image, **kw) -> bytes:
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=kw.pop("quality", 90), **kw)
+    return out.getvalue()
+
+
+def scan_start(d: bytes) -> int:
+    """Where the first scan's entropy-coded data starts."""
+    pos = 2
+    while d[pos + 1] != 0xDA:
+        pos += 2 + int.from_bytes(d[pos + 2:pos + 4], "big")
+    return pos + 2 + int.from_bytes(d[pos + 2:pos + 4], "big")
+
+
+def decode(datas, crops, index=True, whole=None, out_hw=(32, 40)):
+    n = len(datas)
+    out = torch.zeros(n, 3, *out_hw, dtype=torch.uint8)
+    errors = _decode.decode_crop_resize(datas, np.asarray(crops, np.int32), np.zeros(n, bool), out, 1,
+                                        whole=whole, index=index)
+    return out, errors
+
+
+def crops_of(w: int, h: int) -> list[tuple[int, int, int, int]]:
+    return [(0, 0, w, h), (w // 2, h // 2, w // 2, h // 2), (3, h - 40, 50, 40), (w - 64, 0, 64, 64)]
+
+
+# ---------------------------------------------------------------------------- the key
+
+
+def test_forged_pair_decodes_each_file_to_its_own_pixels():
+    w, h = 320, 240
+    a, b = forge(jpeg(noise(w, h, 1)), jpeg(noise(w, h, 2)))
+    crops = crops_of(w, h)
+    for _ in range(2):  # a's checkpoints kept, then proven whole
+        assert decode([a] * len(crops), crops)[1] == [None] * len(crops)
+    for whole in (None, np.zeros(len(crops), np.uint8)):
+        got, errors = decode([b] * len(crops), crops, whole=whole)
+        want, want_errors = decode([b] * len(crops), crops, index=False)
+        assert errors == want_errors == [None] * len(crops)
+        assert torch.equal(got, want)
+
+
+def test_forged_truncated_file_fails_after_its_partner():
+    # b is a's image cut inside its scan and closed with an end-of-image marker: libjpeg
+    # refuses it; under the old hash it took a's proven-whole checkpoints and decoded "clean".
+    w, h = 320, 240
+    whole_a = jpeg(noise(w, h, 3))
+    start = scan_start(whole_a)
+    cut = whole_a[:start + (len(whole_a) - start) // 2]
+    cut = cut[:-1] if cut.endswith(b"\xff") else cut
+    a, b = forge(whole_a, cut + b"\xff\xd9")
+    crops = crops_of(w, h)
+    for _ in range(2):
+        assert decode([a] * len(crops), crops)[1] == [None] * len(crops)
+    _, errors = decode([b] * len(crops), crops)  # whole: as the loaders decode an unmarked file
+    _, want = decode([b] * len(crops), crops, index=False)
+    assert all(e is not None for e in errors) and all(e is not None for e in want)
+
+
+def test_forged_one_code_changed_gets_its_own_pixels():
+    # b differs from a in one byte of the scan's first MCU (a DC code): every block after it
+    # shifts; under the old hash b came out as a's pixels after a.
+    w, h = 256, 192
+    base = jpeg(noise(w, h, 4))
+    at = scan_start(base) + 1
+    assert base[at] != 0xFF and base[at] ^ 0x10 != 0xFF
+    changed = base[:at] + bytes([base[at] ^ 0x10]) + base[at + 1:]
+    a, b = forge(base, changed)
+    crops = crops_of(w, h)
+    for _ in range(2):
+        decode([a] * len(crops), crops)
+    got, errors = decode([b] * len(crops), crops)
+    want, want_errors = decode([b] * len(crops), crops, index=False)
+    assert [e is None for e in errors] == [e is None for e in want_errors]
+    ok = [k for k, e in enumerate(errors) if e is None]
+    assert torch.equal(got[ok], want[ok])
+    a_pixels, _ = decode([a] * len(crops), crops, index=False)
+    assert not ok or not torch.equal(got[ok], a_pixels[ok])
+
+
+# ---------------------------------------------------------------------------- the private copy
+
+_FRESH = """
+import sys, numpy as np, torch
+from fastdata import _decode
+crops = np.load(sys.argv[1])
+for path in sys.argv[2:]:
+    data = open(path, "rb").read()
+    out = torch.zeros(len(crops), 3, 32, 40, dtype=torch.uint8)
+    assert _decode.decode_crop_resize([data] * len(crops), crops, np.zeros(len(crops), bool), out, 1) == [None] * len(crops)
+    sys.stdout.buffer.write(out.numpy().tobytes())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_buffer_rewritten_during_decodes_leaves_no_trace(tmp_path):
+    """Bytearrays flipped between two files of one size by another thread while they decode
+    (the GIL released), each pair new to the process: afterwards every decode of each first
+    file, whole and stopped at the window's last row, equals a fresh process's."""
+    w, h = 240, 160
+    crops = np.asarray(crops_of(w, h), np.int32)
+    n = len(crops)
+    bufs, firsts = [], []
+    for k in range(40):
+        p0, q0 = jpeg(noise(w, h, 100 + 2 * k)), jpeg(noise(w, h, 101 + 2 * k))
+        size = max(len(p0), len(q0))
+        p, q = p0 + bytes(size - len(p0)), q0 + bytes(size - len(q0))
+        buf = bytearray(p)
+        stop = threading.Event()
+
+        def flip(buf=buf, p=p, q=q, stop=stop):
+            while not stop.is_set():
+                buf[:] = q
+                buf[:] = p
+
+        flipper = threading.Thread(target=flip)
+        flipper.start()
+        try:
+            for j in range(6):
+                out = torch.zeros(n, 3, 32, 40, dtype=torch.uint8)
+                _decode.decode_crop_resize([buf] * n, crops, np.zeros(n, bool), out, 1,
+                                           whole=None if j % 2 else np.zeros(n, np.uint8))
+        finally:
+            stop.set()
+            flipper.join()
+        buf[:] = p
+        bufs.append(buf)
+        firsts.append(tmp_path / f"{k}.jpg")
+        firsts[-1].write_bytes(p)
+    np.save(tmp_path / "crops.npy", crops)
+    fresh = subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path / "crops.npy"), *map(str, firsts)],
+                           capture_output=True, check=True, timeout=150).stdout
+    each = len(fresh) // len(bufs)
+    for k, buf in enumerate(bufs):
+        for whole in (None, np.zeros(n, np.uint8)):
+            out = torch.zeros(n, 3, 32, 40, dtype=torch.uint8)
+            assert _decode.decode_crop_resize([buf] * n, crops, np.zeros(n, bool), out, 1,
+                                              whole=whole) == [None] * n
+            assert out.numpy().tobytes() == fresh[k * each:(k + 1) * each], (k, whole is None)
+
+
+# ---------------------------------------------------------------------------- bounded work
+
+
+def many_scans(scans: int) -> bytes:
+    """A progressive JPEG whose last scan (with the Huffman tables before it) comes again and
+    again: each repeat is a pass over the whole image for a few bytes of file."""
+    d = jpeg(noise(64, 48, 7), progressive=True)
+    sos = [i for i in range(2, len(d) - 1) if d[i] == 0xFF and d[i + 1] == 0xDA]
+    assert len(sos) >= 2
+    last = d[sos[-1]:len(d) - 2]  # the last scan: its header and data, to before EOI
+    have = len(sos)
+    return d[:-2] + last * (scans - have) + b"\xff\xd9"
+
+
+def test_many_scans_refused_before_any_decode(tmp_path):
+    limit = _decode.MAX_SCANS
+    assert _decode._ext.MAX_SCANS == limit == 100
+    at_limit, over = many_scans(limit), many_scans(20 * limit)
+    for d in (at_limit, over):
+        native = _decode.inspect_batch([d])[0]
+        assert native == _decode.check_structure(d)  # the Python walk
+    assert _decode.check_structure(at_limit).cause is None
+    cause = _decode.check_structure(over).cause
+    assert cause.startswith(f"corrupt JPEG: more than {limit} scans (the scan at byte ")
+    for index in (True, False):
+        assert decode([over], [(0, 0, 64, 48)], index=index)[1] == [cause]
+    (tmp_path / "scans.jpg").write_bytes(over)
+    Image.new("RGB", (16, 16), (200, 0, 0)).save(tmp_path / "ok.jpg")
+    pairs = [(str(tmp_path / "ok.jpg"), 0), (str(tmp_path / "scans.jpg"), 1)]
+    with pytest.raises(DataError, match=r"scans.jpg: corrupt JPEG: more than 100 scans"):
+        list(fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu", num_workers=0))
+
+
+# ---------------------------------------------------------------------------- one decoder's pixels
+
+
+def test_fill_bytes_before_a_stuffed_zero_refused_by_every_decoder():
+    d = jpeg(noise(96, 64, 8), quality=98)
+    start = scan_start(d)
+    at = d.index(b"\xff\x00", start)
+    bad = d[:at] + b"\xff" + d[at:]  # FF FF 00: libjpeg's two Huffman readers disagree on it
+    want = f"corrupt JPEG: fill bytes before a stuffed zero (0xFF 0xFF ... 0x00) at byte {at} of the scan data"
+    assert _decode.check_structure(bad).cause == want == _decode.inspect_batch([bad])[0].cause
+    for index in (True, False):
+        assert decode([bad], [(0, 0, 96, 64)], index=index)[1] == [want]
+
+
+def test_fill_bytes_before_a_restart_marker_decode_alike():
+    # Fill bytes before a marker are the standard's: both decoders take them, with one result.
+    img = noise(96, 64, 9)
+    d = jpeg(img, restart_marker_blocks=2)
+    start = scan_start(d)
+    rst = [i for i in range(start, len(d) - 1) if d[i] == 0xFF and 0xD0 <= d[i + 1] <= 0xD7]
+    assert len(rst) > 3
+    filled = d[:rst[2]] + b"\xff\xff" + d[rst[2]:]
+    assert _decode.check_structure(filled).cause is None
+    crops = crops_of(96, 64)[:2]
+    got, errors = decode([filled] * 2, crops)
+    want, want_errors = decode([filled] * 2, crops, index=False)
+    plain, _ = decode([d] * 2, crops, index=False)
+    assert errors == want_errors == [None, None]
+    assert torch.equal(got, want) and torch.equal(got, plain)
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+def test_scratch_buffers_shrink_after_an_oversized_file():
+    big = jpeg(Image.fromarray(np.random.default_rng(10).integers(0, 256, (2000, 2600, 3), np.uint8)),
+               quality=95)
+    assert len(big) > 5 << 20
+    small = jpeg(noise(320, 240, 11))
+    decode([small], [(0, 0, 320, 240)])
+    kept = _decode._ext.decoder_scratch_bytes()
+    assert decode([big], [(0, 0, 2600, 2000)], out_hw=(224, 224))[1] == [None]
+    assert _decode._ext.decoder_scratch_bytes() < 4 << 20
+    decode([small], [(0, 0, 320, 240)])
+    assert _decode._ext.decoder_scratch_bytes() <= max(kept, 1 << 20)
