@@ -247,9 +247,13 @@ def decode_crop_resize(
     that record by sample id): the same pixels, without the rows below. A progressive JPEG is
     read whole either way.
 
+    Each decode reads a private copy of its bytes: a buffer rewritten by another thread while
+    the GIL is released changes that decode at most.
+
     index: a baseline JPEG's Huffman decoding by fastdata's own decoder (csrc/entropy.cpp),
     which keeps, for the bytes it decodes, where each MCU starts (about 12 bytes an MCU, 6.5 kB
-    for a 418x314 photo; at most 256 MiB a process, then no more files are added): a later
+    for a 418x314 photo; at most 256 MiB a process, then no more files are added), found by a
+    hash of the bytes keyed per process (SipHash, so no file can take another's): a later
     decode of the same bytes decodes only its window's MCUs, with the same pixels as libjpeg's
     decoder (index=False) and its errors, a little stricter (a bad Huffman code is always one;
     csrc/entropy.h). Bytes that decoded whole without error in this process are not decoded
