@@ -219,6 +219,21 @@ def shutdown_workers(loader: Any) -> None:
         loader._iterator = None
 
 
+def drop_dead_workers(loader: Any) -> bool:
+    """Shuts the persistent workers of DataLoader `loader` down when one of them has died since
+    they started (killed from outside, or by the out-of-memory killer, mid-pass or between
+    passes): its next iter() then starts fresh ones, where DataLoader's would wait for the dead
+    worker to answer (torch's 5 s status check, with fastdata's stall limit behind it). Whether
+    it did."""
+    live = getattr(loader, "_iterator", None)
+    dead = [w.pid for w in getattr(live, "_workers", None) or () if w.exitcode is not None]
+    if not dead:
+        return False
+    shutdown_workers(loader)
+    _unlink_orphans(dead)  # a worker killed from outside may have left a shared-memory name
+    return True
+
+
 def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
     """The end of a pass of DataLoader iterator `it` whose workers fill the generation of
     worker rings `rings` (or None): the workers are shut down, then the slots of batches they

@@ -173,6 +173,64 @@ def test_persistent_workers_after_a_stall_are_replaced(folder, kind, clean):
     del batches, loader
 
 
+@pytest.fixture(scope="module")
+def shards(folder, tmp_path_factory):
+    from fastdata.shard import write_shards
+
+    pairs = [(str(p), int(p.parent.name[5:])) for p in sorted(folder.glob("*/*.jpg"))]
+    out = tmp_path_factory.mktemp("shards")
+    write_shards(pairs, out / "s-%06d.tar", shuffle=False, max_count=25, workers=1)
+    return str(out / "s-{000000..000003}.tar")
+
+
+@pytest.mark.timeout(120)  # a pass waiting on a dead worker would wait the stall limit (600 s)
+@pytest.mark.parametrize("when", ["mid-pass", "between passes"])
+@pytest.mark.parametrize("kind", ["dropin", "pil", "wds"])
+def test_persistent_workers_after_a_kill_are_replaced(folder, shards, kind, when, clean):
+    """A persistent worker killed from outside (the out-of-memory killer, a user's kill -9),
+    in a pass or between two: the next iter() starts fresh workers at once and delivers the
+    whole epoch, again and again; a new loader too, and nothing is left behind."""
+    before = _children()
+
+    def make():
+        if kind == "dropin":
+            return fastdata.loader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)
+        source = str(folder) if kind == "pil" else shards
+        return fastdata.loader(source, batch_size=16, transform=T.Compose([T.Resize((24, 24))]), num_workers=2,
+                               persistent_workers=True, backend=kind, device="cpu", shuffle=True, seed=0)
+
+    def every_sample(loader):
+        batches = list(loader)
+        if kind == "dropin":
+            return sorted(torch.cat([b[:, 0] for b in batches]).long().tolist()) == list(range(64))
+        return sorted(i for x, y in batches for i in _image_ids(x, y)) == list(range(100))
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    if when == "between passes":
+        for _ in it:
+            pass
+    worker = min(_children() - before)
+    try:  # torch's SIGCHLD handler raises in this thread when it sees the worker die
+        os.kill(worker, signal.SIGKILL)
+        if when == "mid-pass":
+            with pytest.raises(RuntimeError, match="killed by signal|exited unexpectedly"):
+                for _ in it:
+                    pass
+        else:
+            while _alive(worker):
+                time.sleep(0.01)
+            time.sleep(0.2)
+    except RuntimeError as e:
+        assert "killed by signal" in str(e) or "exited unexpectedly" in str(e)
+    del it
+    assert every_sample(loader) and every_sample(loader)
+    del loader
+    gc.collect()
+    assert every_sample(make())
+
+
 def test_stuck_worker_with_timeout_0_hits_the_stall_limit(monkeypatch, clean):
     monkeypatch.setenv("FASTDATA_STALL_TIMEOUT", "3")
     before = _children()

@@ -5,7 +5,7 @@ Accepted files (a PNG named .jpg, CMYK, grayscale and progressive JPEGs, EXIF-ro
 1x1 images, a JPEG with data after its end marker) must give the pixels Pillow gives for the
 same crop: the image as stored, EXIF orientation ignored (Pillow's `Image.open` and
 torchvision's `decode_jpeg` do not apply it either). Rejected files (empty, cut short, not an
-image, a header claiming 13000x13000 pixels) must raise a `DataError` naming the file and the
+image, a header claiming 13000x13000 pixels, 150 scans, fill bytes before a stuffed zero) must raise a `DataError` naming the file and the
 cause (one line when the main process decodes; torch's DataLoader re-raises a worker's with its
 traceback), or with on_error="skip" be left out and counted, on every backend, for every crop
 the epoch draws.
@@ -90,6 +90,21 @@ def photo(w: int = 160, h: int = 120) -> bytes:
     return encode(Image.fromarray(img), quality=90)
 
 
+def many_scans(scans: int = 150) -> bytes:
+    """A progressive JPEG whose last scan comes again and again: each repeat is a pass over the
+    whole image for a few bytes of file."""
+    data = encode(gradient(96, 64), quality=95, progressive=True)
+    last = data[data.rfind(b"\xff\xda"):-2]
+    return data[:-2] + last * (scans - data.count(b"\xff\xda")) + b"\xff\xd9"
+
+
+def fill_before_zero(data: bytes) -> bytes:
+    """`data` with a fill byte before its scan's first stuffed zero (FF FF 00), which
+    libjpeg-turbo's two Huffman readers decode differently."""
+    at = data.index(b"\xff\x00", data.index(b"\xff\xda"))
+    return data[:at] + b"\xff" + data[at:]
+
+
 PLAIN = encode(gradient(96, 64), quality=95)
 PHOTO = photo()
 CUT = PHOTO[: len(PHOTO) * 85 // 100]
@@ -114,6 +129,8 @@ BAD = {  # name: (bytes, what the cause says)
     "text.jpg": (b"this is not an image\n" * 20, "not a readable image"),
     "bomb.jpg": (bomb_jpeg(), "13000x13000 = 169000000 pixels, over the limit of 89478485"),
     "bomb.png": (bomb_png(), "13000x13000 = 169000000 pixels, over the limit of 89478485"),
+    "scans.jpg": (many_scans(), "corrupt JPEG: more than 100 scans"),
+    "fill-zero.jpg": (fill_before_zero(PHOTO), "corrupt JPEG: fill bytes before a stuffed zero"),
 }
 
 

@@ -17,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate, Timed
 from .._collate import collate as native_collate
-from .._workers import (NoWatchdog, Watchdog, WorkerStart, pass_end, shutdown_workers, stall_limit,
+from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
                         start_method, workers_running)
 from ..device import prefetch
 from .base import Loader, resolve_workers
@@ -113,6 +113,8 @@ class TorchLoader(DataLoader, Loader):
         self._delivered = skip
         self._in_epoch = True
         collate_fn = self._ring_collate()
+        if self._loader.persistent_workers and drop_dead_workers(self._loader) and collate_fn is not None:
+            collate_fn.rings.workers.end()  # the dead generation's undelivered slots are freed
         starting = self._loader.num_workers > 0 and not workers_running(self._loader)
         if starting:
             self._loader.multiprocessing_context = start_method(self.multiprocessing_context)

@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .._trace import trace_range
-from .._workers import (NoWatchdog, Watchdog, pass_end, shutdown_workers, stall_limit, start_method,
-                        workers_running)
+from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
+                        start_method, workers_running)
 from ..errors import DataError
 from .decode import BatchDecoder
 from .order import BatchOrder, Passes
@@ -98,6 +98,9 @@ class CpuWorkers:
 
     def open(self, epoch: int, skip: int) -> tuple[Iterator[Any], Callable[[], None]]:
         """(the raw batches from batch `skip` of `epoch` on, the pass's end)."""
+        if self.persistent and drop_dead_workers(self.loader):
+            self._ahead = None
+            self.task.decoder.rings.workers.end()  # the dead generation's undelivered slots are freed
         ahead, self._ahead = self._ahead, None
         if ahead == (epoch, skip):
             return self.loader._iterator, lambda: None  # persistent workers, already running ahead (see Passes)
