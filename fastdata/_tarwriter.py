@@ -10,6 +10,7 @@ import sys
 import tarfile
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 from .errors import DataError
@@ -87,19 +88,20 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
     """Writes one shard through its temporary name; returns its index entry."""
     final, tmp, samples = job
     digest = hashlib.sha256()
-    samples_index, members = [], []
-    offset = 0
+    samples_index, members, crcs = [], [], []
+    offset = crc = 0
 
     def put(data: bytes) -> None:
-        nonlocal offset
+        nonlocal offset, crc
         f.write(data)
         digest.update(data)
+        crc = zlib.crc32(data, crc)
         offset += len(data)
 
     try:
         with open(tmp, "wb") as f:
             for key, path, ext, label, size in samples:
-                start = offset
+                start, crc = offset, 0
                 put(_header(f"{key}.{ext}", size))
                 data_offset = offset
                 got = 0
@@ -123,6 +125,7 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
                 cls_offset = offset
                 put(cls + b"\0" * (padded(len(cls)) - len(cls)))
                 samples_index.append([key, start, offset - start])
+                crcs.append(crc)
                 members.append([key, [[ext, data_offset, size], ["cls", cls_offset, len(cls)]]])
                 tick(1, offset - start)
             put(END)
@@ -135,7 +138,7 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
             pass
         raise
     return {"name": os.path.basename(final), "samples": len(samples), "bytes": offset, "sha256": digest.hexdigest(),
-            "samples_index": samples_index, "members": members}
+            "samples_index": samples_index, "members": members, "crc32": crcs}
 
 
 class Progress:

@@ -38,13 +38,16 @@ The index: <prefix>-index.json next to the shards
      "shards": [{"name": "train-000000.tar",        # relative to the index's folder
                  "samples": n, "bytes": size, "sha256": "<hex of the shard file>",
                  "samples_index": [[key, offset, length], ...],
-                 "members": [[key, [[ext, data_offset, data_size], ...]], ...]}, ...],
+                 "members": [[key, [[ext, data_offset, data_size], ...]], ...],
+                 "crc32": [crc, ...]}, ...],                # of each sample's bytes, as samples_index
      "classes": ["<class name>", ...] or null,      # null for a (path, label) list
      "total": N}
   All offsets are bytes from the start of the shard. `offset` is where the sample's first tar
   header starts and `length` the bytes of all its members (headers, data and padding): the
   slice [offset, offset + length) is the sample's members and nothing else. A member's payload
-  is [data_offset, data_offset + data_size). Both lists are in tar order (the samples' order).
+  is [data_offset, data_offset + data_size). `crc32` is zlib's CRC-32 of each sample's slice,
+  which the wds reader compares as it reads the sample (an index without it: not compared); the
+  shard's sha256 is for tools that read it whole. The lists are in tar order (the samples').
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import os
 import shutil
 import tarfile
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,7 @@ def _drop(key: str):
             if len(keep) < len(entry["samples_index"]):
                 entry["samples_index"] = [entry["samples_index"][i] for i in keep]
                 entry["members"] = [entry["members"][i] for i in keep]
+                entry["crc32"] = [entry["crc32"][i] for i in keep]
                 entry["samples"] -= 1
                 index["total"] -= 1
 
@@ -285,6 +287,25 @@ def test_index_member_sizes_disagree(pristine, tmp_path, backend, on_error):
     loader, _ = _load(tmp_path, backend, on_error)
     _expect(loader, on_error, {4}, "train-000000.tar", "00000004.*",
             "the index is stale: sample 00000004 at byte")
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_sample_changed_at_the_same_size(pristine, tmp_path, backend, on_error):
+    """Sample 4's JPEG with one quantization table value changed: the same size, still a JPEG
+    that decodes (to other pixels), every header as the index says; its bytes no longer have
+    the index's CRC-32, so it fails, and the other samples are delivered."""
+    _copy(pristine, tmp_path, True)
+    path = tmp_path / "train-000000.tar"
+    image = _members(path)["00000004.jpg"]
+    raw = bytearray(path.read_bytes())
+    dqt = raw.index(b"\xff\xdb", image.offset_data) + 5  # the first value of the first table
+    assert dqt < image.offset_data + image.size and 0 < raw[dqt] < 254
+    raw[dqt] += 1
+    path.write_bytes(bytes(raw))
+    loader, warned = _load(tmp_path, backend, on_error)
+    assert not warned
+    _expect(loader, on_error, {4}, "train-000000.tar", "00000004.*",
+            f"the index is stale: sample 00000004's bytes [{image.offset}, ")
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
@@ -389,6 +410,13 @@ def test_shard_label_beyond_the_index_classes(pristine, tmp_path, on_error):
     assert raw[m.offset_data:m.offset_data + m.size] == b"1"
     raw[m.offset_data] = ord("3")
     path.write_bytes(bytes(raw))
+
+    def written_so(index):  # a shard written with that label: its index's CRC-32 agrees
+        entry = index["shards"][0]
+        offset, length = entry["samples_index"][5][1:]
+        entry["crc32"][5] = zlib.crc32(raw[offset:offset + length])
+
+    _edit_index(tmp_path, written_so)
     loader, _ = _load(tmp_path, ("wds", 0), on_error)
     _expect(loader, on_error, {5}, "train-000000.tar", "00000005.cls",
             "the label should be in [0, 3) (the 3 classes of the index), but the cls member holds 3")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -67,14 +68,14 @@ def _check(index_file, pairs, max_count=None, max_size=None, classes=None, order
         order = np.random.Generator(np.random.PCG64(0)).permutation(len(pairs))
     position, paths = 0, []
     for s, shard in enumerate(index["shards"]):
-        assert list(shard) == ["name", "samples", "bytes", "sha256", "samples_index", "members"]
+        assert list(shard) == ["name", "samples", "bytes", "sha256", "samples_index", "members", "crc32"]
         path = os.path.join(root, shard["name"])
         paths.append(path)
         raw = open(path, "rb").read()
         assert len(raw) == shard["bytes"] and hashlib.sha256(raw).hexdigest() == shard["sha256"]
         assert raw[-1024:] == bytes(1024)  # the end of archive, and nothing after it
         n = shard["samples"]
-        assert len(shard["samples_index"]) == len(shard["members"]) == n >= 1
+        assert len(shard["samples_index"]) == len(shard["members"]) == len(shard["crc32"]) == n >= 1
         if max_count is not None:
             assert n <= max_count
         if max_size is not None and n > 1:
@@ -98,6 +99,7 @@ def _check(index_file, pairs, max_count=None, max_size=None, classes=None, order
             assert header.name == image.name
             end = shard["samples_index"][j + 1][1] if j + 1 < n else len(raw) - 1024
             assert offset + length == end
+            assert shard["crc32"][j] == zlib.crc32(raw[offset:offset + length])
             with tarfile.open(fileobj=io.BytesIO(raw[offset:offset + length] + bytes(1024))) as one:
                 assert one.getnames() == [image.name, cls.name]
             # members: the payloads are the file's bytes and the label

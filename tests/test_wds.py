@@ -355,6 +355,8 @@ def test_bad_shard_raises_naming_shard_and_member(shards, tmp_path, how, indexed
     _copy(shards, tmp_path, indexed)
     bad = tmp_path / "train-000002.tar"
     member, cause = _corrupt(shards[2], bad, how)
+    if indexed and how != "cut":  # the bytes changed at the same size: the index's CRC-32 says so first
+        member, cause = member.split(".")[0] + r"\.\*", "not the index's"
     if indexed and how == "cut":
         with pytest.warns(UserWarning, match="keeping the index"):
             loader = _load(str(tmp_path / PATTERN), shuffle=False)
@@ -362,7 +364,7 @@ def test_bad_shard_raises_naming_shard_and_member(shards, tmp_path, how, indexed
         loader = _load(str(tmp_path / PATTERN), shuffle=False)
     with pytest.raises(DataError, match=rf"train-000002\.tar \(member {member}\).*{cause}") as e:
         _epoch(loader)
-    assert e.value.path.endswith("train-000002.tar") and e.value.member == member
+    assert e.value.path.endswith("train-000002.tar") and e.value.member == member.replace("\\", "")
 
 
 @pytest.mark.parametrize("how", ["cut", "image", "cls"])
@@ -370,6 +372,8 @@ def test_bad_shard_raises_naming_shard_and_member(shards, tmp_path, how, indexed
 def test_bad_shard_skipped_and_counted(shards, tmp_path, how, indexed):
     _copy(shards, tmp_path, indexed)
     member, _ = _corrupt(shards[2], tmp_path / "train-000002.tar", how)
+    if indexed and how != "cut":
+        member = member.split(".")[0] + ".*"  # named by the index's CRC-32 check, the sample as a whole
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the cut shard's size
         loader = _load(str(tmp_path / PATTERN), shuffle=True, num_workers=2, on_error="skip")

@@ -8,14 +8,15 @@ slices their payloads out without a copy, groups them by key as webdataset does,
 label against the classes, and reads the next block in a thread while the batch of this one is
 decoded. Where nothing was read ahead (a pass's first batch, a resume), the batch's own samples
 are read first, by themselves. A damaged header, a member cut off, or a span that holds other
-members fails that sample alone (a DataError naming the shard, the member and the byte, or a
-counted skip).
+members, or bytes that do not have the index's CRC-32 (a sample changed at the same size), fails
+that sample alone (a DataError naming the shard, the member and the byte, or a counted skip).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -247,14 +248,17 @@ class ShardReader:
         stale = "the index is stale: " if indexed else "the shard changed since its headers were counted: "
         spans = self.shards.spans[s][first:end].tolist()
         expected = contents[first:end].tolist() if contents is not None else [(-1, -1)] * (end - first)
-        for key, (a, n), expect in zip(keys[first:end], spans, expected):
-            self._read_sample(out, url, key, a, a + n, read, raw, start, expect, stale)
+        checksums = self.shards.checksums[s] if self.shards.checksums is not None else None
+        crcs = checksums[first:end].tolist() if checksums is not None else [-1] * (end - first)
+        for key, (a, n), expect, crc in zip(keys[first:end], spans, expected, crcs):
+            self._read_sample(out, url, key, a, a + n, read, raw, start, expect, crc, stale)
 
     def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, read, raw: memoryview, start: int,
-                     expect: list[int], stale: str) -> None:
+                     expect: list[int], crc: int, stale: str) -> None:
         """The sample `key` from its bytes [a, b) (in `raw`, which starts at shard byte `start`):
-        every header there must be valid and name one of its members, and they must be as many
-        and as big as the index (or the scan) said; else the sample fails naming the member."""
+        every header there must be valid and name one of its members, they must be as many and
+        as big as the index (or the scan) said, and the bytes must have the index's CRC-32 (crc,
+        -1 for none); else the sample fails naming the member."""
         found: dict[str, memoryview] = {}
         count = nbytes = 0
         length = start + len(raw)
@@ -288,6 +292,9 @@ class ShardReader:
         elif expect[0] >= 0 and (count, nbytes) != tuple(expect):
             out.add(f"{url} (member {key}.*)", None, 0, f"{stale}sample {key} at byte {a} has {count} member(s) of "
                                                         f"{nbytes} bytes, not {expect[0]} of {expect[1]}")
+        elif crc >= 0 and (got := zlib.crc32(raw[a - start:b - start])) != crc:
+            out.add(f"{url} (member {key}.*)", None, 0, f"{stale}sample {key}'s bytes [{a}, {b}) have CRC-32 "
+                                                        f"{got:08x}, not the index's {crc:08x}")
         else:
             self._add(out, url, key, found)
 

@@ -26,7 +26,8 @@ class Shards:
     """WebDataset shards: `urls[s]` holds `len(keys[s])` samples; sample i of shard s is the tar
     members in bytes [spans[s][i, 0], spans[s][i, 0] + spans[s][i, 1]) and has key keys[s][i],
     with contents[s][i] = (members, payload bytes), which the reader checks against what it
-    finds there ((-1, -1): unchecked). From the shards' index when there is one (indexed[s]),
+    finds there ((-1, -1): unchecked), and checksums[s][i] the index's CRC-32 of the sample's
+    bytes, which the reader compares (-1, or checksums[s] None: none to compare). From the shards' index when there is one (indexed[s]),
     else from a scan of their tar headers. Key "" is a slot for bytes that hold no sample the
     source can name (damaged headers; bytes the index lists in no sample): reading it reports
     them."""
@@ -38,6 +39,7 @@ class Shards:
     description: str
     contents: list[np.ndarray] | None = None  # int64 [n, 2]: members, payload bytes
     indexed: list[bool] | None = None
+    checksums: list[np.ndarray | None] | None = None  # int64 [n]: the index's CRC-32 of each sample's bytes, -1: none
 
     @property
     def label_limit(self) -> int:
@@ -97,9 +99,9 @@ def scan_shard(url: str) -> Scan:
     return scan
 
 
-def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarray, np.ndarray]:
-    """(name, bytes, keys, spans, contents) of a shard's entry in an index, checked for its
-    types: ValueError naming the index and the entry where it is malformed."""
+def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(name, bytes, keys, spans, contents, checksums) of a shard's entry in an index, checked
+    for its types: ValueError naming the index and the entry where it is malformed."""
     try:
         name, nbytes, rows = entry["name"], entry["bytes"], entry["samples_index"]
         if not isinstance(name, str) or type(nbytes) is not int or not isinstance(rows, list):
@@ -117,17 +119,24 @@ def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarra
             contents = np.array([(len(m[1]), sum(x[2] for x in m[1])) for m in members]).reshape(-1, 2)
             if len(members) and contents.dtype.kind != "i":
                 raise TypeError("members should hold [key, [[ext, offset, size], ...]] rows")
+        crcs = entry.get("crc32")
+        if crcs is None:
+            checksums = np.full(len(keys), -1, dtype=np.int64)
+        else:
+            if len(crcs) != len(keys) or not all(type(c) is int and 0 <= c < 2**32 for c in crcs):
+                raise ValueError("its crc32 list should hold a 32-bit integer for each sample of its samples_index")
+            checksums = np.array(crcs, dtype=np.int64)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         shown = entry.get("name") if isinstance(entry, dict) else None
         raise ValueError(f"the shard index {where} is malformed: its entry for {shown!r:.100} "
                          f"({error_line(e)})") from None
-    return name, nbytes, keys, spans.astype(np.int64), contents.astype(np.int64)
+    return name, nbytes, keys, spans.astype(np.int64), contents.astype(np.int64), checksums
 
 
-def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, nbytes: int):
+def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksums: np.ndarray, nbytes: int):
     """An index's samples of a shard of `nbytes` bytes, checked to tile it up to its two end
-    blocks: (problem, or None; keys, spans, contents with a slot of key "" for each byte range
-    the index lists in no sample, which reading reports: a sample the index misses)."""
+    blocks: (problem, or None; keys, spans, contents, checksums with a slot of key "" for each
+    byte range the index lists in no sample, which reading reports: a sample the index misses)."""
     end = nbytes - 2 * 512
     if not len(spans):
         gaps = np.array([[0, end]], dtype=np.int64) if end > 0 else np.zeros((0, 2), np.int64)
@@ -135,18 +144,19 @@ def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, nbytes:
     else:
         starts, ends = spans[:, 0], spans.sum(axis=1)
         if (spans[:, 1] <= 0).any() or starts[0] < 0 or (starts[1:] < ends[:-1]).any() or ends[-1] > end:
-            return "its samples' byte ranges overlap, or pass the shard's end", keys, spans, contents
+            return "its samples' byte ranges overlap, or pass the shard's end", keys, spans, contents, checksums
         lo, hi = np.concatenate([[0], ends]), np.concatenate([starts, [end]])
         at = np.flatnonzero(hi > lo)
         gaps = np.stack([lo[at], hi[at] - lo[at]], axis=1).astype(np.int64)
     if not len(at):
-        return None, keys, spans, contents
+        return None, keys, spans, contents, checksums
     keys = list(keys)
     for i in at[::-1].tolist():
         keys.insert(i, "")
     spans = np.insert(spans, at, gaps, axis=0)
     contents = np.insert(contents, at, [-1, -1], axis=0)
-    return None, keys, spans, contents
+    checksums = np.insert(checksums, at, -1)
+    return None, keys, spans, contents, checksums
 
 
 def shards(source: Any, progress: bool = True) -> Shards:
@@ -162,7 +172,8 @@ def shards(source: Any, progress: bool = True) -> Shards:
     slot that reports them when read, so that a sample the index misses is counted; ranges
     that overlap: a warning, and the shard is counted from its headers). When a sample is
     read, the headers in its span must be its members, as many and as big as the index says
-    (wds backend). The index's sha256 of each shard is not checked: it covers the whole shard,
+    (wds backend), and their bytes must have the CRC-32 the index gives (fastdata-shard writes
+    one a sample). The index's sha256 of each shard is not checked: it covers the whole shard,
     which the loader reads in byte ranges spread over workers, so checking it would read the
     dataset once more before the first batch, and a mismatch would not say which sample is
     wrong. Damage a header scan finds is warned about here and reported by the sample it is
@@ -186,11 +197,12 @@ def shards(source: Any, progress: bool = True) -> Shards:
     keys: list[list[str] | None] = [None] * len(urls)
     spans: list[np.ndarray | None] = [None] * len(urls)
     contents: list[np.ndarray | None] = [None] * len(urls)
+    checksums: list[np.ndarray | None] = [None] * len(urls)
     for s, url in enumerate(urls):
         entry = entries.get(url.rpartition("/")[2])
         if entry is None:
             continue
-        nbytes, k, sp, ct = entry
+        nbytes, k, sp, ct, cs = entry
         local = local_path(url)
         size = os.path.getsize(local) if local is not None else nbytes
         if size != nbytes:
@@ -201,7 +213,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
                           stacklevel=4)
             if size > nbytes:
                 continue
-        problem, k, sp, ct = _with_gaps(k, sp, ct, nbytes)
+        problem, k, sp, ct, cs = _with_gaps(k, sp, ct, cs, nbytes)
         if problem is not None:
             warnings.warn(f"the index {where} does not fit shard {url}: {problem}; reading its headers instead",
                           stacklevel=4)
@@ -214,7 +226,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
         if size < nbytes:  # reads stop at the shard's end: what lies past it is reported lost
             sp = np.minimum(sp.cumsum(axis=1), size)
             sp[:, 1] -= sp[:, 0]
-        keys[s], spans[s], contents[s] = k, sp, ct
+        keys[s], spans[s], contents[s], checksums[s] = k, sp, ct, cs
     indexed = [k is not None for k in keys]
     todo = [s for s in range(len(urls)) if keys[s] is None]
     if todo:
@@ -244,6 +256,6 @@ def shards(source: Any, progress: bool = True) -> Shards:
     if index and todo:
         how += f", {len(todo)} shards counted from their headers"
     return Shards(urls, keys, spans, classes, f"WebDataset shards ({len(urls)} shards, {n} samples; {how})",
-                  contents, indexed)
+                  contents, indexed, checksums)
 
 
