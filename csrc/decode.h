@@ -24,8 +24,8 @@ struct JpegInfo {
 // decompression bomb), the same number as fastdata._decode.MAX_IMAGE_PIXELS.
 constexpr uint64_t kMaxImagePixels = 1024ull * 1024 * 1024 / 4 / 3;
 
-// The most scans a JPEG may have (check_structure refuses more): libjpeg's progressive files
-// have 10 (6 grayscale), mozjpeg's a few more; each scan costs a pass over the whole image.
+// The most scans a JPEG may have (check_structure refuses more): libjpeg's progressive script
+// writes 10 (6 for grayscale); each scan costs a pass over the whole image, however short.
 constexpr int kMaxScans = 100;
 
 // What check_structure found: the container, and the size its header claims.

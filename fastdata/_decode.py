@@ -42,8 +42,8 @@ same limit (`_native.MAX_PIXELS`)."""
 MAX_SCANS: int = 100
 """The most scans a JPEG may have: `check_structure` refuses more, on every backend, before any
 decode. Each scan of a progressive JPEG is a pass over every block of the image however few bytes
-it takes, so a file of many tiny scans would cost seconds a decode; libjpeg writes 10 (6 for
-grayscale), mozjpeg a few more. The native decoder's limit is the same (`_native.MAX_SCANS`)."""
+it takes, so a file of many tiny scans would cost seconds a decode; libjpeg's progressive script
+writes 10 (6 for grayscale). The native decoder's limit is the same (`_native.MAX_SCANS`)."""
 
 
 class Inspection(NamedTuple):

@@ -4,7 +4,8 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 # SECONDS per target (default 300). Targets (default: all):
-#   decode          csrc/decode.cpp and entropy.cpp under libFuzzer + ASan + UBSan (the kernels this CPU picks)
+#   decode          csrc/decode.cpp and entropy.cpp under libFuzzer + ASan + UBSan (the kernels this CPU picks),
+#                   each input's pixels and errors compared with libjpeg's own Huffman decoder's
 #   decode-sse41    the same with FASTDATA_DECODE_SIMD=sse4.1 (the SSE4.1 kernels)
 #   decode-generic  the same with FASTDATA_DECODE_SIMD=none (the plain C++ kernels)
 #   collate         csrc/collate.cpp under libFuzzer + ASan + UBSan
