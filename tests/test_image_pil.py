@@ -317,6 +317,7 @@ def test_early_exit_leaves_no_worker(folder):
     assert torch.equal(x, kept)  # the batch held across the shutdown is intact
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("native", [True, False])
 def test_read_files_gives_the_bytes_or_the_cause(tmp_path, monkeypatch, native):
     # What FileReader reads a batch with: the native reads (threads, GIL released) and the
@@ -345,9 +346,7 @@ def test_read_files_gives_the_bytes_or_the_cause(tmp_path, monkeypatch, native):
         sock.bind(str(tmp_path / "sock.jpg"))
         paths = files + [str(tmp_path / "missing.jpg"), str(tmp_path), "bad\0name.jpg", str(fifo), "/dev/null",
                          str(zero), str(tmp_path / "sock.jpg")]
-        started = time.monotonic()
-        got = read.read_files(paths, threads=3)
-        assert time.monotonic() - started < 5  # nothing waited on the FIFO, nothing read /dev/zero
+        got = read.read_files(paths, threads=3)  # a wait on the FIFO would end in the test's time limit
     finally:
         sock.close()
     assert got[:40] == [open(f, "rb").read() for f in files]
