@@ -308,6 +308,29 @@ def test_sample_changed_at_the_same_size(pristine, tmp_path, backend, on_error):
             f"the index is stale: sample 00000004's bytes [{image.offset}, ")
 
 
+def test_checksums_compared_once_a_sample_and_process(pristine, tmp_path, monkeypatch):
+    """In one process each intact sample is hashed at its first read only; a changed one fails
+    in every epoch."""
+    from fastdata.image import read_shards
+
+    calls, crc32 = [], zlib.crc32
+    # (the reader hashes views of its read buffer; anything else calling zlib.crc32 is not counted)
+    monkeypatch.setattr(read_shards.zlib, "crc32",
+                        lambda data, *a: (isinstance(data, memoryview) and calls.append(len(data))) or crc32(data, *a))
+    _copy(pristine, tmp_path, True)
+    path = tmp_path / "train-000001.tar"
+    image = _members(path)["00000008.jpg"]
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b"\xff\xdb", image.offset_data) + 5] += 1
+    path.write_bytes(bytes(raw))
+    loader, _ = _load(tmp_path, ("wds", 0), "skip")
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert set(_delivered(loader)) == ALL - {sample(8)}
+        assert len(calls) == N + epoch  # every sample at first, then the changed one again
+    assert loader.stats["skipped"] == 3
+
+
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_index_of_another_order(folder, tmp_path, backend, on_error):
     """The index of a shard written in another order (the same bytes in all): no sample is
