@@ -17,8 +17,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate, Timed
 from .._collate import collate as native_collate
-from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
-                        start_method, workers_running)
+from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers,
+                        stall_limit, start_method, workers_running)
 from ..device import prefetch
 from .base import Loader, resolve_workers
 from .torch_iter import Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset

@@ -27,8 +27,8 @@ class Shards:
     members in bytes [spans[s][i, 0], spans[s][i, 0] + spans[s][i, 1]) and has key keys[s][i],
     with contents[s][i] = (members, payload bytes), which the reader checks against what it
     finds there ((-1, -1): unchecked), and checksums[s][i] the index's CRC-32 of the sample's
-    bytes, which the reader compares (-1, or checksums[s] None: none to compare). From the shards' index when there is one (indexed[s]),
-    else from a scan of their tar headers. Key "" is a slot for bytes that hold no sample the
+    bytes, which the reader compares (-1, or checksums[s] None: none to compare). From the
+    shards' index when there is one (indexed[s]), else from a scan of their tar headers. Key "" is a slot for bytes that hold no sample the
     source can name (damaged headers; bytes the index lists in no sample): reading it reports
     them."""
 
