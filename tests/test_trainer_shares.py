@@ -148,8 +148,11 @@ def launch(tmp_path: Path, monkeypatch, job: dict, run_list: list[dict], loader:
         # The reference, torch's own DataLoader, forks its workers after the process group's
         # threads have started, and in CI about one Lightning DDP job in a few such hung past the
         # limit (a job takes 20 s on an idle machine); fastdata's, whose working DataLoader has
-        # a stall limit, did not. The reference gets one more try; fastdata's job none.
-        if loader != "dataloader" or "ran past" not in str(e):
+        # a stall limit, did not. The reference gets one more try, and so does fastdata's job
+        # under Accelerate, which rebuilds the loader as its own torch DataLoader (one such hung
+        # once in CI: a rank waiting on its workers, the other in backward); the others none.
+        exposed = loader == "dataloader" or job["framework"] == "accelerate"
+        if not exposed or "ran past" not in str(e):
             raise
         shutil.rmtree(out)
         out.mkdir()
