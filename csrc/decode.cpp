@@ -467,15 +467,6 @@ void write_line(const uint8_t* line, int out_w, uint8_t* dst, int64_t sc, int64_
   }
 }
 
-std::string format(const char* fmt, ...) {
-  char buf[256];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
 // Checks libjpeg would make anyway, with clearer messages and no decompressor touched.
 std::string precheck(const ByteSpan& src) {
   if (src.size == 0) return "empty input: 0 bytes";

@@ -78,6 +78,10 @@ void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
                         bool index = true);
 
+// printf into a std::string of at most 255 characters: the error messages of the native decoder
+// (structure.cpp).
+std::string format(const char* fmt, ...);
+
 // Bytes held by this process's checkpoints (see `index` above).
 size_t entropy_index_bytes();
 

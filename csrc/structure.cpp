@@ -10,7 +10,6 @@
 #include "decode.h"
 
 namespace fastdata {
-namespace {
 
 std::string format(const char* fmt, ...) {
   char buf[256];
@@ -20,6 +19,8 @@ std::string format(const char* fmt, ...) {
   va_end(ap);
   return buf;
 }
+
+namespace {
 
 inline uint32_t be16(const uint8_t* p) { return uint32_t(p[0]) << 8 | p[1]; }
 inline uint32_t be32(const uint8_t* p) {
