@@ -707,12 +707,13 @@ class Decoder {
     // closed with an end marker, a bad Huffman code) is an error for every crop, not only for
     // the crops that reach it. Once a file has decoded whole without error, the caller may drop
     // `whole` for it: its later decodes stop at the window's last row; and the entropy decoder
-    // drops it for bytes it has seen decode whole itself. Without the entropy decoder, libjpeg's
+    // drops it for bytes its index has (proven whole), and adds it for bytes it would index
+    // (learning: a file's first decode on the machine). Without the entropy decoder, libjpeg's
     // skip: its skip to the very end returns without decoding, so the skip stops a row short
     // and the last row is read. A multi-scan (progressive) image was read whole by
     // jpeg_start_decompress already, with or without `whole`.
-    if (whole && indexed) {
-      if (!entropy_.proven_whole()) entropy_.decode_rest(&cinfo_);
+    if (indexed) {
+      if ((whole || entropy_.learning()) && !entropy_.proven_whole()) entropy_.decode_rest(&cinfo_);
     } else if (whole && !jpeg_has_multiple_scans(&cinfo_)) {
       const JDIMENSION left = cinfo_.output_height - cinfo_.output_scanline;
       if (left > 1 && jpeg_skip_scanlines(&cinfo_, left - 1) != left - 1) {

@@ -69,10 +69,10 @@ struct OutView {
 // where whole[i] is 0 the decode stops at the window's last row (for a file the caller has seen
 // decode whole without error). Samples are shared among up to `threads` threads.
 // With `index`, a baseline JPEG is entropy-decoded by entropy.cpp's decoder, which keeps
-// checkpoints of the bytes it decodes and decodes them again from the window's MCUs only (the
-// same pixels as libjpeg's decoder, which `index` false keeps to, and its errors, a little
-// stricter: entropy.h); bytes it has seen decode whole are not decoded whole again, whatever
-// `whole` says.
+// checkpoints of the bytes it decodes in the machine's index (index.h) and decodes them again
+// from the checkpoint before the window (the same pixels as libjpeg's decoder, which `index`
+// false keeps to, and its errors, a little stricter: entropy.h); bytes the index has are not
+// decoded whole again, and bytes it lacks are, whatever `whole` says.
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
@@ -82,8 +82,6 @@ void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
 // (structure.cpp).
 std::string format(const char* fmt, ...);
 
-// Bytes held by this process's checkpoints (see `index` above).
-size_t entropy_index_bytes();
 
 // Bytes the calling thread's decoder keeps between decodes (its copy of the file, row buffers,
 // the entropy decoder's buffers): a buffer an oversized file grew past 4 MiB is freed after it.

@@ -6,13 +6,10 @@
 
 #if __has_include(<jpegint.h>)
 
-#include <pthread.h>
-#include <unistd.h>  // getentropy
-
+#include <algorithm>
 #include <cstring>
-#include <mutex>
-#include <random>
-#include <unordered_map>
+
+#include "index.h"
 
 namespace fastdata {
 namespace {
@@ -73,145 +70,64 @@ constexpr int kNatural[80] = {
     29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
     47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
-// ---------------------------------------------------------------------------- the index
+// ---------------------------------------------------------------------------- checkpoints
 
 // The decoder's state at an MCU's first bit: where it is in the unstuffed entropy-coded data,
 // and the last DC value of each component (the next block's DC is a difference from it).
 struct Checkpoint {
   uint32_t bit;
-  int16_t dc[3];
+  int32_t dc[3];
 };
 
-// A file's checkpoints are found by a 128-bit keyed hash of its bytes (the decoder's private
-// copy: decode.cpp) and their count, so that a file changed in any way is a new file and two paths
-// to one file share one. The hash is SipHash-1-3 (Aumasson and Bernstein's keyed PRF; the
-// 128-bit output of the reference design), keyed by 16 bytes the operating system draws once per
-// process (forked children keep them): no input can choose its key, or another file's, without
-// that secret. An unkeyed hash would let a crafted file take another file's checkpoints: one
-// chosen block after the end-of-image marker (bytes there are accepted) sets any unkeyed,
-// invertible hash to any value. Written here, as CPython's and Rust's copies of SipHash are not
-// callable from C++: one pass over the file's bytes at a few GB/s, a few percent of a decode.
-struct Key {
-  uint64_t h0, h1, size;
-  bool operator==(const Key& o) const { return h0 == o.h0 && h1 == o.h1 && size == o.size; }
-};
-struct KeyHash {
-  size_t operator()(const Key& k) const { return size_t(k.h0); }
-};
+// In the index (index.h), 8 bytes: the bit position in bits 0-30 and each DC value + 1024 in 11
+// bits above. An 8-bit baseline JPEG's DC coefficients lie in [-1024, 1023]; a file whose
+// decode meets one outside (only corrupt data does) is not indexed, nor one of 2^31 bits.
+constexpr int32_t kDcBias = 1024;
 
-inline uint64_t load64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);  // little-endian hosts only (x86-64, aarch64): SipHash reads LE words
+inline bool packable(const int32_t* dc) {
+  for (int ci = 0; ci < 3; ++ci) {
+    if (dc[ci] < -kDcBias || dc[ci] >= kDcBias) return false;
+  }
+  return true;
+}
+
+inline uint64_t pack(const Checkpoint& c) {
+  uint64_t v = c.bit & 0x7FFFFFFFu;
+  for (int ci = 0; ci < 3; ++ci) v |= uint64_t(uint32_t(c.dc[ci] + kDcBias) & 0x7FF) << (31 + 11 * ci);
   return v;
 }
-inline uint64_t rotl(uint64_t v, int r) { return v << r | v >> (64 - r); }
 
-struct SipKey {
-  uint64_t k0, k1;
-};
-
-// 16 bytes from getentropy (the kernel's CSPRNG); std::random_device where it is missing.
-SipKey process_key() {
-  uint64_t k[2] = {0, 0};
-  if (getentropy(k, sizeof k) != 0) {
-    std::random_device rd;
-    for (uint64_t& w : k) w = uint64_t(rd()) << 32 | rd();
-  }
-  return {k[0], k[1]};
+inline Checkpoint unpack(uint64_t v) {
+  Checkpoint c{uint32_t(v & 0x7FFFFFFFu), {}};
+  for (int ci = 0; ci < 3; ++ci) c.dc[ci] = int32_t((v >> (31 + 11 * ci)) & 0x7FF) - kDcBias;
+  return c;
 }
 
-Key keyed_hash(const SipKey& key, const uint8_t* d, size_t n) {
-  uint64_t v0 = key.k0 ^ 0x736f6d6570736575ull, v1 = key.k1 ^ 0x646f72616e646f6dull ^ 0xee,
-           v2 = key.k0 ^ 0x6c7967656e657261ull, v3 = key.k1 ^ 0x7465646279746573ull;
-  auto round = [&] {
-    v0 += v1, v1 = rotl(v1, 13), v1 ^= v0, v0 = rotl(v0, 32);
-    v2 += v3, v3 = rotl(v3, 16), v3 ^= v2;
-    v0 += v3, v3 = rotl(v3, 21), v3 ^= v0;
-    v2 += v1, v1 = rotl(v1, 17), v1 ^= v2, v2 = rotl(v2, 32);
-  };
-  auto absorb = [&](uint64_t m) {
-    v3 ^= m;
-    round();  // c = 1
-    v0 ^= m;
-  };
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) absorb(load64(d + i));
-  uint64_t last = uint64_t(n) << 56;
-  for (size_t j = 0; i + j < n; ++j) last |= uint64_t(d[i + j]) << (8 * j);
-  absorb(last);
-  v2 ^= 0xee;
-  round(), round(), round();  // d = 3
-  const uint64_t h0 = v0 ^ v1 ^ v2 ^ v3;
-  v1 ^= 0xdd;
-  round(), round(), round();
-  return Key{h0, v0 ^ v1 ^ v2 ^ v3, uint64_t(n)};
-}
+// Which MCUs have a checkpoint: at most `cap` of them (the index's bound a file), on a grid of
+// every rstep-th MCU row, at `kper` columns evenly spaced (every cstep MCUs) in each such row.
+// A window's decode then Huffman-decodes from the checkpoint before each of its rows' first
+// MCU: on a photo of 22 MCU rows and a cap of 64, two checkpoints a row, so a row's decode
+// starts at most half a row before the window.
+struct Grid {
+  uint32_t per_row = 1, rstep = 1, cstep = 1, kper = 1, count = 1;
 
-}  // namespace
-
-struct EntropyIndex {
-  std::vector<Checkpoint> at;  // at[i]: the state at MCU i's first bit; MCUs [0, size - 1) decoded
-  uint32_t mcus = 0;           // the scan's MCUs
-  uint64_t nbits = 0;          // bits of its entropy-coded data
-  bool whole = false;          // every MCU decoded without error
-  size_t bytes() const { return sizeof(*this) + at.capacity() * sizeof(Checkpoint) + 64; }
-};
-
-namespace {
-
-// Checkpoints take 12 bytes an MCU (a 418x314 4:2:0 photo: 540 MCUs, 6.5 kB); past this many
-// bytes a process keeps no more files' checkpoints, and decodes the rest as before.
-constexpr size_t kIndexBudget = size_t(256) << 20;
-
-// The process's checkpoints by file content. A mutex taken twice a decode (find, keep); fork
-// waits for it (pthread_atfork), so that a child never starts with it held by a decode thread
-// of the parent's that it does not have.
-class Store {
- public:
-  static Store& get() {
-    static Store* store = [] {
-      auto* s = new Store;  // never destroyed: decode threads may outlive static destructors
-      pthread_atfork([] { get().mu_.lock(); }, [] { get().mu_.unlock(); },
-                     [] { get().mu_.unlock(); });
-      return s;
-    }();
-    return *store;
+  void set(uint32_t per_row_, uint32_t rows, uint32_t cap) {
+    per_row = std::max(per_row_, 1u);
+    rows = std::max(rows, 1u);
+    rstep = (rows + cap - 1) / cap;
+    const uint32_t rows_with = (rows + rstep - 1) / rstep;
+    const uint32_t k = std::max(1u, std::min(per_row, cap / rows_with));
+    cstep = (per_row + k - 1) / k;
+    kper = (per_row + cstep - 1) / cstep;
+    count = rows_with * kper;
   }
-
-  // The process's hash key (process_key): drawn when the store is made, before any decode.
-  const SipKey& key() const { return key_; }
-
-  std::shared_ptr<const EntropyIndex> find(const Key& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto it = map_.find(key);
-    return it == map_.end() ? nullptr : it->second;
+  // The MCU of checkpoint q.
+  uint32_t mcu(uint32_t q) const { return (q / kper) * rstep * per_row + (q % kper) * cstep; }
+  // The last checkpoint at or before MCU i.
+  uint32_t before(uint32_t i) const {
+    const uint32_t r = i / per_row, a = r / rstep;
+    return a * kper + (a * rstep == r ? (i % per_row) / cstep : kper - 1);
   }
-
-  // Keeps `index` for `key` unless one as long is kept, or a new file would pass the budget.
-  void keep(const Key& key, std::shared_ptr<const EntropyIndex> index) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto it = map_.find(key);
-    if (it == map_.end()) {
-      if (bytes_ + index->bytes() > kIndexBudget) return;
-      bytes_ += index->bytes();
-      map_.emplace(key, std::move(index));
-      return;
-    }
-    if (it->second->at.size() >= index->at.size()) return;
-    bytes_ += index->bytes() - it->second->bytes();
-    it->second = std::move(index);
-  }
-
-  size_t bytes() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return bytes_;
-  }
-
- private:
-  const SipKey key_ = process_key();
-  std::mutex mu_;
-  std::unordered_map<Key, std::shared_ptr<const EntropyIndex>, KeyHash> map_;
-  size_t bytes_ = 0;
 };
 
 // A decode_mcu can take 16 + 15 bits a coefficient, 64 coefficients a block, 10 blocks an MCU:
@@ -220,7 +136,11 @@ class Store {
 // each MCU (past it: libjpeg's "premature end of data segment").
 constexpr size_t kPad = 4096;
 
-inline uint64_t load_be64(const uint8_t* p) { return __builtin_bswap64(load64(p)); }
+inline uint64_t load_be64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return __builtin_bswap64(v);  // little-endian hosts only (x86-64, aarch64)
+}
 
 [[noreturn]] void fail_with(j_decompress_ptr cinfo, int code, int p0 = 0, int p1 = 0) {
   cinfo->err->msg_code = code;
@@ -250,14 +170,13 @@ struct EntropyDecoder::State {
   int32_t last_dc[4] = {};
   uint32_t next = 0;  // the MCU the next decode_mcu call is for
   int64_t at = -1;    // the MCU whose first bit the reader is at, -1 for none
-  // The checkpoints: cps[0 .. ncps) are known, from `found` (kept by an earlier decode of these
-  // bytes) and from this decode (`known`, when it extends them).
-  Key key{};
-  std::shared_ptr<const EntropyIndex> found;
-  std::vector<Checkpoint> known;
-  const Checkpoint* cps = nullptr;
-  size_t ncps = 0;
-  bool recording = false, fits = true;
+  // The checkpoints (packed), on `grid`: found in the index for these bytes (`found`), or
+  // recorded by this decode, which reads the scan from its start (cps[0 .. size)).
+  IndexKey key{};
+  Grid grid;
+  std::vector<uint64_t> cps;
+  bool found = false, fits = true;
+  uint32_t nbytes = 0;
   j_decompress_ptr cinfo = nullptr;
   // Tables built for earlier images, by their DHT contents: most datasets use one set. An
   // image uses at most 6 (a DC and an AC table for each of 3 components); the slots it uses
@@ -293,7 +212,7 @@ struct EntropyDecoder::State {
 
   uint64_t position() const { return uint64_t(p - data.data()) * 8 - uint64_t(bits); }
 
-  void jump(const Checkpoint& c, int64_t mcu) {
+  void jump(const Checkpoint& c, uint32_t mcu) {
     // Never past the data, whatever a checkpoint holds: a read stays inside the buffer.
     if (c.bit > nbits) fail_with(cinfo, JWRN_HIT_MARKER);
     p = data.data() + (c.bit >> 3);
@@ -304,19 +223,14 @@ struct EntropyDecoder::State {
     at = mcu;
   }
 
-  // After MCU i - 1 was decoded from the frontier: its successor's state is a new checkpoint.
+  // After MCU i - 1 was decoded: the state at MCU i is recorded when i is the grid's next.
   void record(uint32_t i) {
-    if (!recording || !fits || i != ncps) return;
-    Checkpoint c{uint32_t(position()), {}};
-    for (int ci = 0; ci < 3; ++ci) {
-      if (last_dc[ci] < INT16_MIN || last_dc[ci] > INT16_MAX) {
-        fits = false;  // only corrupt data gets here; such a file keeps no further checkpoints
-        return;
-      }
-      c.dc[ci] = int16_t(last_dc[ci]);
+    if (found || !fits || cps.size() >= grid.count || i != grid.mcu(uint32_t(cps.size()))) return;
+    if (!packable(last_dc) || position() >= (uint64_t(1) << 31)) {
+      fits = false;  // only corrupt data gets here; such a file is not indexed
+      return;
     }
-    known.push_back(c);  // reserved: cps stays valid
-    ncps = known.size();
+    cps.push_back(pack(Checkpoint{uint32_t(position()), {last_dc[0], last_dc[1], last_dc[2]}}));
   }
 
   // Decodes the next MCU's blocks into out (or nowhere), as libjpeg-turbo's decode_mcu does.
@@ -405,21 +319,30 @@ struct EntropyDecoder::State {
       const uint64_t used = (position() + 7) / 8;
       if (used > start) fail_with(cinfo, JWRN_HIT_MARKER);
       if (used < start) fail_with(cinfo, JWRN_EXTRANEOUS_DATA, int(start - used), 0xD0 + int((k - 1) & 7));
-      jump(Checkpoint{start * 8, {0, 0, 0}}, at);
+      jump(Checkpoint{start * 8, {0, 0, 0}}, uint32_t(at));
     }
     record(j + 1);
   }
 
-  // Puts the reader at MCU i's first bit: a jump to its checkpoint, or past the frontier, from
-  // the frontier on, each MCU decoded and its successor's checkpoint noted.
+  // Puts the reader at MCU i's first bit (i <= mcus): with checkpoints found, from the last
+  // checkpoint or restart marker at or before i, unless the reader is between it and i; else
+  // from where the reader is (libjpeg asks for MCUs in order), recording the grid's states on
+  // the way. The MCUs between are Huffman-decoded only.
   void seek(uint32_t i) {
     if (at == int64_t(i)) return;
-    if (i < ncps) {
-      jump(cps[i], i);
-      return;
+    if (found) {
+      const uint32_t last = std::min(i, mcus - 1);
+      const uint32_t q = grid.before(last);
+      uint32_t start = grid.mcu(q);
+      Checkpoint c = unpack(cps[q]);
+      if (interval != 0 && last / interval * interval > start) {
+        start = last / interval * interval;
+        c = Checkpoint{seg[start / interval] * 8, {0, 0, 0}};
+      }
+      if (at < int64_t(start) || at > int64_t(i)) jump(c, start);
+    } else if (at < 0 || at > int64_t(i)) {
+      jump(Checkpoint{0, {0, 0, 0}}, 0);
     }
-    const uint32_t frontier = uint32_t(ncps - 1);
-    if (at < int64_t(frontier) || at > int64_t(i)) jump(cps[frontier], frontier);
     for (uint32_t j = uint32_t(at); j < i; ++j) step<false>(nullptr, j);
   }
 };
@@ -506,33 +429,21 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
   }
   if (s.seg.size() != segments) return false;
   s.nbits = uint64_t(s.data.size()) * 8;
-  if (s.nbits >= (uint64_t(1) << 32)) return false;  // checkpoints hold 32-bit positions
+  if (s.nbits >= (uint64_t(1) << 31)) return false;  // checkpoints hold 31-bit positions
   s.data.resize(s.data.size() + kPad, 0);
 
   // `file` is the decoder's private copy (decode.cpp): the bytes hashed are the bytes decoded.
-  Store& store = Store::get();
-  s.key = keyed_hash(store.key(), file.data, file.size);
-  s.found = store.find(s.key);
-  if (s.found && (s.found->mcus != s.mcus || s.found->nbits != s.nbits ||
-                  s.found->at.size() > size_t(s.mcus) + 1)) {
-    s.found.reset();  // not these bytes' (a 128-bit keyed collision: not expected to happen)
-  }
-  s.fits = true;
-  s.known.clear();
-  if (s.found && s.found->whole) {
-    s.recording = false;
-    s.cps = s.found->at.data();
-    s.ncps = s.found->at.size();
-  } else {
-    s.recording = true;
-    s.known.reserve(size_t(s.mcus) + 1);
-    if (s.found) {
-      s.known.assign(s.found->at.begin(), s.found->at.end());
-    } else {
-      s.known.push_back(Checkpoint{0, {0, 0, 0}});
-    }
-    s.cps = s.known.data();
-    s.ncps = s.known.size();
+  const Index index = current_index();
+  s.nbytes = uint32_t(s.nbits / 8);
+  s.key = index.key_of(file.data, file.size);
+  s.grid.set(s.per_row, cinfo->MCU_rows_in_scan, index.max_checkpoints());
+  s.found = index.find(s.key, s.mcus, s.nbytes, &s.cps) && s.cps.size() == s.grid.count &&
+            s.cps[0] == pack(Checkpoint{0, {0, 0, 0}});
+  s.fits = !s.found && !index.full();
+  if (!s.found) {
+    s.cps.clear();
+    s.cps.reserve(s.grid.count);
+    s.cps.push_back(pack(Checkpoint{0, {0, 0, 0}}));
   }
   s.next = 0;
   s.at = -1;
@@ -542,12 +453,14 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
   return true;
 }
 
-bool EntropyDecoder::proven_whole() const { return s_->cinfo && s_->found && s_->found->whole; }
+bool EntropyDecoder::proven_whole() const { return s_->cinfo && s_->found; }
+
+bool EntropyDecoder::learning() const { return s_->cinfo && !s_->found && s_->fits; }
 
 void EntropyDecoder::decode_rest(j_decompress_ptr cinfo) {
   State& s = *s_;
   if (s.cinfo != cinfo || s.mcus == 0) return;
-  s.seek(s.mcus);  // decodes up to the last MCU's end (checkpoint mcus: one past the last)
+  s.seek(s.mcus);  // decodes up to the last MCU's end
 }
 
 void EntropyDecoder::detach(bool ok) {
@@ -555,33 +468,24 @@ void EntropyDecoder::detach(bool ok) {
   if (s.cinfo == nullptr) return;
   s.cinfo->client_data = nullptr;
   s.cinfo = nullptr;
-  if (!ok || !s.recording || !s.fits || (s.found && s.found->at.size() >= s.known.size())) {
-    s.found.reset();
-    return;
+  if (ok && !s.found && s.fits && s.at == int64_t(s.mcus) && s.cps.size() == s.grid.count) {
+    current_index().add(s.key, s.mcus, s.nbytes, s.cps.data(), s.grid.count);
   }
-  auto index = std::make_shared<EntropyIndex>();
-  index->at.assign(s.known.begin(), s.known.end());
-  index->mcus = s.mcus;
-  index->nbits = s.nbits;
-  index->whole = s.known.size() == size_t(s.mcus) + 1;
-  Store::get().keep(s.key, std::move(index));
-  s.found.reset();
 }
 
 size_t EntropyDecoder::scratch_bytes() const {
   const State& s = *s_;
-  return s.data.capacity() + s.known.capacity() * sizeof(Checkpoint) +
+  return s.data.capacity() + s.cps.capacity() * sizeof(uint64_t) +
          s.seg.capacity() * sizeof(uint32_t);
 }
 
 void EntropyDecoder::trim(size_t keep) {
   State& s = *s_;
   if (s.data.capacity() > keep) std::vector<uint8_t>().swap(s.data);
-  if (s.known.capacity() * sizeof(Checkpoint) > keep) std::vector<Checkpoint>().swap(s.known);
+  if (s.cps.capacity() * sizeof(uint64_t) > keep) std::vector<uint64_t>().swap(s.cps);
   if (s.seg.capacity() * sizeof(uint32_t) > keep) std::vector<uint32_t>().swap(s.seg);
 }
 
-size_t entropy_index_bytes() { return Store::get().bytes(); }
 
 }  // namespace fastdata
 
@@ -593,11 +497,11 @@ EntropyDecoder::EntropyDecoder() = default;
 EntropyDecoder::~EntropyDecoder() = default;
 bool EntropyDecoder::attach(j_decompress_ptr, const ByteSpan&) { return false; }
 bool EntropyDecoder::proven_whole() const { return false; }
+bool EntropyDecoder::learning() const { return false; }
 void EntropyDecoder::decode_rest(j_decompress_ptr) {}
 void EntropyDecoder::detach(bool) {}
 size_t EntropyDecoder::scratch_bytes() const { return 0; }
 void EntropyDecoder::trim(size_t) {}
-size_t entropy_index_bytes() { return 0; }
 }  // namespace fastdata
 
 #endif

@@ -1,14 +1,14 @@
-// The Huffman decoding of single-scan baseline JPEGs, in place of libjpeg-turbo's own, with an
-// index of where each MCU starts that lets a later decode of the same bytes begin at any MCU.
+// The Huffman decoding of single-scan baseline JPEGs, in place of libjpeg-turbo's own, from
+// checkpoints that let a decode of bytes seen before begin near its crop window.
 //
 // libjpeg's decoders must entropy-decode every MCU from the top left corner to the crop window's
 // last one (libjpeg-turbo's jpeg_skip_scanlines and jpeg_crop_scanline save the IDCT, upsampling
 // and colour conversion of what they skip, not its Huffman decoding): the bits have no landmarks
-// and each block's DC coefficient is a difference from the one before. So about 70% of a
-// RandomResizedCrop decode was Huffman decoding of MCUs outside the window. A decode that reads
-// a file from its start notes, for every MCU, its first bit and the DC predictors at that point
-// (a checkpoint); later decodes of the same bytes (the same file in a later epoch) jump from
-// checkpoint to checkpoint and decode only the MCUs whose blocks the window's IDCT needs.
+// and each block's DC coefficient is a difference from the one before. A file's first decode
+// reads its scan whole and notes, at up to 64 MCUs spread over its rows (index.h's bound), the
+// first bit and the DC predictors there (a checkpoint); the machine's checkpoint index (index.h)
+// keeps them for every later decode of the same bytes, in any process, which jumps to the
+// checkpoint before each window row and decodes from there only what the window's IDCT needs.
 //
 // libjpeg-turbo has no API for this, so this file replaces its entropy decoder's decode_mcu
 // method (jpegint.h: the module interface every libjpeg decoder is built from): the coefficient
@@ -52,14 +52,18 @@ class EntropyDecoder {
   // cinfo's source, in memory no one else can change during the decode (decode.cpp's private
   // copy): its checkpoints are found and kept by a keyed hash of exactly these bytes.
   bool attach(j_decompress_ptr cinfo, const ByteSpan& file);
-  // Whether these bytes have decoded whole without error in this process before (their index
-  // covers every MCU): corrupt data anywhere in them would have failed that decode.
+  // Whether these bytes have decoded whole without error before (the index has their
+  // checkpoints, which only a whole decode without error publishes): corrupt data anywhere in
+  // them would have failed that decode.
   bool proven_whole() const;
+  // Whether this decode would publish the bytes' checkpoints if it read the scan to its end
+  // (decode_rest): they are not in the index, and it has room.
+  bool learning() const;
   // Entropy-decodes every MCU not yet decoded to the scan's end, as a whole decode's check of
   // the rows below the window; errors as above.
   void decode_rest(j_decompress_ptr cinfo);
-  // After a decode without error: keeps the checkpoints learned for the next decode of these
-  // bytes in this process. Always ends the attachment.
+  // After a decode without error that read the whole scan: publishes the checkpoints recorded
+  // for the next decodes of these bytes. Always ends the attachment.
   void detach(bool ok);
   // The bytes this decoder's buffers hold between decodes (the scan's data, its checkpoints);
   // trim frees each buffer over `keep` bytes, so that one oversized file does not keep its

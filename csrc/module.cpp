@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "read.h"
 #ifdef FASTDATA_HAVE_JPEG
 #include "decode.h"
+#include "index.h"
 #endif
 
 namespace nb = nanobind;
@@ -433,8 +435,22 @@ NB_MODULE(_native, m) {
         "strides) as Pillow's bilinear resize with that box, mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
         "returns None or an error message per sample. GIL released.");
-  m.def("entropy_index_bytes", &fastdata::entropy_index_bytes,
-        "Bytes held by this process's entropy-decoding checkpoints.");
+  m.def("open_index", &fastdata::open_index, nb::arg("path"), nb::arg("slots"), nb::arg("arena"),
+        nb::arg("max_checkpoints"),
+        "Make the index file at path (or, for '', an anonymous one) this process's checkpoint "
+        "index; returns '' or why the file was not used (an anonymous index is used instead).");
+  m.def("index_stats", [] {
+    const fastdata::IndexStats s = fastdata::current_index().stats();
+    nb::dict d;
+    d["path"] = s.path;
+    d["files"] = s.files;
+    d["used"] = s.used;
+    d["arena"] = s.arena;
+    d["slots"] = s.slots;
+    d["max_checkpoints"] = s.max_checkpoints;
+    return d;
+  }, "The checkpoint index's file ('' when anonymous), files indexed, arena bytes used and "
+     "held, slots, and the most checkpoints a file.");
   m.def("decoder_scratch_bytes", &fastdata::decoder_scratch_bytes,
         "Bytes the calling thread's decoder keeps between decodes.");
 #else

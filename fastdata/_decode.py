@@ -20,6 +20,8 @@ walk in Python (same results, same messages).
 from __future__ import annotations
 
 import io
+import os
+import socket
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -251,13 +253,13 @@ def decode_crop_resize(
     the GIL is released changes that decode at most.
 
     index: a baseline JPEG's Huffman decoding by fastdata's own decoder (csrc/entropy.cpp),
-    which keeps, for the bytes it decodes, where each MCU starts (about 12 bytes an MCU, 6.5 kB
-    for a 418x314 photo; at most 256 MiB a process, then no more files are added), found by a
-    hash of the bytes keyed per process (SipHash, so no file can take another's): a later
-    decode of the same bytes decodes only its window's MCUs, with the same pixels as libjpeg's
-    decoder (index=False) and its errors, a little stricter (a bad Huffman code is always one;
-    csrc/entropy.h). Bytes that decoded whole without error in this process are not decoded
-    whole again, whatever `whole` says.
+    which keeps checkpoints of the bytes it decodes in the machine's checkpoint index
+    (`open_index`; at most 64 a file, 8 bytes each), found by a keyed hash of the bytes (SipHash,
+    so no file can take another's): a later decode of the same bytes, in any process, decodes
+    from the checkpoint before each window row, with the same pixels as libjpeg's decoder
+    (index=False) and its errors, a little stricter (a bad Huffman code is always one;
+    csrc/entropy.h). Bytes the index has are not decoded whole again, and bytes it lacks are
+    (to index them), whatever `whole` says.
     """
     _require()
     datas = list(datas)
@@ -295,10 +297,56 @@ def decode_crop_resize(
     return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index))
 
 
-def index_bytes() -> int:
-    """Bytes this process holds of `decode_crop_resize`'s checkpoints (see `index` there)."""
+INDEX_SLOTS = 1 << 21
+"""Files the checkpoint index holds at most, 7/8 of its slots: 1.8 million (ImageNet's 1.28
+million training images fill 61%)."""
+INDEX_ARENA = 960 << 20
+"""Bytes of the index's records: 48 a file and 8 a checkpoint (a 500x375 photo: 48 of them,
+432 bytes). With the slots (16 bytes each) and its header, the index file is 992 MiB, sparse:
+only what is written takes disk and memory."""
+INDEX_CHECKPOINTS = 64
+"""The most checkpoints a file keeps: spread over its MCU rows (csrc/entropy.cpp's Grid)."""
+
+
+def index_path() -> str:
+    """Where the machine's checkpoint index lives: $FASTDATA_CACHE (default ~/.cache/fastdata)
+    /jpeg-index/<host>-v1.idx. Named for the host, so that a home directory shared over the
+    network gives each machine its own (a memory-mapped file is shared only on one machine)."""
+    root = os.environ.get("FASTDATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fastdata")
+    return os.path.join(root, "jpeg-index", f"{socket.gethostname() or 'host'}-v1.idx")
+
+
+_opened: str | None = None
+
+
+def open_index(path: str | None = None) -> str | None:
+    """Makes the checkpoint index at `path` (default `index_path()`) this process's, creating it
+    (mode 0600, in a directory of mode 0700) if needed; the loaders call it before their workers
+    start, and each worker after it starts. Returns None, or why the file could not be used:
+    then an index in this process's memory, which the workers it forks share, serves instead
+    (an unwritable cache, a file another user owns or others may write, a filesystem without
+    fallocate). A nearly full file, or one of another format, is replaced by a new one. A
+    no-op for the index already open; without the native decoder, nothing."""
+    global _opened
+    if not AVAILABLE:
+        return None
+    path = index_path() if path is None else os.fspath(path)
+    if path == _opened:
+        return None
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    except OSError:
+        pass  # open_index below says why the file cannot be made
+    why = _ext.open_index(path, INDEX_SLOTS, INDEX_ARENA, INDEX_CHECKPOINTS)
+    _opened = path
+    return why or None
+
+
+def index_stats() -> dict:
+    """The checkpoint index in use: its file ("" when in memory), the files it holds, the bytes
+    of records used and available, its slots and the most checkpoints a file."""
     _require()
-    return _ext.entropy_index_bytes()
+    return dict(_ext.index_stats())
 
 
 def pillow_crop_resize(

@@ -399,18 +399,23 @@ def test_truncated_is_an_error_whatever_the_crop(images):
 
 def test_whole_0_stops_at_the_windows_last_row(images):
     """whole[i] = 0 (for a file already seen to decode whole): the rows below the window are not
-    decoded. A cut closed with an end marker then decodes for a window above the cut, with the
-    intact file's pixels; whole = 1 and the default refuse it, as does a window reaching the cut
-    and a progressive file (libjpeg reads every scan before the first row)."""
+    decoded by libjpeg's entropy decoder (index=False). A cut closed with an end marker then
+    decodes for a window above the cut, with the intact file's pixels; whole = 1 and the default
+    refuse it, as does a window reaching the cut and a progressive file (libjpeg reads every
+    scan before the first row). With the checkpoint index (index=True), a file it lacks is
+    decoded whole whatever `whole` says (to be indexed): the cut file fails there too."""
     good = images["500x375_q90_420"][0]
     closed = good[: int(len(good) * 0.6)] + b"\xff\xd9"
     top, bottom = (40, 10, 300, 90), (0, 300, 500, 75)
 
-    def run(datas, crops, whole):
+    def run(datas, crops, whole, index=False):
         out = torch.full((len(datas), 3, 32, 32), 7, dtype=torch.uint8)
         errors = _decode.decode_crop_resize(datas, np.array(crops, np.int32), np.zeros(len(datas), bool), out,
-                                            2, whole=whole)
+                                            2, whole=whole, index=index)
         return errors, out
+
+    errors, _ = run([closed], [top], np.array([0], np.uint8), index=True)
+    assert errors[0] is not None and "Corrupt JPEG data" in errors[0], errors
 
     errors, want = run([good], [top], None)
     assert errors == [None]
@@ -488,9 +493,9 @@ def test_entropy_decoder_gives_libjpegs_pixels():
     decodes, then decodes the same bytes again from the window's MCUs only: the pixels are
     libjpeg's (index=False) for windows at any place and DCT scale, flipped or not, on one
     thread (one image's Huffman tables replacing another's in the thread's cache) and on two,
-    decoding whole, stopping at the window's last row, and starting from the checkpoints a
-    stopped decode left part-way. The checkpoints are kept (index_bytes grows) for the decodes
-    with index=True only."""
+    decoding whole and stopping at the window's last row. Each file's checkpoints are indexed
+    (index_stats' files grows by one a file) by the first decode with index=True, stopped or
+    not (a file the index lacks is decoded whole), and by no decode with index=False."""
     rng = np.random.default_rng(11)
     datas, crops = [], []
     for data, size in _fresh_jpegs(1000):
@@ -509,17 +514,16 @@ def test_entropy_decoder_gives_libjpegs_pixels():
         assert errors == [None] * n, [e for e in errors if e][:3]
         return out
 
-    before = _decode.index_bytes()
+    before = _decode.index_stats()["files"]
     want = run(False, None, 1)
-    assert _decode.index_bytes() == before
+    assert _decode.index_stats()["files"] == before
     stop = np.zeros(n, np.uint8)
-    # Stopped first: checkpoints up to each window's last row; then whole, from those; then
-    # from the checkpoints of the whole decodes, stopped and not, on one and two threads.
+    # Stopped first: each file decoded whole and indexed; then from the checkpoints, stopped
+    # and not, on one and two threads.
     for whole, threads in ((stop, 1), (None, 1), (stop, 1), (None, 2), (stop, 2)):
         assert torch.equal(run(True, whole, threads), want), (whole is None, threads)
-    # 9 files of the 10 kept (not the progressive one), whole: 12 bytes an MCU of 16x16 (8x8
-    # for 4:4:4 and grayscale) pixels.
-    assert _decode.index_bytes() - before >= 12 * (500 * 375 // 256 + 333 * 251 // 64)
+    # 9 files of the 10 indexed (not the progressive one).
+    assert _decode.index_stats()["files"] - before == 9
 
 
 def test_entropy_decoder_takes_restart_markers_in_turn():
@@ -535,7 +539,6 @@ def test_entropy_decoder_takes_restart_markers_in_turn():
     swapped = bytearray(variants[1])
     a, b = swapped.index(b"\xff\xd0"), swapped.index(b"\xff\xd1")
     swapped[a + 1], swapped[b + 1] = 0xD1, 0xD0
-    mcus = (12 * 9, 23 * 17, 23 * 17)  # 16x16 MCUs for 4:2:0, 8x8 for 4:4:4 and grayscale
 
     def run(data, crops, index):
         out = torch.zeros(len(crops), 3, 32, 48, dtype=torch.uint8)
@@ -543,19 +546,19 @@ def test_entropy_decoder_takes_restart_markers_in_turn():
                                             np.zeros(len(crops), bool), out, 1, index=index)
         return errors, out
 
-    for data, n in zip(variants, mcus):
+    for data in variants:
         crops = random_crops(rng, (180, 130), 8, area=(0.02, 1.0))
         want_errors, want = run(data, crops, False)
         assert want_errors == [None] * len(crops)
-        before = _decode.index_bytes()
+        before = _decode.index_stats()["files"]
         for _ in range(2):  # the first decode keeps checkpoints, the second starts from them
             errors, got = run(data, crops, True)
             assert errors == want_errors and torch.equal(got, want)
-        assert _decode.index_bytes() - before >= 12 * n
+        assert _decode.index_stats()["files"] - before == 1
     crops = random_crops(rng, (180, 130), 4)
-    before = _decode.index_bytes()
+    before = _decode.index_stats()["files"]
     assert run(bytes(swapped), crops, True)[0] == run(bytes(swapped), crops, False)[0]
-    assert _decode.index_bytes() == before
+    assert _decode.index_stats()["files"] == before
 
     # Corrupt segments: where libjpeg fails, so does entropy.cpp (the message may differ: past a
     # segment's end it reads the next segment's bits where libjpeg reads zeros); it fails where
@@ -621,13 +624,18 @@ def test_entropy_decoder_fails_where_libjpeg_does():
                 assert torch.equal(got[i], want[i]), i
     # Both kinds, and both failures, in the set.
     assert sum(e is None for e in errors) > n // 4 and {bad_code, "Corrupt JPEG data: premature end of data segment"} <= set(errors)
+    # Stopping at the window's last row: files the index has (those that decoded whole) are
+    # decoded as libjpeg's stopped decode; those it lacks are decoded whole (to be indexed), and
+    # fail as they did whole.
+    whole_errors = errors
     stop = np.zeros(n, np.uint8)
     want_errors, want = run(False, stop)
     errors, got = run(True, stop)
     for i, (e, w) in enumerate(zip(errors, want_errors)):
-        assert w is not None or e in (None, bad_code), (i, e)
+        assert w is not None or e in (None, bad_code, whole_errors[i]), (i, e)
         if e is None and w is None:
             assert torch.equal(got[i], want[i]), i
+    assert any(w is None and e is not None for e, w in zip(errors, want_errors))
 
 
 # ---------------------------------------------------------------------------- build variants

@@ -551,12 +551,12 @@ def test_each_file_is_decoded_whole_once(workers, persistent, tmp_path, monkeypa
 @pytest.mark.parametrize("start", ["in-process", "fork", "forkserver"])
 def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
     """The record is one block of shared memory: a mark made by a worker is the training
-    process's, and the workers of the next pass see it, forked or started by forkserver (which
-    gets the record's file descriptor); a new loader over the same files in this process shares
-    it. Seen here through a file marked clean and then replaced by a corrupt one of the same
-    size whose centre window lies above the corruption: the next pass, and a new loader, decode
-    only the window, with the first file's pixels. Replaced by a corrupt file of another size,
-    it is decoded whole again, and refused. No name is left in /dev/shm."""
+    process's, forked or started by forkserver (which gets the record's file descriptor); a new
+    loader over the same files in this process shares it. The native decoder goes by content
+    too: a file marked clean, then replaced by a corrupt one of the same size whose centre
+    window lies above the corruption, is not in the checkpoint index, so the next pass and a new
+    loader decode it whole, and refuse it; so they do a corrupt file of another size. No name is
+    left in /dev/shm."""
     from fastdata._workers import hold_threads, release_threads
 
     def names() -> set:
@@ -598,9 +598,10 @@ def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
     if workers:
         context = loader._runner.loader.multiprocessing_context
         assert (context.get_start_method() if context is not None else "fork") == start
-    assert [y for _, y in first] == [y for _, y in second] == [y for _, y in third] == [[0, 1]]
-    assert loader.stats["skipped"] == fresh.stats["skipped"] == 0
-    for images in (first[0][0], second[0][0], third[0][0]):
-        assert torch.equal(images[0], first[0][0][0]) and torch.equal(images[1], first[0][0][0])
-    assert fourth == [[0]] and "corrupt JPEG" in changed.stats["errors"][0]["cause"]
+    assert fresh._decoder.entropy.clean.data_ptr() == loader._decoder.entropy.clean.data_ptr()
+    assert [y for _, y in first] == [[0, 1]]
+    assert torch.equal(first[0][0][0], first[0][0][1])
+    assert [y for _, y in second] == [y for _, y in third] == fourth == [[0]]
+    for run in (loader, fresh, changed):
+        assert run.stats["skipped"] == 1 and "corrupt JPEG" in run.stats["errors"][-1]["cause"]
     assert names() == before

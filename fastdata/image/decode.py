@@ -7,8 +7,8 @@ before any decode. `BatchDecoder.decode` then decodes each image straight into i
 slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aware decoder
 (only the crop window, at a reduced DCT scale when it is at least twice the output; a file's
 rows below the window are entropy-decoded too until it has once decoded whole without error,
-which `EntropyCheck` records by sample id; a file decoded before in this process is
-Huffman-decoded from its window's MCUs only, `_decode.decode_crop_resize`'s `index`), the rest
+which `EntropyCheck` records by sample id; a file decoded before on this machine is
+Huffman-decoded from the checkpoint before each window row, `_decode.open_index`), the rest
 with Pillow (Pillow-SIMD when installed); then the CPU pixel ops (ColorJitter, TrivialAugment)
 run on the rows in place. The `dali`
 backend runs `check` only, with the entropy check of `EntropyCheck`: DALI decodes.
@@ -218,6 +218,11 @@ class BatchDecoder:
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
         self.resample = "bilinear"  # the resize filter: "bilinear" (native or Pillow), "bicubic" or "nearest" (Pillow)
         self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.decode)
+        _decode.open_index()  # before the workers start: forked ones share it even in memory
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        _decode.open_index()  # a worker started by spawn or forkserver
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
