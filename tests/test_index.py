@@ -192,7 +192,8 @@ def test_a_full_or_foreign_index_is_replaced(tmp_path):
     index = tmp_path / "i.idx"
     paths = write_files(tmp_path / "files", range(200, 260))
     full = job(index, paths, tmp_path, small=True)
-    assert 48 < full["after"]["files"] < 60  # 64 slots: no adds past 7/8 of them
+    # 64 slots: no decode starts to index a file past 3/4 of them (two threads may pass it at once)
+    assert 48 <= full["after"]["files"] <= 49
     assert job(index, paths[:2], tmp_path, small=True)["before"]["files"] == 0
     index.write_bytes(b"not an index" * 100)
     os.chmod(index, 0o600)
