@@ -3,7 +3,7 @@ buffer rewritten during a decode leaves a trace, a file's work is bounded, and t
 decoder (index=True) and libjpeg's (index=False) give the same pixels or both refuse.
 
 The forged pairs are built against the hash fastdata used to key its checkpoints before they
-were keyed per process (`old_hash`, xxHash64's rounds with a fixed seed): a 32-byte block after
+were keyed by a secret (`old_hash`, xxHash64's rounds with a fixed seed): a 32-byte block after
 the end-of-image marker, solved from the rounds' inverse, gives a second file that hash and
 size. Under that hash the second file decoded with the first's checkpoints; each must now get
 its own pixels and errors.

@@ -126,9 +126,10 @@ class EntropyCheck:
     corrupt data anywhere in a file is an error whatever the crop. That is needed once a file:
     a sample marked clean at its present size is decoded only to its window's last row (`whole`
     gives 0 for it); a corrupt file is never marked, so it is decoded whole, and fails, each
-    time it comes; a file whose size changed is decoded whole again. (A file rewritten in place
-    with corrupt data at the very same size is not: its windows decode as before, and corrupt
-    data below them goes unseen.)
+    time it comes; a file whose size changed is decoded whole again. The native decoder also
+    decodes whole any bytes its checkpoint index lacks, whatever the record says
+    (`_decode.open_index`), so a file rewritten at the very same size is checked too; with
+    libjpeg's decoder (a progressive JPEG, a full index) it is not.
 
     Called, it checks the entropy-coded data of each unmarked JPEG for a decoder that would fill
     corrupt data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings,
