@@ -59,6 +59,7 @@ fi
 
 if [ $# -eq 0 ]; then
   set -- "$root/tests/test_decode.py" "$root/tests/test_collate.py" "$root/tests/test_fuzz.py" \
+    "$root/tests/test_index.py" "$root/tests/test_hostile_decode.py" \
     "$root/tests/test_image_pil.py::test_read_files_gives_the_bytes_or_the_cause" \
     -k "not test_fuzz_targets_run_clean"
 fi
