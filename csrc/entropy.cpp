@@ -172,6 +172,7 @@ struct EntropyDecoder::State {
   int64_t at = -1;    // the MCU whose first bit the reader is at, -1 for none
   // The checkpoints (packed), on `grid`: found in the index for these bytes (`found`), or
   // recorded by this decode, which reads the scan from its start (cps[0 .. size)).
+  Index index;  // the index these bytes were looked up in, and are published to
   IndexKey key{};
   Grid grid;
   std::vector<uint64_t> cps;
@@ -433,13 +434,13 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
   s.data.resize(s.data.size() + kPad, 0);
 
   // `file` is the decoder's private copy (decode.cpp): the bytes hashed are the bytes decoded.
-  const Index index = current_index();
+  s.index = current_index();
   s.nbytes = uint32_t(s.nbits / 8);
-  s.key = index.key_of(file.data, file.size);
-  s.grid.set(s.per_row, cinfo->MCU_rows_in_scan, index.max_checkpoints());
-  s.found = index.find(s.key, s.mcus, s.nbytes, &s.cps) && s.cps.size() == s.grid.count &&
+  s.key = s.index.key_of(file.data, file.size);
+  s.grid.set(s.per_row, cinfo->MCU_rows_in_scan, s.index.max_checkpoints());
+  s.found = s.index.find(s.key, s.mcus, s.nbytes, &s.cps) && s.cps.size() == s.grid.count &&
             s.cps[0] == pack(Checkpoint{0, {0, 0, 0}});
-  s.fits = !s.found && !index.full();
+  s.fits = !s.found && !s.index.full();
   if (!s.found) {
     s.cps.clear();
     s.cps.reserve(s.grid.count);
@@ -469,7 +470,7 @@ void EntropyDecoder::detach(bool ok) {
   s.cinfo->client_data = nullptr;
   s.cinfo = nullptr;
   if (ok && !s.found && s.fits && s.at == int64_t(s.mcus) && s.cps.size() == s.grid.count) {
-    current_index().add(s.key, s.mcus, s.nbytes, s.cps.data(), s.grid.count);
+    s.index.add(s.key, s.mcus, s.nbytes, s.cps.data(), s.grid.count);
   }
 }
 

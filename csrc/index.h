@@ -73,10 +73,11 @@ class Index {
   IndexStats stats() const;
 
   struct Map;  // the mapping (index.cpp)
+  Index() = default;  // none: only for assigning one later
   explicit Index(Map* map) : map_(map) {}
 
  private:
-  Map* map_;
+  Map* map_ = nullptr;
 };
 
 }  // namespace fastdata
