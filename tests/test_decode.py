@@ -488,7 +488,7 @@ def _fresh_jpegs(seed: int) -> list[tuple[bytes, tuple[int, int]]]:
     return out
 
 
-def test_entropy_decoder_gives_libjpegs_pixels():
+def test_entropy_decoder_gives_libjpegs_pixels(tmp_path):
     """entropy.cpp's Huffman decoding (index=True) keeps a checkpoint per MCU of the bytes it
     decodes, then decodes the same bytes again from the window's MCUs only: the pixels are
     libjpeg's (index=False) for windows at any place and DCT scale, flipped or not, on one
@@ -507,6 +507,7 @@ def test_entropy_decoder_gives_libjpegs_pixels():
     crops = np.array(crops, np.int32)[order]
     flips = rng.integers(0, 2, len(datas)).astype(bool)
     n = len(datas)
+    _decode.open_index(tmp_path / "index.idx")  # an empty index: the user's may hold these files
 
     def run(index, whole, threads):
         out = torch.zeros(n, 3, 40, 56, dtype=torch.uint8)
@@ -526,7 +527,7 @@ def test_entropy_decoder_gives_libjpegs_pixels():
     assert _decode.index_stats()["files"] - before == 9
 
 
-def test_entropy_decoder_takes_restart_markers_in_turn():
+def test_entropy_decoder_takes_restart_markers_in_turn(tmp_path):
     """A JPEG with restart markers (a segment every MCU, every 3 MCUs, every MCU row) is decoded
     by entropy.cpp (its checkpoints are kept) with libjpeg's pixels; with two markers out of
     turn it is left to libjpeg's decoder (no checkpoints), with libjpeg's result; corrupt
@@ -539,6 +540,8 @@ def test_entropy_decoder_takes_restart_markers_in_turn():
     swapped = bytearray(variants[1])
     a, b = swapped.index(b"\xff\xd0"), swapped.index(b"\xff\xd1")
     swapped[a + 1], swapped[b + 1] = 0xD1, 0xD0
+
+    _decode.open_index(tmp_path / "index.idx")  # an empty index: the user's may hold these files
 
     def run(data, crops, index):
         out = torch.zeros(len(crops), 3, 32, 48, dtype=torch.uint8)
