@@ -313,8 +313,9 @@ def index_path() -> str:
     """Where the machine's checkpoint index lives: $FASTDATA_CACHE (default ~/.cache/fastdata)
     /jpeg-index/<host>-v1.idx. Named for the host, so that a home directory shared over the
     network gives each machine its own (a memory-mapped file is shared only on one machine)."""
-    root = os.environ.get("FASTDATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fastdata")
-    return os.path.join(root, "jpeg-index", f"{socket.gethostname() or 'host'}-v1.idx")
+    from .tunecache import cache_root  # the tuned configs' cache, one root for both
+
+    return str(cache_root() / "jpeg-index" / f"{socket.gethostname() or 'host'}-v1.idx")
 
 
 _opened: str | None = None

@@ -51,8 +51,14 @@ def versions() -> dict[str, Any]:
             "pillow": {"version": pillow["version"], "simd": pillow["simd"]}, "python": platform.python_version()}
 
 
+def cache_root() -> Path:
+    """fastdata's cache on this machine: $FASTDATA_CACHE, default ~/.cache/fastdata (the tuned
+    configs, the checkpoint index)."""
+    return Path(os.environ.get("FASTDATA_CACHE") or Path.home() / ".cache" / "fastdata")
+
+
 def _root() -> Path:
-    return Path(os.environ.get("FASTDATA_CACHE", Path.home() / ".cache" / "fastdata")) / "tuned"
+    return cache_root() / "tuned"
 
 
 def _ttl() -> datetime.timedelta:
