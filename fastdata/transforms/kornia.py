@@ -1,29 +1,32 @@
-"""The device lowering of the pixel ops (ColorJitter, TrivialAugment): Kornia, batched, on any
-torch device, with the parameters `plan.plan_pixels` draws, the ones the Pillow lowering
-(`pil.py`) applies to the same (seed, epoch, sample). Each op follows Pillow's definition,
-and the result is rounded to uint8 levels after each op, as Pillow's images are.
+"""The device lowering of the pixel ops (ColorJitter, TrivialAugment): batched torch on any
+device, with the parameters `plan.plan_pixels` draws, the ones the Pillow lowering (`pil.py`)
+applies to the same (seed, epoch, sample). Each op computes what Pillow computes: the
+geometric ops in Pillow's 16.16 fixed point, the blends and the grayscale on integer levels,
+the hue shift through Pillow's 8-bit HSV in the precision of its C code; Kornia gives
+Posterize and Equalize. The result is rounded to uint8 levels after each op, as Pillow's
+images are. It runs in float32 whatever autocast or TF32 setting the caller has: nothing here
+is a matmul or a convolution, and autocast is turned off around it.
 
 `PARITY` is how far this lowering may be from Pillow's, per op: the mean absolute difference
 in uint8 levels over a batch of photographs (the parity tests hold it; the README shows it).
-The differences come from float arithmetic against Pillow's integer tables and, for hue, from
-Pillow's 8-bit HSV.
+What is left is a level here and there where Pillow-SIMD's integer code rounds otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Sequence
 
 import torch
 
-# mean |kornia - pillow| in uint8 levels, per op, over random magnitudes (geometric ops,
-# Posterize and Equalize are exact; the blends are within one level, as Pillow truncates where
-# float arithmetic rounds)
+# mean |this lowering - Pillow's| in uint8 levels, per op, over random magnitudes
 PARITY = {
-    "Identity": 0.0, "ShearX": 0.05, "ShearY": 0.05, "TranslateX": 0.05, "TranslateY": 0.05, "Rotate": 0.05,
-    "Brightness": 0.6, "Color": 0.6, "Contrast": 0.6, "Sharpness": 0.6, "Posterize": 0.05, "Solarize": 0.1,
+    "Identity": 0.0, "ShearX": 0.0, "ShearY": 0.0, "TranslateX": 0.0, "TranslateY": 0.0, "Rotate": 0.0,
+    "Brightness": 0.05, "Color": 0.05, "Contrast": 0.05, "Sharpness": 0.05, "Posterize": 0.0, "Solarize": 0.0,
     "AutoContrast": 0.05, "Equalize": 0.05,
-    "ColorJitter.brightness": 0.6, "ColorJitter.contrast": 0.6, "ColorJitter.saturation": 0.6, "ColorJitter.hue": 0.6,
+    "ColorJitter.brightness": 0.05, "ColorJitter.contrast": 0.05, "ColorJitter.saturation": 0.05,
+    "ColorJitter.hue": 0.05,
 }
 
 
@@ -33,8 +36,13 @@ def apply_pixel_ops(images: torch.Tensor, ops: Sequence, plans: list[list[dict]]
     from .ops import ColorJitter
 
     x = images.float().div_(255)
-    for op, params in zip(ops, plans):
-        x = color_jitter(x, params) if isinstance(op, ColorJitter) else trivial_augment(x, params)
+    # float32 throughout, whatever autocast the caller's loop runs under
+    device_type = x.device.type
+    off = (torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type)
+           else contextlib.nullcontext())
+    with off:
+        for op, params in zip(ops, plans):
+            x = color_jitter(x, params) if isinstance(op, ColorJitter) else trivial_augment(x, params)
     return x.mul_(255).round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -48,46 +56,91 @@ def _factor(values, x: torch.Tensor) -> torch.Tensor:
 
 
 def _blend(x: torch.Tensor, degenerate: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Pillow's ImageEnhance: degenerate + f * (x - degenerate), clipped."""
-    f = f.view(-1, 1, 1, 1)
-    return (degenerate + f * (x - degenerate)).clamp_(0, 1)
+    """Pillow's ImageEnhance (Image.blend): degenerate + f * (x - degenerate) on levels, in
+    float32 as Pillow computes it, truncated and clipped to a level."""
+    a, b = (degenerate * 255).round_(), (x * 255).round_()
+    f = f.to(torch.float32).view(-1, 1, 1, 1)
+    return (a + f * (b - a)).floor_().clamp_(0, 255).div_(255)
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    import kornia
-
-    return kornia.color.rgb_to_grayscale(x)  # ITU-R 601-2 luma, as Pillow's "L"
+    """Pillow's "L" of an RGB image, [N, 1, H, W] levels: ITU-R 601-2 luma in 16.16 fixed point
+    (libImaging/Convert.c, L24), on integers, so every device gives Pillow's level."""
+    rgb = (x * 255).round_().to(torch.int32)
+    luma = (rgb[:, 0:1] * 19595 + rgb[:, 1:2] * 38470 + rgb[:, 2:3] * 7471 + 0x8000) >> 16
+    return luma.to(x.dtype) / 255
 
 
 def brightness(x, f):
-    # Pillow blends with black, i.e. scales: what Kornia calls adjust_contrast.
-    import kornia
-
-    return kornia.enhance.adjust_contrast(x, f)
+    # Pillow blends with black.
+    return _blend(x, torch.zeros_like(x), f)
 
 
 def contrast(x, f):
     # Pillow blends with the mean of the grayscale image, rounded to a level.
-    mean = (_gray(x).mean(dim=(1, 2, 3), keepdim=True) * 255).round() / 255
+    mean = (_gray(x).double().mean(dim=(1, 2, 3), keepdim=True) * 255 + 0.5).floor_().float() / 255
     return _blend(x, mean.expand_as(x), f)
 
 
 def saturation(x, f):
-    import kornia
-
-    return kornia.enhance.adjust_saturation_with_gray_subtraction(x, f)
+    # Pillow blends with the grayscale image.
+    return _blend(x, _gray(x).expand_as(x), f)
 
 
 def hue(x, shift):
-    import kornia
+    """torchvision's hue shift of a Pillow image: to Pillow's 8-bit HSV, the hue level moved by
+    the shift truncated to whole levels (modulo 256), back to RGB. Pillow's conversions
+    (libImaging/Convert.c, rgb2hsv_row and hsv2rgb) mix float and double arithmetic; each step
+    here is one torch op in the precision C gives it, so every device rounds as Pillow does."""
+    f32, f64 = torch.float32, torch.float64
+    rgb = (x * 255).round_().to(torch.int32)
+    r, g, b = rgb[:, 0], rgb[:, 1], rgb[:, 2]
+    maxc, minc = rgb.amax(dim=1), rgb.amin(dim=1)
+    flat = maxc == minc
+    cr = (maxc - minc).to(f32).clamp_(min=1)  # flat pixels take hue and saturation 0 below
+    sat = cr / maxc.to(f32).clamp_(min=1)
+    rc, gc, bc = ((maxc - c).to(f32) / cr for c in (r, g, b))
+    h = torch.where(r == maxc, (bc - gc).to(f64),
+                    torch.where(g == maxc, (2.0 + rc.to(f64)) - bc.to(f64), (4.0 + gc.to(f64)) - rc.to(f64))).to(f32)
+    h = torch.fmod(h.to(f64) / 6.0 + 1.0, 1.0).to(f32)
+    uh = torch.where(flat, 0, (h.to(f64) * 255.0).trunc().clamp_(0, 255).to(torch.int32))
+    us = torch.where(flat, 0, (sat.to(f64) * 255.0).trunc().clamp_(0, 255).to(torch.int32))
+    steps = torch.tensor([int(v * 255) % 256 for v in shift.tolist()], dtype=torch.int32).to(x.device)
+    hh = (uh + steps.view(-1, 1, 1)) % 256
+    hd = hh.to(f64) * 6.0 / 255.0
+    i = hd.floor()
+    frac = (hd - i.to(f32).to(f64)).to(f32)
+    fs = (us.to(f64) / 255.0).to(f32)
+    v = maxc.to(f64)
 
-    return kornia.enhance.adjust_hue(x, shift * 2 * math.pi)
+    def level(t):  # C's round (half away from zero) of a non-negative value, clipped to a level
+        return (t + 0.5).floor_().clamp_(0, 255)
+
+    p = level(v * (1.0 - fs.to(f64)))
+    q = level(v * (1.0 - (fs * frac).to(f64)))
+    t = level(v * (1.0 - fs.to(f64) * (1.0 - frac.to(f64))))
+    sector = i.to(torch.int64) % 6
+    table = torch.stack([torch.stack(c, dim=1) for c in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v),
+                                                          (v, p, q))], dim=1)  # [N, 6, 3, H, W]
+    out = table.gather(1, sector.view(sector.shape[0], 1, 1, *sector.shape[1:]).expand(-1, 1, 3, -1, -1)).squeeze(1)
+    gray = (us == 0).unsqueeze(1)
+    out = torch.where(gray, v.unsqueeze(1).expand_as(out), out)
+    unmoved = (shift.abs() < 1e-9).to(x.device).view(-1, 1, 1, 1)  # the Pillow lowering leaves these alone
+    return torch.where(unmoved, x, (out / 255).to(x.dtype))
 
 
 def sharpness(x, f):
-    import kornia
-
-    return kornia.enhance.sharpness(x, f)
+    # Pillow's SMOOTH filter (3x3: 1s around a 5, over 13), its border rows and columns kept,
+    # rounded to levels as Pillow's filtered image is, then the blend. A sum of shifted slices,
+    # not Kornia's convolution: cuDNN runs a convolution in TF32 where the caller allows it.
+    h, w = x.shape[-2:]
+    inner = 4 * x[..., 1:-1, 1:-1]
+    for dy in range(3):
+        for dx in range(3):
+            inner = inner + x[..., dy:h - 2 + dy, dx:w - 2 + dx]
+    degenerate = x.clone()
+    degenerate[..., 1:-1, 1:-1] = _levels(inner / 13)
+    return _blend(x, degenerate, f)
 
 
 _JITTER = (brightness, contrast, saturation, hue)
@@ -108,13 +161,31 @@ def color_jitter(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
 
 # ----------------------------------------------------------------- TrivialAugmentWide
 
-def _pil_affine(data, x: torch.Tensor) -> torch.Tensor:
-    """Pillow's AFFINE data (output pixel -> input position, in pixel-edge coordinates) as the
-    forward matrix Kornia's warp_affine takes in pixel-centre coordinates."""
-    a, b, c, d, e, f = data
-    inverse = torch.tensor([[a, b, c + 0.5 * (a + b) - 0.5], [d, e, f + 0.5 * (d + e) - 0.5], [0.0, 0.0, 1.0]],
-                           dtype=torch.float64)
-    return torch.linalg.inv(inverse)[:2].to(x.dtype)
+def _fix(v: float) -> int:
+    """Pillow's FIX: a double to 16.16 fixed point, rounded half up."""
+    return math.floor(v * 65536.0 + 0.5)
+
+
+def _pil_affine_nearest(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor:
+    """Pillow's AFFINE transform with NEAREST sampling and fill 0, sample i with datas[i]
+    (output pixel -> input position, pixel-edge coordinates), computed as Pillow computes it:
+    in 16.16 fixed point (libImaging/Geometry.c, affine_fixed; a translation takes its
+    ImagingScaleAffine path, which picks the same pixels). Integer arithmetic, so each output
+    pixel takes the input pixel Pillow takes on every device. A sampling grid in float32 (Kornia's
+    warp_affine) does not: its rounding picks a neighbour near half-pixel positions, and a
+    matmul there runs in TF32 or bfloat16 where the caller allows it, which moves whole edges."""
+    n, c, h, w = x.shape
+    a = torch.tensor([[_fix(d[0]), _fix(d[1]), _fix(d[2] + d[0] * 0.5 + d[1] * 0.5),
+                       _fix(d[3]), _fix(d[4]), _fix(d[5] + d[3] * 0.5 + d[4] * 0.5)] for d in datas],
+                     dtype=torch.int64).to(x.device).view(n, 6, 1, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.int64).view(1, 1, w)
+    ys = torch.arange(h, device=x.device, dtype=torch.int64).view(1, h, 1)
+    xin = torch.div(a[:, 2] + xs * a[:, 0] + ys * a[:, 1], 65536, rounding_mode="floor")  # Pillow's >> 16
+    yin = torch.div(a[:, 5] + xs * a[:, 3] + ys * a[:, 4], 65536, rounding_mode="floor")
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
+    src = (yin.clamp(0, h - 1) * w + xin.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
+    out = x.reshape(n, c, h * w).gather(2, src).view(n, c, h, w)
+    return out * inside.unsqueeze(1).to(x.dtype)
 
 
 def _rotate_data(angle: float, w: int, h: int) -> tuple:
@@ -162,9 +233,7 @@ def trivial_augment(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
         m = [mags[i] for i in rows.tolist()]
         sub = x[rows]
         if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
-            M = torch.stack([_pil_affine(_affine(name, v, w, h), x) for v in m]).to(x.device)
-            out = kornia.geometry.transform.warp_affine(sub, M, (h, w), mode="nearest", padding_mode="zeros",
-                                                        align_corners=True)
+            out = _pil_affine_nearest(sub, [_affine(name, v, w, h) for v in m])
         elif name in ("Brightness", "Color", "Contrast", "Sharpness"):
             fn = {"Brightness": brightness, "Color": saturation, "Contrast": contrast, "Sharpness": sharpness}[name]
             out = fn(sub, _factor([1 + v for v in m], x))
