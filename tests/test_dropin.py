@@ -676,9 +676,23 @@ def test_device_cpu_same_batches(device, num_workers, h):
 # 8. num_workers="auto".
 
 
+def test_num_workers_auto_leaves_a_core_to_a_process_driving_cuda(monkeypatch):
+    import fastdata.backends.base as base
+
+    for cores, cpu, cuda in ((1, 1, 1), (2, 2, 1), (16, 16, 15), (17, 16, 16), (64, 16, 16)):
+        monkeypatch.setattr(base, "usable_cores", lambda cores=cores: cores)
+        assert (resolve_workers("auto", "cpu"), resolve_workers("auto", "cuda:0")) == (cpu, cuda), cores
+    monkeypatch.setattr(base, "usable_cores", lambda: 16)
+    monkeypatch.setattr(base.torch.cuda, "is_available", lambda: True)
+    assert resolve_workers("auto") == 15  # no device named: a CUDA device present
+    monkeypatch.setattr(base.torch.cuda, "is_available", lambda: False)
+    assert resolve_workers("auto") == 16 and resolve_workers(3, "cuda") == 3
+
+
 def test_num_workers_auto(h):
     resolved = resolve_workers("auto")
-    assert resolved == max(1, min(16, len(os.sched_getaffinity(0))))
+    cores = len(os.sched_getaffinity(0))
+    assert resolved == max(1, min(16, cores - 1 if torch.cuda.is_available() and cores > 1 else cores))
     for case in ("tuple-shuffle", "iterable-sharded"):
         ds, kw = CASES[case]()
         want = h.collect(DataLoader(ds, num_workers=resolved, **kw))

@@ -47,7 +47,7 @@ def test_a_real_report_follows_the_schema(folder, step_ms):
     loader = fastdata.loader(str(folder), batch_size=8, transform=SMALL, device="cpu", num_workers=1)
     report = fastdata.profile(loader, step_ms=step_ms, steps=10, warmup=1).to_json()
     jsonschema.validate(report, SCHEMA)
-    assert report["schema"] == "fastdata.profile.report/2"
+    assert report["schema"] == "fastdata.profile.report/3"
     assert report["skipped"] == {"count": 0, "files": 0, "examples": []}
     if step_ms is None:
         assert report["verdict"] is None and report["rates"]["together_images_per_s"] is None
@@ -88,13 +88,17 @@ def test_the_verdict_is_a_word_and_the_advice_objects(tmp_path):
             time.sleep(0.002)
             return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i % 10
 
-    report = fastdata.profile(fastdata.loader(Slow(), batch_size=8, num_workers=0), step_ms=2, steps=4, warmup=1)
+    def rebuild(change):
+        workers = change.get("num_workers", 0)
+        return fastdata.loader(Slow(), batch_size=8, num_workers=workers, persistent_workers=workers > 0)
+
+    report = fastdata.profile(rebuild({}), step_ms=2, steps=4, warmup=1, rebuild=rebuild)
     data = report.to_json()
     jsonschema.validate(data, SCHEMA)
     assert data["verdict"] == "input-bound" and "waited for data" in data["explanation"]
     first = data["first_change"]
-    assert first is not None and first["change"] and first["confidence"] in ("model", "rule")
-    assert first in data["advice"]
+    assert first is not None and first["change"] and first["confidence"] == "measured"
+    assert first in data["advice"] and data["headline"] == first["text"]
     report.write(tmp_path)
     assert json.loads((tmp_path / "report.json").read_text()) == json.loads(json.dumps(data))
 

@@ -220,14 +220,55 @@ def test_rate_model_with_0_workers_takes_the_measured_loader_time():
 
 
 def test_advice_predicts_workers():
+    """Without a way to build another loader, a predicted worker change stays the model's: said
+    as such, within the usable cores and the ceiling, and not the headline, which says what
+    bounds the step instead."""
+    from fastdata._cores import usable_cores
+
     loader = fastdata.loader(Busy(2.0), batch_size=8, num_workers=0)  # 16 ms a batch, mostly waiting
     report = fastdata.profile(loader, step_ms=2, steps=4, warmup=1)
     assert report.verdict == "input-bound"
     (prediction,) = [a for a in report.advice if a.change and "num_workers" in a.change]
-    assert prediction.change["num_workers"] > 0 and prediction.confidence == "model"
+    assert 0 < prediction.change["num_workers"] <= usable_cores() and prediction.confidence == "model"
     assert prediction.predicted_images_per_s > 1.1 * report.together_images_per_s
+    assert prediction.predicted_images_per_s <= (report.ceiling_images_per_s or float("inf"))
     assert f"num_workers={prediction.change['num_workers']} instead of 0" in prediction.text
-    assert report.first_change is prediction
+    assert "not measured" in prediction.text
+    assert report.first_change is None
+    assert report.headline.startswith("input bounds the step: reading the bytes costs the most")  # the sleep
+    assert report.to_json()["headline"] == report.headline
+
+
+class Slower(Busy):
+    """Busy, but each sample sleeps 4x as long in a worker process: a worker count that the rate
+    model favours (from a profile with none) and that measures slower."""
+
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is not None:
+            time.sleep(3 * self.ms / 1e3)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("dataset,gain", [(Busy, True), (Slower, False)])
+def test_a_predicted_worker_change_is_measured_before_it_is_advised(dataset, gain):
+    built = []
+
+    def rebuild(change):
+        built.append(change)
+        workers = change.get("num_workers", 0)
+        return fastdata.loader(dataset(2.0), batch_size=8, num_workers=workers, persistent_workers=workers > 0)
+
+    report = fastdata.profile(rebuild({}), step_ms=2, steps=4, warmup=1, rebuild=rebuild)
+    change = next(c for c in built[1:] if c)
+    assert built[1:] == [change, {}, change, {}]  # measured against the current config, interleaved
+    said = [a for a in report.advice if f"num_workers={change['num_workers']}" in a.text]
+    assert len(said) == 1
+    if gain:
+        assert said[0].confidence == "measured" and said[0].change == change
+        assert report.first_change is said[0] and "measured" in report.headline
+    else:  # measured slower: told, not advised
+        assert said[0].change is None and "gave no gain when measured" in said[0].text
+        assert report.first_change is None and report.headline.startswith("input bounds the step")
 
 
 @pytest.mark.gpu

@@ -144,8 +144,8 @@ def test_skipped_files_once_each_with_their_counts(report):
 
 @pytest.mark.parametrize("empty", ["nulls", "missing"])
 def test_every_optional_field_empty(empty):
-    report = {"schema": "fastdata.profile.report/2", "created": None, "source": None, "verdict": None,
-              "explanation": None, "first_change": None, "config": None, "batch_size": None,
+    report = {"schema": "fastdata.profile.report/3", "created": None, "source": None, "verdict": None,
+              "explanation": None, "first_change": None, "headline": None, "config": None, "batch_size": None,
               "rates": {"loader_alone_images_per_s": None, "step_alone_images_per_s": None,
                         "together_images_per_s": None, "ceiling_images_per_s": None},
               "stall_fraction": None, "stages": [], "steps": [], "advice": [], "tune": None,

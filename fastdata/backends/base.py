@@ -5,19 +5,35 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Iterator
 
+import torch
+
 from .._cores import usable_cores
 
 
-def resolve_workers(num_workers: int | str) -> int:
-    """`num_workers="auto"`: one worker per core this process may use, at most 16. (Workers
-    sleep while their prefetch queue is full, so on a busy consumer they cost nothing; fewer
-    leave cores idle while the consumer waits.) A tuned config, when present, overrides it.
-    Image mode without persistent workers takes 0 instead (see ImageLoader._auto_in_process)."""
+def resolve_workers(num_workers: int | str, device: Any = None) -> int:
+    """`num_workers="auto"`: one worker per core this process may use, at most 16, and one core
+    left to the training process where it drives a CUDA device (`device`, or without one, a
+    CUDA device present): its Python thread launches the step's kernels all the time, and a
+    worker beside it on every core delays each launch (benchmarks/gpu.py sweeps the count on a
+    GPU machine). On a CPU device the step's own threads yield the cores while it waits, and
+    workers sleep while their prefetch queue is full, so there one a core. A tuned config, when
+    present, overrides it. Image mode without persistent workers takes 0 instead (see
+    ImageLoader._auto_in_process)."""
     if num_workers == "auto":
-        return max(1, min(16, usable_cores()))
+        cores = usable_cores()
+        return max(1, min(16, cores - 1 if cores > 1 and _drives_cuda(device) else cores))
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):
         raise TypeError(f"num_workers should be a non-negative integer or 'auto', but got {num_workers!r}")
     return num_workers  # a negative count gets DataLoader's own ValueError
+
+
+def _drives_cuda(device: Any) -> bool:
+    try:
+        if device is not None:
+            return torch.device(device).type == "cuda"
+        return torch.cuda.is_available()
+    except (RuntimeError, TypeError):
+        return False
 
 
 def new_stats() -> dict[str, Any]:

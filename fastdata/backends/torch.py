@@ -50,7 +50,7 @@ class TorchLoader(DataLoader, Loader):
         call = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs).arguments
         del call["self"]
         if "num_workers" in call:
-            call["num_workers"] = resolve_workers(call["num_workers"])
+            call["num_workers"] = resolve_workers(call["num_workers"], device)
         if call.get("collate_fn") is native_collate or isinstance(call.get("collate_fn"), RingCollate):
             del call["collate_fn"]  # ours, handed back by a framework that rebuilds the loader
         Loader.__init__(self)

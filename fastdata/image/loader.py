@@ -109,7 +109,7 @@ class ImageLoader(Loader):
         self.seed = seed
         self._asked = (rank, world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
-        workers = resolve_workers(num_workers)
+        workers = resolve_workers(num_workers, self.device)
         if num_workers == "auto" and not persistent_workers and self._auto_in_process:
             workers = 0  # a fresh pass decodes in this process: no worker start (see threads.py)
         self.persistent_workers = bool(persistent_workers) and workers > 0

@@ -259,10 +259,10 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
         placements.append("gpu")
     else:
         print(f"not tried: {optional.missing('kornia', 'placement gpu')}", file=sys.stderr)
-    space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], cores}),
+    space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], max(1, cores - 1), cores}),
              "prefetch_factor": [2, 4], "backend": backends, "placement": placements}
     # what the user gets untuned (num_workers="auto"): a tune must beat it by more than the noise
-    default = {"num_workers": resolve_workers("auto"), "prefetch_factor": 2, "backend": backends[0], "placement": "cpu"}
+    default = {"num_workers": resolve_workers("auto", device), "prefetch_factor": 2, "backend": backends[0], "placement": "cpu"}
 
     def make(config: dict):
         w = config["num_workers"]
@@ -293,4 +293,12 @@ def _run(args: argparse.Namespace, device: str, source: str, transform: Any, ste
                              persistent_workers=args.workers != 0, transform=transform, device=device,
                              on_error=args.on_error)
     print(f"profiling {loader.backend} over {source}: {args.steps} steps a measurement...", file=sys.stderr)
-    return profile(loader, step, steps=args.steps, step_ms=args.step_ms, device=device, source=source)
+
+    def rebuild(change: dict):  # a predicted change is measured against this config before it is advised
+        workers = change.get("num_workers", args.workers)
+        print(f"measuring {json.dumps(change) if change else 'the current config'} against it...", file=sys.stderr)
+        return factory.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=workers,
+                              persistent_workers=workers != 0, transform=transform, device=device,
+                              on_error=args.on_error, **{k: v for k, v in change.items() if k != "num_workers"})
+    return profile(loader, step, steps=args.steps, step_ms=args.step_ms, device=device, source=source,
+                   rebuild=rebuild)

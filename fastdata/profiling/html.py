@@ -1,5 +1,5 @@
 """The profile report as one self-contained HTML page, rendered from the JSON report alone
-(schema "fastdata.profile.report/2", or /1), so a saved report.json renders again the same. Over 400
+(schema "fastdata.profile.report/3", or /2 or /1), so a saved report.json renders again the same. Over 400
 lines: the page's stylesheet and its four charts, each drawn in SVG on the scale helpers they share.
 
 `render(report)` returns the page: inline CSS and inline SVG, no script, font, image or link
@@ -157,6 +157,8 @@ def _headline(report: dict[str, Any]) -> str:
     first = report.get("first_change")
     if first:
         change = f'<p>{escape(str(first.get("text") or ""))}</p>{_chips(first, _current_rate(report))}'
+    elif report.get("headline"):  # schema /3: what bounds the step and what would help
+        change = f'<p>{escape(str(report["headline"]))}</p>'
     else:
         change = "<p>nothing to change</p>"
         if verdict == "input-bound" and report.get("advice"):
@@ -430,7 +432,7 @@ def _pairs(title: str, items: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    """The report (a dict of schema "fastdata.profile.report/2", or /1) as one self-contained page."""
+    """The report (a dict of schema "fastdata.profile.report/3", or /2 or /1) as one self-contained page."""
     env = dict(report.get("environment") or {})
     if env.get("pillow") and env.get("pillow_simd") is not None:
         env["pillow"] = f'{env["pillow"]}{" (SIMD)" if env.pop("pillow_simd") else ""}'

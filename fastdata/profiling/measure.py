@@ -26,11 +26,17 @@ def _batch_len(batch: Any) -> int:
 
 
 def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int = 30, step_ms: float | None = None,
-            warmup: int = 3, device: Any = None, source: str = "") -> Report:
+            warmup: int = 3, device: Any = None, source: str = "", rebuild: Callable[[dict], Any] | None = None,
+            confirm: int = 2) -> Report:
     """Profiles `loader` (a fastdata Loader, or any iterable of batches) against `step` (a
     callable run on each batch), or a simulated step of `step_ms` milliseconds, over `steps`
     batches after `warmup` ones. Returns a Report (print it, or `.write(dir)`). A fastdata
-    loader whose output size follows the epoch is also timed alone at each size (`sizes`)."""
+    loader whose output size follows the epoch is also timed alone at each size (`sizes`).
+
+    `rebuild(change)`, when given, makes a fresh loader like this one with the keywords of
+    `change` set ({} for this one's config): each change the rate model predicts to help is
+    then measured against the current config, `confirm` times each, interleaved, before it is
+    advised (see `advise`)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -43,15 +49,32 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     timed = isinstance(loader, Loader) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
     try:
-        report = _measure(loader, step, steps, warmup, device, source, timed)
+        measure = None
+        if rebuild is not None:
+            def measure(change: dict) -> tuple[list[float], list[float]]:
+                return _compare(rebuild, change, step, steps, warmup, device, confirm)
+        report = _measure(loader, step, steps, warmup, device, source, timed, measure)
     finally:
         if timed:
             loader.set_stage_timing(False)
     if isinstance(loader, Loader):
         report.sizes = rates_per_size(loader, steps, warmup)
     report.skipped = skipped_since(skipped_before, _skips(getattr(loader, "stats", {})))
-    check_ceiling(report, steps)
     return report
+
+
+def _compare(rebuild: Callable[[dict], Any], change: dict, step, steps: int, warmup: int, device,
+             repeats: int) -> tuple[list[float], list[float]]:
+    """The rates with the step (or the loader's alone, without one) of fresh loaders with
+    `change` and without it, `repeats` of each, interleaved so that a drift of the machine hits
+    both alike."""
+    with_change: list[float] = []
+    without: list[float] = []
+    for _ in range(repeats):
+        for config, runs in ((change, with_change), ({}, without)):
+            report = profile(rebuild(config), step, steps=steps, warmup=warmup, device=device)
+            runs.append(report.together_images_per_s or report.loader_images_per_s)
+    return with_change, without
 
 
 def _skips(stats: dict[str, Any]) -> tuple[int, int, dict[str, dict[str, Any]]]:
@@ -97,7 +120,7 @@ def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
                                 f"({report.ceiling_images_per_s:,.0f}): not a valid measurement")
 
 
-def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool) -> Report:
+def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool, measure) -> Report:
     epochs = [0]  # epochs begun so far
 
     def batches():
@@ -142,7 +165,8 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         report = Report(source, batch_size, loader_rate, None, None, None, None,
                         "no training step given: only the loader's own rate was measured", [], config, stages=stages,
                         bound=bound)
-        advise(loader, report)
+        check_ceiling(report, steps)
+        advise(loader, report, measure)
         return report
 
     # 2. the step alone, on one cached batch
@@ -161,20 +185,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(_ahead(loader) + min(warmup, 2)):
         step(next(it))
     _sync(device)
-    timeline: list[tuple[float, float]] = []
-    together_steps: list[tuple[float, int, bool]] = []
-    for _ in range(steps):
-        e, t0 = epochs[0], time.perf_counter()
-        batch = next(it)
-        t1 = time.perf_counter()
-        step(batch)
-        _sync(device)
-        t2 = time.perf_counter()
-        timeline.append((t1 - t0, t2 - t1))
-        together_steps.append((t2 - t0, _batch_len(batch), epochs[0] != e))
-    # Every step counts, those that began an epoch too: training pays for them each epoch, and
-    # leaving one out would keep the batches made while it waited (a fast step after a slow one).
-    seconds = sum(s for s, _, _ in together_steps)
+    timeline, together_steps, seconds = _together(it, step, steps, device, epochs)
     images = sum(k for _, k, _ in together_steps)
     together = images / max(seconds, 1e-9)
     epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
@@ -193,8 +204,47 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     per_step = images / len(together_steps)
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, why, timeline, config,
                     stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
-    advise(loader, report)
+    check_ceiling(report, steps)
+    advise(loader, report, measure)
     return report
+
+
+def _together(it, step, steps: int, device, epochs: list[int]):
+    """The loader and the step together, as a training loop runs them: (timeline, steps, seconds)
+    with timeline[k] = (the step's wait for its batch, its compute) and steps[k] = (its seconds,
+    its images, whether it began an epoch). Every step counts, those that began an epoch too:
+    training pays for them each epoch, and leaving one out would keep the batches made while it
+    waited (a fast step after a slow one).
+
+    On CUDA the loop is not synchronized step by step (a training loop is not: the CPU queues
+    step k+1's kernels, and takes batch k+2, while the GPU runs step k): the compute is each
+    step's GPU time, from CUDA events around it, and the seconds run to the GPU's end of the
+    last step. Elsewhere a step's compute is its time on the clock."""
+    cuda = device is not None and torch.device(device).type == "cuda"
+    timeline: list[tuple[float, float]] = []
+    out: list[tuple[float, int, bool]] = []
+    events = []
+    start = time.perf_counter()
+    for _ in range(steps):
+        e, t0 = epochs[0], time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        if cuda:
+            began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(device))
+            step(batch)
+            ended.record(torch.cuda.current_stream(device))
+            events.append((began, ended))
+        else:
+            step(batch)
+        t2 = time.perf_counter()
+        timeline.append((t1 - t0, t2 - t1))
+        out.append((t2 - t0, _batch_len(batch), epochs[0] != e))
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if cuda:
+        timeline = [(w, a.elapsed_time(b) / 1e3) for (w, _), (a, b) in zip(timeline, events)]
+    return timeline, out, seconds
 
 
 def size_steps(transform: Any, horizon: int = 100) -> list[int]:

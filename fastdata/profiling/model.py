@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+import statistics
+from typing import Any, Callable
 
+from .. import _optional as optional
 from .._cores import usable_cores
 from .._pillow import pillow_info
 from .report import INPUT_BOUND, WORKER_STAGES, Advice, Report
@@ -83,9 +85,17 @@ class RateModel:
                                    serial=serial)
 
 
-def advise(loader: Any, report: Report) -> None:
-    """Fills report.advice: each predicted change with its keywords and the images/s the rate
-    model gives it (with the step, if any), and what else the stages show."""
+# measure(change) -> (the change's rates, the current config's rates), measured interleaved
+Measure = Callable[[dict], "tuple[list[float], list[float]]"]
+
+
+def advise(loader: Any, report: Report, measure: Measure | None = None) -> None:
+    """Fills report.advice: each change the rate model predicts to help, with its keywords and
+    figure, and what else the stages show. No figure exceeds the report's ceiling (the cores
+    over the CPU an image) and no worker count exceeds the usable cores. With `measure`, each
+    predicted change is measured against the current config before it is advised, and only a
+    measured gain is advised as a change (confidence "measured"); without it, a prediction
+    stays the model's, which the headline does not name (Report.first_change)."""
     advice = report.advice
     stall, stages = report.stall_fraction, report.stages
     if stall is not None and stall <= INPUT_BOUND:
@@ -95,14 +105,22 @@ def advise(loader: Any, report: Report) -> None:
     workers = getattr(loader, "num_workers", None)
     cores = usable_cores()
     model = RateModel.of(report, cores)
+    ceiling = report.ceiling_images_per_s
+
+    def bounded(rate: float) -> float:
+        return min(rate, ceiling) if ceiling else rate
+
     if model is not None and isinstance(workers, int) and report.config.get("backend") not in ("dali", "ray"):
-        now = model.rate(workers)
-        options = {w: model.rate(w) for w in sorted({0, 1, cores, 2 * cores} - {workers})}
+        now = bounded(model.rate(workers))
+        counts = sorted({0, 1, max(1, cores - 1), cores} - {workers})
+        options = {w: bounded(model.rate(w)) for w in counts}
         best = max(options, key=options.get)
         if options[best] >= 1.1 * max(measured, now):  # better than both the run and the model's own figure for it
-            advice.append(Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
-                                 f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
-                                 {"num_workers": best}, options[best], "model"))
+            advice.append(_checked(
+                Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
+                       f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
+                       {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
+                measure))
     elif workers == 0 and cores > 1:
         advice.append(Advice(f"num_workers='auto' ({cores} here) instead of 0: decoding moves off the training process",
                              {"num_workers": "auto"}))
@@ -111,8 +129,10 @@ def advise(loader: Any, report: Report) -> None:
     if (model is not None and getattr(loader, "placement", None) == "cpu" and device is not None
             and device.type == "cuda" and pixel > 0.1 * 1e3 * model.work):
         gain = model.moved(pixel / 1e3).rate(max(workers or 0, 0))
-        advice.append(Advice(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms "
-                             f"of CPU a batch) to the GPU: about {gain:,.0f} images/s", {"placement": "gpu"}, gain, "model"))
+        advice.append(_checked(
+            Advice(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms of CPU a "
+                   f"batch) to the GPU: about {gain:,.0f} images/s", {"placement": "gpu"}, gain, "model"),
+            "placement='gpu'", measure))
     if not pillow_info().get("simd", False):
         advice.append(Advice("Pillow-SIMD is not active: bash scripts/install.sh builds it (the README's ImageNet "
                              "benchmark compares the two)"))
@@ -125,7 +145,7 @@ def advise(loader: Any, report: Report) -> None:
                                  + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
                                     if device is not None and device.type == "cpu" else "")))
     step_rate = report.step_images_per_s
-    more = scale_out(step_rate, model, cores, workers if report.config.get("backend") == "ray" else None)
+    more = scale_out(step_rate, model, cores, workers if report.config.get("backend") == "ray" else None, ceiling)
     if more is not None:
         advice.append(more)
     if step_rate is not None and report.loader_images_per_s < step_rate:
@@ -135,14 +155,31 @@ def advise(loader: Any, report: Report) -> None:
         advice.append(Advice("no change found to suggest"))
 
 
-def scale_out(step_rate: float | None, model: RateModel | None, cores: int, actors: int | None) -> Advice | None:
-    """When the step consumes more images/s than these CPUs can decode (their cores over the
-    CPU seconds an image costs; with the `ray` backend, its actors' CPUs): how many more nodes
-    of `cores` CPUs the `ray` backend needs to close the gap."""
+def _checked(predicted: Advice, name: str, measure: Measure | None) -> Advice:
+    """A predicted change, measured when `measure` is given: advised as measured when every run
+    with it beat every run without it, else said to give no gain (and not advised)."""
+    if measure is None:
+        return dataclasses.replace(predicted, text=f"{predicted.text}; the rate model's figure, not measured "
+                                                    "(fastdata profile SOURCE --tune measures it)")
+    runs, base = measure(predicted.change)
+    got, now = statistics.median(runs), statistics.median(base)
+    figures = f"{got:,.0f} images/s against {now:,.0f} now ({len(runs)} runs each, interleaved)"
+    if min(runs) > max(base):
+        return Advice(f"{name}: measured {figures}", predicted.change, got, "measured")
+    return Advice(f"{name} gave no gain when measured: {figures}; the rate model had predicted "
+                  f"{predicted.predicted_images_per_s:,.0f}")
+
+
+def scale_out(step_rate: float | None, model: RateModel | None, cores: int, actors: int | None,
+              ceiling: float | None = None) -> Advice | None:
+    """When the step consumes more images/s than these CPUs can decode (the report's ceiling:
+    their cores over the CPU seconds an image costs; with the `ray` backend, its actors' CPUs):
+    how many more nodes of `cores` CPUs the `ray` backend needs to close the gap, and how to
+    install Ray where it is not."""
     if not step_rate or model is None or model.cpu <= 0:
         return None
-    node = cores / model.cpu  # images/s one node of this machine's cores decodes
-    have = (actors if actors else cores) / model.cpu
+    node = ceiling if ceiling else cores / model.cpu  # images/s one node of this machine's cores decodes
+    have = node * (actors / cores if actors else 1)
     if step_rate <= 1.1 * have:
         return None
     nodes = math.ceil((step_rate - have) / node)
@@ -150,5 +187,6 @@ def scale_out(step_rate: float | None, model: RateModel | None, cores: int, acto
     text = (f"this step consumes {step_rate:,.0f} images/s; {where} {have:,.0f}; {nodes} more {cores}-core "
             f"node{'s' if nodes > 1 else ''} close{'' if nodes > 1 else 's'} the gap")
     if not actors:
-        text += " (backend='ray' decodes on a Ray cluster's CPUs)"
+        text += " (backend='ray' decodes on a Ray cluster's CPUs"
+        text += ")" if optional.has("ray") else f"; {optional.missing('ray', 'backend ray')})"
     return Advice(text, confidence="model")  # nodes to add, not a keyword: no change to apply

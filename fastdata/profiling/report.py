@@ -45,7 +45,7 @@ COSTS = frozenset((*WORKER_STAGES, "device_stage"))
 
 
 VERDICTS = ("input-bound", "compute-bound", "balanced")  # report.json's verdict: one of these, or null
-SCHEMA = "fastdata.profile.report/2"  # report.json's schema (report.schema.json beside this module)
+SCHEMA = "fastdata.profile.report/3"  # report.json's schema (report.schema.json beside this module)
 
 
 @dataclasses.dataclass
@@ -97,12 +97,38 @@ class Report:
 
     @property
     def first_change(self) -> Advice | None:
-        """The one change to make first: the advised change with the highest predicted rate,
-        else the first advice that changes something."""
-        changes = [a for a in self.advice if a.change]
+        """The one change to make first: the measured change with the highest rate (a tune's or
+        the profile's own check of a prediction); None without one."""
+        changes = [a for a in self.advice if a.change and a.confidence == "measured"]
         if changes:
             return max(changes, key=lambda a: a.predicted_images_per_s or 0.0)
         return None
+
+    @property
+    def headline(self) -> str:
+        """The report's one line: the measured change to make first, or else what bounds the
+        step and what would help."""
+        first = self.first_change
+        if first is not None:
+            return first.text
+        if self.verdict is None:
+            return "the loader was timed alone: give a step to see what bounds training"
+        if self.verdict != "input-bound":
+            return "nothing to change on the input side: the step itself bounds training"
+        stage = self.bound or "the loader"
+        what = STAGES.get(stage, "").split(" (")[0] or stage
+        text = f"input bounds the step: {what} costs the most"
+        if self.bound in self.stages:
+            text += f" ({self.stages[self.bound]:.2f} ms an image)"
+        if self.ceiling_images_per_s and self.step_images_per_s:
+            text += (f"; this pipeline's ceiling on these cores is {self.ceiling_images_per_s:,.0f} images/s against "
+                     f"the step's {self.step_images_per_s:,.0f}")
+        helps = {"decode": "more CPU cores, a GPU decode (backend='dali') or a smaller crop would help",
+                 "read": "more workers to overlap the waits, or faster storage, would help",
+                 "cpu_transforms": "placement='gpu' for the pixel ops, or more CPU cores, would help",
+                 "dataset": "a cheaper __getitem__ or more CPU cores would help",
+                 "collate": "fewer or smaller tensors a sample would help"}.get(self.bound or "", "")
+        return f"{text}: {helps}" if helps else text
 
     def _rate(self, name: str, rate: float) -> str:
         """A rate as the terminal shows it: not at all where it is flagged as above the ceiling."""
@@ -149,7 +175,7 @@ class Report:
         return {
             "schema": SCHEMA, "created": self.created, "source": self.source,
             "verdict": self.verdict, "explanation": self.explanation,
-            "first_change": dataclasses.asdict(first) if first else None,
+            "first_change": dataclasses.asdict(first) if first else None, "headline": self.headline,
             "config": self.config, "batch_size": self.batch_size,
             "rates": {"loader_alone_images_per_s": self.loader_images_per_s,
                       "step_alone_images_per_s": self.step_images_per_s,
@@ -182,6 +208,7 @@ class Report:
                       for name, ms in self.stages.items()]
         lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
+        lines.append(f"  first: {self.headline}")
         if self.skipped_line():
             lines.append(f"  {self.skipped_line()}")
         lines += [f"  ! {flag}" for flag in self.flags]
@@ -226,6 +253,7 @@ class Report:
             console.print(line)
         colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")
         console.print(f"verdict: [bold {colour}]{self.verdict or 'none'}[/]: {self.explanation}")
+        console.print(f"[bold]first:[/] {self.headline}")
         if self.skipped_line():
             console.print(f"[yellow]{self.skipped_line()}[/]")
         for flag in self.flags:
