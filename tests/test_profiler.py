@@ -325,3 +325,23 @@ def test_cli_model(folder, tmp_path):
 def test_cli_bad_source():
     done = _cli("/no/such/folder", "--step-ms", "5")
     assert done.returncode == 1 and "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_step_alone_times_a_full_batch():
+    """An epoch's short last batch, kept for the step alone, would time a smaller step (on a GPU
+    a 64-image step costs about what a 256-image one does)."""
+    import collections
+
+    seen = []
+
+    def step(batch):
+        seen.append((id(batch), len(batch[1])))
+        time.sleep(0.002)
+
+    for steps in (5, 6, 7):  # the loader-alone window ends on a short batch for one of these
+        seen.clear()
+        loader = fastdata.loader(Slow(0.0), batch_size=24, num_workers=0)  # 64 samples: 24, 24, 16
+        report = fastdata.profile(loader, step, steps=steps, warmup=1)
+        (replayed, count), = collections.Counter(i for i, _ in seen).most_common(1)
+        assert count >= steps  # the step alone replays one batch
+        assert {n for i, n in seen if i == replayed} == {24} and report.batch_size == 24

@@ -137,15 +137,17 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     # queue up ahead (made while the loader started, not in the timed window): from then on each
     # batch is made while the window runs
     it = batches()
+    cached = None
     for _ in range(warmup + _ahead(loader)):
-        cached = next(it)
+        cached = _fuller(cached, next(it))
     before = _stage_totals(loader) if timed else {}
     cpu = time.process_time()
     alone: list[tuple[float, int, bool]] = []  # (s, images, began an epoch) a batch
     for _ in range(steps):
         e, t = epochs[0], time.perf_counter()
-        cached = next(it)
-        alone.append((time.perf_counter() - t, _batch_len(cached), epochs[0] != e))
+        batch = next(it)
+        alone.append((time.perf_counter() - t, _batch_len(batch), epochs[0] != e))
+        cached = _fuller(cached, batch)
     _sync(device)
     n = sum(k for _, k, _ in alone)
     loader_rate = n / max(sum(s for s, _, _ in alone), 1e-9)
@@ -169,7 +171,8 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         advise(loader, report, measure)
         return report
 
-    # 2. the step alone, on one cached batch
+    # 2. the step alone, on one cached batch (a full one: an epoch's short last batch would
+    # time a smaller step)
     for _ in range(min(warmup, 2)):
         step(cached)
     _sync(device)
@@ -207,6 +210,11 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     check_ceiling(report, steps)
     advise(loader, report, measure)
     return report
+
+
+def _fuller(kept: Any, batch: Any) -> Any:
+    """The batch to keep for the step alone: the newer of the two unless it is smaller."""
+    return batch if kept is None or _batch_len(batch) >= _batch_len(kept) else kept
 
 
 def _together(it, step, steps: int, device, epochs: list[int]):
