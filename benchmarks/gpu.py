@@ -252,8 +252,11 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,resnet50")
     ap.add_argument("--steps", type=int, default=20, help="steps of the step-alone timing and the profile's windows")
     ap.add_argument("--root", default=str(HERE / "data" / "gpu-imagenet-like"))
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the sweep and the profile, interleaved")
+    ap.add_argument("--only", default="alone,training,sweep,placement", help="the parts to run (nvJPEG runs with placement)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    only = set(args.only.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
@@ -268,70 +271,95 @@ def main() -> None:
     say(f"data: {args.images} images in {args.root}; {cores} cores, num_workers='auto' -> {auto}; {out['device']}")
 
     # 1. the loader alone, per backend
-    alone = {}
-    backends = {"pil": args.root, "wds": pattern}
-    if _optional.has("dali"):
-        backends["dali"] = args.root
-    for backend, source in backends.items():
-        loader = fastdata_loader(source, device, args.batch, "auto", backend=backend)
-        alone[f"fastdata {backend}"] = epochs_rate(loader, device)
-        close(loader)
-        say(f"alone: fastdata {backend}: {alone[f'fastdata {backend}']:,.0f} images/s")
-    tv = TorchvisionSide(args.root, device, args.batch, auto)
-    alone["DataLoader + torchvision"] = epochs_rate(tv, device)
-    say(f"alone: DataLoader + torchvision: {alone['DataLoader + torchvision']:,.0f} images/s")
-    out["loader_alone"] = alone
+    tv = TorchvisionSide(args.root, device, args.batch, auto) if {"alone", "training"} & only else None
+    if "alone" in only:
+        alone = {}
+        backends = {"pil": args.root, "wds": pattern}
+        if _optional.has("dali"):
+            backends["dali"] = args.root
+        for backend, source in backends.items():
+            loader = fastdata_loader(source, device, args.batch, "auto", backend=backend)
+            alone[f"fastdata {backend}"] = epochs_rate(loader, device)
+            close(loader)
+            say(f"alone: fastdata {backend}: {alone[f'fastdata {backend}']:,.0f} images/s")
+        alone["DataLoader + torchvision"] = epochs_rate(tv, device)
+        say(f"alone: DataLoader + torchvision: {alone['DataLoader + torchvision']:,.0f} images/s")
+        out["loader_alone"] = alone
 
     # 2. step alone and together
-    training = {}
-    loader = fastdata_loader(args.root, device, args.batch, "auto")
-    cached = next(iter(loader))
-    for name in models:
-        step = model_step(name, device)
-        row = {"step_alone": step_alone(step, cached, device, args.steps)}
-        row["fastdata"] = epochs_rate(loader, device, step)
-        row["DataLoader + torchvision"] = epochs_rate(tv, device, step)
-        row["fastdata_of_step"] = row["fastdata"] / row["step_alone"]
-        row["ratio_vs_dataloader"] = row["fastdata"] / row["DataLoader + torchvision"]
-        training[name] = row
-        say(f"{name}: step alone {row['step_alone']:,.0f}; fastdata {row['fastdata']:,.0f} "
-            f"({row['fastdata_of_step']:.2f} of the step); DataLoader + torchvision "
-            f"{row['DataLoader + torchvision']:,.0f}; {row['ratio_vs_dataloader']:.2f}x")
-    close(loader)
-    close(tv.loader)
-    out["training"] = training
-
-    # 3. the worker sweep (ResNet-18), and where auto stands
-    step = model_step(models[0], device)
-    sweep = {}
-    for w in sorted({max(1, cores // 2), max(1, cores - 4), max(1, cores - 2), max(1, cores - 1), cores}):
-        loader = fastdata_loader(args.root, device, args.batch, w)
-        sweep[w] = epochs_rate(loader, device, step)
+    if "training" in only:
+        training = {}
+        loader = fastdata_loader(args.root, device, args.batch, "auto")
+        cached = next(iter(loader))
+        for name in models:
+            step = model_step(name, device)
+            row = {"step_alone": step_alone(step, cached, device, args.steps)}
+            row["fastdata"] = epochs_rate(loader, device, step)
+            row["DataLoader + torchvision"] = epochs_rate(tv, device, step)
+            row["fastdata_of_step"] = row["fastdata"] / row["step_alone"]
+            row["ratio_vs_dataloader"] = row["fastdata"] / row["DataLoader + torchvision"]
+            training[name] = row
+            say(f"{name}: step alone {row['step_alone']:,.0f}; fastdata {row['fastdata']:,.0f} "
+                f"({row['fastdata_of_step']:.2f} of the step); DataLoader + torchvision "
+                f"{row['DataLoader + torchvision']:,.0f}; {row['ratio_vs_dataloader']:.2f}x")
         close(loader)
-        say(f"sweep: {models[0]} with {w} workers: {sweep[w]:,.0f} images/s")
-    best = max(sweep, key=sweep.get)
-    out["sweep"] = {"model": models[0], "images_per_s": sweep, "best": best, "auto": auto,
-                    "auto_of_best": sweep[auto] / sweep[best]}
-    say(f"sweep: best {best} workers; auto ({auto}) gives {out['sweep']['auto_of_best']:.3f} of it")
+        out["training"] = training
 
-    # 4. the profiler on that loop, its advice measured as the CLI measures it
-    def rebuild(change):
-        return fastdata_loader(args.root, device, args.batch, change.get("num_workers", "auto"),
-                               **{k: v for k, v in change.items() if k != "num_workers"})
+    if tv is not None:
+        close(tv.loader)
 
-    loader = rebuild({})
-    report = fastdata.profile(loader, step, steps=max(args.steps, 30), device=device, rebuild=rebuild)
-    close(loader)
-    plain = sweep[auto]
-    out["profile"] = {"together": report.together_images_per_s, "plain_loop": plain,
-                      "together_of_plain": report.together_images_per_s / plain, "loader_alone": report.loader_images_per_s,
-                      "step_alone": report.step_images_per_s, "verdict": report.verdict, "headline": report.headline,
-                      "advice": [a.text for a in report.advice], "ceiling": report.ceiling_images_per_s}
-    print(report)
-    say(f"profile: together {report.together_images_per_s:,.0f} against the plain loop's {plain:,.0f} "
-        f"({out['profile']['together_of_plain']:.2f})")
+    # 3 and 4. the worker sweep (ResNet-18) and the profiler on the same loop, interleaved in
+    # rounds (ABBA), each measurement with a fresh loader: one epoch's figure swings by a third
+    # here (the workers and the training thread share every core)
+    if "sweep" in only:
+        step = model_step(models[0], device)
+
+        def rebuild(change):
+            return fastdata_loader(args.root, device, args.batch, change.get("num_workers", "auto"),
+                                   **{k: v for k, v in change.items() if k != "num_workers"})
+
+        reports = []
+
+        def plain(w):
+            loader = fastdata_loader(args.root, device, args.batch, w)
+            rate = epochs_rate(loader, device, step)
+            close(loader)
+            return rate
+
+        def profiled():
+            loader = rebuild({})
+            reports.append(fastdata.profile(loader, step, steps=max(args.steps, 30), device=device, rebuild=rebuild))
+            close(loader)
+            return reports[-1].together_images_per_s
+
+        counts = sorted({max(1, cores // 2), max(1, cores - 4), max(1, cores - 2), max(1, cores - 1), cores})
+        runs = {**{w: (lambda w=w: plain(w)) for w in counts}, "profile": profiled}
+        rates = {k: [] for k in runs}
+        for r in range(args.rounds):
+            for k in (list(runs) if r % 2 == 0 else reversed(list(runs))):
+                rates[k].append(runs[k]())
+                say(f"round {r + 1}: {models[0]} " + (f"with {k} workers" if k != "profile" else "profiled, together")
+                    + f": {rates[k][-1]:,.0f} images/s")
+        sweep = {w: statistics.median(rates[w]) for w in counts}
+        best = max(sweep, key=sweep.get)
+        out["sweep"] = {"model": models[0], "images_per_s": sweep, "runs": {str(k): v for k, v in rates.items()},
+                        "best": best, "auto": auto, "auto_of_best": sweep[auto] / sweep[best]}
+        say(f"sweep (medians of {args.rounds}): " + ", ".join(f"{w}: {r:,.0f}" for w, r in sweep.items())
+            + f"; best {best} workers; auto ({auto}) gives {out['sweep']['auto_of_best']:.3f} of it")
+        together = statistics.median(rates["profile"])
+        report = reports[-1]
+        out["profile"] = {"together": together, "plain_loop": sweep[auto], "together_of_plain": together / sweep[auto],
+                          "loader_alone": report.loader_images_per_s, "step_alone": report.step_images_per_s,
+                          "verdicts": [r.verdict for r in reports], "headline": report.headline,
+                          "advice": [a.text for a in report.advice], "ceiling": report.ceiling_images_per_s}
+        print(report)
+        say(f"profile: together {together:,.0f} (median of {args.rounds}) against the plain loop's "
+            f"{sweep[auto]:,.0f} ({out['profile']['together_of_plain']:.2f}); verdicts {out['profile']['verdicts']}")
 
     # 5. placement
+    if "placement" not in only:
+        _common.write("gpu", out, args.json)
+        return
     out["parity"] = parity_table(args.root, device)
     say("parity of the device lowering on " + device.type + " against Pillow (uint8 levels):")
     for row in out["parity"]:
