@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fastdata import bench
 
@@ -35,6 +36,13 @@ def test_augment_table_json_and_plot(tmp_path, capsys):
     assert "RandomResizedCrop" in printed and "images/s" in printed
     text = page.read_text()
     assert "<svg" in text and "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+    # an axis: a labelled gridline at each power of ten around the figures, and its title
+    import math
+
+    rates = [v for row in ops.values() for v in row.values() if v]
+    decades = range(math.floor(math.log10(min(rates))), math.ceil(math.log10(max(rates))) + 1)
+    assert "images/s (log scale" in text and text.count("<line") >= len(decades) + 1
+    assert all(f">{10 ** d:,}</text>" in text for d in decades)
 
 
 def test_cli_help_and_bad_input():
@@ -50,4 +58,7 @@ def test_pipeline_rows(tmp_path):
     out = tmp_path / "b.json"
     assert bench.main(["augment", "--images", "2", "--reps", "1", "--size", "32", "-q", "--json", str(out),
                        "--pipeline-images", "64"]) == 0
-    assert set(json.loads(out.read_text())["pipeline"]) == {"placement=cpu", "placement=gpu"}
+    rows = json.loads(out.read_text())["pipeline"]
+    # a placement row only where this machine has it: "gpu" needs a GPU (and Kornia)
+    want = {"placement=cpu", "placement=gpu"} if torch.cuda.is_available() and bench.has("kornia") else {"placement=cpu"}
+    assert set(rows) == want and all(v > 0 for v in rows.values())
