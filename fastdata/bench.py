@@ -255,16 +255,12 @@ def _pipeline(images: int, size: int) -> dict[str, float]:
     out = {}
     with tempfile.TemporaryDirectory() as root:
         make_imagenet_like(root, n_images=images, n_classes=4)
-        # "gpu" only on a GPU (on a CPU device the "device stage" is the CPU again), and it needs
-        # Kornia; the loader's batch of 256, as the training pipeline runs
-        gpu = device == "cuda" and has("kornia")
-        for placement in ("cpu", "gpu") if gpu else ("cpu",):
+        # "gpu" only on a GPU (on a CPU device the "device stage" is the CPU again), with Kornia
+        for placement in ("cpu", "gpu") if device == "cuda" and has("kornia") else ("cpu",):
             loader = fastdata.loader(root, batch_size=256, num_workers="auto", persistent_workers=True, transform=spec,
                                      device=device, dtype=torch.bfloat16, placement=placement)
-            sum(len(y) for _, y in loader)  # the first pass starts the workers
-            # the next two passes as one window: persistent workers run ahead into the next
-            # epoch, so a pass timed alone would hold work done in the one before
-            t = time.perf_counter()
+            sum(len(y) for _, y in loader)  # the first pass starts the workers; the next two are one window
+            t = time.perf_counter()  # (persistent workers run ahead: a pass timed alone holds the last one's work)
             n = sum(len(y) for _ in range(2) for _, y in loader)
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -278,46 +274,37 @@ def _plot(path: str, report: dict) -> None:
     (the rates span three decades: a linear axis would hide the slow ops)."""
     engines, rows = report["engines"], report["ops"]
     colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1"]
-    values = [v for r in rows.values() for v in r.values() if v]
-    first = int(np.floor(np.log10(min(values)))) if values else 0
-    last = max(int(np.ceil(np.log10(max(values)))) if values else 1, first + 1)
+    logs = [np.log10(v) for r in rows.values() for v in r.values() if v] or [0.0, 1.0]
+    first, last = int(np.floor(min(logs))), max(int(np.ceil(max(logs))), int(np.floor(min(logs))) + 1)
     bar, gap, left, width, top = 12, 10, 170, 560, 30
-    plot_h = len(rows) * (len(engines) * bar + gap)
-    height = top + plot_h + 40
-
-    def x_of(v: float) -> float:
-        return left + width * (np.log10(v) - first) / (last - first)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 140}" height="{height}" '
+    bottom = top + len(rows) * (len(engines) * bar + gap)
+    scale = width / (last - first)  # pixels a decade
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 140}" height="{bottom + 40}" '
              'font-family="sans-serif" font-size="11">']
     for d in range(first, last + 1):  # the axis: a gridline and a label at each power of ten
-        x = x_of(10.0 ** d)
-        parts.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#ccc"/>'
-                     f'<text x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{10 ** d:,}</text>')
-    parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + width}" y2="{top + plot_h}" stroke="#333"/>'
-                 f'<text x="{left + width / 2}" y="{top + plot_h + 30}" text-anchor="middle">'
-                 'images/s (log scale: each gridline is 10x the one before)</text>')
+        x = left + scale * (d - first)
+        parts.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{bottom}" stroke="#ccc"/>'
+                     f'<text x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">{10 ** d:,}</text>')
+    parts.append(f'<line x1="{left}" y1="{bottom}" x2="{left + width}" y2="{bottom}" stroke="#333"/><text x="'
+                 f'{left + width / 2}" y="{bottom + 30}" text-anchor="middle">images/s (log scale: each gridline is '
+                 '10x the one before)</text>')
     y = top
     for op, cells in rows.items():
         parts.append(f'<text x="{left - 8}" y="{y + len(engines) * bar / 2 + 4}" text-anchor="end">{html.escape(op)}</text>')
         for k, engine in enumerate(engines):
             v = cells.get(engine)
             if v:
-                w = max(2.0, x_of(v) - left)
+                w = max(2.0, scale * (np.log10(v) - first))
                 parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar - 2}" fill="{colors[k % 6]}"/>'
                              f'<text x="{left + w + 4:.1f}" y="{y + bar - 3}">{v:,.0f}</text>')
             y += bar
         y += gap
-    for k, engine in enumerate(engines):
-        parts.append(f'<rect x="{left + 110 * k}" y="8" width="10" height="10" fill="{colors[k % 6]}"/>'
-                     f'<text x="{left + 110 * k + 14}" y="17">{html.escape(engine)}</text>')
-    parts.append("</svg>")
+    parts += [f'<rect x="{left + 110 * k}" y="8" width="10" height="10" fill="{colors[k % 6]}"/><text x="{left + 110 * k + 14}" '
+              f'y="17">{html.escape(engine)}</text>' for k, engine in enumerate(engines)]
     title = f"fastdata-bench augment: images/s per op and engine ({html.escape(report['machine'])})"
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
-            f"<h3>{title}</h3><p>{report['images']} images, output {report['size']}px; images/s on a log axis.</p>"
-            + "".join(parts) + "</body></html>")
     with open(path, "w") as f:
-        f.write(page)
+        f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body><h3>{title}"
+                f"</h3><p>{report['images']} images, output {report['size']}px.</p>{''.join(parts)}</svg></body></html>")
 
 
 def augment(args: argparse.Namespace) -> dict:
