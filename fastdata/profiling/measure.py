@@ -190,8 +190,10 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     timeline, together_steps, seconds, images = _together(it, step, steps, device, epochs)
     together = images / max(seconds, 1e-9)
     epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
+    taken = sum(k for _, k, _ in together_steps)  # every step's images (`images`: those the window timed)
+    per_step = taken / len(together_steps)
     if stages:  # wall ms an image
-        stages["consumer_wait"] = 1e3 * sum(w for w, _ in timeline) / images
+        stages["consumer_wait"] = 1e3 * sum(w for w, _ in timeline) / taken
     # ideal: the steps' own compute in this run (a simulated step's sleep overshoots by
     # milliseconds on a busy host, more in one phase than another); real: compute and waits
     compute = sum(c for _, c in (timeline[1:] if len(timeline) > 1 and _cuda(device) else timeline))
@@ -203,7 +205,6 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
                                          "input would not speed this step up")
     else:
         verdict, why = "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
-    per_step = images / len(together_steps)
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, why, timeline, config,
                     stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
     check_ceiling(report, steps)
