@@ -149,8 +149,11 @@ _JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")
 
 def color_jitter(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
     """Brightness, contrast, saturation and hue, in each sample's own order."""
-    order = torch.tensor([p["order"] for p in params], device=x.device)
-    factors = [_factor([p[k] for p in params], x) for k in _JITTER_KEYS]
+    # the order and the hue shifts stay on the CPU: the rows and the hue's whole levels are drawn
+    # from them there, with no wait on the device
+    order = torch.tensor([p["order"] for p in params])
+    factors = [_factor([p[k] for p in params], x) for k in _JITTER_KEYS[:3]]
+    factors.append(torch.tensor([p["hue"] for p in params], dtype=torch.float64))
     for step in range(4):
         for k, fn in enumerate(_JITTER):
             rows = (order[:, step] == k).nonzero().flatten()
