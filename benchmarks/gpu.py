@@ -17,8 +17,8 @@ their shards) and prints, with the ratios measured in the same run:
    autocast, as training scripts run) against the Pillow lowering, the whole ImageNet pipeline
    (RandomResizedCrop, flip, ColorJitter(0.4, 0.4, 0.4, 0.1), TrivialAugment, Normalize) with
    placement "gpu" against "cpu": the differences in normalized units and both rates;
-6. torchvision's nvJPEG decode (`decode_jpeg(list, device="cuda")`) on the same files, the
-   reference for a GPU decode.
+6. a GPU decode without DALI (`nvjpeg_side.py`: torchvision's nvJPEG, the crop and resize on the
+   GPU) alone and feeding both models, beside fastdata in the same run; and its decode alone.
 
 Each loop times epochs after a warm one (workers started, page cache and the JPEG index warm):
 the steady state of persistent workers. Writes JSON (default benchmarks/results/gpu.json).
@@ -46,6 +46,8 @@ from fastdata import _optional
 from fastdata import transforms as T
 from fastdata._cores import usable_cores
 from fastdata.backends.base import resolve_workers
+from fastdata.synthetic import make_file_list
+from nvjpeg_side import NvjpegSide
 
 HERE = Path(__file__).resolve().parent
 SIZE = 224
@@ -230,7 +232,6 @@ def nvjpeg_rate(root: str, n: int = 2048, batch: int = 256) -> float | None:
         from torchvision.io import decode_jpeg, read_file
     except ImportError:
         return None
-    from fastdata.synthetic import make_file_list
 
     data = [read_file(p) for p, _ in make_file_list(root)[:n]]
     decode_jpeg(data[:batch], device="cuda")
@@ -272,6 +273,9 @@ def main() -> None:
 
     # 1. the loader alone, per backend
     tv = TorchvisionSide(args.root, device, args.batch, auto) if {"alone", "training"} & only else None
+    files = make_file_list(args.root)
+    nvj = {f"torchvision nvJPEG{' ahead' if a else ''}": NvjpegSide(files, device, args.batch, auto, ahead=a)
+           for a in (False, True)} if tv is not None else {}
     if "alone" in only:
         alone = {}
         backends = {"pil": args.root, "wds": pattern}
@@ -282,6 +286,9 @@ def main() -> None:
             alone[f"fastdata {backend}"] = epochs_rate(loader, device)
             close(loader)
             say(f"alone: fastdata {backend}: {alone[f'fastdata {backend}']:,.0f} images/s")
+        for name, side in nvj.items():
+            alone[name] = epochs_rate(side, device)
+            say(f"alone: {name}: {alone[name]:,.0f} images/s")
         alone["DataLoader + torchvision"] = epochs_rate(tv, device)
         say(f"alone: DataLoader + torchvision: {alone['DataLoader + torchvision']:,.0f} images/s")
         out["loader_alone"] = alone
@@ -296,17 +303,21 @@ def main() -> None:
             row = {"step_alone": step_alone(step, cached, device, args.steps)}
             row["fastdata"] = epochs_rate(loader, device, step)
             row["DataLoader + torchvision"] = epochs_rate(tv, device, step)
+            row.update({name: epochs_rate(side, device, step) for name, side in nvj.items()})
             row["fastdata_of_step"] = row["fastdata"] / row["step_alone"]
             row["ratio_vs_dataloader"] = row["fastdata"] / row["DataLoader + torchvision"]
             training[name] = row
             say(f"{name}: step alone {row['step_alone']:,.0f}; fastdata {row['fastdata']:,.0f} "
                 f"({row['fastdata_of_step']:.2f} of the step); DataLoader + torchvision "
-                f"{row['DataLoader + torchvision']:,.0f}; {row['ratio_vs_dataloader']:.2f}x")
+                f"{row['DataLoader + torchvision']:,.0f}; {row['ratio_vs_dataloader']:.2f}x; "
+                + "; ".join(f"{n} {row[n]:,.0f} (fastdata {row['fastdata'] / row[n]:.2f}x)" for n in nvj))
         close(loader)
         out["training"] = training
 
     if tv is not None:
         close(tv.loader)
+        for side in nvj.values():
+            close(side.loader)
 
     # 3 and 4. the worker sweep (ResNet-18) and the profiler on the same loop, interleaved in
     # rounds (ABBA), each measurement with a fresh loader: one epoch's figure swings by a third
