@@ -308,27 +308,54 @@ def test_sample_changed_at_the_same_size(pristine, tmp_path, backend, on_error):
             f"the index is stale: sample 00000004's bytes [{image.offset}, ")
 
 
-def test_checksums_compared_once_a_sample_and_process(pristine, tmp_path, monkeypatch):
-    """In one process each intact sample is hashed at its first read only; a changed one fails
-    in every epoch."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_checksums_compared_once_a_sample(pristine, tmp_path, monkeypatch, workers):
+    """Each intact sample is hashed at its first read only, by the loader's processes together
+    (workers started afresh each epoch included) and by a later loader over the same shards in
+    this process; a changed one fails in every epoch and every loader."""
+    from fastdata._workers import start_method
     from fastdata.image import read_shards
 
-    calls, crc32 = [], zlib.crc32
-    # (the reader hashes views of its read buffer; anything else calling zlib.crc32 is not counted)
-    monkeypatch.setattr(read_shards.zlib, "crc32",
-                        lambda data, *a: (isinstance(data, memoryview) and calls.append(len(data))) or crc32(data, *a))
-    _copy(pristine, tmp_path, True)
-    path = tmp_path / "train-000001.tar"
-    image = _members(path)["00000008.jpg"]
+    tally, crc32 = tmp_path / "hashed", zlib.crc32
+
+    def counted(data, *a):  # each hash's value, from whichever process (forked workers inherit this)
+        got = crc32(data, *a)
+        if isinstance(data, memoryview):  # the reader hashes views of its read buffer; nothing else counts
+            fd = os.open(tally, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            os.write(fd, got.to_bytes(4, "little"))
+            os.close(fd)
+        return got
+
+    def hashed() -> tuple[int, int]:
+        """(hashes of intact samples, hashes of the changed one) so far."""
+        values = np.frombuffer(tally.read_bytes(), dtype="<u4")
+        return int((values != changed).sum()), int((values == changed).sum())
+
+    monkeypatch.setattr(read_shards.zlib, "crc32", counted)
+    assert start_method(None) is None  # fork: the workers run the patched crc32
+    (tmp_path / "data").mkdir()
+    data = _copy(pristine, tmp_path / "data", True)
+    path = data / "train-000001.tar"
+    members = _members(path)
+    image = members["00000008.jpg"]
     raw = bytearray(path.read_bytes())
     raw[raw.index(b"\xff\xdb", image.offset_data) + 5] += 1
     path.write_bytes(bytes(raw))
-    loader, _ = _load(tmp_path, ("wds", 0), "skip")
+    first = min(m.offset for n, m in members.items() if n.startswith("00000008."))
+    end = max(m.offset_data + m.size for n, m in members.items() if n.startswith("00000008."))
+    end += -end % 512  # the sample's span: its members' headers and padded payloads
+    changed = crc32(bytes(raw[first:end]))
+    loader, _ = _load(data, ("wds", workers), "skip", persistent_workers=False)
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert set(_delivered(loader)) == ALL - {sample(8)}
-        assert len(calls) == N + epoch  # every sample at first, then the changed one again
-    assert loader.stats["skipped"] == 3
+        intact, again = hashed()
+        assert intact == N - 1 and again >= epoch + 1  # the intact ones at their first read only
+    later, _ = _load(data, ("wds", workers), "skip", persistent_workers=False)
+    assert set(_delivered(later)) == ALL - {sample(8)}
+    intact, again = hashed()
+    assert intact == N - 1 and again >= 4
+    assert loader.stats["skipped"] == 3 and later.stats["skipped"] == 1
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])

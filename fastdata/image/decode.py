@@ -75,12 +75,12 @@ def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, 
 
 
 # The records of the last few sample lists loaders were built over in this process, by key
-# (see EntropyCheck): a handful, each 4 bytes a sample.
+# (EntropyCheck's clean files, ShardReader's verified checksums): a handful, each 4 bytes a sample.
 _RECORDS: OrderedDict = OrderedDict()
-_RECORDS_KEPT = 4
+_RECORDS_KEPT = 8
 
 
-def _shared_record(ids: int, key: Hashable | None) -> torch.Tensor:
+def shared_record(ids: int, key: Hashable | None) -> torch.Tensor:
     """The record for `key` with `ids` entries: the one kept for it, else a new one of zeros
     (kept when there is a key)."""
     record = _RECORDS.get(key) if key is not None else None
@@ -139,7 +139,7 @@ class EntropyCheck:
     [0, ids) are never marked."""
 
     def __init__(self, ids: int, key: Hashable | None = None) -> None:
-        self.clean = _shared_record(max(0, int(ids)), key)
+        self.clean = shared_record(max(0, int(ids)), key)
         self.threads: int | None = None  # None: the usable cores
 
     def whole(self, ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:

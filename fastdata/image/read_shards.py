@@ -24,6 +24,7 @@ import numpy as np
 from ..sources import Shards
 from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_range
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar
+from .decode import samples_key, shared_record
 from .order import ShardOrder
 from .read import Failures, Read
 
@@ -81,8 +82,10 @@ class ShardReader:
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
         self._current: tuple | None = None  # (key, Future of the _Block) of the block being decoded
         self._files = all(local_path(url) is not None for url in shards.urls)
-        # shard -> bool [samples]: whose bytes this process found with the index's CRC-32 (see _read_run)
-        self._verified: dict[int, np.ndarray] = {}
+        # 1 at each sample id whose bytes were found with the index's CRC-32 (see _read_run): in
+        # shared memory, for this loader's workers, fresh ones each epoch included, and the
+        # loaders this process builds over the same shards
+        self._verified = shared_record(len(shards), (b"crc", samples_key(shards)))
         # labels are in [0, _label_limit): the index's classes, else [0, 2**31)
         self._label_limit = shards.label_limit
         self._label_range = f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named"
@@ -250,18 +253,18 @@ class ShardReader:
         stale = "the index is stale: " if indexed else "the shard changed since its headers were counted: "
         spans = self.shards.spans[s][first:end].tolist()
         expected = contents[first:end].tolist() if contents is not None else [(-1, -1)] * (end - first)
-        # A sample's CRC-32 is compared the first time this process reads it (about 3 GB/s, a few
-        # percent of its decode): a sample found changed fails every time, one found intact is
-        # not hashed again here.
+        # A sample's CRC-32 is compared the first time one of the processes sharing the record
+        # reads it (zlib's runs at about 2 GB/s, a few percent of a decode): a sample found
+        # changed fails every time, one found intact is not hashed again by them.
         checksums = self.shards.checksums[s] if self.shards.checksums is not None else None
         if checksums is None:
             crcs = [-1] * (end - first)
         else:
-            seen = self._verified.setdefault(s, np.zeros(len(checksums), dtype=bool))
-            crcs = np.where(seen[first:end], -1, checksums[first:end]).tolist()
-        for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs), first):
+            seen = self._verified.numpy()[self.plan.first[s] + first:self.plan.first[s] + end]
+            crcs = np.where(seen != 0, -1, checksums[first:end]).tolist()
+        for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs)):
             if self._read_sample(out, url, key, a, a + n, read, raw, start, expect, crc, stale) and crc >= 0:
-                seen[i] = True
+                seen[i] = 1
 
     def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, read, raw: memoryview, start: int,
                      expect: list[int], crc: int, stale: str) -> bool:
