@@ -45,7 +45,7 @@ import fastdata
 from fastdata import _optional
 from fastdata import transforms as T
 from fastdata._cores import usable_cores
-from fastdata.backends.base import resolve_workers
+from fastdata._loader import resolve_workers
 from fastdata.synthetic import make_file_list
 from nvjpeg_side import NvjpegSide
 

@@ -20,7 +20,7 @@ except ImportError as e:  # torch is deliberately not a pip requirement: see pyp
 
 from ._collate import NATIVE as _NATIVE  # noqa: F401
 from . import samplers, transforms
-from .backends.base import Loader
+from ._loader import Loader
 from .errors import DataError
 from .factory import loader
 from .profiling import profile

@@ -29,6 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ._torch_internals import new_shared_storage, new_shared_tensor
+
 _ALIGN = 64
 MAX_LEAVES = 32  # tensors per batch that can live in one slot; more go to fresh buffers
 
@@ -199,7 +201,7 @@ class BufferRing:
 
     def _new_storage(self, nbytes: int) -> torch.UntypedStorage:
         if self.shared:
-            return torch.UntypedStorage._new_shared(nbytes)
+            return new_shared_storage(nbytes)
         storage = torch.UntypedStorage(nbytes)
         if self.pin:
             return storage.pin_memory()
@@ -265,9 +267,7 @@ def new_batch(ring: BufferRing | None, shape: Sequence[int], dtype: torch.dtype)
     from torch.utils.data import get_worker_info
 
     if get_worker_info() is not None:
-        elem = torch.empty((), dtype=dtype)
-        storage = elem._typed_storage()._new_shared(math.prod(shape), device="cpu")
-        out = elem.new(storage).resize_(*shape)
+        out = new_shared_tensor(tuple(shape), dtype)
     else:
         out = torch.empty(tuple(shape), dtype=dtype)
     return out, out

@@ -13,12 +13,12 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.collate import collate as _torch_collate
-from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from ._buffers import BufferRing, ProcessRings, new_batch
 from ._cores import usable_cores
 from ._ext import native as _ext
+from ._torch_internals import collate_tensor_fn, default_collate_fn_map
+from ._torch_internals import torch_collate as _torch_collate
 from ._trace import trace_range
 
 NATIVE = _ext is not None

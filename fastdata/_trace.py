@@ -12,9 +12,11 @@ from typing import ContextManager
 
 import torch
 
+from ._torch_internals import profiler_enabled
+
 
 def trace_range(name: str) -> ContextManager:
     """`record_function(name)` while a torch profiler records, else a context that does nothing."""
-    if torch.autograd._profiler_enabled():
+    if profiler_enabled():
         return torch.autograd.profiler.record_function(name)
     return contextlib.nullcontext()

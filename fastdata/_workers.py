@@ -25,6 +25,9 @@ import time
 import weakref
 from typing import Any, Callable
 
+from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, live_iterator,
+                               unregister_workers)
+
 STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
 
@@ -115,7 +118,7 @@ class Watchdog:
                 f"timeout=0, so fastdata's stall limit: {STALL_ENV}={self.limit:g} s"
             return RuntimeError(f"DataLoader timed out after {self.limit:g} seconds: no batch came from the workers "
                                 f"({why}); a worker is stuck or stopped; workers {self.killed} were killed")
-        workers = getattr(self.it, "_workers", None) or ()
+        workers = iterator_workers(self.it)
         deadline = time.monotonic() + (1.0 if isinstance(error, (OSError, EOFError)) else 0.0)
         while True:
             dead = [w for w in workers if w.exitcode not in (None, 0)]
@@ -145,21 +148,17 @@ class NoWatchdog:
 def kill_workers(it: Any, pids: list[int]) -> list[int]:
     """SIGKILLs the live workers of DataLoader iterator `it` and reaps them; their pids,
     appended to `pids`."""
-    if getattr(it, "_worker_pids_set", False):
-        # Unregistered first, as DataLoader's own shutdown does: else its SIGCHLD handler
-        # would raise "worker killed" in this thread at whatever line it happens to run.
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._remove_worker_pids(id(it))
-        it._worker_pids_set = False
-    for w in getattr(it, "_workers", None) or ():
+    # Unregistered first, as DataLoader's own shutdown does: else its SIGCHLD handler would
+    # raise "worker killed" in this thread at whatever line it happens to run.
+    unregister_workers(it)
+    for w in iterator_workers(it):
         if w.is_alive():
             pids.append(w.pid)
             try:
                 os.kill(w.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    for w in getattr(it, "_workers", None) or ():
+    for w in iterator_workers(it):
         if w.pid in pids:
             w.join(5)
     _unlink_orphans(pids)
@@ -207,16 +206,13 @@ class WorkerStart:
 def workers_running(loader: Any) -> bool:
     """Whether persistent workers of DataLoader `loader` are up: they hold their own copies of
     what they run, so a flag set in this process (stage timing) no longer reaches them."""
-    return bool(getattr(getattr(loader, "_iterator", None), "_workers", None))
+    return bool(iterator_workers(live_iterator(loader)))
 
 
 def shutdown_workers(loader: Any) -> None:
     """Shuts the persistent workers of DataLoader `loader` down now (after a stall or a dead
     worker they cannot serve another pass): its next iter() starts fresh ones."""
-    live = getattr(loader, "_iterator", None)
-    if live is not None:
-        live._shutdown_workers()
-        loader._iterator = None
+    end_live_iterator(loader)
 
 
 def drop_dead_workers(loader: Any) -> bool:
@@ -225,8 +221,7 @@ def drop_dead_workers(loader: Any) -> bool:
     passes): its next iter() then starts fresh ones, where DataLoader's would wait for the dead
     worker to answer (torch's 5 s status check, with fastdata's stall limit behind it). Whether
     it did."""
-    live = getattr(loader, "_iterator", None)
-    dead = [w.pid for w in getattr(live, "_workers", None) or () if w.exitcode is not None]
+    dead = [w.pid for w in iterator_workers(live_iterator(loader)) if w.exitcode is not None]
     if not dead:
         return False
     shutdown_workers(loader)
@@ -245,11 +240,11 @@ def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
 
     def end() -> None:
         live = ref()
-        if live is not None and hasattr(live, "_shutdown_workers"):
-            live._shutdown_workers()
+        if live is not None:
+            iterator_shutdown(live)
             # A worker that died by a signal (killed from outside, or terminated by the
             # shutdown for not exiting in time) may have left a shared-memory name.
-            _unlink_orphans([w.pid for w in getattr(live, "_workers", ()) if w.exitcode not in (None, 0)])
+            _unlink_orphans([w.pid for w in iterator_workers(live) if w.exitcode not in (None, 0)])
         if rings is not None:
             rings.end()
 

@@ -10,7 +10,7 @@ import torch
 
 from . import _optional as optional
 from . import sources
-from .backends.base import Loader
+from ._loader import Loader
 from .backends.dali import DaliLoader
 from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader

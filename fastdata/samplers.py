@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from ._ranks import ranks, share
+
 __all__ = ["CurriculumSampler", "RepeatFactorSampler", "WeightedSampler"]
 
 PerSample = Union[Sequence[float], np.ndarray, torch.Tensor]
@@ -101,18 +103,10 @@ class IndexSampler(Sampler[int]):
     def share(self, rank: int, world_size: int, epoch: int | None = None) -> np.ndarray:
         """Rank `rank`'s share of the epoch: the list padded by wrapping to a multiple of
         `world_size`, then every world_size-th index from `rank` on."""
-        order = self.indices(epoch)
-        total = math.ceil(len(order) / world_size) * world_size
-        return np.resize(order, total)[rank::world_size]
+        return share(self.indices(epoch), rank, world_size)
 
     def _ranks(self) -> tuple[int, int]:
-        dist = torch.distributed
-        live = dist.is_available() and dist.is_initialized()
-        world = self.world_size if self.world_size is not None else (dist.get_world_size() if live else 1)
-        rank = self.rank if self.rank is not None else (dist.get_rank() if live else 0)
-        if not 0 <= rank < world:
-            raise ValueError(f"rank should be in [0, world_size), but got rank={rank}, world_size={world}")
-        return rank, world
+        return ranks(self.rank, self.world_size)
 
     def __len__(self) -> int:
         """This rank's share: the indices one iteration yields."""

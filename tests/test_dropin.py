@@ -31,7 +31,7 @@ from torch.utils.data import (
 
 import fastdata
 import fastdata._collate
-from fastdata.backends.base import resolve_workers
+from fastdata._loader import resolve_workers
 
 H = W = 64
 
@@ -677,7 +677,7 @@ def test_device_cpu_same_batches(device, num_workers, h):
 
 
 def test_num_workers_auto_leaves_a_core_to_a_process_driving_cuda(monkeypatch):
-    import fastdata.backends.base as base
+    import fastdata._loader as base
 
     for cores, cpu, cuda in ((1, 1, 1), (2, 2, 1), (16, 16, 15), (17, 16, 16), (64, 16, 16)):
         monkeypatch.setattr(base, "usable_cores", lambda cores=cores: cores)

@@ -14,7 +14,7 @@ import fastdata
 from _images import color_folder
 from fastdata import _workers
 from fastdata import transforms as T
-from fastdata.backends.base import resolve_workers
+from fastdata._loader import resolve_workers
 from fastdata.shard import write_shards
 
 CLASSES, PER_CLASS = 3, 8

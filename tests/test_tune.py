@@ -17,7 +17,7 @@ from _images import color_folder
 
 import fastdata
 from fastdata import transforms as T
-from fastdata.backends.base import resolve_workers
+from fastdata._loader import resolve_workers
 from fastdata.profiling.tune import Candidate, TuneResult, pick, tune
 from fastdata.tunecache import cache_path, cached_tune, clear_tunes, list_tunes, machine_key, store_tune
 

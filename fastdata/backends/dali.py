@@ -10,6 +10,7 @@ from ..image.dali import DaliDecoders
 from ..image.loader import ImageLoader
 from ..image.read import Failures, FileReader
 from ..image.read_shards import ShardReader
+from ..sources import Shards
 
 
 class DaliLoader(ImageLoader):
@@ -27,7 +28,7 @@ class DaliLoader(ImageLoader):
         super().__init__(samples, batch_size, **options)
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
-        if hasattr(self.samples, "counts"):  # shards
+        if isinstance(self.samples, Shards):
             # not the next epoch's first block ahead: the reader's thread stops with each pass
             return self._shard_parts(shuffle, drop_last, 1, fail, False)
         order = self._file_order(shuffle, drop_last)

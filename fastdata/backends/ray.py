@@ -10,7 +10,8 @@ from ..image.cpu import BatchTask
 from ..image.loader import ImageLoader
 from ..image.ray import RayWorkers, cluster_cpus, connect
 from ..image.read import Failures, FileReader
-from .base import resolve_workers
+from ..sources import Shards
+from .._loader import resolve_workers
 
 
 class RayLoader(ImageLoader):
@@ -22,14 +23,14 @@ class RayLoader(ImageLoader):
 
     def __init__(self, samples: Any, batch_size: int, *, num_workers: int | str = 0,
                  persistent_workers: bool = True, **options: Any) -> None:
-        workers = 0 if num_workers == "auto" else resolve_workers(num_workers)
+        workers = resolve_workers(num_workers, cluster=True)
         connect(workers)
         if workers == 0:
             workers = cluster_cpus()
         super().__init__(samples, batch_size, num_workers=workers, persistent_workers=persistent_workers, **options)
 
     def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
-        if hasattr(self.samples, "counts"):  # shards: actor w reads lane w, as wds's worker w does
+        if isinstance(self.samples, Shards):  # shards: actor w reads lane w, as wds's worker w does
             return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers)
         return self._file_order(shuffle, drop_last), FileReader(self.samples, fail)
 

@@ -16,11 +16,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .._collate import RingCollate, Timed
+from .._torch_internals import auto_collation, profiler_enabled, share_length_warning
 from .._collate import collate as native_collate
 from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers,
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
-from .base import Loader, resolve_workers
+from .._loader import Loader, resolve_workers
 from .torch_iter import Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
 
 DATALOADER_KEYWORDS = tuple(
@@ -64,7 +65,7 @@ class TorchLoader(DataLoader, Loader):
         if self.num_workers > 0:
             own["timeout"] = stall_limit(self.timeout)
         collate_fn = call.get("collate_fn")
-        if collate_fn is None and self._auto_collation:
+        if collate_fn is None and auto_collation(self):
             pin = bool(self.pin_memory) and torch.accelerator.is_available()
             collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
             self.collate_fn = native_collate
@@ -72,7 +73,7 @@ class TorchLoader(DataLoader, Loader):
         if self._iterable:
             self._loader = DataLoader(dataset, batch_size=self.batch_size, drop_last=self.drop_last,
                                       collate_fn=collate_fn, **own)
-        elif self._auto_collation:
+        elif auto_collation(self):
             self._index = Resumable(self.batch_sampler, self.generator)
             self._loader = DataLoader(self._fetched_from(dataset), batch_sampler=self._index, collate_fn=collate_fn,
                                       **own)
@@ -123,13 +124,13 @@ class TorchLoader(DataLoader, Loader):
         self._loader.worker_init_fn = WorkerStart(self.worker_init_fn)
         # len() asked of this loader counts for the working one's warning (an iterable dataset
         # that yields more than its len())
-        self._loader._IterableDataset_len_called = self._IterableDataset_len_called
+        share_length_warning(self, self._loader)
         loader_it = it = iter(self._loader)
         if self._iterable:
             # An iterable dataset cannot seek: fast-forward by reading the skipped batches.
             for _ in range(skip):
                 next(it)
-        elif self._loader.num_workers == 0 and not torch.autograd._profiler_enabled():
+        elif self._loader.num_workers == 0 and not profiler_enabled():
             it = fetches(it)
         end = pass_end(loader_it, workers, self._loader.persistent_workers)
         return self._start(Pass(self._run(it, loader_it, end)), end)
@@ -158,7 +159,7 @@ class TorchLoader(DataLoader, Loader):
         dog = Watchdog(loader_it, self.timeout) if workers else NoWatchdog()
         n = 0
         try:
-            if self._auto_collation:
+            if auto_collation(self):
                 sizes = self._batch_sizes()
                 dog.waiting = self._delivered
                 t0 = clock()
@@ -282,7 +283,7 @@ class TorchLoader(DataLoader, Loader):
         """How many samples a delivered batch holds: from the batch sampler's arithmetic when it
         is torch's BatchSampler (no look into the batch: this runs every batch), else from the
         batch itself."""
-        if not self._auto_collation:
+        if not auto_collation(self):
             return lambda batch, k: 1
         bs = self.batch_sampler
         if not self._iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):

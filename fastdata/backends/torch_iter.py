@@ -9,6 +9,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .._torch_internals import single_process_fetch
+
 
 class Resumable:
     """Wraps the epoch's (batch) sampler: records the RNG state its shuffle starts from, and on
@@ -66,16 +68,10 @@ def fetches(it: Any) -> Iterator[Any]:
     fetcher and pin settings, all as DataLoader made them) is driven by its own parts. Not for
     iterable datasets (whose length warning lives in `__next__`), nor while a torch profiler
     records (its traces keep DataLoader's ranges). Any other iterator passes through."""
-    fetcher = getattr(it, "_dataset_fetcher", None)
-    indices = getattr(it, "_sampler_iter", None)
-    if fetcher is None or indices is None or type(it).__name__ != "_SingleProcessDataLoaderIter":
+    parts = single_process_fetch(it)
+    if parts is None:
         return it  # a DataLoader that changed inside: its own iterator
-    if it._pin_memory:
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        fetch, device = fetcher.fetch, it._pin_memory_device
-        return Fetches(indices, lambda index: pin_memory(fetch(index), device))
-    return Fetches(indices, fetcher.fetch)
+    return Fetches(*parts)
 
 
 class Fetches:

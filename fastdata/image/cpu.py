@@ -12,12 +12,14 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .._torch_internals import live_iterator
 from .._trace import trace_range
 from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
                         start_method, workers_running)
 from ..errors import DataError
 from .decode import BatchDecoder
-from .order import BatchOrder, Passes
+from .order import Passes
+from .parts import BatchOrder
 
 
 class BatchTask(Dataset):
@@ -103,7 +105,7 @@ class CpuWorkers:
             self.task.decoder.rings.workers.end()  # the dead generation's undelivered slots are freed
         ahead, self._ahead = self._ahead, None
         if ahead == (epoch, skip):
-            return self.loader._iterator, lambda: None  # persistent workers, already running ahead (see Passes)
+            return live_iterator(self.loader), lambda: None  # persistent workers, already running ahead (see Passes)
         self.passes.seek(epoch, skip)
         starting = self.num_workers > 0 and not workers_running(self.loader)
         if starting:

@@ -38,11 +38,13 @@ import numpy as np
 import torch
 
 from .._buffers import new_batch
+from .._torch_internals import dali_shutdown
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line, skippable
 from ..transforms import dali as lowering
 from .decode import BatchDecoder
-from .order import BatchOrder, Passes
+from .order import Passes
+from .parts import BatchOrder
 
 logger = logging.getLogger("fastdata")
 
@@ -156,7 +158,7 @@ class DaliDecoders:
         try:
             if pipe is not None:
                 release_threads(pipe)
-                pipe._shutdown()  # DALI's own teardown, which its __del__ and atexit hook call: joins its threads
+                dali_shutdown(pipe)
         finally:
             if self._source is not None:
                 self._source.close()

@@ -31,6 +31,7 @@ from .._buffers import ProcessRings, new_batch
 from .._cores import batch_threads
 from .._trace import trace_range
 from ..errors import error_line
+from ..sources import Shards
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
 from ..transforms.plan import plan_geometry, plan_pixels
@@ -101,7 +102,7 @@ def samples_key(samples: Any) -> bytes:
     key of the decoder's record of clean files): a digest of the files' paths, or of the
     shards' URLs and their sample counts, with the working directory, which relative paths
     depend on. A digest, so that the record kept does not keep a copy of a million paths."""
-    if hasattr(samples, "urls"):
+    if isinstance(samples, Shards):
         names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys)]
     else:
         names = ["files", *samples.paths]

@@ -1,8 +1,9 @@
 """`ImageLoader`: image mode's Loader, which every image backend is.
 
-A backend is three parts (see `fastdata.backends`): an order (which samples each batch holds,
-`order.py`), a reader (their bytes, `read.py`, `read_shards.py`) and who decodes them (CPU
-workers, `cpu.py`; DALI, `dali.py`). The loader validates the call, builds the parts, and runs
+A backend is three parts (`parts.py`: BatchOrder, Reader, Runner): an order (which samples
+each batch holds, `order.py`), a reader (their bytes, `read.py`, `read_shards.py`) and a
+runner, who decodes them (CPU workers, `cpu.py`; this process, `threads.py`; DALI, `dali.py`;
+Ray, `ray.py`). The loader validates the call, builds the parts, and runs
 the passes: it takes the decoded batches the parts give, in order, hands each to the device
 stage (`fastdata.device`), counts what it delivers and skips (`stats`), and keeps the resume
 point (`state_dict`).
@@ -19,15 +20,18 @@ from typing import Any, Iterator
 import torch
 
 from .. import _optional as optional
+from .._ranks import ranks
 from .._trace import trace_range
-from ..backends.base import Loader, resolve_workers
+from .._loader import Loader, resolve_workers
 from ..device import DeviceStage, prefetch
 from ..errors import DataError
 from ..samplers import IndexSampler
+from ..sources import Shards
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder, samples_key
-from .order import BatchOrder, FileOrder, ShardOrder
+from .order import FileOrder, ShardOrder
+from .parts import BatchOrder, Reader, Runner
 from .read import Failures
 from .read_shards import ShardReader
 from .threads import InProcess
@@ -38,28 +42,13 @@ _MAX_ERRORS = 100
 _STATE_VERSION = 1
 
 
-def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    dist = torch.distributed
-    live = dist.is_available() and dist.is_initialized()
-    if rank is None:
-        rank = dist.get_rank() if live else 0
-    if world_size is None:
-        world_size = dist.get_world_size() if live else 1
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank should be in [0, world_size), but got rank={rank}, world_size={world_size}")
-    return rank, world_size
-
-
 class ImageLoader(Loader):
     """Image mode: `(images, labels)` batches from image files or shards. A backend names
     its parts in `_parts` (the order and the reader) and, when it is not CPU workers, in
     `_decoders` (who decodes)."""
 
     _run_ahead = True  # persistent workers run ahead into the next epoch (off: benchmarks/run_ahead.py's ablation)
-    # num_workers="auto" without persistent workers: 0, a decode thread in this process (the
-    # native decoder spreads a batch over the cores), which starts a pass at once where worker
-    # processes start anew each pass (benchmarks/startup.py). With persistent workers: one a core.
-    _auto_in_process = True
+    _auto_in_process = True  # num_workers="auto" without persistent workers: 0 (see resolve_workers)
 
     def __init__(
         self,
@@ -108,10 +97,9 @@ class ImageLoader(Loader):
         self.on_error = on_error
         self.seed = seed
         self._asked = (rank, world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
-        self.rank, self.world_size = _dist_defaults(rank, world_size)
-        workers = resolve_workers(num_workers, self.device)
-        if num_workers == "auto" and not persistent_workers and self._auto_in_process:
-            workers = 0  # a fresh pass decodes in this process: no worker start (see threads.py)
+        self.rank, self.world_size = ranks(rank, world_size)
+        workers = resolve_workers(num_workers, self.device,
+                                  fresh_in_process=self._auto_in_process and not persistent_workers)
         self.persistent_workers = bool(persistent_workers) and workers > 0
         pin = bool(pin_memory) and torch.accelerator.is_available()
         self._plan = (shuffle, drop_last, workers, timeout, prefetch_factor, pin)
@@ -151,7 +139,7 @@ class ImageLoader(Loader):
         splits the epoch among the ranks that iterate it."""
         if None not in self._asked or (self._live is not None and self._live[0]() is not None):
             return
-        live = _dist_defaults(*self._asked)
+        live = ranks(*self._asked)
         if live != (self.rank, self.world_size):
             self._runner.shutdown()
             self.rank, self.world_size = live
@@ -159,11 +147,11 @@ class ImageLoader(Loader):
 
     # ------------------------------------------------------------- the backend's parts
 
-    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures) -> tuple[BatchOrder, Any]:
+    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures) -> tuple[BatchOrder, Reader]:
         """(the batch order, the reader) of this backend."""
         raise NotImplementedError
 
-    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Any:
+    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Runner:
         """Who decodes: DataLoader's worker processes running read-and-decode tasks."""
         # Not ahead into the next epoch with a sampler: its next epoch's list may change
         # (set_weights, a callable of the training state) until that epoch starts.
@@ -378,7 +366,7 @@ def _check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
                         f"CurriculumSampler) in image mode, but got {type(sampler).__name__}")
     if shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle: the sampler sets the order")
-    if hasattr(samples, "counts"):
+    if isinstance(samples, Shards):
         raise ValueError("sampler should be given with image files, but got WebDataset shards: shards are read "
                          "sequentially, so an order of single samples cannot be served from them; pass the image "
                          "folder or file list the shards were written from, or drop sampler=")

@@ -1,7 +1,7 @@
 """The batch order: which samples each of this rank's batches holds, as a pure function of
 (seed, epoch), so that any batch of any epoch can be named without reading what came before.
 
-One protocol, two orders:
+Two orders of the protocol `parts.BatchOrder`:
 - `FileOrder` (image files): the epoch is a permutation of all samples (or a sampler's list of
   them, `fastdata.samplers`), split among the ranks by striding, as DistributedSampler does;
   batch k of a rank is k's slice of its share.
@@ -19,31 +19,14 @@ pass starts at (`seek`), to the epoch's end, or on into the next epochs (`run_ah
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 import numpy as np
 
+from .._ranks import per_rank, share
+from .parts import BatchOrder
+
 _BLOCK_SAMPLES = 1024  # ShardOrder's shuffle buffer: samples per block, at least (whole batches)
-
-
-class BatchOrder(Protocol):
-    def __len__(self) -> int:
-        """Batches per epoch for this rank."""
-
-    def keys(self, epoch: int, k: int) -> list:
-        """Batch k of `epoch`, as the reader takes it."""
-
-    def state(self) -> dict[str, Any]:
-        """What a resume must match besides the seed (added to the loader's state_dict)."""
-
-    def check_state(self, state: dict[str, Any]) -> None:
-        """Raises ValueError when `state` was taken with an order this one cannot resume."""
-
-
-def rank_samples(n: int, world_size: int, drop_last: bool) -> int:
-    """Samples per rank: the epoch cut to a multiple of world_size with drop_last, else
-    padded up to one."""
-    return n // world_size if drop_last else math.ceil(n / world_size)
 
 
 def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
@@ -63,7 +46,8 @@ class FileOrder:
         self.rank, self.world_size = rank, world_size
         self.sampler = sampler  # a fastdata.samplers sampler: its epoch list replaces the permutation
         self.length = sampler.num_samples if sampler is not None else n  # the epoch's samples, all ranks
-        self.per_rank = rank_samples(self.length, world_size, drop_last)
+        self.drop_last = drop_last
+        self.per_rank = per_rank(self.length, world_size, drop_last)
         self.batches = self.per_rank // batch_size if drop_last else math.ceil(self.per_rank / batch_size)
         self._mine: tuple[int, np.ndarray] | None = None  # (epoch, this rank's order of it)
 
@@ -77,10 +61,7 @@ class FileOrder:
                 order = self.sampler.indices(epoch)
             else:
                 order = permutation(self.seed, epoch, self.n, self.shuffle)
-            total = self.per_rank * self.world_size
-            if total > self.length:
-                order = np.concatenate([order, order[: total - self.length]])
-            self._mine = (epoch, order[:total][self.rank :: self.world_size])
+            self._mine = (epoch, share(order, self.rank, self.world_size, self.drop_last))
         return self._mine[1]
 
     def keys(self, epoch: int, k: int) -> list[tuple[int, int]]:
@@ -120,13 +101,13 @@ class ShardOrder:
         self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # first sample id of each shard
         self.n = n = int(counts.sum())
         self.batch_size, self.shuffle, self.seed, self.rank = batch_size, shuffle, seed, rank
-        per_rank = rank_samples(n, world_size, drop_last)
+        rank_n = per_rank(n, world_size, drop_last)
         if drop_last:
-            per_rank -= per_rank % batch_size
-        self.per_rank = per_rank
-        self.batches = math.ceil(per_rank / batch_size)
+            rank_n -= rank_n % batch_size
+        self.per_rank = rank_n
+        self.batches = math.ceil(rank_n / batch_size)
         self.lanes = lanes
-        short = self.batches * batch_size - per_rank  # the last batch's missing samples
+        short = self.batches * batch_size - rank_n  # the last batch's missing samples
         self.lane_samples = [len(range(w, self.batches, lanes)) * batch_size for w in range(lanes)]
         if self.batches:
             self.lane_samples[(self.batches - 1) % lanes] -= short

@@ -40,7 +40,7 @@ from .._cores import usable_cores
 from .._workers import NoWatchdog, hold_threads, release_threads, stall_limit
 from ..errors import DataError
 from .cpu import BatchTask
-from .order import BatchOrder
+from .parts import BatchOrder
 
 logger = logging.getLogger("fastdata")
 

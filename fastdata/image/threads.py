@@ -13,11 +13,11 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-import torch
-
+from .._torch_internals import profiler_enabled
 from .._workers import STALL_ENV, NoWatchdog, hold_threads, release_threads, stall_limit
 from .cpu import BatchTask
-from .order import BatchOrder, Passes
+from .order import Passes
+from .parts import BatchOrder
 
 _END = object()
 _POLL_S = 0.05  # how often a blocked put looks at the pass's stop flag
@@ -145,7 +145,7 @@ class InProcess:
         """(the batches from batch `skip` of `epoch` on, the pass's end)."""
         self.passes.seek(epoch, skip)
         reader = self.task.reader
-        if torch.autograd._profiler_enabled():
+        if profiler_enabled():
             # In this thread: a torch profiler records the stages' ranges of the thread it started in.
             return (self.task.__getitems__(keys) for keys in self.passes), reader.close
         live = _Pass(self.task, iter(self.passes), self.depth, self.timeout)

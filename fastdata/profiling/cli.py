@@ -69,7 +69,7 @@ import torch
 
 from .. import _optional as optional
 from .. import factory
-from ..backends.base import resolve_workers
+from .._loader import resolve_workers
 from .. import transforms as T
 from .._cli import (CommandError, Parser, add_debug, check_writable, positive_float, positive_int, run_alone,
                      run_command, workers)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..backends.base import Loader
+from .._loader import Loader
 from .._cores import usable_cores
 from ..transforms.schedule import SizeSchedule
 from .model import RateModel, advise
@@ -306,7 +306,7 @@ def rates_per_size(loader: Loader, steps: int, warmup: int) -> list[dict[str, An
 
 
 # ----------------------------------------------------------------- what it asks of a loader
-# A fastdata Loader answers through its profiling protocol (fastdata.backends.base.Loader); any
+# A fastdata Loader answers through its profiling protocol (fastdata._loader.Loader); any
 # other iterable of batches (a DataLoader, say) is not timed, and its queue depth is DataLoader's.
 
 def _ahead(loader: Any) -> int:

@@ -7,19 +7,27 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .._cores import usable_cores
+from ._cores import usable_cores
 
 
-def resolve_workers(num_workers: int | str, device: Any = None) -> int:
-    """`num_workers="auto"`: one worker per core this process may use, at most 16, and one core
-    left to the training process where it drives a CUDA device (`device`, or without one, a
-    CUDA device present): its Python thread launches the step's kernels all the time, and a
-    worker beside it on every core delays each launch (benchmarks/gpu.py sweeps the count on a
-    GPU machine). On a CPU device the step's own threads yield the cores while it waits, and
-    workers sleep while their prefetch queue is full, so there one a core. A tuned config, when
-    present, overrides it. Image mode without persistent workers takes 0 instead (see
-    ImageLoader._auto_in_process)."""
+def resolve_workers(num_workers: int | str, device: Any = None, *, fresh_in_process: bool = False,
+                    cluster: bool = False) -> int:
+    """The worker count `num_workers` means: a count as given, or for "auto" (which a tuned
+    config for the source, when `fastdata.loader` finds one, has already replaced):
+    - with `cluster` (the ray backend): 0, which it reads as one actor per CPU of the cluster;
+    - with `fresh_in_process` (image mode without persistent workers, on a backend that can
+      decode in the training process): 0, a decode thread in this process that spreads each
+      batch over the cores, which starts a pass at once where worker processes start anew each
+      pass (benchmarks/startup.py);
+    - else one worker per core this process may use, at most 16, and one core left to the
+      training process where it drives a CUDA device (`device`, or without one, a CUDA device
+      present): its Python thread launches the step's kernels all the time, and a worker
+      beside it on every core delays each launch (benchmarks/gpu.py sweeps the count on a GPU
+      machine). On a CPU device the step's own threads yield the cores while it waits, and
+      workers sleep while their prefetch queue is full, so there one a core."""
     if num_workers == "auto":
+        if cluster or fresh_in_process:
+            return 0
         cores = usable_cores()
         return max(1, min(16, cores - 1 if cores > 1 and _drives_cuda(device) else cores))
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):

@@ -1,0 +1,130 @@
+"""Every private name of torch and DALI that fastdata uses, behind one door.
+
+fastdata drives DataLoader from outside (its live iterator, its workers, its single-process
+fetcher), allocates shared memory as DataLoader's workers do, reuses torch's collate table and
+tears DALI pipelines down deterministically. None of that has a public API, so each use is a
+function here and nowhere else: a torch (or DALI) release that renames one breaks this file
+alone, and `tests/test_torch_internals.py` checks every name below on the installed torch and
+that no other module of fastdata names one. Every probe of a live object is defensive (a
+missing attribute reads as "nothing there"), so an unknown torch degrades to DataLoader's own
+behaviour rather than raising.
+
+Supported: torch 2.6 (the first with `torch.accelerator`) to 2.13, the newest tested.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data._utils.collate import collate as torch_collate
+from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
+
+__all__ = ["torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled", "new_shared_storage",
+           "new_shared_tensor", "auto_collation", "share_length_warning", "live_iterator", "iterator_workers",
+           "iterator_shutdown", "end_live_iterator", "unregister_workers", "single_process_fetch", "dali_shutdown"]
+
+SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends included
+
+# The attributes below, by owner: what the test checks on the installed torch, and what no
+# other module may name.
+DATALOADER_ATTRIBUTES = ("_auto_collation", "_IterableDataset_len_called", "_iterator")
+ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_dataset_fetcher", "_sampler_iter",
+                       "_pin_memory", "_pin_memory_device")
+OTHER_NAMES = ("_new_shared", "_typed_storage", "_profiler_enabled", "_remove_worker_pids", "_utils", "_shutdown",
+               "_SingleProcessDataLoaderIter")
+
+
+# ----------------------------------------------------------------- the profiler, shared memory
+
+def profiler_enabled() -> bool:
+    """Whether a torch profiler records now (its traces keep the ranges of the thread that
+    started it)."""
+    return torch.autograd._profiler_enabled()
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """`nbytes` of shared memory, as a DataLoader worker's batch gets it."""
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def new_shared_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty CPU tensor in shared memory, as default_collate makes one in a worker (sent to
+    the training process without a copy)."""
+    elem = torch.empty((), dtype=dtype)
+    storage = elem._typed_storage()._new_shared(math.prod(shape), device="cpu")
+    return elem.new(storage).resize_(*shape)
+
+
+# ----------------------------------------------------------------- a DataLoader and its iterator
+
+def auto_collation(loader: Any) -> bool:
+    """Whether DataLoader `loader` batches (a batch sampler), rather than handing out samples."""
+    return loader._auto_collation
+
+
+def share_length_warning(source: Any, target: Any) -> None:
+    """`target` (a DataLoader) warns as `source` would for an iterable dataset that yields more
+    than its len(): len() asked of `source` counts for it."""
+    target._IterableDataset_len_called = source._IterableDataset_len_called
+
+
+def live_iterator(loader: Any) -> Any:
+    """DataLoader `loader`'s persistent iterator (its workers, running ahead), or None."""
+    return getattr(loader, "_iterator", None)
+
+
+def iterator_workers(it: Any) -> tuple:
+    """The worker processes of DataLoader iterator `it` (none for a single-process one, or once
+    shut down)."""
+    return tuple(getattr(it, "_workers", None) or ())
+
+
+def iterator_shutdown(it: Any) -> None:
+    """DataLoader iterator `it`'s own shutdown of its workers (idempotent; nothing for a
+    single-process iterator)."""
+    if hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+
+
+def end_live_iterator(loader: Any) -> None:
+    """Shuts the persistent workers of DataLoader `loader` down: its next iter() starts fresh ones."""
+    live = live_iterator(loader)
+    if live is not None:
+        iterator_shutdown(live)
+        loader._iterator = None
+
+
+def unregister_workers(it: Any) -> None:
+    """Takes `it`'s workers off DataLoader's SIGCHLD watch, as its own shutdown does first: a
+    worker killed after that is not reported as "killed by signal" in whatever thread runs."""
+    if getattr(it, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+
+
+def single_process_fetch(it: Any) -> tuple[Iterator[Any], Callable[[Any], Any]] | None:
+    """(the sampler's indices, a function from an index to its batch, pinned when `it` pins) of
+    DataLoader's single-process iterator `it`, the parts its `__next__` drives; None for any
+    other iterator, or where this torch's iterator has other parts."""
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    indices = getattr(it, "_sampler_iter", None)
+    if fetcher is None or indices is None or type(it).__name__ != "_SingleProcessDataLoaderIter":
+        return None
+    if getattr(it, "_pin_memory", False):
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        fetch, device = fetcher.fetch, it._pin_memory_device
+        return indices, lambda index: pin_memory(fetch(index), device)
+    return indices, fetcher.fetch
+
+
+# ----------------------------------------------------------------- DALI
+
+def dali_shutdown(pipe: Any) -> None:
+    """DALI's own teardown of a pipeline, which its `__del__` and atexit hook call: joins its
+    threads now."""
+    pipe._shutdown()

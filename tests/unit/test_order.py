@@ -1,0 +1,82 @@
+"""The batch order and the rank split, directly: `fastdata._ranks` against torch's
+DistributedSampler, `FileOrder` and `ShardOrder` as pure functions of (seed, epoch, rank)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from fastdata._ranks import per_rank, ranks, share
+from fastdata.image.order import FileOrder, ShardOrder
+from fastdata.image.parts import BatchOrder
+
+
+@pytest.mark.parametrize("n, world, drop_last", [(10, 3, False), (10, 3, True), (9, 3, False), (2, 5, False),
+                                                 (7, 1, False)])
+def test_a_ranks_share_is_distributed_samplers(n, world, drop_last):
+    order = np.random.default_rng(n).permutation(n)
+    for rank in range(world):
+        torch_share = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,
+                                              drop_last=drop_last))
+        assert share(order, rank, world, drop_last).tolist() == order[torch_share].tolist()
+        assert len(torch_share) == per_rank(n, world, drop_last)
+
+
+def test_ranks_as_given_else_one_process():
+    assert ranks(None, None) == (0, 1)
+    assert ranks(2, 4) == (2, 4)
+    for bad in ((4, 4), (-1, 2)):
+        with pytest.raises(ValueError, match=r"rank should be in \[0, world_size\)"):
+            ranks(*bad)
+
+
+def _epoch(order, epoch: int) -> list[int]:
+    return [i for k in range(len(order)) for _, i in order.keys(epoch, k)]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_file_order_splits_each_epoch_among_the_ranks(drop_last):
+    n, batch, world = 23, 4, 3
+    orders = [FileOrder(n, batch, True, drop_last, seed=5, rank=r, world_size=world) for r in range(world)]
+    assert isinstance(orders[0], BatchOrder)
+    for epoch in (0, 1):
+        got = [_epoch(o, epoch) for o in orders]
+        assert len({len(g) for g in got}) == 1 and len({len(o) for o in orders}) == 1  # equal shares
+        seen = [i for g in got for i in g]
+        if drop_last:
+            assert len(seen) == len(set(seen)) == world * (n // world // batch) * batch  # whole batches
+        else:
+            assert set(seen) == set(range(n)) and len(seen) == per_rank(n, world, False) * world
+    assert _epoch(orders[0], 0) != _epoch(orders[0], 1)  # a new permutation each epoch
+    again = FileOrder(n, batch, True, drop_last, seed=5, rank=0, world_size=world)
+    assert _epoch(again, 1) == _epoch(orders[0], 1)  # a function of (seed, epoch, rank) alone
+    plain = FileOrder(n, batch, False, False, seed=5, rank=2, world_size=world)
+    assert _epoch(plain, 3) == list(range(2, n, world)) + [0]  # strided, the last rank padded by wrapping
+
+
+@pytest.mark.parametrize("world, lanes", [(1, 1), (1, 3), (2, 2)])
+def test_shard_order_reads_every_sample_once_an_epoch(world, lanes):
+    counts = np.array([5, 7, 3, 9, 6])  # 30 samples
+    batch = 3
+    seen = []
+    for rank in range(world):
+        order = ShardOrder(counts, batch, True, False, seed=1, rank=rank, world_size=world, lanes=lanes)
+        assert isinstance(order, BatchOrder)
+        for lane in range(lanes):
+            ids = [order.block_ids(0, lane, b) for b in range(order.blocks(lane))]
+            seen += np.concatenate(ids).tolist() if ids else []
+        for k in range(len(order)):  # every batch lies in its lane's block, within its rows
+            lane, block, row = order.locate(k)
+            assert row + batch <= max(order.block, batch) and block < order.blocks(lane)
+    assert sorted(seen) == list(range(30))
+    later = ShardOrder(counts, batch, True, False, seed=1, rank=0, world_size=world, lanes=lanes)
+    assert not np.array_equal(later.block_ids(0, 0, 0), later.block_ids(1, 0, 0))  # shards permuted anew
+
+
+def test_shard_order_refuses_a_state_of_other_lanes():
+    order = ShardOrder(np.array([4, 4]), 2, False, False, seed=0, rank=0, world_size=1, lanes=2)
+    order.check_state(order.state())
+    with pytest.raises(ValueError, match="resume with num_workers=3, not 2"):
+        order.check_state({"lanes": 3})
