@@ -60,9 +60,9 @@ def prefill(path: Path, others: int, record_bytes: int) -> None:
     used in the arena, which stays sparse (what a lookup of another file never reads)."""
     import numpy as np
 
-    from fastdata import _decode
+    from fastdata import _codec
 
-    slots, arena = _decode.INDEX_SLOTS, _decode.INDEX_ARENA
+    slots, arena = _codec.INDEX_SLOTS, _codec.INDEX_ARENA
     rng = np.random.default_rng(1)
     tags = rng.integers(0, 2**63, size=others, dtype=np.uint64) * np.uint64(2) | np.uint64(1)
     table = np.zeros((slots, 2), np.uint64)
@@ -81,7 +81,7 @@ def prefill(path: Path, others: int, record_bytes: int) -> None:
         table[next(free), 0] = tag
     table[table[:, 0] != 0, 1] = 1  # published; never read: no real file's tag matches
     used = others * record_bytes
-    header = struct.pack("<8sIIQQQQQQ", b"FDJPIDX1", 1, _decode.INDEX_CHECKPOINTS, slots, arena,
+    header = struct.pack("<8sIIQQQQQQ", b"FDJPIDX1", 1, _codec.INDEX_CHECKPOINTS, slots, arena,
                          *struct.unpack("<QQ", os.urandom(16)), used, others)
     path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -101,15 +101,15 @@ def child(side: str, root: str, epochs: int, record_bytes: int) -> None:
         earlier = side == "pil-earlier"  # pil-later's earlier job: its cache, already prefilled
         cache = Path(os.environ["FASTDATA_CACHE"] if earlier else tempfile.mkdtemp(prefix="fastdata-large-"))
         os.environ["FASTDATA_CACHE"] = str(cache)
-        from fastdata import _decode
+        from fastdata import _codec
 
         if not earlier:
-            prefill(Path(_decode.index_path()), IMAGENET - len(files), record_bytes)
+            prefill(Path(_codec.index_path()), IMAGENET - len(files), record_bytes)
         if side == "pil-later":  # an earlier job on this machine: one pass, in a process of its own
             subprocess.run([sys.executable, __file__, "--child", "pil-earlier", "--root", root, "--epochs", "1"],
                            check=True, stdout=subprocess.DEVNULL)
         loader = _common.fastdata_loader(root, "pil", persistent_workers=side != "pil-fresh")
-        before = _decode.index_stats()
+        before = _codec.index_stats()
         make_iter = lambda: loader  # noqa: E731
     elif side == "dali-decode":
         make_iter = peers.dali_decode_only(files)
@@ -126,7 +126,7 @@ def child(side: str, root: str, epochs: int, record_bytes: int) -> None:
         if got != want:
             raise SystemExit(f"{side}: epoch {e + 1}'s labels are not the files'")
     if side.startswith("pil"):
-        after = _decode.index_stats()
+        after = _codec.index_stats()
         first = side != "pil-later"  # the job that met the files first indexed them all, each once
         expect = (IMAGENET - len(files), len(files)) if first else (IMAGENET, 0)
         if (before["files"], after["files"] - before["files"]) != expect:

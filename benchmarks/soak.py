@@ -44,7 +44,7 @@ goes back to the system at once: a curve that is flat with it and not without is
 keeps for reuse, not a leak.
 
 `--child CONFIG` runs one configuration and prints one JSON line per epoch and a last line
-with what was left at exit; tests/test_soak.py runs it that way on a small set.
+with what was left at exit; tests/robustness/test_soak.py runs it that way on a small set.
 """
 
 from __future__ import annotations

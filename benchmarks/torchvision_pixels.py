@@ -1,7 +1,7 @@
 """How far `fastdata run`'s natively served torchvision pipelines are from torchvision's pixels.
 
 For each configuration of an ImageFolder transform that fastdata lowers, batches are served
-as `fastdata run` serves them (`fastdata._run_torchvision`: NativeFolder's __getitems__, the
+as `fastdata run` serves them (`fastdata.run._torchvision`: NativeFolder's __getitems__, the
 collate layout, the main process's Finish), and each sample is recomputed with torchvision's
 own functional ops on `pil_loader`'s image, with the crop box, flip and pixel-op parameters
 fastdata drew (RandomResizedCrop: `F.resized_crop` with the box; Resize + CenterCrop:
@@ -128,7 +128,7 @@ def measure(root: Path, config: dict, batch: int) -> dict:
     from torchvision.transforms import InterpolationMode
 
     import fastdata.transforms as fd
-    from fastdata._run_torchvision import Finish, NativeFolder, lower
+    from fastdata.run._torchvision import Finish, NativeFolder, lower
     from fastdata.transforms.plan import plan_geometry, plan_pixels
 
     ds = ImageFolder(str(root), config["transform"])

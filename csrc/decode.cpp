@@ -23,7 +23,7 @@ namespace {
 
 // Refusing larger images keeps a hostile header from making libjpeg allocate gigabytes (a
 // progressive JPEG buffers every coefficient of the image before the first row). The loaders
-// refuse them before any decode (fastdata._decode.MAX_IMAGE_PIXELS); kMaxImagePixels (decode.h)
+// refuse them before any decode (fastdata._codec.MAX_IMAGE_PIXELS); kMaxImagePixels (decode.h)
 // is the same limit for direct callers.
 
 // Pillow's fixed point for 8-bit resampling: 22 fraction bits leave room for 8 bits of value and

@@ -22,7 +22,7 @@ struct JpegInfo {
 };
 
 // The most pixels an image may claim: Pillow's MAX_IMAGE_PIXELS (the size at which it warns of a
-// decompression bomb), the same number as fastdata._decode.MAX_IMAGE_PIXELS.
+// decompression bomb), the same number as fastdata._codec.MAX_IMAGE_PIXELS.
 constexpr uint64_t kMaxImagePixels = 1024ull * 1024 * 1024 / 4 / 3;
 
 // The most scans a JPEG may have (check_structure refuses more): libjpeg's progressive script

@@ -24,8 +24,8 @@ from ._trace import trace_range
 NATIVE = _ext is not None
 """True when collation runs in the native extension, False when in the Python fallback."""
 
-# Below this many bytes a batch is cheaper to stack in torch than to hand to the native core
-# (about 20 us of call overhead).
+# Below this many bytes a batch is cheaper to stack in torch than to hand to the native core:
+# the call's fixed overhead outweighs the copy (benchmarks/collate.py).
 _NATIVE_MIN_BYTES = 1 << 16
 # In the main process a contiguous batch below this size is as fast through torch.stack:
 # malloc recycles a cache-warm block. Above it malloc maps fresh pages every batch (glibc's
@@ -80,7 +80,8 @@ def copy_into_native(samples: Sequence[Any], out: torch.Tensor, threads: int = 1
 
 def _copy_checked_tensors(samples: Sequence[torch.Tensor], out: torch.Tensor, threads: int) -> None:
     """copy_into for tensors that `_native_ok` passed (CPU, out's dtype and shape[1:]): raw
-    addresses and strides instead of a DLPack export per tensor (3 us each)."""
+    addresses and strides instead of a DLPack export per tensor, which would cost more than
+    the copy of a small tensor."""
     if _ext is None:
         copy_into_python(samples, out)
         return
@@ -101,7 +102,8 @@ def _new_batch(n: int, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.
 
 def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
     """Whether the native core can take these tensors: plain dense CPU tensors of one dtype and
-    shape, no autograd, no lazy negation bit. (About 0.5 us a tensor: it runs every batch.)"""
+    shape, no autograd, no lazy negation bit. Plain attribute reads only: it runs on every
+    tensor of every batch."""
     elem = batch[0]
     if elem.is_nested:  # strided layout, but no shape: torch's collate says it cannot batch them
         return False

@@ -4,7 +4,7 @@ fastdata drives DataLoader from outside (its live iterator, its workers, its sin
 fetcher), allocates shared memory as DataLoader's workers do, reuses torch's collate table and
 tears DALI pipelines down deterministically. None of that has a public API, so each use is a
 function here and nowhere else: a torch (or DALI) release that renames one breaks this file
-alone, and `tests/test_torch_internals.py` checks every name below on the installed torch and
+alone, and `tests/unit/test_torch_internals.py` checks every name below on the installed torch and
 that no other module of fastdata names one. Every probe of a live object is defensive (a
 missing attribute reads as "nothing there"), so an unknown torch degrades to DataLoader's own
 behaviour rather than raising.

@@ -20,7 +20,7 @@
 # hang (an input over 20 s) stops the target, leaves the input in $FUZZ_DIR/crashes/ and makes
 # this script exit 1 after the other targets ran. To keep one: fix the cause, then add the input
 # (minimized with `<fuzzer> -minimize_crash=1 -runs=10000 INPUT`, for the native targets) to
-# tests/fuzz_corpus/<target>/ under a name that says what it is; tests/test_fuzz.py replays it.
+# tests/fuzz_corpus/<target>/ under a name that says what it is; tests/robustness/test_fuzz.py replays it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

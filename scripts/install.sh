@@ -65,12 +65,12 @@ from scikit_build_core.build import get_requires_for_build_editable as requires
 sys.stdout.writelines(r + '\n' for r in requires())")
 [ ${#build_tools[@]} -eq 0 ] || "$PY" -m pip install -q "${build_tools[@]}"
 # fastdata, with the extras the README's test command needs: the test tools, Kornia for the device
-# stage's pixel ops, and the trainers tests/test_frameworks.py runs fastdata under. Without a
+# stage's pixel ops, and the trainers tests/contract/test_frameworks.py runs fastdata under. Without a
 # working C++17 compiler the build falls back to pure Python, and `import fastdata` says so.
 "$PY" -m pip install -q --no-build-isolation -e ".[test,gpu,frameworks]"
 "$PY" -c "import fastdata, fastdata._collate as c; print(f'fastdata {fastdata.__version__} installed; native collation: {c.NATIVE}')"
 
-# Debian's Chromium, headless, for the profile report's browser test (tests/test_report_html.py,
+# Debian's Chromium, headless, for the profile report's browser test (tests/tools/test_report_html.py,
 # which skips without it): installed only where apt-get runs as root.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     if DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \

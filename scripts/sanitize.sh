@@ -58,9 +58,9 @@ if [ "$loaded" != "$dir/pkg/fastdata/$(basename "$so")" ]; then
 fi
 
 if [ $# -eq 0 ]; then
-  set -- "$root/tests/test_decode.py" "$root/tests/test_collate.py" "$root/tests/test_fuzz.py" \
-    "$root/tests/test_index.py" "$root/tests/test_hostile_decode.py" \
-    "$root/tests/test_image_pil.py::test_read_files_gives_the_bytes_or_the_cause" \
+  set -- "$root/tests/unit/test_decode.py" "$root/tests/unit/test_collate.py" "$root/tests/robustness/test_fuzz.py" \
+    "$root/tests/unit/test_index.py" "$root/tests/robustness/test_hostile_decode.py" \
+    "$root/tests/backends/test_image_pil.py::test_read_files_gives_the_bytes_or_the_cause" \
     -k "not test_fuzz_targets_run_clean"
 fi
 # --capture=sys: a report is written to file descriptor 2 as the process dies; pytest's default

@@ -1,4 +1,4 @@
-"""The training jobs tests/test_frameworks.py runs: one small training loop under Lightning's
+"""The training jobs tests/contract/test_frameworks.py runs: one small training loop under Lightning's
 Trainer, Fabric or Accelerate, fed by a plain DataLoader or by fastdata.loader with the same
 keywords, and writing what each rank saw, batch by batch, to <out>/<run>/rank<r>.jsonl.
 

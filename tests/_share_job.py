@@ -1,8 +1,8 @@
-"""The training jobs tests/test_trainer_shares.py runs: each rank's share of the samples, the
+"""The training jobs tests/contract/test_trainer_shares.py runs: each rank's share of the samples, the
 way users write the script, under Lightning's Trainer (ddp, ddp_spawn), Fabric's
 setup_dataloaders and Accelerate's prepare, on 2 processes (gloo on 127.0.0.1).
 
-Run as `python tests/_share_job.py '<job as JSON>'` (tests/test_frameworks.py's `run_job`
+Run as `python tests/_share_job.py '<job as JSON>'` (tests/contract/test_frameworks.py's `run_job`
 launches it; Accelerate's under torchrun). A job holds ONE loader kind, `loader`
 ("fastdata": `fastdata.loader(dataset, ...)`, or "dataloader": a plain DataLoader with the
 same keywords), so that nothing of the other kind (a process group, seeds, a framework's

@@ -3,7 +3,7 @@
 // in a broadcast view, and a base address off the element alignment as numpy's
 // frombuffer(offset=1) gives), copied into a batch of its own strides on 1-3 threads.
 //
-// Input, read byte by byte (zeros past the end; tests/test_fuzz.py `collate_case` reads the
+// Input, read byte by byte (zeros past the end; tests/robustness/test_fuzz.py `collate_case` reads the
 // same):
 //   ndim (b % 6), element size ({1, 2, 4, 8, 16}[b % 5]), samples and threads
 //   (1 + b % 4, 1 + (b >> 2) % 3), one extent per dimension (b % 6), then the batch's layout and

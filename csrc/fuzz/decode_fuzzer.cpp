@@ -11,7 +11,7 @@
 //       way) on two threads; bit 4 the first sample stops at its window's last row (whole = 0)
 //   [7] edge nudge: crop value k moves by {0, +1, -1, +2}[(b >> 2k) & 3], so that crops one
 //       pixel past the image (which must be refused) come up as often as crops flush with it
-// tests/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
+// tests/robustness/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
 //
 // What fails the run, beside ASan/UBSan reports and crashes:
 // - a sample that fails without a message, or whose output bytes were touched anyway;

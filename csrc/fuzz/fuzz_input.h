@@ -1,6 +1,6 @@
 // The fuzz targets' view of an input: a cursor that hands out bytes from the front, and zeros
 // once the input runs out, so that every input, the empty one included, means one case.
-// tests/test_fuzz.py reads the checked-in inputs with the same rules (its `Cursor`), so a case
+// tests/robustness/test_fuzz.py reads the checked-in inputs with the same rules (its `Cursor`), so a case
 // the fuzzer found replays through the Python API with the same parameters.
 #pragma once
 #include <cstddef>

@@ -13,7 +13,7 @@ Each must return, or raise fastdata.DataError or ValueError with a one-line mess
 exception fails the input, as does a loader whose samples and skipped samples do not add up to
 what `shards` counted (a sample lost silently), or a read that takes more memory than a few-KiB
 shard can explain (a buffer sized from a header's claim). Hangs are libFuzzer's -timeout.
-tests/test_fuzz.py replays the checked-in inputs through `check` too.
+tests/robustness/test_fuzz.py replays the checked-in inputs through `check` too.
 """
 
 from __future__ import annotations

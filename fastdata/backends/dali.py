@@ -34,7 +34,7 @@ class DaliLoader(ImageLoader):
         order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)
 
-    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> DaliDecoders:
+    def _make_runner(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> DaliDecoders:
         pixel_ops = self.transform.pixel_ops if self.transform is not None else ()
         if pixel_ops:
             names = ", ".join(type(op).__name__ for op in pixel_ops)

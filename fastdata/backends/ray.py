@@ -34,8 +34,8 @@ class RayLoader(ImageLoader):
             return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers)
         return self._file_order(shuffle, drop_last), FileReader(self.samples, fail)
 
-    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> RayWorkers:
-        run_ahead = self._run_ahead and self.index_sampler is None  # as CpuWorkers (see ImageLoader._decoders)
+    def _make_runner(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> RayWorkers:
+        run_ahead = self._run_ahead and self.index_sampler is None  # as CpuWorkers (see ImageLoader._make_runner)
         return RayWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
                           self.persistent_workers, run_ahead)
 

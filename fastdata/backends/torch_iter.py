@@ -38,7 +38,7 @@ class Resumable:
         # sampler before drawing its worker seed (and, with workers, twice, dropping the
         # first), while torch's samplers draw lazily; resuming must keep that order. So the
         # restore-and-skip runs on the first next(), and after it the sampler's own iterator
-        # is chained on at C speed (a Python generator here would cost 0.3 us an index).
+        # is chained on at C speed (a Python generator here would run a frame per index).
         inner = iter(self.inner)  # lazy for torch's samplers: nothing is drawn yet
         return itertools.chain(self._prepare(inner), inner)
 
@@ -62,9 +62,8 @@ class Resumable:
 def fetches(it: Any) -> Iterator[Any]:
     """What DataLoader's single-process iterator `it` yields, without its `__next__`.
 
-    NOTE: with 0 workers, `__next__` costs about 10 us a call beyond the fetch (a profiler
-    range entered and left, and bookkeeping for iterable datasets), more than fetching a ready
-    item. So here the iterator DataLoader built (its sampler iterator, RNG draws,
+    NOTE: with 0 workers, `__next__` costs more than fetching a ready item (a profiler range
+    entered and left, and bookkeeping for iterable datasets: benchmarks/dropin.py). So here the iterator DataLoader built (its sampler iterator, RNG draws,
     fetcher and pin settings, all as DataLoader made them) is driven by its own parts. Not for
     iterable datasets (whose length warning lives in `__next__`), nor while a torch profiler
     records (its traces keep DataLoader's ranges). Any other iterator passes through."""

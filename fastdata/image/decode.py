@@ -8,7 +8,7 @@ slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aw
 (only the crop window, at a reduced DCT scale when it is at least twice the output; a file's
 rows below the window are entropy-decoded too until it has once decoded whole without error,
 which `EntropyCheck` records by sample id; a file decoded before on this machine is
-Huffman-decoded from the checkpoint before each window row, `_decode.open_index`), the rest
+Huffman-decoded from the checkpoint before each window row, `_codec.open_index`), the rest
 with Pillow (Pillow-SIMD when installed); then the CPU pixel ops (ColorJitter, TrivialAugment)
 run on the rows in place. The `dali`
 backend runs `check` only, with the entropy check of `EntropyCheck`: DALI decodes.
@@ -26,7 +26,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
-from .. import _decode  # the native decoder when built (AVAILABLE), the structure checks always
+from .. import _codec  # the native decoder when built (AVAILABLE), the structure checks always
 from .._buffers import ProcessRings, new_batch
 from .._cores import batch_threads
 from .._trace import trace_range
@@ -39,7 +39,7 @@ from .read import Failures, Read
 
 
 def _native_jpeg() -> bool:
-    return _decode.AVAILABLE
+    return _codec.AVAILABLE
 
 
 def _pillows(err: str) -> bool:
@@ -50,14 +50,14 @@ def _pillows(err: str) -> bool:
 
 def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, bool, int, int]]:
     """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
-    height). JPEGs and PNGs are walked from their signature to their end marker (`_decode.
+    height). JPEGs and PNGs are walked from their signature to their end marker (`_codec.
     inspect_batch`: a file cut short is refused whatever the crop, and whatever Pillow's
     LOAD_TRUNCATED_IMAGES says; bytes after the end are accepted, as Pillow does); other formats
-    are sized by Pillow. An image whose header claims more than `_decode.MAX_IMAGE_PIXELS` is
+    are sized by Pillow. An image whose header claims more than `_codec.MAX_IMAGE_PIXELS` is
     refused here, before any decoder allocates for it (DALI included)."""
-    limit = _decode.MAX_IMAGE_PIXELS
+    limit = _codec.MAX_IMAGE_PIXELS
     out = []
-    for data, (cause, kind, w, h) in zip(datas, _decode.inspect_batch(datas, _native_jpeg(), threads)):
+    for data, (cause, kind, w, h) in zip(datas, _codec.inspect_batch(datas, _native_jpeg(), threads)):
         if cause is None and not kind:
             from PIL import Image, UnidentifiedImageError
 
@@ -129,7 +129,7 @@ class EntropyCheck:
     gives 0 for it); a corrupt file is never marked, so it is decoded whole, and fails, each
     time it comes; a file whose size changed is decoded whole again. The native decoder also
     decodes whole any bytes its checkpoint index lacks, whatever the record says
-    (`_decode.open_index`), so a file rewritten at the very same size is checked too; with
+    (`_codec.open_index`), so a file rewritten at the very same size is checked too; with
     libjpeg's decoder (a progressive JPEG, a full index) it is not.
 
     Called, it checks the entropy-coded data of each unmarked JPEG for a decoder that would fill
@@ -173,7 +173,7 @@ class EntropyCheck:
         out = np.empty((n, 3, 1, 1), dtype=np.uint8)
         top_left = np.tile(np.array([0, 0, 1, 1], np.int32), (n, 1))
         # index=False: DALI decodes these files, so checkpoints for them would never be used.
-        results = _decode.decode_crop_resize([datas[j] for j in todo], top_left, np.zeros(n, np.uint8), out,
+        results = _codec.decode_crop_resize([datas[j] for j in todo], top_left, np.zeros(n, np.uint8), out,
                                              batch_threads(self.threads), index=False)
         checked = list(checked)
         for j, err in zip(todo, results):
@@ -207,24 +207,27 @@ class BatchDecoder:
     """Checks and decodes batches into slots of this process's ring (picklable: it travels to
     the worker processes). `ids`: the number of sample ids, the size of `entropy`, the record
     of the files that decoded whole (shared with the workers, and with the loaders built in
-    this process over the samples `key` names)."""
+    this process over the samples `key` names). `cpu_pixel_ops`: the transform's pixel ops it
+    runs (None: all of them; the loader passes those its placement leaves on the CPU)."""
 
     def __init__(self, transform: Compose | None, seed: int, fail: Failures, slots: int, pin: bool, *,
-                 ids: int, key: Hashable | None = None) -> None:
+                 ids: int, key: Hashable | None = None, cpu_pixel_ops: tuple | None = None) -> None:
         self.geometry = transform.geometry if transform is not None else ()
-        self.pixel_ops = transform.pixel_ops if transform is not None else ()
+        if cpu_pixel_ops is None:
+            cpu_pixel_ops = transform.pixel_ops if transform is not None else ()
+        self.pixel_ops = cpu_pixel_ops
         self.seed = seed
         self.fail = fail
         self.rings = ProcessRings(slots, pin)
         self.entropy = EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
         self.resample = "bilinear"  # the resize filter: "bilinear" (native or Pillow), "bicubic" or "nearest" (Pillow)
-        self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.decode)
-        _decode.open_index()  # before the workers start: forked ones share it even in memory
+        self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.open_window)
+        _codec.open_index()  # before the workers start: forked ones share it even in memory
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        _decode.open_index()  # a worker started by spawn or forkserver
+        _codec.open_index()  # a worker started by spawn or forkserver
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
@@ -336,7 +339,7 @@ class BatchDecoder:
                 # at the window's last row.
                 sizes = np.fromiter((len(datas[k]) for k in js), dtype=np.int64, count=len(js))
                 whole = self.entropy.whole(ids[js], sizes)
-                results = _decode.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
+                results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
                                                      whole=whole)
                 if out is not chw:
                     chw[js] = out
@@ -352,8 +355,8 @@ class BatchDecoder:
                         self.fail(errors, paths[k], f"corrupt JPEG ({err})")
         for k in pillow:
             try:
-                target[k].numpy()[...] = pil_lowering.decode(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
-                                                             self.resample, self.crop_first)
+                target[k].numpy()[...] = pil_lowering.open_window(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
+                                                                  self.resample, self.crop_first)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
                 self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")

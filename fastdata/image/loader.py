@@ -12,6 +12,7 @@ point (`state_dict`).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 import logging
 import time
 import warnings
@@ -42,10 +43,21 @@ _MAX_ERRORS = 100
 _STATE_VERSION = 1
 
 
+@dataclass(frozen=True)
+class PassOptions:
+    """The DataLoader-like options the parts are built from (again when the ranks change)."""
+    shuffle: bool
+    drop_last: bool
+    workers: int  # resolved: "auto" is a count here
+    timeout: float
+    prefetch_factor: int | None
+    pin: bool  # pinned batch slots: asked for, and an accelerator present
+
+
 class ImageLoader(Loader):
     """Image mode: `(images, labels)` batches from image files or shards. A backend names
     its parts in `_parts` (the order and the reader) and, when it is not CPU workers, in
-    `_decoders` (who decodes)."""
+    `_make_runner` (who decodes)."""
 
     _run_ahead = True  # persistent workers run ahead into the next epoch (off: benchmarks/run_ahead.py's ablation)
     _auto_in_process = True  # num_workers="auto" without persistent workers: 0 (see resolve_workers)
@@ -102,7 +114,7 @@ class ImageLoader(Loader):
                                   fresh_in_process=self._auto_in_process and not persistent_workers)
         self.persistent_workers = bool(persistent_workers) and workers > 0
         pin = bool(pin_memory) and torch.accelerator.is_available()
-        self._plan = (shuffle, drop_last, workers, timeout, prefetch_factor, pin)
+        self._options = PassOptions(shuffle, drop_last, workers, timeout, prefetch_factor, pin)
         self._build()
         self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
         self._skip = 0  # batches of self._epoch the next pass skips (a resume)
@@ -114,20 +126,20 @@ class ImageLoader(Loader):
     def _build(self) -> None:
         """The parts for this rank and world size: order, reader, decoder, who decodes, the
         device stage."""
-        shuffle, drop_last, workers, timeout, prefetch_factor, pin = self._plan
-        transform = self.transform
+        o, transform = self._options, self.transform
         fail = Failures(self.on_error, self.backend)
-        self._order, self._reader = self._parts(shuffle, drop_last, workers, fail)
-        # Sample ids: a file's index in the list, or a shard sample's place among all the shards'.
-        self._decoder = BatchDecoder(transform, self.seed, fail, (prefetch_factor or 2) + 2, pin, ids=len(self.samples),
-                                     key=samples_key(self.samples))
-        # placement: where ColorJitter/TrivialAugment run; "auto" is the CPU (the README's rule).
+        self._order, self._reader = self._parts(o.shuffle, o.drop_last, o.workers, fail)
+        # The transform split once: the geometry is the decoder's, the batch ops the device stage's,
+        # the pixel ops either's by placement ("auto" is the CPU, the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
         device_pixel_ops = pixel_ops if self.placement == "gpu" else ()
         if device_pixel_ops:
             optional.require("kornia", "placement='gpu'")
-            self._decoder.pixel_ops = ()
-        self._runner = self._decoders(workers, timeout, prefetch_factor, pin)
+        # Sample ids: a file's index in the list, or a shard sample's place among all the shards'.
+        self._decoder = BatchDecoder(transform, self.seed, fail, (o.prefetch_factor or 2) + 2, o.pin,
+                                     ids=len(self.samples), key=samples_key(self.samples),
+                                     cpu_pixel_ops=() if device_pixel_ops else pixel_ops)
+        self._runner = self._make_runner(o.workers, o.timeout, o.prefetch_factor, o.pin)
         self.num_classes = self._reader.num_classes(transform)
         self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
                                          device=self.device, dtype=self.dtype, channels_last=self.channels_last,
@@ -151,7 +163,7 @@ class ImageLoader(Loader):
         """(the batch order, the reader) of this backend."""
         raise NotImplementedError
 
-    def _decoders(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Runner:
+    def _make_runner(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Runner:
         """Who decodes: DataLoader's worker processes running read-and-decode tasks."""
         # Not ahead into the next epoch with a sampler: its next epoch's list may change
         # (set_weights, a callable of the training state) until that epoch starts.

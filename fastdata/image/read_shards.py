@@ -72,9 +72,9 @@ class ShardReader:
     """Reads the samples of batch (epoch, k) from the block that holds it, read (or being
     read) by this process's read-ahead thread."""
 
-    def __init__(self, shards: Shards, plan: ShardOrder, fail: Failures, persistent: bool) -> None:
+    def __init__(self, shards: Shards, order: ShardOrder, fail: Failures, persistent: bool) -> None:
         self.shards = shards
-        self.plan = plan
+        self.order = order
         self.fail = fail
         self.persistent = persistent  # the process serves the next epoch too: read its first block ahead
         self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
@@ -123,10 +123,10 @@ class ShardReader:
     def read(self, keys) -> Read:
         """The samples of batch (epoch, k)."""
         ((epoch, k),) = keys
-        plan = self.plan
-        lane, block, row = plan.locate(k)
+        order = self.order
+        lane, block, row = order.locate(k)
         data = self._block(epoch, lane, block, row)
-        rows = data.order[row : row + plan.batch_size]
+        rows = data.order[row : row + order.batch_size]
         errors: list[tuple[str, str]] = []
         index, paths, datas, labels = [], [], [], []
         for r in rows.tolist():
@@ -155,13 +155,13 @@ class ShardReader:
             return self._current[1].result()
         future: Future | None = pending.pop(key, None)
         first: Future | None = None
-        if future is None and self._files and self.plan.block > self.plan.batch_size:
+        if future is None and self._files and self.order.block > self.order.batch_size:
             # Nothing read ahead (a pass's start, a resume): the batch's own samples are read
             # first, into a buffer of their own, and decoded while the thread reads the whole
             # block after them, so the first batch waits for a quarter of a block, not all of
             # it. Files only: that is a read per sample, a request each over HTTP, and a pipe
             # would be read twice.
-            first = reader.submit(self._read_block, *key, _Buffer(), rows=slice(row, row + self.plan.batch_size))
+            first = reader.submit(self._read_block, *key, _Buffer(), rows=slice(row, row + self.order.batch_size))
         if future is None:
             future = self._submit(key)
         following = self._following(epoch, lane, block)
@@ -170,8 +170,8 @@ class ShardReader:
         # The next block is read from the block's second batch on, not beside its first: that
         # batch's decode (the whole of a fresh pass's first batch) would share the cores with
         # two block reads. A block of one batch reads ahead at once.
-        plan = self.plan
-        if row + plan.batch_size >= min(plan.block, plan.lane_samples[lane] - block * plan.block):
+        order = self.order
+        if row + order.batch_size >= min(order.block, order.lane_samples[lane] - block * order.block):
             self._read_ahead(epoch, lane, block)
         self._current = None  # its buffer may be refilled from here on
         got = (first or future).result()
@@ -181,7 +181,7 @@ class ShardReader:
     def _following(self, epoch: int, lane: int, block: int) -> tuple[int, int, int] | None:
         """The next block of the lane, or after its last, the first of the next epoch (which
         this worker serves too when it persists: DataLoader starts each epoch at worker 0)."""
-        if block + 1 < self.plan.blocks(lane):
+        if block + 1 < self.order.blocks(lane):
             return (epoch, lane, block + 1)
         return (epoch + 1, lane, 0) if self.persistent else None
 
@@ -206,17 +206,17 @@ class ShardReader:
     def _read_block(self, epoch: int, lane: int, block: int, buf: _Buffer, rows: slice | None = None) -> _Block:
         """The block's samples, read into `buf`; with `rows`, only those of its order (the
         block's `order` then maps those rows alone, into the samples read)."""
-        plan = self.plan
-        ids = plan.block_ids(epoch, lane, block)
-        out = _Block(ids, plan.block_permutation(epoch, lane, block, len(ids)))
+        order = self.order
+        ids = order.block_ids(epoch, lane, block)
+        out = _Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
         if rows is not None:
             wanted = np.sort(out.order[rows])
-            order = np.full(len(ids), -1, dtype=np.int64)
-            order[rows] = np.searchsorted(wanted, out.order[rows])
+            mapping = np.full(len(ids), -1, dtype=np.int64)
+            mapping[rows] = np.searchsorted(wanted, out.order[rows])
             ids = ids[wanted]
-            out = _Block(ids, order)
-        shard = np.searchsorted(plan.first, ids, side="right") - 1
-        local = ids - plan.first[shard]
+            out = _Block(ids, mapping)
+        shard = np.searchsorted(order.first, ids, side="right") - 1
+        local = ids - order.first[shard]
         # runs of consecutive samples of one shard: one read each, of bytes [start, stop)
         breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
         runs = []
@@ -254,13 +254,13 @@ class ShardReader:
         spans = self.shards.spans[s][first:end].tolist()
         expected = contents[first:end].tolist() if contents is not None else [(-1, -1)] * (end - first)
         # A sample's CRC-32 is compared the first time one of the processes sharing the record
-        # reads it (zlib's runs at about 2 GB/s, a few percent of a decode): a sample found
+        # reads it (a few percent of a decode, benchmarks/results/MEASURED.md): a sample found
         # changed fails every time, one found intact is not hashed again by them.
         checksums = self.shards.checksums[s] if self.shards.checksums is not None else None
         if checksums is None:
             crcs = [-1] * (end - first)
         else:
-            seen = self._verified.numpy()[self.plan.first[s] + first:self.plan.first[s] + end]
+            seen = self._verified.numpy()[self.order.first[s] + first:self.order.first[s] + end]
             crcs = np.where(seen != 0, -1, checksums[first:end]).tolist()
         for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs)):
             if self._read_sample(out, url, key, a, a + n, read, raw, start, expect, crc, stale) and crc >= 0:

@@ -14,8 +14,8 @@ import warnings
 import numpy as np
 
 
-def decode(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
-           crop_first: bool = False) -> np.ndarray:
+def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
+                crop_first: bool = False) -> np.ndarray:
     """HWC uint8 RGB of `data` cropped to `box` (x0, y0, x1, y1 in source pixels), resized to
     `size` (w, h) with the `resample` filter ("bilinear", "bicubic": antialiased when
     shrinking, as Pillow's are; "nearest"), mirrored if `flip`. With `crop_first`, torchvision's
@@ -51,7 +51,7 @@ FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0}  # the resize filters, by 
 
 def size_of(data: bytes) -> tuple[int, int]:
     """(width, height) from the header. Pillow's decompression-bomb warning is silenced: the
-    loaders hold the size to their own limit (`fastdata._decode.MAX_IMAGE_PIXELS`)."""
+    loaders hold the size to their own limit (`fastdata._codec.MAX_IMAGE_PIXELS`)."""
     from PIL import Image
 
     with warnings.catch_warnings():

@@ -1,9 +1,9 @@
 """A training script's loop over a torchvision ImageFolder, as scripts write it; run plain or
-under `fastdata run` by tests/test_run_torchvision.py.
+under `fastdata run` by tests/tools/test_run_torchvision.py.
 
     python train_torchvision.py DATA OUT.json {v1,v2,eval,lambda} WORKERS [EPOCHS]
 
-Each image of class c has its blue channel at about 40 + 50c (tests/test_run_torchvision.py
+Each image of class c has its blue channel at about 40 + 50c (tests/tools/test_run_torchvision.py
 makes them): the script reads each sample's class back from its pixels and counts the samples
 whose label disagrees, so a batch whose labels do not belong to its images is seen. OUT gets
 the batches' dtype, shape, contiguity, sample count and that count.

@@ -21,7 +21,7 @@ from _jobs import check_resumed, finish, free_port, kill_once_past, launch, logg
 
 pytest.importorskip("pytorch_lightning")
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "lightning_train.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "lightning_train.py"
 CLASSES, PER_CLASS = 6, 20  # 120 images: 60 a rank, no padding
 BATCH = 20  # batches this large make the loss fall steadily within a few dozen steps
 STEPS = CLASSES * PER_CLASS // 2 // BATCH  # steps an epoch: 3

@@ -9,7 +9,7 @@ DataLoader does not take). A loader the script left at num_workers=0 gets num_wo
 only where workers cannot change a batch: torch's default samplers, fork, and a dataset whose
 __getitem__ draws from no global RNG and changes none of its attributes (a probe of sample 0,
 its draws undone). Where CUDA is, a served loader with workers copies each batch ahead to the GPU
-the script moves its batches to (`fastdata._run_copy`; --no-copy-ahead: not). At the end, one
+the script moves its batches to (`fastdata.run._copy`; --no-copy-ahead: not). At the end, one
 line per loader on stderr: where it was made, the dataset, served or fell back, and why (and how
 many of the copies ahead the script took).
 
@@ -33,11 +33,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._cli import CommandError, add_debug, check_writable, run_command
+from .._cli import CommandError, add_debug, check_writable, run_command
 
 SUMMARY = "run a training command with its DataLoaders served by fastdata"
 EXAMPLE = "fastdata run --profile -- python train.py --epochs 2"
-_SITE = Path(__file__).with_name("_run_site.py")
+_SITE = Path(__file__).with_name("_site.py")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -145,7 +145,7 @@ def _copied(record: dict[str, Any]) -> str:
 
 def write_reports(loaders: list[dict[str, Any]], out: Path) -> list[str]:
     """Writes a report per served loader that delivered a batch, in out/loader-K; a line each."""
-    from ._run_profile import report
+    from ._profile import report
 
     lines = []
     timed = [r for r in loaders if r.get("profile")]

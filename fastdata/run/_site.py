@@ -2,7 +2,7 @@
 
 Every Python process of the command (the script, torchrun's ranks, spawned workers) runs it at
 start-up. It imports nothing heavy: it waits for `torch` to be imported, then has
-`fastdata._run_hook` replace `torch.utils.data.DataLoader`. A process that never imports torch
+`fastdata.run._hook` replace `torch.utils.data.DataLoader`. A process that never imports torch
 pays one finder lookup. The `sitecustomize` this one shadows (the next on sys.path) still runs.
 """
 
@@ -27,7 +27,7 @@ class _AfterTorch:
         def exec_module(module):
             real(module)
             try:
-                from fastdata._run_hook import install
+                from fastdata.run._hook import install
 
                 install()
             except Exception as e:  # no fastdata in this interpreter, say: torch's own DataLoader

@@ -24,7 +24,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 INSTALL_SH = ROOT / "scripts" / "install.sh"
 # The Apache License 2.0 as the ASF publishes it (apache.org/licenses/LICENSE-2.0.txt).

@@ -22,7 +22,7 @@ import pytest
 import torch.backends
 import torch.utils.data
 
-_HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_upstream")
+_HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "torch_upstream")
 # PyTorch's test file is PyTorch's code, not vendored here: the harness runs a copy put beside
 # it (git ignores it), or the one FASTDATA_TORCH_TESTS names, e.g. test/test_dataloader.py of
 # a pytorch checkout at the installed torch's version.

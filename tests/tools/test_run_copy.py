@@ -1,17 +1,17 @@
-"""`fastdata run`'s copy ahead (fastdata/_run_copy.py), on the CPU: the destination learned from
+"""`fastdata run`'s copy ahead (fastdata/run/_copy.py), on the CPU: the destination learned from
 the script's first move, the script's `.to()` served from the copy made ahead only where it
 gives what the call would, unused copies dropped, and a dataset error raised in its place.
 
 Here the destination is the meta device (shapes and dtypes, no values), the only one a CPU
-machine has; tests/test_run.py::test_gpu_same_batches_copied_ahead checks the values on a GPU."""
+machine has; tests/tools/test_run.py::test_gpu_same_batches_copied_ahead checks the values on a GPU."""
 
 import gc
 
 import pytest
 import torch
 
-from fastdata import _run_copy
-from fastdata._run_copy import CopyAhead
+from fastdata.run import _copy as _run_copy
+from fastdata.run._copy import CopyAhead
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +159,7 @@ class Indexed(torch.utils.data.Dataset):
 
 
 def test_a_served_loader_with_workers_copies_ahead(monkeypatch):
-    from fastdata import _run_hook
+    from fastdata.run import _hook as _run_hook
 
     def make(cls):
         return cls(Indexed(), batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0))

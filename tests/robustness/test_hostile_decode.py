@@ -22,10 +22,10 @@ import torch
 from PIL import Image
 
 import fastdata
-from fastdata import DataError, _decode
+from fastdata import DataError, _codec
 from fastdata import transforms as T
 
-pytestmark = pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+pytestmark = pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 
 M64 = (1 << 64) - 1
 P1, P2, P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
@@ -102,7 +102,7 @@ def scan_start(d: bytes) -> int:
 def decode(datas, crops, index=True, whole=None, out_hw=(32, 40)):
     n = len(datas)
     out = torch.zeros(n, 3, *out_hw, dtype=torch.uint8)
-    errors = _decode.decode_crop_resize(datas, np.asarray(crops, np.int32), np.zeros(n, bool), out, 1,
+    errors = _codec.decode_crop_resize(datas, np.asarray(crops, np.int32), np.zeros(n, bool), out, 1,
                                         whole=whole, index=index)
     return out, errors
 
@@ -169,12 +169,12 @@ def test_forged_one_code_changed_gets_its_own_pixels():
 
 _FRESH = """
 import sys, numpy as np, torch
-from fastdata import _decode
+from fastdata import _codec
 crops = np.load(sys.argv[1])
 for path in sys.argv[2:]:
     data = open(path, "rb").read()
     out = torch.zeros(len(crops), 3, 32, 40, dtype=torch.uint8)
-    assert _decode.decode_crop_resize([data] * len(crops), crops, np.zeros(len(crops), bool), out, 1) == [None] * len(crops)
+    assert _codec.decode_crop_resize([data] * len(crops), crops, np.zeros(len(crops), bool), out, 1) == [None] * len(crops)
     sys.stdout.buffer.write(out.numpy().tobytes())
 """
 
@@ -205,7 +205,7 @@ def test_buffer_rewritten_during_decodes_leaves_no_trace(tmp_path):
         try:
             for j in range(6):
                 out = torch.zeros(n, 3, 32, 40, dtype=torch.uint8)
-                _decode.decode_crop_resize([buf] * n, crops, np.zeros(n, bool), out, 1,
+                _codec.decode_crop_resize([buf] * n, crops, np.zeros(n, bool), out, 1,
                                            whole=None if j % 2 else np.zeros(n, np.uint8))
         finally:
             stop.set()
@@ -221,7 +221,7 @@ def test_buffer_rewritten_during_decodes_leaves_no_trace(tmp_path):
     for k, buf in enumerate(bufs):
         for whole in (None, np.zeros(n, np.uint8)):
             out = torch.zeros(n, 3, 32, 40, dtype=torch.uint8)
-            assert _decode.decode_crop_resize([buf] * n, crops, np.zeros(n, bool), out, 1,
+            assert _codec.decode_crop_resize([buf] * n, crops, np.zeros(n, bool), out, 1,
                                               whole=whole) == [None] * n
             assert out.numpy().tobytes() == fresh[k * each:(k + 1) * each], (k, whole is None)
 
@@ -241,14 +241,14 @@ def many_scans(scans: int) -> bytes:
 
 
 def test_many_scans_refused_before_any_decode(tmp_path):
-    limit = _decode.MAX_SCANS
-    assert _decode._ext.MAX_SCANS == limit == 100
+    limit = _codec.MAX_SCANS
+    assert _codec._ext.MAX_SCANS == limit == 100
     at_limit, over = many_scans(limit), many_scans(20 * limit)
     for d in (at_limit, over):
-        native = _decode.inspect_batch([d])[0]
-        assert native == _decode.check_structure(d)  # the Python walk
-    assert _decode.check_structure(at_limit).cause is None
-    cause = _decode.check_structure(over).cause
+        native = _codec.inspect_batch([d])[0]
+        assert native == _codec.check_structure(d)  # the Python walk
+    assert _codec.check_structure(at_limit).cause is None
+    cause = _codec.check_structure(over).cause
     assert cause.startswith(f"corrupt JPEG: more than {limit} scans (the scan at byte ")
     for index in (True, False):
         assert decode([over], [(0, 0, 64, 48)], index=index)[1] == [cause]
@@ -268,7 +268,7 @@ def test_fill_bytes_before_a_stuffed_zero_refused_by_every_decoder():
     at = d.index(b"\xff\x00", start)
     bad = d[:at] + b"\xff" + d[at:]  # FF FF 00: libjpeg's two Huffman readers disagree on it
     want = f"corrupt JPEG: fill bytes before a stuffed zero (0xFF 0xFF ... 0x00) at byte {at} of the scan data"
-    assert _decode.check_structure(bad).cause == want == _decode.inspect_batch([bad])[0].cause
+    assert _codec.check_structure(bad).cause == want == _codec.inspect_batch([bad])[0].cause
     for index in (True, False):
         assert decode([bad], [(0, 0, 96, 64)], index=index)[1] == [want]
 
@@ -281,7 +281,7 @@ def test_fill_bytes_before_a_restart_marker_decode_alike():
     rst = [i for i in range(start, len(d) - 1) if d[i] == 0xFF and 0xD0 <= d[i + 1] <= 0xD7]
     assert len(rst) > 3
     filled = d[:rst[2]] + b"\xff\xff" + d[rst[2]:]
-    assert _decode.check_structure(filled).cause is None
+    assert _codec.check_structure(filled).cause is None
     crops = crops_of(96, 64)[:2]
     got, errors = decode([filled] * 2, crops)
     want, want_errors = decode([filled] * 2, crops, index=False)
@@ -299,8 +299,8 @@ def test_scratch_buffers_shrink_after_an_oversized_file():
     assert len(big) > 5 << 20
     small = jpeg(noise(320, 240, 11))
     decode([small], [(0, 0, 320, 240)])
-    kept = _decode._ext.decoder_scratch_bytes()
+    kept = _codec._ext.decoder_scratch_bytes()
     assert decode([big], [(0, 0, 2600, 2000)], out_hw=(224, 224))[1] == [None]
-    assert _decode._ext.decoder_scratch_bytes() < 4 << 20
+    assert _codec._ext.decoder_scratch_bytes() < 4 << 20
     decode([small], [(0, 0, 320, 240)])
-    assert _decode._ext.decoder_scratch_bytes() <= max(kept, 1 << 20)
+    assert _codec._ext.decoder_scratch_bytes() <= max(kept, 1 << 20)

@@ -15,10 +15,10 @@ import time
 from types import SimpleNamespace
 from typing import Any, Iterator
 
-from ._cores import usable_cores
-from .profiling.measure import check_ceiling
-from .profiling.model import RateModel, advise
-from .profiling.report import COMPUTE_BOUND, INPUT_BOUND, WORKER_STAGES, Report
+from .._cores import usable_cores
+from ..profiling.measure import check_ceiling
+from ..profiling.model import RateModel, advise
+from ..profiling.report import COMPUTE_BOUND, INPUT_BOUND, WORKER_STAGES, Report
 
 STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step
 

@@ -5,8 +5,8 @@ arguments: served by fastdata's drop-in loader (`Served`, a `TorchLoader`) or to
 DataLoader (an instance of `DataLoader` itself, which adds nothing to torch's class). Both are
 instances of the class the script sees as `DataLoader` and of torch's. Each decision is appended
 to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; at the process's exit, each served
-loader's copies ahead to the GPU (`fastdata._run_copy`, where CUDA is and FASTDATA_RUN_NO_COPY is
-not set) and, with `FASTDATA_RUN_PROFILE` set, its measurements (`fastdata._run_profile`).
+loader's copies ahead to the GPU (`fastdata.run._copy`, where CUDA is and FASTDATA_RUN_NO_COPY is
+not set) and, with `FASTDATA_RUN_PROFILE` set, its measurements (`fastdata.run._profile`).
 
 num_workers: where the script left the default (0), a served loader gets "auto" only when that
 cannot change a batch: torch's default samplers (whose draws do not depend on the worker count),
@@ -39,12 +39,12 @@ import torch.utils.data.dataloader
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ._run_copy import CopyAhead
-from ._run_copy import install as install_copy
-from ._run_profile import Timing
-from ._run_torchvision import Finish, Lowering, NativeFolder, lower
-from .backends.torch import TorchLoader
-from .backends.torch_iter import Fetches
+from ._copy import CopyAhead
+from ._copy import install as install_copy
+from ._profile import Timing
+from ._torchvision import Finish, Lowering, NativeFolder, lower
+from ..backends.torch import TorchLoader
+from ..backends.torch_iter import Fetches
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _SIGNATURE = inspect.signature(TorchDataLoader.__init__)

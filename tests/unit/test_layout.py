@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 400
 REASON = re.compile(r"over 400 lines", re.IGNORECASE)
 BACKEND_PACKAGES = ("fastdata.backends", "fastdata.image")

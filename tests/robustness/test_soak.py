@@ -38,7 +38,7 @@ from fastdata.shard import write_shards
 
 pytestmark = pytest.mark.slow
 
-SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 CLASSES, PER_CLASS = 8, 32
 N = CLASSES * PER_CLASS
 BATCH, SIZE, EPOCHS, WORKERS = 32, 128, 12, 2

@@ -14,10 +14,10 @@ import pytest
 @pytest.mark.timeout(600)
 def test_dropin_suite_passes_on_the_python_fallback():
     env = {**os.environ, "FASTDATA_DISABLE_NATIVE": "1", "OMP_NUM_THREADS": "1"}
-    tests = Path(__file__).parent
+    tests = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         str(tests / "test_dropin.py"), str(tests / "test_collate.py")],
+         str(tests / "backends" / "test_dropin.py"), str(tests / "unit" / "test_collate.py")],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -35,7 +35,7 @@ from _images import color_folder
 
 from fastdata.shard import write_shards
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 CLASSES, PER_CLASS = 4, 16
 ALL = sorted((c, i) for c in range(CLASSES) for i in range(PER_CLASS))
 ROUNDS = 6  # epochs a job reads, alternately the folder and the shards

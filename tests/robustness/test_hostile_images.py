@@ -30,7 +30,7 @@ import torch
 from PIL import Image, ImageOps
 
 import fastdata
-from fastdata import DataError, _decode
+from fastdata import DataError, _codec
 from fastdata import transforms as T
 from fastdata.shard import write_shards
 from fastdata.transforms.plan import plan_geometry
@@ -179,7 +179,7 @@ def reference(data: bytes, index: int, epoch: int, seed: int = 3) -> np.ndarray:
     geo = plan_geometry(RRC.geometry, seed, epoch, np.array([index]), np.array([w]), np.array([h]))
     x0, y0, x1, y1 = geo.boxes[0]
     crop = (round(x0), round(y0), max(1, round(x1) - round(x0)), max(1, round(y1) - round(y0)))
-    return _decode.pillow_crop_resize(data, crop, bool(geo.flips[0]), (OUT, OUT)).astype(np.float64)
+    return _codec.pillow_crop_resize(data, crop, bool(geo.flips[0]), (OUT, OUT)).astype(np.float64)
 
 
 def images_by_label(loader) -> dict[int, np.ndarray]:
@@ -211,36 +211,36 @@ def _corpus() -> list[bytes]:
     return out
 
 
-@pytest.mark.skipif(_decode._ext is None or not hasattr(_decode._ext, "inspect_batch"),
+@pytest.mark.skipif(_codec._ext is None or not hasattr(_codec._ext, "inspect_batch"),
                     reason="native extension not built")
 def test_native_walk_equals_the_python_walk():
     corpus = _corpus()
     kinds = ("", "jpeg", "png")
-    native = [(c, kinds[k], w, h) for c, k, w, h in _decode._ext.inspect_batch(corpus, False)]
-    python = [tuple(_decode.check_structure(d)) for d in corpus]
-    assert [tuple(x) for x in _decode.inspect_batch(corpus, False, threads=3)] == native  # spread over threads
+    native = [(c, kinds[k], w, h) for c, k, w, h in _codec._ext.inspect_batch(corpus, False)]
+    python = [tuple(_codec.check_structure(d)) for d in corpus]
+    assert [tuple(x) for x in _codec.inspect_batch(corpus, False, threads=3)] == native  # spread over threads
     for i, (a, b) in enumerate(zip(native, python)):
         assert a == b, (i, a, b)
     causes = {c.split(":")[0] for c, *_ in python if c}
     assert {"empty file", "truncated JPEG", "corrupt JPEG", "truncated PNG", "corrupt PNG"} <= causes
     assert sum(c is None for c, *_ in python) > len(GOOD)  # some mutations leave the structure whole
-    assert _decode._ext.MAX_PIXELS == _decode.MAX_IMAGE_PIXELS == 89_478_485 == Image.MAX_IMAGE_PIXELS
+    assert _codec._ext.MAX_PIXELS == _codec.MAX_IMAGE_PIXELS == 89_478_485 == Image.MAX_IMAGE_PIXELS
 
 
 def test_walk_accepts_whole_files_and_refuses_cut_ones():
     for name, data in GOOD.items():
-        found = _decode.check_structure(data)
+        found = _codec.check_structure(data)
         assert found.cause is None, (name, found)
     with Image.open(io.BytesIO(PLAIN)) as img:
-        assert _decode.check_structure(PLAIN) == (None, "jpeg", *img.size)
-    assert _decode.check_structure(GOOD["png-named.jpg"]) == (None, "png", 80, 60)
+        assert _codec.check_structure(PLAIN) == (None, "jpeg", *img.size)
+    assert _codec.check_structure(GOOD["png-named.jpg"]) == (None, "png", 80, 60)
     # every cut of a JPEG is refused, whatever byte it ends on; so is a PNG's
     for cut in range(3, len(PHOTO) - 1, 7):  # (shorter: no JPEG signature, so Pillow decides)
-        cause = _decode.check_structure(PHOTO[:cut]).cause
+        cause = _codec.check_structure(PHOTO[:cut]).cause
         assert cause is not None and cause.startswith(("truncated JPEG", "corrupt JPEG")), (cut, cause)
     png = GOOD["png-named.jpg"]
     for cut in range(8, len(png) - 1, 5):
-        assert _decode.check_structure(png[:cut]).cause.startswith("truncated PNG"), cut
+        assert _codec.check_structure(png[:cut]).cause.startswith("truncated PNG"), cut
     # An end marker inside a segment (an EXIF thumbnail is a whole JPEG in APP1) does not end
     # the file: a file cut in its scan is refused though FF D9 occurs near its end.
     thumb = encode(gradient(8, 8), quality=50)
@@ -248,10 +248,10 @@ def test_walk_accepts_whole_files_and_refuses_cut_ones():
     small = encode(gradient(40, 30), quality=90)
     with_thumb = small[:2] + app1 + small[2:-40]
     assert with_thumb.rfind(b"\xff\xd9") > len(with_thumb) - 1024  # found by a search from the end
-    assert _decode.check_structure(with_thumb).cause.startswith("truncated JPEG")
-    assert _decode.check_structure(small[:2] + app1 + small[2:]).cause is None
+    assert _codec.check_structure(with_thumb).cause.startswith("truncated JPEG")
+    assert _codec.check_structure(small[:2] + app1 + small[2:]).cause is None
     # not JPEG or PNG: not walked, Pillow decides
-    assert _decode.check_structure(b"GIF89a....") == (None, "", 0, 0)
+    assert _codec.check_structure(b"GIF89a....") == (None, "", 0, 0)
 
 
 # ---------------------------------------------------------------------------- the backends
@@ -326,7 +326,7 @@ def test_cut_file_rejected_in_every_epoch(config, tmp_path):
     files = {"a.jpg": whole, "cut85.jpg": CUT, "b.jpg": PLAIN, "cut-closed.jpg": CUT + b"\xff\xd9", "c.jpg": whole}
     pairs = write(tmp_path / "files", files)
     loader = make(config, pairs, tmp_path, on_error="skip", batch_size=5, persistent_workers=config[1] > 0)
-    closed_rejected = _decode.AVAILABLE
+    closed_rejected = _codec.AVAILABLE
     windows = []
     for epoch in range(20):
         before = loader.stats["skipped"]
@@ -402,12 +402,12 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
 _FALLBACK_SCRIPT = """
 import json, sys
 import fastdata
-from fastdata import _decode, transforms as T
+from fastdata import _codec, transforms as T
 pairs = json.loads(sys.argv[1])
 loader = fastdata.loader([tuple(p) for p in pairs], batch_size=4, backend="pil", on_error="skip",
                          transform=T.Compose([T.RandomResizedCrop(24)]))
 labels = sorted(y for _, ys in loader for y in ys.tolist())
-print(json.dumps({"native": _decode.AVAILABLE, "labels": labels,
+print(json.dumps({"native": _codec.AVAILABLE, "labels": labels,
                   "errors": sorted((e["path"], e["cause"]) for e in loader.stats["errors"])}))
 """
 
@@ -431,20 +431,20 @@ def test_python_fallback_accepts_and_rejects_the_same(tmp_path):
 
 
 
-@pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
 def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
     """`dali`'s check of the entropy-coded data: a clean file is decoded once and remembered by
     its id; a corrupt one is refused each time it comes; CMYK (left to Pillow) passes."""
     from fastdata.image.decode import EntropyCheck, check_complete
 
     seen = []
-    real = _decode.decode_crop_resize
+    real = _codec.decode_crop_resize
 
     def counting(datas, *args, **kw):
         seen.append(len(datas))
         return real(datas, *args, **kw)
 
-    monkeypatch.setattr(_decode, "decode_crop_resize", counting)
+    monkeypatch.setattr(_codec, "decode_crop_resize", counting)
     datas = [PHOTO, CUT + b"\xff\xd9", GOOD["cmyk.jpg"], PLAIN, GOOD["png-named.jpg"]]
     check = EntropyCheck(5)
     for _ in range(2):
@@ -492,18 +492,18 @@ def test_records_are_shared_by_the_same_files_only(tmp_path, monkeypatch):
 def _decodes_by_file(monkeypatch, names_by_data: dict) -> list:
     """Records each native decode as {file name: whole} (1: decoded whole)."""
     calls = []
-    real = _decode.decode_crop_resize
+    real = _codec.decode_crop_resize
 
     def recording(datas, crops, flips, out, threads=1, whole=None):
         flags = [1] * len(datas) if whole is None else [int(w) for w in whole]
         calls.append({names_by_data[bytes(d)]: w for d, w in zip(datas, flags)})
         return real(datas, crops, flips, out, threads, whole=whole)
 
-    monkeypatch.setattr(_decode, "decode_crop_resize", recording)
+    monkeypatch.setattr(_codec, "decode_crop_resize", recording)
     return calls
 
 
-@pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 def test_each_file_is_decoded_whole_once(workers, persistent, tmp_path, monkeypatch):
     """The rows below the crop window are entropy-decoded until a file has once decoded whole
@@ -547,7 +547,7 @@ def test_each_file_is_decoded_whole_once(workers, persistent, tmp_path, monkeypa
     assert again.stats["skipped"] == 1
 
 
-@pytest.mark.skipif(not _decode.AVAILABLE, reason="native decoder not built")
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
 @pytest.mark.parametrize("start", ["in-process", "fork", "forkserver"])
 def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
     """The record is one block of shared memory: a mark made by a worker is the training

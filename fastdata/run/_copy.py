@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .device import tensors
+from ..device import tensors
 
 _to = torch.Tensor.to
 _cuda = torch.Tensor.cuda

@@ -33,7 +33,7 @@ from fastdata import transforms as T
 pytest.importorskip("pytorch_lightning")
 pytest.importorskip("accelerate")
 
-JOB = str(Path(__file__).with_name("_framework_job.py"))
+JOB = str(Path(__file__).resolve().parents[1] / "_framework_job.py")
 CLASSES, PER_CLASS = 2, 20  # image mode: 40 images, as many as drop-in mode's training samples
 BATCH = 4
 EPOCHS = 2

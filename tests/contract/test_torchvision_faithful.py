@@ -1,4 +1,4 @@
-"""`fastdata run`'s native serving of a torchvision ImageFolder pipeline (`fastdata._run_torchvision`)
+"""`fastdata run`'s native serving of a torchvision ImageFolder pipeline (`fastdata.run._torchvision`)
 held to torchvision itself: the random parameters follow torchvision's distributions
 (RandomResizedCrop's boxes and fallback, RandomHorizontalFlip's rate, ColorJitter's factors and
 order, TrivialAugmentWide's ops and magnitudes: two-sample Kolmogorov-Smirnov statistics and
@@ -36,7 +36,7 @@ from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 
 import fastdata.transforms as fd  # noqa: E402
-from fastdata._run_torchvision import Finish, NativeFolder, _lower_transform, lower  # noqa: E402
+from fastdata.run._torchvision import Finish, NativeFolder, _lower_transform, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms.plan import TRIVIAL_OPS, plan_geometry, plan_pixels, trivial_magnitude  # noqa: E402
 
@@ -679,7 +679,7 @@ def test_nearest_box_as_crop_then_resize():
         img = Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8))
         buf = io.BytesIO()
         img.save(buf, "PNG")
-        got = fd_pil.decode(buf.getvalue(), np.array([x, y, x + w, y + h], float), False, (224, 224), "nearest",
+        got = fd_pil.open_window(buf.getvalue(), np.array([x, y, x + w, y + h], float), False, (224, 224), "nearest",
                             crop_first=True)
         want = np.asarray(F.resized_crop(img, y, x, h, w, [224, 224], interpolation=NEAREST))
         odd = (got != want).any(2)

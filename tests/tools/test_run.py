@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
-SCHEMA = Path(__file__).resolve().parent.parent / "fastdata" / "profiling" / "report.schema.json"
+SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
+SCHEMA = Path(__file__).resolve().parents[2] / "fastdata" / "profiling" / "report.schema.json"
 
 
 def _direct(script: str, out: Path, *args: str) -> dict:
@@ -251,7 +251,7 @@ def imagenet_folder(tmp_path_factory):
     import numpy as np
     from PIL import Image
 
-    here = str(Path(__file__).resolve().parent)
+    here = str(Path(__file__).resolve().parents[1])
     if here not in sys.path:
         sys.path.insert(0, here)
     from _images import color

@@ -1,4 +1,4 @@
-"""`fastdata run` wraps `Tensor.to` and `Tensor.cuda` in the script's process (fastdata/_run_copy.py).
+"""`fastdata run` wraps `Tensor.to` and `Tensor.cuda` in the script's process (fastdata/run/_copy.py).
 Every documented form of each call, and forms torch refuses, must give torch's own result or
 torch's own error through the wrappers: on a tensor that is not a batch, on a batch tensor with
 a copy made ahead (served from it or not), and through `Module.to`, `Module.cuda` and
@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from fastdata import _run_copy
-from fastdata._run_copy import CopyAhead
+from fastdata.run import _copy as _run_copy
+from fastdata.run._copy import CopyAhead
 
 CUDA = torch.cuda.is_available()
 DESTINATIONS = ["meta"] + (["cuda"] if CUDA else [])

@@ -4,7 +4,7 @@
   the collation, atheris for the tar and index readers) that fails on any crash or finding. It
   needs clang and atheris: skipped without them, except under CI (CI=true), where it fails.
 * Replays of every checked-in input in tests/fuzz_corpus/<target>/ (the crashes fuzzing found,
-  each fixed) and of the seed corpus, through the Python API: fastdata._decode for the decoder,
+  each fixed) and of the seed corpus, through the Python API: fastdata._codec for the decoder,
   fastdata._collate for the collation, the readers for the tar target. Each replay reads an input
   as the fuzz target does (csrc/fuzz/*_fuzzer.cpp and tar_fuzzer.py document the layouts) and
   checks what the target checks.
@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import _collate, _decode
+from fastdata import _collate, _codec
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).resolve().parents[1] / "fuzz_corpus"
 sys.path.insert(0, str(ROOT / "csrc" / "fuzz"))
 import seeds  # noqa: E402
 import tar_fuzzer  # noqa: E402
@@ -111,7 +111,7 @@ def _out(n: int, h: int, w: int, layout: int) -> tuple[np.ndarray, np.ndarray, i
 
 
 def decode_case(data: bytes) -> bool:
-    """decode_fuzzer.cpp's checks, through fastdata._decode (numpy outputs in the same layouts).
+    """decode_fuzzer.cpp's checks, through fastdata._codec (numpy outputs in the same layouts).
     Whether the crop decoded."""
     cur = Cursor(data)
     out_w, out_h = 1 + cur.byte() % 64, 1 + cur.byte() % 64
@@ -121,7 +121,7 @@ def decode_case(data: bytes) -> bool:
     flip, pair, partial, layout = bool(flags & 1), bool(flags & 8), bool(flags & 16), (flags >> 1) & 3
 
     try:
-        W, H, components = _decode.jpeg_info(jpeg)
+        W, H, components = _codec.jpeg_info(jpeg)
         info_ok = True
         assert W >= 1 and H >= 1 and components >= 1
         if W * H > 1 << 22:
@@ -139,16 +139,16 @@ def decode_case(data: bytes) -> bool:
     flips = np.array([flip, not flip][:n])
     whole = np.array([not partial, True][:n])  # the first sample stops at its window's last row
     buf, view, origin = _out(n, out_h, out_w, layout)
-    errors = _decode.decode_crop_resize([jpeg] * n, np.array([crop] * n), flips, view, threads=n, whole=whole)
+    errors = _codec.decode_crop_resize([jpeg] * n, np.array([crop] * n), flips, view, threads=n, whole=whole)
     _, ref, _ = _out(1, out_h, out_w, 0)
-    (ref_error,) = _decode.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), ref, threads=1)
+    (ref_error,) = _codec.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), ref, threads=1)
     ok = ref_error is None
     assert info_ok or not ok, "decoded a JPEG whose header jpeg_info refused"
     # The differential check: libjpeg's own Huffman decoder (index=False) on the same crop gives
     # the same pixels, or fails where the checkpoint decoder fails; it may decode what the
     # checkpoint decoder refuses only in the two ways that one is stricter by design.
     _, lib, _ = _out(1, out_h, out_w, 0)
-    (lib_error,) = _decode.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), lib, index=False)
+    (lib_error,) = _codec.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), lib, index=False)
     if ok:
         assert lib_error is None, f"the checkpoint decoder decoded what libjpeg's refused: {lib_error}"
         np.testing.assert_array_equal(lib, ref, "the checkpoint decoder and libjpeg's disagree on a pixel")
@@ -180,14 +180,14 @@ def decode_case(data: bytes) -> bool:
 DECODE_INPUTS = _inputs("decode")
 
 
-@pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 @pytest.mark.parametrize("path", DECODE_INPUTS, ids=_ids(DECODE_INPUTS))
 def test_decode_corpus_replays(path):
     # Named for what they do: "decodes-..." inputs decode, the others are refused.
     assert decode_case(path.read_bytes()) == path.name.startswith("decodes-")
 
 
-@pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 def test_decode_seeds_replay():
     """The seed corpus (every encoding in seeds.py behind each parameter header) decodes or
     fails cleanly, and the checks hold; every JPEG but the CMYK one decodes whole (header 0),
@@ -210,7 +210,7 @@ def _without(jpeg: bytes, marker: int) -> bytes:
     return bytes(out + jpeg[pos:])
 
 
-@pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 @pytest.mark.parametrize("marker", [0xDB, 0xC4], ids=["no-quant-tables", "no-huffman-tables"])
 def test_decode_keeps_no_tables_from_an_earlier_image(marker):
     """The fuzzer found the same bytes decoding on one thread and failing on another: libjpeg
@@ -224,11 +224,11 @@ def test_decode_keeps_no_tables_from_an_earlier_image(marker):
                seeds.jpeg(pic, quality=97, subsampling=0, optimize=True)]
     results = []
     for before in earlier:
-        (error,) = _decode.decode_crop_resize([before], np.array([[0, 0, 48, 40]]), np.array([False]),
+        (error,) = _codec.decode_crop_resize([before], np.array([[0, 0, 48, 40]]), np.array([False]),
                                               np.zeros((1, 3, 8, 8), np.uint8))
         assert error is None
         out = np.zeros((1, 3, 16, 16), np.uint8)
-        (error,) = _decode.decode_crop_resize([target], np.array([[0, 0, 48, 40]]), np.array([False]), out)
+        (error,) = _codec.decode_crop_resize([target], np.array([[0, 0, 48, 40]]), np.array([False]), out)
         results.append((error, out))
     if marker == 0xDB:
         assert all(e is not None and "Quantization table 0x00" in e for e, _ in results), results

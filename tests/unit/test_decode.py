@@ -1,4 +1,4 @@
-"""The native crop-aware JPEG decoder (fastdata._decode) against Pillow, its reference.
+"""The native crop-aware JPEG decoder (fastdata._codec) against Pillow, its reference.
 
 Images are made here: smooth gradients, blurred shapes, a few sharp lines and a little sensor
 noise, encoded by Pillow at quality 75-95 (4:4:4, 4:2:2, 4:2:0, progressive, grayscale).
@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import _decode
+from fastdata import _codec
 
-pytestmark = pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+pytestmark = pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 
 Image = pytest.importorskip("PIL.Image")
 from PIL import ImageDraw, ImageFilter  # noqa: E402
@@ -124,7 +124,7 @@ def dct_denom(crop, out_hw) -> int:
 def native(datas, crops, flips, out_hw, threads=1):
     """decode_crop_resize into a fresh NCHW batch; returns (errors, NHWC numpy)."""
     out = torch.zeros(len(datas), 3, *out_hw, dtype=torch.uint8)
-    errors = _decode.decode_crop_resize(
+    errors = _codec.decode_crop_resize(
         datas, np.asarray(crops, np.int32).reshape(-1, 4), np.asarray(flips, bool), out, threads
     )
     return errors, out.permute(0, 2, 3, 1).numpy()
@@ -186,20 +186,20 @@ def pillow_model(img: np.ndarray, box, size) -> np.ndarray:
 
 def test_jpeg_info_matches_pillow(images, cmyk):
     for data, size, components in images.values():
-        assert _decode.jpeg_info(data) == (*size, components)
+        assert _codec.jpeg_info(data) == (*size, components)
         with Image.open(io.BytesIO(data)) as im:
             assert im.size == size
-    assert _decode.jpeg_info(cmyk) == (120, 90, 4)
+    assert _codec.jpeg_info(cmyk) == (120, 90, 4)
     datas = [images["64x48_q85_420"][0], b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", cmyk]
-    assert _decode.jpeg_info_batch(datas) == [(64, 48, 3), None, None, None, (120, 90, 4)]
+    assert _codec.jpeg_info_batch(datas) == [(64, 48, 3), None, None, None, (120, 90, 4)]
     with pytest.raises(ValueError, match="not a JPEG file: starts with 0x89 0x50"):
-        _decode.jpeg_info(b"\x89PNG\r\n\x1a\n")
+        _codec.jpeg_info(b"\x89PNG\r\n\x1a\n")
 
 
 def test_jpeg_info_takes_any_bytes_like(images):
     data = images["64x48_q85_420"][0]
     for view in (data, bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
-        assert _decode.jpeg_info(view) == (64, 48, 3)
+        assert _codec.jpeg_info(view) == (64, 48, 3)
 
 
 # ---------------------------------------------------------------------------- against Pillow
@@ -225,7 +225,7 @@ def test_full_resolution_matches_pillow(images, name):
         flip = i % 2 == 1
         errors, got = native([data], [crop], [flip], (oh, ow))
         assert errors == [None], (crop, errors)
-        want = _decode.pillow_crop_resize(data, crop, flip, (ow, oh))
+        want = _codec.pillow_crop_resize(data, crop, flip, (ow, oh))
         mean, _, mx = diff_stats(got[0], want)
         assert mean <= FULL_RES_MEAN and mx <= FULL_RES_MAX, (name, crop, (oh, ow), mean, mx)
         worst = tuple(max(a, b) for a, b in zip(worst, (mean, 0.0, mx)))
@@ -245,7 +245,7 @@ def test_dct_scaled_matches_pillow(images, name):
         flip = i % 2 == 0
         errors, got = native([data], [crop], [flip], (oh, ow))
         assert errors == [None], (crop, errors)
-        want = _decode.pillow_crop_resize(data, crop, flip, (ow, oh))
+        want = _codec.pillow_crop_resize(data, crop, flip, (ow, oh))
         mean, p999, mx = diff_stats(got[0], want)
         print(f"{name} crop {crop} -> {ow}x{oh} (1/{dct_denom(crop, (oh, ow))}): "
               f"mean {mean:.3f} p99.9 {p999:.1f} max {mx}")
@@ -306,7 +306,7 @@ def test_output_layouts_and_threads_agree(images):
     n, oh, ow = len(datas), 72, 88
 
     nchw = torch.zeros(n, 3, oh, ow, dtype=torch.uint8)
-    assert _decode.decode_crop_resize(datas, crops, flips, nchw, threads=1) == [None] * n
+    assert _codec.decode_crop_resize(datas, crops, flips, nchw, threads=1) == [None] * n
     outs = {
         "channels_last": torch.zeros(n, 3, oh, ow, dtype=torch.uint8).to(
             memory_format=torch.channels_last),
@@ -315,15 +315,15 @@ def test_output_layouts_and_threads_agree(images):
         "numpy": np.zeros((n, 3, oh, ow), np.uint8),
     }
     for layout, out in outs.items():
-        assert _decode.decode_crop_resize(datas, crops, flips, out, threads=2) == [None] * n
+        assert _codec.decode_crop_resize(datas, crops, flips, out, threads=2) == [None] * n
         assert np.array_equal(np.asarray(out), nchw.numpy()), layout
     for threads in (2, 3, 8):
         again = torch.zeros_like(nchw)
-        assert _decode.decode_crop_resize(datas, crops, flips, again, threads) == [None] * n
+        assert _codec.decode_crop_resize(datas, crops, flips, again, threads) == [None] * n
         assert torch.equal(again, nchw), threads
     # a slot of a bigger batch buffer, as the loader passes it
     big = torch.zeros(n + 4, 3, oh, ow, dtype=torch.uint8)
-    assert _decode.decode_crop_resize(datas, crops, flips, big[2:2 + n]) == [None] * n
+    assert _codec.decode_crop_resize(datas, crops, flips, big[2:2 + n]) == [None] * n
     assert torch.equal(big[2:2 + n], nchw) and not big[:2].any() and not big[2 + n:].any()
 
 
@@ -369,12 +369,12 @@ def test_errors_are_strings_and_the_rest_of_the_batch_decodes(images, cmyk, capf
     crops = np.array([(0, 0, 120, 90) if d is cmyk else (40, 30, 400, 300) for d in datas])
     flips = np.array([False, True] * 5)
     out = torch.full((len(datas), 3, 64, 80), 7, dtype=torch.uint8)
-    errors = _decode.decode_crop_resize(datas, crops, flips, out, threads=2)
+    errors = _codec.decode_crop_resize(datas, crops, flips, out, threads=2)
     for i, ((_, want), got) in enumerate(zip(cases, errors)):
         if want is None:
             assert got is None, (i, got)
             alone = torch.zeros(1, 3, 64, 80, dtype=torch.uint8)
-            assert _decode.decode_crop_resize([datas[i]], crops[i:i + 1], flips[i:i + 1], alone) == [None]
+            assert _codec.decode_crop_resize([datas[i]], crops[i:i + 1], flips[i:i + 1], alone) == [None]
             assert torch.equal(out[i], alone[0])
         else:
             assert isinstance(got, str) and want in got, (i, got)
@@ -410,7 +410,7 @@ def test_whole_0_stops_at_the_windows_last_row(images):
 
     def run(datas, crops, whole, index=False):
         out = torch.full((len(datas), 3, 32, 32), 7, dtype=torch.uint8)
-        errors = _decode.decode_crop_resize(datas, np.array(crops, np.int32), np.zeros(len(datas), bool), out,
+        errors = _codec.decode_crop_resize(datas, np.array(crops, np.int32), np.zeros(len(datas), bool), out,
                                             2, whole=whole, index=index)
         return errors, out
 
@@ -448,20 +448,20 @@ def test_argument_checks(images):
     out = torch.zeros(1, 3, 8, 8, dtype=torch.uint8)
     crop, flip = np.array([[0, 0, 10, 10]]), np.array([False])
     with pytest.raises(ValueError, match=r"crops should have shape \[1, 4\], but got \[2, 4\]"):
-        _decode.decode_crop_resize([data], np.zeros((2, 4), np.int32), flip, out)
+        _codec.decode_crop_resize([data], np.zeros((2, 4), np.int32), flip, out)
     with pytest.raises(ValueError, match=r"crops should have shape \[1, 4\], but got \[4\]"):
-        _decode.decode_crop_resize([data], np.zeros(4, np.int32), flip, out)
+        _codec.decode_crop_resize([data], np.zeros(4, np.int32), flip, out)
     with pytest.raises(ValueError, match=r"flips should have shape \[1\], but got \[2\]"):
-        _decode.decode_crop_resize([data], crop, np.zeros(2, bool), out)
+        _codec.decode_crop_resize([data], crop, np.zeros(2, bool), out)
     with pytest.raises(ValueError, match=r"whole should have shape \[1\], but got \[1, 1\]"):
-        _decode.decode_crop_resize([data], crop, flip, out, whole=np.ones((1, 1), bool))
+        _codec.decode_crop_resize([data], crop, flip, out, whole=np.ones((1, 1), bool))
     with pytest.raises(TypeError, match="out should have dtype torch.uint8, but got torch.float32"):
-        _decode.decode_crop_resize([data], crop, flip, torch.zeros(1, 3, 8, 8))
+        _codec.decode_crop_resize([data], crop, flip, torch.zeros(1, 3, 8, 8))
     with pytest.raises(ValueError, match=r"out should have shape \[1, 3, H, W\], but got \[1, 8, 8, 3\]"):
-        _decode.decode_crop_resize([data], crop, flip, torch.zeros(1, 8, 8, 3, dtype=torch.uint8))
+        _codec.decode_crop_resize([data], crop, flip, torch.zeros(1, 8, 8, 3, dtype=torch.uint8))
     with pytest.raises(TypeError, match="bytes-like"):
-        _decode.decode_crop_resize([123], crop, flip, out)
-    assert _decode.decode_crop_resize([], np.zeros((0, 4), np.int32), np.zeros(0, bool),
+        _codec.decode_crop_resize([123], crop, flip, out)
+    assert _codec.decode_crop_resize([], np.zeros((0, 4), np.int32), np.zeros(0, bool),
                                       torch.zeros(0, 3, 8, 8, dtype=torch.uint8)) == []
 
 
@@ -507,24 +507,24 @@ def test_entropy_decoder_gives_libjpegs_pixels(tmp_path):
     crops = np.array(crops, np.int32)[order]
     flips = rng.integers(0, 2, len(datas)).astype(bool)
     n = len(datas)
-    _decode.open_index(tmp_path / "index.idx")  # an empty index: the user's may hold these files
+    _codec.open_index(tmp_path / "index.idx")  # an empty index: the user's may hold these files
 
     def run(index, whole, threads):
         out = torch.zeros(n, 3, 40, 56, dtype=torch.uint8)
-        errors = _decode.decode_crop_resize(datas, crops, flips, out, threads, whole=whole, index=index)
+        errors = _codec.decode_crop_resize(datas, crops, flips, out, threads, whole=whole, index=index)
         assert errors == [None] * n, [e for e in errors if e][:3]
         return out
 
-    before = _decode.index_stats()["files"]
+    before = _codec.index_stats()["files"]
     want = run(False, None, 1)
-    assert _decode.index_stats()["files"] == before
+    assert _codec.index_stats()["files"] == before
     stop = np.zeros(n, np.uint8)
     # Stopped first: each file decoded whole and indexed; then from the checkpoints, stopped
     # and not, on one and two threads.
     for whole, threads in ((stop, 1), (None, 1), (stop, 1), (None, 2), (stop, 2)):
         assert torch.equal(run(True, whole, threads), want), (whole is None, threads)
     # 9 files of the 10 indexed (not the progressive one).
-    assert _decode.index_stats()["files"] - before == 9
+    assert _codec.index_stats()["files"] - before == 9
 
 
 def test_entropy_decoder_takes_restart_markers_in_turn(tmp_path):
@@ -541,11 +541,11 @@ def test_entropy_decoder_takes_restart_markers_in_turn(tmp_path):
     a, b = swapped.index(b"\xff\xd0"), swapped.index(b"\xff\xd1")
     swapped[a + 1], swapped[b + 1] = 0xD1, 0xD0
 
-    _decode.open_index(tmp_path / "index.idx")  # an empty index: the user's may hold these files
+    _codec.open_index(tmp_path / "index.idx")  # an empty index: the user's may hold these files
 
     def run(data, crops, index):
         out = torch.zeros(len(crops), 3, 32, 48, dtype=torch.uint8)
-        errors = _decode.decode_crop_resize([data] * len(crops), np.array(crops, np.int32),
+        errors = _codec.decode_crop_resize([data] * len(crops), np.array(crops, np.int32),
                                             np.zeros(len(crops), bool), out, 1, index=index)
         return errors, out
 
@@ -553,15 +553,15 @@ def test_entropy_decoder_takes_restart_markers_in_turn(tmp_path):
         crops = random_crops(rng, (180, 130), 8, area=(0.02, 1.0))
         want_errors, want = run(data, crops, False)
         assert want_errors == [None] * len(crops)
-        before = _decode.index_stats()["files"]
+        before = _codec.index_stats()["files"]
         for _ in range(2):  # the first decode keeps checkpoints, the second starts from them
             errors, got = run(data, crops, True)
             assert errors == want_errors and torch.equal(got, want)
-        assert _decode.index_stats()["files"] - before == 1
+        assert _codec.index_stats()["files"] - before == 1
     crops = random_crops(rng, (180, 130), 4)
-    before = _decode.index_stats()["files"]
+    before = _codec.index_stats()["files"]
     assert run(bytes(swapped), crops, True)[0] == run(bytes(swapped), crops, False)[0]
-    assert _decode.index_stats()["files"] == before
+    assert _codec.index_stats()["files"] == before
 
     # Corrupt segments: where libjpeg fails, so does entropy.cpp (the message may differ: past a
     # segment's end it reads the next segment's bits where libjpeg reads zeros); it fails where
@@ -613,7 +613,7 @@ def test_entropy_decoder_fails_where_libjpeg_does():
 
     def run(index, whole):
         out = torch.zeros(n, 3, 24, 24, dtype=torch.uint8)
-        return _decode.decode_crop_resize(datas, crops, flips, out, 1, whole=whole, index=index), out
+        return _codec.decode_crop_resize(datas, crops, flips, out, 1, whole=whole, index=index), out
 
     want_errors, want = run(False, None)
     for _ in range(2):  # the second time from the checkpoints of the bytes that decoded
@@ -646,11 +646,11 @@ def test_entropy_decoder_fails_where_libjpeg_does():
 
 _SIMD_SCRIPT = """
 import sys, numpy as np, torch
-from fastdata import _decode
+from fastdata import _codec
 z = np.load(sys.argv[1], allow_pickle=True)
 datas = [bytes(d) for d in z["datas"]]
 out = torch.zeros(len(datas), 3, 61, 77, dtype=torch.uint8)
-errors = _decode.decode_crop_resize(datas, z["crops"], z["flips"], out, 2)
+errors = _codec.decode_crop_resize(datas, z["crops"], z["flips"], out, 2)
 assert errors == [None] * len(datas), errors
 np.save(sys.argv[2], out.numpy())
 """
@@ -667,7 +667,7 @@ def test_simd_and_generic_kernels_agree(images, tmp_path):
     crops = np.array(crops, np.int32)
     flips = rng.integers(0, 2, len(datas)).astype(bool)
     out = torch.zeros(len(datas), 3, 61, 77, dtype=torch.uint8)
-    assert _decode.decode_crop_resize(datas, crops, flips, out, 2) == [None] * len(datas)
+    assert _codec.decode_crop_resize(datas, crops, flips, out, 2) == [None] * len(datas)
     inputs = tmp_path / "in.npz"
     np.savez(inputs, datas=np.array(datas, dtype=object), crops=crops, flips=flips)
     for cap in ("sse4.1", "none"):
@@ -680,7 +680,7 @@ def test_simd_and_generic_kernels_agree(images, tmp_path):
 
 def test_available_follows_disable_native():
     env = {**os.environ, "FASTDATA_DISABLE_NATIVE": "1", "OMP_NUM_THREADS": "1"}
-    code = "from fastdata import _decode; print(_decode.AVAILABLE)"
+    code = "from fastdata import _codec; print(_codec.AVAILABLE)"
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, timeout=120)
     assert got.stdout.strip() == "False"

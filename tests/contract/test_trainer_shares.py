@@ -1,7 +1,7 @@
 """Each rank's share of the samples under the trainers, written the way users write them: a
 bug here trains both ranks on the same half of the data, silently.
 
-tests/test_frameworks.py compares fastdata with a DataLoader batch by batch, but its jobs run
+tests/contract/test_frameworks.py compares fastdata with a DataLoader batch by batch, but its jobs run
 the DataLoader first and fastdata second in the same processes (so the process group, the seeds
 and the framework's state already exist when fastdata's loader is made), with one worker
 setting under DDP, and they check the coverage of the DataLoader's shares, not fastdata's.
@@ -34,7 +34,7 @@ pytest.importorskip("accelerate")
 import test_frameworks  # noqa: E402
 from test_frameworks import run_job  # noqa: E402
 
-JOB = str(Path(__file__).with_name("_share_job.py"))
+JOB = str(Path(__file__).resolve().parents[1] / "_share_job.py")
 SAMPLES, BATCH, EPOCHS, RANKS = 80, 8, 2, 2
 WORKERS = {"w0": (0, False), "w2": (2, False), "w2p": (2, True)}  # num_workers, persistent_workers
 

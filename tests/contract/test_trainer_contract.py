@@ -2,7 +2,7 @@
 drop-in loader is a DataLoader (its attributes, its checks, an iterator that goes on after a
 batch raised, a loader that pickles for a spawned process); an image loader has a sampler that
 trainers call set_epoch on, and takes its rank and world size from a process group started
-after it was made. (tests/test_frameworks.py runs the frameworks themselves.)"""
+after it was made. (tests/contract/test_frameworks.py runs the frameworks themselves.)"""
 
 from __future__ import annotations
 

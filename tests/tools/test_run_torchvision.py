@@ -1,9 +1,9 @@
-"""`fastdata run` serving torchvision image folders natively (`fastdata._run_torchvision`).
+"""`fastdata run` serving torchvision image folders natively (`fastdata.run._torchvision`).
 
 The lookup table's layout needs no torchvision and runs everywhere. The rest builds datasets and
 transforms with torchvision itself, so it runs where torchvision is installed: .ci/run makes a
 virtualenv as a user's (the registry's torch and torchvision) and runs this file there. The
-distributions and pixels against torchvision's own ops: tests/test_torchvision_faithful.py.
+distributions and pixels against torchvision's own ops: tests/contract/test_torchvision_faithful.py.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import _run_torchvision as rt
+from fastdata.run import _torchvision as rt
 from fastdata._ext import native
 from fastdata.errors import DataError
 
-SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 STEPS = {
     "ToTensor + Normalize": (("to", None, "div"), ("normalize", tuple(MEAN), tuple(STD))),
@@ -113,7 +113,7 @@ def _class_of(images: torch.Tensor, normalized: bool) -> torch.Tensor:
 
 
 def _served(dataset, **kwargs):
-    from fastdata._run_hook import Served
+    from fastdata.run._hook import Served
 
     loader = Served(dataset, **kwargs)
     return loader
@@ -189,7 +189,7 @@ BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a s
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
     """Each case the native path does not take: the loader is still served (the drop-in, the
     script's own samples through torchvision) and the reason names what was not lowered."""
-    from fastdata._run_hook import decide
+    from fastdata.run._hook import decide
 
     cases = _fallbacks(tv)
     assert len(cases) >= 15

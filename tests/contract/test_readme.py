@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCK = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\s*\n)?```(?P<lang>\w+)\n(?P<code>.*?)```", re.S)
 
 

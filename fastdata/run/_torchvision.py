@@ -30,15 +30,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._buffers import ProcessRings, new_batch
-from ._collate import Prepared, collate, default_threads
-from ._ext import native as _ext
-from ._cores import batch_threads
-from .errors import DataError
-from .image.decode import BatchDecoder
-from .image.read import Failures, read_files
-from .transforms import ops as fd
-from .transforms.pil import FILTERS
+from .._buffers import ProcessRings, new_batch
+from .._collate import Prepared, collate, default_threads
+from .._ext import native as _ext
+from .._cores import batch_threads
+from ..errors import DataError
+from ..image.decode import BatchDecoder
+from ..image.read import Failures, read_files
+from ..transforms import ops as fd
+from ..transforms.pil import FILTERS
 
 
 

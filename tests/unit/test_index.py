@@ -2,7 +2,7 @@
 process that decodes and by every later run; a file changed in any way, forged or torn never
 uses another's checkpoints; two jobs writing it at once both get a whole index; a file it cannot
 trust is left alone. Each job here is a process of its own, as a user's jobs are: the index is
-opened once a process (`_decode.open_index`).
+opened once a process (`_codec.open_index`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 from PIL import Image
 
 import fastdata
-from fastdata import _decode
+from fastdata import _codec
 from fastdata import transforms as T
 
-pytestmark = pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decoder not built")
+pytestmark = pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 
 # A job: opens the index at argv[1] (with the test's small sizes when argv[3] says so), decodes
 # the files listed in argv[2] (a JSON list of paths) with each file's crops, and prints its
@@ -32,11 +32,11 @@ pytestmark = pytest.mark.skipif(not _decode.AVAILABLE, reason="native JPEG decod
 JOB = r"""
 import json, sys
 import numpy as np, torch
-from fastdata import _decode
+from fastdata import _codec
 from fastdata._ext import native
 path, listing, small = sys.argv[1], sys.argv[2], sys.argv[3] == "small"
-why = native.open_index(path, 64, 1 << 16, 64) if small else _decode.open_index(path)
-before = _decode.index_stats()
+why = native.open_index(path, 64, 1 << 16, 64) if small else _codec.open_index(path)
+before = _codec.index_stats()
 files = json.loads(open(listing).read())
 datas = [open(f, "rb").read() for f in files]
 rng = np.random.default_rng(int(sys.argv[4]) if len(sys.argv) > 4 else 0)
@@ -46,10 +46,10 @@ for _ in range(int(sys.argv[5]) if len(sys.argv) > 5 else 2):
     flips = np.zeros(len(datas), np.uint8)
     want = torch.zeros(len(datas), 3, 40, 50, dtype=torch.uint8)
     got = torch.zeros_like(want)
-    assert _decode.decode_crop_resize(datas, crops, flips, want, 1, index=False) == [None] * len(datas)
-    assert _decode.decode_crop_resize(datas, crops, flips, got, 2, whole=np.zeros(len(datas), np.uint8)) == [None] * len(datas)
+    assert _codec.decode_crop_resize(datas, crops, flips, want, 1, index=False) == [None] * len(datas)
+    assert _codec.decode_crop_resize(datas, crops, flips, got, 2, whole=np.zeros(len(datas), np.uint8)) == [None] * len(datas)
     same.append([bool(torch.equal(a, b)) for a, b in zip(got, want)])
-print(json.dumps({"why": why or None, "before": before, "after": _decode.index_stats(), "same": same}))
+print(json.dumps({"why": why or None, "before": before, "after": _codec.index_stats(), "same": same}))
 """
 
 
@@ -135,7 +135,7 @@ def test_workers_share_one_index(tmp_path, monkeypatch):
                              transform=T.Compose([T.RandomResizedCrop(64)]))
     labels = sorted(int(y) for _, ys in loader for y in ys)
     assert labels == [0] * 10 + [1] * 10
-    index = Path(_decode.index_path())
+    index = Path(_codec.index_path())
     assert index.parent.parent == tmp_path / "cache"
     found = job(index, sorted(str(p) for p in root.rglob("*.jpg")), tmp_path)
     assert found["before"]["files"] == found["after"]["files"] == 20
