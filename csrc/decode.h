@@ -1,8 +1,8 @@
 // Native JPEG decoding for image pipelines, over libjpeg-turbo's classic API: header reads, and
 // a crop-aware decode that reads only the crop window (DCT-scaled when the window is at least
 // twice the output) and resizes it as Pillow's `Image.resize(size, BILINEAR, box=...)` does,
-// straight into a strided slot of the batch buffer. decode.cpp decodes and resizes (its Huffman
-// decoding: entropy.cpp); structure.cpp walks a file's container before any decode.
+// straight into a strided slot of the batch buffer. decode.cpp decodes (its Huffman decoding:
+// entropy.cpp), resample.cpp resizes; structure.cpp walks a file's container before any decode.
 // Raw pointers only: no Python, no torch, so it all runs with the GIL released.
 #pragma once
 #include <cstddef>

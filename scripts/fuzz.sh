@@ -4,7 +4,7 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 # SECONDS per target (default 300). Targets (default: all):
-#   decode          csrc/decode.cpp, entropy.cpp, index.cpp and structure.cpp under libFuzzer + ASan + UBSan (the
+#   decode          csrc/decode.cpp (resample.cpp, entropy.cpp, index.cpp, structure.cpp) under libFuzzer + ASan + UBSan (the
 #                   kernels this CPU picks), each input's pixels and errors compared with libjpeg's
 #                   own Huffman decoder's
 #   decode-sse41    the same with FASTDATA_DECODE_SIMD=sse4.1 (the SSE4.1 kernels)
@@ -50,7 +50,7 @@ build() {  # build NAME SOURCES... [LIBS...]
   mv "$dir/bin/$name.tmp" "$dir/bin/$name"
 }
 need_native() { [[ " ${targets[*]} " == *" $1"* ]]; }
-need_native decode && build decode_fuzzer csrc/fuzz/decode_fuzzer.cpp csrc/decode.cpp csrc/entropy.cpp \
+need_native decode && build decode_fuzzer csrc/fuzz/decode_fuzzer.cpp csrc/decode.cpp csrc/resample.cpp csrc/entropy.cpp \
   csrc/index.cpp csrc/structure.cpp -ljpeg
 need_native collate && build collate_fuzzer csrc/fuzz/collate_fuzzer.cpp csrc/collate.cpp
 

@@ -27,14 +27,14 @@ class DaliLoader(ImageLoader):
         self.hw_decoder_load = float(hw_decoder_load)
         super().__init__(samples, batch_size, **options)
 
-    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
+    def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures):
         if isinstance(self.samples, Shards):
             # not the next epoch's first block ahead: the reader's thread stops with each pass
             return self._shard_parts(shuffle, drop_last, 1, fail, False)
         order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)
 
-    def _make_runner(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> DaliDecoders:
+    def _make_runner(self, num_workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> DaliDecoders:
         pixel_ops = self.transform.pixel_ops if self.transform is not None else ()
         if pixel_ops:
             names = ", ".join(type(op).__name__ for op in pixel_ops)
@@ -42,6 +42,6 @@ class DaliLoader(ImageLoader):
                              "use backend 'pil' or 'wds' for it")
         # num_workers is DALI's CPU thread count here (at least one).
         return DaliDecoders(self._order, self._reader, self._decoder, batch_size=self.batch_size,
-                            threads=max(1, workers), depth=prefetch_factor or 2, device=self.device, seed=self.seed,
+                            threads=max(1, num_workers), depth=prefetch_factor or 2, device=self.device, seed=self.seed,
                             on_error=self.on_error, hw_decoder_load=self.hw_decoder_load,
                             copy_inputs=isinstance(self._reader, ShardReader))

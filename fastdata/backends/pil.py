@@ -12,6 +12,6 @@ class PilLoader(ImageLoader):
 
     backend = "pil"
 
-    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
+    def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures):
         order = self._file_order(shuffle, drop_last)
         return order, FileReader(self.samples, fail)

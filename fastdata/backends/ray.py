@@ -23,20 +23,20 @@ class RayLoader(ImageLoader):
 
     def __init__(self, samples: Any, batch_size: int, *, num_workers: int | str = 0,
                  persistent_workers: bool = True, **options: Any) -> None:
-        workers = resolve_workers(num_workers, cluster=True)
-        connect(workers)
-        if workers == 0:
-            workers = cluster_cpus()
-        super().__init__(samples, batch_size, num_workers=workers, persistent_workers=persistent_workers, **options)
+        num_workers = resolve_workers(num_workers, cluster=True)
+        connect(num_workers)
+        if num_workers == 0:
+            num_workers = cluster_cpus()
+        super().__init__(samples, batch_size, num_workers=num_workers, persistent_workers=persistent_workers, **options)
 
-    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
+    def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures):
         if isinstance(self.samples, Shards):  # shards: actor w reads lane w, as wds's worker w does
-            return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers)
+            return self._shard_parts(shuffle, drop_last, max(1, num_workers), fail, self.persistent_workers)
         return self._file_order(shuffle, drop_last), FileReader(self.samples, fail)
 
-    def _make_runner(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> RayWorkers:
+    def _make_runner(self, num_workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> RayWorkers:
         run_ahead = self._run_ahead and self.index_sampler is None  # as CpuWorkers (see ImageLoader._make_runner)
-        return RayWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
+        return RayWorkers(self._order, BatchTask(self._reader, self._decoder), num_workers, timeout, prefetch_factor,
                           self.persistent_workers, run_ahead)
 
     def shutdown(self) -> None:

@@ -12,8 +12,8 @@ class WdsLoader(ImageLoader):
 
     backend = "wds"
 
-    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures):
+    def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures):
         # Persistent workers, which serve the next epoch too, read its first block ahead. A pass
         # in this process does not: its reader's thread stops at the pass's end (no thread may
         # be live at a fork), and a block read ahead then would be thrown away.
-        return self._shard_parts(shuffle, drop_last, max(1, workers), fail, self.persistent_workers)
+        return self._shard_parts(shuffle, drop_last, max(1, num_workers), fail, self.persistent_workers)

@@ -64,17 +64,17 @@ def _first(batch):
 class CpuWorkers:
     """Runs `task` over the batches of `order` in DataLoader's workers, one pass at a time."""
 
-    def __init__(self, order: BatchOrder, task: BatchTask, workers: int, timeout: float,
+    def __init__(self, order: BatchOrder, task: BatchTask, num_workers: int, timeout: float,
                  prefetch_factor: int | None, pin: bool, persistent: bool, run_ahead: bool) -> None:
         self.task = task
-        self.persistent = persistent and workers > 0
+        self.persistent = persistent and num_workers > 0
         self.passes = Passes(order, run_ahead=self.persistent and run_ahead)
         self.timeout = timeout
         extra: dict[str, Any] = {}
-        if workers > 0:
+        if num_workers > 0:
             extra.update(prefetch_factor=prefetch_factor, persistent_workers=self.persistent)
-        self.loader = DataLoader(task, batch_sampler=self.passes, collate_fn=_first, num_workers=workers,
-                                 timeout=stall_limit(timeout) if workers else 0, pin_memory=pin, **extra)
+        self.loader = DataLoader(task, batch_sampler=self.passes, collate_fn=_first, num_workers=num_workers,
+                                 timeout=stall_limit(timeout) if num_workers else 0, pin_memory=pin, **extra)
         self._ahead: tuple[int, int] | None = None  # (epoch, batch) the running workers deliver next
 
     @property

@@ -48,7 +48,7 @@ class PassOptions:
     """The DataLoader-like options the parts are built from (again when the ranks change)."""
     shuffle: bool
     drop_last: bool
-    workers: int  # resolved: "auto" is a count here
+    num_workers: int  # resolved: "auto" is a count here
     timeout: float
     prefetch_factor: int | None
     pin: bool  # pinned batch slots: asked for, and an accelerator present
@@ -110,11 +110,11 @@ class ImageLoader(Loader):
         self.seed = seed
         self._asked = (rank, world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
         self.rank, self.world_size = ranks(rank, world_size)
-        workers = resolve_workers(num_workers, self.device,
-                                  fresh_in_process=self._auto_in_process and not persistent_workers)
-        self.persistent_workers = bool(persistent_workers) and workers > 0
+        num_workers = resolve_workers(num_workers, self.device,
+                                      fresh_in_process=self._auto_in_process and not persistent_workers)
+        self.persistent_workers = bool(persistent_workers) and num_workers > 0
         pin = bool(pin_memory) and torch.accelerator.is_available()
-        self._options = PassOptions(shuffle, drop_last, workers, timeout, prefetch_factor, pin)
+        self._options = PassOptions(shuffle, drop_last, num_workers, timeout, prefetch_factor, pin)
         self._build()
         self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
         self._skip = 0  # batches of self._epoch the next pass skips (a resume)
@@ -128,7 +128,7 @@ class ImageLoader(Loader):
         device stage."""
         o, transform = self._options, self.transform
         fail = Failures(self.on_error, self.backend)
-        self._order, self._reader = self._parts(o.shuffle, o.drop_last, o.workers, fail)
+        self._order, self._reader = self._parts(o.shuffle, o.drop_last, o.num_workers, fail)
         # The transform split once: the geometry is the decoder's, the batch ops the device stage's,
         # the pixel ops either's by placement ("auto" is the CPU, the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
@@ -139,7 +139,7 @@ class ImageLoader(Loader):
         self._decoder = BatchDecoder(transform, self.seed, fail, (o.prefetch_factor or 2) + 2, o.pin,
                                      ids=len(self.samples), key=samples_key(self.samples),
                                      cpu_pixel_ops=() if device_pixel_ops else pixel_ops)
-        self._runner = self._make_runner(o.workers, o.timeout, o.prefetch_factor, o.pin)
+        self._runner = self._make_runner(o.num_workers, o.timeout, o.prefetch_factor, o.pin)
         self.num_classes = self._reader.num_classes(transform)
         self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
                                          device=self.device, dtype=self.dtype, channels_last=self.channels_last,
@@ -159,18 +159,18 @@ class ImageLoader(Loader):
 
     # ------------------------------------------------------------- the backend's parts
 
-    def _parts(self, shuffle: bool, drop_last: bool, workers: int, fail: Failures) -> tuple[BatchOrder, Reader]:
+    def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures) -> tuple[BatchOrder, Reader]:
         """(the batch order, the reader) of this backend."""
         raise NotImplementedError
 
-    def _make_runner(self, workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Runner:
+    def _make_runner(self, num_workers: int, timeout: float, prefetch_factor: int | None, pin: bool) -> Runner:
         """Who decodes: DataLoader's worker processes running read-and-decode tasks."""
         # Not ahead into the next epoch with a sampler: its next epoch's list may change
         # (set_weights, a callable of the training state) until that epoch starts.
         run_ahead = self._run_ahead and self.index_sampler is None
-        if workers == 0:
+        if num_workers == 0:
             return InProcess(self._order, BatchTask(self._reader, self._decoder), prefetch_factor, timeout)
-        return CpuWorkers(self._order, BatchTask(self._reader, self._decoder), workers, timeout, prefetch_factor,
+        return CpuWorkers(self._order, BatchTask(self._reader, self._decoder), num_workers, timeout, prefetch_factor,
                           pin, self.persistent_workers, run_ahead)
 
     def _shard_parts(self, shuffle: bool, drop_last: bool, lanes: int, fail: Failures,

@@ -311,12 +311,12 @@ def _as_batch(out: Any, fetch_s: float) -> Any:
 
 
 class RayWorkers:
-    """Runs `task` over the batches of `order` on `workers` Ray actors, one pass at a time."""
+    """Runs `task` over the batches of `order` on `num_workers` Ray actors, one pass at a time."""
 
-    def __init__(self, order: BatchOrder, task: BatchTask, workers: int, timeout: float,
+    def __init__(self, order: BatchOrder, task: BatchTask, num_workers: int, timeout: float,
                  prefetch_factor: int | None, persistent: bool, run_ahead: bool) -> None:
-        if workers < 1:
-            raise ValueError(f"num_workers should be at least 1 Ray actor for backend 'ray', but got {workers}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers should be at least 1 Ray actor for backend 'ray', but got {num_workers}")
         self.order = order
         # The actors' copy decodes into an unpinned ring of its own: pinned memory is for the
         # trainer's host, and a batch leaves the actor as a copy into the object store.
@@ -324,9 +324,9 @@ class RayWorkers:
         decoder.rings = ProcessRings(2)
         decoder.threads = 1  # an actor holds one CPU
         self.task = BatchTask(task.reader, decoder)
-        self.workers, self.timeout = workers, timeout
+        self.workers, self.timeout = num_workers, timeout
         self.limit = stall_limit(timeout)
-        self.window = max(1, (prefetch_factor or 2) * workers)
+        self.window = max(1, (prefetch_factor or 2) * num_workers)
         self.persistent, self.run_ahead = persistent, persistent and run_ahead
         self.timing = False
         self._pool: _Pool | None = None

@@ -1,0 +1,427 @@
+// Pillow-exact bilinear resampling of decoded rows (see resample.h): the filter taps in
+// Pillow's fixed point, and the row kernels (generic C++, SSE4.1, AVX2) picked at run time.
+#include "resample.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
+namespace fastdata {
+namespace {
+
+// Pillow's fixed point for 8-bit resampling: 22 fraction bits leave room for 8 bits of value and
+// 2 of overshoot in a signed 32-bit sum. Same bits here, so the same roundings.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+double triangle(double x) {
+  x = std::fabs(x);
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+constexpr int kSplitBits = 11;
+
+}  // namespace
+
+void split_weights(Taps* t, int out_size) {
+  t->pairs = (t->taps + 1) / 2;
+  t->split.assign(size_t(out_size) * t->pairs * 16, 0);
+  for (int xx = 0; xx < out_size; ++xx) {
+    const int32_t* w = &t->weights[size_t(xx) * t->ksize];
+    int16_t* d = &t->split[size_t(xx) * t->pairs * 16];
+    for (int x = 0; x < t->taps; ++x) {
+      const int j = x / 2, odd = x % 2;
+      const int16_t hi = int16_t(w[x] >> kSplitBits);  // arithmetic: exact for negatives too
+      const int16_t lo = int16_t(w[x] & ((1 << kSplitBits) - 1));
+      for (int c = 0; c < 4; ++c) {
+        d[j * 16 + 2 * c + odd] = hi;
+        d[j * 16 + 8 + 2 * c + odd] = lo;
+      }
+    }
+  }
+}
+
+// The box edges arrive as C floats, as they do in Pillow (its resize parses the box with "f"),
+// and their difference is taken in float before widening, so that the scale, every filter
+// centre and so every weight come out as Pillow's: a pixel-exact match when the pixels going
+// in are the same. The filter support widens with the downscale factor (antialiasing) and stays
+// at one pixel when enlarging; each output pixel's weights are normalised to sum to one before
+// rounding to fixed point.
+void compute_taps(int in_size, float in0, float in1, int out_size, Taps* t) {
+  const double scale = double(in1 - in0) / out_size;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = 1.0 * filterscale;  // the triangle's support is 1
+  const int ksize = int(std::ceil(support)) * 2 + 1;
+  t->ksize = ksize;
+  t->start.resize(out_size);
+  t->count.resize(out_size);
+  t->weights.assign(size_t(out_size) * ksize, 0);
+  t->scratch.resize(ksize);
+  double* k = t->scratch.data();
+  const double ss = 1.0 / filterscale;
+  t->lo = in_size;
+  t->hi = 0;
+  t->taps = 0;
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = in0 + (xx + 0.5) * scale;
+    int xmin = int(center - support + 0.5);  // truncation toward zero, as Pillow's cast
+    if (xmin < 0) xmin = 0;
+    int xmax = int(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    const int n = std::max(0, std::min(xmax - xmin, ksize));
+    double ww = 0.0;
+    for (int x = 0; x < n; ++x) {
+      k[x] = triangle((x + xmin - center + 0.5) * ss);
+      ww += k[x];
+    }
+    int32_t* w = &t->weights[size_t(xx) * ksize];
+    for (int x = 0; x < n; ++x) {
+      const double v = (ww != 0.0 ? k[x] / ww : k[x]) * (1 << kPrecisionBits);
+      w[x] = int32_t(v < 0 ? v - 0.5 : v + 0.5);
+    }
+    t->start[xx] = xmin;
+    t->count[xx] = n;
+    t->taps = std::max(t->taps, n);
+    if (n > 0) {
+      t->lo = std::min(t->lo, xmin);
+      t->hi = std::max(t->hi, xmin + n);
+    }
+  }
+  if (t->hi <= t->lo) t->lo = t->hi = 0;
+}
+
+namespace {
+
+inline uint8_t clip8(int32_t v) {
+  v >>= kPrecisionBits;
+  return uint8_t(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
+// The resampling kernels, all giving the same bytes. Pixels are 4 bytes (RGBX, which
+// libjpeg-turbo writes at the cost of RGB) so that a pixel's channels fill a 4-lane vector. On
+// x86 the CPU picks AVX2 or SSE4.1 versions at run time: with plain C++ the resize, not the
+// decode, is the most expensive step of a 224x224 crop.
+// Each output pixel sums `taps` taps (the largest count of any), zero weights past its own
+// count included (the buffers are padded for it): a fixed trip count that the compiler
+// unrolls, instead of a count alternating between 2 and 3 that the branch predictor misses.
+// A horizontal kernel resamples two rows per call (ra into da, rb into db; rb may be ra): the
+// AVX2 one takes them together, one per 128-bit lane, so that each tap's weights and each
+// pixel's bookkeeping serve both.
+
+// Horizontal pass over one decoded row whose first pixel is input column x0: dst[xx] = the
+// weighted sum of pixels start[xx] .. start[xx] + taps - 1, in Pillow's fixed point.
+template <int K>
+void horizontal_generic(const uint8_t* row, int x0, const Taps& t, uint8_t* dst, int out_w) {
+  const int taps = K > 0 ? K : t.taps, ksize = t.ksize;
+  for (int xx = 0; xx < out_w; ++xx) {
+    const uint8_t* p = row + size_t(t.start[xx] - x0) * 4;
+    const int32_t* w = &t.weights[size_t(xx) * ksize];
+    int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+    for (int x = 0; x < taps; ++x, p += 4) {
+      s0 += p[0] * w[x];
+      s1 += p[1] * w[x];
+      s2 += p[2] * w[x];
+    }
+    dst[4 * xx + 0] = clip8(s0);
+    dst[4 * xx + 1] = clip8(s1);
+    dst[4 * xx + 2] = clip8(s2);
+    dst[4 * xx + 3] = 0;
+  }
+}
+
+template <int K>
+void horizontal2_generic(const uint8_t* ra, const uint8_t* rb, int x0, const Taps& t,
+                         uint8_t* da, uint8_t* db, int out_w) {
+  horizontal_generic<K>(ra, x0, t, da, out_w);
+  if (rb != ra) horizontal_generic<K>(rb, x0, t, db, out_w);
+}
+
+// Vertical pass for one output row: line[j] = clip(sum over k < taps of
+// rows[k * row_stride + j] * w[k]) for j < n.
+void vertical_generic(const uint8_t* rows, int64_t row_stride, const int32_t* w, int taps,
+                      uint8_t* line, int n) {
+  for (int j = 0; j < n; ++j) {
+    int32_t s = 1 << (kPrecisionBits - 1);
+    for (int k = 0; k < taps; ++k) s += rows[k * row_stride + j] * w[k];
+    line[j] = clip8(s);
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FASTDATA_HAVE_SSE41 1
+
+// Two taps per step with pmaddwd, whose 16-bit products cannot hold the 22-bit weights whole:
+// each weight is split in two halves that can, and sum = 2^11 * sum(p * hi) + sum(p * lo) is
+// exactly Pillow's 32-bit sum. Two adjacent pixels RGBX RGBX are shuffled to the int16 pairs
+// (R0 R1 G0 G1 B0 B1 X0 X1), so one pmaddwd gives both taps' products for the 4 channels.
+template <int P>
+__attribute__((target("sse4.1"))) void horizontal_sse41(const uint8_t* row, int x0,
+                                                         const Taps& t, uint8_t* dst,
+                                                         int out_w) {
+  const int pairs = P > 0 ? P : t.pairs;
+  const __m128i half = _mm_set1_epi32(1 << (kPrecisionBits - 1));
+  const __m128i to_pairs = _mm_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+  const __m128i* w = reinterpret_cast<const __m128i*>(t.split.data());
+  for (int xx = 0; xx < out_w; ++xx, w += 2 * pairs) {
+    const uint8_t* p = row + size_t(t.start[xx] - x0) * 4;
+    __m128i hi = _mm_setzero_si128(), lo = _mm_setzero_si128();
+    for (int j = 0; j < pairs; ++j, p += 8) {
+      const __m128i px =
+          _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), to_pairs);
+      hi = _mm_add_epi32(hi, _mm_madd_epi16(px, _mm_loadu_si128(w + 2 * j)));
+      lo = _mm_add_epi32(lo, _mm_madd_epi16(px, _mm_loadu_si128(w + 2 * j + 1)));
+    }
+    __m128i acc = _mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(hi, kSplitBits), lo), half);
+    // Shift, then saturate to int16 and to uint8: clip8's clamp to 0..255, four lanes at once.
+    acc = _mm_srai_epi32(acc, kPrecisionBits);
+    acc = _mm_packus_epi16(_mm_packs_epi32(acc, acc), acc);
+    const int32_t out = _mm_cvtsi128_si32(acc) & 0x00FFFFFF;
+    std::memcpy(dst + 4 * xx, &out, 4);
+  }
+}
+
+template <int P>
+__attribute__((target("sse4.1"))) void horizontal2_sse41(const uint8_t* ra, const uint8_t* rb,
+                                                          int x0, const Taps& t, uint8_t* da,
+                                                          uint8_t* db, int out_w) {
+  horizontal_sse41<P>(ra, x0, t, da, out_w);
+  if (rb != ra) horizontal_sse41<P>(rb, x0, t, db, out_w);
+}
+
+// horizontal_sse41 on two rows at once, row a in the low 128-bit lane and row b in the high one.
+template <int P>
+__attribute__((target("avx2"))) void horizontal2_avx2(const uint8_t* ra, const uint8_t* rb,
+                                                       int x0, const Taps& t, uint8_t* da,
+                                                       uint8_t* db, int out_w) {
+  const int pairs = P > 0 ? P : t.pairs;
+  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+  const __m256i to_pairs =
+      _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,  //
+                       0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+  const __m128i* w = reinterpret_cast<const __m128i*>(t.split.data());
+  for (int xx = 0; xx < out_w; ++xx, w += 2 * pairs) {
+    const size_t off = size_t(t.start[xx] - x0) * 4;
+    const uint8_t* pa = ra + off;
+    const uint8_t* pb = rb + off;
+    __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();
+    for (int j = 0; j < pairs; ++j, pa += 8, pb += 8) {
+      const __m256i px = _mm256_shuffle_epi8(
+          _mm256_inserti128_si256(
+              _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(pa))),
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(pb)), 1),
+          to_pairs);
+      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_broadcastsi128_si256(
+                                                          _mm_loadu_si128(w + 2 * j))));
+      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_broadcastsi128_si256(
+                                                          _mm_loadu_si128(w + 2 * j + 1))));
+    }
+    __m256i acc =
+        _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, kSplitBits), lo), half);
+    acc = _mm256_srai_epi32(acc, kPrecisionBits);
+    acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);  // per 128-bit lane
+    const int32_t a = _mm256_extract_epi32(acc, 0) & 0x00FFFFFF;
+    const int32_t b = _mm256_extract_epi32(acc, 4) & 0x00FFFFFF;
+    std::memcpy(da + 4 * xx, &a, 4);
+    std::memcpy(db + 4 * xx, &b, 4);
+  }
+}
+
+// 16 values at a time, the accumulators kept in registers across the taps.
+__attribute__((target("sse4.1"))) void vertical_sse41(const uint8_t* rows, int64_t row_stride,
+                                                      const int32_t* w, int taps, uint8_t* line,
+                                                      int n) {
+  const __m128i half = _mm_set1_epi32(1 << (kPrecisionBits - 1));
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m128i a0 = half, a1 = half, a2 = half, a3 = half;
+    const uint8_t* src = rows + j;
+    for (int k = 0; k < taps; ++k, src += row_stride) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m128i wk = _mm_set1_epi32(w[k]);
+      a0 = _mm_add_epi32(a0, _mm_mullo_epi32(_mm_cvtepu8_epi32(v), wk));
+      a1 = _mm_add_epi32(a1, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 4)), wk));
+      a2 = _mm_add_epi32(a2, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), wk));
+      a3 = _mm_add_epi32(a3, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 12)), wk));
+    }
+    a0 = _mm_srai_epi32(a0, kPrecisionBits);
+    a1 = _mm_srai_epi32(a1, kPrecisionBits);
+    a2 = _mm_srai_epi32(a2, kPrecisionBits);
+    a3 = _mm_srai_epi32(a3, kPrecisionBits);
+    const __m128i packed =
+        _mm_packus_epi16(_mm_packs_epi32(a0, a1), _mm_packs_epi32(a2, a3));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(line + j), packed);
+  }
+  if (j < n) vertical_generic(rows + j, row_stride, w, taps, line + j, n - j);
+}
+
+// vertical_sse41 with 32 values at a time.
+__attribute__((target("avx2"))) void vertical_avx2(const uint8_t* rows, int64_t row_stride,
+                                                   const int32_t* w, int taps, uint8_t* line,
+                                                   int n) {
+  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+  // packs/packus work within 128-bit lanes; this puts the 4-byte groups back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int j = 0;
+  for (; j + 32 <= n; j += 32) {
+    __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+    const uint8_t* src = rows + j;
+    for (int k = 0; k < taps; ++k, src += row_stride) {
+      const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+      const __m256i wk = _mm256_set1_epi32(w[k]);
+      a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(v0), wk));
+      a1 = _mm256_add_epi32(
+          a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v0, 8)), wk));
+      a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(v1), wk));
+      a3 = _mm256_add_epi32(
+          a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v1, 8)), wk));
+    }
+    a0 = _mm256_srai_epi32(a0, kPrecisionBits);
+    a1 = _mm256_srai_epi32(a1, kPrecisionBits);
+    a2 = _mm256_srai_epi32(a2, kPrecisionBits);
+    a3 = _mm256_srai_epi32(a3, kPrecisionBits);
+    const __m256i packed =
+        _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(line + j),
+                        _mm256_permutevar8x32_epi32(packed, order));
+  }
+  if (j < n) vertical_sse41(rows + j, row_stride, w, taps, line + j, n - j);
+}
+#endif
+
+struct Cpu {
+  bool sse41 = false, avx2 = false;
+};
+
+// Asked once, on first use: not in a static initialiser, which may run before libgcc has read
+// the CPU's features. FASTDATA_DECODE_SIMD=sse4.1 or =none caps what is used, so that the tests
+// can check every kernel against the others on one machine.
+const Cpu& cpu() {
+  static const Cpu features = [] {
+    Cpu f;
+#if FASTDATA_HAVE_SSE41
+    __builtin_cpu_init();
+    f.sse41 = __builtin_cpu_supports("sse4.1");
+    f.avx2 = __builtin_cpu_supports("avx2");  // checks that the OS saves the YMM registers too
+    if (const char* cap = std::getenv("FASTDATA_DECODE_SIMD")) {
+      if (std::strcmp(cap, "sse4.1") == 0) f.avx2 = false;
+      if (std::strcmp(cap, "none") == 0) f.sse41 = f.avx2 = false;
+    }
+#endif
+    return f;
+  }();
+  return features;
+}
+
+}  // namespace
+
+// The SIMD horizontal kernels read the split weights (split_weights), the generic ones not.
+bool horizontal_needs_split() { return cpu().sse41 || cpu().avx2; }
+
+HorizontalKernel pick_horizontal(int taps) {
+#if FASTDATA_HAVE_SSE41
+  if (cpu().avx2) {
+    switch ((taps + 1) / 2) {
+      case 1: return horizontal2_avx2<1>;
+      case 2: return horizontal2_avx2<2>;
+      case 3: return horizontal2_avx2<3>;
+      default: return horizontal2_avx2<0>;
+    }
+  }
+  if (cpu().sse41) {
+    switch ((taps + 1) / 2) {
+      case 1: return horizontal2_sse41<1>;
+      case 2: return horizontal2_sse41<2>;
+      case 3: return horizontal2_sse41<3>;
+      default: return horizontal2_sse41<0>;
+    }
+  }
+#endif
+  switch (taps) {
+    case 2: return horizontal2_generic<2>;
+    case 3: return horizontal2_generic<3>;
+    case 4: return horizontal2_generic<4>;
+    default: return horizontal2_generic<0>;
+  }
+}
+
+VerticalKernel pick_vertical() {
+#if FASTDATA_HAVE_SSE41
+  if (cpu().avx2) return vertical_avx2;
+  if (cpu().sse41) return vertical_sse41;
+#endif
+  return vertical_generic;
+}
+
+namespace {
+
+#if FASTDATA_HAVE_SSE41
+// The planar case of write_line, 16 pixels at a time: each 4-pixel load is shuffled to its
+// 4 R, 4 G, 4 B, 4 X bytes, and a 4x4 transpose of 32-bit words gathers 16 bytes per channel.
+// Mirrored blocks are byte-reversed and stored at the mirrored place.
+__attribute__((target("sse4.1"))) int write_planar_sse41(const uint8_t* line, int out_w,
+                                                          uint8_t* d0, uint8_t* d1, uint8_t* d2,
+                                                          bool flip) {
+  const __m128i by_channel = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m128i reverse = _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  int xx = 0;
+  for (; xx + 16 <= out_w; xx += 16) {
+    const __m128i* src = reinterpret_cast<const __m128i*>(line + 4 * xx);
+    const __m128i q0 = _mm_shuffle_epi8(_mm_loadu_si128(src), by_channel);
+    const __m128i q1 = _mm_shuffle_epi8(_mm_loadu_si128(src + 1), by_channel);
+    const __m128i q2 = _mm_shuffle_epi8(_mm_loadu_si128(src + 2), by_channel);
+    const __m128i q3 = _mm_shuffle_epi8(_mm_loadu_si128(src + 3), by_channel);
+    const __m128i t0 = _mm_unpacklo_epi32(q0, q1), t1 = _mm_unpackhi_epi32(q0, q1);
+    const __m128i t2 = _mm_unpacklo_epi32(q2, q3), t3 = _mm_unpackhi_epi32(q2, q3);
+    __m128i r = _mm_unpacklo_epi64(t0, t2), g = _mm_unpackhi_epi64(t0, t2);
+    __m128i b = _mm_unpacklo_epi64(t1, t3);
+    int at = xx;
+    if (flip) {
+      r = _mm_shuffle_epi8(r, reverse);
+      g = _mm_shuffle_epi8(g, reverse);
+      b = _mm_shuffle_epi8(b, reverse);
+      at = out_w - 16 - xx;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d0 + at), r);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d1 + at), g);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d2 + at), b);
+  }
+  return xx;
+}
+#endif
+
+}  // namespace
+
+// Writes one resampled RGBX line to an output row: channel c of pixel xx at
+// c * sc + xx * sx bytes, pixels in reverse order when flip.
+void write_line(const uint8_t* line, int out_w, uint8_t* dst, int64_t sc, int64_t sx, bool flip) {
+  int xx = 0;
+  if (sx == 1) {  // planar (NCHW): one channel at a time, sequential writes
+    uint8_t *d0 = dst, *d1 = dst + sc, *d2 = dst + 2 * sc;
+#if FASTDATA_HAVE_SSE41
+    if (cpu().sse41) xx = write_planar_sse41(line, out_w, d0, d1, d2, flip);
+#endif
+    for (; xx < out_w; ++xx) {
+      const int at = flip ? out_w - 1 - xx : xx;
+      d0[at] = line[4 * xx];
+      d1[at] = line[4 * xx + 1];
+      d2[at] = line[4 * xx + 2];
+    }
+    return;
+  }
+  if (flip) {
+    dst += int64_t(out_w - 1) * sx;
+    sx = -sx;
+  }
+  for (; xx < out_w; ++xx, dst += sx) {
+    dst[0] = line[4 * xx];
+    dst[sc] = line[4 * xx + 1];
+    dst[2 * sc] = line[4 * xx + 2];
+  }
+}
+
+}  // namespace fastdata

@@ -1,0 +1,52 @@
+// Pillow-exact resampling for the native decoder (decode.cpp): the taps of Pillow's separable
+// bilinear filter for a box of the input, in its fixed point, and the kernels that apply them
+// to decoded RGBX rows, the same bytes whichever the CPU runs (generic C++, SSE4.1, AVX2).
+// Raw pointers only: no Python, no torch, no libjpeg.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace fastdata {
+
+// One axis of Pillow's separable resampling (BILINEAR): for output pixel i, input pixels
+// start[i] .. start[i] + count[i] - 1 weighted by weights[i * ksize ...] in fixed point.
+struct Taps {
+  int ksize = 0;
+  std::vector<int> start, count;
+  std::vector<int32_t> weights;
+  std::vector<double> scratch;
+  int lo = 0, hi = 0;  // the input pixels used at all: [lo, hi)
+  int taps = 0;        // the largest count: every output pixel sums that many taps
+  // For the SIMD horizontal kernels: each weight split as w = hi * 2^11 + lo (both fit int16);
+  // per output pixel and pair of taps j, two vectors of 8 int16, (hi[2j], hi[2j + 1]) and
+  // (lo[2j], lo[2j + 1]), each repeated for the 4 channels.
+  int pairs = 0;
+  std::vector<int16_t> split;
+};
+
+// A horizontal kernel resamples two decoded RGBX rows per call (ra into da, rb into db; rb may be
+// ra); a vertical kernel sums `taps` rows `row_stride` bytes apart with weights w into a line.
+using HorizontalKernel = void (*)(const uint8_t* ra, const uint8_t* rb, int x0, const Taps&,
+                                  uint8_t* da, uint8_t* db, int out_w);
+using VerticalKernel = void (*)(const uint8_t*, int64_t, const int32_t*, int, uint8_t*, int);
+
+// The taps for resampling input pixels [in0, in1) (C floats, as Pillow parses its box) of an
+// axis of in_size pixels to out_size pixels, as Pillow's Image.resize(BILINEAR, box=...) computes them.
+void compute_taps(int in_size, float in0, float in1, int out_size, Taps* t);
+
+// Fills t->split and t->pairs, the weights in the form the SIMD horizontal kernels read.
+void split_weights(Taps* t, int out_size);
+
+// Whether the horizontal kernel pick_horizontal gives reads the split weights.
+bool horizontal_needs_split();
+
+// The kernels for this CPU (FASTDATA_DECODE_SIMD=sse4.1 or =none caps the choice): the horizontal
+// one for `taps` taps an output pixel, and the vertical one.
+HorizontalKernel pick_horizontal(int taps);
+VerticalKernel pick_vertical();
+
+// Writes one resampled RGBX line of out_w pixels to an output row: channel c of pixel xx at
+// c * sc + xx * sx bytes from dst, pixels in reverse order when flip.
+void write_line(const uint8_t* line, int out_w, uint8_t* dst, int64_t sc, int64_t sx, bool flip);
+
+}  // namespace fastdata
