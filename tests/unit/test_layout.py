@@ -259,6 +259,30 @@ def test_no_import_cycle():
     assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
 
 
+def _unit(tree: Tree, name: str) -> str:
+    """The unit of the layout a module belongs to: its subpackage of fastdata (fastdata.image
+    for fastdata.image.order), else itself (a module at the package root)."""
+    parts = name.split(".")
+    top = ".".join(parts[:2])
+    return top if top in tree.packages and top != "fastdata" else name
+
+
+def test_units_depend_one_way():
+    """No subpackage or root module imports one that imports it back (backends/ above image/,
+    not beside it): the module graph may have no cycle and still weave two packages together."""
+    tree = fastdata_tree()
+    uses: dict[str, dict[str, str]] = {}
+    for importer, imported in tree.edges.items():
+        a = _unit(tree, importer)
+        for target in imported:
+            b = _unit(tree, target)
+            if a != b and b != "fastdata" and a != "fastdata":
+                uses.setdefault(a, {}).setdefault(b, importer)
+    both = sorted(f"{a} <-> {b} ({uses[a][b]} imports {b}; {uses[b][a]} imports {a})"
+                  for a in uses for b in uses[a] if a < b and a in uses.get(b, {}))
+    assert not both, "units that import each other:\n  " + "\n  ".join(both)
+
+
 def _first_paragraph(path: Path) -> str:
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     return doc.split("\n\n")[0]
