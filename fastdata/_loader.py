@@ -1,4 +1,5 @@
-"""The `Loader` object every backend returns, and what all backends share."""
+"""The `Loader` every mode and backend returns, and what `num_workers` means for each
+(`resolve_workers`): below both `fastdata.backends` and `fastdata.image`."""
 
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ def _prepare_folder(folder: str) -> None:
         raise err from None
 
 
-def _plan(samples, max_count: int, max_size: int, order) -> list[list[tuple]]:
+def _split_into_shards(samples, max_count: int, max_size: int, order) -> list[list[tuple]]:
     """The samples of each shard: (key, path, ext, label, size) in `order`."""
     shards: list[list[tuple]] = []
     current: list[tuple] = []
@@ -203,14 +203,14 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     _prepare_folder(folder)
     seed = _check_int("seed", seed, 0)
     order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else range(len(samples))
-    plan = _plan(samples, max_count, max_size, [int(i) for i in order])
+    contents = _split_into_shards(samples, max_count, max_size, [int(i) for i in order])
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
-    finals = [os.path.join(folder, name % k) for k in range(len(plan))]
+    finals = [os.path.join(folder, name % k) for k in range(len(contents))]
     index_file = os.path.join(folder, index_file_name)
     if index_file in finals:
         raise ValueError(f"the shard pattern {os.fspath(pattern)!r} names a shard {index_file_name}, the index's name")
     jobs = [(final, os.path.join(folder, f".{os.path.basename(final)}.{token}.tmp"), shard)
-            for final, shard in zip(finals, plan)]
+            for final, shard in zip(finals, contents)]
     report = Progress(progress, os.fspath(pattern), len(samples))
     report.show(force=True)
     try:
@@ -229,9 +229,9 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     with open(tmp, "w") as f:
         f.write(json.dumps(index, separators=(",", ":")) + "\n")
     os.replace(tmp, index_file)
-    stale = [os.path.join(folder, name % k) for k in range(len(plan), len(plan) + 1)]
+    stale = [os.path.join(folder, name % k) for k in range(len(contents), len(contents) + 1)]
     if any(os.path.exists(p) for p in stale):
-        warnings.warn(f"{stale[0]} (and maybe more) is left from an earlier run: it is not one of the {len(plan)} "
+        warnings.warn(f"{stale[0]} (and maybe more) is left from an earlier run: it is not one of the {len(contents)} "
                       f"shards of this set, which {index_file} lists", stacklevel=3)
     return Path(index_file), index
 

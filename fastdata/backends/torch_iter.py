@@ -63,8 +63,9 @@ def fetches(it: Any) -> Iterator[Any]:
     """What DataLoader's single-process iterator `it` yields, without its `__next__`.
 
     NOTE: with 0 workers, `__next__` costs more than fetching a ready item (a profiler range
-    entered and left, and bookkeeping for iterable datasets: benchmarks/dropin.py). So here the iterator DataLoader built (its sampler iterator, RNG draws,
-    fetcher and pin settings, all as DataLoader made them) is driven by its own parts. Not for
+    entered and left, and bookkeeping for iterable datasets: benchmarks/dropin.py). So here the
+    iterator DataLoader built (its sampler iterator, RNG draws, fetcher and pin settings, all
+    as DataLoader made them) is driven by its own parts. Not for
     iterable datasets (whose length warning lives in `__next__`), nor while a torch profiler
     records (its traces keep DataLoader's ranges). Any other iterator passes through."""
     parts = single_process_fetch(it)
