@@ -15,17 +15,14 @@ from .backends.dali import DaliLoader
 from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
 from .backends.wds import WdsLoader
+from .image import options as image_options
 from .tunecache import cached_tune
 
 _DROPIN_KEYWORDS = frozenset(DATALOADER_KEYWORDS) | {"device"}
 logger = logging.getLogger("fastdata")
 
 
-_IMAGE_KEYWORDS = frozenset({
-    "shuffle", "drop_last", "num_workers", "timeout", "prefetch_factor", "persistent_workers",
-    "pin_memory", "transform", "backend", "device", "dtype", "channels_last", "placement", "seed",
-    "rank", "world_size", "on_error", "config", "hw_decoder_load", "sampler",
-})
+_IMAGE_KEYWORDS = image_options.KEYWORDS
 _BACKENDS = ("auto", "pil", "wds", "dali", "ray")  # "ray" only when asked for: it needs a cluster to pay off
 
 
@@ -97,7 +94,7 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
     if "hw_decoder_load" in options and kind is not DaliLoader:
         raise ValueError(f"hw_decoder_load tunes DALI's GPU decoding, but backend {backend!r} was picked")
     logger.info("image mode: %s, backend %r (%s)", samples.description, backend, why)
-    return kind(samples, batch_size, **options)
+    return kind(samples, batch_size, image_options.ImageOptions(**options))
 
 
 def _ray_loader() -> type:

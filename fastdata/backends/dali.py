@@ -8,6 +8,7 @@ from typing import Any
 
 from ..image.dali import DaliDecoders
 from ..image.loader import ImageLoader
+from ..image.options import ImageOptions
 from ..image.read import Failures, FileReader
 from ..image.read_shards import ShardReader
 from ..sources import Shards
@@ -19,13 +20,14 @@ class DaliLoader(ImageLoader):
     backend = "dali"
     _auto_in_process = False  # num_workers is DALI's thread count
 
-    def __init__(self, samples: Any, batch_size: int, *, hw_decoder_load: float = 0.65, **options: Any) -> None:
+    def __init__(self, samples: Any, batch_size: int, options: ImageOptions = ImageOptions()) -> None:
         # hw_decoder_load: the share of JPEGs DALI gives the hardware decoder of A100/H100-class
         # GPUs (the rest go to nvJPEG on the CUDA cores); 0.65 is DALI's default. Unused on the CPU.
-        if not (isinstance(hw_decoder_load, (int, float)) and 0.0 <= hw_decoder_load <= 1.0):
-            raise ValueError(f"hw_decoder_load should be a number in [0, 1], but got {hw_decoder_load!r}")
-        self.hw_decoder_load = float(hw_decoder_load)
-        super().__init__(samples, batch_size, **options)
+        load = 0.65 if options.hw_decoder_load is None else options.hw_decoder_load
+        if not (isinstance(load, (int, float)) and 0.0 <= load <= 1.0):
+            raise ValueError(f"hw_decoder_load should be a number in [0, 1], but got {load!r}")
+        self.hw_decoder_load = float(load)
+        super().__init__(samples, batch_size, options)
 
     def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures):
         if isinstance(self.samples, Shards):

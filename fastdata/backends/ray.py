@@ -4,10 +4,12 @@ batches stream to the training process through Ray's object store."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..image.cpu import BatchTask
 from ..image.loader import ImageLoader
+from ..image.options import ImageOptions
 from ..image.ray import RayWorkers, cluster_cpus, connect
 from ..image.read import Failures, FileReader
 from ..sources import Shards
@@ -21,13 +23,14 @@ class RayLoader(ImageLoader):
 
     backend = "ray"
 
-    def __init__(self, samples: Any, batch_size: int, *, num_workers: int | str = 0,
-                 persistent_workers: bool = True, **options: Any) -> None:
-        num_workers = resolve_workers(num_workers, cluster=True)
+    _persistent_default = True  # actors are slow to start: they persist unless told not to
+
+    def __init__(self, samples: Any, batch_size: int, options: ImageOptions = ImageOptions()) -> None:
+        num_workers = resolve_workers(options.num_workers, cluster=True)
         connect(num_workers)
         if num_workers == 0:
             num_workers = cluster_cpus()
-        super().__init__(samples, batch_size, num_workers=num_workers, persistent_workers=persistent_workers, **options)
+        super().__init__(samples, batch_size, dataclasses.replace(options, num_workers=num_workers))
 
     def _parts(self, shuffle: bool, drop_last: bool, num_workers: int, fail: Failures):
         if isinstance(self.samples, Shards):  # shards: actor w reads lane w, as wds's worker w does

@@ -9,6 +9,7 @@
     threads.py      runner: a decode thread in the training process (InProcess)
     dali.py         runner: the training process reads and checks, DALI decodes (DaliDecoders)
     ray.py          runner: Ray actors on a cluster (RayWorkers)
+    options.py      ImageOptions: the keywords, built once by fastdata.loader
     loader.py       ImageLoader: validation, the passes, stats, resume, the device stage hand-off
 
 A backend (`fastdata.backends.pil`, `.wds`, `.dali`, `.ray`) is an order, a reader and a

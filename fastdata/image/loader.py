@@ -31,6 +31,7 @@ from ..sources import Shards
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder, samples_key
+from .options import ImageOptions
 from .order import FileOrder, ShardOrder
 from .parts import BatchOrder, Reader, Runner
 from .read import Failures
@@ -61,60 +62,42 @@ class ImageLoader(Loader):
 
     _run_ahead = True  # persistent workers run ahead into the next epoch (off: benchmarks/run_ahead.py's ablation)
     _auto_in_process = True  # num_workers="auto" without persistent workers: 0 (see resolve_workers)
+    _persistent_default = False  # persistent_workers when not given (DataLoader's)
 
-    def __init__(
-        self,
-        samples: Any,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        num_workers: int | str = 0,
-        timeout: float = 0,
-        prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
-        pin_memory: bool = False,
-        transform: Compose | None = None,
-        device: Any = None,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = True,
-        placement: str = "auto",
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        on_error: str = "raise",
-        sampler: IndexSampler | None = None,
-    ) -> None:
+    def __init__(self, samples: Any, batch_size: int, options: ImageOptions = ImageOptions()) -> None:
         super().__init__()
+        o = options
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise ValueError(f"batch_size should be a positive integer in image mode, but got {batch_size!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r}")
-        if placement not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"placement should be 'auto', 'cpu' or 'gpu', but got {placement!r}")
+        if o.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error should be 'raise' or 'skip', but got {o.on_error!r}")
+        if o.placement not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"placement should be 'auto', 'cpu' or 'gpu', but got {o.placement!r}")
+        dtype = o.dtype
         if isinstance(dtype, str):  # as a JSON config gives it: "bfloat16" or "torch.bfloat16"
             dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"dtype should be torch.float32, torch.float16 or torch.bfloat16, but got {dtype}")
-        if transform is not None and not isinstance(transform, Compose):
-            raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {type(transform).__name__}")
-        if sampler is not None:
-            _check_sampler(sampler, samples, shuffle)
+        if o.transform is not None and not isinstance(o.transform, Compose):
+            raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {type(o.transform).__name__}")
+        if o.sampler is not None:
+            _check_sampler(o.sampler, samples, o.shuffle)
         self.samples = samples
-        self.index_sampler = sampler
+        self.index_sampler = o.sampler
         self.batch_size = batch_size
-        self.transform = transform
-        self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype, self.channels_last, self.placement = dtype, channels_last, placement
-        self.on_error = on_error
-        self.seed = seed
-        self._asked = (rank, world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
-        self.rank, self.world_size = ranks(rank, world_size)
-        num_workers = resolve_workers(num_workers, self.device,
-                                      fresh_in_process=self._auto_in_process and not persistent_workers)
-        self.persistent_workers = bool(persistent_workers) and num_workers > 0
-        pin = bool(pin_memory) and torch.accelerator.is_available()
-        self._options = PassOptions(shuffle, drop_last, num_workers, timeout, prefetch_factor, pin)
+        self.transform = o.transform
+        self.device = torch.device(o.device if o.device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype, self.channels_last, self.placement = dtype, o.channels_last, o.placement
+        self.on_error = o.on_error
+        self.seed = o.seed
+        self._asked = (o.rank, o.world_size)  # None: from torch.distributed when a pass starts (see _follow_dist)
+        self.rank, self.world_size = ranks(o.rank, o.world_size)
+        persistent = self._persistent_default if o.persistent_workers is None else bool(o.persistent_workers)
+        num_workers = resolve_workers(o.num_workers, self.device,
+                                      fresh_in_process=self._auto_in_process and not persistent)
+        self.persistent_workers = persistent and num_workers > 0
+        pin = bool(o.pin_memory) and torch.accelerator.is_available()
+        self._options = PassOptions(o.shuffle, o.drop_last, num_workers, o.timeout, o.prefetch_factor, pin)
         self._build()
         self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
         self._skip = 0  # batches of self._epoch the next pass skips (a resume)
