@@ -47,9 +47,9 @@ def outputs(images: np.ndarray, jpegs: list[bytes]) -> dict[str, np.ndarray]:
         w, h = Image.open(io.BytesIO(data)).size
         # a crop window under twice the output (a full-scale decode), flipped every other image
         box = np.array([0.1 * w, 0.2 * h, 0.8 * w, 0.9 * h])
-        crops.append(P.decode(data, box, k % 2 == 1, (96, 80)))
+        crops.append(P.open_window(data, box, k % 2 == 1, (96, 80)))
         # the whole image to under half its size: Pillow's reduced-size (draft) decode
-        drafts.append(P.decode(data, np.array([0.0, 0.0, w, h]), False, (64, 56)))
+        drafts.append(P.open_window(data, np.array([0.0, 0.0, w, h]), False, (64, 56)))
     out["decode, crop, resize, flip"] = np.stack(crops)
     out["draft decode, resize"] = np.stack(drafts)
     return out

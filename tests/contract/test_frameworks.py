@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,19 +85,24 @@ def run_job(out: Path, job: dict, runs: list[dict], *, torchrun: int = 0, timeou
                     f"--master_port={_free_port()}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        output, _ = proc.communicate()
-        pytest.fail(f"the job ran past {timeout} s:\n{output[-8000:]}")
-    finally:
-        try:  # the group's stragglers (a group id is not reused while the group lives)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for attempt in range(2):
+        proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            output, _ = proc.communicate()
+            pytest.fail(f"the job ran past {timeout} s:\n{output[-8000:]}")
+        finally:
+            try:  # the group's stragglers (a group id is not reused while the group lives)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.returncode == 0 or attempt or not _reference_aborted(output, runs):
+            break
+        for run in runs:  # the retry writes every run's records anew
+            shutil.rmtree(out / run["name"], ignore_errors=True)
     if proc.returncode != 0:
         pytest.fail(f"the job failed ({proc.returncode}):\n{output[-8000:]}")
     logs = {}
@@ -104,6 +110,17 @@ def run_job(out: Path, job: dict, runs: list[dict], *, torchrun: int = 0, timeou
         logs[run["name"]] = {int(path.stem[4:]): [json.loads(line) for line in path.read_text().splitlines()]
                              for path in sorted((out / run["name"]).glob("rank*.jsonl"))}
     return logs
+
+
+def _reference_aborted(output: str, runs: list[dict]) -> bool:
+    """Whether the job died of gloo's abort at a rank's exit (a flake of torch's own,
+    pytorch/pytorch#190489: a ddp_spawn rank finalizes with the group's threads live) while
+    its reference run, a plain DataLoader with no fastdata in it, was the one running: that
+    alone gets one retry; a fastdata run gets none."""
+    started = [line[len("== run "):] for line in output.splitlines() if line.startswith("== run ")]
+    reference = {run["name"] for run in runs if run.get("loader") == "dataloader"}
+    return ("terminate called without an active exception" in output and bool(started)
+            and started[-1] in reference)
 
 
 def seen(records: list[dict], draws: bool = True) -> list[tuple]:

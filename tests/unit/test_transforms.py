@@ -84,7 +84,7 @@ def test_flip_before_a_crop_crops_the_mirrored_image(idx):
     a = _gradient()
     ops = (T.RandomHorizontalFlip(1.0), T.RandomResizedCrop((24, 32), scale=(0.2, 0.6)))
     g = plan_geometry(ops, 5, 1, np.array([idx]), np.array([120]), np.array([90]))
-    got = lowering.decode(_png(a), g.boxes[0], bool(g.flips[0]), (32, 24))
+    got = lowering.open_window(_png(a), g.boxes[0], bool(g.flips[0]), (32, 24))
     left, top, w, h = _rrc(ops[1], uniforms(5, 1, np.array([idx]), 1, 40), np.array([120]), np.array([90]))
     mirrored = Image.fromarray(a).transpose(Image.FLIP_LEFT_RIGHT)
     box = (int(left[0]), int(top[0]), int(left[0] + w[0]), int(top[0] + h[0]))
