@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .._loader import resolve_workers
 from ..image.cpu import BatchTask
 from ..image.loader import ImageLoader
 from ..image.options import ImageOptions
 from ..image.ray import RayWorkers, cluster_cpus, connect
 from ..image.read import Failures, FileReader
 from ..sources import Shards
-from .._loader import resolve_workers
 
 
 class RayLoader(ImageLoader):
