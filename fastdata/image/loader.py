@@ -12,7 +12,7 @@ point (`state_dict`).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import dataclasses
 import logging
 import time
 import warnings
@@ -42,17 +42,6 @@ logger = logging.getLogger("fastdata")
 
 _MAX_ERRORS = 100
 _STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class PassOptions:
-    """The DataLoader-like options the parts are built from (again when the ranks change)."""
-    shuffle: bool
-    drop_last: bool
-    num_workers: int  # resolved: "auto" is a count here
-    timeout: float
-    prefetch_factor: int | None
-    pin: bool  # pinned batch slots: asked for, and an accelerator present
 
 
 class ImageLoader(Loader):
@@ -97,7 +86,10 @@ class ImageLoader(Loader):
                                       fresh_in_process=self._auto_in_process and not persistent)
         self.persistent_workers = persistent and num_workers > 0
         pin = bool(o.pin_memory) and torch.accelerator.is_available()
-        self._options = PassOptions(o.shuffle, o.drop_last, num_workers, o.timeout, o.prefetch_factor, pin)
+        # The options the parts are built from (again when the ranks change), resolved: a worker
+        # count for "auto", pinned slots only where an accelerator is.
+        self._options = dataclasses.replace(o, num_workers=num_workers, persistent_workers=self.persistent_workers,
+                                            pin_memory=pin)
         self._build()
         self._epoch = 0  # the epoch the next pass runs (the live pass's, until its last batch is out)
         self._skip = 0  # batches of self._epoch the next pass skips (a resume)
@@ -119,10 +111,10 @@ class ImageLoader(Loader):
         if device_pixel_ops:
             optional.require("kornia", "placement='gpu'")
         # Sample ids: a file's index in the list, or a shard sample's place among all the shards'.
-        self._decoder = BatchDecoder(transform, self.seed, fail, (o.prefetch_factor or 2) + 2, o.pin,
+        self._decoder = BatchDecoder(transform, self.seed, fail, (o.prefetch_factor or 2) + 2, o.pin_memory,
                                      ids=len(self.samples), key=samples_key(self.samples),
                                      cpu_pixel_ops=() if device_pixel_ops else pixel_ops)
-        self._runner = self._make_runner(o.num_workers, o.timeout, o.prefetch_factor, o.pin)
+        self._runner = self._make_runner(o.num_workers, o.timeout, o.prefetch_factor, o.pin_memory)
         self.num_classes = self._reader.num_classes(transform)
         self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
                                          device=self.device, dtype=self.dtype, channels_last=self.channels_last,
