@@ -16,6 +16,7 @@
 #include "collate.h"
 #include "parallel.h"
 #include "read.h"
+#include "tar.h"
 #ifdef FASTDATA_HAVE_JPEG
 #include "decode.h"
 #include "index.h"
@@ -215,6 +216,51 @@ nb::list read_files(nb::sequence paths, int threads) {
   return result;
 }
 
+// A bytes-like object's bytes, held through the buffer protocol while this lives.
+class HeldView {
+ public:
+  explicit HeldView(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  }
+  ~HeldView() { PyBuffer_Release(&view_); }
+  HeldView(const HeldView&) = delete;
+  HeldView& operator=(const HeldView&) = delete;
+  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+  int64_t size() const { return int64_t(view_.len); }
+
+ private:
+  Py_buffer view_;
+};
+
+nb::str decode_name(const uint8_t* p, size_t n) {
+  PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(p), Py_ssize_t(n),
+                                     "surrogateescape");
+  if (s == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(s);
+}
+
+// tar_plain_members(data, start, pos, stop) -> ([(offset, name, data, size)], position): the
+// plain regular members from shard byte pos on, data holding the shard's bytes from `start`;
+// names decoded as tarfile does (UTF-8, surrogateescape), "prefix/name" where the USTAR prefix
+// is set. See tar.h.
+nb::tuple tar_plain_members(nb::handle data, int64_t start, int64_t pos, int64_t stop) {
+  HeldView held(data);
+  std::vector<fastdata::TarMember> found;
+  const int64_t at = fastdata::walk_plain_tar(held.data(), start, held.size(), pos, stop, &found);
+  nb::list members;
+  for (const fastdata::TarMember& m : found) {
+    nb::str name = decode_name(m.header, m.name_len);
+    if (m.prefix_len) {
+      PyObject* whole = PyUnicode_FromFormat("%U/%U", decode_name(m.header + 345, m.prefix_len).ptr(),
+                                             name.ptr());
+      if (whole == nullptr) throw nb::python_error();
+      name = nb::steal<nb::str>(whole);
+    }
+    members.append(nb::make_tuple(m.offset, name, m.data, m.size));
+  }
+  return nb::make_tuple(members, at);
+}
+
 #ifdef FASTDATA_HAVE_JPEG
 // The bytes of each bytes-like object (bytes, bytearray, memoryview, contiguous numpy array),
 // held through the buffer protocol so they stay put while the GIL is released. Release needs
@@ -410,6 +456,11 @@ NB_MODULE(_native, m) {
         "Each file's bytes (at most its size when opened), or the cause where it cannot be read "
         "(OSError's strerror, or 'not a regular file (a FIFO)' and the like); opened and read on up "
         "to `threads` threads, GIL released.");
+  m.def("tar_plain_members", &tar_plain_members, nb::arg("data"), nb::arg("start"), nb::arg("pos"),
+        nb::arg("stop"),
+        "([(offset, name, data, size)], position): the tar's plain regular-file members from byte "
+        "pos up to stop, data holding its bytes from byte start on, up to the first header that "
+        "is anything else (or not wholly in data), whose position is returned.");
 #ifdef FASTDATA_HAVE_JPEG
   m.attr("HAVE_JPEG") = true;
   m.def("jpeg_info", &jpeg_info, nb::arg("data"),

@@ -2,7 +2,7 @@
 
 A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek,
 HTTP asks for the range; pipe: streams are read on) into one of two buffers it keeps, walks each
-sample's span of it header by header (`walk_tar`: USTAR, pax and GNU long names), checks that
+sample's span of it header by header (`walk_tar_bytes`: USTAR, pax and GNU long names), checks that
 the members there are the sample's, as many and as big as the index (or the header scan) said,
 slices their payloads out without a copy, groups them by key as webdataset does, checks the
 label against the classes, and reads the next block in a thread while the batch of this one is
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..sources import Shards
 from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_range
-from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar
+from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
 from .decode import samples_key, shared_record
 from .order import ShardOrder
 from .read import Failures, Read
@@ -58,6 +58,9 @@ class _Buffer:
 
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
+        # (block key, [(offset, bytes)]): a first batch's samples already read into the block's
+        # layout here (see ShardReader._block), which the block's read does not read again
+        self.filled: tuple | None = None
 
     def view(self, n: int) -> memoryview:
         if self._map is None or len(self._map) < n:
@@ -66,6 +69,42 @@ class _Buffer:
             # Of the extra eighth, only the pages a read reaches are ever faulted in.
             self._map = mmap.mmap(-1, max(n + n // 8, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return memoryview(self._map)[:n]
+
+    def size(self) -> int:
+        return len(self._map) if self._map is not None else 0
+
+
+# Buffers a closed reader gave back, for the next reader of this process: a loader built afresh
+# each epoch (or a pass in the training process, whose end closes the reader) would otherwise
+# fault in a new 100 MB block's pages each time, about as long again as the read itself (see
+# benchmarks/results/MEASURED.md). Given back with MADV_FREE: while they wait, the kernel may
+# take their pages under memory pressure (a later read then faults them in anew), and if it has
+# not, a read writes to them as they are. (pid, buffers); a forked child starts with none, since
+# writing to the pages it shares with its parent would copy each.
+_SPARE_KEPT = 2  # a reader's two block buffers
+_spare: tuple[int, list[_Buffer]] = (0, [])
+
+
+def _take_buffer() -> _Buffer:
+    pid, spare = _spare
+    return spare.pop() if pid == os.getpid() and spare else _Buffer()
+
+
+def _give_back(buffers: list[_Buffer]) -> None:
+    global _spare
+    pid, spare = _spare
+    if pid != os.getpid():
+        _spare = pid, spare = os.getpid(), []
+    for buf in buffers:
+        if buf._map is None:
+            continue
+        try:
+            buf._map.madvise(mmap.MADV_FREE)
+        except (AttributeError, OSError, ValueError):  # no MADV_FREE (a kernel before 4.5, not Linux)
+            pass
+        spare.append(buf)
+    spare.sort(key=_Buffer.size)
+    del spare[:-_SPARE_KEPT]  # the largest kept: a smaller one would map anew for a block
 
 
 class ShardReader:
@@ -103,10 +142,11 @@ class ShardReader:
         process, when a 0-worker pass ends: no thread of it may be live at a fork)."""
         if self._proc is None or self._proc[0] != os.getpid():
             return
-        _, reader, pending, _ = self._proc
+        _, reader, pending, buffers = self._proc
         for future in pending.values():
             future.cancel()
-        reader.shutdown(wait=True)
+        reader.shutdown(wait=True)  # nothing reads into the buffers from here on
+        _give_back(buffers)
         for stream, _ in self._pipes.values():
             stream.close()
         self._proc, self._pipes, self._current = None, {}, None
@@ -146,7 +186,8 @@ class ShardReader:
         the batch was not read ahead: see below)."""
         pid = os.getpid()
         if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
-            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, [_Buffer(), _Buffer()])
+            buffers = [_take_buffer() for _ in range(_SPARE_KEPT)]
+            self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, buffers)
             self._pipes, self._current = {}, None
         _, reader, pending, _ = self._proc
         key = (epoch, lane, block)
@@ -155,15 +196,16 @@ class ShardReader:
             return self._current[1].result()
         future: Future | None = pending.pop(key, None)
         first: Future | None = None
-        if future is None and self._files and self.order.block > self.order.batch_size:
-            # Nothing read ahead (a pass's start, a resume): the batch's own samples are read
-            # first, into a buffer of their own, and decoded while the thread reads the whole
-            # block after them, so the first batch waits for a quarter of a block, not all of
-            # it. Files only: that is a read per sample, a request each over HTTP, and a pipe
-            # would be read twice.
-            first = reader.submit(self._read_block, *key, _Buffer(), rows=slice(row, row + self.order.batch_size))
         if future is None:
-            future = self._submit(key)
+            # Nothing read ahead (a pass's start, a resume). From files, the batch's own samples
+            # are read first, into their places in the block's buffer, and decoded while the
+            # thread reads the rest of the block around them, so the first batch waits for a
+            # quarter of a block, not all of it. Files only: that is a read per sample, a
+            # request each over HTTP, and a pipe would be read twice.
+            rows = None
+            if self._files and self.order.block > self.order.batch_size:
+                rows = slice(row, row + self.order.batch_size)
+            first, future = self._submit(key, rows)
         following = self._following(epoch, lane, block)
         for stale in [k for k in pending if k != following]:  # a resume or set_epoch skipped them
             pending.pop(stale).cancel()
@@ -190,64 +232,91 @@ class ShardReader:
         following = self._following(epoch, lane, block)
         pending = self._proc[2]
         if following is not None and following not in pending:
-            pending[following] = self._submit(following)
+            pending[following] = self._submit(following)[1]
 
-    def _submit(self, key: tuple[int, int, int]) -> Future:
+    def _submit(self, key: tuple[int, int, int], rows: slice | None = None) -> tuple[Future | None, Future]:
+        """(the read of `rows` of block `key`'s order, None without rows; the block's read)."""
         # Blocks are read into two buffers kept for the process, in turn: the one thread reads
         # blocks in the order they are submitted, and the next is submitted only when the
         # decoder moves on to the block before it, so a buffer is never refilled while a block
         # in it is decoded. (Fresh 100 MB buffers would cost more in page faults than the read.)
-        # A batch read alone before its block (see _block) has a buffer of its own.
         _, reader, _, buffers = self._proc
         buf = buffers[self._reads % 2]
         self._reads += 1
-        return reader.submit(self._read_block, *key, buf)
+        first = reader.submit(self._read_block, *key, buf, rows) if rows is not None else None
+        future = reader.submit(self._read_block, *key, buf)
+        return first, future
 
     def _read_block(self, epoch: int, lane: int, block: int, buf: _Buffer, rows: slice | None = None) -> _Block:
         """The block's samples, read into `buf`; with `rows`, only those of its order (the
-        block's `order` then maps those rows alone, into the samples read)."""
+        block's `order` then maps those rows alone, into the samples read), into the places
+        they have in the whole block's layout, which the whole block's read then leaves as
+        they are."""
         order = self.order
+        key = (epoch, lane, block)
         ids = order.block_ids(epoch, lane, block)
         out = _Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
-        if rows is not None:
-            wanted = np.sort(out.order[rows])
-            mapping = np.full(len(ids), -1, dtype=np.int64)
-            mapping[rows] = np.searchsorted(wanted, out.order[rows])
-            ids = ids[wanted]
-            out = _Block(ids, mapping)
+        runs = self._runs(ids)
+        view = buf.view(sum(stop - start for *_, start, stop, _ in runs))
+        if rows is None:
+            filled, buf.filled = (buf.filled[1] if buf.filled is not None and buf.filled[0] == key else []), None
+            for s, first, end, start, stop, at in runs:
+                have = [(o - at, n) for o, n in filled if at <= o < at + stop - start]
+                self._read_run(out, s, first, end, start, view[at:at + stop - start], have)
+            return out
+        wanted = np.sort(out.order[rows])
+        mapping = np.full(len(ids), -1, dtype=np.int64)
+        mapping[rows] = np.searchsorted(wanted, out.order[rows])
+        out = _Block(ids[wanted], mapping)
+        # each run of the wanted samples lies in one run of the block: where it starts there
+        whole = np.searchsorted(np.cumsum([end - first for _, first, end, *_ in runs]), wanted, side="right")
+        filled = []
+        for s, first, end, start, stop, _ in self._runs(ids[wanted]):
+            n = len(out.names)  # the run's first sample, of those wanted
+            _, _, _, block_start, _, block_at = runs[whole[n]]
+            at = block_at + start - block_start
+            self._read_run(out, s, first, end, start, view[at:at + stop - start])
+            if all(c is None for c in out.causes[n:]):  # (a shard cut short fails a sample: read again)
+                filled.append((at, stop - start))
+        buf.filled = (key, filled)
+        return out
+
+    def _runs(self, ids: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
+        """Runs of consecutive samples of one shard, one read each: (shard, first sample, end
+        sample, shard bytes [start, stop), where in the buffer)."""
+        order = self.order
         shard = np.searchsorted(order.first, ids, side="right") - 1
         local = ids - order.first[shard]
-        # runs of consecutive samples of one shard: one read each, of bytes [start, stop)
         breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
-        runs = []
+        runs, at = [], 0
         for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(ids)]):
             s, first, end = int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1
             spans = self.shards.spans[s]
-            runs.append((s, first, end, int(spans[first, 0]), int(spans[end - 1].sum())))
-        need = sum(stop - start for *_, start, stop in runs)
-        view = buf.view(need)
-        at = 0
-        for s, first, end, start, stop in runs:
-            self._read_run(out, s, first, end, start, view[at:at + stop - start])
+            start, stop = int(spans[first, 0]), int(spans[end - 1].sum())
+            runs.append((s, first, end, start, stop, at))
             at += stop - start
-        return out
+        return runs
 
-    def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview) -> None:
-        """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`
-        and appended to `out` in order; the image bytes stay views of it."""
+    def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview,
+                  have: list[tuple[int, int]] = ()) -> None:
+        """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`,
+        but for the pieces (offset, bytes) of it it already holds, and appended to `out` in
+        order; the image bytes stay views of it."""
         url, keys = self.shards.urls[s], self.shards.keys[s]
         try:
-            got = self._read(url, start, view)
+            got, at = 0, 0
+            for o, n in [*sorted(have), (len(view), 0)]:
+                if o > at:  # a piece not held: read it; one cut short ends what there is
+                    got = at + self._read(url, start + at, view[at:o])
+                    if got < o:
+                        break
+                got = at = o + n
         except Exception as e:  # OSError, URLError, a pipe's failed command
             cause = f"cannot read the shard ({describe_error(e)})"
             for key in keys[first:end]:
                 out.add(f"{url} (member {key}.*)", None, 0, cause)
             return
         raw = view[:got]
-
-        def read(pos: int, n: int) -> bytes:
-            return bytes(raw[pos - start:pos - start + n])
-
         contents = self.shards.contents[s] if self.shards.contents is not None else None
         indexed = self.shards.indexed[s] if self.shards.indexed is not None else True
         stale = "the index is stale: " if indexed else "the shard changed since its headers were counted: "
@@ -263,10 +332,10 @@ class ShardReader:
             seen = self._verified.numpy()[self.order.first[s] + first:self.order.first[s] + end]
             crcs = np.where(seen != 0, -1, checksums[first:end]).tolist()
         for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs)):
-            if self._read_sample(out, url, key, a, a + n, read, raw, start, expect, crc, stale) and crc >= 0:
+            if self._read_sample(out, url, key, a, a + n, raw, start, expect, crc, stale) and crc >= 0:
                 seen[i] = 1
 
-    def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, read, raw: memoryview, start: int,
+    def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, raw: memoryview, start: int,
                      expect: list[int], crc: int, stale: str) -> bool:
         """The sample `key` from its bytes [a, b) (in `raw`, which starts at shard byte `start`):
         every header there must be valid and name one of its members, they must be as many and
@@ -276,7 +345,7 @@ class ShardReader:
         found: dict[str, memoryview] = {}
         count = nbytes = 0
         length = start + len(raw)
-        for m in walk_tar(read, a, b, length, resync=False):
+        for m in walk_tar_bytes(raw, start, a, b, resync=False):
             if type(m) is Damage:
                 where = m.name or (f"{key}.*" if key else f"at byte {m.offset}")
                 out.add(f"{url} (member {where})", None, 0, m.cause)

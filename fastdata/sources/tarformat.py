@@ -4,7 +4,8 @@ webdataset's rule for which sample a tar member belongs to; a walk over tar head
 what damage it steps over; and the samples of a tar counted from its headers alone. Over 400
 lines: the tar walk, and the scan and count built on it, are one format kept in one place.
 
-Imports nothing of fastdata but its errors, so that both sides can import it.
+Imports nothing of fastdata but its errors and the native extension, so that both sides can
+import it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from .._ext import native
 from ..errors import DataError
 
 INDEX_FORMAT = "fastdata-wds-index"
@@ -180,6 +182,18 @@ def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None =
         if item is not None:
             yield item
         pos = after
+
+
+def walk_tar_bytes(raw: memoryview | bytes, start: int, pos: int, stop: int,
+                   resync: bool = True) -> Iterator[Member | Damage]:
+    """walk_tar over bytes [pos, stop) of a tar whose bytes from `start` on are all in `raw`:
+    the same members and damage, the plain regular members' headers parsed natively where the
+    extension is built (csrc/tar.cpp: a shard holds two headers an image), the rest here."""
+    if native is not None:
+        found, pos = native.tar_plain_members(raw, start, pos, stop)
+        yield from map(Member._make, found)
+    if pos < stop:
+        yield from walk_tar(lambda p, n: bytes(raw[p - start:p - start + n]), pos, stop, start + len(raw), resync)
 
 
 class _Header(NamedTuple):

@@ -270,6 +270,35 @@ def test_resume_seeks_instead_of_reading(shards, monkeypatch):
     assert sum(read.values()) < everything / 2
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_pass_reads_each_byte_once(shards, monkeypatch, shuffle):
+    """A pass's first batch is read first, into its places in its block's buffer, and the block
+    read around it: every sample's bytes are read once in the pass, none twice, and each batch
+    is the one the order says (4 blocks of 16, each first batch of one read that way)."""
+    monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", 16)
+    reads = []
+    real = read_shards.read_range
+
+    def recording(url, start, view):
+        reads.append((os.path.basename(url), start, start + len(view)))
+        return real(url, start, view)
+
+    monkeypatch.setattr(read_shards, "read_range", recording)
+    for _ in range(2):  # the second pass: a new reader, which takes the first's buffers
+        reads.clear()
+        got = _epoch(_load(_pattern(shards), num_workers=0, shuffle=shuffle, seed=5))
+        assert sorted(s for b in got for s in b) == ALL
+        index = json.load(open(os.path.join(os.path.dirname(shards[0]), "train-index.json")))
+        spans = {(f"train-{k:06d}.tar", off, off + n) for k, sh in enumerate(index["shards"])
+                 for _, off, n in sh["samples_index"]}
+        for name in {r[0] for r in reads}:
+            pieces = sorted((a, b) for n, a, b in reads if n == name)
+            assert all(b <= a2 for (_, b), (a2, _) in zip(pieces, pieces[1:])), (name, pieces)  # none read twice
+        read = sum(b - a for _, a, b in reads)
+        assert read == sum(b - a for _, a, b in spans)
+    assert got == _epoch(_load(_pattern(shards), num_workers=0, shuffle=shuffle, seed=5))
+
+
 def test_resume_needs_the_same_worker_count(shards):
     a = _load(_pattern(shards), num_workers=2)
     it = iter(a)

@@ -26,6 +26,7 @@ from _images import color, color_folder
 
 import fastdata
 from fastdata import DataError
+from fastdata._ext import native
 from fastdata import transforms as T
 from fastdata.shard import count_samples, write_shards
 from fastdata.sources import file_list, shards
@@ -519,6 +520,32 @@ def _headers() -> list[bytes]:
             out.append(_with_checksum(m) if k % 2 else bytes(m))
     assert len({bytes(h) for h in out}) > 1000
     return out
+
+
+@pytest.mark.skipif(native is None, reason="the native extension is not built")
+def test_native_walk_gives_walk_tars_members():
+    """The plain headers' walk in C++ (csrc/tar.cpp, through walk_tar_bytes) gives walk_tar's
+    members and damage for every header of _headers(), each followed by its data and a plain
+    member: the shard read from byte 0 or from byte 512 on, whole or cut off, the walk stopped
+    at its end or inside, with and without resync."""
+    from fastdata.sources.tarformat import walk_tar, walk_tar_bytes
+
+    info = tarfile.TarInfo("next.cls")
+    info.size = 2
+    tail = info.tobuf(tarfile.USTAR_FORMAT) + b"7\n".ljust(512, b"\0") + bytes(1024)
+    taken = 0
+    for h in _headers():
+        body = h + bytes(range(256)) * 6 + tail
+        for start in (0, 512):
+            for raw in (body, body[:-1800]):
+                raw = memoryview(raw)
+                taken += bool(native.tar_plain_members(raw, start, start, start + len(raw))[0])
+                for stop in (start + len(raw), start + 512):
+                    for resync in (False, True):
+                        want = list(walk_tar(lambda p, n: bytes(raw[p - start:p - start + n]), start, stop,
+                                             start + len(raw), resync))
+                        assert list(walk_tar_bytes(raw, start, start, stop, resync)) == want, (h, start, stop)
+    assert taken > 600  # the native walk took the plain ones (in both starts and both cuts)
 
 
 def test_plain_header_parses_as_tarfile_does():
