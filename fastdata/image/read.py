@@ -4,11 +4,13 @@ had. A reader takes the keys the batch order names (`fastdata.image.order`) and 
 
 `Failures` is the on_error policy both the readers and the decoder apply to a failed sample:
 raise a DataError naming the file (and tar member) and the cause, or record a counted skip.
+`BlockBuffer` is the memory a shard reader reads into, kept for the process's next reader.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 from typing import NamedTuple, Sequence
@@ -18,6 +20,63 @@ import numpy as np
 from .._cores import batch_threads
 from .._ext import native as _ext
 from ..errors import DataError, skippable
+
+
+class BlockBuffer:
+    """Memory a shard reader reads blocks into (`read_shards.py`), grown as they need: an
+    anonymous private mapping, so that growing copies nothing and zero-fills nothing with the
+    GIL held (growing a bytearray does: for a 100 MB block, tens of ms in which the decode
+    thread cannot run), and its pages are faulted in by the read itself. The old mapping lives
+    on while views of it do."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+
+    def view(self, n: int) -> memoryview:
+        if self._map is None or len(self._map) < n:
+            # An eighth more than asked: blocks of the same length in samples differ a little
+            # in bytes, and each growth maps anew while the old mapping may still be in use.
+            # Of the extra eighth, only the pages a read reaches are ever faulted in.
+            self._map = mmap.mmap(-1, max(n + n // 8, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return memoryview(self._map)[:n]
+
+    def size(self) -> int:
+        return len(self._map) if self._map is not None else 0
+
+
+# Buffers a closed reader gave back, for the next reader of this process: a loader built afresh
+# each epoch (or a pass in the training process, whose end closes the reader) would otherwise
+# fault in a new 100 MB block's pages each time, about as long again as the read itself (see
+# benchmarks/results/MEASURED.md). Given back with MADV_FREE: while they wait, the kernel may
+# take their pages under memory pressure (a later read then faults them in anew), and if it has
+# not, a read writes to them as they are. (pid, buffers); a forked child starts with none, since
+# writing to the pages it shares with its parent would copy each.
+_SPARE_KEPT = 2  # a shard reader's two block buffers
+_spare: tuple[int, list[BlockBuffer]] = (0, [])
+
+
+def take_buffer() -> BlockBuffer:
+    """A buffer a reader of this process gave back, else a new one."""
+    pid, spare = _spare
+    return spare.pop() if pid == os.getpid() and spare else BlockBuffer()
+
+
+def give_back(buffers: list[BlockBuffer]) -> None:
+    """Keeps a closed reader's buffers (nothing reads into them any more) for the next."""
+    global _spare
+    pid, spare = _spare
+    if pid != os.getpid():
+        _spare = pid, spare = os.getpid(), []
+    for buf in buffers:
+        if buf._map is None:
+            continue
+        try:
+            buf._map.madvise(mmap.MADV_FREE)
+        except (AttributeError, OSError, ValueError):  # no MADV_FREE (a kernel before 4.5, not Linux)
+            pass
+        spare.append(buf)
+    spare.sort(key=BlockBuffer.size)
+    del spare[:-_SPARE_KEPT]  # the largest kept: a smaller one would map anew for a block
 
 
 class Read(NamedTuple):

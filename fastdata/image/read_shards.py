@@ -14,7 +14,6 @@ that sample alone (a DataError naming the shard, the member and the byte, or a c
 
 from __future__ import annotations
 
-import mmap
 import os
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,7 +25,7 @@ from ..sources.streams import describe_error, discard, fill, local_path, open_st
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
 from .decode import samples_key, shared_record
 from .order import ShardOrder
-from .read import Failures, Read
+from .read import BlockBuffer, Failures, Read, give_back, take_buffer
 
 
 class _Block:
@@ -48,63 +47,6 @@ class _Block:
         self.datas.append(data)
         self.labels.append(label)
         self.causes.append(cause)
-
-
-class _Buffer:
-    """Memory blocks are read into, grown as they need: an anonymous private mapping, so that
-    growing copies nothing and zero-fills nothing with the GIL held (growing a bytearray does:
-    for a 100 MB block, tens of ms in which the decode thread cannot run), and its pages are
-    faulted in by the read itself. The old mapping lives on while views of it do."""
-
-    def __init__(self) -> None:
-        self._map: mmap.mmap | None = None
-        # (block key, [(offset, bytes)]): a first batch's samples already read into the block's
-        # layout here (see ShardReader._block), which the block's read does not read again
-        self.filled: tuple | None = None
-
-    def view(self, n: int) -> memoryview:
-        if self._map is None or len(self._map) < n:
-            # An eighth more than asked: blocks of the same length in samples differ a little
-            # in bytes, and each growth maps anew while the old mapping may still be in use.
-            # Of the extra eighth, only the pages a read reaches are ever faulted in.
-            self._map = mmap.mmap(-1, max(n + n // 8, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        return memoryview(self._map)[:n]
-
-    def size(self) -> int:
-        return len(self._map) if self._map is not None else 0
-
-
-# Buffers a closed reader gave back, for the next reader of this process: a loader built afresh
-# each epoch (or a pass in the training process, whose end closes the reader) would otherwise
-# fault in a new 100 MB block's pages each time, about as long again as the read itself (see
-# benchmarks/results/MEASURED.md). Given back with MADV_FREE: while they wait, the kernel may
-# take their pages under memory pressure (a later read then faults them in anew), and if it has
-# not, a read writes to them as they are. (pid, buffers); a forked child starts with none, since
-# writing to the pages it shares with its parent would copy each.
-_SPARE_KEPT = 2  # a reader's two block buffers
-_spare: tuple[int, list[_Buffer]] = (0, [])
-
-
-def _take_buffer() -> _Buffer:
-    pid, spare = _spare
-    return spare.pop() if pid == os.getpid() and spare else _Buffer()
-
-
-def _give_back(buffers: list[_Buffer]) -> None:
-    global _spare
-    pid, spare = _spare
-    if pid != os.getpid():
-        _spare = pid, spare = os.getpid(), []
-    for buf in buffers:
-        if buf._map is None:
-            continue
-        try:
-            buf._map.madvise(mmap.MADV_FREE)
-        except (AttributeError, OSError, ValueError):  # no MADV_FREE (a kernel before 4.5, not Linux)
-            pass
-        spare.append(buf)
-    spare.sort(key=_Buffer.size)
-    del spare[:-_SPARE_KEPT]  # the largest kept: a smaller one would map anew for a block
 
 
 class ShardReader:
@@ -146,7 +88,7 @@ class ShardReader:
         for future in pending.values():
             future.cancel()
         reader.shutdown(wait=True)  # nothing reads into the buffers from here on
-        _give_back(buffers)
+        give_back(buffers)
         for stream, _ in self._pipes.values():
             stream.close()
         self._proc, self._pipes, self._current = None, {}, None
@@ -186,7 +128,7 @@ class ShardReader:
         the batch was not read ahead: see below)."""
         pid = os.getpid()
         if self._proc is None or self._proc[0] != pid:  # a new worker (or a fork of one)
-            buffers = [_take_buffer() for _ in range(_SPARE_KEPT)]
+            buffers = [take_buffer(), take_buffer()]
             self._proc = (pid, ThreadPoolExecutor(1, thread_name_prefix="fastdata-wds"), {}, buffers)
             self._pipes, self._current = {}, None
         _, reader, pending, _ = self._proc
@@ -243,25 +185,26 @@ class ShardReader:
         _, reader, _, buffers = self._proc
         buf = buffers[self._reads % 2]
         self._reads += 1
-        first = reader.submit(self._read_block, *key, buf, rows) if rows is not None else None
-        future = reader.submit(self._read_block, *key, buf)
-        return first, future
+        # the pieces of the buffer the rows' read filled, which the block's read, after it on
+        # the thread, leaves as they are
+        held: list[tuple[int, int]] = []
+        first = reader.submit(self._read_block, *key, buf, rows, held) if rows is not None else None
+        return first, reader.submit(self._read_block, *key, buf, None, held)
 
-    def _read_block(self, epoch: int, lane: int, block: int, buf: _Buffer, rows: slice | None = None) -> _Block:
-        """The block's samples, read into `buf`; with `rows`, only those of its order (the
-        block's `order` then maps those rows alone, into the samples read), into the places
-        they have in the whole block's layout, which the whole block's read then leaves as
-        they are."""
+    def _read_block(self, epoch: int, lane: int, block: int, buf: BlockBuffer, rows: slice | None,
+                    held: list[tuple[int, int]]) -> _Block:
+        """The block's samples, read into `buf`, but for the pieces (offset, bytes) of it `held`
+        names; with `rows`, only those of its order (the block's `order` then maps those rows
+        alone, into the samples read), into their places in the block's layout, which are
+        appended to `held`."""
         order = self.order
-        key = (epoch, lane, block)
         ids = order.block_ids(epoch, lane, block)
         out = _Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
         runs = self._runs(ids)
         view = buf.view(sum(stop - start for *_, start, stop, _ in runs))
         if rows is None:
-            filled, buf.filled = (buf.filled[1] if buf.filled is not None and buf.filled[0] == key else []), None
             for s, first, end, start, stop, at in runs:
-                have = [(o - at, n) for o, n in filled if at <= o < at + stop - start]
+                have = [(o - at, n) for o, n in held if at <= o < at + stop - start]
                 self._read_run(out, s, first, end, start, view[at:at + stop - start], have)
             return out
         wanted = np.sort(out.order[rows])
@@ -270,15 +213,13 @@ class ShardReader:
         out = _Block(ids[wanted], mapping)
         # each run of the wanted samples lies in one run of the block: where it starts there
         whole = np.searchsorted(np.cumsum([end - first for _, first, end, *_ in runs]), wanted, side="right")
-        filled = []
         for s, first, end, start, stop, _ in self._runs(ids[wanted]):
             n = len(out.names)  # the run's first sample, of those wanted
             _, _, _, block_start, _, block_at = runs[whole[n]]
             at = block_at + start - block_start
             self._read_run(out, s, first, end, start, view[at:at + stop - start])
             if all(c is None for c in out.causes[n:]):  # (a shard cut short fails a sample: read again)
-                filled.append((at, stop - start))
-        buf.filled = (key, filled)
+                held.append((at, stop - start))
         return out
 
     def _runs(self, ids: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:

@@ -26,6 +26,7 @@ from fastdata import DataError
 from fastdata import transforms as T
 from fastdata._serve import serve
 from fastdata.image import order as order_module
+from fastdata.image import read as read_module
 from fastdata.image import read_shards
 from fastdata.image.order import ShardOrder
 from fastdata.shard import write_shards
@@ -284,6 +285,7 @@ def test_a_pass_reads_each_byte_once(shards, monkeypatch, shuffle):
         return real(url, start, view)
 
     monkeypatch.setattr(read_shards, "read_range", recording)
+    kept = []
     for _ in range(2):  # the second pass: a new reader, which takes the first's buffers
         reads.clear()
         got = _epoch(_load(_pattern(shards), num_workers=0, shuffle=shuffle, seed=5))
@@ -296,7 +298,12 @@ def test_a_pass_reads_each_byte_once(shards, monkeypatch, shuffle):
             assert all(b <= a2 for (_, b), (a2, _) in zip(pieces, pieces[1:])), (name, pieces)  # none read twice
         read = sum(b - a for _, a, b in reads)
         assert read == sum(b - a for _, a, b in spans)
+        kept.append(list(read_module._spare[1]))
+    assert len(kept[0]) == 2 and all(a is b for a, b in zip(sorted(kept[0], key=id), sorted(kept[1], key=id)))
     assert got == _epoch(_load(_pattern(shards), num_workers=0, shuffle=shuffle, seed=5))
+    if os.fork() == 0:  # a forked child maps its own: writing to its parent's pages would copy each
+        os._exit(0 if all(read_module.take_buffer() is not b for b in kept[1]) else 1)
+    assert os.waitstatus_to_exitcode(os.wait()[1]) == 0
 
 
 def test_resume_needs_the_same_worker_count(shards):
