@@ -19,6 +19,8 @@ Sides, each in its own process, in rounds (ABBA), --epochs epochs each, all time
   epoch);
 - pil-later: a later job: an earlier one (its own process, before the timing) made one pass,
   so epoch 1 finds every file in the index;
+- pil-auto: fastdata.loader's defaults (num_workers="auto", persistent_workers=False), which
+  decode in the training process on a thread a core, as DALI's pipeline does; a first job;
 - dali-decode: DALI's CPU ROI decode alone (fn.decoders.image_random_crop, nothing after it:
   benchmarks/peers.py's side), the decode ceiling rather than a pipeline;
 - dataloader: DataLoader + the Pillow this environment runs (Pillow-SIMD after install.sh),
@@ -51,7 +53,11 @@ import _common
 import peers
 
 IMAGENET = 1_281_167
-SIDES = ["pil", "pil-fresh", "pil-later", "dali-decode", "dataloader"]
+SIDES = ["pil", "pil-fresh", "pil-later", "pil-auto", "dali-decode", "dataloader"]
+# each pil side's loader keywords beyond the transform's (see the docstring)
+PIL_OPTIONS = {"pil": {"persistent_workers": True}, "pil-later": {"persistent_workers": True},
+               "pil-earlier": {"persistent_workers": True}, "pil-fresh": {"persistent_workers": False},
+               "pil-auto": {"num_workers": "auto", "persistent_workers": False}}
 
 
 def prefill(path: Path, others: int, record_bytes: int) -> None:
@@ -108,7 +114,7 @@ def child(side: str, root: str, epochs: int, record_bytes: int) -> None:
         if side == "pil-later":  # an earlier job on this machine: one pass, in a process of its own
             subprocess.run([sys.executable, __file__, "--child", "pil-earlier", "--root", root, "--epochs", "1"],
                            check=True, stdout=subprocess.DEVNULL)
-        loader = _common.fastdata_loader(root, "pil", persistent_workers=side != "pil-fresh")
+        loader = _common.fastdata_loader(root, "pil", **PIL_OPTIONS[side])
         before = _codec.index_stats()
         make_iter = lambda: loader  # noqa: E731
     elif side == "dali-decode":
@@ -169,7 +175,7 @@ def main() -> None:
     for s in sides:
         print(f"{s:<14}{first[s]:>10,.0f}{steady[s]:>12,.0f}")
     ratios = {}
-    for s in ("pil", "pil-fresh", "pil-later"):
+    for s in ("pil", "pil-fresh", "pil-later", "pil-auto"):
         for base in ("dali-decode", "dataloader"):
             if base in sides:
                 ratios[f"{s}/{base}"] = {"epoch_1": first[s] / first[base], "steady": steady[s] / steady[base]}

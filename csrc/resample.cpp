@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -392,6 +393,34 @@ __attribute__((target("sse4.1"))) int write_planar_sse41(const uint8_t* line, in
   }
   return xx;
 }
+
+// The interleaved case (channels_last: sc 1, sx 3), 16 pixels at a time: each 4-pixel load
+// is shuffled to its 12 RGB bytes (in reverse pixel order when mirrored), and the four are
+// shifted together into three whole 16-byte stores, so nothing is written past the row.
+__attribute__((target("sse4.1"))) int write_rgb_sse41(const uint8_t* line, int out_w,
+                                                       uint8_t* dst, bool flip) {
+  const __m128i rgb = flip ? _mm_setr_epi8(12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1)
+                           : _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+  int xx = 0;
+  for (; xx + 16 <= out_w; xx += 16) {
+    const __m128i* src = reinterpret_cast<const __m128i*>(line + 4 * xx);
+    __m128i q0 = _mm_shuffle_epi8(_mm_loadu_si128(src), rgb);
+    __m128i q1 = _mm_shuffle_epi8(_mm_loadu_si128(src + 1), rgb);
+    __m128i q2 = _mm_shuffle_epi8(_mm_loadu_si128(src + 2), rgb);
+    __m128i q3 = _mm_shuffle_epi8(_mm_loadu_si128(src + 3), rgb);
+    uint8_t* d = dst + 3 * int64_t(xx);
+    if (flip) {  // the 16 pixels land at the mirrored place, last first
+      std::swap(q0, q3);
+      std::swap(q1, q2);
+      d = dst + 3 * int64_t(out_w - 16 - xx);
+    }
+    __m128i* o = reinterpret_cast<__m128i*>(d);
+    _mm_storeu_si128(o, _mm_or_si128(q0, _mm_slli_si128(q1, 12)));
+    _mm_storeu_si128(o + 1, _mm_or_si128(_mm_srli_si128(q1, 4), _mm_slli_si128(q2, 8)));
+    _mm_storeu_si128(o + 2, _mm_or_si128(_mm_srli_si128(q2, 8), _mm_slli_si128(q3, 4)));
+  }
+  return xx;
+}
 #endif
 
 }  // namespace
@@ -413,9 +442,14 @@ void write_line(const uint8_t* line, int out_w, uint8_t* dst, int64_t sc, int64_
     }
     return;
   }
+#if FASTDATA_HAVE_SSE41
+  if (sc == 1 && sx == 3 && cpu().sse41) xx = write_rgb_sse41(line, out_w, dst, flip);
+#endif
   if (flip) {
-    dst += int64_t(out_w - 1) * sx;
+    dst += int64_t(out_w - 1 - xx) * sx;
     sx = -sx;
+  } else {
+    dst += int64_t(xx) * sx;
   }
   for (; xx < out_w; ++xx, dst += sx) {
     dst[0] = line[4 * xx];
