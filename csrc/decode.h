@@ -10,12 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace fastdata {
+#include "bytes.h"
 
-struct ByteSpan {
-  const uint8_t* data;
-  size_t size;
-};
+namespace fastdata {
 
 struct JpegInfo {
   int width = 0, height = 0, components = 0;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bytes.h"
 #include "collate.h"
 #include "parallel.h"
 #include "read.h"
@@ -216,52 +217,6 @@ nb::list read_files(nb::sequence paths, int threads) {
   return result;
 }
 
-// A bytes-like object's bytes, held through the buffer protocol while this lives.
-class HeldView {
- public:
-  explicit HeldView(nb::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
-  }
-  ~HeldView() { PyBuffer_Release(&view_); }
-  HeldView(const HeldView&) = delete;
-  HeldView& operator=(const HeldView&) = delete;
-  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
-  int64_t size() const { return int64_t(view_.len); }
-
- private:
-  Py_buffer view_;
-};
-
-nb::str decode_name(const uint8_t* p, size_t n) {
-  PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(p), Py_ssize_t(n),
-                                     "surrogateescape");
-  if (s == nullptr) throw nb::python_error();
-  return nb::steal<nb::str>(s);
-}
-
-// tar_plain_members(data, start, pos, stop) -> ([(offset, name, data, size)], position): the
-// plain regular members from shard byte pos on, data holding the shard's bytes from `start`;
-// names decoded as tarfile does (UTF-8, surrogateescape), "prefix/name" where the USTAR prefix
-// is set. See tar.h.
-nb::tuple tar_plain_members(nb::handle data, int64_t start, int64_t pos, int64_t stop) {
-  HeldView held(data);
-  std::vector<fastdata::TarMember> found;
-  const int64_t at = fastdata::walk_plain_tar(held.data(), start, held.size(), pos, stop, &found);
-  nb::list members;
-  for (const fastdata::TarMember& m : found) {
-    nb::str name = decode_name(m.header, m.name_len);
-    if (m.prefix_len) {
-      PyObject* whole = PyUnicode_FromFormat("%U/%U", decode_name(m.header + 345, m.prefix_len).ptr(),
-                                             name.ptr());
-      if (whole == nullptr) throw nb::python_error();
-      name = nb::steal<nb::str>(whole);
-    }
-    members.append(nb::make_tuple(m.offset, name, m.data, m.size));
-  }
-  return nb::make_tuple(members, at);
-}
-
-#ifdef FASTDATA_HAVE_JPEG
 // The bytes of each bytes-like object (bytes, bytearray, memoryview, contiguous numpy array),
 // held through the buffer protocol so they stay put while the GIL is released. Release needs
 // the GIL: declare it before any gil_scoped_release, so it is destroyed after.
@@ -302,6 +257,37 @@ class HeldBytes {
   std::vector<Py_buffer> views_;
 };
 
+nb::str decode_name(const uint8_t* p, size_t n) {
+  PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(p), Py_ssize_t(n),
+                                     "surrogateescape");
+  if (s == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(s);
+}
+
+// tar_plain_members(data, start, pos, stop) -> ([(offset, name, data, size)], position): the
+// plain regular members from shard byte pos on, data holding the shard's bytes from `start`;
+// names decoded as tarfile does (UTF-8, surrogateescape), "prefix/name" where the USTAR prefix
+// is set. See tar.h.
+nb::tuple tar_plain_members(nb::handle data, int64_t start, int64_t pos, int64_t stop) {
+  HeldBytes held(1);
+  const fastdata::ByteSpan src = held.add(data, "data");
+  std::vector<fastdata::TarMember> found;
+  const int64_t at = fastdata::walk_plain_tar(src, start, pos, stop, &found);
+  nb::list members;
+  for (const fastdata::TarMember& m : found) {
+    nb::str name = decode_name(m.header, m.name_len);
+    if (m.prefix_len) {
+      PyObject* whole = PyUnicode_FromFormat("%U/%U", decode_name(m.header + 345, m.prefix_len).ptr(),
+                                             name.ptr());
+      if (whole == nullptr) throw nb::python_error();
+      name = nb::steal<nb::str>(whole);
+    }
+    members.append(nb::make_tuple(m.offset, name, m.data, m.size));
+  }
+  return nb::make_tuple(members, at);
+}
+
+#ifdef FASTDATA_HAVE_JPEG
 // jpeg_info(data) -> (width, height, components), from the header alone; ValueError with
 // libjpeg's message for anything it cannot parse.
 nb::tuple jpeg_info(nb::handle data) {

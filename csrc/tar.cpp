@@ -38,11 +38,11 @@ size_t field_len(const uint8_t* f, size_t n) {
 
 }  // namespace
 
-int64_t walk_plain_tar(const uint8_t* buf, int64_t start, int64_t len, int64_t pos, int64_t stop,
+int64_t walk_plain_tar(const ByteSpan& buf, int64_t start, int64_t pos, int64_t stop,
                        std::vector<TarMember>* out) {
-  const int64_t end = start + len;
+  const int64_t end = start + int64_t(buf.size);
   while (pos < stop && pos >= start && pos + kBlock <= end) {
-    const uint8_t* h = buf + (pos - start);
+    const uint8_t* h = buf.data + (pos - start);
     if (h[156] != '0') break;
     bool plain = true;
     for (const auto& f : kNumeric) plain = plain && plain_octal(h + f[0], f[1]);

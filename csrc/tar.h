@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "bytes.h"
+
 namespace fastdata {
 
 struct TarMember {
@@ -21,10 +23,10 @@ struct TarMember {
   const uint8_t* header;
 };
 
-// Walks bytes [pos, stop) of a tar whose bytes [start, start + len) are buf: appends each plain
+// Walks bytes [pos, stop) of a tar whose bytes from `start` on are buf: appends each plain
 // regular member whose header and data lie wholly in buf, and returns the position of the
 // first header not taken (>= stop where every one was).
-int64_t walk_plain_tar(const uint8_t* buf, int64_t start, int64_t len, int64_t pos, int64_t stop,
+int64_t walk_plain_tar(const ByteSpan& buf, int64_t start, int64_t pos, int64_t stop,
                        std::vector<TarMember>* out);
 
 }  // namespace fastdata

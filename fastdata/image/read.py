@@ -43,6 +43,15 @@ class BlockBuffer:
     def size(self) -> int:
         return len(self._map) if self._map is not None else 0
 
+    def idle(self) -> None:
+        """Its pages may be taken by the kernel until it is written again (MADV_FREE)."""
+        if self._map is None:
+            return
+        try:
+            self._map.madvise(mmap.MADV_FREE)
+        except (AttributeError, OSError, ValueError):  # no MADV_FREE (a kernel before 4.5, not Linux)
+            pass
+
 
 # Buffers a closed reader gave back, for the next reader of this process: a loader built afresh
 # each epoch (or a pass in the training process, whose end closes the reader) would otherwise
@@ -68,13 +77,8 @@ def give_back(buffers: list[BlockBuffer]) -> None:
     if pid != os.getpid():
         _spare = pid, spare = os.getpid(), []
     for buf in buffers:
-        if buf._map is None:
-            continue
-        try:
-            buf._map.madvise(mmap.MADV_FREE)
-        except (AttributeError, OSError, ValueError):  # no MADV_FREE (a kernel before 4.5, not Linux)
-            pass
-        spare.append(buf)
+        buf.idle()
+    spare.extend(buffers)
     spare.sort(key=BlockBuffer.size)
     del spare[:-_SPARE_KEPT]  # the largest kept: a smaller one would map anew for a block
 
