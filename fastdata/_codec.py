@@ -19,7 +19,6 @@ walk in Python (same results, same messages).
 
 from __future__ import annotations
 
-import io
 import os
 import socket
 from typing import Any, NamedTuple, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from ._ext import native as _ext
+from ._pillow import open_image
 
 AVAILABLE: bool = _ext is not None and bool(getattr(_ext, "HAVE_JPEG", False))
 """True when the native decoder is here: the extension is built, with libjpeg-turbo, and
@@ -360,7 +360,7 @@ def pillow_crop_resize(
     from PIL import Image  # Pillow is not a dependency of the package, only of this path
 
     x, y, w, h = (int(v) for v in crop)
-    with Image.open(io.BytesIO(data_bytes)) as im:
+    with open_image(data_bytes) as im:
         img = im.convert("RGB")
     # The enums came with Pillow 9.1 (whose plain constants warn); older Pillow-SIMD has neither.
     resampling = getattr(Image, "Resampling", Image)

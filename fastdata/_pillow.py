@@ -6,6 +6,7 @@ metadata; the one whose version is `PIL.__version__` is the one whose files are 
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -50,6 +51,21 @@ def _describe(info: dict) -> str:
     if info["distribution"] == "pillow":
         return f"Pillow {info['version']} (stock; install pillow-simd for ~30% faster resize)"
     return f"Pillow {info['version']} (installed by an unknown distribution; {codec})"
+
+
+# The formats fastdata decodes with Pillow: those of the image extensions it lists (JPEG, which
+# opens cameras' MPO files too, PNG, WebP, BMP, PPM/PGM, TIFF) and GIF (which torchvision's
+# loader reads from a file named .jpg). Image.open would otherwise try every plugin Pillow
+# registers on any bytes, whatever the file's name, and some hand the bytes on: EPS content
+# runs Ghostscript.
+FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "PPM", "TIFF", "GIF")
+
+
+def open_image(data: bytes):
+    """`PIL.Image.open` of `data`, for one of FORMATS only (else Pillow's UnidentifiedImageError)."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data), formats=FORMATS)
 
 
 # One line for reports and benchmark headers, e.g. "Pillow-SIMD 12.1.1.post0 (libjpeg-turbo)".

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .._buffers import new_batch
+from .._pillow import open_image
 from .._torch_internals import dali_shutdown
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line, skippable
@@ -295,13 +296,11 @@ class DaliDecoders:
 
     def _isolate(self, error: RuntimeError) -> None:
         """DALI failed on a batch in flight: find the samples Pillow cannot decode either."""
-        from PIL import Image
-
         culprits = []
         for c, _, _, _ in self._meta:
             for i, path, data in zip(c.index.tolist(), c.paths, c.datas):
                 try:
-                    with Image.open(io.BytesIO(data)) as img:
+                    with open_image(data) as img:
                         img.load()
                         kind = img.format
                 except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...

@@ -28,6 +28,7 @@ import torch
 
 from .. import _codec  # the native decoder when built (AVAILABLE), the structure checks always
 from .._buffers import ProcessRings, new_batch
+from .._pillow import FORMATS
 from .._cores import batch_threads
 from .._trace import trace_range
 from ..errors import error_line
@@ -64,7 +65,8 @@ def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, 
             try:
                 w, h = pil_lowering.size_of(data)
             except UnidentifiedImageError:
-                cause = f"not a readable image (Pillow knows no format that starts with {bytes(data[:8])!r})"
+                cause = (f"not a readable image (none of {', '.join(FORMATS)} starts with "
+                         f"{bytes(data[:8])!r})")
             except Image.DecompressionBombError as e:
                 cause = f"over the pixel limit of {limit} ({e})"
             except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...

@@ -7,11 +7,12 @@ several times faster than stock Pillow.
 
 from __future__ import annotations
 
-import io
 import math
 import warnings
 
 import numpy as np
+
+from .._pillow import open_image
 
 
 def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
@@ -23,7 +24,7 @@ def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int],
     then sees only the crop), with no reduced-size decode."""
     from PIL import Image
 
-    img = Image.open(io.BytesIO(data))
+    img = open_image(data)
     x0, y0, x1, y1 = (float(v) for v in box)
     if crop_first:
         img = img.convert("RGB")
@@ -56,7 +57,7 @@ def size_of(data: bytes) -> tuple[int, int]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(data)) as img:
+        with open_image(data) as img:
             return img.size
 
 

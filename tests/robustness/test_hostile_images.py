@@ -399,6 +399,29 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
     assert report["grown_mb"] < 200, report
 
 
+EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 64 64\n%%EndComments\n"
+       b"newpath 0 0 moveto 64 64 lineto stroke\nshowpage\n%%EOF\n")
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3], ids=lambda c: f"{c[0]}-{c[1]}")
+def test_only_image_formats_reach_pillow(config, tmp_path, monkeypatch):
+    """A file named .jpg that holds PostScript is refused as not an image: Pillow's EPS plugin,
+    which hands the bytes to Ghostscript, is never tried (a stand-in `gs` on PATH would record
+    its call, inherited by the workers)."""
+    calls = tmp_path / "gs-calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gs").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    (bin_dir / "gs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    pairs = write(tmp_path / "files", {"plain.jpg": PLAIN, "postscript.jpg": EPS})
+    loader = make(config, pairs, tmp_path, batch_size=2, on_error="skip")
+    assert sorted(images_by_label(loader)) == [0]
+    (error,) = loader.stats["errors"]
+    assert "not a readable image" in error["cause"] and named(config, error["path"], pairs, 1), error
+    assert not calls.exists(), calls.read_text()
+
+
 _FALLBACK_SCRIPT = """
 import json, sys
 import fastdata
