@@ -281,19 +281,19 @@ class Decoder {
       horizontal(p[0], want == 2 ? p[1] : p[0], x0_, htaps_, d, want == 2 ? d + out_w * 4 : d,
                  out_w);
     }
-    // With `whole`, the rows below the window are entropy-decoded too (Huffman decoding only, no
-    // IDCT, upsampling or colour conversion), so that corrupt data there (a file cut short and
-    // closed with an end marker, a bad Huffman code) is an error for every crop, not only for
-    // the crops that reach it. Once a file has decoded whole without error, the caller may drop
-    // `whole` for it: its later decodes stop at the window's last row; and the entropy decoder
-    // drops it for bytes its index has (proven whole), and adds it for bytes it would index
-    // (learning: a file's first decode on the machine). Without the entropy decoder, libjpeg's
-    // skip: its skip to the very end returns without decoding, so the skip stops a row short
-    // and the last row is read. A multi-scan (progressive) image was read whole by
-    // jpeg_start_decompress already, with or without `whole`.
+    // The rows below the window are entropy-decoded too (Huffman decoding only, no IDCT,
+    // upsampling or colour conversion), so that corrupt data there (a file cut short and closed
+    // with an end marker, a bad Huffman code) is an error for every crop, not only for the crops
+    // that reach it. With the index, only bytes it has are spared that (proven whole: found by
+    // a keyed hash of these very bytes); `whole` is not trusted there, since a record kept by
+    // sample id cannot tell a file from another written at the same size, and neither are
+    // files the entropy decoder does not take (restart markers out of turn) or bytes a full
+    // index cannot take. Without the index, `whole` says it. libjpeg's skip to the very end
+    // returns without decoding, so the skip stops a row short and the last row is read. A
+    // multi-scan (progressive) image was read whole by jpeg_start_decompress already.
     if (indexed) {
-      if ((whole || entropy_.learning()) && !entropy_.proven_whole()) entropy_.decode_rest(&cinfo_);
-    } else if (whole && !jpeg_has_multiple_scans(&cinfo_)) {
+      if (!entropy_.proven_whole()) entropy_.decode_rest(&cinfo_);
+    } else if ((whole || use_index) && !jpeg_has_multiple_scans(&cinfo_)) {
       const JDIMENSION left = cinfo_.output_height - cinfo_.output_scanline;
       if (left > 1 && jpeg_skip_scanlines(&cinfo_, left - 1) != left - 1) {
         return fail("Premature end of JPEG file (below the crop window)");

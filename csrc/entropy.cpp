@@ -456,7 +456,6 @@ bool EntropyDecoder::attach(j_decompress_ptr cinfo, const ByteSpan& file) {
 
 bool EntropyDecoder::proven_whole() const { return s_->cinfo && s_->found; }
 
-bool EntropyDecoder::learning() const { return s_->cinfo && !s_->found && s_->fits; }
 
 void EntropyDecoder::decode_rest(j_decompress_ptr cinfo) {
   State& s = *s_;
@@ -498,7 +497,6 @@ EntropyDecoder::EntropyDecoder() = default;
 EntropyDecoder::~EntropyDecoder() = default;
 bool EntropyDecoder::attach(j_decompress_ptr, const ByteSpan&) { return false; }
 bool EntropyDecoder::proven_whole() const { return false; }
-bool EntropyDecoder::learning() const { return false; }
 void EntropyDecoder::decode_rest(j_decompress_ptr) {}
 void EntropyDecoder::detach(bool) {}
 size_t EntropyDecoder::scratch_bytes() const { return 0; }

@@ -56,9 +56,6 @@ class EntropyDecoder {
   // checkpoints, which only a whole decode without error publishes): corrupt data anywhere in
   // them would have failed that decode.
   bool proven_whole() const;
-  // Whether this decode would publish the bytes' checkpoints if it read the scan to its end
-  // (decode_rest): they are not in the index, and it has room.
-  bool learning() const;
   // Entropy-decodes every MCU not yet decoded to the scan's end, as a whole decode's check of
   // the rows below the window; errors as above.
   void decode_rest(j_decompress_ptr cinfo);

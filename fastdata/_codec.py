@@ -243,11 +243,11 @@ def decode_crop_resize(
     (`check_structure`), and a baseline JPEG's rows below the window are entropy-decoded (not
     transformed), so corrupt data anywhere is an error (libjpeg's warnings are errors here).
 
-    whole: None (every sample decoded whole, as above) or a bool or uint8 array [N]: where
-    whole[i] is false the decode stops at the window's last row, so corrupt data below the
-    window goes unseen. For a file already seen to decode whole without error (the loaders keep
-    that record by sample id): the same pixels, without the rows below. A progressive JPEG is
-    read whole either way.
+    whole: None (every sample decoded whole, as above) or a bool or uint8 array [N], which
+    counts with index=False only: where whole[i] is false the decode stops at the window's last
+    row, so corrupt data below the window goes unseen. For a file already seen to decode whole
+    without error: the same pixels, without the rows below. A progressive JPEG is read whole
+    either way.
 
     Each decode reads a private copy of its bytes: a buffer rewritten by another thread while
     the GIL is released changes that decode at most.
@@ -258,8 +258,9 @@ def decode_crop_resize(
     so no file can take another's): a later decode of the same bytes, in any process, decodes
     from the checkpoint before each window row, with the same pixels as libjpeg's decoder
     (index=False) and its errors, a little stricter (a bad Huffman code is always one;
-    csrc/entropy.h). Bytes the index has are not decoded whole again, and bytes it lacks are
-    (to index them), whatever `whole` says.
+    csrc/entropy.h). Bytes the index has are not decoded whole again; any others are, whatever
+    `whole` says (bytes it cannot index included): a record of files by name or size could not
+    tell a file from another written in its place at the same size.
     """
     _require()
     datas = list(datas)
@@ -312,10 +313,15 @@ INDEX_CHECKPOINTS = 64
 def index_path() -> str:
     """Where the machine's checkpoint index lives: $FASTDATA_CACHE (default ~/.cache/fastdata)
     /jpeg-index/<host>-v1.idx. Named for the host, so that a home directory shared over the
-    network gives each machine its own (a memory-mapped file is shared only on one machine)."""
+    network gives each machine its own (a memory-mapped file is shared only on one machine).
+    "" where there is no cache folder (no $FASTDATA_CACHE and no home directory): `open_index`
+    then keeps the index in this process's memory, as where the cache is not writable."""
     from .tunecache import cache_root  # the tuned configs' cache, one root for both
 
-    return str(cache_root() / "jpeg-index" / f"{socket.gethostname() or 'host'}-v1.idx")
+    root = cache_root()
+    if root is None:
+        return ""
+    return str(root / "jpeg-index" / f"{socket.gethostname() or 'host'}-v1.idx")
 
 
 _opened: str | None = None

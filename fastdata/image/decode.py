@@ -127,12 +127,13 @@ class EntropyCheck:
 
     The native decoder entropy-decodes a baseline JPEG's rows below the crop window too, so that
     corrupt data anywhere in a file is an error whatever the crop. That is needed once a file:
-    a sample marked clean at its present size is decoded only to its window's last row (`whole`
-    gives 0 for it); a corrupt file is never marked, so it is decoded whole, and fails, each
-    time it comes; a file whose size changed is decoded whole again. The native decoder also
-    decodes whole any bytes its checkpoint index lacks, whatever the record says
-    (`_codec.open_index`), so a file rewritten at the very same size is checked too; with
-    libjpeg's decoder (a progressive JPEG, a full index) it is not.
+    with its checkpoint index (`_codec.open_index`, the CPU path), bytes the index has are the
+    bytes that once decoded whole, found by a keyed hash of them, and all others are decoded
+    whole, whatever the record says, so a file rewritten at the very same size is checked too.
+    Without the index (this check, for DALI), a sample marked clean at its present size is not
+    checked again (`whole` gives 0 for it): a file rewritten at the same size after its check
+    is delivered as DALI decodes it, within the processes that share the record. A corrupt
+    file is never marked, so it is checked, and fails, each time it comes.
 
     Called, it checks the entropy-coded data of each unmarked JPEG for a decoder that would fill
     corrupt data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings,
@@ -337,8 +338,8 @@ class BatchDecoder:
                 threads = batch_threads(self.threads)
                 chw = target.permute(0, 3, 1, 2)
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
-                # Whole for a file not yet seen to decode whole without error; the others stop
-                # at the window's last row.
+                # Whole for a file not yet seen to decode whole without error (the index decides
+                # for the rest: the record marks the files for DALI's check too).
                 sizes = np.fromiter((len(datas[k]) for k in js), dtype=np.int64, count=len(js))
                 whole = self.entropy.whole(ids[js], sizes)
                 results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,

@@ -399,6 +399,36 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
     assert report["grown_mb"] < 200, report
 
 
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
+def test_a_file_rewritten_at_its_size_is_checked_again(tmp_path):
+    """A file that decoded whole (marked clean at its size) is replaced, at the same size, by a
+    copy whose last restart marker is out of turn, which the checkpoint decoder leaves to
+    libjpeg's: the crop stops above the damage, but the file is refused, in the next epoch and
+    in a new loader of the same process, as a fresh process refuses it."""
+    noise = np.random.default_rng(4).integers(0, 256, (256, 64, 3), dtype=np.uint8)
+    good = encode(Image.fromarray(noise), quality=90, restart_marker_rows=1)
+    last = max(i for i in range(len(good) - 1) if good[i] == 0xFF and 0xD0 <= good[i + 1] <= 0xD7)
+    bad = bytearray(good)
+    bad[last + 1] = 0xD0 if good[last + 1] != 0xD0 else 0xD1
+    ((path, _),) = write(tmp_path / "files", {"restarts.jpg": good})
+
+    def loader():
+        return fastdata.loader([(path, 0)], batch_size=1, num_workers=0, device="cpu", on_error="skip",
+                               transform=T.Compose([T.CenterCrop(32)]))
+
+    def delivered(built) -> int:
+        return sum(len(labels) for _, labels in built)
+
+    first = loader()
+    assert delivered(first) == 1 and first.stats["skipped"] == 0
+    with open(path, "wb") as f:
+        f.write(bytes(bad))
+    first.set_epoch(1)
+    for built in (first, loader()):
+        assert delivered(built) == 0 and built.stats["skipped"] == 1, built.stats
+        assert "RST" in built.stats["errors"][0]["cause"], built.stats["errors"]
+
+
 EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 64 64\n%%EndComments\n"
        b"newpath 0 0 moveto 64 64 lineto stroke\nshowpage\n%%EOF\n")
 
