@@ -205,6 +205,10 @@ nb::list read_files(nb::sequence paths, int threads) {
       result.append(nb::str(std::strerror(f.error)));
     } else if (f.refused != nullptr) {
       result.append(nb::str(f.refused));
+    } else if (f.too_large) {
+      result.append(nb::str(("too large: " + std::to_string(f.size) + " bytes, over the " +
+                             std::to_string(fastdata::kMaxFileBytes) + " an image file may have")
+                                .c_str()));
     } else {
       if (got[i] < f.size) {  // the file shrank since it was sized: its bytes as read
         PyObject* b = datas[i].release().ptr();
@@ -460,6 +464,7 @@ NB_MODULE(_native, m) {
         "on up to `threads` threads, GIL released.");
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.attr("MAX_SCANS") = fastdata::kMaxScans;
+  m.attr("MAX_FILE_BYTES") = fastdata::kMaxFileBytes;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
         nb::arg("whole").none() = nb::none(), nb::arg("index") = true,

@@ -55,8 +55,13 @@ void open_files(const std::vector<const char*>& paths, std::vector<OpenFile>* fi
       ::close(fd);
       return;
     }
-    f.fd = fd;
     f.size = int64_t(st.st_size);  // the read stops there: a file that grows is read to this size
+    if (f.size > kMaxFileBytes) {
+      f.too_large = true;
+      ::close(fd);
+      return;
+    }
+    f.fd = fd;
   });
 }
 

@@ -14,7 +14,7 @@ import zlib
 from typing import Any, Callable
 
 from .errors import DataError
-from .image.read import open_regular
+from .sources.streams import open_regular
 from .sources.tarformat import BLOCK, padded
 
 END = b"\0" * (2 * BLOCK)  # the end of a tar archive

@@ -9,10 +9,8 @@ raise a DataError naming the file (and tar member) and the cause, or record a co
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
-import stat
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -20,6 +18,20 @@ import numpy as np
 from .._cores import batch_threads
 from .._ext import native as _ext
 from ..errors import DataError, skippable
+from ..sources.streams import open_regular
+
+
+MAX_FILE_BYTES = 1 << 28
+"""The most bytes an image file, or a shard's sample (its headers and members), may have: 256
+MiB. An image within the pixel limit (`_codec.MAX_IMAGE_PIXELS`, 2**28 / 3) needs less unless it
+is padded, and a file or sample is read whole into memory before its first bytes are looked at,
+so a larger one (a sparse file is cheap to make) is refused from its size, before anything is
+allocated for it. The native reader's limit is the same (`_native.MAX_FILE_BYTES`)."""
+
+
+def too_large(nbytes: int, what: str = "an image file") -> str:
+    """Why a file or sample of `nbytes` is not read (the extension's words, csrc/module.cpp)."""
+    return f"too large: {nbytes} bytes, over the {MAX_FILE_BYTES} {what} may have"
 
 
 class BlockBuffer:
@@ -112,51 +124,15 @@ class Failures:
         errors.append((path, cause))
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
-
-
-def _not_regular(mode: int) -> str:
-    """Why a file of this st_mode is not read (the extension's words, csrc/read.cpp)."""
-    kind = next((name for test, name in _KINDS if test(mode)), None)
-    return f"not a regular file ({kind})" if kind else "not a regular file"
-
-
-def open_regular(path) -> tuple[int, int] | str:
-    """(an open descriptor, its size by fstat of that descriptor) of a regular file, or why not:
-    OSError's strerror, "embedded null byte", or "not a regular file (a FIFO)" and the like,
-    the file closed unread. What the extension's open_files does for each path."""
-    try:
-        # O_NONBLOCK: a FIFO's open returns at once instead of waiting for a writer; it changes
-        # nothing for a regular file's reads. O_NOCTTY: a terminal never becomes this process's.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as e:
-        try:  # a socket cannot be opened (ENXIO): named by its kind, as any file not read
-            mode = os.stat(path).st_mode
-        except OSError:
-            mode = None
-        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            return _not_regular(mode)
-        return e.strerror or type(e).__name__
-    except ValueError as e:  # a NUL inside the path
-        return str(e)
-    try:
-        st = os.fstat(fd)
-    except OSError as e:
-        os.close(fd)
-        return e.strerror or type(e).__name__
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return os.strerror(errno.EISDIR) if stat.S_ISDIR(st.st_mode) else _not_regular(st.st_mode)
-    return fd, st.st_size
-
-
 def _read_file(path) -> bytes | str:
     """One file's bytes, at most the size it had when opened, or why not."""
     opened = open_regular(path)
     if isinstance(opened, str):
         return opened
-    fd, size = opened
+    fd, size = opened[0], opened[1].st_size
+    if size > MAX_FILE_BYTES:
+        os.close(fd)
+        return too_large(size)
     try:
         chunks, done = [], 0
         while done < size:  # a file that shrank is read to its end
@@ -177,8 +153,8 @@ def read_files(paths: Sequence[str], threads: int) -> list:
     directory", "Is a directory", ...), "embedded null byte", or, for a file that is not a
     regular one (a symlink to one included), "not a regular file (a FIFO)" ("(a character
     device)", "(a block device)", "(a socket)"), which is never read: a FIFO could block the
-    read forever, /dev/zero give bytes without end. Each file is opened, then sized by fstat of
-    that descriptor, and read to at most that size. Natively when the extension is built
+    read forever, /dev/zero give bytes without end; or "too large: ..." over MAX_FILE_BYTES.
+    Each file is opened, then sized by fstat of that descriptor, and read to at most that size. Natively when the extension is built
     (opened and read on `threads` threads with the GIL released), else here, one by one, with
     the same bytes and causes."""
     if _ext is not None:

@@ -25,7 +25,7 @@ from ..sources.streams import describe_error, discard, fill, local_path, open_st
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
 from .decode import samples_key, shared_record
 from .order import ShardOrder
-from .read import BlockBuffer, Failures, Read, give_back, take_buffer
+from .read import MAX_FILE_BYTES, BlockBuffer, Failures, Read, give_back, take_buffer, too_large
 
 
 class _Block:
@@ -201,7 +201,15 @@ class ShardReader:
         ids = order.block_ids(epoch, lane, block)
         out = _Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
         runs = self._runs(ids)
-        view = buf.view(sum(stop - start for *_, start, stop, _ in runs))
+        total = sum(stop - start for *_, start, stop, _ in runs)
+        try:
+            view = buf.view(total)
+        except (OSError, MemoryError) as e:  # no memory for the block (each sample is bounded)
+            cause = f"its block of {len(ids)} samples, {total} bytes, cannot be held in memory ({describe_error(e)})"
+            for s, first, end, *_ in runs:  # (the whole block in its order, with `rows` too)
+                for key in self.shards.keys[s][first:end]:
+                    out.add(f"{self.shards.urls[s]} (member {key}.*)", None, 0, cause)
+            return out
         if rows is None:
             for s, first, end, start, stop, at in runs:
                 have = [(o - at, n) for o, n in held if at <= o < at + stop - start]
@@ -233,9 +241,14 @@ class ShardReader:
         for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(ids)]):
             s, first, end = int(shard[lo]), int(local[lo]), int(local[hi - 1]) + 1
             spans = self.shards.spans[s]
-            start, stop = int(spans[first, 0]), int(spans[end - 1].sum())
-            runs.append((s, first, end, start, stop, at))
-            at += stop - start
+            # a sample over MAX_FILE_BYTES is a run of its own that reads nothing (_read_run)
+            big = (first + np.flatnonzero(spans[first:end, 1] > MAX_FILE_BYTES)).tolist()
+            cuts = sorted({first, end, *big, *(b + 1 for b in big)})
+            for a, b in zip(cuts, cuts[1:]):
+                start = int(spans[a, 0])
+                stop = start if a in big else int(spans[b - 1].sum())
+                runs.append((s, a, b, start, stop, at))
+                at += stop - start
         return runs
 
     def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview,
@@ -244,6 +257,9 @@ class ShardReader:
         but for the pieces (offset, bytes) of it it already holds, and appended to `out` in
         order; the image bytes stay views of it."""
         url, keys = self.shards.urls[s], self.shards.keys[s]
+        if end - first == 1 and (n := int(self.shards.spans[s][first, 1])) > MAX_FILE_BYTES:
+            out.add(f"{url} (member {keys[first]}.*)", None, 0, too_large(n, "a sample"))
+            return
         try:
             got, at = 0, 0
             for o, n in [*sorted(have), (len(view), 0)]:

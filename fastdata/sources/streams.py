@@ -3,6 +3,10 @@ ranges), or `pipe:` (a command whose stdout is the shard); and what a failed rea
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+
 URL_SCHEMES = ("pipe:", "http://", "https://", "file:")
 """The URL prefixes a shard source may have besides a plain path."""
 HTTP_TIMEOUT = 60.0  # seconds
@@ -15,12 +19,62 @@ def local_path(url: str) -> str | None:
     return None if url.startswith(("pipe:", "http://", "https://")) else url
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str:
+    """Why a file of this st_mode is not read (the extension's words, csrc/read.cpp)."""
+    kind = next((name for test, name in _KINDS if test(mode)), None)
+    return f"not a regular file ({kind})" if kind else "not a regular file"
+
+
+def open_regular(path) -> tuple[int, os.stat_result] | str:
+    """(an open descriptor, its fstat) of a regular file, or why not:
+    OSError's strerror, "embedded null byte", or "not a regular file (a FIFO)" and the like,
+    the file closed unread. What the extension's open_files does for each path."""
+    try:
+        # O_NONBLOCK: a FIFO's open returns at once instead of waiting for a writer; it changes
+        # nothing for a regular file's reads. O_NOCTTY: a terminal never becomes this process's.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        try:  # a socket cannot be opened (ENXIO): named by its kind, as any file not read
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            return _not_regular(mode)
+        return e.strerror or type(e).__name__
+    except ValueError as e:  # a NUL inside the path
+        return str(e)
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        return e.strerror or type(e).__name__
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return os.strerror(errno.EISDIR) if stat.S_ISDIR(st.st_mode) else _not_regular(st.st_mode)
+    return fd, st
+
+
+
+def open_file(path: str):
+    """A regular file opened for reading (binary, unbuffered), else OSError saying why not: a
+    shard that is a FIFO would block its open or read until a writer came, /dev/zero give bytes
+    without end."""
+    opened = open_regular(path)
+    if isinstance(opened, str):
+        raise OSError(errno.EINVAL, opened)
+    return os.fdopen(opened[0], "rb", buffering=0)
+
+
 def open_stream(url: str):
     """A binary stream of a whole shard: a file, an HTTP response, or webdataset's gopen for
     pipe: (a command whose stdout is the shard)."""
     local = local_path(url)
     if local is not None:
-        return open(local, "rb")
+        return open_file(local)
     if url.startswith("pipe:"):
         import webdataset  # an optional dependency, needed for pipe: only
 
@@ -49,7 +103,7 @@ def read_range(url: str, start: int, view: memoryview) -> int:
         return 0
     local = local_path(url)
     if local is not None:
-        with open(local, "rb", buffering=0) as f:
+        with open_file(local) as f:
             f.seek(start)
             return fill(f, view)
     if url.startswith("pipe:"):

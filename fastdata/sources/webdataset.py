@@ -79,7 +79,7 @@ def _load_index(urls: list[str]) -> tuple[dict | None, str]:
             index = json.loads(r.read())
     except urllib.error.HTTPError:  # no index there (404): the shards get scanned
         return None, where
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None, where  # unreachable: the shards' own reads will say so
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != INDEX_VERSION:
         return None, where
@@ -92,7 +92,7 @@ def scan_shard(url: str) -> Scan:
     stepped over and its loss joined to a sample that reports it when read): a `tarformat.Scan`.
     Raises DataError for a file in which no valid tar header is found."""
     local = local_path(url)
-    with (open(local, "rb") if local is not None else open_stream(url)) as f:
+    with open_stream(url) as f:
         scan = scan_tar(f, os.fstat(f.fileno()).st_size if local is not None else None)
     if scan.damage and not scan.has_members:
         raise DataError(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})", path=url)
