@@ -4,7 +4,10 @@ size and machine (under ~/.cache/fastdata/tuned, or $FASTDATA_CACHE/tuned), wher
 
 An entry records what the tune measured, when, on which machine and with which package
 versions, and when it expires ($FASTDATA_TUNE_TTL_DAYS days after it was made, 30 by default).
-An expired entry, or one made on another machine or with other versions, is ignored.
+An expired entry, or one made on another machine or with other versions, is ignored; so is one
+that is not this user's alone to write (the checkpoint index's rule), or whose values are out of
+range, with a warning. Where there is no cache folder (no $FASTDATA_CACHE and no home
+directory), there is no tune cache.
 
 A leaf: the factory reads it without importing the profiler.
 """
@@ -12,6 +15,7 @@ A leaf: the factory reads it without importing the profiler.
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import hashlib
 import importlib.metadata
@@ -19,7 +23,9 @@ import json
 import logging
 import os
 import platform
+import stat
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +35,20 @@ from ._cores import usable_cores
 from ._pillow import pillow_info
 
 TUNE_TTL = datetime.timedelta(days=30)  # how long an entry holds unless $FASTDATA_TUNE_TTL_DAYS says otherwise
+MAX_PREFETCH = 64  # batches a worker may hold ahead: an entry asking for more is not applied
+PLACEMENTS = ("auto", "cpu", "gpu")  # the image loader's own check's (fastdata.image.loader)
 logger = logging.getLogger("fastdata")
 
 
 def machine_key() -> str:
-    """The machine a tuned config is for: CPU model, usable cores, GPU name."""
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    """The machine a tuned config is for: CPU model, usable cores, GPU name ("cuda?" where CUDA
+    says it is there but its device cannot be asked: a process forked after CUDA started, a GPU
+    in exclusive mode that another job holds; every image loader computes this key, and must
+    not fail for it)."""
+    try:
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    except Exception:
+        gpu = "cuda?"
     return f"{platform.processor() or platform.machine()}, {usable_cores()} cores, {gpu}"
 
 
@@ -51,14 +65,22 @@ def versions() -> dict[str, Any]:
             "pillow": {"version": pillow["version"], "simd": pillow["simd"]}, "python": platform.python_version()}
 
 
-def cache_root() -> Path:
+def cache_root() -> Path | None:
     """fastdata's cache on this machine: $FASTDATA_CACHE, default ~/.cache/fastdata (the tuned
-    configs, the checkpoint index)."""
-    return Path(os.environ.get("FASTDATA_CACHE") or Path.home() / ".cache" / "fastdata")
+    configs, the checkpoint index); None where there is no home directory either (HOME unset
+    and a uid without a passwd entry, as under `docker run --user 12345`, where Path.home()
+    raises): then no tune is looked up or kept, and the checkpoint index lives in memory."""
+    if os.environ.get("FASTDATA_CACHE"):
+        return Path(os.environ["FASTDATA_CACHE"])
+    try:
+        return Path.home() / ".cache" / "fastdata"
+    except (RuntimeError, KeyError, OSError):
+        return None
 
 
-def _root() -> Path:
-    return cache_root() / "tuned"
+def _root() -> Path | None:
+    root = cache_root()
+    return None if root is None else root / "tuned"
 
 
 def _ttl() -> datetime.timedelta:
@@ -79,10 +101,14 @@ def _where(source: Any) -> str:
     return os.path.abspath(source) if isinstance(source, (str, os.PathLike)) and os.path.exists(source) else str(source)
 
 
-def cache_path(source: Any, transform: Any, batch_size: int) -> Path:
-    """Where the tuned config for (source, transform, batch size, machine) is kept."""
+def cache_path(source: Any, transform: Any, batch_size: int) -> Path | None:
+    """Where the tuned config for (source, transform, batch size, machine) is kept; None where
+    there is no cache folder (`cache_root`)."""
+    root = _root()
+    if root is None:
+        return None
     key = json.dumps([_where(source), repr(transform), batch_size, machine_key()])
-    return _root() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return root / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 def store_tune(source: Any, transform: Any, batch_size: int, result: dict[str, Any]) -> Path:
@@ -101,11 +127,19 @@ def store_tune(source: Any, transform: Any, batch_size: int, result: dict[str, A
              "expires": (created + _ttl()).isoformat(), "machine": machine_key(), "versions": versions(),
              "source": _where(source), "transform": repr(transform), "batch_size": batch_size}
     path = cache_path(source, transform, batch_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    if path is None:
+        raise OSError("cannot keep the tune: there is no cache folder ($FASTDATA_CACHE is not set and this user "
+                      "has no home directory); set FASTDATA_CACHE to a writable folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OSError(f"cannot keep the tune in {path.parent}: {e.strerror or e}; set FASTDATA_CACHE to a "
+                      "writable folder") from None
     try:
         with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from a cache shared between users
+            # 0644: others may list it, only its owner write it (`_read` ignores an entry others may write)
+            os.fchmod(f.fileno(), 0o644)
             f.write(json.dumps(entry, indent=2) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -119,44 +153,86 @@ def store_tune(source: Any, transform: Any, batch_size: int, result: dict[str, A
     return path
 
 
-def _read(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(the entry, None) when it holds and (the entry or None, why not) when it does not."""
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why an entry's file may hold values someone else chose (the checkpoint index's rule,
+    csrc/index.cpp: this user's, and not writable by group or others), or None. Another user
+    who may write the file, or owns it, could set every loader's workers and prefetch."""
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return (f"it is not this user's alone to write (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}; "
+                f"this is uid {os.geteuid()})")
+    return None
+
+
+def _out_of_range(loader: dict[str, Any]) -> str | None:
+    """Why the keywords `fastdata.loader` would apply from an entry are out of range, or None:
+    the loader checks num_workers' type and placement, not how many workers or batches ahead."""
+    cap = 4 * usable_cores()  # the tune tries at most one worker a core; more is no tune's
+    workers, prefetch = loader.get("num_workers", 0), loader.get("prefetch_factor", 2)
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= cap:
+        return f"its num_workers {workers!r:.50} is not an integer in [0, {cap}]"
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= MAX_PREFETCH:
+        return f"its prefetch_factor {prefetch!r:.50} is not an integer in [1, {MAX_PREFETCH}]"
+    if loader.get("placement", "auto") not in PLACEMENTS:
+        return f"its placement {loader.get('placement')!r:.50} is not one of {', '.join(map(repr, PLACEMENTS))}"
+    return None
+
+
+def _read(path: Path) -> tuple[dict[str, Any] | None, str | None, bool]:
+    """(the entry, None, False) when it holds and (the entry or None, why not, whether to warn)
+    when it does not: a warning where the file is untrusted or its values out of range (set by
+    someone or something other than a tune), the DEBUG log where it is only stale or foreign.
+    Opened without following a link or waiting on a FIFO, and checked on the open file."""
     try:
-        entry = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        return (None, "it is a symlink", True) if e.errno == errno.ELOOP else (None, f"unreadable: {e}", False)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            why = _untrusted(os.fstat(f.fileno()))
+            if why is not None:
+                return None, why, True
+            entry = json.loads(f.read())
     except (OSError, ValueError) as e:
-        return None, f"unreadable: {e}"
+        return None, f"unreadable: {e}", False
     if not isinstance(entry, dict) or not isinstance(entry.get("loader"), dict):
-        return None, "unreadable: no loader keywords in it"
+        return None, "unreadable: no loader keywords in it", False
     try:
         expires = datetime.datetime.fromisoformat(entry["expires"])
     except (KeyError, TypeError, ValueError):
         expires = None
     if expires is None or expires.tzinfo is None:
-        return entry, "it has no valid expiry date (made by an older fastdata)"
+        return entry, "it has no valid expiry date (made by an older fastdata)", False
     if _now() >= expires:
-        return entry, f"it expired on {entry['expires']}"
+        return entry, f"it expired on {entry['expires']}", False
     if entry.get("machine") != machine_key():
-        return entry, f"it was tuned on another machine ({entry.get('machine')}; this one is {machine_key()})"
+        return entry, f"it was tuned on another machine ({entry.get('machine')}; this one is {machine_key()})", False
     now = versions()
     then = entry.get("versions") or {}
     changed = [f"{name} {then.get(name)} (now {value})" for name, value in now.items() if then.get(name) != value]
     if changed:
-        return entry, "it was tuned with " + ", ".join(changed)
-    return entry, None
+        return entry, "it was tuned with " + ", ".join(changed), False
+    why = _out_of_range(entry["loader"])  # after the machine: another's may have had more cores
+    return entry, why, why is not None
 
 
 def cached_tune(source: Any, transform: Any, batch_size: int) -> dict[str, Any] | None:
     """The entry `store_tune` wrote for this source, transform, batch size and machine (its
     "loader" keywords, "created", "expires", ...; plus "path"), or None when there is none or
     it is unreadable, expired, or made on another machine or with other versions (said at
-    DEBUG on the "fastdata" logger). `store_tune` replaces the file whole, so a read never
-    sees a torn one."""
+    DEBUG on the "fastdata" logger), or untrusted or out of range (a warning). None, with no
+    lookup, where there is no cache folder. `store_tune` replaces the file whole, so a read
+    never sees a torn one."""
     path = cache_path(source, transform, batch_size)
-    if not path.exists():
+    if path is None or not os.path.lexists(path):
         return None
-    entry, why = _read(path)
+    entry, why, warn = _read(path)
     if why is not None:
-        logger.debug("ignoring the tuned config in %s: %s", path, why)
+        if warn:
+            warnings.warn(f"ignoring the tuned config in {path}: {why}", stacklevel=2)
+        else:
+            logger.debug("ignoring the tuned config in %s: %s", path, why)
         return None
     return {**entry, "path": str(path)}
 
@@ -164,17 +240,19 @@ def cached_tune(source: Any, transform: Any, batch_size: int) -> dict[str, Any] 
 def list_tunes() -> list[dict[str, Any]]:
     """Every entry of the cache, oldest first: the entry (or only "path" when unreadable) plus
     "path", "valid" (whether `num_workers="auto"` would use it) and "why_not" (None when valid)."""
+    root = _root()
     entries = []
-    for path in sorted(_root().glob("*.json")):
-        entry, why = _read(path)
+    for path in sorted(root.glob("*.json") if root is not None else ()):
+        entry, why, _ = _read(path)
         entries.append({**(entry or {}), "path": str(path), "valid": why is None, "why_not": why})
     return sorted(entries, key=lambda e: str(e.get("created", "")))
 
 
 def clear_tunes() -> int:
     """Removes every entry of the cache; returns how many files it removed."""
+    root = _root()
     removed = 0
-    for path in _root().glob("*.json"):
+    for path in root.glob("*.json") if root is not None else ():
         try:
             path.unlink()
             removed += 1

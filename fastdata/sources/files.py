@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -35,7 +36,10 @@ def image_folder(root: str | os.PathLike) -> Samples:
     sub-folders of `root` sorted by name, label = index; a class's images are its files with an
     image extension (IMAGE_EXTENSIONS, any case), found recursively, folder by folder in sorted
     order. Unlike ImageFolder, a hidden sub-folder (.ipynb_checkpoints) is no class, and a class
-    folder without images keeps its label; a folder without any image is refused."""
+    folder without images keeps its label; a folder without any image is refused. Symlinks are
+    followed, as ImageFolder follows them, but a class's walk enters each folder once
+    (`_walk_once`): a link back to `root` or to a folder already entered is not entered again,
+    and said in one warning."""
     root = os.fspath(root)
     if not os.path.exists(root):
         raise FileNotFoundError(f"image folder {root!r} does not exist")
@@ -46,15 +50,53 @@ def image_folder(root: str | os.PathLike) -> Samples:
         raise ValueError(f"image folder {root!r} has no class folders: expected root/<class>/<image>")
     paths: list[str] = []
     labels: list[int] = []
+    again: list[str] = []
     for label, name in enumerate(classes):
         n = len(paths)
-        for dirpath, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+        for dirpath, files in sorted(_walk_once(os.path.join(root, name), root, again)):
             paths += [os.path.join(dirpath, f) for f in sorted(files)
                       if f.lower().endswith(IMAGE_EXTENSIONS)]
         labels += [label] * (len(paths) - n)
+    if again:
+        more = f" (and {len(again) - 1} more)" if len(again) > 1 else ""
+        warnings.warn(f"image folder {root!r}: {again[0]!r}{more} leads to a folder this listing already entered "
+                      "(a symlink loop, or a second link to one folder); its images are listed once", stacklevel=2)
     if not paths:
         raise ValueError(f"image folder {root!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
     return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:  # gone, or a chain of links the OS refuses to follow (ELOOP)
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _walk_once(top: str, root: str, again: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """(folder, file names) of os.walk(top, followlinks=True), entering each folder once: a
+    sub-folder whose (st_dev, st_ino) is `root`'s, `top`'s or one met before in this walk is
+    not entered, and its path is appended to `again`. A link to an ancestor (`loop -> .`)
+    would otherwise be entered until the path grows past ELOOP's limit, listing its images
+    each time, and two such links make the walk exponential in that depth. Sub-folders go in
+    sorted order, so which path of a folder reached twice is kept does not depend on the
+    order the file system lists them in."""
+    seen = {_dir_id(root), _dir_id(top)}
+    for dirpath, dirnames, files in os.walk(top, followlinks=True):
+        keep = []
+        for name in sorted(dirnames):
+            path = os.path.join(dirpath, name)
+            key = _dir_id(path)
+            if key is None:
+                continue
+            if key in seen:
+                again.append(path)
+            else:
+                seen.add(key)
+                keep.append(name)
+        dirnames[:] = keep  # os.walk enters only what is left here (topdown)
+        yield dirpath, files
 
 
 def file_list(pairs: Sequence[Any]) -> Samples:

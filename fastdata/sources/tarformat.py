@@ -16,6 +16,7 @@ import json
 import lzma
 import os
 import re
+import stat
 import tarfile
 from typing import Callable, Iterator, NamedTuple
 
@@ -73,21 +74,34 @@ def index_location(url: str) -> str:
 
 def read_index(path: str | os.PathLike) -> dict:
     """The index written by write_shards (its "name"s are relative to the index's folder),
-    checked for its format and version."""
+    checked for its format, version and counts: ValueError "the shard index <path> is
+    malformed: <cause>" for anything else (another version says so). It is opened without
+    blocking and checked to be a regular file before it is read: a FIFO named like the index
+    would wait for a writer forever, a link to /dev/zero never end."""
     path = os.fspath(path)
-    try:
-        with open(path) as f:
-            index = json.load(f)
-    except ValueError as e:
-        raise ValueError(f"{path} is not a JSON shard index: {e}") from None
+    malformed = f"the shard index {path} is malformed"
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{malformed}: it is not a regular file")
+        try:
+            index = json.loads(f.read())
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting past the stack
+            raise ValueError(f"{malformed}: it is not JSON ({type(e).__name__}: {e})") from None
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
-        raise ValueError(f"{path} is not a {INDEX_FORMAT} file")
+        raise ValueError(f"{malformed}: it is not a {INDEX_FORMAT} file")
     if index.get("version") != INDEX_VERSION:
-        raise ValueError(f"{path} is a {INDEX_FORMAT} of version {index.get('version')!r}; "
+        raise ValueError(f"{path} is a {INDEX_FORMAT} of version {index.get('version')!r:.50}; "
                          f"this fastdata reads version {INDEX_VERSION}")
     shards = index.get("shards")
-    if not isinstance(shards, list) or index.get("total") != sum(s.get("samples", 0) for s in shards):
-        raise ValueError(f"{path}: the shards' sample counts do not add up to its total")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+        raise ValueError(f"{malformed}: its shards should be a list of objects")
+    counts = [s.get("samples", 0) for s in shards]
+    bad = [n for n in counts if type(n) is not int or n < 0]
+    if bad:
+        raise ValueError(f"{malformed}: its shards' sample counts should be integers >= 0, but one is {bad[0]!r:.50}")
+    if index.get("total") != sum(counts):
+        raise ValueError(f"{malformed}: the shards' sample counts do not add up to its total")
     return index
 
 

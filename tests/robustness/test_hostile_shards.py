@@ -567,3 +567,37 @@ def test_plain_header_parses_as_tarfile_does():
     info.size = 7
     assert _plain_header(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")) == \
         ("dir/" * 20 + "b.cls", 7, tarfile.REGTYPE)
+
+
+# ------------------------------------------------------------------ an index crafted to break its reader
+
+
+@pytest.mark.parametrize("shards_value", [[1], [{"samples": "x"}], [{"samples": -1}], [{"samples": True}],
+                                          [{"samples": None}], "x", None], ids=json.dumps)
+def test_crafted_index_is_malformed(pristine, tmp_path, shards_value):
+    """Every malformed index is the one ValueError naming it, not an AttributeError or
+    TypeError from the reader."""
+    _copy(pristine, tmp_path, True)
+    _edit_index(tmp_path, lambda index: index.update(shards=shards_value, total=0))
+    with pytest.raises(ValueError, match=r"the shard index .*train-index\.json is malformed: its shards"):
+        shards(str(tmp_path / PATTERN), progress=False)
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed"):
+        _load(tmp_path, ("wds", 0), "raise")
+
+
+@pytest.mark.parametrize("text", [b"{", b"\xff\xfe{}", b"[" * 100000], ids=["cut", "not-utf8", "deep"])
+def test_index_that_is_not_json_is_malformed(pristine, tmp_path, text):
+    _copy(pristine, tmp_path, False)
+    (tmp_path / "train-index.json").write_bytes(text)
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is not JSON"):
+        shards(str(tmp_path / PATTERN), progress=False)
+
+
+@pytest.mark.timeout(30)
+def test_index_that_is_a_fifo_is_refused_at_once(pristine, tmp_path):
+    """A FIFO named like the index, with no writer: opened without blocking, refused as no
+    regular file (a plain open() would wait for a writer forever)."""
+    _copy(pristine, tmp_path, False)
+    os.mkfifo(tmp_path / "train-index.json")
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is not a regular file"):
+        shards(str(tmp_path / PATTERN), progress=False)

@@ -1,0 +1,135 @@
+"""The machine's caches where the machine is odd or the cache is not the user's: a CUDA that
+says it is there but cannot start, no home directory, a tune-cache entry someone else may have
+written or with values no tune gives. Every image loader reads the cache, so none of these may
+stop one from building; an untrusted or out-of-range entry is not applied."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from _images import color_folder
+
+import fastdata
+from fastdata import _codec, tunecache
+from fastdata import transforms as T
+
+SPEC = T.Compose([T.Resize(8), T.CenterCrop(8)])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return str(color_folder(tmp_path_factory.mktemp("imgs"), 2, 3, (20, 30), lambda i: f"{i:03d}.jpg"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FASTDATA_TUNE_TTL_DAYS", raising=False)
+    return tmp_path / "cache"
+
+
+def _labels(loader) -> list[int]:
+    return sorted(int(v) for _, labels in loader for v in labels)
+
+
+def _auto(folder):
+    """A loader with num_workers="auto" and the warnings its construction gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = fastdata.loader(folder, batch_size=2, transform=SPEC, num_workers="auto", device="cpu")
+    return loader, [str(w.message) for w in caught]
+
+
+# ------------------------------------------------------------------ a CUDA that cannot start
+
+def test_cuda_that_cannot_start_leaves_a_cpu_loader_working(folder, cache, monkeypatch):
+    def no_init(*args, **kwargs):
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_init)
+    assert tunecache.machine_key().endswith(", cuda?")
+    loader = fastdata.loader(folder, batch_size=2, transform=SPEC, backend="pil", num_workers=0, device="cpu")
+    assert _labels(loader) == [0, 0, 0, 1, 1, 1]
+
+
+# ------------------------------------------------------------------ no home directory
+
+@pytest.fixture
+def homeless(monkeypatch):
+    """No $FASTDATA_CACHE and no home directory (HOME unset, a uid without a passwd entry: what
+    Path.home() raises then)."""
+
+    def no_home(cls=None):
+        raise RuntimeError("Could not determine home directory.")
+
+    for name in ("FASTDATA_CACHE", "HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(no_home))
+
+
+def test_no_home_means_no_tune_cache_and_an_index_in_memory(folder, homeless):
+    assert tunecache.cache_root() is None and _codec.index_path() == ""
+    assert tunecache.cached_tune(folder, SPEC, 2) is None
+    assert tunecache.list_tunes() == [] and tunecache.clear_tunes() == 0
+    loader, _ = _auto(folder)
+    assert _labels(loader) == [0, 0, 0, 1, 1, 1]
+    if _codec.AVAILABLE:
+        assert _codec.index_stats()["path"] == ""  # the guide's promise: an index in this process's memory
+    with pytest.raises(OSError, match=r"cannot keep the tune: there is no cache folder .*set FASTDATA_CACHE") as e:
+        tunecache.store_tune(folder, SPEC, 2, {"chosen": {"num_workers": 1}})
+    assert "\n" not in str(e.value)
+
+
+def test_an_unwritable_cache_says_where(folder, cache):
+    cache.write_text("a file where the cache folder should be")
+    with pytest.raises(OSError, match=rf"cannot keep the tune in {cache}/tuned: .*set FASTDATA_CACHE"):
+        tunecache.store_tune(folder, SPEC, 2, {"chosen": {"num_workers": 1}})
+
+
+# ------------------------------------------------------------------ an entry not to be trusted
+
+def test_an_entry_others_may_write_is_not_applied(folder, cache):
+    path = tunecache.store_tune(folder, SPEC, 2, {"chosen": {"num_workers": 1, "prefetch_factor": 3}})
+    assert os.stat(path).st_mode & 0o777 == 0o644  # as a tune keeps it: applied
+    loader, warned = _auto(folder)
+    assert loader.num_workers == 1 and warned == []
+    os.chmod(path, 0o666)
+    loader, warned = _auto(folder)
+    assert loader.num_workers == 0  # untuned "auto" without persistent workers
+    [line] = warned
+    assert line.startswith(f"ignoring the tuned config in {path}: it is not this user's alone to write")
+    assert "mode 0666" in line
+    [listed] = tunecache.list_tunes()
+    assert not listed["valid"] and "mode 0666" in listed["why_not"]
+
+
+def test_an_entry_that_is_a_link_is_not_applied(folder, cache, tmp_path):
+    path = tunecache.store_tune(folder, SPEC, 2, {"chosen": {"num_workers": 1}})
+    os.replace(path, tmp_path / "elsewhere.json")
+    path.symlink_to(tmp_path / "elsewhere.json")
+    loader, warned = _auto(folder)
+    assert loader.num_workers == 0
+    assert len(warned) == 1 and "it is a symlink" in warned[0]
+
+
+@pytest.mark.parametrize("chosen", [
+    {"num_workers": 100000, "prefetch_factor": 2},
+    {"num_workers": -1},
+    {"num_workers": "2"},
+    {"num_workers": True},
+    {"num_workers": 1, "prefetch_factor": 100000},
+    {"num_workers": 1, "prefetch_factor": 0},
+    {"num_workers": 1, "placement": "everywhere"},
+], ids=lambda c: json.dumps(c))
+def test_an_out_of_range_entry_is_not_applied(folder, cache, chosen):
+    path = tunecache.store_tune(folder, SPEC, 2, {"chosen": chosen})
+    loader, warned = _auto(folder)
+    assert loader.num_workers == 0  # untuned: not 1, nor the entry's count
+    [line] = warned
+    assert line.startswith(f"ignoring the tuned config in {path}: its ") and "is not" in line

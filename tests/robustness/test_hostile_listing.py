@@ -1,0 +1,78 @@
+"""An ImageFolder whose symlinks loop: the listing follows links, as torchvision's ImageFolder
+does, but enters each folder once, so a link back to an ancestor neither repeats samples nor
+makes the walk exponential, and says so in one warning."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+from _images import color_folder
+
+import fastdata
+from fastdata import transforms as T
+from fastdata.shard import read_index, write_shards
+from fastdata.sources import image_folder
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return color_folder(tmp_path / "imgs", 2, 2, (20, 30), lambda i: f"{i:03d}.jpg")
+
+
+def _listed(root):
+    """(the samples' file names, relative to `root`, with their labels; the warnings)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = image_folder(root)
+    names = [(os.path.relpath(p, root), int(label)) for p, label in zip(samples.paths, samples.labels)]
+    return names, [str(w.message) for w in caught]
+
+
+PLAIN = [("class0/000.jpg", 0), ("class0/001.jpg", 0), ("class1/000.jpg", 1), ("class1/001.jpg", 1)]
+
+
+def test_a_link_to_its_own_folder_lists_each_image_once(folder):
+    (folder / "class0" / "loop").symlink_to(".")
+    names, warned = _listed(folder)
+    assert names == PLAIN  # without the check: each image of class0 ~40 times, to ELOOP's depth
+    [line] = warned
+    assert os.path.join(str(folder), "class0", "loop") in line and "already entered" in line
+
+
+@pytest.mark.timeout(30)
+def test_two_loops_do_not_explode(folder):
+    # two self-links: 2**depth paths to ELOOP's depth without the check
+    for name in ("l1", "l2"):
+        (folder / "class0" / name).symlink_to(".")
+    (folder / "class1" / "up").symlink_to("..")  # the root: every class again, under class1
+    (folder / "class1" / "sub").mkdir()
+    (folder / "class1" / "sub" / "back").symlink_to("../..")  # class1 itself, from below
+    names, warned = _listed(folder)
+    assert names == PLAIN
+    [line] = warned  # one warning a listing, naming the first link
+    assert os.path.join(str(folder), "class0", "l1") in line and "and 3 more" in line
+
+
+def test_links_to_other_folders_are_still_followed(folder, tmp_path):
+    outside = color_folder(tmp_path / "outside", 1, 1, (20, 30), lambda i: f"x{i}.jpg") / "class0"
+    (folder / "class1" / "linked").symlink_to(outside)  # a linked folder, reached once
+    (folder / "class2").symlink_to(outside)  # a linked class folder
+    names, warned = _listed(folder)
+    assert names == PLAIN[:2] + [("class1/000.jpg", 1), ("class1/001.jpg", 1), ("class1/linked/x0.jpg", 1),
+                                 ("class2/x0.jpg", 2)]
+    assert warned == []
+
+
+def test_a_looped_folder_loads_and_shards_each_image_once(folder, tmp_path):
+    (folder / "class0" / "loop").symlink_to(".")
+    with pytest.warns(UserWarning, match="already entered"):
+        loader = fastdata.loader(str(folder), batch_size=2, transform=T.Compose([T.Resize(8), T.CenterCrop(8)]),
+                                 backend="pil", device="cpu")
+    labels = [int(v) for _, batch in loader for v in batch]
+    assert sorted(labels) == [0, 0, 1, 1]
+    # fastdata-shard lists a folder with the same function
+    with pytest.warns(UserWarning, match="already entered"):
+        index = write_shards(folder, tmp_path / "out" / "s-%06d.tar", workers=1)
+    assert read_index(index)["total"] == 4
