@@ -104,8 +104,8 @@ def samples_key(samples: Any) -> bytes:
     key of the decoder's record of clean files): a digest of the files' paths, or of the
     shards' URLs and their sample counts, with the working directory, which relative paths
     depend on. A digest, so that the record kept does not keep a copy of a million paths."""
-    if isinstance(samples, Shards):
-        names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys)]
+    if isinstance(samples, Shards):  # (with the shards' identities: a rewrite is other samples)
+        names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys), *map(str, samples.stamps or ())]
     else:
         names = ["files", *samples.paths]
     text = "\0".join([os.getcwd(), *names])

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..sources import Shards
-from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_range
+from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_file_range, read_range
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
 from .decode import samples_key, shared_record
 from .order import ShardOrder
@@ -225,8 +225,8 @@ class ShardReader:
             n = len(out.names)  # the run's first sample, of those wanted
             _, _, _, block_start, _, block_at = runs[whole[n]]
             at = block_at + start - block_start
-            self._read_run(out, s, first, end, start, view[at:at + stop - start])
-            if all(c is None for c in out.causes[n:]):  # (a shard cut short fails a sample: read again)
+            listed = self._read_run(out, s, first, end, start, view[at:at + stop - start])
+            if listed and all(c is None for c in out.causes[n:]):  # (a shard cut short fails a sample: read again)
                 held.append((at, stop - start))
         return out
 
@@ -252,19 +252,24 @@ class ShardReader:
         return runs
 
     def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview,
-                  have: list[tuple[int, int]] = ()) -> None:
+                  have: list[tuple[int, int]] = ()) -> bool:
         """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`,
-        but for the pieces (offset, bytes) of it it already holds, and appended to `out` in
-        order; the image bytes stay views of it."""
+        but for the pieces (offset, bytes) of it it already holds (read from the shard as
+        listed), and appended to `out` in order; the image bytes stay views of it. Whether the
+        bytes read are the shard's as listed (its file's identity unchanged)."""
         url, keys = self.shards.urls[s], self.shards.keys[s]
         if end - first == 1 and (n := int(self.shards.spans[s][first, 1])) > MAX_FILE_BYTES:
             out.add(f"{url} (member {keys[first]}.*)", None, 0, too_large(n, "a sample"))
-            return
+            return False
+        stamp = self.shards.stamps[s] if self.shards.stamps is not None else None
+        listed = stamp is not None
         try:
             got, at = 0, 0
             for o, n in [*sorted(have), (len(view), 0)]:
                 if o > at:  # a piece not held: read it; one cut short ends what there is
-                    got = at + self._read(url, start + at, view[at:o])
+                    count, read_from = self._read(url, start + at, view[at:o])
+                    got = at + count
+                    listed = listed and read_from == stamp
                     if got < o:
                         break
                 got = at = o + n
@@ -272,7 +277,7 @@ class ShardReader:
             cause = f"cannot read the shard ({describe_error(e)})"
             for key in keys[first:end]:
                 out.add(f"{url} (member {key}.*)", None, 0, cause)
-            return
+            return False
         raw = view[:got]
         contents = self.shards.contents[s] if self.shards.contents is not None else None
         indexed = self.shards.indexed[s] if self.shards.indexed is not None else True
@@ -281,16 +286,19 @@ class ShardReader:
         expected = contents[first:end].tolist() if contents is not None else [(-1, -1)] * (end - first)
         # A sample's CRC-32 is compared the first time one of the processes sharing the record
         # reads it (a few percent of a decode, benchmarks/results/MEASURED.md): a sample found
-        # changed fails every time, one found intact is not hashed again by them.
+        # changed fails every time, one found intact is not hashed again by them, as long as
+        # its bytes come from the shard's file as listed. A stream's bytes are hashed each time:
+        # nothing tells its versions apart.
         checksums = self.shards.checksums[s] if self.shards.checksums is not None else None
         if checksums is None:
             crcs = [-1] * (end - first)
         else:
             seen = self._verified.numpy()[self.order.first[s] + first:self.order.first[s] + end]
-            crcs = np.where(seen != 0, -1, checksums[first:end]).tolist()
+            crcs = np.where((seen != 0) & listed, -1, checksums[first:end]).tolist()
         for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs)):
-            if self._read_sample(out, url, key, a, a + n, raw, start, expect, crc, stale) and crc >= 0:
+            if self._read_sample(out, url, key, a, a + n, raw, start, expect, crc, stale) and crc >= 0 and listed:
                 seen[i] = 1
+        return listed
 
     def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, raw: memoryview, start: int,
                      expect: list[int], crc: int, stale: str) -> bool:
@@ -369,11 +377,14 @@ class ShardReader:
             return
         out.add(name, sample[ext], label, None)
 
-    def _read(self, url: str, start: int, view: memoryview) -> int:
-        """Reads shard bytes [start, start + len(view)) into `view`; the count read (fewer
-        where the shard ends sooner)."""
+    def _read(self, url: str, start: int, view: memoryview) -> tuple[int, tuple[int, ...] | None]:
+        """Reads shard bytes [start, start + len(view)) into `view`: (the count read, fewer where
+        the shard ends sooner; the identity of the file read, None for a stream)."""
+        local = local_path(url)
+        if local is not None:
+            return read_file_range(local, start, view)
         if not url.startswith("pipe:"):
-            return read_range(url, start, view)
+            return read_range(url, start, view), None
         # A pipe cannot seek: keep it open, and read on from where the last read stopped.
         stream, at = self._pipes.get(url, (None, 0))
         if stream is None or at > start:
@@ -383,4 +394,4 @@ class ShardReader:
         at += discard(stream, start - at)
         got = fill(stream, view)
         self._pipes[url] = [stream, at + got]
-        return got
+        return got, None

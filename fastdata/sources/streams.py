@@ -69,6 +69,12 @@ def open_file(path: str):
     return os.fdopen(opened[0], "rb", buffering=0)
 
 
+def identity(st: os.stat_result) -> tuple[int, ...]:
+    """What tells a file's contents from those it had before it was written again: (device,
+    inode, size, mtime, ctime). A write moves the ctime, which cannot be set back."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def open_stream(url: str):
     """A binary stream of a whole shard: a file, an HTTP response, or webdataset's gopen for
     pipe: (a command whose stdout is the shard)."""
@@ -103,9 +109,7 @@ def read_range(url: str, start: int, view: memoryview) -> int:
         return 0
     local = local_path(url)
     if local is not None:
-        with open_file(local) as f:
-            f.seek(start)
-            return fill(f, view)
+        return read_file_range(local, start, view)[0]
     if url.startswith("pipe:"):
         with open_stream(url) as f:
             discard(f, start)
@@ -114,6 +118,15 @@ def read_range(url: str, start: int, view: memoryview) -> int:
         if r.status != 206:
             discard(r, start)
         return fill(r, view)
+
+
+def read_file_range(path: str, start: int, view: memoryview) -> tuple[int, tuple[int, ...]]:
+    """(the count read into `view` from byte `start` of the file, the `identity` of the file
+    read, by fstat of its descriptor after the read: a write before the read's end shows)."""
+    with open_file(path) as f:
+        f.seek(start)
+        got = fill(f, view)
+        return got, identity(os.fstat(f.fileno()))
 
 
 def fill(f, view: memoryview) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import DataError, error_line
 from .files import MAX_LABEL
-from .streams import describe_error, local_path, open_http, open_stream
+from .streams import describe_error, identity, local_path, open_http, open_stream
 from .tarformat import INDEX_FORMAT, INDEX_VERSION, Scan, index_location, read_index, scan_tar
 
 
@@ -40,6 +40,9 @@ class Shards:
     contents: list[np.ndarray] | None = None  # int64 [n, 2]: members, payload bytes
     indexed: list[bool] | None = None
     checksums: list[np.ndarray | None] | None = None  # int64 [n]: the index's CRC-32 of each sample's bytes, -1: none
+    # each local shard's `streams.identity` when it was listed (None: a stream): bytes read from
+    # a file of another identity are not taken for the bytes a record found intact
+    stamps: list[tuple[int, ...] | None] | None = None
 
     @property
     def label_limit(self) -> int:
@@ -183,6 +186,8 @@ def shards(source: Any, progress: bool = True) -> Shards:
         local = local_path(url)
         if local is not None and not os.path.exists(local):
             raise FileNotFoundError(f"shard {url!r} does not exist")
+    # before anything is read of them: a shard written after this is another version
+    stamps = [None if (local := local_path(url)) is None else identity(os.stat(local)) for url in urls]
     index, where = _load_index(urls)
     entries = {}
     if index:
@@ -256,6 +261,6 @@ def shards(source: Any, progress: bool = True) -> Shards:
     if index and todo:
         how += f", {len(todo)} shards counted from their headers"
     return Shards(urls, keys, spans, classes, f"WebDataset shards ({len(urls)} shards, {n} samples; {how})",
-                  contents, indexed, checksums)
+                  contents, indexed, checksums, stamps)
 
 

@@ -245,13 +245,13 @@ def test_resume_mid_epoch(shards, workers, monkeypatch):
 def test_resume_seeks_instead_of_reading(shards, monkeypatch):
     monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", 16)
     reads = []
-    real = read_shards.read_range
+    real = read_shards.read_file_range  # (the shards are files)
 
     def recording(url, start, view):
         reads.append((os.path.basename(url), start, len(view)))
         return real(url, start, view)
 
-    monkeypatch.setattr(read_shards, "read_range", recording)
+    monkeypatch.setattr(read_shards, "read_file_range", recording)
     loader = _load(_pattern(shards), shuffle=False)
     expected = _epoch(loader)
     everything = sum(r[2] for r in reads)
@@ -278,13 +278,13 @@ def test_a_pass_reads_each_byte_once(shards, monkeypatch, shuffle):
     is the one the order says (4 blocks of 16, each first batch of one read that way)."""
     monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", 16)
     reads = []
-    real = read_shards.read_range
+    real = read_shards.read_file_range  # (the shards are files)
 
     def recording(url, start, view):
         reads.append((os.path.basename(url), start, start + len(view)))
         return real(url, start, view)
 
-    monkeypatch.setattr(read_shards, "read_range", recording)
+    monkeypatch.setattr(read_shards, "read_file_range", recording)
     kept = []
     for _ in range(2):  # the second pass: a new reader, which takes the first's buffers
         reads.clear()

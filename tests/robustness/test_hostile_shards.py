@@ -601,3 +601,26 @@ def test_index_that_is_a_fifo_is_refused_at_once(pristine, tmp_path):
     os.mkfifo(tmp_path / "train-index.json")
     with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is not a regular file"):
         shards(str(tmp_path / PATTERN), progress=False)
+
+
+def test_a_sample_changed_after_it_was_found_intact(pristine, tmp_path, backend):
+    """Sample 4's label is written over in place (1 becomes 2, the same size) after an epoch
+    found it intact: its bytes come from the shard's file as it is now, not as it was listed,
+    so their CRC-32 is compared again, in the next epoch (fresh workers included) and in a new
+    loader of this process, and the sample fails."""
+    _copy(pristine, tmp_path, True)
+    loader, _ = _load(tmp_path, backend, "skip")
+    assert set(_delivered(loader)) == ALL and loader.stats["skipped"] == 0
+    path = tmp_path / "train-000000.tar"
+    label = _members(path)["00000004.cls"]
+    with open(path, "r+b") as f:
+        f.seek(label.offset_data)
+        assert f.read(1) == b"1"
+        f.seek(label.offset_data)
+        f.write(b"2")
+    loader.set_epoch(1)
+    assert set(_delivered(loader)) == ALL - {sample(4)} and loader.stats["skipped"] == 1
+    (error,) = loader.stats["errors"]
+    assert error["path"].endswith("train-000000.tar (member 00000004.*)") and "CRC-32" in error["cause"], error
+    _expect(_load(tmp_path, backend, "skip")[0], "skip", {4}, "train-000000.tar", "00000004.*",
+            "sample 00000004's bytes [")
