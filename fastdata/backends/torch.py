@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
 
 from .._collate import RingCollate, Timed
 from .._torch_internals import auto_collation, profiler_enabled, share_length_warning
@@ -52,8 +52,10 @@ class TorchLoader(DataLoader, Loader):
         del call["self"]
         if "num_workers" in call:
             call["num_workers"] = resolve_workers(call["num_workers"], device)
-        if call.get("collate_fn") is native_collate or isinstance(call.get("collate_fn"), RingCollate):
-            del call["collate_fn"]  # ours, handed back by a framework that rebuilds the loader
+        if call.get("collate_fn") in (default_collate, native_collate) or isinstance(call.get("collate_fn"), RingCollate):
+            # torch's default named (as torchvision's references do), or ours, handed back by a
+            # framework that rebuilds the loader: native collation gives default_collate's values
+            del call["collate_fn"]
         Loader.__init__(self)
         DataLoader.__init__(self, **call)
         self.device = None if device is None else torch.device(device)

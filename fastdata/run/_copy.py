@@ -11,7 +11,10 @@ made ahead, once, instead of copying again: `Tensor.to` and `Tensor.cuda` are wr
 process for that (`install`), and a tensor with no copy ahead pays one dict lookup. The copy is
 not used, and the call does what it always does, when it asks for something else (another
 device, a memory format, converting a floating-point tensor, whose rounding could differ between
-devices) or when the tensor was changed in place since the copy (its version counter moved).
+devices), when the tensor was changed in place since the copy (its version counter moved), or
+when it requires grad (torch's copy would be part of its graph). Writes that torch does not
+count, through `.data` or a NumPy view, are not seen: `fastdata run --no-copy-ahead` for a
+script that changes its host batches that way before it moves them.
 
 Safety of the buffers: a batch is handed out only once its copy is done (the copy was started a
 batch earlier, so this rarely waits), so the script may drop or overwrite the host batch at once;
@@ -78,6 +81,12 @@ def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
+# Pickled by reference as what they replace (torch.Tensor.to, a partial of it sent to a spawned
+# worker, say): the name functools.wraps gives them, TensorBase.to, is not where they are.
+to.__module__ = cuda.__module__ = "torch"
+to.__qualname__, cuda.__qualname__ = "Tensor.to", "Tensor.cuda"
+
+
 def _entry(t: torch.Tensor) -> Any:
     if not _pending or torch.compiler.is_compiling():
         return None
@@ -117,6 +126,8 @@ def _target(args: tuple, kwargs: dict) -> tuple | None:
         call = _TO[form].bind(*args, **kwargs).arguments
     except TypeError:
         return None
+    if not _flags(call):
+        return None
     memory_format = call.get("memory_format")
     if memory_format is not None and not isinstance(memory_format, torch.memory_format):
         return None
@@ -131,6 +142,12 @@ def _target(args: tuple, kwargs: dict) -> tuple | None:
         if device is None:
             return None
     return device, dtype, memory_format
+
+
+def _flags(call: dict) -> bool:
+    """Whether non_blocking and copy, where given, are bools: torch refuses others (a tensor in
+    dtype's place binds to non_blocking here), and says so on its own path."""
+    return all(type(call.get(k, False)) is bool for k in ("non_blocking", "copy"))
 
 
 def _device(value: Any) -> torch.device | None:
@@ -158,6 +175,8 @@ def _cuda_target(args: tuple, kwargs: dict) -> tuple | None:
     try:
         call = _CUDA.bind(*args, **kwargs).arguments
     except TypeError:
+        return None
+    if not _flags(call):
         return None
     device = call.get("device")
     if device is None:
@@ -246,7 +265,7 @@ class _Copy:
         convert = dtype is not None and dtype != t.dtype
         if convert and (t.is_floating_point() or t.is_complex()):
             return None
-        if t._version != self.version:
+        if t._version != self.version or t.requires_grad:  # (torch's copy would link back to t)
             return None
         del _pending[id(t)]
         copy, self.copy = self.copy, None

@@ -8,13 +8,15 @@ to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; at the process's exi
 loader's copies ahead to the GPU (`fastdata.run._copy`, where CUDA is and FASTDATA_RUN_NO_COPY is
 not set) and, with `FASTDATA_RUN_PROFILE` set, its measurements (`fastdata.run._profile`).
 
-num_workers: where the script left the default (0), a served loader gets "auto" only when that
-cannot change a batch: torch's default samplers (whose draws do not depend on the worker count),
-workers started by fork (spawn would run the script's main module again), none of the keywords
-that mean something else with workers (worker_init_fn, prefetch_factor, multiprocessing_context,
-persistent_workers), and a probe of sample 0 that draws from no global RNG (torch, numpy,
-random), changes no attribute or RNG of the dataset, and returns no CUDA tensor. The probe's
-draws are undone (the RNG states restored), so the run's random streams are the script's.
+num_workers: where the script left the default (0), a served loader gets "auto" only where that
+cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
+sample a function of the seed, the epoch and its index, in whatever process), torch's default
+samplers (whose draws do not depend on the worker count), workers started by fork (spawn would
+run the script's main module again), and none of the keywords that mean something else with
+workers (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers). A
+Dataset whose own __getitem__ makes the samples keeps the script's count: nothing outside it
+can tell whether it holds an open file (whose offset forked workers would share), reads an
+iterator, counts, caches, or draws random numbers, each of which workers would change.
 """
 
 from __future__ import annotations
@@ -26,13 +28,10 @@ import itertools
 import json
 import multiprocessing
 import os
-import pickle
-import random
 import sys
 import weakref
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data
 import torch.utils.data.dataloader
@@ -176,6 +175,9 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     reason, lowering = _collation(call)
     if "num_workers" in call:
         return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering
+    if lowering is None:
+        return True, (f"{reason}; num_workers=0 kept: the dataset's own __getitem__ makes the samples, and "
+                      "workers could change them (shared files, state, random draws)"), None, lowering
     auto, why = auto_workers(call)
     if not auto:
         return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
@@ -185,7 +187,7 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
 def _collation(call: dict) -> tuple[str, Lowering | None]:
     """How a served loader's batches are made, said for the summary, and the lowering of a
     torchvision image folder served natively."""
-    if call.get("collate_fn") is not None:
+    if call.get("collate_fn") not in (None, torch.utils.data.default_collate):
         return "the script's collate_fn (no native collation)", None
     lowering, why = lower(call.get("dataset"))
     if why:
@@ -202,8 +204,8 @@ def _known(sampler: Any) -> bool:
 
 
 def auto_workers(call: dict) -> tuple[bool, str]:
-    """Whether a loader the script left at num_workers=0 may get workers without a change in any
-    batch (see the module's docstring), and if not, why not."""
+    """Whether a natively served folder the script left at num_workers=0 may get workers without
+    a change in any batch (see the module's docstring), and if not, why not."""
     if call.get("sampler") is not None or call.get("batch_sampler") is not None:
         return False, "a sampler given by the script (its draws may depend on where they run)"
     given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
@@ -211,71 +213,7 @@ def auto_workers(call: dict) -> tuple[bool, str]:
         return False, f"{given[0]} is set, which means something else with workers"
     if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()) != "fork":
         return False, "workers would start by spawn, which runs the script's main module again"
-    dataset = call["dataset"]
-    try:
-        if len(dataset) == 0:
-            return False, "an empty dataset"
-    except TypeError:
-        return False, "a dataset without len()"
-    rngs = _global_rngs()
-    before = _state_of(dataset)
-    try:
-        sample = dataset[0]
-    except Exception as e:  # the script's own fetch raises it again, where it always did
-        _restore(rngs)
-        return False, f"probing sample 0 raised {type(e).__name__}"
-    drew = _global_rngs()
-    _restore(rngs)
-    if not _same_rngs(rngs, drew):
-        return False, "the dataset draws from a global RNG in __getitem__ (workers would draw other numbers)"
-    if _state_of(dataset) != before:
-        return False, "__getitem__ changes the dataset's attributes (workers would change copies)"
-    if _has_cuda(sample):
-        return False, "the dataset returns CUDA tensors (forked workers cannot use CUDA)"
     return True, ""
-
-
-def _global_rngs() -> tuple:
-    return torch.get_rng_state(), np.random.get_state(), random.getstate()
-
-
-def _same_rngs(a: tuple, b: tuple) -> bool:
-    return torch.equal(a[0], b[0]) and pickle.dumps(a[1]) == pickle.dumps(b[1]) and a[2] == b[2]
-
-
-def _restore(rngs: tuple) -> None:
-    torch.set_rng_state(rngs[0])
-    np.random.set_state(rngs[1])
-    random.setstate(rngs[2])
-
-
-def _state_of(dataset: Any) -> dict[str, Any]:
-    """The dataset's attributes, shallow: identity, plain values, and the state of any RNG."""
-    out: dict[str, Any] = {}
-    for name, value in getattr(dataset, "__dict__", {}).items():
-        if isinstance(value, (int, float, str, bytes, bool, type(None))):
-            out[name] = value
-        elif isinstance(value, np.random.Generator):
-            out[name] = repr(value.bit_generator.state)
-        elif isinstance(value, np.random.RandomState):
-            out[name] = pickle.dumps(value.get_state())
-        elif isinstance(value, random.Random):
-            out[name] = value.getstate()
-        elif isinstance(value, torch.Generator):
-            out[name] = value.get_state().numpy().tobytes()
-        else:
-            out[name] = id(value)
-    return out
-
-
-def _has_cuda(sample: Any) -> bool:
-    if isinstance(sample, torch.Tensor):
-        return sample.is_cuda
-    if isinstance(sample, dict):
-        return any(_has_cuda(v) for v in sample.values())
-    if isinstance(sample, (list, tuple)):
-        return any(_has_cuda(v) for v in sample)
-    return False
 
 
 def _where() -> str:

@@ -340,6 +340,22 @@ def test_native_path_is_exercised(monkeypatch, h):
     assert (16, (16, 3, H, W), torch.uint8, 16 * 3 * H * W) in calls
 
 
+def test_default_collate_named_is_collated_natively(monkeypatch, h):
+    """collate_fn=default_collate, as torchvision's references pass it: the same batches as
+    DataLoader's, collated natively (the spy sees the image leaves)."""
+    calls = []
+    real = fastdata._collate._new_batch
+
+    def spy(n, shape, dtype):
+        calls.append((n, shape, dtype))
+        return real(n, shape, dtype)
+
+    monkeypatch.setattr(fastdata._collate, "_new_batch", spy)
+    ref, fast = make_pair("tuple-shuffle", collate_fn=torch.utils.data.default_collate)
+    h.assert_same_stream(h.collect(fast), h.collect(ref))
+    assert (16, (3, H, W), torch.uint8) in calls
+
+
 def test_native_flag_follows_environment():
     disabled = os.environ.get("FASTDATA_DISABLE_NATIVE", "0").lower() not in ("", "0", "false", "no")
     built = importlib.util.find_spec("fastdata._native") is not None

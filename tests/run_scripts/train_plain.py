@@ -2,10 +2,14 @@
 tiny model with dropout, SGD, shuffled batches, a few epochs. Writes the ids of each batch and
 the losses to the JSON file named by its first argument; --subclass and --iterable make the
 loaders a DataLoader subclass and an IterableDataset instead, --noisy a Dataset that draws random
-noise; --device cuda trains on the GPU, each batch moved there as scripts do."""
+noise, --records one that reads its samples through one file opened once (an offset that forked
+workers would share); --device cuda trains on the GPU, each batch moved there as scripts do."""
 
 import argparse
 import json
+import os
+import struct
+import tempfile
 
 import torch
 from torch import nn
@@ -29,6 +33,27 @@ class Encoded(Dataset):
         return x, i % 3, i
 
 
+class Records(Dataset):
+    """Encoded's samples without noise, each index read back as an 8-byte record of a file
+    opened once, by seek and read."""
+
+    def __init__(self):
+        fd, path = tempfile.mkstemp()
+        os.write(fd, b"".join(struct.pack("<q", i) for i in range(96)))
+        os.close(fd)
+        self.file = open(path, "rb")
+        os.unlink(path)
+        self.encoded = Encoded()
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        self.file.seek(8 * i)
+        (j,) = struct.unpack("<q", self.file.read(8))
+        return self.encoded[j]
+
+
 class Stream(IterableDataset):
     def __iter__(self):
         data = Encoded()
@@ -46,6 +71,7 @@ def main():
     ap.add_argument("--subclass", action="store_true")
     ap.add_argument("--iterable", action="store_true")
     ap.add_argument("--noisy", action="store_true")
+    ap.add_argument("--records", action="store_true")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -56,7 +82,7 @@ def main():
     elif args.subclass:
         loader = MyLoader(Encoded(), batch_size=16, shuffle=True)
     else:
-        loader = DataLoader(Encoded(args.noisy), batch_size=16, shuffle=True)
+        loader = DataLoader(Records() if args.records else Encoded(args.noisy), batch_size=16, shuffle=True)
     seen, losses = [], []
     for epoch in range(args.epochs):
         for x, y, ids in loader:

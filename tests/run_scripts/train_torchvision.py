@@ -17,7 +17,7 @@ import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-data, out, kind, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+data, out, kind, workers = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]  # workers: a count, or "default"
 epochs = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 transform = {
@@ -28,7 +28,8 @@ transform = {
     "lambda": T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.Lambda(lambda x: x * 2)]),
 }[kind]
 dataset = torchvision.datasets.ImageFolder(data, transform)
-loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, num_workers=workers, pin_memory=True)
+given = {} if workers == "default" else {"num_workers": int(workers)}
+loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, pin_memory=True, **given)
 
 seen, wrong, layout = 0, 0, None
 for epoch in range(epochs):
@@ -47,4 +48,4 @@ for epoch in range(epochs):
         layout = [str(images.dtype), list(images.shape[1:]), images.is_contiguous(), type(images).__name__,
                   str(labels.dtype)]
 with open(out, "w") as f:
-    json.dump({"seen": seen, "wrong": wrong, "layout": layout}, f)
+    json.dump({"seen": seen, "wrong": wrong, "layout": layout, "workers": loader.num_workers}, f)

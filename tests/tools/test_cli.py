@@ -158,6 +158,12 @@ def test_version_of_every_script(module):
     assert done.returncode == 0 and done.stdout.splitlines() == _versions(), done.stderr
 
 
+def test_python_dash_m_fastdata_is_the_command(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "fastdata", "--version"], capture_output=True, text=True,
+                          timeout=100, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.splitlines() == _versions(), done.stderr
+
+
 # ----------------------------------------------------------------- exit codes
 
 @pytest.mark.parametrize("argv", [["--bogus"], ["profile", "x", "--steps", "0"], ["bench"],

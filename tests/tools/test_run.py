@@ -44,17 +44,20 @@ def test_plain_loop_same_batches_and_losses_served(tmp_path):
     assert got["is_dataloader"] and got["loader"] == "Served"
     (line,) = _summary(err)
     assert line.startswith("served") and "train_plain.py:" in line and "DataLoader(Encoded)" in line, line
-    # samples a function of the index: workers change no batch, so the default 0 became 'auto'
-    assert "num_workers='auto'" in line and got["workers"] >= 1
+    # the script's own __getitem__: nothing outside it can tell that workers would change no batch
+    assert "num_workers=0 kept: the dataset's own __getitem__ makes the samples" in line and got["workers"] == 0
 
 
-def test_random_draws_in_getitem_keep_no_workers(tmp_path):
-    want = _direct("train_plain.py", tmp_path / "direct.json", "--noisy")
-    got, err = _under_run("train_plain.py", tmp_path / "run.json", "--noisy")
+@pytest.mark.parametrize("flag", ["--noisy", "--records"], ids=["random-draws", "a-file-opened-once"])
+def test_a_datasets_own_getitem_keeps_no_workers(tmp_path, flag):
+    """Random draws, or records read through one file object (whose offset forked workers would
+    share): workers would change the batches, so the script's default 0 is kept."""
+    want = _direct("train_plain.py", tmp_path / "direct.json", flag)
+    got, err = _under_run("train_plain.py", tmp_path / "run.json", flag)
     assert got["ids"] == want["ids"] and got["losses"] == want["losses"]
     assert got["workers"] == 0
     (line,) = _summary(err)
-    assert line.startswith("served") and "num_workers=0 kept: the dataset draws from a global RNG" in line, line
+    assert line.startswith("served") and "num_workers=0 kept: the dataset's own __getitem__" in line, line
 
 
 @pytest.mark.parametrize("flag,loader,reason", [
@@ -304,12 +307,12 @@ def test_train_and_val_loaders_same_batches(tmp_path, move, workers):
     assert len(lines) == 2, lines
     for line in lines:
         assert line.startswith("served") and "train_loops.py:" in line and "DataLoader(Encoded)" in line, line
-        if workers is None:  # left at the default: workers cannot change a batch here
-            assert "num_workers='auto' (the script left the default)" in line, line
+        if workers is None:  # left at the default: kept, the dataset's own __getitem__ makes the samples
+            assert "num_workers=0 kept" in line, line
         else:
             assert f"num_workers={workers} as the script set it" in line, line
     if workers is None:
-        assert want["workers"] == [0, 0] and min(got["workers"]) >= 1
+        assert want["workers"] == got["workers"] == [0, 0]
     else:
         assert got["workers"] == want["workers"] == [workers] * 2
 
@@ -327,7 +330,7 @@ def test_loader_rebuilt_every_epoch_same_batches(tmp_path, workers):
     (line,) = lines
     assert line.startswith("served") and "train_loops.py:" in line and "DataLoader(Encoded) (x2)" in line, line
     if workers is None:
-        assert "num_workers='auto'" in line and min(got["workers"]) >= 1, line
+        assert "num_workers=0 kept" in line and got["workers"] == [0, 0], line
     else:
         assert f"num_workers={workers} as the script set it" in line and got["workers"] == [workers] * 2, line
 

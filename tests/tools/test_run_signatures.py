@@ -51,6 +51,8 @@ TO_FORMS = [
     ((torch.float32, "cpu"), {}), (("cpu", "meta"), {}), ((), {"device": "cpu", "dtype": "float"}),
     ((), {"other": OTHER["meta-f64"]}), (("meta",), {"memory_format": "channels_last"}), ((0,), {}),
     (("cuda",), {}), (("cuda:0", torch.float16), {}),
+    ((OTHER["meta-f64"], torch.int32), {}), (("meta",), {"non_blocking": "yes"}), (("meta",), {"copy": 1}),
+    (("meta", torch.int64, 1), {}),
 ]
 if CUDA:
     TO_FORMS += [(("cuda",), {"non_blocking": True}), ((torch.device("cuda", 0), torch.float32), {}),
@@ -64,7 +66,7 @@ CUDA_FORMS = [
     ((), {"device": "cuda", "non_blocking": True, "memory_format": torch.preserve_format}),
     # refused by torch
     ((0, True, torch.channels_last), {}), (("cpu",), {}), ((), {"bogus": 1}), ((1.5,), {}), ((0, True, True), {}),
-    ((), {"memory_format": "channels_last"}), (("meta",), {}),
+    ((), {"memory_format": "channels_last"}), (("meta",), {}), ((0, 1), {}), ((), {"non_blocking": "yes"}),
 ]
 
 
@@ -153,6 +155,37 @@ def test_a_served_move_is_served(wrapped):
         x.to(*args, **kwargs)
         served += ahead.served
     assert served == 5
+
+
+def test_a_batch_that_requires_grad_is_moved_by_torch(wrapped):
+    """Marked for a gradient after its copy was made (saliency, adversarial examples): the move
+    is torch's, part of the graph, so the gradient reaches the host tensor."""
+    ahead = CopyAhead()
+    ahead.learn(torch.device("meta"))
+    it = ahead.batches(iter([torch.rand(2, 3), torch.rand(2, 3)]))
+    x = next(it)
+    assert _run_copy._entry(x) is not None
+    x.requires_grad_()
+    moved = x.to("meta")
+    assert ahead.served == 0 and moved.requires_grad and moved.grad_fn is not None
+
+
+def test_the_wrappers_pickle_as_torchs():
+    """By reference, as what they replace: a partial of Tensor.to reaches a spawned worker."""
+    import functools
+    import pickle
+
+    from fastdata.run import _copy
+
+    before = torch.Tensor.to, torch.Tensor.cuda
+    _copy.install()
+    try:
+        assert pickle.loads(pickle.dumps(torch.Tensor.to)) is torch.Tensor.to is _copy.to
+        assert pickle.loads(pickle.dumps(torch.Tensor.cuda)) is _copy.cuda
+        half = pickle.loads(pickle.dumps(functools.partial(torch.Tensor.to, dtype=torch.float16)))
+        assert half(torch.zeros(2)).dtype == torch.float16
+    finally:
+        torch.Tensor.to, torch.Tensor.cuda = before
 
 
 MODULE_FORMS = [

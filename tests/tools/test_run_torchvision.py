@@ -291,7 +291,8 @@ def _run(args: list[str], tmp_path: Path, plain: bool = False) -> tuple[dict, st
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("kind,workers", [("v1", 2), ("v2", 0), ("eval", 2), ("lambda", 2)])
+@pytest.mark.parametrize("kind,workers", [("v1", 2), ("v2", 0), ("eval", 2), ("lambda", 2), ("v1", "default"),
+                                          ("lambda", "default")])
 def test_unchanged_script_under_fastdata_run(tv, folder, tmp_path, kind, workers):
     """The script of tests/run_scripts, unchanged: served natively (the summary says so) or,
     with a Lambda, by the drop-in with the reason; labels match the images in both; the
@@ -305,3 +306,6 @@ def test_unchanged_script_under_fastdata_run(tv, folder, tmp_path, kind, workers
         assert "not served natively: Lambda has no faithful lowering" in err, err
     else:
         assert "served natively: ImageFolder with" in err, err
+    if workers == "default":  # workers only where fastdata makes the samples: then none changes
+        assert plain["workers"] == 0 and (got["workers"] >= 1) == (kind != "lambda"), (got, err)
+        assert ("num_workers='auto'" if kind != "lambda" else "num_workers=0 kept") in err, err
