@@ -24,6 +24,17 @@ def skippable(message: str) -> str:
     return f"{message}; to leave unreadable samples out and go on, pass {SKIP_OPTION}"
 
 
+# Characters that end or rewrite a line (str.splitlines' breaks, terminal escapes): a file or tar
+# member name may hold any of them.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters written as escapes (a line break in a file's name as
+    \\n): a message naming input stays one line, and a name cannot forge a line of its own."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 # An object's default repr, as some libraries put it in their messages (Pillow: "cannot identify
 # image file <_io.BytesIO object at 0x7f...>"): it says nothing to a user and differs each run.
 _OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")

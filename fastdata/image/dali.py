@@ -41,7 +41,7 @@ from .._buffers import new_batch
 from .._pillow import open_image
 from .._torch_internals import dali_shutdown
 from .._workers import NoWatchdog, hold_threads, release_threads
-from ..errors import DataError, error_line, skippable
+from ..errors import DataError, error_line, one_line, skippable
 from ..transforms import dali as lowering
 from .decode import BatchDecoder
 from .order import Passes
@@ -313,7 +313,7 @@ class DaliDecoders:
             raise DataError(f"DALI failed on a batch whose images all decode with Pillow: {error}") from error
         if self.on_error == "raise":
             i, path, why = culprits[0]
-            raise DataError(skippable(f"cannot read {path}: {why} (backend 'dali')"), path=path) from None
+            raise DataError(skippable(one_line(f"cannot read {path}: {why} (backend 'dali')")), path=path) from None
         for i, path, why in culprits:
             self._bad[i] = why
         logger.warning("DALI failed on %d sample(s); restarting its pipeline without them", len(culprits))

@@ -25,7 +25,7 @@ from .._ranks import ranks
 from .._trace import trace_range
 from .._loader import Loader, resolve_workers
 from ..device import DeviceStage, prefetch
-from ..errors import DataError
+from ..errors import DataError, one_line
 from ..samplers import IndexSampler
 from ..sources import Shards
 from ..transforms import Compose
@@ -339,7 +339,7 @@ class ImageLoader(Loader):
                 seen[path] = {"path": path, "cause": cause, "count": 0} if len(stats["errors"]) < _MAX_ERRORS else None
                 stats["errors"] += [seen[path]] if seen[path] is not None else []
                 stats["skipped_files"] += 1
-                logger.warning("skipped %s: %s", path, cause, extra={"fastdata_skipped": path})
+                logger.warning("%s", one_line(f"skipped {path}: {cause}"), extra={"fastdata_skipped": path})
             if seen[path] is not None:
                 seen[path]["count"] += 1
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._cores import batch_threads
 from .._ext import native as _ext
-from ..errors import DataError, skippable
+from ..errors import DataError, one_line, skippable
 from ..sources.streams import open_regular
 
 
@@ -119,8 +119,8 @@ class Failures:
         if self.on_error == "raise":
             # a tar member is named "<shard> (member <name>)": DataError carries both
             shard, _, member = path.partition(" (member ")
-            raise DataError(skippable(f"cannot read {path}: {cause} (backend {self.backend!r})"), path=shard,
-                            member=member[:-1] or None)
+            raise DataError(skippable(one_line(f"cannot read {path}: {cause} (backend {self.backend!r})")),
+                            path=shard, member=member[:-1] or None)
         errors.append((path, cause))
 
 

@@ -3,8 +3,10 @@ index fastdata-shard writes next to them, or else from a scan of their tar heade
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -57,12 +59,29 @@ class Shards:
         return np.array([len(k) for k in self.keys], dtype=np.int64)
 
 
+MAX_SHARDS = 1_000_000  # a source naming more is refused before its names are made
+_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")
+
+
 def _expand(source: Any) -> list[str]:
-    """The shard URLs a source names: each path or URL brace-expanded (a-{000..009}.tar)."""
+    """The shard URLs a source names: each path or URL brace-expanded (a-{000..009}.tar), at
+    most MAX_SHARDS. braceexpand makes lists of a pattern's groups, so a pattern such as
+    {0..99999999999} would fill the memory before its first name: the product of its numeric
+    ranges' lengths (an upper bound) is checked first."""
     from braceexpand import braceexpand  # webdataset's own dependency
 
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    urls = [u for item in items for u in braceexpand(os.fspath(item))]
+    for item in items:
+        bound = 1
+        for lo, hi, step in _RANGE.findall(os.fspath(item)):
+            bound *= abs(int(hi) - int(lo)) // max(abs(int(step or 1)), 1) + 1
+        if bound > MAX_SHARDS:
+            raise ValueError(f"the shard source {os.fspath(item)!r:.200} names up to {bound:,} shards, more than "
+                             f"{MAX_SHARDS:,}")
+    names = (u for item in items for u in braceexpand(os.fspath(item)))
+    urls = list(itertools.islice(names, MAX_SHARDS + 1))
+    if len(urls) > MAX_SHARDS:
+        raise ValueError(f"the shard source {source!r:.200} names more than {MAX_SHARDS:,} shards")
     if not urls:
         raise ValueError(f"the shard source {source!r:.200} names no shards")
     return urls

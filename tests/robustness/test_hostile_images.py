@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import zlib
 
 import numpy as np
@@ -397,6 +398,36 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
     assert delivered == 1 and len(causes) == 1 and "13000x13000" in causes[0], report
     assert raised is None and "13000x13000" in message and "bomb" in message
     assert report["grown_mb"] < 200, report
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_a_name_with_a_line_break_stays_one_line(config, tmp_path, caplog):
+    """A bad file (or, on wds, tar member) named with a line break and a terminal escape: the
+    error and the skip's log line are one line each, the name's breaks written as escapes, so a
+    name cannot forge a line of the log."""
+    name = "cut\nFAKE: all samples verified\x1b[0m.jpg"
+    pairs = write(tmp_path / "files", {"plain.jpg": PLAIN, name: CUT})
+    if config[0] == "wds":  # the tar member named so (a shard written by hand: no index)
+        shard = tmp_path / "named-000000.tar"
+        with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
+            for member, data in [("a.jpg", PLAIN), ("a.cls", b"0"), (name, CUT), (name[:-4] + ".cls", b"1")]:
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        pairs = str(shard)
+
+    def loader(**kw):
+        return fastdata.loader(pairs, batch_size=2, backend=config[0], num_workers=config[1], device="cpu",
+                               transform=RRC, **kw)
+
+    with pytest.raises(DataError) as err:
+        list(loader())
+    message = str(err.value).rstrip("\n").splitlines()[-1]  # (a worker's is re-raised under its traceback)
+    assert "cut\\nFAKE: all samples verified\\x1b[0m.jpg" in message and "truncated JPEG" in message, message
+    caplog.set_level("WARNING", logger="fastdata")
+    list(loader(on_error="skip"))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped ")]
+    assert len(line.splitlines()) == 1 and "\x1b" not in line and "cut\\nFAKE" in line, line
 
 
 @pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")

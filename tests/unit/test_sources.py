@@ -57,3 +57,12 @@ def test_read_index_checks_the_format(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps({"version": 2, "format": "fastdata-wds-index", "shards": [], "total": 0}))
     with pytest.raises(ValueError, match="version"):
         read_index(tmp_path / "b.json")
+
+
+@pytest.mark.parametrize("pattern", ["x-{0..99999999999}.tar", "x-{0000..9999}-{000..999}.tar"])
+def test_a_pattern_naming_too_many_shards_is_refused_before_its_names_are_made(tmp_path, pattern):
+    from fastdata.sources import webdataset
+
+    with pytest.raises(ValueError, match=r"names up to [\d,]+ shards, more than 1,000,000"):
+        webdataset._expand(str(tmp_path / pattern))
+    assert len(webdataset._expand(str(tmp_path / "x-{000..999}-{0..9}.tar"))) == 10_000
