@@ -168,12 +168,13 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.stream.isatty():
             from rich.console import Console
+            from rich.markup import escape
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TimeRemainingColumn
 
             self.bar = Bar("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                            console=Console(file=self.stream), auto_refresh=False)
             self.bar.start()
-            self.task = self.bar.add_task(self.what, total=self.total)
+            self.task = self.bar.add_task(escape(self.what), total=self.total)  # (a path's brackets are not markup)
         self.update(0)
         return self
 

@@ -217,13 +217,15 @@ class Report:
 
     def print(self, console: Any = None) -> None:
         """The summary in the terminal, with rich: the rates, a bar per stage, the verdict in
-        colour, the advice."""
+        colour, the advice. Text from elsewhere (the source's name, the advice: `pip install
+        'fastdata[ray]'`) is escaped, or rich would take its brackets for markup."""
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         console = console or Console(width=None if sys.stdout.isatty() else 120)
-        console.rule(f"[bold]fastdata-profile[/]: {self.source}")
-        console.print(f"[dim]{json.dumps(self.config)}[/]")
+        console.rule(f"[bold]fastdata-profile[/]: {escape(str(self.source))}")
+        console.print(f"[dim]{escape(json.dumps(self.config))}[/]")
         rates = Table(show_header=False, box=None, padding=(0, 2))
         rates.add_row("loader alone", f"{self._rate('loader alone', self.loader_images_per_s)} images/s")
         if self.ceiling_images_per_s:
@@ -235,7 +237,7 @@ class Report:
                           f"the step waited for data {100 * self.stall_fraction:.0f}% of the time")
         console.print(rates)
         if self.epoch_start_note():
-            console.print(f"[dim]{self.epoch_start_note()}[/]")
+            console.print(f"[dim]{escape(self.epoch_start_note())}[/]")
         if self.stages:
             table = Table(title="where an image's time goes (loader alone; worker stages summed over workers)",
                           title_justify="left", box=None, padding=(0, 2))
@@ -246,20 +248,20 @@ class Report:
             top = max(self.stages.values()) or 1.0
             for name, ms in self.stages.items():
                 colour = "red" if name == self.bound else "cyan"
-                table.add_row(name, f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
-                              STAGES.get(name, ""))
+                table.add_row(escape(name), f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
+                              escape(STAGES.get(name, "")))
             console.print(table)
         for line in self.size_lines():
-            console.print(line)
+            console.print(escape(line))
         colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")
-        console.print(f"verdict: [bold {colour}]{self.verdict or 'none'}[/]: {self.explanation}")
-        console.print(f"[bold]first:[/] {self.headline}")
+        console.print(f"verdict: [bold {colour}]{escape(self.verdict or 'none')}[/]: {escape(self.explanation)}")
+        console.print(f"[bold]first:[/] {escape(self.headline)}")
         if self.skipped_line():
-            console.print(f"[yellow]{self.skipped_line()}[/]")
+            console.print(f"[yellow]{escape(self.skipped_line())}[/]")
         for flag in self.flags:
-            console.print(f"[bold red]! {flag}[/]")
+            console.print(f"[bold red]! {escape(flag)}[/]")
         for a in self.advice:
-            console.print(f"  • {a.text}")
+            console.print(f"  • {escape(a.text)}")
 
     def to_html(self) -> str:
         """A self-contained page, rendered from `to_json()` (see html.py)."""

@@ -78,6 +78,25 @@ def test_a_rate_above_the_ceiling_is_flagged():
     assert not fine.flags
 
 
+def test_the_printed_report_shows_brackets_as_they_are():
+    """The source's name and the advice reach the terminal as they are: rich would take
+    `[ray]` for markup (and a `[/b]` in a folder's name for a tag it cannot close)."""
+    import io
+
+    from rich.console import Console
+
+    from fastdata.profiling import Report
+    from fastdata.profiling.report import Advice
+
+    report = Report("/data/set[v2]/x[/b]", 64, 900.0, 1000.0, 800.0, 0.2, "input-bound", "the step waited", [],
+                    {"device": "cpu", "num_workers": 2},
+                    advice=[Advice("2 more nodes (backend='ray': pip install 'fastdata[ray]')")])
+    out = io.StringIO()
+    report.print(Console(file=out, width=200))
+    text = out.getvalue()
+    assert "/data/set[v2]/x[/b]" in text and "pip install 'fastdata[ray]'" in text, text
+
+
 def test_the_verdict_is_a_word_and_the_advice_objects(tmp_path):
     class Slow(torch.utils.data.Dataset):
         def __len__(self):
