@@ -199,11 +199,12 @@ class Checked:
     labels: np.ndarray
     jpeg: np.ndarray
     geo: Any
+    empty_size: tuple[int, int] = (0, 0)  # the size with no samples: the transform's, where it fixes one
 
     @property
     def size(self) -> tuple[int, int]:
-        """(width, height) of the output images; (0, 0) for no samples."""
-        return (int(self.geo.sizes[0][0]), int(self.geo.sizes[0][1])) if len(self.datas) else (0, 0)
+        """(width, height) of the output images."""
+        return (int(self.geo.sizes[0][0]), int(self.geo.sizes[0][1])) if len(self.datas) else self.empty_size
 
 
 class BatchDecoder:
@@ -261,7 +262,13 @@ class BatchDecoder:
                 f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
                 f"e.g. transform=fastdata.transforms.imagenet_train(224)"
             )
-        return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo)
+        empty = (0, 0)
+        if not ok:  # every sample left out: the batch is [0, 3, H, W] in the size the transform gives any image
+            probe = plan_geometry(self.geometry, self.seed, epoch, np.zeros(2, np.int64), np.array([640, 480]),
+                                  np.array([480, 640]))
+            if (probe.sizes[0] == probe.sizes[1]).all():
+                empty = (int(probe.sizes[0][0]), int(probe.sizes[0][1]))
+        return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo, empty)
 
     def decode(self, read: Read, stages: dict | None = None):
         """(images, labels, errors, ids) of a batch as read: its images (NHWC, in a slot of this

@@ -316,6 +316,16 @@ def test_rejected_files_skipped_and_counted(config, tmp_path):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_a_batch_of_samples_all_left_out_keeps_its_shape(config, tmp_path):
+    """Both samples of the second batch are bad: it still comes, empty, in the transform's
+    output size, so that a model (and every rank) gets the same number of well-formed batches."""
+    pairs = write(tmp_path / "files", {"a.jpg": PLAIN, "b.jpg": PHOTO, "empty.jpg": b"", "cut.jpg": CUT})
+    batches = [(images.shape, labels.tolist()) for images, labels in make(config, pairs, tmp_path, batch_size=2,
+                                                                         on_error="skip")]
+    assert batches == [((2, 3, OUT, OUT), [0, 1]), ((0, 3, OUT, OUT), [])]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
 def test_cut_file_rejected_in_every_epoch(config, tmp_path):
     """The cut file is refused by its structure, whatever window the epoch's crop draws. A cut
     closed with a pasted end marker is structurally whole: the native decoder (pil, wds)
