@@ -8,9 +8,11 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import collections.abc  # noqa: E402
+import faulthandler  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
 import multiprocessing  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 import warnings  # noqa: E402
@@ -113,6 +115,28 @@ def _missing(marker: str) -> str | None:
     except ImportError as e:
         return f"needs NVIDIA DALI ({e})"
     return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every thread's stack, by faulthandler, 10 s before the test's own time limit (its
+    @pytest.mark.timeout, else the configured one) ends it: to pytest's stderr, not captured."""
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker is not None and marker.args else (marker.kwargs.get("timeout") if marker else None)
+    limit = float(limit if limit is not None else item.config.getini("timeout") or 0)
+    if limit <= 0:
+        yield
+        return
+    try:
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+        stderr = item.config.stash[fault_handler_stderr_fd_key]
+    except (ImportError, KeyError):
+        stderr = sys.__stderr__
+    faulthandler.dump_traceback_later(max(limit - 10, 1), file=stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_runtest_setup(item):
