@@ -10,6 +10,7 @@ import torch
 
 from .._loader import Loader
 from .._cores import usable_cores
+from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
 from .model import RateModel, advise
 from .report import COMPUTE_BOUND, COSTS, INPUT_BOUND, WORKER_STAGES, Report
@@ -60,6 +61,11 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     if isinstance(loader, Loader):
         report.sizes = rates_per_size(loader, steps, warmup)
     report.skipped = skipped_since(skipped_before, _skips(getattr(loader, "stats", {})))
+    if not report.loader_images_per_s and report.skipped["count"]:  # nothing to measure: no verdict
+        first = report.skipped["examples"][:1]
+        raise DataError(one_line(f"no sample could be read: the {report.skipped['count']} the profile took were all "
+                                 "left out (on_error='skip')" +
+                                 "".join(f"; the first, {e['path']}: {e['cause']}" for e in first)))
     return report
 
 

@@ -193,6 +193,21 @@ def test_a_bad_file_stops_the_profile_in_one_line_naming_it(bad_folder):
     assert "Traceback" not in done.stderr and " object at 0x" not in done.stderr
 
 
+def test_a_source_whose_samples_are_all_left_out_gets_no_verdict(tmp_path):
+    """Every file bad, with --on-error skip: nothing was measured, so no verdict and no report:
+    one line that says so and names the first file, exit 1."""
+    (tmp_path / "set" / "c").mkdir(parents=True)
+    (tmp_path / "set" / "c" / "empty.jpg").write_bytes(b"")
+    (tmp_path / "set" / "c" / "text.jpg").write_text("not an image")
+    done = _cli(str(tmp_path / "set"), "--step-ms", "10", "--steps", "2", "--batch-size", "4", "--size", "16",
+                "--workers", "0", "--on-error", "skip", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1, done.stdout
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("fastdata-profile: error: DataError: no sample could be read: the ") and "left out" in line
+    assert "empty.jpg: empty file" in line or "text.jpg: not a readable image" in line, line
+    assert "verdict" not in done.stdout and not (tmp_path / "out" / "report.json").exists()
+
+
 @pytest.mark.parametrize("args,says", [
     (["--step-ms", "-5"], "--step-ms: should be a number > 0"),
     (["--step-ms", "0"], "--step-ms: should be a number > 0"),
