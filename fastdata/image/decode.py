@@ -28,8 +28,8 @@ import torch
 
 from .. import _codec  # the native decoder when built (AVAILABLE), the structure checks always
 from .._buffers import ProcessRings, new_batch
-from .._pillow import FORMATS
 from .._cores import batch_threads
+from .._pillow import FORMATS
 from .._trace import trace_range
 from ..errors import error_line
 from ..sources import Shards

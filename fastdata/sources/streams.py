@@ -58,7 +58,6 @@ def open_regular(path) -> tuple[int, os.stat_result] | str:
     return fd, st
 
 
-
 def open_file(path: str):
     """A regular file opened for reading (binary, unbuffered), else OSError saying why not: a
     shard that is a FIFO would block its open or read until a writer came, /dev/zero give bytes
