@@ -100,7 +100,32 @@ def _flatten(transform: Any) -> list:
 
     if isinstance(transform, (T.Compose, v2.Compose)):
         return [op for t in transform.transforms for op in _flatten(t)]
-    return [transform]
+    inner = _wrapped(transform)
+    return [transform] if inner is None else _flatten(inner)
+
+
+class _Preset:
+    """What a thin wrapper of a Compose is, to the instruction: torchvision's classification
+    references (presets.py: ClassificationPresetTrain and Eval) call their transform so."""
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+def _wrapped(transform: Any) -> Any:
+    """The transform a thin wrapper calls (see _Preset), or None: a wrapper whose class's
+    `__call__` has _Preset's instructions, names and constants calls its own `transforms`
+    attribute and returns what it gives, whatever the class is called; `transforms` must be the
+    instance's own (no property, no __getattribute__ of the class's in the way)."""
+    cls = type(transform)
+    code = getattr(getattr(cls, "__call__", None), "__code__", None)
+    ref = _Preset.__call__.__code__
+    if code is None or (code.co_code, code.co_names, code.co_consts, code.co_argcount) != (
+            ref.co_code, ref.co_names, ref.co_consts, ref.co_argcount):
+        return None
+    if cls.__getattribute__ is not object.__getattribute__ or any("transforms" in vars(c) for c in cls.__mro__):
+        return None
+    return getattr(transform, "__dict__", {}).get("transforms")
 
 
 def _filter(op: Any, tensor: bool) -> str:
@@ -213,6 +238,10 @@ def _lower_transform(transform: Any) -> Lowering:
                 if isinstance(op.dtype, dict):
                     raise Unlowerable(f"{kind} with a dtype per type: not lowered")
                 domain = _to(steps, domain, op.dtype, "mul" if op.scale else None, kind)
+            elif isinstance(op, getattr(v2, "ToPureTensor", ())):  # (torchvision 0.16 on)
+                if domain == "pil":
+                    raise Unlowerable(f"{kind} of a PIL image: not lowered")
+                # an Image as a plain tensor: default_collate makes its batch one anyway
             elif isinstance(op, (T.Normalize, v2.Normalize)):
                 if domain != "float":
                     raise Unlowerable(f"{kind} of a {'PIL image' if domain == 'pil' else 'uint8 tensor'}: "

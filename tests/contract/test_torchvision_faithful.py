@@ -464,6 +464,35 @@ def _rrc_ref(interp, pre=(), post=(), tensor=False):
     return ref
 
 
+class PresetTrain:
+    """torchvision's references/classification/presets.py ClassificationPresetTrain, as it is
+    made there by default (no auto-augment, no random erasing; PIL backend): its transform is
+    the Compose it holds, called through the object."""
+
+    def __init__(self, crop_size, use_v2=False):
+        M = v2 if use_v2 else T
+        self.transforms = M.Compose([M.RandomResizedCrop(crop_size, antialias=True), M.RandomHorizontalFlip(0.5),
+                                     M.PILToTensor(),
+                                     v2.ToDtype(torch.float, scale=True) if use_v2 else T.ConvertImageDtype(torch.float),
+                                     M.Normalize(MEAN, STD), *([v2.ToPureTensor()] if use_v2 else [])])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+class PresetEval:
+    """ClassificationPresetEval of the same file, with use_v2: Resize, CenterCrop, PILToTensor,
+    ToDtype, Normalize, ToPureTensor."""
+
+    def __init__(self, crop_size, resize_size=256):
+        self.transforms = v2.Compose([v2.Resize(resize_size, antialias=True), v2.CenterCrop(crop_size),
+                                      v2.PILToTensor(), v2.ToDtype(torch.float, scale=True), v2.Normalize(MEAN, STD),
+                                      v2.ToPureTensor()])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
 def _configs():
     """name -> (the script's transform, the reference of one sample (None: the transform itself,
     deterministic), output -> uint8 levels, the transform's tail after the random ops)."""
@@ -496,6 +525,11 @@ def _configs():
             T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
                        T.TrivialAugmentWide(), *tail]),
             _rrc_ref(BILINEAR, post=tail), levels_norm, tail),
+        "viii: the references' train preset (v1), through its object": (
+            PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
+            PresetTrain(224).transforms.transforms[2:]),
+        "ix: the references' eval preset (v2, ToPureTensor), through its object": (
+            PresetEval(224), None, levels_norm, PresetEval(224).transforms.transforms[2:]),
     }
 
 
@@ -583,6 +617,7 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
 # measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0.014/1  v 0.063/35  vi 0.077/35  vii 0.098/42
+# (viii is i's pipeline, ix iv's, each called through a preset object)
 TOLERANCE = {
     "i": (0.08, 40),
     "ii": (0.0, 0),
@@ -591,6 +626,8 @@ TOLERANCE = {
     "v": (0.08, 40),
     "vi": (0.1, 40),
     "vii": (0.12, 52),
+    "viii": (0.08, 40),
+    "ix": (0.02, 1),
 }
 
 

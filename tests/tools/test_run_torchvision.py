@@ -242,6 +242,40 @@ def test_served_natively_batches_as_torchvision_gives_them(tv, folder, kind, wor
     loader._stop()
 
 
+def test_only_a_thin_wrapper_of_a_compose_is_looked_into(tv, folder):
+    """An object whose __call__ is `return self.transforms(img)` (torchvision's references'
+    presets) is its Compose; one that does anything more, or finds `transforms` through a
+    property, is a transform fastdata cannot see into."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    inner = T.Compose([T.Resize(56), T.CenterCrop(48), T.PILToTensor()])
+
+    class Thin:
+        def __init__(self, transforms):
+            self.transforms = transforms
+
+        def __call__(self, image):
+            return self.transforms(image)
+
+    class More(Thin):
+        def __call__(self, image):
+            return self.transforms(image).flip(-1)
+
+    class Property(Thin):
+        transforms = property(lambda self: T.Compose([T.Resize(56), T.CenterCrop(48), T.PILToTensor(),
+                                                      T.ConvertImageDtype(torch.float)]))
+
+        def __init__(self, transforms):
+            pass
+
+    lowering, why = rt.lower(ImageFolder(str(folder), Thin(inner)))
+    assert why == "" and lowering.names == "Resize, CenterCrop, PILToTensor"
+    for wrapper in (More(inner), Property(inner)):
+        lowering, why = rt.lower(ImageFolder(str(folder), wrapper))
+        assert lowering is None and why == f"{type(wrapper).__name__} has no faithful lowering in fastdata", why
+
+
 def test_served_natively_same_seed_same_batches(tv, folder):
     """The script's torch.manual_seed makes the run repeat: the order (the sampler's generator)
     and the crops (a seed a batch from the torch RNG of the process that decodes)."""
