@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--lr", type=positive_float, default=0.1)
     ap.add_argument("--image-size", type=at_least(1), default=176)
     ap.add_argument("--workers", default="auto", type=workers)
+    ap.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                    help="skip: leave unreadable images out, counted (default: stop at the first, naming it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default="checkpoint.pt")
     ap.add_argument("--steps-per-checkpoint", type=at_least(1), default=100)
@@ -156,7 +158,7 @@ def main() -> None:
     try:
         loader = fastdata.loader(folder, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                  transform=fastdata.transforms.imagenet_train(args.image_size), device=device,
-                                 seed=args.seed)
+                                 seed=args.seed, on_error=args.on_error)
     except (OSError, ValueError, fastdata.DataError) as e:  # a folder without classes or images, say
         ap.error(f"--data: {e}")
     torch.manual_seed(args.seed)  # reproducible weights (DDP starts every rank from rank 0's)

@@ -91,9 +91,17 @@ def _model_step(spec: str, device: str) -> Callable[[Any], None]:
     except (ImportError, AttributeError) as e:
         raise CommandError(f"cannot import --model {spec}: {e}") from None
     try:
-        model = build().to(device).to(memory_format=torch.channels_last)
+        model = build()
     except Exception as e:
         raise CommandError(f"--model {spec} raised while being built: {type(e).__name__}: {e}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise CommandError(f"--model {spec} should return a torch.nn.Module, but returned {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise CommandError(f"--model {spec} has no parameters to train (the step trains it: forward, backward, SGD)")
+    try:
+        model = model.to(device).to(memory_format=torch.channels_last)
+    except Exception as e:
+        raise CommandError(f"--model {spec} cannot be moved to {device}: {type(e).__name__}: {e}") from None
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     kind = torch.device(device).type
 

@@ -218,6 +218,8 @@ def test_a_source_whose_samples_are_all_left_out_gets_no_verdict(tmp_path):
     (["--device", "cuda", "--step-ms", "5"], "use --device cpu"),
     (["--transform", "nope:thing", "--step-ms", "5"], "--transform should be"),
     (["--on-error", "ignore"], "argument --on-error: invalid choice"),
+    (["--model", "os:getcwd"], "--model os:getcwd should return a torch.nn.Module, but returned str"),
+    (["--model", "torch.nn:Flatten"], "--model torch.nn:Flatten has no parameters to train"),
 ])
 def test_arguments_are_refused_before_anything_is_made_or_measured(tmp_path, args, says):
     """'synthetic' would make 2,000 images under HOME before a profile: a refused argument
