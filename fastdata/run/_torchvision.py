@@ -15,9 +15,9 @@ decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMY
 as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
 which crosses to the main process as uint8; there `Finish` lays it out as default_collate would
 have: `[images, targets]`, the images a contiguous NCHW tensor of the dtype the transform ends
-in. Labels are the dataset's, through its `target_transform`. Random parameters follow torchvision's distributions, drawn per batch from a
-seed the process's torch RNG gives (in a worker, the seed torch gave that worker), as
-torchvision's transforms draw from it per sample.
+in. Labels are the dataset's, through its `target_transform`. Random parameters follow
+torchvision's distributions, drawn per batch from a seed the process's torch RNG gives (in a
+worker, the seed torch gave that worker), as torchvision's transforms draw from it per sample.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from ..image.decode import BatchDecoder
 from ..image.read import Failures, read_files
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
-
 
 
 @dataclass(frozen=True)
@@ -104,28 +103,19 @@ def _flatten(transform: Any) -> list:
     return [transform] if inner is None else _flatten(inner)
 
 
-class _Preset:
-    """What a thin wrapper of a Compose is, to the instruction: torchvision's classification
-    references (presets.py: ClassificationPresetTrain and Eval) call their transform so."""
-
+class _Preset:  # a thin wrapper of a Compose, as torchvision's references' presets.py writes one
     def __call__(self, img):
         return self.transforms(img)
 
 
 def _wrapped(transform: Any) -> Any:
-    """The transform a thin wrapper calls (see _Preset), or None: a wrapper whose class's
-    `__call__` has _Preset's instructions, names and constants calls its own `transforms`
-    attribute and returns what it gives, whatever the class is called; `transforms` must be the
-    instance's own (no property, no __getattribute__ of the class's in the way)."""
-    cls = type(transform)
+    """The transform a thin wrapper calls (a `__call__` with _Preset's instructions, names and
+    constants, and `transforms` the instance's own, found plainly), or None."""
+    cls, ref = type(transform), _Preset.__call__.__code__
     code = getattr(getattr(cls, "__call__", None), "__code__", None)
-    ref = _Preset.__call__.__code__
-    if code is None or (code.co_code, code.co_names, code.co_consts, code.co_argcount) != (
-            ref.co_code, ref.co_names, ref.co_consts, ref.co_argcount):
-        return None
-    if cls.__getattribute__ is not object.__getattribute__ or any("transforms" in vars(c) for c in cls.__mro__):
-        return None
-    return getattr(transform, "__dict__", {}).get("transforms")
+    plain = cls.__getattribute__ is object.__getattribute__ and not any("transforms" in vars(c) for c in cls.__mro__)
+    same = code is not None and all(getattr(code, k) == getattr(ref, k) for k in ("co_code", "co_names", "co_consts"))
+    return getattr(transform, "__dict__", {}).get("transforms") if plain and same else None
 
 
 def _filter(op: Any, tensor: bool) -> str:
@@ -238,10 +228,8 @@ def _lower_transform(transform: Any) -> Lowering:
                 if isinstance(op.dtype, dict):
                     raise Unlowerable(f"{kind} with a dtype per type: not lowered")
                 domain = _to(steps, domain, op.dtype, "mul" if op.scale else None, kind)
-            elif isinstance(op, getattr(v2, "ToPureTensor", ())):  # (torchvision 0.16 on)
-                if domain == "pil":
-                    raise Unlowerable(f"{kind} of a PIL image: not lowered")
-                # an Image as a plain tensor: default_collate makes its batch one anyway
+            elif isinstance(op, getattr(v2, "ToPureTensor", ())) and domain != "pil":
+                pass  # (torchvision 0.16 on) an Image as a plain tensor: default_collate's batch is one anyway
             elif isinstance(op, (T.Normalize, v2.Normalize)):
                 if domain != "float":
                     raise Unlowerable(f"{kind} of a {'PIL image' if domain == 'pil' else 'uint8 tensor'}: "
