@@ -6,9 +6,9 @@ process it starts (torchrun's ranks, spawned workers), `torch.utils.data.DataLoa
 loader: served by fastdata, or torch's own where fastdata could not give the same batches (a
 subclass of DataLoader, an IterableDataset, a custom sampler or batch sampler, arguments torch's
 DataLoader does not take). A loader the script left at num_workers=0 gets num_workers='auto'
-only where workers cannot change a batch: torch's default samplers, fork, and a dataset whose
-__getitem__ draws from no global RNG and changes none of its attributes (a probe of sample 0,
-its draws undone). Where CUDA is, a served loader with workers copies each batch ahead to the GPU
+only where workers cannot change a batch: a torchvision image folder fastdata decodes itself,
+torch's default samplers, fork; any other Dataset keeps its 0 (only its own __getitem__ knows
+whether workers would change its samples). Where CUDA is, a served loader with workers copies each batch ahead to the GPU
 the script moves its batches to (`fastdata.run._copy`; --no-copy-ahead: not). At the end, one
 line per loader on stderr: where it was made, the dataset, served or fell back, and why (and how
 many of the copies ahead the script took).
