@@ -9,30 +9,44 @@ the parser's `run` default to the function that runs the parsed command.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from types import ModuleType
 
-from . import bench, demo, run, shard
 from ._cli import EXIT_CODES, Parser
-from .profiling import cli as profile
 
-# name -> the module of its command, in the order `fastdata --help` lists them
-COMMANDS: dict[str, ModuleType] = {"profile": profile, "bench": bench, "shard": shard, "demo": demo, "run": run}
+# name -> the module of its command, in the order `fastdata --help` lists them. A command line
+# imports only its own command's module: `fastdata run`'s parent process then needs no torch.
+COMMANDS: dict[str, str] = {"profile": "fastdata.profiling.cli", "bench": "fastdata.bench", "shard": "fastdata.shard",
+                            "demo": "fastdata.demo", "run": "fastdata.run"}
 
 
-def parser() -> Parser:
-    """The `fastdata` command's parser, its subcommands included."""
+def command_module(name: str) -> ModuleType:
+    """The module of the command `name`."""
+    return importlib.import_module(COMMANDS[name])
+
+
+def parser(command: str | None = None) -> Parser:
+    """The `fastdata` command's parser, its subcommands included; given `command`, only that
+    one's arguments (the others named, for argparse's choices)."""
+    top = command_module("profile").EXAMPLE if command is None else None
     ap = Parser(prog="fastdata", description=__doc__.split("\n\n")[0] + "\n\nRun `fastdata COMMAND --help` for its "
-                "flags and an example.", epilog=EXIT_CODES, example=profile.EXAMPLE)
+                "flags and an example.", epilog=EXIT_CODES, example=top)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
-    for name, module in COMMANDS.items():
-        module.add_arguments(sub.add_parser(name, help=module.SUMMARY, description=module.__doc__,
-                                            example=module.EXAMPLE))
+    for name in COMMANDS:
+        if command is None or name == command:
+            module = command_module(name)
+            module.add_arguments(sub.add_parser(name, help=module.SUMMARY, description=module.__doc__,
+                                                example=module.EXAMPLE))
+        else:
+            sub.add_parser(name)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """`fastdata COMMAND ...`: runs the command; its exit status."""
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     return args.run(args)
 
 

@@ -17,6 +17,9 @@ many of the copies ahead the script took).
 stages) and writes the usual report (report.json, report.html) per loader in --out.
 
     fastdata run [--profile] [--out DIR] [--no-copy-ahead] [--debug] -- python train.py [ARGS...]
+
+A script named alone (`fastdata run train.py ARGS...`) runs with the Python that runs fastdata,
+as torchrun runs it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "
     command = command[1:] if command[:1] == ["--"] else command
     if not command:
         raise CommandError("no command given: fastdata run [--profile] -- python train.py ...")
+    if command[0].endswith(".py") and os.path.isfile(command[0]):
+        command = [sys.executable, *command]  # a script alone runs with this Python, as torchrun runs it
     if profile:
         check_writable("--out", out, folder=True)
     records = tempfile.mkdtemp(prefix="fastdata-run-")
