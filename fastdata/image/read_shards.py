@@ -328,6 +328,10 @@ class ShardReader:
                 out.add(f"{url} (member {m.name})", None, 0,
                         f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
                 return False
+            if ext in found:  # webdataset refuses it too; which of the two would be meant is not known
+                out.add(f"{url} (member {m.name})", None, 0,
+                        f"sample {key} has two {ext} members (extensions are compared lowercased)")
+                return False
             found[ext] = raw[m.data - start:m.data - start + m.size]
             count += 1
             nbytes += m.size

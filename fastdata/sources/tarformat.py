@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import tarfile
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -37,6 +37,12 @@ _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE
              tarfile.SOLARIS_XHDTYPE)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header bigger than this is taken as damage
+MAX_INDEX_BYTES = 1 << 30  # a bigger shard index is refused unread (fastdata shard writes ~100 bytes a sample)
+# What a stream (HTTP, pipe:, a compressed tar) is scanned for at most: its length is not known
+# beforehand, and an endless one would otherwise be read, and its samples kept, forever.
+MAX_STREAM_SAMPLES = 1_000_000
+MAX_STREAM_BYTES = 1 << 36
+_MAX_NAME = 4096  # a longer member name (Linux's PATH_MAX) is taken as damage: it would fill every message naming it
 _RESYNC_READ = 128 * BLOCK
 _SKIP_READ = 1 << 20  # a stream is read past unwanted bytes in pieces of at most this
 # A numeric header field as every tar writer fills it: octal digits, padded with spaces or NULs.
@@ -72,6 +78,19 @@ def index_location(url: str) -> str:
     return f"{head}/{index}" if head else index
 
 
+def parse_index(data: bytes | None, where: str) -> Any:
+    """The JSON of an index's bytes (read as at most MAX_INDEX_BYTES + 1 of them; None: its
+    size is known to be over): ValueError "the shard index <where> is malformed: <cause>" when
+    it is not JSON or over that size."""
+    if data is None or len(data) > MAX_INDEX_BYTES:
+        raise ValueError(f"the shard index {where} is malformed: it is over {MAX_INDEX_BYTES >> 30} GiB (about 10 "
+                         "million samples): index the dataset in parts, or remove the index to have the shards scanned")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting past the stack
+        raise ValueError(f"the shard index {where} is malformed: it is not JSON ({type(e).__name__}: {e})") from None
+
+
 def read_index(path: str | os.PathLike) -> dict:
     """The index written by write_shards (its "name"s are relative to the index's folder),
     checked for its format, version and counts: ValueError "the shard index <path> is
@@ -82,12 +101,11 @@ def read_index(path: str | os.PathLike) -> dict:
     malformed = f"the shard index {path} is malformed"
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{malformed}: it is not a regular file")
-        try:
-            index = json.loads(f.read())
-        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting past the stack
-            raise ValueError(f"{malformed}: it is not JSON ({type(e).__name__}: {e})") from None
+        # its size checked before a byte is read (a sparse file claims any), the read capped too
+        index = parse_index(f.read(MAX_INDEX_BYTES + 1) if st.st_size <= MAX_INDEX_BYTES else None, path)
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise ValueError(f"{malformed}: it is not a {INDEX_FORMAT} file")
     if index.get("version") != INDEX_VERSION:
@@ -269,6 +287,9 @@ def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member |
                 name, size = _pax(payload, name, size)
         except ValueError as e:
             return Damage(first, None, name, f"invalid pax header at byte {pos} ({e})"), pos + BLOCK
+        if name is not None and len(name) > _MAX_NAME:
+            return Damage(first, None, None, f"invalid tar header at byte {pos} (a member name of {len(name)} "
+                                             f"characters, more than the {_MAX_NAME} of a path)"), pos + BLOCK
         pos += BLOCK + padded(info.size)
         header = read(pos, BLOCK)
     name = info.name if name is None else name
@@ -398,6 +419,10 @@ def _reader(f) -> Callable[[int, int], bytes]:
     return read_on
 
 
+class StreamTooLong(ValueError):
+    """A stream scanned without a known length passed MAX_STREAM_SAMPLES or MAX_STREAM_BYTES."""
+
+
 def scan_tar(f, length: int | None = None) -> Scan:
     """The samples of the tar read from `f` (`length`: its size where known), grouped as
     webdataset groups them (consecutive members with one key), from the headers alone: a
@@ -412,6 +437,10 @@ def scan_tar(f, length: int | None = None) -> Scan:
     reading it fails there, and names the member."""
     items: list = []  # [key, start, end, members, payload bytes, extensions], and Damage
     for event in walk_tar(_reader(f), 0, None, length):
+        reach = (event.end or event.offset) if type(event) is Damage else event.data + event.size
+        if length is None and (len(items) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES):
+            raise StreamTooLong(f"a stream scanned without an index may hold {MAX_STREAM_SAMPLES:,} samples and "
+                                f"{MAX_STREAM_BYTES >> 30} GiB at most, and this one goes on past that; split it")
         if type(event) is Damage:
             items.append(event)
             continue
@@ -497,7 +526,7 @@ def count_samples(tar_path: str | os.PathLike) -> int:
             else:
                 with opener[kind](raw) as f:
                     scan = scan_tar(f)
-        except (OSError, EOFError, lzma.LZMAError) as e:  # a corrupt compressed stream
+        except (OSError, EOFError, lzma.LZMAError, StreamTooLong) as e:  # a corrupt or endless compressed stream
             raise DataError(f"cannot read shard {path}: {e}".replace("\n", " "), path=path) from None
     if scan.damage and not scan.has_members:
         raise DataError(f"cannot read shard {path}: not a tar file ({scan.damage[0].cause})", path=path)

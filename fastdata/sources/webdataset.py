@@ -4,7 +4,6 @@ index fastdata-shard writes next to them, or else from a scan of their tar heade
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import sys
@@ -20,7 +19,8 @@ import numpy as np
 from ..errors import DataError, error_line
 from .files import MAX_LABEL
 from .streams import describe_error, identity, local_path, open_http, open_stream
-from .tarformat import INDEX_FORMAT, INDEX_VERSION, Scan, index_location, read_index, scan_tar
+from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, index_location, parse_index, read_index,
+                        StreamTooLong, scan_tar)
 
 
 @dataclass
@@ -98,11 +98,17 @@ def _load_index(urls: list[str]) -> tuple[dict | None, str]:
         return (read_index(local) if os.path.exists(local) else None), where
     try:
         with open_http(where) as r:
-            index = json.loads(r.read())
+            data = r.read(MAX_INDEX_BYTES + 1)
     except urllib.error.HTTPError:  # no index there (404): the shards get scanned
         return None, where
-    except (OSError, ValueError, RecursionError):
+    except OSError:
         return None, where  # unreachable: the shards' own reads will say so
+    try:
+        index = parse_index(data, where)
+    except ValueError:
+        if len(data) > MAX_INDEX_BYTES:
+            raise
+        return None, where  # not an index: the shards get scanned
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != INDEX_VERSION:
         return None, where
     return index, where
@@ -115,7 +121,10 @@ def scan_shard(url: str) -> Scan:
     Raises DataError for a file in which no valid tar header is found."""
     local = local_path(url)
     with open_stream(url) as f:
-        scan = scan_tar(f, os.fstat(f.fileno()).st_size if local is not None else None)
+        try:
+            scan = scan_tar(f, os.fstat(f.fileno()).st_size if local is not None else None)
+        except StreamTooLong as e:
+            raise DataError(f"cannot read shard {url}: {e}", path=url) from None
     if scan.damage and not scan.has_members:
         raise DataError(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})", path=url)
     return scan
@@ -172,9 +181,7 @@ def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksu
         gaps = np.stack([lo[at], hi[at] - lo[at]], axis=1).astype(np.int64)
     if not len(at):
         return None, keys, spans, contents, checksums
-    keys = list(keys)
-    for i in at[::-1].tolist():
-        keys.insert(i, "")
+    keys = np.insert(np.array(keys, dtype=object), at, "").tolist()  # one pass: n gaps cost O(n), not O(n^2)
     spans = np.insert(spans, at, gaps, axis=0)
     contents = np.insert(contents, at, [-1, -1], axis=0)
     checksums = np.insert(checksums, at, -1)

@@ -624,3 +624,134 @@ def test_a_sample_changed_after_it_was_found_intact(pristine, tmp_path, backend)
     assert error["path"].endswith("train-000000.tar (member 00000004.*)") and "CRC-32" in error["cause"], error
     _expect(_load(tmp_path, backend, "skip")[0], "skip", {4}, "train-000000.tar", "00000004.*",
             "sample 00000004's bytes [")
+
+
+# ------------------------------------------------------------------ bounds on what a shard or its index makes the reader do
+
+
+def test_an_index_leaving_many_gaps_keeps_every_slot_in_place(pristine, tmp_path):
+    """An index that lists every other sample of a shard: each sample it misses becomes a slot
+    of its own, in the shard's order, between the samples it lists (many gaps at once, made in
+    one pass)."""
+    _copy(pristine, tmp_path, True)
+    keep = {f"{i:08d}" for i in range(N) if i % 2 == 0}
+    for key in sorted({f"{i:08d}" for i in range(N)} - keep):
+        _edit_index(tmp_path, _drop(key))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        listed = shards(str(tmp_path / PATTERN), progress=False)
+    assert [k for keys in listed.keys for k in keys] == ["" if i % 2 else f"{i:08d}" for i in range(N)]
+    for keys, spans in zip(listed.keys, listed.spans):  # each slot the bytes between its neighbours
+        assert len(spans) == len(keys) and (spans[1:, 0] == spans[:-1].sum(axis=1)).all()
+    loader, _ = _load(tmp_path, ("wds", 0), "skip")
+    assert set(_delivered(loader)) == {sample(i) for i in range(N) if i % 2 == 0}
+    assert loader.stats["skipped"] == N // 2
+
+
+def test_an_index_over_its_size_bound_is_refused_unread(pristine, tmp_path):
+    """An index file of more than MAX_INDEX_BYTES (here a sparse 2 GiB file: no disk, and nothing
+    of it read) is malformed, said in one line, before any allocation for it."""
+    from fastdata.sources import tarformat
+
+    _copy(pristine, tmp_path, False)
+    with open(tmp_path / "train-index.json", "wb") as f:
+        f.truncate(tarformat.MAX_INDEX_BYTES + 1)
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is over 1 GiB .*remove the index"):
+        shards(str(tmp_path / PATTERN), progress=False)
+
+
+def _stream_shard(tmp_path: Path, pristine: Path) -> str:
+    """The first pristine shard as a stream (`pipe:cat`), its index left behind: scanned."""
+    shutil.copy(pristine / "train-000000.tar", tmp_path / "s-000000.tar")
+    return f"pipe:cat {tmp_path / 's-000000.tar'}"
+
+
+@pytest.mark.parametrize("bound", ["samples", "bytes"])
+def test_a_stream_is_scanned_within_its_bounds(pristine, tmp_path, monkeypatch, bound):
+    """A shard read as a stream (pipe:, HTTP, a compressed tar) has no size to stop at: its scan
+    stops at MAX_STREAM_SAMPLES samples or MAX_STREAM_BYTES bytes with one line naming it (here
+    the bounds are lowered below the 6 samples of the shard), where an endless one would be
+    scanned, and its samples kept, forever."""
+    from fastdata.sources import tarformat
+
+    url = _stream_shard(tmp_path, pristine)
+    assert len(shards(url, progress=False)) == 6
+    monkeypatch.setattr(tarformat, "MAX_STREAM_SAMPLES" if bound == "samples" else "MAX_STREAM_BYTES",
+                        3 if bound == "samples" else 3 * 1024)
+    with pytest.raises(DataError, match=r"cannot read shard pipe:cat .*s-000000\.tar: a stream scanned without an "
+                                        r"index may hold .* at most, and this one goes on past that; split it"):
+        shards(url, progress=False)
+    import gzip
+
+    (tmp_path / "z.tar.gz").write_bytes(gzip.compress((tmp_path / "s-000000.tar").read_bytes()))
+    with pytest.raises(DataError, match=r"z\.tar\.gz: a stream scanned without an index"):
+        count_samples(tmp_path / "z.tar.gz")
+
+
+def _tar_of(path: Path, members: list[tuple[str, bytes]]) -> None:
+    import io
+
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("second", ["00000001.JPG", "00000001.jpg", "00000001.CLS"])
+def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_error, second):
+    """Sample 1 holds a second jpg (or cls) member, the last of its members: which one is the
+    sample is not known (webdataset refuses it as a duplicate), so the sample fails naming it;
+    the others are delivered with their own labels."""
+    import io
+
+    from PIL import Image
+
+    def jpeg(i):
+        out = io.BytesIO()
+        Image.new("RGB", (24, 24), color(i % CLASSES, i)).save(out, "JPEG", quality=95)
+        return out.getvalue()
+
+    members = []
+    for i in range(4):
+        members += [(f"{i:08d}.jpg", jpeg(i)), (f"{i:08d}.cls", b"%d" % (i % CLASSES))]
+        if i == 1:
+            members.append((second, jpeg(2) if second.lower().endswith("jpg") else b"2"))
+    _tar_of(tmp_path / "dup-000000.tar", members)
+    name, workers = backend
+    loader = fastdata.loader(str(tmp_path / "dup-000000.tar"), batch_size=2, transform=TRANSFORM, backend=name,
+                             num_workers=workers, device="cpu", on_error=on_error)
+    ext = second.rpartition(".")[2].lower()
+    cause = f"sample 00000001 has two {ext} members"
+    if on_error == "raise":
+        with pytest.raises(DataError, match=rf"dup-000000\.tar \(member {second}\): {cause}"):
+            _delivered(loader)
+        return
+    assert sorted(_delivered(loader)) == sorted((i % CLASSES, i) for i in (0, 2, 3))  # image i: color(i % 3, i)
+    (error,) = loader.stats["errors"]
+    assert error["path"].endswith(f"(member {second})") and cause in error["cause"], error
+
+
+def test_a_member_name_longer_than_a_path_is_damage(tmp_path):
+    """A GNU long name of 100,000 characters (up to 1 MiB of them fits an extended header) is
+    taken as a damaged header: the message naming it stays short, and the samples around it are
+    read."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (24, 24), color(0, 0)).save(out, "JPEG", quality=95)
+    _tar_of(tmp_path / "long-000000.tar", [("00000000.jpg", out.getvalue()), ("00000000.cls", b"0"),
+                                           ("k" * 100_000 + ".jpg", out.getvalue()), ("k" * 100_000 + ".cls", b"0")])
+    loader = fastdata.loader(str(tmp_path / "long-000000.tar"), batch_size=1, transform=TRANSFORM, backend="wds",
+                             device="cpu", on_error="skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _delivered(loader) == [sample(0)]
+    assert loader.stats["skipped"] >= 1
+    for error in loader.stats["errors"]:
+        assert len(error["path"]) + len(error["cause"]) < 1000, error
+    assert any("a member name of 100004 characters, more than the 4096 of a path" in e["cause"]
+               for e in loader.stats["errors"]), loader.stats["errors"]
