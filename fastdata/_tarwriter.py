@@ -13,12 +13,12 @@ import time
 import zlib
 from typing import Any, Callable
 
-from .errors import DataError
-from .sources.streams import open_regular
+from .errors import DataError, one_line, skippable
+from .image.check import check_complete
+from .image.read import read_files
 from .sources.tarformat import BLOCK, padded
 
 END = b"\0" * (2 * BLOCK)  # the end of a tar archive
-_CHUNK = 1 << 20
 
 
 # ----------------------------------------------------------------- tar layout
@@ -84,11 +84,26 @@ def _shared_tick(samples: int, nbytes: int) -> None:
             counts[1] += nbytes
 
 
+def _image_bytes(path: str, size: int) -> bytes | str:
+    """The file's bytes, or why it is not an image the loader would read: the checks the loader
+    makes before it decodes (`image.check`: a regular file of at most MAX_FILE_BYTES, its
+    structure walked to its end, its header within the pixel limit). A corrupt entropy-coded
+    segment is not found here: that takes a decode."""
+    data = read_files([path], 1)[0]
+    if isinstance(data, str):
+        return data
+    if len(data) != size:
+        raise DataError(f"{path} changed size while being sharded ({size} bytes, then {len(data)})", path=path)
+    cause = check_complete([data])[0][0]
+    return data if cause is None else cause
+
+
 def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) -> dict:
-    """Writes one shard through its temporary name; returns its index entry."""
-    final, tmp, samples = job
+    """Writes one shard through its temporary name; returns its index entry, with the files left
+    out under "skipped" ([path, cause] each: only where `job` says to skip them)."""
+    final, tmp, samples, skip = job
     digest = hashlib.sha256()
-    samples_index, members, crcs = [], [], []
+    samples_index, members, crcs, skipped = [], [], [], []
     offset = crc = 0
 
     def put(data: bytes) -> None:
@@ -101,24 +116,17 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
     try:
         with open(tmp, "wb") as f:
             for key, path, ext, label, size in samples:
+                data = _image_bytes(path, size)
+                if isinstance(data, str):
+                    if not skip:
+                        raise DataError(skippable(one_line(f"cannot pack {path}: {data}")), path=path)
+                    skipped.append([path, data])
+                    tick(1, 0)
+                    continue
                 start, crc = offset, 0
                 put(_header(f"{key}.{ext}", size))
                 data_offset = offset
-                got = 0
-                opened = open_regular(path)  # a FIFO or a device is refused, not waited on or read
-                if isinstance(opened, str):
-                    raise DataError(f"cannot read {path}: {opened}", path=path)
-                try:
-                    with open(opened[0], "rb") as src:
-                        while chunk := src.read(_CHUNK):
-                            got += len(chunk)
-                            if got > size:
-                                break
-                            put(chunk)
-                except OSError as e:
-                    raise DataError(f"cannot read {path}: {e.strerror or e}", path=path) from None
-                if got != size:
-                    raise DataError(f"{path} changed size while being sharded ({size} bytes, then {got})", path=path)
+                put(data)
                 put(b"\0" * (padded(size) - size))
                 cls = b"%d" % label
                 put(_header(f"{key}.cls", len(cls)))
@@ -137,8 +145,9 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
         except OSError:
             pass
         raise
-    return {"name": os.path.basename(final), "samples": len(samples), "bytes": offset, "sha256": digest.hexdigest(),
-            "samples_index": samples_index, "members": members, "crc32": crcs}
+    return {"name": os.path.basename(final), "samples": len(samples_index), "bytes": offset,
+            "sha256": digest.hexdigest(), "samples_index": samples_index, "members": members, "crc32": crcs,
+            "skipped": skipped}
 
 
 class Progress:

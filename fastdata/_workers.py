@@ -4,7 +4,8 @@
   `hold_threads`): a forked child gets a copy of such an object but none of its threads, and
   the first garbage collection or lock that touches it there can crash or block the child
   forever. Then workers start by `forkserver`, from a clean server process that never held
-  those threads; it costs the server's start (and its one `fastdata` import) once a process.
+  those threads; it costs the server's start (and its one import of the loader's modules) once a
+  process.
 - Stall: DataLoader's watchdog notices a worker that died, not one that stopped or is stuck
   in native code, and with `timeout=0` it waits forever. So a loader always gives DataLoader a
   limit: its `timeout`, or with `timeout=0` the stall limit (`FASTDATA_STALL_TIMEOUT` seconds,
@@ -39,6 +40,11 @@ def hold_threads(owner: Any) -> None:
     _threaded.add(owner)
 
 
+# What the forkserver imports once, not each worker: the loader's modules (torch and the backends
+# with them); `import fastdata` alone loads none of them.
+FORKSERVER_PRELOAD = ("fastdata.factory",)
+
+
 def release_threads(owner: Any) -> None:
     _threaded.discard(owner)
 
@@ -51,7 +57,7 @@ def start_method(asked: Any) -> Any:
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["fastdata"])  # imported once in the server, not in each worker
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return ctx
 
 

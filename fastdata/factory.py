@@ -126,7 +126,7 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
 
     Given images (an ImageFolder folder, a list of (path, label) pairs, WebDataset shards:
     a .tar path, a brace pattern, a list of shard paths or URLs) it decodes them into
-    `(images, labels)` batches with the fastest backend this machine has; see the README for
+    `(images, labels)` batches with the fastest backend this machine has; see docs/guide.md for
     the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
     world_size, on_error, config, sampler (`fastdata.samplers`); hw_decoder_load for the dali
     backend).

@@ -2,7 +2,7 @@
 with an index.
 
     fastdata shard SRC OUT_PATTERN [--max-count N] [--max-size BYTES] [--workers N]
-                   [--no-shuffle] [--seed S] [--quiet] [--debug]
+                   [--no-shuffle] [--seed S] [--on-error raise|skip] [--quiet] [--debug]
     fastdata shard imagenet/train out/train-%06d.tar --max-size 1G
 
 SRC is a folder in ImageFolder layout (SRC/<class>/<image>: classes sorted by name, label =
@@ -12,6 +12,10 @@ one `%d` or `%0Nd` in the file name (no braces), e.g. out/train-%06d.tar -> out/
 out/train-000001.tar, ...
 
 The shards
+  Each file is checked as the loader checks it before decoding (a regular file of at most
+  256 MiB, its structure walked to its end, its header within the pixel limit): one that
+  fails stops the run with its name and why, or with --on-error skip is left out, named in a
+  warning line (its key is then missing from the shards).
   Samples go in a shuffled order, the permutation numpy.random.Generator(PCG64(seed))
   .permutation(n) of the source order (--seed, default 0), so that a shard mixes the classes
   of a class-sorted folder and a loader's shuffle buffer sees a mix; --no-shuffle keeps the
@@ -71,7 +75,7 @@ import numpy as np
 from ._cli import Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone, run_command
 from ._cores import usable_cores
 from ._tarwriter import END, Progress, member_ext, sample_bytes, write_all
-from .errors import DataError
+from .errors import DataError, one_line
 from .sources.files import Samples, file_list, image_folder
 from .sources.tarformat import INDEX_FORMAT, INDEX_VERSION, count_samples, index_name, read_index
 
@@ -194,7 +198,9 @@ def _split_into_shards(samples, max_count: int, max_size: int, order) -> list[li
 
 
 def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, workers: int | None,
-           progress: bool, shuffle: bool = True, seed: int = 0) -> tuple[Path, dict]:
+           progress: bool, shuffle: bool = True, seed: int = 0, on_error: str = "raise") -> tuple[Path, dict]:
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r:.100}")
     max_count = _check_int("max_count", max_count, 1)
     max_size = _check_int("max_size", parse_size(max_size) if isinstance(max_size, str) else max_size, 1)
     workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
@@ -209,22 +215,25 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     index_file = os.path.join(folder, index_file_name)
     if index_file in finals:
         raise ValueError(f"the shard pattern {os.fspath(pattern)!r} names a shard {index_file_name}, the index's name")
-    jobs = [(final, os.path.join(folder, f".{os.path.basename(final)}.{token}.tmp"), shard)
+    jobs = [(final, os.path.join(folder, f".{os.path.basename(final)}.{token}.tmp"), shard, on_error == "skip")
             for final, shard in zip(finals, contents)]
     report = Progress(progress, os.fspath(pattern), len(samples))
     report.show(force=True)
     try:
         entries = write_all(jobs, workers, report)
     except BaseException:
-        for _, tmp, _ in jobs:  # what a terminated worker left
+        for _, tmp, _, _ in jobs:  # what a terminated worker left
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
         raise
     report.show(final=True)
+    skipped = [pair for entry in entries for pair in entry.pop("skipped")]
+    for path, cause in skipped:
+        warnings.warn(one_line(f"skipped {path}: {cause}"), stacklevel=3)
     index = {"version": INDEX_VERSION, "format": INDEX_FORMAT, "shards": entries, "classes": samples.classes,
-             "total": len(samples)}
+             "total": len(samples) - len(skipped)}
     tmp = os.path.join(folder, f".{index_file_name}.{token}.tmp")
     with open(tmp, "w") as f:
         f.write(json.dumps(index, separators=(",", ":")) + "\n")
@@ -237,7 +246,8 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
 
 
 def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10000, max_size: int | str = 1 << 30,
-                 workers: int | None = None, shuffle: bool = True, seed: int = 0, progress: bool = False) -> Path:
+                 workers: int | None = None, shuffle: bool = True, seed: int = 0, progress: bool = False,
+                 on_error: str = "raise") -> Path:
     """Writes `source` (an ImageFolder folder or a list of (path, label) pairs) as WebDataset
     tar shards named by `pattern` ("out/train-%06d.tar") and returns the path of their index,
     <prefix>-index.json next to them. See the module docstring for the shards' content and
@@ -249,9 +259,14 @@ def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10
     number. Samples go in the order of a permutation drawn from `seed`, or in source order with
     `shuffle=False`. `progress` prints a line on stderr (samples written / total, MB/s).
 
+    Each file is checked as the loader checks it before decoding (a regular file of at most
+    256 MiB, its structure walked to its end, its header within the pixel limit): one that
+    fails raises fastdata.DataError naming it, or with `on_error="skip"` is left out with a
+    warning naming it and why (its key is then missing from the shards).
+
     Raises FileNotFoundError / ValueError for a bad source or pattern, OSError when the output
     folder cannot be written, fastdata.DataError when an image file cannot be read."""
-    return _write(source, pattern, max_count, max_size, workers, progress, shuffle, seed)[0]
+    return _write(source, pattern, max_count, max_size, workers, progress, shuffle, seed, on_error)[0]
 
 
 # ----------------------------------------------------------------- CLI
@@ -293,6 +308,9 @@ def add_arguments(ap: Parser) -> None:
                     help="processes writing shards (default: the usable cores)")
     ap.add_argument("--no-shuffle", action="store_true", help="keep the source order (default: a shuffled order)")
     ap.add_argument("--seed", type=natural_int, default=0, help="the shuffled order's seed (default 0)")
+    ap.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                    help="a file that is not a readable image: stop with its name (raise, the default), or leave "
+                         "it out with a warning line naming it (skip)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
     add_debug(ap)
     ap.set_defaults(run=functools.partial(run, ap))
@@ -305,15 +323,17 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             path, index = _write(args.src, args.pattern, args.max_count, args.max_size, args.workers,
-                                 progress=not args.quiet, shuffle=not args.no_shuffle, seed=args.seed)
+                                 progress=not args.quiet, shuffle=not args.no_shuffle, seed=args.seed,
+                                 on_error=args.on_error)
         for w in caught:
             print(f"{ap.prog}: warning: {w.message}", file=sys.stderr)
         nbytes = sum(s["bytes"] for s in index["shards"])
+        skipped = sum(str(w.message).startswith("skipped ") for w in caught)
         print(f"{len(index['shards'])} shards, {index['total']} samples, {nbytes} bytes ({nbytes / 1e6:.1f} MB) "
-              f"in {time.perf_counter() - t:.1f} s")
+              f"in {time.perf_counter() - t:.1f} s" + (f"; {skipped} file(s) skipped" if skipped else ""))
         print(f"index: {path}")
         return 0
-    return run_command(ap.prog, body, args.debug)
+    return run_command(ap.prog, body, args.debug, skip_flag="--on-error skip")
 
 
 def main(argv: list[str] | None = None) -> int:

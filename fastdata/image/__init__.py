@@ -4,6 +4,7 @@
     order.py        which samples each batch holds: FileOrder, ShardOrder; Passes (the batch sampler)
     read.py         their bytes and labels: FileReader, the on_error policy (Failures)
     read_shards.py  ... from WebDataset shards: ShardReader (byte ranges, one block ahead)
+    check.py        whether each file is a whole image within the pixel limit (fastdata shard's check too)
     decode.py       check -> plan geometry -> decode into a slot -> CPU pixel ops: BatchDecoder
     cpu.py          runner: DataLoader's workers running read + decode (CpuWorkers)
     threads.py      runner: a decode thread in the training process (InProcess)

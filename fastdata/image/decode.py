@@ -29,13 +29,13 @@ import torch
 from .. import _codec  # the native decoder when built (AVAILABLE), the structure checks always
 from .._buffers import ProcessRings, new_batch
 from .._cores import batch_threads
-from .._pillow import FORMATS
 from .._trace import trace_range
 from ..errors import error_line
 from ..sources import Shards
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
 from ..transforms.plan import plan_geometry, plan_pixels
+from .check import check_complete
 from .read import Failures, Read
 
 
@@ -47,34 +47,6 @@ def _pillows(err: str) -> bool:
     """Whether the native decoder's error leaves the file to Pillow (a colour space it does not
     convert: CMYK, YCCK) rather than saying it is corrupt."""
     return "unsupported JPEG color space" in err
-
-
-def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, bool, int, int]]:
-    """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
-    height). JPEGs and PNGs are walked from their signature to their end marker (`_codec.
-    inspect_batch`: a file cut short is refused whatever the crop, and whatever Pillow's
-    LOAD_TRUNCATED_IMAGES says; bytes after the end are accepted, as Pillow does); other formats
-    are sized by Pillow. An image whose header claims more than `_codec.MAX_IMAGE_PIXELS` is
-    refused here, before any decoder allocates for it (DALI included)."""
-    limit = _codec.MAX_IMAGE_PIXELS
-    out = []
-    for data, (cause, kind, w, h) in zip(datas, _codec.inspect_batch(datas, _native_jpeg(), threads)):
-        if cause is None and not kind:
-            from PIL import Image, UnidentifiedImageError
-
-            try:
-                w, h = pil_lowering.size_of(data)
-            except UnidentifiedImageError:
-                cause = (f"not a readable image (none of {', '.join(FORMATS)} starts with "
-                         f"{bytes(data[:8])!r})")
-            except Image.DecompressionBombError as e:
-                cause = f"over the pixel limit of {limit} ({e})"
-            except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...
-                cause = f"not a readable image ({error_line(e)})"
-        if cause is None and w * h > limit:
-            cause = f"the header claims {w}x{h} = {w * h} pixels, over the limit of {limit} (a decompression bomb?)"
-        out.append((cause, kind == "jpeg", w, h))
-    return out
 
 
 # The records of the last few sample lists loaders were built over in this process, by key

@@ -329,8 +329,7 @@ class ShardReader:
                         f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
                 return False
             if ext in found:  # webdataset refuses it too; which of the two would be meant is not known
-                out.add(f"{url} (member {m.name})", None, 0,
-                        f"sample {key} has two {ext} members (extensions are compared lowercased)")
+                out.add(f"{url} (member {m.name})", None, 0, f"sample {key} has two {ext} members (in any case)")
                 return False
             found[ext] = raw[m.data - start:m.data - start + m.size]
             count += 1

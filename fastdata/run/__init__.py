@@ -52,7 +52,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="where --profile writes a folder per loader (default: ./fastdata-run)")
     add_debug(ap)
     ap.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
-                    help="the command to run, after --, as it runs without fastdata")
+                    help="the command to run (after an optional --), as it runs without fastdata; a script "
+                         "named alone runs with this Python")
     ap.set_defaults(run=lambda args: main_args(args, ap))
 
 

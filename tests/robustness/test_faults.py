@@ -405,6 +405,17 @@ def test_torch_dataloader_forked_after_dali(folder, clean):
     assert torch.equal(torch.cat([b[:, 0] for b in loader]), torch.arange(64.0))
 
 
+def test_the_forkserver_preloads_what_a_worker_runs():
+    """What the forkserver imports once holds torch and the workers' code, so that a worker it
+    starts imports none of it again (`import fastdata` alone loads neither)."""
+    code = ("import importlib, sys\n"
+            f"for name in {list(_workers.FORKSERVER_PRELOAD)!r}: importlib.import_module(name)\n"
+            "missing = {'torch', 'fastdata.image.cpu', 'fastdata.backends.torch'} - set(sys.modules)\n"
+            "assert not missing, missing")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.dali
 def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, clean):
     """A dali pass still live (its pipeline's threads running) while a worker-based loader

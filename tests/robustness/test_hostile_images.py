@@ -33,8 +33,9 @@ from PIL import Image, ImageOps
 import fastdata
 from fastdata import DataError, _codec
 from fastdata import transforms as T
-from fastdata.shard import write_shards
 from fastdata.transforms.plan import plan_geometry
+
+from _images import tar_as_is
 
 OUT = 24
 RRC = T.Compose([T.RandomResizedCrop(OUT, scale=(0.25, 1.0)), T.RandomHorizontalFlip()])
@@ -157,7 +158,8 @@ def make(config, pairs, tmp_path, **kw):
     source = pairs
     if backend == "wds":
         out = tmp_path / f"shards-{next(_SHARD_DIRS)}"
-        write_shards(pairs, out / "s-%06d.tar", shuffle=False, workers=1)
+        out.mkdir()
+        tar_as_is(pairs, out / "s-000000.tar")  # fastdata shard would refuse the bad files
         source = str(out / "s-000000.tar")
     kw.setdefault("transform", RRC)
     kw.setdefault("batch_size", 4)
@@ -369,13 +371,14 @@ _BOMB_SCRIPT = """
 import json, os, resource, sys
 import fastdata
 from fastdata import transforms as T
-from fastdata.shard import write_shards
-backend, good, bomb, tmp = sys.argv[1:5]
+backend, good, bomb, tmp, TESTS = sys.argv[1:6]
 if backend == "dali":
     import nvidia.dali  # noqa: F401
 source = [(good, 0), (bomb, 1)]
 if backend == "wds":
-    write_shards(source, os.path.join(tmp, "s-%06d.tar"), shuffle=False, workers=1)
+    sys.path.insert(0, TESTS)
+    from _images import tar_as_is
+    tar_as_is(source, os.path.join(tmp, "s-000000.tar"))
     source = os.path.join(tmp, "s-000000.tar")
 def run(on_error):
     loader = fastdata.loader(source, batch_size=2, backend=backend, device="cpu", on_error=on_error,
@@ -400,7 +403,8 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
     header: no decoder sees it, so memory does not grow by the gigabyte it would take."""
     (good, _), (bomb, _) = write(tmp_path / "files", {"good.jpg": PLAIN, "bomb.jpg": bomb_jpeg()})
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", _BOMB_SCRIPT, backend, good, bomb, str(tmp_path)],
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _BOMB_SCRIPT, backend, good, bomb, str(tmp_path), tests],
                           env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -529,7 +533,8 @@ def test_python_fallback_accepts_and_rejects_the_same(tmp_path):
 def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
     """`dali`'s check of the entropy-coded data: a clean file is decoded once and remembered by
     its id; a corrupt one is refused each time it comes; CMYK (left to Pillow) passes."""
-    from fastdata.image.decode import EntropyCheck, check_complete
+    from fastdata.image.check import check_complete
+    from fastdata.image.decode import EntropyCheck
 
     seen = []
     real = _codec.decode_crop_resize

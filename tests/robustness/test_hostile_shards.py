@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import warnings
@@ -723,9 +724,9 @@ def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_
     loader = fastdata.loader(str(tmp_path / "dup-000000.tar"), batch_size=2, transform=TRANSFORM, backend=name,
                              num_workers=workers, device="cpu", on_error=on_error)
     ext = second.rpartition(".")[2].lower()
-    cause = f"sample 00000001 has two {ext} members"
+    cause = f"sample 00000001 has two {ext} members (in any case)"
     if on_error == "raise":
-        with pytest.raises(DataError, match=rf"dup-000000\.tar \(member {second}\): {cause}"):
+        with pytest.raises(DataError, match=rf"dup-000000\.tar \(member {second}\): {re.escape(cause)}"):
             _delivered(loader)
         return
     assert sorted(_delivered(loader)) == sorted((i % CLASSES, i) for i in (0, 2, 3))  # image i: color(i % 3, i)

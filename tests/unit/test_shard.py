@@ -255,6 +255,64 @@ def test_files_that_are_not_regular_are_refused(folder, tmp_path):
             write_shards(pairs[:3] + [(str(tmp_path / name), 0)], tmp_path / "out" / "x-%d.tar", workers=1)
 
 
+def _with_bad_files(folder, tmp_path):
+    """The folder's pairs with three files that are no image the loader reads, in classes 0-2:
+    an empty file, text named .jpg, and a JPEG cut in half."""
+    bad = {"empty.jpg": b"", "text.jpg": b"not an image\n",
+           "cut.jpg": (folder / "class0" / "000.jpg").read_bytes()[:300]}
+    pairs = _pairs(folder)
+    for k, (name, data) in enumerate(bad.items()):
+        (tmp_path / name).write_bytes(data)
+        pairs.insert(5 * k + 2, (str(tmp_path / name), k))
+    return pairs, {str(tmp_path / name) for name in bad}
+
+
+def test_files_the_loader_would_refuse_are_named_or_left_out(folder, tmp_path):
+    """Each file is checked as the loader checks it before decoding: the first that fails stops
+    the run naming it (nothing written), or with on_error="skip" each is left out with a warning
+    naming it and why, and the shards hold every other sample, each with its own label."""
+    pairs, bad = _with_bad_files(folder, tmp_path)
+    with pytest.raises(DataError, match=r"cannot pack .*(empty|text|cut)\.jpg: .*pass on_error=\"skip\"$"):
+        write_shards(pairs, tmp_path / "raise" / "x-%02d.tar", max_count=4, workers=2)
+    assert not [f for f in os.listdir(tmp_path / "raise") if f.endswith((".json", ".tmp"))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        index = write_shards(pairs, tmp_path / "skip" / "x-%02d.tar", max_count=4, workers=2, on_error="skip")
+    said = {str(w.message).partition(": ")[0].removeprefix("skipped "): str(w.message) for w in caught}
+    assert set(said) == bad, said
+    assert "empty file" in said[str(tmp_path / "empty.jpg")]
+    assert "not a readable image" in said[str(tmp_path / "text.jpg")]
+    assert "truncated JPEG" in said[str(tmp_path / "cut.jpg")]
+    assert read_index(index)["total"] == N
+    got = []
+    for shard in read_index(index)["shards"]:
+        with tarfile.open(tmp_path / "skip" / shard["name"]) as tf:
+            files = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        for name, data in files.items():
+            if not name.endswith(".cls"):
+                c, j = _ids(data)
+                assert int(files[name.rsplit(".", 1)[0] + ".cls"]) == c
+                got.append((c, j))
+    assert sorted(got) == [(c, j) for c in range(CLASSES) for j in range(PER_CLASS)]
+
+
+def test_cli_on_error_skip_names_each_file_left_out(folder, tmp_path):
+    pairs, bad = _with_bad_files(folder, tmp_path)
+    src = tmp_path / "src"
+    for path, label in pairs:
+        (src / f"class{label}").mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, src / f"class{label}" / os.path.basename(path))
+    r = _run(src, tmp_path / "out" / "t-%02d.tar", "--max-count", "4", "-q")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "fastdata-shard: error: DataError: cannot pack " in r.stderr and r.stderr.rstrip().endswith(
+        "pass --on-error skip")
+    r = _run(src, tmp_path / "out" / "t-%02d.tar", "--max-count", "4", "-q", "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("fastdata-shard: warning: skipped ") for line in lines), lines
+    assert f", {N} samples, " in r.stdout and "; 3 file(s) skipped" in r.stdout
+
+
 def test_stale_shards_are_pointed_out(folder, tmp_path):
     write_shards(folder, tmp_path / "t-%02d.tar", max_count=4)
     with pytest.warns(UserWarning, match="t-01.tar"):
