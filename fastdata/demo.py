@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._cli import CommandError, Parser, add_debug, natural_int, positive_int, run_alone, run_command
+from ._cli import (CommandError, Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone,
+                   run_command)
 from ._cores import usable_cores
 from .ceiling import ceiling, images_in, within
 
@@ -218,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    blocked = not_a_directory(args.data) if args.images else None
+    if blocked is not None:  # said now, not after the drop-in part's minutes
+        raise CommandError(f"--data {args.data!r} cannot hold the images: {str(blocked)!r} is not a directory")
 
     import torch
     from torch.utils.data import DataLoader

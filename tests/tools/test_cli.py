@@ -203,9 +203,11 @@ def test_demo_failure_is_1_and_one_line_and_debug_shows_the_traceback(tmp_path, 
     argv = ["demo", "--samples", "32", "--batch-size", "16", "--epochs", "1", "--repeats", "1", "--workers", "0",
             "--images", "10", "--data", str(tmp_path / "file" / "data")]
     assert cli.main(argv) == 1
-    line = _one_line_error(capsys.readouterr().err.splitlines()[-1], "fastdata demo")
-    assert "Not a directory" in line and str(tmp_path / "file") in line
-    with pytest.raises(NotADirectoryError):
+    err = capsys.readouterr().err
+    assert "drop-in" not in err  # said before the first part runs
+    line = _one_line_error(err.splitlines()[-1], "fastdata demo")
+    assert "is not a directory" in line and str(tmp_path / "file") in line
+    with pytest.raises(CommandError, match="is not a directory"):
         cli.main([*argv, "--debug"])
 
 
