@@ -204,7 +204,7 @@ def test_demo_failure_is_1_and_one_line_and_debug_shows_the_traceback(tmp_path, 
             "--images", "10", "--data", str(tmp_path / "file" / "data")]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
-    assert "drop-in" not in err  # said before the first part runs
+    assert "run 1/1" not in err  # said before the drop-in part runs (its runs print "run 1/1: ...")
     line = _one_line_error(err.splitlines()[-1], "fastdata demo")
     assert "is not a directory" in line and str(tmp_path / "file") in line
     with pytest.raises(CommandError, match="is not a directory"):
