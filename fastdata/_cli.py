@@ -33,8 +33,8 @@ def version_text() -> str:
 
     from ._pillow import PILLOW
 
-    # The package's __init__ names modules that import this one (profiling, for type checkers),
-    # so its version is read from the imported package, not imported from it: no import cycle.
+    # The package's __init__ imports this module (through profiling.cli), so its version is
+    # read from the imported package, not imported from it.
     version = sys.modules[__package__].__version__
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     return f"fastdata {version}\ntorch {torch.__version__} ({build})\n{PILLOW}"

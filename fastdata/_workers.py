@@ -41,7 +41,7 @@ def hold_threads(owner: Any) -> None:
 
 
 # What the forkserver imports once, not each worker: the loader's modules (torch and the backends
-# with them); `import fastdata` alone loads none of them.
+# with them), which a worker runs.
 FORKSERVER_PRELOAD = ("fastdata.factory",)
 
 

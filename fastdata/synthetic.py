@@ -351,7 +351,7 @@ def _make(root: Path, seed: int, n_classes: int, todo: list[int], workers: int, 
         import multiprocessing
 
         # fork where there is one: the children need nothing imported again (a spawned child
-        # would import this module and Pillow before its first image).
+        # would import fastdata, hence torch, before its first image).
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
         with ctx.Pool(workers) as pool:

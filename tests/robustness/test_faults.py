@@ -407,7 +407,7 @@ def test_torch_dataloader_forked_after_dali(folder, clean):
 
 def test_the_forkserver_preloads_what_a_worker_runs():
     """What the forkserver imports once holds torch and the workers' code, so that a worker it
-    starts imports none of it again (`import fastdata` alone loads neither)."""
+    starts imports none of it again."""
     code = ("import importlib, sys\n"
             f"for name in {list(_workers.FORKSERVER_PRELOAD)!r}: importlib.import_module(name)\n"
             "missing = {'torch', 'fastdata.image.cpu', 'fastdata.backends.torch'} - set(sys.modules)\n"
