@@ -42,6 +42,10 @@ logger = logging.getLogger("fastdata")
 
 _MAX_ERRORS = 100
 _STATE_VERSION = 1
+# The most soft targets (MixUp, CutMix, LabelSmoothing: float32 [batch, classes]) a batch may have:
+# the class count can come from input (a shard index's list of classes), and one-hot targets grow
+# with it.
+MAX_TARGET_BYTES = 1 << 30
 
 
 class ImageLoader(Loader):
@@ -104,6 +108,13 @@ class ImageLoader(Loader):
         o, transform = self._options, self.transform
         fail = Failures(self.on_error, self.backend)
         self._order, self._reader = self._parts(o.shuffle, o.drop_last, o.num_workers, fail)
+        self.num_classes = self._reader.num_classes(transform)
+        targets = 4 * self.batch_size * self.num_classes if transform is not None and transform.soft_labels else 0
+        if targets > MAX_TARGET_BYTES:
+            raise ValueError(f"MixUp, CutMix and LabelSmoothing would make float32 targets of [{self.batch_size}, "
+                             f"{self.num_classes}] a batch, over {MAX_TARGET_BYTES >> 30} GiB: {self.num_classes} "
+                             "classes (the shard index's list, or the largest label + 1) are more than one-hot "
+                             "targets can hold")
         # The transform split once: the geometry is the decoder's, the batch ops the device stage's,
         # the pixel ops either's by placement ("auto" is the CPU, the README's rule).
         pixel_ops = transform.pixel_ops if transform is not None else ()
@@ -115,7 +126,6 @@ class ImageLoader(Loader):
                                      ids=len(self.samples), key=samples_key(self.samples),
                                      cpu_pixel_ops=() if device_pixel_ops else pixel_ops)
         self._runner = self._make_runner(o.num_workers, o.timeout, o.prefetch_factor, o.pin_memory)
-        self.num_classes = self._reader.num_classes(transform)
         self._device_stage = DeviceStage(device_pixel_ops, transform.batch_ops if transform is not None else (),
                                          device=self.device, dtype=self.dtype, channels_last=self.channels_last,
                                          num_classes=self.num_classes, seed=self.seed, rank=self.rank)

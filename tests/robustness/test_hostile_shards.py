@@ -756,3 +756,17 @@ def test_a_member_name_longer_than_a_path_is_damage(tmp_path):
         assert len(error["path"]) + len(error["cause"]) < 1000, error
     assert any("a member name of 100004 characters, more than the 4096 of a path" in e["cause"]
                for e in loader.stats["errors"]), loader.stats["errors"]
+
+
+def test_an_index_naming_too_many_classes_for_soft_targets_is_refused(pristine, tmp_path):
+    """MixUp's targets are [batch, classes] floats, the classes counted from the index: an index
+    naming 300,000 of them gives a batch of 1,024 1.2 GB of targets, refused when the loader is
+    built, in one line; 3 classes (as written) or no soft targets load."""
+    _copy(pristine, tmp_path, True)
+    mix = T.Compose([T.Resize(SIZE), T.CenterCrop(SIZE), T.MixUp(0.2)])
+    loader = fastdata.loader(str(tmp_path / PATTERN), batch_size=1024, transform=mix, device="cpu")
+    assert next(iter(loader))[1].shape == (N, 3)
+    _edit_index(tmp_path, lambda index: index.update(classes=[str(c) for c in range(300_000)]))
+    with pytest.raises(ValueError, match=r"targets of \[1024, 300000\] a batch, over 1 GiB"):
+        fastdata.loader(str(tmp_path / PATTERN), batch_size=1024, transform=mix, device="cpu")
+    fastdata.loader(str(tmp_path / PATTERN), batch_size=1024, transform=TRANSFORM, device="cpu")
