@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+import torch
 
 from ._ext import native as _ext
 from ._pillow import open_image
@@ -282,8 +282,7 @@ def decode_crop_resize(
         if whole.shape != (n,):
             raise ValueError(f"whole should have shape [{n}], but got {list(whole.shape)}")
         whole = np.ascontiguousarray(whole != 0, dtype=np.uint8)
-    torch = sys.modules.get("torch")  # a tensor's module is loaded; nothing else here needs torch
-    if torch is not None and isinstance(out, torch.Tensor):
+    if isinstance(out, torch.Tensor):
         if out.dtype != torch.uint8:
             raise TypeError(f"out should have dtype torch.uint8, but got {out.dtype}")
         if out.device.type != "cpu":

@@ -1,6 +1,6 @@
 """Whether each file is a whole image within the pixel limit, before any decoder allocates for
 it: the loader's check of a batch (`decode.BatchDecoder.check`, on every backend) and `fastdata
-shard`'s of each file it packs. Nothing here imports torch."""
+shard`'s of each file it packs."""
 
 from __future__ import annotations
 
