@@ -16,7 +16,7 @@ from types import ModuleType
 from ._cli import EXIT_CODES, Parser
 
 # name -> the module of its command, in the order `fastdata --help` lists them. A command line
-# imports only its own command's module: `fastdata run`'s parent process then needs no torch.
+# imports only its own command's module, not the others' (a profiler, a benchmark, a report).
 COMMANDS: dict[str, str] = {"profile": "fastdata.profiling.cli", "bench": "fastdata.bench", "shard": "fastdata.shard",
                             "demo": "fastdata.demo", "run": "fastdata.run"}
 

@@ -198,7 +198,7 @@ def _split_into_shards(samples, max_count: int, max_size: int, order) -> list[li
 
 
 def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, workers: int | None,
-           progress: bool, shuffle: bool = True, seed: int = 0, on_error: str = "raise") -> tuple[Path, dict]:
+           progress: bool, shuffle: bool = True, seed: int = 0, on_error: str = "raise") -> tuple[Path, dict, int]:
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r:.100}")
     max_count = _check_int("max_count", max_count, 1)
@@ -242,7 +242,7 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     if any(os.path.exists(p) for p in stale):
         warnings.warn(f"{stale[0]} (and maybe more) is left from an earlier run: it is not one of the {len(contents)} "
                       f"shards of this set, which {index_file} lists", stacklevel=3)
-    return Path(index_file), index
+    return Path(index_file), index, len(skipped)
 
 
 def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10000, max_size: int | str = 1 << 30,
@@ -322,13 +322,12 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         t = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            path, index = _write(args.src, args.pattern, args.max_count, args.max_size, args.workers,
-                                 progress=not args.quiet, shuffle=not args.no_shuffle, seed=args.seed,
-                                 on_error=args.on_error)
+            path, index, skipped = _write(args.src, args.pattern, args.max_count, args.max_size, args.workers,
+                                          progress=not args.quiet, shuffle=not args.no_shuffle, seed=args.seed,
+                                          on_error=args.on_error)
         for w in caught:
             print(f"{ap.prog}: warning: {w.message}", file=sys.stderr)
         nbytes = sum(s["bytes"] for s in index["shards"])
-        skipped = sum(str(w.message).startswith("skipped ") for w in caught)
         print(f"{len(index['shards'])} shards, {index['total']} samples, {nbytes} bytes ({nbytes / 1e6:.1f} MB) "
               f"in {time.perf_counter() - t:.1f} s" + (f"; {skipped} file(s) skipped" if skipped else ""))
         print(f"index: {path}")
