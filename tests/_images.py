@@ -29,17 +29,25 @@ def color_folder(root: Path, classes: int, per_class: int, sides: tuple[int, int
     return root
 
 
+def tar_of(path: Path | str, members: list[tuple[str, bytes]], fmt: int | None = None) -> None:
+    """A tar of `members` ((name, bytes) each, in order), written with tarfile (USTAR unless
+    `fmt` says otherwise), the bytes as they are."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT if fmt is None else fmt) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
 def tar_as_is(pairs: list[tuple[str, int]], path: Path | str) -> None:
     """A WebDataset shard of `pairs` (path, label) in list order, the bytes as they are (as
     webdataset's ShardWriter or tar would pack them; `fastdata shard` refuses files the loader
     would): sample i is `%08d.<ext>` and `%08d.cls`, ext lowercased, jpeg as jpg. No index."""
-    import io
-    import tarfile
-
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for i, (file, label) in enumerate(pairs):
-            ext = os.path.splitext(file)[1][1:].lower().replace("jpeg", "jpg")
-            for name, data in ((f"{i:08d}.{ext}", Path(file).read_bytes()), (f"{i:08d}.cls", b"%d" % label)):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+    members = []
+    for i, (file, label) in enumerate(pairs):
+        ext = os.path.splitext(file)[1][1:].lower().replace("jpeg", "jpg")
+        members += [(f"{i:08d}.{ext}", Path(file).read_bytes()), (f"{i:08d}.cls", b"%d" % label)]
+    tar_of(path, members)

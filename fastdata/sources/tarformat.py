@@ -78,13 +78,19 @@ def index_location(url: str) -> str:
     return f"{head}/{index}" if head else index
 
 
-def parse_index(data: bytes | None, where: str) -> Any:
-    """The JSON of an index's bytes (read as at most MAX_INDEX_BYTES + 1 of them; None: its
-    size is known to be over): ValueError "the shard index <where> is malformed: <cause>" when
-    it is not JSON or over that size."""
-    if data is None or len(data) > MAX_INDEX_BYTES:
+def check_index_size(nbytes: int, where: str) -> None:
+    """ValueError "the shard index <where> is malformed: it is over 1 GiB ..." for an index of
+    more than MAX_INDEX_BYTES: checked from a file's size before it is read, or from a read of
+    at most MAX_INDEX_BYTES + 1 bytes."""
+    if nbytes > MAX_INDEX_BYTES:
         raise ValueError(f"the shard index {where} is malformed: it is over {MAX_INDEX_BYTES >> 30} GiB (about 10 "
                          "million samples): index the dataset in parts, or remove the index to have the shards scanned")
+
+
+def parse_index(data: bytes, where: str) -> Any:
+    """The JSON of an index's bytes: ValueError "the shard index <where> is malformed: <cause>"
+    when it is not JSON (or over MAX_INDEX_BYTES)."""
+    check_index_size(len(data), where)
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting past the stack
@@ -104,8 +110,8 @@ def read_index(path: str | os.PathLike) -> dict:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{malformed}: it is not a regular file")
-        # its size checked before a byte is read (a sparse file claims any), the read capped too
-        index = parse_index(f.read(MAX_INDEX_BYTES + 1) if st.st_size <= MAX_INDEX_BYTES else None, path)
+        check_index_size(st.st_size, path)  # before a byte is read: a sparse file claims any size
+        index = parse_index(f.read(MAX_INDEX_BYTES + 1), path)  # capped too: the file may have grown
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise ValueError(f"{malformed}: it is not a {INDEX_FORMAT} file")
     if index.get("version") != INDEX_VERSION:
@@ -437,10 +443,11 @@ def scan_tar(f, length: int | None = None) -> Scan:
     reading it fails there, and names the member."""
     items: list = []  # [key, start, end, members, payload bytes, extensions], and Damage
     for event in walk_tar(_reader(f), 0, None, length):
-        reach = (event.end or event.offset) if type(event) is Damage else event.data + event.size
-        if length is None and (len(items) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES):
-            raise StreamTooLong(f"a stream scanned without an index may hold {MAX_STREAM_SAMPLES:,} samples and "
-                                f"{MAX_STREAM_BYTES >> 30} GiB at most, and this one goes on past that; split it")
+        if length is None:  # a stream: bounded, as it has no end to stop at
+            reach = (event.end or event.offset) if type(event) is Damage else event.data + event.size
+            if len(items) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES:
+                raise StreamTooLong(f"a stream scanned without an index may hold {MAX_STREAM_SAMPLES:,} samples and "
+                                    f"{MAX_STREAM_BYTES >> 30} GiB at most, and this one goes on past that; split it")
         if type(event) is Damage:
             items.append(event)
             continue

@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import DataError, error_line
 from .files import MAX_LABEL
 from .streams import describe_error, identity, local_path, open_http, open_stream
-from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, index_location, parse_index, read_index,
-                        StreamTooLong, scan_tar)
+from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong, check_index_size,
+                        index_location, parse_index, read_index, scan_tar)
 
 
 @dataclass
@@ -103,11 +103,10 @@ def _load_index(urls: list[str]) -> tuple[dict | None, str]:
         return None, where
     except OSError:
         return None, where  # unreachable: the shards' own reads will say so
+    check_index_size(len(data), where)
     try:
         index = parse_index(data, where)
     except ValueError:
-        if len(data) > MAX_INDEX_BYTES:
-            raise
         return None, where  # not an index: the shards get scanned
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != INDEX_VERSION:
         return None, where

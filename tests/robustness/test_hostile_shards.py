@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _images import color, color_folder
+from _images import color, color_folder, tar_of
 
 import fastdata
 from fastdata import DataError
@@ -661,6 +661,23 @@ def test_an_index_over_its_size_bound_is_refused_unread(pristine, tmp_path):
         shards(str(tmp_path / PATTERN), progress=False)
 
 
+def test_an_index_over_http_is_read_within_its_size_bound(pristine, tmp_path, monkeypatch):
+    """Over HTTP the index's size is not known beforehand: at most MAX_INDEX_BYTES + 1 bytes of
+    it are read (here the bound lowered below the real index's size), then it is refused as
+    over the bound; within the bound it is used."""
+    from fastdata._serve import serve
+    from fastdata.sources import tarformat, webdataset
+
+    _copy(pristine, tmp_path, True)
+    with serve(tmp_path) as base:
+        assert "index" in shards(f"{base}/{PATTERN}", progress=False).description
+        size = (tmp_path / "train-index.json").stat().st_size
+        for module in (tarformat, webdataset):
+            monkeypatch.setattr(module, "MAX_INDEX_BYTES", size - 1)
+        with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is over"):
+            shards(f"{base}/{PATTERN}", progress=False)
+
+
 def _stream_shard(tmp_path: Path, pristine: Path) -> str:
     """The first pristine shard as a stream (`pipe:cat`), its index left behind: scanned."""
     shutil.copy(pristine / "train-000000.tar", tmp_path / "s-000000.tar")
@@ -689,16 +706,6 @@ def test_a_stream_is_scanned_within_its_bounds(pristine, tmp_path, monkeypatch, 
         count_samples(tmp_path / "z.tar.gz")
 
 
-def _tar_of(path: Path, members: list[tuple[str, bytes]]) -> None:
-    import io
-
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-
-
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("second", ["00000001.JPG", "00000001.jpg", "00000001.CLS"])
 def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_error, second):
@@ -719,7 +726,7 @@ def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_
         members += [(f"{i:08d}.jpg", jpeg(i)), (f"{i:08d}.cls", b"%d" % (i % CLASSES))]
         if i == 1:
             members.append((second, jpeg(2) if second.lower().endswith("jpg") else b"2"))
-    _tar_of(tmp_path / "dup-000000.tar", members)
+    tar_of(tmp_path / "dup-000000.tar", members)
     name, workers = backend
     loader = fastdata.loader(str(tmp_path / "dup-000000.tar"), batch_size=2, transform=TRANSFORM, backend=name,
                              num_workers=workers, device="cpu", on_error=on_error)
@@ -744,8 +751,9 @@ def test_a_member_name_longer_than_a_path_is_damage(tmp_path):
 
     out = io.BytesIO()
     Image.new("RGB", (24, 24), color(0, 0)).save(out, "JPEG", quality=95)
-    _tar_of(tmp_path / "long-000000.tar", [("00000000.jpg", out.getvalue()), ("00000000.cls", b"0"),
-                                           ("k" * 100_000 + ".jpg", out.getvalue()), ("k" * 100_000 + ".cls", b"0")])
+    tar_of(tmp_path / "long-000000.tar", [("00000000.jpg", out.getvalue()), ("00000000.cls", b"0"),
+                                          ("k" * 100_000 + ".jpg", out.getvalue()), ("k" * 100_000 + ".cls", b"0")],
+           tarfile.GNU_FORMAT)  # a GNU long name
     loader = fastdata.loader(str(tmp_path / "long-000000.tar"), batch_size=1, transform=TRANSFORM, backend="wds",
                              device="cpu", on_error="skip")
     with warnings.catch_warnings():
