@@ -67,18 +67,19 @@ class _Pass:
 
     def _produce(self) -> None:
         try:
-            for keys in self.keys:
-                if self.stop.is_set():
-                    return
-                try:
-                    item = self.task.__getitems__(keys)
-                except BaseException as e:  # raised in the consumer, as a worker's error is
-                    self._put(_Raised(e))
-                    return
+            for item in self._items():
                 if not self._put(item):
                     return
+        except BaseException as e:  # raised in the consumer, as a worker's error is: an error choosing the
+            self._put(_Raised(e))   # next keys (a sampler's) as much as one decoding them
         finally:
             self._put(_END)
+
+    def _items(self) -> Iterator[Any]:
+        for keys in self.keys:
+            if self.stop.is_set():
+                return
+            yield self.task.__getitems__(keys)
 
     def batches(self) -> Iterator[Any]:
         limit = stall_limit(self.timeout)

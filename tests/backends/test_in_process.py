@@ -84,6 +84,21 @@ def test_error_in_the_decode_thread_names_the_file(tmp_path):
     assert sum(len(y) for _, y in skipping) == 11 and skipping.stats["skipped"] == 1
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_error_choosing_the_next_keys_reaches_the_loop(folder, workers):
+    """A sampler that raises in its second epoch (weights gone NaN, say) raises in the training
+    loop, with the thread as with workers, instead of ending the epoch as if it were complete."""
+    def weights(epoch):
+        return [float("nan") if epoch == 1 else 1.0] * (CLASSES * PER_CLASS)
+    loader = _loader(folder, num_workers=workers, shuffle=None,
+                     sampler=fastdata.samplers.WeightedSampler(weights, seed=0))
+    assert len(_batches(loader)) == len(loader) == 6
+    loader.set_epoch(1)
+    with pytest.raises(ValueError):
+        _batches(loader)
+    assert not _decode_threads()
+
+
 def test_a_stuck_decode_thread_ends_the_pass_within_its_timeout(folder, monkeypatch):
     loader = _loader(folder, num_workers=0, timeout=1)
     release = threading.Event()
