@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -50,6 +51,22 @@ def new_stats() -> dict[str, Any]:
     # (or tar members) among them; errors: the first 100 of those, each once: path, cause and
     # count (the times it was skipped: a bad file is read again each epoch)
     return {"samples": 0, "batches": 0, "skipped": 0, "skipped_files": 0, "errors": [], "wait_s": 0.0}
+
+
+def check_position(state: dict[str, Any], length: int | None, epoch_may_be_none: bool = False) -> None:
+    """Refuses, in one line, a state dict whose position is not one this loader can resume:
+    `epoch` and `batches` each an int >= 0 (not a bool), the batches at most the epoch's
+    `length` where it is known. A checkpoint is a file like any other: a negative count would
+    replay an epoch and a huge one silently end it, where the user asked for neither."""
+    for field, top in (("epoch", None), ("batches", length)):
+        value = state.get(field)
+        if value is None and field == "epoch" and epoch_may_be_none:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0 or \
+                (top is not None and value > top):
+            bound = f"from 0 to {top} (this loader's batches an epoch)" if top is not None else ">= 0"
+            raise ValueError(f"the state's {field} should be an integer {bound}, but is {value!r:.80}: "
+                             "pass a dict from this loader's state_dict()")
 
 
 class Loader:

@@ -21,7 +21,7 @@ from .._collate import collate as native_collate
 from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers,
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
-from .._loader import Loader, resolve_workers
+from .._loader import Loader, check_position, resolve_workers
 from .torch_iter import Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
 
 DATALOADER_KEYWORDS = tuple(
@@ -329,11 +329,24 @@ class TorchLoader(DataLoader, Loader):
             **own,
         }
 
+    def _length(self) -> int | None:
+        """Batches an epoch where the sampler says (an iterable dataset's len is an estimate)."""
+        if isinstance(self.dataset, IterableDataset):
+            return None
+        try:
+            return len(self)
+        except TypeError:  # a batch sampler without __len__
+            return None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(
                 f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}"
             )
+        if not isinstance(state.get("rng"), torch.Tensor):  # an image loader's state has "backend" and no RNG
+            raise ValueError(f"the state was taken by a loader over images (backend {state.get('backend')!r}), "
+                             "so it resumes only a loader over the same images, not one over a Dataset")
+        check_position(state, self._length(), epoch_may_be_none=True)
         if state.get("sampler_state") is not None and hasattr(self.sampler, "load_state_dict"):
             self.sampler.load_state_dict(state["sampler_state"])
         if state["epoch"] is not None:

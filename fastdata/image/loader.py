@@ -23,7 +23,7 @@ import torch
 from .. import _optional as optional
 from .._ranks import ranks
 from .._trace import trace_range
-from .._loader import Loader, resolve_workers
+from .._loader import Loader, check_position, resolve_workers
 from ..device import DeviceStage, prefetch
 from ..errors import DataError, one_line
 from ..samplers import IndexSampler
@@ -215,6 +215,7 @@ class ImageLoader(Loader):
             raise ValueError(f"the state was taken with world_size={self._state_world}: each rank's share of an epoch "
                              f"depends on it, so resume on {self._state_world} ranks, not {self.world_size}")
         self._state_world = None
+        check_position({"epoch": self._epoch, "batches": self._skip}, len(self._order))
         if self._in_epoch:  # the last iterator was dropped before its first batch: its start stands
             self._skip = self._delivered
         epoch, skip, self._skip = self._epoch, self._skip, 0
@@ -232,6 +233,7 @@ class ImageLoader(Loader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
             raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
+        check_position(state, None)
         self._order.check_state(state)
         if state.get("batch_size", self.batch_size) != self.batch_size:
             raise ValueError(f"the state was taken with batch_size={state['batch_size']}: its position counts batches "

@@ -36,6 +36,20 @@ def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
     return np.arange(n)
 
 
+def check_source(state: dict[str, Any], n: int, shards: bool) -> None:
+    """Refuses a state taken over other data: files and shards number their samples in other
+    orders (a shard state is the one with "lanes"), and a position in n samples means nothing
+    in m. States written before "samples" was kept are checked for their kind only."""
+    if ("lanes" in state) != shards:
+        kind = "WebDataset shards" if "lanes" in state else "image files"
+        raise ValueError(f"the state was taken by a loader over {kind} (backend {state.get('backend')!r}), so it "
+                         "resumes only a loader over the same " + ("shards" if "lanes" in state else "files"))
+    samples = state.get("samples", n)
+    if samples != n:
+        raise ValueError(f"the state was taken over {samples!r:.40} samples, but this loader has {n}: it resumes "
+                         "only a loader over the same data")
+
+
 class FileOrder:
     """Image files: batch k of a rank holds samples (epoch, i) of its strided share of the
     epoch's permutation."""
@@ -69,9 +83,10 @@ class FileOrder:
         return [(epoch, int(i)) for i in self.rank_order(epoch)[k * b : (k + 1) * b]]
 
     def state(self) -> dict[str, Any]:
-        return {} if self.sampler is None else {"sampler": self.sampler.state_dict()}
+        return {"samples": self.n, **({} if self.sampler is None else {"sampler": self.sampler.state_dict()})}
 
     def check_state(self, state: dict[str, Any]) -> None:
+        check_source(state, self.n, shards=False)
         taken = state.get("sampler")
         if (taken is None) != (self.sampler is None):
             raise ValueError("the state was taken with " + (f"sampler {taken.get('sampler')!r}, so resume with that "
@@ -122,10 +137,11 @@ class ShardOrder:
         return [(epoch, k)]
 
     def state(self) -> dict[str, Any]:
-        return {"lanes": self.lanes}
+        return {"samples": self.n, "lanes": self.lanes}
 
     def check_state(self, state: dict[str, Any]) -> None:
-        lanes = state.get("lanes", self.lanes)
+        check_source(state, self.n, shards=True)
+        lanes = state["lanes"]
         if lanes != self.lanes:
             raise ValueError(f"the state was taken with num_workers={lanes} (shards split a rank's samples among "
                              f"its workers), so resume with num_workers={lanes}, not {self.lanes}")

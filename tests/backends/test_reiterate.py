@@ -177,3 +177,34 @@ def test_image_set_epoch_between_iter_and_the_first_batch(folder, workers, persi
     assert got == expected, "the iterator did not run the epoch set before its first batch"
     assert loader.state_dict()["epoch"] == 2
     assert _check_images([(x.clone(), y.clone()) for x, y in loader]) != expected, "epoch 2 repeated epoch 1's order"
+
+
+def test_a_state_from_elsewhere_or_out_of_range_is_refused_in_one_line(folder, tmp_path):
+    """A checkpoint is a file like any other: a position outside the epoch, or one taken over
+    other data (files against shards, another sample count, images against a Dataset), is
+    refused when loaded or at the next pass, never resumed as another epoch's batches."""
+    from fastdata.shard import write_shards
+    write_shards(str(folder), str(tmp_path / "s-%03d.tar"), workers=1, progress=False)
+    shards = fastdata.loader(str(tmp_path / "s-000.tar"), batch_size=BATCH, backend="wds",
+                             transform=T.Compose([T.CenterCrop(24)]))
+    loaders = {"image": _make("image", folder, 0, False), "dropin": _make("dropin", folder, 0, False),
+               "shards": shards}
+    states = {kind: loader.state_dict() for kind, loader in loaders.items()}
+    bad = {"batches": [-1, len(loaders["image"]) + 1, 2.5, True, None, "1"], "epoch": [-1, 1.5, "0"]}
+    for kind, loader in loaders.items():
+        for field, values in bad.items():
+            for value in values:
+                with pytest.raises(ValueError, match=f"the state's {field} should be an integer") as e:
+                    loader.load_state_dict({**states[kind], field: value})
+                    list(loader)  # a count past the end is known to be so once the pass knows its length
+                assert "\n" not in str(e.value)
+    for kind, other, why in [("image", "shards", "over WebDataset shards"), ("shards", "image", "over image files"),
+                             ("dropin", "image", "over images")]:
+        with pytest.raises(ValueError, match=why):
+            loaders[kind].load_state_dict(states[other])
+    for kind in ("image", "shards"):
+        with pytest.raises(ValueError, match=f"taken over {N // 2} samples, but this loader has {N}"):
+            loaders[kind].load_state_dict({**states[kind], "samples": N // 2})
+    for kind, loader in loaders.items():  # a state of its own still resumes
+        loader.load_state_dict({**states[kind], "batches": 1})
+        assert len(list(loader)) == len(loader) - 1
