@@ -179,6 +179,16 @@ class Checked:
         return (int(self.geo.sizes[0][0]), int(self.geo.sizes[0][1])) if len(self.datas) else self.empty_size
 
 
+def working_pixels(geo) -> np.ndarray:
+    """The pixels each sample's resize holds at once: its output, or the pass between (output
+    width x the crop box's height): Pillow's resize and the native one run the horizontal pass
+    first, over every row of the box. The header's limit bounds the decode, not these: a
+    1 x 4,000,000 image resized to 224 x 224 passes through 224 x 4,000,000."""
+    out_w, out_h = geo.sizes[:, 0], geo.sizes[:, 1]
+    box_h = np.ceil(geo.boxes[:, 3] - geo.boxes[:, 1]).astype(np.int64)
+    return np.maximum(out_w * out_h, out_w * box_h)
+
+
 class BatchDecoder:
     """Checks and decodes batches into slots of this process's ring (picklable: it travels to
     the worker processes). `ids`: the number of sample ids, the size of `entropy`, the record
@@ -227,6 +237,20 @@ class BatchDecoder:
         jpeg = np.array(jpeg, dtype=bool)
         sel = index[ok]
         geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
+        work = working_pixels(geo)
+        if (work > _codec.MAX_IMAGE_PIXELS).any():  # a sliver of an image resized to a size its header did not give
+            keep = []
+            for j, pixels in enumerate(work):
+                if pixels <= _codec.MAX_IMAGE_PIXELS:
+                    keep.append(j)
+                    continue
+                w, h = sizes[j]
+                ow, oh = geo.sizes[j]
+                self.fail(errors, paths[ok[j]], f"the transform resizes its {w}x{h} pixels to {ow}x{oh}, which takes "
+                          f"{pixels} pixels, over the limit of {_codec.MAX_IMAGE_PIXELS} (an image of that shape?)")
+            ok, sizes, jpeg = [ok[j] for j in keep], sizes[keep], jpeg[keep]
+            sel = index[ok]
+            geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
         if len(ok) and (geo.sizes != geo.sizes[0]).any():
             odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
             raise ValueError(

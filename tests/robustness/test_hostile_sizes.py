@@ -10,7 +10,9 @@ import io
 import os
 import subprocess
 import sys
+import struct
 import tarfile
+import zlib
 
 import numpy as np
 import pytest
@@ -129,3 +131,33 @@ def test_a_shard_that_is_not_a_regular_file_is_refused(tmp_path, kind):
                           timeout=60, env=env)
     kind_words = "a FIFO" if kind == "fifo" else "a character device"
     assert proc.stdout.strip() == f"cannot read shard {shard}: not a regular file ({kind_words})", proc
+
+
+def tall_png(path, height: int) -> str:
+    """A 1 x `height` RGB PNG: a few KB whatever its height, each row compressing to nothing."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", 1, height, 8, 2, 0, 0, 0)
+    rows = zlib.compress(b"\0\xc8\x0a\x0a" * height, 9)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+    return str(path)
+
+
+@pytest.mark.parametrize("transform, height", [(T.Compose([T.Resize((224, 224))]), 4_000_000),
+                                               (T.Compose([T.Resize(256)]), 100_000)])
+def test_a_resize_that_would_pass_through_more_pixels_than_the_limit_is_refused(tmp_path, transform, height):
+    """The header's pixel limit bounds the decode; a sliver resized to a square passes through
+    (output width x the sliver's height) pixels, and Resize(256) of a 1 x 100,000 image asks for
+    a 256 x 25,600,000 output: each is refused from the plan, before anything is allocated."""
+    sliver = tall_png(tmp_path / "sliver.png", height)
+    good = tmp_path / "good.png"
+    Image.new("RGB", (height // 1000, 1000), (7, 8, 9)).save(good)  # the sliver's shape, but sized to fit
+    pairs = [(str(good), 0), (sliver, 1)]
+    loader = fastdata.loader(pairs, batch_size=1, device="cpu", transform=transform, on_error="skip")
+    assert [y for _, ys in loader for y in ys.tolist()] == [0]
+    (error,) = loader.stats["errors"]
+    assert error["path"] == sliver and "over the limit of 89478485" in error["cause"], error
+    with pytest.raises(DataError, match=r"cannot read .*sliver\.png: the transform resizes its 1x\d+ pixels") as e:
+        list(fastdata.loader(pairs, batch_size=1, device="cpu", transform=transform))
+    assert "\n" not in str(e.value)
