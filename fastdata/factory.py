@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from typing import Any
@@ -23,6 +24,10 @@ logger = logging.getLogger("fastdata")
 
 
 _IMAGE_KEYWORDS = image_options.KEYWORDS
+_NO_SOURCE: Any = object()
+# DataLoader's parameters that may be given by position after batch_size, in their order
+_POSITIONAL = tuple(name for name, p in list(inspect.signature(torch.utils.data.DataLoader.__init__).parameters.items())[3:]
+                    if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _BACKENDS = ("auto", "pil", "wds", "dali", "ray")  # "ray" only when asked for: it needs a cluster to pay off
 
 
@@ -76,6 +81,7 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
         if name not in _IMAGE_KEYWORDS:
             raise TypeError(f"loader() got an unexpected keyword argument {name!r} for an image source")
     options = _with_config(dict(options))
+    _check_as_dataloader(options)
     options = _with_tune(source, batch_size, options)
     backend = options.pop("backend", "auto")
     if backend not in _BACKENDS:
@@ -97,6 +103,16 @@ def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Load
     return kind(samples, batch_size, image_options.ImageOptions(**options))
 
 
+def _check_as_dataloader(options: dict[str, Any]) -> None:
+    """DataLoader's refusals of the keywords image mode shares with it, in its words."""
+    timeout = options.get("timeout", 0)
+    if isinstance(timeout, (int, float)) and timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    # ray reads num_workers=0 as an actor per CPU of the cluster, which persist
+    if options.get("persistent_workers") and options.get("num_workers", 0) == 0 and options.get("backend") != "ray":
+        raise ValueError("persistent_workers option needs num_workers > 0")
+
+
 def _ray_loader() -> type:
     """The `ray` backend's loader, imported only when asked for (Ray is an extra)."""
     optional.require("ray", "backend 'ray'")
@@ -116,7 +132,7 @@ def _auto(shards: bool, device: Any) -> tuple[str, str]:
     return "pil", "auto: image files" + (" (DALI is not installed)" if cuda else ", a CPU target")
 
 
-def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
+def loader(source: Any = _NO_SOURCE, batch_size: int | None = 1, *args: Any, **options: Any) -> Loader:
     """Returns a Loader over `source`.
 
     Given a `torch.utils.data.Dataset` (map-style or iterable; any object DataLoader accepts),
@@ -130,14 +146,40 @@ def loader(source: Any, batch_size: int | None = 1, **options: Any) -> Loader:
     the keywords (transform, backend, device, dtype, channels_last, placement, seed, rank,
     world_size, on_error, config, sampler (`fastdata.samplers`); hw_decoder_load for the dali
     backend).
+
+    DataLoader's positional arguments after `batch_size` (`shuffle`, `sampler`, ...) and its
+    `dataset=` keyword are taken as DataLoader takes them.
     """
+    source = _as_dataloader_call(source, args, options)
     _check_device(options.get("device"))
     if sources.is_image_source(source):
         return _image_loader(source, batch_size, options)
     for name in options:
         if name not in _DROPIN_KEYWORDS:
-            raise TypeError(f"loader() got an unexpected keyword argument {name!r}")
+            image = f" (an image source's keyword, but {type(source).__name__} {source!r:.60} is not an image source: " \
+                "a folder, (path, label) pairs or shards)" if name in _IMAGE_KEYWORDS else ""
+            raise TypeError(f"loader() got an unexpected keyword argument {name!r}{image}")
     return TorchLoader(source, batch_size=batch_size, **options)
+
+
+def _as_dataloader_call(source: Any, args: tuple, options: dict[str, Any]) -> Any:
+    """The source, and `options` given DataLoader's positional arguments by name: a call
+    written for DataLoader (`DataLoader(ds, 64, True)`, `DataLoader(dataset=ds)`) means the
+    same here, and fails as it would there."""
+    if "dataset" in options:
+        if source is not _NO_SOURCE:
+            raise TypeError("loader() got multiple values for argument 'dataset' (the source)")
+        source = options.pop("dataset")
+    if source is _NO_SOURCE:
+        raise TypeError("loader() missing 1 required positional argument: 'source'")
+    if len(args) > len(_POSITIONAL):
+        raise TypeError(f"loader() takes from 1 to {len(_POSITIONAL) + 2} positional arguments but "
+                        f"{len(args) + 2} were given")
+    for name, value in zip(_POSITIONAL, args):
+        if name in options:
+            raise TypeError(f"loader() got multiple values for argument {name!r}")
+        options[name] = value
+    return source
 
 
 def _check_device(device: Any) -> None:

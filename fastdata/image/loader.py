@@ -72,7 +72,12 @@ class ImageLoader(Loader):
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"dtype should be torch.float32, torch.float16 or torch.bfloat16, but got {dtype}")
         if o.transform is not None and not isinstance(o.transform, Compose):
-            raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {type(o.transform).__name__}")
+            kind = type(o.transform)
+            hint = ("torchvision's transforms run on a Dataset (torchvision.datasets.ImageFolder(root, transform)), "
+                    "or in the script unchanged under `fastdata run`" if kind.__module__.startswith("torchvision")
+                    else "put the ops in fastdata.transforms.Compose([...])")
+            raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {kind.__module__}."
+                            f"{kind.__qualname__}: {hint}")
         if o.sampler is not None:
             _check_sampler(o.sampler, samples, o.shuffle)
         self.samples = samples

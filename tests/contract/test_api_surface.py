@@ -77,3 +77,46 @@ def test_every_keyword_is_accepted(tmp_path):
     assert set(factory._DROPIN_KEYWORDS) == dropin | {"device"}
     with pytest.raises(TypeError, match="unexpected keyword argument 'shuffel'"):
         fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(2)), shuffel=True)
+
+
+def _outcome(call):
+    try:
+        return [[t.tolist() for t in batch] for batch in call()]
+    except Exception as e:  # noqa: BLE001 - the outcome compared is the exception's type
+        return type(e).__name__
+
+
+def test_a_call_written_for_dataloader_means_the_same(tmp_path):
+    """DataLoader's positional arguments after batch_size, and its `dataset=` keyword, as
+    DataLoader takes them (and refuses them); image mode refuses what DataLoader refuses of
+    the keywords it shares, in DataLoader's words."""
+    import torch
+    from PIL import Image
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(torch.arange(10.0), torch.arange(10) % 3)
+    calls = [lambda f: f(ds, 4, True, generator=torch.Generator().manual_seed(0)),
+             lambda f: f(ds, 4, False, None, None, 0, None, False, True),  # ... drop_last=True by position
+             lambda f: f(dataset=ds, batch_size=3),
+             lambda f: f(ds, 4, True, shuffle=False),
+             lambda f: f(ds, 4, *[None] * 12),
+             lambda f: f(batch_size=3)]
+    for call in calls:
+        want = _outcome(lambda: call(DataLoader))
+        assert _outcome(lambda: call(fastdata.loader)) == want
+    assert isinstance(_outcome(lambda: calls[1](fastdata.loader)), list)  # the calls that succeed do succeed
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / "0.jpg")
+    for kwargs, message in [({"timeout": -1}, "timeout option should be non-negative"),
+                            ({"persistent_workers": True}, "persistent_workers option needs num_workers > 0"),
+                            ({"persistent_workers": True, "num_workers": 0}, "needs num_workers > 0")]:
+        with pytest.raises(ValueError, match=message):
+            DataLoader(ds, **kwargs)
+        with pytest.raises(ValueError, match=message):
+            fastdata.loader(str(tmp_path), **kwargs)
+    with pytest.raises(TypeError, match="'transform' .an image source's keyword, but list"):
+        fastdata.loader([], transform=fastdata.transforms.imagenet_eval(8))
+    compose = type("Compose", (), {"__module__": "torchvision.transforms.transforms"})  # torchvision's, by name
+    with pytest.raises(TypeError, match=r"got torchvision.transforms.transforms.Compose: torchvision's transforms "
+                                        r"run on a Dataset"):
+        fastdata.loader(str(tmp_path), transform=compose())
