@@ -38,8 +38,9 @@ def image_folder(root: str | os.PathLike) -> Samples:
     order. Unlike ImageFolder, a hidden sub-folder (.ipynb_checkpoints) is no class, and a class
     folder without images keeps its label; a folder without any image is refused. Symlinks are
     followed, as ImageFolder follows them, but a class's walk enters each folder once
-    (`_walk_once`): a link back to `root` or to a folder already entered is not entered again,
-    and said in one warning."""
+    (`_walk_once`): a link back to `root`, to a folder above it (`/`: it holds the listing) or to
+    a folder already entered is not entered again, and said in one warning. The walk is not
+    recursive: a tree of any depth is listed."""
     root = os.fspath(root)
     if not os.path.exists(root):
         raise FileNotFoundError(f"image folder {root!r} does not exist")
@@ -51,16 +52,18 @@ def image_folder(root: str | os.PathLike) -> Samples:
     paths: list[str] = []
     labels: list[int] = []
     again: list[str] = []
+    holders = _holders(root)
     for label, name in enumerate(classes):
         n = len(paths)
-        for dirpath, files in sorted(_walk_once(os.path.join(root, name), root, again)):
+        for dirpath, files in sorted(_walk_once(os.path.join(root, name), holders, again)):
             paths += [os.path.join(dirpath, f) for f in sorted(files)
                       if f.lower().endswith(IMAGE_EXTENSIONS)]
         labels += [label] * (len(paths) - n)
     if again:
         more = f" (and {len(again) - 1} more)" if len(again) > 1 else ""
         warnings.warn(f"image folder {root!r}: {again[0]!r}{more} leads to a folder this listing already entered "
-                      "(a symlink loop, or a second link to one folder); its images are listed once", stacklevel=2)
+                      "or one that holds it (a symlink loop, or a second link to one folder); its images are listed "
+                      "once", stacklevel=2)
     if not paths:
         raise ValueError(f"image folder {root!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
     return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
@@ -74,16 +77,54 @@ def _dir_id(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _walk_once(top: str, root: str, again: list[str]) -> Iterator[tuple[str, list[str]]]:
-    """(folder, file names) of os.walk(top, followlinks=True), entering each folder once: a
-    sub-folder whose (st_dev, st_ino) is `root`'s, `top`'s or one met before in this walk is
-    not entered, and its path is appended to `again`. A link to an ancestor (`loop -> .`)
-    would otherwise be entered until the path grows past ELOOP's limit, listing its images
-    each time, and two such links make the walk exponential in that depth. Sub-folders go in
-    sorted order, so which path of a folder reached twice is kept does not depend on the
-    order the file system lists them in."""
-    seen = {_dir_id(root), _dir_id(top)}
-    for dirpath, dirnames, files in os.walk(top, followlinks=True):
+def _holders(root: str) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of `root` and of every folder above it, up to `/`, along both its
+    written path and its resolved one: each holds the whole listing, so a link to one leads
+    back into it."""
+    ids = set()
+    for path in {os.path.abspath(root), os.path.realpath(root)}:
+        while True:
+            ids.add(_dir_id(path))
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    ids.discard(None)
+    return ids
+
+
+def _walk_once(top: str, holders: set[tuple[int, int]], again: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """(folder, names of what is not a folder in it) of os.walk(top, followlinks=True), entering
+    each folder once: a folder whose (st_dev, st_ino) is in `holders` (`_holders`), is `top`'s
+    or was met before in this walk is not entered, and its path is appended to `again`. A link
+    to an ancestor (`loop -> .`) would otherwise be entered until the path grows past ELOOP's
+    limit, listing its images each time, and two such links make the walk exponential in that
+    depth. Sub-folders go in sorted order, so which path of a folder reached twice is kept does
+    not depend on the order the file system lists them in.
+    The walk keeps its own stack of folders to enter, where os.walk before Python 3.12 recurses
+    once a level (RecursionError past ~1,000 levels). It visits folders in os.walk's order
+    (top-down, depth first); as os.walk, it skips a folder it cannot list, and counts an entry
+    whose type it cannot read as no folder."""
+    key = _dir_id(top)
+    if key in holders:  # a class folder that is a link to `root` or above
+        again.append(top)
+        return
+    seen = holders | {key}
+    stack = [top]
+    while stack:
+        dirpath = stack.pop()
+        dirnames: list[str] = []
+        files: list[str] = []
+        try:
+            with os.scandir(dirpath) as entries:
+                for entry in entries:
+                    try:
+                        is_dir = entry.is_dir()  # through a link
+                    except OSError:
+                        is_dir = False
+                    (dirnames if is_dir else files).append(entry.name)
+        except OSError:  # gone, unreadable, or failed part-way
+            continue
         keep = []
         for name in sorted(dirnames):
             path = os.path.join(dirpath, name)
@@ -94,8 +135,8 @@ def _walk_once(top: str, root: str, again: list[str]) -> Iterator[tuple[str, lis
                 again.append(path)
             else:
                 seen.add(key)
-                keep.append(name)
-        dirnames[:] = keep  # os.walk enters only what is left here (topdown)
+                keep.append(path)
+        stack += reversed(keep)  # the first sub-folder is entered next, as os.walk enters it
         yield dirpath, files
 
 

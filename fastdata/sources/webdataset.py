@@ -30,9 +30,9 @@ class Shards:
     with contents[s][i] = (members, payload bytes), which the reader checks against what it
     finds there ((-1, -1): unchecked), and checksums[s][i] the index's CRC-32 of the sample's
     bytes, which the reader compares (-1, or checksums[s] None: none to compare). From the
-    shards' index when there is one (indexed[s]), else from a scan of their tar headers. Key "" is a slot for bytes that hold no sample the
-    source can name (damaged headers; bytes the index lists in no sample): reading it reports
-    them."""
+    index beside shard s when it lists it (indexed[s]), else from a scan of its tar headers.
+    Key "" is a slot for bytes that hold no sample the source can name (damaged headers; bytes
+    the index lists in no sample): reading it reports them."""
 
     urls: list[str]
     keys: list[list[str]]
@@ -87,30 +87,62 @@ def _expand(source: Any) -> list[str]:
     return urls
 
 
-def _load_index(urls: list[str]) -> tuple[dict | None, str]:
-    """(the index next to the shards, or None where there is none or it cannot be had; where it
-    would be). A local index that is not a valid one raises ValueError (`read_index`)."""
-    where = index_location(urls[0])
-    if urls[0].startswith("pipe:"):
-        return None, where
+def _load_index(where: str) -> dict | None:
+    """The index at `where` (a shard's `tarformat.index_location`), or None where there is none
+    or it cannot be had. A local index that is not a valid one raises ValueError (`read_index`)."""
+    if where.startswith("pipe:"):
+        return None
     local = local_path(where)
     if local is not None:
-        return (read_index(local) if os.path.exists(local) else None), where
+        return read_index(local) if os.path.exists(local) else None
     try:
         with open_http(where) as r:
             data = r.read(MAX_INDEX_BYTES + 1)
     except urllib.error.HTTPError:  # no index there (404): the shards get scanned
-        return None, where
+        return None
     except OSError:
-        return None, where  # unreachable: the shards' own reads will say so
+        return None  # unreachable: the shards' own reads will say so
     check_index_size(len(data), where)
     try:
         index = parse_index(data, where)
     except ValueError:
-        return None, where  # not an index: the shards get scanned
+        return None  # not an index: the shards get scanned
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("version") != INDEX_VERSION:
-        return None, where
-    return index, where
+        return None
+    return index
+
+
+def _indexes(urls: list[str]) -> tuple[list[str], dict[str, dict], list[str] | None]:
+    """(where each shard's index would be: `tarformat.index_location`, next to the shard; the
+    entries of each index found, by location, then by shard name; the classes the first index
+    found names). An index's names are relative to its own folder, so a shard takes its entry
+    only from the index beside it: shards of one name in two folders each keep their own. Each
+    location is read once. Indexes naming other classes than the first: a warning, and the
+    first's are kept (labels are checked against them). A local index that is malformed raises
+    ValueError."""
+    wheres = [index_location(url) for url in urls]
+    entries: dict[str, dict] = {}
+    classes, first = None, None
+    for where in dict.fromkeys(wheres):
+        index = _load_index(where)
+        if not index:
+            continue
+        if not isinstance(index.get("shards"), list):
+            raise ValueError(f"the shard index {where} is malformed: its shards should be a list")
+        named = {}
+        for e in index["shards"]:
+            name, *rest = _index_entry(e, where)
+            named[name] = rest
+        entries[where] = named
+        listed = index.get("classes")
+        if listed is not None and not (isinstance(listed, list) and all(isinstance(c, str) for c in listed)):
+            raise ValueError(f"the shard index {where} is malformed: its classes should be a list of names or null")
+        if first is None:
+            classes, first = listed, where
+        elif listed != classes:
+            warnings.warn(f"the shard indexes {first} and {where} name different classes; the labels are taken as "
+                          f"{first}'s", stacklevel=5)
+    return wheres, entries, classes
 
 
 def scan_shard(url: str) -> Scan:
@@ -189,9 +221,9 @@ def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksu
 
 def shards(source: Any, progress: bool = True) -> Shards:
     """The shards a `.tar` path, brace pattern or list of paths/URLs names, with their samples:
-    from the index fastdata-shard writes next to them (<prefix>-index.json), else from a scan
-    of each shard's headers (for a remote shard, one full read; with `progress`, a line on
-    stderr counts them once that takes more than 2 s).
+    from the index fastdata-shard writes next to them (<prefix>-index.json, in each shard's own
+    folder: `_indexes`), else from a scan of each shard's headers (for a remote shard, one full
+    read; with `progress`, a line on stderr counts them once that takes more than 2 s).
 
     What an index says is checked against the shards where that is cheap: here, each shard's
     size (another size: a warning; a longer shard is counted from its headers, a shorter one
@@ -213,23 +245,14 @@ def shards(source: Any, progress: bool = True) -> Shards:
             raise FileNotFoundError(f"shard {url!r} does not exist")
     # before anything is read of them: a shard written after this is another version
     stamps = [None if (local := local_path(url)) is None else identity(os.stat(local)) for url in urls]
-    index, where = _load_index(urls)
-    entries = {}
-    if index:
-        if not isinstance(index.get("shards"), list):
-            raise ValueError(f"the shard index {where} is malformed: its shards should be a list")
-        for e in index["shards"]:
-            name, *rest = _index_entry(e, where)
-            entries[name] = rest
-        classes = index.get("classes")
-        if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
-            raise ValueError(f"the shard index {where} is malformed: its classes should be a list of names or null")
+    wheres, entries, classes = _indexes(urls)
     keys: list[list[str] | None] = [None] * len(urls)
     spans: list[np.ndarray | None] = [None] * len(urls)
     contents: list[np.ndarray | None] = [None] * len(urls)
     checksums: list[np.ndarray | None] = [None] * len(urls)
     for s, url in enumerate(urls):
-        entry = entries.get(url.rpartition("/")[2])
+        where = wheres[s]
+        entry = entries.get(where, {}).get(url.rpartition("/")[2])
         if entry is None:
             continue
         nbytes, k, sp, ct, cs = entry
@@ -280,10 +303,11 @@ def shards(source: Any, progress: bool = True) -> Shards:
                     shown = True
                     print(f"\rcounting the samples of shards without an index: {done}/{len(todo)}",
                           end="\n" if done == len(todo) else "", file=sys.stderr, flush=True)
-    classes = index.get("classes") if index else None
     n = sum(len(k) for k in keys)
-    how = f"index {where}" if index and len(todo) < len(urls) else "no index: counted from the tar headers"
-    if index and todo:
+    used = list(dict.fromkeys(wheres[s] for s in range(len(urls)) if indexed[s]))
+    more = f" and {len(used) - 1} more" if len(used) > 1 else ""
+    how = f"index{'es' if more else ''} {used[0]}{more}" if used else "no index: counted from the tar headers"
+    if used and todo:
         how += f", {len(todo)} shards counted from their headers"
     return Shards(urls, keys, spans, classes, f"WebDataset shards ({len(urls)} shards, {n} samples; {how})",
                   contents, indexed, checksums, stamps)

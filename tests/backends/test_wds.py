@@ -4,6 +4,7 @@ its label. Shards of unequal sizes (7 and 21 samples) make the rank and worker s
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -355,6 +356,29 @@ def test_shard_gone_after_indexing(shards, tmp_path):
         got = [s for b in _epoch(loader) for s in b]
     assert len(got) == N - 21 and loader.stats["skipped"] == 21
     assert all("train-000001.tar" in e["path"] and "404" in e["cause"] for e in loader.stats["errors"])
+
+
+@pytest.mark.parametrize("where", ["local", "http"])
+@pytest.mark.parametrize("b_indexed", [True, False])
+def test_shards_of_one_name_in_two_folders_each_use_their_own_index(folder, tmp_path, where, b_indexed):
+    # a/s-000000.tar and b/s-000000.tar hold other samples: an index's entry names a shard in
+    # its own folder only, and b's shards without an index of their own are counted from their
+    # headers
+    half = PER_CLASS // 2
+    for name, numbers in (("a", range(half)), ("b", range(half, PER_CLASS))):
+        pairs = [(str(folder / f"class{c}" / f"{i:03d}.jpg"), c) for c in range(CLASSES) for i in numbers]
+        write_shards(pairs, tmp_path / name / "s-%06d.tar", max_count=16, shuffle=False)
+    if not b_indexed:
+        os.unlink(tmp_path / "b" / "s-index.json")
+    names = [f"{d}/s-{k:06d}.tar" for d in "ab" for k in range(2)]
+    assert all((tmp_path / n).exists() for n in names)
+    with serve(tmp_path) if where == "http" else contextlib.nullcontext(str(tmp_path)) as base:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no shard taken for another's index: no size or staleness warning
+            loader = _load([f"{base}/{n}" for n in names], shuffle=False)
+            got = [s for batch in _epoch(loader) for s in batch]
+    assert loader.samples.indexed == [True, True, b_indexed, b_indexed]
+    assert sorted(got) == ALL and loader.stats["skipped"] == 0
 
 
 # ------------------------------------------------------------------ bad input

@@ -1,10 +1,13 @@
 """An ImageFolder whose symlinks loop: the listing follows links, as torchvision's ImageFolder
 does, but enters each folder once, so a link back to an ancestor neither repeats samples nor
-makes the walk exponential, and says so in one warning."""
+makes the walk exponential, and says so in one warning; a link to a folder above the root (`/`)
+is not entered. A tree deeper than Python's recursion limit is listed whole."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import warnings
 
 import pytest
@@ -76,3 +79,66 @@ def test_a_looped_folder_loads_and_shards_each_image_once(folder, tmp_path):
     with pytest.warns(UserWarning, match="already entered"):
         index = write_shards(folder, tmp_path / "out" / "s-%06d.tar", workers=1)
     assert read_index(index)["total"] == 4
+
+
+def _chain(top, depth: int) -> list[str]:
+    """`depth` nested folders a/a/.../a under `top` (os.makedirs recurses once a level), their
+    paths from the shallowest."""
+    paths, path = [], os.fspath(top)
+    for _ in range(depth):
+        path = os.path.join(path, "a")
+        os.mkdir(path)
+        paths.append(path)
+    return paths
+
+
+def _unchain(paths: list[str]) -> None:
+    """Removes what `_chain` made and what its folders hold (shutil.rmtree recurses once a
+    level too, so pytest could not remove the tree)."""
+    for path in reversed(paths):
+        for entry in os.scandir(path):
+            os.unlink(entry.path)
+        os.rmdir(path)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_listed(tmp_path):
+    # os.walk of Python < 3.12 recurses once a level: RecursionError naming no folder
+    root = color_folder(tmp_path / "imgs", 2, 2, (20, 30), lambda i: f"{i:03d}.jpg")
+    depth = sys.getrecursionlimit() + 100
+    chain = _chain(root / "class0", depth)
+    try:
+        assert len(chain[-1]) < 4000  # within PATH_MAX: every path of it can be opened
+        deep = [chain[depth // 2], chain[-1]]
+        for n, path in enumerate(deep):
+            shutil.copy(root / "class1" / f"{n:03d}.jpg", os.path.join(path, f"deep{n}.jpg"))
+        os.symlink(".", os.path.join(chain[-1], "loop"))  # loops at the bottom end too
+        os.symlink(os.fspath(root / "class0"), os.path.join(chain[-1], "top"))
+        names, warned = _listed(root)
+        assert names == PLAIN[:2] + [(os.path.relpath(p, root) + f"/deep{n}.jpg", 0) for n, p in enumerate(deep)] + \
+            PLAIN[2:]
+        [line] = warned
+        assert os.path.join(chain[-1], "loop") in line and "and 1 more" in line
+        # the images themselves: pixels of class 1 (copied), labels of the class they are in
+        with pytest.warns(UserWarning, match="already entered"):
+            loader = fastdata.loader(str(root), batch_size=6, transform=T.Compose([T.Resize(8), T.CenterCrop(8)]),
+                                     backend="pil", device="cpu", shuffle=False)
+        [(images, labels)] = list(loader)
+        red = images[:, 0, 4, 4].tolist()
+        assert labels.tolist() == [0, 0, 0, 0, 1, 1]
+        assert [round((r - 20) / 40) for r in red] == [0, 0, 1, 1, 1, 1]
+    finally:
+        _unchain(chain)
+
+
+@pytest.mark.timeout(30)
+def test_a_link_above_the_root_is_not_entered(folder, tmp_path):
+    # the folder above `root` (and `/`) hold the listing: entered, they would list `other`'s
+    # images, and the whole file system, into class0
+    color_folder(tmp_path / "other", 1, 1, (20, 30), lambda i: f"{i:03d}.jpg")
+    (folder / "class0" / "parent").symlink_to(tmp_path)
+    (folder / "class1" / "slash").symlink_to("/")
+    (folder / "class2").symlink_to(".")  # a class folder that is the root: an empty class
+    names, warned = _listed(folder)
+    assert names == PLAIN
+    [line] = warned
+    assert os.path.join(str(folder), "class0", "parent") in line and "and 2 more" in line
