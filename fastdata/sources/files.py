@@ -41,7 +41,7 @@ def image_folder(root: str | os.PathLike) -> Samples:
     (`_walk_once`): a link back to `root`, to a folder above it (`/`: it holds the listing) or to
     a folder already entered is not entered again, and said in one warning. The walk is not
     recursive: a tree of any depth is listed."""
-    root = os.fspath(root)
+    root = os.path.expanduser(os.fspath(root))  # as ImageFolder does
     if not os.path.exists(root):
         raise FileNotFoundError(f"image folder {root!r} does not exist")
     if not os.path.isdir(root):

@@ -64,7 +64,7 @@ _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")
 
 
 def _expand(source: Any) -> list[str]:
-    """The shard URLs a source names: each path or URL brace-expanded (a-{000..009}.tar), at
+    """The shard URLs a source names: each path or URL brace-expanded (a-{000..009}.tar), `~` expanded, at
     most MAX_SHARDS. braceexpand makes lists of a pattern's groups, so a pattern such as
     {0..99999999999} would fill the memory before its first name: the product of its numeric
     ranges' lengths (an upper bound) is checked first."""
@@ -78,7 +78,7 @@ def _expand(source: Any) -> list[str]:
         if bound > MAX_SHARDS:
             raise ValueError(f"the shard source {os.fspath(item)!r:.200} names up to {bound:,} shards, more than "
                              f"{MAX_SHARDS:,}")
-    names = (u for item in items for u in braceexpand(os.fspath(item)))
+    names = (os.path.expanduser(u) for item in items for u in braceexpand(os.fspath(item)))  # ~ as a shell would
     urls = list(itertools.islice(names, MAX_SHARDS + 1))
     if len(urls) > MAX_SHARDS:
         raise ValueError(f"the shard source {source!r:.200} names more than {MAX_SHARDS:,} shards")

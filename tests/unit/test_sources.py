@@ -26,6 +26,23 @@ def test_source_errors(tmp_path):
         fastdata.loader(str(tmp_path), batch_size=2, backend="wds")
 
 
+def test_a_path_under_home_is_written_with_a_tilde_as_imagefolder_takes_it(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from fastdata import sources
+    from fastdata.shard import write_shards
+
+    for c in range(2):
+        (tmp_path / "imgs" / f"c{c}").mkdir(parents=True)
+        Image.new("RGB", (8, 8), (c * 100, 0, 0)).save(tmp_path / "imgs" / f"c{c}" / "0.png")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = sources.resolve("~/imgs")
+    assert folder.paths == [str(tmp_path / "imgs" / f"c{c}" / "0.png") for c in range(2)]
+    write_shards("~/imgs", str(tmp_path / "s-%03d.tar"), workers=1)
+    shards = sources.resolve("~/s-{000..000}.tar")
+    assert shards.urls == [str(tmp_path / "s-000.tar")] and shards.indexed == [True]
+
+
 def test_count_samples_groups_as_webdataset_does(tmp_path):
     """A tar from elsewhere: folders, metadata, multi-dot names, members without extension."""
     path = tmp_path / "other.tar"
