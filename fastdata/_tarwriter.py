@@ -10,10 +10,12 @@ import sys
 import tarfile
 import threading
 import time
+import warnings
 import zlib
 from typing import Any, Callable
 
-from .errors import DataError, one_line, skippable
+from ._pillow import open_image
+from .errors import DataError, error_line, one_line, skippable
 from .image.check import check_complete
 from .image.read import read_files
 from .sources.tarformat import BLOCK, padded
@@ -50,13 +52,35 @@ def _header(name: str, size: int) -> bytes:
     return bytes(h)
 
 
-def member_ext(path: str) -> str:
-    """The extension of the tar member that holds the file `path`: its own, lowercased, jpeg ->
-    jpg; ValueError for a file without one."""
-    ext = os.path.splitext(path)[1][1:].lower()
-    if not ext:
-        raise ValueError(f"{path} has no file extension, which its tar member would be named by (e.g. .jpg)")
-    return "jpg" if ext == "jpeg" else ext
+# The image member's extension for each format the loader decodes (`_pillow.FORMATS`), by the
+# MIME type Pillow gives the content (a PPM's tells P4 from P5 and P6; PFM is Pillow's "anymap");
+# webdataset's names where it has one (jpg, pbm/pgm/ppm/pnm, tif). Each is one of the reader's
+# IMAGE_MEMBERS (sources.tarformat).
+_MEMBER_EXT = {"image/jpeg": "jpg", "image/mpo": "jpg", "image/png": "png", "image/webp": "webp", "image/bmp": "bmp",
+               "image/x-portable-bitmap": "pbm", "image/x-portable-graymap": "pgm",
+               "image/x-portable-pixmap": "ppm", "image/x-portable-anymap": "pnm", "image/tiff": "tif",
+               "image/gif": "gif"}
+
+
+def member_ext(data: bytes, is_jpeg: bool) -> str:
+    """The extension of the tar member that holds the image `data` (which `check_complete`
+    passed, `is_jpeg` from it): its format's (`_MEMBER_EXT`), from its content as the decoder
+    sees it, whatever its file is named. ValueError saying why for content Pillow cannot open
+    after all (a PNG's chunks, which check_complete walks but does not parse)."""
+    if is_jpeg:
+        return "jpg"
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():  # the pixel limit is check_complete's, which passed
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with open_image(data) as img:
+                kind, mime = img.format, img.get_format_mimetype()
+    except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...
+        raise ValueError(f"not a readable image ({error_line(e)})") from None
+    if mime not in _MEMBER_EXT:
+        raise ValueError(f"not an image format shards name ({kind}, {mime})")
+    return _MEMBER_EXT[mime]
 
 
 def sample_bytes(size: int, cls_size: int) -> int:
@@ -84,18 +108,30 @@ def _shared_tick(samples: int, nbytes: int) -> None:
             counts[1] += nbytes
 
 
-def _image_bytes(path: str, size: int) -> bytes | str:
-    """The file's bytes, or why it is not an image the loader would read: the checks the loader
-    makes before it decodes (`image.check`: a regular file of at most MAX_FILE_BYTES, its
-    structure walked to its end, its header within the pixel limit). A corrupt entropy-coded
+def refusal(path: str, cause: str) -> DataError:
+    """The error that stops a run at a file it cannot pack (on_error "raise"): one line naming
+    the file and why, ending with the way past it."""
+    return DataError(skippable(one_line(f"cannot pack {path}: {cause}")), path=path)
+
+
+def _image_bytes(path: str, size: int) -> tuple[bytes, str] | str:
+    """The file's bytes and its member's extension (`member_ext`), or why it is not an image the
+    loader would read: the checks the loader makes before it decodes (`image.check`: a regular
+    file of at most MAX_FILE_BYTES, its structure walked to its end, its header within the pixel
+    limit), and that it still has the `size` its shard was planned with. A corrupt entropy-coded
     segment is not found here: that takes a decode."""
     data = read_files([path], 1)[0]
     if isinstance(data, str):
         return data
     if len(data) != size:
-        raise DataError(f"{path} changed size while being sharded ({size} bytes, then {len(data)})", path=path)
-    cause = check_complete([data])[0][0]
-    return data if cause is None else cause
+        return f"it changed size while being sharded ({size} bytes, then {len(data)})"
+    cause, is_jpeg, _, _ = check_complete([data])[0]
+    if cause is not None:
+        return cause
+    try:
+        return data, member_ext(data, is_jpeg)
+    except ValueError as e:
+        return str(e)
 
 
 def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) -> dict:
@@ -115,14 +151,15 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
 
     try:
         with open(tmp, "wb") as f:
-            for key, path, ext, label, size in samples:
-                data = _image_bytes(path, size)
-                if isinstance(data, str):
+            for key, path, label, size, cause in samples:
+                got = _image_bytes(path, size) if cause is None else cause
+                if isinstance(got, str):
                     if not skip:
-                        raise DataError(skippable(one_line(f"cannot pack {path}: {data}")), path=path)
-                    skipped.append([path, data])
+                        raise refusal(path, got)
+                    skipped.append([path, got])
                     tick(1, 0)
                     continue
+                data, ext = got
                 start, crc = offset, 0
                 put(_header(f"{key}.{ext}", size))
                 data_offset = offset

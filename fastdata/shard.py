@@ -13,9 +13,12 @@ out/train-000001.tar, ...
 
 The shards
   Each file is checked as the loader checks it before decoding (a regular file of at most
-  256 MiB, its structure walked to its end, its header within the pixel limit): one that
-  fails stops the run with its name and why, or with --on-error skip is left out, named in a
-  warning line (its key is then missing from the shards).
+  256 MiB, its structure walked to its end, its header within the pixel limit) and read once
+  (it must keep the size it had when the shards were planned): one that fails (a dangling
+  link, a file that grew) stops the run with one line naming it and why, or with --on-error
+  skip is left out, named in a warning line (its key is then missing from the shards). A
+  class folder whose name is not UTF-8 is refused before anything is written: the index
+  (JSON) could not hold its name.
   Samples go in a shuffled order, the permutation numpy.random.Generator(PCG64(seed))
   .permutation(n) of the source order (--seed, default 0), so that a shard mixes the classes
   of a class-sorted folder and a loader's shuffle buffer sees a mix; --no-shuffle keeps the
@@ -23,7 +26,9 @@ The shards
   at most --max-size bytes (default 1G; K/M/G/T are binary: 1K = 1024); the next sample starts
   a new shard when it would pass either bound, and a single sample bigger than --max-size gets
   a shard of its own. Sample i (its position in the source order) is two tar members:
-    <key>.<ext>  the image file's bytes, unchanged; ext = its extension lowercased, jpeg -> jpg
+    <key>.<ext>  the image file's bytes, unchanged; ext names the format of its content (the
+                 decoder's view, not the file's name): jpg, png, webp, bmp, pbm/pgm/ppm (pnm
+                 for PFM), tif or gif, webdataset's names, which the wds reader takes
     <key>.cls    the label as decimal text (b"3")
   with key = "%08d" % i, i the sample's position in the source order. The tars are plain
   USTAR, uncompressed, written byte for byte the same on every run and for any number of
@@ -74,8 +79,9 @@ import numpy as np
 
 from ._cli import Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone, run_command
 from ._cores import usable_cores
-from ._tarwriter import END, Progress, member_ext, sample_bytes, write_all
-from .errors import DataError, one_line
+from ._tarwriter import END, Progress, refusal, sample_bytes, write_all
+from .errors import one_line
+from .image.read import MAX_FILE_BYTES, too_large
 from .sources.files import Samples, file_list, image_folder
 from .sources.tarformat import INDEX_FORMAT, INDEX_VERSION, count_samples, index_name, read_index
 
@@ -84,7 +90,6 @@ from .sources.tarformat import INDEX_FORMAT, INDEX_VERSION, count_samples, index
 __all__ = ["INDEX_FORMAT", "INDEX_VERSION", "count_samples", "index_path", "main", "parse_size", "read_index",
            "write_shards"]
 
-_MAX_MEMBER = 8 ** 11 - 1  # what USTAR's 11 octal digits hold (8 GiB - 1)
 _CONVERSION = re.compile(r"%(0\d+)?d")
 
 
@@ -171,30 +176,45 @@ def _prepare_folder(folder: str) -> None:
         raise err from None
 
 
-def _split_into_shards(samples, max_count: int, max_size: int, order) -> list[list[tuple]]:
-    """The samples of each shard: (key, path, ext, label, size) in `order`."""
+def _split_into_shards(samples, max_count: int, max_size: int, order, skip: bool) -> list[list[tuple]]:
+    """The samples of each shard: (key, path, label, size, cause) in `order`. `cause` is why a
+    file is refused from its stat alone (it cannot be had; it is over MAX_FILE_BYTES, far below
+    the 8 GiB a USTAR member holds), else None; such a file stops the run here, or with `skip`
+    stays in the list, taking no bytes, for its shard's writer to report as skipped."""
     shards: list[list[tuple]] = []
     current: list[tuple] = []
     current_bytes = len(END)
     labels = samples.labels.tolist()
     for i in order:
         path, label = samples.paths[i], labels[i]
-        ext = member_ext(path)
         try:
             size = os.stat(path).st_size
-        except OSError as e:
-            raise DataError(f"cannot read {path}: {e.strerror or e}", path=path) from None
-        if size > _MAX_MEMBER:
-            raise ValueError(f"{path} is {size} bytes, more than a USTAR member holds (8 GiB)")
-        nbytes = sample_bytes(size, len(b"%d" % label))
+            cause = too_large(size) if size > MAX_FILE_BYTES else None
+        except (OSError, ValueError) as e:  # ValueError: a listed path holding a NUL
+            size, cause = 0, getattr(e, "strerror", None) or str(e)
+        if cause is not None and not skip:
+            raise refusal(path, cause)
+        nbytes = 0 if cause else sample_bytes(size, len(b"%d" % label))
         if current and (len(current) + 1 > max_count or current_bytes + nbytes > max_size):
             shards.append(current)
             current, current_bytes = [], len(END)
-        current.append(("%08d" % i, path, ext, label, size))
+        current.append(("%08d" % i, path, label, size, cause))
         current_bytes += nbytes
     if current:
         shards.append(current)
     return shards
+
+
+def _check_classes(classes: list[str] | None) -> None:
+    """ValueError naming the first class folder whose name is not UTF-8: Python lists such a
+    name with lone surrogates (surrogateescape), which the index's JSON cannot hold (json.dumps
+    writes them as \\udcXX escapes, which strict readers refuse)."""
+    for name in classes or ():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"the class folder named {os.fsencode(name)!r} (bytes that are not UTF-8) cannot be "
+                             "named in the shards' index, which is JSON: rename it") from None
 
 
 def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, workers: int | None,
@@ -206,10 +226,11 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
     folder, name, index_file_name = _parse_pattern(pattern)
     samples = _resolve_source(source)
+    _check_classes(samples.classes)
     _prepare_folder(folder)
     seed = _check_int("seed", seed, 0)
     order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else range(len(samples))
-    contents = _split_into_shards(samples, max_count, max_size, [int(i) for i in order])
+    contents = _split_into_shards(samples, max_count, max_size, [int(i) for i in order], on_error == "skip")
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     finals = [os.path.join(folder, name % k) for k in range(len(contents))]
     index_file = os.path.join(folder, index_file_name)
@@ -222,6 +243,7 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     try:
         entries = write_all(jobs, workers, report)
     except BaseException:
+        report.show(final=True)  # the error's line starts a line of its own
         for _, tmp, _, _ in jobs:  # what a terminated worker left
             try:
                 os.unlink(tmp)

@@ -358,7 +358,7 @@ class ShardReader:
         if ext is None:
             members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
             out.add(f"{url} (member {key}.*)", None, 0,
-                    f"the sample has no image member (jpg, jpeg, png or webp), only: {members}")
+                    f"the sample has no image member ({', '.join(IMAGE_MEMBERS)}), only: {members}")
             return
         name = f"{url} (member {key}.{ext})"
         cls = sample.get("cls")

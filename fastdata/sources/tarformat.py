@@ -29,8 +29,10 @@ INDEX_FORMAT = "fastdata-wds-index"
 INDEX_VERSION = 1
 
 BLOCK = 512  # tar headers and padded member data come in blocks of this size
-# The extensions a sample's image member may have (the contract's).
-IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp")
+# The extensions a sample's image member may have: webdataset's names of the formats fastdata
+# decodes from a folder (`_pillow.FORMATS`: the decoder goes by content, not by this name), the
+# first one a sample has in this order being its image.
+IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "tif", "tiff", "gif")
 
 _ZERO = bytes(BLOCK)
 _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,

@@ -221,8 +221,8 @@ def test_bad_sources_and_arguments(folder, tmp_path):
     with pytest.raises(DataError, match="missing.jpg"):
         write_shards(pairs[:3] + [(str(tmp_path / "missing.jpg"), 0)], out)
     assert os.listdir(tmp_path / "out") == []  # checked before anything was written
-    (tmp_path / "noext").write_bytes(b"x")
-    with pytest.raises(ValueError, match="extension"):
+    (tmp_path / "noext").write_bytes(b"x")  # named by its content, which is no image
+    with pytest.raises(DataError, match="noext: not a readable image"):
         write_shards([(str(tmp_path / "noext"), 0)], out)
     with pytest.raises(ValueError, match="labels"):
         write_shards([(pairs[0][0], "cat")], out)
@@ -306,6 +306,8 @@ def test_cli_on_error_skip_names_each_file_left_out(folder, tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "fastdata-shard: error: DataError: cannot pack " in r.stderr and r.stderr.rstrip().endswith(
         "pass --on-error skip")
+    r = _run(src, tmp_path / "out" / "t-%02d.tar", "--max-count", "4")  # the progress line ends before the error's
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith("fastdata-shard: error: DataError: cannot pack ")
     r = _run(src, tmp_path / "out" / "t-%02d.tar", "--max-count", "4", "-q", "--on-error", "skip")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -326,6 +328,151 @@ def test_progress(folder, tmp_path, capsys):
     assert f"{N}/{N} samples" in err and "MB/s" in err and err.endswith("\n")
     write_shards(folder, tmp_path / "b-%d.tar", max_count=8)
     assert capsys.readouterr().err == ""
+
+
+# ----------------------------------------------------------------- member names, and files left out
+
+def _loaded(source, backend):
+    """(images, labels) of every sample `fastdata.loader` gives for `source` in order (nothing
+    skipped: on_error raise), each image resized to 8x8."""
+    import torch
+
+    import fastdata
+    from fastdata import transforms as T
+
+    loader = fastdata.loader(source, 4, backend=backend, transform=T.Compose([T.Resize((8, 8))]), num_workers=0,
+                             device="cpu", shuffle=False)
+    images, labels = zip(*loader)
+    assert loader.stats["skipped"] == 0
+    return torch.cat(images), torch.cat(labels)
+
+
+def _same(a, b):
+    import torch
+
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def _image(path, fmt, c, i):
+    """A flat color(c, i) image (`_images.color`) in `fmt`, with a pixel of its own so that
+    each differs from the others beyond its color."""
+    from _images import color
+
+    img = Image.new("RGB", (20 + i, 12 + c), color(c, i))
+    img.putpixel((i, c), (255, 255, 255))
+    mode = {"PGM": "L", "GIF": "P"}.get(fmt, "RGB")
+    img.convert(mode).save(path, {"PGM": "PPM"}.get(fmt, fmt), **({"quality": 95} if fmt == "JPEG" else {}))
+
+
+# (file name, format of its content, the member's name in a shard): names are the content's, not the file's
+_FORMATS = [("0.jpg", "JPEG", "jpg"), ("1.png", "PNG", "png"), ("2.bmp", "BMP", "bmp"), ("3.ppm", "PPM", "ppm"),
+            ("4.pgm", "PGM", "pgm"), ("5.tif", "TIFF", "tif"), ("6.tiff", "TIFF", "tif"), ("7.jpg", "PNG", "png"),
+            ("8.jpg", "GIF", "gif"), ("9.png", "BMP", "bmp")]
+
+
+def test_every_image_a_folder_loads_loads_from_its_shards(tmp_path):
+    """A folder of every format fastdata decodes from a folder, some named for another: the
+    shards' members are named by content, and the wds backend delivers every sample with the
+    pixels and label the pil backend gives for the same file."""
+    root = tmp_path / "src"
+    for c in range(2):
+        (root / f"c{c}").mkdir(parents=True)
+        for i, (name, fmt, _) in enumerate(_FORMATS):
+            _image(root / f"c{c}" / name, fmt, c, i)
+    index = write_shards(root, tmp_path / "out" / "s-%03d.tar", max_count=7, shuffle=False, workers=2)
+    exts = [m[1][0][0] for s in read_index(index)["shards"] for m in s["members"]]
+    assert exts == [ext for _ in range(2) for _, _, ext in _FORMATS]
+    images, labels = _loaded(str(root), "pil")
+    got = _loaded(str(tmp_path / "out" / "s-{000..002}.tar"), "wds")
+    assert len(labels) == 2 * len(_FORMATS) and labels.tolist() == [c for c in range(2) for _ in _FORMATS]
+    assert _same(got[0], images) and _same(got[1], labels)
+
+
+def test_a_file_lists_names_do_not_name_members(tmp_path):
+    """Files of a (path, label) list named x.cls, with no extension, an extension too long for a
+    tar member's name, or one that is not UTF-8, are packed under their content's names."""
+    names = [("x.cls", "PNG", "png"), ("noext", "JPEG", "jpg"), ("x.json", "BMP", "bmp"),
+             ("x." + "e" * 120, "JPEG", "jpg"), (os.fsdecode(b"x.\xff"), "TIFF", "tif"), (".hidden", "PNG", "png")]
+    pairs = []
+    for i, (name, fmt, _) in enumerate(names):
+        _image(tmp_path / name, fmt, i % 2, i)
+        pairs.append((str(tmp_path / name), i % 2))
+    index = write_shards(pairs, tmp_path / "out" / "s-%03d.tar", shuffle=False, workers=1)
+    assert [m[1][0][0] for m in read_index(index)["shards"][0]["members"]] == [ext for _, _, ext in names]
+    images, labels = _loaded(pairs, "pil")
+    got = _loaded(str(tmp_path / "out" / "s-000.tar"), "wds")
+    assert labels.tolist() == [i % 2 for i in range(len(names))]
+    assert _same(got[0], images) and _same(got[1], labels)
+
+
+def _bad_file(case, tmp_path, monkeypatch):
+    """A file `fastdata shard` cannot pack, as `case` makes it; its path."""
+    if case == "dangling link":
+        os.symlink(tmp_path / "nowhere.jpg", tmp_path / "dead.jpg")
+        return str(tmp_path / "dead.jpg")
+    if case == "sparse 9 GiB":  # more than a USTAR member holds; no block of it is written
+        with open(tmp_path / "huge.jpg", "wb") as f:
+            f.truncate(9 << 30)
+        return str(tmp_path / "huge.jpg")
+    if case == "NUL in its path":
+        return str(tmp_path / "a\0b.jpg")
+    grows = tmp_path / "grows.jpg"  # a file that grows between the shards' plan and its read
+    _image(grows, "JPEG", 0, 0)
+    from fastdata import _tarwriter
+
+    read = _tarwriter.read_files
+
+    def read_grown(paths, *args):
+        if paths == [str(grows)]:
+            with open(grows, "ab") as f:
+                f.write(bytes(16))
+        return read(paths, *args)
+
+    monkeypatch.setattr(_tarwriter, "read_files", read_grown)
+    return str(grows)
+
+
+@pytest.mark.parametrize("case", ["dangling link", "sparse 9 GiB", "growing", "NUL in its path"])
+def test_each_file_that_cannot_be_packed_is_named_or_left_out(folder, tmp_path, monkeypatch, case):
+    """A file that cannot be had or packed goes the one on_error way: "raise" stops the run
+    with one line naming it and the way past it (nothing written); "skip" leaves it out with a
+    warning naming it, counted, and the loader delivers every other sample with its label."""
+    from fastdata.errors import one_line
+
+    bad = _bad_file(case, tmp_path, monkeypatch)
+    pairs = _pairs(folder)[::4]  # of every class
+    pairs.insert(3, (bad, 1))
+    with pytest.raises(DataError) as raised:
+        write_shards(pairs, tmp_path / "raise" / "x-%02d.tar", max_count=4, workers=1)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"cannot pack {one_line(bad)}: "), message
+    assert message.endswith('pass on_error="skip"'), message
+    assert not [f for f in os.listdir(tmp_path / "raise") if f.endswith((".json", ".tmp"))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        index = write_shards(pairs, tmp_path / "skip" / "x-%02d.tar", max_count=4, workers=1, shuffle=False,
+                             on_error="skip")
+    assert [str(w.message).partition(": ")[0] for w in caught] == [f"skipped {one_line(bad)}"]
+    assert read_index(index)["total"] == len(pairs) - 1
+    images, labels = _loaded(str(tmp_path / "skip" / "x-{00..01}.tar"), "wds")
+    want = [_ids(open(path, "rb").read()) for path, _ in pairs if path != bad]
+    px = images[:, :, 4, 4].tolist()
+    assert [(round((r - 20) / 40), round((g - 10) / 12)) for r, g, _ in px] == want
+    assert labels.tolist() == [c for c, _ in want]
+
+
+def test_a_class_folder_name_that_is_not_utf8_is_refused(tmp_path):
+    """The index (JSON) cannot hold a class name of bytes that are not UTF-8: refused in one
+    line naming it, before anything is written."""
+    root = tmp_path / "src"
+    for name in (b"a", b"b\n\xff"):
+        os.makedirs(os.path.join(bytes(root), name))
+        _image(os.path.join(bytes(root), name, b"0.jpg").decode("utf-8", "surrogateescape"), "JPEG", 0, 0)
+    for on_error in ("raise", "skip"):
+        with pytest.raises(ValueError, match=r"^the class folder named b'b\\n\\xff' .* rename it$") as raised:
+            write_shards(root, tmp_path / "out" / "x-%02d.tar", on_error=on_error)
+        assert "\n" not in str(raised.value)
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------- CLI
