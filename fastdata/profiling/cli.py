@@ -13,11 +13,11 @@ It measures three things, one after the other:
 
 The stall fraction is 1 - ideal/real. Here "ideal" is the steps' own compute time in the run
 together (as if data were always ready), and "real" is the time the loop took: the share of
-the time the step waited for data. (The step-alone rate is reported beside it.) The rates and the stall are of the steady
-state: a step that begins an epoch can wait while the workers' queues refill (DataLoader's
-workers, and fastdata's without persistent_workers, do not run ahead into the next epoch), so
-it is left out and reported apart; on a short dataset that would otherwise decide a run's
-figure by where its epochs happen to end.
+the time the step waited for data. (The step-alone rate is reported beside it.) A step that
+begins an epoch can wait while the workers' queues refill (DataLoader's workers, and
+fastdata's without persistent_workers, do not run ahead into the next epoch): such steps are
+counted in the rates, as training pays them each epoch, and the report says how long they
+waited beside the others.
 The verdict follows from the stall:
 - input-bound: the step waited for more than 10% of the time;
 - compute-bound: the loader alone is at least 1.5x the step's rate;
