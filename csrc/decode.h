@@ -26,6 +26,12 @@ constexpr uint64_t kMaxImagePixels = 1024ull * 1024 * 1024 / 4 / 3;
 // writes 10 (6 for grayscale); each scan costs a pass over the whole image, however short.
 constexpr int kMaxScans = 100;
 
+// The most chunks a PNG may have (check_structure refuses more): Pillow reads each in Python and
+// keeps every private one, about 5 us and 100 bytes a chunk however empty, so a file of empty
+// chunks would cost seconds a decode. Encoders split the image data into chunks of 8 KiB or more:
+// a file at the 256 MiB read limit holds 32,768 of those.
+constexpr int kMaxPngChunks = 1 << 17;
+
 // What check_structure found: the container, and the size its header claims.
 enum ImageKind : int { kImageOther = 0, kImageJpeg = 1, kImagePng = 2 };
 struct ImageStructure {
@@ -36,8 +42,9 @@ struct ImageStructure {
 // Whether `src` is a whole JPEG or PNG, from its container structure alone (no pixel data is
 // decoded): a JPEG's marker segments from SOI, through each scan's entropy-coded data, to EOI; a
 // PNG's chunks from the signature to IEND; every length must fit in the file. Bytes after EOI or
-// IEND are allowed. A JPEG with more than kMaxScans scans, or with fill bytes before a stuffed
-// zero in its entropy-coded data (FF FF 00, see walk_jpeg), is refused. Returns "" for a whole
+// IEND are allowed. A PNG of more than kMaxPngChunks chunks, and a JPEG with more than kMaxScans
+// scans or with fill bytes before a stuffed zero in its entropy-coded data (FF FF 00, see
+// walk_jpeg), are refused. Returns "" for a whole
 // file (or one that is neither format: kind kImageOther, nothing checked), else why not ("empty
 // file", "truncated JPEG: ...", "corrupt PNG: ..."). It cannot see corrupt entropy-coded data
 // inside a whole structure.

@@ -122,14 +122,20 @@ std::string chunk_name(const uint8_t* p) {
 }
 
 // From the signature through every chunk (length, type, data, CRC: the length must fit in the
-// file) to IEND. The first chunk must be the 13-byte IHDR, which gives the size. CRCs are not
-// checked: Pillow decodes a PNG whole, so a corrupt one fails the same way for every crop.
+// file), at most kMaxPngChunks of them, to IEND. The first chunk must be the 13-byte IHDR, which
+// gives the size. CRCs are not checked: Pillow decodes a PNG whole, so a corrupt one fails the
+// same way for every crop.
 std::string walk_png(const ByteSpan& src, ImageStructure* out) {
   const uint8_t* d = src.data;
   const size_t n = src.size;
+  int chunks = 0;
   for (size_t pos = 8;;) {
     if (n - pos < 8) {
       return format("truncated PNG: no IEND chunk (the file ends after %zu bytes)", n);
+    }
+    if (++chunks > kMaxPngChunks) {
+      return format("corrupt PNG: more than %d chunks (the chunk at byte %zu is one too many)",
+                    kMaxPngChunks, pos);
     }
     const uint32_t len = be32(d + pos);
     const std::string type = chunk_name(d + pos + 4);

@@ -47,6 +47,13 @@ decode. Each scan of a progressive JPEG is a pass over every block of the image 
 it takes, so a file of many tiny scans would cost seconds a decode; libjpeg's progressive script
 writes 10 (6 for grayscale). The native decoder's limit is the same (`_native.MAX_SCANS`)."""
 
+MAX_PNG_CHUNKS: int = 1 << 17
+"""The most chunks a PNG may have: `check_structure` refuses more, on every backend, before any
+decode. Pillow reads each chunk in Python and keeps every private one (about 5 us and 100 bytes
+a chunk however empty), so a file of empty chunks would cost seconds a decode; encoders write the
+image data in chunks of 8 KiB or more (32,768 in a file at the 256 MiB read limit). The native
+walk's limit is the same (`_native.MAX_PNG_CHUNKS`)."""
+
 
 class Inspection(NamedTuple):
     """What `inspect_batch` found for one file."""
@@ -140,12 +147,16 @@ def _chunk_name(t: bytes) -> str:
 
 
 def _walk_png(d: bytes) -> tuple[str | None, int, int]:
-    # csrc/decode.cpp's walk_png, line for line.
+    # csrc/structure.cpp's walk_png, line for line.
     n = len(d)
-    pos, width, height = 8, 0, 0
+    pos, width, height, chunks = 8, 0, 0, 0
     while True:
         if n - pos < 8:
             return f"truncated PNG: no IEND chunk (the file ends after {n} bytes)", width, height
+        chunks += 1
+        if chunks > MAX_PNG_CHUNKS:
+            return (f"corrupt PNG: more than {MAX_PNG_CHUNKS} chunks (the chunk at byte {pos} is one too many)",
+                    width, height)
         length = int.from_bytes(d[pos:pos + 4], "big")
         name = _chunk_name(d[pos + 4:pos + 8])
         if length + 12 > n - pos:
