@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import struct
 import threading
 import zlib
 
@@ -286,6 +287,44 @@ def test_many_png_chunks_refused_before_any_decode(tmp_path):
     pairs = [(str(tmp_path / "ok.png"), 0), (str(tmp_path / "chunks.png"), 1)]
     with pytest.raises(DataError, match=r"chunks.png: corrupt PNG: more than 131072 chunks"):
         list(fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu", num_workers=0))
+
+
+def many_strips(strips: int, order: str) -> bytes:
+    """A 16x16 grayscale TIFF (byte order `order`, "<" or ">") whose StripOffsets list `strips`
+    strips, each the whole image."""
+    pixels = bytes(range(256))
+    offsets_at = 8 + len(pixels)
+    counts_at = offsets_at + 4 * strips
+    ifd_at = counts_at + 4 * strips
+    entries = [(256, 3, 1, 16), (257, 3, 1, 16), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+               (273, 4, strips, offsets_at), (277, 3, 1, 1), (278, 3, 1, 16), (279, 4, strips, counts_at)]
+    short = (lambda v: struct.pack(order + "HH", v, 0)) if order == ">" else (lambda v: struct.pack("<I", v))
+    ifd = struct.pack(order + "H", len(entries)) + b"".join(
+        struct.pack(order + "HHI", tag, kind, count) + (short(value) if kind == 3 else struct.pack(order + "I", value))
+        for tag, kind, count, value in entries) + bytes(4)
+    return ((b"II*\0" if order == "<" else b"MM\0*") + struct.pack(order + "I", ifd_at) + pixels
+            + struct.pack(f"{order}{strips}I", *[8] * strips) + struct.pack(f"{order}{strips}I", *[256] * strips) + ifd)
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_a_tiff_of_too_many_strips_is_refused_before_pillow_opens_it(tmp_path, order):
+    """Pillow builds a tile for every strip as it opens a TIFF: 2 million strips for a 16x16
+    image cost 25 s and 550 MB a sample before the bound."""
+    from fastdata.image.check import MAX_TIFF_PARTS, check_complete
+
+    assert MAX_TIFF_PARTS == 1 << 17
+    at_limit, over = many_strips(MAX_TIFF_PARTS, order), many_strips(MAX_TIFF_PARTS + 1, order)
+    assert Image.open(io.BytesIO(at_limit)).size == (16, 16)  # a file Pillow reads as it is written
+    assert check_complete([at_limit]) == [(None, False, 16, 16)]
+    want = f"corrupt TIFF: {MAX_TIFF_PARTS + 1} strips, more than the 131072 a file may have"
+    assert check_complete([over])[0][0] == want
+    (tmp_path / "strips.tif").write_bytes(over)
+    (tmp_path / "ok.tif").write_bytes(at_limit)
+    pairs = [(str(tmp_path / "ok.tif"), 0), (str(tmp_path / "strips.tif"), 1)]
+    loader = fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu",
+                             on_error="skip")
+    ((images, labels),) = list(loader)
+    assert labels.tolist() == [0] and loader.stats["errors"][0]["path"].endswith("strips.tif")
 
 
 # ---------------------------------------------------------------------------- one decoder's pixels
