@@ -89,7 +89,7 @@ def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "
         loaders = read_records(records)
     finally:
         shutil.rmtree(records, ignore_errors=True)
-    print(summary(loaders), file=sys.stderr)
+    print(summary(loaders, status), file=sys.stderr)
     if profile:
         for line in write_reports(loaders, Path(out)):
             print(line, file=sys.stderr)
@@ -124,9 +124,12 @@ def read_records(folder: str | os.PathLike) -> list[dict[str, Any]]:
     return [loaders[k] for k in sorted(loaders) if "decision" in loaders[k]]
 
 
-def summary(loaders: list[dict[str, Any]]) -> str:
+def summary(loaders: list[dict[str, Any]], status: int = 0) -> str:
     """One line per kind of loader: where it was made, the dataset, the decision and why (a
-    loader made again alike, as trainers rebuild them, counted once with "xN")."""
+    loader made again alike, as trainers rebuild them, counted once with "xN"). Without any, why
+    there may be none: a command that failed (`status`) before it made one, else the hook."""
+    if not loaders and status:
+        return f"fastdata run: the command exited with status {status} before it made a DataLoader"
     if not loaders:
         return ("fastdata run: the command made no DataLoader under fastdata (none made, or its Python did not load "
                 "the hook: python -S, -I or -E ignore PYTHONPATH)")

@@ -212,7 +212,14 @@ def test_exit_status_and_no_command(tmp_path):
     code = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c",
                            "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
     assert code.returncode == 3
-    assert "made no DataLoader" in code.stderr
+    assert code.stderr.strip().splitlines()[-1] == "fastdata run: the command exited with status 3 before it made a " \
+        "DataLoader"  # not the hook's hint: the command failed
+    missing = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", sys.executable, str(tmp_path / "nope.py")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "can't open file" in missing.stderr and "status 2" in missing.stderr
+    fine = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert fine.returncode == 0 and "made no DataLoader" in fine.stderr
     none = subprocess.run([sys.executable, "-m", "fastdata.cli", "run"], capture_output=True, text=True, timeout=60)
     assert none.returncode == 2 and "no command given" in none.stderr
 
