@@ -586,7 +586,8 @@ def test_crafted_index_is_malformed(pristine, tmp_path, shards_value):
         _load(tmp_path, ("wds", 0), "raise")
 
 
-@pytest.mark.parametrize("text", [b"{", b"\xff\xfe{}", b"[" * 100000], ids=["cut", "not-utf8", "deep"])
+@pytest.mark.parametrize("text", [b"{", b"\xff\xfe{}", b"[        " * 100000],  # deep: nesting past the stack
+                         ids=["cut", "not-utf8", "deep"])
 def test_index_that_is_not_json_is_malformed(pristine, tmp_path, text):
     _copy(pristine, tmp_path, False)
     (tmp_path / "train-index.json").write_bytes(text)
@@ -658,6 +659,16 @@ def test_an_index_over_its_size_bound_is_refused_unread(pristine, tmp_path):
     with open(tmp_path / "train-index.json", "wb") as f:
         f.truncate(tarformat.MAX_INDEX_BYTES + 1)
     with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is over 1 GiB .*remove the index"):
+        shards(str(tmp_path / PATTERN), progress=False)
+
+
+def test_an_index_denser_in_lists_than_an_index_is_refused_before_parsing(pristine, tmp_path):
+    """Parsed, `[],` takes 22 times its bytes, where a real index takes 9: an index holding more
+    than one list or object in 8 bytes is malformed, said before json.loads builds it."""
+    _copy(pristine, tmp_path, True)
+    real = (tmp_path / "train-index.json").read_bytes()
+    (tmp_path / "train-index.json").write_bytes(real[:-2] + b',"junk":[' + b"[]," * 200_000 + b"[]]}\n")
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: it holds \d+ lists or objects in \d+ bytes"):
         shards(str(tmp_path / PATTERN), progress=False)
 
 
