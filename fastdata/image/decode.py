@@ -253,11 +253,7 @@ class BatchDecoder:
             geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
         if len(ok) and (geo.sizes != geo.sizes[0]).any():
             odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
-            raise ValueError(
-                f"images in a batch should have one size, but {paths[ok[0]]} is {geo.sizes[0][0]}x{geo.sizes[0][1]} and "
-                f"{paths[ok[odd]]} is {geo.sizes[odd][0]}x{geo.sizes[odd][1]}; add a resize or crop to the transform, "
-                f"e.g. transform=fastdata.transforms.imagenet_train(224)"
-            )
+            self.mixed_sizes(paths[ok[0]], tuple(geo.sizes[0]), paths[ok[odd]], tuple(geo.sizes[odd]), odd)
         empty = (0, 0)
         if not ok:  # every sample left out: the batch is [0, 3, H, W] in the size the transform gives any image
             probe = plan_geometry(self.geometry, self.seed, epoch, np.zeros(2, np.int64), np.array([640, 480]),
@@ -265,6 +261,15 @@ class BatchDecoder:
             if (probe.sizes[0] == probe.sizes[1]).all():
                 empty = (int(probe.sizes[0][0]), int(probe.sizes[0][1]))
         return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo, empty)
+
+    def mixed_sizes(self, first: str, first_size: tuple, other: str, other_size: tuple, entry: int) -> None:
+        """Raises for a batch whose images would come out in different sizes ((width, height) each):
+        `other` is the first whose size is not `first`'s, at `entry` among the samples checked."""
+        raise ValueError(
+            f"images in a batch should have one size, but {first} is {first_size[0]}x{first_size[1]} and "
+            f"{other} is {other_size[0]}x{other_size[1]}; add a resize or crop to the transform, "
+            f"e.g. transform=fastdata.transforms.imagenet_train(224)"
+        )
 
     def decode(self, read: Read, stages: dict | None = None):
         """(images, labels, errors, ids) of a batch as read: its images (NHWC, in a slot of this

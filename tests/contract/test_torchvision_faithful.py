@@ -36,7 +36,8 @@ from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 
 import fastdata.transforms as fd  # noqa: E402
-from fastdata.run._torchvision import Finish, NativeFolder, _lower_transform, lower  # noqa: E402
+from fastdata.run._lowering import lower_transform  # noqa: E402
+from fastdata.run._torchvision import Finish, NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms.plan import TRIVIAL_OPS, plan_geometry, plan_pixels, trivial_magnitude  # noqa: E402
 
@@ -96,7 +97,7 @@ def _fallback(W: int, H: int, ratio) -> tuple[int, int, int, int]:
 @pytest.mark.parametrize("W,H", SOURCE_SIZES, ids=[f"{w}x{h}" for w, h in SOURCE_SIZES])
 def test_random_resized_crop_draws(W, H, scale, ratio):
     # the op fastdata lowers the script's RandomResizedCrop to
-    lowered = _lower_transform(T.Compose([T.RandomResizedCrop(224, scale=scale, ratio=ratio), T.ToTensor()]))
+    lowered = lower_transform(T.Compose([T.RandomResizedCrop(224, scale=scale, ratio=ratio), T.ToTensor()]))
     op = fd.RandomResizedCrop(224, scale=scale, ratio=ratio)
     assert lowered.geometry == (op,)
 
@@ -133,7 +134,7 @@ def test_random_resized_crop_draws(W, H, scale, ratio):
 
 @pytest.mark.parametrize("p", [0.5, 0.2])
 def test_horizontal_flip_rate(p):
-    lowered = _lower_transform(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(p), T.ToTensor()]))
+    lowered = lower_transform(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(p), T.ToTensor()]))
     assert lowered.geometry[1] == fd.RandomHorizontalFlip(p)
     idx = np.arange(N, dtype=np.int64)
     for seed in (0, 1):
@@ -153,7 +154,7 @@ def test_horizontal_flip_rate(p):
 
 def test_color_jitter_draws():
     cj = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
-    lowered = _lower_transform(T.Compose([cj, T.ToTensor()]))
+    lowered = lower_transform(T.Compose([cj, T.ToTensor()]))
     (op,) = lowered.pixel_ops
     assert op == fd.ColorJitter(0.4, 0.4, 0.4, 0.1)
     torch.manual_seed(0)
@@ -243,7 +244,7 @@ def test_trivial_augment_table():
             if name == "Posterize":  # used as int(magnitude)
                 assert [int(m) for m in ours] == [int(m) for m in one] == [int(m) for m in two]
         for cls, table in ((T.TrivialAugmentWide, "v1"), (v2.TrivialAugmentWide, "v2")):
-            lowered = _lower_transform(T.Compose([cls(num_magnitude_bins=bins), T.ToTensor()]))
+            lowered = lower_transform(T.Compose([cls(num_magnitude_bins=bins), T.ToTensor()]))
             (op,) = lowered.pixel_ops
             assert isinstance(op, fd.TrivialAugment) and op.num_magnitude_bins == bins and op.table == table
 

@@ -48,7 +48,8 @@ def test_lookup_table_layout_is_the_torch_steps_bit_for_bit(name):
     for k in range(5):
         rt._apply_steps(expected[k], images[k], steps)
     labels = torch.arange(5)
-    got = rt.Finish(lowering, slots=2, pin=False, forks=False)([images, labels])
+    finish = rt.Finish(lowering, slots=2, pin=False, forks=False)
+    got = finish([images, labels, rt.Layout(steps)])
     assert got[1] is labels
     assert got[0].dtype == lowering.dtype and got[0].shape == (5, 3, 7, 256) and got[0].is_contiguous()
     assert torch.equal(got[0], expected)
@@ -56,6 +57,8 @@ def test_lookup_table_layout_is_the_torch_steps_bit_for_bit(name):
         ref = (images.permute(0, 3, 1, 2).float().div(255) - torch.tensor(MEAN).view(1, 3, 1, 1)) \
             / torch.tensor(STD).view(1, 3, 1, 1)
         assert torch.equal(got[0], ref)
+    plain = [images.permute(0, 3, 1, 2), labels]  # the dataset's own samples, collated (a transform not lowered)
+    assert finish(plain) is plain
 
 
 def test_lookup_planes_refuses_what_it_cannot_lay_out():
@@ -297,19 +300,236 @@ def test_served_natively_same_seed_same_batches(tv, folder):
     other._stop()
 
 
-def test_a_corrupt_file_is_named_in_the_error(tv, tmp_path):
+def _outcomes(loader) -> list:
+    """Each batch's labels, or the type and last line of the error it raised, as a script that
+    catches OSError around each batch and goes on sees them."""
+    out, it = [], iter(loader)
+    while True:
+        try:
+            out.append(next(it)[1].tolist())
+        except StopIteration:
+            return out
+        except OSError as e:
+            out.append((OSError, e))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("what", ["corrupt", "missing"])
+def test_a_file_that_cannot_be_read_raises_an_oserror_naming_it(tv, tmp_path, what, workers):
+    """As the script's fetch raises Pillow's OSError (or open's FileNotFoundError), the served
+    batch raises an OSError (a DataError too) naming the file, through a worker's re-raise as
+    well; the pass goes on with the next batch, as DataLoader's."""
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
-    root = make_folder(tmp_path / "data", per_class=3, classes=2)
+    root = make_folder(tmp_path / "data", per_class=6, classes=2)
     bad = root / "class1" / "001.jpg"
-    bad.write_bytes(bad.read_bytes()[:300])
-    dataset = ImageFolder(str(root), T.Compose([T.RandomResizedCrop(32), T.ToTensor()]))
-    loader = _served(dataset, batch_size=6, num_workers=0)
+    dataset = ImageFolder(str(root), T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    if what == "corrupt":
+        bad.write_bytes(bad.read_bytes()[:300])
+    else:
+        bad.unlink()
+    loader = _served(dataset, batch_size=4, num_workers=workers)
     assert isinstance(loader._loader.dataset, rt.NativeFolder)
-    with pytest.raises(DataError, match=f"cannot read {bad}: .*served natively"):
-        for _ in loader:
-            pass
+    got = _outcomes(loader)
+    want = _outcomes(torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=workers))
+    assert [o if isinstance(o, list) else o[0] for o in got] == [o if isinstance(o, list) else o[0] for o in want]
+    errors = [o[1] for o in got if not isinstance(o, list)]
+    assert len(errors) == 1 and isinstance(errors[0], rt.FolderError) and isinstance(errors[0], DataError)
+    last = str(errors[0]).splitlines()[-1]
+    assert f"cannot read {bad}: " in last and "served natively" in last, last
+    loader._stop()
+
+
+def test_subclasses_of_torchvision_transforms_fall_back(tv, folder):
+    """A subclass of a torchvision transform may do anything in its own methods: only
+    torchvision's own classes are lowered, and the reason names the subclass. The batches are
+    torchvision's own samples."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from torchvision.datasets import ImageFolder
+
+    class InvertingCompose(T.Compose):
+        def __call__(self, img):
+            return 1 - super().__call__(img)
+
+    class VFlip(T.RandomHorizontalFlip):
+        def forward(self, img):
+            return F.vflip(img) if torch.rand(1) < self.p else img
+
+    class ToTensorInv(T.ToTensor):
+        def __call__(self, pic):
+            return 1 - F.to_tensor(pic)
+
+    class SquareResize(T.Resize):
+        def forward(self, img):
+            return F.resize(img, [self.size, self.size] if isinstance(self.size, int) else self.size)
+
+    class Compose(T.Compose):  # the same name and behaviour as torchvision's: still not torchvision's
+        pass
+
+    cases = [(InvertingCompose([T.Resize((32, 32)), T.ToTensor()]), "InvertingCompose", "Compose"),
+             (T.Compose([T.Resize((32, 32)), VFlip(p=1.0), T.ToTensor()]), "VFlip", "RandomHorizontalFlip"),
+             (T.Compose([T.Resize((32, 32)), ToTensorInv()]), "ToTensorInv", "ToTensor"),
+             (T.Compose([SquareResize(24), T.ToTensor()]), "SquareResize", "Resize"),
+             (Compose([T.Resize((32, 32)), T.ToTensor()]), "Compose", "Compose")]
+    for transform, name, base in cases:
+        dataset = ImageFolder(str(folder), transform)
+        lowering, why = rt.lower(dataset)
+        assert lowering is None and why.startswith(f"{name} has no faithful lowering") and \
+            f"a subclass of torchvision's {base}" in why, why
+        loader = _served(dataset, batch_size=6, num_workers=0)
+        assert not isinstance(loader._loader.dataset, rt.NativeFolder), name
+        got = next(iter(loader))
+        want = torch.utils.data.default_collate([dataset[i] for i in range(6)])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
+        loader._stop()
+
+
+def _normalize_cases():
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    head = [T.Resize((16, 16)), T.ToTensor()]
+    return {
+        "a zero std": T.Compose([*head, T.Normalize(MEAN, [0.2, 0.0, 0.2])]),
+        "a std zero in float32": T.Compose([*head, T.Normalize(MEAN, [0.2, 1e-50, 0.2])]),
+        "v2, a zero std": v2.Compose([v2.Resize((16, 16)), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                                      v2.Normalize(MEAN, [0.0] * 3)]),
+        "four means": T.Compose([*head, T.Normalize([0.5] * 4, [0.2] * 4)]),
+        "two means": T.Compose([*head, T.Normalize([0.5] * 2, [0.2] * 2)]),
+    }
+
+
+@pytest.mark.parametrize("name", ["a zero std", "a std zero in float32", "v2, a zero std", "four means", "two means"])
+def test_a_normalize_torchvision_refuses_falls_back_with_its_error(tv, folder, name):
+    """torchvision raises for a std of zero (in the image's dtype) and for means or stds that do
+    not broadcast over the channels: not lowered, so the script gets torchvision's own error."""
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), _normalize_cases()[name])
+    lowering, why = rt.lower(dataset)
+    assert lowering is None and "Normalize with" in why and "torchvision raises" in why, why
+    loader = _served(dataset, batch_size=4, num_workers=0)
+    with pytest.raises(Exception) as served:
+        next(iter(loader))
+    with pytest.raises(Exception) as plain:
+        next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    assert type(served.value) is type(plain.value) and str(served.value) == str(plain.value)
+    loader._stop()
+
+
+def _truncated_folder(root: Path) -> Path:
+    make_folder(root, per_class=5, classes=2)
+    bad = root / "class1" / "002.jpg"
+    data = bad.read_bytes()
+    bad.write_bytes(data[:len(data) * 2 // 3])  # headers whole, the scan cut short
+    return root
+
+
+def test_load_truncated_images_falls_back_to_the_scripts_pillow(tv, tmp_path, monkeypatch):
+    """With PIL's ImageFile.LOAD_TRUNCATED_IMAGES set (a script's `import`-time line), Pillow
+    loads a truncated JPEG where fastdata's decoder refuses it: such a folder is not served
+    natively, whether the flag was set before the loader was made or before a later pass."""
+    import torchvision.transforms as T
+    from PIL import ImageFile
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._hook import decide
+
+    dataset = ImageFolder(str(_truncated_folder(tmp_path / "data")), T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+    early = _served(dataset, batch_size=4, num_workers=0)  # made while the flag is unset: served natively
+    assert isinstance(early._loader.dataset, rt.NativeFolder)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    served, reason, _, lowering = decide((dataset,), {"batch_size": 4})
+    assert served and lowering is None and "not served natively: PIL.ImageFile.LOAD_TRUNCATED_IMAGES" in reason
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=4))
+    for loader in (_served(dataset, batch_size=4, num_workers=0), early):
+        got = list(loader)
+        assert len(got) == len(want) == 3
+        for (a, la), (b, lb) in zip(got, want):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+        loader._stop()
+
+
+def test_images_of_different_sizes_raise_torchs_stack_error(tv, folder):
+    """Resize(int) keeps each image's aspect ratio: a batch of images of different sizes raises
+    what default_collate raises on torchvision's samples, not a ValueError of fastdata's."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize(32), T.PILToTensor()]))
+    loader = _served(dataset, batch_size=4, num_workers=0)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    with pytest.raises(RuntimeError) as served:
+        next(iter(loader))
+    with pytest.raises(RuntimeError) as plain:
+        next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    assert type(served.value) is RuntimeError and str(served.value) == str(plain.value)
+    assert str(plain.value).startswith("stack expects each tensor to be equal size")
+    loader._stop()
+
+
+def test_a_transform_without_random_ops_draws_nothing_from_torchs_rng(tv, folder):
+    """torchvision's Resize, CenterCrop and conversions draw nothing: served with no workers,
+    the script's torch RNG (the shuffle of later epochs, later draws) is the plain script's. A
+    random op still draws its seed from it: the script's seed repeats the crops, another changes them."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    def run(make, transform, seed):
+        dataset = ImageFolder(str(folder), transform)
+        torch.manual_seed(seed)
+        loader = make(dataset, batch_size=16, shuffle=True, num_workers=0)
+        batches = [b for _ in range(2) for b in loader]
+        return batches, torch.rand(3)
+
+    eval_transform = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
+    served, after = run(_served, eval_transform, 0)
+    plain, plain_after = run(torch.utils.data.DataLoader, eval_transform, 0)
+    assert [b[1].tolist() for b in served] == [b[1].tolist() for b in plain]
+    assert torch.equal(after, plain_after)
+    train = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()])
+    a, _ = run(_served, train, 1)
+    b, _ = run(_served, train, 1)
+    c, _ = run(_served, train, 2)
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b))
+    assert not torch.equal(a[0][0], c[0][0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_changed_between_passes_is_followed(tv, folder, workers):
+    """A script that swaps `dataset.transform` (progressive resizing, an eval phase) or changes
+    an op's attribute between passes gets the transform it set: lowered again, or, where it
+    cannot be lowered, torchvision's own samples."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((24, 24)), T.ToTensor()]))
+    loader = _served(dataset, batch_size=16, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+
+    def layout():
+        shapes = {(tuple(x.shape[1:]), x.dtype) for x, _ in loader}
+        assert len(shapes) == 1, shapes
+        return shapes.pop()
+
+    assert layout() == ((3, 24, 24), torch.float32)
+    dataset.transform = T.Compose([T.Resize((32, 32)), T.ToTensor()])
+    assert layout() == ((3, 32, 32), torch.float32)
+    dataset.transform.transforms[0].size = (40, 40)
+    assert layout() == ((3, 40, 40), torch.float32)
+    dataset.transform = T.Compose([T.Resize((16, 16)), T.PILToTensor()])
+    assert layout() == ((3, 16, 16), torch.uint8)
+    dataset.transform = T.Compose([T.Resize((16, 16)), T.ToTensor(), T.Lambda(lambda t: t * 0 + 0.5)])
+    got = list(loader)
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=16))
+    assert len(got) == len(want)
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    dataset.transform = T.Compose([T.Resize((20, 20)), T.PILToTensor()])
+    assert layout() == ((3, 20, 20), torch.uint8)
+    loader._stop()
 
 
 def _run(args: list[str], tmp_path: Path, plain: bool = False) -> tuple[dict, str]:

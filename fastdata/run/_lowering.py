@@ -1,0 +1,284 @@
+"""`fastdata run`: which torchvision image folders are served natively, and their transform read
+into fastdata's ops.
+
+`lower(dataset)` takes a `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with
+torchvision's own image loader, and reads its transform op by op (torchvision's v1 and v2
+classes, each its exact class: a subclass may do anything in its own methods) into fastdata's
+ops: the geometry (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder
+applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide) that run as Pillow runs
+them, and the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
+ConvertImageDtype, Normalize), run with the very torch operations torchvision runs. It gives the
+reason instead for anything else, and the loader falls back to the plain drop-in.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..transforms import ops as fd
+from ..transforms.pil import FILTERS
+
+
+def steps_dtype(steps: tuple) -> torch.dtype:
+    """The dtype the tensor steps end in (uint8 without a conversion)."""
+    dtype = torch.uint8
+    for step in steps:
+        if step[0] == "to":
+            dtype = step[1] or torch.get_default_dtype()
+    return dtype
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """The script's transform as fastdata runs it."""
+
+    geometry: tuple  # fastdata geometric ops, in order
+    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment), after the geometry
+    resample: str  # the resize filter of every geometric op
+    steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
+    names: str  # the script's ops, for the run's summary
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return steps_dtype(self.steps)
+
+    @property
+    def random(self) -> bool:
+        """Whether the transform has a random op. torchvision's draw from torch's RNG whatever
+        their parameters (a flip with p=1 too); the others draw nothing."""
+        return bool(self.pixel_ops) or any(isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip))
+                                           for op in self.geometry)
+
+
+class _TrivialAugmentV2(fd.TrivialAugment):
+    """torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds."""
+
+    table = "v2"
+
+
+class Unlowerable(Exception):
+    """Why a transform cannot be served natively (the run's summary says it)."""
+
+
+def lower(dataset: Any) -> tuple[Lowering | None, str]:
+    """(the lowering, "") when `dataset` is served natively; (None, why not) otherwise, and
+    (None, "") for a dataset that is not a torchvision image folder at all."""
+    tv = sys.modules.get("torchvision")  # a script that made a torchvision dataset imported it; never here
+    if tv is None:
+        return None, ""
+    from torchvision.datasets import DatasetFolder
+    from torchvision.datasets.folder import default_loader, pil_loader
+
+    if not isinstance(dataset, DatasetFolder):
+        return None, ""
+    name = type(dataset).__name__
+    if type(dataset).__getitem__ is not DatasetFolder.__getitem__:
+        return None, f"{name} overrides __getitem__"
+    loader = getattr(dataset, "loader", None)
+    if not (loader is pil_loader or (loader is default_loader and tv.get_image_backend() == "PIL")):
+        return None, f"{name} has its own image loader ({getattr(loader, '__qualname__', type(loader).__name__)})"
+    image_file = sys.modules.get("PIL.ImageFile")  # imported by torchvision's loader's module
+    if image_file is not None and getattr(image_file, "LOAD_TRUNCATED_IMAGES", False):
+        return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "
+                      "decoder refuses")
+    try:
+        return lower_transform(dataset.transform), ""
+    except Unlowerable as e:
+        return None, str(e)
+
+
+def _flatten(transform: Any) -> list:
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    if type(transform) in (T.Compose, v2.Compose):
+        return [op for t in transform.transforms for op in _flatten(t)]
+    inner = _wrapped(transform)
+    return [transform] if inner is None else _flatten(inner)
+
+
+class _Preset:  # a thin wrapper of a Compose, as torchvision's references' presets.py writes one
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+def _wrapped(transform: Any) -> Any:
+    """The transform a thin wrapper calls (a `__call__` with _Preset's instructions, names and
+    constants, and `transforms` the instance's own, found plainly), or None."""
+    cls, ref = type(transform), _Preset.__call__.__code__
+    code = getattr(getattr(cls, "__call__", None), "__code__", None)
+    plain = cls.__getattribute__ is object.__getattribute__ and not any("transforms" in vars(c) for c in cls.__mro__)
+    same = code is not None and all(getattr(code, k) == getattr(ref, k) for k in ("co_code", "co_names", "co_consts"))
+    return getattr(transform, "__dict__", {}).get("transforms") if plain and same else None
+
+
+def _no_lowering(op: Any) -> Unlowerable:
+    cls = type(op)
+    base = None if cls.__module__.startswith("torchvision.") else next(
+        (c for c in cls.__mro__[1:] if c.__module__.startswith("torchvision.")), None)
+    why = f"{cls.__name__} has no faithful lowering in fastdata"
+    if base is not None:  # its own methods may do anything: only torchvision's classes are read
+        why += f" (a subclass of torchvision's {base.__name__}: fastdata lowers torchvision's own classes)"
+    return Unlowerable(why)
+
+
+def _filter(op: Any, tensor: bool) -> str:
+    from torchvision.transforms import InterpolationMode
+
+    mode = op.interpolation
+    mode = InterpolationMode(mode) if not isinstance(mode, InterpolationMode) else mode
+    if mode.value not in FILTERS:
+        raise Unlowerable(f"{type(op).__name__} with interpolation {mode.value}: fastdata lowers bilinear, bicubic "
+                          "and nearest")
+    if tensor and (mode.value != "bilinear" or getattr(op, "antialias", True) is False):
+        raise Unlowerable(f"{type(op).__name__} on a tensor image, {mode.value}, antialias={op.antialias}: fastdata "
+                          "lowers tensor resizes only as antialiased bilinear (Pillow's filter)")
+    return mode.value
+
+
+def _size(size: Any, pair: bool = False) -> Any:
+    """torchvision's size as fastdata's op takes it: an int, or an (h, w) pair (always with `pair`)."""
+    if isinstance(size, (list, tuple)) and len(size) != 1:
+        return (int(size[0]), int(size[1]))
+    size = int(size[0] if isinstance(size, (list, tuple)) else size)
+    return (size, size) if pair else size
+
+
+def lower_transform(transform: Any) -> Lowering:
+    """The lowering of a torchvision transform; raises Unlowerable, saying why, where there is none."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    if transform is None:
+        raise Unlowerable("no transform: the samples are PIL images, which default_collate cannot batch")
+    ops = _flatten(transform)
+    names = ", ".join(type(op).__name__ for op in ops)
+    geometry: list = []
+    pixel: list = []
+    steps: list = []
+    filters: set[str] = set()
+    domain = "pil"  # then "uint8" or "float": what the next op gets
+    # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
+    fixed: tuple[int, int] | None = None
+    short_side: int | None = None
+    to_tensor = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor))  # v2's (deprecated): the same conversion
+    pure = getattr(v2, "ToPureTensor", None)  # torchvision 0.16 on
+
+    def check_geometry(op: Any) -> None:
+        if pixel:
+            raise Unlowerable(f"{type(op).__name__} after {type(pixel[-1]).__name__}: fastdata's decoder applies the "
+                              "geometry first")
+        if domain == "float":
+            raise Unlowerable(f"{type(op).__name__} on a float tensor: fastdata resizes uint8 images")
+
+    try:
+        for op in ops:
+            kind, cls = type(op).__name__, type(op)
+            if cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
+                check_geometry(op)
+                filters.add(_filter(op, domain != "pil"))
+                size = _size(op.size)
+                geometry.append(fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)))
+                fixed, short_side = _size(size, pair=True), None
+            elif cls in (T.Resize, v2.Resize):
+                check_geometry(op)
+                if op.max_size is not None:
+                    raise Unlowerable(f"{kind} with max_size: not lowered")
+                filters.add(_filter(op, domain != "pil"))
+                size = _size(op.size)
+                geometry.append(fd.Resize(size))
+                if isinstance(size, int):
+                    fixed, short_side = None, size
+                else:
+                    fixed, short_side = size, None
+            elif cls in (T.CenterCrop, v2.CenterCrop):
+                check_geometry(op)
+                h, w = _size(op.size, pair=True)
+                # torchvision pads an image smaller than the crop; fastdata crops only within it.
+                fits = (fixed is not None and h <= fixed[0] and w <= fixed[1]) or (
+                    short_side is not None and max(h, w) <= short_side)
+                if not fits:
+                    raise Unlowerable(f"{kind} on images of sizes not known to fit it (torchvision pads a smaller "
+                                      "image): lowered only after a Resize or RandomResizedCrop to at least its size")
+                geometry.append(fd.CenterCrop((h, w)))
+                fixed, short_side = (h, w), None
+            elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
+                check_geometry(op)
+                geometry.append(fd.RandomHorizontalFlip(float(op.p)))
+            elif cls in (T.ColorJitter, v2.ColorJitter):
+                if domain != "pil":
+                    raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
+                # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
+                pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
+                                              (op.brightness, op.contrast, op.saturation, op.hue))))
+            elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide):
+                if domain != "pil":
+                    raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
+                from torchvision.transforms import InterpolationMode
+
+                nearest = InterpolationMode(op.interpolation) == InterpolationMode.NEAREST
+                if not nearest or op.fill not in (None, 0, [0], (0,)):
+                    raise Unlowerable(f"{kind} with an interpolation or fill other than the default: not lowered")
+                pixel.append((_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
+                    int(op.num_magnitude_bins)))
+            elif cls in to_tensor:
+                if domain != "pil" or steps:
+                    raise Unlowerable(f"{kind} of a tensor: not lowered")
+                steps.append(("to", None, "div"))
+                domain = "float"
+            elif cls in (T.PILToTensor, v2.PILToTensor, v2.ToImage):
+                if domain != "pil":
+                    raise Unlowerable(f"{kind} of a tensor: not lowered")
+                domain = "uint8"
+            elif cls is T.ConvertImageDtype:
+                domain = _to(steps, domain, op.dtype, "div", kind)
+            elif cls is v2.ToDtype:
+                if isinstance(op.dtype, dict):
+                    raise Unlowerable(f"{kind} with a dtype per type: not lowered")
+                domain = _to(steps, domain, op.dtype, "mul" if op.scale else None, kind)
+            elif cls is pure and domain != "pil":
+                pass  # an Image as a plain tensor: default_collate's batch is one anyway
+            elif cls in (T.Normalize, v2.Normalize):
+                if domain != "float":
+                    raise Unlowerable(f"{kind} of a {'PIL image' if domain == 'pil' else 'uint8 tensor'}: "
+                                      "torchvision refuses it; not lowered")
+                steps.append(_normalize(op, steps_dtype(tuple(steps))))
+            else:
+                raise _no_lowering(op)
+    except (ValueError, TypeError) as e:  # a parameter fastdata's op refuses
+        raise Unlowerable(f"a parameter fastdata does not lower ({e})") from None
+    if domain == "pil":
+        raise Unlowerable("the transform gives PIL images, which default_collate cannot batch")
+    if len(filters) > 1:
+        raise Unlowerable(f"geometric ops with different interpolations ({', '.join(sorted(filters))}): not lowered")
+    return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names)
+
+
+def _normalize(op: Any, dtype: torch.dtype) -> tuple:
+    """Normalize's step; where torchvision raises (a std of zero in the image's dtype, a mean or
+    std that does not broadcast over 3 channels), none: the script's own transform raises it."""
+    mean, std = tuple(float(m) for m in op.mean), tuple(float(s) for s in op.std)
+    kind = type(op).__name__
+    if len(mean) not in (1, 3) or len(std) not in (1, 3):
+        raise Unlowerable(f"{kind} with {len(mean)} means and {len(std)} stds for 3 channels: torchvision raises; "
+                          "not lowered")
+    if torch.as_tensor(std, dtype=dtype).eq(0).any():
+        raise Unlowerable(f"{kind} with a std of zero in {dtype}: torchvision raises; not lowered")
+    return ("normalize", mean, std)
+
+
+def _to(steps: list, domain: str, dtype: torch.dtype, scale: str | None, kind: str) -> str:
+    if domain == "pil":
+        raise Unlowerable(f"{kind} of a PIL image: not lowered")
+    if any(step[0] == "to" for step in steps):
+        raise Unlowerable(f"a second dtype conversion ({kind}): not lowered")
+    if not dtype.is_floating_point:
+        if dtype == torch.uint8 and domain == "uint8":
+            return domain
+        raise Unlowerable(f"{kind} to {dtype}: fastdata lowers conversions to uint8 and float dtypes")
+    steps.append(("to", dtype, scale if domain == "uint8" else None))
+    return "float"
