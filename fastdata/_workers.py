@@ -12,7 +12,8 @@
   600 by default: no batch in ten minutes is no progress), and a `Watchdog` covers the one
   wait DataLoader's limit does not. When it passes, the workers are killed (SIGKILL reaches a
   stopped process; DataLoader's SIGTERM does not) before the error is raised, so the error
-  comes at the limit and no worker is left behind.
+  comes at the limit and no worker is left behind. An iterator marked by `wait_forever` (`fastdata
+  run`'s, for a script that asked torch's timeout=0) has no stall limit: it waits as torch's waits.
 - End: `pass_end` shuts a pass's workers down and frees the buffer slots it never delivered.
 """
 
@@ -33,6 +34,7 @@ STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
 
 _threaded: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_unlimited: "weakref.WeakSet[Any]" = weakref.WeakSet()  # DataLoader iterators without a stall limit
 
 
 def hold_threads(owner: Any) -> None:
@@ -74,6 +76,12 @@ def stall_limit(timeout: float) -> float:
     return limit if limit > 0 else _STALL_DEFAULT
 
 
+def wait_forever(it: Any) -> None:
+    """DataLoader iterator `it` (whose DataLoader has timeout=0) waits for a batch as long as it
+    takes: no `Watchdog` limit for its passes."""
+    _unlimited.add(it)
+
+
 class Watchdog:
     """Ends a pass whose consumer has waited longer than the stall limit for a batch.
 
@@ -86,12 +94,17 @@ class Watchdog:
     """
 
     def __init__(self, it: Any, timeout: float) -> None:
-        self.it, self.timeout, self.limit = it, timeout, stall_limit(timeout)
+        self.it, self.timeout = it, timeout
         # The consumer sets `waiting` to the number of the batch it waits for, and to -1 when
         # it has it: two stores a batch, no clock read; this thread times how long one number stays.
         self.waiting = -1
         self.killed: list[int] | None = None
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if it in _unlimited:  # no limit, nothing to watch; `error` still names a worker that died
+            self.limit = float("inf")
+            return
+        self.limit = stall_limit(timeout)
         self._thread = threading.Thread(target=self._watch, name="fastdata-watchdog", daemon=True)
         self._thread.start()
 
@@ -109,7 +122,8 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def error(self, error: BaseException) -> BaseException | None:
         """For an error out of the DataLoader iterator: the error to raise instead, or None to

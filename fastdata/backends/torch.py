@@ -135,7 +135,9 @@ class TorchLoader(DataLoader, Loader):
         elif self._loader.num_workers == 0 and not profiler_enabled():
             it = fetches(it)
         end = pass_end(loader_it, workers, self._loader.persistent_workers)
-        return self._start(Pass(self._run(it, loader_it, end)), end)
+        # len(iter(loader)): its index sampler's, as torch's iterator counts them
+        index_sampler = self.batch_sampler if auto_collation(self) else self.sampler
+        return self._start(Pass(self._run(it, loader_it, end), index_sampler), end)
 
     # Per-sample loading (batch_size=None): an item is so quick that two clock reads plus the
     # counters per item would cost about 5%. So there the wait is timed on every 8th item and

@@ -103,12 +103,17 @@ class Raised:
 class Pass:
     """What iter() returns in drop-in mode. As DataLoader's iterator, it survives a batch whose
     dataset or collate_fn raised: the error reaches the consumer, and the next call goes on with
-    the next batch. (A stall, a dead worker or an interrupt ends the pass.)"""
+    the next batch. (A stall, a dead worker or an interrupt ends the pass.) As DataLoader's
+    iterator too, it counts the batches it handed out (`_num_yielded`) and, given its loader's
+    `index_sampler` (its batch sampler, or its sampler with batch_size=None), has len(): that
+    sampler's, a TypeError where it has none."""
 
-    __slots__ = ("_next", "close", "__weakref__")
+    __slots__ = ("_next", "close", "_num_yielded", "index_sampler", "__weakref__")
 
-    def __init__(self, batches: Iterator[Any]) -> None:
+    def __init__(self, batches: Iterator[Any], index_sampler: Any = None) -> None:
         self._next, self.close = batches.__next__, batches.close
+        self._num_yielded = 0
+        self.index_sampler = index_sampler
 
     def __iter__(self) -> "Pass":
         return self
@@ -120,7 +125,17 @@ class Pass:
             # this pass, and a cycle would keep its workers alive until a garbage collection.
             error, item.error = item.error, None
             raise error
+        self._num_yielded += 1
         return item
+
+    def __len__(self) -> int:
+        if self.index_sampler is None:
+            raise TypeError(f"object of type '{type(self).__name__}' has no len()")
+        return len(self.index_sampler)
+
+    def __bool__(self) -> bool:
+        # DataLoader's iterator is true while len() is not 0; a pass with no sampler, always
+        return self.index_sampler is None or len(self) != 0
 
 
 def raised_by_dataset(error: BaseException, workers: int) -> bool:

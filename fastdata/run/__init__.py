@@ -1,17 +1,20 @@
 """`fastdata run -- COMMAND...`: runs a training command, unchanged, with its DataLoaders served by
 fastdata's drop-in loader (native collation into reused buffers).
 
-The command runs as a child process (its exit status is this one's). In it, and in every Python
-process it starts (torchrun's ranks, spawned workers), `torch.utils.data.DataLoader` decides per
-loader: served by fastdata, or torch's own where fastdata could not give the same batches (a
-subclass of DataLoader, an IterableDataset, a custom sampler or batch sampler, arguments torch's
-DataLoader does not take). A loader the script left at num_workers=0 gets num_workers='auto'
-only where workers cannot change a batch: a torchvision image folder fastdata decodes itself,
-torch's default samplers, fork; any other Dataset keeps its 0 (only its own __getitem__ knows
-whether workers would change its samples). Where CUDA is, a served loader with workers copies each batch ahead to the GPU
-the script moves its batches to (`fastdata.run._copy`; --no-copy-ahead: not). At the end, one
-line per loader on stderr: where it was made, the dataset, served or fell back, and why (and how
-many of the copies ahead the script took).
+The command runs as a child process (its exit status is this one's). SIGINT, SIGTERM, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 sent to this process are sent on to it (as torchrun sends them on to
+its workers), save what a terminal sends the whole foreground group, the command's too (Ctrl-C).
+In it, and in every Python process it starts (torchrun's ranks, spawned workers),
+`torch.utils.data.DataLoader` decides per loader: served by fastdata, or torch's own where
+fastdata could not give the same batches (a subclass of DataLoader, an IterableDataset, a custom
+sampler or batch sampler, arguments torch's DataLoader does not take). A loader the script left
+at num_workers=0 gets num_workers='auto' only where workers cannot change a batch: a torchvision
+image folder fastdata decodes itself, torch's default samplers, fork, room in /dev/shm; any other
+Dataset keeps its 0 (only its own __getitem__ knows whether workers would change its samples).
+Where CUDA is, a served loader with workers copies each batch ahead to the GPU the script moves
+its batches to (`fastdata.run._copy`; --no-copy-ahead: not). At the end, one line per loader on
+stderr: where it was made, the dataset, served or fell back, and why (and how many of the copies
+ahead the script took).
 
 --profile times each served loader in the real run (the wait per step, the stall fraction, the
 stages) and writes the usual report (report.json, report.html) per loader in --out.
@@ -96,19 +99,82 @@ def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "
     return status
 
 
+# What a process manager, a scheduler or a user sends the command's process (as torchrun's) is
+# forwarded to the command, whose handlers (a checkpoint on SIGTERM, KeyboardInterrupt) then run.
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                  if hasattr(signal, name))
+_SI_KERNEL = 0x80  # Linux's si_code of a signal the kernel sent: a terminal's keys and hangup
+_SIGINFO = sys.platform.startswith("linux") and hasattr(signal, "sigtimedwait")
+
+
 def _child(command: list[str], env: dict[str, str]) -> int:
-    """The command's exit status (128 + the signal when a signal ended it). Ctrl-C reaches the
-    child from the terminal; this process waits for it to end."""
+    """The command's exit status (128 + the signal when a signal ended it). A signal of FORWARDED
+    that this process gets is sent on to the command, and this process waits on for it to end;
+    except one the terminal sent the whole foreground process group, the command's too (Ctrl-C),
+    and one this process ignores."""
+    child: subprocess.Popen | None = None
+    early: list[int] = []
+
+    def caught(signum: int, frame: Any) -> None:  # one that came between two waits, its sender unknown
+        if child is None:
+            early.append(signum)
+        else:
+            _forward(child, signum, None)
+
+    # A signal this process ignores (`nohup`, a shell's background job) stays ignored, and the
+    # command inherits that, as it would without fastdata.
+    previous = {s: signal.signal(s, caught) for s in FORWARDED if signal.getsignal(s) is not signal.SIG_IGN}
+    waited = tuple(previous)
     try:
-        proc = subprocess.Popen(command, env=env)
-    except OSError as e:
-        raise CommandError(f"cannot run {command[0]!r}: {e.strerror or e}") from None
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        status = proc.wait()
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as e:
+            raise CommandError(f"cannot run {command[0]!r}: {e.strerror or e}") from None
+        for signum in early:  # came before the command was there to get it
+            child.send_signal(signum)
+        while child.poll() is None:
+            if not _SIGINFO:
+                child.wait()  # signals reach `caught`
+                break
+            # Here the signal's sender is known (one that arrives between two waits goes to
+            # `caught`). The command's end is polled for: an unblocked SIGCHLD is discarded (its
+            # default is to ignore it), and a blocked one would stay blocked in the command.
+            info = signal.sigtimedwait(waited, 0.1)
+            if info is not None:
+                _forward(child, info.si_signo, info.si_code == _SI_KERNEL)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    status = child.returncode
     return 128 - status if status < 0 else status
+
+
+def _forward(child: subprocess.Popen, signum: int, kernel: bool | None) -> None:
+    """Sends `signum` on to the command, unless the terminal sent it to the whole foreground
+    process group, the command included (Ctrl-C, Ctrl-\\, a hangup once the session's leader has
+    exited). `kernel`: whether the kernel sent it (None: unknown; then a SIGINT or SIGQUIT while
+    this process's group has the terminal counts as the terminal's). The kernel sends a hangup
+    to a session's leader alone: that one is forwarded."""
+    if kernel is None:
+        group = signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_foreground()
+    else:
+        group = kernel and not (signum == signal.SIGHUP and os.getsid(0) == os.getpid())
+    if not group:
+        child.send_signal(signum)
+
+
+def _terminal_foreground() -> bool:
+    """Whether this process's group is its controlling terminal's foreground group."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def read_records(folder: str | os.PathLike) -> list[dict[str, Any]]:
@@ -163,7 +229,7 @@ def write_reports(loaders: list[dict[str, Any]], out: Path) -> list[str]:
     for k, r in enumerate(timed, 1):
         rep = report(r["profile"], f"{r['where']} {r['loader']}({r['dataset']})")
         folder = rep.write(out / f"loader-{k}")
-        stall = f", the step waited {100 * rep.stall_fraction:.0f}% of the time" if rep.stall_fraction is not None else ""
+        stall = "" if rep.stall_fraction is None else f", the step waited {100 * rep.stall_fraction:.0f}% of the time"
         lines.append(f"fastdata run --profile: {r['where']}: {rep.verdict}{stall}; "
                      f"{1e3 * r['profile']['wait_s'] / max(r['profile']['batches'], 1):.2f} ms wait a step; "
                      f"report in {folder}")

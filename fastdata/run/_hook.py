@@ -13,22 +13,29 @@ cannot change a batch: a torchvision image folder served natively (fastdata deco
 sample a function of the seed, the epoch and its index, in whatever process), torch's default
 samplers (whose draws do not depend on the worker count), workers started by fork (spawn would
 run the script's main module again), and none of the keywords that mean something else with
-workers (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers). A
-Dataset whose own __getitem__ makes the samples keeps the script's count: nothing outside it
-can tell whether it holds an open file (whose offset forked workers would share), reads an
-iterator, counts, caches, or draws random numbers, each of which workers would change.
+workers (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers); and
+only where /dev/shm has room for their batches (`fastdata.run._shm`: a container's may be
+small). A Dataset whose own __getitem__ makes the samples keeps the script's count: nothing
+outside it can tell whether it holds an open file (whose offset forked workers would share),
+reads an iterator, counts, caches, or draws random numbers, each of which workers would change.
+
+What the script sees is torch's: `inspect.signature` of the class and of a loader's `__init__`,
+`DataLoader[T]` (Generic), `len()` and `_num_yielded` of iter(loader), `get_worker_info().dataset`
+in a worker, and with timeout=0 a wait for a batch without fastdata's stall limit.
 """
 
 from __future__ import annotations
 
 import atexit
 import copyreg
+import functools
 import inspect
 import itertools
 import json
 import multiprocessing
 import os
 import sys
+import types
 import weakref
 from typing import Any
 
@@ -40,13 +47,19 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ._copy import CopyAhead
 from ._copy import install as install_copy
-from ._profile import Timing
+from ._profile import TimedPass, Timing
+from ._shm import shm_room
 from ._torchvision import Finish, Lowering, NativeFolder, lower
+from .._workers import wait_forever
 from ..backends.torch import TorchLoader
 from ..backends.torch_iter import Fetches
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _SIGNATURE = inspect.signature(TorchDataLoader.__init__)
+_CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
+# torch's DataLoader is Generic (DataLoader[T] in annotations and subclasses): so is this one, over
+# torch's own type variable
+_GENERIC = getattr(TorchDataLoader, "__parameters__", ())
 # Samplers whose order is a function of their generator (or torch's global one): fastdata's
 # resume restores it, and the worker count does not change it.
 _KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,
@@ -71,8 +84,24 @@ class _AnyTorchLoader(type):
     def __subclasscheck__(cls, sub: type) -> bool:
         return issubclass(sub, TorchDataLoader) if cls is DataLoader else super().__subclasscheck__(sub)
 
+    @property
+    def __signature__(cls) -> inspect.Signature | None:
+        """What `inspect.signature` gives for the class: torch's DataLoader's, where inspect would
+        read this class's `__new__` (any arguments); for a subclass of the script's, its first
+        `__init__`'s, as on torch's class (None where a class of the script's defines `__new__`:
+        inspect then reads the subclass as it does on torch's)."""
+        if cls is DataLoader or cls is Served:
+            return _CLASS_SIGNATURE
+        mro = cls.__mro__
+        if any("__new__" in vars(c) for c in mro[:mro.index(DataLoader)]):
+            return None
+        try:
+            return inspect.signature(types.MethodType(cls.__init__, cls))
+        except (TypeError, ValueError):
+            return None
 
-class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
+
+class DataLoader(TorchDataLoader[_GENERIC] if _GENERIC else TorchDataLoader, metaclass=_AnyTorchLoader):
     """torch's DataLoader, as `fastdata run` gives it to the script: `DataLoader(...)` returns a
     `Served` loader or torch's own (an instance of this class, with torch's behaviour). A
     subclass the script defines is torch's own, unchanged."""
@@ -89,7 +118,8 @@ class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
             _record(None, _dataset_of(args, kwargs), "fell back", reason, cls)
             if cls is DataLoader:
                 return object.__new__(cls)
-            obj = object.__new__(DataLoader)  # Served rebuilt (a framework's type(loader)(...)) with what it cannot serve
+            # Served rebuilt (a framework's type(loader)(...)) with what it cannot serve
+            obj = object.__new__(DataLoader)
             TorchDataLoader.__init__(obj, *args, **kwargs)
             return obj
         obj = object.__new__(Served)
@@ -97,7 +127,7 @@ class DataLoader(TorchDataLoader, metaclass=_AnyTorchLoader):
         return obj
 
 
-class Served(DataLoader, TorchLoader):
+class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
     """A loader `fastdata run` serves: fastdata's drop-in loader, and a `DataLoader`."""
 
     def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
@@ -110,6 +140,9 @@ class Served(DataLoader, TorchLoader):
         if workers is not None:
             kwargs["num_workers"] = workers
         TorchLoader.__init__(self, dataset, *args, **kwargs)
+        self._loader.__class__ = _Working  # torch's DataLoader with no state of its own added: see _Working
+        if not self.timeout:
+            self._loader.timeout = 0  # the script's timeout=0, as torch's: a wait as long as it takes
         self._fastdata_finish = None if lowering is None else Finish(
             lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
             forks=self.num_workers > 0)
@@ -138,13 +171,59 @@ class Served(DataLoader, TorchLoader):
     def __iter__(self) -> Any:
         it = TorchLoader.__iter__(self)
         timing = getattr(self, "_fastdata_timing", None)
-        return it if timing is None else timing.wrap(it, self)
+        return it if timing is None else _TimedPass(it, timing, self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = TorchLoader.__getstate__(self)
         state.pop("_fastdata_timing", None)  # a copy in another process is not this one's record
         state.pop("_fastdata_copy", None)
         return state
+
+
+Served.__init__.__signature__ = _SIGNATURE  # inspect.signature(loader.__init__): torch's
+
+
+class _Working(TorchDataLoader):
+    """A served loader's working DataLoader (see TorchLoader), as the script sees torch's: its
+    workers' `get_worker_info().dataset` is the script's dataset (not the NativeFolder that a
+    natively served folder's batches are fetched from); with timeout 0 it waits for a batch as
+    long as it takes, without fastdata's stall limit (`fastdata._workers.wait_forever`)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "worker_init_fn" and isinstance(self.__dict__.get("dataset"), NativeFolder):
+            value = functools.partial(_scripts_dataset, value)
+        TorchDataLoader.__setattr__(self, name, value)
+
+    def __iter__(self) -> Any:
+        it = TorchDataLoader.__iter__(self)
+        if self.num_workers and not self.timeout:
+            wait_forever(it)
+        return it
+
+
+def _scripts_dataset(init: Any, worker_id: int) -> None:
+    """A natively served loader's worker_init_fn: the worker's `get_worker_info().dataset` made the
+    script's dataset (the NativeFolder's), then `init`."""
+    info = torch.utils.data.get_worker_info()
+    if info is not None and isinstance(info.dataset, NativeFolder):
+        object.__setattr__(info, "dataset", info.dataset.dataset)  # WorkerInfo refuses a plain assignment
+    if init is not None:
+        init(worker_id)
+
+
+class _TimedPass(TimedPass):
+    """A timed pass (--profile), with the len() and the count of batches handed out
+    (`_num_yielded`) of DataLoader's iterator."""
+
+    _num_yielded = 0
+
+    def __next__(self) -> Any:
+        batch = TimedPass.__next__(self)
+        self._num_yielded += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
 
 
 def _copy_ahead() -> bool:
@@ -168,8 +247,8 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
                        "on resume by reading it again)"), None, None
     sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
     if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
-        return (False, f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly",
-                None, None)
+        why = f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly"
+        return False, why, None, None
     if sampler is not None and not _known(sampler):
         return False, f"a custom sampler ({type(sampler).__qualname__}): fastdata cannot resume it exactly", None, None
     reason, lowering = _collation(call)
@@ -178,7 +257,7 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     if lowering is None:
         return True, (f"{reason}; num_workers=0 kept: the dataset's own __getitem__ makes the samples, and "
                       "workers could change them (shared files, state, random draws)"), None, lowering
-    auto, why = auto_workers(call)
+    auto, why = auto_workers(call, lowering)
     if not auto:
         return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
     return True, f"{reason}; num_workers='auto' (the script left the default)", "auto", lowering
@@ -203,17 +282,20 @@ def _known(sampler: Any) -> bool:
     return isinstance(sampler, _KNOWN_SAMPLERS) or type(sampler).__module__.startswith("fastdata.")
 
 
-def auto_workers(call: dict) -> tuple[bool, str]:
+def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     """Whether a natively served folder the script left at num_workers=0 may get workers without
-    a change in any batch (see the module's docstring), and if not, why not."""
+    a change in any batch (see the module's docstring) and with room for them in /dev/shm, and if
+    not, why not."""
     if call.get("sampler") is not None or call.get("batch_sampler") is not None:
         return False, "a sampler given by the script (its draws may depend on where they run)"
     given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
     if given:
         return False, f"{given[0]} is set, which means something else with workers"
-    if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()) != "fork":
+    method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    if method != "fork":
         return False, "workers would start by spawn, which runs the script's main module again"
-    return True, ""
+    why = shm_room(call, lowering)
+    return not why, why
 
 
 def _where() -> str:
@@ -234,7 +316,8 @@ def _record(loader: Any, dataset: Any, decision: str, reason: str, cls: type) ->
     if not out:
         return None
     line = {"pid": os.getpid(), "seq": next(_count), "where": _where(), "dataset": type(dataset).__qualname__,
-            "loader": "DataLoader" if cls in (DataLoader, Served) else cls.__qualname__, "decision": decision, "reason": reason}
+            "loader": "DataLoader" if cls in (DataLoader, Served) else cls.__qualname__, "decision": decision,
+            "reason": reason}
     if loader is not None:
         line["num_workers"], line["batch_size"] = loader.num_workers, loader.batch_size
         timing = getattr(loader, "_fastdata_timing", None)

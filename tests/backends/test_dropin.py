@@ -309,6 +309,31 @@ def test_len_drop_last(n, batch_size, drop_last, expected):
     assert len(fast) == expected
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterator_counts_its_batches_as_dataloaders(num_workers):
+    """`_num_yielded` of iter(loader), as DataLoader's iterator counts the batches it handed out;
+    a pass given its loader's index sampler has that sampler's len() (TypeError without len(),
+    as DataLoader's iterator over an IterableDataset); without one, len() raises TypeError and the
+    pass is true."""
+    from fastdata.backends.torch_iter import Pass
+
+    fast = iter(fastdata.loader(TupleDS(40), batch_size=16, num_workers=num_workers))
+    ref = iter(DataLoader(TupleDS(40), batch_size=16, num_workers=num_workers))
+    for _ in range(2):
+        next(fast), next(ref)
+    assert fast._num_yielded == ref._num_yielded == 2 and len(fast) == len(ref) == 3
+    del fast, ref
+    sized = Pass((x for x in [1, 2]), BatchSampler(range(5), 2, False))
+    assert len(sized) == 3 and sized and list(sized) == [1, 2] and sized._num_yielded == 2
+    assert not Pass((x for x in []), BatchSampler(range(0), 2, False))
+    with pytest.raises(TypeError):
+        len(Pass((x for x in []), iter(range(3))))
+    unsized = Pass((x for x in [1]))
+    assert unsized
+    with pytest.raises(TypeError, match="has no len"):
+        len(unsized)
+
+
 def test_native_path_is_exercised(monkeypatch, h):
     """Leaves routed to the native core pass through `_new_batch` (a ring slot or a fresh
     buffer). In a worker every leaf of at least 64 KiB goes there; in the main process only

@@ -1,6 +1,9 @@
 """`fastdata run -- COMMAND`: unchanged scripts (tests/run_scripts/) run directly and under
 `fastdata run`: the same batches and losses, the loaders served or fallen back as the run's
-summary says, and --profile's reports valid against report.schema.json."""
+summary says, and --profile's reports valid against report.schema.json. Then what a script sees
+of its DataLoader as torch's (signatures, DataLoader[T], its iterator, get_worker_info() in a
+worker, timeout=0), the workers added only where /dev/shm holds them, and the signals sent to
+`fastdata run` reaching the script."""
 
 import json
 import os
@@ -379,3 +382,361 @@ def test_imagenet_example_loop_gpu_same_batches(tmp_path, imagenet_folder):
     # the example's images.cuda(args.gpu, non_blocking=True): batch 0 names the destination,
     # both tensors of each later batch are taken (train 2 x 3 batches, val 2 x 2)
     assert [_copied(line) for line in lines] == [(2 * 5, 2 * 5), (2 * 3, 2 * 3)], lines
+
+
+# -- what the script sees of its DataLoader, as torch's: signatures, DataLoader[T], its iterator,
+# get_worker_info(), timeout=0, /dev/shm; and the signals sent to `fastdata run`.
+
+SAME_AS_TORCH = '''
+import inspect, sys
+from typing import Any
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+cfg = {"batch_size": 4, "shuffle": False, "drop_last": True, "lr": 0.1}
+kwargs = {k: v for k, v in cfg.items() if k in inspect.signature(DataLoader).parameters}
+
+def count(loader: DataLoader[Any]) -> int:
+    return sum(len(b[0]) for b in loader)
+
+class Typed(DataLoader[int]):
+    pass
+
+ds = TensorDataset(torch.arange(10.0))
+loader = DataLoader(ds, **kwargs)
+it = iter(loader)
+steps = len(it)
+first = next(it)[0].tolist()
+print(kwargs, steps, it._num_yielded, first, count(loader), [b[0].tolist() for b in Typed(ds, batch_size=3)],
+      list(inspect.signature(loader.__init__).parameters)[:3], bool(it))
+'''
+
+
+def test_a_script_sees_torchs_dataloader(tmp_path):
+    """A config filtered by DataLoader's signature, `DataLoader[Any]` annotations, a subclass of
+    `DataLoader[int]`, `len(iter(loader))` and `_num_yielded`: the same output as without fastdata."""
+    script = tmp_path / "script.py"
+    script.write_text(SAME_AS_TORCH)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout and "'batch_size': 4" in plain.stdout
+    lines = _summary(proc.stderr)
+    assert lines[0].startswith("served") and "Typed(TensorDataset)" in lines[1] and "fell back" in lines[1], lines
+
+
+def _hook():
+    from fastdata.run import _hook
+
+    return _hook
+
+
+def test_iterator_len_and_count_are_torchs(monkeypatch):
+    """len(iter(loader)) is its batch sampler's (or with batch_size=None its sampler's), and
+    `_num_yielded` counts the batches handed out, not one whose dataset raised; with --profile,
+    the length and the count too."""
+    from torch.utils.data import DataLoader as TorchDataLoader
+
+    hook = _hook()
+    for kwargs in ({"batch_size": 4}, {"batch_size": 4, "drop_last": True}, {"batch_size": None}):
+        ds = Flaky(13)
+        mine, torchs = iter(hook.DataLoader(ds, **kwargs)), iter(TorchDataLoader(ds, **kwargs))
+        assert len(mine) == len(torchs) and bool(mine) is bool(torchs), kwargs
+        for it in (mine, torchs):
+            ds.fail = set()
+            next(it)
+            ds.fail = {1, 4, 5, 6, 7}  # the second batch (samples 4 to 7), or with batch_size=None, sample 1
+            with pytest.raises(ValueError, match="sample"):
+                next(it)
+            ds.fail = set()
+            next(it)
+        assert mine._num_yielded == torchs._num_yielded == 2, kwargs
+    monkeypatch.setenv("FASTDATA_RUN_PROFILE", "1")
+    timed = iter(hook.DataLoader(Flaky(10), batch_size=3))
+    assert len(timed) == 4 and timed._num_yielded == 0
+    next(timed)
+    assert timed._num_yielded == 1
+    empty = iter(hook.DataLoader(Flaky(2), batch_size=4, drop_last=True))
+    assert len(empty) == 0 and not empty and len(list(empty)) == 0
+
+
+class Flaky:
+    """A map-style dataset whose samples in `fail` raise."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.fail = n, set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        if i in self.fail:
+            raise ValueError(f"sample {i}")
+        return torch.tensor([i])
+
+
+class SlowFirst:
+    """Each worker's first sample takes `delay` seconds (a cache built, a file indexed)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.ready = delay, False
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        import torch
+
+        if not self.ready:
+            time.sleep(self.delay)
+            self.ready = True
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(120)
+def test_timeout_0_waits_as_torchs(monkeypatch):
+    """The script's timeout=0 (torch: wait as long as it takes) has no stall limit under fastdata
+    run: a first batch slower than FASTDATA_STALL_TIMEOUT comes. A timeout the script set still
+    holds, and fastdata.loader keeps its documented stall limit."""
+    import fastdata
+
+    hook = _hook()
+    monkeypatch.setenv("FASTDATA_STALL_TIMEOUT", "0.5")
+    loader = hook.DataLoader(SlowFirst(1.5), batch_size=4, num_workers=1)
+    assert type(loader) is hook.Served and loader.timeout == 0
+    assert [b.flatten().tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
+        list(hook.DataLoader(SlowFirst(1.5), batch_size=4, num_workers=1, timeout=0.5))
+    with pytest.raises(RuntimeError, match="FASTDATA_STALL_TIMEOUT=0.5"):
+        list(fastdata.loader(SlowFirst(1.5), batch_size=4, num_workers=1))
+
+
+class Folder:
+    """A torchvision-like image folder (`samples`, `classes`, `target_transform`) of 8x8 JPEGs,
+    its own samples CHW float tensors (as ToTensor's) for where they are not decoded natively."""
+
+    def __init__(self, root: Path, n: int = 6) -> None:
+        from PIL import Image
+
+        self.classes, self.root, self.target_transform, self.samples = ["a", "b", "c"], str(root), None, []
+        for i in range(n):
+            path = root / f"{i}.jpg"
+            Image.new("RGB", (12, 8), (40 * i, 0, 0)).save(path)
+            self.samples.append((str(path), i % 3))
+        self.targets = [t for _, t in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        return torch.zeros(3, 8, 8), self.targets[i]
+
+
+def _lowered(monkeypatch, geometry: tuple) -> Any:
+    """The hook's `lower` made to lower a `Folder` with `geometry` (then ToTensor): no torchvision needed."""
+    from fastdata.run._torchvision import Lowering
+
+    hook = _hook()
+    lowering = Lowering(geometry, (), "bilinear", (("to", None, "div"),), "Resize, ToTensor")
+    monkeypatch.setattr(hook, "lower", lambda ds: (lowering, "") if isinstance(ds, Folder) else (None, ""))
+    return lowering
+
+
+def _record_worker(path: str, worker_id: int) -> None:
+    from torch.utils.data import get_worker_info
+
+    ds = get_worker_info().dataset
+    with open(path, "a") as f:
+        f.write(f"{type(ds).__name__} {len(getattr(ds, 'classes', ()))}\n")
+
+
+@pytest.mark.timeout(120)
+def test_worker_info_dataset_is_the_scripts(tmp_path, monkeypatch):
+    """In a worker of a natively served folder, get_worker_info().dataset is the script's
+    dataset (its `classes`, its root), not fastdata's NativeFolder."""
+    import functools
+
+    from fastdata.run import _torchvision
+    from fastdata.transforms import ops as fd
+
+    hook = _hook()
+    _lowered(monkeypatch, (fd.Resize((8, 8)),))
+    record = tmp_path / "workers.txt"
+    ds = Folder(tmp_path)
+    loader = hook.DataLoader(ds, batch_size=2, num_workers=2,
+                             worker_init_fn=functools.partial(_record_worker, str(record)))
+    assert type(loader) is hook.Served and isinstance(loader._loader.dataset, _torchvision.NativeFolder)
+    assert sorted(t for _, labels in loader for t in labels.tolist()) == sorted(ds.targets)
+    assert record.read_text().splitlines() == ["Folder 3"] * 2
+
+
+@pytest.mark.parametrize("free,workers", [(64 * 2**20, None), (2**40, "auto"), (None, "auto")],
+                         ids=["64MB", "1TB", "no-dev-shm"])
+def test_auto_workers_only_where_dev_shm_has_room(tmp_path, monkeypatch, free, workers):
+    """A natively served folder the script left at num_workers=0 gets workers only where /dev/shm
+    holds their batches (64 MB, Docker's default, does not hold 224 px batches of 64), else keeps
+    the 0 and says why."""
+    import multiprocessing
+
+    from fastdata.run import _shm
+    from fastdata.transforms import ops as fd
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+        pytest.skip("workers are added only where they start by fork")
+    hook = _hook()
+    _lowered(monkeypatch, (fd.RandomResizedCrop(224),))
+    monkeypatch.setattr(_shm, "shm_free", lambda: free)
+    served, reason, got, _ = hook.decide((Folder(tmp_path),), {"batch_size": 64})
+    assert served and got == workers, reason
+    if workers is None:
+        assert "num_workers=0 kept: /dev/shm has 64 MB free, and" in reason and "workers' batches would take" in reason
+
+
+def test_dev_shm_room_is_shared_and_sized_by_the_images(tmp_path, monkeypatch):
+    """Two folders that each fit in /dev/shm alone but not together: the second keeps its 0 (a
+    loader made anew over the first counts the first's share once). The images' size comes from
+    the transform, else the first file (12x8 here), else no workers are added."""
+    from fastdata.run import _shm
+    from fastdata.run._torchvision import Lowering
+    from fastdata.transforms import ops as fd
+
+    (tmp_path / "a").mkdir()
+    first, second = Folder(tmp_path / "a"), Folder(tmp_path)
+    lowering = Lowering((fd.Resize((64, 64)),), (), "bilinear", (("to", None, "div"),), "Resize, ToTensor")
+    call = {"batch_size": 64, "dataset": first}
+    monkeypatch.setattr(_shm, "shm_free", lambda: 2**40)
+    assert _shm.shm_room(call, lowering) == ""
+    need = _shm._held[first]
+    monkeypatch.setattr(_shm, "shm_free", lambda: need + need // 2)
+    assert _shm.shm_room(call, lowering) == ""
+    assert "for this loader" in _shm.shm_room({**call, "dataset": second}, lowering)
+    assert _shm.image_size((fd.Resize(16),), first) == (16, 24)  # the shorter side (8 of 12x8) to 16
+    assert _shm.image_size((fd.Resize(256), fd.CenterCrop(224)), object()) == (224, 224)  # no file read
+    assert _shm.image_size((), first) == (8, 12)
+    first.samples = []
+    assert _shm.image_size((fd.Resize(16),), first) is None
+    unknown = Lowering((fd.Resize(16),), (), "bilinear", (("to", None, "div"),), "Resize, ToTensor")
+    assert "size could not be read" in _shm.shm_room(call, unknown)
+
+
+SIGNALS = '''
+import os, signal, sys, time
+out = sys.argv[1]
+def note(signum, frame):
+    with open(out, "a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+    if signum == signal.SIGTERM:
+        sys.exit(43)
+    if signum == signal.SIGINT and sys.argv[2:] == ["ask-parent"]:
+        os.kill(os.getppid(), signal.SIGUSR1)  # forwarded back, after any SIGINT forwarded before it
+    if signum == signal.SIGUSR1 and sys.argv[2:] == ["ask-parent"]:
+        sys.exit(7)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, note)
+with open(out, "a") as f:
+    f.write("ready " + os.environ["FASTDATA_RUN_DIR"] + "\\n")
+while True:
+    time.sleep(0.05)
+'''
+
+
+def _lines_once(path: Path, proc: subprocess.Popen, n: int) -> list[str]:
+    """The first `n` lines of `path` once there (a deadline, not a measure: no test hangs)."""
+    import time
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) >= n:
+            return lines
+        time.sleep(0.02)
+    raise AssertionError(f"{path} has {path.read_text() if path.exists() else 'nothing'}; exit {proc.poll()}")
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kills what is left of `proc`'s process group (it leads one): the script too, should
+    fastdata run have ended without it."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
+    """SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGINT and SIGTERM sent to `fastdata run`'s pid (as a
+    process manager, a scheduler, `kill` send them): each reaches the script once, fastdata run
+    waits for it and exits with its status, and its records folder is gone."""
+    import signal
+
+    script, out = tmp_path / "signals.py", tmp_path / "got.txt"
+    script.write_text(SIGNALS)
+    proc = subprocess.Popen([sys.executable, "-m", "fastdata.cli", "run", str(script), str(out)],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        records = _lines_once(out, proc, 1)[0].split(" ", 1)[1]
+        sent = [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM]
+        for k, signum in enumerate(sent):
+            os.kill(proc.pid, signum)
+            if signum != signal.SIGTERM:
+                _lines_once(out, proc, k + 2)
+        assert proc.wait(timeout=60) == 43
+    finally:
+        _end_group(proc)
+    assert out.read_text().splitlines()[1:] == [s.name for s in sent]
+    assert not os.path.exists(records)
+
+
+@pytest.mark.timeout(200)
+def test_terminal_ctrl_c_reaches_the_script_once(tmp_path):
+    """Ctrl-C at a terminal sends SIGINT to the foreground process group, fastdata run and the
+    script alike: the script gets it once (fastdata run does not send it a second)."""
+    import signal
+
+    script, out = tmp_path / "signals.py", tmp_path / "got.txt"
+    script.write_text(SIGNALS)
+    try:
+        master, slave = os.openpty()
+    except OSError as e:
+        pytest.skip(f"no pseudo-terminal here: {e}")
+    # fastdata run as a terminal's session leader and foreground group, the pty its terminal
+    launcher = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'fastdata.cli', 'run', *sys.argv[1:]])")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, str(script), str(out), "ask-parent"], stdin=slave,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(slave)
+    try:
+        _lines_once(out, proc, 1)
+        os.write(master, b"\x03")
+        assert proc.wait(timeout=60) == 7
+    finally:
+        _end_group(proc)
+        os.close(master)
+    assert out.read_text().splitlines()[1:] == ["SIGINT", "SIGUSR1"]
+
+
+def test_ignored_signals_stay_ignored(tmp_path):
+    """A command started ignoring SIGHUP and SIGINT (`nohup`, a shell's background job) ignores
+    them under `fastdata run` as without it (fastdata run neither catches nor forwards them)."""
+    script = tmp_path / "ignored.py"
+    script.write_text("import signal\nprint([signal.getsignal(s) is signal.SIG_IGN for s in "
+                      "(signal.SIGHUP, signal.SIGINT, signal.SIGTERM)])\n")
+    launcher = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+                "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+    plain = subprocess.run([sys.executable, "-c", launcher, str(script)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", launcher, "-m", "fastdata.cli", "run", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "[True, True, False]\n"

@@ -7,7 +7,11 @@ the outcomes (device, dtype, shape, strides, values, whether the tensor itself c
 the exception's type and message) must be equal.
 
 On a machine without CUDA every `.cuda` form raises, and the errors are compared; the copies
-ahead go to the meta device there. With CUDA, the same forms run against cuda:0."""
+ahead go to the meta device there. With CUDA, the same forms run against cuda:0.
+
+It also replaces `torch.utils.data.DataLoader` (fastdata/run/_hook.py): `inspect.signature` of
+the class, of a loader's `__init__` and of the script's subclasses, and subscripting it
+(`DataLoader[T]`, torch's is Generic), must be as on torch's own class (the end of this file)."""
 
 from __future__ import annotations
 
@@ -223,3 +227,75 @@ def test_module_cuda_and_pin_memory_are_torchs(args, kwargs):
             torch.Tensor.to, torch.Tensor.cuda = ORIGINAL["to"], ORIGINAL["cuda"]
 
     assert results(True) == results(False)
+
+
+# -- the DataLoader class the hook puts in torch's place: its signatures and its type parameter
+
+
+def _shapes(base: type) -> dict[str, type]:
+    """The ways a script subclasses DataLoader, on `base` (torch's class or the hook's)."""
+
+    class Own(base):
+        def __init__(self, data, bs, tag="x", **kw):
+            super().__init__(data, batch_size=bs, **kw)
+
+    class Inherited(Own):
+        pass
+
+    class Bare(base):
+        pass
+
+    class WithNew(base):
+        def __new__(cls, data, *, seed=0):
+            return super().__new__(cls)
+
+    class Typed(base[int]):
+        pass
+
+    return {"own __init__": Own, "inherited __init__": Inherited, "no __init__": Bare, "own __new__": WithNew,
+            "DataLoader[int] subclass": Typed}
+
+
+def test_dataloader_signatures_are_torchs():
+    """A script that keeps the config keys DataLoader takes (`inspect.signature(DataLoader)
+    .parameters`) passes them all, as with torch's class."""
+    import inspect
+
+    from torch.utils.data import TensorDataset
+
+    from fastdata.run import _hook
+
+    torchs = _hook.TorchDataLoader
+    assert inspect.signature(_hook.DataLoader) == inspect.signature(torchs)
+    assert "batch_size" in inspect.signature(_hook.DataLoader).parameters
+    assert inspect.signature(_hook.Served) == inspect.signature(torchs)
+    ds = TensorDataset(torch.arange(8.0))
+    served, fell_back, plain = _hook.DataLoader(ds, batch_size=4), _hook.DataLoader(ds, sampler=[0, 1]), torchs(ds)
+    assert type(served) is _hook.Served and type(fell_back) is _hook.DataLoader
+    for loader in (served, fell_back):
+        assert inspect.signature(loader.__init__) == inspect.signature(plain.__init__)
+        assert inspect.signature(type(loader).__init__) == inspect.signature(torchs.__init__)
+    mine, theirs = _shapes(_hook.DataLoader), _shapes(torchs)
+    for shape in theirs:
+        assert inspect.signature(mine[shape]) == inspect.signature(theirs[shape]), shape
+
+
+def test_dataloader_is_generic_as_torchs():
+    """`DataLoader[T]` in annotations and base classes: subscripted as torch's; a subclass of
+    `DataLoader[int]` is the script's own subclass, torch's DataLoader unchanged (as any)."""
+    import typing
+
+    from torch.utils.data import TensorDataset
+
+    from fastdata.run import _hook
+
+    torchs = _hook.TorchDataLoader
+    assert _hook.DataLoader.__parameters__ == torchs.__parameters__
+    assert typing.get_args(_hook.DataLoader[typing.Any]) == (typing.Any,)
+    assert typing.get_origin(_hook.DataLoader[int]) is _hook.DataLoader
+    ds = TensorDataset(torch.arange(10.0))
+    served = _hook.DataLoader[int](ds, batch_size=4)
+    assert type(served) is _hook.Served and typing.get_args(type(served)[int]) == (int,)  # type(loader)[T] too
+    typed = _shapes(_hook.DataLoader)["DataLoader[int] subclass"](ds, batch_size=4)
+    assert type(typed).__name__ == "Typed" and isinstance(typed, torchs) and isinstance(typed, _hook.DataLoader)
+    assert [b[0].tolist() for b in typed] == [b[0].tolist() for b in torchs(ds, batch_size=4)]
