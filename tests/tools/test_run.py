@@ -673,6 +673,17 @@ def _end_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _signals_at_their_defaults() -> None:
+    """Run in the child before it execs: the signals these tests send at their defaults, as a
+    process manager or a terminal starts a command. A test run under `nohup`, or as a shell's
+    background job, would otherwise pass them on ignored, and fastdata run leaves an ignored
+    signal ignored (`test_ignored_signals_stay_ignored`)."""
+    import signal
+
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(200)
 def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
     """SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGINT and SIGTERM sent to `fastdata run`'s pid (as a
@@ -683,7 +694,8 @@ def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
     script, out = tmp_path / "signals.py", tmp_path / "got.txt"
     script.write_text(SIGNALS)
     proc = subprocess.Popen([sys.executable, "-m", "fastdata.cli", "run", str(script), str(out)],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=_signals_at_their_defaults)
     try:
         records = _lines_once(out, proc, 1)[0].split(" ", 1)[1]
         sent = [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM]
@@ -714,7 +726,7 @@ def test_terminal_ctrl_c_reaches_the_script_once(tmp_path):
     launcher = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
                 "os.execv(sys.executable, [sys.executable, '-m', 'fastdata.cli', 'run', *sys.argv[1:]])")
     proc = subprocess.Popen([sys.executable, "-c", launcher, str(script), str(out), "ask-parent"], stdin=slave,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_signals_at_their_defaults)
     os.close(slave)
     try:
         _lines_once(out, proc, 1)
