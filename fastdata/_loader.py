@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import weakref
 from typing import Any, Callable, Iterator
@@ -69,6 +70,41 @@ def check_position(state: dict[str, Any], length: int | None, epoch_may_be_none:
                              "pass a dict from this loader's state_dict()")
 
 
+class Pass:
+    """What iter() of a Loader returns: the pass's batches (a generator's), until a newer
+    iter() of its loader ends it (`Loader._supersede`); its next `next()` then goes on with
+    the rest of its batches, made by `then`'s `rest()` (or, with its epoch done, stops)."""
+
+    __slots__ = ("_next", "close", "__weakref__")
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._next, self.close = batches.__next__, batches.close
+
+    def __iter__(self) -> "Pass":
+        return self
+
+    def __next__(self) -> Any:
+        return self._next()
+
+    def then(self, rest: Callable[[], Iterator[Any]]) -> None:
+        self._next = _Rest(self, rest)
+
+
+class _Rest:
+    """A superseded pass's `_next` until it is called: then the rest of the pass takes over.
+    It holds the pass weakly: a pass holding itself would wait for a garbage collection."""
+
+    __slots__ = ("_owner", "_rest")
+
+    def __init__(self, owner: Pass, rest: Callable[[], Iterator[Any]]) -> None:
+        self._owner, self._rest = weakref.ref(owner), rest
+
+    def __call__(self) -> Any:
+        owner = self._owner()
+        owner._next = self._rest().__next__
+        return owner._next()
+
+
 class Loader:
     """What `fastdata.loader` returns: iterate it for batches.
 
@@ -100,6 +136,7 @@ class Loader:
         raise NotImplementedError
 
     _live: tuple | None = None  # (weak reference to the live pass's iterator, its end)
+    _in_epoch = False  # a pass is live and its epoch not done
 
     def __getstate__(self) -> dict[str, Any]:
         # A loader crosses to a spawned process (ddp_spawn) without its live pass, as a
@@ -113,6 +150,21 @@ class Loader:
         the pass's own `finally` calls it too)."""
         self._live = (weakref.ref(batches), end)
         return batches
+
+    def _supersede(self) -> None:
+        """Readies the live pass, if its epoch is not done, to go on after the pass iter() is
+        about to start: a next() of it then gives the batches it had not handed out (`_rest`
+        of the state it stood at), as two of torch's iterators go on side by side
+        (`next(iter(loader))` inside a loop over it, `zip(loader, loader)`). Its workers and
+        slots go to the newer pass all the same (`_stop`): a pass a trainer left early, and
+        never asks again, costs nothing more."""
+        live = self._live[0]() if self._live is not None else None
+        if isinstance(live, Pass) and self._in_epoch:
+            live.then(functools.partial(self._rest, self.state_dict()))
+
+    def _rest(self, state: dict[str, Any]) -> Iterator[Any]:
+        """The batches after `state` of the pass it was taken in, on parts of their own."""
+        raise NotImplementedError
 
     def _stop(self) -> None:
         """Ends the live pass, whole or not, before a new one starts: a new iter() shares no

@@ -42,6 +42,11 @@ class RayLoader(ImageLoader):
         return RayWorkers(self._order, BatchTask(self._reader, self._decoder), num_workers, timeout, prefetch_factor,
                           self.persistent_workers, run_ahead)
 
+    def _rest(self, state: dict[str, Any]) -> Any:
+        raise RuntimeError("this iterator's pass was ended by a newer iter() of its loader, and the ray backend "
+                           "runs one pass at a time on its actors (a second set could wait for the CPUs the first "
+                           "holds): make a second loader to read two passes side by side")
+
     def shutdown(self) -> None:
         """Kills the Ray actors now (the next pass starts new ones)."""
         self._stop()

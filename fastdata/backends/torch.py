@@ -22,7 +22,7 @@ from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pa
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
 from .._loader import Loader, check_position, resolve_workers
-from .torch_iter import Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
+from .torch_iter import Fetches, Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
 
 DATALOADER_KEYWORDS = tuple(
     name for name in inspect.signature(DataLoader.__init__).parameters if name not in ("self", "dataset")
@@ -100,6 +100,7 @@ class TorchLoader(DataLoader, Loader):
     def __iter__(self) -> Iterator[Any]:
         # Eager like DataLoader's __iter__: workers start and seeds are drawn now, not at the
         # first next(), so the RNG is consumed in the same order as with DataLoader.
+        self._supersede()
         self._stop()  # the previous iterator's workers are shut down before new ones start
         resume, self._resume = self._resume, None
         skip = 0
@@ -138,6 +139,49 @@ class TorchLoader(DataLoader, Loader):
         # len(iter(loader)): its index sampler's, as torch's iterator counts them
         index_sampler = self.batch_sampler if auto_collation(self) else self.sampler
         return self._start(Pass(self._run(it, loader_it, end), index_sampler), end)
+
+    def _rest(self, state: dict[str, Any]) -> Iterator[Any]:
+        """The batches after `state` (taken in a pass a newer one ended) of that pass, from a
+        DataLoader of their own with this loader's arguments: torch's own iterator, without the
+        reused slots (the newer pass holds them). The pass's shuffle and its workers' seeds
+        are drawn again from the RNG states it started with; this process's RNG is left as it
+        stands, as torch's two iterators leave it. Counted in `stats` as the pass's were."""
+        rng = self._rng
+        now = rng.get_state()
+        rng.set_state(state["rng"])  # the workers' base seed, drawn again as the pass drew it
+        try:
+            if self._iterable:
+                it = iter(self._twin(batch_size=self.batch_size, drop_last=self.drop_last))
+                for _ in range(state["batches"]):  # an iterable dataset cannot seek: read past
+                    next(it)
+            else:
+                index = Resumable(self.batch_sampler if auto_collation(self) else self.sampler, self.generator)
+                # the sampler's own RNG state, then this process's again once the delivered are passed
+                index.restore, index.skip, index.restore_after = state["sampler_rng"], state["batches"], now
+                it = iter(self._twin(batch_sampler=index) if auto_collation(self) else
+                          self._twin(batch_size=None, sampler=index))
+        finally:
+            rng.set_state(now)
+        if self.device is not None:
+            it = prefetch(it, self.device)
+        stats, size = self.stats, (batch_len if auto_collation(self) else lambda item: 1)
+
+        def counted(batch: Any) -> Any:
+            stats["batches"] += 1
+            stats["samples"] += size(batch)
+            return batch
+
+        return Fetches(it, counted)
+
+    def _twin(self, **index: Any) -> DataLoader:
+        """A DataLoader of this loader's dataset and arguments (`index`: which samples make its
+        batches) whose workers, if any, are its own."""
+        workers = self.num_workers
+        return type(self._loader)(
+            self.dataset, **index, num_workers=workers, collate_fn=self.collate_fn, pin_memory=self.pin_memory,
+            timeout=self._loader.timeout, worker_init_fn=WorkerStart(self.worker_init_fn),
+            multiprocessing_context=start_method(self.multiprocessing_context) if workers else None,
+            generator=self.generator, prefetch_factor=self.prefetch_factor, in_order=self.in_order)
 
     # Per-sample loading (batch_size=None): an item is so quick that two clock reads plus the
     # counters per item would cost about 5%. So there the wait is timed on every 8th item and

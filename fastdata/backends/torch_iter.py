@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .._loader import Pass as LoaderPass
 from .._torch_internals import single_process_fetch
 
 
@@ -34,6 +35,7 @@ class Resumable:
         return len(self.inner)
 
     def __iter__(self) -> Iterator[Any]:
+        self.rng_at_start = None  # until this iteration's first index: a state taken before it has none
         # Nothing may run before the first index is asked for: DataLoader calls iter() on its
         # sampler before drawing its worker seed (and, with workers, twice, dropping the
         # first), while torch's samplers draw lazily; resuming must keep that order. So the
@@ -43,20 +45,24 @@ class Resumable:
         return itertools.chain(self._prepare(inner), inner)
 
     def _prepare(self, inner: Iterator[Any]) -> Iterator[Any]:
-        if self.restore is not None:
+        restored = self.restore is not None
+        if restored:
             self.rng.set_state(self.restore)
             self.restore = None
         self.rng_at_start = self.rng.get_state()
         skip, self.skip = self.skip, 0
         for _ in range(skip):
             next(inner, None)
+        first = ()
         if self.restore_after is not None:
-            # where the RNG stood when the state was taken: what the dataset drew from it for
-            # the skipped batches (with 0 workers, in this process) is drawn past, not again
+            if restored and not skip:
+                # a sampler draws its shuffle at its first index: from the restored state
+                first = tuple(itertools.islice(inner, 1))
+            # where the RNG stood when the state was taken (or, for the rest of a pass a newer
+            # one ended, stands now): what was drawn from it since is drawn past, not again
             self.rng.set_state(self.restore_after)
             self.restore_after = None
-        return
-        yield  # a generator that yields nothing: its body runs on the first next()
+        yield from first  # often nothing: the body runs on the first next() all the same
 
 
 def fetches(it: Any) -> Iterator[Any]:
@@ -75,8 +81,8 @@ def fetches(it: Any) -> Iterator[Any]:
 
 
 class Fetches:
-    """`fetch` over `indices`: an iterator (not a generator) so that, as DataLoader's own, it
-    goes on with the next index after a fetch that raised."""
+    """`fetch` over `indices` (or any function over any iterator): an iterator, not a generator,
+    so that, as DataLoader's own, it goes on with the next index after a fetch that raised."""
 
     __slots__ = ("_next", "_fetch")
 
@@ -100,7 +106,7 @@ class Raised:
         self.error = error
 
 
-class Pass:
+class Pass(LoaderPass):
     """What iter() returns in drop-in mode. As DataLoader's iterator, it survives a batch whose
     dataset or collate_fn raised: the error reaches the consumer, and the next call goes on with
     the next batch. (A stall, a dead worker or an interrupt ends the pass.) As DataLoader's
@@ -108,15 +114,12 @@ class Pass:
     `index_sampler` (its batch sampler, or its sampler with batch_size=None), has len(): that
     sampler's, a TypeError where it has none."""
 
-    __slots__ = ("_next", "close", "_num_yielded", "index_sampler", "__weakref__")
+    __slots__ = ("_num_yielded", "index_sampler")
 
     def __init__(self, batches: Iterator[Any], index_sampler: Any = None) -> None:
-        self._next, self.close = batches.__next__, batches.close
+        LoaderPass.__init__(self, batches)
         self._num_yielded = 0
         self.index_sampler = index_sampler
-
-    def __iter__(self) -> "Pass":
-        return self
 
     def __next__(self) -> Any:
         item = self._next()

@@ -11,8 +11,9 @@ point (`state_dict`).
 
 from __future__ import annotations
 
-import itertools
+import copy
 import dataclasses
+import itertools
 import logging
 import time
 import warnings
@@ -23,16 +24,14 @@ import torch
 from .. import _optional as optional
 from .._ranks import ranks
 from .._trace import trace_range
-from .._loader import Loader, check_position, resolve_workers
+from .._loader import Loader, Pass, check_position, resolve_workers
 from ..device import DeviceStage, prefetch
 from ..errors import DataError, one_line
-from ..samplers import IndexSampler
-from ..sources import Shards
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder, samples_key
 from .options import ImageOptions
-from .order import FileOrder, ShardOrder
+from .order import FileOrder, ShardOrder, check_sampler
 from .parts import BatchOrder, Reader, Runner
 from .read import Failures
 from .read_shards import ShardReader
@@ -79,7 +78,7 @@ class ImageLoader(Loader):
             raise TypeError(f"transform should be a fastdata.transforms.Compose, but got {kind.__module__}."
                             f"{kind.__qualname__}: {hint}")
         if o.sampler is not None:
-            _check_sampler(o.sampler, samples, o.shuffle)
+            check_sampler(o.sampler, samples, o.shuffle)
         self.samples = samples
         self.index_sampler = o.sampler
         self.batch_size = batch_size
@@ -168,7 +167,7 @@ class ImageLoader(Loader):
         """The order of shard samples for this rank, read in `lanes` lanes (one a worker), and its
         reader (`persistent`: the process reads the next epoch's first block ahead)."""
         order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                           self.world_size, lanes)
+                           self.world_size, lanes, self.samples.sample_bytes)
         return order, ShardReader(self.samples, order, fail, persistent=persistent)
 
     def _file_order(self, shuffle: bool, drop_last: bool) -> FileOrder:
@@ -212,8 +211,10 @@ class ImageLoader(Loader):
 
     def __iter__(self) -> Iterator[Any]:
         """A pass over the next epoch (from the resume point after `load_state_dict`). The
-        previous iterator, if still alive, ends first. An epoch counts as finished when its
-        last batch is handed out; a pass left early ends its epoch there too."""
+        previous iterator, if still alive, ends first; if asked for more, it gives the rest
+        of its epoch on parts of its own (`_rest`). An epoch counts as finished when its last
+        batch is handed out; a pass left early ends its epoch there too."""
+        self._supersede()
         self._stop()
         self._follow_dist()
         if self._state_world not in (None, self.world_size):
@@ -226,7 +227,19 @@ class ImageLoader(Loader):
         epoch, skip, self._skip = self._epoch, self._skip, 0
         it, end = self._runner.open(epoch, skip)
         self._delivered, self._in_epoch = skip, True
-        return self._start(self._run(it, epoch, skip, end), end)
+        return self._start(Pass(self._run(it, epoch, skip, end)), end)
+
+    def _rest(self, state: dict[str, Any]) -> Iterator[Any]:
+        """The rest of a pass a newer one ended: its epoch after its `batches`, from a copy of
+        this loader with parts of its own (workers that end with it), the same batches the
+        pass would have given (each sample's randomness is its seed's, epoch's and id's)."""
+        twin = copy.copy(self)  # without the live pass (Loader.__getstate__)
+        twin._options = dataclasses.replace(self._options, persistent_workers=False)
+        twin.persistent_workers = False
+        twin._build()
+        twin._order.check_state(state)  # the pass's shuffle blocks, which a state may have set
+        twin._epoch, twin._skip, twin._in_epoch, twin._delivered = state["epoch"], state["batches"], False, 0
+        return iter(twin)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands: mid-epoch while a pass is live, else where the next pass
@@ -239,16 +252,19 @@ class ImageLoader(Loader):
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
             raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
         check_position(state, None)
-        self._order.check_state(state)
         if state.get("batch_size", self.batch_size) != self.batch_size:
             raise ValueError(f"the state was taken with batch_size={state['batch_size']}: its position counts batches "
                              f"of that size, so resume with batch_size={state['batch_size']}, not {self.batch_size}")
+        blocks = getattr(self._order, "block", None)
+        self._order.check_state(state)  # (a shard order takes the state's shuffle blocks)
         self._state_world = state.get("world_size")  # checked when the next pass knows its world size
         if state.get("seed", self.seed) != self.seed:
             warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
         if self.index_sampler is not None:
             self.index_sampler.load_state_dict(state["sampler"])
         self._stop()
+        if getattr(self._order, "block", None) != blocks:  # persistent workers hold the order as it was
+            self._runner.shutdown()
         self._epoch = int(state["epoch"])
         self._skip = int(state["batches"])
         self._in_epoch, self._delivered = False, 0
@@ -362,21 +378,6 @@ class ImageLoader(Loader):
 
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
-
-
-def _check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
-    if not isinstance(sampler, IndexSampler):
-        raise TypeError("sampler should be a fastdata.samplers sampler (WeightedSampler, RepeatFactorSampler, "
-                        f"CurriculumSampler) in image mode, but got {type(sampler).__name__}")
-    if shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle: the sampler sets the order")
-    if isinstance(samples, Shards):
-        raise ValueError("sampler should be given with image files, but got WebDataset shards: shards are read "
-                         "sequentially, so an order of single samples cannot be served from them; pass the image "
-                         "folder or file list the shards were written from, or drop sampler=")
-    if sampler.population != len(samples):
-        raise ValueError(f"sampler should index the {len(samples)} samples of this source, but it indexes "
-                         f"{sampler.population} (its per-sample list has that length)")
 
 
 class EpochSampler:

@@ -24,9 +24,15 @@ from typing import Any, Iterator
 import numpy as np
 
 from .._ranks import per_rank, share
+from ..samplers import IndexSampler
+from ..sources import Shards
 from .parts import BatchOrder
 
-_BLOCK_SAMPLES = 1024  # ShardOrder's shuffle buffer: samples per block, at least (whole batches)
+# ShardOrder's shuffle buffer: a block of whole batches, the fewest that hold 1024 samples, or,
+# where the shards' samples are larger, _BLOCK_BYTES of them on average (a reader holds two
+# blocks, so a worker reads into about 512 MiB at most for such samples, not 2 x 1024 of them).
+_BLOCK_SAMPLES = 1024
+_BLOCK_BYTES = 256 << 20
 
 
 def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
@@ -95,6 +101,22 @@ class FileOrder:
             self.sampler.check_state(taken)
 
 
+def check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:
+    """Refuses an image loader's `sampler` that cannot set the order of `samples`."""
+    if not isinstance(sampler, IndexSampler):
+        raise TypeError("sampler should be a fastdata.samplers sampler (WeightedSampler, RepeatFactorSampler, "
+                        f"CurriculumSampler) in image mode, but got {type(sampler).__name__}")
+    if shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle: the sampler sets the order")
+    if isinstance(samples, Shards):
+        raise ValueError("sampler should be given with image files, but got WebDataset shards: shards are read "
+                         "sequentially, so an order of single samples cannot be served from them; pass the image "
+                         "folder or file list the shards were written from, or drop sampler=")
+    if sampler.population != len(samples):
+        raise ValueError(f"sampler should index the {len(samples)} samples of this source, but it indexes "
+                         f"{sampler.population} (its per-sample list has that length)")
+
+
 class ShardOrder:
     """WebDataset shards, which are read sequentially:
     - the epoch's shard order is a permutation of the shards drawn from (seed, epoch) (or their
@@ -104,14 +126,15 @@ class ShardOrder:
     - within a rank, lane w (worker w; one lane with num_workers=0) takes the contiguous range
       that holds its batches (DataLoader hands batch k to worker k % num_workers), so a worker
       reads only the shards its range covers, in order;
-    - the shuffle buffer: a lane's range is cut into blocks of >= 1024 samples (whole batches),
-      each permuted by a generator seeded with (seed, epoch, rank, lane, block). Unlike a
+    - the shuffle buffer: a lane's range is cut into blocks of whole batches, the fewest that
+      hold 1024 samples, or 256 MiB at the shards' mean sample length (`sample_bytes`), if
+      fewer; each is permuted by a generator seeded with (seed, epoch, rank, lane, block). Unlike a
       streaming shuffle buffer, that makes every batch addressable: a resume seeks to the block
       of its next batch instead of reading and discarding what came before.
     A batch's key is (epoch, k); the reader finds its samples with `locate` and `block_ids`."""
 
     def __init__(self, counts: np.ndarray, batch_size: int, shuffle: bool, drop_last: bool, seed: int,
-                 rank: int, world_size: int, lanes: int) -> None:
+                 rank: int, world_size: int, lanes: int, sample_bytes: float = 0.0) -> None:
         self.counts = counts
         self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # first sample id of each shard
         self.n = n = int(counts.sum())
@@ -127,7 +150,8 @@ class ShardOrder:
         if self.batches:
             self.lane_samples[(self.batches - 1) % lanes] -= short
         self.lane_start = np.concatenate([[0], np.cumsum(self.lane_samples)[:-1]]).astype(np.int64)
-        self.block_batches = max(1, math.ceil(_BLOCK_SAMPLES / batch_size))
+        samples = _BLOCK_SAMPLES if sample_bytes <= 0 else min(_BLOCK_SAMPLES, int(_BLOCK_BYTES // sample_bytes))
+        self.block_batches = max(1, math.ceil(samples / batch_size))
         self.block = self.block_batches * batch_size
 
     def __len__(self) -> int:
@@ -137,14 +161,22 @@ class ShardOrder:
         return [(epoch, k)]
 
     def state(self) -> dict[str, Any]:
-        return {"samples": self.n, "lanes": self.lanes}
+        return {"samples": self.n, "lanes": self.lanes, "block": self.block}
 
     def check_state(self, state: dict[str, Any]) -> None:
+        """Refuses a state this order cannot resume; takes its shuffle blocks, which place
+        every batch (a state without them was taken with blocks of 1024 samples' batches)."""
         check_source(state, self.n, shards=True)
         lanes = state["lanes"]
         if lanes != self.lanes:
             raise ValueError(f"the state was taken with num_workers={lanes} (shards split a rank's samples among "
                              f"its workers), so resume with num_workers={lanes}, not {self.lanes}")
+        most = max(1, math.ceil(_BLOCK_SAMPLES / self.batch_size)) * self.batch_size
+        block = state.get("block", most)
+        if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= most or block % self.batch_size:
+            raise ValueError(f"the state's block should be a whole number of batches of {self.batch_size}, at most "
+                             f"{most} samples, but is {block!r:.80}: pass a dict from this loader's state_dict()")
+        self.block_batches, self.block = block // self.batch_size, block
 
     def locate(self, k: int) -> tuple[int, int, int]:
         """Batch k of the rank: (lane, block in the lane, first row in the block's order)."""

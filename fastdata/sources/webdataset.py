@@ -58,6 +58,12 @@ class Shards:
     def counts(self) -> np.ndarray:
         return np.array([len(k) for k in self.keys], dtype=np.int64)
 
+    @property
+    def sample_bytes(self) -> float:
+        """A sample's mean length in the shards (its tar headers and members), 0 with none."""
+        n = len(self)
+        return sum(float(s[:, 1].sum()) for s in self.spans if len(s)) / n if n else 0.0
+
 
 MAX_SHARDS = 1_000_000  # a source naming more is refused before its names are made
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")

@@ -136,6 +136,21 @@ def test_files_same_batches_as_pil(folder, local):
         loader.shutdown()
 
 
+@pytest.mark.timeout(120)
+def test_a_pass_a_newer_iter_ended_says_so_when_asked_for_more(folder, local):
+    """The actors serve one pass: the older iterator, asked for more, raises at once (where
+    other backends give the rest of its epoch); a pass left alone costs nothing."""
+    loader = _load(str(folder), "ray", num_workers=2)
+    try:
+        older = iter(loader)
+        next(older)
+        assert len(_batches(loader)) == len(loader)
+        with pytest.raises(RuntimeError, match="make a second loader to read two passes side by side"):
+            next(older)
+    finally:
+        loader.shutdown()
+
+
 def test_num_workers_default_is_the_clusters_cpus(folder, local):
     loader = _load(str(folder), "ray")
     assert loader.num_workers == 2

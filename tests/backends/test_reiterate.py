@@ -132,6 +132,127 @@ def test_image_early_break_then_iter_starts_a_new_pass(folder):
         assert torch.equal(a, c) and torch.equal(b, d)
 
 
+class Drawn(torch.utils.data.Dataset):
+    """Sample i: (i, a draw from the fetching process's RNG)."""
+
+    def __len__(self):
+        return 22
+
+    def __getitem__(self, i):
+        return i, torch.rand(())
+
+
+class Counted(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(22))
+
+
+def _overlapping(make, scenario):
+    """What a script gets from two iterators of one loader made by `make`, alive together:
+    (the older pass's batches, the newer's, this process's RNG after)."""
+    torch.manual_seed(0)
+    loader = make()
+    older, newer = [], []
+    if scenario == "peek":  # a look at a batch inside the loop
+        for k, batch in enumerate(loader):
+            older.append(_kept(batch))
+            if k == 1:
+                newer.append(_kept(next(iter(loader))))
+    elif scenario == "zip":  # the same loader twice
+        for a, b in zip(loader, loader):
+            older.append(_kept(a))
+            newer.append(_kept(b))
+    else:  # a second pass run whole, then the first goes on
+        first = iter(loader)
+        older.append(_kept(next(first)))
+        newer = [_kept(b) for b in iter(loader)]
+        older += [_kept(b) for b in first]
+    return older, newer, torch.rand(())  # torch's leaves the RNG where the draws put it
+
+
+def _kept(batch):
+    """A batch cloned out of the loader's reused slots."""
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_kept(b) for b in batch)
+    return batch.clone() if isinstance(batch, torch.Tensor) else batch
+
+
+@pytest.mark.parametrize("scenario", ["peek", "zip", "second_whole"])
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("data", ["shuffled", "unbatched", "iterable"])
+def test_a_pass_a_newer_iter_started_goes_on_as_torchs(h, scenario, workers, persistent, data):
+    """Each iterator of torch's DataLoader goes on by itself. An older fastdata pass, ended when
+    a newer one started, gives the rest of its batches when asked: the same samples in the same
+    order as torch's, with 0 workers the same RNG draws, and this process's RNG left where
+    torch's leaves it. With persistent workers the reference is torch's DataLoader without
+    them (torch's own would restart the older pass on them); a newer pass on persistent
+    workers draws less from the RNG (as torch's), so there only the older pass is compared."""
+    if data == "iterable" and persistent:
+        pytest.skip("persistent workers over an iterable dataset: as without them, for the older pass")
+    dataset = {"shuffled": Drawn(), "unbatched": Drawn(), "iterable": Counted()}[data]
+    kw = dict(batch_size=None if data == "unbatched" else 4, shuffle=data != "iterable", num_workers=workers)
+    want = _overlapping(lambda: torch.utils.data.DataLoader(dataset, **kw), scenario)
+    got = _overlapping(lambda: fastdata.loader(dataset, persistent_workers=persistent, **kw), scenario)
+    if workers:  # each worker draws from its own RNG, which a pass on new workers does not carry on
+        want, got = ([[_ids(b) for b in batches] for batches in run[:2]] + [run[2]] for run in (want, got))
+    assert len(got[0]) == len(want[0]) > 5
+    h.assert_same(got[0], want[0], "older")
+    if persistent:
+        ids = torch.cat([torch.as_tensor(b).reshape(-1) for b in got[1]]).tolist()
+        assert len(ids) == len(set(ids)) == sum(torch.as_tensor(b).numel() for b in want[1])
+    else:
+        h.assert_same(got[1], want[1], "newer")
+        assert torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("scenario", ["peek", "zip", "second_whole"])
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_an_image_pass_a_newer_iter_started_goes_on_with_its_own_batches(folder, scenario, workers, persistent):
+    """Image mode: the older pass, asked for more after a newer iter(), gives the rest of its
+    epoch, pixel for pixel the batches it would have given; the newer pass runs an epoch whole
+    (the next, or the same when the older one had handed out nothing)."""
+    want = [(x.clone(), y.clone()) for x, y in _make("image", folder, 0, False)]
+    older, newer, _ = _overlapping(lambda: _make("image", folder, workers, persistent), scenario)
+    assert len(older) == len(want)
+    for (a, b), (c, d) in zip(older, want):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    if scenario != "peek":
+        _check_images(newer)
+
+
+def _ids(batch):
+    return batch[0] if isinstance(batch, list) else batch
+
+
+def test_the_rest_of_a_pass_counts_in_stats_and_the_newest_pass_holds_the_state():
+    loader = fastdata.loader(Indexed(), batch_size=BATCH, shuffle=True, num_workers=0)
+    first = iter(loader)
+    head = [next(first)]
+    second = iter(loader)
+    next(second), next(second)
+    _check_dropin(head + list(first))
+    assert loader.stats["batches"] == len(loader) + 2 and loader.stats["samples"] == N + 2 * BATCH
+    assert loader.state_dict()["batches"] == 2  # where the newest pass stands
+    assert len(list(second)) == len(loader) - 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dropin_state_taken_before_a_pass_draws_its_shuffle_resumes_that_pass(workers):
+    """With 0 workers a pass draws its shuffle at its first batch: a state taken between iter()
+    and that batch resumes the pass's own order, not the previous pass's."""
+    make = lambda: fastdata.loader(Indexed(), batch_size=BATCH, shuffle=True, num_workers=workers)  # noqa: E731
+    torch.manual_seed(0)
+    loader = make()
+    list(loader)
+    it = iter(loader)
+    state = loader.state_dict()
+    want = [y.clone() for _, y in it]
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = [y.clone() for _, y in resumed]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_dropin_state_after_the_last_batch_is_the_next_pass(folder):
     loader = _make("dropin", folder, 0, False)
     it = iter(loader)

@@ -193,6 +193,52 @@ def test_persistent_workers_give_the_same_epochs(shards, monkeypatch):
     assert _epoch(kept) == _epoch(fresh)
 
 
+def test_a_block_of_large_samples_holds_fewer_of_them(shards, monkeypatch):
+    """A shuffle block is 1024 samples, or fewer where they are large (256 MiB at the mean
+    sample length: here made 8 samples' worth), and the reader's buffers hold about a block,
+    not the 60 samples one block would otherwise hold; every sample still comes once."""
+    whole = _load(_pattern(shards), shuffle=True, batch_size=4)
+    mean = whole.samples.sample_bytes
+    longest = max(int(s[:, 1].max()) for s in whole.samples.spans)
+    assert whole._order.block == 1024
+    monkeypatch.setattr(order_module, "_BLOCK_BYTES", int(8 * mean))
+    loader = _load(_pattern(shards), shuffle=True, batch_size=4)
+    assert loader._order.block == 8
+    got, held = [], 0
+    for x, y in loader:
+        got += _ids(x, y)
+        held = max(held, *(b.size() for b in loader._reader._proc[3]))
+    assert sorted(got) == ALL
+    assert 0 < held <= 8 * longest * 9 // 8 + 1 < N * mean
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_resumes_with_the_shuffle_blocks_it_was_taken_with(shards, monkeypatch, workers):
+    """A state records its shuffle blocks, and a loader given it takes them (persistent workers
+    started with other blocks start anew): the rest of the epoch is the rest of the state's,
+    whatever the blocks this loader would make. A state without them had 1024 samples' worth."""
+    kw = dict(shuffle=True, batch_size=4, num_workers=workers, persistent_workers=bool(workers))
+    small = int(8 * _load(_pattern(shards)).samples.sample_bytes)  # 8 samples' worth
+    for small_then, small_now in [(True, False), (False, True)]:
+        monkeypatch.setattr(order_module, "_BLOCK_BYTES", small if small_then else 256 << 20)
+        taken = _load(_pattern(shards), **kw)
+        it = iter(taken)
+        head = [_ids(*next(it)) for _ in range(3)]
+        state = taken.state_dict()
+        want = head + [_ids(x, y) for x, y in it]
+        assert state["block"] == (8 if small_then else 1024)
+        if not small_then:
+            del state["block"]  # as a state taken before blocks were recorded
+        monkeypatch.setattr(order_module, "_BLOCK_BYTES", small if small_now else 256 << 20)
+        resumed = _load(_pattern(shards), **kw)
+        _epoch(resumed)  # persistent workers up, holding this loader's own blocks
+        resumed.load_state_dict(state)
+        assert head + _epoch(resumed) == want
+    for bad in (0, 6, 4096, True, "8"):
+        with pytest.raises(ValueError, match="the state's block should be a whole number of batches of 4"):
+            resumed.load_state_dict({**state, "block": bad})
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_balanced_and_disjoint(shards, world, drop_last):

@@ -5,7 +5,9 @@ first argument the ids and losses of each train batch, and with --val those of e
 --move: how the loop moves a batch: `to` (.to(device)), `to_nb` (.to(device, non_blocking=True)),
 `cuda_nb` (.cuda(non_blocking=True); the device is then cuda). --val: a second DataLoader (val,
 shuffle=False) evaluated after each epoch. --rebuild: a new train DataLoader (shuffle=True) made
-at the start of each epoch. --workers N: num_workers=N to both loaders (left out: the default)."""
+at the start of each epoch. --peek: at the second step of each epoch, a look at a batch of the
+train loader (`next(iter(train_loader))`, its ids in "peek_ids"). --workers N: num_workers=N to
+both loaders (left out: the default)."""
 
 import argparse
 import json
@@ -38,6 +40,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--val", action="store_true")
     ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--peek", action="store_true")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
     device = torch.device("cuda" if args.move == "cuda_nb" else args.device)
@@ -58,13 +61,15 @@ def main():
     train_loader = None if args.rebuild else DataLoader(train_set, batch_size=8, shuffle=True, **kw)
     val_loader = DataLoader(val_set, batch_size=8, shuffle=False, **kw) if args.val else None
     loaders += [x for x in (train_loader, val_loader) if x is not None]
-    out = {"ids": [], "losses": [], "val_ids": [], "val_losses": []}
+    out = {"ids": [], "losses": [], "val_ids": [], "val_losses": [], "peek_ids": []}
     for epoch in range(args.epochs):
         if args.rebuild:
             train_loader = DataLoader(train_set, batch_size=8, shuffle=True, **kw)
             loaders.append(train_loader)
         model.train()
-        for x, y, ids in train_loader:
+        for step, (x, y, ids) in enumerate(train_loader):
+            if args.peek and step == 1:
+                out["peek_ids"].append(next(iter(train_loader))[2].tolist())
             x, y = move(x, y)
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()

@@ -358,6 +358,19 @@ def test_loader_rebuilt_every_epoch_same_batches(tmp_path, workers):
         assert f"num_workers={workers} as the script set it" in line and got["workers"] == [workers] * 2, line
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_look_at_a_batch_inside_the_loop_leaves_the_epoch_whole(tmp_path, workers):
+    """`next(iter(train_loader))` inside `for ... in train_loader`: as with torch's, the loop
+    goes on to the end of its epoch, in the same order and with the same losses."""
+    want, got, lines = _both("train_loops.py", tmp_path / "run.json", tmp_path / "run.json", "--peek",
+                             "--workers", str(workers))
+    _same_run(want, got)
+    assert got["peek_ids"] == want["peek_ids"] and len(want["peek_ids"]) == 2
+    assert len(want["ids"]) == 2 * 6
+    _each_once(want["ids"], 2, list(range(48)))
+    assert got["loaders"] == ["Served"] and lines[0].startswith("served"), lines
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_cuda_non_blocking_loop_gpu_same_batches(tmp_path):

@@ -57,13 +57,17 @@ def test_file_order_splits_each_epoch_among_the_ranks(drop_last):
 
 
 @pytest.mark.parametrize("world, lanes", [(1, 1), (1, 3), (2, 2)])
-def test_shard_order_reads_every_sample_once_an_epoch(world, lanes):
+@pytest.mark.parametrize("sample_bytes, samples", [(0, 1026), (100_000, 1026), ((256 << 20) / 4, 6), (1 << 40, 3)])
+def test_shard_order_reads_every_sample_once_an_epoch(world, lanes, sample_bytes, samples):
+    """Blocks of whole batches: 1024 samples' worth, or of large samples 256 MiB's (4 samples of
+    64 MiB: 2 batches of 3), and never less than a batch."""
     counts = np.array([5, 7, 3, 9, 6])  # 30 samples
     batch = 3
     seen = []
     for rank in range(world):
-        order = ShardOrder(counts, batch, True, False, seed=1, rank=rank, world_size=world, lanes=lanes)
-        assert isinstance(order, BatchOrder)
+        order = ShardOrder(counts, batch, True, False, seed=1, rank=rank, world_size=world, lanes=lanes,
+                           sample_bytes=sample_bytes)
+        assert isinstance(order, BatchOrder) and order.block == samples
         for lane in range(lanes):
             ids = [order.block_ids(0, lane, b) for b in range(order.blocks(lane))]
             seen += np.concatenate(ids).tolist() if ids else []
