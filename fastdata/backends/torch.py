@@ -292,10 +292,14 @@ class TorchLoader(DataLoader, Loader):
         return True
 
     def _untimed(self, batches: Iterator[Timed]) -> Iterator[Any]:
-        """The batches of a timed pass, their stage seconds summed into stats."""
-        for batch, stages in batches:
+        """The batches of a timed pass, their stage seconds summed into stats: an iterator that,
+        as the pass, goes on after a batch whose dataset raised."""
+        def record(timed: Timed) -> Any:
+            batch, stages = timed
             self._record_stages(stages)
-            yield batch
+            return batch
+
+        return Fetches(batches, record)
 
     def _ring_collate(self) -> RingCollate | None:
         """fastdata's own collate function, when it is the one in use (not a user's)."""

@@ -195,8 +195,9 @@ def test_persistent_workers_give_the_same_epochs(shards, monkeypatch):
 
 def test_a_block_of_large_samples_holds_fewer_of_them(shards, monkeypatch):
     """A shuffle block is 1024 samples, or fewer where they are large (256 MiB at the mean
-    sample length: here made 8 samples' worth), and the reader's buffers hold about a block,
-    not the 60 samples one block would otherwise hold; every sample still comes once."""
+    sample length: here made 8 samples' worth), and the reader reads a block at a time into
+    its buffers, not the 60 samples one block would otherwise hold; every sample still comes
+    once."""
     whole = _load(_pattern(shards), shuffle=True, batch_size=4)
     mean = whole.samples.sample_bytes
     longest = max(int(s[:, 1].max()) for s in whole.samples.spans)
@@ -204,12 +205,12 @@ def test_a_block_of_large_samples_holds_fewer_of_them(shards, monkeypatch):
     monkeypatch.setattr(order_module, "_BLOCK_BYTES", int(8 * mean))
     loader = _load(_pattern(shards), shuffle=True, batch_size=4)
     assert loader._order.block == 8
-    got, held = [], 0
-    for x, y in loader:
-        got += _ids(x, y)
-        held = max(held, *(b.size() for b in loader._reader._proc[3]))
+    asked = []
+    view = read_module.BlockBuffer.view
+    monkeypatch.setattr(read_module.BlockBuffer, "view", lambda self, n: asked.append(n) or view(self, n))
+    got = [s for x, y in loader for s in _ids(x, y)]
     assert sorted(got) == ALL
-    assert 0 < held <= 8 * longest * 9 // 8 + 1 < N * mean
+    assert 0 < max(asked) <= 8 * longest < N * mean
 
 
 @pytest.mark.parametrize("workers", [0, 2])

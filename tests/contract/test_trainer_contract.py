@@ -59,9 +59,13 @@ class _Flaky(Dataset):
         return i
 
 
+@pytest.mark.parametrize("timed", [False, True], ids=["", "stage-timing"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_iteration_goes_on_after_a_batch_raises(num_workers):
-    def run(loader):
+def test_iteration_goes_on_after_a_batch_raises(num_workers, timed):
+    """As DataLoader's iterator, also while the profiler times the stages (`fastdata run --profile`)."""
+    def run(loader, timed=False):
+        if timed:
+            assert loader.set_stage_timing(True)
         out, it = [], iter(loader)
         while True:
             try:
@@ -72,7 +76,7 @@ def test_iteration_goes_on_after_a_batch_raises(num_workers):
                 out.append("error")
 
     kw = dict(batch_size=2, num_workers=num_workers)
-    got = run(fastdata.loader(_Flaky(), **kw))
+    got = run(fastdata.loader(_Flaky(), **kw), timed)
     assert got == run(DataLoader(_Flaky(), **kw)) == [[0, 1], "error", [4, 5], "error", [8, 9], [10, 11]]
 
 
