@@ -29,6 +29,13 @@ def color_folder(root: Path, classes: int, per_class: int, sides: tuple[int, int
     return root
 
 
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    """A PNG chunk as a crafted file holds it: length, type, data, CRC-32 of type and data."""
+    import zlib
+
+    return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+
 def tar_of(path: Path | str, members: list[tuple[str, bytes]], fmt: int | None = None) -> None:
     """A tar of `members` ((name, bytes) each, in order), written with tarfile (USTAR unless
     `fmt` says otherwise), the bytes as they are."""

@@ -8,6 +8,7 @@ mid-epoch resume, stats, and the device stage. How a pass iterates: `torch_iter.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from typing import Any, Iterator
@@ -146,20 +147,25 @@ class TorchLoader(DataLoader, Loader):
         reused slots (the newer pass holds them). The pass's shuffle and its workers' seeds
         are drawn again from the RNG states it started with; this process's RNG is left as it
         stands, as torch's two iterators leave it. Counted in `stats` as the pass's were."""
+        workers = self.num_workers
+        twin = functools.partial(  # a DataLoader of this loader's dataset and arguments, with workers of its own
+            type(self._loader), self.dataset, num_workers=workers, collate_fn=self.collate_fn,
+            pin_memory=self.pin_memory, timeout=self._loader.timeout, worker_init_fn=WorkerStart(self.worker_init_fn),
+            multiprocessing_context=start_method(self.multiprocessing_context) if workers else None,
+            generator=self.generator, prefetch_factor=self.prefetch_factor, in_order=self.in_order)
         rng = self._rng
         now = rng.get_state()
         rng.set_state(state["rng"])  # the workers' base seed, drawn again as the pass drew it
         try:
             if self._iterable:
-                it = iter(self._twin(batch_size=self.batch_size, drop_last=self.drop_last))
+                it = iter(twin(batch_size=self.batch_size, drop_last=self.drop_last))
                 for _ in range(state["batches"]):  # an iterable dataset cannot seek: read past
                     next(it)
             else:
                 index = Resumable(self.batch_sampler if auto_collation(self) else self.sampler, self.generator)
                 # the sampler's own RNG state, then this process's again once the delivered are passed
                 index.restore, index.skip, index.restore_after = state["sampler_rng"], state["batches"], now
-                it = iter(self._twin(batch_sampler=index) if auto_collation(self) else
-                          self._twin(batch_size=None, sampler=index))
+                it = iter(twin(batch_sampler=index) if auto_collation(self) else twin(batch_size=None, sampler=index))
         finally:
             rng.set_state(now)
         if self.device is not None:
@@ -172,16 +178,6 @@ class TorchLoader(DataLoader, Loader):
             return batch
 
         return Fetches(it, counted)
-
-    def _twin(self, **index: Any) -> DataLoader:
-        """A DataLoader of this loader's dataset and arguments (`index`: which samples make its
-        batches) whose workers, if any, are its own."""
-        workers = self.num_workers
-        return type(self._loader)(
-            self.dataset, **index, num_workers=workers, collate_fn=self.collate_fn, pin_memory=self.pin_memory,
-            timeout=self._loader.timeout, worker_init_fn=WorkerStart(self.worker_init_fn),
-            multiprocessing_context=start_method(self.multiprocessing_context) if workers else None,
-            generator=self.generator, prefetch_factor=self.prefetch_factor, in_order=self.in_order)
 
     # Per-sample loading (batch_size=None): an item is so quick that two clock reads plus the
     # counters per item would cost about 5%. So there the wait is timed on every 8th item and
@@ -292,8 +288,7 @@ class TorchLoader(DataLoader, Loader):
         return True
 
     def _untimed(self, batches: Iterator[Timed]) -> Iterator[Any]:
-        """The batches of a timed pass, their stage seconds summed into stats: an iterator that,
-        as the pass, goes on after a batch whose dataset raised."""
+        """The batches of a timed pass, their stage seconds summed into stats (on after a batch that raised)."""
         def record(timed: Timed) -> Any:
             batch, stages = timed
             self._record_stages(stages)

@@ -227,7 +227,7 @@ def _ids(batch):
 def test_the_rest_of_a_pass_counts_in_stats_and_the_newest_pass_holds_the_state():
     loader = fastdata.loader(Indexed(), batch_size=BATCH, shuffle=True, num_workers=0)
     first = iter(loader)
-    head = [next(first)]
+    head = [_kept(next(first))]
     second = iter(loader)
     next(second), next(second)
     _check_dropin(head + list(first))

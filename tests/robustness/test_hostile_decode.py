@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from _images import png_chunk
 
 import fastdata
 from fastdata import DataError, _codec
@@ -263,12 +264,10 @@ def test_many_scans_refused_before_any_decode(tmp_path):
 
 def many_chunks(chunks: int) -> bytes:
     """A 16x16 PNG whose image data is preceded by empty private chunks, `chunks` in all."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
     rows = zlib.compress(b"".join(b"\0" + b"\x80" * 48 for _ in range(16)))
     ihdr = (16).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"abCd", b"") * (chunks - 3) + \
-        chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"abCd", b"") * (chunks - 3) + \
+        png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b"")
 
 
 def test_many_png_chunks_refused_before_any_decode(tmp_path):

@@ -17,6 +17,7 @@ import zlib
 import numpy as np
 import pytest
 from PIL import Image
+from _images import png_chunk
 
 import fastdata
 from fastdata import DataError
@@ -135,12 +136,10 @@ def test_a_shard_that_is_not_a_regular_file_is_refused(tmp_path, kind):
 
 def tall_png(path, height: int) -> str:
     """A 1 x `height` RGB PNG: a few KB whatever its height, each row compressing to nothing."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
     ihdr = struct.pack(">IIBBBBB", 1, height, 8, 2, 0, 0, 0)
     rows = zlib.compress(b"\0\xc8\x0a\x0a" * height, 9)
     with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+        f.write(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b""))
     return str(path)
 
 
