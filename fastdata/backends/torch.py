@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import time
 from typing import Any, Iterator
 
@@ -170,11 +171,11 @@ class TorchLoader(DataLoader, Loader):
             rng.set_state(now)
         if self.device is not None:
             it = prefetch(it, self.device)
-        stats, size = self.stats, (batch_len if auto_collation(self) else lambda item: 1)
+        stats, sizes, k = self.stats, self._batch_sizes(), itertools.count(state["batches"])
 
         def counted(batch: Any) -> Any:
             stats["batches"] += 1
-            stats["samples"] += size(batch)
+            stats["samples"] += sizes(batch, next(k))
             return batch
 
         return Fetches(it, counted)

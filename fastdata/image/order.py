@@ -35,6 +35,13 @@ _BLOCK_SAMPLES = 1024
 _BLOCK_BYTES = 256 << 20
 
 
+def _block_batches(batch_size: int, sample_bytes: float) -> int:
+    """Batches a shuffle block: the fewest that hold 1024 samples, or _BLOCK_BYTES of samples
+    of `sample_bytes` (0: unknown), if fewer; at least one."""
+    samples = _BLOCK_SAMPLES if sample_bytes <= 0 else min(_BLOCK_SAMPLES, int(_BLOCK_BYTES // sample_bytes))
+    return max(1, math.ceil(samples / batch_size))
+
+
 def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
     """The epoch's order of n items: a permutation drawn from (seed, epoch), or as given."""
     if shuffle:
@@ -150,8 +157,7 @@ class ShardOrder:
         if self.batches:
             self.lane_samples[(self.batches - 1) % lanes] -= short
         self.lane_start = np.concatenate([[0], np.cumsum(self.lane_samples)[:-1]]).astype(np.int64)
-        samples = _BLOCK_SAMPLES if sample_bytes <= 0 else min(_BLOCK_SAMPLES, int(_BLOCK_BYTES // sample_bytes))
-        self.block_batches = max(1, math.ceil(samples / batch_size))
+        self.block_batches = _block_batches(batch_size, sample_bytes)
         self.block = self.block_batches * batch_size
 
     def __len__(self) -> int:
@@ -171,7 +177,7 @@ class ShardOrder:
         if lanes != self.lanes:
             raise ValueError(f"the state was taken with num_workers={lanes} (shards split a rank's samples among "
                              f"its workers), so resume with num_workers={lanes}, not {self.lanes}")
-        most = max(1, math.ceil(_BLOCK_SAMPLES / self.batch_size)) * self.batch_size
+        most = _block_batches(self.batch_size, 0.0) * self.batch_size
         block = state.get("block", most)
         if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= most or block % self.batch_size:
             raise ValueError(f"the state's block should be a whole number of batches of {self.batch_size}, at most "
