@@ -56,6 +56,6 @@ def resolve(source: Any) -> Samples | Shards:
         return image_folder(source)
     if isinstance(source, (list, tuple)) and source and isinstance(source[0], (str, os.PathLike)):
         raise ValueError(f"a list of paths should name WebDataset shards (.tar), but {os.fspath(source[0])!r} "
-                         "is not one; a file list holds (path, label) pairs, and a list DataLoader should batch "
-                         "as it is goes in a Dataset")
+                         "is not one; a file list holds (path, label) pairs, and a list to batch as it is, as "
+                         "DataLoader does, goes in a Dataset")
     return file_list(source)

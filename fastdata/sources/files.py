@@ -148,11 +148,13 @@ def file_list(pairs: Sequence[Any]) -> Samples:
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             raise ValueError(f"a file list should hold (path, label) pairs, but item {i} is {pair!r:.100}")
         path, label = pair
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            raise ValueError(f"a file list's paths should be str or os.PathLike, but item {i} has path {path!r:.100}")
         if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
             raise ValueError(f"labels should be integers, but item {i} ({path}) has label {label!r:.50}")
         if not 0 <= label < MAX_LABEL:
             raise ValueError(f"labels should be in [0, 2**31), but item {i} ({path}) has label {label}")
-        paths.append(os.fspath(path))
+        paths.append(os.fsdecode(path))
         labels.append(int(label))
     if not paths:
         raise ValueError("the file list is empty")

@@ -488,6 +488,15 @@ def test_file_list_labels_checked(folder):
         fastdata.loader([(path, -3)], batch_size=1, transform=TRANSFORM)
 
 
+def test_file_list_paths_checked(folder):
+    path = str(folder / "class0" / "000.jpg")
+    for bad in (3, None, 1.5):
+        with pytest.raises(ValueError, match=rf"paths should be str or os.PathLike, but item 1 has path {bad}"):
+            file_list([(path, 0), (bad, 1)])
+    samples = file_list([(path, 0), (os.fsencode(path), 1), (Path(path), 2)])
+    assert samples.paths == [path] * 3 and samples.labels.tolist() == [0, 1, 2]
+
+
 def _with_checksum(h: bytearray) -> bytes:
     h[148:156] = b" " * 8
     h[148:156] = f"{sum(h):06o}\0 ".encode()
