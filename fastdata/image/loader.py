@@ -167,7 +167,7 @@ class ImageLoader(Loader):
         """The order of shard samples for this rank, read in `lanes` lanes (one a worker), and its
         reader (`persistent`: the process reads the next epoch's first block ahead)."""
         order = ShardOrder(self.samples.counts, self.batch_size, shuffle, drop_last, self.seed, self.rank,
-                           self.world_size, lanes, self.samples.sample_bytes)
+                           self.world_size, lanes, self.samples.sizes)
         return order, ShardReader(self.samples, order, fail, persistent=persistent)
 
     def _file_order(self, shuffle: bool, drop_last: bool) -> FileOrder:
@@ -255,7 +255,7 @@ class ImageLoader(Loader):
         if state.get("batch_size", self.batch_size) != self.batch_size:
             raise ValueError(f"the state was taken with batch_size={state['batch_size']}: its position counts batches "
                              f"of that size, so resume with batch_size={state['batch_size']}, not {self.batch_size}")
-        blocks = getattr(self._order, "block", None)
+        blocks = self._order.state()
         self._order.check_state(state)  # (a shard order takes the state's shuffle blocks)
         self._state_world = state.get("world_size")  # checked when the next pass knows its world size
         if state.get("seed", self.seed) != self.seed:
@@ -263,7 +263,7 @@ class ImageLoader(Loader):
         if self.index_sampler is not None:
             self.index_sampler.load_state_dict(state["sampler"])
         self._stop()
-        if getattr(self._order, "block", None) != blocks:  # persistent workers hold the order as it was
+        if self._order.state() != blocks:  # persistent workers hold the order as it was
             self._runner.shutdown()
         self._epoch = int(state["epoch"])
         self._skip = int(state["batches"])

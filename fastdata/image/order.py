@@ -28,18 +28,30 @@ from ..samplers import IndexSampler
 from ..sources import Shards
 from .parts import BatchOrder
 
-# ShardOrder's shuffle buffer: a block of whole batches, the fewest that hold 1024 samples, or,
-# where the shards' samples are larger, _BLOCK_BYTES of them on average (a reader holds two
-# blocks, so a worker reads into about 512 MiB at most for such samples, not 2 x 1024 of them).
+# ShardOrder's shuffle buffer: a block of whole batches, the fewest that hold 1024 samples, cut
+# short where its samples would pass _BLOCK_BYTES (a reader holds two blocks, so a worker reads
+# into about 512 MiB, or two batches where one batch alone is more).
 _BLOCK_SAMPLES = 1024
 _BLOCK_BYTES = 256 << 20
 
 
-def _block_batches(batch_size: int, sample_bytes: float) -> int:
-    """Batches a shuffle block: the fewest that hold 1024 samples, or _BLOCK_BYTES of samples
-    of `sample_bytes` (0: unknown), if fewer; at least one."""
-    samples = _BLOCK_SAMPLES if sample_bytes <= 0 else min(_BLOCK_SAMPLES, int(_BLOCK_BYTES // sample_bytes))
-    return max(1, math.ceil(samples / batch_size))
+def _block_batches(batch_size: int) -> int:
+    """The most batches a shuffle block holds: the fewest that hold 1024 samples."""
+    return max(1, math.ceil(_BLOCK_SAMPLES / batch_size))
+
+
+def _cut(sizes: np.ndarray, batch_size: int, most: int, cap: int) -> np.ndarray:
+    """Where a lane's blocks start, in its batches, and its batch count after them: greedily,
+    each block the most whole batches (at most `most`) whose samples, of byte lengths `sizes`
+    in the lane's order, come to at most `cap` bytes, and at least one batch."""
+    per_batch = np.add.reduceat(sizes, np.arange(0, len(sizes), batch_size)) if len(sizes) else sizes[:0]
+    total = np.concatenate([[0], np.cumsum(per_batch)])
+    starts, s = [0], 0
+    while s < len(per_batch):
+        fits = int(np.searchsorted(total, total[s] + cap, side="right")) - 1
+        s = max(s + 1, min(s + most, fits))
+        starts.append(s)
+    return np.asarray(starts, dtype=np.int64)
 
 
 def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
@@ -134,14 +146,16 @@ class ShardOrder:
       that holds its batches (DataLoader hands batch k to worker k % num_workers), so a worker
       reads only the shards its range covers, in order;
     - the shuffle buffer: a lane's range is cut into blocks of whole batches, the fewest that
-      hold 1024 samples, or 256 MiB at the shards' mean sample length (`sample_bytes`), if
-      fewer; each is permuted by a generator seeded with (seed, epoch, rank, lane, block). Unlike a
+      hold 1024 samples, but where their samples (`sizes`: each one's bytes in the shards) would
+      come to more than 256 MiB, the most that do not (at least one batch); the cut follows the
+      epoch's order, so a few large samples among small ones shorten only their own blocks. Each
+      block is permuted by a generator seeded with (seed, epoch, rank, lane, block). Unlike a
       streaming shuffle buffer, that makes every batch addressable: a resume seeks to the block
       of its next batch instead of reading and discarding what came before.
     A batch's key is (epoch, k); the reader finds its samples with `locate` and `block_ids`."""
 
     def __init__(self, counts: np.ndarray, batch_size: int, shuffle: bool, drop_last: bool, seed: int,
-                 rank: int, world_size: int, lanes: int, sample_bytes: float = 0.0) -> None:
+                 rank: int, world_size: int, lanes: int, sizes: np.ndarray | None = None) -> None:
         self.counts = counts
         self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # first sample id of each shard
         self.n = n = int(counts.sum())
@@ -157,8 +171,10 @@ class ShardOrder:
         if self.batches:
             self.lane_samples[(self.batches - 1) % lanes] -= short
         self.lane_start = np.concatenate([[0], np.cumsum(self.lane_samples)[:-1]]).astype(np.int64)
-        self.block_batches = _block_batches(batch_size, sample_bytes)
-        self.block = self.block_batches * batch_size
+        self.sizes = sizes
+        self.block = _block_batches(batch_size) * batch_size  # the most samples a block holds
+        self.block_bytes: int | None = None if sizes is None else _BLOCK_BYTES  # None: blocks of `block` alone
+        self._starts: dict[tuple[int, int], np.ndarray] = {}
 
     def __len__(self) -> int:
         return self.batches
@@ -167,37 +183,68 @@ class ShardOrder:
         return [(epoch, k)]
 
     def state(self) -> dict[str, Any]:
-        return {"samples": self.n, "lanes": self.lanes, "block": self.block}
+        return {"samples": self.n, "lanes": self.lanes, "block": self.block, "block_bytes": self.block_bytes}
 
     def check_state(self, state: dict[str, Any]) -> None:
         """Refuses a state this order cannot resume; takes its shuffle blocks, which place
-        every batch (a state without them was taken with blocks of 1024 samples' batches)."""
+        every batch (a state without them was taken with blocks of 1024 samples' batches, one
+        without `block_bytes` with blocks of `block` samples whatever their bytes)."""
         check_source(state, self.n, shards=True)
         lanes = state["lanes"]
         if lanes != self.lanes:
             raise ValueError(f"the state was taken with num_workers={lanes} (shards split a rank's samples among "
                              f"its workers), so resume with num_workers={lanes}, not {self.lanes}")
-        most = _block_batches(self.batch_size, 0.0) * self.batch_size
-        block = state.get("block", most)
+        most = _block_batches(self.batch_size) * self.batch_size
+        block, cap = state.get("block", most), state.get("block_bytes")
         if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= most or block % self.batch_size:
             raise ValueError(f"the state's block should be a whole number of batches of {self.batch_size}, at most "
                              f"{most} samples, but is {block!r:.80}: pass a dict from this loader's state_dict()")
-        self.block_batches, self.block = block // self.batch_size, block
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0 or self.sizes is None):
+            raise ValueError(f"the state's block_bytes should be a positive int or None, but is {cap!r:.80}: pass a "
+                             "dict from this loader's state_dict()")
+        if (block, cap) != (self.block, self.block_bytes):
+            self.block, self.block_bytes, self._starts = block, cap, {}
 
-    def locate(self, k: int) -> tuple[int, int, int]:
+    def block_starts(self, epoch: int, lane: int) -> np.ndarray:
+        """Where the lane's blocks start in its batches, then its batch count (kept for the
+        last few (epoch, lane): a reader asks for each batch's block)."""
+        key = (epoch, lane)
+        starts = self._starts.get(key)
+        if starts is None:
+            batches, most = math.ceil(self.lane_samples[lane] / self.batch_size), self.block // self.batch_size
+            if self.block_bytes is None:
+                starts = np.append(np.arange(0, batches, most), batches)
+            else:
+                ids = self._ids(epoch, lane, 0, self.lane_samples[lane])
+                starts = _cut(self.sizes[ids], self.batch_size, most, self.block_bytes)
+            if len(self._starts) >= 4:
+                del self._starts[next(iter(self._starts))]
+            self._starts[key] = starts
+        return starts
+
+    def locate(self, epoch: int, k: int) -> tuple[int, int, int]:
         """Batch k of the rank: (lane, block in the lane, first row in the block's order)."""
         lane, j = k % self.lanes, k // self.lanes
-        block, row = divmod(j, self.block_batches)
-        return lane, block, row * self.batch_size
+        starts = self.block_starts(epoch, lane)
+        block = int(np.searchsorted(starts, j, side="right")) - 1
+        return lane, block, (j - int(starts[block])) * self.batch_size
 
-    def blocks(self, lane: int) -> int:
-        return math.ceil(self.lane_samples[lane] / self.block)
+    def blocks(self, epoch: int, lane: int) -> int:
+        return len(self.block_starts(epoch, lane)) - 1
+
+    def block_range(self, epoch: int, lane: int, block: int) -> tuple[int, int]:
+        """The block's samples: [lo, hi) of the lane's."""
+        starts = self.block_starts(epoch, lane)
+        return int(starts[block]) * self.batch_size, min(int(starts[block + 1]) * self.batch_size,
+                                                         self.lane_samples[lane])
 
     def block_ids(self, epoch: int, lane: int, block: int) -> np.ndarray:
         """The sample ids of a block, in stream order (ids number the samples of the shards in
         their given order: the first shard's are 0..)."""
-        lo = block * self.block
-        hi = min(lo + self.block, self.lane_samples[lane])
+        return self._ids(epoch, lane, *self.block_range(epoch, lane, block))
+
+    def _ids(self, epoch: int, lane: int, lo: int, hi: int) -> np.ndarray:
+        """The sample ids of [lo, hi) of the lane's samples in `epoch`, in stream order."""
         q = (self.rank * self.per_rank + self.lane_start[lane] + np.arange(lo, hi)) % self.n
         order = permutation(self.seed, epoch, len(self.counts), self.shuffle)
         ends = np.cumsum(self.counts[order])

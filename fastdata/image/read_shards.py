@@ -106,7 +106,7 @@ class ShardReader:
         """The samples of batch (epoch, k)."""
         ((epoch, k),) = keys
         order = self.order
-        lane, block, row = order.locate(k)
+        lane, block, row = order.locate(epoch, k)
         data = self._block(epoch, lane, block, row)
         rows = data.order[row : row + order.batch_size]
         errors: list[tuple[str, str]] = []
@@ -144,9 +144,8 @@ class ShardReader:
             # thread reads the rest of the block around them, so the first batch waits for a
             # quarter of a block, not all of it. Files only: that is a read per sample, a
             # request each over HTTP, and a pipe would be read twice.
-            rows = None
-            if self._files and self.order.block > self.order.batch_size:
-                rows = slice(row, row + self.order.batch_size)
+            lo, hi = self.order.block_range(*key)
+            rows = slice(row, row + self.order.batch_size) if self._files and hi - lo > self.order.batch_size else None
             first, future = self._submit(key, rows)
         following = self._following(epoch, lane, block)
         for stale in [k for k in pending if k != following]:  # a resume or set_epoch skipped them
@@ -154,8 +153,8 @@ class ShardReader:
         # The next block is read from the block's second batch on, not beside its first: that
         # batch's decode (the whole of a fresh pass's first batch) would share the cores with
         # two block reads. A block of one batch reads ahead at once.
-        order = self.order
-        if row + order.batch_size >= min(order.block, order.lane_samples[lane] - block * order.block):
+        lo, hi = self.order.block_range(epoch, lane, block)
+        if row + self.order.batch_size >= hi - lo:
             self._read_ahead(epoch, lane, block)
         self._current = None  # its buffer may be refilled from here on
         got = (first or future).result()
@@ -165,7 +164,7 @@ class ShardReader:
     def _following(self, epoch: int, lane: int, block: int) -> tuple[int, int, int] | None:
         """The next block of the lane, or after its last, the first of the next epoch (which
         this worker serves too when it persists: DataLoader starts each epoch at worker 0)."""
-        if block + 1 < self.order.blocks(lane):
+        if block + 1 < self.order.blocks(epoch, lane):
             return (epoch, lane, block + 1)
         return (epoch + 1, lane, 0) if self.persistent else None
 

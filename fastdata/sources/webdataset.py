@@ -59,10 +59,9 @@ class Shards:
         return np.array([len(k) for k in self.keys], dtype=np.int64)
 
     @property
-    def sample_bytes(self) -> float:
-        """A sample's mean length in the shards (its tar headers and members), 0 with none."""
-        n = len(self)
-        return sum(float(s[:, 1].sum()) for s in self.spans if len(s)) / n if n else 0.0
+    def sizes(self) -> np.ndarray:
+        """Each sample's length in the shards (its tar headers and members), in sample id order."""
+        return np.concatenate([s[:, 1] for s in self.spans]) if self.spans else np.zeros(0, dtype=np.int64)
 
 
 MAX_SHARDS = 1_000_000  # a source naming more is refused before its names are made

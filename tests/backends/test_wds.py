@@ -194,43 +194,44 @@ def test_persistent_workers_give_the_same_epochs(shards, monkeypatch):
 
 
 def test_a_block_of_large_samples_holds_fewer_of_them(shards, monkeypatch):
-    """A shuffle block is 1024 samples, or fewer where they are large (256 MiB at the mean
-    sample length: here made 8 samples' worth), and the reader reads a block at a time into
-    its buffers, not the 60 samples one block would otherwise hold; every sample still comes
-    once."""
-    whole = _load(_pattern(shards), shuffle=True, batch_size=4)
-    mean = whole.samples.sample_bytes
-    longest = max(int(s[:, 1].max()) for s in whole.samples.spans)
-    assert whole._order.block == 1024
-    monkeypatch.setattr(order_module, "_BLOCK_BYTES", int(8 * mean))
+    """A shuffle block is 1024 samples' batches, cut short where its samples would pass 256 MiB
+    (here made 8 samples' worth), and the reader reads a block at a time into its buffers, not
+    the 60 samples one block would otherwise hold; every sample still comes once."""
+    sizes = _load(_pattern(shards)).samples.sizes
+    cap = int(8 * sizes.mean())
+    monkeypatch.setattr(order_module, "_BLOCK_BYTES", cap)
     loader = _load(_pattern(shards), shuffle=True, batch_size=4)
-    assert loader._order.block == 8
     asked = []
     view = read_module.BlockBuffer.view
     monkeypatch.setattr(read_module.BlockBuffer, "view", lambda self, n: asked.append(n) or view(self, n))
     got = [s for x, y in loader for s in _ids(x, y)]
     assert sorted(got) == ALL
-    assert 0 < max(asked) <= 8 * longest < N * mean
+    assert 0 < max(asked) <= max(cap, 4 * int(sizes.max())) < N * sizes.mean() and len(asked) > N // 12
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_state_resumes_with_the_shuffle_blocks_it_was_taken_with(shards, monkeypatch, workers):
     """A state records its shuffle blocks, and a loader given it takes them (persistent workers
     started with other blocks start anew): the rest of the epoch is the rest of the state's,
-    whatever the blocks this loader would make. A state without them had 1024 samples' worth."""
+    whatever the blocks this loader would make. A state without `block` had 1024 samples'
+    batches; one without `block_bytes`, blocks of `block` samples whatever their bytes."""
     kw = dict(shuffle=True, batch_size=4, num_workers=workers, persistent_workers=bool(workers))
-    small = int(8 * _load(_pattern(shards)).samples.sample_bytes)  # 8 samples' worth
-    for small_then, small_now in [(True, False), (False, True)]:
-        monkeypatch.setattr(order_module, "_BLOCK_BYTES", small if small_then else 256 << 20)
+    small = int(8 * _load(_pattern(shards)).samples.sizes.mean())  # 8 samples' worth
+    # (the blocks' samples and bytes then; the state's keys dropped; the blocks' samples and bytes now)
+    for then, dropped, now in [((1024, small), (), (1024, 256 << 20)), ((1024, 256 << 20), (), (1024, small)),
+                               ((1024, 256 << 20), ("block", "block_bytes"), (1024, small)),
+                               ((8, 256 << 20), ("block_bytes",), (1024, 256 << 20))]:
+        monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", then[0])
+        monkeypatch.setattr(order_module, "_BLOCK_BYTES", then[1])
         taken = _load(_pattern(shards), **kw)
         it = iter(taken)
         head = [_ids(*next(it)) for _ in range(3)]
         state = taken.state_dict()
         want = head + [_ids(x, y) for x, y in it]
-        assert state["block"] == (8 if small_then else 1024)
-        if not small_then:
-            del state["block"]  # as a state taken before blocks were recorded
-        monkeypatch.setattr(order_module, "_BLOCK_BYTES", small if small_now else 256 << 20)
+        assert (state["block"], state["block_bytes"]) == then
+        state = {k: v for k, v in state.items() if k not in dropped}
+        monkeypatch.setattr(order_module, "_BLOCK_SAMPLES", now[0])
+        monkeypatch.setattr(order_module, "_BLOCK_BYTES", now[1])
         resumed = _load(_pattern(shards), **kw)
         _epoch(resumed)  # persistent workers up, holding this loader's own blocks
         resumed.load_state_dict(state)
@@ -238,6 +239,9 @@ def test_a_state_resumes_with_the_shuffle_blocks_it_was_taken_with(shards, monke
     for bad in (0, 6, 4096, True, "8"):
         with pytest.raises(ValueError, match="the state's block should be a whole number of batches of 4"):
             resumed.load_state_dict({**state, "block": bad})
+    for bad in (0, -1, True, "8", 1.5):
+        with pytest.raises(ValueError, match="the state's block_bytes should be a positive int or None"):
+            resumed.load_state_dict({**state, "block_bytes": bad})
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -528,7 +532,7 @@ def test_plan_covers_each_rank_range_exactly(n, bs, world, lanes, drop_last):
         assert sum(plan.lane_samples) == plan.per_rank
         mine = []
         for k in range(plan.batches):
-            lane, block, row = plan.locate(k)
+            lane, block, row = plan.locate(2, k)
             ids = plan.block_ids(2, lane, block)
             perm = plan.block_permutation(2, lane, block, len(ids))
             chunk = ids[perm[row:row + bs]]

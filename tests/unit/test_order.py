@@ -56,27 +56,59 @@ def test_file_order_splits_each_epoch_among_the_ranks(drop_last):
     assert _epoch(plain, 3) == list(range(2, n, world)) + [0]  # strided, the last rank padded by wrapping
 
 
+MIB = 1 << 20
+SIZES = {  # 30 samples' lengths in the shards
+    "unknown": None,
+    "small": np.full(30, 100_000),
+    "64 MiB": np.full(30, 64 * MIB),
+    "1 TiB": np.full(30, 1 << 40),
+    "skewed": np.where(np.arange(30) % 7 == 3, 200 * MIB, 10_000),  # a few large among small ones
+}
+
+
 @pytest.mark.parametrize("world, lanes", [(1, 1), (1, 3), (2, 2)])
-@pytest.mark.parametrize("sample_bytes, samples", [(0, 1026), (100_000, 1026), ((256 << 20) / 4, 6), (1 << 40, 3)])
-def test_shard_order_reads_every_sample_once_an_epoch(world, lanes, sample_bytes, samples):
-    """Blocks of whole batches: 1024 samples' worth, or of large samples 256 MiB's (4 samples of
-    64 MiB: 2 batches of 3), and never less than a batch."""
+@pytest.mark.parametrize("sizes", SIZES)
+def test_shard_order_reads_every_sample_once_an_epoch(world, lanes, sizes):
+    """Blocks of whole batches: 1024 samples' worth, cut short where the samples would pass
+    256 MiB in the epoch's order (the most batches that do not), and never less than a batch."""
     counts = np.array([5, 7, 3, 9, 6])  # 30 samples
-    batch = 3
-    seen = []
-    for rank in range(world):
-        order = ShardOrder(counts, batch, True, False, seed=1, rank=rank, world_size=world, lanes=lanes,
-                           sample_bytes=sample_bytes)
-        assert isinstance(order, BatchOrder) and order.block == samples
-        for lane in range(lanes):
-            ids = [order.block_ids(0, lane, b) for b in range(order.blocks(lane))]
-            seen += np.concatenate(ids).tolist() if ids else []
-        for k in range(len(order)):  # every batch lies in its lane's block, within its rows
-            lane, block, row = order.locate(k)
-            assert row + batch <= max(order.block, batch) and block < order.blocks(lane)
-    assert sorted(seen) == list(range(30))
+    batch, most = 3, 1026
+    lengths = SIZES[sizes]
+    for epoch in (0, 1):
+        seen = []
+        for rank in range(world):
+            order = ShardOrder(counts, batch, True, False, seed=1, rank=rank, world_size=world, lanes=lanes,
+                               sizes=lengths)
+            assert isinstance(order, BatchOrder) and order.block == most
+            for lane in range(lanes):
+                blocks = [order.block_ids(epoch, lane, b) for b in range(order.blocks(epoch, lane))]
+                seen += np.concatenate(blocks).tolist() if blocks else []
+                for b, ids in enumerate(blocks):
+                    held = 0 if lengths is None else int(lengths[ids].sum())
+                    assert 0 < len(ids) <= most and (held <= 256 * MIB or len(ids) <= batch)
+                    if b + 1 < len(blocks) and lengths is not None:  # the block is as long as it may be
+                        assert held + lengths[blocks[b + 1][:batch]].sum() > 256 * MIB
+            for k in range(len(order)):  # every batch lies in its lane's block, within its rows
+                lane, block, row = order.locate(epoch, k)
+                ids = order.block_ids(epoch, lane, block)
+                assert row + batch <= max(len(ids), batch) and block < order.blocks(epoch, lane)
+        assert sorted(seen) == list(range(30))
     later = ShardOrder(counts, batch, True, False, seed=1, rank=0, world_size=world, lanes=lanes)
     assert not np.array_equal(later.block_ids(0, 0, 0), later.block_ids(1, 0, 0))  # shards permuted anew
+
+
+def test_shard_blocks_of_a_skewed_epoch_are_cut_where_its_large_samples_are():
+    """A few 200 MiB samples among 10 KB ones: each block holding one is cut to keep under
+    256 MiB (at most one of them), and the blocks of small samples still hold 1024 of them."""
+    counts = np.full(40, 1000)
+    lengths = np.full(40_000, 10_000)
+    lengths[np.random.default_rng(0).choice(40_000, 30, replace=False)] = 200 * MIB
+    order = ShardOrder(counts, 8, True, False, seed=3, rank=0, world_size=1, lanes=1, sizes=lengths)
+    for epoch in (0, 1):
+        blocks = [order.block_ids(epoch, 0, b) for b in range(order.blocks(epoch, 0))]
+        held = [int(lengths[ids].sum()) for ids in blocks]
+        assert max(held) <= 256 * MIB and sorted(np.concatenate(blocks).tolist()) == list(range(40_000))
+        assert sum(len(ids) == 1024 for ids in blocks) >= len(blocks) - 2 * 30 - 1
 
 
 def test_shard_order_refuses_a_state_of_other_lanes():
