@@ -11,7 +11,9 @@ bin); then the script's own ToTensor/Normalize/... tail. Differences in uint8 le
 normalized output taken back as (x * std + mean) * 255): mean and max absolute, the share of
 values more than 2 levels apart, the max away from a 2-pixel border (of all samples, and of
 those whose box is under twice the output), and the mean apart for samples whose box is under /
-at least twice the output (a JPEG is decoded at a reduced DCT scale then). On the synthetic
+at least twice the output (a JPEG is decoded at a reduced DCT scale then). Configuration viii
+is image mode: `fastdata.loader(folder, transform=fastdata.transforms.imagenet_eval(224))`
+against torchvision's Resize(256), CenterCrop(224), ToTensor, Normalize. On the synthetic
 ImageNet-like set (`fastdata.synthetic`, 200 images, 4 classes).
 
 Run it with a user's environment (torch, torchvision and stock Pillow from the registry,
@@ -69,6 +71,10 @@ def configurations() -> list[dict]:
         dict(name="vii", op="i + ColorJitter(0.4, 0.4, 0.4, 0.1) + TrivialAugmentWide", interp="bilinear",
              transform=T.Compose([rrc, flip, T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.TrivialAugmentWide(), *tail]),
              tail=tail, levels="normalized"),
+        # image mode: fastdata.loader's own preset against the script's iv
+        dict(name="viii", op="image mode: fastdata.loader(folder, transform=imagenet_eval(224)) against iv",
+             interp="bilinear", transform=T.Compose([T.Resize(256), T.CenterCrop(SIZE), *tail]), tail=None,
+             levels="normalized", image_mode=True),
     ]
 
 
@@ -121,6 +127,18 @@ def reference(img, box, flip: bool, pixel: list, interp, tensor: bool, tail: lis
     return img
 
 
+def served_by_loader(ds, batch: int):
+    """Batches of fastdata.loader(the folder, transform=imagenet_eval(224)), as the `measure` loop
+    takes them: (images, None) a batch, with the geometry planned for them."""
+    import fastdata
+    import fastdata.transforms as fd
+
+    loader = fastdata.loader(ds.root, batch_size=batch, transform=fd.imagenet_eval(SIZE), device="cpu",
+                             num_workers=0)
+    assert [p for p, _ in ds.samples] == list(loader.samples.paths), "the loader lists the folder otherwise"
+    return iter(loader)
+
+
 def measure(root: Path, config: dict, batch: int) -> dict:
     from PIL import Image
     from torchvision.datasets import ImageFolder
@@ -132,6 +150,7 @@ def measure(root: Path, config: dict, batch: int) -> dict:
     from fastdata.transforms.plan import plan_geometry, plan_pixels
 
     ds = ImageFolder(str(root), config["transform"])
+    own = served_by_loader(ds, batch) if config.get("image_mode") else None
     lowering, why = lower(ds)
     if lowering is None:
         raise SystemExit(f"{config['name']}: not lowered ({why})")
@@ -142,8 +161,11 @@ def measure(root: Path, config: dict, batch: int) -> dict:
     for b, start in enumerate(range(0, len(ds), batch)):
         indices = list(range(start, min(start + batch, len(ds))))
         torch.manual_seed(1000 + b)
-        images, _ = finish(nf.__getitems__(indices).collate_into(None))
-        images = images.clone()
+        if own is not None:
+            images = next(own)[0].contiguous()
+        else:
+            images, _ = finish(nf.__getitems__(indices).collate_into(None))
+            images = images.clone()
         idx = np.asarray(indices, np.int64)
         paths = [ds.samples[i][0] for i in indices]
         sizes = np.array([Image.open(p).size for p in paths])

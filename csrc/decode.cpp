@@ -83,7 +83,7 @@ class Decoder {
     return {};
   }
 
-  std::string decode(const ByteSpan& caller, const int32_t* crop, bool flip, bool whole,
+  std::string decode(const ByteSpan& caller, const double* crop, bool flip, bool whole,
                      bool use_index, const OutView& out, int64_t index) {
     // Everything below reads a private copy: the caller's buffer may be a bytearray, numpy
     // array or mmap that another thread rewrites while the GIL is released, and the walk,
@@ -113,7 +113,7 @@ class Decoder {
     entropy_.trim(kScratchKeep);
   }
 
-  std::string decode_copy(const ByteSpan& src, const int32_t* crop, bool flip, bool whole,
+  std::string decode_copy(const ByteSpan& src, const double* crop, bool flip, bool whole,
                           bool use_index, const OutView& out, int64_t index) {
     std::string why = precheck(src);
     if (why.empty()) {
@@ -185,7 +185,7 @@ class Decoder {
   // horizontal pass on each row as it arrives, into rows_ (one row of out_w RGBX pixels per
   // input row used): the decoded window itself is never held whole. With `whole`, the rows
   // below the window are entropy-decoded as well (see below).
-  bool decode_window(const ByteSpan& src, const int32_t* crop, int out_h, int out_w, bool whole,
+  bool decode_window(const ByteSpan& src, const double* crop, int out_h, int out_w, bool whole,
                      bool use_index) {
     if (setjmp(err_.jump)) {
       entropy_.detach(false);
@@ -209,17 +209,20 @@ class Decoder {
       return fail("image of %lldx%lld pixels is over the limit of %llu pixels", (long long)W,
                   (long long)H, (unsigned long long)kMaxImagePixels);
     }
-    const int64_t x = crop[0], y = crop[1], w = crop[2], h = crop[3];
-    if (w <= 0 || h <= 0 || x < 0 || y < 0 || x + w > W || y + h > H) {
-      return fail("crop (%lld, %lld, %lld, %lld) outside the %lldx%lld image", (long long)x,
-                  (long long)y, (long long)w, (long long)h, (long long)W, (long long)H);
+    // The window may hold fractions of a pixel (a resize before a crop maps the crop to such a
+    // box in the original image): the resampling takes its edges as they are, as Pillow's
+    // resize(box=) does. (Written so that NaN fails every test.)
+    const double x = crop[0], y = crop[1], w = crop[2], h = crop[3];
+    if (!(w > 0 && h > 0 && x >= 0 && y >= 0 && x + w <= double(W) && y + h <= double(H))) {
+      return fail("crop (%g, %g, %g, %g) outside the %lldx%lld image", x, y, w, h, (long long)W,
+                  (long long)H);
     }
     // DCT scaling: the IDCT itself shrinks by 2, 4 or 8, the cheapest way to drop pixels the
     // resize would average away anyway. Taken only while the scaled window still has at least
     // the output's pixels, so the resize never enlarges what it was handed.
     int denom = 1;
     for (int d : {8, 4, 2}) {
-      if (w >= int64_t(out_w) * d && h >= int64_t(out_h) * d) {
+      if (w >= double(out_w) * d && h >= double(out_h) * d) {
         denom = d;
         break;
       }
@@ -352,7 +355,7 @@ std::string jpeg_info(const ByteSpan& src, JpegInfo* info) {
 
 size_t decoder_scratch_bytes() { return this_thread_decoder().scratch_bytes(); }
 
-void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
+void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole, bool index) {
   const int64_t n = int64_t(srcs.size());

@@ -64,9 +64,9 @@ struct OutView {
 };
 
 // For every i: decodes the window crops[4*i .. 4*i+3] = (x, y, w, h), in the original image's
-// pixels, of srcs[i] as RGB, resizes it to out.height x out.width as Pillow's bilinear resize
-// with that box does, mirrors it left-right where flips[i] is nonzero, and writes it to out[i].
-// errors[i] is "" for a sample that decoded, else the reason (out[i] is then left untouched):
+// pixels (fractions of one allowed), of srcs[i] as RGB, resizes it to out.height x out.width as
+// Pillow's bilinear resize with that box does, mirrors it left-right where flips[i] is nonzero,
+// and writes it to out[i]. errors[i] is "" for a sample that decoded, else the reason (out[i] is then left untouched):
 // corrupt or truncated data, CMYK, a crop outside the image. Never throws, never prints.
 // Where whole is null or whole[i] is nonzero, a baseline JPEG's rows below the window are
 // entropy-decoded too, so that corrupt data anywhere in the file is an error whatever the crop;
@@ -77,7 +77,7 @@ struct OutView {
 // from the checkpoint before the window (the same pixels as libjpeg's decoder, which `index`
 // false keeps to, and its errors, a little stricter: entropy.h); bytes the index has are not
 // decoded whole again, and bytes it lacks are, whatever `whole` says.
-void decode_crop_resize(const std::vector<ByteSpan>& srcs, const int32_t* crops,
+void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
                         bool index = true);

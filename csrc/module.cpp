@@ -359,7 +359,7 @@ nb::list inspect_batch(nb::sequence datas, bool jpeg_headers, int threads) {
   return result;
 }
 
-using CropArray = nb::ndarray<const int32_t, nb::ndim<2>, nb::device::cpu>;
+using CropArray = nb::ndarray<const double, nb::ndim<2>, nb::device::cpu>;
 using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu>;
 using ImageBatch = nb::ndarray<uint8_t, nb::ndim<4>, nb::device::cpu>;
 
@@ -398,9 +398,9 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   HeldBytes held(n);
   const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
   // Copied out of their arrays, whatever their strides.
-  std::vector<int32_t> crop_values(4 * n);
+  std::vector<double> crop_values(4 * n);
   std::vector<uint8_t> flip_values(n), whole_values(whole.has_value() ? n : 0);
-  const int32_t* c = crops.data();
+  const double* c = crops.data();
   const uint8_t* f = static_cast<const uint8_t*>(flips.data());
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < 4; ++j) crop_values[4 * i + j] = c[i * crops.stride(0) + j * crops.stride(1)];

@@ -242,11 +242,12 @@ def decode_crop_resize(
     datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None,
     index: bool = True,
 ) -> list[str | None]:
-    """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels) of JPEG
-    datas[i] as RGB, resize it to out's H x W as Pillow's bilinear `resize` with that box does,
-    mirror it left-right where flips[i], and write it into out[i].
+    """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
+    of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's bilinear
+    `resize` with the box (x, y, x + w, y + h) does, mirror it left-right where flips[i], and
+    write it into out[i].
 
-    datas: bytes-like objects. crops: int array [N, 4]. flips: bool or uint8 array [N].
+    datas: bytes-like objects. crops: int or float array [N, 4]. flips: bool or uint8 array [N].
     out: uint8 tensor (or array) [N, 3, H, W] with any strides: contiguous, channels_last, or a
     per-sample HWC buffer seen as CHW. Returns, per sample, None or the reason it could not be
     decoded (out[i] is then left untouched): the caller decides whether to fall back to Pillow.
@@ -279,11 +280,11 @@ def decode_crop_resize(
     crops = np.asarray(crops)
     if crops.ndim != 2 or crops.shape != (n, 4):
         raise ValueError(f"crops should have shape [{n}, 4], but got {list(crops.shape)}")
-    if not np.issubdtype(crops.dtype, np.integer):
-        raise TypeError(f"crops should be an integer array, but got dtype {crops.dtype}")
-    if crops.size and (crops.min() < np.iinfo(np.int32).min or crops.max() > np.iinfo(np.int32).max):
-        raise ValueError("crops should fit in int32")
-    crops = np.ascontiguousarray(crops, dtype=np.int32)
+    if not (np.issubdtype(crops.dtype, np.integer) or np.issubdtype(crops.dtype, np.floating)):
+        raise TypeError(f"crops should be an int or float array, but got dtype {crops.dtype}")
+    if crops.size and not (np.isfinite(crops).all() and np.abs(crops).max() < 2 ** 31):
+        raise ValueError("crops should be finite and fit in int32")
+    crops = np.ascontiguousarray(crops, dtype=np.float64)
     flips = np.asarray(flips)
     if flips.shape != (n,):
         raise ValueError(f"flips should have shape [{n}], but got {list(flips.shape)}")
@@ -369,14 +370,14 @@ def index_stats() -> dict:
 
 
 def pillow_crop_resize(
-    data_bytes: bytes, crop: Sequence[int], flip: bool, size: tuple[int, int]
+    data_bytes: bytes, crop: Sequence[float], flip: bool, size: tuple[int, int]
 ) -> np.ndarray:
     """The Pillow path `decode_crop_resize` reproduces, for one image: open, convert to RGB,
     resize to `size` = (width, height) (Pillow's order) with BILINEAR and box = the crop
     (x, y, w, h) as (x, y, x + w, y + h), mirror left-right if `flip`. Returns HWC uint8."""
     from PIL import Image  # Pillow is not a dependency of the package, only of this path
 
-    x, y, w, h = (int(v) for v in crop)
+    x, y, w, h = (float(v) for v in crop)
     with open_image(data_bytes) as im:
         img = im.convert("RGB")
     # The enums came with Pillow 9.1 (whose plain constants warn); older Pillow-SIMD has neither.

@@ -175,6 +175,16 @@ else
     fi
     rm -f "$log"
 fi
+# Pillow builds the codecs whose headers it finds: without libwebp's or libtiff's, WebP files and
+# compressed TIFFs are refused as unreadable (stock Pillow's wheels carry both).
+"$PY" - <<'EOF'
+from PIL import features
+codecs = (("WebP", "webp", "libwebp-dev"), ("compressed TIFF", "libtiff", "libtiff-dev"))
+lost = [f"{name} ({pkg})" for name, key, pkg in codecs if not features.check(key)]
+if lost:
+    print("note: this Pillow reads no " + ", no ".join(lost) + "; to build them in, install those headers, "
+          "then `pip uninstall -y pillow-simd` and run this script again")
+EOF
 
 # Stock Pillow of the same release, beside it and not over it (pip --target into .stock-pillow/,
 # never imported unless put on PYTHONPATH): the reference the parity tests hold Pillow-SIMD to,

@@ -120,9 +120,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   crop64[0] = fx * (W - crop64[2]) / 255;
   crop64[1] = fy * (H - crop64[3]) / 255;
   for (int k = 0; k < 4; ++k) crop64[k] += kNudge[(nudge >> (2 * k)) & 3];
-  const int32_t crop[8] = {int32_t(crop64[0]), int32_t(crop64[1]), int32_t(crop64[2]),
-                           int32_t(crop64[3]), int32_t(crop64[0]), int32_t(crop64[1]),
-                           int32_t(crop64[2]), int32_t(crop64[3])};
+  const double crop[8] = {double(crop64[0]), double(crop64[1]), double(crop64[2]), double(crop64[3]),
+                          double(crop64[0]), double(crop64[1]), double(crop64[2]), double(crop64[3])};
 
   const int n = pair ? 2 : 1;
   const uint8_t flips[2] = {uint8_t(flip), uint8_t(!flip)};

@@ -31,8 +31,7 @@ def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, 
                 try:
                     w, h = pil_lowering.size_of(data)
                 except UnidentifiedImageError:
-                    cause = (f"not a readable image (none of {', '.join(FORMATS)} starts with "
-                             f"{bytes(data[:8])!r})")
+                    cause = _unread(bytes(data[:12]))
                 except Image.DecompressionBombError as e:
                     cause = f"over the pixel limit of {limit} ({e})"
                 except Exception as e:  # Pillow's header parsers raise OSError, SyntaxError, ValueError, ...
@@ -41,6 +40,18 @@ def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, 
             cause = f"the header claims {w}x{h} = {w * h} pixels, over the limit of {limit} (a decompression bomb?)"
         out.append((cause, kind == "jpeg", w, h))
     return out
+
+
+def _unread(head: bytes) -> str:
+    """Why Pillow opened no format from a file starting with `head`: none matched, or it is a
+    WebP and this Pillow was built without libwebp (Pillow-SIMD built where its headers are
+    missing), which Pillow's plugin reports as no match."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        from PIL import features
+
+        if not features.check("webp"):
+            return "a WebP image, but this Pillow was built without WebP support (libwebp)"
+    return f"not a readable image (none of {', '.join(FORMATS)} starts with {head[:8]!r})"
 
 
 MAX_TIFF_PARTS = 1 << 17

@@ -333,16 +333,18 @@ class BatchDecoder:
     def _decode_into(self, target, ids, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
-        # The native decoder's filter is the bilinear one; other filters are Pillow's. It cuts
-        # whole-pixel windows: with `crop_first`, a box with a fraction of a pixel (a resize
-        # before the crop) goes to Pillow, which resamples it where torchvision's resize does.
+        # The native decoder's filter is the bilinear one; other filters are Pillow's. It takes
+        # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
+        # does, but with `crop_first` such a box goes to Pillow, which runs torchvision's two
+        # steps (a resize of the whole image, then a crop of it).
         native = native and self.resample == "bilinear"
         whole_pixels = (geo.boxes == np.round(geo.boxes)).all(axis=1) if self.crop_first else np.ones(len(datas), bool)
         pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and whole_pixels[k])]
         if native:
             js = [k for k in range(len(datas)) if jpeg[k] and whole_pixels[k]]
             if js:
-                crops = geo.windows()[js]
+                boxes = geo.boxes[js]
+                crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
                 threads = batch_threads(self.threads)
                 chw = target.permute(0, 3, 1, 2)
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)

@@ -36,14 +36,14 @@ def is_shard_source(source: Any) -> bool:
 
 def is_image_source(source: Any) -> bool:
     """Whether `source` has the shape of an image source (a path, a list of paths, or a list of
-    (path, label) pairs), as opposed to a Dataset."""
+    (path, label) pairs, a path there str, bytes or os.PathLike), as opposed to a Dataset."""
     if isinstance(source, (str, os.PathLike)):
         return True
     if isinstance(source, (list, tuple)) and source:
         first = source[0]
         if isinstance(first, (str, os.PathLike)):
             return True
-        if isinstance(first, (list, tuple)) and len(first) == 2 and isinstance(first[0], (str, os.PathLike)):
+        if isinstance(first, (list, tuple)) and len(first) == 2 and isinstance(first[0], (str, bytes, os.PathLike)):
             return True
     return False
 

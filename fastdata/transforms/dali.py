@@ -3,7 +3,8 @@ to Kornia): what the `dali` backend's pipeline and `fastdata-bench augment` buil
 from. Each function takes and returns DALI DataNodes; call them inside a `pipeline_def`.
 
 The geometry arrives planned (`plan.plan_geometry`): the crop windows in whole pixels
-(`Geometry.windows`), the output size and the flips, fed per sample through external sources.
+(`Geometry.windows`: a box with fractions of a pixel, as Resize then CenterCrop makes, is
+rounded to them), the output size and the flips, fed per sample through external sources.
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ class Geometry:
     sizes: np.ndarray  # int64 [N, 2]: output (w, h)
 
     def windows(self) -> np.ndarray:
-        """The crop boxes in whole pixels, as every decoder cuts them: int32 [N, 4] of (x, y,
-        w, h), each edge rounded to the nearest pixel, at least one pixel wide and high."""
+        """The crop boxes in whole pixels, as DALI's slicing decoders cut them (the native
+        decoder and Pillow take `boxes` as they are): int32 [N, 4] of (x, y, w, h), each edge
+        rounded to the nearest pixel, at least one pixel wide and high."""
         x0, y0 = np.rint(self.boxes[:, 0]), np.rint(self.boxes[:, 1])
         return np.stack([x0, y0, np.maximum(1, np.rint(self.boxes[:, 2]) - x0),
                          np.maximum(1, np.rint(self.boxes[:, 3]) - y0)], axis=1).astype(np.int32)
@@ -81,6 +82,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     n = len(indices)
     W = np.asarray(widths, dtype=np.int64).copy()  # the current image's size, op by op
     H = np.asarray(heights, dtype=np.int64).copy()
+    source = np.stack([W, H, W, H], axis=1).astype(np.float64)
     box = np.stack([np.zeros(n), np.zeros(n), W.astype(np.float64), H.astype(np.float64)], axis=1)
     flip = np.zeros(n, dtype=bool)
 
@@ -113,6 +115,9 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             flip ^= uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
         else:
             raise TypeError(f"{type(op).__name__} is not a geometric op")
+    # Boxes with fractions of a pixel reach the decoders as they are: a rounding error in the
+    # mapping must not put an edge past the image, which a decoder refuses.
+    np.clip(box, 0.0, source, out=box)
     return Geometry(box, flip, np.stack([W, H], axis=1))
 
 

@@ -497,6 +497,23 @@ def test_only_image_formats_reach_pillow(config, tmp_path, monkeypatch):
     assert not calls.exists(), calls.read_text()
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_a_webp_this_pillow_cannot_read_says_so(config, tmp_path):
+    """Pillow built without libwebp (a Pillow-SIMD built where its headers were missing) reports
+    a WebP as no format at all; the error names the missing codec instead."""
+    from PIL import features
+
+    if features.check("webp"):
+        pytest.skip("this Pillow reads WebP")
+    webp = b"RIFF" + (30).to_bytes(4, "little") + b"WEBPVP8 " + bytes(22)
+    pairs = write(tmp_path / "files", {"plain.jpg": PLAIN, "photo.webp": webp})
+    loader = make(config, pairs, tmp_path, batch_size=2, on_error="skip")
+    assert sorted(images_by_label(loader)) == [0]
+    (error,) = loader.stats["errors"]
+    assert error["cause"] == "a WebP image, but this Pillow was built without WebP support (libwebp)", error
+    assert named(config, error["path"], pairs, 1), error
+
+
 _FALLBACK_SCRIPT = """
 import json, sys
 import fastdata

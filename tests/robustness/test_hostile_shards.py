@@ -495,6 +495,8 @@ def test_file_list_paths_checked(folder):
             file_list([(path, 0), (bad, 1)])
     samples = file_list([(path, 0), (os.fsencode(path), 1), (Path(path), 2)])
     assert samples.paths == [path] * 3 and samples.labels.tolist() == [0, 1, 2]
+    loader = fastdata.loader([(os.fsencode(path), 3), (path, 4)], batch_size=2, transform=TRANSFORM)
+    assert loader.samples.paths == [path] * 2 and next(iter(loader))[1].tolist() == [3, 4]
 
 
 def _with_checksum(h: bytearray) -> bytes:

@@ -125,7 +125,7 @@ def native(datas, crops, flips, out_hw, threads=1):
     """decode_crop_resize into a fresh NCHW batch; returns (errors, NHWC numpy)."""
     out = torch.zeros(len(datas), 3, *out_hw, dtype=torch.uint8)
     errors = _codec.decode_crop_resize(
-        datas, np.asarray(crops, np.int32).reshape(-1, 4), np.asarray(flips, bool), out, threads
+        datas, np.asarray(crops, np.float64).reshape(-1, 4), np.asarray(flips, bool), out, threads
     )
     return errors, out.permute(0, 2, 3, 1).numpy()
 
@@ -216,6 +216,9 @@ def test_full_resolution_matches_pillow(images, name):
         ((W - 37, H - 21, 37, 21), (64, 96)),  # bottom-right corner
         ((W // 2, H // 3, 3, 2), (50, 70)),  # tiny window, enlarged 20x
         ((1, 1, W - 2, H - 2), (H // 2 + 1, W // 2 + 1)),  # just under 2x: no DCT scaling
+        # fractions of a pixel, as a resize before a crop maps the crop into the image
+        ((W * 0.1 + 0.31, H * 0.2 + 0.62, W * 0.55 - 0.07, H * 0.6 - 0.93), (57, 61)),
+        ((0.5, 0.25, W - 1.0, H - 0.75), (H // 2 + 3, W // 2 + 3)),
     ]
     for crop in random_crops(rng, (W, H), 10):
         cases.append((crop, [(224, 224), (64, 64), (96, 128)][len(cases) % 3]))
@@ -437,7 +440,7 @@ def test_whole_0_stops_at_the_windows_last_row(images):
 
 def test_crop_outside_the_image(images):
     data = images["500x375_q90_420"][0]
-    for crop in ((100, 100, 401, 10), (-1, 0, 10, 10), (0, 370, 10, 6), (5, 5, 0, 10)):
+    for crop in ((100, 100, 401, 10), (-1, 0, 10, 10), (0, 370, 10, 6), (5, 5, 0, 10), (0, 0, 500.5, 10)):
         errors, _ = native([data], [crop], [False], (16, 16))
         x, y, w, h = crop
         assert errors == [f"crop ({x}, {y}, {w}, {h}) outside the 500x375 image"]
@@ -461,6 +464,11 @@ def test_argument_checks(images):
         _codec.decode_crop_resize([data], crop, flip, torch.zeros(1, 8, 8, 3, dtype=torch.uint8))
     with pytest.raises(TypeError, match="bytes-like"):
         _codec.decode_crop_resize([123], crop, flip, out)
+    for bad in (np.nan, np.inf, 2.0 ** 31):
+        with pytest.raises(ValueError, match="crops should be finite and fit in int32"):
+            _codec.decode_crop_resize([data], np.array([[0, 0, bad, 10]]), flip, out)
+    with pytest.raises(TypeError, match="crops should be an int or float array, but got dtype complex128"):
+        _codec.decode_crop_resize([data], crop.astype(complex), flip, out)
     assert _codec.decode_crop_resize([], np.zeros((0, 4), np.int32), np.zeros(0, bool),
                                       torch.zeros(0, 3, 8, 8, dtype=torch.uint8)) == []
 
