@@ -66,8 +66,9 @@ struct OutView {
 // For every i: decodes the window crops[4*i .. 4*i+3] = (x, y, w, h), in the original image's
 // pixels (fractions of one allowed), of srcs[i] as RGB, resizes it to out.height x out.width as
 // Pillow's bilinear resize with that box does, mirrors it left-right where flips[i] is nonzero,
-// and writes it to out[i]. errors[i] is "" for a sample that decoded, else the reason (out[i] is then left untouched):
-// corrupt or truncated data, CMYK, a crop outside the image. Never throws, never prints.
+// and writes it to out[i]. errors[i] is "" for a sample that decoded, else the reason (out[i] is
+// then left untouched): corrupt or truncated data, CMYK, a crop outside the image. Never throws,
+// never prints.
 // Where whole is null or whole[i] is nonzero, a baseline JPEG's rows below the window are
 // entropy-decoded too, so that corrupt data anywhere in the file is an error whatever the crop;
 // where whole[i] is 0 the decode stops at the window's last row (for a file the caller has seen
