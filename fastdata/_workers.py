@@ -256,9 +256,11 @@ def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
     dropped shut its workers down as it went."""
     if persistent:
         return lambda: None
-    ref = weakref.ref(it)
+    ref, pid = weakref.ref(it), os.getpid()
 
     def end() -> None:
+        if os.getpid() != pid:  # a forked child collecting the pass it inherited: not its workers
+            return
         live = ref()
         if live is not None:
             iterator_shutdown(live)

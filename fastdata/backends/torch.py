@@ -15,7 +15,7 @@ import time
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from .._collate import RingCollate, Timed
 from .._torch_internals import auto_collation, profiler_enabled, share_length_warning
@@ -24,7 +24,7 @@ from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pa
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
 from .._loader import Loader, check_position, resolve_workers
-from .torch_iter import Fetches, Pass, Raised, Resumable, batch_len, fetches, raised_by_dataset
+from .torch_iter import Fetches, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset, stage_seconds
 
 DATALOADER_KEYWORDS = tuple(
     name for name in inspect.signature(DataLoader.__init__).parameters if name not in ("self", "dataset")
@@ -62,33 +62,50 @@ class TorchLoader(DataLoader, Loader):
         DataLoader.__init__(self, **call)
         self.device = None if device is None else torch.device(device)
         self._iterable = isinstance(dataset, IterableDataset)
-
-        own = {k: v for k, v in call.items() if k not in _INDEX_KEYWORDS and k not in ("dataset", "collate_fn")}
-        # The working DataLoader always has a time limit (see fastdata._workers); the user's
-        # timeout and start method stay what they asked for.
-        if self.num_workers > 0:
-            own["timeout"] = stall_limit(self.timeout)
-        collate_fn = call.get("collate_fn")
-        if collate_fn is None and auto_collation(self):
-            pin = bool(self.pin_memory) and torch.accelerator.is_available()
-            collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
+        if call.get("collate_fn") is None and auto_collation(self):
             self.collate_fn = native_collate
-        self._index: Resumable | None = None
-        if self._iterable:
-            self._loader = DataLoader(dataset, batch_size=self.batch_size, drop_last=self.drop_last,
-                                      collate_fn=collate_fn, **own)
-        elif auto_collation(self):
-            self._index = Resumable(self.batch_sampler, self.generator)
-            self._loader = DataLoader(self._fetched_from(dataset), batch_sampler=self._index, collate_fn=collate_fn,
-                                      **own)
-        else:
-            self._index = Resumable(self.sampler, self.generator)
-            self._loader = DataLoader(dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn, **own)
+        self._build()
         self._epoch: int | None = None
         self._resume: dict[str, Any] | None = None
         self._epoch_rng: torch.Tensor | None = None
         self._delivered = 0
         self._in_epoch = False
+
+    def _build(self) -> None:
+        """The working DataLoader, from this loader's attributes as they stand: those a script may
+        set after construction (`_settings`), which torch's reads at each iter(), included."""
+        workers = self.num_workers
+        own = {k: getattr(self, k) for k in DATALOADER_KEYWORDS if k not in (*_INDEX_KEYWORDS, "collate_fn")}
+        # The working DataLoader always has a time limit (see fastdata._workers); the user's
+        # timeout and start method stay what they asked for.
+        own.update(timeout=stall_limit(self.timeout) if workers else self.timeout, prefetch_factor=None,
+                   persistent_workers=False, multiprocessing_context=None)
+        if workers:
+            own.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers)
+        collate_fn = self.collate_fn
+        if collate_fn is native_collate:
+            pin = bool(self.pin_memory) and torch.accelerator.is_available()
+            collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
+        self._index: Resumable | None = None
+        if self._iterable:
+            self._loader = DataLoader(self.dataset, batch_size=self.batch_size, drop_last=self.drop_last,
+                                      collate_fn=collate_fn, **own)
+        elif auto_collation(self):
+            self._index = Resumable(self.batch_sampler, self.generator)
+            self._loader = DataLoader(self._fetched_from(self.dataset), batch_sampler=self._index,
+                                      collate_fn=collate_fn, **own)
+        else:
+            self._index = Resumable(self.sampler, self.generator)
+            self._loader = DataLoader(self.dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn,
+                                      **own)
+        self._built = self._settings()
+
+    def _settings(self) -> tuple:
+        """What the working DataLoader is built from that a script may set after construction
+        (torch refuses batch_size, sampler, drop_last, ...; worker_init_fn and the start method
+        are taken at each iter())."""
+        return (self.num_workers, self.collate_fn, self.pin_memory, self.timeout, self.generator,
+                self.prefetch_factor, self.pin_memory_device, self.in_order)
 
     def _fetched_from(self, dataset: Any) -> Any:
         """The dataset the working DataLoader fetches batches from: `dataset` (a subclass may
@@ -104,6 +121,12 @@ class TorchLoader(DataLoader, Loader):
         # first next(), so the RNG is consumed in the same order as with DataLoader.
         self._supersede()
         self._stop()  # the previous iterator's workers are shut down before new ones start
+        if self._settings() != self._built:  # a setting changed since the working loader was built
+            timing = getattr(self._ring_collate(), "timing", None)
+            shutdown_workers(self._loader)
+            self._build()
+            if timing is not None:
+                self.set_stage_timing(True)
         resume, self._resume = self._resume, None
         skip = 0
         if resume is not None:
@@ -151,7 +174,8 @@ class TorchLoader(DataLoader, Loader):
         workers = self.num_workers
         twin = functools.partial(  # a DataLoader of this loader's dataset and arguments, with workers of its own
             type(self._loader), self.dataset, num_workers=workers, collate_fn=self.collate_fn,
-            pin_memory=self.pin_memory, timeout=self._loader.timeout, worker_init_fn=WorkerStart(self.worker_init_fn),
+            pin_memory=self.pin_memory, timeout=self.timeout or self._loader.timeout,
+            worker_init_fn=WorkerStart(self.worker_init_fn),
             multiprocessing_context=start_method(self.multiprocessing_context) if workers else None,
             generator=self.generator, prefetch_factor=self.prefetch_factor, in_order=self.in_order)
         rng = self._rng
@@ -263,6 +287,9 @@ class TorchLoader(DataLoader, Loader):
                 raise
             if self._loader.persistent_workers:
                 shutdown_workers(self._loader)  # killed or dead: they cannot serve the next pass
+            # As after torch's timeout, a next() goes on: with the batch that did not come, from
+            # workers of its own (the rest of the pass: see Loader._supersede).
+            self._supersede()
             raise error from None
         finally:
             dog.close()
@@ -306,38 +333,11 @@ class TorchLoader(DataLoader, Loader):
         return (self.num_workers or 1) * (self._loader.prefetch_factor or 2) + 1
 
     def stage_seconds(self) -> dict[str, Any]:
-        """The stage seconds so far, each process's "read" and "dataset" scaled up to all its
-        batches: its first batch has no time since a previous one to count (see RingCollate)."""
-        summed = self.stats.get("stages", {})
-        names = ("read", "dataset", "collate", "images")
-        out: dict[str, Any] = {k: v for k, v in summed.items() if not k.startswith("worker ") and k not in
-                               (*names, "batches", "fetched")}
-        if not any(k.startswith("worker ") for k in summed):
-            return out
-        out.update(dict.fromkeys(names, 0))
-        for key, own in summed.items():
-            if not key.startswith("worker "):
-                continue
-            fetched = own.get("fetched", 0)
-            scale = own["batches"] / fetched if fetched else 0.0
-            mine = {"read": own.get("read", 0.0) * scale, "dataset": own.get("dataset", 0.0) * scale,
-                    "collate": own["collate"], "images": own["images"]}
-            out[key] = mine
-            for name in names:
-                out[name] += mine[name]
-        return out
+        return stage_seconds(self.stats.get("stages", {}))
 
     def _batch_sizes(self):
-        """How many samples a delivered batch holds: from the batch sampler's arithmetic when it
-        is torch's BatchSampler (no look into the batch: this runs every batch), else from the
-        batch itself."""
-        if not auto_collation(self):
-            return lambda batch, k: 1
-        bs = self.batch_sampler
-        if not self._iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):
-            n, size, drop = len(bs.sampler), bs.batch_size, bs.drop_last
-            return (lambda batch, k: size) if drop else (lambda batch, k: min(size, n - k * size))
-        return lambda batch, k: batch_len(batch)
+        """How many samples a delivered batch holds (`torch_iter.batch_sizes`)."""
+        return batch_sizes(self.batch_sampler if auto_collation(self) else None, self._iterable)
 
     def set_epoch(self, epoch: int) -> None:
         """Records the epoch and passes it to the sampler when it has `set_epoch` (as

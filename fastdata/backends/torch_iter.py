@@ -8,6 +8,7 @@ import itertools
 from typing import Any, Iterator
 
 import torch
+from torch.utils.data import BatchSampler
 
 from .._loader import Pass as LoaderPass
 from .._torch_internals import single_process_fetch
@@ -159,3 +160,40 @@ def batch_len(batch: Any) -> int:
             return batch_len(first)
         return len(batch)
     return 1
+
+
+def batch_sizes(batch_sampler: Any, iterable: bool):
+    """How many samples a delivered batch holds, as f(batch, k) for the k-th batch of a pass:
+    from the batch sampler's arithmetic when it is torch's BatchSampler (no look into the batch:
+    this runs every batch), else from the batch itself; 1 without a batch sampler (samples one by
+    one)."""
+    if batch_sampler is None:
+        return lambda batch, k: 1
+    bs = batch_sampler
+    if not iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):
+        n, size, drop = len(bs.sampler), bs.batch_size, bs.drop_last
+        return (lambda batch, k: size) if drop else (lambda batch, k: min(size, n - k * size))
+    return lambda batch, k: batch_len(batch)
+
+
+def stage_seconds(summed: dict[str, Any]) -> dict[str, Any]:
+    """A drop-in loader's stage seconds from its summed stats["stages"], each worker's "read" and
+    "dataset" scaled up to all its batches: its first batch has no time since a previous one to
+    count (see RingCollate)."""
+    names = ("read", "dataset", "collate", "images")
+    out: dict[str, Any] = {k: v for k, v in summed.items() if not k.startswith("worker ") and k not in
+                           (*names, "batches", "fetched")}
+    if not any(k.startswith("worker ") for k in summed):
+        return out
+    out.update(dict.fromkeys(names, 0))
+    for key, own in summed.items():
+        if not key.startswith("worker "):
+            continue
+        fetched = own.get("fetched", 0)
+        scale = own["batches"] / fetched if fetched else 0.0
+        mine = {"read": own.get("read", 0.0) * scale, "dataset": own.get("dataset", 0.0) * scale,
+                "collate": own["collate"], "images": own["images"]}
+        out[key] = mine
+        for name in names:
+            out[name] += mine[name]
+    return out

@@ -10,7 +10,8 @@ not set) and, with `FASTDATA_RUN_PROFILE` set, its measurements (`fastdata.run._
 
 num_workers: where the script left the default (0), a served loader gets "auto" only where that
 cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
-sample a function of the seed, the epoch and its index, in whatever process), torch's default
+sample a function of the seed, the epoch and its index, in whatever process) without a
+target_transform (the script's code, which may count or cache what it sees), torch's default
 samplers (whose draws do not depend on the worker count), workers started by fork (spawn would
 run the script's main module again), and none of the keywords that mean something else with
 workers (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers); and
@@ -140,12 +141,6 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         if workers is not None:
             kwargs["num_workers"] = workers
         TorchLoader.__init__(self, dataset, *args, **kwargs)
-        self._loader.__class__ = _Working  # torch's DataLoader with no state of its own added: see _Working
-        if not self.timeout:
-            self._loader.timeout = 0  # the script's timeout=0, as torch's: a wait as long as it takes
-        self._fastdata_finish = None if lowering is None else Finish(
-            lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
-            forks=self.num_workers > 0)
         timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
         if timing is not None:
             self.set_stage_timing(True)
@@ -156,6 +151,16 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         seq = _record(self, self.dataset, "served", reason, type(self))
         if copy is not None and seq is not None:
             _copying.append((seq, copy))
+
+    def _build(self) -> None:
+        TorchLoader._build(self)
+        self._loader.__class__ = _Working  # torch's DataLoader with no state of its own added: see _Working
+        if not self.timeout:
+            self._loader.timeout = 0  # the script's timeout=0, as torch's: a wait as long as it takes
+        lowering = self._fastdata_lowering
+        self._fastdata_finish = None if lowering is None else Finish(
+            lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
+            forks=self.num_workers > 0)
 
     def _fetched_from(self, dataset: Any) -> Any:
         lowering = getattr(self, "_fastdata_lowering", None)
@@ -291,6 +296,8 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
     if given:
         return False, f"{given[0]} is set, which means something else with workers"
+    if getattr(call.get("dataset"), "target_transform", None) is not None:
+        return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
     method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
     if method != "fork":
         return False, "workers would start by spawn, which runs the script's main module again"

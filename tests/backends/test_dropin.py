@@ -292,6 +292,89 @@ def test_worker_init_fn_and_worker_seeding_same_as_dataloader(h):
     assert noise.unique().numel() > 30, "the noise should vary"
 
 
+class WhereDS(Dataset):
+    """Samples that say where they were made (-1: this process, else the worker's id) and what
+    this process's torch RNG gave (with workers, the worker's, seeded from the base seed)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return i, -1 if info is None else info.id, torch.randint(0, 1 << 30, ()).item()
+
+
+def tagged_collate(samples):
+    return ("tagged", [s[0] for s in samples])
+
+
+SETTINGS = {  # attribute -> (the value at construction, the value assigned after an epoch)
+    # (torch's own iterator needs a prefetch_factor with workers, which a loader made without
+    # them has not: TypeError)
+    "num_workers (0 to 2)": ("num_workers", 0, 2, {"prefetch_factor": 2}),
+    "num_workers (2 to 0)": ("num_workers", 2, 0, {}),
+    "collate_fn": ("collate_fn", None, tagged_collate, {}),
+    "generator": ("generator", None, "new", {}),
+    "timeout": ("timeout", 0, 30.0, {}),
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_setting_assigned_after_construction_counts_from_the_next_iter_as_torchs(setting, h):
+    """torch's DataLoader reads num_workers, collate_fn, generator, timeout, ... at each iter(),
+    so a script may assign them after construction; the drop-in loader's batches follow them
+    too (where each sample was made, the order, the RNG draws, the collation)."""
+    name, before, after, also = SETTINGS[setting]
+    runs = []
+    for make in (DataLoader, fastdata.loader):
+        torch.manual_seed(5)
+        kw = {} if before is None else {name: before}
+        workers = kw.get("num_workers", 2 if name == "timeout" else 0)
+        loader = make(WhereDS(), batch_size=4, shuffle=True, **{"num_workers": workers, **kw})
+        epochs = [h.collect(loader)]
+        setattr(loader, name, gen(3) if after == "new" else after)
+        for key, value in also.items():
+            setattr(loader, key, value)
+        epochs += [h.collect(loader), h.collect(loader)]
+        runs.append((epochs, torch.rand(2)))
+    (want, want_rng), (got, got_rng) = runs
+    for g, w in zip(got, want):
+        h.assert_same_stream(g, w)
+    assert torch.equal(got_rng, want_rng)
+    if name == "num_workers":  # the samples were made where torch made them
+        assert {int(x) for b in got[1] for x in b[1]} == ({-1} if after == 0 else {0, 1})
+    if name == "collate_fn":
+        assert got[1][0][0] == "tagged"
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_dropping_a_pass_leaves_its_workers_alone():
+    """A process forked while a pass with workers is under way (a worker of another loader, a
+    subprocess the script forks) holds a copy of the pass; dropping that copy there does not
+    shut down the parent's workers, and says nothing."""
+    import contextlib
+    import io
+
+    loader = fastdata.loader(TupleDS(40), batch_size=4, num_workers=2)
+    it = iter(loader)
+    first = next(it)
+    pid = os.fork()
+    if pid == 0:  # the child: drop its copy of the pass, then report what that printed
+        code = 3
+        try:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                del it
+                gc.collect()
+            code = 1 if err.getvalue() else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    rest = [labels for _, labels in it]
+    assert torch.cat([first[1], *rest]).tolist() == list(range(40))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_len_same_as_dataloader(case):
     ref, fast = make_pair(case)

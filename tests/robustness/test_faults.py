@@ -148,6 +148,44 @@ def test_stopped_worker_times_out_within_its_timeout_and_is_not_left_behind(fold
     del it, loader
 
 
+class SleepsAt(torch.utils.data.Dataset):
+    """Eight samples, each its index; sample `at` takes `seconds` to make."""
+
+    def __init__(self, at: int, seconds: float) -> None:
+        self.at, self.seconds = at, seconds
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.at:
+            time.sleep(self.seconds)
+        return i
+
+
+@pytest.mark.timeout(120)
+def test_a_next_after_a_timeout_goes_on_with_the_batch_that_did_not_come(clean):
+    """torch's iterator survives its timeout: a script that catches it and asks again gets the
+    late batch once it comes, then the rest of the epoch. The drop-in's pass (its workers
+    killed at the timeout) goes on the same way, from that batch, with workers of its own."""
+    def run(make):
+        it = iter(make(SleepsAt(2, 3.0), batch_size=2, num_workers=1, timeout=1))
+        got, errors = [next(it).tolist()], 0
+        while True:
+            try:
+                got.append(next(it).tolist())
+            except RuntimeError as e:
+                assert str(e).startswith("DataLoader timed out after 1 seconds"), e
+                errors += 1
+                assert errors < 10
+            except StopIteration:
+                return got, errors
+
+    want, _ = run(torch.utils.data.DataLoader)
+    got, errors = run(fastdata.loader)
+    assert got == want == [[0, 1], [2, 3], [4, 5], [6, 7]] and errors >= 1
+
+
 @pytest.mark.parametrize("kind", ["dropin", "image"])
 def test_persistent_workers_after_a_stall_are_replaced(folder, kind, clean):
     """Persistent workers killed for a stall cannot serve another pass: the next iter() starts

@@ -613,6 +613,27 @@ def test_auto_workers_only_where_dev_shm_has_room(tmp_path, monkeypatch, free, w
         assert "num_workers=0 kept: /dev/shm has 64 MB free, and" in reason and "workers' batches would take" in reason
 
 
+def test_a_target_transform_keeps_the_scripts_zero_workers(tmp_path, monkeypatch):
+    """A natively served folder with a target_transform keeps num_workers=0: the script's code
+    may keep state (a count of the labels it saw), which in workers would stay there."""
+    import multiprocessing
+
+    from fastdata.transforms import ops as fd
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+        pytest.skip("workers are added only where they start by fork")
+    hook = _hook()
+    _lowered(monkeypatch, (fd.Resize((8, 8)),))
+    ds = Folder(tmp_path)
+    served, _, got, _ = hook.decide((ds,), {"batch_size": 2})
+    assert served and got == "auto"  # without one: workers
+    ds.target_transform = lambda target: target
+    served, reason, got, _ = hook.decide((ds,), {"batch_size": 2})
+    assert served and got is None and "num_workers=0 kept: a target_transform of the script's" in reason, reason
+    loader = hook.DataLoader(ds, batch_size=2)
+    assert loader.num_workers == 0 and sorted(t for _, labels in loader for t in labels.tolist()) == sorted(ds.targets)
+
+
 def test_dev_shm_room_is_shared_and_sized_by_the_images(tmp_path, monkeypatch):
     """Two folders that each fit in /dev/shm alone but not together: the second keeps its 0 (a
     loader made anew over the first counts the first's share once). The images' size comes from
