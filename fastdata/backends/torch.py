@@ -287,9 +287,8 @@ class TorchLoader(DataLoader, Loader):
                 raise
             if self._loader.persistent_workers:
                 shutdown_workers(self._loader)  # killed or dead: they cannot serve the next pass
-            # As after torch's timeout, a next() goes on: with the batch that did not come, from
-            # workers of its own (the rest of the pass: see Loader._supersede).
-            self._supersede()
+            if str(error).startswith("DataLoader timed out"):  # a next() goes on, as after torch's
+                self._supersede()  # from the batch that did not come, with workers of its own
             raise error from None
         finally:
             dog.close()
