@@ -283,12 +283,13 @@ class TorchLoader(DataLoader, Loader):
             self._in_epoch = False
         except Exception as e:  # a killed worker's read may fail with any error on the way
             error = dog.error(e)
+            # A next() goes on, as torch's iterator goes on after its timeout or a dead worker:
+            if str(error or e).startswith(("DataLoader timed out", "DataLoader worker")):
+                self._supersede()  # from the batch that did not come, with workers of its own
             if error is None:
                 raise
             if self._loader.persistent_workers:
                 shutdown_workers(self._loader)  # killed or dead: they cannot serve the next pass
-            if str(error).startswith("DataLoader timed out"):  # a next() goes on, as after torch's
-                self._supersede()  # from the batch that did not come, with workers of its own
             raise error from None
         finally:
             dog.close()

@@ -126,6 +126,28 @@ def test_worker_killed_mid_epoch_is_an_error_at_once(folder, kind, clean):
     del it, loader
 
 
+@pytest.mark.timeout(120)
+def test_a_next_after_a_dead_worker_goes_on_with_the_rest_of_the_epoch(clean):
+    """torch's iterator goes on after its "exited unexpectedly" error (without the batches the
+    dead worker held); the drop-in's pass goes on from the first batch it did not hand out,
+    with workers of its own: one error, then every sample of the epoch once."""
+    before = _children()
+    it = iter(fastdata.loader(Slow(), batch_size=4, num_workers=2))
+    got = [next(it)]
+    os.kill(min(_children() - before), signal.SIGKILL)
+    errors = 0
+    while errors < 3:
+        try:
+            got.append(next(it))
+        except RuntimeError as e:
+            assert "exited unexpectedly" in str(e) or "killed by signal" in str(e), e
+            errors += 1
+        except StopIteration:
+            break
+    assert errors == 1 and sorted(torch.cat([b[:, 0] for b in got]).tolist()) == list(range(64))
+    del it
+
+
 @pytest.mark.parametrize("kind", ["dropin", "image"])
 def test_stopped_worker_times_out_within_its_timeout_and_is_not_left_behind(folder, kind, clean):
     before = _children()
