@@ -167,9 +167,9 @@ def batch_sizes(batch_sampler: Any, iterable: bool):
     from the batch sampler's arithmetic when it is torch's BatchSampler (no look into the batch:
     this runs every batch), else from the batch itself; 1 without a batch sampler (samples one by
     one)."""
-    if batch_sampler is None:
-        return lambda batch, k: 1
     bs = batch_sampler
+    if bs is None:
+        return lambda batch, k: 1
     if not iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):
         n, size, drop = len(bs.sampler), bs.batch_size, bs.drop_last
         return (lambda batch, k: size) if drop else (lambda batch, k: min(size, n - k * size))

@@ -138,13 +138,13 @@ class ShardReader:
             return self._current[1].result()
         future: Future | None = pending.pop(key, None)
         first: Future | None = None
+        lo, hi = self.order.block_range(*key)
         if future is None:
             # Nothing read ahead (a pass's start, a resume). From files, the batch's own samples
             # are read first, into their places in the block's buffer, and decoded while the
             # thread reads the rest of the block around them, so the first batch waits for a
             # quarter of a block, not all of it. Files only: that is a read per sample, a
             # request each over HTTP, and a pipe would be read twice.
-            lo, hi = self.order.block_range(*key)
             rows = slice(row, row + self.order.batch_size) if self._files and hi - lo > self.order.batch_size else None
             first, future = self._submit(key, rows)
         following = self._following(epoch, lane, block)
@@ -153,7 +153,6 @@ class ShardReader:
         # The next block is read from the block's second batch on, not beside its first: that
         # batch's decode (the whole of a fresh pass's first batch) would share the cores with
         # two block reads. A block of one batch reads ahead at once.
-        lo, hi = self.order.block_range(epoch, lane, block)
         if row + self.order.batch_size >= hi - lo:
             self._read_ahead(epoch, lane, block)
         self._current = None  # its buffer may be refilled from here on
