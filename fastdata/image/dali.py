@@ -42,6 +42,7 @@ from .._pillow import open_image
 from .._torch_internals import dali_shutdown
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line, one_line, skippable
+from ..transforms import CenterCrop
 from ..transforms import dali as lowering
 from .decode import BatchDecoder
 from .order import Passes
@@ -114,6 +115,8 @@ class DaliDecoders:
         self._dummy = np.frombuffer(_placeholder(), np.uint8)
         self._fed = [0.0, 0.0]  # with stage timing: the feed's wall and CPU seconds so far
         self._drained = 0
+        # A CenterCrop may pad: each box then goes to its place in a canvas of zeros.
+        self._pads = any(isinstance(op, CenterCrop) for op in decoder.geometry)
 
     @property
     def num_workers(self) -> int:
@@ -175,17 +178,18 @@ class DaliDecoders:
         # The graph's function closes over these values, not over self: DALI keeps the
         # function in reference cycles of its own, which would keep the decoders alive with them.
         feed = self._source = _Feed(self)
-        no_copy, load = not self.copy_inputs, self.hw_decoder_load
+        no_copy, load, pads = not self.copy_inputs, self.hw_decoder_load, self._pads
 
         @pipeline_def(batch_size=self.batch_size, num_threads=self.threads, device_id=device_id, seed=self.seed,
                       prefetch_queue_depth=self.depth)
         def pipeline():
             # Fed without a copy where the inputs outlive the batch (they wait in _meta until
             # their batch is out).
-            datas, starts, shapes, sizes, flips = fn.external_source(
-                source=feed, num_outputs=5, batch=True, cycle="raise", no_copy=no_copy)
+            datas, starts, shapes, sizes, flips, *place = fn.external_source(
+                source=feed, num_outputs=7 if pads else 5, batch=True, cycle="raise", no_copy=no_copy)
             images = lowering.decode_window(datas, starts, shapes, gpu=gpu, hw_decoder_load=load)
-            return lowering.flip(lowering.resize(images, sizes), flips)
+            images = lowering.flip(lowering.resize(images, sizes), flips)
+            return lowering.place(images, *place) if pads else images
 
         pipe = pipeline()
         pipe.build()
@@ -221,6 +225,14 @@ class DaliDecoders:
                       starts + [np.zeros(2, np.float32)] * pad, shapes + [np.full(2, 8, np.float32)] * pad,
                       [np.array([h, w], np.float32)] * self.batch_size,
                       list(c.geo.flips.astype(np.int32)) + [np.zeros((), np.int32)] * pad)
+            if self._pads:  # each box resized to its place, then set there in zeros (its output size)
+                places = c.geo.placements().astype(np.float32)
+                # A place of no pixels: a pixel set outside the output, which is then all zeros.
+                places[(places[:, 2] == 0) | (places[:, 3] == 0)] = (w, h, 1, 1)
+                inputs = inputs[:3] + ([np.array([ph, pw], np.float32) for pw, ph in places[:, 2:]]
+                                       + [np.array([h, w], np.float32)] * pad, inputs[4],
+                                       list(-places[:, :2]) + [np.zeros(2, np.float32)] * pad,
+                                       [np.array([w, h], np.float32)] * self.batch_size)
             if timing:  # the read and the header checks, in this thread: the stage "read"
                 self._fed[0] += time.perf_counter() - wall
                 self._fed[1] += time.thread_time() - cpu

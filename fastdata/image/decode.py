@@ -331,6 +331,28 @@ class BatchDecoder:
         return failed
 
     def _decode_into(self, target, ids, datas, jpeg, geo, paths, errors, native) -> set[int]:
+        padded = np.flatnonzero(geo.padded())
+        if not len(padded):
+            return self._decode_boxes(target, ids, datas, jpeg, geo, paths, errors, native)
+        # A CenterCrop padded these: each box goes to its place in a zeroed output, one at a time
+        # (places differ with the image's size). One with no place left (a crop of padding
+        # only) is decoded to a pixel aside, so that a corrupt file fails as on any other crop.
+        rest = np.setdiff1d(np.arange(len(datas)), padded)
+        failed: set[int] = set()
+        if len(rest):
+            part = target[rest]  # (a copy, filled, then put back: rare)
+            bad = self._decode_boxes(part, ids[rest], [datas[k] for k in rest], jpeg[rest], geo.take(rest),
+                                     [paths[k] for k in rest], errors, native)
+            target[rest] = part
+            failed = {int(rest[k]) for k in bad}
+        for k, (x, y, w, h) in zip(padded.tolist(), geo.placements()[padded].tolist()):
+            target[k].zero_()
+            into = target[k:k + 1, y:y + h, x:x + w] if w and h else torch.empty((1, 1, 1, 3), dtype=torch.uint8)
+            if self._decode_boxes(into, ids[[k]], [datas[k]], jpeg[[k]], geo.take([k]), [paths[k]], errors, native):
+                failed.add(k)
+        return failed
+
+    def _decode_boxes(self, target, ids, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
         # The native decoder's filter is the bilinear one; other filters are Pillow's. It takes

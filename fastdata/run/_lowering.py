@@ -165,10 +165,15 @@ def lower_transform(transform: Any) -> Lowering:
     # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
     fixed: tuple[int, int] | None = None
     short_side: int | None = None
+    padding: str | None = None  # a CenterCrop that may pad a smaller image (then no resize may follow)
     to_tensor = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor))  # v2's (deprecated): the same conversion
     pure = getattr(v2, "ToPureTensor", None)  # torchvision 0.16 on
 
     def check_geometry(op: Any) -> None:
+        if padding and not isinstance(op, (T.CenterCrop, v2.CenterCrop, T.RandomHorizontalFlip,
+                                           v2.RandomHorizontalFlip)):
+            raise Unlowerable(f"{type(op).__name__} after {padding} on images of sizes not known to fit it: "
+                              "torchvision blends the padding's edge into the resize")
         if pixel:
             raise Unlowerable(f"{type(op).__name__} after {type(pixel[-1]).__name__}: fastdata's decoder applies the "
                               "geometry first")
@@ -198,12 +203,10 @@ def lower_transform(transform: Any) -> Lowering:
             elif cls in (T.CenterCrop, v2.CenterCrop):
                 check_geometry(op)
                 h, w = _size(op.size, pair=True)
-                # torchvision pads an image smaller than the crop; fastdata crops only within it.
+                # torchvision pads an image smaller than the crop with zeros, as fastdata's decoders do
                 fits = (fixed is not None and h <= fixed[0] and w <= fixed[1]) or (
                     short_side is not None and max(h, w) <= short_side)
-                if not fits:
-                    raise Unlowerable(f"{kind} on images of sizes not known to fit it (torchvision pads a smaller "
-                                      "image): lowered only after a Resize or RandomResizedCrop to at least its size")
+                padding = padding or (None if fits else kind)
                 geometry.append(fd.CenterCrop((h, w)))
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):

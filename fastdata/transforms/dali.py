@@ -56,6 +56,15 @@ def resize(images: Any, size: Any) -> Any:
     return fn.resize(images, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
 
 
+def place(images: Any, anchors: Any, canvas: Any) -> Any:
+    """Each image at its place in a canvas of zeros (a CenterCrop larger than the image pads
+    it): `anchors` the negated (x, y) of its top-left corner, `canvas` the (w, h)."""
+    from nvidia.dali import fn
+
+    return fn.slice(images, anchors, canvas, normalized_anchor=False, normalized_shape=False,
+                    out_of_bounds_policy="pad", fill_values=0)
+
+
 def flip(images: Any, flips: Any) -> Any:
     """Mirrors the samples whose flag is 1."""
     from nvidia.dali import fn

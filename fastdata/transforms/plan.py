@@ -3,7 +3,9 @@
 RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip, in any order, fold into one
 box in the source image's coordinates, one output size and one flip per sample: the native
 decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
-output), and Pillow does it as one `resize(size, box=...)`. Vectorised over the batch. An op
+output), and Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image
+pads it with zeros, as torchvision's does: the box then lands on a part of the output (`inner`),
+and the rest is zeros. Vectorised over the batch. An op
 whose size follows a schedule (`schedule.py`) gives the epoch's size; its random draws do not
 depend on the size, so the crop boxes are those of a fixed-size pipeline.
 """
@@ -28,6 +30,23 @@ class Geometry:
     boxes: np.ndarray  # float64 [N, 4]: x0, y0, x1, y1 in source pixels
     flips: np.ndarray  # bool [N]
     sizes: np.ndarray  # int64 [N, 2]: output (w, h)
+    inner: np.ndarray  # float64 [N, 4]: x0, y0, x1, y1 in output pixels, where the box lands (zeros around it)
+
+    def placements(self) -> np.ndarray:
+        """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
+        each edge rounded to the nearest pixel (exact unless a resize follows a CenterCrop
+        that padded; w or h is 0 where the output is all padding)."""
+        r = np.rint(self.inner).astype(np.int64)
+        return np.stack([r[:, 0], r[:, 1], np.maximum(0, r[:, 2] - r[:, 0]), np.maximum(0, r[:, 3] - r[:, 1])], axis=1)
+
+    def take(self, rows) -> "Geometry":
+        """The geometry of the samples `rows` (indices), in their order."""
+        return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows])
+
+    def padded(self) -> np.ndarray:
+        """bool [N]: the samples whose box does not fill their output."""
+        p = self.placements()
+        return (p[:, 0] != 0) | (p[:, 1] != 0) | (p[:, 2] != self.sizes[:, 0]) | (p[:, 3] != self.sizes[:, 1])
 
     def windows(self) -> np.ndarray:
         """The crop boxes in whole pixels, as DALI's slicing decoders cut them (the native
@@ -84,41 +103,63 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     H = np.asarray(heights, dtype=np.int64).copy()
     source = np.stack([W, H, W, H], axis=1).astype(np.float64)
     box = np.stack([np.zeros(n), np.zeros(n), W.astype(np.float64), H.astype(np.float64)], axis=1)
+    inner = box.copy()  # where the box lies in the current image: all of it until a CenterCrop pads
     flip = np.zeros(n, dtype=bool)
 
     def crop(left, top, w, h):
-        # A crop in the current image's coordinates, mapped back to the source box (minding a
-        # flip already applied: the current image is the box mirrored).
-        sx = (box[:, 2] - box[:, 0]) / W
-        sy = (box[:, 3] - box[:, 1]) / H
-        left_src = np.where(flip, W - (left + w), left)
-        x0 = box[:, 0] + left_src * sx
-        y0 = box[:, 1] + top * sy
-        box[:, 0], box[:, 1] = x0, y0
-        box[:, 2], box[:, 3] = x0 + w * sx, y0 + h * sy
+        # A crop in the current image's coordinates, which may reach past it into padding: the
+        # box keeps the part of it the crop holds (minding a flip already applied: the current
+        # image shows the box mirrored), and `inner` is where that part lies in the crop.
+        a_x, b_x = np.maximum(inner[:, 0], left), np.minimum(inner[:, 2], left + w)
+        a_y, b_y = np.maximum(inner[:, 1], top), np.minimum(inner[:, 3], top + h)
+        empty = (b_x <= a_x) | (b_y <= a_y)
+        span_x = np.where(empty, 1.0, inner[:, 2] - inner[:, 0])
+        span_y = np.where(empty, 1.0, inner[:, 3] - inner[:, 1])
+        sx = (box[:, 2] - box[:, 0]) / span_x
+        sy = (box[:, 3] - box[:, 1]) / span_y
+        lo_x, hi_x = (a_x - inner[:, 0]) * sx, (b_x - inner[:, 0]) * sx
+        x0 = np.where(flip, box[:, 2] - hi_x, box[:, 0] + lo_x)
+        x1 = np.where(flip, box[:, 2] - lo_x, box[:, 0] + hi_x)
+        y0, y1 = box[:, 1] + (a_y - inner[:, 1]) * sy, box[:, 1] + (b_y - inner[:, 1]) * sy
+        box[:] = np.where(empty[:, None], box, np.stack([x0, y0, x1, y1], axis=1))
+        inner[:] = np.where(empty[:, None], 0.0, np.stack([a_x - left, a_y - top, b_x - left, b_y - top], axis=1))
+
+    def resize(new_w, new_h):  # (multiplied first: an inner edge at the image's stays exactly there)
+        inner[:, 0::2] = inner[:, 0::2] * new_w[:, None] / W[:, None]
+        inner[:, 1::2] = inner[:, 1::2] * new_h[:, None] / H[:, None]
 
     for stream, op in enumerate(ops):
         if isinstance(op, RandomResizedCrop):
             left, top, w, h = _rrc(op, uniforms(seed, epoch, indices, stream, 4 * _RRC_ATTEMPTS), W, H)
             crop(left, top, w, h)
+            W, H = w, h
             oh, ow = op.size_at(epoch)
-            H, W = np.full(n, oh, np.int64), np.full(n, ow, np.int64)
+            new_w, new_h = np.full(n, ow, np.int64), np.full(n, oh, np.int64)
+            resize(new_w, new_h)
+            W, H = new_w, new_h
         elif isinstance(op, Resize):
-            W, H = _resize_to(op.size_at(epoch), W, H)
+            new_w, new_h = _resize_to(op.size_at(epoch), W, H)
+            resize(new_w, new_h)
+            W, H = new_w, new_h
         elif isinstance(op, CenterCrop):
             ch, cw = op.size_at(epoch)
-            # torchvision rounds the offset; a crop larger than the image is clamped to it.
-            cw_, ch_ = np.minimum(cw, W), np.minimum(ch, H)
-            crop(np.rint((W - cw_) / 2.0).astype(np.int64), np.rint((H - ch_) / 2.0).astype(np.int64), cw_, ch_)
+            # torchvision's: a side shorter than the crop is padded, (cw - W) // 2 before it,
+            # then the crop's offset is rounded (half to even); a negative offset is the padding.
+            pad_x, pad_y = np.where(cw > W, (cw - W) // 2, 0), np.where(ch > H, (ch - H) // 2, 0)
+            left = np.rint((np.maximum(W, cw) - cw) / 2.0).astype(np.int64) - pad_x
+            top = np.rint((np.maximum(H, ch) - ch) / 2.0).astype(np.int64) - pad_y
+            crop(left, top, cw, ch)
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
         elif isinstance(op, RandomHorizontalFlip):
-            flip ^= uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
+            flipped = uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
+            inner[flipped, 0], inner[flipped, 2] = W[flipped] - inner[flipped, 2], W[flipped] - inner[flipped, 0]
+            flip ^= flipped
         else:
             raise TypeError(f"{type(op).__name__} is not a geometric op")
     # Boxes with fractions of a pixel reach the decoders as they are: a rounding error in the
     # mapping must not put an edge past the image, which a decoder refuses.
     np.clip(box, 0.0, source, out=box)
-    return Geometry(box, flip, np.stack([W, H], axis=1))
+    return Geometry(box, flip, np.stack([W, H], axis=1), inner)
 
 
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter

@@ -158,8 +158,8 @@ def _fallbacks(tv):
          "ColorJitter on a tensor image"),
         ("geometry after a pixel op", lambda r: (ImageFolder(r, T.Compose([T.ColorJitter(0.4), *train])), {}),
          "RandomResizedCrop after ColorJitter"),
-        ("a crop of images of unknown size", lambda r: (ImageFolder(r, T.Compose([T.CenterCrop(32), T.ToTensor()])), {}),
-         "torchvision pads a smaller image"),
+        ("a resize after a crop that may pad", lambda r: (ImageFolder(r, T.Compose([
+            T.CenterCrop(96), T.Resize(32), T.ToTensor()])), {}), "blends the padding's edge"),
         ("Resize with max_size", lambda r: (ImageFolder(r, T.Compose([T.Resize(32, max_size=40), T.ToTensor()])), {}),
          "max_size"),
         ("two interpolations", lambda r: (ImageFolder(r, T.Compose([
@@ -467,6 +467,30 @@ def test_images_of_different_sizes_raise_torchs_stack_error(tv, folder):
         next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
     assert type(served.value) is RuntimeError and str(served.value) == str(plain.value)
     assert str(plain.value).startswith("stack expects each tensor to be equal size")
+    loader._stop()
+
+
+@pytest.mark.parametrize("kind", ["larger than every image", "larger than some, flipped", "v2 on a uint8 tensor"])
+def test_a_center_crop_larger_than_an_image_pads_it_as_torchvision_does(tv, folder, kind):
+    """The folder's images are 80-199 x 70-179: a CenterCrop larger than an image pads it with
+    zeros (torchvision's center_crop), served natively, pixel for pixel torchvision's batches."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from torchvision.datasets import ImageFolder
+
+    transform = {
+        "larger than every image": T.Compose([T.CenterCrop((190, 211)), T.PILToTensor()]),
+        "larger than some, flipped": T.Compose([T.CenterCrop(121), T.RandomHorizontalFlip(1.0), T.PILToTensor()]),
+        "v2 on a uint8 tensor": v2.Compose([v2.ToImage(), v2.CenterCrop((150, 99)), v2.ToPureTensor()]),
+    }[kind]
+    dataset = ImageFolder(str(folder), transform)
+    loader = _served(dataset, batch_size=16, num_workers=0)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    got, want = list(loader), list(torch.utils.data.DataLoader(dataset, batch_size=16))
+    assert len(got) == len(want) == 3
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(la, lb) and a.shape == b.shape and (b == 0).all(dim=1).any()
+        assert torch.equal(a, b), float((a.int() - b.int()).abs().max())
     loader._stop()
 
 
