@@ -140,7 +140,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         self._fastdata_lowering = lowering
         if workers is not None:
             kwargs["num_workers"] = workers
+        self._fastdata_added = workers is not None  # fastdata gave the workers: see NativeFolder.carry
         TorchLoader.__init__(self, dataset, *args, **kwargs)
+        self._fastdata_added = self.num_workers if workers is not None else 0  # (once the count is known)
         timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
         if timing is not None:
             self.set_stage_timing(True)
@@ -164,7 +166,10 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
 
     def _fetched_from(self, dataset: Any) -> Any:
         lowering = getattr(self, "_fastdata_lowering", None)
-        return dataset if lowering is None else NativeFolder(dataset, lowering)
+        # A fetch's error crosses unwrapped from workers fastdata gave, not from the script's own.
+        added = getattr(self, "_fastdata_added", 0)
+        carry = added is True or (self.num_workers > 0 and self.num_workers == added)
+        return dataset if lowering is None else NativeFolder(dataset, lowering, carry=carry)
 
     def _to_device(self, it: Any, timed: bool) -> Any:
         finish = getattr(self, "_fastdata_finish", None)

@@ -19,11 +19,16 @@ may swap it or change an op's attribute between passes (progressive resizing, an
 and a worker holds the copy of the dataset it started with, as torch's own workers do. A
 transform that cannot be lowered then gives the dataset's own samples, collated as DataLoader
 collates them. Errors are those of the script's fetch: a file that cannot be read raises an
-OSError (as Pillow's and open's errors are), images of different sizes torch's stack error.
+OSError (as Pillow's and open's errors are), images of different sizes torch's stack error. In
+workers fastdata added (the script asked for none), a fetch's error crosses as the batch
+(`Carried`) and is raised in the main process as the script's own process would have raised
+it, where torch would re-raise it with its message rewritten ("Caught ... in DataLoader worker
+process k").
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +40,7 @@ from .._buffers import ProcessRings, new_batch
 from .._collate import Prepared, collate, default_threads
 from .._ext import native as _ext
 from .._cores import batch_threads
+from ..backends.torch_iter import Raised
 from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
 from ..image.read import Failures, read_files
@@ -131,6 +137,21 @@ class Finish:
         return [handle, batch[1]]
 
 
+class Carried(Prepared):
+    """The error of a batch's fetch in a worker fastdata added, crossing to the main process as
+    the batch: collated, it is the `Raised` that the loader's pass raises there, the error
+    itself (as the script's own process raised it), and the pass goes on with the next batch."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        return 0
+
+    def collate_into(self, ring: Any) -> Any:
+        return Raised(self.error)
+
+
 class FolderError(DataError, OSError):
     """A file of a natively served folder that cannot be read or decoded: a DataError naming it
     and the cause, and an OSError, as the script's fetch raises one there (Pillow's
@@ -164,8 +185,9 @@ class NativeFolder(Dataset):
     (`dataset`), decoded by fastdata per batch (`__getitems__`) as its transform is lowered at
     that batch; a single index is the script's own `dataset[index]`."""
 
-    def __init__(self, dataset: Any, lowering: Lowering) -> None:
+    def __init__(self, dataset: Any, lowering: Lowering, carry: bool = False) -> None:
         self.dataset = dataset
+        self.carry = carry  # a fetch's error crosses as the batch (`Carried`): in workers fastdata added
         # The record of files that decoded whole is made here, before any worker forks: shared.
         self.decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(dataset))
         self.decoder.crop_first = True
@@ -187,6 +209,22 @@ class NativeFolder(Dataset):
         return {**self.__dict__, "_scratch": None}
 
     def __getitems__(self, indices: list[int]) -> Any:
+        if not self.carry:
+            return self._fetch(indices)
+        try:
+            return self._fetch(indices)
+        except Exception as e:
+            try:
+                pickle.dumps(e)
+            except Exception:  # an error that cannot cross as it is: torch's worker re-raises it
+                carried = None
+            else:
+                carried = Carried(e)
+            if carried is None:
+                raise
+            return carried
+
+    def _fetch(self, indices: list[int]) -> Any:
         ds = self.dataset
         lowering, _ = lower(ds)  # the transform as this process holds it now
         if lowering is None:

@@ -452,6 +452,45 @@ def test_load_truncated_images_falls_back_to_the_scripts_pillow(tv, tmp_path, mo
         loader._stop()
 
 
+@pytest.mark.parametrize("error", ["a truncated file", "images of different sizes"])
+def test_workers_fastdata_added_raise_the_fetchs_own_error(tv, tmp_path, error):
+    """The script left num_workers at 0 and fastdata gave the loader workers: a batch's error is
+    the one the script's own process raises (served with no workers: the same type and message,
+    not torch's "Caught ... in DataLoader worker process k"), and the pass goes on after it with
+    the next batch, as DataLoader's does."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    resize = T.Resize((32, 32)) if error == "a truncated file" else T.Resize(32)  # (aspect kept: sizes differ)
+    dataset = ImageFolder(str(_truncated_folder(tmp_path / "data")), T.Compose([resize, T.PILToTensor()]))
+    if error == "images of different sizes":
+        dataset.samples = dataset.imgs = [s for s in dataset.samples if not s[0].endswith("class1/002.jpg")]
+
+    def steps(loader):
+        out, it = [], iter(loader)
+        for _ in range(len(loader)):
+            try:
+                out.append(next(it)[1].tolist())
+            except Exception as e:  # the error, and the pass goes on
+                out.append((type(e), str(e)))
+        with pytest.raises(StopIteration):
+            next(it)
+        loader._stop()
+        return out
+
+    added = _served(dataset, batch_size=4)
+    assert isinstance(added._loader.dataset, rt.NativeFolder) and added.num_workers >= 1
+    got, want = steps(added), steps(_served(dataset, batch_size=4, num_workers=0))
+    assert got == want and any(type(step) is tuple for step in got), got
+    if error == "a truncated file":
+        assert [type(step) is tuple for step in got] == [False, True, False] and issubclass(got[1][0], OSError)
+        assert "class1/002.jpg" in got[1][1] and "worker process" not in got[1][1]
+    else:
+        assert got[0][0] is RuntimeError and got[0][1].startswith("stack expects each tensor to be equal size")
+    script = _served(dataset, batch_size=4, num_workers=2)  # workers the script asked for: torch's message
+    assert all("in DataLoader worker process" in step[1] for step in steps(script) if type(step) is tuple)
+
+
 def test_images_of_different_sizes_raise_torchs_stack_error(tv, folder):
     """Resize(int) keeps each image's aspect ratio: a batch of images of different sizes raises
     what default_collate raises on torchvision's samples, not a ValueError of fastdata's."""
