@@ -13,7 +13,8 @@ cannot change a batch: a torchvision image folder served natively (fastdata deco
 sample a function of the seed, the epoch and its index, in whatever process) without a
 target_transform (the script's code, which may count or cache what it sees), torch's default
 samplers (whose draws do not depend on the worker count), workers started by fork (spawn would
-run the script's main module again), and none of the keywords that mean something else with
+run the script's main module again; a start method set after the loader was made takes the
+workers back at the next iter()), and none of the keywords that mean something else with
 workers (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers); and
 only where /dev/shm has room for their batches (`fastdata.run._shm`: a container's may be
 small). A Dataset whose own __getitem__ makes the samples keeps the script's count: nothing
@@ -143,6 +144,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         self._fastdata_added = workers is not None  # fastdata gave the workers: see NativeFolder.carry
         TorchLoader.__init__(self, dataset, *args, **kwargs)
         self._fastdata_added = self.num_workers if workers is not None else 0  # (once the count is known)
+        self._fastdata_where = _where()
         timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
         if timing is not None:
             self.set_stage_timing(True)
@@ -179,6 +181,14 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
 
     def __iter__(self) -> Any:
+        if self._fastdata_added and self.num_workers == self._fastdata_added and _start_method() != "fork":
+            # The script chose another start method after it made the loader: workers fastdata
+            # gave would run its main module again. The script's own count (0) is restored.
+            print(f"fastdata run: the loader made at {self._fastdata_where} goes on without the {self.num_workers} "
+                  f"workers fastdata gave it: they would start by {_start_method()}, which runs the script's main "
+                  "module again", file=sys.stderr)
+            self._fastdata_added = 0
+            self.num_workers = 0
         it = TorchLoader.__iter__(self)
         timing = getattr(self, "_fastdata_timing", None)
         return it if timing is None else _TimedPass(it, timing, self)
@@ -303,11 +313,15 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
         return False, f"{given[0]} is set, which means something else with workers"
     if getattr(call.get("dataset"), "target_transform", None) is not None:
         return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
-    method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
-    if method != "fork":
+    if _start_method() != "fork":
         return False, "workers would start by spawn, which runs the script's main module again"
     why = shm_room(call, lowering)
     return not why, why
+
+
+def _start_method() -> str:
+    """The start method the loader's workers would take now (torch's: the default context's)."""
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
 
 
 def _where() -> str:

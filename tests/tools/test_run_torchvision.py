@@ -626,3 +626,32 @@ def test_unchanged_script_under_fastdata_run(tv, folder, tmp_path, kind, workers
     if workers == "default":  # workers only where fastdata makes the samples: then none changes
         assert plain["workers"] == 0 and (got["workers"] >= 1) == (kind != "lambda"), (got, err)
         assert ("num_workers='auto'" if kind != "lambda" else "num_workers=0 kept") in err, err
+
+
+LATE_SPAWN = """
+import multiprocessing, sys
+import torch, torchvision.transforms as T
+from torchvision.datasets import ImageFolder
+print("main module run as", __name__, flush=True)
+dataset = ImageFolder(sys.argv[1], T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+loader = torch.utils.data.DataLoader(dataset, batch_size=5)
+multiprocessing.set_start_method("spawn", force=True)  # after the loader: its workers would start so
+labels = [y for _, ys in loader for y in ys.tolist()]
+assert labels == dataset.targets, labels
+print("workers", loader.num_workers, flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_start_method_set_after_the_loader_takes_back_the_workers_fastdata_gave(tv, folder, tmp_path):
+    """A script that sets the start method to spawn after it made its loader (no main guard):
+    workers fastdata gave would run its main module again, so the loader goes on without them,
+    and says so; the script runs once, with its batches."""
+    script = tmp_path / "late_spawn.py"
+    script.write_text(LATE_SPAWN)
+    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script), str(folder)],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["main module run as __main__", "workers 0"], proc.stdout
+    assert "goes on without the" in proc.stderr and "num_workers='auto'" in proc.stderr, proc.stderr
