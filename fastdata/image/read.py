@@ -108,6 +108,19 @@ class Read(NamedTuple):
     errors: list[tuple[str, str]]
 
 
+class MemberName(str):
+    """A tar member as errors name it, "<shard> (member <name>)", keeping the shard and the
+    member apart for `DataError.path` and `.member` (either may hold that very text)."""
+
+    def __new__(cls, shard: str, member: str) -> "MemberName":
+        name = str.__new__(cls, f"{shard} (member {member})")
+        name.shard, name.member = shard, member
+        return name
+
+    def __reduce__(self) -> tuple:
+        return MemberName, (self.shard, self.member)
+
+
 class Failures:
     """on_error="raise": a failed sample raises DataError; "skip": it is recorded in the
     batch's errors, which the loader counts in stats["skipped"]."""
@@ -117,10 +130,8 @@ class Failures:
 
     def __call__(self, errors: list[tuple[str, str]], path: str, cause: str) -> None:
         if self.on_error == "raise":
-            # a tar member is named "<shard> (member <name>)": DataError carries both
-            shard, _, member = path.partition(" (member ")
             raise DataError(skippable(one_line(f"cannot read {path}: {cause} (backend {self.backend!r})")),
-                            path=shard, member=member[:-1] or None)
+                            path=getattr(path, "shard", path), member=getattr(path, "member", None))
         errors.append((path, cause))
 
 

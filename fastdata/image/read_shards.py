@@ -25,7 +25,7 @@ from ..sources.streams import describe_error, discard, fill, local_path, open_st
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
 from .decode import samples_key, shared_record
 from .order import ShardOrder
-from .read import MAX_FILE_BYTES, BlockBuffer, Failures, Read, give_back, take_buffer, too_large
+from .read import MAX_FILE_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer, too_large
 
 
 class _Block:
@@ -206,7 +206,7 @@ class ShardReader:
             cause = f"its block of {len(ids)} samples, {total} bytes, cannot be held in memory ({describe_error(e)})"
             for s, first, end, *_ in runs:  # (the whole block in its order, with `rows` too)
                 for key in self.shards.keys[s][first:end]:
-                    out.add(f"{self.shards.urls[s]} (member {key}.*)", None, 0, cause)
+                    out.add(MemberName(self.shards.urls[s], f"{key}.*"), None, 0, cause)
             return out
         if rows is None:
             for s, first, end, start, stop, at in runs:
@@ -257,7 +257,7 @@ class ShardReader:
         bytes read are the shard's as listed (its file's identity unchanged)."""
         url, keys = self.shards.urls[s], self.shards.keys[s]
         if end - first == 1 and (n := int(self.shards.spans[s][first, 1])) > MAX_FILE_BYTES:
-            out.add(f"{url} (member {keys[first]}.*)", None, 0, too_large(n, "a sample"))
+            out.add(MemberName(url, f"{keys[first]}.*"), None, 0, too_large(n, "a sample"))
             return False
         stamp = self.shards.stamps[s] if self.shards.stamps is not None else None
         listed = stamp is not None
@@ -274,7 +274,7 @@ class ShardReader:
         except Exception as e:  # OSError, URLError, a pipe's failed command
             cause = f"cannot read the shard ({describe_error(e)})"
             for key in keys[first:end]:
-                out.add(f"{url} (member {key}.*)", None, 0, cause)
+                out.add(MemberName(url, f"{key}.*"), None, 0, cause)
             return False
         raw = view[:got]
         contents = self.shards.contents[s] if self.shards.contents is not None else None
@@ -311,7 +311,7 @@ class ShardReader:
         for m in walk_tar_bytes(raw, start, a, b, resync=False):
             if type(m) is Damage:
                 where = m.name or (f"{key}.*" if key else f"at byte {m.offset}")
-                out.add(f"{url} (member {where})", None, 0, m.cause)
+                out.add(MemberName(url, where), None, 0, m.cause)
                 return False
             split = split_name(m.name)
             if split is None:  # webdataset's __metadata__ members
@@ -320,32 +320,32 @@ class ShardReader:
             if k != key:
                 cause = (f"it lists no sample in bytes [{a}, {b}), which hold member {m.name}" if not key
                          else f"the member at byte {m.offset} is {m.name}, not one of sample {key}'s")
-                out.add(f"{url} (member {m.name})", None, 0, stale + cause)
+                out.add(MemberName(url, m.name), None, 0, stale + cause)
                 return False
             if m.data + m.size > b:
-                out.add(f"{url} (member {m.name})", None, 0,
+                out.add(MemberName(url, m.name), None, 0,
                         f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
                 return False
             if ext in found:  # webdataset refuses it too; which of the two would be meant is not known
-                out.add(f"{url} (member {m.name})", None, 0, f"sample {key} has two {ext} members (in any case)")
+                out.add(MemberName(url, m.name), None, 0, f"sample {key} has two {ext} members (in any case)")
                 return False
             found[ext] = raw[m.data - start:m.data - start + m.size]
             count += 1
             nbytes += m.size
         if not key:
-            out.add(f"{url} (member at byte {a})", None, 0, f"{stale}it lists no sample in bytes [{a}, {b})")
+            out.add(MemberName(url, f"at byte {a}"), None, 0, f"{stale}it lists no sample in bytes [{a}, {b})")
             return False
         if not count:
             cause = f"the shard ends at byte {length}" if a >= length else "no member of it is there"
-            out.add(f"{url} (member {key}.*)", None, 0, f"no such sample at byte {a}: {cause} (the shard is cut off, "
+            out.add(MemberName(url, f"{key}.*"), None, 0, f"no such sample at byte {a}: {cause} (the shard is cut off, "
                                                         "or changed since it was indexed or counted)")
             return False
         if expect[0] >= 0 and (count, nbytes) != tuple(expect):
-            out.add(f"{url} (member {key}.*)", None, 0, f"{stale}sample {key} at byte {a} has {count} member(s) of "
+            out.add(MemberName(url, f"{key}.*"), None, 0, f"{stale}sample {key} at byte {a} has {count} member(s) of "
                                                         f"{nbytes} bytes, not {expect[0]} of {expect[1]}")
             return False
         if crc >= 0 and (got := zlib.crc32(raw[a - start:b - start])) != crc:
-            out.add(f"{url} (member {key}.*)", None, 0, f"{stale}sample {key}'s bytes [{a}, {b}) have CRC-32 "
+            out.add(MemberName(url, f"{key}.*"), None, 0, f"{stale}sample {key}'s bytes [{a}, {b}) have CRC-32 "
                                                         f"{got:08x}, not the index's {crc:08x}")
             return False
         self._add(out, url, key, found)
@@ -355,10 +355,10 @@ class ShardReader:
         ext = next((e for e in IMAGE_MEMBERS if e in sample), None)
         if ext is None:
             members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
-            out.add(f"{url} (member {key}.*)", None, 0,
+            out.add(MemberName(url, f"{key}.*"), None, 0,
                     f"the sample has no image member ({', '.join(IMAGE_MEMBERS)}), only: {members}")
             return
-        name = f"{url} (member {key}.{ext})"
+        name = MemberName(url, f"{key}.{ext}")
         cls = sample.get("cls")
         if cls is None:
             out.add(name, None, 0, "the sample has no cls member (its label)")
@@ -368,11 +368,11 @@ class ShardReader:
         except ValueError:
             label = None
         if label is None:
-            out.add(f"{url} (member {key}.cls)", None, 0,
+            out.add(MemberName(url, f"{key}.cls"), None, 0,
                     f"the label should be an integer, but the cls member holds {bytes(cls[:40])!r}")
             return
         if not 0 <= label < self._label_limit:
-            out.add(f"{url} (member {key}.cls)", None, 0,
+            out.add(MemberName(url, f"{key}.cls"), None, 0,
                     f"the label should be in [0, {self._label_limit}) ({self._label_range}), but the cls member "
                     f"holds {label}")
             return
