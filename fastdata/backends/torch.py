@@ -24,7 +24,7 @@ from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pa
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
 from .._loader import Loader, check_position, resolve_workers
-from .torch_iter import Fetches, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset, stage_seconds
+from .torch_iter import Fetches, Marked, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset, stage_seconds
 
 DATALOADER_KEYWORDS = tuple(
     name for name in inspect.signature(DataLoader.__init__).parameters if name not in ("self", "dataset")
@@ -215,12 +215,12 @@ class TorchLoader(DataLoader, Loader):
         # pass goes on, as DataLoader's does (not with `device`: the copy-ahead ends with it).
         collate_fn = self._ring_collate()
         timed = collate_fn is not None and collate_fn.timing is not None
-        if timed:
-            it = self._untimed(it)
+        workers = self._loader.num_workers
+        if timed:  # (with no workers, each fetch timed from when it is asked for: not the consumer's step)
+            it = self._untimed(it if workers else Marked(it, collate_fn.fetching))
         batches = self._to_device(it, timed)
         take = batches.__next__
         survives = self.device is None
-        workers = self._loader.num_workers
         stats, clock = self.stats, time.perf_counter
         # The pass counts as done when its last batch is handed out: trainers take len()
         # batches and never ask past them.

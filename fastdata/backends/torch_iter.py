@@ -97,6 +97,23 @@ class Fetches:
         return self._fetch(self._next())
 
 
+class Marked:
+    """An iterator over `it` that calls `mark()` before each item is asked for (an iterator, not
+    a generator, as `Fetches`)."""
+
+    __slots__ = ("_next", "_mark")
+
+    def __init__(self, it: Iterator[Any], mark: Any) -> None:
+        self._next, self._mark = it.__next__, mark
+
+    def __iter__(self) -> "Marked":
+        return self
+
+    def __next__(self) -> Any:
+        self._mark()
+        return self._next()
+
+
 class Raised:
     """A batch that raised, handed out of the pass's generator (which an exception would end)
     for `Pass` to raise."""

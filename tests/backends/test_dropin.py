@@ -14,6 +14,7 @@ import importlib.util
 import multiprocessing
 import os
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -859,3 +860,32 @@ def test_a_dead_worker_ends_in_an_error_not_a_hang():
     with pytest.raises(RuntimeError, match="exited unexpectedly|worker"):
         for _ in loader:
             pass
+
+
+class Busy(Dataset):
+    """Each item costs about 1 ms of CPU and reads nothing."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        return torch.full((4,), float(i))
+
+
+def test_with_no_workers_the_consumers_step_is_not_the_loaders_time():
+    """With no workers the batch is fetched when it is asked for: the consumer's own step (a
+    50 ms sleep a batch here) is not counted as the loader reading or fetching, and the fetch's
+    CPU (1 ms an item) is counted as the dataset's."""
+    loader = fastdata.loader(Busy(), batch_size=8, num_workers=0)
+    assert loader.set_stage_timing(True)
+    batches = 0
+    for _ in loader:
+        time.sleep(0.05)
+        batches += 1
+    stages = loader.stage_seconds()
+    assert batches == 8 and stages["images"] == 64
+    assert stages["read"] < 0.5 * 0.05 * batches, stages  # the 400 ms of sleeps are not reads
+    assert 0.5 * 0.064 < stages["dataset"] < 0.05 * batches, stages
