@@ -344,6 +344,8 @@ def _resync(read, pos: int, stop: int | None) -> tuple[int, bool, bool]:
     ends; whether one was found; whether anything but zero blocks came before it)."""
     dirty = False
     while stop is None or pos < stop:
+        if stop is None and pos > MAX_STREAM_BYTES:  # a stream of no headers: bounded here, as scan_tar bounds one
+            raise _too_long()
         n = _RESYNC_READ if stop is None else min(_RESYNC_READ, stop - pos)
         chunk = read(pos, n)
         for k in range(0, len(chunk) - BLOCK + 1, BLOCK):
@@ -438,6 +440,11 @@ class StreamTooLong(ValueError):
     """A stream scanned without a known length passed MAX_STREAM_SAMPLES or MAX_STREAM_BYTES."""
 
 
+def _too_long() -> StreamTooLong:
+    return StreamTooLong(f"a stream scanned without an index may hold {MAX_STREAM_SAMPLES:,} samples and "
+                         f"{MAX_STREAM_BYTES >> 30} GiB at most, and this one goes on past that; split it")
+
+
 def scan_tar(f, length: int | None = None) -> Scan:
     """The samples of the tar read from `f` (`length`: its size where known), grouped as
     webdataset groups them (consecutive members with one key), from the headers alone: a
@@ -455,8 +462,7 @@ def scan_tar(f, length: int | None = None) -> Scan:
         if length is None:  # a stream: bounded, as it has no end to stop at
             reach = (event.end or event.offset) if type(event) is Damage else event.data + event.size
             if len(items) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES:
-                raise StreamTooLong(f"a stream scanned without an index may hold {MAX_STREAM_SAMPLES:,} samples and "
-                                    f"{MAX_STREAM_BYTES >> 30} GiB at most, and this one goes on past that; split it")
+                raise _too_long()
         if type(event) is Damage:
             items.append(event)
             continue

@@ -728,6 +728,20 @@ def test_a_stream_is_scanned_within_its_bounds(pristine, tmp_path, monkeypatch, 
         count_samples(tmp_path / "z.tar.gz")
 
 
+@pytest.mark.parametrize("tail", [b"\0", b"x"])
+def test_a_stream_of_no_headers_is_scanned_within_its_bound(pristine, tmp_path, monkeypatch, tail):
+    """After its members a stream goes on with zero blocks (or bytes that are no header): the
+    scan looking for the next header stops at MAX_STREAM_BYTES too, with the same line (an
+    endless one, /dev/zero, would be read forever)."""
+    from fastdata.sources import tarformat
+
+    data = (pristine / "train-000000.tar").read_bytes()
+    (tmp_path / "long.tar").write_bytes(data[:len(data) - 1024] + tail * (1 << 20))  # no end blocks, 1 MiB after
+    monkeypatch.setattr(tarformat, "MAX_STREAM_BYTES", len(data) + (256 << 10))
+    with pytest.raises(DataError, match=r"long\.tar: a stream scanned without an index may hold .* at most"):
+        shards(f"pipe:cat {tmp_path / 'long.tar'}", progress=False)
+
+
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("second", ["00000001.JPG", "00000001.jpg", "00000001.CLS"])
 def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_error, second):
