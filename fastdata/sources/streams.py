@@ -99,6 +99,18 @@ def open_http(url: str, byte_range: tuple[int, int] | None = None):
     return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT)
 
 
+def http_size(url: str) -> int | None:
+    """The size of the object at HTTP(S) `url`, from the answer to a GET of its first byte
+    (Content-Range's total, or Content-Length where the server ignores Range); None where the
+    answer gives neither. The body is not read."""
+    with open_http(url, (0, 1)) as r:
+        total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+        if r.status == 206 and total.isdigit():
+            return int(total)
+        length = r.headers.get("Content-Length") or ""
+        return int(length) if r.status == 200 and length.isdigit() else None
+
+
 def read_range(url: str, start: int, view: memoryview) -> int:
     """Reads bytes [start, start + len(view)) of a shard into `view`; returns the count read
     (fewer where the shard ends sooner). Files seek, HTTP asks for the range (a server that

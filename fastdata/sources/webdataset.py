@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DataError, error_line
 from .files import MAX_LABEL
-from .streams import describe_error, identity, local_path, open_http, open_stream
+from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
 from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong, check_index_size,
                         index_location, parse_index, read_index, scan_tar)
 
@@ -224,6 +224,25 @@ def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksu
     return None, keys, spans, contents, checksums
 
 
+def _sizes(urls: list[str], listed: dict) -> dict[int, int]:
+    """The sizes of the indexed shards (`listed`: by position in `urls`) that can be known
+    without reading them: a file's, and an HTTP(S) object's (one small request each, 8 at a
+    time); not a pipe:'s (its index is taken as it is)."""
+    sizes = {s: os.path.getsize(local) for s in listed if (local := local_path(urls[s])) is not None}
+    remote = [s for s in listed if urls[s].startswith(("http://", "https://"))]
+
+    def size(s: int) -> int | None:
+        try:
+            return http_size(urls[s])
+        except Exception as e:  # OSError, URLError, a bad header
+            raise DataError(f"cannot read shard {urls[s]}: {describe_error(e)}", path=urls[s]) from None
+
+    if remote:
+        with ThreadPoolExecutor(min(8, len(remote))) as pool:
+            sizes.update((s, n) for s, n in zip(remote, pool.map(size, remote)) if n is not None)
+    return sizes
+
+
 def shards(source: Any, progress: bool = True) -> Shards:
     """The shards a `.tar` path, brace pattern or list of paths/URLs names, with their samples:
     from the index fastdata-shard writes next to them (<prefix>-index.json, in each shard's own
@@ -231,7 +250,8 @@ def shards(source: Any, progress: bool = True) -> Shards:
     read; with `progress`, a line on stderr counts them once that takes more than 2 s).
 
     What an index says is checked against the shards where that is cheap: here, each shard's
-    size (another size: a warning; a longer shard is counted from its headers, a shorter one
+    size, a file's or an HTTP(S) object's, not a pipe:'s (another size: a warning; a longer
+    shard is counted from its headers, a shorter one
     keeps the index, and the samples past its end are reported lost when read) and that the
     index's samples tile the shard up to its end blocks (bytes in no sample: a warning, and a
     slot that reports them when read, so that a sample the index misses is counted; ranges
@@ -255,14 +275,16 @@ def shards(source: Any, progress: bool = True) -> Shards:
     spans: list[np.ndarray | None] = [None] * len(urls)
     contents: list[np.ndarray | None] = [None] * len(urls)
     checksums: list[np.ndarray | None] = [None] * len(urls)
+    named = ((s, entries.get(wheres[s], {}).get(url.rpartition("/")[2])) for s, url in enumerate(urls))
+    listed = {s: entry for s, entry in named if entry is not None}
+    sizes = _sizes(urls, listed)
     for s, url in enumerate(urls):
         where = wheres[s]
-        entry = entries.get(where, {}).get(url.rpartition("/")[2])
+        entry = listed.get(s)
         if entry is None:
             continue
         nbytes, k, sp, ct, cs = entry
-        local = local_path(url)
-        size = os.path.getsize(local) if local is not None else nbytes
+        size = sizes.get(s, nbytes)
         if size != nbytes:
             # Shorter: most likely cut off, and the index names what is lost. Longer: rewritten.
             how = ("keeping the index: the samples past its end will be reported lost" if size < nbytes

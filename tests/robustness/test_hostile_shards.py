@@ -683,6 +683,34 @@ def test_an_index_denser_in_lists_than_an_index_is_refused_before_parsing(pristi
         shards(str(tmp_path / PATTERN), progress=False)
 
 
+@pytest.mark.parametrize("where", ["file", "http"])
+def test_a_shard_longer_than_its_index_is_read_from_its_headers(pristine, tmp_path, where):
+    """An index that lists only the first 3 of shard 0's 6 samples (a shard rewritten with more):
+    the shard's size tells, a file's or an HTTP object's, and the shard is read from its headers
+    with a warning: every sample is delivered with its label, none past the index's end lost."""
+    import json
+
+    from fastdata._serve import serve
+
+    _copy(pristine, tmp_path, True)
+    index = json.loads((tmp_path / "train-index.json").read_text())
+    entry = index["shards"][0]
+    for k in ("samples_index", "members", "crc32"):
+        entry[k] = entry[k][:3]
+    entry["samples"], index["total"] = 3, index["total"] - 3
+    entry["bytes"] = entry["samples_index"][-1][1] + entry["samples_index"][-1][2] + 1024
+    (tmp_path / "train-index.json").write_text(json.dumps(index))
+    with serve(tmp_path) as base:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = fastdata.loader(f"{tmp_path if where == 'file' else base}/{PATTERN}", batch_size=4,
+                                     transform=TRANSFORM, backend="wds", num_workers=0, device="cpu")
+        warned = [str(w.message) for w in caught]
+        assert any(f"train-000000.tar is {(tmp_path / 'train-000000.tar').stat().st_size} bytes, not the "
+                   f"{entry['bytes']} its index" in w and "reading its headers instead" in w for w in warned), warned
+        assert sorted(_delivered(loader)) == sorted(ALL)
+
+
 def test_an_index_over_http_is_read_within_its_size_bound(pristine, tmp_path, monkeypatch):
     """Over HTTP the index's size is not known beforehand: at most MAX_INDEX_BYTES + 1 bytes of
     it are read (here the bound lowered below the real index's size), then it is refused as
