@@ -10,15 +10,16 @@ where corrupt), plans the geometry, and feeds DALI through
 `fn.external_source`: encoded bytes, crop windows, output sizes and flips. DALI runs the
 lowering of `fastdata.transforms.dali` (only the window is decoded, on the GPU with
 device="mixed" when the target is CUDA; then resize and flip) in its own threads, prefetching
-ahead. The uint8 NHWC batch is copied into a reused slot (or a CUDA tensor); Normalize, dtype
-and the batch ops run in the device stage as on the other backends.
+ahead. DALI decodes the JPEGs only: the other formats are decoded with Pillow, as on the
+other backends, and set in their rows. The uint8 NHWC batch is copied into a reused slot (or a
+CUDA tensor); Normalize, dtype and the batch ops run in the device stage as on the other backends.
 
 DALI's own readers (`readers.file`, `readers.webdataset`) are not used: their order, sharding
 and shuffle are DALI's, not a function of (seed, epoch), they cannot resume mid-epoch, and
 the crop parameters have to be fed per sample anyway. On a GPU the expensive part, the
 decode, is nvJPEG's either way.
 
-A sample that passes the checks and still fails in DALI stops the pipeline: the batches in
+A JPEG that passes the checks and still fails in DALI stops the pipeline: the JPEGs in
 flight are decoded with Pillow to find the culprit, which raises `DataError` naming it, or
 with on_error="skip" is left out while a fresh pipeline takes over from the first batch not
 delivered. The pipeline is built at a pass's first batch and shut down at its end, whole or
@@ -44,16 +45,11 @@ from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line, one_line, skippable
 from ..transforms import CenterCrop
 from ..transforms import dali as lowering
-from .decode import BatchDecoder
+from .decode import BatchDecoder, Checked
 from .order import Passes
 from .parts import BatchOrder
 
 logger = logging.getLogger("fastdata")
-
-
-# The formats DALI's image decoders read, by Pillow's names for them (MPO: a JPEG with a
-# multi-picture index, as cameras write).
-_DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM", "JPEG2000", "WEBP"})
 
 
 def _placeholder() -> bytes:
@@ -233,10 +229,16 @@ class DaliDecoders:
                                        + [np.array([h, w], np.float32)] * pad, inputs[4],
                                        list(-places[:, :2]) + [np.zeros(2, np.float32)] * pad,
                                        [np.array([w, h], np.float32)] * self.batch_size)
+            # DALI decodes the JPEGs. Other formats are Pillow's, as on every backend (DALI
+            # converts 16-bit samples, value ranges and TIFF orientations otherwise): DALI gets
+            # the placeholder in their place, and `_drain` fills their rows.
+            others = np.flatnonzero(~c.jpeg)
+            for k in others:
+                inputs[0][k], inputs[1][k], inputs[2][k] = self._dummy, np.zeros(2, np.float32), np.full(2, 8, np.float32)
             if timing:  # the read and the header checks, in this thread: the stage "read"
                 self._fed[0] += time.perf_counter() - wall
                 self._fed[1] += time.thread_time() - cpu
-            self._meta.append((c, errors, n, inputs))  # fed without a copy: kept alive until the batch is out
+            self._meta.append((c, errors, n, inputs, (epoch, others)))  # inputs fed without a copy: kept until out
             yield inputs
 
     def _pipeline(self):
@@ -271,11 +273,11 @@ class DaliDecoders:
             except RuntimeError as e:
                 self._isolate(e)  # raises DataError, or _Retry without the culprits
                 raise
-            c, errors, n, _ = self._meta.popleft()
+            c, errors, n, _, (epoch, others) = self._meta.popleft()
             self._drained += 1
-            labels = torch.from_numpy(np.ascontiguousarray(c.labels))
             if not timing:
-                yield self._copy_out(images, n, c.size), labels, errors, c.index, None
+                out, kept = self._with_pillows(self._copy_out(images, n, c.size), c, epoch, others, errors)
+                yield out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.index[kept], None
                 continue
             # Stage seconds: "read" (the feed's wall time, as the workers'), "decode" (the CPU
             # seconds of the whole process during run(), less the feed's: DALI's threads
@@ -283,9 +285,31 @@ class DaliDecoders:
             t = time.process_time()
             stages = {"worker": -1, "read": self._fed[0] - fed[0], "decode": t - cpu - (self._fed[1] - fed[1]),
                       "images": n}
-            out = self._copy_out(images, n, c.size)
+            out, kept = self._with_pillows(self._copy_out(images, n, c.size), c, epoch, others, errors)
             stages["collate"] = time.process_time() - t
-            yield out, labels, errors, c.index, stages
+            yield out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.index[kept], stages
+
+    def _with_pillows(self, out: torch.Tensor, c: Checked, epoch: int, others: np.ndarray, errors: list):
+        """(`out` with the rows of the samples `others` decoded by Pillow, those of `c` kept):
+        a sample Pillow fails on is left out, or raises (DALI's pipeline shut down first)."""
+        if not len(others):
+            return out, slice(None)
+        w, h = c.size
+        rows = torch.empty((len(others), h, w, 3), dtype=torch.uint8)
+        part = Checked(c.index[others], [c.paths[k] for k in others], [c.datas[k] for k in others],
+                       c.labels[others], c.jpeg[others], c.geo.take(others))
+        try:
+            failed = self.decoder.fill(rows, part, epoch, errors)
+        except DataError:
+            self.close()
+            raise
+        good = [j for j in range(len(others)) if j not in failed]
+        out[torch.from_numpy(others[good])] = rows[good].to(out.device)
+        kept = np.setdiff1d(np.arange(len(out)), others[sorted(failed)])
+        for dst, src in enumerate(kept.tolist()):  # the batch stays one block, as the other backends close gaps
+            if dst != src:
+                out[dst].copy_(out[src])
+        return out.narrow(0, 0, len(kept)), kept
 
     def _copy_out(self, images, n: int, size: tuple[int, int]):
         from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -307,22 +331,20 @@ class DaliDecoders:
         return handle
 
     def _isolate(self, error: RuntimeError) -> None:
-        """DALI failed on a batch in flight: find the samples Pillow cannot decode either."""
+        """DALI failed on a batch in flight: find the JPEGs (what DALI decodes) Pillow cannot
+        decode either."""
         culprits = []
-        for c, _, _, _ in self._meta:
-            for i, path, data in zip(c.index.tolist(), c.paths, c.datas):
+        for c, _, _, _, _ in self._meta:
+            for i, path, data, jpeg in zip(c.index.tolist(), c.paths, c.datas, c.jpeg):
                 try:
-                    with open_image(data) as img:
-                        img.load()
-                        kind = img.format
+                    if jpeg:
+                        with open_image(data) as img:
+                            img.load()
                 except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                     culprits.append((i, path, f"cannot decode ({error_line(e)})"))
-                    continue
-                if kind not in _DALI_FORMATS:  # a GIF named .jpg, say: Pillow's, not DALI's
-                    culprits.append((i, path, f"DALI cannot decode {kind} images (backend 'pil' can)"))
         self.close()  # first: it may still hold the inputs fed without a copy
         if not culprits:
-            raise DataError(f"DALI failed on a batch whose images all decode with Pillow: {error}") from error
+            raise DataError(one_line(f"DALI failed on a batch whose JPEGs all decode with Pillow: {error}")) from error
         if self.on_error == "raise":
             i, path, why = culprits[0]
             raise DataError(skippable(one_line(f"cannot read {path}: {why} (backend 'dali')")), path=path) from None

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _images import color_folder
+from _images import color_folder, png_chunk
 from PIL import Image
 
 import fastdata
@@ -254,3 +254,39 @@ def test_stage_timing(folder):
     loader.set_epoch(7)
     fresh.set_epoch(7)
     assert _epoch(loader) == _epoch(fresh)  # timing off again, and the batches unchanged
+
+
+def test_formats_other_than_jpeg_are_pillows_pixels_as_on_pil(tmp_path):
+    """DALI decodes the JPEGs; a PNG, TIFF or PGM comes out as Pillow decodes it, as on the
+    other backends (DALI scales a 16-bit PNG, a PGM's value range and a TIFF's orientation
+    otherwise), in its place among the JPEGs, with its label; one Pillow cannot decode fails
+    naming it, or is left out with on_error="skip"."""
+    h, w = 48, 64
+    grad = np.zeros((h, w, 3), np.uint8)
+    grad[..., 0], grad[..., 1], grad[..., 2] = np.arange(w)[None] * 4, np.arange(h)[:, None] * 5, 90
+    Image.fromarray(grad[:, :48]).save(tmp_path / "orient3.tif", tiffinfo={274: 3})
+    Image.fromarray(grad[..., 0].astype(np.uint16) * 257).save(tmp_path / "gray16.png")
+    (tmp_path / "max100.pgm").write_bytes(b"P5\n64 48\n100\n" + (grad[..., 0] // 3).tobytes())
+    Image.fromarray(grad).save(tmp_path / "a.jpg", quality=95)
+    Image.fromarray(255 - grad).save(tmp_path / "b.jpg", quality=95)
+    names = ["a.jpg", "orient3.tif", "b.jpg", "gray16.png", "max100.pgm"]
+    pairs = [(str(tmp_path / n), k) for k, n in enumerate(names)]
+    batches = {}
+    for backend in ("pil", "dali"):
+        loader = fastdata.loader(pairs, batch_size=5, backend=backend, num_workers=0, device="cpu",
+                                 transform=T.Compose([T.Resize((32, 32))]))
+        (x, y), = list(loader)
+        batches[backend] = x, y
+    assert batches["dali"][1].tolist() == batches["pil"][1].tolist() == list(range(5))
+    diff = (batches["dali"][0].int() - batches["pil"][0].int()).abs().amax(dim=(1, 2, 3))
+    assert diff[[1, 3, 4]].tolist() == [0, 0, 0] and int(diff.max()) <= 8, diff  # JPEGs: DALI's resize
+    # whole chunks, with their CRCs, but no zlib stream in the IDAT: only the decode tells
+    ihdr = (48).to_bytes(4, "big") + (32).to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    (tmp_path / "cut.png").write_bytes(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+                                       + png_chunk(b"IDAT", b"no zlib stream here" * 4) + png_chunk(b"IEND", b""))
+    bad = pairs[:2] + [(str(tmp_path / "cut.png"), 9)] + pairs[2:]
+    loader = fastdata.loader(bad, batch_size=6, backend="dali", num_workers=0, device="cpu", on_error="skip",
+                             transform=T.Compose([T.Resize((32, 32))]))
+    (x, y), = list(loader)
+    assert y.tolist() == list(range(5)) and torch.equal(x, batches["dali"][0])
+    assert loader.stats["skipped"] == 1
