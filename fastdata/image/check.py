@@ -7,6 +7,8 @@ from __future__ import annotations
 import struct
 from typing import Sequence
 
+import numpy as np
+
 from .. import _codec
 from .._pillow import FORMATS
 from ..errors import error_line
@@ -88,3 +90,66 @@ def tiff_parts(data) -> str | None:
             kind = "strips" if tag == 273 else "tiles"
             return f"corrupt TIFF: {count} {kind}, more than the {MAX_TIFF_PARTS} a file may have"
     return None
+
+
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # by colour type
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def png_rows(data) -> str | None:
+    """Why a PNG's image data holds fewer rows than its header gives, or None. Pillow's decoder
+    stops where the zlib stream ends and leaves the rows below as zeros, without an error, so a
+    valid stream that is too short (every chunk whole, every CRC right) would pass as an image.
+    Here the IDAT chunks are inflated, at most one byte past what the header gives (the work is
+    bounded by the pixel limit), and counted. For a file `check_complete` passed (its chunks
+    walked to IEND); any other file, or one whose stream is corrupt (Pillow's decode says so),
+    gives None."""
+    import zlib
+
+    view = memoryview(data)
+    if bytes(view[:8]) != b"\x89PNG\r\n\x1a\n" or len(view) < 33:
+        return None
+    w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", view[16:29])
+    bits = _PNG_CHANNELS.get(colour, 0) * depth
+    passes = _ADAM7 if interlace == 1 else ((0, 0, 1, 1),)
+    need = 0
+    for x0, y0, dx, dy in passes:
+        pw, ph = -(-max(0, w - x0) // dx), -(-max(0, h - y0) // dy)
+        need += ph * (1 + -(-pw * bits // 8)) if pw and ph else 0
+    stream, got, pos = zlib.decompressobj(), 0, 8
+    try:
+        while pos + 8 <= len(view) and got <= need:
+            n, kind = struct.unpack(">I4s", view[pos:pos + 8])
+            if kind == b"IEND":
+                break
+            if kind == b"IDAT":
+                chunk = view[pos + 8:pos + 8 + n]
+                while chunk and got <= need and not stream.eof:
+                    got += len(stream.decompress(chunk, need + 1 - got))
+                    chunk = stream.unconsumed_tail
+            pos += 12 + n
+    except zlib.error:
+        return None
+    return None if got >= need else f"truncated image data: its zlib stream holds {got} of the {need} bytes its " \
+        f"{w}x{h} header gives"
+
+
+def check_rows(record, index, datas: Sequence, checked: list) -> list:
+    """`checked` (`check_complete`'s), with each PNG that `record` (the decoder's record of clean
+    files, `decode.EntropyCheck`) has not marked at its size checked by `png_rows`: one short of
+    rows fails, one whole is marked, so a file is inflated here once, not every epoch."""
+    todo = [j for j, (cause, is_jpeg, _, _) in enumerate(checked)
+            if cause is None and not is_jpeg and bytes(datas[j][:8]) == b"\x89PNG\r\n\x1a\n"]
+    if not todo:
+        return checked
+    sizes = np.fromiter((len(datas[j]) for j in todo), dtype=np.int64, count=len(todo))
+    ids = np.asarray(index, dtype=np.int64)[todo]
+    checked, whole = list(checked), []
+    for k, (j, unmarked) in enumerate(zip(todo, record.whole(ids, sizes))):
+        cause = png_rows(datas[j]) if unmarked else None
+        if cause is not None:
+            checked[j] = (cause, False, checked[j][2], checked[j][3])
+        elif unmarked:
+            whole.append(k)
+    record.mark(ids[whole], sizes[whole])
+    return checked

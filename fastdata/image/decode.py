@@ -35,7 +35,7 @@ from ..sources import Shards
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
 from ..transforms.plan import plan_geometry, plan_pixels
-from .check import check_complete
+from .check import check_complete, check_rows
 from .read import Failures, Read
 
 
@@ -217,13 +217,13 @@ class BatchDecoder:
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
-        """The samples that are whole images within the pixel limit (`check_complete`), with
+        """The samples that are whole images within the pixel limit (`check_complete`, `check_rows`), with
         their sizes (from the headers) and planned geometry; the others fail (raise, or are
         recorded in `errors`). The same checks on every backend, before any decode; with
         `entropy`, also each unmarked JPEG's entropy-coded data (`self.entropy`, for a decoder
         that does not check it)."""
         ok, sizes, jpeg = [], [], []
-        checked = check_complete(datas, batch_threads(self.threads))
+        checked = check_rows(self.entropy, index, datas, check_complete(datas, batch_threads(self.threads)))
         if entropy:
             checked = self.entropy(index, datas, checked)
         for j, (path, (cause, is_jpeg, w, h)) in enumerate(zip(paths, checked)):
