@@ -32,6 +32,14 @@ constexpr int kMaxScans = 100;
 // a file at the 256 MiB read limit holds 32,768 of those.
 constexpr int kMaxPngChunks = 1 << 17;
 
+// The most markers (segments, restart and TEM markers alike) and the most fill bytes before
+// markers a JPEG may have (check_structure refuses more): Pillow's parser reads each marker and
+// each fill byte in Python (the CMYK path), about 1 us a byte, so 20 MiB of empty comments or of
+// fill bytes would cost seconds a decode. Writers make a few dozen markers (a progressive JPEG
+// with its tables, a colour profile split into APP2 segments: a few hundred).
+constexpr int kMaxJpegMarkers = 1 << 12;
+constexpr int kMaxJpegFill = 1 << 16;
+
 // What check_structure found: the container, and the size its header claims.
 enum ImageKind : int { kImageOther = 0, kImageJpeg = 1, kImagePng = 2 };
 struct ImageStructure {
@@ -42,8 +50,9 @@ struct ImageStructure {
 // Whether `src` is a whole JPEG or PNG, from its container structure alone (no pixel data is
 // decoded): a JPEG's marker segments from SOI, through each scan's entropy-coded data, to EOI; a
 // PNG's chunks from the signature to IEND; every length must fit in the file. Bytes after EOI or
-// IEND are allowed. A PNG of more than kMaxPngChunks chunks, and a JPEG with more than kMaxScans
-// scans or with fill bytes before a stuffed zero in its entropy-coded data (FF FF 00, see
+// IEND are allowed. A PNG of more than kMaxPngChunks chunks or of two iCCP chunks, and a JPEG
+// with more than kMaxScans scans, kMaxJpegMarkers markers or kMaxJpegFill fill bytes before
+// markers, or with fill bytes before a stuffed zero in its entropy-coded data (FF FF 00, see
 // walk_jpeg), are refused. Returns "" for a whole
 // file (or one that is neither format: kind kImageOther, nothing checked), else why not ("empty
 // file", "truncated JPEG: ...", "corrupt PNG: ..."). It cannot see corrupt entropy-coded data

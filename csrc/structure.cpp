@@ -39,13 +39,23 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
   const size_t n = src.size;
   size_t pos = 2;
   bool frame = false, scan = false;
-  int scans = 0;
+  int scans = 0, markers = 0;
+  size_t fill = 0;
   for (;;) {
     if (pos >= n) return jpeg_ends_early(n);
     if (d[pos] != 0xFF) return format("corrupt JPEG: no marker at byte %zu (0x%02x)", pos, d[pos]);
     const size_t at = pos;
     while (pos < n && d[pos] == 0xFF) ++pos;  // fill bytes may come before a marker
     if (pos >= n) return jpeg_ends_early(n);
+    fill += pos - at - 1;
+    if (fill > size_t(kMaxJpegFill)) {
+      return format("corrupt JPEG: more than %d fill bytes before markers (the marker at byte %zu "
+                    "passes them)", kMaxJpegFill, at);
+    }
+    if (++markers > kMaxJpegMarkers) {
+      return format("corrupt JPEG: more than %d markers (the marker at byte %zu is one too many)",
+                    kMaxJpegMarkers, at);
+    }
     const uint32_t m = d[pos++];
     if (m == 0xD9) {
       if (!scan) return format("corrupt JPEG: end-of-image marker at byte %zu before any scan", at);
@@ -122,13 +132,14 @@ std::string chunk_name(const uint8_t* p) {
 }
 
 // From the signature through every chunk (length, type, data, CRC: the length must fit in the
-// file), at most kMaxPngChunks of them, to IEND. The first chunk must be the 13-byte IHDR, which
+// file), at most kMaxPngChunks of them and one iCCP, to IEND. The first chunk must be the 13-byte IHDR, which
 // gives the size. CRCs are not checked: Pillow decodes a PNG whole, so a corrupt one fails the
 // same way for every crop.
 std::string walk_png(const ByteSpan& src, ImageStructure* out) {
   const uint8_t* d = src.data;
   const size_t n = src.size;
   int chunks = 0;
+  bool profile = false;
   for (size_t pos = 8;;) {
     if (n - pos < 8) {
       return format("truncated PNG: no IEND chunk (the file ends after %zu bytes)", n);
@@ -156,6 +167,11 @@ std::string walk_png(const ByteSpan& src, ImageStructure* out) {
       out->height = int(h);
     }
     if (type == "IEND") return {};
+    // Pillow inflates every iCCP chunk's profile (up to 1 MiB each); a PNG holds one at most.
+    if (type == "iCCP" && profile) {
+      return format("corrupt PNG: a second iCCP chunk at byte %zu (a PNG holds one colour profile)", pos);
+    }
+    profile = profile || type == "iCCP";
     pos += 12 + size_t(len);
   }
 }

@@ -55,6 +55,16 @@ image data in chunks of 8 KiB or more (32,768 in a file at the 256 MiB read limi
 walk's limit is the same (`_native.MAX_PNG_CHUNKS`)."""
 
 
+MAX_JPEG_MARKERS: int = 1 << 12
+MAX_JPEG_FILL: int = 1 << 16
+"""The most markers (segments, restart and TEM markers alike) and fill bytes before markers a
+JPEG may have: `check_structure` refuses more, on every backend, before any decode. Pillow's
+parser (the CMYK path) reads each marker and fill byte in Python, about 1 us a byte, so 20 MiB
+of empty comments or fill bytes would cost seconds a decode; writers make a few dozen markers (a
+few hundred with a colour profile split into APP2 segments). The native walk's limits are the
+same (`_native.MAX_JPEG_MARKERS`, `_native.MAX_JPEG_FILL`)."""
+
+
 class Inspection(NamedTuple):
     """What `inspect_batch` found for one file."""
 
@@ -73,9 +83,9 @@ def _jpeg_ends_early(n: int) -> str:
 
 
 def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
-    # csrc/decode.cpp's walk_jpeg, line for line (its comments say why).
+    # csrc/structure.cpp's walk_jpeg, line for line (its comments say why).
     n = len(d)
-    pos, frame, scan, scans, width, height = 2, False, False, 0, 0, 0
+    pos, frame, scan, scans, width, height, markers, fill = 2, False, False, 0, 0, 0, 0, 0
     while True:
         if pos >= n:
             return _jpeg_ends_early(n), width, height
@@ -86,6 +96,14 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
             pos += 1
         if pos >= n:
             return _jpeg_ends_early(n), width, height
+        fill += pos - at - 1
+        if fill > MAX_JPEG_FILL:
+            return (f"corrupt JPEG: more than {MAX_JPEG_FILL} fill bytes before markers (the marker at byte {at} "
+                    "passes them)"), width, height
+        markers += 1
+        if markers > MAX_JPEG_MARKERS:
+            return (f"corrupt JPEG: more than {MAX_JPEG_MARKERS} markers (the marker at byte {at} is one too "
+                    "many)"), width, height
         m = d[pos]
         pos += 1
         if m == 0xD9:
@@ -149,7 +167,7 @@ def _chunk_name(t: bytes) -> str:
 def _walk_png(d: bytes) -> tuple[str | None, int, int]:
     # csrc/structure.cpp's walk_png, line for line.
     n = len(d)
-    pos, width, height, chunks = 8, 0, 0, 0
+    pos, width, height, chunks, profile = 8, 0, 0, 0, False
     while True:
         if n - pos < 8:
             return f"truncated PNG: no IEND chunk (the file ends after {n} bytes)", width, height
@@ -171,6 +189,9 @@ def _walk_png(d: bytes) -> tuple[str | None, int, int]:
             width, height = w, h
         if name == "IEND":
             return None, width, height
+        if name == "iCCP" and profile:
+            return f"corrupt PNG: a second iCCP chunk at byte {pos} (a PNG holds one colour profile)", width, height
+        profile = profile or name == "iCCP"
         pos += 12 + length
 
 

@@ -288,6 +288,87 @@ def test_many_png_chunks_refused_before_any_decode(tmp_path):
         list(fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu", num_workers=0))
 
 
+def cmyk_with(before_sos: bytes) -> bytes:
+    """A 16x16 CMYK JPEG (Pillow's path: the native decoder leaves CMYK to it) with `before_sos`
+    put before its first scan."""
+    out = io.BytesIO()
+    Image.new("CMYK", (16, 16), (10, 200, 30, 0)).save(out, "JPEG", quality=95)
+    d = out.getvalue()
+    sos = d.index(b"\xff\xda")
+    return d[:sos] + before_sos + d[sos:]
+
+
+@pytest.mark.parametrize("flood", ["markers", "fill"])
+def test_a_flood_of_jpeg_markers_or_fill_bytes_is_refused_before_any_decode(tmp_path, flood):
+    """Pillow parses a JPEG's markers and fill bytes in Python, about 1 us a byte: 20 MiB of
+    empty comments or of 0xFF fill cost seconds a decode (CMYK, which Pillow decodes). Over
+    MAX_JPEG_MARKERS markers or MAX_JPEG_FILL fill bytes the file is refused; at the bound it
+    decodes. The native and the Python walk agree."""
+    limit = _codec.MAX_JPEG_MARKERS if flood == "markers" else _codec.MAX_JPEG_FILL
+    assert (_codec._ext.MAX_JPEG_MARKERS, _codec._ext.MAX_JPEG_FILL) == (_codec.MAX_JPEG_MARKERS,
+                                                                      _codec.MAX_JPEG_FILL) == (1 << 12, 1 << 16)
+    base = cmyk_with(b"")
+    # the markers the walk counts: each after SOI, EOI included (no restart markers in its data)
+    have = sum(1 for i in range(2, len(base) - 1) if base[i] == 0xFF and base[i + 1] not in (0x00, 0xFF))
+    if flood == "markers":  # empty comments: 4 bytes a marker
+        at_limit, over = (cmyk_with(b"\xff\xfe\x00\x02" * (limit - have + k)) for k in (0, 1))
+    else:  # fill bytes before the first scan's marker
+        at_limit, over = (cmyk_with(b"\xff" * (limit + k)) for k in (0, 1))
+    for d in (at_limit, over):
+        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
+    assert _codec.check_structure(at_limit).cause is None
+    cause = _codec.check_structure(over).cause
+    assert cause.startswith(f"corrupt JPEG: more than {limit} {'markers' if flood == 'markers' else 'fill bytes'}")
+    (tmp_path / "flood.jpg").write_bytes(over)
+    (tmp_path / "ok.jpg").write_bytes(at_limit)
+    pairs = [(str(tmp_path / "ok.jpg"), 0), (str(tmp_path / "flood.jpg"), 1)]
+    loader = fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu",
+                             num_workers=0, on_error="skip")
+    (x, y), = list(loader)
+    assert y.tolist() == [0] and loader.stats["errors"][0]["cause"] == cause
+
+
+def test_a_second_png_colour_profile_is_refused_before_any_decode(tmp_path):
+    """Pillow inflates every iCCP chunk's profile, up to 1 MiB each: 10,000 of them in a 10 MB
+    file cost 30 s a decode. A PNG holds one profile (the PNG standard): a second is refused."""
+    rows = zlib.compress(b"".join(b"\0" + b"\x80" * 48 for _ in range(16)))
+    ihdr = (16).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    profile = png_chunk(b"iCCP", b"p\0\0" + zlib.compress(bytes(1 << 20)))
+
+    def png(profiles: int) -> bytes:
+        return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + profile * profiles + png_chunk(b"IDAT", rows) + \
+            png_chunk(b"IEND", b"")
+
+    one, two = png(1), png(2)
+    for d in (one, two):
+        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
+    assert _codec.check_structure(one).cause is None
+    assert _codec.check_structure(two).cause == \
+        f"corrupt PNG: a second iCCP chunk at byte {33 + len(profile)} (a PNG holds one colour profile)"
+
+
+def test_a_gif_of_many_comments_is_refused_before_pillow_reads_them(tmp_path):
+    """Pillow joins a GIF's comments by copying what it has so far (3 s for 1 MiB of empty
+    comment blocks, 27 s for 3 MiB): over MAX_GIF_BLOCKS extension blocks before the first
+    image a GIF is refused; within it, it decodes, comments and sub-blocks counted alike."""
+    from fastdata.image.check import MAX_GIF_BLOCKS, check_complete
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (250, 0, 0)).save(out, "GIF", comment=b"x" * 600)  # a comment of 3 sub-blocks
+    d = out.getvalue()
+    at = d.index(b"\x21\xfe")
+    within, over = (d[:at] + b"\x21\xfe\x00" * (MAX_GIF_BLOCKS - 4 + k) + d[at:] for k in (0, 1))
+    assert check_complete([within])[0][0] is None
+    assert check_complete([over])[0][0] == f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks before its first image"
+    (tmp_path / "ok.gif").write_bytes(within)
+    (tmp_path / "over.gif").write_bytes(over)
+    pairs = [(str(tmp_path / "ok.gif"), 0), (str(tmp_path / "over.gif"), 1)]
+    loader = fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu",
+                             num_workers=0, on_error="skip")
+    (x, y), = list(loader)
+    assert y.tolist() == [0] and x[0, :, 4, 4].tolist()[0] > 200 and loader.stats["skipped"] == 1
+
+
 def many_strips(strips: int, order: str) -> bytes:
     """A 16x16 grayscale TIFF (byte order `order`, "<" or ">") whose StripOffsets list `strips`
     strips, each the whole image."""
