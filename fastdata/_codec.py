@@ -33,13 +33,11 @@ AVAILABLE: bool = _ext is not None and bool(getattr(_ext, "HAVE_JPEG", False))
 """True when the native decoder is here: the extension is built, with libjpeg-turbo, and
 FASTDATA_DISABLE_NATIVE is not set."""
 
-
 MAX_IMAGE_PIXELS: int = 89_478_485
 """The most pixels (width x height, as the header claims) an image may have: larger ones are
 refused before any decode, as decompression bombs, on every backend. Pillow's own
 `Image.MAX_IMAGE_PIXELS` (where it warns; it refuses at twice that); the native decoder has the
 same limit (`_native.MAX_PIXELS`)."""
-
 
 MAX_SCANS: int = 100
 """The most scans a JPEG may have: `check_structure` refuses more, on every backend, before any
@@ -48,21 +46,16 @@ it takes, so a file of many tiny scans would cost seconds a decode; libjpeg's pr
 writes 10 (6 for grayscale). The native decoder's limit is the same (`_native.MAX_SCANS`)."""
 
 MAX_PNG_CHUNKS: int = 1 << 17
-"""The most chunks a PNG may have: `check_structure` refuses more, on every backend, before any
-decode. Pillow reads each chunk in Python and keeps every private one (about 5 us and 100 bytes
-a chunk however empty), so a file of empty chunks would cost seconds a decode; encoders write the
+"""The most chunks a PNG may have, refused above as MAX_SCANS is: Pillow reads each chunk in Python
+and keeps every private one (about 5 us and 100 bytes a chunk however empty); encoders write the
 image data in chunks of 8 KiB or more (32,768 in a file at the 256 MiB read limit). The native
 walk's limit is the same (`_native.MAX_PNG_CHUNKS`)."""
 
-
 MAX_JPEG_MARKERS: int = 1 << 12
 MAX_JPEG_FILL: int = 1 << 16
-"""The most markers (segments, restart and TEM markers alike) and fill bytes before markers a
-JPEG may have: `check_structure` refuses more, on every backend, before any decode. Pillow's
-parser (the CMYK path) reads each marker and fill byte in Python, about 1 us a byte, so 20 MiB
-of empty comments or fill bytes would cost seconds a decode; writers make a few dozen markers (a
-few hundred with a colour profile split into APP2 segments). The native walk's limits are the
-same (`_native.MAX_JPEG_MARKERS`, `_native.MAX_JPEG_FILL`)."""
+"""The most markers (restart markers too) and fill bytes before markers a JPEG may have, refused
+above as MAX_SCANS is: Pillow's parser (the CMYK path) reads each in Python, about 1 us a byte;
+writers make a few dozen markers. The native walk's are the same (`_native.MAX_JPEG_MARKERS`)."""
 
 
 class Inspection(NamedTuple):
@@ -96,14 +89,11 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
             pos += 1
         if pos >= n:
             return _jpeg_ends_early(n), width, height
-        fill += pos - at - 1
-        if fill > MAX_JPEG_FILL:
-            return (f"corrupt JPEG: more than {MAX_JPEG_FILL} fill bytes before markers (the marker at byte {at} "
-                    "passes them)"), width, height
-        markers += 1
-        if markers > MAX_JPEG_MARKERS:
-            return (f"corrupt JPEG: more than {MAX_JPEG_MARKERS} markers (the marker at byte {at} is one too "
-                    "many)"), width, height
+        fill, markers = fill + pos - at - 1, markers + 1
+        if fill > MAX_JPEG_FILL or markers > MAX_JPEG_MARKERS:
+            what = (f"{MAX_JPEG_FILL} fill bytes before markers (the marker at byte {at} passes them)"
+                    if fill > MAX_JPEG_FILL else f"{MAX_JPEG_MARKERS} markers (the marker at byte {at} is one too many)")
+            return f"corrupt JPEG: more than {what}", width, height
         m = d[pos]
         pos += 1
         if m == 0xD9:
