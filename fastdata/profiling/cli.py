@@ -38,7 +38,8 @@ collate (drop-in); read, DALI's decode and the copy out (`dali`); and, in the tr
 taking batches, the device stage and the host-to-device copy. They appear as `fastdata.*`
 ranges in a torch profiler trace too. The report gives their milliseconds per image, names the
 costliest, and advises: a rate model (RateModel) predicts what another worker count (or, on
-a GPU, placement="gpu") would give.
+a GPU, placement="gpu") would give, and says what bounds the rate (the workers, the cores, or
+the training process's own stages in series with the step).
 
 Progressive resizing: `--size 0:160,10:192,20:224` (epoch:size steps, each size from its epoch
 on) gives imagenet_train a size schedule, as `RandomResizedCrop(size=[(0, 160), ...])` does;
@@ -47,8 +48,9 @@ the input pipeline binds). A transform of `module:callable` with a schedule gets
 
 `--tune` searches num_workers, prefetch_factor, backend and placement. It measures one probe
 per backend and placement with the stages timed, predicts every config from those stage
-costs, and measures the best predictions. The winner is kept for this source, transform,
-batch size and machine (under ~/.cache/fastdata/tuned), where `num_workers="auto"` and
+costs, and measures the best predictions. It runs before the report is printed: a winner
+above the default beyond the noise is the report's first change. The winner is kept for this
+source, transform, batch size and machine (under ~/.cache/fastdata/tuned), where `num_workers="auto"` and
 `placement="auto"` find it; with --out, it is also written as `config.json` for
 `fastdata.loader(config=...)`.
 """
@@ -185,9 +187,9 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
     def body() -> int:
         setup = _setup(args)
         report = _run(args, *setup)
+        if args.tune:  # before the report is printed: a measured winner is its first change
+            report.add_tune(_run_tune(args, *setup))
         report.print()
-        if args.tune:
-            report.tune = _run_tune(args, *setup)
         if args.out:
             print(f"wrote {report.write(args.out)}/report.json and report.html")
         return 0
@@ -270,7 +272,8 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     space = {"num_workers": sorted({0, 1, *[w for w in (2, 4, 8, 16) if w <= cores], max(1, cores - 1), cores}),
              "prefetch_factor": [2, 4], "backend": backends, "placement": placements}
     # what the user gets untuned (num_workers="auto"): a tune must beat it by more than the noise
-    default = {"num_workers": resolve_workers("auto", device), "prefetch_factor": 2, "backend": backends[0], "placement": "cpu"}
+    default = {"num_workers": resolve_workers("auto", device), "prefetch_factor": 2, "backend": backends[0],
+               "placement": "cpu"}
 
     def make(config: dict):
         w = config["num_workers"]
@@ -283,8 +286,9 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     t = time.perf_counter()
     result = tune(make, space=space, step=step, step_ms=args.step_ms, steps=max(6, args.steps // 2), device=device,
                   default=default)
-    chosen = {k: v for k, v in result.chosen.items() if not (k == "prefetch_factor" and result.chosen["num_workers"] == 0)}
-    outcome = {**result.to_json(), "chosen": chosen, "seconds": time.perf_counter() - t}
+    chosen = {k: v for k, v in result.chosen.items()
+              if not (k == "prefetch_factor" and result.chosen["num_workers"] == 0)}
+    outcome = {**result.to_json(), "chosen": chosen, "default": default, "seconds": time.perf_counter() - t}
     path = store_tune(source, transform, args.batch_size, outcome)
     print(f"tuned: {json.dumps(chosen)} ({outcome['seconds']:.0f} s): {result.reason}")
     print(f"kept in {path}: num_workers='auto' and placement='auto' use it for this source "

@@ -8,10 +8,12 @@ import math
 import statistics
 from typing import Any, Callable
 
+import torch
+
 from .. import _optional as optional
 from .._cores import usable_cores
 from .._pillow import pillow_info
-from .report import INPUT_BOUND, WORKER_STAGES, Advice, Report
+from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, STAGES, WORKER_STAGES, Advice, Report
 
 
 @dataclasses.dataclass
@@ -24,13 +26,14 @@ class RateModel:
     step, in its thread, at the share of a core the scheduler leaves it beside the busy workers:
     it joins one core's run queue and shares that core with the workers there. Taking a batch
     sets a worker to work, so the workers busy at that rate, rounded up, are busy then (with as
-    many busy workers as cores, a stage there takes nearly twice its CPU time). The step costs a whole step a
-    batch, a short last batch too (`step` is a step over the images a step took on average).
-    With 0 workers a thread of the training process decodes ahead of the step, each batch over
-    all the cores: the slower of the two bounds, the loader at its loader-alone time an image
-    when the profile measured it so (its CPU seconds would overstate it: the decode threads
-    overlap), else its reads in series and its decode spread over the cores. Prefetch depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores
-    slowing each other down (memory bandwidth, caches)."""
+    many busy workers as cores, a stage there takes nearly twice its CPU time). The step costs a
+    whole step a batch, a short last batch too (`step` is a step over the images a step took on
+    average). With 0 workers a thread of the training process decodes ahead of the step, each
+    batch over all the cores: the slower of the two bounds, the loader at its loader-alone time
+    an image when the profile measured it so (its CPU seconds would overstate it: the decode
+    threads overlap), else its reads in series and its decode spread over the cores. Prefetch
+    depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores slowing each
+    other down (memory bandwidth, caches)."""
 
     work: float  # s an image in a worker: its stages, waits included
     cpu: float  # CPU s an image in the workers
@@ -59,24 +62,38 @@ class RateModel:
         return report.batch_size / report.step_images_per_s / (report.images_per_step or report.batch_size)
 
     def rate(self, workers: int) -> float:
+        return min(self.terms(workers).values())
+
+    def terms(self, workers: int) -> dict[str, float]:
+        """The bounds whose least is rate(workers), by what sets each: "loader" (0 workers: the
+        loader in the training process), "workers" (each worker's stages), "cores" (all the CPU
+        work over the cores), "main" (the training process's own stages in series with the step;
+        "step" where it has none)."""
+        series = "main" if self.main > 0 else "step"
         if workers == 0:
             # The decode thread runs ahead of the step; its batch spreads over the cores
             # (reads in series, the decode in parallel).
-            loader = self.serial if self.serial is not None else (self.work - self.cpu) + self.cpu / self.cores + self.main
-            return 1.0 / max(loader, self.main + self.step)
+            loader = self.serial
+            if loader is None:
+                loader = (self.work - self.cpu) + self.cpu / self.cores + self.main
+            out = {"loader": 1.0 / max(loader, 1e-12)}
+            if self.main + self.step > 0:
+                out[series] = 1.0 / (self.main + self.step)
+            return out
         cpu = self.cpu + (self.main if self.main_on_cpu else 0.0)
-        supply = min(workers / self.work, self.cores / max(cpu, 1e-9))
+        out = {"workers": workers / self.work, "cores": self.cores / max(cpu, 1e-9)}
         if self.main + self.step <= 0:
-            return supply
+            return out
+        supply = min(out.values())
         # The fewest busy workers consistent with the rate they make: with b of them busy, the
         # training process's core has b - cores + 1 of them (b / cores beyond the cores).
         for busy in range(workers + 1):
             beside = max(0, busy - self.cores + 1) if busy <= self.cores else busy / self.cores
             share = 1.0 / (1 + beside) if self.main_on_cpu else 1.0
-            rate = min(supply, 1.0 / (self.main / share + self.step))
-            if math.ceil(min(workers, rate * self.cpu) - 1e-9) <= busy:
+            out[series] = 1.0 / (self.main / share + self.step)
+            if math.ceil(min(workers, min(supply, out[series]) * self.cpu) - 1e-9) <= busy:
                 break
-        return rate
+        return out
 
     def moved(self, seconds: float) -> RateModel:
         """The model with `seconds` an image of CPU work taken off the workers (onto the GPU)."""
@@ -88,29 +105,47 @@ class RateModel:
 # measure(change) -> (the change's rates, the current config's rates), measured interleaved
 Measure = Callable[[dict], "tuple[list[float], list[float]]"]
 
+IMAGE_BACKENDS = ("pil", "wds", "dali", "ray")  # loaders over image files or shards, which the ray backend serves
+# One training process's pulls of batches from Ray's object store: about 3,000 images/s of
+# 224-pixel images (docs/guide.md, "Scale out with Ray": 56-85 ms a 256-image batch)
+RAY_PULLS_IMAGES_PER_S = 3000.0
+MAIN_STAGES = {"device_stage": "the device stage", "deliver": "taking batches"}  # the training process's own
 
-def advise(loader: Any, report: Report, measure: Measure | None = None) -> None:
+
+def advise(loader: Any, report: Report, measure: Measure | None = None, *, script: bool = False) -> None:
     """Fills report.advice: each change the rate model predicts to help, with its keywords and
-    figure, and what else the stages show. No figure exceeds the report's ceiling (the cores
-    over the CPU an image) and no worker count exceeds the usable cores. With `measure`, each
-    predicted change is measured against the current config before it is advised, and only a
-    measured gain is advised as a change (confidence "measured"); without it, a prediction
-    stays the model's, which the headline does not name (Report.first_change)."""
+    figure, and what else the stages show; and report.limit, what bounds the rate (the
+    headline's words when no measured change leads it). No figure exceeds the report's ceiling
+    (the cores over the CPU an image) and no worker count exceeds the usable cores. With
+    `measure`, each predicted change is measured against the current config before it is
+    advised, and only a measured gain is advised as a change (confidence "measured"); without
+    it, a prediction stays the model's, which the headline does not name (Report.first_change).
+    `script`: a loader `fastdata run` served in a script's own run, where 0 workers were kept
+    because workers could change the script's batches: no worker count is advised from 0."""
     advice = report.advice
     stall, stages = report.stall_fraction, report.stages
     if stall is not None and stall <= INPUT_BOUND:
-        advice.append(Advice("nothing to change on the input side"))
+        advice.append(Advice(NOTHING_TO_CHANGE))
         return
     measured = report.together_images_per_s or report.loader_images_per_s
     workers = getattr(loader, "num_workers", None)
     cores = usable_cores()
     model = RateModel.of(report, cores)
     ceiling = report.ceiling_images_per_s
+    images = report.config.get("backend") in IMAGE_BACKENDS
+    fixed = script and workers == 0
+    how = ("fastdata profile SOURCE --tune measures it" if images else
+           "the script's run with it measures it" if script else "fastdata.profile(..., rebuild=...) measures it")
 
     def bounded(rate: float) -> float:
         return min(rate, ceiling) if ceiling else rate
 
-    if model is not None and isinstance(workers, int) and report.config.get("backend") not in ("dali", "ray"):
+    if fixed:
+        advice.append(Advice("num_workers not advised: this loader runs with 0 workers in the script's run, and "
+                             "workers could change its batches where the script's own Dataset, sampler or keywords "
+                             "run in them (fastdata run gives workers only where they cannot; its summary says why "
+                             "this loader has none)"))
+    elif model is not None and isinstance(workers, int) and report.config.get("backend") not in ("dali", "ray"):
         now = bounded(model.rate(workers))
         counts = sorted({0, 1, max(1, cores - 1), cores} - {workers})
         options = {w: bounded(model.rate(w)) for w in counts}
@@ -120,10 +155,12 @@ def advise(loader: Any, report: Report, measure: Measure | None = None) -> None:
                 Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
                        f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
                        {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
-                measure))
+                measure, how))
     elif workers == 0 and cores > 1:
-        advice.append(Advice(f"num_workers='auto' ({cores} here) instead of 0: decoding moves off the training process",
-                             {"num_workers": "auto"}))
+        # fastdata.loader takes "auto"; torch's DataLoader (any other loader) takes a count
+        count = "'auto'" if images else str(cores)
+        advice.append(Advice(f"num_workers={count} ({cores} here) instead of 0: decoding moves off the training "
+                             "process (no stage was timed: no figure)", {"num_workers": "auto" if images else cores}))
     pixel = stages.get("cpu_transforms", 0)
     device = getattr(loader, "device", None)
     if (model is not None and getattr(loader, "placement", None) == "cpu" and device is not None
@@ -132,7 +169,7 @@ def advise(loader: Any, report: Report, measure: Measure | None = None) -> None:
         advice.append(_checked(
             Advice(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms of CPU a "
                    f"batch) to the GPU: about {gain:,.0f} images/s", {"placement": "gpu"}, gain, "model"),
-            "placement='gpu'", measure))
+            "placement='gpu'", measure, how))
     if not pillow_info().get("simd", False):
         advice.append(Advice("Pillow-SIMD is not active: bash scripts/install.sh builds it (the README's ImageNet "
                              "benchmark compares the two)"))
@@ -140,27 +177,32 @@ def advise(loader: Any, report: Report, measure: Measure | None = None) -> None:
         in_workers = 1e3 * model.work / workers  # ms an image, in parallel
         device_ms = stages.get("device_stage", 0)
         if device_ms > 0.25 * in_workers:
-            advice.append(Advice(f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms "
-                                 f"an image in the training process, against {in_workers:.2f} in the workers"
-                                 + (": on a CPU device it competes with them; a CUDA device runs it on the GPU"
-                                    if device is not None and device.type == "cpu" else "")))
+            on_cpu = device is not None and device.type == "cpu"
+            advice.append(Advice(
+                f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms an image "
+                f"in the training process, against {in_workers:.2f} in the workers"
+                + (": on a CPU device it competes with them" if on_cpu else "")
+                + ("; a CUDA device runs it on the GPU" if on_cpu and torch.cuda.is_available() else "")))
     step_rate = report.step_images_per_s
-    more = scale_out(step_rate, model, cores, workers if report.config.get("backend") == "ray" else None, ceiling)
-    if more is not None:
-        advice.append(more)
+    if images:  # the ray backend serves image files and shards, not a Dataset
+        more = scale_out(step_rate, model, cores, workers if report.config.get("backend") == "ray" else None, ceiling)
+        if more is not None:
+            advice.append(more)
     if step_rate is not None and report.loader_images_per_s < step_rate:
         advice.append(Advice(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
                              f"{step_rate:,.0f}: input is the bound"))
-    if not advice:
-        advice.append(Advice("no change found to suggest"))
+    if report.verdict == "input-bound":  # the headline says what bounds the step and what would help
+        report.limit = limit(report, model, workers, loader, fixed)
+    elif not advice:
+        advice.append(Advice(NO_CHANGE))
 
 
-def _checked(predicted: Advice, name: str, measure: Measure | None) -> Advice:
+def _checked(predicted: Advice, name: str, measure: Measure | None, how: str) -> Advice:
     """A predicted change, measured when `measure` is given: advised as measured when every run
-    with it beat every run without it, else said to give no gain (and not advised)."""
+    with it beat every run without it, else said to give no gain (and not advised). Without
+    `measure`, said to be the model's figure, and `how` it would be measured."""
     if measure is None:
-        return dataclasses.replace(predicted, text=f"{predicted.text}; the rate model's figure, not measured "
-                                                    "(fastdata profile SOURCE --tune measures it)")
+        return dataclasses.replace(predicted, text=f"{predicted.text}; the rate model's figure, not measured ({how})")
     runs, base = measure(predicted.change)
     got, now = statistics.median(runs), statistics.median(base)
     figures = f"{got:,.0f} images/s against {now:,.0f} now ({len(runs)} runs each, interleaved)"
@@ -170,22 +212,116 @@ def _checked(predicted: Advice, name: str, measure: Measure | None) -> Advice:
                   f"{predicted.predicted_images_per_s:,.0f}")
 
 
+def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fixed: bool) -> dict | None:
+    """What bounds the rate under the rate model, for the headline: the least of its bounds
+    (RateModel.terms) and the costliest stage of what sets it (worker stages over the workers,
+    the CPU stages over the cores, the training process's own stages in series with the step),
+    as a sentence ("text"), with what would help ("helps": (words, the keywords it sets or
+    None)), only what this machine offers: a GPU decode or placement="gpu" only where a CUDA
+    device is, a worker count only below the usable cores and never for a `fixed` loader; and
+    what would not ("not"). None when the model cannot say (no stages, or the step itself)."""
+    if model is None or not isinstance(workers, int):
+        return None
+    terms = model.terms(workers)
+    kind = min(terms, key=terms.get)
+    if kind == "workers" and terms["cores"] <= 1.01 * terms["workers"]:
+        kind = "cores"  # as many workers as the cores keep busy: the cores bound them
+    if kind == "step" or (kind == "main" and model.step > 0.9 / terms["main"]):
+        return None  # the step itself, the training process's own stages adding under a tenth to it
+    st, rate, step = report.stages, terms[kind], report.step_images_per_s or 0.0
+    names = {"workers": WORKER_STAGES, "main": tuple(MAIN_STAGES),
+             "cores": [s for s in (*WORKER_STAGES, "device_stage", "deliver") if s != "read"],
+             "loader": (*WORKER_STAGES, "device_stage", "deliver")}[kind]
+    stage = max((s for s in names if st.get(s, 0) > 0), key=st.get, default=None)
+    if stage is None:
+        return None
+    what, ms, against = STAGES[stage].split(" (")[0], st[stage], f"against the step's {step:,.0f}"
+    if kind == "main":
+        alone = 1.0 / (model.main + model.step)  # with a core of its own
+        own = ", ".join(f"{MAIN_STAGES[s]} {st[s]:.2f}" for s in sorted(MAIN_STAGES, key=lambda s: -st.get(s, 0))
+                        if st.get(s, 0) > 0)
+        text = (f"the training process runs its own stages ({1e3 * model.main:.2f} ms an image: {own}) in series "
+                "with the step")
+        if rate < 0.95 * alone:  # it shares its core with busy workers
+            return {"text": f"{text}, on a core it shares with the workers: the rate together holds at about "
+                            f"{rate:,.0f} images/s {against}, and at most {alone:,.0f} with a core of its own",
+                    "helps": _helps(report, stage, loader, [("more CPU cores", None)]), "not": None}
+        return {"text": f"{text}: the rate together holds at about {rate:,.0f} images/s {against}",
+                "helps": _helps(report, stage, loader, []), "not": "more workers, cores or nodes would not"}
+    if kind == "workers":
+        text = (f"{workers} worker{'s give' if workers > 1 else ' gives'} at most {rate:,.0f} images/s {against}; "
+                f"{what} costs the most of a worker's {1e3 * model.work:.2f} ms an image")
+        more = [(f"more workers (up to the {model.cores} usable cores)" if workers < model.cores else
+                 "more CPU cores (with as many workers)", None)]
+    elif kind == "cores":
+        text = (f"the {model.cores} cores give at most {rate:,.0f} images/s (the ceiling) {against}; {what} costs the "
+                f"most of the CPU an image ({ms:.2f} ms)")
+        more = [("more CPU cores", None)]
+    else:
+        text = (f"with no workers the training process makes the batches, at most {rate:,.0f} images/s {against}; "
+                f"{what} costs the most ({ms:.2f} ms an image)")
+        more = [] if fixed or model.cores < 2 else [("workers (num_workers above 0)", None)]
+    return {"text": text, "helps": _helps(report, stage, loader, more), "not": None}
+
+
+def _helps(report: Report, stage: str, loader: Any, more: list) -> list[tuple[str, dict | None]]:
+    """What would make `stage` cheaper, of what this machine offers, after `more`."""
+    cuda, images = torch.cuda.is_available(), report.config.get("backend") in IMAGE_BACKENDS
+    on_cpu = str(report.config.get("device", "cpu")).startswith("cpu")
+    helps = list(more)
+    if stage == "decode" and images:
+        pixel_ops = getattr(getattr(loader, "transform", None), "pixel_ops", ())
+        if cuda and not pixel_ops and report.config.get("backend") != "dali":  # the dali backend runs no pixel ops
+            got = "" if optional.has("dali") else f" ({optional.missing('dali', 'backend dali')})"
+            helps.append((f"a GPU decode (backend='dali'{got})", {"backend": "dali"}))
+        helps.append(("a smaller crop", None))
+    elif stage == "cpu_transforms" and cuda and images:
+        helps.append(("placement='gpu' for the pixel ops", {"placement": "gpu"}))
+    elif stage == "device_stage":
+        if cuda and on_cpu:
+            helps.append(("device='cuda', which runs the device stage on the GPU", {"device": "cuda"}))
+        helps.append(("fewer ops in the device stage", None))
+    else:
+        helps += {"read": [("faster storage", None)], "dataset": [("a cheaper __getitem__", None)],
+                  "collate": [("fewer or smaller tensors a sample", None)]}.get(stage, [])
+    return helps
+
+
 def scale_out(step_rate: float | None, model: RateModel | None, cores: int, actors: int | None,
               ceiling: float | None = None) -> Advice | None:
     """When the step consumes more images/s than these CPUs can decode (the report's ceiling:
     their cores over the CPU seconds an image costs; with the `ray` backend, its actors' CPUs):
     how many more nodes of `cores` CPUs the `ray` backend needs to close the gap, and how to
-    install Ray where it is not."""
+    install Ray where it is not. Nodes decode, but one training process still runs its own
+    stages in series with the step and pulls every batch from Ray's object store: the rate
+    together stays below both bounds, whatever the nodes. Where the lower of the two is below
+    the step's rate, the advice says so and counts the nodes to reach it, or none where these
+    CPUs (within 10%) already give it."""
     if not step_rate or model is None or model.cpu <= 0:
         return None
     node = ceiling if ceiling else cores / model.cpu  # images/s one node of this machine's cores decodes
     have = node * (actors / cores if actors else 1)
     if step_rate <= 1.1 * have:
         return None
-    nodes = math.ceil((step_rate - have) / node)
     where = f"the cluster's {actors} Ray CPUs give" if actors else "this machine's CPUs give"
-    text = (f"this step consumes {step_rate:,.0f} images/s; {where} {have:,.0f}; {nodes} more {cores}-core "
-            f"node{'s' if nodes > 1 else ''} close{'' if nodes > 1 else 's'} the gap")
+    text = f"this step consumes {step_rate:,.0f} images/s; {where} {have:,.0f}"
+    series = 1.0 / (model.main + model.step) if model.main + model.step > 0 else math.inf
+    bound, why = min((series, f"its own stages taking {1e3 * model.main:.2f} ms an image in series with the step's "
+                              f"{1e3 * model.step:.2f} ms"),
+                     (RAY_PULLS_IMAGES_PER_S, "its pulls from Ray's object store giving about 3,000 images/s of "
+                                              "224-pixel images (docs/guide.md)"))
+    target = min(step_rate, bound)
+    if target <= 1.1 * have:
+        return Advice(f"{text}, but one training process takes at most about {bound:,.0f} images/s here, {why}: "
+                      "more nodes would not lift the rate past that", confidence="model")
+    nodes = math.ceil((target - have) / node)
+    plural = nodes > 1
+    text += f"; {nodes} more {cores}-core node{'s' if plural else ''} "
+    if target < step_rate:
+        text += (f"bring{'' if plural else 's'} it to about {bound:,.0f}, not to the step's rate: one training process "
+                 f"takes at most that, {why}")
+    else:
+        text += f"close{'' if plural else 's'} the gap"
     if not actors:
         text += " (backend='ray' decodes on a Ray cluster's CPUs"
         text += ")" if optional.has("ray") else f"; {optional.missing('ray', 'backend ray')})"

@@ -46,6 +46,8 @@ COSTS = frozenset((*WORKER_STAGES, "device_stage"))
 
 VERDICTS = ("input-bound", "compute-bound", "balanced")  # report.json's verdict: one of these, or null
 SCHEMA = "fastdata.profile.report/3"  # report.json's schema (report.schema.json beside this module)
+NOTHING_TO_CHANGE = "nothing to change on the input side"  # the advice when the step did not wait
+NO_CHANGE = "no change found to suggest"  # the advice of a report that is not input-bound, with nothing else
 
 
 @dataclasses.dataclass
@@ -94,11 +96,14 @@ class Report:
     # (measure.rates_per_size: epoch, size [h, w], batches, images_per_s)
     sizes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     created: str = dataclasses.field(default_factory=lambda: now_utc())
+    # what bounds the rate under the rate model, for the headline (model.limit): "text", "helps"
+    # (words, the keywords they set or None), "not"; None where the model cannot say
+    limit: dict[str, Any] | None = None
 
     @property
     def first_change(self) -> Advice | None:
-        """The one change to make first: the measured change with the highest rate (a tune's or
-        the profile's own check of a prediction); None without one."""
+        """The one change to make first: the measured change with the highest rate (a tune's
+        winner, `add_tune`, or the profile's own check of a prediction); None without one."""
         changes = [a for a in self.advice if a.change and a.confidence == "measured"]
         if changes:
             return max(changes, key=lambda a: a.predicted_images_per_s or 0.0)
@@ -107,7 +112,7 @@ class Report:
     @property
     def headline(self) -> str:
         """The report's one line: the measured change to make first, or else what bounds the
-        step and what would help."""
+        step and what would help (`limit`, less what a tune measured and did not pick)."""
         first = self.first_change
         if first is not None:
             return first.text
@@ -115,20 +120,54 @@ class Report:
             return "the loader was timed alone: give a step to see what bounds training"
         if self.verdict != "input-bound":
             return "nothing to change on the input side: the step itself bounds training"
-        stage = self.bound or "the loader"
-        what = STAGES.get(stage, "").split(" (")[0] or stage
-        text = f"input bounds the step: {what} costs the most"
-        if self.bound in self.stages:
-            text += f" ({self.stages[self.bound]:.2f} ms an image)"
-        if self.ceiling_images_per_s and self.step_images_per_s:
-            text += (f"; this pipeline's ceiling on these cores is {self.ceiling_images_per_s:,.0f} images/s against "
-                     f"the step's {self.step_images_per_s:,.0f}")
-        helps = {"decode": "more CPU cores, a GPU decode (backend='dali') or a smaller crop would help",
-                 "read": "more workers to overlap the waits, or faster storage, would help",
-                 "cpu_transforms": "placement='gpu' for the pixel ops, or more CPU cores, would help",
-                 "dataset": "a cheaper __getitem__ or more CPU cores would help",
-                 "collate": "fewer or smaller tensors a sample would help"}.get(self.bound or "", "")
-        return f"{text}: {helps}" if helps else text
+        if self.limit is None:
+            if self.bound not in self.stages:
+                return (f"input bounds the step: the loader alone gives {self.loader_images_per_s:,.0f} images/s "
+                        f"against the step's {self.step_images_per_s or 0:,.0f}")
+            what = STAGES.get(self.bound, "").split(" (")[0] or self.bound
+            return f"input bounds the step: {what} costs the most ({self.stages[self.bound]:.2f} ms an image)"
+        text = f"input bounds the step: {self.limit['text']}"
+        helps = [words for words, change in self.limit["helps"] if not (change and self._tune_passed_over(change))]
+        if helps:
+            text += f": {', '.join(helps[:-1])}{' or ' if len(helps) > 1 else ''}{helps[-1]} would help"
+        return f"{text}; {self.limit['not']}" if self.limit.get("not") else text
+
+    def _tune_passed_over(self, change: dict) -> bool:
+        """Whether the tune measured a config with `change` and picked another."""
+        if not self.tune:
+            return False
+        configs = [c.get("config") or {} for c in (*self.tune.get("candidates", ()), *self.tune.get("probes", ()))]
+        chosen = self.tune.get("chosen") or {}
+        return any(change.items() <= c.items() for c in configs) and not change.items() <= chosen.items()
+
+    def add_tune(self, outcome: dict[str, Any]) -> None:
+        """Takes the tune's outcome (with "default", the untuned config it was measured against).
+        A winner other than the default lies above the default beyond the noise (tune.pick): it
+        is advised as a measured change, and leads the headline where no measured change beats
+        it. A change the profile measured that the tune measured too and did not pick is no
+        longer advised as one, and the lines that said nothing was to change go."""
+        self.tune = outcome
+        default, chosen = outcome.get("default"), outcome.get("chosen") or {}
+        if default is None:
+            return
+        for k, a in enumerate(self.advice):
+            if a.change and a.confidence == "measured" and self._tune_passed_over({**default, **a.change}):
+                self.advice[k] = Advice(f"{a.text}; the tune measured it too and picked {_name(chosen)}")
+        change = {k: v for k, v in chosen.items() if default.get(k) != v}
+        runs = {json.dumps(c["config"], sort_keys=True): c for c in outcome.get("candidates", ())}
+        won = next((c for c in runs.values() if chosen.items() <= c["config"].items()), None)
+        base = runs.get(json.dumps(default, sort_keys=True))
+        if not change or won is None or base is None:
+            return
+        low, high = won["interval_images_per_s"]
+        b_low, b_high = base["interval_images_per_s"]
+        self.advice[:] = [a for a in self.advice if a.text not in (NO_CHANGE, NOTHING_TO_CHANGE)]
+        was = {k: default.get(k) for k in change}
+        self.advice.append(Advice(
+            f"{_name(change)} instead of {_name(was) if len(was) > 1 else repr(*was.values())}: the tune measured "
+            f"{won['median_images_per_s']:,.0f} images/s ({low:,.0f}-{high:,.0f}) against the default's "
+            f"{base['median_images_per_s']:,.0f} ({b_low:,.0f}-{b_high:,.0f}), {len(won['runs_images_per_s'])} runs "
+            "each, interleaved", change, won["median_images_per_s"], "measured"))
 
     def _rate(self, name: str, rate: float) -> str:
         """A rate as the terminal shows it: not at all where it is flagged as above the ceiling."""
@@ -195,7 +234,8 @@ class Report:
         lines = [f"fastdata-profile: {self.source}", f"  config: {json.dumps(self.config)}",
                  f"  loader alone:   {self._rate('loader alone', self.loader_images_per_s):>10} images/s"]
         if self.ceiling_images_per_s:
-            lines.append(f"  ceiling:        {self.ceiling_images_per_s:10,.0f} images/s (the cores over the CPU an image)")
+            lines.append(f"  ceiling:        {self.ceiling_images_per_s:10,.0f} images/s "
+                         "(the cores over the CPU an image)")
         if self.step_images_per_s is not None:
             lines.append(f"  step alone:     {self.step_images_per_s:10,.0f} images/s")
             lines.append(f"  together:       {self._rate('together', self.together_images_per_s):>10} images/s "
@@ -204,8 +244,8 @@ class Report:
                 lines.append(f"  {self.epoch_start_note()}")
         if self.stages:
             lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
-            lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}" + ("   <- the most" if name == self.bound else "")
-                      for name, ms in self.stages.items()]
+            lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}"
+                      + ("   <- the most" if name == self.bound else "") for name, ms in self.stages.items()]
         lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
         lines.append(f"  first: {self.headline}")
@@ -273,6 +313,10 @@ class Report:
         (out / "report.json").write_text(json.dumps(self.to_json(), indent=2) + "\n")
         (out / "report.html").write_text(self.to_html())
         return out
+
+
+def _name(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in config.items())
 
 
 def _where(stage: str) -> str:

@@ -219,13 +219,14 @@ def _copied(record: dict[str, Any]) -> str:
 
 
 def write_reports(loaders: list[dict[str, Any]], out: Path) -> list[str]:
-    """Writes a report per served loader that delivered a batch, in out/loader-K; a line each."""
+    """Writes a report per served loader that timed a step, in out/loader-K; a line each."""
     from ._profile import report
 
     lines = []
     timed = [r for r in loaders if r.get("profile")]
     if not timed:
-        return ["fastdata run --profile: no served loader delivered a batch: no report"]
+        return ["fastdata run --profile: no served loader delivered 2 batches (a step is timed from one batch to "
+                "the next): no report"]
     for k, r in enumerate(timed, 1):
         rep = report(r["profile"], f"{r['where']} {r['loader']}({r['dataset']})")
         folder = rep.write(out / f"loader-{k}")

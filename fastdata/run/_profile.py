@@ -130,5 +130,5 @@ def report(profile: dict[str, Any], source: str) -> Report:
         r.verdict, why = "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
     r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps; {how})"
     check_ceiling(r, max(profile["batches"], 1))
-    advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r)
+    advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r, script=True)
     return r

@@ -122,6 +122,67 @@ def test_the_verdict_is_a_word_and_the_advice_objects(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text()) == json.loads(json.dumps(data))
 
 
+def _tune_measuring(winner_rate: float, kept: bool = False):
+    """`tune` with its measurements stubbed: 3 runs of the default around 1,000 images/s and of
+    another worker count around `winner_rate`, the pick tune.pick makes of them."""
+    from fastdata.profiling.tune import Candidate, TuneResult, pick
+
+    def tune(make, *, space, default, **kwargs):
+        other = Candidate({**default, "num_workers": 0 if default["num_workers"] else 1}, None,
+                          [winner_rate - 100, winner_rate, winner_rate + 100])
+        base = Candidate(dict(default), None, [900.0, 1000.0, 1100.0])
+        chosen, reason = pick([other, base], default, default["backend"])
+        return TuneResult(dict(chosen.config), reason, [other, base], [])
+    return tune
+
+
+def test_a_tune_winner_is_the_first_change(folder, tmp_path, monkeypatch, capsys):
+    """A config the tune measured above the default beyond the noise is the one change to make
+    first: in the headline, report.json's first_change, the HTML page and the printed report."""
+    import html
+
+    from fastdata.profiling import cli
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cli, "tune", _tune_measuring(20000.0))  # above any rate of a 5 ms step of 8 images
+    out = tmp_path / "out"
+    assert cli.main([str(folder), "--step-ms", "5", "--steps", "3", "--batch-size", "8", "--size", "16", "--tune",
+                     "--out", str(out), "--debug"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    jsonschema.validate(data, SCHEMA)
+    first = data["first_change"]
+    assert first is not None and first["confidence"] == "measured" and first["predicted_images_per_s"] == 20000
+    default = data["tune"]["default"]  # the untuned config the tune measured against
+    assert first["change"] == {"num_workers": 0 if default["num_workers"] else 1} and first in data["advice"]
+    assert data["headline"] == first["text"] and "the tune measured 20,000 images/s (19,900-20,100)" in first["text"]
+    assert html.escape(first["text"]) in (out / "report.html").read_text()
+    printed = capsys.readouterr().out
+    assert printed.index("tuned: ") < printed.index("first: ") and "the tune measured 20,000" in printed
+
+
+def test_a_change_the_tune_kept_the_default_over_is_not_the_first():
+    """The profile's own check measured a change as a gain; the tune measured it too, within the
+    noise of the default, and kept the default: the report advises no change first."""
+    from fastdata.profiling import Report
+    from fastdata.profiling.report import Advice
+
+    default = {"num_workers": 2, "prefetch_factor": 2, "backend": "pil", "placement": "cpu"}
+
+    def candidate(config, runs):
+        return {"config": config, "predicted_images_per_s": None, "runs_images_per_s": runs,
+                "median_images_per_s": runs[1], "interval_images_per_s": [runs[0], runs[-1]]}
+
+    report = Report("x", 8, 900.0, 2000.0, 800.0, 0.5, "input-bound", "", [], {"num_workers": 2},
+                    advice=[Advice("num_workers=0 instead of 2: measured 1,100 images/s against 800 now",
+                                   {"num_workers": 0}, 1100.0, "measured")])
+    assert report.first_change is not None
+    report.add_tune({"chosen": default, "default": default, "reason": "kept the default", "probes": [],
+                     "candidates": [candidate({**default, "num_workers": 0}, [950.0, 1050.0, 1150.0]),
+                                    candidate(default, [900.0, 1000.0, 1100.0])]})
+    assert report.first_change is None and report.headline.startswith("input bounds the step")
+    assert "the tune measured it too and picked num_workers=2" in report.advice[0].text
+
+
 def test_on_error_skip_counts_the_bad_files(bad_folder, tmp_path):
     done = _cli(str(bad_folder), "--step-ms", "2", "--steps", "3", "--batch-size", "4", "--size", "16",
                 "--workers", "0", "--on-error", "skip", "--out", str(tmp_path))

@@ -234,9 +234,118 @@ def test_advice_predicts_workers():
     assert prediction.predicted_images_per_s <= (report.ceiling_images_per_s or float("inf"))
     assert f"num_workers={prediction.change['num_workers']} instead of 0" in prediction.text
     assert "not measured" in prediction.text
+    assert "fastdata profile SOURCE" not in prediction.text  # a command that takes no Dataset
     assert report.first_change is None
-    assert report.headline.startswith("input bounds the step: reading the bytes costs the most")  # the sleep
+    assert report.headline.startswith("input bounds the step: ")
+    assert "reading the bytes costs the most" in report.headline  # the sleep
     assert report.to_json()["headline"] == report.headline
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """Advice as on a 2-core machine without a GPU, Pillow-SIMD active."""
+    monkeypatch.setattr("fastdata.profiling.model.usable_cores", lambda: 2)
+    monkeypatch.setattr("fastdata.run._profile.usable_cores", lambda: 2)
+    monkeypatch.setattr("fastdata.profiling.model.pillow_info", lambda: {"simd": True})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: dict | None = None):
+    """A report with the stage costs `fastdata-profile synthetic` measured on 2 cores (0.72 ms
+    of decode in the workers, 0.30 in the training process), 256-image batches and a step of
+    `step_ms`, advised."""
+    from types import SimpleNamespace
+
+    from fastdata.profiling import Report
+    from fastdata.profiling.measure import check_ceiling
+    from fastdata.profiling.model import advise
+
+    stages = stages or {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.29,
+                        "deliver": 0.01}
+    report = Report("x", 256, 982.0, 256 / (step_ms / 1e3), 931.0, 0.63, "input-bound", "", [],
+                    {"backend": backend, "num_workers": workers, "device": "cpu"}, stages=stages, bound="decode",
+                    images_per_step=256)
+    check_ceiling(report, steps=30, cores=2)
+    loader = SimpleNamespace(num_workers=workers, device=torch.device("cpu"), placement="cpu",
+                             transform=SimpleNamespace(pixel_ops=()))
+    advise(loader, report)
+    return report
+
+
+def test_nodes_are_advised_only_up_to_what_one_training_process_takes(two_cores):
+    """The device stage runs in the training process in series with the step, and one process
+    pulls about 3,000 images/s from Ray: no count of nodes lifts the rate together past either."""
+    import math
+    import re
+
+    slow = _synthetic(100)  # the step consumes 2,560 images/s, the cores give 1,961
+    (said,) = [a.text for a in slow.advice if "this step consumes" in a.text]
+    alone = 1 / (0.30e-3 + 0.1 / 256)  # the training process's stages and the step: 1,445 images/s
+    assert f"one training process takes at most about {alone:,.0f} images/s" in said, said
+    assert "more nodes would not lift the rate past that" in said and "gap" not in said, said
+    fast = _synthetic(5)  # 51,200 images/s: Ray's pulls bound one process first
+    (said,) = [a.text for a in fast.advice if "this step consumes" in a.text]
+    found = re.search(r"; (\d+) more 2-core nodes? brings? it to about ([\d,]+), not to the step's rate", said)
+    assert found and int(found[2].replace(",", "")) == 3000 and "object store" in said, said
+    assert int(found[1]) == math.ceil((3000 - fast.ceiling_images_per_s) / fast.ceiling_images_per_s)
+    dataset = _synthetic(5, backend="torch")  # a Dataset: the ray backend serves only images and shards
+    assert not [a.text for a in dataset.advice if "ray" in a.text or "node" in a.text]
+
+
+def test_the_headline_names_what_bounds_the_rate(two_cores, monkeypatch):
+    """The costliest stage is the workers' decode, but the device stage runs in the training
+    process in series with the step: that bounds the rate. A GPU decode is named only where a
+    CUDA device is."""
+    head = _synthetic(100).headline
+    assert head.startswith("input bounds the step: the training process runs its own stages (0.30 ms an image: "
+                           "the device stage 0.29, taking batches 0.01) in series with the step"), head
+    assert "more CPU cores" in head and "dali" not in head and "GPU" not in head, head
+    workers = {"read": 0.06, "decode": 1.72, "device_stage": 0.05, "deliver": 0.01}
+    head = _synthetic(100, workers=1, stages=workers).headline
+    assert head.startswith("input bounds the step: 1 worker gives at most 562 images/s"), head
+    assert "JPEG decode, crop, resize costs the most" in head and "more workers (up to the 2 usable cores)" in head
+    assert "dali" not in head
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    head = _synthetic(100, stages=workers).headline  # 2 workers on 2 cores: the cores bound them
+    assert head.startswith("input bounds the step: the 2 cores give at most 1,124 images/s (the ceiling)"), head
+    assert "more CPU cores, a GPU decode (backend='dali'" in head, head
+
+
+def _script_run(stages: dict, workers: int = 0, wait: float = 0.5) -> dict:
+    """A served loader's figures in `fastdata run --profile`: 20 steps of 32 images, 5 ms each."""
+    return {"batches": 20, "images": 640, "wait_s": wait, "compute_s": 0.1, "steps": [(wait / 20, 0.005, k == 0)
+            for k in range(20)], "stages": stages, "num_workers": workers, "batch_size": 32}
+
+
+@pytest.mark.parametrize("stages", [{}, {"dataset": 0.9, "read": 0.0, "collate": 0.01, "images": 640}])
+def test_a_script_loader_kept_at_0_workers_gets_no_worker_count(two_cores, stages):
+    """fastdata run kept num_workers=0 (workers could change the script's batches): no worker
+    count ('auto' least of all: torch's DataLoader refuses it), no Ray for a Dataset, no command
+    that cannot take one; and the report says why workers are not advised."""
+    from fastdata.run._profile import report
+
+    r = report(_script_run(stages), "train.py:9 DataLoader(Folder)")
+    said = [a.text for a in r.advice]
+    assert r.verdict == "input-bound" and not [a for a in r.advice if a.change], said
+    assert any(t.startswith("num_workers not advised: this loader runs with 0 workers") for t in said), said
+    assert not [t for t in said if "'auto'" in t or "fastdata profile" in t or "ray" in t or "node" in t], said
+    assert "no change found to suggest" not in said and "workers (num_workers" not in r.headline, r.headline
+
+
+def test_an_input_bound_report_does_not_say_there_is_nothing_to_change(two_cores):
+    """The headline says what bounds an input-bound step and what would help: the advice does
+    not say beside it that no change was found."""
+    from types import SimpleNamespace
+
+    from fastdata.profiling import Report
+    from fastdata.profiling.model import advise
+
+    report = Report("x", 64, 13500.0, 12974.0, 10000.0, 0.2, "input-bound", "", [],
+                    {"backend": "torch", "num_workers": 2, "device": "cpu"}, stages={"dataset": 0.08},
+                    bound="dataset", images_per_step=64)
+    advise(SimpleNamespace(num_workers=2, device=None, placement=None), report)
+    assert "no change found to suggest" not in [a.text for a in report.advice]
+    assert report.headline.startswith("input bounds the step: the Dataset's __getitem__ costs the most")
 
 
 class Slower(Busy):

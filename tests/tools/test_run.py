@@ -211,6 +211,19 @@ def test_profile_writes_a_valid_report(tmp_path, noisy):
     assert "report in" in err and "loader-1" in err
 
 
+def test_profile_of_a_single_batch_says_why_there_is_no_report(tmp_path):
+    """A step is timed from one batch to the next: a script that takes one batch gets no report,
+    and the line says so (not that no batch was delivered)."""
+    script = ("import torch\nds = torch.utils.data.TensorDataset(torch.zeros(8, 2))\n"
+              "next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))\n")
+    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--profile", "--out", str(tmp_path / "rep"),
+                           "--", sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no served loader delivered 2 batches (a step is timed from one batch to the next): no report" in \
+        proc.stderr, proc.stderr
+
+
 def test_exit_status_and_no_command(tmp_path):
     code = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c",
                            "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
