@@ -91,8 +91,8 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
             return _jpeg_ends_early(n), width, height
         fill, markers = fill + pos - at - 1, markers + 1
         if fill > MAX_JPEG_FILL or markers > MAX_JPEG_MARKERS:
-            what = (f"{MAX_JPEG_FILL} fill bytes before markers (the marker at byte {at} passes them)"
-                    if fill > MAX_JPEG_FILL else f"{MAX_JPEG_MARKERS} markers (the marker at byte {at} is one too many)")
+            what = (f"{MAX_JPEG_FILL} fill bytes before markers (the marker at byte {at} passes them)" if fill >
+                    MAX_JPEG_FILL else f"{MAX_JPEG_MARKERS} markers (the marker at byte {at} is one too many)")
             return f"corrupt JPEG: more than {what}", width, height
         m = d[pos]
         pos += 1

@@ -234,7 +234,8 @@ class DaliDecoders:
             # the placeholder in their place, and `_drain` fills their rows.
             others = np.flatnonzero(~c.jpeg)
             for k in others:
-                inputs[0][k], inputs[1][k], inputs[2][k] = self._dummy, np.zeros(2, np.float32), np.full(2, 8, np.float32)
+                inputs[0][k], inputs[1][k] = self._dummy, np.zeros(2, np.float32)
+                inputs[2][k] = np.full(2, 8, np.float32)
             if timing:  # the read and the header checks, in this thread: the stage "read"
                 self._fed[0] += time.perf_counter() - wall
                 self._fed[1] += time.thread_time() - cpu

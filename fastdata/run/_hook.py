@@ -181,7 +181,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
 
     def __iter__(self) -> Any:
-        if self._fastdata_added and self.num_workers == self._fastdata_added and _start_method() != "fork":
+        added = getattr(self, "_fastdata_added", 0)
+        if added and self.num_workers == added and _start_method() != "fork":
             # The script chose another start method after it made the loader: workers fastdata
             # gave would run its main module again. The script's own count (0) is restored.
             print(f"fastdata run: the loader made at {self._fastdata_where} goes on without the {self.num_workers} "
