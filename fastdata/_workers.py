@@ -129,7 +129,17 @@ class Watchdog:
         """For an error out of the DataLoader iterator: the error to raise instead, or None to
         raise it as it is. A stall becomes the timeout error (the workers killed); a worker
         that died under a read (its socket reset before DataLoader could see it exit) becomes
-        DataLoader's own "exited unexpectedly" error."""
+        DataLoader's own "exited unexpectedly" error. DataLoader's SIGCHLD handler may raise
+        its "DataLoader worker ... is killed by signal" error in this thread while this runs
+        (at whatever line runs when the signal comes): that error is the one to raise then."""
+        try:
+            return self._error(error)
+        except RuntimeError as e:
+            if not str(e).startswith("DataLoader worker"):
+                raise
+            return e
+
+    def _error(self, error: BaseException) -> BaseException | None:
         self.close()  # a kill under way in the watchdog's thread completes
         if isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out"):
             self.killed = kill_workers(self.it, [])

@@ -208,7 +208,7 @@ def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None =
             # The end of the archive, unless a header follows after something other than zeros
             # (a zeroed header: its member's data comes next). Zeros alone before a header are
             # the end blocks of concatenated archives.
-            nxt, found, dirty = _resync(read, pos + BLOCK, stop)
+            nxt, found, dirty = _resync(read, pos + BLOCK, stop, length)
             if not found:
                 return
             if dirty:
@@ -220,7 +220,7 @@ def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None =
             if not resync or after is None:  # (after None: the data ends in it)
                 yield item
                 return
-            nxt, found, _ = _resync(read, after, stop)
+            nxt, found, _ = _resync(read, after, stop, length)
             yield item._replace(end=nxt)
             if not found:
                 return
@@ -339,12 +339,13 @@ def _pax(payload: bytes, name: str | None, size: int | None) -> tuple[str | None
     return name, size
 
 
-def _resync(read, pos: int, stop: int | None) -> tuple[int, bool, bool]:
+def _resync(read, pos: int, stop: int | None, length: int | None = None) -> tuple[int, bool, bool]:
     """(where the next 512-aligned valid header from `pos` is, or where the data or `stop`
-    ends; whether one was found; whether anything but zero blocks came before it)."""
+    ends; whether one was found; whether anything but zero blocks came before it). In a stream
+    (no `stop`, no `length`) it reads at most to MAX_STREAM_BYTES, as scan_tar does."""
     dirty = False
     while stop is None or pos < stop:
-        if stop is None and pos > MAX_STREAM_BYTES:  # a stream of no headers: bounded here, as scan_tar bounds one
+        if stop is None and length is None and pos > MAX_STREAM_BYTES:
             raise _too_long()
         n = _RESYNC_READ if stop is None else min(_RESYNC_READ, stop - pos)
         chunk = read(pos, n)
