@@ -152,6 +152,14 @@ class Carried(Prepared):
         return Raised(self.error)
 
 
+def _picklable(error: BaseException) -> bool:
+    try:
+        pickle.dumps(error)
+    except Exception:  # an attribute or argument pickle cannot take
+        return False
+    return True
+
+
 class FolderError(DataError, OSError):
     """A file of a natively served folder that cannot be read or decoded: a DataError naming it
     and the cause, and an OSError, as the script's fetch raises one there (Pillow's
@@ -209,20 +217,12 @@ class NativeFolder(Dataset):
         return {**self.__dict__, "_scratch": None}
 
     def __getitems__(self, indices: list[int]) -> Any:
-        if not self.carry:
-            return self._fetch(indices)
         try:
             return self._fetch(indices)
         except Exception as e:
-            try:
-                pickle.dumps(e)
-            except Exception:  # an error that cannot cross as it is: torch's worker re-raises it
-                carried = None
-            else:
-                carried = Carried(e)
-            if carried is None:
+            if not (self.carry and _picklable(e)):  # (one that cannot cross as it is: torch's worker re-raises it)
                 raise
-            return carried
+            return Carried(e)
 
     def _fetch(self, indices: list[int]) -> Any:
         ds = self.dataset
