@@ -288,6 +288,18 @@ def test_many_png_chunks_refused_before_any_decode(tmp_path):
         list(fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu", num_workers=0))
 
 
+def _good_then_bad(tmp_path, good: bytes, bad: bytes, ext: str):
+    """One batch of the files `good` (label 0) and `bad` (label 1) with on_error="skip": (images,
+    labels, the loader)."""
+    (tmp_path / f"ok.{ext}").write_bytes(good)
+    (tmp_path / f"bad.{ext}").write_bytes(bad)
+    pairs = [(str(tmp_path / f"ok.{ext}"), 0), (str(tmp_path / f"bad.{ext}"), 1)]
+    loader = fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu",
+                             num_workers=0, on_error="skip")
+    (x, y), = list(loader)
+    return x, y, loader
+
+
 def cmyk_with(before_sos: bytes) -> bytes:
     """A 16x16 CMYK JPEG (Pillow's path: the native decoder leaves CMYK to it) with `before_sos`
     put before its first scan."""
@@ -319,12 +331,7 @@ def test_a_flood_of_jpeg_markers_or_fill_bytes_is_refused_before_any_decode(tmp_
     assert _codec.check_structure(at_limit).cause is None
     cause = _codec.check_structure(over).cause
     assert cause.startswith(f"corrupt JPEG: more than {limit} {'markers' if flood == 'markers' else 'fill bytes'}")
-    (tmp_path / "flood.jpg").write_bytes(over)
-    (tmp_path / "ok.jpg").write_bytes(at_limit)
-    pairs = [(str(tmp_path / "ok.jpg"), 0), (str(tmp_path / "flood.jpg"), 1)]
-    loader = fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu",
-                             num_workers=0, on_error="skip")
-    (x, y), = list(loader)
+    x, y, loader = _good_then_bad(tmp_path, at_limit, over, "jpg")
     assert y.tolist() == [0] and loader.stats["errors"][0]["cause"] == cause
 
 
@@ -360,12 +367,7 @@ def test_a_gif_of_many_comments_is_refused_before_pillow_reads_them(tmp_path):
     within, over = (d[:at] + b"\x21\xfe\x00" * (MAX_GIF_BLOCKS - 4 + k) + d[at:] for k in (0, 1))
     assert check_complete([within])[0][0] is None
     assert check_complete([over])[0][0] == f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks before its first image"
-    (tmp_path / "ok.gif").write_bytes(within)
-    (tmp_path / "over.gif").write_bytes(over)
-    pairs = [(str(tmp_path / "ok.gif"), 0), (str(tmp_path / "over.gif"), 1)]
-    loader = fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu",
-                             num_workers=0, on_error="skip")
-    (x, y), = list(loader)
+    x, y, loader = _good_then_bad(tmp_path, within, over, "gif")
     assert y.tolist() == [0] and x[0, :, 4, 4].tolist()[0] > 200 and loader.stats["skipped"] == 1
 
 
