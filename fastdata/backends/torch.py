@@ -119,6 +119,10 @@ class TorchLoader(DataLoader, Loader):
     def __iter__(self) -> Iterator[Any]:
         # Eager like DataLoader's __iter__: workers start and seeds are drawn now, not at the
         # first next(), so the RNG is consumed in the same order as with DataLoader.
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            # torch's iterator fails here first, drawing its base seed: the same call raises
+            # the same TypeError, before any argument is taken, so nothing is drawn
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         self._supersede()
         self._stop()  # the previous iterator's workers are shut down before new ones start
         if self._settings() != self._built:  # a setting changed since the working loader was built

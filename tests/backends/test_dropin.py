@@ -774,6 +774,17 @@ def test_dataloader_argument_errors(make):
         fastdata.loader(ds, **kw)
 
 
+def test_a_generator_that_is_no_generator_fails_at_iter_as_dataloaders_does():
+    """torch takes any generator= and fails when its iterator draws the base seed."""
+    errors = []
+    for make in (DataLoader, fastdata.loader):
+        loader = make(TupleDS(8), batch_size=4, shuffle=True, generator=5)  # both take it
+        with pytest.raises(TypeError) as e:
+            iter(loader)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "generator" in errors[0]
+
+
 def test_bad_num_workers_string():
     with pytest.raises(TypeError, match="lots"):
         fastdata.loader(TupleDS(8), batch_size=4, num_workers="lots")
