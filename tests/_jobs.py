@@ -24,7 +24,7 @@ def launch(cmd: list[str], tmp_path: Path, run: str, mark: str, **env: str) -> s
     process's sys.path, one intra-op thread, a fastdata cache of its own, and `mark` in its
     environment (what `job_processes` looks for)."""
     full = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1",
-            "FASTDATA_CACHE": str(tmp_path / "cache"), mark: str(tmp_path), **env}
+            "PYTHONFAULTHANDLER": "1", "FASTDATA_CACHE": str(tmp_path / "cache"), mark: str(tmp_path), **env}
     with open(tmp_path / f"{run}.out", "w") as out:
         return subprocess.Popen(cmd, cwd=tmp_path, env=full, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -37,7 +37,9 @@ def kill_once_past(job: subprocess.Popen, steps, at: int, out: Path, ranks=(0, 1
         deadline = time.monotonic() + limit
         while min(max(steps(r), default=0) for r in ranks) < at:
             assert job.poll() is None, "the first run ended before it was killed:\n" + out.read_text()
-            assert time.monotonic() < deadline, "no checkpoint in time:\n" + out.read_text()
+            if time.monotonic() > deadline:
+                _stacks_then_kill(job)
+                pytest.fail(f"step {at} not reached in {limit:.0f} s; the job's output and stacks:\n{out.read_text()}")
             time.sleep(0.01)
     finally:
         kill(job)
@@ -45,12 +47,37 @@ def kill_once_past(job: subprocess.Popen, steps, at: int, out: Path, ranks=(0, 1
 
 
 def finish(job: subprocess.Popen, out: Path, limit: float = 240) -> None:
-    """Waits for the job to end well; kills it if it does not end in time."""
+    """Waits for the job to end well; one that does not end in time fails the test with the
+    stacks of its processes (see `_stacks_then_kill`)."""
     try:
-        assert job.wait(timeout=limit) == 0, out.read_text()
+        code = job.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _stacks_then_kill(job)
+        pytest.fail(f"the job did not end in {limit:.0f} s; its output and stacks:\n{out.read_text()}")
     finally:
         if job.poll() is None:
             kill(job)
+    assert code == 0, out.read_text()
+
+
+def _stacks_then_kill(job: subprocess.Popen) -> None:
+    """SIGABRT to every process of a stalled job, on which faulthandler (PYTHONFAULTHANDLER,
+    set by `launch`) writes each thread's stack into the job's output, then SIGKILL to all
+    that are left: the tree is taken first, since a process's children outlive it."""
+    tree = _tree(job.pid)
+    groups = _groups(tree)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            continue
+    time.sleep(3)  # the stacks are written
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    kill(job)
 
 
 def free_port() -> int:
@@ -63,6 +90,16 @@ def kill(job: subprocess.Popen) -> None:
     """SIGKILL to the whole job. A launcher may start a rank in a session of its own (torchrun
     does; a rank's workers are in its process group), so killing the launcher's group would
     leave the ranks training: every group in the job's process tree is killed."""
+    for group in _groups(_tree(job.pid)):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    job.wait(timeout=30)
+
+
+def _tree(root: int) -> set[int]:
+    """`root` and every process descended from it."""
     parents = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -70,23 +107,22 @@ def kill(job: subprocess.Popen) -> None:
                 parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-    tree, grew = {job.pid}, True
+    tree, grew = {root}, True
     while grew:
         more = {p for p, parent in parents.items() if parent in tree} - tree
         tree |= more
         grew = bool(more)
+    return tree
+
+
+def _groups(pids: set[int]) -> set[int]:
     groups = set()
-    for pid in tree:
+    for pid in pids:
         try:
             groups.add(os.getpgid(pid))
         except ProcessLookupError:
             continue
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    job.wait(timeout=30)
+    return groups
 
 
 def job_processes(script: Path, tmp_path: Path, mark: str) -> list[str]:
