@@ -195,18 +195,19 @@ class RingCollate:
         return self._timed(batch)
 
     def fetching(self) -> None:
-        """Marks that this thread starts fetching a batch (a loader with no workers, asked for one)."""
-        self._left = (time.thread_time(), time.perf_counter())
+        """Marks that this process starts fetching a batch: a loader with no workers asked for
+        one, or a worker took its indices (`_torch_internals.mark_fetches`)."""
+        clock = time.process_time if get_worker_info() is not None else time.thread_time
+        self._left = (clock(), time.perf_counter())
 
     def _timed(self, batch: Sequence[Any]) -> Timed:
-        """The collation, timed. The time since this process's last collation is the dataset's
-        (a worker waits for indices, fetches, collates and queues the batch, and while the
-        consumer keeps up its indices are already queued): its CPU seconds as "dataset", the
-        rest of its wall time (I/O, sleeps) as "read", counted in "fetched" batches (a
-        process's first has no "since"). With no workers, the time since `fetching` marked
-        the fetch's start: since the last collation, the consumer ran its own step. CPU seconds,
-        not wall time, for what computes, like the image backends' stages: under contention
-        wall time counts the waits for a core too."""
+        """The collation, timed. The time since `fetching` marked the fetch's start is the
+        dataset's: its CPU seconds as "dataset", the rest of its wall time (I/O, sleeps) as
+        "read", counted in "fetched" batches. Not the time since the last collation: a worker
+        then waited for its next indices, and with no workers the consumer ran its step.
+        Without a mark (a collate_fn called by other code), the time since this process's
+        last collation, if any. CPU seconds, not wall time, for what computes, like the image
+        backends' stages: under contention wall time counts the waits for a core too."""
         info = get_worker_info()
         clock = time.process_time if info is not None else time.thread_time
         start, wall = clock(), time.perf_counter()

@@ -23,7 +23,8 @@ from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_f
 
 __all__ = ["torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled", "new_shared_storage",
            "new_shared_tensor", "auto_collation", "share_length_warning", "live_iterator", "iterator_workers",
-           "iterator_shutdown", "end_live_iterator", "unregister_workers", "single_process_fetch", "dali_shutdown"]
+           "iterator_shutdown", "end_live_iterator", "unregister_workers", "single_process_fetch", "mark_fetches",
+           "dali_shutdown"]
 
 SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends included
 
@@ -33,7 +34,7 @@ DATALOADER_ATTRIBUTES = ("_auto_collation", "_IterableDataset_len_called", "_ite
 ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_dataset_fetcher", "_sampler_iter",
                        "_pin_memory", "_pin_memory_device")
 OTHER_NAMES = ("_new_shared", "_typed_storage", "_profiler_enabled", "_remove_worker_pids", "_utils", "_shutdown",
-               "_SingleProcessDataLoaderIter")
+               "_SingleProcessDataLoaderIter", "_MapDatasetFetcher", "_IterableDatasetFetcher")
 
 
 # ----------------------------------------------------------------- the profiler, shared memory
@@ -120,6 +121,29 @@ def single_process_fetch(it: Any) -> tuple[Iterator[Any], Callable[[Any], Any]] 
         fetch, device = fetcher.fetch, it._pin_memory_device
         return indices, lambda index: pin_memory(fetch(index), device)
     return indices, fetcher.fetch
+
+
+def mark_fetches() -> None:
+    """In a DataLoader worker (this process only; called again, nothing more): each batch's
+    fetch first calls `fetching()` on its collate_fn where that is one timing stages (fastdata's
+    `RingCollate` under the profiler), after the worker's loop took the batch's indices off its
+    queue. A worker waits there while the consumer's step runs; the mark keeps that wait out of
+    the time counted as the Dataset's and its reads."""
+    from torch.utils.data._utils import fetch
+
+    for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+        original = cls.fetch
+        if getattr(original, "marks_fetches", False):
+            continue
+
+        def marked(self: Any, possibly_batched_index: Any, _original: Callable = original) -> Any:
+            collate = getattr(self, "collate_fn", None)
+            if getattr(collate, "timing", None) is not None and hasattr(collate, "fetching"):
+                collate.fetching()
+            return _original(self, possibly_batched_index)
+
+        marked.marks_fetches = True
+        cls.fetch = marked
 
 
 # ----------------------------------------------------------------- DALI

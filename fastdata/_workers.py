@@ -27,7 +27,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, live_iterator,
+from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, live_iterator, mark_fetches,
                                unregister_workers)
 
 STALL_ENV = "FASTDATA_STALL_TIMEOUT"
@@ -229,6 +229,7 @@ class WorkerStart:
 
     def __call__(self, worker_id: int) -> None:
         gc.freeze()
+        mark_fetches()  # under the profiler, a wait for indices is not counted as the Dataset's
         if self.user is not None:
             self.user(worker_id)
 

@@ -886,11 +886,13 @@ class Busy(Dataset):
         return torch.full((4,), float(i))
 
 
-def test_with_no_workers_the_consumers_step_is_not_the_loaders_time():
-    """With no workers the batch is fetched when it is asked for: the consumer's own step (a
-    50 ms sleep a batch here) is not counted as the loader reading or fetching, and the fetch's
-    CPU (1 ms an item) is counted as the dataset's."""
-    loader = fastdata.loader(Busy(), batch_size=8, num_workers=0)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_consumers_step_is_not_the_loaders_time(workers):
+    """With no workers the batch is fetched when it is asked for; workers ahead of the consumer
+    wait for their next indices. Either way the consumer's own step (a 50 ms sleep a batch
+    here) is not counted as the loader reading or fetching, and the fetch's CPU (1 ms an item)
+    is counted as the dataset's."""
+    loader = fastdata.loader(Busy(), batch_size=8, num_workers=workers)
     assert loader.set_stage_timing(True)
     batches = 0
     for _ in loader:
