@@ -288,7 +288,7 @@ def main_worker(gpu, args):
         num_workers=args.workers, pin_memory=True, sampler=val_sampler)
 
     record = {"ids": [], "flips": [], "losses": [], "val_ids": [], "val_losses": [], "val_acc1": [],
-              "loaders": [type(train_loader).__name__, type(val_loader).__name__],
+              "loaders": [type(train_loader).__qualname__, type(val_loader).__qualname__],
               "is_dataloader": [isinstance(x, torch.utils.data.DataLoader) for x in (train_loader, val_loader)],
               "workers": [train_loader.num_workers, val_loader.num_workers]}
     for epoch in range(args.epochs):

@@ -51,4 +51,4 @@ if __name__ == "__main__":
     trainer.fit(module)
     loader = trainer.train_dataloader
     with open(sys.argv[1] + (f".rank{trainer.global_rank}" if how == "ddp" else ""), "w") as f:
-        json.dump({"ids": module.seen, "losses": module.losses, "loader": type(loader).__name__}, f)
+        json.dump({"ids": module.seen, "losses": module.losses, "loader": type(loader).__qualname__}, f)

@@ -84,7 +84,7 @@ def main():
                     x, y = move(x, y)
                     out["val_ids"].append(ids.tolist())
                     out["val_losses"].append(nn.functional.cross_entropy(model(x), y).item())
-    out["loaders"] = [type(x).__name__ for x in loaders]
+    out["loaders"] = [type(x).__qualname__ for x in loaders]
     out["is_dataloader"] = [isinstance(x, DataLoader) for x in loaders]
     out["workers"] = [x.num_workers for x in loaders]
     out["distinct"] = len({id(x) for x in loaders})

@@ -94,7 +94,7 @@ def main():
             seen.append(ids.tolist())
             losses.append(loss.item())
     with open(args.out, "w") as f:
-        json.dump({"ids": seen, "losses": losses, "loader": type(loader).__name__,
+        json.dump({"ids": seen, "losses": losses, "loader": type(loader).__qualname__,
                    "is_dataloader": isinstance(loader, DataLoader), "workers": loader.num_workers}, f)
 
 

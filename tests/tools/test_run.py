@@ -84,6 +84,7 @@ def test_pickled_copied_and_rebuilt(tmp_path):
     assert all(c["is_dataloader"] and c["same"] for c in copies.values()), copies
     assert copies["pickled"]["type"] == copies["rebuilt"]["type"] == "Served"
     assert copies["rebuilt_custom"]["type"] == "DataLoader"  # a list as sampler: torch's own
+    assert {c["name"] for name, c in copies.items() if name != "fastdata.loader"} == {"DataLoader"}  # torch's name
     assert copies["fastdata.loader"]["type"] == "TorchLoader"  # not a DataLoader the hook made, still one
     assert any("a custom sampler (list)" in line for line in _summary(proc.stderr))
 
