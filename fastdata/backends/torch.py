@@ -101,9 +101,8 @@ class TorchLoader(DataLoader, Loader):
         self._built = self._settings()
 
     def _settings(self) -> tuple:
-        """What the working DataLoader is built from that a script may set after construction
-        (torch refuses batch_size, sampler, drop_last, ...; worker_init_fn and the start method
-        are taken at each iter())."""
+        """What the working DataLoader is built from that a script may set after construction (torch
+        refuses batch_size, sampler, ...; worker_init_fn and the start method are taken at each iter())."""
         return (self.num_workers, self.collate_fn, self.pin_memory, self.timeout, self.generator,
                 self.prefetch_factor, self.pin_memory_device, self.in_order)
 
@@ -119,10 +118,8 @@ class TorchLoader(DataLoader, Loader):
     def __iter__(self) -> Iterator[Any]:
         # Eager like DataLoader's __iter__: workers start and seeds are drawn now, not at the
         # first next(), so the RNG is consumed in the same order as with DataLoader.
-        if self.generator is not None and not isinstance(self.generator, torch.Generator):
-            # torch's iterator fails here first, drawing its base seed: the same call raises
-            # the same TypeError, before any argument is taken, so nothing is drawn
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):  # torch's first failure,
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # its TypeError; nothing drawn
         self._supersede()
         self._stop()  # the previous iterator's workers are shut down before new ones start
         if self._settings() != self._built:  # a setting changed since the working loader was built
@@ -344,8 +341,7 @@ class TorchLoader(DataLoader, Loader):
         return batch_sizes(self.batch_sampler if auto_collation(self) else None, self._iterable)
 
     def set_epoch(self, epoch: int) -> None:
-        """Records the epoch and passes it to the sampler when it has `set_epoch` (as
-        `DistributedSampler` does)."""
+        """Records the epoch and passes it to the sampler when it has `set_epoch` (DistributedSampler's)."""
         self._epoch = epoch
         for s in (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
             if hasattr(s, "set_epoch"):

@@ -202,12 +202,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
 
 
 Served.__init__.__signature__ = _SIGNATURE  # inspect.signature(loader.__init__): torch's
-# The name the script sees is torch's: DataLoader's own messages ("batch_size attribute should
-# not be set after DataLoader is initialized") and type(loader).__name__ say DataLoader, and
-# the repr is object's, as torch's class has none. The qualified name, which pickle looks up
-# (a loader sent to a spawned process), stays Served.
-Served.__name__ = "DataLoader"
-Served.__repr__ = object.__repr__
+# torch's name in DataLoader's messages, object's repr (torch's); pickle looks up the qualname, Served
+Served.__name__, Served.__repr__ = "DataLoader", object.__repr__
 
 
 class _Working(TorchDataLoader):
