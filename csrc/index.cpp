@@ -312,6 +312,8 @@ Index current_index() {
 
 IndexKey Index::key_of(const uint8_t* d, size_t n) const { return siphash(map_->key, d, n); }
 
+uint64_t keyed_hash(uint64_t k0, uint64_t k1, const uint8_t* d, size_t n) { return siphash({k0, k1}, d, n).h0; }
+
 uint32_t Index::max_checkpoints() const { return map_->max_cps; }
 
 bool Index::full() const {

@@ -38,6 +38,10 @@ struct IndexKey {
   uint64_t h0 = 0, h1 = 0, size = 0;
 };
 
+// The first 64 bits of the keyed hash (SipHash-1-3-128) of d[0 .. n) under the key (k0, k1):
+// what a record of files checked keeps of each file's bytes (`stamps` in module.cpp).
+uint64_t keyed_hash(uint64_t k0, uint64_t k1, const uint8_t* d, size_t n);
+
 struct IndexStats {
   std::string path;  // "" for an anonymous index (this process and the workers it forks)
   uint64_t files = 0, used = 0, arena = 0, slots = 0;

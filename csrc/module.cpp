@@ -155,8 +155,11 @@ void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
 // no system call takes), or "not a regular file (a FIFO)" (a character device, a block device,
 // a socket) for a file that is not read at all (see open_files). The opens and reads run on up
 // to `threads` threads with the GIL released; the bytes objects are made, empty, between the
-// two, and filled in place before anyone else sees them.
-nb::list read_files(nb::sequence paths, int threads) {
+// two, and filled in place before anyone else sees them. With `budget` >= 0, the files are read
+// in order while their sizes (as opened) add up to at most `budget` bytes, the first always:
+// from the first that would go past it on, each is None, closed unread, for a later call (so
+// that a batch of large files is held a part at a time, not whole).
+nb::list read_files(nb::sequence paths, int threads, int64_t budget) {
   const size_t n = nb::len(paths);
   std::vector<nb::object> names(n);  // each path as bytes in the file system's encoding
   std::vector<const char*> raw(n, "");
@@ -176,6 +179,19 @@ nb::list read_files(nb::sequence paths, int threads) {
   {
     nb::gil_scoped_release release;
     fastdata::open_files(raw, &files, threads);
+  }
+  size_t taken = n;  // the files from this one on are left for a later call
+  if (budget >= 0) {
+    int64_t total = 0;
+    for (size_t i = 0; i < n && taken == n; ++i) {
+      if (files[i].fd < 0) continue;  // a cause: no bytes
+      if (total > 0 && files[i].size > budget - total) taken = i;
+      total += files[i].size;
+    }
+    for (size_t i = taken; i < n; ++i) {
+      if (files[i].fd >= 0) ::close(files[i].fd);
+      files[i].fd = -1;
+    }
   }
   std::vector<nb::object> datas(n);
   std::vector<uint8_t*> bufs(n, nullptr);
@@ -199,7 +215,9 @@ nb::list read_files(nb::sequence paths, int threads) {
   nb::list result;
   for (size_t i = 0; i < n; ++i) {
     const fastdata::OpenFile& f = files[i];
-    if (causes[i] != nullptr) {
+    if (i >= taken) {
+      result.append(nb::none());
+    } else if (causes[i] != nullptr) {
       result.append(nb::str(causes[i]));
     } else if (f.error != 0) {
       result.append(nb::str(std::strerror(f.error)));
@@ -433,6 +451,24 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
 
 }  // namespace
 
+// stamps(datas, k0, k1, threads) -> bytes: for each bytes-like datas[i], 8 bytes (native order)
+// of the keyed hash of its bytes under the key (k0, k1), its top bit cleared and its lowest
+// set, so never 0 (a record's "not checked"); hashed on up to `threads` threads, GIL released.
+nb::bytes stamps(nb::sequence datas, uint64_t k0, uint64_t k1, int threads) {
+  const size_t n = nb::len(datas);
+  HeldBytes held(n);
+  const std::vector<fastdata::ByteSpan> spans = held.add_all(datas, n);
+  std::vector<uint64_t> out(n);
+  {
+    nb::gil_scoped_release release;
+    fastdata::parallel_for(int64_t(n), threads, [&](int64_t i) {
+      const fastdata::ByteSpan& b = spans[size_t(i)];
+      out[size_t(i)] = (fastdata::keyed_hash(k0, k1, b.data, b.size) >> 1) | 1;
+    });
+  }
+  return nb::bytes(reinterpret_cast<const char*>(out.data()), n * sizeof(uint64_t));
+}
+
 NB_MODULE(_native, m) {
   m.doc() = "fastdata's native core: collation on raw buffers, GIL released.";
   m.def("collate", &collate, nb::arg("samples"), nb::arg("out"), nb::arg("threads") = 1,
@@ -442,10 +478,14 @@ NB_MODULE(_native, m) {
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
         "out [N, C, H, W] of lut's dtype; GIL released.");
-  m.def("read_files", &read_files, nb::arg("paths"), nb::arg("threads") = 1,
+  m.def("stamps", &stamps, nb::arg("datas"), nb::arg("k0"), nb::arg("k1"), nb::arg("threads") = 1,
+        "For each bytes-like object, 8 bytes (native order): its keyed hash (SipHash-1-3) under "
+        "(k0, k1), top bit clear, lowest set; GIL released.");
+  m.def("read_files", &read_files, nb::arg("paths"), nb::arg("threads") = 1, nb::arg("budget") = -1,
         "Each file's bytes (at most its size when opened), or the cause where it cannot be read "
         "(OSError's strerror, or 'not a regular file (a FIFO)' and the like); opened and read on up "
-        "to `threads` threads, GIL released.");
+        "to `threads` threads, GIL released. With budget >= 0: read in order while the sizes add "
+        "up to at most budget bytes (the first always), None for the rest.");
   m.def("tar_plain_members", &tar_plain_members, nb::arg("data"), nb::arg("start"), nb::arg("pos"),
         nb::arg("stop"),
         "([(offset, name, data, size)], position): the tar's plain regular-file members from byte "

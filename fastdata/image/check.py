@@ -165,20 +165,21 @@ def png_rows(data) -> str | None:
 
 def check_rows(record, index, datas: Sequence, checked: list) -> list:
     """`checked` (`check_complete`'s), with each PNG that `record` (the decoder's record of clean
-    files, `decode.EntropyCheck`) has not marked at its size checked by `png_rows`: one short of
-    rows fails, one whole is marked, so a file is inflated here once, not every epoch."""
+    files, `record.EntropyCheck`) has not marked with the stamp of its bytes checked by
+    `png_rows`: one short of rows fails, one whole is marked, so a file is inflated here once,
+    not every epoch (a file rewritten since, at any size, is checked again)."""
     todo = [j for j, (cause, is_jpeg, _, _) in enumerate(checked)
             if cause is None and not is_jpeg and bytes(datas[j][:8]) == b"\x89PNG\r\n\x1a\n"]
     if not todo:
         return checked
-    sizes = np.fromiter((len(datas[j]) for j in todo), dtype=np.int64, count=len(todo))
+    stamps = record.stamps([datas[j] for j in todo])
     ids = np.asarray(index, dtype=np.int64)[todo]
     checked, whole = list(checked), []
-    for k, (j, unmarked) in enumerate(zip(todo, record.whole(ids, sizes))):
+    for k, (j, unmarked) in enumerate(zip(todo, record.whole(ids, stamps))):
         cause = png_rows(datas[j]) if unmarked else None
         if cause is not None:
             checked[j] = (cause, False, checked[j][2], checked[j][3])
         elif unmarked:
             whole.append(k)
-    record.mark(ids[whole], sizes[whole])
+    record.mark(ids[whole], stamps[whole])
     return checked

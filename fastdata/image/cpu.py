@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .._buffers import new_batch
 from .._torch_internals import live_iterator
 from .._trace import trace_range
 from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
@@ -42,19 +45,70 @@ class BatchTask(Dataset):
         training process as itself (one line, with its path and member), where DataLoader would
         re-raise it as a new exception whose message is the worker's traceback."""
         try:
-            if not self.timing:
-                return *self.decoder.decode(self.reader.read(keys)), None
-            info = get_worker_info()
-            stages = {"worker": info.id if info is not None else -1}
-            t = time.perf_counter()
-            with trace_range("fastdata.read"):
-                read = self.reader.read(keys)
-            stages["read"] = time.perf_counter() - t
-            return *self.decoder.decode(read, stages=stages), stages
+            stages = None
+            if self.timing:
+                info = get_worker_info()
+                stages = {"worker": info.id if info is not None else -1, "read": 0.0}
+            # A batch of large files comes in parts (`read.MAX_PART_BYTES`): each is decoded into
+            # a tensor of its own once read, and the parts are joined into a slot of the ring.
+            done = []
+            for read, more in self._reads(keys, stages):
+                if more or done:
+                    done.append(self._decode(read, stages, pooled=False))
+                    del read  # its bytes go before the next part's are read
+                else:
+                    return *self._decode(read, stages, pooled=True), stages
+            t = time.process_time()
+            joined = self._joined(done)
+            if stages is not None:  # the copy into the ring, as a batch's collation
+                stages["collate"] += time.process_time() - t
+            return *joined, stages
         except DataError as e:
             if get_worker_info() is None:
                 raise
             return e
+
+    def _reads(self, keys, stages: dict | None) -> Iterator[tuple[Any, bool]]:
+        """The batch's reads, each with whether more follow; with `stages`, timed in its "read"."""
+        parts = self.reader.parts(keys) if hasattr(self.reader, "parts") else iter([(self.reader.read(keys), False)])
+        while True:
+            t = time.perf_counter()
+            with trace_range("fastdata.read"):
+                part = next(parts, None)
+            if stages is not None:
+                stages["read"] += time.perf_counter() - t
+            if part is None:
+                return
+            yield part
+            del part
+
+    def _decode(self, read, stages: dict | None, pooled: bool) -> tuple:
+        if stages is None:
+            return self.decoder.decode(read, pooled=pooled)
+        part: dict = {}
+        out = self.decoder.decode(read, stages=part, pooled=pooled)
+        for name, value in part.items():
+            stages[name] = stages.get(name, 0) + value
+        return out
+
+    def _joined(self, done: list) -> tuple:
+        """One batch of the batches its parts decoded to ((images, labels, errors, ids) each),
+        in a slot of this process's ring."""
+        errors = [e for d in done for e in d[2]]
+        done = [d for d in done if len(d[3])] or done[:1]  # a part whose samples all failed has no size
+        sizes = [tuple(d[0].shape[1:]) for d in done]
+        if len(set(sizes)) > 1:
+            odd = next(k for k, size in enumerate(sizes) if size != sizes[0])
+            paths = self.reader.samples.paths
+            self.decoder.mixed_sizes(paths[done[0][3][0]], sizes[0][1::-1], paths[done[odd][3][0]],
+                                     sizes[odd][1::-1], sum(len(d[3]) for d in done[:odd]))
+        ring = self.decoder.rings.ring()
+        try:
+            target, handle = new_batch(ring, (sum(len(d[0]) for d in done), *sizes[0]), torch.uint8)
+        finally:
+            ring.end()
+        torch.cat([d[0] for d in done], out=target)
+        return handle, torch.cat([d[1] for d in done]), errors, np.concatenate([d[3] for d in done])
 
 
 def _first(batch):

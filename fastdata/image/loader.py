@@ -29,7 +29,8 @@ from ..device import DeviceStage, prefetch
 from ..errors import DataError, one_line
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
-from .decode import BatchDecoder, samples_key
+from .decode import BatchDecoder
+from .record import samples_key
 from .options import ImageOptions
 from .order import FileOrder, ShardOrder, check_sampler
 from .parts import BatchOrder, Reader, Runner

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -27,6 +27,15 @@ MiB. An image within the pixel limit (`_codec.MAX_IMAGE_PIXELS`, 2**28 / 3) need
 is padded, and a file or sample is read whole into memory before its first bytes are looked at,
 so a larger one (a sparse file is cheap to make) is refused from its size, before anything is
 allocated for it. The native reader's limit is the same (`_native.MAX_FILE_BYTES`)."""
+
+
+MAX_PART_BYTES = 1 << 30
+"""The most bytes of a batch's image files held at once: 1 GiB. A batch's files are read together
+and decoded together; past this, a part at a time (`FileReader.parts`), each read once the part
+before is decoded and its bytes dropped, so that a batch of large files (256 files near
+MAX_FILE_BYTES would be 64 GiB) needs at most this much, plus one file, to read. A batch of
+ImageNet's photos is about 30 MB: one part. (A shard's samples are read a block at a time, see
+`read_shards.py`.)"""
 
 
 def too_large(nbytes: int, what: str = "an image file") -> str:
@@ -135,8 +144,9 @@ class Failures:
         errors.append((path, cause))
 
 
-def _read_file(path) -> bytes | str:
-    """One file's bytes, at most the size it had when opened, or why not."""
+def _read_file(path, room: int | None = None) -> bytes | str | None:
+    """One file's bytes, at most the size it had when opened, or why not; None, unread, where
+    it has more than `room` bytes."""
     opened = open_regular(path)
     if isinstance(opened, str):
         return opened
@@ -144,6 +154,9 @@ def _read_file(path) -> bytes | str:
     if size > MAX_FILE_BYTES:
         os.close(fd)
         return too_large(size)
+    if room is not None and size > room:
+        os.close(fd)
+        return None
     try:
         chunks, done = [], 0
         while done < size:  # a file that shrank is read to its end
@@ -159,18 +172,28 @@ def _read_file(path) -> bytes | str:
         os.close(fd)
 
 
-def read_files(paths: Sequence[str], threads: int) -> list:
+def read_files(paths: Sequence[str], threads: int, budget: int | None = None) -> list:
     """Each file's bytes, or why it could not be read: OSError's strerror ("No such file or
     directory", "Is a directory", ...), "embedded null byte", or, for a file that is not a
     regular one (a symlink to one included), "not a regular file (a FIFO)" ("(a character
     device)", "(a block device)", "(a socket)"), which is never read: a FIFO could block the
     read forever, /dev/zero give bytes without end; or "too large: ..." over MAX_FILE_BYTES.
-    Each file is opened, then sized by fstat of that descriptor, and read to at most that size. Natively when the extension is built
-    (opened and read on `threads` threads with the GIL released), else here, one by one, with
-    the same bytes and causes."""
+    Each file is opened, then sized by fstat of that descriptor, and read to at most that size.
+    With a `budget`, the files are read in order while their sizes add up to at most `budget`
+    bytes (the first with any always), and from the first that would go past it on, each is
+    None, unread. Natively when the extension is built (opened and read on `threads` threads
+    with the GIL released), else here, one by one, with the same bytes and causes."""
     if _ext is not None:
-        return _ext.read_files(paths, threads)
-    return [_read_file(path) for path in paths]
+        return _ext.read_files(paths, threads, -1 if budget is None else budget)
+    out: list = []
+    total = 0
+    for path in paths:
+        data = _read_file(path, None if budget is None or not total else budget - total)
+        if data is None:
+            return out + [None] * (len(paths) - len(out))
+        total += 0 if isinstance(data, str) else len(data)
+        out.append(data)
+    return out
 
 
 class FileReader:
@@ -190,17 +213,36 @@ class FileReader:
         """No threads of its own to stop."""
 
     def read(self, keys: Sequence[tuple[int, int]]) -> Read:
+        """The batch's files, all at once."""
+        return self._read(keys, None)[0]
+
+    def parts(self, keys: Sequence[tuple[int, int]]) -> Iterator[tuple[Read, bool]]:
+        """The batch's files in parts of at most MAX_PART_BYTES (one part but for batches of
+        large files), in the order of `keys`, each with whether more follow; each is read once
+        the one before is taken."""
+        while keys:
+            read, keys = self._read(keys, MAX_PART_BYTES)
+            yield read, bool(len(keys))
+            del read  # its bytes go before the next part's are read
+
+    def _read(self, keys: Sequence[tuple[int, int]], budget: int | None) -> tuple[Read, Sequence]:
+        """(the Read of the first files of `keys` within `budget` bytes, the keys left)."""
         epoch = keys[0][0]
         index = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
         errors: list[tuple[str, str]] = []
         names = [self.samples.paths[i] for i in index]
         paths, datas, ok = [], [], []
-        for j, (path, data) in enumerate(zip(names, read_files(names, batch_threads()))):
+        for j, (path, data) in enumerate(zip(names, read_files(names, batch_threads(), budget))):
+            if data is None:  # left for the next part, with all after it
+                keys = keys[j:]
+                break
             if isinstance(data, str):
                 self.fail(errors, path, data)
                 continue
             paths.append(path)
             datas.append(data)
             ok.append(j)
+        else:
+            keys = keys[:0]
         index = index[ok]
-        return Read(epoch, index, paths, datas, self.samples.labels[index], errors)
+        return Read(epoch, index, paths, datas, self.samples.labels[index], errors), keys

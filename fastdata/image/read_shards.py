@@ -23,7 +23,7 @@ import numpy as np
 from ..sources import Shards
 from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_file_range, read_range
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
-from .decode import samples_key, shared_record
+from .record import samples_key, shared_record
 from .order import ShardOrder
 from .read import MAX_FILE_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer, too_large
 

@@ -16,7 +16,7 @@ from PIL import Image
 import fastdata
 from fastdata import DataError
 from fastdata import transforms as T
-from fastdata.image.decode import EntropyCheck
+from fastdata.image.record import EntropyCheck
 from fastdata.shard import write_shards
 
 pytestmark = pytest.mark.dali

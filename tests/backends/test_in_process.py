@@ -102,13 +102,13 @@ def test_an_error_choosing_the_next_keys_reaches_the_loop(folder, workers):
 def test_a_stuck_decode_thread_ends_the_pass_within_its_timeout(folder, monkeypatch):
     loader = _loader(folder, num_workers=0, timeout=1)
     release = threading.Event()
-    read = type(loader._reader).read
+    read = type(loader._reader)._read  # what reads a batch's files, whole or in parts
 
-    def stuck(self, keys):
+    def stuck(self, keys, budget):
         release.wait(60)  # a read that does not return
-        return read(self, keys)
+        return read(self, keys, budget)
 
-    monkeypatch.setattr(type(loader._reader), "read", stuck)
+    monkeypatch.setattr(type(loader._reader), "_read", stuck)
     t = time.monotonic()
     with pytest.raises(RuntimeError, match="no batch in 1 seconds from the decode thread"):
         next(iter(loader))

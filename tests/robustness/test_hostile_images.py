@@ -580,9 +580,10 @@ def test_python_fallback_accepts_and_rejects_the_same(tmp_path):
 @pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
 def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
     """`dali`'s check of the entropy-coded data: a clean file is decoded once and remembered by
-    its id; a corrupt one is refused each time it comes; CMYK (left to Pillow) passes."""
+    its id with a keyed hash of its bytes; a corrupt one is refused each time it comes; CMYK
+    (left to Pillow) passes; a file rewritten under a marked id, at any size, is checked again."""
     from fastdata.image.check import check_complete
-    from fastdata.image.decode import EntropyCheck
+    from fastdata.image.record import EntropyCheck
 
     seen = []
     real = _codec.decode_crop_resize
@@ -599,22 +600,30 @@ def test_entropy_check_decodes_each_clean_file_once(monkeypatch):
         assert [c is None for c, *_ in out] == [True, False, True, True, True]
         assert "corrupt JPEG" in out[1][0]
     assert seen == [4, 2]  # the JPEGs, then the corrupt one and CMYK again (neither remembered)
-    assert check.clean.tolist() == [len(PHOTO) + 1, 0, 0, len(PLAIN) + 1, 0]  # 1 + the size of each clean file
+    photo, plain = (int(s) for s in check.stamps([PHOTO, PLAIN]))
+    assert check.clean.tolist() == [photo, 0, 0, plain, 0] and 0 not in (photo, plain) and photo != plain
     # an id outside the record is checked each time it comes, never marked
     for _ in range(2):
         out = check(np.array([5]), [PLAIN], check_complete([PLAIN]))
         assert out[0][0] is None
-    assert seen == [4, 2, 1, 1] and check.clean.tolist() == [len(PHOTO) + 1, 0, 0, len(PLAIN) + 1, 0]
+    assert seen == [4, 2, 1, 1] and check.clean.tolist() == [photo, 0, 0, plain, 0]
     # a file of another size under a marked id is checked again
     out = check(np.array([0]), [PLAIN], check_complete([PLAIN]))
-    assert out[0][0] is None and seen == [4, 2, 1, 1, 1] and check.clean[0] == len(PLAIN) + 1
+    assert out[0][0] is None and seen == [4, 2, 1, 1, 1] and check.clean[0] == plain
+    # and so is a corrupt one of the very same size: refused, the mark left as it was
+    out = check(np.array([0]), [PHOTO], check_complete([PHOTO]))
+    assert out[0][0] is None and seen == [4, 2, 1, 1, 1, 1] and check.clean[0] == photo
+    closed = CUT + b"\xff\xd9"
+    same_size = closed + bytes(len(PHOTO) - len(closed))  # zeros after the end marker
+    out = check(np.array([0]), [same_size], check_complete([same_size]))
+    assert "corrupt JPEG" in out[0][0] and seen == [4, 2, 1, 1, 1, 1, 1] and check.clean[0] == photo
 
 
 def test_records_are_shared_by_the_same_files_only(tmp_path, monkeypatch):
     """The key of the shared record of clean files: the same paths in the same working
     directory share it; other paths, the same relative paths from another directory, or the
     same shard URLs with other sample counts do not."""
-    from fastdata.image.decode import samples_key
+    from fastdata.image.record import samples_key
     from fastdata.sources.files import Samples
     from fastdata.sources.webdataset import Shards
 
@@ -652,66 +661,86 @@ def _decodes_by_file(monkeypatch, names_by_data: dict) -> list:
 
 @pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
-def test_each_file_is_decoded_whole_once(workers, persistent, tmp_path, monkeypatch):
-    """The rows below the crop window are entropy-decoded until a file has once decoded whole
-    without error: the loader's record then marks its id clean (marks made in the workers are
-    the parent's too), and its later decodes stop at the window's last row, with the same
-    pixels as Pillow's. The corrupt file is never marked: decoded whole, and refused, each
-    epoch. CMYK (Pillow's) is never marked; a PNG is marked once its rows are counted
-    (`check_rows`)."""
+def test_the_record_marks_what_was_checked_whole(workers, persistent, tmp_path, monkeypatch):
+    """On `pil` the native decoder's checkpoint index, keyed by the bytes, says which JPEGs
+    decoded whole: the loader's record marks none of them, and every native decode is handed
+    no `whole` of its own. A PNG is marked once its rows are counted (`check_rows`; marks made
+    in the workers are the parent's too). The corrupt file is never marked: refused each epoch.
+    A new loader over the same files in this process shares the record."""
     files = {"a.jpg": PHOTO, "cut-closed.jpg": CUT + b"\xff\xd9", "b.jpg": PLAIN, "gray.jpg": GOOD["gray.jpg"],
              "progressive.jpg": GOOD["progressive.jpg"], "png-named.jpg": GOOD["png-named.jpg"],
              "cmyk.jpg": GOOD["cmyk.jpg"]}
-    native_good = ["a.jpg", "b.jpg", "gray.jpg", "progressive.jpg"]
     calls = _decodes_by_file(monkeypatch, {d: n for n, d in files.items()})
     pairs = write(tmp_path / "files", files)
     loader = make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=3, persistent_workers=persistent)
     names = list(files)
     clean = loader._decoder.entropy.clean
     assert clean.is_shared() and clean.tolist() == [0] * len(files)
+    png = int(loader._decoder.entropy.stamps([files["png-named.jpg"]])[0])
     for epoch in range(3):
         got = images_by_label(loader)
         assert sorted(got) == [k for k, n in enumerate(names) if n != "cut-closed.jpg"], f"epoch {epoch}"
         for k in got:
             assert np.abs(got[k] - reference(files[names[k]], k, epoch)).mean() < TOLERANCE, (epoch, names[k])
-        assert [n for n, c in zip(names, clean.tolist()) if c] == [*native_good, "png-named.jpg"], f"epoch {epoch}"
-        if workers == 0:
-            decoded = {n: w for call in calls for n, w in call.items()}
-            # CMYK: tried natively (whole, as it is never marked), then decoded by Pillow
-            assert decoded == {**{n: int(epoch == 0) for n in native_good}, "cut-closed.jpg": 1, "cmyk.jpg": 1}, \
-                f"epoch {epoch}"
-            calls.clear()
+        assert clean.tolist() == [png if n == "png-named.jpg" else 0 for n in names], f"epoch {epoch}"
+    if workers == 0:
+        assert calls and all(set(call.values()) == {1} for call in calls)  # no `whole` given
     assert loader.stats["skipped"] == 3
     assert all("cut-closed.jpg" in e["path"] and "corrupt JPEG" in e["cause"] for e in loader.stats["errors"])
-    # A new loader over the same files in this process shares the record: only the corrupt
-    # file (and CMYK) is decoded whole again, and the corrupt one is refused again.
-    calls.clear()
     again = make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=3, persistent_workers=persistent)
-    assert again._decoder.entropy.clean.tolist() == clean.tolist() != [0] * len(files)
+    assert again._decoder.entropy.clean.data_ptr() == clean.data_ptr()
     assert sorted(images_by_label(again)) == [k for k, n in enumerate(names) if n != "cut-closed.jpg"]
-    if workers == 0:
-        decoded = {n: w for call in calls for n, w in call.items()}
-        assert decoded == {**{n: 0 for n in native_good}, "cut-closed.jpg": 1, "cmyk.jpg": 1}
     assert again.stats["skipped"] == 1
+
+
+@pytest.mark.parametrize("hashed", ["native", "python"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_png_rewritten_at_the_same_size_is_checked_again(workers, hashed, tmp_path, monkeypatch):
+    """A PNG whose rows were counted is marked by a keyed hash of its bytes, not its size: the
+    same file rewritten between epochs, at the very same size, with half its rows, is refused
+    the next epoch, not delivered with the rest of its rows as zeros."""
+    from _images import png_chunk
+    from fastdata.image import record
+
+    if hashed == "python":
+        monkeypatch.setattr(record, "_ext", None)
+    elif record._ext is None:
+        pytest.skip("native extension not built")
+
+    a = np.asarray(gradient(64, 48))
+    whole = png_of(b"".join(b"\0" + row.tobytes() for row in a), 64, 48)
+    short = short_rows()
+    pad = len(whole) - len(short) - 12  # a private chunk before IEND evens the sizes
+    assert pad >= 0
+    short = short[:-12] + png_chunk(b"prVt", bytes(pad)) + short[-12:]
+    assert len(short) == len(whole)
+    pairs = write(tmp_path / "files", {"a.png": whole, "b.jpg": PLAIN})
+    loader = make(("pil", workers), pairs, tmp_path, on_error="skip", batch_size=2)
+    assert sorted(images_by_label(loader)) == [0, 1] and loader.stats["skipped"] == 0
+    with open(pairs[0][0], "wb") as f:
+        f.write(short)
+    assert sorted(images_by_label(loader)) == [1]
+    assert loader.stats["skipped"] == 1 and "truncated image data" in loader.stats["errors"][0]["cause"]
 
 
 @pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
 @pytest.mark.parametrize("start", ["in-process", "fork", "forkserver"])
 def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
-    """The record is one block of shared memory: a mark made by a worker is the training
-    process's, forked or started by forkserver (which gets the record's file descriptor); a new
-    loader over the same files in this process shares it. The native decoder goes by content
-    too: a file marked clean, then replaced by a corrupt one of the same size whose centre
-    window lies above the corruption, is not in the checkpoint index, so the next pass and a new
-    loader decode it whole, and refuse it; so they do a corrupt file of another size. No name is
-    left in /dev/shm."""
+    """The record is one block of shared memory: a mark made by a worker (the PNG's, once its
+    rows are counted) is the training process's, forked or started by forkserver (which gets
+    the record's file descriptor); a new loader over the same files in this process shares it.
+    The native decoder goes by content: a file decoded whole, then replaced by a corrupt one of
+    the same size whose centre window lies above the corruption, is not in the checkpoint
+    index, so the next pass and a new loader decode it whole, and refuse it; so they do a
+    corrupt file of another size. No name is left in /dev/shm."""
     from fastdata._workers import hold_threads, release_threads
 
     def names() -> set:
         return {n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{os.getpid()}_")}
 
     before = names()
-    pairs = write(tmp_path / "files", {"a.jpg": PHOTO, "b.jpg": PHOTO})
+    png = GOOD["png-named.jpg"]
+    pairs = write(tmp_path / "files", {"a.jpg": PHOTO, "b.jpg": PHOTO, "c.jpg": png})
     workers = 0 if start == "in-process" else 2
     closed = CUT + b"\xff\xd9"
     same_size = closed + bytes(len(PHOTO) - len(closed))  # zeros after the end marker
@@ -733,7 +762,7 @@ def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
     try:
         loader = new_loader()
         first = [(x.clone(), y.tolist()) for x, y in loader]
-        assert loader._decoder.entropy.clean.tolist() == [len(PHOTO) + 1] * 2
+        assert loader._decoder.entropy.clean.tolist() == [0, 0, int(loader._decoder.entropy.stamps([png])[0])]
         replace(same_size)
         second = [(x.clone(), y.tolist()) for x, y in loader]
         fresh = new_loader()
@@ -747,9 +776,9 @@ def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
         context = loader._runner.loader.multiprocessing_context
         assert (context.get_start_method() if context is not None else "fork") == start
     assert fresh._decoder.entropy.clean.data_ptr() == loader._decoder.entropy.clean.data_ptr()
-    assert [y for _, y in first] == [[0, 1]]
+    assert [y for _, y in first] == [[0, 1], [2]]
     assert torch.equal(first[0][0][0], first[0][0][1])
-    assert [y for _, y in second] == [y for _, y in third] == fourth == [[0]]
+    assert [y for _, y in second] == [y for _, y in third] == fourth == [[0], [2]]
     for run in (loader, fresh, changed):
         assert run.stats["skipped"] == 1 and "corrupt JPEG" in run.stats["errors"][-1]["cause"]
     assert names() == before
