@@ -67,7 +67,8 @@ def main() -> None:
         _make(root, args.files, args.mib)
         whole = _run(root, (args.files + 8) * args.mib << 20, args.batch)
         parts = _run(root, 0, args.batch)
-    assert whole["images"] == parts["images"] == 4 and whole["skipped"] == parts["skipped"] == args.files, (whole, parts)
+    same = whole["images"] == parts["images"] == 4 and whole["skipped"] == parts["skipped"] == args.files
+    assert same, (whole, parts)
     ratio = whole["peak_rss_mib"] / parts["peak_rss_mib"]
     print(f"{args.files} files of {args.mib} MiB, batch {args.batch}: peak memory read whole "
           f"{whole['peak_rss_mib']:,.0f} MiB, in parts {parts['peak_rss_mib']:,.0f} MiB ({ratio:.2f}x less)")

@@ -29,8 +29,8 @@ if __name__ == "__main__":
     copies = {"pickled": pickle.loads(pickle.dumps(loader)), "copied": copy.copy(loader),
               "rebuilt": type(loader)(loader.dataset, batch_size=4, sampler=SequentialSampler(loader.dataset)),
               "rebuilt_custom": type(loader)(loader.dataset, batch_size=4, sampler=list(range(20)))}
-    out = {name: {"type": type(c).__qualname__, "name": type(c).__name__, "is_dataloader": isinstance(c, DataLoader), "same": ids(c) == want}
-           for name, c in copies.items()}
+    out = {name: {"type": type(c).__qualname__, "name": type(c).__name__, "is_dataloader": isinstance(c, DataLoader),
+                  "same": ids(c) == want} for name, c in copies.items()}
     import fastdata
 
     own = fastdata.loader(Encoded(), batch_size=4)
