@@ -174,6 +174,12 @@ class Timed(NamedTuple):
     stages: dict
 
 
+def _cpu_clock() -> Callable[[], float]:
+    """The CPU clock stage timing reads: the process's in a worker (its only work), the thread's
+    in the training process (whose other threads are not the fetch's)."""
+    return time.process_time if get_worker_info() is not None else time.thread_time
+
+
 class RingCollate:
     """The loader's collate_fn: `collate`, writing into a reused slot of this process's ring
     (see `ProcessRings`). Picklable, so worker processes get it."""
@@ -197,8 +203,7 @@ class RingCollate:
     def fetching(self) -> None:
         """Marks that this process starts fetching a batch: a loader with no workers asked for
         one, or a worker took its indices (`_torch_internals.mark_fetches`)."""
-        clock = time.process_time if get_worker_info() is not None else time.thread_time
-        self._left = (clock(), time.perf_counter())
+        self._left = (_cpu_clock()(), time.perf_counter())
 
     def _timed(self, batch: Sequence[Any]) -> Timed:
         """The collation, timed. The time since `fetching` marked the fetch's start is the
@@ -209,7 +214,7 @@ class RingCollate:
         last collation, if any. CPU seconds, not wall time, for what computes, like the image
         backends' stages: under contention wall time counts the waits for a core too."""
         info = get_worker_info()
-        clock = time.process_time if info is not None else time.thread_time
+        clock = _cpu_clock()
         start, wall = clock(), time.perf_counter()
         with trace_range("fastdata.collate"):
             out = self._collate(batch)

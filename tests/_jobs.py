@@ -66,18 +66,14 @@ def _stacks_then_kill(job: subprocess.Popen) -> None:
     that are left: the tree is taken first, since a process's children outlive it."""
     tree = _tree(job.pid)
     groups = _groups(tree)
-    for pid in tree:
+    for pid in sorted(tree):  # one at a time, so that their stacks do not interleave
         try:
             os.kill(pid, signal.SIGABRT)
         except ProcessLookupError:
             continue
-    time.sleep(3)  # the stacks are written
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    kill(job)
+        time.sleep(0.3)
+    time.sleep(1)  # the last stacks are written
+    kill(job, groups)
 
 
 def free_port() -> int:
@@ -86,11 +82,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kill(job: subprocess.Popen) -> None:
+def kill(job: subprocess.Popen, groups: set[int] | None = None) -> None:
     """SIGKILL to the whole job. A launcher may start a rank in a session of its own (torchrun
     does; a rank's workers are in its process group), so killing the launcher's group would
-    leave the ranks training: every group in the job's process tree is killed."""
-    for group in _groups(_tree(job.pid)):
+    leave the ranks training: every group in the job's process tree is killed (`groups`, where
+    they were taken before a signal that may have ended the launcher)."""
+    for group in _groups(_tree(job.pid)) if groups is None else groups:
         try:
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:

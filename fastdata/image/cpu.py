@@ -70,7 +70,7 @@ class BatchTask(Dataset):
 
     def _reads(self, keys, stages: dict | None) -> Iterator[tuple[Any, bool]]:
         """The batch's reads, each with whether more follow; with `stages`, timed in its "read"."""
-        parts = self.reader.parts(keys) if hasattr(self.reader, "parts") else iter([(self.reader.read(keys), False)])
+        parts = self.reader.parts(keys)
         while True:
             t = time.perf_counter()
             with trace_range("fastdata.read"):

@@ -36,6 +36,10 @@ class Reader(Protocol):
         """The samples of one batch, named by the order's keys: their ids, names, bytes and
         labels, and the failures the on_error policy kept."""
 
+    def parts(self, keys: Any) -> Iterator[tuple[Read, bool]]:
+        """The same batch read a part at a time where its bytes would be too many at once,
+        each part with whether more follow, each read once the one before is taken."""
+
     def num_classes(self, transform: Any) -> int | None:
         """The number of classes, where the source names them (a transform with soft labels
         needs it)."""

@@ -1,15 +1,14 @@
 """Reading WebDataset shards: the samples of a batch (epoch, k), by byte ranges, one block ahead.
 
-A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek,
-HTTP asks for the range; pipe: streams are read on) into one of two buffers it keeps, walks each
-sample's span of it header by header (`walk_tar_bytes`: USTAR, pax and GNU long names), checks that
-the members there are the sample's, as many and as big as the index (or the header scan) said,
-slices their payloads out without a copy, groups them by key as webdataset does, checks the
-label against the classes, and reads the next block in a thread while the batch of this one is
-decoded. Where nothing was read ahead (a pass's first batch, a resume), the batch's own samples
-are read first, by themselves. A damaged header, a member cut off, or a span that holds other
-members, or bytes that do not have the index's CRC-32 (a sample changed at the same size), fails
-that sample alone (a DataError naming the shard, the member and the byte, or a counted skip).
+A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek, HTTP asks for the
+range; pipe: streams are read on) into one of two buffers it keeps, walks each sample's span of it header by
+header (`walk_tar_bytes`: USTAR, pax and GNU long names), checks that the members there are the sample's, as
+many and as big as the index (or the header scan) said, slices their payloads out without a copy, groups them by
+key as webdataset does, checks the label against the classes, and reads the next block in a thread while the
+batch of this one is decoded. Where nothing was read ahead (a pass's first batch, a resume), the batch's own
+samples are read first, by themselves. A damaged header, a member cut off, or a span that holds other members,
+or bytes that do not have the index's CRC-32 (a sample changed at the same size), fails that sample alone (a
+DataError naming the shard, the member and the byte, or a counted skip).
 """
 
 from __future__ import annotations
@@ -17,15 +16,16 @@ from __future__ import annotations
 import os
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterator
 
 import numpy as np
 
 from ..sources import Shards
 from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_file_range, read_range
 from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
-from .record import samples_key, shared_record
 from .order import ShardOrder
 from .read import MAX_FILE_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer, too_large
+from .record import samples_key, shared_record
 
 
 class _Block:
@@ -101,6 +101,9 @@ class ShardReader:
                              "does not name the classes (or there is no index): write the shards with fastdata-shard "
                              "from an ImageFolder")
         return None
+
+    def parts(self, keys) -> Iterator[tuple[Read, bool]]:  # one part: its block is in memory already
+        yield self.read(keys), False
 
     def read(self, keys) -> Read:
         """The samples of batch (epoch, k)."""
@@ -191,10 +194,9 @@ class ShardReader:
 
     def _read_block(self, epoch: int, lane: int, block: int, buf: BlockBuffer, rows: slice | None,
                     held: list[tuple[int, int]]) -> _Block:
-        """The block's samples, read into `buf`, but for the pieces (offset, bytes) of it `held`
-        names; with `rows`, only those of its order (the block's `order` then maps those rows
-        alone, into the samples read), into their places in the block's layout, which are
-        appended to `held`."""
+        """The block's samples, read into `buf`, but for the pieces (offset, bytes) of it `held` names;
+        with `rows`, only those of its order (the block's `order` then maps those rows alone, into the
+        samples read), into their places in the block's layout, which are appended to `held`."""
         order = self.order
         ids = order.block_ids(epoch, lane, block)
         out = _Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
