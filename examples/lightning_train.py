@@ -175,6 +175,11 @@ def main() -> None:
                          callbacks=checkpoints, default_root_dir=args.checkpoint_dir)
     # "last": the newest last.ckpt under --checkpoint-dir; none yet starts from scratch.
     trainer.fit(model, datamodule=data, ckpt_path="last" if args.resume else None)
+    # torch asks each process to destroy its process group before it exits, and Lightning does
+    # only NCCL's: a gloo group left to the interpreter's exit may still hold work whose tensors
+    # need the GIL as it goes, and the process aborts ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ if __name__ == "__main__":
     trainer = pl.Trainer(**devices, max_epochs=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module)
+    if torch.distributed.is_initialized():  # as torch asks (Lightning destroys only an NCCL group at exit)
+        torch.distributed.destroy_process_group()
     loader = trainer.train_dataloader
     with open(sys.argv[1] + (f".rank{trainer.global_rank}" if how == "ddp" else ""), "w") as f:
         json.dump({"ids": module.seen, "losses": module.losses, "loader": type(loader).__qualname__}, f)
