@@ -95,12 +95,14 @@ class BatchDecoder:
         _codec.open_index()  # a worker started by spawn or forkserver
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
-              errors: list[tuple[str, str]], entropy: bool = False) -> "Checked":
+              errors: list[tuple[str, str]], entropy: bool = False, like: tuple | None = None) -> "Checked":
         """The samples that are whole images within the pixel limit (`check_complete`, `check_rows`), with
         their sizes (from the headers) and planned geometry; the others fail (raise, or are
         recorded in `errors`). The same checks on every backend, before any decode; with
         `entropy`, also each unmarked JPEG's entropy-coded data (`self.entropy`, for a decoder
-        that does not check it)."""
+        that does not check it). For a part of a batch after its first, `like` is (the batch's
+        first path, its output size, the samples checked before this part): each image must
+        come out in that size."""
         ok, sizes, jpeg = [], [], []
         checked = check_rows(self.entropy, index, datas, check_complete(datas, batch_threads(self.threads)))
         if entropy:
@@ -130,9 +132,12 @@ class BatchDecoder:
             ok, sizes, jpeg = [ok[j] for j in keep], sizes[keep], jpeg[keep]
             sel = index[ok]
             geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
-        if len(ok) and (geo.sizes != geo.sizes[0]).any():
-            odd = int(np.argmax((geo.sizes != geo.sizes[0]).any(axis=1)))
-            self.mixed_sizes(paths[ok[0]], tuple(geo.sizes[0]), paths[ok[odd]], tuple(geo.sizes[odd]), odd)
+        if ok:
+            first, size, before = like or (paths[ok[0]], tuple(geo.sizes[0]), 0)
+            differ = (geo.sizes != np.asarray(size)).any(axis=1)
+            if differ.any():
+                odd = int(np.argmax(differ))
+                self.mixed_sizes(first, tuple(size), paths[ok[odd]], tuple(geo.sizes[odd]), before + odd)
         empty = (0, 0)
         if not ok:  # every sample left out: the batch is [0, 3, H, W] in the size the transform gives any image
             probe = plan_geometry(self.geometry, self.seed, epoch, np.zeros(2, np.int64), np.array([640, 480]),

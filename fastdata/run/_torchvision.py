@@ -43,7 +43,7 @@ from .._cores import batch_threads
 from ..backends.torch_iter import Raised
 from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
-from ..image.read import Failures, read_files
+from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ._lowering import Lowering, lower, steps_dtype
 
 
@@ -233,24 +233,42 @@ class NativeFolder(Dataset):
             self._use(lowering)
         samples = [ds.samples[i] for i in indices]
         paths = [path for path, _ in samples]
-        errors: list[tuple[str, str]] = []
-        datas = read_files(paths, batch_threads(self.decoder.threads))
-        for path, data in zip(paths, datas):
-            if isinstance(data, str):
-                self.decoder.fail(errors, path, data)
-        if lowering.random:
-            # One seed a batch from this process's torch RNG: torchvision's random transforms
-            # draw from it per sample, and a worker's is seeded by the DataLoader.
-            self.decoder.seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
         index = np.asarray(indices, dtype=np.int64)
-        c = self.decoder.check(0, index, paths, datas, np.zeros(len(index), np.int64), errors)
-        w, h = c.size
-        images = self._images(len(c.datas), h, w)
-        self.decoder.fill(images, c, 0, errors)
+        images, like, done = None, None, 0
+        while done < len(paths):
+            # The files in parts of at most read.MAX_PART_BYTES (one but for batches of large
+            # files), each decoded into its rows of the batch before the next is read. Every
+            # error raises, so the batch has a row for each index.
+            part = self._read(paths[done:])
+            if lowering.random and not done:
+                # One seed a batch from this process's torch RNG: torchvision's random transforms
+                # draw from it per sample, and a worker's is seeded by the DataLoader.
+                self.decoder.seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+            errors: list[tuple[str, str]] = []
+            n = len(part)
+            c = self.decoder.check(0, index[done:done + n], paths[done:done + n], part, np.zeros(n, np.int64),
+                                   errors, like=like)
+            if images is None:
+                w, h = c.size
+                images = self._images(len(paths), h, w)
+            like = (paths[0], c.size, done + n) if like is None else (*like[:2], done + n)
+            self.decoder.fill(images[done:done + n], c, 0, errors)
+            del part, c  # its bytes go before the next part's are read
+            done += n
         targets = [target for _, target in samples]
         if ds.target_transform is not None:
             targets = [ds.target_transform(t) for t in targets]
         return FolderBatch(images, targets, lowering.steps)
+
+    def _read(self, paths: list[str]) -> list:
+        """The first files of `paths` whose sizes add up to at most MAX_PART_BYTES (at least one);
+        a file that cannot be read raises (`Raise`), naming it."""
+        datas = read_files(paths, batch_threads(self.decoder.threads), MAX_PART_BYTES)
+        n = next((j for j, data in enumerate(datas) if data is None), len(datas))
+        for path, data in zip(paths, datas[:n]):
+            if isinstance(data, str):
+                self.decoder.fail([], path, data)
+        return datas[:n]
 
     def _images(self, n: int, h: int, w: int) -> torch.Tensor:
         """uint8 [n, h, w, 3] in this process's scratch (reused: the batch is laid out in the

@@ -509,6 +509,71 @@ def test_images_of_different_sizes_raise_torchs_stack_error(tv, folder):
     loader._stop()
 
 
+def _largest(root) -> int:
+    return max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_of_large_files_is_read_in_parts_with_the_same_batches(tv, folder, monkeypatch, workers):
+    """A batch's files are held at most MAX_PART_BYTES at a time (here about two of the
+    folder's largest files, so a batch of 10 comes in 3 or more parts): each part is decoded into its
+    rows of the batch before the next is read, and the batches are those read whole, random
+    crops included (the seed is drawn once a batch, the crops per sample id)."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()]))
+
+    def epochs():
+        torch.manual_seed(5)
+        loader = _served(dataset, batch_size=10, shuffle=True, num_workers=workers)
+        assert isinstance(loader._loader.dataset, rt.NativeFolder)
+        out = [(x.clone(), y.clone()) for _ in range(2) for x, y in loader]
+        loader._stop()
+        return out
+
+    whole = epochs()
+    budget = 2 * _largest(folder)
+    reads, calls = rt.read_files, []
+
+    def spied(paths, threads, budget=None):
+        got = reads(paths, threads, budget)
+        calls.append((budget, [len(d) for d in got if isinstance(d, bytes)]))
+        return got
+
+    monkeypatch.setattr(rt, "MAX_PART_BYTES", budget)
+    monkeypatch.setattr(rt, "read_files", spied)
+    parts = epochs()
+    assert len(parts) == len(whole) == 2 * 5
+    for (a, la), (b, lb) in zip(parts, whole):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+        assert torch.equal(_class_of(a, False), la)
+    if workers == 0:  # (the workers' calls are theirs)
+        assert len(calls) >= 3 * len(parts) and all(b == budget for b, _ in calls)
+        assert all(sum(sizes) <= budget or len(sizes) == 1 for _, sizes in calls)
+
+
+def test_images_of_different_sizes_in_two_parts_raise_torchs_stack_error(tv, tmp_path, monkeypatch):
+    """Read in parts of one file each, a batch whose second image comes out in another size
+    raises torch's stack error, with the entry default_collate names."""
+    import torchvision.transforms as T
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    (tmp_path / "a").mkdir()
+    for i, side in enumerate([40, 40, 40, 56]):
+        Image.new("RGB", (side, side + 8), (10 * i, 0, 0)).save(tmp_path / "a" / f"{i}.jpg", quality=95)
+    dataset = ImageFolder(str(tmp_path), T.Compose([T.Resize(32), T.PILToTensor()]))
+    monkeypatch.setattr(rt, "MAX_PART_BYTES", 1)
+    loader = _served(dataset, batch_size=4, num_workers=0)
+    with pytest.raises(RuntimeError) as served:
+        next(iter(loader))
+    with pytest.raises(RuntimeError) as plain:
+        next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    assert str(served.value) == str(plain.value) and "at entry 3" in str(plain.value)
+    loader._stop()
+
+
 @pytest.mark.parametrize("kind", ["larger than every image", "larger than some, flipped", "v2 on a uint8 tensor"])
 def test_a_center_crop_larger_than_an_image_pads_it_as_torchvision_does(tv, folder, kind):
     """The folder's images are 80-199 x 70-179: a CenterCrop larger than an image pads it with
