@@ -14,7 +14,6 @@ DataError naming the shard, the member and the byte, or a counted skip).
 from __future__ import annotations
 
 import os
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
@@ -22,31 +21,10 @@ import numpy as np
 
 from ..sources import Shards
 from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_file_range, read_range
-from ..sources.tarformat import IMAGE_MEMBERS, Damage, split_name, walk_tar_bytes
 from .order import ShardOrder
 from .read import MAX_FILE_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer, too_large
 from .record import samples_key, shared_record
-
-
-class _Block:
-    """A block's samples in stream order: ids, names (shard and image member), the image bytes
-    and labels, or why a sample cannot be had; and `order`, the block's shuffle."""
-
-    __slots__ = ("ids", "order", "names", "datas", "labels", "causes")
-
-    def __init__(self, ids: np.ndarray, order: np.ndarray) -> None:
-        self.ids = ids
-        self.order = order
-        self.names: list[str] = []
-        self.datas: list[bytes | None] = []
-        self.labels: list[int] = []
-        self.causes: list[str | None] = []
-
-    def add(self, name: str, data: bytes | None, label: int, cause: str | None) -> None:
-        self.names.append(name)
-        self.datas.append(data)
-        self.labels.append(label)
-        self.causes.append(cause)
+from .shard_samples import Block, check_sample
 
 
 class ShardReader:
@@ -61,15 +39,15 @@ class ShardReader:
         self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
-        self._current: tuple | None = None  # (key, Future of the _Block) of the block being decoded
+        self._current: tuple | None = None  # (key, Future of the Block) of the block being decoded
         self._files = all(local_path(url) is not None for url in shards.urls)
         # 1 at each sample id whose bytes were found with the index's CRC-32 (see _read_run): in
         # shared memory, for this loader's workers, fresh ones each epoch included, and the
         # loaders this process builds over the same shards
         self._verified = shared_record(len(shards), (b"crc", samples_key(shards)))
-        # labels are in [0, _label_limit): the index's classes, else [0, 2**31)
-        self._label_limit = shards.label_limit
-        self._label_range = f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named"
+        # labels are in [0, limit): the index's classes, else [0, 2**31)
+        self._labels = (shards.label_limit,
+                        f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -126,7 +104,7 @@ class ShardReader:
 
     # ------------------------------------------------------------- reading, one block ahead
 
-    def _block(self, epoch: int, lane: int, block: int, row: int) -> _Block:
+    def _block(self, epoch: int, lane: int, block: int, row: int) -> Block:
         """The block holding the batch at `row` of its order (a block of that batch alone, when
         the batch was not read ahead: see below)."""
         pid = os.getpid()
@@ -193,13 +171,13 @@ class ShardReader:
         return first, reader.submit(self._read_block, *key, buf, None, held)
 
     def _read_block(self, epoch: int, lane: int, block: int, buf: BlockBuffer, rows: slice | None,
-                    held: list[tuple[int, int]]) -> _Block:
+                    held: list[tuple[int, int]]) -> Block:
         """The block's samples, read into `buf`, but for the pieces (offset, bytes) of it `held` names;
         with `rows`, only those of its order (the block's `order` then maps those rows alone, into the
         samples read), into their places in the block's layout, which are appended to `held`."""
         order = self.order
         ids = order.block_ids(epoch, lane, block)
-        out = _Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
+        out = Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
         runs = self._runs(ids)
         total = sum(stop - start for *_, start, stop, _ in runs)
         try:
@@ -218,7 +196,7 @@ class ShardReader:
         wanted = np.sort(out.order[rows])
         mapping = np.full(len(ids), -1, dtype=np.int64)
         mapping[rows] = np.searchsorted(wanted, out.order[rows])
-        out = _Block(ids[wanted], mapping)
+        out = Block(ids[wanted], mapping)
         # each run of the wanted samples lies in one run of the block: where it starts there
         whole = np.searchsorted(np.cumsum([end - first for _, first, end, *_ in runs]), wanted, side="right")
         for s, first, end, start, stop, _ in self._runs(ids[wanted]):
@@ -251,7 +229,7 @@ class ShardReader:
                 at += stop - start
         return runs
 
-    def _read_run(self, out: _Block, s: int, first: int, end: int, start: int, view: memoryview,
+    def _read_run(self, out: Block, s: int, first: int, end: int, start: int, view: memoryview,
                   have: list[tuple[int, int]] = ()) -> bool:
         """Samples [first, end) of shard s (bytes [start, start + len(view))) read into `view`,
         but for the pieces (offset, bytes) of it it already holds (read from the shard as
@@ -296,89 +274,9 @@ class ShardReader:
             seen = self._verified.numpy()[self.order.first[s] + first:self.order.first[s] + end]
             crcs = np.where((seen != 0) & listed, -1, checksums[first:end]).tolist()
         for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs)):
-            if self._read_sample(out, url, key, a, a + n, raw, start, expect, crc, stale) and crc >= 0 and listed:
+            if check_sample(out, url, key, a, a + n, raw, start, expect, crc, stale, self._labels) and crc >= 0 and listed:
                 seen[i] = 1
         return listed
-
-    def _read_sample(self, out: _Block, url: str, key: str, a: int, b: int, raw: memoryview, start: int,
-                     expect: list[int], crc: int, stale: str) -> bool:
-        """The sample `key` from its bytes [a, b) (in `raw`, which starts at shard byte `start`):
-        every header there must be valid and name one of its members, they must be as many and
-        as big as the index (or the scan) said, and the bytes must have the index's CRC-32 (crc,
-        -1 for none to compare); else the sample fails naming the member. Whether its members
-        passed these checks (the sample may still fail for its label or image member)."""
-        found: dict[str, memoryview] = {}
-        count = nbytes = 0
-        length = start + len(raw)
-        for m in walk_tar_bytes(raw, start, a, b, resync=False):
-            if type(m) is Damage:
-                where = m.name or (f"{key}.*" if key else f"at byte {m.offset}")
-                out.add(MemberName(url, where), None, 0, m.cause)
-                return False
-            split = split_name(m.name)
-            if split is None:  # webdataset's __metadata__ members
-                continue
-            k, ext = split
-            if k != key:
-                cause = (f"it lists no sample in bytes [{a}, {b}), which hold member {m.name}" if not key
-                         else f"the member at byte {m.offset} is {m.name}, not one of sample {key}'s")
-                out.add(MemberName(url, m.name), None, 0, stale + cause)
-                return False
-            if m.data + m.size > b:
-                out.add(MemberName(url, m.name), None, 0,
-                        f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
-                return False
-            if ext in found:  # webdataset refuses it too; which of the two would be meant is not known
-                out.add(MemberName(url, m.name), None, 0, f"sample {key} has two {ext} members (in any case)")
-                return False
-            found[ext] = raw[m.data - start:m.data - start + m.size]
-            count += 1
-            nbytes += m.size
-        if not key:
-            out.add(MemberName(url, f"at byte {a}"), None, 0, f"{stale}it lists no sample in bytes [{a}, {b})")
-            return False
-        if not count:
-            cause = f"the shard ends at byte {length}" if a >= length else "no member of it is there"
-            out.add(MemberName(url, f"{key}.*"), None, 0, f"no such sample at byte {a}: {cause} (the shard is cut off, "
-                                                        "or changed since it was indexed or counted)")
-            return False
-        if expect[0] >= 0 and (count, nbytes) != tuple(expect):
-            out.add(MemberName(url, f"{key}.*"), None, 0, f"{stale}sample {key} at byte {a} has {count} member(s) of "
-                                                        f"{nbytes} bytes, not {expect[0]} of {expect[1]}")
-            return False
-        if crc >= 0 and (got := zlib.crc32(raw[a - start:b - start])) != crc:
-            out.add(MemberName(url, f"{key}.*"), None, 0, f"{stale}sample {key}'s bytes [{a}, {b}) have CRC-32 "
-                                                        f"{got:08x}, not the index's {crc:08x}")
-            return False
-        self._add(out, url, key, found)
-        return True
-
-    def _add(self, out: _Block, url: str, key: str, sample: dict) -> None:
-        ext = next((e for e in IMAGE_MEMBERS if e in sample), None)
-        if ext is None:
-            members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
-            out.add(MemberName(url, f"{key}.*"), None, 0,
-                    f"the sample has no image member ({', '.join(IMAGE_MEMBERS)}), only: {members}")
-            return
-        name = MemberName(url, f"{key}.{ext}")
-        cls = sample.get("cls")
-        if cls is None:
-            out.add(name, None, 0, "the sample has no cls member (its label)")
-            return
-        try:
-            label = int(bytes(cls)) if len(cls) <= 20 else None
-        except ValueError:
-            label = None
-        if label is None:
-            out.add(MemberName(url, f"{key}.cls"), None, 0,
-                    f"the label should be an integer, but the cls member holds {bytes(cls[:40])!r}")
-            return
-        if not 0 <= label < self._label_limit:
-            out.add(MemberName(url, f"{key}.cls"), None, 0,
-                    f"the label should be in [0, {self._label_limit}) ({self._label_range}), but the cls member "
-                    f"holds {label}")
-            return
-        out.add(name, sample[ext], label, None)
 
     def _read(self, url: str, start: int, view: memoryview) -> tuple[int, tuple[int, ...] | None]:
         """Reads shard bytes [start, start + len(view)) into `view`: (the count read, fewer where

@@ -316,7 +316,7 @@ def test_checksums_compared_once_a_sample(pristine, tmp_path, monkeypatch, worke
     (workers started afresh each epoch included) and by a later loader over the same shards in
     this process; a changed one fails in every epoch and every loader."""
     from fastdata._workers import start_method
-    from fastdata.image import read_shards
+    from fastdata.image import shard_samples
 
     tally, crc32 = tmp_path / "hashed", zlib.crc32
 
@@ -333,7 +333,7 @@ def test_checksums_compared_once_a_sample(pristine, tmp_path, monkeypatch, worke
         values = np.frombuffer(tally.read_bytes(), dtype="<u4")
         return int((values != changed).sum()), int((values == changed).sum())
 
-    monkeypatch.setattr(read_shards.zlib, "crc32", counted)
+    monkeypatch.setattr(shard_samples.zlib, "crc32", counted)
     assert start_method(None) is None  # fork: the workers run the patched crc32
     (tmp_path / "data").mkdir()
     data = _copy(pristine, tmp_path / "data", True)
