@@ -1,12 +1,12 @@
 """Reading WebDataset shards: the samples of a batch (epoch, k), by byte ranges, one block ahead.
 
 A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek, HTTP asks for the
-range; pipe: streams are read on) into one of two buffers it keeps, walks each sample's span of it header by
-header (`walk_tar_bytes`: USTAR, pax and GNU long names), checks that the members there are the sample's, as
-many and as big as the index (or the header scan) said, slices their payloads out without a copy, groups them by
-key as webdataset does, checks the label against the classes, and reads the next block in a thread while the
-batch of this one is decoded. Where nothing was read ahead (a pass's first batch, a resume), the batch's own
-samples are read first, by themselves. A damaged header, a member cut off, or a span that holds other members,
+range; pipe: streams are read on) into one of two buffers it keeps, checks each sample's span of it
+(`shard_samples.check_sample`: its tar headers, members, sizes, CRC-32 and label), slices the image members
+out without a copy, and reads the next block in a thread while the batch of this one is decoded. Where
+nothing was read ahead (a pass's first batch, a resume), the batch's own samples are read first, by
+themselves. A block over MAX_PART_BYTES (one batch of large samples) is neither read ahead nor whole: its
+batch is read in parts (`parts`). A damaged header, a member cut off, or a span that holds other members,
 or bytes that do not have the index's CRC-32 (a sample changed at the same size), fails that sample alone (a
 DataError naming the shard, the member and the byte, or a counted skip).
 """
@@ -22,7 +22,8 @@ import numpy as np
 from ..sources import Shards
 from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_file_range, read_range
 from .order import ShardOrder
-from .read import MAX_FILE_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer, too_large
+from .read import (MAX_FILE_BYTES, MAX_PART_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer,
+                   too_large)
 from .record import samples_key, shared_record
 from .shard_samples import Block, check_sample
 
@@ -40,6 +41,7 @@ class ShardReader:
         self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
         self._current: tuple | None = None  # (key, Future of the Block) of the block being decoded
+        self._sized: dict[tuple[int, int, int], bool] = {}  # blocks over MAX_PART_BYTES (`_large`)
         self._files = all(local_path(url) is not None for url in shards.urls)
         # 1 at each sample id whose bytes were found with the index's CRC-32 (see _read_run): in
         # shared memory, for this loader's workers, fresh ones each epoch included, and the
@@ -80,16 +82,35 @@ class ShardReader:
                              "from an ImageFolder")
         return None
 
-    def parts(self, keys) -> Iterator[tuple[Read, bool]]:  # one part: its block is in memory already
-        yield self.read(keys), False
-
-    def read(self, keys) -> Read:
-        """The samples of batch (epoch, k)."""
+    def parts(self, keys) -> Iterator[tuple[Read, bool]]:
+        """The samples of batch (epoch, k) from its block, read ahead: one part. But where the
+        block's samples come to more than MAX_PART_BYTES (a block holds at most 256 MiB but for
+        one batch of larger samples: `ShardOrder`), the batch's alone, in parts of at most
+        MAX_PART_BYTES (the first sample always), each read here once the one before is taken."""
         ((epoch, k),) = keys
         order = self.order
         lane, block, row = order.locate(epoch, k)
+        if not self._large((epoch, lane, block)):
+            yield self.read(keys), False
+            return
+        ids = order.block_ids(epoch, lane, block)
+        places = order.block_permutation(epoch, lane, block, len(ids))[row:row + order.batch_size]
+        sizes = self._sample_bytes(ids[places])
+        ends, lo = np.cumsum(sizes), 0
+        while lo < len(places):
+            hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - sizes[lo] + MAX_PART_BYTES, side="right")))
+            yield self._part(epoch, ids, places[lo:hi]), hi < len(places)
+            lo = hi
+
+    def read(self, keys) -> Read:
+        """The samples of batch (epoch, k), its block read whole."""
+        ((epoch, k),) = keys
+        lane, block, row = self.order.locate(epoch, k)
         data = self._block(epoch, lane, block, row)
-        rows = data.order[row : row + order.batch_size]
+        return self._batch(epoch, data, data.order[row : row + self.order.batch_size])
+
+    def _batch(self, epoch: int, data: Block, rows: np.ndarray) -> Read:
+        """The samples at `rows` of `data`, in that order; those that failed reported."""
         errors: list[tuple[str, str]] = []
         index, paths, datas, labels = [], [], [], []
         for r in rows.tolist():
@@ -141,6 +162,32 @@ class ShardReader:
         self._current = (key, future)  # the whole block, for the batches after this one
         return got
 
+    def _large(self, key: tuple[int, int, int]) -> bool:
+        """Whether block `key`'s samples come to more than MAX_PART_BYTES (kept for the last few)."""
+        large = self._sized.get(key)
+        if large is None:
+            large = bool(self._sample_bytes(self.order.block_ids(*key)).sum() > MAX_PART_BYTES)
+            if len(self._sized) >= 4:
+                del self._sized[next(iter(self._sized))]
+            self._sized[key] = large
+        return large
+
+    def _sample_bytes(self, ids: np.ndarray) -> np.ndarray:
+        """What reading each sample takes: its bytes in the shard; none over MAX_FILE_BYTES (_runs)."""
+        nbytes = self.order.sizes[ids]
+        return np.where(nbytes > MAX_FILE_BYTES, 0, nbytes)
+
+    def _part(self, epoch: int, ids: np.ndarray, places: np.ndarray) -> Read:
+        """The samples at `places` of a block's stream order (`ids`), in that order, read into
+        memory of their own, which lives as long as the Read."""
+        wanted = np.sort(places)
+        out = Block(ids[wanted], np.searchsorted(wanted, places))
+        runs = self._runs(out.ids)
+        view = self._view(BlockBuffer(), out, runs)
+        for s, first, end, start, stop, at in runs if view is not None else ():
+            self._read_run(out, s, first, end, start, view[at:at + stop - start])
+        return self._batch(epoch, out, out.order)
+
     def _following(self, epoch: int, lane: int, block: int) -> tuple[int, int, int] | None:
         """The next block of the lane, or after its last, the first of the next epoch (which
         this worker serves too when it persists: DataLoader starts each epoch at worker 0)."""
@@ -152,8 +199,8 @@ class ShardReader:
         """Submits the read of the block after (epoch, lane, block), unless it is under way."""
         following = self._following(epoch, lane, block)
         pending = self._proc[2]
-        if following is not None and following not in pending:
-            pending[following] = self._submit(following)[1]
+        if following is not None and following not in pending and not self._large(following):
+            pending[following] = self._submit(following)[1]  # (a large block's batches are read by parts())
 
     def _submit(self, key: tuple[int, int, int], rows: slice | None = None) -> tuple[Future | None, Future]:
         """(the read of `rows` of block `key`'s order, None without rows; the block's read)."""
@@ -179,14 +226,8 @@ class ShardReader:
         ids = order.block_ids(epoch, lane, block)
         out = Block(ids, order.block_permutation(epoch, lane, block, len(ids)))
         runs = self._runs(ids)
-        total = sum(stop - start for *_, start, stop, _ in runs)
-        try:
-            view = buf.view(total)
-        except (OSError, MemoryError) as e:  # no memory for the block (each sample is bounded)
-            cause = f"its block of {len(ids)} samples, {total} bytes, cannot be held in memory ({describe_error(e)})"
-            for s, first, end, *_ in runs:  # (the whole block in its order, with `rows` too)
-                for key in self.shards.keys[s][first:end]:
-                    out.add(MemberName(self.shards.urls[s], f"{key}.*"), None, 0, cause)
+        view = self._view(buf, out, runs)
+        if view is None:  # (the whole block failed in its order, with `rows` too)
             return out
         if rows is None:
             for s, first, end, start, stop, at in runs:
@@ -207,6 +248,20 @@ class ShardReader:
             if listed and all(c is None for c in out.causes[n:]):  # (a shard cut short fails a sample: read again)
                 held.append((at, stop - start))
         return out
+
+    def _view(self, buf: BlockBuffer, out: Block, runs: list) -> memoryview | None:
+        """`buf`, as long as `runs` take; None where that memory cannot be had, their samples failed
+        in `out` (each sample is bounded; a block of a batch of them may not be)."""
+        total = sum(stop - start for *_, start, stop, _ in runs)
+        try:
+            return buf.view(total)
+        except (OSError, MemoryError) as e:
+            cause = (f"its block of {len(out.ids)} samples, {total} bytes, cannot be held in memory "
+                     f"({describe_error(e)})")
+            for s, first, end, *_ in runs:
+                for key in self.shards.keys[s][first:end]:
+                    out.add(MemberName(self.shards.urls[s], f"{key}.*"), None, 0, cause)
+            return None
 
     def _runs(self, ids: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
         """Runs of consecutive samples of one shard, one read each: (shard, first sample, end
@@ -274,7 +329,8 @@ class ShardReader:
             seen = self._verified.numpy()[self.order.first[s] + first:self.order.first[s] + end]
             crcs = np.where((seen != 0) & listed, -1, checksums[first:end]).tolist()
         for i, (key, (a, n), expect, crc) in enumerate(zip(keys[first:end], spans, expected, crcs)):
-            if check_sample(out, url, key, a, a + n, raw, start, expect, crc, stale, self._labels) and crc >= 0 and listed:
+            passed = check_sample(out, url, key, a, a + n, raw, start, expect, crc, stale, self._labels)
+            if passed and crc >= 0 and listed:
                 seen[i] = 1
         return listed
 

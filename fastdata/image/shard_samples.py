@@ -1,7 +1,8 @@
 """A shard sample's members, checked in the bytes a shard reader read (`read_shards.py`): each
-tar header valid and one of the sample's, as many members and bytes as the index (or the header
-scan) said, the index's CRC-32, an image member and an integer label within the classes; what
-fails is recorded naming the shard and member, with its cause."""
+tar header valid (`walk_tar_bytes`: USTAR, pax and GNU long names) and one of the sample's, as
+many members and bytes as the index (or the header scan) said, the index's CRC-32, an image
+member and an integer label within the classes; the members grouped by key as webdataset does.
+What fails is recorded naming the shard and member, with its cause."""
 
 from __future__ import annotations
 

@@ -210,6 +210,42 @@ def test_a_block_of_large_samples_holds_fewer_of_them(shards, monkeypatch):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_over_the_part_limit_is_read_in_parts_with_the_same_batches(shards, tmp_path, monkeypatch, workers):
+    """Where a block's samples come to more than MAX_PART_BYTES (here 3 samples' worth, so every
+    block), each batch is read by itself, a part of at most that many bytes (or one sample) at a
+    time, and no block is read whole or ahead; the batches, in order, and a changed sample's
+    skip are those of blocks read whole."""
+    data = _copy(shards, tmp_path, True)
+    with open(data / "train-000001.tar", "r+b") as f:  # a byte of a sample changed: its CRC-32 fails
+        f.seek(os.path.getsize(data / "train-000001.tar") // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    kw = dict(shuffle=True, batch_size=8, num_workers=workers, seed=2, on_error="skip")
+
+    def epochs():
+        loader = _load(str(data / PATTERN), **kw)
+        return [_epoch(loader) for _ in range(2)], loader.stats["skipped"]
+
+    whole = epochs()
+    sizes = _load(str(data / PATTERN)).samples.sizes
+    budget = int(3 * sizes.max())
+    blocks, parts = [], []
+    read_block, part = read_shards.ShardReader._read_block, read_shards.ShardReader._part
+    monkeypatch.setattr(read_shards, "MAX_PART_BYTES", budget)
+    monkeypatch.setattr(read_shards.ShardReader, "_read_block", lambda *a: blocks.append(a) or read_block(*a))
+    monkeypatch.setattr(read_shards.ShardReader, "_part", lambda self, epoch, ids, places: parts.append(
+        (int(sizes[ids[places]].sum()), len(places))) or part(self, epoch, ids, places))
+    got = epochs()
+    assert got == whole and whole[1] == 2  # the changed sample skipped once an epoch
+    seen = sorted(s for batch in got[0][0] for s in batch)
+    assert len(seen) == N - 1 and set(seen) < set(ALL)
+    if workers == 0:  # (the workers' calls are theirs)
+        assert not blocks and len(parts) > 2 * 2 * (N // 8)
+        assert all(nbytes <= budget or count == 1 for nbytes, count in parts)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_state_resumes_with_the_shuffle_blocks_it_was_taken_with(shards, monkeypatch, workers):
     """A state records its shuffle blocks, and a loader given it takes them (persistent workers
     started with other blocks start anew): the rest of the epoch is the rest of the state's,
