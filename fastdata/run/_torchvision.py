@@ -4,7 +4,8 @@
 fastdata's image pipeline.
 
 `NativeFolder` is the dataset the served loader's workers read: `__getitems__` (which torch's
-fetcher calls with a batch's indices) reads the files named by the dataset's own `samples`,
+fetcher calls with a batch's indices) reads the files named by the dataset's own `samples` (holding
+at most `read.MAX_PART_BYTES` of their bytes at once, each part decoded before the next is read),
 decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMYK with Pillow,
 as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
 which crosses to the main process as uint8; there `Finish` lays it out as default_collate would

@@ -757,7 +757,6 @@ def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
 def test_terminal_ctrl_c_reaches_the_script_once(tmp_path):
     """Ctrl-C at a terminal sends SIGINT to the foreground process group, fastdata run and the
     script alike: the script gets it once (fastdata run does not send it a second)."""
-
     script, out = tmp_path / "signals.py", tmp_path / "got.txt"
     script.write_text(SIGNALS)
     try:

@@ -554,7 +554,7 @@ def test_a_batch_of_large_files_is_read_in_parts_with_the_same_batches(tv, folde
 
 
 def test_images_of_different_sizes_in_two_parts_raise_torchs_stack_error(tv, tmp_path, monkeypatch):
-    """Read in parts of one file each, a batch whose second image comes out in another size
+    """Read in parts of one file each, a batch whose last image comes out in another size
     raises torch's stack error, with the entry default_collate names."""
     import torchvision.transforms as T
     from PIL import Image
