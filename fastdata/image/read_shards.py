@@ -42,7 +42,6 @@ class ShardReader:
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
         self._current: tuple | None = None  # (key, Future of the Block) of the block being decoded
         self._sized: dict[tuple[int, int, int], bool] = {}  # blocks over MAX_PART_BYTES (`_large`)
-        self._sizes = order.sizes if order.sizes is not None else shards.sizes  # each sample's bytes, by id
         self._files = all(local_path(url) is not None for url in shards.urls)
         # 1 at each sample id whose bytes were found with the index's CRC-32 (see _read_run): in
         # shared memory, for this loader's workers, fresh ones each epoch included, and the
@@ -177,7 +176,7 @@ class ShardReader:
 
     def _sample_bytes(self, ids: np.ndarray) -> np.ndarray:
         """What reading each sample takes: its bytes in the shard; none over MAX_FILE_BYTES (_runs)."""
-        nbytes = self._sizes[ids]
+        nbytes = self.order.sizes[ids]  # (the loader gives every ShardOrder its shards' sizes)
         return np.where(nbytes > MAX_FILE_BYTES, 0, nbytes)
 
     def _part(self, epoch: int, ids: np.ndarray, places: np.ndarray) -> Read:
