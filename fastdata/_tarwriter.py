@@ -8,13 +8,13 @@ import hashlib
 import os
 import sys
 import tarfile
-import threading
 import time
 import warnings
 import zlib
 from typing import Any, Callable
 
 from ._pillow import open_image
+from ._pool import process_pool
 from .errors import DataError, error_line, one_line, skippable
 from .image.check import check_complete
 from .image.read import read_files
@@ -91,21 +91,30 @@ def sample_bytes(size: int, cls_size: int) -> int:
 
 # ----------------------------------------------------------------- writing shards
 
-# (samples, bytes) written so far by all workers, and its lock (set in pool workers).
-_SHARED: tuple[Any, Any] | None = None
+# Set in pool workers: (samples, bytes) written so far by each job, two slots a job, each
+# written by its job's worker alone (so no lock, which a worker that dies could leave held),
+# and, in the last slot, the flag that tells the workers to stop.
+_SHARED: Any = None
+_STOP = -1
 
 
-def _init_worker(counts, lock) -> None:
+def _init_worker(counts) -> None:
     global _SHARED
-    _SHARED = (counts, lock)
+    _SHARED = counts
 
 
-def _shared_tick(samples: int, nbytes: int) -> None:
-    if _SHARED is not None:
-        counts, lock = _SHARED
-        with lock:
-            counts[0] += samples
-            counts[1] += nbytes
+class _Stopped(Exception):
+    """Raised within `_write_shard` alone, where it is told to stop."""
+
+
+def _pool_job(k: int, job: tuple) -> dict | None:
+    """`_write_shard` in a pool worker: job `k` counts in its own two slots of the shared counts."""
+    counts = _SHARED
+
+    def tick(samples: int, nbytes: int) -> None:
+        counts[2 * k] += samples
+        counts[2 * k + 1] += nbytes
+    return _write_shard(job, tick, lambda: bool(counts[_STOP]))
 
 
 def refusal(path: str, cause: str) -> DataError:
@@ -134,9 +143,11 @@ def _image_bytes(path: str, size: int) -> tuple[bytes, str] | str:
         return str(e)
 
 
-def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) -> dict:
+def _write_shard(job: tuple, tick: Callable[[int, int], None],
+                 stop: Callable[[], bool] | None = None) -> dict | None:
     """Writes one shard through its temporary name; returns its index entry, with the files left
-    out under "skipped" ([path, cause] each: only where `job` says to skip them)."""
+    out under "skipped" ([path, cause] each: only where `job` says to skip them); None, and no
+    shard, where `stop()` said to stop before a sample."""
     final, tmp, samples, skip = job
     digest = hashlib.sha256()
     samples_index, members, crcs, skipped = [], [], [], []
@@ -152,6 +163,8 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
     try:
         with open(tmp, "wb") as f:
             for key, path, label, size, cause in samples:
+                if stop is not None and stop():
+                    raise _Stopped
                 got = _image_bytes(path, size) if cause is None else cause
                 if isinstance(got, str):
                     if not skip:
@@ -176,11 +189,13 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None] = _shared_tick) ->
             put(END)
         tick(0, len(END))
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, _Stopped):
+            return None
         raise
     return {"name": os.path.basename(final), "samples": len(samples_index), "bytes": offset,
             "sha256": digest.hexdigest(), "samples_index": samples_index, "members": members, "crc32": crcs,
@@ -214,39 +229,38 @@ class Progress:
 
 
 def write_all(jobs: list[tuple], workers: int, progress: Progress) -> list[dict]:
-    """Writes the shards `jobs` names ((final path, temporary path, samples) each) with up to
-    `workers` processes; returns their index entries in job order. The first failure stops the
-    others and is raised."""
+    """Writes the shards `jobs` names ((final path, temporary path, samples, skip) each) with up
+    to `workers` processes; returns their index entries in job order. The first failure (in job
+    order among those that failed before the rest stopped) is raised once the others stop.
+
+    The workers (`_pool`) are not terminated on a failure: the others are told to stop through
+    a shared flag, which they read before each sample, and the pool ends as after a run that
+    succeeds. One that dies fails the run with BrokenProcessPool."""
     if workers <= 1 or len(jobs) == 1:
         return [_write_shard(job, progress.tick) for job in jobs]
     import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, wait
 
-    # fork where there is one: the children need nothing imported again.
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    counts, lock = ctx.RawArray("q", 2), ctx.Lock()
-    finished = threading.Event()
-    failed: list[BaseException] = []
-    left = [len(jobs)]
+    counts = multiprocessing.RawArray("q", 2 * len(jobs) + 1)
 
-    def done(_):
-        left[0] -= 1
-        if not left[0]:
-            finished.set()
+    def count() -> None:
+        progress.samples, progress.bytes = sum(counts[0:-1:2]), sum(counts[1:-1:2])
 
-    def error(e):
-        failed.append(e)
-        finished.set()
-
-    with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counts, lock)) as pool:
-        pending = [pool.apply_async(_write_shard, (job,), callback=done, error_callback=error) for job in jobs]
-        while not finished.wait(0.1):
-            with lock:
-                progress.samples, progress.bytes = counts[0], counts[1]
-            progress.show()
-        if failed:
-            raise failed[0]  # leaving the with block terminates the other workers
-        results = [r.get() for r in pending]
-    progress.samples, progress.bytes = counts[0], counts[1]
-    return results
-
+    with process_pool(min(workers, len(jobs)), _init_worker, (counts,)) as pool:
+        futures = [pool.submit(_pool_job, k, job) for k, job in enumerate(jobs)]
+        try:
+            pending: Any = futures
+            while pending:
+                done, pending = wait(pending, 0.1, FIRST_EXCEPTION)
+                count()
+                progress.show()
+                if any(f.exception() is not None for f in done):
+                    break
+        finally:  # a failure, or Ctrl-C here (which the workers had too)
+            counts[_STOP] = 1 if pending else 0
+            pool.shutdown(wait=True, cancel_futures=True)
+    count()
+    for f in futures:
+        if not f.cancelled() and f.exception() is not None:
+            raise f.exception()
+    return [f.result() for f in futures]

@@ -35,6 +35,7 @@ import numpy as np
 
 from ._cli import Progress
 from ._cores import usable_cores
+from ._pool import process_pool
 from .sources.files import IMAGE_EXTENSIONS, image_folder
 
 # Bump when the pixels or the layout change: an existing dataset with another generator is
@@ -348,16 +349,24 @@ def _make(root: Path, seed: int, n_classes: int, todo: list[int], workers: int, 
                 _write_image(job)
                 report(done)
             return
-        import multiprocessing
+        from concurrent.futures import as_completed
 
-        # fork where there is one: the children need nothing imported again (a spawned child
-        # would import fastdata, hence torch, before its first image).
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-        with ctx.Pool(workers) as pool:
-            chunk = max(1, min(16, len(jobs) // (workers * 8)))
-            for done, _ in enumerate(pool.imap_unordered(_write_image, jobs, chunk), 1):
-                report(done)
+        chunk = max(1, min(16, len(jobs) // (workers * 8)))  # images a job
+        with process_pool(workers) as pool:
+            futures = [pool.submit(_write_images, jobs[i:i + chunk]) for i in range(0, len(jobs), chunk)]
+            try:
+                done = 0
+                for f in as_completed(futures):
+                    done += f.result()
+                    report(done)
+            finally:  # on an error or Ctrl-C, the jobs not started are dropped
+                pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_images(jobs: list[tuple[str, int, int, int]]) -> int:
+    for job in jobs:
+        _write_image(job)
+    return len(jobs)
 
 
 def make_file_list(root) -> list[tuple[str, int]]:

@@ -11,9 +11,11 @@ import hashlib
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 import warnings
 import zlib
 
@@ -241,6 +243,97 @@ def test_failure_while_writing_leaves_no_partial_file(folder, tmp_path):
     with pytest.raises(DataError, match="dir.jpg"):
         write_shards(pairs, out / "x-%03d.tar", max_count=2, workers=2)
     assert not any(".tmp" in f or f.endswith(".json") for f in os.listdir(out))
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_stops_the_other_workers_between_samples(folder, tmp_path, monkeypatch):
+    """A shard that cannot be packed stops the run; the workers writing other shards are told
+    to stop (and do, before their next sample) rather than killed: killing one that holds the
+    pool's result lock could leave the run waiting forever. Here every good sample waits until
+    the stop is given, so a run that stopped its workers otherwise cannot pass."""
+    from fastdata import _tarwriter
+
+    bad = tmp_path / "cut.jpg"
+    bad.write_bytes((folder / "class0" / "000.jpg").read_bytes()[:300])
+    image_bytes = _tarwriter._image_bytes
+
+    def wait_for_the_stop(path, size):
+        if path != str(bad):
+            deadline = time.monotonic() + 30
+            while not _tarwriter._SHARED[-1]:
+                assert time.monotonic() < deadline, "the workers were never told to stop"
+                time.sleep(0.01)
+        return image_bytes(path, size)
+
+    monkeypatch.setattr(_tarwriter, "_image_bytes", wait_for_the_stop)
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=r"^cannot pack .*cut\.jpg: truncated JPEG"):
+        write_shards([(str(bad), 0)] + _pairs(folder), out / "x-%03d.tar", max_count=2, workers=2, shuffle=False)
+    assert os.listdir(out) == []  # no shard, no temporary file, no index
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_dies_fails_the_run(folder, tmp_path, monkeypatch):
+    """A worker killed mid-shard (by the OOM killer, say) fails the run with an error instead of
+    leaving it waiting for that shard forever, and leaves no file behind."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from fastdata import _tarwriter
+
+    victim = _pairs(folder)[5][0]
+    image_bytes = _tarwriter._image_bytes
+
+    def killed_at_victim(path, size):
+        if path == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return image_bytes(path, size)
+
+    monkeypatch.setattr(_tarwriter, "_image_bytes", killed_at_victim)
+    out = tmp_path / "out"
+    with pytest.raises(BrokenProcessPool):
+        write_shards(_pairs(folder), out / "x-%03d.tar", max_count=2, workers=2, shuffle=False)
+    assert not any(".tmp" in f or f.endswith(".json") for f in os.listdir(out))
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers end with their run on Linux (prctl)")
+@pytest.mark.timeout(60)
+def test_the_workers_of_a_killed_run_end_with_it(folder, tmp_path):
+    script = f"""
+import os, time
+from fastdata import _tarwriter
+from fastdata.shard import write_shards
+
+def stuck(path, size):
+    open(os.path.join({str(tmp_path)!r}, "worker-%d" % os.getpid()), "w").close()
+    time.sleep(60)
+
+_tarwriter._image_bytes = stuck
+write_shards({str(folder)!r}, {str(tmp_path / "out" / "x-%03d.tar")!r}, max_count=2, workers=2)
+"""
+    run = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers := [int(f[7:]) for f in os.listdir(tmp_path) if f.startswith("worker-")]) < 2:
+            assert run.poll() is None and time.monotonic() < deadline, "the run's workers did not start"
+            time.sleep(0.05)
+    finally:
+        run.kill()
+        run.wait()
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in workers if _running(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "workers outlived their killed run"
 
 
 @pytest.mark.timeout(60)
