@@ -247,17 +247,17 @@ def write_all(jobs: list[tuple], workers: int, progress: Progress) -> list[dict]
         progress.samples, progress.bytes = sum(counts[0:-1:2]), sum(counts[1:-1:2])
 
     with process_pool(min(workers, len(jobs)), _init_worker, (counts,)) as pool:
-        futures = [pool.submit(_pool_job, k, job) for k, job in enumerate(jobs)]
+        futures, pending = [], None
         try:
-            pending: Any = futures
+            pending = futures = [pool.submit(_pool_job, k, job) for k, job in enumerate(jobs)]
             while pending:
                 done, pending = wait(pending, 0.1, FIRST_EXCEPTION)
                 count()
                 progress.show()
                 if any(f.exception() is not None for f in done):
                     break
-        finally:  # a failure, or Ctrl-C here (which the workers had too)
-            counts[_STOP] = 1 if pending else 0
+        finally:  # on a failure, or Ctrl-C here (which the workers had too), the rest stop
+            counts[_STOP] = 1 if pending or pending is None else 0
             pool.shutdown(wait=True, cancel_futures=True)
     count()
     for f in futures:
