@@ -6,6 +6,7 @@ from the colours of _images.py, and what those steps must show after a kill and 
 import collections
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,8 +39,9 @@ def kill_once_past(job: subprocess.Popen, steps, at: int, out: Path, ranks=(0, 1
         while min(max(steps(r), default=0) for r in ranks) < at:
             assert job.poll() is None, "the first run ended before it was killed:\n" + out.read_text()
             if time.monotonic() > deadline:
-                _stacks_then_kill(job)
-                pytest.fail(f"step {at} not reached in {limit:.0f} s; the job's output and stacks:\n{out.read_text()}")
+                native = _stacks_then_kill(job)
+                pytest.fail(f"step {at} not reached in {limit:.0f} s; the job's output and stacks:\n{out.read_text()}"
+                            + native)
             time.sleep(0.01)
     finally:
         kill(job)
@@ -52,20 +54,32 @@ def finish(job: subprocess.Popen, out: Path, limit: float = 240) -> None:
     try:
         code = job.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        _stacks_then_kill(job)
-        pytest.fail(f"the job did not end in {limit:.0f} s; its output and stacks:\n{out.read_text()}")
+        native = _stacks_then_kill(job)
+        pytest.fail(f"the job did not end in {limit:.0f} s; its output and stacks:\n{out.read_text()}" + native)
     finally:
         if job.poll() is None:
             kill(job)
     assert code == 0, out.read_text()
 
 
-def _stacks_then_kill(job: subprocess.Popen) -> None:
+def _stacks_then_kill(job: subprocess.Popen) -> str:
     """SIGABRT to every process of a stalled job, on which faulthandler (PYTHONFAULTHANDLER,
     set by `launch`) writes each thread's stack into the job's output, then SIGKILL to all
-    that are left: the tree is taken first, since a process's children outlive it."""
+    that are left: the tree is taken first, since a process's children outlive it. Returns
+    each process's native stacks, taken first by gdb where there is one (a lock held inside
+    fork or a C library shows only there), else ""."""
     tree = _tree(job.pid)
     groups = _groups(tree)
+    native = ""
+    gdb = shutil.which("gdb")
+    for pid in sorted(tree) if gdb else ():
+        try:
+            got = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"],
+                                 capture_output=True, text=True, timeout=60)
+            native += f"\n--- native stacks of {pid} ---\n" + "\n".join(
+                line for line in got.stdout.splitlines() if line.startswith(("#", "Thread ")))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            native += f"\n--- no native stacks of {pid}: {e} ---"
     for pid in sorted(tree):  # one at a time, so that their stacks do not interleave
         try:
             os.kill(pid, signal.SIGABRT)
@@ -74,6 +88,7 @@ def _stacks_then_kill(job: subprocess.Popen) -> None:
         time.sleep(0.3)
     time.sleep(1)  # the last stacks are written
     kill(job, groups)
+    return native
 
 
 def free_port() -> int:
