@@ -247,7 +247,7 @@ def write_all(jobs: list[tuple], workers: int, progress: Progress) -> list[dict]
         progress.samples, progress.bytes = sum(counts[0:-1:2]), sum(counts[1:-1:2])
 
     with process_pool(min(workers, len(jobs)), _init_worker, (counts,)) as pool:
-        futures, pending = [], None
+        futures: list = []
         try:
             pending = futures = [pool.submit(_pool_job, k, job) for k, job in enumerate(jobs)]
             while pending:
@@ -256,8 +256,8 @@ def write_all(jobs: list[tuple], workers: int, progress: Progress) -> list[dict]
                 progress.show()
                 if any(f.exception() is not None for f in done):
                     break
-        finally:  # on a failure, or Ctrl-C here (which the workers had too), the rest stop
-            counts[_STOP] = 1 if pending or pending is None else 0
+        finally:  # a failure, or Ctrl-C here (which the workers had too), stops the rest; after
+            counts[_STOP] = 1  # a run that succeeded, no job is left to read it
             pool.shutdown(wait=True, cancel_futures=True)
     count()
     for f in futures:
