@@ -469,6 +469,8 @@ nb::bytes stamps(nb::sequence datas, uint64_t k0, uint64_t k1, int threads) {
   return nb::bytes(reinterpret_cast<const char*>(out.data()), n * sizeof(uint64_t));
 }
 
+extern "C" int fastdata_guard_fork(void);  // forksafe.c
+
 NB_MODULE(_native, m) {
   m.doc() = "fastdata's native core: collation on raw buffers, GIL released.";
   m.def("collate", &collate, nb::arg("samples"), nb::arg("out"), nb::arg("threads") = 1,
@@ -491,6 +493,10 @@ NB_MODULE(_native, m) {
         "([(offset, name, data, size)], position): the tar's plain regular-file members from byte "
         "pos up to stop, data holding its bytes from byte start on, up to the first header that "
         "is anything else (or not wholly in data), whose position is returned.");
+  m.def("guard_fork", &fastdata_guard_fork,
+        "Makes a fork in this process safe from CPython gh-112275 (a child forked while a native thread "
+        "creates its thread state waits forever inside os.fork()) where the interpreter has it: 1 when "
+        "guarded, 0 when this interpreter needs nothing, -1 when its runtime layout did not check.");
 #ifdef FASTDATA_HAVE_JPEG
   m.attr("HAVE_JPEG") = true;
   m.def("jpeg_info", &jpeg_info, nb::arg("data"),

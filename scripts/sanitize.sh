@@ -22,7 +22,7 @@ export OMP_NUM_THREADS=1
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 echo "sanitize.sh: building csrc/ with $san into $dir/build"
 cmake -S "$root" -B "$dir/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$py" \
-  -DCMAKE_CXX_FLAGS="$san" -DCMAKE_MODULE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" \
+  -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" -DCMAKE_MODULE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" \
   >"$dir.cmake.log" 2>&1 || { tail -30 "$dir.cmake.log"; exit 1; }
 cmake --build "$dir/build" -j 2 >>"$dir.cmake.log" 2>&1 || { tail -40 "$dir.cmake.log"; exit 1; }
 so=$(ls "$dir"/build/_native*.so)
@@ -59,7 +59,7 @@ fi
 
 if [ $# -eq 0 ]; then
   set -- "$root/tests/unit/test_decode.py" "$root/tests/unit/test_collate.py" "$root/tests/robustness/test_fuzz.py" \
-    "$root/tests/unit/test_index.py" "$root/tests/robustness/test_hostile_decode.py" \
+    "$root/tests/unit/test_index.py" "$root/tests/unit/test_fork.py" "$root/tests/robustness/test_hostile_decode.py" \
     "$root/tests/backends/test_image_pil.py::test_read_files_gives_the_bytes_or_the_cause" \
     "$root/tests/robustness/test_hostile_shards.py::test_native_walk_gives_walk_tars_members" \
     -k "not test_fuzz_targets_run_clean"
