@@ -21,7 +21,7 @@
    version; the handler is installed only if that layout checks against public calls here. */
 
 #include <patchlevel.h>
-#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030C0000
+#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030C0000 && !defined(_WIN32) /* no fork on Windows */
 #define FASTDATA_FORK_FIX 1
 #define Py_BUILD_CORE 1 /* for the runtime state's layout, below */
 #endif
