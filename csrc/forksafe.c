@@ -4,18 +4,20 @@
    that calls into Python without a thread state of its own (PyGILState_Ensure: gloo's threads
    freeing a collective's tensors, a ctypes callback) creates one under that lock *before* it
    takes the GIL, so the lock can be held by such a thread while the main thread forks. On 3.10
-   and 3.11 before the fix (3.11.10), the child's PyOS_AfterFork_Child takes that lock to drop
-   the other threads' states before it re-creates it: the child then waits forever, inside
-   os.fork(), for a thread that does not exist in it. A DataLoader worker forked at that moment
-   never starts, and the training process waits for its first batch.
+   and 3.11 before the fix (3.10.15, 3.11.10), the child's PyOS_AfterFork_Child takes that lock
+   to drop the other threads' states before it re-creates it: the child then waits forever,
+   inside os.fork(), for a thread that does not exist in it. A DataLoader worker forked at that
+   moment never starts, and the training process waits for its first batch.
 
-   The fix upstream re-creates the lock before that use. This file does the same from a
-   pthread_atfork child handler, which runs inside fork() itself, before the interpreter's own
-   after-fork code: it swaps in a new lock, as CPython's _PyThread_at_fork_reinit does (the old
-   one is left alone, its state unknown), allocated with the default raw allocator, as CPython's
-   own after-fork re-creation does (a tracing allocator's hook would need the GIL). On fixed
-   releases the interpreter re-creates the lock once more: harmless. Python 3.12 and later take
-   the lock only after re-creating it; nothing is installed there.
+   The fix upstream re-creates the runtime's locks before that use. HEAD_LOCK is the one of them
+   a thread takes without the GIL (the forking thread holds the GIL, which keeps the others
+   free), and this file re-creates it from a pthread_atfork child handler, which runs inside
+   fork() itself, before the interpreter's own after-fork code. It swaps in a new lock, as
+   CPython's _PyThread_at_fork_reinit does (the old one is left alone, its state unknown),
+   allocated with the default raw allocator, as CPython's own re-creation is (a tracing
+   allocator's hook would need the GIL). On fixed releases the interpreter re-creates the lock
+   once more: harmless. Python 3.12 and later take the lock only after re-creating it; nothing
+   is installed there.
 
    This reads the interpreter's internal runtime state, whose layout is fixed within a minor
    version; the handler is installed only if that layout checks against public calls here. */
