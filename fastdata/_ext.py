@@ -6,9 +6,9 @@ CMake; a source checkout never compiled): then one warning, here, says how to ge
 callers take their Python fallback.
 
 Imported, it also guards every later fork of this process against CPython gh-112275, where the
-interpreter has it (3.10 before 3.10.15, 3.11 before 3.11.10): a worker forked while one of torch's native
-threads (gloo's, under DDP) makes its Python thread state would wait forever inside `os.fork()`
-(csrc/forksafe.c). Without the extension there is no guard.
+interpreter has it (3.10 before 3.10.15, 3.11 before 3.11.10): a worker forked while one of
+torch's native threads (gloo's, under DDP) makes its Python thread state would wait forever
+inside `os.fork()` (csrc/forksafe.c). Without the extension there is no guard.
 """
 
 from __future__ import annotations

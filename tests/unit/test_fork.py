@@ -4,8 +4,9 @@ A native thread that calls into Python without a thread state (gloo's under DDP,
 collective's tensors) makes one under the interpreter's list lock before it takes the GIL, so
 that lock may be held when a DataLoader worker forks. On 3.10 before 3.10.15 and 3.11 before
 3.11.10 the child takes it before re-creating it and waits forever inside `os.fork()`; importing
-fastdata guards against that (csrc/forksafe.c). The moment is made certain here: the script holds the lock
-itself across `os.fork()`, as such a thread would, and says whether the child ran."""
+fastdata guards against that (csrc/forksafe.c). The moment is made certain here: the script
+holds the lock itself across `os.fork()`, as such a thread would, and says whether the child
+ran."""
 
 import os
 import subprocess
