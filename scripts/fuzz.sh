@@ -69,7 +69,8 @@ for target in "${targets[@]}"; do
     decode-sse41) cmd=(env FASTDATA_DECODE_SIMD=sse4.1 "$dir/bin/decode_fuzzer" -max_len=65536) ;;
     decode-generic) cmd=(env FASTDATA_DECODE_SIMD=none "$dir/bin/decode_fuzzer" -max_len=65536) ;;
     collate) cmd=("$dir/bin/collate_fuzzer" -max_len=256) ;;
-    tar) cmd=(python3 csrc/fuzz/tar_fuzzer.py -max_len=16384) ;;
+    tar) mkdir -p "$dir/scratch"
+         cmd=(env FASTDATA_FUZZ_SCRATCH="$dir/scratch" python3 csrc/fuzz/tar_fuzzer.py -max_len=16384) ;;
     *) echo "fuzz.sh: unknown target $target (decode, decode-sse41, decode-generic, collate, tar)" >&2; exit 2 ;;
   esac
   log=$dir/logs/$target.log

@@ -125,7 +125,9 @@ def main() -> None:
         import fastdata.sources  # noqa: F401
         import fastdata.sources.tarformat  # noqa: F401
     quiet()
-    folder = tempfile.mkdtemp(prefix="fastdata-tar-fuzz-")
+    # libFuzzer ends the process with exit(), past Python's atexit, so a folder made here stays:
+    # scripts/fuzz.sh names one inside its $FUZZ_DIR, reused from run to run.
+    folder = os.environ.get("FASTDATA_FUZZ_SCRATCH") or tempfile.mkdtemp(prefix="fastdata-tar-fuzz-")
     atheris.Setup(sys.argv, lambda data: check(data, folder))
     atheris.Fuzz()
 
