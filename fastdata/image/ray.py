@@ -2,10 +2,12 @@
 holding the reader and decoder, run each batch's read-and-decode task (`BatchTask`) and return
 it to Ray's object store; the training process takes the batches in order.
 
-- Placement: the actors spread over the nodes (`SPREAD`); batch k goes to actor k mod n (with
-  shards, actor w serves lane w, so it reads its shards in order), or to the next live one.
+- Placement: the actors (`ray_actors.py`) spread over the nodes (`SPREAD`); batch k goes to
+  actor k mod n (with shards, actor w serves lane w, so it reads its shards in order), or to the
+  next live one.
 - Backpressure: at most `prefetch_factor` x actors batches are submitted or ready and not yet
-  taken, so a slow consumer leaves the cluster idle instead of filling its object store.
+  taken, and no more than this node's object store holds (each is pulled into it: past its
+  capacity Ray would spill them to disk), so a slow consumer leaves the cluster idle.
 - Faults: a task is a pure function of its batch's keys (the random parameters are a function
   of (seed, epoch, sample)), so the batches of an actor or node that died are submitted again
   to a live actor, with the same result, and a replacement starts. No batch within the stall
@@ -41,12 +43,11 @@ from .._workers import NoWatchdog, hold_threads, release_threads, stall_limit
 from ..errors import DataError
 from .cpu import BatchTask
 from .parts import BatchOrder
+from .ray_actors import LOST, Pool
 
 logger = logging.getLogger("fastdata")
 
 _STORE_BYTES = 1 << 30  # a local cluster's object store: the prefetch window, not a cache
-_START_GRACE = 30.0  # s the actors after the first have to start before the first pass runs without them
-_LOST = (rex.RayActorError, rex.ObjectLostError, rex.WorkerCrashedError, rex.NodeDiedError)
 
 
 class _RayThreads:
@@ -83,104 +84,15 @@ def cluster_cpus() -> int:
     return int(ray.cluster_resources().get("CPU", 1))
 
 
-class BatchActor:
-    """A Ray actor (one CPU): reads and decodes batches with its copy of the task."""
-
-    def __init__(self, task: BatchTask, index: int) -> None:
-        self.task, self.index = task, index
-
-    def where(self) -> str:
-        """Its node, as "address (node id)" (answered once it runs: the actor is live)."""
-        return f"{ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
-
-    def run(self, keys: list, timing: bool) -> Any:
-        """(images NHWC uint8, labels, errors, sample ids, stage seconds or None) as numpy
-        arrays; a DataError is returned, not raised, so it reaches the consumer as itself."""
-        task = self.task
-        task.timing = timing
-        try:
-            images, labels, errors, ids, stages = task.__getitems__(keys)
-        except DataError as e:
-            return e
-        if stages is not None:
-            stages["worker"] = self.index
-        return images.numpy(), labels.numpy(), errors, ids, stages
-
-
-_RemoteActor = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(BatchActor)
-
-
-class _Pool:
-    """The actors, which of them are live (answered `where`), and their replacements."""
-
-    def __init__(self, task: BatchTask, n: int, limit: float) -> None:
-        self.task_ref = ray.put(task)
-        self.actors: list[Any] = [None] * n
-        self.nodes: list[str | None] = [None] * n  # a live actor's node; None while it starts
-        self.starting: dict[Any, int] = {}  # its `where` answer -> actor index
-        self.replaced = 0
-        for i in range(n):
-            self._start(i)
-        # Wait for one to start, then a while for the others; the pass runs on those that
-        # started (the cluster may have fewer free CPUs than actors asked), the rest join later.
-        ready, _ = ray.wait(list(self.starting), num_returns=1, timeout=limit)
-        self._answered(ready)
-        if self.starting:
-            ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=_START_GRACE)
-            self._answered(ready)
-        if not self.live():
-            self.shutdown()
-            free = ray.available_resources().get("CPU", 0)
-            raise RuntimeError(f"no Ray actor started within {limit:g} s ({n} asked, 1 CPU each; the cluster has "
-                               f"{free:g} free CPUs of {cluster_cpus()}): add nodes or lower num_workers")
-
-    def _start(self, i: int) -> None:
-        actor = _RemoteActor.options(scheduling_strategy="SPREAD").remote(self.task_ref, i)
-        self.actors[i], self.nodes[i] = actor, None
-        self.starting[actor.where.remote()] = i
-
-    def _answered(self, refs: list) -> None:
-        for ref in refs:
-            i = self.starting.pop(ref)
-            try:
-                self.nodes[i] = ray.get(ref)
-            except _LOST:
-                self.lost(i)
-
-    def poll(self) -> None:
-        """Replacements that started since become live."""
-        if self.starting:
-            ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
-            self._answered(ready)
-
-    def live(self) -> list[int]:
-        return [i for i, node in enumerate(self.nodes) if node is not None]
-
-    def pick(self, k: int) -> int:
-        """The actor for batch k: k mod n, or the next live one after it."""
-        n = len(self.actors)
-        for j in range(n):
-            i = (k + j) % n
-            if self.nodes[i] is not None:
-                return i
-        return k % n  # none live: it queues on one that is starting
-
-    def lost(self, i: int) -> None:
-        """Actor i died (or its node did): killed for sure, and a replacement started."""
-        logger.warning("Ray actor %d (node %s) was lost; its batches run on the other actors", i, self.nodes[i])
-        ray.kill(self.actors[i], no_restart=True)
-        self.starting = {ref: j for ref, j in self.starting.items() if j != i}
-        self.replaced += 1
-        self._start(i)
-
-    def shutdown(self) -> None:
-        """Kills every actor now (not left to the collector)."""
-        for actor in self.actors:
-            if actor is not None and ray.is_initialized():  # at exit Ray may have shut down (and killed them) first
-                ray.kill(actor, no_restart=True)
-        self.actors = [None] * len(self.actors)
-        self.nodes = [None] * len(self.nodes)
-        self.starting = {}
+def node_store_bytes() -> int:
+    """This training process's share of its node's object store, in bytes (0 where Ray does not
+    say): the node's training processes (torchrun's LOCAL_WORLD_SIZE) pull into the same store."""
+    me = ray.get_runtime_context().get_node_id()
+    store = next((int(n["Resources"].get("object_store_memory", 0)) for n in ray.nodes() if n.get("NodeID") == me), 0)
+    try:
+        return store // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return store
 
 
 @dataclasses.dataclass
@@ -196,7 +108,7 @@ class _Stream:
     """One pass: the batches from (epoch, skip) in order, through the end of the epoch or, run
     ahead, on into the next ones; at most `window` of them submitted and not yet taken."""
 
-    def __init__(self, runner: "RayWorkers", pool: _Pool, epoch: int, skip: int) -> None:
+    def __init__(self, runner: "RayWorkers", pool: Pool, epoch: int, skip: int) -> None:
         # Weakly: the runner holds its live stream, and a cycle would leave the actors' end
         # (the runner's finalizer) to the garbage collector.
         self._runner = weakref.ref(runner)
@@ -230,7 +142,7 @@ class _Stream:
     def __next__(self) -> Any:
         if self.closed:
             raise StopIteration
-        window = self.runner.window
+        window = self.runner.ahead()
         while len(self.pending) < window:
             b = next(self.todo, None)
             if b is None:
@@ -263,7 +175,7 @@ class _Stream:
                     out = ray.get(head.ref, timeout=limit)
                 except rex.GetTimeoutError:
                     self.fail(head)
-                except _LOST:
+                except LOST:
                     lost = head.actor
                     pool.lost(lost)
                     for b in self.pending:
@@ -272,6 +184,7 @@ class _Stream:
                     continue
                 except rex.RayTaskError as e:  # a bug in the task: its own exception, with the actor's traceback
                     raise e.as_instanceof_cause() from None
+                self.runner.fit(out)
                 return _as_batch(out, time.perf_counter() - t)
             if time.monotonic() - since > limit:
                 self.fail(head)
@@ -327,11 +240,33 @@ class RayWorkers:
         self.workers, self.timeout = num_workers, timeout
         self.limit = stall_limit(timeout)
         self.window = max(1, (prefetch_factor or 2) * num_workers)
+        self.fitted = False  # the window checked against the object store, at the first batch
         self.persistent, self.run_ahead = persistent, persistent and run_ahead
         self.timing = False
-        self._pool: _Pool | None = None
+        self._pool: Pool | None = None
         self._stream: _Stream | None = None
         self._finalizer: Any = None  # kills the pool's actors: at shutdown(), or when this runner is collected
+
+    def ahead(self) -> int:
+        """The batches that may be submitted and not yet taken: one an actor until `fit`."""
+        return self.window if self.fitted else min(self.window, self.workers)
+
+    def fit(self, out: Any) -> None:
+        """Once a batch's size is known: the window capped at what this node's object store holds
+        beside two batches the consumer may still use (the tensors map it), warned of where that
+        leaves actors idle."""
+        if self.fitted or isinstance(out, DataError):
+            return
+        self.fitted = True
+        size, store = out[0].nbytes + out[1].nbytes, node_store_bytes()
+        fits = max(1, store // max(1, size) - 2)
+        if store and fits < self.window:
+            log = logger.warning if fits < self.workers else logger.info
+            log("this process's share of Ray's object store on this node (%d MiB) holds %d batches of %.1f MiB "
+                "beside those in use: at most %d ahead, not prefetch_factor x num_workers = %d%s", store >> 20, fits,
+                size / 2**20, fits, self.window, f", so {fits} of {self.workers} actors decode at once "
+                "(ray.init(object_store_memory=...) before the loader lifts it)" if fits < self.workers else "")
+            self.window = fits
 
     def __getstate__(self) -> dict:
         # To another process (ddp_spawn): the configuration, not this process's actors.
@@ -357,11 +292,11 @@ class RayWorkers:
     def in_process(self) -> bool:
         return False
 
-    def pool(self) -> _Pool:
+    def pool(self) -> Pool:
         """The actors, started on first use."""
         if self._pool is None:
             # Starting an actor (a process importing torch) is not a batch: the stall limit, not `timeout`
-            self._pool = _Pool(self.task, self.workers, stall_limit(0))
+            self._pool = Pool(self.task, self.workers, stall_limit(0))
             self._finalizer = weakref.finalize(self, self._pool.shutdown)
         return self._pool
 

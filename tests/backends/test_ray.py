@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,6 +310,49 @@ def test_pil_workers_start_safely_while_ray_is_live(folder, local):
     assert start_method(None) is not None  # forkserver: a fork would copy Ray's threads' state, not its threads
     loader = _load(str(folder), "pil", num_workers=2)
     _same(_batches(loader), _batches(_load(str(folder), "pil")))
+
+
+def _spilled() -> int:
+    """Bytes in this Ray session's spill folders, where Ray writes objects its store cannot hold."""
+    session = ray._private.worker._global_node.get_session_dir_path()  # no public name for it
+    return sum(f.stat().st_size for f in Path(session).glob("ray_spilled_objects*/**/*") if f.is_file())
+
+
+@pytest.mark.timeout(240)
+def test_the_window_holds_no_more_than_the_object_store(folder, local, monkeypatch, caplog):
+    """Batches of 12 MiB, 16 asked ahead (prefetch_factor 8 x 2 actors), a 100 MiB store and a
+    step slower than the actors: the window is capped at the 6 that fit beside two in use, with
+    a line saying so, and nothing spills to disk; with the cap lifted, the same pass spills.
+    Training processes on one node (LOCAL_WORLD_SIZE) each count on their share of the store."""
+    side = 1024
+
+    def run() -> int:
+        loader = _load(str(folder), "ray", num_workers=2, prefetch_factor=8, shuffle=False,
+                       transform=T.Compose([T.Resize((side, side))]))
+        spilled, seen = 0, []
+        try:
+            for images, labels in loader:
+                assert images.shape[1:] == (3, side, side)
+                red = images[:, 0, side // 2, side // 2].to(torch.int64)
+                assert torch.equal(torch.round((red - 20) / 40).long(), labels)
+                seen += labels.tolist()
+                time.sleep(0.2)  # the step: the actors run ahead until the window is full
+                spilled = max(spilled, _spilled())
+        finally:
+            loader.shutdown()
+        assert sorted(seen) == sorted(label for label in range(CLASSES) for _ in range(PER_CLASS))
+        return spilled
+
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        assert run() == 0
+    said = [r.getMessage() for r in caplog.records if "object store" in r.getMessage()]
+    assert len(said) == 1 and "(100 MiB) holds 6 batches of 12.0 MiB" in said[0] and "= 16" in said[0], said
+    assert "actors decode at once" not in said[0]  # 6 ahead keep both actors busy
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 training processes pulling into this node's store
+    assert fastdata.image.ray.node_store_bytes() == STORE // 4
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setattr(fastdata.image.ray, "node_store_bytes", lambda: 1 << 40)
+    assert run() > 0
 
 
 # ------------------------------------------------------------------ three raylets on loopback
