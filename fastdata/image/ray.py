@@ -287,7 +287,7 @@ class RayWorkers:
         return True
 
     def ready_ahead(self) -> int:
-        return self.window
+        return self.ahead()
 
     def in_process(self) -> bool:
         return False
