@@ -12,14 +12,15 @@ num_workers: where the script left the default (0), a served loader gets "auto" 
 cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
 sample a function of the seed, the epoch and its index, in whatever process) without a
 target_transform (the script's code, which may count or cache what it sees), torch's default
-samplers (whose draws do not depend on the worker count), workers started by fork (spawn would
-run the script's main module again; a start method set after the loader was made takes the
-workers back at the next iter()), and none of the keywords that mean something else with
-workers (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers); and
-only where /dev/shm has room for their batches (`fastdata.run._shm`: a container's may be
-small). A Dataset whose own __getitem__ makes the samples keeps the script's count: nothing
-outside it can tell whether it holds an open file (whose offset forked workers would share),
-reads an iterator, counts, caches, or draws random numbers, each of which workers would change.
+samplers (whose draws do not depend on the worker count), workers started by fork (spawn would run
+the script's main module again; a start method set after the loader was made takes the workers
+back at the next iter(), as does a transform swapped for one fastdata does not serve), and none of
+the keywords that mean something else with workers (worker_init_fn, prefetch_factor,
+multiprocessing_context, persistent_workers); and only where /dev/shm has room for their batches
+(`fastdata.run._shm`: a container's may be small). A Dataset whose own __getitem__ makes the
+samples keeps the script's count: nothing outside it can tell whether it holds an open file (whose
+offset forked workers would share), reads an iterator, counts, caches, or draws random numbers,
+each of which workers would change.
 
 What the script sees is torch's: `inspect.signature` of the class and of a loader's `__init__`,
 `DataLoader[T]` (Generic), `len()` and `_num_yielded` of iter(loader), `get_worker_info().dataset`
@@ -117,7 +118,7 @@ class DataLoader(TorchDataLoader[_GENERIC] if _GENERIC else TorchDataLoader, met
             return object.__new__(cls)
         served, reason, workers, lowering = decide(args, kwargs)
         if not served:
-            _record(None, _dataset_of(args, kwargs), "fell back", reason, cls)
+            _record(None, kwargs.get("dataset", args[0] if args else None), "fell back", reason, cls)
             if cls is DataLoader:
                 return object.__new__(cls)
             # Served rebuilt (a framework's type(loader)(...)) with what it cannot serve
@@ -182,14 +183,17 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
 
     def __iter__(self) -> Any:
         added = getattr(self, "_fastdata_added", 0)
-        if added and self.num_workers == added and _start_method() != "fork":
-            # The script chose another start method after it made the loader: workers fastdata
-            # gave would run its main module again. The script's own count (0) is restored.
+        # Workers fastdata gave go back (the script's 0) where, since the loader was made, they could
+        # change what the script gets: spawn would run its main module again; a transform fastdata
+        # does not serve is the script's own code, whose draws and state would move to the workers.
+        why = None if not added or self.num_workers != added else \
+            f"they would start by {_start_method()}, which runs the script's main module again" \
+            if _start_method() != "fork" else None if lower(self.dataset)[0] is not None else \
+            "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
+        if why:
             print(f"fastdata run: the loader made at {self._fastdata_where} goes on without the {self.num_workers} "
-                  f"workers fastdata gave it: they would start by {_start_method()}, which runs the script's main "
-                  "module again", file=sys.stderr)
-            self._fastdata_added = 0
-            self.num_workers = 0
+                  f"workers fastdata gave it: {why}", file=sys.stderr)
+            self._fastdata_added = self.num_workers = 0
         it = TorchLoader.__iter__(self)
         timing = getattr(self, "_fastdata_timing", None)
         return it if timing is None else _TimedPass(it, timing, self)
@@ -251,10 +255,6 @@ class _TimedPass(TimedPass):
 
 def _copy_ahead() -> bool:
     return torch.cuda.is_available() and not os.environ.get("FASTDATA_RUN_NO_COPY")
-
-
-def _dataset_of(args: tuple, kwargs: dict) -> Any:
-    return kwargs.get("dataset", args[0] if args else None)
 
 
 def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:

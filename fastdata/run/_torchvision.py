@@ -19,9 +19,9 @@ Each batch lowers the dataset's transform as it is then, in the process that fet
 may swap it or change an op's attribute between passes (progressive resizing, an eval phase),
 and a worker holds the copy of the dataset it started with, as torch's own workers do. A
 transform that cannot be lowered then gives the dataset's own samples, collated as DataLoader
-collates them. Errors are those of the script's fetch: a file that cannot be read raises an
-OSError (as Pillow's and open's errors are), images of different sizes torch's stack error. In
-workers fastdata added (the script asked for none), a fetch's error crosses as the batch
+collates them, and so does a batch holding a file fastdata does not read (missing, cut, a format
+or size past its own limits): its samples, warnings and errors are then the script's fetch's
+(Pillow's, open's); images of different sizes raise torch's stack error. In workers fastdata added (the script asked for none), a fetch's error crosses as the batch
 (`Carried`) and is raised in the main process as the script's own process would have raised
 it, where torch would re-raise it with its message rewritten ("Caught ... in DataLoader worker
 process k").
@@ -161,15 +161,13 @@ def _picklable(error: BaseException) -> bool:
     return True
 
 
-class FolderError(DataError, OSError):
-    """A file of a natively served folder that cannot be read or decoded: a DataError naming it
-    and the cause, and an OSError, as the script's fetch raises one there (Pillow's
-    UnidentifiedImageError and "image file is truncated", open's FileNotFoundError)."""
+class FolderError(DataError):
+    """A file of a natively served folder that fastdata cannot read or decode: its batch is then
+    the script's own fetch (`NativeFolder._fetch`)."""
 
 
 class Raise(Failures):
-    """A file that cannot be read or decoded raises FolderError naming it and the cause: the
-    script chose no on_error, so the message offers none."""
+    """A file that cannot be read or decoded raises FolderError naming it and the cause."""
 
     def __init__(self) -> None:
         super().__init__("raise", "pil")
@@ -230,6 +228,16 @@ class NativeFolder(Dataset):
         lowering, _ = lower(ds)  # the transform as this process holds it now
         if lowering is None:
             return [ds[i] for i in indices]  # torchvision's own samples, collated as DataLoader collates them
+        try:
+            return self._native(indices, lowering)
+        except FolderError:
+            # A file fastdata does not read (missing, cut, a format or a size past its limits,
+            # which Pillow may still read as the script set it up): the script's own fetch, whose
+            # samples, warnings and errors are then those of the script without fastdata run.
+            return [ds[i] for i in indices]
+
+    def _native(self, indices: list[int], lowering: Lowering) -> FolderBatch:
+        ds = self.dataset
         if lowering != self.lowering:
             self._use(lowering)
         samples = [ds.samples[i] for i in indices]

@@ -20,7 +20,6 @@ import torch
 
 from fastdata.run import _torchvision as rt
 from fastdata._ext import native
-from fastdata.errors import DataError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -301,43 +300,50 @@ def test_served_natively_same_seed_same_batches(tv, folder):
 
 
 def _outcomes(loader) -> list:
-    """Each batch's labels, or the type and last line of the error it raised, as a script that
-    catches OSError around each batch and goes on sees them."""
+    """Each batch (labels and images), or the type and last line of the error it raised, as a
+    script that catches OSError around each batch and goes on sees them."""
     out, it = [], iter(loader)
     while True:
         try:
-            out.append(next(it)[1].tolist())
+            images, labels = next(it)
+            out.append((labels.tolist(), images))
         except StopIteration:
             return out
         except OSError as e:
-            out.append((OSError, e))
+            out.append((type(e), str(e).splitlines()[-1]))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("what", ["corrupt", "missing"])
-def test_a_file_that_cannot_be_read_raises_an_oserror_naming_it(tv, tmp_path, what, workers):
-    """As the script's fetch raises Pillow's OSError (or open's FileNotFoundError), the served
-    batch raises an OSError (a DataError too) naming the file, through a worker's re-raise as
-    well; the pass goes on with the next batch, as DataLoader's."""
+@pytest.mark.parametrize("what", ["corrupt", "missing", "a TGA named .jpg"])
+def test_a_file_fastdata_does_not_read_is_the_scripts_own_fetch(tv, tmp_path, what, workers):
+    """A batch holding a file fastdata does not read (cut, missing, or a format it leaves alone
+    that Pillow reads by its content) is the script's own fetch: the same images, or the same
+    error (Pillow's, open's: type and message, through a worker's re-raise as well), and the pass
+    goes on with the next batch, as DataLoader's."""
     import torchvision.transforms as T
+    from PIL import Image
     from torchvision.datasets import ImageFolder
 
     root = make_folder(tmp_path / "data", per_class=6, classes=2)
     bad = root / "class1" / "001.jpg"
-    dataset = ImageFolder(str(root), T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    bicubic = T.InterpolationMode.BICUBIC  # Pillow's resize on the whole decode, as torchvision's: the same pixels
+    dataset = ImageFolder(str(root), T.Compose([T.Resize((32, 32), bicubic), T.PILToTensor()]))
     if what == "corrupt":
         bad.write_bytes(bad.read_bytes()[:300])
-    else:
+    elif what == "missing":
         bad.unlink()
+    else:
+        with Image.open(bad) as img:
+            img.save(bad, format="TGA")
     loader = _served(dataset, batch_size=4, num_workers=workers)
     assert isinstance(loader._loader.dataset, rt.NativeFolder)
     got = _outcomes(loader)
     want = _outcomes(torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=workers))
-    assert [o if isinstance(o, list) else o[0] for o in got] == [o if isinstance(o, list) else o[0] for o in want]
-    errors = [o[1] for o in got if not isinstance(o, list)]
-    assert len(errors) == 1 and isinstance(errors[0], rt.FolderError) and isinstance(errors[0], DataError)
-    last = str(errors[0]).splitlines()[-1]
-    assert f"cannot read {bad}: " in last and "served natively" in last, last
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        assert g[0] == w[0] and (torch.equal(g[1], w[1]) if type(g[0]) is list else g[1] == w[1]), (g, w)
+    errors = [g for g in got if type(g[0]) is not list]
+    assert len(errors) == (0 if what == "a TGA named .jpg" else 1)
     loader._stop()
 
 
@@ -484,7 +490,7 @@ def test_workers_fastdata_added_raise_the_fetchs_own_error(tv, tmp_path, error):
     assert got == want and any(type(step) is tuple for step in got), got
     if error == "a truncated file":
         assert [type(step) is tuple for step in got] == [False, True, False] and issubclass(got[1][0], OSError)
-        assert "class1/002.jpg" in got[1][1] and "worker process" not in got[1][1]
+        assert "worker process" not in got[1][1]  # Pillow's "image file is truncated", as the script's fetch
     else:
         assert got[0][0] is RuntimeError and got[0][1].startswith("stack expects each tensor to be equal size")
     script = _served(dataset, batch_size=4, num_workers=2)  # workers the script asked for: torch's message
@@ -657,6 +663,34 @@ def test_a_transform_changed_between_passes_is_followed(tv, folder, workers):
         assert torch.equal(a, b) and torch.equal(la, lb)
     dataset.transform = T.Compose([T.Resize((20, 20)), T.PILToTensor()])
     assert layout() == ((3, 20, 20), torch.uint8)
+    loader._stop()
+
+
+def test_workers_fastdata_added_go_back_when_the_transform_is_no_longer_served(tv, folder, capfd):
+    """The script left num_workers at 0: fastdata's workers serve a transform it lowers and go
+    back at the next iter() once the script swaps in one it does not lower, the script's own
+    code, whose calls (and state, and draws) are then the main process's, as without fastdata."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((24, 24)), T.ToTensor()]))
+    loader = _served(dataset, batch_size=16)
+    assert loader.num_workers >= 1 and len(list(loader)) == len(loader)
+    calls = []
+
+    def counting(img):
+        calls.append(img.size)
+        return F.to_tensor(F.resize(img, [24, 24]))
+
+    dataset.transform = counting
+    got = list(loader)
+    assert loader.num_workers == 0 and len(calls) == len(dataset)
+    assert "goes on without the" in capfd.readouterr().err
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=16))
+    assert len(got) == len(want)
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
     loader._stop()
 
 
