@@ -243,13 +243,14 @@ class BatchDecoder:
         size = (target.shape[2], target.shape[1])
         # The native decoder's filter is the bilinear one; other filters are Pillow's. It takes
         # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
-        # does, but with `crop_first` such a box goes to Pillow, which runs torchvision's two
-        # steps (a resize of the whole image, then a crop of it).
+        # does, but with `crop_first` such a box, and any a Resize then crops cut, goes to
+        # Pillow, which runs torchvision's steps (a resize of the whole image, then a crop of it).
         native = native and self.resample == "bilinear"
-        whole_pixels = (geo.boxes == np.round(geo.boxes)).all(axis=1) if self.crop_first else np.ones(len(datas), bool)
-        pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and whole_pixels[k])]
+        takes = ((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) if self.crop_first \
+            else np.ones(len(datas), bool)
+        pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and takes[k])]
         if native:
-            js = [k for k in range(len(datas)) if jpeg[k] and whole_pixels[k]]
+            js = [k for k in range(len(datas)) if jpeg[k] and takes[k]]
             if js:
                 boxes = geo.boxes[js]
                 crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
@@ -271,8 +272,9 @@ class BatchDecoder:
                         self.fail(errors, paths[k], f"corrupt JPEG ({err})")
         for k in pillow:
             try:
+                resized = tuple(int(v) for v in geo.resized[k]) if self.crop_first and geo.resized[k, 0] >= 0 else None
                 target[k].numpy()[...] = pil_lowering.open_window(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
-                                                                  self.resample, self.crop_first)
+                                                                  self.resample, self.crop_first, resized)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
                 self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")

@@ -31,6 +31,9 @@ class Geometry:
     flips: np.ndarray  # bool [N]
     sizes: np.ndarray  # int64 [N, 2]: output (w, h)
     inner: np.ndarray  # float64 [N, 4]: x0, y0, x1, y1 in output pixels, where the box lands (zeros around it)
+    # int64 [N, 2]: where the box is a crop of the whole image resized (a Resize, then crops), that
+    # resize's (w, h), which torchvision's steps make before they crop; else -1
+    resized: np.ndarray
 
     def placements(self) -> np.ndarray:
         """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
@@ -41,7 +44,7 @@ class Geometry:
 
     def take(self, rows) -> "Geometry":
         """The geometry of the samples `rows` (indices), in their order."""
-        return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows])
+        return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows])
 
     def padded(self) -> np.ndarray:
         """bool [N]: the samples whose box does not fill their output."""
@@ -105,6 +108,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     box = np.stack([np.zeros(n), np.zeros(n), W.astype(np.float64), H.astype(np.float64)], axis=1)
     inner = box.copy()  # where the box lies in the current image: all of it until a CenterCrop pads
     flip = np.zeros(n, dtype=bool)
+    resized, cropped, resizes = np.full((n, 2), -1, np.int64), False, 0
 
     def crop(left, top, w, h):
         # A crop in the current image's coordinates, which may reach past it into padding: the
@@ -129,6 +133,11 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
         inner[:, 1::2] = inner[:, 1::2] * new_h[:, None] / H[:, None]
 
     for stream, op in enumerate(ops):
+        if isinstance(op, (RandomResizedCrop, Resize)):  # a resize after a crop or another resize: not one step
+            resizes += 1
+            first = isinstance(op, Resize) and not cropped and resizes == 1
+            resized[:] = np.stack(_resize_to(op.size_at(epoch), W, H), axis=1) if first else -1
+            cropped = cropped or isinstance(op, RandomResizedCrop)
         if isinstance(op, RandomResizedCrop):
             left, top, w, h = _rrc(op, uniforms(seed, epoch, indices, stream, 4 * _RRC_ATTEMPTS), W, H)
             crop(left, top, w, h)
@@ -147,6 +156,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             # then the crop's offset is rounded (half to even); a negative offset is the padding.
             pad_x, pad_y = np.where(cw > W, (cw - W) // 2, 0), np.where(ch > H, (ch - H) // 2, 0)
             left = np.rint((np.maximum(W, cw) - cw) / 2.0).astype(np.int64) - pad_x
+            cropped = True
             top = np.rint((np.maximum(H, ch) - ch) / 2.0).astype(np.int64) - pad_y
             crop(left, top, cw, ch)
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
@@ -159,7 +169,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     # Boxes with fractions of a pixel reach the decoders as they are: a rounding error in the
     # mapping must not put an edge past the image, which a decoder refuses.
     np.clip(box, 0.0, source, out=box)
-    return Geometry(box, flip, np.stack([W, H], axis=1), inner)
+    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized)
 
 
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter
