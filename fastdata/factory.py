@@ -55,7 +55,9 @@ def _with_config(options: dict[str, Any]) -> dict[str, Any]:
 def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[str, Any]:
     """num_workers="auto" and placement="auto" take a config `fastdata-profile --tune` chose for
     this source, transform, batch size and machine, when a valid one is cached (logged at INFO:
-    the file, when it was tuned, what it applied)."""
+    the file, when it was tuned, what it applied): its backend where the loader's is "auto", and
+    its workers persistent unless told otherwise, as the tune measured them. A loader that names
+    another backend than the tuned one takes none of it (that backend was not measured so)."""
     workers_auto = options.get("num_workers") == "auto"
     placement_auto = options.get("placement", "auto") == "auto"
     if not (workers_auto or placement_auto):
@@ -64,10 +66,19 @@ def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[st
     if entry is None:
         return options
     tuned, applied = entry["loader"], {}
+    named = options.get("backend", "auto")
+    if named != "auto" and tuned.get("backend", named) != named:
+        logger.info("the tuned config in %s is for backend %r, not %r: not applied", entry["path"], tuned["backend"],
+                    named)
+        return options
+    if named == "auto" and "backend" in tuned:
+        applied["backend"] = options["backend"] = tuned["backend"]
     if workers_auto and "num_workers" in tuned:
         applied["num_workers"] = options["num_workers"] = tuned["num_workers"]
         if tuned["num_workers"] and "prefetch_factor" in tuned and "prefetch_factor" not in options:
             applied["prefetch_factor"] = options["prefetch_factor"] = tuned["prefetch_factor"]
+        if tuned["num_workers"] and "persistent_workers" not in options:
+            applied["persistent_workers"] = options["persistent_workers"] = True
     if placement_auto and "placement" in tuned:
         applied["placement"] = options["placement"] = tuned["placement"]
     if applied:

@@ -255,3 +255,24 @@ def test_auto_applies_the_cached_tune_and_says_so(folder, cache, caplog):
     assert other.num_workers == 0  # untuned
     persistent = fastdata.loader(str(folder), batch_size=8, transform=SPEC, num_workers="auto", persistent_workers=True)
     assert persistent.num_workers == resolve_workers("auto") != 1
+
+
+def test_auto_applies_the_tuned_backend_and_persistent_workers_as_measured(folder, cache, caplog):
+    """The tune measured its pick with that backend and with workers that persist: a loader left
+    at backend="auto" (and persistent_workers unset) gets both; one that names another backend
+    gets nothing of it, with a line saying why."""
+    path = store_tune(str(folder), SPEC, 4, _result({"num_workers": 1, "prefetch_factor": 2, "backend": "pil",
+                                                      "placement": "cpu"}))
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        tuned = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto")
+    assert tuned.backend == "pil" and tuned.num_workers == 1 and tuned.persistent_workers
+    [line] = [r.getMessage() for r in caplog.records if "tuned config" in r.getMessage()]
+    assert "backend='pil'" in line and "persistent_workers=True" in line
+    fresh = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto", persistent_workers=False)
+    assert fresh.num_workers == 1 and not fresh.persistent_workers  # what the script says stays
+    _rewrite(path, loader={"num_workers": 1, "prefetch_factor": 2, "backend": "dali", "placement": "cpu"})
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        named = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto", backend="pil")
+    assert named.backend == "pil" and named.num_workers == 0  # untuned: auto without persistent workers
+    assert any("is for backend 'dali', not 'pil': not applied" in r.getMessage() for r in caplog.records)
