@@ -61,7 +61,7 @@ def main() -> None:
                                      device="cpu", backend="ray", seed=0,
                                      transform=T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]))
             try:
-                before, peak = _spilled(ray), 0  # Ray deletes a spill file once its objects are gone
+                before, peak, n = _spilled(ray), 0, 0  # (Ray deletes a spill file once its objects are gone)
                 for epoch in range(1 + args.epochs):  # a warm-up epoch (the actors start), then the timed ones
                     if epoch == 1:
                         t, n = time.perf_counter(), 0

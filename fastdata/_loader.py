@@ -54,11 +54,15 @@ def new_stats() -> dict[str, Any]:
     return {"samples": 0, "batches": 0, "skipped": 0, "skipped_files": 0, "errors": [], "wait_s": 0.0}
 
 
-def check_position(state: dict[str, Any], length: int | None, epoch_may_be_none: bool = False) -> None:
+def check_position(state: dict[str, Any], length: int | None, batch_size: Any, epoch_may_be_none: bool = False) -> None:
     """Refuses, in one line, a state dict whose position is not one this loader can resume:
     `epoch` and `batches` each an int >= 0 (not a bool), the batches at most the epoch's
-    `length` where it is known. A checkpoint is a file like any other: a negative count would
-    replay an epoch and a huge one silently end it, where the user asked for neither."""
+    `length` where it is known, counted in batches of this loader's `batch_size` (where the
+    state says its own). A checkpoint is a file like any other: a negative count would replay an
+    epoch and a huge one silently end it, where the user asked for neither."""
+    if state.get("batch_size", batch_size) != batch_size:
+        raise ValueError(f"the state was taken with batch_size={state['batch_size']}: its position counts batches "
+                         f"of that size, so resume with batch_size={state['batch_size']}, not {batch_size}")
     for field, top in (("epoch", None), ("batches", length)):
         value = state.get(field)
         if value is None and field == "epoch" and epoch_may_be_none:

@@ -17,9 +17,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-from .._collate import RingCollate, Timed
+from .._collate import RingCollate, Timed, collate as native_collate
 from .._torch_internals import auto_collation, profiler_enabled, share_length_warning
-from .._collate import collate as native_collate
 from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers,
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
@@ -353,8 +352,9 @@ class TorchLoader(DataLoader, Loader):
         the dataset's samples are a function of their index; an iterable dataset is
         fast-forwarded. Without a `generator`, the shuffle comes from torch's global RNG, and
         resuming restores that global state."""
-        # a sampler with state of its own (fastdata.samplers: weights set by set_weights) keeps it here too
-        own = {"sampler_state": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}
+        own = {"batch_size": self.batch_size}  # the size of the batches its position counts
+        if hasattr(self.sampler, "state_dict"):  # a sampler with state of its own (fastdata.samplers) keeps it too
+            own["sampler_state"] = self.sampler.state_dict()
         if self._in_epoch:
             sampler_rng = self._index.rng_at_start if self._index is not None else None
             return {
@@ -392,7 +392,7 @@ class TorchLoader(DataLoader, Loader):
         if not isinstance(state.get("rng"), torch.Tensor):  # an image loader's state has "backend" and no RNG
             raise ValueError(f"the state was taken by a loader over images (backend {state.get('backend')!r}), "
                              "so it resumes only a loader over the same images, not one over a Dataset")
-        check_position(state, self._length(), epoch_may_be_none=True)
+        check_position(state, self._length(), self.batch_size, epoch_may_be_none=True)
         if state.get("sampler_state") is not None and hasattr(self.sampler, "load_state_dict"):
             self.sampler.load_state_dict(state["sampler_state"])
         if state["epoch"] is not None:

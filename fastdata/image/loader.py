@@ -222,7 +222,7 @@ class ImageLoader(Loader):
             raise ValueError(f"the state was taken with world_size={self._state_world}: each rank's share of an epoch "
                              f"depends on it, so resume on {self._state_world} ranks, not {self.world_size}")
         self._state_world = None
-        check_position({"epoch": self._epoch, "batches": self._skip}, len(self._order))
+        check_position({"epoch": self._epoch, "batches": self._skip}, len(self._order), self.batch_size)
         if self._in_epoch:  # the last iterator was dropped before its first batch: its start stands
             self._skip = self._delivered
         epoch, skip, self._skip = self._epoch, self._skip, 0
@@ -252,10 +252,7 @@ class ImageLoader(Loader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
             raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
-        check_position(state, None)
-        if state.get("batch_size", self.batch_size) != self.batch_size:
-            raise ValueError(f"the state was taken with batch_size={state['batch_size']}: its position counts batches "
-                             f"of that size, so resume with batch_size={state['batch_size']}, not {self.batch_size}")
+        check_position(state, None, self.batch_size)
         blocks = self._order.state()
         self._order.check_state(state)  # (a shard order takes the state's shuffle blocks)
         self._state_world = state.get("world_size")  # checked when the next pass knows its world size

@@ -700,6 +700,22 @@ def test_load_state_dict_rejects_garbage():
         fast.load_state_dict("not a state")
 
 
+def test_a_state_taken_with_another_batch_size_is_refused():
+    """The position counts batches: 3 batches of 8 are not 3 batches of 4, so a state taken with
+    batch_size=8 resumes only a loader with batch_size=8, mid-epoch or between epochs."""
+    taken = fastdata.loader(TupleDS(40), batch_size=8, shuffle=True, generator=gen(0))
+    it = iter(taken)
+    first = [i for _ in range(3) for i in next(it)[1].tolist()]
+    state = taken.state_dict()
+    assert state["batch_size"] == 8
+    with pytest.raises(ValueError, match=r"taken with batch_size=8: .* resume with batch_size=8, not 4"):
+        fastdata.loader(TupleDS(40), batch_size=4, shuffle=True, generator=gen(0)).load_state_dict(state)
+    resumed = fastdata.loader(TupleDS(40), batch_size=8, shuffle=True, generator=gen(0))
+    resumed.load_state_dict(state)
+    rest = [i for _, y in resumed for i in y.tolist()]
+    assert len(rest) == 16 and sorted(first + rest) == list(range(40))
+
+
 # 5. Early exit shuts the workers down.
 
 
