@@ -78,8 +78,7 @@ _count = itertools.count()
 
 
 class _AnyTorchLoader(type):
-    """DataLoader's metaclass: any torch DataLoader (one made before the hook, fastdata's own
-    `TorchLoader`) is an instance of `DataLoader` too, as of the class it replaces."""
+    """DataLoader's metaclass: any torch DataLoader (made before the hook, a `TorchLoader`) is a `DataLoader`."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, TorchDataLoader) if cls is DataLoader else super().__instancecheck__(obj)
@@ -89,10 +88,8 @@ class _AnyTorchLoader(type):
 
     @property
     def __signature__(cls) -> inspect.Signature | None:
-        """What `inspect.signature` gives for the class: torch's DataLoader's, where inspect would
-        read this class's `__new__` (any arguments); for a subclass of the script's, its first
-        `__init__`'s, as on torch's class (None where a class of the script's defines `__new__`:
-        inspect then reads the subclass as it does on torch's)."""
+        """`inspect.signature` of the class: torch's DataLoader's (not `__new__`'s); a subclass's first
+        `__init__`'s, or None where one of the script's defines `__new__`, as on torch's class."""
         if cls is DataLoader or cls is Served:
             return _CLASS_SIGNATURE
         mro = cls.__mro__
@@ -198,6 +195,13 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         timing = getattr(self, "_fastdata_timing", None)
         return it if timing is None else _TimedPass(it, timing, self)
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:  # torch's DataLoader restores no position: one this loader cannot resume, it does not either
+            TorchLoader.load_state_dict(self, state)
+        except ValueError as e:
+            print(f"fastdata run: the loader made at {self._fastdata_where} starts afresh, as torch's: {e}",
+                  file=sys.stderr)
+
     def __getstate__(self) -> dict[str, Any]:
         state = TorchLoader.__getstate__(self)
         state.pop("_fastdata_timing", None)  # a copy in another process is not this one's record
@@ -229,8 +233,7 @@ class _Working(TorchDataLoader):
 
 
 def _scripts_dataset(init: Any, worker_id: int) -> None:
-    """A natively served loader's worker_init_fn: the worker's `get_worker_info().dataset` made the
-    script's dataset (the NativeFolder's), then `init`."""
+    """A natively served loader's worker_init_fn: `get_worker_info().dataset` the script's, then `init`."""
     info = torch.utils.data.get_worker_info()
     if info is not None and isinstance(info.dataset, NativeFolder):
         object.__setattr__(info, "dataset", info.dataset.dataset)  # WorkerInfo refuses a plain assignment
@@ -239,8 +242,7 @@ def _scripts_dataset(init: Any, worker_id: int) -> None:
 
 
 class _TimedPass(TimedPass):
-    """A timed pass (--profile), with the len() and the count of batches handed out
-    (`_num_yielded`) of DataLoader's iterator."""
+    """A timed pass (--profile), with the len() and `_num_yielded` of DataLoader's iterator."""
 
     _num_yielded = 0
 
@@ -258,8 +260,7 @@ def _copy_ahead() -> bool:
 
 
 def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
-    """(served, the reason, num_workers to set or None, the lowering of a torchvision image
-    folder served natively or None) for `DataLoader(*args, **kwargs)`."""
+    """(served, the reason, num_workers to set or None, the lowering or None) for `DataLoader(...)`."""
     try:
         call = _SIGNATURE.bind(None, *args, **kwargs).arguments
     except TypeError as e:
@@ -287,8 +288,7 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
 
 
 def _collation(call: dict) -> tuple[str, Lowering | None]:
-    """How a served loader's batches are made, said for the summary, and the lowering of a
-    torchvision image folder served natively."""
+    """How a served loader's batches are made (for the summary), and a natively served folder's lowering."""
     if call.get("collate_fn") not in (None, torch.utils.data.default_collate):
         return "the script's collate_fn (no native collation)", None
     lowering, why = lower(call.get("dataset"))

@@ -793,3 +793,25 @@ def test_ignored_signals_stay_ignored(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == plain.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout == "[True, True, False]\n"
+
+
+def test_a_state_a_served_loader_cannot_resume_starts_it_afresh(capsys):
+    """torch's DataLoader restores no position, so a trainer resumes its epoch from the start: a
+    served loader given a state it cannot resume (taken with another batch size, the script
+    changed since the checkpoint) does the same, with a line saying so, instead of raising."""
+    import torch
+
+    from fastdata.run._hook import Served
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(40))
+    taken = Served(dataset, batch_size=8)
+    it = iter(taken)
+    next(it)
+    state = taken.state_dict()
+    other = Served(dataset, batch_size=4)
+    other.load_state_dict(state)
+    assert [x.tolist() for (x,) in other] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    assert "starts afresh, as torch's: the state was taken with batch_size=8" in capsys.readouterr().err
+    same = Served(dataset, batch_size=8)
+    same.load_state_dict(state)
+    assert [x.tolist() for (x,) in same] == [list(range(i, i + 8)) for i in range(8, 40, 8)]
