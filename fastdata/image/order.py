@@ -192,8 +192,9 @@ class ShardOrder:
         check_source(state, self.n, shards=True)
         lanes = state["lanes"]
         if lanes != self.lanes:
-            raise ValueError(f"the state was taken with num_workers={lanes} (shards split a rank's samples among "
-                             f"its workers), so resume with num_workers={lanes}, not {self.lanes}")
+            said = [str(n) if n > 1 else "0 or 1" for n in (lanes, self.lanes)]  # one lane: no worker, or one
+            raise ValueError(f"the state was taken with num_workers={said[0]} (shards split a rank's samples among "
+                             f"its workers), so resume with num_workers={said[0]}, not {said[1]}")
         most = _block_batches(self.batch_size) * self.batch_size
         block, cap = state.get("block", most), state.get("block_bytes")
         if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= most or block % self.batch_size:

@@ -116,3 +116,5 @@ def test_shard_order_refuses_a_state_of_other_lanes():
     order.check_state(order.state())
     with pytest.raises(ValueError, match="resume with num_workers=3, not 2"):
         order.check_state({"lanes": 3})
+    with pytest.raises(ValueError, match="taken with num_workers=0 or 1 .* resume with num_workers=0 or 1, not 2"):
+        order.check_state({"lanes": 1})  # one lane: a loader of no worker, or of one
