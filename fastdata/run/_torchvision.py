@@ -21,10 +21,10 @@ and a worker holds the copy of the dataset it started with, as torch's own worke
 transform that cannot be lowered then gives the dataset's own samples, collated as DataLoader
 collates them, and so does a batch holding a file fastdata does not read (missing, cut, a format
 or size past its own limits): its samples, warnings and errors are then the script's fetch's
-(Pillow's, open's); images of different sizes raise torch's stack error. In workers fastdata added (the script asked for none), a fetch's error crosses as the batch
-(`Carried`) and is raised in the main process as the script's own process would have raised
-it, where torch would re-raise it with its message rewritten ("Caught ... in DataLoader worker
-process k").
+(Pillow's, open's); images of different sizes raise torch's stack error. In workers fastdata
+added (the script asked for none), a fetch's error crosses as the batch (`Carried`) and is
+raised in the main process as the script's own process would have raised it, where torch would
+re-raise it with its message rewritten ("Caught ... in DataLoader worker process k").
 """
 
 from __future__ import annotations

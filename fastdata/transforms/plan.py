@@ -156,9 +156,9 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             # then the crop's offset is rounded (half to even); a negative offset is the padding.
             pad_x, pad_y = np.where(cw > W, (cw - W) // 2, 0), np.where(ch > H, (ch - H) // 2, 0)
             left = np.rint((np.maximum(W, cw) - cw) / 2.0).astype(np.int64) - pad_x
-            cropped = True
             top = np.rint((np.maximum(H, ch) - ch) / 2.0).astype(np.int64) - pad_y
             crop(left, top, cw, ch)
+            cropped = True
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
         elif isinstance(op, RandomHorizontalFlip):
             flipped = uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
