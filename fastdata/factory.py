@@ -57,7 +57,7 @@ def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[st
     this source, transform, batch size and machine, when a valid one is cached (logged at INFO:
     the file, when it was tuned, what it applied): its backend where the loader's is "auto", and
     its workers persistent unless told otherwise, as the tune measured them. A loader that names
-    another backend than the tuned one takes none of it (that backend was not measured so)."""
+    another backend, or targets another device, than the tune measured takes none of it."""
     workers_auto = options.get("num_workers") == "auto"
     placement_auto = options.get("placement", "auto") == "auto"
     if not (workers_auto or placement_auto):
@@ -67,9 +67,13 @@ def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[st
         return options
     tuned, applied = entry["loader"], {}
     named = options.get("backend", "auto")
-    if named != "auto" and tuned.get("backend", named) != named:
-        logger.info("the tuned config in %s is for backend %r, not %r: not applied", entry["path"], tuned["backend"],
-                    named)
+    device = options.get("device")
+    target = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu").type
+    measured = entry["tune"].get("device", target) if isinstance(entry.get("tune"), dict) else target
+    other = f"backend {tuned['backend']!r}, not {named!r}" if named != "auto" and tuned.get("backend", named) != named \
+        else f"a {str(measured)[:20]!r} target, not {target!r}" if str(measured).split(":")[0] != target else None
+    if other:  # measured otherwise: none of it applies
+        logger.info("the tuned config in %s is for %s: not applied", entry["path"], other)
         return options
     if named == "auto" and "backend" in tuned:
         applied["backend"] = options["backend"] = tuned["backend"]

@@ -288,7 +288,8 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
                   default=default)
     chosen = {k: v for k, v in result.chosen.items()
               if not (k == "prefetch_factor" and result.chosen["num_workers"] == 0)}
-    outcome = {**result.to_json(), "chosen": chosen, "default": default, "seconds": time.perf_counter() - t}
+    outcome = {**result.to_json(), "chosen": chosen, "default": default, "seconds": time.perf_counter() - t,
+               "device": torch.device(device).type}  # the target it was measured for: applied only to one alike
     path = store_tune(source, transform, args.batch_size, outcome)
     print(f"tuned: {json.dumps(chosen)} ({outcome['seconds']:.0f} s): {result.reason}")
     print(f"kept in {path}: num_workers='auto' and placement='auto' use it for this source "

@@ -276,3 +276,16 @@ def test_auto_applies_the_tuned_backend_and_persistent_workers_as_measured(folde
         named = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto", backend="pil")
     assert named.backend == "pil" and named.num_workers == 0  # untuned: auto without persistent workers
     assert any("is for backend 'dali', not 'pil': not applied" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tune_measured_for_another_target_device_is_not_applied(folder, cache, caplog):
+    """A tune keeps the target device it measured for (`--device`): on the same machine, a loader
+    for another target takes none of it, as its backend and placement were measured elsewhere."""
+    path = store_tune(str(folder), SPEC, 4, {**_result(cfg(1)), "device": "cpu"})
+    assert fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto", device="cpu").num_workers == 1
+    entry = json.loads(path.read_text())
+    _rewrite(path, tune={**entry["tune"], "device": "cuda"})
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        other = fastdata.loader(str(folder), batch_size=4, transform=SPEC, num_workers="auto", device="cpu")
+    assert other.num_workers == 0
+    assert any("is for a 'cuda' target, not 'cpu': not applied" in r.getMessage() for r in caplog.records)
