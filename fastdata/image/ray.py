@@ -142,7 +142,7 @@ class _Stream:
     def __next__(self) -> Any:
         if self.closed:
             raise StopIteration
-        window = self.runner.ahead()
+        window = self.runner.ready_ahead()
         while len(self.pending) < window:
             b = next(self.todo, None)
             if b is None:
@@ -247,10 +247,6 @@ class RayWorkers:
         self._stream: _Stream | None = None
         self._finalizer: Any = None  # kills the pool's actors: at shutdown(), or when this runner is collected
 
-    def ahead(self) -> int:
-        """The batches that may be submitted and not yet taken: one an actor until `fit`."""
-        return self.window if self.fitted else min(self.window, self.workers)
-
     def fit(self, out: Any) -> None:
         """Once a batch's size is known: the window capped at what this node's object store holds
         beside two batches the consumer may still use (the tensors map it), warned of where that
@@ -287,7 +283,8 @@ class RayWorkers:
         return True
 
     def ready_ahead(self) -> int:
-        return self.ahead()
+        """The batches that may be submitted and not yet taken: one an actor until `fit`."""
+        return self.window if self.fitted else min(self.window, self.workers)
 
     def in_process(self) -> bool:
         return False

@@ -108,7 +108,8 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     box = np.stack([np.zeros(n), np.zeros(n), W.astype(np.float64), H.astype(np.float64)], axis=1)
     inner = box.copy()  # where the box lies in the current image: all of it until a CenterCrop pads
     flip = np.zeros(n, dtype=bool)
-    resized, cropped, resizes = np.full((n, 2), -1, np.int64), False, 0
+    resized = np.full((n, 2), -1, np.int64)
+    whole = True  # nothing cropped or resized yet: a Resize now resizes the whole image
 
     def crop(left, top, w, h):
         # A crop in the current image's coordinates, which may reach past it into padding: the
@@ -133,12 +134,8 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
         inner[:, 1::2] = inner[:, 1::2] * new_h[:, None] / H[:, None]
 
     for stream, op in enumerate(ops):
-        if isinstance(op, (RandomResizedCrop, Resize)):  # a resize after a crop or another resize: not one step
-            resizes += 1
-            first = isinstance(op, Resize) and not cropped and resizes == 1
-            resized[:] = np.stack(_resize_to(op.size_at(epoch), W, H), axis=1) if first else -1
-            cropped = cropped or isinstance(op, RandomResizedCrop)
         if isinstance(op, RandomResizedCrop):
+            resized[:], whole = -1, False  # a crop, then a resize: not a resize, then crops
             left, top, w, h = _rrc(op, uniforms(seed, epoch, indices, stream, 4 * _RRC_ATTEMPTS), W, H)
             crop(left, top, w, h)
             W, H = w, h
@@ -148,6 +145,8 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             W, H = new_w, new_h
         elif isinstance(op, Resize):
             new_w, new_h = _resize_to(op.size_at(epoch), W, H)
+            resized[:] = np.stack([new_w, new_h], axis=1) if whole else -1  # after a crop or a resize: not one step
+            whole = False
             resize(new_w, new_h)
             W, H = new_w, new_h
         elif isinstance(op, CenterCrop):
@@ -158,7 +157,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             left = np.rint((np.maximum(W, cw) - cw) / 2.0).astype(np.int64) - pad_x
             top = np.rint((np.maximum(H, ch) - ch) / 2.0).astype(np.int64) - pad_y
             crop(left, top, cw, ch)
-            cropped = True
+            whole = False
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
         elif isinstance(op, RandomHorizontalFlip):
             flipped = uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
