@@ -173,6 +173,8 @@ def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarra
         name, nbytes, rows = entry["name"], entry["bytes"], entry["samples_index"]
         if not isinstance(name, str) or type(nbytes) is not int or not isinstance(rows, list):
             raise TypeError("name, bytes or samples_index of the wrong type")
+        if not 0 <= nbytes < 2**62:  # so that no sum of offsets and lengths checked against it overflows
+            raise ValueError(f"a shard of {nbytes} bytes")
         keys = [r[0] for r in rows]
         spans = np.array([(r[1], r[2]) for r in rows]).reshape(-1, 2)
         if not all(type(k) is str and k for k in keys) or (len(rows) and spans.dtype.kind != "i"):
@@ -209,9 +211,14 @@ def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksu
         gaps = np.array([[0, end]], dtype=np.int64) if end > 0 else np.zeros((0, 2), np.int64)
         at = np.zeros(len(gaps), dtype=np.int64)
     else:
-        starts, ends = spans[:, 0], spans.sum(axis=1)
-        if (spans[:, 1] <= 0).any() or starts[0] < 0 or (starts[1:] < ends[:-1]).any() or ends[-1] > end:
-            return "its samples' byte ranges overlap, or pass the shard's end", keys, spans, contents, checksums
+        starts, lengths = spans[:, 0], spans[:, 1]
+        # Each span is checked against the end before offset + length is formed: a crafted pair
+        # could wrap past int64 and pass for a range before the end.
+        if end <= 0 or (lengths <= 0).any() or (starts < 0).any() or (lengths > end - starts).any():
+            return "its samples' byte ranges pass the shard's end", keys, spans, contents, checksums
+        ends = starts + lengths
+        if (starts[1:] < ends[:-1]).any():
+            return "its samples' byte ranges overlap", keys, spans, contents, checksums
         lo, hi = np.concatenate([[0], ends]), np.concatenate([starts, [end]])
         at = np.flatnonzero(hi > lo)
         gaps = np.stack([lo[at], hi[at] - lo[at]], axis=1).astype(np.int64)
@@ -255,7 +262,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
     keeps the index, and the samples past its end are reported lost when read) and that the
     index's samples tile the shard up to its end blocks (bytes in no sample: a warning, and a
     slot that reports them when read, so that a sample the index misses is counted; ranges
-    that overlap: a warning, and the shard is counted from its headers). When a sample is
+    that overlap or pass its end: a warning, and the shard is counted from its headers). When a sample is
     read, the headers in its span must be its members, as many and as big as the index says
     (wds backend), and their bytes must have the CRC-32 the index gives (fastdata-shard writes
     one a sample). The index's sha256 of each shard is not checked: it covers the whole shard,

@@ -393,6 +393,30 @@ def test_index_that_does_not_fit_is_not_used(pristine, tmp_path):
     assert sorted(_delivered(loader)) == sorted(ALL)
 
 
+@pytest.mark.parametrize("field", [1, 2], ids=["offset", "length"])
+def test_an_index_span_that_wraps_past_int64_is_not_used(pristine, tmp_path, field):
+    """An offset or a length (each within int64) that makes offset + length wrap past int64
+    would pass for a range before the shard's end: the index is not used and the shard is
+    counted from its headers."""
+
+    def edit(index):
+        row = index["shards"][0]["samples_index"][-1]
+        row[field] = 2**63 - 1 - row[3 - field] + 1000
+
+    _edit_index(_copy(pristine, tmp_path, True), edit)
+    loader, warned = _load(tmp_path, ("wds", 0), "raise")
+    assert any("pass the shard's end" in w and "train-000000.tar" in w for w in warned), warned
+    assert sorted(_delivered(loader)) == sorted(ALL)
+
+
+@pytest.mark.parametrize("nbytes", [2**62, 2**63 - 1, -1])
+def test_an_index_giving_a_shard_no_file_can_have_is_malformed(pristine, tmp_path, nbytes):
+    _edit_index(_copy(pristine, tmp_path, True), lambda index: index["shards"][0].update(bytes=nbytes))
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: its entry for 'train-000000\.tar' "
+                                         r"\(ValueError: a shard of -?\d+ bytes\)"):
+        shards(str(tmp_path / PATTERN), progress=False)
+
+
 def test_malformed_index_entry_is_a_value_error(pristine, tmp_path):
     _edit_index(_copy(pristine, tmp_path, True), lambda index: index["shards"][1].pop("samples_index"))
     with pytest.raises(ValueError, match=r"train-index\.json is malformed: its entry for 'train-000001\.tar'"):
