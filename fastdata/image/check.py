@@ -62,12 +62,31 @@ Python, for every strip when it opens the file (and again to decode it), about 3
 million strips for a 16x16 image cost 25 s and 550 MB a sample. Writers make strips of about
 8 KiB, or one a row: 32,768 at the 256 MiB read limit, a row each for an image 131,072 high."""
 
+MAX_TIFF_TILE_PIXELS = 1 << 24
+"""The most pixels a TIFF's tile may have where it is larger than its image (each side rounded
+up to 16, the tile's unit): `tiff_parts` refuses more. libtiff allocates and inflates a tile
+whole, whatever the image's size: a 16x16 image declaring 16384x16384 tiles took 770 MB and 2 s
+from a 783 KB file, past the pixel limit, which holds the image's size. Writers tile in 256 or
+512, and a tile larger than its image is one tile of a small image."""
+
+
+def _inline(order: str, big: bool, kind: int, value: int) -> int | None:
+    """The value of a directory entry of one SHORT, LONG or LONG8 (`kind` 3, 4, 16), held in the
+    entry's value field (read as one unsigned integer `value` of the field's width, in byte
+    order `order`), or None for another type."""
+    size = {3: 2, 4: 4, 16: 8}.get(kind)
+    field = 8 if big else 4
+    if size is None or size > field:
+        return None
+    return value & ((1 << 8 * size) - 1) if order == "<" else value >> 8 * (field - size)
+
 
 def tiff_parts(data) -> str | None:
     """Why a TIFF has too many strips or tiles to open (`MAX_TIFF_PARTS`), from the counts of its
-    first directory's StripOffsets and TileOffsets; None for one within it, or any other file.
-    Read here from the directory's entries, which Pillow only gives once it has built the tiles.
-    A directory that cannot be read is left to Pillow, which refuses it."""
+    first directory's StripOffsets and TileOffsets, or tiles larger than both its image and
+    `MAX_TIFF_TILE_PIXELS`; None for one within them, or any other file. Read here from the
+    directory's entries, which Pillow only gives once it has built the tiles. A directory that
+    cannot be read is left to Pillow, which refuses it."""
     head = bytes(data[:16])
     order = {b"II": "<", b"MM": ">"}.get(head[:2])
     if order is None or len(head) < 16:
@@ -84,11 +103,19 @@ def tiff_parts(data) -> str | None:
         return None
     entries = int.from_bytes(bytes(data[ifd:ifd + width]), "little" if order == "<" else "big")
     entries = min(entries, (len(data) - ifd - width) // size)  # no more than the file holds
+    dims: dict[int, int] = {}  # ImageWidth, ImageLength, TileWidth, TileLength
     for k in range(entries):
-        tag, _, count, _ = unpack(data, ifd + width + k * size)
+        tag, kind, count, value = unpack(data, ifd + width + k * size)
         if tag in (273, 324) and count > MAX_TIFF_PARTS:  # StripOffsets, TileOffsets
-            kind = "strips" if tag == 273 else "tiles"
-            return f"corrupt TIFF: {count} {kind}, more than the {MAX_TIFF_PARTS} a file may have"
+            parts = "strips" if tag == 273 else "tiles"
+            return f"corrupt TIFF: {count} {parts}, more than the {MAX_TIFF_PARTS} a file may have"
+        if tag in (256, 257, 322, 323) and count == 1 and (v := _inline(order, big, kind, value)) is not None:
+            dims.setdefault(tag, v)
+    tile_w, tile_h = dims.get(322, 0), dims.get(323, 0)
+    image_w, image_h = (-(-dims.get(t, 0) // 16) * 16 for t in (256, 257))
+    if tile_w * tile_h > max(image_w * image_h, MAX_TIFF_TILE_PIXELS):
+        return (f"corrupt TIFF: tiles of {tile_w}x{tile_h} pixels for a {dims.get(256)}x{dims.get(257)} image "
+                f"(a tile larger than its image may have at most {MAX_TIFF_TILE_PIXELS} pixels)")
     return None
 
 

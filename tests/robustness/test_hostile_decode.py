@@ -409,6 +409,40 @@ def test_a_tiff_of_too_many_strips_is_refused_before_pillow_opens_it(tmp_path, o
     assert labels.tolist() == [0] and loader.stats["errors"][0]["path"].endswith("strips.tif")
 
 
+def tiled_tiff(tile: int, order: str, kind: int) -> bytes:
+    """A 16x16 grayscale TIFF (byte order `order`) of one uncompressed tile of `tile` x `tile`
+    pixels (pixel (x, y) = (y * tile + x) % 256), its sizes of type `kind` (3 SHORT, 4 LONG)."""
+    pixels = bytes(range(256)) * (tile * tile // 256)
+    entries = [(256, kind, 1, 16), (257, kind, 1, 16), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1), (277, 3, 1, 1),
+               (322, kind, 1, tile), (323, kind, 1, tile), (324, 4, 1, 8), (325, 4, 1, len(pixels))]
+    value = (lambda k, v: struct.pack(order + "HH", v, 0) if k == 3 else struct.pack(order + "I", v))
+    ifd = struct.pack(order + "H", len(entries)) + b"".join(
+        struct.pack(order + "HHI", tag, k, count) + value(k, v) for tag, k, count, v in entries) + bytes(4)
+    return (b"II*\0" if order == "<" else b"MM\0*") + struct.pack(order + "I", 8 + len(pixels)) + pixels + ifd
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+@pytest.mark.parametrize("kind", [3, 4], ids=["short", "long"])
+def test_a_tiff_tile_far_larger_than_its_image_is_refused(tmp_path, order, kind):
+    """libtiff allocates and inflates a tile whole, whatever the image's size: a 16x16 image
+    declaring 16384x16384 deflated tiles cost 770 MB from a 783 KB file. A tile larger than its
+    image is held to MAX_TIFF_TILE_PIXELS; one that covers a small image is read."""
+    from fastdata.image.check import MAX_TIFF_TILE_PIXELS, check_complete
+
+    assert MAX_TIFF_TILE_PIXELS == 4096 * 4096
+    small, at_limit, over = (tiled_tiff(t, order, kind) for t in (256, 4096, 4112))
+    assert check_complete([small, at_limit]) == [(None, False, 16, 16)] * 2
+    assert check_complete([over])[0][0] == ("corrupt TIFF: tiles of 4112x4112 pixels for a 16x16 image (a tile "
+                                            "larger than its image may have at most 16777216 pixels)")
+    (tmp_path / "ok.tif").write_bytes(small)
+    (tmp_path / "tile.tif").write_bytes(over)
+    pairs = [(str(tmp_path / "ok.tif"), 0), (str(tmp_path / "tile.tif"), 1)]
+    loader = fastdata.loader(pairs, batch_size=2, device="cpu", on_error="skip")
+    ((images, labels),) = list(loader)
+    assert labels.tolist() == [0] and loader.stats["errors"][0]["path"].endswith("tile.tif")
+    assert images.dtype == torch.uint8 and images[0, :, 1, 3].tolist() == [3] * 3  # (256 * 1 + 3) % 256
+
+
 # ---------------------------------------------------------------------------- one decoder's pixels
 
 
