@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import operator
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -33,9 +34,10 @@ def resolve_workers(num_workers: int | str, device: Any = None, *, fresh_in_proc
             return 0
         cores = usable_cores()
         return max(1, min(16, cores - 1 if cores > 1 and _drives_cuda(device) else cores))
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise TypeError(f"num_workers should be a non-negative integer or 'auto', but got {num_workers!r}")
-    return num_workers  # a negative count gets DataLoader's own ValueError
+    try:  # any integer DataLoader takes: numpy's, a 0-d integer tensor (what has __index__)
+        return operator.index(num_workers)  # a negative count gets DataLoader's own ValueError
+    except TypeError:
+        raise TypeError(f"num_workers should be a non-negative integer or 'auto', but got {num_workers!r}") from None
 
 
 def _drives_cuda(device: Any) -> bool:

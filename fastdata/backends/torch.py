@@ -12,6 +12,7 @@ import functools
 import inspect
 import itertools
 import time
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -86,17 +87,16 @@ class TorchLoader(DataLoader, Loader):
             pin = bool(self.pin_memory) and torch.accelerator.is_available()
             collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
         self._index: Resumable | None = None
-        if self._iterable:
-            self._loader = DataLoader(self.dataset, batch_size=self.batch_size, drop_last=self.drop_last,
-                                      collate_fn=collate_fn, **own)
-        elif auto_collation(self):
+        dataset, index = self.dataset, dict(batch_size=self.batch_size, drop_last=self.drop_last)
+        if auto_collation(self) and not self._iterable:
             self._index = Resumable(self.batch_sampler, self.generator)
-            self._loader = DataLoader(self._fetched_from(self.dataset), batch_sampler=self._index,
-                                      collate_fn=collate_fn, **own)
-        else:
+            dataset, index = self._fetched_from(dataset), dict(batch_sampler=self._index)
+        elif not self._iterable:
             self._index = Resumable(self.sampler, self.generator)
-            self._loader = DataLoader(self.dataset, batch_size=None, sampler=self._index, collate_fn=collate_fn,
-                                      **own)
+            index = dict(batch_size=None, sampler=self._index)
+        with warnings.catch_warnings():  # torch's warning on the worker count: this loader's own, given once
+            warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+            self._loader = DataLoader(dataset, collate_fn=collate_fn, **index, **own)
         self._built = self._settings()
 
     def _settings(self) -> tuple:
@@ -224,7 +224,7 @@ class TorchLoader(DataLoader, Loader):
         stats, clock = self.stats, time.perf_counter
         # The pass counts as done when its last batch is handed out: trainers take len()
         # batches and never ask past them.
-        total = -1 if self._iterable else len(self)
+        total = -1 if (length := self._length()) is None else length  # a sampler may have no len()
         dog = Watchdog(loader_it, self.timeout) if workers else NoWatchdog()
         n = 0
         try:

@@ -382,6 +382,43 @@ def test_len_same_as_dataloader(case):
     assert len(fast) == len(ref)
 
 
+class Buckets:
+    """A batch sampler with no __len__, as bucketing samplers often are: any iterable of index
+    lists serves DataLoader, which needs a length only for len(loader)."""
+
+    def __iter__(self):
+        yield from ([0, 1, 2], [3, 4], [5, 6, 7, 8], [9])
+
+
+class Picks(torch.utils.data.Sampler):
+    """A sampler with no __len__ (torch's Sampler makes it optional)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def __iter__(self):
+        return iter([9, 7, 5, 3, 1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kw", [dict(batch_sampler=Buckets()), dict(sampler=Picks(), batch_size=2),
+                                dict(sampler=Picks(), batch_size=None)], ids=["batch_sampler", "sampler", "sampler-1"])
+def test_samplers_without_len_iterate_as_dataloaders(kw, num_workers, h):
+    ds = TupleDS(10)
+    ref, fast = DataLoader(ds, num_workers=num_workers, **kw), fastdata.loader(ds, num_workers=num_workers, **kw)
+    for loader in (ref, fast):
+        with pytest.raises(TypeError, match="has no len"):
+            len(loader)
+    for _ in range(2):
+        h.assert_same_stream(h.collect(fast), h.collect(ref))
+    it = iter(fast)
+    next(it)
+    state = fast.state_dict()
+    again = fastdata.loader(ds, num_workers=num_workers, **kw)
+    again.load_state_dict(state)
+    h.assert_same_stream(h.collect(again), h.collect(ref)[1:])
+
+
 @pytest.mark.parametrize(
     "n, batch_size, drop_last, expected",
     [(50, 16, False, 4), (50, 16, True, 3), (48, 16, False, 3), (48, 16, True, 3), (5, 16, True, 0), (5, 16, False, 1)],
@@ -788,6 +825,29 @@ def test_dataloader_argument_errors(make):
         DataLoader(ds, **kw)
     with pytest.raises(ValueError):
         fastdata.loader(ds, **kw)
+
+
+@pytest.mark.parametrize("count", [np.int64(2), torch.tensor(1), True], ids=["numpy", "tensor", "bool"])
+def test_num_workers_of_any_integer_type_dataloader_takes(count, h):
+    ref, fast = (make(TupleDS(12), batch_size=4, num_workers=count) for make in (DataLoader, fastdata.loader))
+    assert fast.num_workers == int(count)
+    h.assert_same_stream(h.collect(fast), h.collect(ref))
+
+
+def test_the_worker_count_warning_comes_as_often_as_dataloaders():
+    """torch warns of more workers than cores at construction and at each iter(): once each, not
+    again for the DataLoader the loader works through."""
+    import warnings
+
+    counts = []
+    for make in (DataLoader, fastdata.loader):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            loader = make(TupleDS(8), batch_size=4, num_workers=len(os.sched_getaffinity(0)) + 1)
+            built = sum("worker processes in total" in str(w.message) for w in seen)
+            assert len(list(loader)) == 2
+            counts.append((built, sum("worker processes in total" in str(w.message) for w in seen)))
+    assert counts[1] == counts[0] == (1, 2)
 
 
 def test_a_generator_that_is_no_generator_fails_at_iter_as_dataloaders_does():
