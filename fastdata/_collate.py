@@ -140,9 +140,18 @@ def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None 
     ):
         # torch's path: the string/object dtype check, then as_tensor and stack.
         return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
+    global _READ_ONLY_WARNED
+    if not _READ_ONLY_WARNED:  # torch.as_tensor's warning on a read-only array, once a process as default_collate's
+        read_only = next((a for a in batch if not a.flags.writeable), None)
+        if read_only is not None:
+            torch.as_tensor(read_only)
+            _READ_ONLY_WARNED = True
     out, result = _new_batch(len(batch), elem.shape, dtype)
     copy_into(batch, out, default_threads())
     return result
+
+
+_READ_ONLY_WARNED = False
 
 
 COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = dict(default_collate_fn_map)

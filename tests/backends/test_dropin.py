@@ -850,6 +850,39 @@ def test_the_worker_count_warning_comes_as_often_as_dataloaders():
     assert counts[1] == counts[0] == (1, 2)
 
 
+_READ_ONLY = """
+import sys
+import numpy as np, torch
+import fastdata
+
+class DS(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        a = np.full((64, 64, 3), i, np.uint8).transpose(2, 0, 1)  # a view: collated natively
+        a.setflags(write=False)  # np.load(mmap_mode="r"), np.frombuffer: arrays torch cannot write
+        return a
+
+make = torch.utils.data.DataLoader if sys.argv[1] == "torch" else fastdata.loader
+(batch,) = list(make(DS(), batch_size=8))
+assert batch.flatten(1).float().mean(1).tolist() == list(range(8))
+"""
+
+
+def test_read_only_arrays_get_torchs_warning_as_with_dataloader():
+    """default_collate's torch.as_tensor warns (once a process) that the array is not writable;
+    the native copy gives that warning too."""
+    import subprocess
+    import sys
+
+    said = [subprocess.run([sys.executable, "-c", _READ_ONLY, kind], capture_output=True, text=True, timeout=60)
+            for kind in ("torch", "fastdata")]
+    assert [r.returncode for r in said] == [0, 0], said[1].stderr
+    warned = [[line for line in r.stderr.splitlines() if "is not writable" in line] for r in said]
+    assert len(warned[0]) == len(warned[1]) == 1
+
+
 def test_a_generator_that_is_no_generator_fails_at_iter_as_dataloaders_does():
     """torch takes any generator= and fails when its iterator draws the base seed."""
     errors = []
