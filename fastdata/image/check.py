@@ -4,6 +4,7 @@ shard`'s of each file it packs."""
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Sequence
 
@@ -28,7 +29,7 @@ def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, 
         if cause is None and not kind:
             from PIL import Image, UnidentifiedImageError
 
-            cause = tiff_parts(data) or gif_blocks(data)
+            cause = tiff_parts(data) or gif_blocks(data) or pnm_walk(data) or bmp_rle(data)
             if cause is None:
                 try:
                     w, h = pil_lowering.size_of(data)
@@ -62,6 +63,11 @@ Python, for every strip when it opens the file (and again to decode it), about 3
 million strips for a 16x16 image cost 25 s and 550 MB a sample. Writers make strips of about
 8 KiB, or one a row: 32,768 at the 256 MiB read limit, a row each for an image 131,072 high."""
 
+MAX_TIFF_ENTRIES = 1 << 12
+"""The most entries a TIFF's first directory may have: `tiff_parts` refuses more. Pillow reads
+each in Python as it opens the file (twice a sample: sized, then decoded): a BigTIFF, whose
+count is 64-bit, of a million entries cost 9 s a sample. Writers put a few dozen tags there."""
+
 MAX_TIFF_TILE_PIXELS = 1 << 24
 """The most pixels a TIFF's tile may have where it is larger than its image (each side rounded
 up to 16, the tile's unit): `tiff_parts` refuses more. libtiff allocates and inflates a tile
@@ -69,52 +75,65 @@ whole, whatever the image's size: a 16x16 image declaring 16384x16384 tiles took
 from a 783 KB file, past the pixel limit, which holds the image's size. Writers tile in 256 or
 512, and a tile larger than its image is one tile of a small image."""
 
-
-def _inline(order: str, big: bool, kind: int, value: int) -> int | None:
-    """The value of a directory entry of one SHORT, LONG or LONG8 (`kind` 3, 4, 16), held in the
-    entry's value field (read as one unsigned integer `value` of the field's width, in byte
-    order `order`), or None for another type."""
-    size = {3: 2, 4: 4, 16: 8}.get(kind)
-    field = 8 if big else 4
-    if size is None or size > field:
-        return None
-    return value & ((1 << 8 * size) - 1) if order == "<" else value >> 8 * (field - size)
+# Bytes a value of each TIFF type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT,
+# SLONG, SRATIONAL, FLOAT, DOUBLE, IFD, LONG8, SLONG8, IFD8): the types Pillow reads.
+_TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8, 17: 8,
+               18: 8}
+_TIFF_INTEGERS = (1, 3, 4, 6, 8, 9, 16, 17)  # the types libtiff takes a size in, signed ones included
 
 
 def tiff_parts(data) -> str | None:
-    """Why a TIFF has too many strips or tiles to open (`MAX_TIFF_PARTS`), from the counts of its
-    first directory's StripOffsets and TileOffsets, or tiles larger than both its image and
-    `MAX_TIFF_TILE_PIXELS`; None for one within them, or any other file. Read here from the
-    directory's entries, which Pillow only gives once it has built the tiles. A directory that
-    cannot be read is left to Pillow, which refuses it."""
+    """Why a TIFF's first directory would cost Pillow or libtiff far more than its image: more
+    than `MAX_TIFF_ENTRIES` entries, more than `MAX_TIFF_PARTS` strips or tiles, entries whose
+    data out of line comes to more than twice the file (entries that share one block, each read
+    whole), or tiles larger than both its image and `MAX_TIFF_TILE_PIXELS` (or sized in a way
+    not read here); None for one within them, or any other file. A directory that cannot be
+    read is left to Pillow, which refuses it."""
     head = bytes(data[:16])
     order = {b"II": "<", b"MM": ">"}.get(head[:2])
     if order is None or len(head) < 16:
         return None
-    magic = int.from_bytes(head[2:4], "little" if order == "<" else "big")
+    endian = "little" if order == "<" else "big"
+    magic = int.from_bytes(head[2:4], endian)
     big = magic == 43  # BigTIFF: 8-byte offsets and counts, 20-byte entries
     if magic not in (42, 43):
         return None
     unpack = struct.Struct(order + ("HHQQ" if big else "HHII")).unpack_from
-    size, at = (20, 8) if big else (12, 4)
+    size, at, field = (20, 8, 8) if big else (12, 4, 4)
     ifd = struct.unpack_from(order + ("Q" if big else "I"), head, at)[0]
     width = 8 if big else 2
     if ifd + width > len(data):
         return None
-    entries = int.from_bytes(bytes(data[ifd:ifd + width]), "little" if order == "<" else "big")
+    entries = int.from_bytes(bytes(data[ifd:ifd + width]), endian)
     entries = min(entries, (len(data) - ifd - width) // size)  # no more than the file holds
-    dims: dict[int, int] = {}  # ImageWidth, ImageLength, TileWidth, TileLength
+    if entries > MAX_TIFF_ENTRIES:
+        return f"corrupt TIFF: {entries} entries in its first directory, more than the {MAX_TIFF_ENTRIES} it may have"
+    dims: dict[int, int | None] = {}  # ImageWidth, ImageLength, TileWidth, TileLength (None: not read)
+    out_of_line = 0
     for k in range(entries):
         tag, kind, count, value = unpack(data, ifd + width + k * size)
         if tag in (273, 324) and count > MAX_TIFF_PARTS:  # StripOffsets, TileOffsets
             parts = "strips" if tag == 273 else "tiles"
             return f"corrupt TIFF: {count} {parts}, more than the {MAX_TIFF_PARTS} a file may have"
-        if tag in (256, 257, 322, 323) and count == 1 and (v := _inline(order, big, kind, value)) is not None:
-            dims.setdefault(tag, v)
-    tile_w, tile_h = dims.get(322, 0), dims.get(323, 0)
-    image_w, image_h = (-(-dims.get(t, 0) // 16) * 16 for t in (256, 257))
+        nbytes = count * _TIFF_UNITS.get(kind, 0)
+        if nbytes > field:
+            out_of_line += min(nbytes, len(data))
+        if tag in (256, 257, 322, 323) and tag not in dims:  # the first of a tag counts, as in libtiff
+            raw = value.to_bytes(field, endian)[:nbytes] if nbytes <= field else bytes(data[value:value + nbytes])
+            readable = kind in _TIFF_INTEGERS and count == 1 and len(raw) == nbytes
+            dims[tag] = int.from_bytes(raw, endian, signed=kind in (6, 8, 9, 17)) if readable else None
+    if out_of_line > 2 * len(data):
+        return (f"corrupt TIFF: its first directory's entries hold {out_of_line} bytes out of line, more than twice "
+                f"the file's {len(data)}")
+    if 322 not in dims and 323 not in dims:
+        return None
+    tile_w, tile_h = dims.get(322), dims.get(323)
+    if tile_w is None or tile_h is None or min(tile_w, tile_h) < 0:
+        return "corrupt TIFF: a tile size that is not one integer of 0 or more"
+    image_w, image_h = (-(-max(dims.get(t) or 0, 0) // 16) * 16 for t in (256, 257))
     if tile_w * tile_h > max(image_w * image_h, MAX_TIFF_TILE_PIXELS):
-        return (f"corrupt TIFF: tiles of {tile_w}x{tile_h} pixels for a {dims.get(256)}x{dims.get(257)} image "
+        shown = "x".join(str(dims.get(t, "?")) for t in (256, 257))
+        return (f"corrupt TIFF: tiles of {tile_w}x{tile_h} pixels for a {shown} image "
                 f"(a tile larger than its image may have at most {MAX_TIFF_TILE_PIXELS} pixels)")
     return None
 
@@ -145,6 +164,68 @@ def gif_blocks(data) -> str | None:
         if blocks > MAX_GIF_BLOCKS:
             return f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks before its first image"
         pos += 1
+    return None
+
+
+MAX_PNM_HEADER = 1 << 12
+"""The most bytes a PNM header (its magic, sizes, maxval, and the whitespace and comments between
+them) may take: `pnm_walk` refuses more. Pillow reads it a byte at a time in Python: 20 MB of
+padding cost 8 s a sample."""
+
+MAX_PNM_COMMENTS = 1 << 10
+"""The most comments (`#`) a plain PNM (P1-P3, pixels as text) may hold: `pnm_walk` refuses
+more. Pillow's plain-format decoder drops each comment by copying the rest of its 1 MiB block:
+1 MiB of empty comments cost 10 s a sample. Writers put one comment in the header, or none."""
+
+_PNM_TOKENS = {b"P1": 2, b"P4": 2, b"P2": 3, b"P3": 3, b"P5": 3, b"P6": 3, b"PF": 3, b"Pf": 3}
+_PNM_TOKEN = re.compile(rb"(?:[ \t\n\v\f\r]|#[^\r\n]*[\r\n])*[^ \t\n\v\f\r#]+")
+
+
+def pnm_walk(data) -> str | None:
+    """Why a PNM's header is longer than `MAX_PNM_HEADER`, or a plain one holds more than
+    `MAX_PNM_COMMENTS` comments; None for one within them, or any other file."""
+    magic = bytes(data[:2])
+    if magic not in _PNM_TOKENS or len(data) < 3 or data[2] not in b" \t\n\v\f\r":
+        return None
+    head, at = bytes(data[:MAX_PNM_HEADER + 1]), 2
+    for _ in range(_PNM_TOKENS[magic]):
+        token = _PNM_TOKEN.match(head, at)
+        if token is None:  # whitespace and comments to the end of what was read
+            at = len(head)
+            break
+        at = token.end()
+    if at > MAX_PNM_HEADER:
+        return f"corrupt PNM: a header of more than {MAX_PNM_HEADER} bytes"
+    if magic not in (b"P1", b"P2", b"P3"):  # binary pixels after the header: no comment there
+        return None
+    comments = int(np.count_nonzero(np.frombuffer(data, np.uint8) == ord("#")))
+    if comments > MAX_PNM_COMMENTS:
+        return f"corrupt PNM: {comments} comments, more than the {MAX_PNM_COMMENTS} it may hold"
+    return None
+
+
+MAX_BMP_RLE_PIXELS = 1 << 22
+MAX_BMP_RLE_WIDTH = 1 << 14
+"""The most pixels, and the widest rows, a run-length encoded BMP (RLE8, RLE4) may have:
+`bmp_rle` refuses more. Pillow decodes these in Python, a row's padding a byte at a time (an
+end-of-line code a row: 9 s for 80 million pixels, against 0.5 s for the same image written
+as long runs), and writes the rows a delta code skips before it checks the image's end (255
+rows of an 89-million-pixel-wide image: 23 GB from 1 KB). Such BMPs are icons and old
+screenshots."""
+
+
+def bmp_rle(data) -> str | None:
+    """Why a run-length encoded BMP is larger than `MAX_BMP_RLE_PIXELS` or wider than
+    `MAX_BMP_RLE_WIDTH`; None for one within them, or any other file."""
+    if bytes(data[:2]) != b"BM" or len(data) < 34:
+        return None
+    header, width, height, _, _, compression = struct.unpack_from("<IiiHHI", data, 14)
+    if header < 40 or compression not in (1, 2):  # BITMAPCOREHEADER (12) has no compression
+        return None
+    width, height = abs(width), abs(height)
+    if width > MAX_BMP_RLE_WIDTH or width * height > MAX_BMP_RLE_PIXELS:
+        return (f"a run-length encoded BMP of {width}x{height} pixels, over the {MAX_BMP_RLE_PIXELS} pixels (and "
+                f"{MAX_BMP_RLE_WIDTH} a row) taken in that encoding, which Pillow decodes in Python")
     return None
 
 

@@ -409,31 +409,46 @@ def test_a_tiff_of_too_many_strips_is_refused_before_pillow_opens_it(tmp_path, o
     assert labels.tolist() == [0] and loader.stats["errors"][0]["path"].endswith("strips.tif")
 
 
-def tiled_tiff(tile: int, order: str, kind: int) -> bytes:
+def tiled_tiff(tile: int, order: str, kind: int, extra: list[tuple[int, int, int, int]] = (), data: bytes = b"",
+               tile_kind: int | None = None) -> bytes:
     """A 16x16 grayscale TIFF (byte order `order`) of one uncompressed tile of `tile` x `tile`
-    pixels (pixel (x, y) = (y * tile + x) % 256), its sizes of type `kind` (3 SHORT, 4 LONG)."""
+    pixels (pixel (x, y) = (y * tile + x) % 256), its sizes of type `kind` (3 SHORT, 4 LONG,
+    8 SSHORT, 9 SLONG), its tile's of `tile_kind` (the same by default; 16: a LONG8, out of
+    line); then the (tag, type, count, value) entries `extra`, and `data` after the pixels, at
+    8 + tile * tile."""
     pixels = bytes(range(256)) * (tile * tile // 256)
+    tile_kind = tile_kind or kind
+    long8_at = 8 + len(pixels) + len(data)
+    tile_value = long8_at if tile_kind == 16 else tile
     entries = [(256, kind, 1, 16), (257, kind, 1, 16), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1), (277, 3, 1, 1),
-               (322, kind, 1, tile), (323, kind, 1, tile), (324, 4, 1, 8), (325, 4, 1, len(pixels))]
-    value = (lambda k, v: struct.pack(order + "HH", v, 0) if k == 3 else struct.pack(order + "I", v))
+               (322, tile_kind, 1, tile_value), (323, tile_kind, 1, tile_value), (324, 4, 1, 8),
+               (325, 4, 1, len(pixels)), *extra]
+    value = (lambda k, v: struct.pack(order + "HH", v, 0) if k in (3, 8) else struct.pack(order + "I", v))
     ifd = struct.pack(order + "H", len(entries)) + b"".join(
         struct.pack(order + "HHI", tag, k, count) + value(k, v) for tag, k, count, v in entries) + bytes(4)
-    return (b"II*\0" if order == "<" else b"MM\0*") + struct.pack(order + "I", 8 + len(pixels)) + pixels + ifd
+    tail = data + (struct.pack(order + "Q", tile) if tile_kind == 16 else b"")
+    return (b"II*\0" if order == "<" else b"MM\0*") + struct.pack(order + "I", 8 + len(pixels) + len(tail)) + \
+        pixels + tail + ifd
 
 
 @pytest.mark.parametrize("order", ["<", ">"])
-@pytest.mark.parametrize("kind", [3, 4], ids=["short", "long"])
+@pytest.mark.parametrize("kind", [3, 4, 8, 9], ids=["short", "long", "sshort", "slong"])
 def test_a_tiff_tile_far_larger_than_its_image_is_refused(tmp_path, order, kind):
     """libtiff allocates and inflates a tile whole, whatever the image's size: a 16x16 image
     declaring 16384x16384 deflated tiles cost 770 MB from a 783 KB file. A tile larger than its
-    image is held to MAX_TIFF_TILE_PIXELS; one that covers a small image is read."""
+    image is held to MAX_TIFF_TILE_PIXELS, whatever integer type gives its size (libtiff takes
+    signed ones, and a LONG8 out of line); one that covers a small image is read."""
     from fastdata.image.check import MAX_TIFF_TILE_PIXELS, check_complete
 
     assert MAX_TIFF_TILE_PIXELS == 4096 * 4096
-    small, at_limit, over = (tiled_tiff(t, order, kind) for t in (256, 4096, 4112))
+    small, at_limit, over, long8 = (tiled_tiff(t, order, kind, tile_kind=k)
+                                    for t, k in ((256, None), (4096, None), (4112, None), (4112, 16)))
     assert check_complete([small, at_limit]) == [(None, False, 16, 16)] * 2
-    assert check_complete([over])[0][0] == ("corrupt TIFF: tiles of 4112x4112 pixels for a 16x16 image (a tile "
-                                            "larger than its image may have at most 16777216 pixels)")
+    for bomb in (over, long8):
+        assert check_complete([bomb])[0][0] == ("corrupt TIFF: tiles of 4112x4112 pixels for a 16x16 image (a tile "
+                                                "larger than its image may have at most 16777216 pixels)")
+    rational = tiled_tiff(256, order, kind, tile_kind=5)
+    assert check_complete([rational])[0][0] == "corrupt TIFF: a tile size that is not one integer of 0 or more"
     (tmp_path / "ok.tif").write_bytes(small)
     (tmp_path / "tile.tif").write_bytes(over)
     pairs = [(str(tmp_path / "ok.tif"), 0), (str(tmp_path / "tile.tif"), 1)]
@@ -441,6 +456,91 @@ def test_a_tiff_tile_far_larger_than_its_image_is_refused(tmp_path, order, kind)
     ((images, labels),) = list(loader)
     assert labels.tolist() == [0] and loader.stats["errors"][0]["path"].endswith("tile.tif")
     assert images.dtype == torch.uint8 and images[0, :, 1, 3].tolist() == [3] * 3  # (256 * 1 + 3) % 256
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_a_tiff_directory_pillow_would_read_far_past_its_image_is_refused(order):
+    """Pillow reads every entry of a TIFF's first directory, and each entry's data, as it opens
+    the file (twice a sample): 65,000 entries sharing one 1 MiB block cost 9 s a sample, a
+    BigTIFF of a million entries 9 s. Over MAX_TIFF_ENTRIES entries, or entries holding more
+    than twice the file out of line, a TIFF is refused; within them it decodes."""
+    from fastdata.image.check import MAX_TIFF_ENTRIES, check_complete
+
+    base = 10  # tiled_tiff's own entries
+    block = bytes(range(256)) * 256  # 64 KiB, at byte 8 + 256 * 256
+    within = tiled_tiff(256, order, 3, extra=[(65000, 1, 1, 0)] * (MAX_TIFF_ENTRIES - base))
+    many = tiled_tiff(256, order, 3, extra=[(65000, 1, 1, 0)] * (MAX_TIFF_ENTRIES - base + 1))
+    own = tiled_tiff(256, order, 3, extra=[(65000, 1, len(block), 8 + 65536)], data=block)
+    shared = tiled_tiff(256, order, 3, extra=[(65000, 1, len(block), 8 + 65536)] * 5, data=block)
+    for ok in (within, own):
+        assert check_complete([ok]) == [(None, False, 16, 16)]
+        assert np.asarray(Image.open(io.BytesIO(ok)))[1, 3] == 3
+    assert check_complete([many])[0][0] == \
+        f"corrupt TIFF: {MAX_TIFF_ENTRIES + 1} entries in its first directory, more than the 4096 it may have"
+    assert check_complete([shared])[0][0] == (f"corrupt TIFF: its first directory's entries hold {5 * 65536} "
+                                              f"bytes out of line, more than twice the file's {len(shared)}")
+
+
+def test_a_pnm_padded_past_its_header_bound_or_full_of_comments_is_refused(tmp_path):
+    """Pillow reads a PNM's header a byte at a time (20 MB of padding: 8 s a sample) and drops a
+    plain PNM's comments by copying the rest of a 1 MiB block (1 MiB of them: 10 s). A header
+    over MAX_PNM_HEADER bytes, or more than MAX_PNM_COMMENTS comments, is refused; within them
+    the image decodes."""
+    from fastdata.image.check import MAX_PNM_COMMENTS, MAX_PNM_HEADER, check_complete
+
+    rows = b"".join(b"0 1 " * 8 + b"\n" for _ in range(16))  # P1: columns alternate white, black
+
+    def pbm(pad: bytes, comments: int) -> bytes:
+        return b"P1\n" + pad + b"16 16\n" + b"#\n" * comments + rows
+
+    header = MAX_PNM_HEADER - len(b"P1\n16 16")
+    cases = {"header": (pbm(b" " * header, 0), pbm(b" " * (header + 1), 0)),
+             "comment": (pbm(b"#" + b"x" * (header - 2) + b"\n", 0), pbm(b"#" + b"x" * (header - 1) + b"\n", 0)),
+             "comments": (pbm(b"", MAX_PNM_COMMENTS), pbm(b"", MAX_PNM_COMMENTS + 1))}
+    for name, (ok, bad) in cases.items():
+        assert check_complete([ok]) == [(None, False, 16, 16)], name
+        assert np.asarray(Image.open(io.BytesIO(ok)).convert("L"))[0, :4].tolist() == [255, 0, 255, 0], name
+        want = (f"corrupt PNM: {MAX_PNM_COMMENTS + 1} comments, more than the 1024 it may hold" if name == "comments"
+                else f"corrupt PNM: a header of more than {MAX_PNM_HEADER} bytes")
+        assert check_complete([bad])[0][0] == want, name
+    binary = b"P5\n64 64\n255\n" + b"#" * 4096  # pixels of value 35 ("#"): no comments in binary pixels
+    assert check_complete([binary]) == [(None, False, 64, 64)]
+    (tmp_path / "ok.pbm").write_bytes(cases["comments"][0])
+    (tmp_path / "bad.pbm").write_bytes(cases["comments"][1])
+    loader = fastdata.loader([(str(tmp_path / "ok.pbm"), 0), (str(tmp_path / "bad.pbm"), 1)], batch_size=2,
+                             device="cpu", on_error="skip")
+    ((images, labels),) = list(loader)
+    assert labels.tolist() == [0] and images[0, 0, 0, :4].tolist() == [255, 0, 255, 0]
+    assert loader.stats["errors"][0]["path"].endswith("bad.pbm")
+
+
+def rle8_bmp(width: int, height: int) -> bytes:
+    """A BMP (RLE8) of `width` x `height`, each row runs of 255 pixels of value 128, then an
+    end-of-line code; gray palette."""
+    palette = b"".join(bytes((i, i, i, 0)) for i in range(256))
+    row = b"\xff\x80" * (width // 255) + (bytes((width % 255, 0x80)) if width % 255 else b"") + b"\x00\x00"
+    rle = row * height + b"\x00\x01"
+    at = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(rle), 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", at + len(rle), 0, 0, at) + info + palette + rle
+
+
+def test_a_large_run_length_encoded_bmp_is_refused():
+    """Pillow decodes RLE BMPs in Python: a row's padding a byte at a time (9 s for 80 million
+    pixels of end-of-line codes), and a delta code's rows written before the image's end is
+    checked (23 GB from a 1 KB file 89 million pixels wide). Over MAX_BMP_RLE_PIXELS, or rows
+    wider than MAX_BMP_RLE_WIDTH, such a BMP is refused; within them it decodes."""
+    from fastdata.image.check import MAX_BMP_RLE_PIXELS, MAX_BMP_RLE_WIDTH, check_complete
+
+    assert (MAX_BMP_RLE_PIXELS, MAX_BMP_RLE_WIDTH) == (2048 * 2048, 16384)
+    for w, h in ((2048, 2048), (16384, 256)):
+        ok = rle8_bmp(w, h)
+        assert check_complete([ok]) == [(None, False, w, h)]
+        assert np.asarray(Image.open(io.BytesIO(ok)))[h - 1, w - 1] == 128
+    for w, h in ((2048, 2049), (16385, 1)):
+        assert check_complete([rle8_bmp(w, h)])[0][0] == (
+            f"a run-length encoded BMP of {w}x{h} pixels, over the 4194304 pixels (and 16384 a row) taken in that "
+            "encoding, which Pillow decodes in Python")
 
 
 # ---------------------------------------------------------------------------- one decoder's pixels
