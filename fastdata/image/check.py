@@ -82,6 +82,18 @@ _TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 
 _TIFF_INTEGERS = (1, 3, 4, 6, 8, 9, 16, 17)  # the types libtiff takes a size in, signed ones included
 
 
+def _tiff_integer(data, endian: str, field: int, kind: int, count: int, value: int) -> int | None:
+    """The value of a directory entry of one integer (of any type libtiff takes a size in), held
+    in the entry's value field (`value`, that field read as one unsigned integer in the file's
+    byte order) or, where it does not fit, at the offset the field gives; None for another
+    entry."""
+    nbytes = _TIFF_UNITS.get(kind, 0)
+    if kind not in _TIFF_INTEGERS or count != 1:
+        return None
+    raw = value.to_bytes(field, endian)[:nbytes] if nbytes <= field else bytes(data[value:value + nbytes])
+    return int.from_bytes(raw, endian, signed=kind in (6, 8, 9, 17)) if len(raw) == nbytes else None
+
+
 def tiff_parts(data) -> str | None:
     """Why a TIFF's first directory would cost Pillow or libtiff far more than its image: more
     than `MAX_TIFF_ENTRIES` entries, more than `MAX_TIFF_PARTS` strips or tiles, entries whose
@@ -119,9 +131,7 @@ def tiff_parts(data) -> str | None:
         if nbytes > field:
             out_of_line += min(nbytes, len(data))
         if tag in (256, 257, 322, 323) and tag not in dims:  # the first of a tag counts, as in libtiff
-            raw = value.to_bytes(field, endian)[:nbytes] if nbytes <= field else bytes(data[value:value + nbytes])
-            readable = kind in _TIFF_INTEGERS and count == 1 and len(raw) == nbytes
-            dims[tag] = int.from_bytes(raw, endian, signed=kind in (6, 8, 9, 17)) if readable else None
+            dims[tag] = _tiff_integer(data, endian, field, kind, count, value)
     if out_of_line > 2 * len(data):
         return (f"corrupt TIFF: its first directory's entries hold {out_of_line} bytes out of line, more than twice "
                 f"the file's {len(data)}")
@@ -132,7 +142,7 @@ def tiff_parts(data) -> str | None:
         return "corrupt TIFF: a tile size that is not one integer of 0 or more"
     image_w, image_h = (-(-max(dims.get(t) or 0, 0) // 16) * 16 for t in (256, 257))
     if tile_w * tile_h > max(image_w * image_h, MAX_TIFF_TILE_PIXELS):
-        shown = "x".join(str(dims.get(t, "?")) for t in (256, 257))
+        shown = "x".join("?" if dims.get(t) is None else str(dims[t]) for t in (256, 257))
         return (f"corrupt TIFF: tiles of {tile_w}x{tile_h} pixels for a {shown} image "
                 f"(a tile larger than its image may have at most {MAX_TIFF_TILE_PIXELS} pixels)")
     return None
