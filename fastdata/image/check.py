@@ -4,7 +4,6 @@ shard`'s of each file it packs."""
 
 from __future__ import annotations
 
-import re
 import struct
 from typing import Sequence
 
@@ -64,9 +63,17 @@ million strips for a 16x16 image cost 25 s and 550 MB a sample. Writers make str
 8 KiB, or one a row: 32,768 at the 256 MiB read limit, a row each for an image 131,072 high."""
 
 MAX_TIFF_ENTRIES = 1 << 12
-"""The most entries a TIFF's first directory may have: `tiff_parts` refuses more. Pillow reads
-each in Python as it opens the file (twice a sample: sized, then decoded): a BigTIFF, whose
-count is 64-bit, of a million entries cost 9 s a sample. Writers put a few dozen tags there."""
+"""The most entries a TIFF's directory may have: `tiff_parts` refuses more. Pillow reads each in
+Python as it opens the file (twice a sample: sized, then decoded), and those of the EXIF and
+GPS directories as it loads it: a BigTIFF, whose count is 64-bit, of a million entries cost 9 s
+a sample. Writers put a few dozen tags in each."""
+
+MAX_TIFF_EXIF_NUMBERS = 1 << 20
+"""The most bytes of numbers (values of any type but BYTE, ASCII and UNDEFINED, which stay
+bytes) a TIFF's EXIF, GPS and Interop directories may hold together: `tiff_parts` refuses more.
+Pillow turns them into tuples of Python numbers as it loads the image, about 18 times their
+bytes (1,024 entries of 32,768 SHORTs sharing one block took 1.35 GB from a 78 KB file); these
+directories hold a few numbers a tag."""
 
 MAX_TIFF_TILE_PIXELS = 1 << 24
 """The most pixels a TIFF's tile may have where it is larger than its image (each side rounded
@@ -79,7 +86,7 @@ from a 783 KB file, past the pixel limit, which holds the image's size. Writers 
 # SLONG, SRATIONAL, FLOAT, DOUBLE, IFD, LONG8, SLONG8, IFD8): the types Pillow reads.
 _TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8, 17: 8,
                18: 8}
-_TIFF_INTEGERS = (1, 3, 4, 6, 8, 9, 16, 17)  # the types libtiff takes a size in, signed ones included
+_TIFF_INTEGERS = (1, 3, 4, 6, 8, 9, 13, 16, 17, 18)  # the types libtiff takes a size in (or Pillow an offset)
 
 
 def _tiff_integer(data, endian: str, field: int, kind: int, count: int, value: int) -> int | None:
@@ -95,12 +102,14 @@ def _tiff_integer(data, endian: str, field: int, kind: int, count: int, value: i
 
 
 def tiff_parts(data) -> str | None:
-    """Why a TIFF's first directory would cost Pillow or libtiff far more than its image: more
-    than `MAX_TIFF_ENTRIES` entries, more than `MAX_TIFF_PARTS` strips or tiles, entries whose
+    """Why a TIFF's directories would cost Pillow or libtiff far more than its image: more than
+    `MAX_TIFF_ENTRIES` entries in one, more than `MAX_TIFF_PARTS` strips or tiles, entries whose
     data out of line comes to more than twice the file (entries that share one block, each read
     whole), or tiles larger than both its image and `MAX_TIFF_TILE_PIXELS` (or sized in a way
-    not read here); None for one within them, or any other file. A directory that cannot be
-    read is left to Pillow, which refuses it."""
+    not read here); None for one within them, or any other file. The directories are the first
+    and those Pillow parses as it loads the image (`TiffImageFile.load_end`: the EXIF, GPS and,
+    within the EXIF, Interop directories). A directory that cannot be read is left to Pillow,
+    which refuses it."""
     head = bytes(data[:16])
     order = {b"II": "<", b"MM": ">"}.get(head[:2])
     if order is None or len(head) < 16:
@@ -112,28 +121,42 @@ def tiff_parts(data) -> str | None:
         return None
     unpack = struct.Struct(order + ("HHQQ" if big else "HHII")).unpack_from
     size, at, field = (20, 8, 8) if big else (12, 4, 4)
-    ifd = struct.unpack_from(order + ("Q" if big else "I"), head, at)[0]
     width = 8 if big else 2
-    if ifd + width > len(data):
-        return None
-    entries = int.from_bytes(bytes(data[ifd:ifd + width]), endian)
-    entries = min(entries, (len(data) - ifd - width) // size)  # no more than the file holds
-    if entries > MAX_TIFF_ENTRIES:
-        return f"corrupt TIFF: {entries} entries in its first directory, more than the {MAX_TIFF_ENTRIES} it may have"
     dims: dict[int, int | None] = {}  # ImageWidth, ImageLength, TileWidth, TileLength (None: not read)
-    out_of_line = 0
-    for k in range(entries):
-        tag, kind, count, value = unpack(data, ifd + width + k * size)
-        if tag in (273, 324) and count > MAX_TIFF_PARTS:  # StripOffsets, TileOffsets
-            parts = "strips" if tag == 273 else "tiles"
-            return f"corrupt TIFF: {count} {parts}, more than the {MAX_TIFF_PARTS} a file may have"
-        nbytes = count * _TIFF_UNITS.get(kind, 0)
-        if nbytes > field:
-            out_of_line += min(nbytes, len(data))
-        if tag in (256, 257, 322, 323) and tag not in dims:  # the first of a tag counts, as in libtiff
-            dims[tag] = _tiff_integer(data, endian, field, kind, count, value)
+    out_of_line = numbers = 0
+    todo, seen = [(struct.unpack_from(order + ("Q" if big else "I"), head, at)[0], "first")], set()
+    while todo:
+        ifd, name = todo.pop()
+        if ifd in seen or ifd + width > len(data):
+            continue
+        seen.add(ifd)
+        entries = int.from_bytes(bytes(data[ifd:ifd + width]), endian)
+        entries = min(entries, (len(data) - ifd - width) // size)  # no more than the file holds
+        if entries > MAX_TIFF_ENTRIES:
+            return (f"corrupt TIFF: {entries} entries in its {name} directory, more than the {MAX_TIFF_ENTRIES} one "
+                    "may have")
+        for k in range(entries):
+            tag, kind, count, value = unpack(data, ifd + width + k * size)
+            nbytes = count * _TIFF_UNITS.get(kind, 0)
+            if nbytes > field:
+                out_of_line += min(nbytes, len(data))
+            if name != "first" and kind not in (1, 2, 7):
+                numbers += nbytes
+            pointer = {"first": {34665: "EXIF", 34853: "GPS"}, "EXIF": {40965: "Interop"}}.get(name, {}).get(tag)
+            if pointer is not None and (offset := _tiff_integer(data, endian, field, kind, count, value)) is not None:
+                todo.append((offset, pointer))
+            if name != "first":
+                continue
+            if tag in (273, 324) and count > MAX_TIFF_PARTS:  # StripOffsets, TileOffsets
+                parts = "strips" if tag == 273 else "tiles"
+                return f"corrupt TIFF: {count} {parts}, more than the {MAX_TIFF_PARTS} a file may have"
+            if tag in (256, 257, 322, 323) and tag not in dims:  # the first of a tag counts, as in libtiff
+                dims[tag] = _tiff_integer(data, endian, field, kind, count, value)
+    if numbers > MAX_TIFF_EXIF_NUMBERS:
+        return (f"corrupt TIFF: its EXIF and GPS directories hold {numbers} bytes of numbers, more than the "
+                f"{MAX_TIFF_EXIF_NUMBERS} they may")
     if out_of_line > 2 * len(data):
-        return (f"corrupt TIFF: its first directory's entries hold {out_of_line} bytes out of line, more than twice "
+        return (f"corrupt TIFF: its directories' entries hold {out_of_line} bytes out of line, more than twice "
                 f"the file's {len(data)}")
     if 322 not in dims and 323 not in dims:
         return None
@@ -149,11 +172,12 @@ def tiff_parts(data) -> str | None:
 
 
 MAX_GIF_BLOCKS = 1 << 10
-"""The most extension blocks and sub-blocks a GIF may have before its first image: `gif_blocks`
-refuses more. Pillow reads each in Python when it opens the file and joins comments by copying
-what it has so far, so that a 1 MiB file of empty comments costs 3 s and 3 MiB 27 s (the time
-grows as the square of the count); a GIF's own extensions (its loop count, a frame's delay and
-transparency, a comment or an XMP packet) take a few dozen."""
+"""The most extension blocks, sub-blocks and stray bytes a GIF may have before its first image:
+`gif_blocks` refuses more. Pillow reads each in Python when it opens the file (a stray byte, one
+that starts no block, it steps over) and joins comments by copying what it has so far, so that
+a 1 MiB file of empty comments costs 3 s and 3 MiB 27 s (the time grows as the square of the
+count); a GIF's own extensions (its loop count, a frame's delay and transparency, a comment or
+an XMP packet) take a few dozen."""
 
 
 def gif_blocks(data) -> str | None:
@@ -165,15 +189,19 @@ def gif_blocks(data) -> str | None:
         return None
     pos = 13 + (3 << ((view[10] & 7) + 1) if view[10] & 0x80 else 0)  # after the global colour table
     blocks = 0
-    while pos < len(view) and view[pos] == 0x21:  # an extension: label, then sub-blocks to an empty one
-        pos += 2
-        blocks += 1
-        while pos < len(view) and view[pos] and blocks <= MAX_GIF_BLOCKS:
-            pos += 1 + view[pos]
+    while pos < len(view) and view[pos] not in (0x2C, 0x3B):  # up to an image, or the trailer
+        if view[pos] != 0x21:  # a stray byte, which Pillow steps over (one a Python loop)
+            pos += 1
             blocks += 1
+        else:  # an extension: label, then sub-blocks to an empty one
+            pos += 2
+            blocks += 1
+            while pos < len(view) and view[pos] and blocks <= MAX_GIF_BLOCKS:
+                pos += 1 + view[pos]
+                blocks += 1
+            pos += 1
         if blocks > MAX_GIF_BLOCKS:
-            return f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks before its first image"
-        pos += 1
+            return f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks and stray bytes before its first image"
     return None
 
 
@@ -187,24 +215,51 @@ MAX_PNM_COMMENTS = 1 << 10
 more. Pillow's plain-format decoder drops each comment by copying the rest of its 1 MiB block:
 1 MiB of empty comments cost 10 s a sample. Writers put one comment in the header, or none."""
 
-_PNM_TOKENS = {b"P1": 2, b"P4": 2, b"P2": 3, b"P3": 3, b"P5": 3, b"P6": 3, b"PF": 3, b"Pf": 3}
-_PNM_TOKEN = re.compile(rb"(?:[ \t\n\v\f\r]|#[^\r\n]*[\r\n])*[^ \t\n\v\f\r#]+")
+# Pillow's PNM magics (PpmImagePlugin.MODES) and the header tokens after each: width, height,
+# and a maxval (a scale for Pf) but for bitmaps.
+_PNM_TOKENS = {b"P1": 2, b"P4": 2, b"P2": 3, b"P3": 3, b"P5": 3, b"P6": 3, b"P0CMYK": 3, b"Pf": 3, b"PyP": 3,
+               b"PyRGBA": 3, b"PyCMYK": 3}
+_WHITESPACE = b" \t\n\v\f\r"
+
+
+def _pnm_header_end(head: bytes) -> int | None:
+    """Where Pillow's read of a PNM header in `head` ends (`PpmImageFile._open`: a magic of up
+    to 6 bytes, then tokens of up to 10 bytes, whitespace between them, and comments from `#` to
+    a line's end anywhere, within a token too), or None for a header that does not end in
+    `head`, or no PNM's."""
+    at = 0
+    while at < min(6, len(head)) and head[at] not in _WHITESPACE:
+        at += 1
+    tokens = _PNM_TOKENS.get(head[:at])
+    if tokens is None:
+        return 0  # no magic Pillow knows: refused at once
+    for _ in range(tokens):
+        length = 0
+        while length <= 10:
+            if at >= len(head):
+                return None
+            c, at = head[at], at + 1
+            if c == 0x23:  # '#': to the line's end, the token going on after it
+                ends = [e for e in (head.find(b"\r", at), head.find(b"\n", at)) if e >= 0]
+                if not ends:
+                    return None
+                at = min(ends) + 1
+            elif c in _WHITESPACE:
+                if length:
+                    break
+            else:
+                length += 1
+    return at
 
 
 def pnm_walk(data) -> str | None:
     """Why a PNM's header is longer than `MAX_PNM_HEADER`, or a plain one holds more than
     `MAX_PNM_COMMENTS` comments; None for one within them, or any other file."""
     magic = bytes(data[:2])
-    if magic not in _PNM_TOKENS or len(data) < 3 or data[2] not in b" \t\n\v\f\r":
-        return None
-    head, at = bytes(data[:MAX_PNM_HEADER + 1]), 2
-    for _ in range(_PNM_TOKENS[magic]):
-        token = _PNM_TOKEN.match(head, at)
-        if token is None:  # whitespace and comments to the end of what was read
-            at = len(head)
-            break
-        at = token.end()
-    if at > MAX_PNM_HEADER:
+    if magic[:1] != b"P" or magic[1:2] not in (b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"f", b"y"):
+        return None  # Pillow's test for its PNM plugin
+    head = bytes(data[:MAX_PNM_HEADER + 1])
+    if _pnm_header_end(head) is None and len(data) > MAX_PNM_HEADER:
         return f"corrupt PNM: a header of more than {MAX_PNM_HEADER} bytes"
     if magic not in (b"P1", b"P2", b"P3"):  # binary pixels after the header: no comment there
         return None

@@ -365,8 +365,14 @@ def test_a_gif_of_many_comments_is_refused_before_pillow_reads_them(tmp_path):
     d = out.getvalue()
     at = d.index(b"\x21\xfe")
     within, over = (d[:at] + b"\x21\xfe\x00" * (MAX_GIF_BLOCKS - 4 + k) + d[at:] for k in (0, 1))
+    want = f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks and stray bytes before its first image"
     assert check_complete([within])[0][0] is None
-    assert check_complete([over])[0][0] == f"corrupt GIF: more than {MAX_GIF_BLOCKS} extension blocks before its first image"
+    assert check_complete([over])[0][0] == want
+    # Stray bytes (Pillow steps over them a byte at a time) count, and do not end the walk.
+    strays, more = (d[:at] + b"\x00" * (MAX_GIF_BLOCKS - 4 + k) + d[at:] for k in (0, 1))
+    assert check_complete([strays])[0][0] is None and np.asarray(Image.open(io.BytesIO(strays)).convert("RGB"))[4, 4, 0] > 200
+    hidden = d[:at] + b"\x00" + b"\x21\xfe\x00" * MAX_GIF_BLOCKS + d[at:]
+    assert check_complete([more])[0][0] == check_complete([hidden])[0][0] == want
     x, y, loader = _good_then_bad(tmp_path, within, over, "gif")
     assert y.tolist() == [0] and x[0, :, 4, 4].tolist()[0] > 200 and loader.stats["skipped"] == 1
 
@@ -476,9 +482,36 @@ def test_a_tiff_directory_pillow_would_read_far_past_its_image_is_refused(order)
         assert check_complete([ok]) == [(None, False, 16, 16)]
         assert np.asarray(Image.open(io.BytesIO(ok)))[1, 3] == 3
     assert check_complete([many])[0][0] == \
-        f"corrupt TIFF: {MAX_TIFF_ENTRIES + 1} entries in its first directory, more than the 4096 it may have"
-    assert check_complete([shared])[0][0] == (f"corrupt TIFF: its first directory's entries hold {5 * 65536} "
+        f"corrupt TIFF: {MAX_TIFF_ENTRIES + 1} entries in its first directory, more than the 4096 one may have"
+    assert check_complete([shared])[0][0] == (f"corrupt TIFF: its directories' entries hold {5 * 65536} "
                                               f"bytes out of line, more than twice the file's {len(shared)}")
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_a_tiff_exif_directory_pillow_would_unpack_far_past_its_file_is_refused(order):
+    """Pillow parses a TIFF's EXIF and GPS directories as it loads the image, each number into a
+    Python object: 1,024 EXIF entries of 32,768 SHORTs sharing one 64 KiB block took 1.35 GB
+    from a 78 KB file. Those directories are held to MAX_TIFF_ENTRIES entries and
+    MAX_TIFF_EXIF_NUMBERS bytes of numbers; an honest one is read."""
+    from fastdata.image.check import MAX_TIFF_ENTRIES, MAX_TIFF_EXIF_NUMBERS, check_complete
+
+    block = bytes(range(256)) * 256
+    exif_at = 8 + 65536 + len(block)
+
+    def exif_tiff(entries: list[tuple[int, int, int, int]]) -> bytes:
+        ifd = struct.pack(order + "H", len(entries)) + b"".join(
+            struct.pack(order + "HHII", tag, kind, count, value) for tag, kind, count, value in entries) + bytes(4)
+        return tiled_tiff(256, order, 4, extra=[(34665, 4, 1, exif_at)], data=block + ifd)
+
+    honest = exif_tiff([(36864, 7, 4, 0x30323330), (37510, 7, len(block), 8 + 65536)])  # ExifVersion, UserComment
+    assert check_complete([honest]) == [(None, False, 16, 16)]
+    assert np.asarray(Image.open(io.BytesIO(honest)))[1, 3] == 3
+    shorts = exif_tiff([(40000 + i, 3, 32768, 8 + 65536) for i in range(17)])
+    assert check_complete([shorts])[0][0] == (f"corrupt TIFF: its EXIF and GPS directories hold {17 * 65536} bytes "
+                                              f"of numbers, more than the {MAX_TIFF_EXIF_NUMBERS} they may")
+    many = exif_tiff([(40000, 3, 1, 0)] * (MAX_TIFF_ENTRIES + 1))
+    assert check_complete([many])[0][0] == \
+        f"corrupt TIFF: {MAX_TIFF_ENTRIES + 1} entries in its EXIF directory, more than the 4096 one may have"
 
 
 def test_a_pnm_padded_past_its_header_bound_or_full_of_comments_is_refused(tmp_path):
@@ -496,7 +529,10 @@ def test_a_pnm_padded_past_its_header_bound_or_full_of_comments_is_refused(tmp_p
     header = MAX_PNM_HEADER - len(b"P1\n16 16")
     cases = {"header": (pbm(b" " * header, 0), pbm(b" " * (header + 1), 0)),
              "comment": (pbm(b"#" + b"x" * (header - 2) + b"\n", 0), pbm(b"#" + b"x" * (header - 1) + b"\n", 0)),
-             "comments": (pbm(b"", MAX_PNM_COMMENTS), pbm(b"", MAX_PNM_COMMENTS + 1))}
+             "comments": (pbm(b"", MAX_PNM_COMMENTS), pbm(b"", MAX_PNM_COMMENTS + 1)),
+             # Pillow goes on with a token after a comment inside it ("1#...\n6" is 16)
+             "glued": (b"P1\n1#x\n6" + b" " * (header - 2) + b"16\n" + rows,
+                       b"P1\n1#x\n6" + b" " * (header - 1) + b"16\n" + rows)}
     for name, (ok, bad) in cases.items():
         assert check_complete([ok]) == [(None, False, 16, 16)], name
         assert np.asarray(Image.open(io.BytesIO(ok)).convert("L"))[0, :4].tolist() == [255, 0, 255, 0], name
