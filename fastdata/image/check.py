@@ -87,6 +87,8 @@ from a 783 KB file, past the pixel limit, which holds the image's size. Writers 
 _TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8, 17: 8,
                18: 8}
 _TIFF_INTEGERS = (1, 3, 4, 6, 8, 9, 13, 16, 17, 18)  # the types libtiff takes a size in (or Pillow an offset)
+# The directories Pillow parses as it loads an image, by the directory and tag that point to them.
+_TIFF_POINTERS = {"first": {34665: "EXIF", 34853: "GPS"}, "EXIF": {40965: "Interop"}}
 
 
 def _tiff_integer(data, endian: str, field: int, kind: int, count: int, value: int) -> int | None:
@@ -142,7 +144,7 @@ def tiff_parts(data) -> str | None:
                 out_of_line += min(nbytes, len(data))
             if name != "first" and kind not in (1, 2, 7):
                 numbers += nbytes
-            pointer = {"first": {34665: "EXIF", 34853: "GPS"}, "EXIF": {40965: "Interop"}}.get(name, {}).get(tag)
+            pointer = _TIFF_POINTERS.get(name, {}).get(tag)
             if pointer is not None and (offset := _tiff_integer(data, endian, field, kind, count, value)) is not None:
                 todo.append((offset, pointer))
             if name != "first":

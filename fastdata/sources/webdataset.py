@@ -262,8 +262,8 @@ def shards(source: Any, progress: bool = True) -> Shards:
     keeps the index, and the samples past its end are reported lost when read) and that the
     index's samples tile the shard up to its end blocks (bytes in no sample: a warning, and a
     slot that reports them when read, so that a sample the index misses is counted; ranges
-    that overlap or pass its end: a warning, and the shard is counted from its headers). When a sample is
-    read, the headers in its span must be its members, as many and as big as the index says
+    that overlap or pass its end: a warning, and the shard is counted from its headers). When a
+    sample is read, the headers in its span must be its members, as many and as big as the index says
     (wds backend), and their bytes must have the CRC-32 the index gives (fastdata-shard writes
     one a sample). The index's sha256 of each shard is not checked: it covers the whole shard,
     which the loader reads in byte ranges spread over workers, so checking it would read the
