@@ -32,6 +32,12 @@ constexpr int kMaxScans = 100;
 // a file at the 256 MiB read limit holds 32,768 of those.
 constexpr int kMaxPngChunks = 1 << 17;
 
+// The most compressed text chunks (zTXt, iTXt) a PNG may have (check_structure refuses more):
+// Pillow inflates each up to 1 MiB, and counts what it inflated against its text limit only for
+// some (not a zTXt without a keyword, nor an iTXt that is not UTF-8), so 3,000 of them cost 7 s
+// a decode from a 3 MB file. Writers put a few there (a comment, an XMP packet).
+constexpr int kMaxPngTexts = 64;
+
 // The most markers (segments, restart and TEM markers alike) and the most fill bytes before
 // markers a JPEG may have (check_structure refuses more): Pillow's parser reads each marker and
 // each fill byte in Python (the CMYK path), about 1 us a byte, so 20 MiB of empty comments or of
@@ -50,7 +56,8 @@ struct ImageStructure {
 // Whether `src` is a whole JPEG or PNG, from its container structure alone (no pixel data is
 // decoded): a JPEG's marker segments from SOI, through each scan's entropy-coded data, to EOI; a
 // PNG's chunks from the signature to IEND; every length must fit in the file. Bytes after EOI or
-// IEND are allowed. A PNG of more than kMaxPngChunks chunks or of two iCCP chunks, and a JPEG
+// IEND are allowed. A PNG of more than kMaxPngChunks chunks, kMaxPngTexts compressed text chunks or
+// two iCCP chunks, and a JPEG
 // with more than kMaxScans scans, kMaxJpegMarkers markers or kMaxJpegFill fill bytes before
 // markers, or with fill bytes before a stuffed zero in its entropy-coded data (FF FF 00, see
 // walk_jpeg), are refused. Returns "" for a whole

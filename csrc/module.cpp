@@ -511,6 +511,7 @@ NB_MODULE(_native, m) {
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.attr("MAX_SCANS") = fastdata::kMaxScans;
   m.attr("MAX_PNG_CHUNKS") = fastdata::kMaxPngChunks;
+  m.attr("MAX_PNG_TEXTS") = fastdata::kMaxPngTexts;
   m.attr("MAX_JPEG_MARKERS") = fastdata::kMaxJpegMarkers;
   m.attr("MAX_JPEG_FILL") = fastdata::kMaxJpegFill;
   m.attr("MAX_FILE_BYTES") = fastdata::kMaxFileBytes;

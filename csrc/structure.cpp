@@ -132,13 +132,13 @@ std::string chunk_name(const uint8_t* p) {
 }
 
 // From the signature through every chunk (length, type, data, CRC: the length must fit in the
-// file), at most kMaxPngChunks of them and one iCCP, to IEND. The first chunk must be the 13-byte IHDR, which
-// gives the size. CRCs are not checked: Pillow decodes a PNG whole, so a corrupt one fails the
-// same way for every crop.
+// file), at most kMaxPngChunks of them, kMaxPngTexts zTXt and iTXt and one iCCP, to IEND. The
+// first chunk must be the 13-byte IHDR, which gives the size. CRCs are not checked: Pillow
+// decodes a PNG whole, so a corrupt one fails the same way for every crop.
 std::string walk_png(const ByteSpan& src, ImageStructure* out) {
   const uint8_t* d = src.data;
   const size_t n = src.size;
-  int chunks = 0;
+  int chunks = 0, texts = 0;
   bool profile = false;
   for (size_t pos = 8;;) {
     if (n - pos < 8) {
@@ -172,6 +172,9 @@ std::string walk_png(const ByteSpan& src, ImageStructure* out) {
       return format("corrupt PNG: a second iCCP chunk at byte %zu (a PNG holds one colour profile)", pos);
     }
     profile = profile || type == "iCCP";
+    if ((type == "zTXt" || type == "iTXt") && ++texts > kMaxPngTexts) {
+      return format("corrupt PNG: more than %d zTXt and iTXt chunks (the last at byte %zu)", kMaxPngTexts, pos);
+    }
     pos += 12 + size_t(len);
   }
 }

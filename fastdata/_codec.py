@@ -46,10 +46,12 @@ it takes, so a file of many tiny scans would cost seconds a decode; libjpeg's pr
 writes 10 (6 for grayscale). The native decoder's limit is the same (`_native.MAX_SCANS`)."""
 
 MAX_PNG_CHUNKS: int = 1 << 17
-"""The most chunks a PNG may have, refused above as MAX_SCANS is: Pillow reads each chunk in Python
-and keeps every private one (about 5 us and 100 bytes a chunk however empty); encoders write the
-image data in chunks of 8 KiB or more (32,768 in a file at the 256 MiB read limit). The native
-walk's limit is the same (`_native.MAX_PNG_CHUNKS`)."""
+MAX_PNG_TEXTS: int = 64
+"""The most chunks, and compressed text chunks (zTXt, iTXt), a PNG may have, refused above as
+MAX_SCANS is: Pillow reads each chunk in Python and keeps every private one (about 5 us and 100
+bytes a chunk however empty; encoders write the image data in chunks of 8 KiB or more: 32,768 at
+the 256 MiB read limit), and inflates each text chunk up to 1 MiB, not always against its text
+limit (3,000 cost 7 s a decode from 3 MB). The native walk's are the same (`_native.MAX_PNG_*`)."""
 
 MAX_JPEG_MARKERS: int = 1 << 12
 MAX_JPEG_FILL: int = 1 << 16
@@ -157,7 +159,7 @@ def _chunk_name(t: bytes) -> str:
 def _walk_png(d: bytes) -> tuple[str | None, int, int]:
     # csrc/structure.cpp's walk_png, line for line.
     n = len(d)
-    pos, width, height, chunks, profile = 8, 0, 0, 0, False
+    pos, width, height, chunks, texts, profile = 8, 0, 0, 0, 0, False
     while True:
         if n - pos < 8:
             return f"truncated PNG: no IEND chunk (the file ends after {n} bytes)", width, height
@@ -182,6 +184,9 @@ def _walk_png(d: bytes) -> tuple[str | None, int, int]:
         if name == "iCCP" and profile:
             return f"corrupt PNG: a second iCCP chunk at byte {pos} (a PNG holds one colour profile)", width, height
         profile = profile or name == "iCCP"
+        if name in ("zTXt", "iTXt") and (texts := texts + 1) > MAX_PNG_TEXTS:
+            cause = f"corrupt PNG: more than {MAX_PNG_TEXTS} zTXt and iTXt chunks (the last at byte {pos})"
+            return cause, width, height
         pos += 12 + length
 
 
@@ -201,16 +206,11 @@ def check_structure(data: Any) -> Inspection:
     d = data if isinstance(data, bytes) else bytes(data)
     if not d:
         return Inspection("empty file", "", 0, 0)
-    if d[:3] == b"\xff\xd8\xff":
-        return Inspection(*_walk(_walk_jpeg, d, "jpeg"))
-    if d[:8] == _PNG_SIGNATURE:
-        return Inspection(*_walk(_walk_png, d, "png"))
+    for signature, walk, kind in ((b"\xff\xd8\xff", _walk_jpeg, "jpeg"), (_PNG_SIGNATURE, _walk_png, "png")):
+        if d.startswith(signature):
+            cause, width, height = walk(d)
+            return Inspection(cause, kind, width, height)
     return Inspection(None, "", 0, 0)
-
-
-def _walk(walk, d: bytes, kind: str) -> tuple[str | None, str, int, int]:
-    cause, width, height = walk(d)
-    return cause, kind, width, height
 
 
 def inspect_batch(datas: Sequence[Any], jpeg_headers: bool = True, threads: int = 1) -> list[Inspection]:

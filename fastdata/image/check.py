@@ -87,6 +87,10 @@ from a 783 KB file, past the pixel limit, which holds the image's size. Writers 
 _TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8, 17: 8,
                18: 8}
 _TIFF_INTEGERS = (1, 3, 4, 6, 8, 9, 13, 16, 17, 18)  # the types libtiff takes a size in (or Pillow an offset)
+# The lists of a TIFF's first directory Pillow unpacks as it opens the file; a ColorMap, the longest,
+# holds 3 x 65,536 values (16-bit palettes). One of 5 million SHORTs cost 4 s and 1.1 GB.
+_TIFF_LISTS = {258: "BitsPerSample", 320: "ColorMap", 338: "ExtraSamples", 339: "SampleFormat",
+               530: "YCbCrSubSampling"}
 # The directories Pillow parses as it loads an image, by the directory and tag that point to them.
 _TIFF_POINTERS = {"first": {34665: "EXIF", 34853: "GPS"}, "EXIF": {40965: "Interop"}}
 
@@ -152,6 +156,11 @@ def tiff_parts(data) -> str | None:
             if tag in (273, 324) and count > MAX_TIFF_PARTS:  # StripOffsets, TileOffsets
                 parts = "strips" if tag == 273 else "tiles"
                 return f"corrupt TIFF: {count} {parts}, more than the {MAX_TIFF_PARTS} a file may have"
+            if tag in _TIFF_LISTS and count > 3 << 16:  # Pillow makes a tuple of each, in Python, as it opens the file
+                return f"corrupt TIFF: a {_TIFF_LISTS[tag]} of {count} values, more than the {3 << 16} one may hold"
+            if tag == 259 and _tiff_integer(data, endian, field, kind, count, value) in (6, 7):
+                return ("a TIFF of JPEG-compressed strips or tiles, which are not read: libtiff decodes each to the "
+                        "size its own JPEG header declares, past the image's")
             if tag in (256, 257, 322, 323) and tag not in dims:  # the first of a tag counts, as in libtiff
                 dims[tag] = _tiff_integer(data, endian, field, kind, count, value)
     if numbers > MAX_TIFF_EXIF_NUMBERS:

@@ -354,6 +354,32 @@ def test_a_second_png_colour_profile_is_refused_before_any_decode(tmp_path):
         f"corrupt PNG: a second iCCP chunk at byte {33 + len(profile)} (a PNG holds one colour profile)"
 
 
+def test_a_png_of_many_compressed_text_chunks_is_refused_before_pillow_inflates_them():
+    """Pillow inflates each zTXt and iTXt chunk up to 1 MiB, and counts it against its text limit
+    only for some (not a zTXt without a keyword, nor an iTXt that is not UTF-8): 3,000 cost 7 s
+    a decode from a 3 MB file. Over MAX_PNG_TEXTS a PNG is refused, natively and in Python
+    alike; within it, it decodes."""
+    limit = _codec.MAX_PNG_TEXTS
+    assert _codec._ext.MAX_PNG_TEXTS == limit == 64
+    rows = zlib.compress(b"".join(b"\0" + b"\x80" * 48 for _ in range(16)))
+    ihdr = (16).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    texts = [png_chunk(b"zTXt", b"\0\0" + zlib.compress(bytes(1 << 16))),  # no keyword: not counted by Pillow
+             png_chunk(b"iTXt", b"k\0\1\0\0\0" + zlib.compress(b"\xff" * (1 << 16)))]  # not UTF-8: nor this
+
+    def png(n: int) -> bytes:
+        return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + b"".join(texts[k % 2] for k in range(n)) + \
+            png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b"")
+
+    within, over = png(limit), png(limit + 1)
+    for d in (within, over):
+        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
+    assert _codec.check_structure(within).cause is None
+    assert np.asarray(Image.open(io.BytesIO(within)))[3, 3].tolist() == [128, 128, 128]
+    at = 33 + sum(len(texts[k % 2]) for k in range(limit))
+    assert _codec.check_structure(over).cause == \
+        f"corrupt PNG: more than {limit} zTXt and iTXt chunks (the last at byte {at})"
+
+
 def test_a_gif_of_many_comments_is_refused_before_pillow_reads_them(tmp_path):
     """Pillow joins a GIF's comments by copying what it has so far (3 s for 1 MiB of empty
     comment blocks, 27 s for 3 MiB): over MAX_GIF_BLOCKS extension blocks before the first
@@ -429,9 +455,11 @@ def tiled_tiff(tile: int, order: str, kind: int, extra: list[tuple[int, int, int
     entries = [(256, kind, 1, 16), (257, kind, 1, 16), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1), (277, 3, 1, 1),
                (322, tile_kind, 1, tile_value), (323, tile_kind, 1, tile_value), (324, 4, 1, 8),
                (325, 4, 1, len(pixels)), *extra]
-    value = (lambda k, v: struct.pack(order + "HH", v, 0) if k in (3, 8) else struct.pack(order + "I", v))
+    def value(k: int, count: int, v: int) -> bytes:  # a SHORT held inline, else a LONG or an offset
+        return struct.pack(order + "HH", v, 0) if k in (3, 8) and count == 1 else struct.pack(order + "I", v)
+
     ifd = struct.pack(order + "H", len(entries)) + b"".join(
-        struct.pack(order + "HHI", tag, k, count) + value(k, v) for tag, k, count, v in entries) + bytes(4)
+        struct.pack(order + "HHI", tag, k, count) + value(k, count, v) for tag, k, count, v in entries) + bytes(4)
     tail = data + (struct.pack(order + "Q", tile) if tile_kind == 16 else b"")
     return (b"II*\0" if order == "<" else b"MM\0*") + struct.pack(order + "I", 8 + len(pixels) + len(tail)) + \
         pixels + tail + ifd
@@ -485,6 +513,25 @@ def test_a_tiff_directory_pillow_would_read_far_past_its_image_is_refused(order)
         f"corrupt TIFF: {MAX_TIFF_ENTRIES + 1} entries in its first directory, more than the 4096 one may have"
     assert check_complete([shared])[0][0] == (f"corrupt TIFF: its directories' entries hold {5 * 65536} "
                                               f"bytes out of line, more than twice the file's {len(shared)}")
+
+
+def test_a_tiff_list_pillow_unpacks_and_a_jpeg_compressed_tiff_are_refused():
+    """Pillow makes a tuple of a TIFF's ColorMap (and BitsPerSample, ...) in Python as it opens
+    the file: 5 million SHORTs cost 4 s and 1.1 GB before "invalid palette size". Such a list
+    holds at most 3 x 65,536 values (a 16-bit palette). And libtiff decodes a JPEG-compressed
+    strip to the size its own JPEG declares (a strip of 4096x8 declaring 4096x60000: 15 s and
+    700 MB), so JPEG-compressed TIFFs are not read."""
+    from fastdata.image.check import tiff_parts
+
+    block = bytes(3 << 17)  # 3 x 65,536 SHORTs
+    within = tiled_tiff(256, "<", 3, extra=[(320, 3, 3 << 16, 8 + 65536)], data=block)
+    over = tiled_tiff(256, "<", 3, extra=[(320, 3, (3 << 16) + 1, 8 + 65536)], data=block + bytes(2))
+    assert tiff_parts(within) is None
+    assert tiff_parts(over) == "corrupt TIFF: a ColorMap of 196609 values, more than the 196608 one may hold"
+    for compression in (6, 7):
+        jpeg_tiff = tiled_tiff(256, "<", 3, extra=[(259, 3, 1, compression)])
+        assert tiff_parts(jpeg_tiff) == ("a TIFF of JPEG-compressed strips or tiles, which are not read: libtiff "
+                                         "decodes each to the size its own JPEG header declares, past the image's")
 
 
 @pytest.mark.parametrize("order", ["<", ">"])
