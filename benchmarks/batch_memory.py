@@ -13,11 +13,15 @@ hole to --mib MiB (a valid image: decoders stop at its end) and a label; the sha
 too. A shuffle block is at most 256 MiB but for one batch of larger samples, which is then
 read a part at a time.
 
+--kind dali (where DALI is installed): --files JPEGs, each followed by a hole to --mib MiB (valid
+images: decoders stop at their end), on the `dali` backend, num_workers=0 (DALI's one thread):
+in parts each part is a DALI batch of its own, and DALI holds its prefetch queue's parts.
+
 --kind served (in an environment with torchvision): an unchanged torchvision script under
 `fastdata run` (ImageFolder, Resize and PILToTensor, a plain DataLoader), its folder served
 natively, the files as the shard's samples; the peak counts the script's process and its workers.
 
-    OMP_NUM_THREADS=1 python benchmarks/batch_memory.py [--kind files|shards|served] [--files 32] [--mib 96]
+    OMP_NUM_THREADS=1 python benchmarks/batch_memory.py [--kind files|shards|dali|served] [--files 32] [--mib 96]
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ _LOADER = r"""
 import json, resource, sys
 import fastdata
 from fastdata.image import read, read_shards
-source, budget, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+source, budget, batch, backend = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if budget:
     read.MAX_PART_BYTES = read_shards.MAX_PART_BYTES = budget
-loader = fastdata.loader(source, batch_size=batch, on_error="skip", transform=fastdata.transforms.imagenet_eval(64))
+loader = fastdata.loader(source, batch_size=batch, on_error="skip", transform=fastdata.transforms.imagenet_eval(64),
+                         backend=backend)
 images = sum(len(y) for _, y in loader)
 print(json.dumps({"images": images, "skipped": loader.stats["skipped"],
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -88,7 +93,7 @@ def _make(root: Path, kind: str, files: int, mib: int) -> str:
     (root / "a").mkdir()
     for i in range(files):
         path = root / "a" / f"big{i:03d}.jpg"
-        if kind == "served":
+        if kind in ("served", "dali"):
             path.write_bytes(_jpeg(i))
         with open(path, "ab") as f:
             f.truncate(mib << 20)  # sparse: no disk blocks, all zeros when read
@@ -103,7 +108,8 @@ def _run(source: str, kind: str, budget: int, batch: int) -> dict:
         script = Path(tmp) / "script.py"
         script.write_text(_SERVED if kind == "served" else _LOADER)
         run = [sys.executable, "-m", "fastdata.cli", "run", "--"] if kind == "served" else []
-        done = subprocess.run([*run, sys.executable, str(script), source, str(budget), str(batch)],
+        backend = "dali" if kind == "dali" else "auto"
+        done = subprocess.run([*run, sys.executable, str(script), source, str(budget), str(batch), backend],
                               capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise SystemExit(done.stderr)
@@ -112,7 +118,7 @@ def _run(source: str, kind: str, budget: int, batch: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kind", choices=("files", "shards", "served"), default="files")
+    ap.add_argument("--kind", choices=("files", "shards", "dali", "served"), default="files")
     ap.add_argument("--files", type=int, default=32)
     ap.add_argument("--mib", type=int, default=96)
     ap.add_argument("--batch", type=int, default=32)
@@ -130,6 +136,7 @@ def main() -> None:
     assert same, (whole, parts)
     ratio = whole["peak_rss_mib"] / parts["peak_rss_mib"]
     what = {"files": "fastdata.loader, files", "shards": "fastdata.loader, a shard",
+            "dali": "fastdata.loader, files, the dali backend",
             "served": "fastdata run, a torchvision folder served natively"}[args.kind]
     print(f"{what}: {args.files} samples of {args.mib} MiB, batch {args.batch}: peak memory read whole "
           f"{whole['peak_rss_mib']:,.0f} MiB, in parts {parts['peak_rss_mib']:,.0f} MiB ({ratio:.2f}x less)")

@@ -11,10 +11,8 @@ import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .._buffers import new_batch
 from .._torch_internals import live_iterator
 from .._trace import trace_range
 from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
@@ -54,12 +52,14 @@ class BatchTask(Dataset):
             done = []
             for read, more in self._reads(keys, stages):
                 if more or done:
-                    done.append(self._decode(read, stages, pooled=False))
+                    part = self._decode(read, stages, pooled=False)
+                    first = read.paths[int(np.flatnonzero(read.index == part[3][0])[0])] if len(part[3]) else None
+                    done.append((*part, first))
                     del read  # its bytes go before the next part's are read
                 else:
                     return *self._decode(read, stages, pooled=True), stages
             t = time.process_time()
-            joined = self._joined(done)
+            joined = self.decoder.joined(done)
             if stages is not None:  # the copy into the ring, as a batch's collation
                 stages["collate"] += time.process_time() - t
             return *joined, stages
@@ -90,25 +90,6 @@ class BatchTask(Dataset):
         for name, value in part.items():
             stages[name] = stages.get(name, 0) + value
         return out
-
-    def _joined(self, done: list) -> tuple:
-        """One batch of the batches its parts decoded to ((images, labels, errors, ids) each),
-        in a slot of this process's ring."""
-        errors = [e for d in done for e in d[2]]
-        done = [d for d in done if len(d[3])] or done[:1]  # a part whose samples all failed has no size
-        sizes = [tuple(d[0].shape[1:]) for d in done]
-        if len(set(sizes)) > 1:
-            odd = next(k for k, size in enumerate(sizes) if size != sizes[0])
-            paths = self.reader.samples.paths
-            self.decoder.mixed_sizes(paths[done[0][3][0]], sizes[0][1::-1], paths[done[odd][3][0]],
-                                     sizes[odd][1::-1], sum(len(d[3]) for d in done[:odd]))
-        ring = self.decoder.rings.ring()
-        try:
-            target, handle = new_batch(ring, (sum(len(d[0]) for d in done), *sizes[0]), torch.uint8)
-        finally:
-            ring.end()
-        torch.cat([d[0] for d in done], out=target)
-        return handle, torch.cat([d[1] for d in done]), errors, np.concatenate([d[3] for d in done])
 
 
 def _first(batch):

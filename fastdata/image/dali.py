@@ -7,7 +7,8 @@ own parameter sampling, `transforms.plan`). The training process reads each batc
 checks them (whole file, readable header, within the pixel limit: what would make DALI fail
 is caught before DALI sees it; and, once per file, the entropy-coded data, which DALI would fill
 where corrupt), plans the geometry, and feeds DALI through
-`fn.external_source`: encoded bytes, crop windows, output sizes and flips. DALI runs the
+`fn.external_source`: encoded bytes, crop windows, output sizes and flips (a batch of large
+files a part at a time, each part a DALI batch, joined as it comes out). DALI runs the
 lowering of `fastdata.transforms.dali` (only the window is decoded, on the GPU with
 device="mixed" when the target is CUDA; then resize and flip) in its own threads, prefetching
 ahead. DALI decodes the JPEGs only: the other formats are decoded with Pillow, as on the
@@ -195,52 +196,66 @@ class DaliDecoders:
         """The pass's batches as DALI's inputs; each batch's checked samples and errors wait in
         `_meta` for its output."""
         for keys in self.passes:
-            timing = self.timing
-            if timing:
-                wall, cpu = time.perf_counter(), time.thread_time()
-            epoch, index, paths, datas, labels, errors = self.reader.read(keys)
-            if self._bad:
-                keep = [j for j, i in enumerate(index.tolist()) if i not in self._bad]
-                for j in sorted(set(range(len(index))) - set(keep)):
-                    self.decoder.fail(errors, paths[j], self._bad[int(index[j])])
-                index, labels = index[keep], labels[keep]
-                paths, datas = [paths[j] for j in keep], [datas[j] for j in keep]
-            # DALI fills corrupt entropy-coded data: each file's is checked once here (the
-            # decoder's record of clean files, `EntropyCheck`).
-            c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True)
-            n = len(c.datas)
-            starts, shapes = lowering.window_inputs(c.geo.windows())
-            w, h = c.size if n else (8, 8)
-            # Every batch DALI sees is full, the short ones (an epoch's last, one with samples
-            # left out; DALI takes no empty batch) filled up with the placeholder at the same
-            # output size: DALI's buffers then keep one shape from pass to pass, where a batch of
-            # another size reallocates them, and glibc's heap, which DALI's host buffers come
-            # from, grows and shrinks by a batch from epoch to epoch.
-            pad = self.batch_size - n
-            inputs = ([np.frombuffer(d, np.uint8) for d in c.datas] + [self._dummy] * pad,
-                      starts + [np.zeros(2, np.float32)] * pad, shapes + [np.full(2, 8, np.float32)] * pad,
-                      [np.array([h, w], np.float32)] * self.batch_size,
-                      list(c.geo.flips.astype(np.int32)) + [np.zeros((), np.int32)] * pad)
-            if self._pads:  # each box resized to its place, then set there in zeros (its output size)
-                places = c.geo.placements().astype(np.float32)
-                # A place of no pixels: a pixel set outside the output, which is then all zeros.
-                places[(places[:, 2] == 0) | (places[:, 3] == 0)] = (w, h, 1, 1)
-                inputs = inputs[:3] + ([np.array([ph, pw], np.float32) for pw, ph in places[:, 2:]]
-                                       + [np.array([h, w], np.float32)] * pad, inputs[4],
-                                       list(-places[:, :2]) + [np.zeros(2, np.float32)] * pad,
-                                       [np.array([w, h], np.float32)] * self.batch_size)
-            # DALI decodes the JPEGs. Other formats are Pillow's, as on every backend (DALI
-            # converts 16-bit samples, value ranges and TIFF orientations otherwise): DALI gets
-            # the placeholder in their place, and `_drain` fills their rows.
-            others = np.flatnonzero(~c.jpeg)
-            for k in others:
-                inputs[0][k], inputs[1][k] = self._dummy, np.zeros(2, np.float32)
-                inputs[2][k] = np.full(2, 8, np.float32)
-            if timing:  # the read and the header checks, in this thread: the stage "read"
-                self._fed[0] += time.perf_counter() - wall
-                self._fed[1] += time.thread_time() - cpu
-            self._meta.append((c, errors, n, inputs, (epoch, others)))  # inputs fed without a copy: kept until out
-            yield inputs
+            # A batch of large files is fed a part at a time (the reader's parts, at most
+            # MAX_PART_BYTES each), as DALI batches of their own that `_drain` joins: what DALI
+            # holds is then its prefetch queue's parts, not that many batches of 256 MiB files.
+            parts = self.reader.parts(keys)
+            while True:
+                timing = self.timing
+                if timing:
+                    wall, cpu = time.perf_counter(), time.thread_time()
+                part = next(parts, None)
+                if part is None:
+                    break
+                read, more = part
+                yield self._inputs(read, more, (wall, cpu) if timing else None)
+
+    def _inputs(self, read, more: bool, timing: tuple[float, float] | None) -> tuple:
+        """DALI's inputs for one part of a batch (the whole batch but for large files), `more`
+        parts to follow; `timing`: when its read began (wall and thread seconds)."""
+        epoch, index, paths, datas, labels, errors = read
+        if self._bad:
+            keep = [j for j, i in enumerate(index.tolist()) if i not in self._bad]
+            for j in sorted(set(range(len(index))) - set(keep)):
+                self.decoder.fail(errors, paths[j], self._bad[int(index[j])])
+            index, labels = index[keep], labels[keep]
+            paths, datas = [paths[j] for j in keep], [datas[j] for j in keep]
+        # DALI fills corrupt entropy-coded data: each file's is checked once here (the
+        # decoder's record of clean files, `EntropyCheck`).
+        c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True)
+        n = len(c.datas)
+        starts, shapes = lowering.window_inputs(c.geo.windows())
+        w, h = c.size if n else (8, 8)
+        # Every batch DALI sees is full, the short ones (an epoch's last, one with samples
+        # left out; DALI takes no empty batch) filled up with the placeholder at the same
+        # output size: DALI's buffers then keep one shape from pass to pass, where a batch of
+        # another size reallocates them, and glibc's heap, which DALI's host buffers come
+        # from, grows and shrinks by a batch from epoch to epoch.
+        pad = self.batch_size - n
+        inputs = ([np.frombuffer(d, np.uint8) for d in c.datas] + [self._dummy] * pad,
+                  starts + [np.zeros(2, np.float32)] * pad, shapes + [np.full(2, 8, np.float32)] * pad,
+                  [np.array([h, w], np.float32)] * self.batch_size,
+                  list(c.geo.flips.astype(np.int32)) + [np.zeros((), np.int32)] * pad)
+        if self._pads:  # each box resized to its place, then set there in zeros (its output size)
+            places = c.geo.placements().astype(np.float32)
+            # A place of no pixels: a pixel set outside the output, which is then all zeros.
+            places[(places[:, 2] == 0) | (places[:, 3] == 0)] = (w, h, 1, 1)
+            inputs = inputs[:3] + ([np.array([ph, pw], np.float32) for pw, ph in places[:, 2:]]
+                                   + [np.array([h, w], np.float32)] * pad, inputs[4],
+                                   list(-places[:, :2]) + [np.zeros(2, np.float32)] * pad,
+                                   [np.array([w, h], np.float32)] * self.batch_size)
+        # DALI decodes the JPEGs. Other formats are Pillow's, as on every backend (DALI
+        # converts 16-bit samples, value ranges and TIFF orientations otherwise): DALI gets
+        # the placeholder in their place, and `_drain` fills their rows.
+        others = np.flatnonzero(~c.jpeg)
+        for k in others:
+            inputs[0][k], inputs[1][k] = self._dummy, np.zeros(2, np.float32)
+            inputs[2][k] = np.full(2, 8, np.float32)
+        if timing:  # the read and the header checks, in this thread: the stage "read"
+            self._fed[0] += time.perf_counter() - timing[0]
+            self._fed[1] += time.thread_time() - timing[1]
+        self._meta.append((c, errors, n, inputs, (epoch, others, more)))  # inputs fed without a copy: kept until out
+        return inputs
 
     def _pipeline(self):
         if self._pipe is None:
@@ -260,6 +275,8 @@ class DaliDecoders:
                 self.close()
 
     def _drain(self, pipe) -> Iterator[tuple]:
+        done: list = []  # a batch's parts before its last, decoded (see _feed)
+        stages: dict | None = None
         while True:
             timing = self.timing
             if timing:
@@ -274,21 +291,34 @@ class DaliDecoders:
             except RuntimeError as e:
                 self._isolate(e)  # raises DataError, or _Retry without the culprits
                 raise
-            c, errors, n, _, (epoch, others) = self._meta.popleft()
+            c, errors, n, _, (epoch, others, more) = self._meta.popleft()
+            if timing:
+                # Stage seconds: "read" (the feed's wall time, as the workers'), "decode" (the CPU
+                # seconds of the whole process during run(), less the feed's: DALI's threads
+                # decoding, resizing and flipping) and "collate" (the copy out of DALI's buffer).
+                t = time.process_time()
+                part = {"read": self._fed[0] - fed[0], "decode": t - cpu - (self._fed[1] - fed[1]), "images": n}
+            out, kept = self._with_pillows(self._copy_out(images, n, c.size, pooled=not (more or done)), c, epoch,
+                                           others, errors)
+            result = out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.index[kept]
+            if timing:
+                part["collate"] = time.process_time() - t
+                stages = {k: v + stages.get(k, 0) for k, v in part.items()} if done and stages else part
+            if more or done:  # a part of a batch of large files
+                done.append((*result, c.paths[int(np.arange(n)[kept][0])] if len(result[3]) else None))
+                if more:
+                    continue
+                t = time.process_time()
+                try:
+                    result = self.decoder.joined(done)
+                except ValueError:  # its parts' images of different sizes
+                    self.close()
+                    raise
+                done = []
+                if timing:
+                    stages["collate"] += time.process_time() - t
             self._drained += 1
-            if not timing:
-                out, kept = self._with_pillows(self._copy_out(images, n, c.size), c, epoch, others, errors)
-                yield out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.index[kept], None
-                continue
-            # Stage seconds: "read" (the feed's wall time, as the workers'), "decode" (the CPU
-            # seconds of the whole process during run(), less the feed's: DALI's threads
-            # decoding, resizing and flipping) and "collate" (the copy out of DALI's buffer).
-            t = time.process_time()
-            stages = {"worker": -1, "read": self._fed[0] - fed[0], "decode": t - cpu - (self._fed[1] - fed[1]),
-                      "images": n}
-            out, kept = self._with_pillows(self._copy_out(images, n, c.size), c, epoch, others, errors)
-            stages["collate"] = time.process_time() - t
-            yield out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.index[kept], stages
+            yield *result, ({"worker": -1, **stages} if timing else None)
 
     def _with_pillows(self, out: torch.Tensor, c: Checked, epoch: int, others: np.ndarray, errors: list):
         """(`out` with the rows of the samples `others` decoded by Pillow, those of `c` kept):
@@ -312,7 +342,9 @@ class DaliDecoders:
                 out[dst].copy_(out[src])
         return out.narrow(0, 0, len(kept)), kept
 
-    def _copy_out(self, images, n: int, size: tuple[int, int]):
+    def _copy_out(self, images, n: int, size: tuple[int, int], pooled: bool):
+        """The first `n` images of DALI's output: in a slot of this process's ring (not `pooled`:
+        a tensor of their own), or on the CUDA device."""
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         w, h = size
@@ -323,6 +355,8 @@ class DaliDecoders:
             out = torch.empty((self.batch_size, h, w, 3), dtype=torch.uint8, device=self.device)
             feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
             return out[:n]
+        if not pooled:
+            return torch.from_numpy(np.asarray(tensor))[:n].clone()
         ring = self.decoder.rings.ring()
         try:
             target, handle = new_batch(ring, (n, h, w, 3), torch.uint8)

@@ -155,6 +155,29 @@ class BatchDecoder:
             f"e.g. transform=fastdata.transforms.imagenet_train(224)"
         )
 
+    def joined(self, done: list) -> tuple:
+        """One batch of the parts a large batch was decoded in (`read.MAX_PART_BYTES`), each
+        (images of its own, labels, errors, ids, the name of its first sample): (images in a
+        slot of this process's ring, or on the parts' CUDA device; labels, errors, ids)."""
+        errors = [e for d in done for e in d[2]]
+        done = [d for d in done if len(d[3])] or done[:1]  # a part whose samples all failed has no size
+        sizes = [tuple(d[0].shape[1:]) for d in done]
+        if len(set(sizes)) > 1:
+            odd = next(k for k, size in enumerate(sizes) if size != sizes[0])
+            self.mixed_sizes(done[0][4], sizes[0][1::-1], done[odd][4], sizes[odd][1::-1],
+                             sum(len(d[3]) for d in done[:odd]))
+        images = [d[0] for d in done]
+        if images[0].is_cuda:
+            out = torch.cat(images)
+        else:
+            ring = self.rings.ring()
+            try:
+                target, out = new_batch(ring, (sum(len(x) for x in images), *sizes[0]), torch.uint8)
+            finally:
+                ring.end()
+            torch.cat(images, out=target)
+        return out, torch.cat([d[1] for d in done]), errors, np.concatenate([d[3] for d in done])
+
     def decode(self, read: Read, stages: dict | None = None, pooled: bool = True):
         """(images, labels, errors, ids) of a batch as read: its images (NHWC, in a slot of this
         process's ring; not `pooled`, a tensor of its own) and labels; a sample that fails is

@@ -176,7 +176,8 @@ def test_dali_is_fed_full_batches(tmp_path, folder, monkeypatch):
     fed = []
     copy_out = DaliDecoders._copy_out
     monkeypatch.setattr(DaliDecoders, "_copy_out",
-                        lambda self, images, n, size: fed.append((len(images), n)) or copy_out(self, images, n, size))
+                        lambda self, images, n, size, pooled: fed.append((len(images), n))
+                        or copy_out(self, images, n, size, pooled))
     pairs, bad = _bad_files(tmp_path, folder)
     loader = _load(pairs, shuffle=True, on_error="skip")
     batches = [(len(y), s) for y, s in ((y, _ids(x, y)) for x, y in loader)]

@@ -2,7 +2,8 @@
 crafted or merely large files cannot make a batch's read hold batch_size x 256 MiB: here the
 limit is set to about two of the test's files, so each batch of 6 is read in 3 or more parts.
 The batches, their errors and their skips are the same as read whole, with and without workers
-and the native reader; a part holds at most the limit, or one file."""
+and the native reader, and on the `dali` backend (each part a DALI batch of its own); a part holds
+at most the limit, or one file."""
 
 import os
 
@@ -28,8 +29,9 @@ def _largest(folder) -> int:
 
 
 def _epochs(folder, workers, **kw):
+    kw.setdefault("transform", fastdata.transforms.imagenet_train(24))
     loader = fastdata.loader(str(folder), batch_size=BATCH, shuffle=True, seed=3, num_workers=workers,
-                             on_error="skip", transform=fastdata.transforms.imagenet_train(24), **kw)
+                             on_error="skip", **kw)
     out = [[(x.clone(), y.clone()) for x, y in loader] for _ in range(2)]
     return out, loader.stats["skipped"], [(e["path"], e["count"]) for e in loader.stats["errors"]]
 
@@ -68,6 +70,49 @@ def test_a_batch_read_in_parts_is_the_batch_read_whole(folder, monkeypatch, work
     if workers == 0:  # (the workers' calls are theirs)
         assert len(calls) > 2 * 3 * 2, "no batch was read in parts"
         assert all(sum(sizes) <= budget or len(sizes) == 1 for b, sizes in calls if b is not None)
+
+
+@pytest.mark.dali
+def test_dali_fed_in_parts_gives_the_batches_it_gives_whole(folder, monkeypatch):
+    """DALI holds what its prefetch queue holds: a batch of large files goes to it a part at a
+    time, each part a DALI batch, and the parts are joined into the batch read whole."""
+    from fastdata.image.dali import DaliDecoders
+
+    transform = fastdata.transforms.Compose([fastdata.transforms.RandomResizedCrop(24),
+                                             fastdata.transforms.RandomHorizontalFlip()])
+    whole = _epochs(folder, 2, backend="dali", transform=transform)
+    fed = []
+    feed = DaliDecoders._inputs
+    monkeypatch.setattr(DaliDecoders, "_inputs", lambda self, read, more, timing: fed.append(
+        sum(len(d) for d in read.datas)) or feed(self, read, more, timing))
+    budget = 2 * _largest(folder)
+    monkeypatch.setattr(read, "MAX_PART_BYTES", budget)
+    parts = _epochs(folder, 2, backend="dali", transform=transform)
+    _same(parts[0], whole[0])
+    assert parts[1:] == whole[1:] == (2, [(str(folder / "class1" / "03.jpg"), 2)])
+    assert len(fed) > 2 * 3 * 2 and max(fed) <= budget, "no batch was fed in parts"
+
+
+@pytest.mark.parametrize("backend", ["wds", pytest.param("dali", marks=pytest.mark.dali)])
+def test_shards_of_two_sizes_in_two_parts_fail_as_in_one(tmp_path, monkeypatch, backend):
+    from PIL import Image
+    from fastdata.image import read_shards
+    from fastdata.shard import write_shards
+
+    root = tmp_path / "mixed"
+    (root / "a").mkdir(parents=True)
+    for i, side in enumerate([32, 32, 48, 48]):
+        Image.new("RGB", (side, side), (10 * i, 0, 0)).save(root / "a" / f"{i}.jpg", quality=95)
+    write_shards(root, tmp_path / "s-%06d.tar", max_count=10, workers=1)
+    errors = []
+    for budget in (None, 2 * _largest(root)):
+        if budget is not None:
+            monkeypatch.setattr(read_shards, "MAX_PART_BYTES", budget)
+        loader = fastdata.loader(str(tmp_path / "s-000000.tar"), batch_size=4, backend=backend)
+        with pytest.raises(ValueError) as e:
+            next(iter(loader))
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "member 00000000.jpg) is 32x32" in errors[0] and "is 48x48" in errors[0]
 
 
 def test_images_of_two_sizes_in_two_parts_fail_as_in_one(tmp_path, monkeypatch):
