@@ -1,6 +1,9 @@
-"""fastdata's exceptions, and how a cause is put in a message."""
+"""fastdata's exceptions and warnings, and how a cause is put in a message."""
 
+import os
 import re
+import sys
+import warnings
 
 
 class DataError(RuntimeError):
@@ -50,3 +53,16 @@ def error_line(e: BaseException) -> str:
         return text.splitlines()[-1].strip()
     text = text.replace("\n", " ")
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str) -> None:
+    """A UserWarning attributed to the line that called into fastdata, however deep the call
+    that gives it (the source listing runs under `fastdata.loader`, `fastdata.sources.shards`,
+    the shard writer, ...)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)

@@ -6,10 +6,18 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
+
+from ..errors import one_line
 
 URL_SCHEMES = ("pipe:", "http://", "https://", "file:")
 """The URL prefixes a shard source may have besides a plain path."""
 HTTP_TIMEOUT = 60.0  # seconds
+MIN_HTTP_RATE = 64 << 10
+"""The slowest answer read, in bytes a second: a server has HTTP_TIMEOUT seconds of waiting, and
+one more for each MIN_HTTP_RATE bytes it has sent (its headers included), to send them. The
+socket's timeout bounds one wait only, so a server sending a byte every few seconds would hold a
+read (or the listing of its shards) for hours."""
 
 
 def local_path(url: str) -> str | None:
@@ -96,7 +104,69 @@ def open_http(url: str, byte_range: tuple[int, int] | None = None):
     import urllib.request
 
     headers = {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"} if byte_range else {}
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT)
+    return _opener().open(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT)
+
+
+class _Paced:
+    """A socket whose reads hold a server to MIN_HTTP_RATE: http.client reads a response's
+    headers and body through recv_into."""
+
+    _got = 0  # bytes received
+    _waited = 0.0  # seconds spent waiting for them
+
+    def recv_into(self, buffer, *args, **kwargs):
+        left = HTTP_TIMEOUT + self._got / MIN_HTTP_RATE - self._waited
+        if left <= 0:
+            raise TimeoutError(f"the server sent {self._got} bytes in {self._waited:.0f} s, slower than "
+                               f"{MIN_HTTP_RATE >> 10} KiB/s")
+        self.settimeout(min(HTTP_TIMEOUT, left))
+        start = time.monotonic()
+        try:
+            got = super().recv_into(buffer, *args, **kwargs)
+        except TimeoutError:
+            if left < HTTP_TIMEOUT:
+                self._waited += time.monotonic() - start
+                raise TimeoutError(f"the server sent {self._got} bytes in {self._waited:.0f} s, slower than "
+                                   f"{MIN_HTTP_RATE >> 10} KiB/s") from None
+            raise
+        self._waited += time.monotonic() - start
+        self._got += got
+        return got
+
+
+_OPENER: list = []
+
+
+def _opener():
+    """urllib's opener, its connections' sockets _Paced (HTTPS: through the SSL context's socket
+    class); redirects, proxies and errors as urlopen's."""
+    if not _OPENER:
+        import http.client
+        import socket
+        import ssl
+        import urllib.request
+
+        class PacedSocket(_Paced, socket.socket):
+            pass
+
+        class PacedSSLSocket(_Paced, ssl.SSLSocket):
+            pass
+
+        class Connection(http.client.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                sock = self.sock
+                self.sock = PacedSocket(sock.family, sock.type, sock.proto, sock.detach())
+                self.sock.settimeout(HTTP_TIMEOUT)
+
+        class Handler(urllib.request.HTTPHandler):
+            def http_open(self, req):
+                return self.do_open(Connection, req)
+
+        context = ssl.create_default_context()
+        context.sslsocket_class = PacedSSLSocket
+        _OPENER.append(urllib.request.build_opener(Handler, urllib.request.HTTPSHandler(context=context)))
+    return _OPENER[0]
 
 
 def http_size(url: str) -> int | None:
@@ -171,9 +241,10 @@ def discard(f, n: int) -> int:
 def describe_error(e: BaseException) -> str:
     """What a failed read says, in a few words: "HTTP 404 Not Found", "URLError: <reason>",
     an OSError's strerror, else "<type>: <message>"."""
+    # (one line: a server's status text and a redirect loop's message are the server's words)
     if isinstance(getattr(e, "code", None), int):  # urllib's HTTPError
-        return f"HTTP {e.code} {getattr(e, 'reason', '')}".strip()
+        return one_line(f"HTTP {e.code} {getattr(e, 'reason', '')}".strip())
     reason = getattr(e, "reason", None)  # urllib's URLError
     if reason is not None:
-        return f"{type(e).__name__}: {reason}"
-    return getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
+        return one_line(f"{type(e).__name__}: {reason}")
+    return one_line(getattr(e, "strerror", None) or f"{type(e).__name__}: {e}")

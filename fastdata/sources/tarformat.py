@@ -38,12 +38,18 @@ _ZERO = bytes(BLOCK)
 _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
              tarfile.SOLARIS_XHDTYPE)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
-_MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header bigger than this is taken as damage
+_MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header bigger than this is taken as damage, and so
+# are a member's extended headers that come to more (writers put one pax header, or a GNU long
+# name and link, before a member): an endless run of them is steps of damage, each bounded
 MAX_INDEX_BYTES = 1 << 30  # a bigger shard index is refused unread (fastdata shard writes ~100 bytes a sample)
 # What a stream (HTTP, pipe:, a compressed tar) is scanned for at most: its length is not known
 # beforehand, and an endless one would otherwise be read, and its samples kept, forever.
 MAX_STREAM_SAMPLES = 1_000_000
 MAX_STREAM_BYTES = 1 << 36
+# A stream with no valid header in this many bytes after its end blocks or after damage is taken
+# to end there: an honest gap is at most one member's data (a sample is at most 256 MiB,
+# `image.read.MAX_FILE_BYTES`), where zeros served without end would be read to MAX_STREAM_BYTES.
+_MAX_STREAM_GAP = 1 << 28
 _MAX_NAME = 4096  # a longer member name (Linux's PATH_MAX) is taken as damage: it would fill every message naming it
 _RESYNC_READ = 128 * BLOCK
 _SKIP_READ = 1 << 20  # a stream is read past unwanted bytes in pieces of at most this
@@ -306,6 +312,9 @@ def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member |
             return Damage(first, None, None, f"invalid tar header at byte {pos} (a member name of {len(name)} "
                                              f"characters, more than the {_MAX_NAME} of a path)"), pos + BLOCK
         pos += BLOCK + padded(info.size)
+        if pos - first > _MAX_EXTENDED:
+            return Damage(first, None, name, f"invalid tar header at byte {first} (extended headers of more than "
+                                             f"{_MAX_EXTENDED} bytes before a member)"), pos
         header = read(pos, BLOCK)
     name = info.name if name is None else name
     size = info.size if size is None else size
@@ -342,11 +351,15 @@ def _pax(payload: bytes, name: str | None, size: int | None) -> tuple[str | None
 def _resync(read, pos: int, stop: int | None, length: int | None = None) -> tuple[int, bool, bool]:
     """(where the next 512-aligned valid header from `pos` is, or where the data or `stop`
     ends; whether one was found; whether anything but zero blocks came before it). In a stream
-    (no `stop`, no `length`) it reads at most to MAX_STREAM_BYTES, as scan_tar does."""
-    dirty = False
+    (no `stop`, no `length`) it reads at most to MAX_STREAM_BYTES, as scan_tar does, and
+    _MAX_STREAM_GAP bytes from `pos`."""
+    dirty, start = False, pos
     while stop is None or pos < stop:
-        if stop is None and length is None and pos > MAX_STREAM_BYTES:
-            raise _too_long()
+        if stop is None and length is None:
+            if pos > MAX_STREAM_BYTES:
+                raise _too_long()
+            if pos - start > _MAX_STREAM_GAP:
+                return pos, False, dirty
         n = _RESYNC_READ if stop is None else min(_RESYNC_READ, stop - pos)
         chunk = read(pos, n)
         for k in range(0, len(chunk) - BLOCK + 1, BLOCK):

@@ -9,14 +9,13 @@ import re
 import sys
 import time
 import urllib.error
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, error_line
+from ..errors import DataError, error_line, one_line, warn
 from .files import MAX_LABEL
 from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
 from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong, check_index_size,
@@ -103,10 +102,15 @@ def _load_index(where: str) -> dict | None:
     try:
         with open_http(where) as r:
             data = r.read(MAX_INDEX_BYTES + 1)
-    except urllib.error.HTTPError:  # no index there (404): the shards get scanned
+    except urllib.error.HTTPError as e:
+        if e.code >= 500:  # (4xx: no index there, or none this client may read)
+            warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
+                          "shards from their headers instead")
         return None
-    except OSError:
-        return None  # unreachable: the shards' own reads will say so
+    except OSError as e:  # unreachable (the shards' own reads will say so), or too slow
+        warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
+                      "shards from their headers instead")
+        return None
     check_index_size(len(data), where)
     try:
         index = parse_index(data, where)
@@ -145,8 +149,8 @@ def _indexes(urls: list[str]) -> tuple[list[str], dict[str, dict], list[str] | N
         if first is None:
             classes, first = listed, where
         elif listed != classes:
-            warnings.warn(f"the shard indexes {first} and {where} name different classes; the labels are taken as "
-                          f"{first}'s", stacklevel=5)
+            warn(f"the shard indexes {first} and {where} name different classes; the labels are taken as "
+                          f"{first}'s")
     return wheres, entries, classes
 
 
@@ -162,7 +166,7 @@ def scan_shard(url: str) -> Scan:
         except StreamTooLong as e:
             raise DataError(f"cannot read shard {url}: {e}", path=url) from None
     if scan.damage and not scan.has_members:
-        raise DataError(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})", path=url)
+        raise DataError(one_line(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})"), path=url)
     return scan
 
 
@@ -296,20 +300,18 @@ def shards(source: Any, progress: bool = True) -> Shards:
             # Shorter: most likely cut off, and the index names what is lost. Longer: rewritten.
             how = ("keeping the index: the samples past its end will be reported lost" if size < nbytes
                    else "reading its headers instead")
-            warnings.warn(f"shard {url} is {size} bytes, not the {nbytes} its index {where} gives; {how}",
-                          stacklevel=4)
+            warn(f"shard {url} is {size} bytes, not the {nbytes} its index {where} gives; {how}")
             if size > nbytes:
                 continue
         problem, k, sp, ct, cs = _with_gaps(k, sp, ct, cs, nbytes)
         if problem is not None:
-            warnings.warn(f"the index {where} does not fit shard {url}: {problem}; reading its headers instead",
-                          stacklevel=4)
+            warn(f"the index {where} does not fit shard {url}: {problem}; reading its headers instead")
             continue
         if len(k) > len(entry[1]):
             first = int(sp[k.index(""), 0])
-            warnings.warn(f"the index {where} is stale: it lists no sample in {len(k) - len(entry[1])} byte range(s) "
+            warn(f"the index {where} is stale: it lists no sample in {len(k) - len(entry[1])} byte range(s) "
                           f"of shard {url}, the first at byte {first}; they are reported as samples that cannot be "
-                          "read", stacklevel=4)
+                          "read")
         if size < nbytes:  # reads stop at the shard's end: what lies past it is reported lost
             sp = np.minimum(sp.cumsum(axis=1), size)
             sp[:, 1] -= sp[:, 0]
@@ -331,8 +333,8 @@ def shards(source: Any, progress: bool = True) -> Shards:
                 keys[s], spans[s], contents[s] = scanned.keys, scanned.spans, scanned.contents
                 if scanned.damage:
                     more = f" (and {len(scanned.damage) - 1} more)" if len(scanned.damage) > 1 else ""
-                    warnings.warn(f"shard {urls[s]} is damaged: {scanned.damage[0].cause}{more}; what that lost is "
-                                  "reported as a sample that cannot be read", stacklevel=4)
+                    warn(one_line(f"shard {urls[s]} is damaged: {scanned.damage[0].cause}{more}; what that "
+                                           "lost is reported as a sample that cannot be read"))
                 if progress and (shown or time.monotonic() - start > 2):  # a line once it takes a while
                     shown = True
                     print(f"\rcounting the samples of shards without an index: {done}/{len(todo)}",

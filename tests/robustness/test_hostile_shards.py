@@ -794,6 +794,45 @@ def test_a_stream_of_no_headers_is_scanned_within_its_bound(pristine, tmp_path, 
         shards(f"pipe:cat {tmp_path / 'long.tar'}", progress=False)
 
 
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_a_run_of_extended_headers_is_bounded(pristine, tmp_path, monkeypatch, kind):
+    """After its members a stream goes on with pax (or GNU long-name) headers, each naming the
+    member that would follow, without end (here 4 MiB of them): their run is damage past 1 MiB,
+    so the stream's bound applies (lowered to 2 MiB past the members), where the walk through
+    the run read on without it. In a file the run is damage, reported, its samples kept."""
+    from fastdata.sources import tarformat
+
+    data = (pristine / "train-000000.tar").read_bytes()[:-1024]  # without its end blocks
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, payload = kind, b"00000099.jpg\0"
+    if kind == tarfile.XHDTYPE:
+        payload = b"21 path=00000099.jpg\n"
+    info.size = len(payload)
+    one = info.tobuf(tarfile.GNU_FORMAT)[:512] + payload + bytes(-len(payload) % 512)
+    (tmp_path / "s-000000.tar").write_bytes(data + one * ((4 << 20) // len(one)) + bytes(1024))
+    with pytest.warns(UserWarning, match=r"is damaged: invalid tar header at byte \d+ \(extended headers of more "
+                                         r"than 1048576 bytes before a member\)"):
+        assert len(shards(str(tmp_path / "s-000000.tar"), progress=False)) == 6 + 4
+    monkeypatch.setattr(tarformat, "MAX_STREAM_BYTES", len(data) + (2 << 20))
+    with pytest.raises(DataError, match=r"a stream scanned without an index may hold .* at most"):
+        shards(f"pipe:cat {tmp_path / 's-000000.tar'}", progress=False)
+
+
+def test_a_stream_that_goes_on_with_zeros_ends_within_its_gap(pristine, tmp_path, monkeypatch):
+    """Two archives joined by 1 MiB of zeros: a file, or a stream, holds both's samples; a
+    stream whose gap passes _MAX_STREAM_GAP (lowered to 256 KiB; 256 MiB, one member's most)
+    ends there, where zeros served without end would be read to MAX_STREAM_BYTES (64 GiB)."""
+    from fastdata.sources import tarformat
+
+    first, second = ((pristine / f"train-00000{k}.tar").read_bytes() for k in (0, 1))
+    (tmp_path / "s-000000.tar").write_bytes(first + bytes(1 << 20) + second)
+    assert len(shards(str(tmp_path / "s-000000.tar"), progress=False)) == 12
+    assert len(shards(f"pipe:cat {tmp_path / 's-000000.tar'}", progress=False)) == 12
+    monkeypatch.setattr(tarformat, "_MAX_STREAM_GAP", 256 << 10)
+    assert len(shards(str(tmp_path / "s-000000.tar"), progress=False)) == 12
+    assert len(shards(f"pipe:cat {tmp_path / 's-000000.tar'}", progress=False)) == 6
+
+
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("second", ["00000001.JPG", "00000001.jpg", "00000001.CLS"])
 def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_error, second):
