@@ -12,7 +12,8 @@ num_workers: where the script left the default (0), a served loader gets "auto" 
 cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
 sample a function of the seed, the epoch and its index, in whatever process) without a
 target_transform (the script's code, which may count or cache what it sees), torch's default
-samplers (whose draws do not depend on the worker count), workers started by fork (spawn would run
+samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
+without: the script's own draws between would change), workers started by fork (spawn would run
 the script's main module again; a start method set after the loader was made takes the workers
 back at the next iter(), as does a transform swapped for one fastdata does not serve), and none of
 the keywords that mean something else with workers (worker_init_fn, prefetch_factor,
@@ -43,13 +44,11 @@ import weakref
 from typing import Any
 
 import torch
-import torch.utils.data
 import torch.utils.data.dataloader
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ._copy import CopyAhead
-from ._copy import install as install_copy
+from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
 from ._shm import shm_room
 from ._torchvision import Finish, Lowering, NativeFolder, lower
@@ -61,8 +60,7 @@ TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _SIGNATURE = inspect.signature(TorchDataLoader.__init__)
 _CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
 # torch's DataLoader is Generic (DataLoader[T] in annotations and subclasses): so is this one, over
-# torch's own type variable
-_GENERIC = getattr(TorchDataLoader, "__parameters__", ())
+_GENERIC = getattr(TorchDataLoader, "__parameters__", ())  # torch's own type variable
 # Samplers whose order is a function of their generator (or torch's global one): fastdata's
 # resume restores it, and the worker count does not change it.
 _KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,
@@ -311,6 +309,8 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     not, why not."""
     if call.get("sampler") is not None or call.get("batch_sampler") is not None:
         return False, "a sampler given by the script (its draws may depend on where they run)"
+    if call.get("shuffle") and call.get("generator") is None:  # (see the module's docstring)
+        return False, "shuffle=True without a generator: with workers torch would draw it from its RNG at iter()"
     given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
     if given:
         return False, f"{given[0]} is set, which means something else with workers"

@@ -99,7 +99,8 @@ class FolderBatch(Prepared):
     def collate_into(self, ring: Any) -> Any:
         out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
         out.copy_(self.images)
-        return [handle, collate(self.targets), Layout(self.steps)]
+        # (a tuple, as default_collate's transpose gives it: strings are collated as they come)
+        return [handle, collate(tuple(self.targets)), Layout(self.steps)]
 
 
 class Finish:
@@ -231,10 +232,12 @@ class NativeFolder(Dataset):
         try:
             return self._native(indices, lowering)
         except FolderError:
-            # A file fastdata does not read (missing, cut, a format or a size past its limits,
-            # which Pillow may still read as the script set it up): the script's own fetch, whose
-            # samples, warnings and errors are then those of the script without fastdata run.
-            return [ds[i] for i in indices]
+            pass
+        # A file fastdata does not read (missing, cut, a format or a size past its limits, which
+        # Pillow may still read as the script set it up): the script's own fetch, whose samples,
+        # warnings and errors are then those of the script without fastdata run (outside the
+        # except clause: its error does not carry fastdata's as its context).
+        return [ds[i] for i in indices]
 
     def _native(self, indices: list[int], lowering: Lowering) -> FolderBatch:
         ds = self.dataset

@@ -1,7 +1,7 @@
 """A training script's loop over a torchvision ImageFolder, as scripts write it; run plain or
 under `fastdata run` by tests/tools/test_run_torchvision.py.
 
-    python train_torchvision.py DATA OUT.json {v1,v2,eval,lambda} WORKERS [EPOCHS]
+    python train_torchvision.py DATA OUT.json {v1,v2,eval,lambda} {WORKERS,default,generator} [EPOCHS]
 
 Each image of class c has its blue channel at about 40 + 50c (tests/tools/test_run_torchvision.py
 makes them): the script reads each sample's class back from its pixels and counts the samples
@@ -17,7 +17,7 @@ import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-data, out, kind, workers = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]  # workers: a count, or "default"
+data, out, kind, workers = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]  # a count, "default", "generator"
 epochs = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 transform = {
@@ -28,7 +28,9 @@ transform = {
     "lambda": T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.Lambda(lambda x: x * 2)]),
 }[kind]
 dataset = torchvision.datasets.ImageFolder(data, transform)
-given = {} if workers == "default" else {"num_workers": int(workers)}
+# "generator": the default count, the shuffle drawn from a generator of the script's
+given = {} if workers == "default" else {"generator": torch.Generator().manual_seed(0)} if workers == "generator" \
+    else {"num_workers": int(workers)}
 loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, pin_memory=True, **given)
 
 seen, wrong, layout = 0, 0, None

@@ -622,6 +622,27 @@ def test_auto_workers_only_where_dev_shm_has_room(tmp_path, monkeypatch, free, w
         assert "num_workers=0 kept: /dev/shm has 64 MB free, and" in reason and "workers' batches would take" in reason
 
 
+def test_a_shuffle_from_torchs_rng_keeps_the_scripts_zero_workers(tmp_path, monkeypatch):
+    """torch draws a shuffle from its RNG at iter() with workers, at the first next() without: a
+    script that draws between (a model made after iter(), zip of two loaders) would get other
+    draws with workers. With a generator of the script's the shuffle draws from that."""
+    import multiprocessing
+
+    from fastdata.transforms import ops as fd
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+        pytest.skip("workers are added only where they start by fork")
+    hook = _hook()
+    _lowered(monkeypatch, (fd.Resize((8, 8)),))
+    ds = Folder(tmp_path)
+    served, reason, got, _ = hook.decide((ds,), {"batch_size": 2, "shuffle": True})
+    assert served and got is None and "num_workers=0 kept: shuffle=True without a generator" in reason, reason
+    import torch
+
+    served, _, got, _ = hook.decide((ds,), {"batch_size": 2, "shuffle": True, "generator": torch.Generator()})
+    assert served and got == "auto"
+
+
 def test_a_target_transform_keeps_the_scripts_zero_workers(tmp_path, monkeypatch):
     """A natively served folder with a target_transform keeps num_workers=0: the script's code
     may keep state (a count of the labels it saw), which in workers would stay there."""

@@ -310,6 +310,7 @@ def _outcomes(loader) -> list:
         except StopIteration:
             return out
         except OSError as e:
+            assert "FolderError" not in str(e) and not isinstance(e.__context__, rt.FolderError)  # the script's own
             out.append((type(e), str(e).splitlines()[-1]))
 
 
@@ -344,6 +345,24 @@ def test_a_file_fastdata_does_not_read_is_the_scripts_own_fetch(tv, tmp_path, wh
         assert g[0] == w[0] and (torch.equal(g[1], w[1]) if type(g[0]) is list else g[1] == w[1]), (g, w)
     errors = [g for g in got if type(g[0]) is not list]
     assert len(errors) == (0 if what == "a TGA named .jpg" else 1)
+    loader._stop()
+
+
+@pytest.mark.parametrize("target", ["a class name", "an int"])
+def test_labels_a_target_transform_gives_are_collated_as_dataloader_collates_them(tv, folder, target):
+    """Strings come out as default_collate leaves them, a tuple; numbers as a tensor."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((16, 16)), T.PILToTensor()]))
+    dataset.target_transform = dataset.classes.__getitem__ if target == "a class name" else (lambda t: 2 * t)
+    loader = _served(dataset, batch_size=4)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    got = [labels for _, labels in loader]
+    want = [labels for _, labels in torch.utils.data.DataLoader(dataset, batch_size=4)]
+    kind = tuple if target == "a class name" else torch.Tensor
+    assert [type(g) for g in got] == [type(w) for w in want] == [kind] * 12
+    assert all((g == w) if type(g) is tuple else torch.equal(g, w) for g, w in zip(got, want))
     loader._stop()
 
 
@@ -708,11 +727,12 @@ def _run(args: list[str], tmp_path: Path, plain: bool = False) -> tuple[dict, st
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind,workers", [("v1", 2), ("v2", 0), ("eval", 2), ("lambda", 2), ("v1", "default"),
-                                          ("lambda", "default")])
+                                          ("v1", "generator"), ("lambda", "generator")])
 def test_unchanged_script_under_fastdata_run(tv, folder, tmp_path, kind, workers):
     """The script of tests/run_scripts, unchanged: served natively (the summary says so) or,
     with a Lambda, by the drop-in with the reason; labels match the images in both; the
-    batches' layout is the plain script's."""
+    batches' layout is the plain script's. Left at the default count, its shuffled loader gets
+    workers where the shuffle draws from the script's generator, not from torch's RNG."""
     got, err = _run([str(folder), kind, str(workers)], tmp_path)
     plain, _ = _run([str(folder), kind, str(workers)], tmp_path, plain=True)
     assert got["wrong"] == 0 and plain["wrong"] == 0
@@ -722,9 +742,11 @@ def test_unchanged_script_under_fastdata_run(tv, folder, tmp_path, kind, workers
         assert "not served natively: Lambda has no faithful lowering" in err, err
     else:
         assert "served natively: ImageFolder with" in err, err
-    if workers == "default":  # workers only where fastdata makes the samples: then none changes
+    if workers == "generator":  # workers only where fastdata makes the samples: then none changes
         assert plain["workers"] == 0 and (got["workers"] >= 1) == (kind != "lambda"), (got, err)
         assert ("num_workers='auto'" if kind != "lambda" else "num_workers=0 kept") in err, err
+    elif workers == "default":
+        assert got["workers"] == 0 and "num_workers=0 kept: shuffle=True without a generator" in err, err
 
 
 LATE_SPAWN = """
