@@ -126,11 +126,19 @@ def _no_lowering(op: Any) -> Unlowerable:
     return Unlowerable(why)
 
 
-def _filter(op: Any, tensor: bool) -> str:
+def _mode(value: Any) -> Any:
+    """torchvision's InterpolationMode of an op's `interpolation`: the mode, its name, or one of
+    PIL's integer filters (v2 keeps an int as given, and reads it as PIL's)."""
     from torchvision.transforms import InterpolationMode
 
-    mode = op.interpolation
-    mode = InterpolationMode(mode) if not isinstance(mode, InterpolationMode) else mode
+    if isinstance(value, int) and not isinstance(value, bool):
+        pil = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
+        return InterpolationMode(pil[value]) if value in pil else InterpolationMode(value)
+    return InterpolationMode(value)
+
+
+def _filter(op: Any, tensor: bool) -> str:
+    mode = _mode(op.interpolation)
     if mode.value not in FILTERS:
         raise Unlowerable(f"{type(op).__name__} with interpolation {mode.value}: fastdata lowers bilinear, bicubic "
                           "and nearest")
@@ -221,9 +229,7 @@ def lower_transform(transform: Any) -> Lowering:
             elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide):
                 if domain != "pil":
                     raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
-                from torchvision.transforms import InterpolationMode
-
-                nearest = InterpolationMode(op.interpolation) == InterpolationMode.NEAREST
+                nearest = _mode(op.interpolation).value == "nearest"
                 if not nearest or op.fill not in (None, 0, [0], (0,)):
                     raise Unlowerable(f"{kind} with an interpolation or fill other than the default: not lowered")
                 pixel.append((_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
@@ -264,7 +270,8 @@ def lower_transform(transform: Any) -> Lowering:
 def _normalize(op: Any, dtype: torch.dtype) -> tuple:
     """Normalize's step; where torchvision raises (a std of zero in the image's dtype, a mean or
     std that does not broadcast over 3 channels), none: the script's own transform raises it."""
-    mean, std = tuple(float(m) for m in op.mean), tuple(float(s) for s in op.std)
+    # (v1's Normalize takes a number or a tensor too: torchvision broadcasts it as a tensor)
+    mean, std = (tuple(float(v) for v in torch.as_tensor(x, dtype=torch.float64).reshape(-1)) for x in (op.mean, op.std))
     kind = type(op).__name__
     if len(mean) not in (1, 3) or len(std) not in (1, 3):
         raise Unlowerable(f"{kind} with {len(mean)} means and {len(std)} stds for 3 channels: torchvision raises; "

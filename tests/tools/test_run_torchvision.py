@@ -366,6 +366,23 @@ def test_labels_a_target_transform_gives_are_collated_as_dataloader_collates_the
     loader._stop()
 
 
+@pytest.mark.parametrize("v2", [False, True])
+def test_a_filter_given_as_pils_integer_and_a_normalize_of_numbers_are_lowered(tv, folder, v2):
+    """interpolation=3 (PIL's bicubic, as v2 keeps it) and v1's Normalize(0.5, 0.5), which
+    torchvision broadcasts: served natively, with torchvision's batches."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as V
+    from torchvision.datasets import ImageFolder
+
+    resize = (V if v2 else T).Resize((16, 16), interpolation=3)
+    dataset = ImageFolder(str(folder), T.Compose([resize, T.ToTensor(), T.Normalize(0.5, 0.5)]))
+    loader = _served(dataset, batch_size=8)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    for (x, y), (u, v) in zip(loader, torch.utils.data.DataLoader(dataset, batch_size=8), strict=True):
+        assert torch.equal(x, u) and torch.equal(y, v)
+    loader._stop()
+
+
 def test_subclasses_of_torchvision_transforms_fall_back(tv, folder):
     """A subclass of a torchvision transform may do anything in its own methods: only
     torchvision's own classes are lowered, and the reason names the subclass. The batches are
