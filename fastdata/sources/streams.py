@@ -104,7 +104,10 @@ def open_http(url: str, byte_range: tuple[int, int] | None = None):
     import urllib.request
 
     headers = {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"} if byte_range else {}
-    return _opener().open(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT)
+    request = urllib.request.Request(url, headers=headers)
+    if urllib.request._opener is not None:  # the script's install_opener (its auth, its TLS): as urlopen uses it
+        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
+    return _opener().open(request, timeout=HTTP_TIMEOUT)
 
 
 class _Paced:
@@ -139,7 +142,8 @@ _OPENER: list = []
 
 def _opener():
     """urllib's opener, its connections' sockets _Paced (HTTPS: through the SSL context's socket
-    class); redirects, proxies and errors as urlopen's."""
+    class, a context for each connection as http.client makes it: ssl's default, or what the
+    script put in its place); redirects, proxies and errors as urlopen's."""
     if not _OPENER:
         import http.client
         import socket
@@ -163,9 +167,17 @@ def _opener():
             def http_open(self, req):
                 return self.do_open(Connection, req)
 
-        context = ssl.create_default_context()
-        context.sslsocket_class = PacedSSLSocket
-        _OPENER.append(urllib.request.build_opener(Handler, urllib.request.HTTPSHandler(context=context)))
+        class SecureHandler(urllib.request.HTTPSHandler):
+            def https_open(self, req):
+                # PEP 476's hook (SSL_CERT_FILE read now, an unverified context the script chose)
+                context = ssl._create_default_https_context()
+                context.set_alpn_protocols(["http/1.1"])
+                if context.post_handshake_auth is not None:
+                    context.post_handshake_auth = True
+                context.sslsocket_class = PacedSSLSocket
+                return self.do_open(http.client.HTTPSConnection, req, context=context)
+
+        _OPENER.append(urllib.request.build_opener(Handler, SecureHandler))
     return _OPENER[0]
 
 

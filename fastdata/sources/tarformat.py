@@ -39,8 +39,10 @@ _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE
              tarfile.SOLARIS_XHDTYPE)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header bigger than this is taken as damage, and so
-# are a member's extended headers that come to more (writers put one pax header, or a GNU long
-# name and link, before a member): an endless run of them is steps of damage, each bounded
+# are a member's extended headers that come to more than _MAX_EXTENDED_RUN (writers put a few
+# before a member: a global pax header, a pax header, or GNU's long name and long link): an
+# endless run of them is steps of damage, each bounded
+_MAX_EXTENDED_RUN = 4 << 20
 MAX_INDEX_BYTES = 1 << 30  # a bigger shard index is refused unread (fastdata shard writes ~100 bytes a sample)
 # What a stream (HTTP, pipe:, a compressed tar) is scanned for at most: its length is not known
 # beforehand, and an endless one would otherwise be read, and its samples kept, forever.
@@ -201,6 +203,8 @@ def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None =
     lost. Each header is still parsed by tarfile (TarInfo.frombuf: checksum, numeric fields,
     the USTAR prefix)."""
     while stop is None or pos < stop:
+        if stop is None and length is None and pos > MAX_STREAM_BYTES:
+            raise _too_long()  # (headers that give no event, directories and links, count too)
         header = read(pos, BLOCK)
         if not header:
             if pos == 0:
@@ -312,9 +316,9 @@ def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member |
             return Damage(first, None, None, f"invalid tar header at byte {pos} (a member name of {len(name)} "
                                              f"characters, more than the {_MAX_NAME} of a path)"), pos + BLOCK
         pos += BLOCK + padded(info.size)
-        if pos - first > _MAX_EXTENDED:
+        if pos - first > _MAX_EXTENDED_RUN:
             return Damage(first, None, name, f"invalid tar header at byte {first} (extended headers of more than "
-                                             f"{_MAX_EXTENDED} bytes before a member)"), pos
+                                             f"{_MAX_EXTENDED_RUN} bytes before a member)"), pos
         header = read(pos, BLOCK)
     name = info.name if name is None else name
     size = info.size if size is None else size
@@ -442,10 +446,10 @@ def _reader(f) -> Callable[[int, int], bytes]:
                 break
             parts.append(part)
             got += len(part)
-        data = b"".join(parts)
-        kept[0], kept[1] = at[0], data
+        data = head + b"".join(parts)  # (kept from where this read began: _resync may come back to it)
+        kept[0], kept[1] = at[0] - len(head), data
         at[0] += got
-        return head + data
+        return data
 
     return read_on
 

@@ -105,11 +105,12 @@ def _load_index(where: str) -> dict | None:
     except urllib.error.HTTPError as e:
         if e.code >= 500:  # (4xx: no index there, or none this client may read)
             warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
-                          "shards from their headers instead")
+                 "shards from their headers instead")
         return None
     except OSError as e:  # unreachable (the shards' own reads will say so), or too slow
-        warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
-                      "shards from their headers instead")
+        if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+            warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
+                 "shards from their headers instead")
         return None
     check_index_size(len(data), where)
     try:
@@ -150,7 +151,7 @@ def _indexes(urls: list[str]) -> tuple[list[str], dict[str, dict], list[str] | N
             classes, first = listed, where
         elif listed != classes:
             warn(f"the shard indexes {first} and {where} name different classes; the labels are taken as "
-                          f"{first}'s")
+                 f"{first}'s")
     return wheres, entries, classes
 
 
@@ -310,8 +311,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
         if len(k) > len(entry[1]):
             first = int(sp[k.index(""), 0])
             warn(f"the index {where} is stale: it lists no sample in {len(k) - len(entry[1])} byte range(s) "
-                          f"of shard {url}, the first at byte {first}; they are reported as samples that cannot be "
-                          "read")
+                 f"of shard {url}, the first at byte {first}; they are reported as samples that cannot be read")
         if size < nbytes:  # reads stop at the shard's end: what lies past it is reported lost
             sp = np.minimum(sp.cumsum(axis=1), size)
             sp[:, 1] -= sp[:, 0]
@@ -334,7 +334,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
                 if scanned.damage:
                     more = f" (and {len(scanned.damage) - 1} more)" if len(scanned.damage) > 1 else ""
                     warn(one_line(f"shard {urls[s]} is damaged: {scanned.damage[0].cause}{more}; what that "
-                                           "lost is reported as a sample that cannot be read"))
+                                  "lost is reported as a sample that cannot be read"))
                 if progress and (shown or time.monotonic() - start > 2):  # a line once it takes a while
                     shown = True
                     print(f"\rcounting the samples of shards without an index: {done}/{len(todo)}",

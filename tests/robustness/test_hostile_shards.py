@@ -797,8 +797,8 @@ def test_a_stream_of_no_headers_is_scanned_within_its_bound(pristine, tmp_path, 
 @pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
 def test_a_run_of_extended_headers_is_bounded(pristine, tmp_path, monkeypatch, kind):
     """After its members a stream goes on with pax (or GNU long-name) headers, each naming the
-    member that would follow, without end (here 4 MiB of them): their run is damage past 1 MiB,
-    so the stream's bound applies (lowered to 2 MiB past the members), where the walk through
+    member that would follow, without end (here 16 MiB of them): their run is damage past 4 MiB,
+    so the stream's bound applies (lowered to 8 MiB past the members), where the walk through
     the run read on without it. In a file the run is damage, reported, its samples kept."""
     from fastdata.sources import tarformat
 
@@ -809,13 +809,58 @@ def test_a_run_of_extended_headers_is_bounded(pristine, tmp_path, monkeypatch, k
         payload = b"21 path=00000099.jpg\n"
     info.size = len(payload)
     one = info.tobuf(tarfile.GNU_FORMAT)[:512] + payload + bytes(-len(payload) % 512)
-    (tmp_path / "s-000000.tar").write_bytes(data + one * ((4 << 20) // len(one)) + bytes(1024))
+    (tmp_path / "s-000000.tar").write_bytes(data + one * ((16 << 20) // len(one)) + bytes(1024))
     with pytest.warns(UserWarning, match=r"is damaged: invalid tar header at byte \d+ \(extended headers of more "
-                                         r"than 1048576 bytes before a member\)"):
-        assert len(shards(str(tmp_path / "s-000000.tar"), progress=False)) == 6 + 4
-    monkeypatch.setattr(tarformat, "MAX_STREAM_BYTES", len(data) + (2 << 20))
+                                         r"than 4194304 bytes before a member\)"):
+        assert len(shards(str(tmp_path / "s-000000.tar"), progress=False)) > 6
+    monkeypatch.setattr(tarformat, "MAX_STREAM_BYTES", len(data) + (8 << 20))
     with pytest.raises(DataError, match=r"a stream scanned without an index may hold .* at most"):
         shards(f"pipe:cat {tmp_path / 's-000000.tar'}", progress=False)
+
+
+@pytest.mark.parametrize("kind", [tarfile.DIRTYPE, tarfile.SYMTYPE, b"Z"])
+def test_a_stream_of_headers_that_hold_no_member_is_bounded(tmp_path, monkeypatch, kind):
+    """Directory, link or unknown-type headers without end (here 4 MiB of them, each with 64 KiB
+    of data for the unknown type) give no sample: the stream's byte bound (lowered to 1 MiB) is
+    checked at each header, where it was checked only at members and damage."""
+    from fastdata.sources import tarformat
+
+    info = tarfile.TarInfo("d/" if kind == tarfile.DIRTYPE else "x")
+    info.type, info.linkname, info.size = kind, "y", (64 << 10) if kind == b"Z" else 0
+    one = info.tobuf(tarfile.USTAR_FORMAT) + bytes(info.size)
+    (tmp_path / "s-000000.tar").write_bytes(one * ((4 << 20) // len(one)))  # (no end blocks: no resync either)
+    monkeypatch.setattr(tarformat, "MAX_STREAM_BYTES", 1 << 20)
+    with pytest.raises(DataError, match=r"a stream scanned without an index may hold .* at most"):
+        shards(f"pipe:cat {tmp_path / 's-000000.tar'}", progress=False)
+
+
+def test_honest_extended_headers_and_damaged_ones_read_alike_as_a_file_and_a_stream(tmp_path):
+    """A global pax header of 300 KB and a member's 800 KB of xattr records (each header under
+    1 MiB, writers' own) scan clean; two damaged pax headers in a row are stepped over in a
+    stream as in a file (the stream's reader keeps what the resync reads back)."""
+    import io
+
+    from fastdata.sources.tarformat import scan_tar
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "g" * 300_000}) as t:
+        for i in range(2):
+            info = tarfile.TarInfo(f"{i:04d}.cls")
+            info.size = 1
+            if i == 0:
+                info.pax_headers = {f"SCHILY.xattr.user.k{k}": "v" * 8000 for k in range(100)}
+            t.addfile(info, io.BytesIO(b"1"))
+    scan = scan_tar(io.BytesIO(out.getvalue()))
+    assert scan.keys == ["0000", "0001"] and not scan.damage
+    bad = tarfile.TarInfo("././@PaxHeader")
+    bad.type, bad.size = tarfile.XHDTYPE, 4096
+    damaged = bad.tobuf(tarfile.USTAR_FORMAT) + b"9999 path=x\n" + bytes(4096 - 12)
+    (tmp_path / "s-000000.tar").write_bytes(2 * damaged + out.getvalue())
+    with pytest.warns(UserWarning, match="is damaged"):
+        as_file = shards(str(tmp_path / "s-000000.tar"), progress=False)
+    with pytest.warns(UserWarning, match="is damaged"):
+        as_stream = shards(f"pipe:cat {tmp_path / 's-000000.tar'}", progress=False)
+    assert len(as_file) == len(as_stream) == 3  # the damage, a sample of its own, and the two
 
 
 def test_a_stream_that_goes_on_with_zeros_ends_within_its_gap(pristine, tmp_path, monkeypatch):
