@@ -59,8 +59,8 @@ from ..backends.torch_iter import Fetches
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _SIGNATURE = inspect.signature(TorchDataLoader.__init__)
 _CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
-# torch's DataLoader is Generic (DataLoader[T] in annotations and subclasses): so is this one, over
-_GENERIC = getattr(TorchDataLoader, "__parameters__", ())  # torch's own type variable
+# torch's DataLoader is Generic (DataLoader[T]): so is this one, over torch's own type variable
+_GENERIC = getattr(TorchDataLoader, "__parameters__", ())
 # Samplers whose order is a function of their generator (or torch's global one): fastdata's
 # resume restores it, and the worker count does not change it.
 _KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,

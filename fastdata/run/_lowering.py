@@ -133,7 +133,7 @@ def _mode(value: Any) -> Any:
 
     if isinstance(value, int) and not isinstance(value, bool):
         pil = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
-        return InterpolationMode(pil[value]) if value in pil else InterpolationMode(value)
+        return InterpolationMode(pil.get(value, value))
     return InterpolationMode(value)
 
 
@@ -271,7 +271,7 @@ def _normalize(op: Any, dtype: torch.dtype) -> tuple:
     """Normalize's step; where torchvision raises (a std of zero in the image's dtype, a mean or
     std that does not broadcast over 3 channels), none: the script's own transform raises it."""
     # (v1's Normalize takes a number or a tensor too: torchvision broadcasts it as a tensor)
-    mean, std = (tuple(float(v) for v in torch.as_tensor(x, dtype=torch.float64).reshape(-1)) for x in (op.mean, op.std))
+    mean, std = (tuple(torch.as_tensor(x, dtype=torch.float64).reshape(-1).tolist()) for x in (op.mean, op.std))
     kind = type(op).__name__
     if len(mean) not in (1, 3) or len(std) not in (1, 3):
         raise Unlowerable(f"{kind} with {len(mean)} means and {len(std)} stds for 3 channels: torchvision raises; "
