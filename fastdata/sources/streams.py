@@ -4,6 +4,7 @@ ranges), or `pipe:` (a command whose stdout is the shard); and what a failed rea
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 import time
@@ -120,65 +121,63 @@ class _Paced:
     def recv_into(self, buffer, *args, **kwargs):
         left = HTTP_TIMEOUT + self._got / MIN_HTTP_RATE - self._waited
         if left <= 0:
-            raise TimeoutError(f"the server sent {self._got} bytes in {self._waited:.0f} s, slower than "
-                               f"{MIN_HTTP_RATE >> 10} KiB/s")
+            raise self._slow()
         self.settimeout(min(HTTP_TIMEOUT, left))
         start = time.monotonic()
         try:
             got = super().recv_into(buffer, *args, **kwargs)
         except TimeoutError:
-            if left < HTTP_TIMEOUT:
-                self._waited += time.monotonic() - start
-                raise TimeoutError(f"the server sent {self._got} bytes in {self._waited:.0f} s, slower than "
-                                   f"{MIN_HTTP_RATE >> 10} KiB/s") from None
+            self._waited += time.monotonic() - start
+            if left < HTTP_TIMEOUT:  # the pace's limit, not a silence of HTTP_TIMEOUT
+                raise self._slow() from None
             raise
         self._waited += time.monotonic() - start
         self._got += got
         return got
 
+    def _slow(self) -> TimeoutError:
+        return TimeoutError(f"the server sent {self._got} bytes in {self._waited:.0f} s, slower than "
+                            f"{MIN_HTTP_RATE >> 10} KiB/s")
 
-_OPENER: list = []
 
-
+@functools.cache
 def _opener():
     """urllib's opener, its connections' sockets _Paced (HTTPS: through the SSL context's socket
     class, a context for each connection as http.client makes it: ssl's default, or what the
     script put in its place); redirects, proxies and errors as urlopen's."""
-    if not _OPENER:
-        import http.client
-        import socket
-        import ssl
-        import urllib.request
+    import http.client
+    import socket
+    import ssl
+    import urllib.request
 
-        class PacedSocket(_Paced, socket.socket):
-            pass
+    class PacedSocket(_Paced, socket.socket):
+        pass
 
-        class PacedSSLSocket(_Paced, ssl.SSLSocket):
-            pass
+    class PacedSSLSocket(_Paced, ssl.SSLSocket):
+        pass
 
-        class Connection(http.client.HTTPConnection):
-            def connect(self) -> None:
-                super().connect()
-                sock = self.sock
-                self.sock = PacedSocket(sock.family, sock.type, sock.proto, sock.detach())
-                self.sock.settimeout(HTTP_TIMEOUT)
+    class Connection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            sock = self.sock
+            self.sock = PacedSocket(sock.family, sock.type, sock.proto, sock.detach())
+            self.sock.settimeout(HTTP_TIMEOUT)
 
-        class Handler(urllib.request.HTTPHandler):
-            def http_open(self, req):
-                return self.do_open(Connection, req)
+    class Handler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(Connection, req)
 
-        class SecureHandler(urllib.request.HTTPSHandler):
-            def https_open(self, req):
-                # PEP 476's hook (SSL_CERT_FILE read now, an unverified context the script chose)
-                context = ssl._create_default_https_context()
-                context.set_alpn_protocols(["http/1.1"])
-                if context.post_handshake_auth is not None:
-                    context.post_handshake_auth = True
-                context.sslsocket_class = PacedSSLSocket
-                return self.do_open(http.client.HTTPSConnection, req, context=context)
+    class SecureHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            # PEP 476's hook (SSL_CERT_FILE read now, an unverified context the script chose)
+            context = ssl._create_default_https_context()
+            context.set_alpn_protocols(["http/1.1"])
+            if context.post_handshake_auth is not None:
+                context.post_handshake_auth = True
+            context.sslsocket_class = PacedSSLSocket
+            return self.do_open(http.client.HTTPSConnection, req, context=context)
 
-        _OPENER.append(urllib.request.build_opener(Handler, SecureHandler))
-    return _OPENER[0]
+    return urllib.request.build_opener(Handler, SecureHandler)
 
 
 def http_size(url: str) -> int | None:

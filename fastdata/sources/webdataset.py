@@ -102,13 +102,12 @@ def _load_index(where: str) -> dict | None:
     try:
         with open_http(where) as r:
             data = r.read(MAX_INDEX_BYTES + 1)
-    except urllib.error.HTTPError as e:
-        if e.code >= 500:  # (4xx: no index there, or none this client may read)
-            warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
-                 "shards from their headers instead")
-        return None
-    except OSError as e:  # unreachable (the shards' own reads will say so), or too slow
-        if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+    except OSError as e:
+        # Said where it fails (5xx) or is too slow; not a 4xx (no index there, or none this client
+        # may read), nor an unreachable host (the shards' own reads will say so).
+        failed = e.code >= 500 if isinstance(e, urllib.error.HTTPError) else \
+            isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+        if failed:
             warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
                  "shards from their headers instead")
         return None
