@@ -107,6 +107,8 @@ def _load_index(where: str) -> dict | None:
         # may read), nor an unreachable host (the shards' own reads will say so).
         failed = e.code >= 500 if isinstance(e, urllib.error.HTTPError) else \
             isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+        if isinstance(e, urllib.error.HTTPError):
+            e.close()  # an HTTPError is the response too: its connection, closed now rather than by the collector
         if failed:
             warn(f"the index {where} could not be read ({describe_error(e)}); counting the samples of its "
                  "shards from their headers instead")
