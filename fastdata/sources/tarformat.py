@@ -10,6 +10,7 @@ import it.
 
 from __future__ import annotations
 
+import array
 import bz2
 import gzip
 import json
@@ -48,6 +49,10 @@ MAX_INDEX_BYTES = 1 << 30  # a bigger shard index is refused unread (fastdata sh
 # beforehand, and an endless one would otherwise be read, and its samples kept, forever.
 MAX_STREAM_SAMPLES = 1_000_000
 MAX_STREAM_BYTES = 1 << 36
+# The keys one scan keeps, in characters (a Python string takes 1 to 4 bytes a character): an
+# honest shard's come to a few MB (webdataset's keys are paths), where names of up to
+# _MAX_NAME characters would make a listing of GBs.
+MAX_SCAN_KEY_CHARS = 1 << 27
 # A stream with no valid header in this many bytes after its end blocks or after damage is taken
 # to end there: an honest gap is at most one member's data (a sample is at most 256 MiB,
 # `image.read.MAX_FILE_BYTES`), where zeros served without end would be read to MAX_STREAM_BYTES.
@@ -455,7 +460,8 @@ def _reader(f) -> Callable[[int, int], bytes]:
 
 
 class StreamTooLong(ValueError):
-    """A stream scanned without a known length passed MAX_STREAM_SAMPLES or MAX_STREAM_BYTES."""
+    """A stream scanned without a known length passed MAX_STREAM_SAMPLES or MAX_STREAM_BYTES,
+    or a tar's keys MAX_SCAN_KEY_CHARS."""
 
 
 def _too_long() -> StreamTooLong:
@@ -474,75 +480,117 @@ def scan_tar(f, length: int | None = None) -> Scan:
     header still shows; else a neighbour left without its image or cls member by the loss (the
     one before, then the one after); else they are a sample of their own. A member cut off by
     the end of a stream (unknown length) keeps its sample with the length its header gives:
-    reading it fails there, and names the member."""
-    items: list = []  # [key, start, end, members, payload bytes, extensions], and Damage
+    reading it fails there, and names the member.
+
+    The samples found so far are kept as a key and five numbers each (`_Found`), about a
+    tenth of what a Python object a sample takes, so that the listing of a stream, bounded in
+    samples but not in size beforehand, costs little more than its keys; and their keys come
+    to at most MAX_SCAN_KEY_CHARS characters (a name is up to 4,096 of them)."""
+    found = _Found()
+    damage: list[Damage] = []
+    after: list[int] = []  # damage[j] came after the first after[j] samples
+    chars = 0
     for event in walk_tar(_reader(f), 0, None, length):
         if length is None:  # a stream: bounded, as it has no end to stop at
             reach = (event.end or event.offset) if type(event) is Damage else event.data + event.size
-            if len(items) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES:
+            if len(found.keys) + len(damage) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES:
                 raise _too_long()
         if type(event) is Damage:
-            items.append(event)
+            damage.append(event)
+            after.append(len(found.keys))
             continue
         split = split_name(event.name)
         if split is None:
             continue
         key, ext = split
         end = event.data + padded(event.size)
-        last = items[-1] if items else None
-        if type(last) is list and last[0] == key:
-            last[2] = end
-            last[3] += 1
-            last[4] += event.size
-            last[5].add(ext)
-        else:
-            items.append([key, event.offset, end, 1, event.size, {ext}])
-    damage = [d for d in items if type(d) is Damage]
-    groups = _place_damage(items) if damage else items
-    keys = [g[0] for g in groups]
-    spans = np.array([(g[1], g[2] - g[1]) for g in groups], dtype=np.int64).reshape(-1, 2)
-    contents = np.array([(g[3], g[4]) for g in groups], dtype=np.int64).reshape(-1, 2)
-    return Scan(keys, spans, contents, damage)
-
-
-def _place_damage(items: list) -> list:
-    """The samples with each damaged region joined to one (see scan_tar)."""
-
-    def complete(g: list) -> bool:
-        return "cls" in g[5] and any(e in g[5] for e in IMAGE_MEMBERS)
-
-    out: list = []
-    for j, item in enumerate(items):
-        if type(item) is not Damage:
-            out.append(item)
+        if found.keys and found.keys[-1] == key and not (after and after[-1] == len(found.keys)):
+            found.extend(len(found.keys) - 1, end, 1, event.size, _flag(ext))  # the last sample, not damage after it
             continue
-        prev = out[-1] if out and out[-1][3] >= 0 and out[-1][2] == item.offset else None
-        after = items[j + 1] if j + 1 < len(items) else None
-        nxt = after if type(after) is list and after[1] == item.end else None
-        key = sample_key(item.name) if item.name else None
-        if prev is not None and nxt is not None and prev[0] == nxt[0]:
-            target = prev  # one sample on both sides: joined again below
-        elif key is not None:
-            target = prev if prev is not None and prev[0] == key else nxt if nxt is not None and nxt[0] == key else None
+        chars += len(key)
+        if chars > MAX_SCAN_KEY_CHARS:
+            raise StreamTooLong(f"the keys of its samples come to more than {MAX_SCAN_KEY_CHARS:,} characters; "
+                                "split it")
+        found.add(key, event.offset, end, 1, event.size, _flag(ext))
+    if damage:
+        found = _place_damage(found, damage, after)
+    rows = np.frombuffer(found.rows, dtype=np.int64).reshape(-1, 4)
+    spans = np.stack([rows[:, 0], rows[:, 1] - rows[:, 0]], axis=1)
+    return Scan(found.keys, spans, rows[:, 2:].copy(), damage)
+
+
+_CLS, _IMAGE = 1, 2  # a sample's members, as _Found keeps them: whether it has a cls and an image member
+
+
+def _flag(ext: str) -> int:
+    return _CLS if ext == "cls" else _IMAGE if ext in IMAGE_MEMBERS else 0
+
+
+class _Found:
+    """Samples as scan_tar finds them: sample i has key keys[i], bytes [rows[4i], rows[4i + 1]),
+    rows[4i + 2] members of rows[4i + 3] payload bytes (-1, -1: damaged bytes of their own),
+    and flags[i] (_CLS, _IMAGE)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.rows = array.array("q")
+        self.flags = bytearray()
+
+    def add(self, key: str, start: int, end: int, members: int, payload: int, flags: int) -> None:
+        self.keys.append(key)
+        self.rows.extend((start, end, members, payload))
+        self.flags.append(flags)
+
+    def extend(self, i: int, end: int, members: int, payload: int, flags: int) -> None:
+        """Sample i goes on to `end` with `members` more members of `payload` bytes."""
+        self.rows[4 * i + 1] = end
+        self.rows[4 * i + 2] += members
+        self.rows[4 * i + 3] += payload
+        self.flags[i] |= flags
+
+    def complete(self, i: int) -> bool:
+        return self.flags[i] == _CLS | _IMAGE
+
+
+def _place_damage(found: _Found, damage: list[Damage], after: list[int]) -> _Found:
+    """The samples with each damaged region joined to one (see scan_tar)."""
+    out, rows, keys = _Found(), found.rows, found.keys
+    j = 0
+    for i in range(len(keys) + 1):
+        while j < len(damage) and after[j] == i:
+            d = damage[j]
+            last = len(out.keys) - 1
+            prev = last if last >= 0 and out.rows[4 * last + 2] >= 0 and out.rows[4 * last + 1] == d.offset else None
+            # the next sample, where it comes right after (not after more damage)
+            nxt = i if i < len(keys) and not (j + 1 < len(damage) and after[j + 1] == i) and rows[4 * i] == d.end \
+                else None
+            key = sample_key(d.name) if d.name else None
+            if prev is not None and nxt is not None and out.keys[prev] == keys[nxt]:
+                to_prev, to_next = True, False  # one sample on both sides: joined again below
+            elif key is not None:
+                to_prev = prev is not None and out.keys[prev] == key
+                to_next = not to_prev and nxt is not None and keys[nxt] == key
+            else:
+                to_prev = prev is not None and not out.complete(prev)
+                to_next = not to_prev and nxt is not None and not found.complete(nxt)
+            if to_prev:
+                out.rows[4 * prev + 1] = d.end
+            elif to_next:
+                rows[4 * i] = d.offset
+            else:
+                out.add(key or "", d.offset, d.end, -1, -1, 0)
+            j += 1
+        if i < len(keys):
+            out.add(keys[i], *rows[4 * i:4 * i + 4], found.flags[i])
+    joined = _Found()
+    for i, key in enumerate(out.keys):
+        start, end, members, payload = out.rows[4 * i:4 * i + 4]
+        last = len(joined.keys) - 1
+        if last >= 0 and joined.keys[last] == key and joined.rows[4 * last + 1] == start and \
+                min(joined.rows[4 * last + 2], members) >= 0:
+            joined.extend(last, end, members, payload, out.flags[i])
         else:
-            target = prev if prev is not None and not complete(prev) else \
-                nxt if nxt is not None and not complete(nxt) else None
-        if target is not None and target is prev:
-            prev[2] = item.end
-        elif target is not None:
-            nxt[1] = item.offset
-        else:
-            out.append([key or "", item.offset, item.end, -1, -1, set()])
-    joined: list = []
-    for g in out:
-        last = joined[-1] if joined else None
-        if last is not None and last[0] == g[0] and last[2] == g[1] and min(last[3], g[3]) >= 0:
-            last[2] = g[2]
-            last[3] += g[3]
-            last[4] += g[4]
-            last[5] |= g[5]
-        else:
-            joined.append(g)
+            joined.add(key, start, end, members, payload, out.flags[i])
     return joined
 
 

@@ -11,6 +11,7 @@ cause (raise)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -429,7 +430,6 @@ def test_malformed_index_entry_is_a_value_error(pristine, tmp_path):
 def _labelled_shard(path: Path, labels: list[bytes | None]) -> None:
     """A shard written with tarfile: sample i is an image of color(i % CLASSES, i) (a JPEG) and,
     unless its label is None, a cls member holding it."""
-    import io
 
     from PIL import Image
 
@@ -838,7 +838,6 @@ def test_honest_extended_headers_and_damaged_ones_read_alike_as_a_file_and_a_str
     """A global pax header of 300 KB and a member's 800 KB of xattr records (each header under
     1 MiB, writers' own) scan clean; two damaged pax headers in a row are stepped over in a
     stream as in a file (the stream's reader keeps what the resync reads back)."""
-    import io
 
     from fastdata.sources.tarformat import scan_tar
 
@@ -884,7 +883,6 @@ def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_
     """Sample 1 holds a second jpg (or cls) member, the last of its members: which one is the
     sample is not known (webdataset refuses it as a duplicate), so the sample fails naming it;
     the others are delivered with their own labels."""
-    import io
 
     from PIL import Image
 
@@ -917,7 +915,6 @@ def test_a_member_name_longer_than_a_path_is_damage(tmp_path):
     """A GNU long name of 100,000 characters (up to 1 MiB of them fits an extended header) is
     taken as a damaged header: the message naming it stays short, and the samples around it are
     read."""
-    import io
 
     from PIL import Image
 
@@ -950,3 +947,61 @@ def test_an_index_naming_too_many_classes_for_soft_targets_is_refused(pristine, 
     with pytest.raises(ValueError, match=r"targets of \[1024, 300000\] a batch, over 1 GiB"):
         fastdata.loader(str(tmp_path / PATTERN), batch_size=1024, transform=mix, device="cpu")
     fastdata.loader(str(tmp_path / PATTERN), batch_size=1024, transform=TRANSFORM, device="cpu")
+
+
+class _Endless(io.RawIOBase):
+    """A stream of `n` one-byte samples `%08d.cls`, made as it is read (`name`: their key's length)."""
+
+    def __init__(self, n: int, name: int = 8):
+        self.n, self.i, self.name, self.buf = n, 0, name, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while len(self.buf) < len(b) and self.i < self.n:
+            info = tarfile.TarInfo(f"{self.i:08d}".rjust(self.name, "k") + ".cls")
+            info.size = 1
+            self.buf += info.tobuf(tarfile.GNU_FORMAT) + b"1" + bytes(511)
+            self.i += 1
+        n = min(len(b), len(self.buf))
+        b[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+
+def test_a_streams_listing_takes_little_more_than_its_keys():
+    """A stream scanned without an index (up to MAX_STREAM_SAMPLES samples, 8 at a time) keeps
+    each sample as a key and numbers, not a Python object a sample: 20,000 samples of 8-character
+    keys peak under 200 bytes each (a list of 6 fields and a set each took 654), so that 8
+    endless streams served at once stop at their bound within a few GB where they took 5."""
+    import tracemalloc
+
+    from fastdata.sources.tarformat import scan_tar
+
+    n = 20_000
+    tracemalloc.start()
+    try:
+        scan = scan_tar(io.BufferedReader(_Endless(n), 1 << 16))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert scan.keys[::9999] == ["00000000", "00009999", "00019998"] and len(scan.keys) == n
+    assert scan.spans[1].tolist() == [1024, 1024] and scan.contents[1].tolist() == [1, 1]
+    assert peak / n < 200, f"{peak / n:.0f} bytes a sample"
+
+
+def test_the_keys_a_scan_keeps_are_bounded(pristine, tmp_path, monkeypatch):
+    """Names of up to 4,096 characters would make a listing of GBs from a stream of a million
+    samples (or from a big file): a scan keeps keys of MAX_SCAN_KEY_CHARS characters at most,
+    then refuses the shard in one line naming it, stream and file alike."""
+    from fastdata.sources import tarformat
+
+    stream = _stream_shard(tmp_path, pristine)
+    shutil.copy(pristine / "train-000000.tar", tmp_path / "f-000000.tar")  # a file without an index: scanned
+    monkeypatch.setattr(tarformat, "MAX_SCAN_KEY_CHARS", 5 * 8)  # the shard's 6 keys have 8 characters
+    for url in (stream, str(tmp_path / "f-000000.tar")):
+        with pytest.raises(DataError, match=r"cannot read shard .*-000000\.tar: the keys of its samples come to "
+                                            r"more than 40 characters; split it$"):
+            shards(url, progress=False)
+    monkeypatch.setattr(tarformat, "MAX_SCAN_KEY_CHARS", 6 * 8)
+    assert len(shards(stream, progress=False)) == len(shards(str(tmp_path / "f-000000.tar"), progress=False)) == 6
