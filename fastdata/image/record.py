@@ -57,12 +57,14 @@ def samples_key(samples: Any) -> bytes:
     key of the decoder's record of clean files): a digest of the files' paths, or of the
     shards' URLs and their sample counts, with the working directory, which relative paths
     depend on. A digest, so that the record kept does not keep a copy of a million paths."""
+    h = hashlib.blake2b(digest_size=16)
     if isinstance(samples, Shards):  # (with the shards' identities: a rewrite is other samples)
         names = ["shards", *samples.urls, *(str(len(k)) for k in samples.keys), *map(str, samples.stamps or ())]
     else:
-        names = ["files", *samples.paths]
-    text = "\0".join([os.getcwd(), *names])
-    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).digest()
+        names = ["files"]
+        samples.paths.digest(h)
+    h.update("\0".join([os.getcwd(), *names]).encode("utf-8", "surrogateescape"))
+    return h.digest()
 
 
 def stamps(datas: Sequence, key: bytes, threads: int) -> np.ndarray:

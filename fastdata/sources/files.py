@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import array
+import itertools
+import operator
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -17,15 +20,66 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 MAX_LABEL = 2 ** 31
 
 
+class Names(Sequence[str]):
+    """A list of strings, read only, kept as one buffer of their UTF-8 bytes and where each
+    ends: what a source lists a sample by (a file's path, a shard sample's key).
+
+    A list of a million str objects holds a million reference counts, which each read writes:
+    a worker forked from the process that made the list copies every page of it that its
+    samples' names lie on, and over an epoch it has copied them all (a listing of ImageNet's
+    1.28M paths, about 140 MB, once more in each worker: PyTorch's issue 13246). Reading a
+    name here writes nothing the workers share. Any str is kept as it is (`surrogatepass`:
+    a path of bytes that are not UTF-8, decoded by the OS's surrogateescape, included)."""
+
+    __slots__ = ("_data", "_ends")
+
+    def __init__(self, items: Iterable[str] = ()) -> None:
+        encoded = [s.encode("utf-8", "surrogatepass") for s in items]
+        self._ends = array.array("q", itertools.accumulate(map(len, encoded)))
+        self._data = b"".join(encoded)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i: Any) -> Any:
+        """Name i; a slice gives a list of them."""
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self._ends)))]
+        i = operator.index(i)
+        if i < 0:
+            i += len(self._ends)
+        end = self._ends[i]  # (IndexError out of range, as a list's)
+        return self._data[self._ends[i - 1] if i else 0:end].decode("utf-8", "surrogatepass")
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, Names):
+            return self._ends == other._ends and self._data == other._data
+        return isinstance(other, list) and list(self) == other
+
+    __hash__ = None  # type: ignore[assignment]  # (as a list's: equal to one)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(map(repr, self[:3]))
+        return f"Names([{shown}{', ...' if len(self) > 3 else ''}], {len(self)} names)"
+
+    def digest(self, h: Any) -> None:
+        """Feeds the names, exactly, to hashlib's `h`."""
+        h.update(self._ends.tobytes())
+        h.update(self._data)
+
+
 @dataclass
 class Samples:
     """The samples of a source: `paths[i]` with label `labels[i]`; `classes` when the source
     names them (ImageFolder)."""
 
-    paths: list[str]
+    paths: Names
     labels: np.ndarray  # int64
     classes: list[str] | None
     description: str
+
+    def __post_init__(self) -> None:
+        self.paths = self.paths if isinstance(self.paths, Names) else Names(self.paths)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -66,7 +120,7 @@ def image_folder(root: str | os.PathLike) -> Samples:
                       "once", stacklevel=2)
     if not paths:
         raise ValueError(f"image folder {root!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
+    return Samples(Names(paths), np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
 
 
 def _dir_id(path: str) -> tuple[int, int] | None:
@@ -158,4 +212,4 @@ def file_list(pairs: Sequence[Any]) -> Samples:
         labels.append(int(label))
     if not paths:
         raise ValueError("the file list is empty")
-    return Samples(paths, np.asarray(labels, dtype=np.int64), None, f"file list ({len(paths)} images)")
+    return Samples(Names(paths), np.asarray(labels, dtype=np.int64), None, f"file list ({len(paths)} images)")

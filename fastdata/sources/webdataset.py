@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, error_line, one_line, warn
-from .files import MAX_LABEL
+from .files import MAX_LABEL, Names
 from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
 from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong, check_index_size,
                         index_location, parse_index, read_index, scan_tar)
@@ -34,7 +34,7 @@ class Shards:
     the index lists in no sample): reading it reports them."""
 
     urls: list[str]
-    keys: list[list[str]]
+    keys: list[Names]
     spans: list[np.ndarray]  # int64 [n, 2]: offset, length
     classes: list[str] | None
     description: str
@@ -44,6 +44,9 @@ class Shards:
     # each local shard's `streams.identity` when it was listed (None: a stream): bytes read from
     # a file of another identity are not taken for the bytes a record found intact
     stamps: list[tuple[int, ...] | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.keys = [k if isinstance(k, Names) else Names(k) for k in self.keys]  # (see Names)
 
     @property
     def label_limit(self) -> int:

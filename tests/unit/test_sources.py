@@ -6,9 +6,11 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import tarfile
 import warnings
 
+import numpy as np
 import pytest
 
 import fastdata
@@ -83,3 +85,61 @@ def test_a_pattern_naming_too_many_shards_is_refused_before_its_names_are_made(t
     with pytest.raises(ValueError, match=r"names up to [\d,]+ shards, more than 1,000,000"):
         webdataset._expand(str(tmp_path / pattern))
     assert len(webdataset._expand(str(tmp_path / "x-{000..999}-{0..9}.tar"))) == 10_000
+
+
+def test_names_read_as_the_list_they_were_made_from():
+    """`Names` keeps any str as it is (a path the OS decoded with surrogateescape, a lone
+    surrogate), and reads, slices, compares and pickles as a list of them."""
+    import copy
+    import pickle
+
+    from fastdata.sources import Names
+
+    items = ["a", "bé/ü", "raw-\udcff", "lone-\ud800", "", "中文.jpg"]
+    names = Names(items)
+    assert list(names) == items and len(names) == 6 and names == items and names != items[:-1]
+    assert [names[i] for i in range(-6, 6)] == items + items
+    assert names[1:4] == items[1:4] and names[::-2] == items[::-2] and names[np.int64(5)] == items[5]
+    assert pickle.loads(pickle.dumps(names)) == names == copy.deepcopy(names)
+    assert names.index("") == 4 and "raw-\udcff" in names
+    with pytest.raises(IndexError):
+        names[6]
+    with pytest.raises(TypeError):
+        names["0"]
+
+
+def test_a_forked_worker_reads_a_listing_without_copying_it():
+    """A worker forked from the process that listed the samples reads every path: from a list
+    of str objects that writes each one's reference count, and the worker copies the pages of
+    the listing (its Private_Dirty grows by about the listing's size: PyTorch's issue 13246);
+    from `Names` it writes none of them."""
+    import multiprocessing
+
+    from fastdata.sources import Names
+
+    if not os.path.exists("/proc/self/smaps_rollup"):
+        pytest.skip("no /proc/self/smaps_rollup on this system")
+    paths = [f"/data/imagenet/train/n{i % 1000:08d}/n{i % 1000:08d}_{i:07d}.JPEG" for i in range(200_000)]
+    grew = {}
+    for kind, listing in (("list", list(paths)), ("names", Names(paths))):
+        reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
+        worker = multiprocessing.get_context("fork").Process(target=_read_all, args=(listing, writer))
+        worker.start()
+        grew[kind] = reader.recv()
+        worker.join(timeout=60)
+    listing_mb = len(paths) * (49 + len(paths[0])) / 2**20  # the str objects alone
+    assert grew["list"] > 0.5 * listing_mb, grew  # the control: this test can tell a copy
+    assert grew["names"] < 2, grew
+
+
+def _private_dirty_mb() -> float:
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:")) / 1024
+
+
+def _read_all(listing, writer) -> None:
+    before = _private_dirty_mb()
+    total = 0
+    for i in range(len(listing)):
+        total += len(listing[i])
+    writer.send(_private_dirty_mb() - before)
