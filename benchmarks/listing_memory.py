@@ -6,7 +6,7 @@ sample) is copied page by page into every forked worker as the worker reads it: 
 writes the objects' reference counts (PyTorch's issue 13246). fastdata keeps its paths as one
 buffer (`fastdata.sources.Names`), which reads do not write.
 
-The folder: --images hard links (default ImageNet's 1,281,167) to ten 64x48 JPEGs, laid out
+The folder: --images hard links (default ImageNet's 1,281,167) to 64x48 JPEGs, one a class, laid out
 as ImageNet's train folder (1,000 classes, root/nXXXXXXXX/nXXXXXXXX_NNNNNNN.JPEG), so the
 listing is ImageNet's size while the decode costs little. Each side runs in a process of its
 own, --workers workers, shuffled batches of 256 resized to 32x32: after the first batch and
@@ -36,23 +36,17 @@ SIDES = ("fastdata", "dataloader")
 
 
 def make_folder(root: Path, images: int) -> None:
-    """ImageNet's train layout of `images` hard links to ten small JPEGs (made once per root)."""
+    """ImageNet's train layout of `images` hard links to small JPEGs, one a class, its color the class's."""
     from PIL import Image
 
-    if (root / "done").exists():
-        return
-    sources = []
-    for c in range(10):
-        path = root / f"source-{c}.jpg"
-        Image.new("RGB", (64, 48), (25 * c, 100, 200 - 15 * c)).save(path, quality=90)
-        sources.append(path)
     classes = 1000
     for c in range(classes):
+        source = root / f"source-{c}.jpg"  # one a class: a file takes at most 65,000 links (ext4)
+        Image.new("RGB", (64, 48), (25 * (c % 10), 100, 200 - 15 * (c % 10))).save(source, quality=90)
         folder = root / "train" / f"n{c:08d}"
         folder.mkdir(parents=True, exist_ok=True)
         for j in range(images // classes + (c < images % classes)):
-            os.link(sources[c % 10], folder / f"n{c:08d}_{j:07d}.JPEG")
-    (root / "done").touch()
+            os.link(source, folder / f"n{c:08d}_{j:07d}.JPEG")
 
 
 def pss_anon_mb(pid: int) -> float:
@@ -110,7 +104,7 @@ def child(side: str, root: str, batches: int, workers: int) -> None:
     points = []
     for k in range(batches):
         images, labels = next(it)
-        # each image's color names its class (source c % 10): the listing is read right
+        # each image's red names its class (c % 10): the listing is read right
         want = torch.tensor([25 * (int(label) % 10) for label in labels], dtype=torch.float32)
         assert (images.float().flatten(1)[:, 0] - want).abs().max() < 8, "an image does not match its label"
         if k in (0, batches - 1):
