@@ -16,8 +16,8 @@ from .files import IMAGE_EXTENSIONS, MAX_LABEL, Names, Samples, file_list, image
 from .streams import URL_SCHEMES, describe_error, discard, fill, open_stream, read_range
 from .webdataset import Shards, scan_shard, shards
 
-__all__ = ["IMAGE_EXTENSIONS", "MAX_LABEL", "Names", "Samples", "Shards", "describe_error", "discard", "file_list", "fill",
-           "image_folder", "is_image_source", "is_shard_source", "open_stream", "read_range", "resolve",
+__all__ = ["IMAGE_EXTENSIONS", "MAX_LABEL", "Names", "Samples", "Shards", "describe_error", "discard", "file_list",
+           "fill", "image_folder", "is_image_source", "is_shard_source", "open_stream", "read_range", "resolve",
            "scan_shard", "shards"]
 
 

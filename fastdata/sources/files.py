@@ -27,7 +27,7 @@ class Names(Sequence[str]):
     A list of a million str objects holds a million reference counts, which each read writes:
     a worker forked from the process that made the list copies every page of it that its
     samples' names lie on, and over an epoch it has copied them all (a listing of ImageNet's
-    1.28M paths, about 140 MB, once more in each worker: PyTorch's issue 13246). Reading a
+    1.28M paths, over 100 MB, once more in each worker: PyTorch's issue 13246). Reading a
     name here writes nothing the workers share. Any str is kept as it is (`surrogatepass`:
     a path of bytes that are not UTF-8, decoded by the OS's surrogateescape, included)."""
 
@@ -71,7 +71,7 @@ class Names(Sequence[str]):
 @dataclass
 class Samples:
     """The samples of a source: `paths[i]` with label `labels[i]`; `classes` when the source
-    names them (ImageFolder)."""
+    names them (ImageFolder). `paths` is kept as `Names`, whatever sequence it is given as."""
 
     paths: Names
     labels: np.ndarray  # int64
@@ -120,7 +120,7 @@ def image_folder(root: str | os.PathLike) -> Samples:
                       "once", stacklevel=2)
     if not paths:
         raise ValueError(f"image folder {root!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return Samples(Names(paths), np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
+    return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
 
 
 def _dir_id(path: str) -> tuple[int, int] | None:
@@ -212,4 +212,4 @@ def file_list(pairs: Sequence[Any]) -> Samples:
         labels.append(int(label))
     if not paths:
         raise ValueError("the file list is empty")
-    return Samples(Names(paths), np.asarray(labels, dtype=np.int64), None, f"file list ({len(paths)} images)")
+    return Samples(paths, np.asarray(labels, dtype=np.int64), None, f"file list ({len(paths)} images)")

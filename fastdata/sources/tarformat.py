@@ -483,7 +483,7 @@ def scan_tar(f, length: int | None = None) -> Scan:
     reading it fails there, and names the member.
 
     The samples found so far are kept as a key and five numbers each (`_Found`), about a
-    tenth of what a Python object a sample takes, so that the listing of a stream, bounded in
+    fifth of what a Python object a sample took, so that the listing of a stream, bounded in
     samples but not in size beforehand, costs little more than its keys; and their keys come
     to at most MAX_SCAN_KEY_CHARS characters (a name is up to 4,096 of them)."""
     found = _Found()
@@ -505,7 +505,7 @@ def scan_tar(f, length: int | None = None) -> Scan:
         key, ext = split
         end = event.data + padded(event.size)
         if found.keys and found.keys[-1] == key and not (after and after[-1] == len(found.keys)):
-            found.extend(len(found.keys) - 1, end, 1, event.size, _flag(ext))  # the last sample, not damage after it
+            found.extend(len(found.keys) - 1, end, 1, event.size, _flag(ext))  # (the last item is this sample)
             continue
         chars += len(key)
         if chars > MAX_SCAN_KEY_CHARS:
