@@ -195,7 +195,8 @@ def http_size(url: str) -> int | None:
 def read_range(url: str, start: int, view: memoryview) -> int:
     """Reads bytes [start, start + len(view)) of a shard into `view`; returns the count read
     (fewer where the shard ends sooner). Files seek, HTTP asks for the range (a server that
-    ignores Range is read up to it); pipe: streams are read from the start (the wds backend
+    ignores Range is read up to it; one that answers with another range is an OSError:
+    `_check_range`); pipe: streams are read from the start (the wds backend
     keeps them open between reads instead)."""
     if not len(view):
         return 0
@@ -207,9 +208,28 @@ def read_range(url: str, start: int, view: memoryview) -> int:
             discard(f, start)
             return fill(f, view)
     with open_http(url, (start, start + len(view))) as r:
-        if r.status != 206:
+        if r.status == 206:
+            _check_range(r.headers.get("Content-Range"), start, start + len(view))
+        else:
             discard(r, start)
         return fill(r, view)
+
+
+def _check_range(given: str | None, start: int, stop: int) -> None:
+    """A 206 answer's Content-Range (`bytes a-b/size`) starts at the byte asked for and goes on
+    to `stop` or to the object's end: else OSError saying what came. Bytes from elsewhere in
+    the shard would fail as a sample its index does not describe (as if the index were stale),
+    and a range cut short as a shard that ends there. A 206 without one (which HTTP does not
+    allow for one range) is taken as the bytes asked for: the index's checksums still hold them
+    to it."""
+    if given is None:
+        return
+    span, _, size = given.removeprefix("bytes ").partition("/")
+    first, _, last = span.partition("-")
+    if not (first.isdigit() and last.isdigit() and int(first) == start <= int(last)
+            and (int(last) >= stop - 1 or size == str(int(last) + 1))):
+        raise OSError(f"the server answered a request for bytes {start}-{stop - 1} with Content-Range "
+                      f"{given!r:.80}")
 
 
 def read_file_range(path: str, start: int, view: memoryview) -> tuple[int, tuple[int, ...]]:

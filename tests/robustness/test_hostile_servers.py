@@ -41,11 +41,28 @@ def _trickle(handler, data: bytes) -> None:
         pass
 
 
+def _wrong_range(handler, data: bytes, mode: str) -> None:
+    """206 for a Range request, with the bytes a block later (shifted), the first 100 of those
+    asked (short), each said in its Content-Range; or those asked, without one (unnamed)."""
+    first, last = (int(x) for x in handler.headers["Range"].removeprefix("bytes=").split("-"))
+    if mode == "shifted":
+        first, last = first + 512, min(last + 512, len(data) - 1)
+    elif mode == "short":
+        last = first + 99
+    handler.send_response(206)
+    if mode != "unnamed":
+        handler.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+    handler.send_header("Content-Length", str(last + 1 - first))
+    handler.end_headers()
+    handler.wfile.write(data[first:last + 1])
+
+
 @pytest.fixture
 def server(root, monkeypatch):
     """The shards of `root` (and their index) under /ok/; trickled a byte each 20 ms under
     /trickle/; HTTP 503 with a status text that rewrites the terminal's line under /busy/; the
-    index alone failing (503) under /busyindex/, or trickled under /slowindex/."""
+    index alone failing (503) under /busyindex/, or trickled under /slowindex/; a range asked
+    of a shard answered with others (`_wrong_range`) under /shifted/, /short/ and /unnamed/."""
     monkeypatch.setattr(streams, "HTTP_TIMEOUT", 0.5)
     monkeypatch.setattr(streams, "MIN_HTTP_RATE", 1 << 20)
 
@@ -60,6 +77,8 @@ def server(root, monkeypatch):
                 self.end_headers()
             elif mode == "trickle" or (mode == "slowindex" and index):
                 _trickle(self, (root / name).read_bytes())
+            elif mode in ("shifted", "short", "unnamed") and "Range" in self.headers and not index:
+                _wrong_range(self, (root / name).read_bytes(), mode)
             else:
                 super().do_GET()
 
@@ -106,3 +125,23 @@ def test_an_index_that_cannot_be_read_is_said_so(server):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(shards(f"{server}/ok/s-000000.tar", progress=False)) == 6
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode, answer", [("shifted", r"'bytes 512-\d+/\d+'"), ("short", r"'bytes 0-99/\d+'")])
+def test_a_range_answered_with_other_bytes_is_said_so(server, mode, answer):
+    """A server that answers a range request (206) with bytes from elsewhere or fewer than asked:
+    each sample fails naming the server's answer, where the bytes were taken for those asked and
+    the sample failed as a damaged tar header or a shard cut off there. A 206 that does not say
+    which bytes it holds is taken as those asked for (here they are)."""
+    import fastdata
+    from fastdata import transforms as T
+
+    kw = dict(batch_size=3, backend="wds", num_workers=0, transform=T.Compose([T.Resize(16), T.CenterCrop(16)]))
+    loader = fastdata.loader(f"{server}/{mode}/s-{{000000..000000}}.tar", **kw)
+    with pytest.raises(DataError, match=rf"/{mode}/s-000000\.tar.*cannot read the shard \(OSError: the server "
+                                        rf"answered a request for bytes 0-\d+ with Content-Range {answer}\)"):
+        next(iter(loader))
+    for good in ("ok", "unnamed"):
+        ok = fastdata.loader(f"{server}/{good}/s-{{000000..000000}}.tar", **kw)
+        assert sorted(label for _, labels in ok for label in labels.tolist()) == [0, 0, 0, 1, 1, 1]
