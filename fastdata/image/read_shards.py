@@ -1,7 +1,7 @@
 """Reading WebDataset shards: the samples of a batch (epoch, k), by byte ranges, one block ahead.
 
 A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek, HTTP asks for the
-range; pipe: streams are read on) into one of two buffers it keeps, checks each sample's span of it
+range; pipe: streams and compressed tars are read on) into one of two buffers it keeps, checks each sample's span of it
 (`shard_samples.check_sample`: its tar headers, members, sizes, CRC-32 and label), slices the image members
 out without a copy, and reads the next block in a thread while the batch of this one is decoded. Where
 nothing was read ahead (a pass's first batch, a resume), the batch's own samples are read first, by
@@ -28,6 +28,11 @@ from .record import samples_key, shared_record
 from .shard_samples import Block, check_sample
 
 
+# Streams (pipe: commands, compressed tars) a process keeps open at where it stopped: a lane's
+# run of samples spans at most a few shards, and each one left open holds a process or a file.
+_OPEN_STREAMS = 4
+
+
 class ShardReader:
     """Reads the samples of batch (epoch, k) from the block that holds it, read (or being
     read) by this process's read-ahead thread."""
@@ -38,11 +43,11 @@ class ShardReader:
         self.fail = fail
         self.persistent = persistent  # the process serves the next epoch too: read its first block ahead
         self._proc: tuple | None = None  # per process: (pid, reader thread, {block key: Future}, 2 buffers)
-        self._pipes: dict[str, list] = {}  # pipe: streams left open at [stream, position]
+        self._pipes: dict[str, list] = {}  # streams left open at [stream, position] (_read)
         self._reads = 0  # reads submitted in this process: which buffer the next one fills
         self._current: tuple | None = None  # (key, Future of the Block) of the block being decoded
         self._sized: dict[tuple[int, int, int], bool] = {}  # blocks over MAX_PART_BYTES (`_large`)
-        self._files = all(local_path(url) is not None for url in shards.urls)
+        self._files = not any(shards.streamed) and all(local_path(url) is not None for url in shards.urls)
         # 1 at each sample id whose bytes were found with the index's CRC-32 (see _read_run): in
         # shared memory, for this loader's workers, fresh ones each epoch included, and the
         # loaders this process builds over the same shards
@@ -302,7 +307,7 @@ class ShardReader:
             got, at = 0, 0
             for o, n in [*sorted(have), (len(view), 0)]:
                 if o > at:  # a piece not held: read it; one cut short ends what there is
-                    count, read_from = self._read(url, start + at, view[at:o])
+                    count, read_from = self._read(s, start + at, view[at:o])
                     got = at + count
                     listed = listed and read_from == stamp
                     if got < o:
@@ -336,21 +341,29 @@ class ShardReader:
                 seen[i] = 1
         return listed
 
-    def _read(self, url: str, start: int, view: memoryview) -> tuple[int, tuple[int, ...] | None]:
-        """Reads shard bytes [start, start + len(view)) into `view`: (the count read, fewer where
-        the shard ends sooner; the identity of the file read, None for a stream)."""
-        local = local_path(url)
-        if local is not None:
-            return read_file_range(local, start, view)
-        if not url.startswith("pipe:"):
-            return read_range(url, start, view), None
-        # A pipe cannot seek: keep it open, and read on from where the last read stopped.
+    def _read(self, s: int, start: int, view: memoryview) -> tuple[int, tuple[int, ...] | None]:
+        """Reads bytes [start, start + len(view)) of shard s into `view`: (the count read, fewer
+        where the shard ends sooner; the identity of the file read, None for a stream)."""
+        url = self.shards.urls[s]
+        if not self.shards.streamed[s]:
+            local = local_path(url)
+            return read_file_range(local, start, view) if local is not None else (read_range(url, start, view), None)
+        # A stream (a pipe:, a compressed tar) cannot seek: keep it open, and read on from where
+        # the last read stopped.
         stream, at = self._pipes.get(url, (None, 0))
         if stream is None or at > start:
             if stream is not None:
                 stream.close()
             stream, at = open_stream(url), 0
-        at += discard(stream, start - at)
-        got = fill(stream, view)
-        self._pipes[url] = [stream, at + got]
+        try:
+            at += discard(stream, start - at)
+            got = fill(stream, view)
+        except BaseException:  # where it stopped is not known: the next read opens it again
+            self._pipes.pop(url, None)
+            stream.close()
+            raise
+        self._pipes.pop(url, None)
+        self._pipes[url] = [stream, at + got]  # (the last used last)
+        if len(self._pipes) > _OPEN_STREAMS:  # a lane reads its shards in turn: one it left is done
+            self._pipes.pop(next(iter(self._pipes)))[0].close()
         return got, None

@@ -14,6 +14,7 @@ from typing import Any
 
 from .files import IMAGE_EXTENSIONS, MAX_LABEL, Names, Samples, file_list, image_folder
 from .streams import URL_SCHEMES, describe_error, discard, fill, open_stream, read_range
+from .tarformat import SHARD_SUFFIXES
 from .webdataset import Shards, scan_shard, shards
 
 __all__ = ["IMAGE_EXTENSIONS", "MAX_LABEL", "Names", "Samples", "Shards", "describe_error", "discard", "file_list",
@@ -23,10 +24,11 @@ __all__ = ["IMAGE_EXTENSIONS", "MAX_LABEL", "Names", "Samples", "Shards", "descr
 
 def is_shard_source(source: Any) -> bool:
     """Whether `source` names WebDataset shards: a path or URL (or a list of them, by its
-    first) that ends in .tar, has a URL scheme, or is a brace pattern."""
+    first) that ends in .tar or a compressed tar's suffix (SHARD_SUFFIXES), has a URL scheme, or
+    is a brace pattern."""
     def one(s: Any) -> bool:
         s = os.fspath(s)
-        return s.endswith(".tar") or s.startswith(URL_SCHEMES) or ("{" in s and ".." in s)
+        return s.endswith(SHARD_SUFFIXES) or s.startswith(URL_SCHEMES) or ("{" in s and ".." in s)
 
     if isinstance(source, (str, os.PathLike)):
         return one(source)

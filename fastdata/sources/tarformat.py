@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import tarfile
+import zlib
 from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -88,7 +89,8 @@ def index_location(url: str) -> str:
     """Where the index fastdata-shard writes for the shard `url` would be: next to it, named by
     the shard's name before its number (.../train-000003.tar -> .../train-index.json)."""
     head, _, name = url.rpartition("/")
-    stem = name[: -len(".tar")] if name.endswith(".tar") else name
+    suffix = next((x for x in SHARD_SUFFIXES if name.endswith(x)), "")
+    stem = name[: len(name) - len(suffix)]
     index = index_name(stem.rstrip("0123456789"))
     return f"{head}/{index}" if head else index
 
@@ -409,6 +411,8 @@ class Scan(NamedTuple):
     spans: np.ndarray
     contents: np.ndarray
     damage: list[Damage]
+    compressed: bool = False  # read through a decompressor: its offsets are the decompressed tar's
+    failed: str | None = None  # why its decompression failed before the tar's end, where it did
 
     @property
     def has_members(self) -> bool:
@@ -594,6 +598,33 @@ def _place_damage(found: _Found, damage: list[Damage], after: list[int]) -> _Fou
     return joined
 
 
+# The suffixes of a shard's name: a tar, or one compressed as a stream (read as webdataset's
+# tarfile "r|*" reads it: told by its first bytes, not by its name).
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+COMPRESSED_HEAD = 10  # the bytes `compression` looks at
+
+
+def compression(head: bytes) -> str | None:
+    """"gz", "bz2" or "xz" where a file's first COMPRESSED_HEAD bytes start such a stream, as
+    tarfile tells them apart ("r|*"): more than the first bytes of a bzip2 stream, which a tar
+    member named "BZh..." also starts with; else None."""
+    if head.startswith(b"\x1f\x8b\x08"):
+        return "gz"
+    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":
+        return "bz2"
+    if head.startswith((b"\x5d\x00\x00\x80", b"\xfd7zXZ")):
+        return "xz"
+    return None
+
+
+def decompressing(f, kind: str):
+    """A binary reader of what `f` (a stream of `compression` `kind`) decompresses to; closing
+    it does not close `f`. Its errors: OSError, EOFError, lzma.LZMAError, zlib.error."""
+    if kind == "gz":
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return bz2.BZ2File(f, "rb") if kind == "bz2" else lzma.LZMAFile(f, "rb")
+
+
 def count_samples(tar_path: str | os.PathLike) -> int:
     """The number of samples in a tar shard as webdataset groups them: regular members, less
     webdataset's __metadata__ ones, split into key and extension at the first dot of the file
@@ -604,17 +635,15 @@ def count_samples(tar_path: str | os.PathLike) -> int:
     Raises fastdata.DataError for a file that is not a tar."""
     path = os.fspath(tar_path)
     with open(path, "rb") as raw:
-        magic = raw.read(6)
+        kind = compression(raw.read(COMPRESSED_HEAD))
         raw.seek(0)
-        opener = {b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f), b"BZh": bz2.BZ2File, b"\xfd7zXZ": lzma.LZMAFile}
-        kind = next((k for k in opener if magic.startswith(k)), None)
         try:
             if kind is None:
                 scan = scan_tar(raw, os.fstat(raw.fileno()).st_size)
             else:
-                with opener[kind](raw) as f:
+                with decompressing(raw, kind) as f:
                     scan = scan_tar(f)
-        except (OSError, EOFError, lzma.LZMAError, StreamTooLong) as e:  # a corrupt or endless compressed stream
+        except (OSError, EOFError, lzma.LZMAError, zlib.error, StreamTooLong) as e:  # a corrupt or endless stream
             raise DataError(f"cannot read shard {path}: {e}".replace("\n", " "), path=path) from None
     if scan.damage and not scan.has_members:
         raise DataError(f"cannot read shard {path}: not a tar file ({scan.damage[0].cause})", path=path)

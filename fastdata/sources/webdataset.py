@@ -17,9 +17,9 @@ import numpy as np
 
 from ..errors import DataError, error_line, one_line, warn
 from .files import MAX_LABEL, Names
-from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
-from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong, check_index_size,
-                        index_location, parse_index, read_index, scan_tar)
+from .streams import Decompressed, describe_error, http_size, identity, local_path, open_http, open_stream
+from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong,
+                        check_index_size, index_location, parse_index, read_index, scan_tar)
 
 
 @dataclass
@@ -44,9 +44,14 @@ class Shards:
     # each local shard's `streams.identity` when it was listed (None: a stream): bytes read from
     # a file of another identity are not taken for the bytes a record found intact
     stamps: list[tuple[int, ...] | None] | None = None
+    # each shard read on from its start, never by byte range: a pipe: command's output, a
+    # compressed tar (its spans are offsets in what it decompresses to)
+    streamed: list[bool] | None = None
 
     def __post_init__(self) -> None:
         self.keys = [k if isinstance(k, Names) else Names(k) for k in self.keys]  # (see Names)
+        if self.streamed is None:
+            self.streamed = [url.startswith("pipe:") for url in self.urls]
 
     @property
     def label_limit(self) -> int:
@@ -164,15 +169,16 @@ def scan_shard(url: str) -> Scan:
     webdataset's grouping, consecutive members with one key are a sample; a damaged header is
     stepped over and its loss joined to a sample that reports it when read): a `tarformat.Scan`.
     Raises DataError for a file in which no valid tar header is found."""
-    local = local_path(url)
     with open_stream(url) as f:
+        compressed = isinstance(f, Decompressed)
+        length = os.fstat(f.fileno()).st_size if local_path(url) is not None and not compressed else None
         try:
-            scan = scan_tar(f, os.fstat(f.fileno()).st_size if local is not None else None)
+            scan = scan_tar(f, length)
         except StreamTooLong as e:
             raise DataError(f"cannot read shard {url}: {e}", path=url) from None
     if scan.damage and not scan.has_members:
         raise DataError(one_line(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})"), path=url)
-    return scan
+    return scan._replace(compressed=compressed, failed=f.error if compressed else None)
 
 
 def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarray, np.ndarray, np.ndarray]:
@@ -321,6 +327,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
             sp[:, 1] -= sp[:, 0]
         keys[s], spans[s], contents[s], checksums[s] = k, sp, ct, cs
     indexed = [k is not None for k in keys]
+    streamed = [url.startswith("pipe:") for url in urls]
     todo = [s for s in range(len(urls)) if keys[s] is None]
     if todo:
         def scan(s: int):
@@ -335,10 +342,14 @@ def shards(source: Any, progress: bool = True) -> Shards:
         with ThreadPoolExecutor(min(8, len(todo))) as pool:
             for done, (s, scanned) in enumerate(zip(todo, pool.map(scan, todo)), 1):
                 keys[s], spans[s], contents[s] = scanned.keys, scanned.spans, scanned.contents
+                streamed[s] = streamed[s] or scanned.compressed
                 if scanned.damage:
                     more = f" (and {len(scanned.damage) - 1} more)" if len(scanned.damage) > 1 else ""
                     warn(one_line(f"shard {urls[s]} is damaged: {scanned.damage[0].cause}{more}; what that "
                                   "lost is reported as a sample that cannot be read"))
+                if scanned.failed:  # a member it cut is reported when read; those after it are not found
+                    warn(one_line(f"shard {urls[s]} ends early: {scanned.failed}; the samples after that point "
+                                  "cannot be found (a compressed tar is read on from its start)"))
                 if progress and (shown or time.monotonic() - start > 2):  # a line once it takes a while
                     shown = True
                     print(f"\rcounting the samples of shards without an index: {done}/{len(todo)}",
@@ -350,6 +361,6 @@ def shards(source: Any, progress: bool = True) -> Shards:
     if used and todo:
         how += f", {len(todo)} shards counted from their headers"
     return Shards(urls, keys, spans, classes, f"WebDataset shards ({len(urls)} shards, {n} samples; {how})",
-                  contents, indexed, checksums, stamps)
+                  contents, indexed, checksums, stamps, streamed)
 
 

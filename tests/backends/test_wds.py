@@ -621,3 +621,76 @@ def test_torchrun_two_ranks_uneven_shards(shards, tmp_path):
     assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["len"] == 8  # 30 samples each, batches of 4
     a, b = ({tuple(s) for s in r["seen"]} for r in ranks)
     assert len(a) == len(b) == 30 and not a & b and a | b == set(ALL)
+
+
+def _compress(shards, to: Path, kind: str) -> str:
+    """The shards compressed (gzip, bzip2, xz) into `to`, without their index: the pattern."""
+    import bz2
+    import gzip
+    import lzma
+
+    compress, suffix = {"gz": (gzip.compress, "tar.gz"), "bz2": (bz2.compress, "tar.bz2"),
+                        "xz": (lzma.compress, "tar.xz")}[kind]
+    for p in shards:
+        (to / (Path(p).name[:-len(".tar")] + "." + suffix)).write_bytes(compress(Path(p).read_bytes()))
+    return str(to / PATTERN.replace(".tar", "." + suffix))
+
+
+@pytest.mark.parametrize("kind", ["gz", "bz2", "xz"])
+@pytest.mark.parametrize("where", ["local", "pipe", "http"])
+def test_compressed_shards_give_the_plain_shards_batches(shards, tmp_path, kind, where):
+    """Shards compressed as a whole, as webdataset reads them (tarfile's "r|*": told by their
+    first bytes): counted from their headers as they decompress, and read on from their start
+    as a pipe: is, shuffled, 2 workers: the batches of the same shards uncompressed without
+    their index."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "z").mkdir()
+    reference = _epoch(_load(str(_copy(shards, tmp_path / "plain", indexed=False) / PATTERN), shuffle=True,
+                             num_workers=2))
+    pattern = _compress(shards, tmp_path / "z", kind)
+    with serve(tmp_path / "z") if where == "http" else contextlib.nullcontext(None) as base:
+        source = {"local": pattern, "http": f"{base}/{os.path.basename(pattern)}",
+                  "pipe": [f"pipe:cat {pattern.replace(PATTERN.replace('.tar', ''), f'train-{s:06d}')}"
+                           for s in range(len(shards))]}[where]
+        loader = _load(source, shuffle=True, num_workers=2)
+        assert loader.samples.streamed == [True] * len(shards) and len(loader) == 8
+        assert _epoch(loader) == reference
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_compressed_shard_cut_short_says_where(shards, tmp_path, workers):
+    """A gzip shard cut off inside its stream: the samples before the cut come out, a warning
+    names the shard and where its decompression failed (the samples past it cannot be found: a
+    stream is not read past an error), and a sample the cut splits fails naming its member, as
+    a plain shard cut there does, or is skipped and counted with on_error="skip"."""
+    pattern = _compress(shards, tmp_path, "gz")
+    bad = tmp_path / "train-000002.tar.gz"
+    packed = bad.read_bytes()
+    skipped = []
+    for cut in range(len(packed) // 3, len(packed) - 8, max(1, len(packed) // 12)):
+        bad.write_bytes(packed[:cut])
+        with pytest.warns(UserWarning, match=r"shard .*train-000002\.tar\.gz ends early: the gz stream fails at "
+                                             r"byte \d+ of what it decompresses to \(EOFError: "):
+            loader = _load(pattern, shuffle=True, num_workers=workers, on_error="skip")
+        flat = [s for b in _epoch(loader) for s in b]
+        assert len(flat) == len(set(flat)) and N - 7 <= len(flat) < N
+        assert len(flat) + loader.stats["skipped"] == len(loader.samples)
+        assert all("train-000002.tar.gz" in e["path"] for e in loader.stats["errors"])
+        skipped.append(loader.stats["skipped"])
+    assert 0 in skipped and 1 in skipped, skipped  # cuts between samples and inside one
+
+
+def test_a_lane_keeps_a_few_streams_open(shards, tmp_path, monkeypatch):
+    """Shards read as streams (here gzip) are kept open where the last read stopped, but a
+    lane reading many shards in turn keeps only the last few (each holds a file, or a pipe:'s
+    process): the batches are those of the plain shards."""
+    monkeypatch.setattr(read_shards, "_OPEN_STREAMS", 1)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "z").mkdir()
+    reference = _epoch(_load(str(_copy(shards, tmp_path / "plain", indexed=False) / PATTERN), shuffle=False))
+    loader = _load(_compress(shards, tmp_path / "z", "gz"), shuffle=False)
+    opened = []
+    real = read_shards.open_stream
+    monkeypatch.setattr(read_shards, "open_stream", lambda url: opened.append(real(url)) or opened[-1])
+    assert _epoch(loader) == reference
+    assert len(opened) == len(shards) and sum(not f.closed for f in opened) <= 1
