@@ -20,7 +20,8 @@ from typing import Iterator
 import numpy as np
 
 from ..sources import Shards
-from ..sources.streams import describe_error, discard, fill, local_path, open_stream, read_file_range, read_range
+from ..sources.streams import (describe_error, discard, drop, fill, local_path, open_stream, read_file_range,
+                               read_range)
 from .order import ShardOrder
 from .read import (MAX_FILE_BYTES, MAX_PART_BYTES, BlockBuffer, Failures, MemberName, Read, give_back, take_buffer,
                    too_large)
@@ -75,7 +76,7 @@ class ShardReader:
         reader.shutdown(wait=True)  # nothing reads into the buffers from here on
         give_back(buffers)
         for stream, _ in self._pipes.values():
-            stream.close()
+            drop(stream)
         self._proc, self._pipes, self._current = None, {}, None
 
     def num_classes(self, transform) -> int | None:
@@ -353,17 +354,17 @@ class ShardReader:
         stream, at = self._pipes.get(url, (None, 0))
         if stream is None or at > start:
             if stream is not None:
-                stream.close()
+                drop(stream)
             stream, at = open_stream(url), 0
         try:
             at += discard(stream, start - at)
             got = fill(stream, view)
         except BaseException:  # where it stopped is not known: the next read opens it again
             self._pipes.pop(url, None)
-            stream.close()
+            drop(stream)
             raise
         self._pipes.pop(url, None)
         self._pipes[url] = [stream, at + got]  # (the last used last)
         if len(self._pipes) > _OPEN_STREAMS:  # a lane reads its shards in turn: one it left is done
-            self._pipes.pop(next(iter(self._pipes)))[0].close()
+            drop(self._pipes.pop(next(iter(self._pipes)))[0])
         return got, None

@@ -45,11 +45,11 @@ class Names(Sequence[str]):
         """Name i; a slice gives a list of them."""
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self._ends)))]
-        i = operator.index(i)
-        if i < 0:
-            i += len(self._ends)
-        end = self._ends[i]  # (IndexError out of range, as a list's)
-        return self._data[self._ends[i - 1] if i else 0:end].decode("utf-8", "surrogatepass")
+        i, n = operator.index(i), len(self._ends)
+        if not -n <= i < n:
+            raise IndexError("Names index out of range")
+        i %= n
+        return self._data[self._ends[i - 1] if i else 0:self._ends[i]].decode("utf-8", "surrogatepass")
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, Names):
@@ -62,10 +62,20 @@ class Names(Sequence[str]):
         shown = ", ".join(map(repr, self[:3]))
         return f"Names([{shown}{', ...' if len(self) > 3 else ''}], {len(self)} names)"
 
+    def __reduce__(self) -> tuple:
+        return _names, (self._data, self._ends)
+
     def digest(self, h: Any) -> None:
         """Feeds the names, exactly, to hashlib's `h`."""
         h.update(self._ends.tobytes())
         h.update(self._data)
+
+
+def _names(data: bytes, ends: array.array) -> Names:
+    """A pickled Names again (any protocol)."""
+    names = Names.__new__(Names)
+    names._data, names._ends = data, ends
+    return names
 
 
 @dataclass

@@ -7,6 +7,7 @@ import errno
 import functools
 import io
 import os
+import re
 import stat
 import time
 
@@ -111,6 +112,23 @@ def open_stream(url: str):
         raise
 
 
+def drop(stream) -> None:
+    """Closes a stream left part-read (`open_stream`'s): a pipe:'s command is killed first, as
+    it would wait for its reader, and what closing it raises is not this read's failure (a
+    command stopped part-way exits non-zero: SIGPIPE, curl's 23)."""
+    inner = stream
+    for _ in range(3):  # through Decompressed and _Prefixed to webdataset's Pipe
+        proc = getattr(inner, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            break
+        inner = getattr(inner, "raw", None) or getattr(inner, "f", None)
+    try:
+        stream.close()
+    except Exception:
+        pass
+
+
 class _Prefixed:
     """A stream that cannot seek, its first bytes read (`head`) and handed out again first."""
 
@@ -160,7 +178,11 @@ class Decompressed(io.RawIOBase):
         if self.error is not None:
             return 0
         try:
-            n = self._inner.readinto(b)
+            # read1: one read of the compressed bytes, whose data is had before the next one fails
+            # (readinto may read on past it, and a failure there would lose what it had)
+            data = self._inner.read1(len(b))
+            n = len(data)
+            b[:n] = data
         except Exception as e:  # the decompressor's own (EOFError, zlib.error, lzma.LZMAError, OSError)
             if self._source.failed:
                 raise
@@ -282,11 +304,11 @@ def http_size(url: str) -> int | None:
     (Content-Range's total, or Content-Length where the server ignores Range); None where the
     answer gives neither. The body is not read."""
     with open_http(url, (0, 1)) as r:
-        total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
-        if r.status == 206 and total.isdigit():
-            return int(total)
-        length = r.headers.get("Content-Length") or ""
-        return int(length) if r.status == 200 and length.isdigit() else None
+        m = _CONTENT_RANGE.fullmatch((r.headers.get("Content-Range") or "").strip())
+        if r.status == 206 and m and m.group(3) != "*":
+            return int(m.group(3))
+        length = (r.headers.get("Content-Length") or "").strip()
+        return int(length) if r.status == 200 and length.isascii() and length.isdigit() and len(length) <= 20 else None
 
 
 def read_range(url: str, start: int, view: memoryview) -> int:
@@ -312,6 +334,10 @@ def read_range(url: str, start: int, view: memoryview) -> int:
         return fill(r, view)
 
 
+# Content-Range's `bytes first-last/size` (RFC 9110), ASCII digits, at most 20 of them each
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)", re.ASCII | re.IGNORECASE)
+
+
 def _check_range(given: str | None, start: int, stop: int) -> None:
     """A 206 answer's Content-Range (`bytes a-b/size`) starts at the byte asked for and goes on
     to `stop` or to the object's end: else OSError saying what came. Bytes from elsewhere in
@@ -321,10 +347,9 @@ def _check_range(given: str | None, start: int, stop: int) -> None:
     to it."""
     if given is None:
         return
-    span, _, size = given.removeprefix("bytes ").partition("/")
-    first, _, last = span.partition("-")
-    if not (first.isdigit() and last.isdigit() and int(first) == start <= int(last)
-            and (int(last) >= stop - 1 or size == str(int(last) + 1))):
+    m = _CONTENT_RANGE.fullmatch(given.strip())
+    first, last, size = (int(x) if x and x != "*" else None for x in m.groups()) if m else (None, None, None)
+    if first != start or last is None or last < first or (last < stop - 1 and size != last + 1):
         raise OSError(f"the server answered a request for bytes {start}-{stop - 1} with Content-Range "
                       f"{given!r:.80}")
 

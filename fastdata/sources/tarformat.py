@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import bz2
 import gzip
+import io
 import json
 import lzma
 import os
@@ -617,12 +618,64 @@ def compression(head: bytes) -> str | None:
     return None
 
 
+# liblzma's memory limit for an xz (or .lzma) tar: the format lets a 60 KB file ask for a
+# dictionary of 1.5 GiB (4 GiB for .lzma), where `xz -9` needs 65 MiB to decompress.
+MAX_XZ_MEMORY = 1 << 27
+
+
 def decompressing(f, kind: str):
-    """A binary reader of what `f` (a stream of `compression` `kind`) decompresses to; closing
-    it does not close `f`. Its errors: OSError, EOFError, lzma.LZMAError, zlib.error."""
+    """A binary reader of what `f` (a stream of `compression` `kind`) decompresses to, with
+    read1; closing it does not close `f`. Its errors: OSError, EOFError, lzma.LZMAError,
+    zlib.error."""
     if kind == "gz":
         return gzip.GzipFile(fileobj=f, mode="rb")
-    return bz2.BZ2File(f, "rb") if kind == "bz2" else lzma.LZMAFile(f, "rb")
+    return bz2.BZ2File(f, "rb") if kind == "bz2" else io.BufferedReader(_Xz(f))
+
+
+class _Xz(io.RawIOBase):
+    """xz or .lzma streams, one after another, decompressed within MAX_XZ_MEMORY: written here
+    because lzma.LZMAFile takes no memory limit. Bytes after a stream that start no other are
+    ignored, as LZMAFile ignores them."""
+
+    _READ = 1 << 16
+
+    def __init__(self, f) -> None:
+        super().__init__()
+        self._f, self._d = f, lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY)
+        self._tentative = False  # a stream after the first that gave nothing yet: maybe padding or other bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while True:
+            try:
+                if self._d.eof:
+                    rest = self._d.unused_data or self._f.read(self._READ)
+                    if not rest:
+                        return 0
+                    self._d, self._tentative = lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY), True
+                    data = self._d.decompress(rest, len(b))
+                elif self._d.needs_input:
+                    chunk = self._f.read(self._READ)
+                    if not chunk:
+                        if self._tentative:
+                            return 0
+                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                    data = self._d.decompress(chunk, len(b))
+                else:
+                    data = self._d.decompress(b"", len(b))
+            except lzma.LZMAError as e:
+                if self._tentative:  # bytes after a stream that start no other: the end
+                    return 0
+                if "limit" in str(e):
+                    raise lzma.LZMAError(f"it needs more than the {MAX_XZ_MEMORY >> 20} MiB of memory an xz tar "
+                                         f"may take to decompress ({e})") from None
+                raise
+            if data:
+                self._tentative = False
+                b[:len(data)] = data
+                return len(data)
 
 
 def count_samples(tar_path: str | os.PathLike) -> int:

@@ -176,9 +176,13 @@ def scan_shard(url: str) -> Scan:
             scan = scan_tar(f, length)
         except StreamTooLong as e:
             raise DataError(f"cannot read shard {url}: {e}", path=url) from None
+    if compressed and f.error and not (len(scan.keys) and scan.has_members):
+        raise DataError(one_line(f"cannot read shard {url}: {f.error}"), path=url)
     if scan.damage and not scan.has_members:
         raise DataError(one_line(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})"), path=url)
-    return scan._replace(compressed=compressed, failed=f.error if compressed else None)
+    # A failure after the tar's end blocks (bytes after the stream) lost nothing: tarfile reads on as well.
+    end = int(scan.spans[-1].sum()) + 2 * 512 if len(scan.keys) else 0
+    return scan._replace(compressed=compressed, failed=f.error if compressed and f.error and f.at < end else None)
 
 
 def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarray, np.ndarray, np.ndarray]:

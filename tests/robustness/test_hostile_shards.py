@@ -1005,3 +1005,23 @@ def test_the_keys_a_scan_keeps_are_bounded(pristine, tmp_path, monkeypatch):
             shards(url, progress=False)
     monkeypatch.setattr(tarformat, "MAX_SCAN_KEY_CHARS", 6 * 8)
     assert len(shards(stream, progress=False)) == len(shards(str(tmp_path / "f-000000.tar"), progress=False)) == 6
+
+
+def test_an_xz_shard_asking_for_much_memory_is_refused(pristine, tmp_path):
+    """xz lets a file of a few KB ask for a dictionary of 1.5 GiB, which the decompressor takes
+    as it goes (a .lzma one, 4 GiB), in each of 8 scans and each worker's open streams: a shard
+    whose stream needs more than MAX_XZ_MEMORY (128 MiB; `xz -9` needs 65) is refused naming it,
+    whatever its name; one within it reads."""
+    import lzma
+
+    from fastdata.sources.tarformat import MAX_XZ_MEMORY
+
+    data = (pristine / "train-000000.tar").read_bytes()
+    for name, dict_size in (("big-000000.tar", 1 << 30), ("fine-000000.tar.xz", 1 << 26)):
+        packed = lzma.compress(data, filters=[{"id": lzma.FILTER_LZMA2, "dict_size": dict_size}])
+        assert len(packed) < len(data)
+        (tmp_path / name).write_bytes(packed)
+    with pytest.raises(DataError, match=rf"cannot read shard .*big-000000\.tar: the xz stream fails at byte 0 .* "
+                                        rf"needs more than the {MAX_XZ_MEMORY >> 20} MiB"):
+        shards(str(tmp_path / "big-000000.tar"), progress=False)
+    assert len(shards(str(tmp_path / "fine-000000.tar.xz"), progress=False)) == 6

@@ -99,11 +99,13 @@ def test_names_read_as_the_list_they_were_made_from():
     names = Names(items)
     assert list(names) == items and len(names) == 6 and names == items and names != items[:-1]
     assert [names[i] for i in range(-6, 6)] == items + items
+    for i in (-7, -12, 6, 2**70):
+        with pytest.raises(IndexError):
+            names[i]
     assert names[1:4] == items[1:4] and names[::-2] == items[::-2] and names[np.int64(5)] == items[5]
-    assert pickle.loads(pickle.dumps(names)) == names == copy.deepcopy(names)
+    assert all(pickle.loads(pickle.dumps(names, protocol)) == names for protocol in range(pickle.HIGHEST_PROTOCOL + 1))
+    assert copy.deepcopy(names) == names and Names() == [] and not Names()
     assert names.index("") == 4 and "raw-\udcff" in names
-    with pytest.raises(IndexError):
-        names[6]
     with pytest.raises(TypeError):
         names["0"]
 
@@ -143,3 +145,18 @@ def _read_all(listing, writer) -> None:
     for i in range(len(listing)):
         total += len(listing[i])
     writer.send(_private_dirty_mb() - before)
+
+
+def test_a_206_answer_is_held_to_the_range_asked():
+    """A range answer's Content-Range must start at the byte asked for and reach the range's end
+    or the object's; anything else, a header of digits Python's int() refuses or of Unicode
+    digits included, is an OSError quoting it. Without one, the bytes are taken as asked."""
+    from fastdata.sources.streams import _check_range
+
+    for ok in ["bytes 100-109/16384", "bytes 100-200/16384", "bytes 100-104/105", "Bytes 100-109/*", None]:
+        _check_range(ok, 100, 110)
+    for bad in ["bytes 99-109/16384", "bytes 100-104/16384", "bytes 100-104/*", "bytes 1\u00b200-109/16384",
+                "bytes 100-1\u00b2\u00b3/16384", "bytes " + "0" * 5000 + "100-109/16384", "bytes */16384",
+                "bytes 100-99/16384", "garbage", ""]:
+        with pytest.raises(OSError, match="the server answered a request for bytes 100-109 with Content-Range"):
+            _check_range(bad, 100, 110)
