@@ -4,7 +4,8 @@ names, as the samples the loader orders and reads.
 A source is either image files (`files`: an ImageFolder folder, or a list of (path, label)
 pairs: `Samples`) or WebDataset tar shards (`webdataset`: a `.tar` path, a brace pattern, a
 list of paths or URLs: `Shards`). `streams` reads a shard's bytes wherever its URL points;
-`tarformat` is the shard format the reader and the writer (`fastdata.shard`) share.
+`tarformat` is the shard format the reader and the writer (`fastdata.shard`) share;
+`compressed` reads a tar compressed as a stream (gzip, bzip2, xz).
 """
 
 from __future__ import annotations

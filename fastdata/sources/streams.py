@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import errno
 import functools
-import io
 import os
 import re
 import stat
 import time
 
 from ..errors import one_line
-from .tarformat import COMPRESSED_HEAD, compression, decompressing
+from .compressed import decompressed
 
 URL_SCHEMES = ("pipe:", "http://", "https://", "file:")
 """The URL prefixes a shard source may have besides a plain path."""
@@ -99,17 +98,7 @@ def open_stream(url: str):
         f = webdataset.gopen(url, "rb")
     else:
         f = open_http(url)
-    try:
-        if getattr(f, "seekable", lambda: False)():
-            kind = compression(f.read(COMPRESSED_HEAD))
-            f.seek(0)
-        else:
-            f = _Prefixed(f)
-            kind = compression(f.head)
-        return Decompressed(f, kind) if kind else f
-    except BaseException:
-        f.close()
-        raise
+    return decompressed(f)
 
 
 def drop(stream) -> None:
@@ -127,92 +116,6 @@ def drop(stream) -> None:
         stream.close()
     except Exception:
         pass
-
-
-class _Prefixed:
-    """A stream that cannot seek, its first bytes read (`head`) and handed out again first."""
-
-    def __init__(self, f) -> None:
-        self.f, self.head = f, b""
-        while len(self.head) < COMPRESSED_HEAD and (chunk := f.read(COMPRESSED_HEAD - len(self.head))):
-            self.head += chunk
-        self._left = self.head
-
-    def read(self, n: int = -1) -> bytes:
-        if not self._left:
-            return self.f.read(n)
-        if n is None or n < 0:
-            data, self._left = self._left + self.f.read(), b""
-            return data
-        data, self._left = self._left[:n], self._left[n:]
-        return data
-
-    def close(self) -> None:
-        self.f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class Decompressed(io.RawIOBase):
-    """What a compressed tar (gzip, bzip2, xz: `tarformat.decompressing`) decompresses to, read
-    on from its start as a stream is: a shard that cannot be read by byte range. A stream that
-    is corrupt or cut off ends where it fails, as a plain tar cut off there ends, and `error`
-    says why (a tar's members past it cannot be found: a stream does not resync); a failed read
-    of the compressed bytes themselves (a server, a pipe) raises as it is. Closing it closes the
-    compressed stream too."""
-
-    def __init__(self, f, kind: str) -> None:
-        super().__init__()
-        self.raw, self.kind, self.error, self.at = f, kind, None, 0
-        self._source = _Source(f)
-        self._inner = decompressing(self._source, kind)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        if self.error is not None:
-            return 0
-        try:
-            # read1: one read of the compressed bytes, whose data is had before the next one fails
-            # (readinto may read on past it, and a failure there would lose what it had)
-            data = self._inner.read1(len(b))
-            n = len(data)
-            b[:n] = data
-        except Exception as e:  # the decompressor's own (EOFError, zlib.error, lzma.LZMAError, OSError)
-            if self._source.failed:
-                raise
-            self.error = (f"the {self.kind} stream fails at byte {self.at} of what it decompresses to "
-                          f"({type(e).__name__}: {e})")
-            return 0
-        self.at += n
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self._inner.close()
-            finally:
-                self.raw.close()
-        super().close()
-
-
-class _Source:
-    """The compressed bytes a decompressor reads, with whether a read of them failed."""
-
-    def __init__(self, f) -> None:
-        self.f, self.failed = f, False
-
-    def read(self, n: int = -1) -> bytes:
-        try:
-            return self.f.read(n)
-        except BaseException:
-            self.failed = True
-            raise
 
 
 def open_http(url: str, byte_range: tuple[int, int] | None = None):

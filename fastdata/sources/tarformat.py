@@ -4,16 +4,13 @@ webdataset's rule for which sample a tar member belongs to; a walk over tar head
 what damage it steps over; and the samples of a tar counted from its headers alone. Over 400
 lines: the tar walk, and the scan and count built on it, are one format kept in one place.
 
-Imports nothing of fastdata but its errors and the native extension, so that both sides can
-import it.
+Imports nothing of fastdata but its errors, the native extension and `compressed`, so that
+both sides can import it.
 """
 
 from __future__ import annotations
 
 import array
-import bz2
-import gzip
-import io
 import json
 import lzma
 import os
@@ -27,6 +24,7 @@ import numpy as np
 
 from .._ext import native
 from ..errors import DataError
+from .compressed import COMPRESSED_HEAD, compression, decompressing
 
 INDEX_FORMAT = "fastdata-wds-index"
 INDEX_VERSION = 1
@@ -602,80 +600,6 @@ def _place_damage(found: _Found, damage: list[Damage], after: list[int]) -> _Fou
 # The suffixes of a shard's name: a tar, or one compressed as a stream (read as webdataset's
 # tarfile "r|*" reads it: told by its first bytes, not by its name).
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
-COMPRESSED_HEAD = 10  # the bytes `compression` looks at
-
-
-def compression(head: bytes) -> str | None:
-    """"gz", "bz2" or "xz" where a file's first COMPRESSED_HEAD bytes start such a stream, as
-    tarfile tells them apart ("r|*"): more than the first bytes of a bzip2 stream, which a tar
-    member named "BZh..." also starts with; else None."""
-    if head.startswith(b"\x1f\x8b\x08"):
-        return "gz"
-    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":
-        return "bz2"
-    if head.startswith((b"\x5d\x00\x00\x80", b"\xfd7zXZ")):
-        return "xz"
-    return None
-
-
-# liblzma's memory limit for an xz (or .lzma) tar: the format lets a 60 KB file ask for a
-# dictionary of 1.5 GiB (4 GiB for .lzma), where `xz -9` needs 65 MiB to decompress.
-MAX_XZ_MEMORY = 1 << 27
-
-
-def decompressing(f, kind: str):
-    """A binary reader of what `f` (a stream of `compression` `kind`) decompresses to, with
-    read1; closing it does not close `f`. Its errors: OSError, EOFError, lzma.LZMAError,
-    zlib.error."""
-    if kind == "gz":
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    return bz2.BZ2File(f, "rb") if kind == "bz2" else io.BufferedReader(_Xz(f))
-
-
-class _Xz(io.RawIOBase):
-    """xz or .lzma streams, one after another, decompressed within MAX_XZ_MEMORY: written here
-    because lzma.LZMAFile takes no memory limit. Bytes after a stream that start no other are
-    ignored, as LZMAFile ignores them."""
-
-    _READ = 1 << 16
-
-    def __init__(self, f) -> None:
-        super().__init__()
-        self._f, self._d = f, lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY)
-        self._tentative = False  # a stream after the first that gave nothing yet: maybe padding or other bytes
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while True:
-            try:
-                if self._d.eof:
-                    rest = self._d.unused_data or self._f.read(self._READ)
-                    if not rest:
-                        return 0
-                    self._d, self._tentative = lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY), True
-                    data = self._d.decompress(rest, len(b))
-                elif self._d.needs_input:
-                    chunk = self._f.read(self._READ)
-                    if not chunk:
-                        if self._tentative:
-                            return 0
-                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                    data = self._d.decompress(chunk, len(b))
-                else:
-                    data = self._d.decompress(b"", len(b))
-            except lzma.LZMAError as e:
-                if self._tentative:  # bytes after a stream that start no other: the end
-                    return 0
-                if "limit" in str(e):
-                    raise lzma.LZMAError(f"it needs more than the {MAX_XZ_MEMORY >> 20} MiB of memory an xz tar "
-                                         f"may take to decompress ({e})") from None
-                raise
-            if data:
-                self._tentative = False
-                b[:len(data)] = data
-                return len(data)
 
 
 def count_samples(tar_path: str | os.PathLike) -> int:

@@ -1014,7 +1014,7 @@ def test_an_xz_shard_asking_for_much_memory_is_refused(pristine, tmp_path):
     whatever its name; one within it reads."""
     import lzma
 
-    from fastdata.sources.tarformat import MAX_XZ_MEMORY
+    from fastdata.sources.compressed import MAX_XZ_MEMORY
 
     data = (pristine / "train-000000.tar").read_bytes()
     for name, dict_size in (("big-000000.tar", 1 << 30), ("fine-000000.tar.xz", 1 << 26)):

@@ -1,0 +1,187 @@
+"""Tars compressed as a stream (gzip, bzip2, xz), as webdataset reads them through tarfile's
+"r|*": told by their first bytes, and read decompressed from their start. Imports nothing of
+fastdata, so that the shard format (`tarformat`) and the reader (`streams`) can both use it."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+
+COMPRESSED_HEAD = 10  # the bytes `compression` looks at
+
+
+def compression(head: bytes) -> str | None:
+    """"gz", "bz2" or "xz" where a file's first COMPRESSED_HEAD bytes start such a stream, as
+    tarfile tells them apart ("r|*"): more than the first bytes of a bzip2 stream, which a tar
+    member named "BZh..." also starts with; else None."""
+    if head.startswith(b"\x1f\x8b\x08"):
+        return "gz"
+    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":
+        return "bz2"
+    if head.startswith((b"\x5d\x00\x00\x80", b"\xfd7zXZ")):
+        return "xz"
+    return None
+
+
+# liblzma's memory limit for an xz (or .lzma) tar: the format lets a 60 KB file ask for a
+# dictionary of 1.5 GiB (4 GiB for .lzma), where `xz -9` needs 65 MiB to decompress.
+MAX_XZ_MEMORY = 1 << 27
+
+
+def decompressing(f, kind: str):
+    """A binary reader of what `f` (a stream of `compression` `kind`) decompresses to, with
+    read1; closing it does not close `f`. Its errors: OSError, EOFError, lzma.LZMAError,
+    zlib.error."""
+    if kind == "gz":
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return bz2.BZ2File(f, "rb") if kind == "bz2" else io.BufferedReader(_Xz(f))
+
+
+class _Xz(io.RawIOBase):
+    """xz or .lzma streams, one after another, decompressed within MAX_XZ_MEMORY: written here
+    because lzma.LZMAFile takes no memory limit. Bytes after a stream that start no other are
+    ignored, as LZMAFile ignores them."""
+
+    _READ = 1 << 16
+
+    def __init__(self, f) -> None:
+        super().__init__()
+        self._f, self._d = f, lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY)
+        self._tentative = False  # a stream after the first that gave nothing yet: maybe padding or other bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while True:
+            try:
+                if self._d.eof:
+                    rest = self._d.unused_data or self._f.read(self._READ)
+                    if not rest:
+                        return 0
+                    self._d, self._tentative = lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY), True
+                    data = self._d.decompress(rest, len(b))
+                elif self._d.needs_input:
+                    chunk = self._f.read(self._READ)
+                    if not chunk:
+                        if self._tentative:
+                            return 0
+                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                    data = self._d.decompress(chunk, len(b))
+                else:
+                    data = self._d.decompress(b"", len(b))
+            except lzma.LZMAError as e:
+                if self._tentative:  # bytes after a stream that start no other: the end
+                    return 0
+                if "limit" in str(e):
+                    raise lzma.LZMAError(f"it needs more than the {MAX_XZ_MEMORY >> 20} MiB of memory an xz tar "
+                                         f"may take to decompress ({e})") from None
+                raise
+            if data:
+                self._tentative = False
+                b[:len(data)] = data
+                return len(data)
+
+def decompressed(f):
+    """`f` (a binary stream of a whole shard), or a `Decompressed` one where its first bytes
+    start a compressed stream; one that cannot seek is read on through `_Prefixed`, its first
+    bytes handed out again. Closes `f` where this fails."""
+    try:
+        if getattr(f, "seekable", lambda: False)():
+            kind = compression(f.read(COMPRESSED_HEAD))
+            f.seek(0)
+        else:
+            f = _Prefixed(f)
+            kind = compression(f.head)
+        return Decompressed(f, kind) if kind else f
+    except BaseException:
+        f.close()
+        raise
+
+
+class _Prefixed:
+    """A stream that cannot seek, its first bytes read (`head`) and handed out again first."""
+
+    def __init__(self, f) -> None:
+        self.f, self.head = f, b""
+        while len(self.head) < COMPRESSED_HEAD and (chunk := f.read(COMPRESSED_HEAD - len(self.head))):
+            self.head += chunk
+        self._left = self.head
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._left:
+            return self.f.read(n)
+        if n is None or n < 0:
+            data, self._left = self._left + self.f.read(), b""
+            return data
+        data, self._left = self._left[:n], self._left[n:]
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Decompressed(io.RawIOBase):
+    """What a compressed tar (gzip, bzip2, xz: `tarformat.decompressing`) decompresses to, read
+    on from its start as a stream is: a shard that cannot be read by byte range. A stream that
+    is corrupt or cut off ends where it fails, as a plain tar cut off there ends, and `error`
+    says why (a tar's members past it cannot be found: a stream does not resync); a failed read
+    of the compressed bytes themselves (a server, a pipe) raises as it is. Closing it closes the
+    compressed stream too."""
+
+    def __init__(self, f, kind: str) -> None:
+        super().__init__()
+        self.raw, self.kind, self.error, self.at = f, kind, None, 0
+        self._source = _Source(f)
+        self._inner = decompressing(self._source, kind)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.error is not None:
+            return 0
+        try:
+            # read1: one read of the compressed bytes, whose data is had before the next one fails
+            # (readinto may read on past it, and a failure there would lose what it had)
+            data = self._inner.read1(len(b))
+            n = len(data)
+            b[:n] = data
+        except Exception as e:  # the decompressor's own (EOFError, zlib.error, lzma.LZMAError, OSError)
+            if self._source.failed:
+                raise
+            self.error = (f"the {self.kind} stream fails at byte {self.at} of what it decompresses to "
+                          f"({type(e).__name__}: {e})")
+            return 0
+        self.at += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._inner.close()
+            finally:
+                self.raw.close()
+        super().close()
+
+
+class _Source:
+    """The compressed bytes a decompressor reads, with whether a read of them failed."""
+
+    def __init__(self, f) -> None:
+        self.f, self.failed = f, False
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self.f.read(n)
+        except BaseException:
+            self.failed = True
+            raise
