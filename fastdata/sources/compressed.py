@@ -5,9 +5,9 @@ fastdata, so that the shard format (`tarformat`) and the reader (`streams`) can 
 from __future__ import annotations
 
 import bz2
-import gzip
 import io
 import lzma
+import zlib
 
 COMPRESSED_HEAD = 10  # the bytes `compression` looks at
 
@@ -31,25 +31,32 @@ MAX_XZ_MEMORY = 1 << 27
 
 
 def decompressing(f, kind: str):
-    """A binary reader of what `f` (a stream of `compression` `kind`) decompresses to, with
-    read1; closing it does not close `f`. Its errors: OSError, EOFError, lzma.LZMAError,
-    zlib.error."""
-    if kind == "gz":
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    return bz2.BZ2File(f, "rb") if kind == "bz2" else io.BufferedReader(_Xz(f))
+    """A binary reader (with read1) of what `f`, a stream of `compression` `kind`, decompresses
+    to; closing it does not close `f`. Its errors: EOFError (cut off), zlib.error, OSError
+    (bzip2's), lzma.LZMAError (corrupt, or over MAX_XZ_MEMORY)."""
+    return io.BufferedReader(_Streams(f, kind), _Streams.READ)
 
 
-class _Xz(io.RawIOBase):
-    """xz or .lzma streams, one after another, decompressed within MAX_XZ_MEMORY: written here
-    because lzma.LZMAFile takes no memory limit. Bytes after a stream that start no other are
-    ignored, as LZMAFile ignores them."""
+class _Streams(io.RawIOBase):
+    """Compressed streams (gzip members, bzip2 or xz streams), one after another, each output
+    asked for decompressed from 1 MiB reads of `f` in one call. Written here rather than
+    taken from gzip.GzipFile, bz2.BZ2File and lzma.LZMAFile: they decompress 8 KiB of input a
+    call (Python-level work a fifth of the inflate's own on a shard of JPEGs), and LZMAFile
+    takes no memory limit. As they do, bytes after a whole stream that start no other are the
+    end, and a gzip member's CRC-32 and length are checked (zlib's gzip mode)."""
 
-    _READ = 1 << 16
+    READ = 1 << 20
 
-    def __init__(self, f) -> None:
+    def __init__(self, f, kind: str) -> None:
         super().__init__()
-        self._f, self._d = f, lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY)
+        self._f, self._kind = f, kind
+        self._d, self._pending = self._new(), b""
         self._tentative = False  # a stream after the first that gave nothing yet: maybe padding or other bytes
+
+    def _new(self):
+        if self._kind == "gz":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)  # (a gzip header and trailer)
+        return bz2.BZ2Decompressor() if self._kind == "bz2" else lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY)
 
     def readable(self) -> bool:
         return True
@@ -58,24 +65,25 @@ class _Xz(io.RawIOBase):
         while True:
             try:
                 if self._d.eof:
-                    rest = self._d.unused_data or self._f.read(self._READ)
-                    if not rest:
+                    # (all the input past the stream's end: zlib may leave it in unconsumed_tail as well)
+                    self._pending = self._d.unused_data or self._f.read(self.READ)
+                    if not self._pending:
                         return 0
-                    self._d, self._tentative = lzma.LZMADecompressor(memlimit=MAX_XZ_MEMORY), True
-                    data = self._d.decompress(rest, len(b))
-                elif self._d.needs_input:
-                    chunk = self._f.read(self._READ)
-                    if not chunk:
+                    self._d, self._tentative = self._new(), True
+                # zlib hands back the input it did not take (unconsumed_tail); bz2 and lzma keep it
+                hungry = not self._pending if self._kind == "gz" else self._d.needs_input and not self._pending
+                if hungry:
+                    self._pending = self._f.read(self.READ)
+                    if not self._pending:
                         if self._tentative:
                             return 0
                         raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                    data = self._d.decompress(chunk, len(b))
-                else:
-                    data = self._d.decompress(b"", len(b))
-            except lzma.LZMAError as e:
+                data = self._d.decompress(self._pending, len(b))
+                self._pending = self._d.unconsumed_tail if self._kind == "gz" else b""
+            except (zlib.error, OSError, lzma.LZMAError) as e:
                 if self._tentative:  # bytes after a stream that start no other: the end
                     return 0
-                if "limit" in str(e):
+                if isinstance(e, lzma.LZMAError) and "limit" in str(e):
                     raise lzma.LZMAError(f"it needs more than the {MAX_XZ_MEMORY >> 20} MiB of memory an xz tar "
                                          f"may take to decompress ({e})") from None
                 raise
@@ -83,6 +91,7 @@ class _Xz(io.RawIOBase):
                 self._tentative = False
                 b[:len(data)] = data
                 return len(data)
+
 
 def decompressed(f):
     """`f` (a binary stream of a whole shard), or a `Decompressed` one where its first bytes
