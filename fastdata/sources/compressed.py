@@ -139,7 +139,7 @@ class _Prefixed:
 
 
 class Decompressed(io.RawIOBase):
-    """What a compressed tar (gzip, bzip2, xz: `tarformat.decompressing`) decompresses to, read
+    """What a compressed tar (gzip, bzip2, xz: `decompressing`) decompresses to, read
     on from its start as a stream is: a shard that cannot be read by byte range. A stream that
     is corrupt or cut off ends where it fails, as a plain tar cut off there ends, and `error`
     says why (a tar's members past it cannot be found: a stream does not resync); a failed read
@@ -159,7 +159,7 @@ class Decompressed(io.RawIOBase):
         if self.error is not None:
             return 0
         try:
-            # read1: one read of the compressed bytes, whose data is had before the next one fails
+            # read1: one read of the compressed bytes, whose data is had before a next one fails
             # (readinto may read on past it, and a failure there would lose what it had)
             data = self._inner.read1(len(b))
             n = len(data)
