@@ -1,8 +1,8 @@
 """Reading WebDataset shards: the samples of a batch (epoch, k), by byte ranges, one block ahead.
 
 A worker reads a block's samples (see `ShardOrder`) as one byte range per shard (files seek, HTTP asks for the
-range; pipe: streams and compressed tars are read on) into one of two buffers it keeps, checks each sample's span of it
-(`shard_samples.check_sample`: its tar headers, members, sizes, CRC-32 and label), slices the image members
+range; pipe: streams and compressed tars are read on) into one of two buffers it keeps, checks each sample's
+span of it (`shard_samples.check_sample`: its tar headers, members, sizes, CRC-32 and label), slices the image members
 out without a copy, and reads the next block in a thread while the batch of this one is decoded. Where
 nothing was read ahead (a pass's first batch, a resume), the batch's own samples are read first, by
 themselves. A block over MAX_PART_BYTES (one batch of large samples) is neither read ahead nor whole: its

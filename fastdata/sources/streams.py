@@ -87,8 +87,8 @@ def identity(st: os.stat_result) -> tuple[int, ...]:
 
 def open_stream(url: str):
     """A binary stream of a whole shard: a file, an HTTP response, or webdataset's gopen for
-    pipe: (a command whose stdout is the shard); a `Decompressed` one where its bytes are a
-    compressed tar (`tarformat.compression`)."""
+    pipe: (a command whose stdout is the shard); a `compressed.Decompressed` one where its
+    bytes are a compressed tar."""
     local = local_path(url)
     if local is not None:
         f = open_file(local)
@@ -211,7 +211,8 @@ def http_size(url: str) -> int | None:
         if r.status == 206 and m and m.group(3) != "*":
             return int(m.group(3))
         length = (r.headers.get("Content-Length") or "").strip()
-        return int(length) if r.status == 200 and length.isascii() and length.isdigit() and len(length) <= 20 else None
+        plain = length.isascii() and length.isdigit() and len(length) <= 20
+        return int(length) if r.status == 200 and plain else None
 
 
 def read_range(url: str, start: int, view: memoryview) -> int:

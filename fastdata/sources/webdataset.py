@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, error_line, one_line, warn
-from .files import MAX_LABEL, Names
 from .compressed import Decompressed
+from .files import MAX_LABEL, Names
 from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
 from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong,
                         check_index_size, index_location, parse_index, read_index, scan_tar)
