@@ -31,7 +31,7 @@ MAX_XZ_MEMORY = 1 << 27
 
 
 def decompressing(f, kind: str):
-    """A binary reader (with read1) of what `f`, a stream of `compression` `kind`, decompresses
+    """A binary reader of what `f`, a stream of `compression` `kind`, decompresses
     to; closing it does not close `f`. Its errors: EOFError (cut off), zlib.error, OSError
     (bzip2's), lzma.LZMAError (corrupt, or over MAX_XZ_MEMORY)."""
     return io.BufferedReader(_Streams(f, kind), _Streams.READ)
@@ -139,7 +139,7 @@ class _Prefixed:
 
 
 class Decompressed(io.RawIOBase):
-    """What a compressed tar (gzip, bzip2, xz: `decompressing`) decompresses to, read
+    """What a compressed tar (gzip, bzip2, xz: `_Streams`) decompresses to, read
     on from its start as a stream is: a shard that cannot be read by byte range. A stream that
     is corrupt or cut off ends where it fails, as a plain tar cut off there ends, and `error`
     says why (a tar's members past it cannot be found: a stream does not resync); a failed read
@@ -150,7 +150,7 @@ class Decompressed(io.RawIOBase):
         super().__init__()
         self.raw, self.kind, self.error, self.at = f, kind, None, 0
         self._source = _Source(f)
-        self._inner = decompressing(self._source, kind)
+        self._inner = _Streams(self._source, kind)
 
     def readable(self) -> bool:
         return True
@@ -159,11 +159,7 @@ class Decompressed(io.RawIOBase):
         if self.error is not None:
             return 0
         try:
-            # read1: one read of the compressed bytes, whose data is had before a next one fails
-            # (readinto may read on past it, and a failure there would lose what it had)
-            data = self._inner.read1(len(b))
-            n = len(data)
-            b[:n] = data
+            n = self._inner.readinto(b)  # (one decompress call: what it gave is had before a next one fails)
         except Exception as e:  # the decompressor's own (EOFError, zlib.error, lzma.LZMAError, OSError)
             if self._source.failed:
                 raise

@@ -45,14 +45,14 @@ class Shards:
     # each local shard's `streams.identity` when it was listed (None: a stream): bytes read from
     # a file of another identity are not taken for the bytes a record found intact
     stamps: list[tuple[int, ...] | None] | None = None
-    # each shard read on from its start, never by byte range: a pipe: command's output, a
-    # compressed tar (its spans are offsets in what it decompresses to)
+    # each shard read on from its start, never by byte range: a pipe: command's output (always),
+    # a compressed tar (its spans are offsets in what it decompresses to)
     streamed: list[bool] | None = None
 
     def __post_init__(self) -> None:
         self.keys = [k if isinstance(k, Names) else Names(k) for k in self.keys]  # (see Names)
-        if self.streamed is None:
-            self.streamed = [url.startswith("pipe:") for url in self.urls]
+        given = self.streamed or [False] * len(self.urls)
+        self.streamed = [bool(s) or url.startswith("pipe:") for s, url in zip(given, self.urls)]
 
     @property
     def label_limit(self) -> int:
@@ -332,7 +332,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
             sp[:, 1] -= sp[:, 0]
         keys[s], spans[s], contents[s], checksums[s] = k, sp, ct, cs
     indexed = [k is not None for k in keys]
-    streamed = [url.startswith("pipe:") for url in urls]
+    compressed = [False] * len(urls)
     todo = [s for s in range(len(urls)) if keys[s] is None]
     if todo:
         def scan(s: int):
@@ -347,7 +347,7 @@ def shards(source: Any, progress: bool = True) -> Shards:
         with ThreadPoolExecutor(min(8, len(todo))) as pool:
             for done, (s, scanned) in enumerate(zip(todo, pool.map(scan, todo)), 1):
                 keys[s], spans[s], contents[s] = scanned.keys, scanned.spans, scanned.contents
-                streamed[s] = streamed[s] or scanned.compressed
+                compressed[s] = scanned.compressed
                 if scanned.damage:
                     more = f" (and {len(scanned.damage) - 1} more)" if len(scanned.damage) > 1 else ""
                     warn(one_line(f"shard {urls[s]} is damaged: {scanned.damage[0].cause}{more}; what that "
@@ -366,6 +366,6 @@ def shards(source: Any, progress: bool = True) -> Shards:
     if used and todo:
         how += f", {len(todo)} shards counted from their headers"
     return Shards(urls, keys, spans, classes, f"WebDataset shards ({len(urls)} shards, {n} samples; {how})",
-                  contents, indexed, checksums, stamps, streamed)
+                  contents, indexed, checksums, stamps, compressed)
 
 
