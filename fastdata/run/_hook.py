@@ -191,7 +191,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
             self._fastdata_added = self.num_workers = 0
         it = TorchLoader.__iter__(self)
         timing = getattr(self, "_fastdata_timing", None)
-        return it if timing is None else _TimedPass(it, timing, self)
+        return it if timing is None else TimedPass(it, timing, self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:  # torch's DataLoader restores no position: one this loader cannot resume, it does not either
@@ -216,7 +216,8 @@ class _Working(TorchDataLoader):
     """A served loader's working DataLoader (see TorchLoader), as the script sees torch's: its
     workers' `get_worker_info().dataset` is the script's dataset (not the NativeFolder that a
     natively served folder's batches are fetched from); with timeout 0 it waits for a batch as
-    long as it takes, without fastdata's stall limit (`fastdata._workers.wait_forever`)."""
+    long as it takes, without fastdata's stall limit (`fastdata._workers.wait_forever`). Before
+    its workers start, a NativeFolder lists its samples for them (`NativeFolder.list_for_workers`)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "worker_init_fn" and isinstance(self.__dict__.get("dataset"), NativeFolder):
@@ -224,6 +225,8 @@ class _Working(TorchDataLoader):
         TorchDataLoader.__setattr__(self, name, value)
 
     def __iter__(self) -> Any:
+        if self.num_workers and isinstance(self.dataset, NativeFolder):
+            self.dataset.list_for_workers()
         it = TorchDataLoader.__iter__(self)
         if self.num_workers and not self.timeout:
             wait_forever(it)
@@ -237,20 +240,6 @@ def _scripts_dataset(init: Any, worker_id: int) -> None:
         object.__setattr__(info, "dataset", info.dataset.dataset)  # WorkerInfo refuses a plain assignment
     if init is not None:
         init(worker_id)
-
-
-class _TimedPass(TimedPass):
-    """A timed pass (--profile), with the len() and `_num_yielded` of DataLoader's iterator."""
-
-    _num_yielded = 0
-
-    def __next__(self) -> Any:
-        batch = TimedPass.__next__(self)
-        self._num_yielded += 1
-        return batch
-
-    def __len__(self) -> int:
-        return len(self._it)
 
 
 def _copy_ahead() -> bool:

@@ -58,7 +58,9 @@ class Timing:
 class TimedPass:
     """A pass's iterator, timed: a step is counted when the consumer asks for the next batch
     (the last batch's step, when it never asks again, is not). As the pass's own iterator, it
-    goes on after a batch that raised."""
+    goes on after a batch that raised, and has the len() and `_num_yielded` of DataLoader's."""
+
+    _num_yielded = 0
 
     def __init__(self, it: Iterator[Any], timing: Timing, loader: Any) -> None:
         self._it, self._timing, self._loader = it, timing, loader
@@ -83,7 +85,11 @@ class TimedPass:
         t1 = time.perf_counter()
         self._handed = (t1, t1 - t0, _images(batch), self._first)
         self._first = False
+        self._num_yielded += 1
         return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
 
 
 def _images(batch: Any) -> int:

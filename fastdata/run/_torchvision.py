@@ -29,6 +29,7 @@ re-raise it with its message rewritten ("Caught ... in DataLoader worker process
 
 from __future__ import annotations
 
+import array
 import pickle
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from ..backends.torch_iter import Raised
 from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
+from ..sources import Names
 from ._lowering import Lowering, lower, steps_dtype
 
 
@@ -201,6 +203,9 @@ class NativeFolder(Dataset):
         self.decoder.crop_first = True
         self._use(lowering)
         self._scratch: torch.Tensor | None = None
+        # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
+        self._listing: tuple[list, Names, array.array] | None = None
+        self._kept: list | None = None  # (main process) the samples' items the listing was made of
 
     def _use(self, lowering: Lowering) -> None:
         self.lowering = lowering
@@ -214,7 +219,46 @@ class NativeFolder(Dataset):
         return self.dataset[index]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_scratch": None}
+        return {**self.__dict__, "_scratch": None, "_kept": None}
+
+    def list_for_workers(self) -> None:
+        """Called in the main process before workers start: the dataset's `samples` (a list of
+        (str, int) pairs, as DatasetFolder makes it) listed again as `Names` and an int64 array,
+        which workers read the batches' paths and targets from. A worker that read them from
+        the list would write the reference counts of its tuples, strings and ints, and so copy
+        the pages they lie on: over an epoch, the whole list, into every worker (137 MB a worker
+        at ImageNet's 1.28M samples: benchmarks/listing_memory.py). The listing is made again
+        when the list is another or holds other items (compared item by item: identical items
+        compare at once); a worker uses it while its dataset's `samples` is still that list, of
+        that length (a worker_init_fn that gives it another is followed)."""
+        samples = getattr(self.dataset, "samples", None)
+        if type(samples) is not list:
+            self._listing = self._kept = None
+            return
+        if self._listing is not None and self._listing[0] is samples and self._kept == samples:
+            return
+        self._listing = self._kept = None
+        if not all(type(s) is tuple and len(s) == 2 and type(s[0]) is str and type(s[1]) is int for s in samples):
+            return
+        try:
+            targets = array.array("q", [target for _, target in samples])
+        except OverflowError:  # a target past int64: read from the list
+            return
+        self._listing, self._kept = (samples, Names([path for path, _ in samples]), targets), list(samples)
+
+    def _samples(self, indices: list[int]) -> tuple[list[str], list]:
+        """The paths and targets of `indices`: from the listing in a worker (`list_for_workers`),
+        else from the dataset's `samples`, whose errors (an index out of range) are the script's."""
+        listing = self._listing
+        if listing is not None and torch.utils.data.get_worker_info() is not None:
+            samples, paths, targets = listing
+            if self.dataset.samples is samples and len(samples) == len(paths):
+                try:
+                    return [paths[i] for i in indices], [targets[i] for i in indices]
+                except (IndexError, TypeError):
+                    pass
+        samples = [self.dataset.samples[i] for i in indices]
+        return [path for path, _ in samples], [target for _, target in samples]
 
     def __getitems__(self, indices: list[int]) -> Any:
         try:
@@ -243,8 +287,7 @@ class NativeFolder(Dataset):
         ds = self.dataset
         if lowering != self.lowering:
             self._use(lowering)
-        samples = [ds.samples[i] for i in indices]
-        paths = [path for path, _ in samples]
+        paths, targets = self._samples(indices)
         index = np.asarray(indices, dtype=np.int64)
         images, like, done = None, None, 0
         while done < len(paths):
@@ -267,7 +310,6 @@ class NativeFolder(Dataset):
             self.decoder.fill(images[done:done + n], c, 0, errors)
             del part, c  # its bytes go before the next part's are read
             done += n
-        targets = [target for _, target in samples]
         if ds.target_transform is not None:
             targets = [ds.target_transform(t) for t in targets]
         return FolderBatch(images, targets, lowering.steps)

@@ -702,6 +702,90 @@ def test_a_transform_changed_between_passes_is_followed(tv, folder, workers):
     loader._stop()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_changed_between_passes_are_followed(tv, folder, workers):
+    """Workers read the samples' paths and targets from the listing made before they start
+    (`NativeFolder.list_for_workers`): a script that reorders, filters or edits `samples` after
+    making the loader, or gives a worker other samples in worker_init_fn, gets what it set, each
+    image with its own label."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((16, 16)), T.ToTensor()]))
+    loader = _served(dataset, batch_size=8, num_workers=workers)
+
+    def labels():
+        got = []
+        for images, targets in loader:
+            assert torch.equal(_class_of(images, False), targets)  # each image with its own label
+            got += targets.tolist()
+        return got
+
+    assert labels() == dataset.targets
+    dataset.samples = dataset.samples[::-1]
+    assert labels() == [t for _, t in dataset.samples]
+    dataset.samples[0] = dataset.samples[-1]  # the same list, one item edited
+    dataset.samples.pop()
+    assert labels() == [t for _, t in dataset.samples]
+    dataset.samples = [s for s in dataset.samples if s[1] != 2]
+    assert labels() == [t for _, t in dataset.samples] and 2 not in labels()
+    if workers:
+        loader._stop()
+        keep = dataset.samples
+
+        def only_class_1(worker_id):
+            torch.utils.data.get_worker_info().dataset.samples = [s for s in keep if s[1] == 1] * 10
+
+        loader = _served(dataset, batch_size=8, num_workers=1, worker_init_fn=only_class_1)
+        assert set(labels()) == {1}
+    loader._stop()
+
+
+def test_workers_read_a_folders_samples_without_copying_them(tv, folder, monkeypatch):
+    """A worker that read each batch's paths and targets from the script's `samples` would
+    write their reference counts and copy the pages they lie on into itself (PyTorch's issue
+    13246): over an epoch, the whole list, in every worker. From the listing it copies none:
+    200,000 samples, every 50th one fetched. The worker's Pss_Anon (read by a target_transform)
+    from its first batch to its last grows by what it allocates anyway (1.7 MB here, as at 4,000
+    samples); with the listing turned off (this test's control), by half the list's items' pages
+    on top of that (a page shared by the two processes counted half in each, then whole)."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    if not os.path.exists("/proc/self/smaps_rollup"):
+        pytest.skip("no /proc/self/smaps_rollup on this system")
+
+    read = [0, 0.0]  # (targets seen, the last reading): read once a batch, as reading takes milliseconds
+
+    def with_private_dirty(target):
+        if read[0] % 200 == 0:
+            with open("/proc/self/smaps_rollup") as f:
+                read[1] = sum(int(line.split()[1]) for line in f if line.startswith("Pss_Anon:")) / 1024
+        read[0] += 1
+        return target, read[1]
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((16, 16)), T.ToTensor()]),
+                          target_transform=with_private_dirty)
+    n = 200_000  # sample i: the folder's image (i // 4) % 12 of class i % 4 (distinct str objects)
+    dataset.samples = [(f"{folder}/class{i % 4}/{(i // 4) % 12:03d}.jpg", i % 4) for i in range(n)]
+    fetched = list(range(0, n, 50))
+    grew = {}
+    for kind in ("listing", "list"):
+        if kind == "list":
+            monkeypatch.setattr(rt.NativeFolder, "list_for_workers", lambda self: None)
+        sampler = torch.utils.data.SubsetRandomSampler(fetched, generator=torch.Generator().manual_seed(0))
+        loader = _served(dataset, batch_size=200, sampler=sampler, num_workers=1)
+        dirty = []
+        for images, (targets, mb) in loader:
+            assert torch.equal(_class_of(images, False), targets)
+            dirty.append(mb)
+        loader._stop()
+        grew[kind] = float(dirty[-1][0] - dirty[0][0])
+    listing_mb = n * (56 + 49 + len(dataset.samples[0][0])) / 2**20  # the tuples and str objects
+    assert grew["list"] > 0.3 * listing_mb, grew  # the control: this test can tell a copy
+    assert grew["listing"] < grew["list"] / 4, grew
+
+
 def test_workers_fastdata_added_go_back_when_the_transform_is_no_longer_served(tv, folder, capfd):
     """The script left num_workers at 0: fastdata's workers serve a transform it lowers and go
     back at the next iter() once the script swaps in one it does not lower, the script's own
