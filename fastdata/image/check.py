@@ -314,9 +314,9 @@ def png_rows(data) -> str | None:
     stops where the zlib stream ends and leaves the rows below as zeros, without an error, so a
     valid stream that is too short (every chunk whole, every CRC right) would pass as an image.
     Here the IDAT chunks are inflated, at most one byte past what the header gives (the work is
-    bounded by the pixel limit), and counted. For a file `check_complete` passed (its chunks
-    walked to IEND); any other file, or one whose stream is corrupt (Pillow's decode says so),
-    gives None."""
+    bounded by the pixel limit), and counted, a MiB at a time. For a file `check_complete`
+    passed (its chunks walked to IEND); any other file, or one whose stream is corrupt (Pillow's
+    decode says so), gives None."""
     import zlib
 
     view = memoryview(data)
@@ -337,9 +337,13 @@ def png_rows(data) -> str | None:
                 break
             if kind == b"IDAT":
                 chunk = view[pos + 8:pos + 8 + n]
-                while chunk and got <= need and not stream.eof:
-                    got += len(stream.decompress(chunk, need + 1 - got))
-                    chunk = stream.unconsumed_tail
+                while got <= need and not stream.eof:
+                    # a MiB at a time, only counted (a 16-bit RGBA image at the pixel limit inflates to 1.4 GB)
+                    asked = min(need + 1 - got, 1 << 20)
+                    n = len(stream.decompress(chunk, asked))
+                    got, chunk = got + n, stream.unconsumed_tail
+                    if n < asked and not chunk:  # (all of the chunk's bytes taken, and what they gave)
+                        break
             pos += 12 + n
     except zlib.error:
         return None

@@ -29,11 +29,18 @@ def compression(head: bytes) -> str | None:
 # dictionary of 1.5 GiB (4 GiB for .lzma), where `xz -9` needs 65 MiB to decompress.
 MAX_XZ_MEMORY = 1 << 27
 
+# The most a compressed tar may decompress to: MAX_RATIO bytes for each compressed byte read,
+# past its first MAX_RATIO_FREE. gzip cannot give more (deflate's longest match, 258 bytes,
+# takes at least 2 bits: 1,032 to 1); bzip2's run-length stage and xz reach millions to one,
+# so that a 70 KB file would decompress to the 64 GiB a stream may hold, each time it is read.
+MAX_RATIO = 1032
+MAX_RATIO_FREE = 1 << 24
+
 
 def decompressing(f, kind: str):
     """A binary reader of what `f`, a stream of `compression` `kind`, decompresses
     to; closing it does not close `f`. Its errors: EOFError (cut off), zlib.error, OSError
-    (bzip2's), lzma.LZMAError (corrupt, or over MAX_XZ_MEMORY)."""
+    (bzip2's, or over MAX_RATIO), lzma.LZMAError (corrupt, or over MAX_XZ_MEMORY)."""
     return io.BufferedReader(_Streams(f, kind), _Streams.READ)
 
 
@@ -52,6 +59,7 @@ class _Streams(io.RawIOBase):
         self._f, self._kind = f, kind
         self._d, self._pending = self._new(), b""
         self._tentative = False  # a stream after the first that gave nothing yet: maybe padding or other bytes
+        self._in = self._out = 0  # compressed bytes read, bytes decompressed
 
     def _new(self):
         if self._kind == "gz":
@@ -66,19 +74,21 @@ class _Streams(io.RawIOBase):
             try:
                 if self._d.eof:
                     # (all the input past the stream's end: zlib may leave it in unconsumed_tail as well)
-                    self._pending = self._d.unused_data or self._f.read(self.READ)
+                    self._pending = self._d.unused_data or self._read()
                     if not self._pending:
                         return 0
                     self._d, self._tentative = self._new(), True
                 # zlib hands back the input it did not take (unconsumed_tail); bz2 and lzma keep it
                 hungry = not self._pending if self._kind == "gz" else self._d.needs_input and not self._pending
                 if hungry:
-                    self._pending = self._f.read(self.READ)
+                    self._pending = self._read()
                     if not self._pending:
                         if self._tentative:
                             return 0
                         raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                data = self._d.decompress(self._pending, len(b))
+                # (no more than the bound lets it give: what came before the bound is had)
+                room = MAX_RATIO_FREE + MAX_RATIO * self._in - self._out
+                data = self._d.decompress(self._pending, max(1, min(len(b), room)))
                 self._pending = self._d.unconsumed_tail if self._kind == "gz" else b""
             except (zlib.error, OSError, lzma.LZMAError) as e:
                 if self._tentative:  # bytes after a stream that start no other: the end
@@ -88,9 +98,17 @@ class _Streams(io.RawIOBase):
                                          f"may take to decompress ({e})") from None
                 raise
             if data:
-                self._tentative = False
+                self._tentative, self._out = False, self._out + len(data)
+                if len(data) > room:
+                    raise OSError(f"it decompresses to over {MAX_RATIO:,} times its size ({self._out:,} bytes from "
+                                  f"{self._in:,}), more than gzip can: a decompression bomb")
                 b[:len(data)] = data
                 return len(data)
+
+    def _read(self) -> bytes:
+        data = self._f.read(self.READ)
+        self._in += len(data)
+        return data
 
 
 def decompressed(f):

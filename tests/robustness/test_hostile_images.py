@@ -445,6 +445,28 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
     assert report["grown_mb"] < 200, report
 
 
+def test_a_pngs_rows_are_counted_a_mib_at_a_time():
+    """The check for missing rows (`check.png_rows`) inflates a PNG's image data only to count
+    it, so it holds a MiB of it at a time: a 4096x4096 image of zeros (50 MB of scanlines from
+    a 50 kB file) is counted whole with under 4 MB allocated at its peak, and the same data
+    short of its last row is refused."""
+    import tracemalloc
+
+    from fastdata.image.check import png_rows
+
+    w = h = 4096
+    rows = bytes(h * (1 + 3 * w))
+    for data, want in ((png_of(rows, w, h), None), (png_of(rows[:-(1 + 3 * w)], w, h), "truncated image data")):
+        tracemalloc.start()
+        try:
+            got = png_rows(data)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert (got is None) if want is None else (want in got), got
+        assert peak < 4 << 20, peak
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
 def test_a_name_with_a_line_break_stays_one_line(config, tmp_path, caplog):
     """A bad file (or, on wds, tar member) named with a line break and a terminal escape: the

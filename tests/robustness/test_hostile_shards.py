@@ -1025,3 +1025,38 @@ def test_an_xz_shard_asking_for_much_memory_is_refused(pristine, tmp_path):
                                         rf"needs more than the {MAX_XZ_MEMORY >> 20} MiB"):
         shards(str(tmp_path / "big-000000.tar"), progress=False)
     assert len(shards(str(tmp_path / "fine-000000.tar.xz"), progress=False)) == 6
+
+
+@pytest.mark.parametrize("kind", ["bz2", "xz"])
+def test_a_compressed_shard_that_decompresses_to_far_more_than_gzip_can_ends_there(pristine, tmp_path, monkeypatch,
+                                                                                    kind):
+    """bzip2 and xz decompress a few hundred bytes to gigabytes, each time a shard is read: a
+    stream that gives more than MAX_RATIO bytes (gzip's most) for each compressed byte read,
+    past its first MAX_RATIO_FREE (lowered here to 1 MiB), ends there, with a warning naming the
+    shard; the samples before it are read, each with its label, and the one it splits is
+    skipped and counted. The same shard gzip-compressed reads whole."""
+    import bz2
+    import gzip
+    import lzma
+
+    from fastdata.sources import compressed
+
+    monkeypatch.setattr(compressed, "MAX_RATIO_FREE", 1 << 20)
+    out = io.BytesIO()
+    with tarfile.open(pristine / "train-000000.tar") as src, tarfile.open(fileobj=out, mode="w") as tf:
+        for m in src.getmembers():
+            tf.addfile(m, src.extractfile(m))
+        bomb = tarfile.TarInfo("zz.bin")
+        bomb.size = 16 << 20
+        tf.addfile(bomb, io.BytesIO(bytes(bomb.size)))
+    (tmp_path / "train-000000.tar.gz").write_bytes(gzip.compress(out.getvalue()))
+    assert len(shards(str(tmp_path / "train-000000.tar.gz"), progress=False)) == 7
+    (tmp_path / "train-000000.tar.gz").unlink()
+    packed = (bz2.compress if kind == "bz2" else lzma.compress)(out.getvalue())
+    (tmp_path / f"train-000000.tar.{kind}").write_bytes(packed)
+    loader, said = _load(tmp_path, ("wds", 0), "skip", pattern=f"train-000000.tar.{kind}")
+    assert any(re.search(rf"train-000000\.tar\.{kind} ends early: the {kind} stream fails at byte \d+ .*over 1,032 "
+                         r"times its size .*a decompression bomb", w) for w in said), said
+    got = _delivered(loader)
+    assert sorted(got) == sorted(sample(i) for i in range(6))
+    assert loader.stats["skipped"] == 1 and loader.stats["errors"][0]["path"].endswith("(member zz.bin)")
