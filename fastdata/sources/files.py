@@ -13,6 +13,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import one_line
+
 # torchvision.datasets.folder.IMG_EXTENSIONS: a folder lists the files ImageFolder lists.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # Labels of a source that does not name its classes are in [0, 2**31): int64 holds them, and
@@ -116,7 +118,8 @@ def image_folder(root: str | os.PathLike) -> Samples:
     folder without images keeps its label; a folder without any image is refused. Symlinks are
     followed, as ImageFolder follows them, but a class's walk enters each folder once
     (`_walk_once`): a link back to `root`, to a folder above it (`/`: it holds the listing) or to
-    a folder already entered is not entered again, and said in one warning. The walk is not
+    a folder already entered is not entered again, and said in one warning; a folder that cannot
+    be listed is left out, as ImageFolder leaves it out, and said in another. The walk is not
     recursive: a tree of any depth is listed."""
     root = os.path.expanduser(os.fspath(root))  # as ImageFolder does
     if not os.path.exists(root):
@@ -129,10 +132,11 @@ def image_folder(root: str | os.PathLike) -> Samples:
     paths: list[str] = []
     labels: list[int] = []
     again: list[str] = []
+    unlisted: list[str] = []
     holders = _holders(root)
     for label, name in enumerate(classes):
         n = len(paths)
-        for dirpath, files in sorted(_walk_once(os.path.join(root, name), holders, again)):
+        for dirpath, files in sorted(_walk_once(os.path.join(root, name), holders, again, unlisted)):
             paths += [os.path.join(dirpath, f) for f in sorted(files)
                       if f.lower().endswith(IMAGE_EXTENSIONS)]
         labels += [label] * (len(paths) - n)
@@ -141,6 +145,10 @@ def image_folder(root: str | os.PathLike) -> Samples:
         warnings.warn(f"image folder {root!r}: {again[0]!r}{more} leads to a folder this listing already entered "
                       "or one that holds it (a symlink loop, or a second link to one folder); its images are listed "
                       "once", stacklevel=2)
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+        warnings.warn(one_line(f"image folder {root!r}: cannot list {unlisted[0]}{more}; its images are left out, as "
+                               "ImageFolder leaves them out"), stacklevel=2)
     if not paths:
         raise ValueError(f"image folder {root!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
     return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
@@ -170,7 +178,8 @@ def _holders(root: str) -> set[tuple[int, int]]:
     return ids
 
 
-def _walk_once(top: str, holders: set[tuple[int, int]], again: list[str]) -> Iterator[tuple[str, list[str]]]:
+def _walk_once(top: str, holders: set[tuple[int, int]], again: list[str],
+               unlisted: list[str]) -> Iterator[tuple[str, list[str]]]:
     """(folder, names of what is not a folder in it) of os.walk(top, followlinks=True), entering
     each folder once: a folder whose (st_dev, st_ino) is in `holders` (`_holders`), is `top`'s
     or was met before in this walk is not entered, and its path is appended to `again`. A link
@@ -180,8 +189,8 @@ def _walk_once(top: str, holders: set[tuple[int, int]], again: list[str]) -> Ite
     not depend on the order the file system lists them in.
     The walk keeps its own stack of folders to enter, where os.walk before Python 3.12 recurses
     once a level (RecursionError past ~1,000 levels). It visits folders in os.walk's order
-    (top-down, depth first); as os.walk, it skips a folder it cannot list, and counts an entry
-    whose type it cannot read as no folder."""
+    (top-down, depth first); as os.walk, it skips a folder it cannot list (appended to
+    `unlisted`, with the cause), and counts an entry whose type it cannot read as no folder."""
     key = _dir_id(top)
     if key in holders:  # a class folder that is a link to `root` or above
         again.append(top)
@@ -200,7 +209,8 @@ def _walk_once(top: str, holders: set[tuple[int, int]], again: list[str]) -> Ite
                     except OSError:
                         is_dir = False
                     (dirnames if is_dir else files).append(entry.name)
-        except OSError:  # gone, unreadable, or failed part-way
+        except OSError as e:  # gone, unreadable, or failed part-way
+            unlisted.append(f"{dirpath!r} ({type(e).__name__}: {e.strerror or e})")
             continue
         keep = []
         for name in sorted(dirnames):

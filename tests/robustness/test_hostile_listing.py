@@ -142,3 +142,28 @@ def test_a_link_above_the_root_is_not_entered(folder, tmp_path):
     assert names == PLAIN
     [line] = warned
     assert os.path.join(str(folder), "class0", "parent") in line and "and 2 more" in line
+
+
+def test_a_folder_that_cannot_be_listed_is_said_so(folder, monkeypatch):
+    """A folder the listing cannot read (permissions, an I/O error, gone) is left out, as
+    ImageFolder's os.walk leaves it out, but said in one warning naming it and the cause: its
+    images are not lost without a word. (Faked with os.scandir: these tests may run as root,
+    which reads any folder.)"""
+    (folder / "class1" / "sub").mkdir()
+    shutil.copy(folder / "class1" / "000.jpg", folder / "class1" / "sub" / "002.jpg")
+    names, warned = _listed(folder)
+    assert names == PLAIN + [("class1/sub/002.jpg", 1)] and not warned
+    real = os.scandir
+    refused = {str(folder / "class1" / "sub"), str(folder / "class0")}
+
+    def scandir(path="."):
+        if os.fspath(path) in refused:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    names, warned = _listed(folder)
+    assert names == PLAIN[2:]
+    [line] = warned
+    assert repr(str(folder / "class0")) in line and "(PermissionError: Permission denied) (and 1 more)" in line
+    assert "left out" in line and "\n" not in line
