@@ -13,6 +13,7 @@ DataError naming the shard, the member and the byte, or a counted skip).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
@@ -34,6 +35,17 @@ from .shard_samples import Block, check_sample
 _OPEN_STREAMS = 4
 
 
+def _index_key(shards: Shards) -> bytes:
+    """The shards' `samples_key` and what their index says of each sample (where it is, its
+    CRC-32): a loader over the same files with another index compares its CRC-32s afresh."""
+    h = hashlib.blake2b(samples_key(shards), digest_size=16)
+    for s, spans in enumerate(shards.spans):
+        h.update(np.ascontiguousarray(spans, dtype=np.int64).tobytes())
+        crcs = shards.checksums[s] if shards.checksums is not None else None
+        h.update(b"-" if crcs is None else np.ascontiguousarray(crcs, dtype=np.int64).tobytes())
+    return h.digest()
+
+
 class ShardReader:
     """Reads the samples of batch (epoch, k) from the block that holds it, read (or being
     read) by this process's read-ahead thread."""
@@ -51,8 +63,8 @@ class ShardReader:
         self._files = not any(shards.streamed) and all(local_path(url) is not None for url in shards.urls)
         # 1 at each sample id whose bytes were found with the index's CRC-32 (see _read_run): in
         # shared memory, for this loader's workers, fresh ones each epoch included, and the
-        # loaders this process builds over the same shards
-        self._verified = shared_record(len(shards), (b"crc", samples_key(shards)))
+        # loaders this process builds over the same shards with the same index
+        self._verified = shared_record(len(shards), (b"crc", _index_key(shards)))
         # labels are in [0, limit): the index's classes, else [0, 2**31)
         self._labels = (shards.label_limit,
                         f"the {len(shards.classes)} classes of the index" if shards.classes else "no classes named")

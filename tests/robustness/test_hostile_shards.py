@@ -311,6 +311,23 @@ def test_sample_changed_at_the_same_size(pristine, tmp_path, backend, on_error):
             f"the index is stale: sample 00000004's bytes [{image.offset}, ")
 
 
+def test_a_later_loader_with_another_index_compares_its_checksums(pristine, tmp_path):
+    """The record of samples found with their index's CRC-32 is kept for the later loaders
+    this process builds over the same shards with the same index: one built after the index
+    changed (here sample 4's CRC-32, the shard untouched) compares each sample afresh, and
+    sample 4 fails as it fails in a fresh process."""
+    _copy(pristine, tmp_path, True)
+    loader, _ = _load(tmp_path, ("wds", 0), "skip")
+    assert set(_delivered(loader)) == ALL
+
+    def edit(index):
+        index["shards"][0]["crc32"][4] ^= 1
+
+    _edit_index(tmp_path, edit)
+    later, _ = _load(tmp_path, ("wds", 0), "skip")
+    _expect(later, "skip", {4}, "train-000000.tar", "00000004.*", "the index is stale: sample 00000004's bytes [")
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_checksums_compared_once_a_sample(pristine, tmp_path, monkeypatch, workers):
     """Each intact sample is hashed at its first read only, by the loader's processes together
