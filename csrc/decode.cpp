@@ -20,7 +20,7 @@ namespace {
 
 // Refusing larger images keeps a hostile header from making libjpeg allocate gigabytes (a
 // progressive JPEG buffers every coefficient of the image before the first row). The loaders
-// refuse them before any decode (fastdata._codec.MAX_IMAGE_PIXELS); kMaxImagePixels (decode.h)
+// refuse them before any decode (fastdata._structure.MAX_IMAGE_PIXELS); kMaxImagePixels (decode.h)
 // is the same limit for direct callers.
 
 

@@ -5,6 +5,7 @@
 // entropy.cpp), resample.cpp resizes; structure.cpp walks a file's container before any decode.
 // Raw pointers only: no Python, no torch, so it all runs with the GIL released.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -19,12 +20,20 @@ struct JpegInfo {
 };
 
 // The most pixels an image may claim: Pillow's MAX_IMAGE_PIXELS (the size at which it warns of a
-// decompression bomb), the same number as fastdata._codec.MAX_IMAGE_PIXELS.
+// decompression bomb), the same number as fastdata._structure.MAX_IMAGE_PIXELS.
 constexpr uint64_t kMaxImagePixels = 1024ull * 1024 * 1024 / 4 / 3;
 
 // The most scans a JPEG may have (check_structure refuses more): libjpeg's progressive script
-// writes 10 (6 for grayscale); each scan costs a pass over the whole image, however short.
+// writes 10 (6 for grayscale); each scan costs a pass over the whole image, however short. So a
+// large image may have fewer: as many as pass over at most kMaxScanPixels pixels in all (24 at
+// the pixel limit), and never fewer than 10 (max_scans).
 constexpr int kMaxScans = 100;
+constexpr uint64_t kMaxScanPixels = uint64_t(1) << 31;
+
+inline int max_scans(int width, int height) {
+  const uint64_t fit = kMaxScanPixels / (uint64_t(width) * uint64_t(height));
+  return int(std::min<uint64_t>(kMaxScans, std::max<uint64_t>(10, fit)));
+}
 
 // The most chunks a PNG may have (check_structure refuses more): Pillow reads each in Python and
 // keeps every private one, about 5 us and 100 bytes a chunk however empty, so a file of empty

@@ -510,6 +510,7 @@ NB_MODULE(_native, m) {
         "on up to `threads` threads, GIL released.");
   m.attr("MAX_PIXELS") = fastdata::kMaxImagePixels;
   m.attr("MAX_SCANS") = fastdata::kMaxScans;
+  m.attr("MAX_SCAN_PIXELS") = fastdata::kMaxScanPixels;
   m.attr("MAX_PNG_CHUNKS") = fastdata::kMaxPngChunks;
   m.attr("MAX_PNG_TEXTS") = fastdata::kMaxPngTexts;
   m.attr("MAX_JPEG_MARKERS") = fastdata::kMaxJpegMarkers;

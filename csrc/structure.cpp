@@ -86,9 +86,14 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
     if (!frame) return format("corrupt JPEG: a scan at byte %zu before the frame header", at);
     // Each scan of a progressive JPEG is a pass over every block of the image, whatever its
     // size in the file: without a limit a few hundred kB of tiny scans cost seconds a decode.
-    if (++scans > kMaxScans) {
-      return format("corrupt JPEG: more than %d scans (the scan at byte %zu is one too many)",
-                    kMaxScans, at);
+    const int most = max_scans(out->width, out->height);
+    if (++scans > most) {
+      if (most == kMaxScans) {
+        return format("corrupt JPEG: more than %d scans (the scan at byte %zu is one too many)",
+                      kMaxScans, at);
+      }
+      return format("corrupt JPEG: more than %d scans for its %dx%d pixels (each a pass over them; the "
+                    "scan at byte %zu is one too many)", most, out->width, out->height, at);
     }
     scan = true;
     // Inside entropy-coded data a 0xFF is followed by a stuffed 0x00 or a restart marker

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import _codec
+from .. import _codec, _structure
 from .._pillow import FORMATS
 from ..errors import error_line
 from ..transforms import pil as pil_lowering
@@ -17,14 +17,14 @@ from ..transforms import pil as pil_lowering
 
 def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, bool, int, int]]:
     """For each of `datas`: (why it cannot be decoded or None, whether it is a JPEG, width,
-    height). JPEGs and PNGs are walked from their signature to their end marker (`_codec.
+    height). JPEGs and PNGs are walked from their signature to their end marker (`_structure.
     inspect_batch`: a file cut short is refused whatever the crop, and whatever Pillow's
     LOAD_TRUNCATED_IMAGES says; bytes after the end are accepted, as Pillow does); other formats
-    are sized by Pillow. An image whose header claims more than `_codec.MAX_IMAGE_PIXELS` is
+    are sized by Pillow. An image whose header claims more than `_structure.MAX_IMAGE_PIXELS` is
     refused here, before any decoder allocates for it (DALI included)."""
-    limit = _codec.MAX_IMAGE_PIXELS
+    limit = _structure.MAX_IMAGE_PIXELS
     out = []
-    for data, (cause, kind, w, h) in zip(datas, _codec.inspect_batch(datas, _codec.AVAILABLE, threads)):
+    for data, (cause, kind, w, h) in zip(datas, _structure.inspect_batch(datas, _codec.AVAILABLE, threads)):
         if cause is None and not kind:
             from PIL import Image, UnidentifiedImageError
 

@@ -22,7 +22,7 @@ from typing import Any, Hashable
 import numpy as np
 import torch
 
-from .. import _codec  # the native decoder when built (AVAILABLE), the structure checks always
+from .. import _codec, _structure  # the native decoder when built (AVAILABLE); the pixel limit
 from .._buffers import ProcessRings, new_batch
 from .._cores import batch_threads
 from .._trace import trace_range
@@ -119,16 +119,16 @@ class BatchDecoder:
         sel = index[ok]
         geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
         work = working_pixels(geo)
-        if (work > _codec.MAX_IMAGE_PIXELS).any():  # a sliver of an image resized to a size its header did not give
+        if (work > _structure.MAX_IMAGE_PIXELS).any():  # a sliver of an image resized to a size its header did not give
             keep = []
             for j, pixels in enumerate(work):
-                if pixels <= _codec.MAX_IMAGE_PIXELS:
+                if pixels <= _structure.MAX_IMAGE_PIXELS:
                     keep.append(j)
                     continue
                 w, h = sizes[j]
                 ow, oh = geo.sizes[j]
                 self.fail(errors, paths[ok[j]], f"the transform resizes its {w}x{h} pixels to {ow}x{oh}, which takes "
-                          f"{pixels} pixels, over the limit of {_codec.MAX_IMAGE_PIXELS} (an image of that shape?)")
+                          f"{pixels} pixels, over the limit of {_structure.MAX_IMAGE_PIXELS} (an image of that shape?)")
             ok, sizes, jpeg = [ok[j] for j in keep], sizes[keep], jpeg[keep]
             sel = index[ok]
             geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])

@@ -23,7 +23,7 @@ from ..sources.streams import open_regular
 
 MAX_FILE_BYTES = 1 << 28
 """The most bytes an image file, or a shard's sample (its headers and members), may have: 256
-MiB. An image within the pixel limit (`_codec.MAX_IMAGE_PIXELS`, 2**28 / 3) needs less unless it
+MiB. An image within the pixel limit (`_structure.MAX_IMAGE_PIXELS`, 2**28 / 3) needs less unless it
 is padded, and a file or sample is read whole into memory before its first bytes are looked at,
 so a larger one (a sparse file is cheap to make) is refused from its size, before anything is
 allocated for it. The native reader's limit is the same (`_native.MAX_FILE_BYTES`)."""

@@ -58,7 +58,7 @@ FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0}  # the resize filters, by 
 
 def size_of(data: bytes) -> tuple[int, int]:
     """(width, height) from the header. Pillow's decompression-bomb warning is silenced: the
-    loaders hold the size to their own limit (`fastdata._codec.MAX_IMAGE_PIXELS`)."""
+    loaders hold the size to their own limit (`fastdata._structure.MAX_IMAGE_PIXELS`)."""
     from PIL import Image
 
     with warnings.catch_warnings():

@@ -25,7 +25,7 @@ from PIL import Image
 from _images import png_chunk
 
 import fastdata
-from fastdata import DataError, _codec
+from fastdata import DataError, _codec, _structure
 from fastdata import transforms as T
 
 pytestmark = pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
@@ -244,14 +244,14 @@ def many_scans(scans: int) -> bytes:
 
 
 def test_many_scans_refused_before_any_decode(tmp_path):
-    limit = _codec.MAX_SCANS
+    limit = _structure.MAX_SCANS
     assert _codec._ext.MAX_SCANS == limit == 100
     at_limit, over = many_scans(limit), many_scans(20 * limit)
     for d in (at_limit, over):
-        native = _codec.inspect_batch([d])[0]
-        assert native == _codec.check_structure(d)  # the Python walk
-    assert _codec.check_structure(at_limit).cause is None
-    cause = _codec.check_structure(over).cause
+        native = _structure.inspect_batch([d])[0]
+        assert native == _structure.check_structure(d)  # the Python walk
+    assert _structure.check_structure(at_limit).cause is None
+    cause = _structure.check_structure(over).cause
     assert cause.startswith(f"corrupt JPEG: more than {limit} scans (the scan at byte ")
     for index in (True, False):
         assert decode([over], [(0, 0, 64, 48)], index=index)[1] == [cause]
@@ -260,6 +260,32 @@ def test_many_scans_refused_before_any_decode(tmp_path):
     pairs = [(str(tmp_path / "ok.jpg"), 0), (str(tmp_path / "scans.jpg"), 1)]
     with pytest.raises(DataError, match=r"scans.jpg: corrupt JPEG: more than 100 scans"):
         list(fastdata.loader(pairs, batch_size=2, transform=T.Compose([T.Resize((8, 8))]), device="cpu", num_workers=0))
+
+
+def test_a_large_image_may_have_fewer_scans():
+    """Each scan is a pass over the whole image, so the scans a JPEG may have fall with its
+    size: as many as pass over MAX_SCAN_PIXELS pixels in all, never fewer than 10 nor more than
+    MAX_SCANS (at the pixel limit, 100 scans of a 9450x9450 image cost 2.4 s a decode, 10 cost
+    0.5 s). The native walk and the Python one agree on every size."""
+    assert _codec._ext.MAX_SCAN_PIXELS == _structure.MAX_SCAN_PIXELS == 1 << 31
+
+    def sized(d: bytes, w: int, h: int) -> bytes:  # the frame header's size changed: the walk reads no more
+        sof = next(i for i in range(2, len(d) - 1) if d[i] == 0xFF and d[i + 1] in (0xC0, 0xC1, 0xC2))
+        return d[:sof + 5] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + d[sof + 9:]
+
+    for (w, h), most in (((64, 48), 100), ((4096, 4096), 100), ((8000, 4000), 67), ((9450, 9450), 24),
+                         ((40000, 40000), 10)):
+        assert _structure.max_scans(w, h) == most
+        for scans in (most, most + 1):
+            d = sized(many_scans(scans), w, h)
+            cause = _structure.check_structure(d).cause
+            assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+            if scans == most:
+                assert cause is None
+            elif most == 100:
+                assert cause.startswith("corrupt JPEG: more than 100 scans (the scan at byte ")
+            else:
+                assert cause.startswith(f"corrupt JPEG: more than {most} scans for its {w}x{h} pixels (each a pass ")
 
 
 def many_chunks(chunks: int) -> bytes:
@@ -273,13 +299,13 @@ def many_chunks(chunks: int) -> bytes:
 def test_many_png_chunks_refused_before_any_decode(tmp_path):
     """Pillow keeps every private chunk, at about 5 us and 100 bytes each: 64 MiB of empty ones
     cost 28 s and 580 MB a decode before the bound. The native and the Python walk agree."""
-    limit = _codec.MAX_PNG_CHUNKS
+    limit = _structure.MAX_PNG_CHUNKS
     assert _codec._ext.MAX_PNG_CHUNKS == limit == 1 << 17
     at_limit, over = many_chunks(limit), many_chunks(limit + 1)
     for d in (at_limit, over):
-        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
-    assert _codec.check_structure(at_limit).cause is None
-    cause = _codec.check_structure(over).cause
+        assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+    assert _structure.check_structure(at_limit).cause is None
+    cause = _structure.check_structure(over).cause
     assert cause == f"corrupt PNG: more than {limit} chunks (the chunk at byte {len(over) - 12} is one too many)"
     (tmp_path / "chunks.png").write_bytes(over)
     Image.new("RGB", (16, 16), (200, 0, 0)).save(tmp_path / "ok.png")
@@ -316,9 +342,9 @@ def test_a_flood_of_jpeg_markers_or_fill_bytes_is_refused_before_any_decode(tmp_
     empty comments or of 0xFF fill cost seconds a decode (CMYK, which Pillow decodes). Over
     MAX_JPEG_MARKERS markers or MAX_JPEG_FILL fill bytes the file is refused; at the bound it
     decodes. The native and the Python walk agree."""
-    limit = _codec.MAX_JPEG_MARKERS if flood == "markers" else _codec.MAX_JPEG_FILL
-    assert (_codec._ext.MAX_JPEG_MARKERS, _codec._ext.MAX_JPEG_FILL) == (_codec.MAX_JPEG_MARKERS,
-                                                                      _codec.MAX_JPEG_FILL) == (1 << 12, 1 << 16)
+    limit = _structure.MAX_JPEG_MARKERS if flood == "markers" else _structure.MAX_JPEG_FILL
+    assert (_codec._ext.MAX_JPEG_MARKERS, _codec._ext.MAX_JPEG_FILL) == (_structure.MAX_JPEG_MARKERS,
+                                                                      _structure.MAX_JPEG_FILL) == (1 << 12, 1 << 16)
     base = cmyk_with(b"")
     # the markers the walk counts: each after SOI, EOI included (no restart markers in its data)
     have = sum(1 for i in range(2, len(base) - 1) if base[i] == 0xFF and base[i + 1] not in (0x00, 0xFF))
@@ -327,9 +353,9 @@ def test_a_flood_of_jpeg_markers_or_fill_bytes_is_refused_before_any_decode(tmp_
     else:  # fill bytes before the first scan's marker
         at_limit, over = (cmyk_with(b"\xff" * (limit + k)) for k in (0, 1))
     for d in (at_limit, over):
-        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
-    assert _codec.check_structure(at_limit).cause is None
-    cause = _codec.check_structure(over).cause
+        assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+    assert _structure.check_structure(at_limit).cause is None
+    cause = _structure.check_structure(over).cause
     assert cause.startswith(f"corrupt JPEG: more than {limit} {'markers' if flood == 'markers' else 'fill bytes'}")
     x, y, loader = _good_then_bad(tmp_path, at_limit, over, "jpg")
     assert y.tolist() == [0] and loader.stats["errors"][0]["cause"] == cause
@@ -348,9 +374,9 @@ def test_a_second_png_colour_profile_is_refused_before_any_decode(tmp_path):
 
     one, two = png(1), png(2)
     for d in (one, two):
-        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
-    assert _codec.check_structure(one).cause is None
-    assert _codec.check_structure(two).cause == \
+        assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+    assert _structure.check_structure(one).cause is None
+    assert _structure.check_structure(two).cause == \
         f"corrupt PNG: a second iCCP chunk at byte {33 + len(profile)} (a PNG holds one colour profile)"
 
 
@@ -359,7 +385,7 @@ def test_a_png_of_many_compressed_text_chunks_is_refused_before_pillow_inflates_
     only for some (not a zTXt without a keyword, nor an iTXt that is not UTF-8): 3,000 cost 7 s
     a decode from a 3 MB file. Over MAX_PNG_TEXTS a PNG is refused, natively and in Python
     alike; within it, it decodes."""
-    limit = _codec.MAX_PNG_TEXTS
+    limit = _structure.MAX_PNG_TEXTS
     assert _codec._ext.MAX_PNG_TEXTS == limit == 64
     rows = zlib.compress(b"".join(b"\0" + b"\x80" * 48 for _ in range(16)))
     ihdr = (16).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
@@ -372,11 +398,11 @@ def test_a_png_of_many_compressed_text_chunks_is_refused_before_pillow_inflates_
 
     within, over = png(limit), png(limit + 1)
     for d in (within, over):
-        assert _codec.inspect_batch([d])[0] == _codec.check_structure(d)
-    assert _codec.check_structure(within).cause is None
+        assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+    assert _structure.check_structure(within).cause is None
     assert np.asarray(Image.open(io.BytesIO(within)))[3, 3].tolist() == [128, 128, 128]
     at = 33 + sum(len(texts[k % 2]) for k in range(limit))
-    assert _codec.check_structure(over).cause == \
+    assert _structure.check_structure(over).cause == \
         f"corrupt PNG: more than {limit} zTXt and iTXt chunks (the last at byte {at})"
 
 
@@ -635,7 +661,7 @@ def test_fill_bytes_before_a_stuffed_zero_refused_by_every_decoder():
     at = d.index(b"\xff\x00", start)
     bad = d[:at] + b"\xff" + d[at:]  # FF FF 00: libjpeg's two Huffman readers disagree on it
     want = f"corrupt JPEG: fill bytes before a stuffed zero (0xFF 0xFF ... 0x00) at byte {at} of the scan data"
-    assert _codec.check_structure(bad).cause == want == _codec.inspect_batch([bad])[0].cause
+    assert _structure.check_structure(bad).cause == want == _structure.inspect_batch([bad])[0].cause
     for index in (True, False):
         assert decode([bad], [(0, 0, 96, 64)], index=index)[1] == [want]
 
@@ -648,7 +674,7 @@ def test_fill_bytes_before_a_restart_marker_decode_alike():
     rst = [i for i in range(start, len(d) - 1) if d[i] == 0xFF and 0xD0 <= d[i + 1] <= 0xD7]
     assert len(rst) > 3
     filled = d[:rst[2]] + b"\xff\xff" + d[rst[2]:]
-    assert _codec.check_structure(filled).cause is None
+    assert _structure.check_structure(filled).cause is None
     crops = crops_of(96, 64)[:2]
     got, errors = decode([filled] * 2, crops)
     want, want_errors = decode([filled] * 2, crops, index=False)

@@ -31,7 +31,7 @@ import torch
 from PIL import Image, ImageOps
 
 import fastdata
-from fastdata import DataError, _codec
+from fastdata import DataError, _codec, _structure
 from fastdata import transforms as T
 from fastdata.transforms.plan import plan_geometry
 
@@ -251,30 +251,30 @@ def test_native_walk_equals_the_python_walk():
     corpus = _corpus()
     kinds = ("", "jpeg", "png")
     native = [(c, kinds[k], w, h) for c, k, w, h in _codec._ext.inspect_batch(corpus, False)]
-    python = [tuple(_codec.check_structure(d)) for d in corpus]
-    assert [tuple(x) for x in _codec.inspect_batch(corpus, False, threads=3)] == native  # spread over threads
+    python = [tuple(_structure.check_structure(d)) for d in corpus]
+    assert [tuple(x) for x in _structure.inspect_batch(corpus, False, threads=3)] == native  # spread over threads
     for i, (a, b) in enumerate(zip(native, python)):
         assert a == b, (i, a, b)
     causes = {c.split(":")[0] for c, *_ in python if c}
     assert {"empty file", "truncated JPEG", "corrupt JPEG", "truncated PNG", "corrupt PNG"} <= causes
     assert sum(c is None for c, *_ in python) > len(GOOD)  # some mutations leave the structure whole
-    assert _codec._ext.MAX_PIXELS == _codec.MAX_IMAGE_PIXELS == 89_478_485 == Image.MAX_IMAGE_PIXELS
+    assert _codec._ext.MAX_PIXELS == _structure.MAX_IMAGE_PIXELS == 89_478_485 == Image.MAX_IMAGE_PIXELS
 
 
 def test_walk_accepts_whole_files_and_refuses_cut_ones():
     for name, data in GOOD.items():
-        found = _codec.check_structure(data)
+        found = _structure.check_structure(data)
         assert found.cause is None, (name, found)
     with Image.open(io.BytesIO(PLAIN)) as img:
-        assert _codec.check_structure(PLAIN) == (None, "jpeg", *img.size)
-    assert _codec.check_structure(GOOD["png-named.jpg"]) == (None, "png", 80, 60)
+        assert _structure.check_structure(PLAIN) == (None, "jpeg", *img.size)
+    assert _structure.check_structure(GOOD["png-named.jpg"]) == (None, "png", 80, 60)
     # every cut of a JPEG is refused, whatever byte it ends on; so is a PNG's
     for cut in range(3, len(PHOTO) - 1, 7):  # (shorter: no JPEG signature, so Pillow decides)
-        cause = _codec.check_structure(PHOTO[:cut]).cause
+        cause = _structure.check_structure(PHOTO[:cut]).cause
         assert cause is not None and cause.startswith(("truncated JPEG", "corrupt JPEG")), (cut, cause)
     png = GOOD["png-named.jpg"]
     for cut in range(8, len(png) - 1, 5):
-        assert _codec.check_structure(png[:cut]).cause.startswith("truncated PNG"), cut
+        assert _structure.check_structure(png[:cut]).cause.startswith("truncated PNG"), cut
     # An end marker inside a segment (an EXIF thumbnail is a whole JPEG in APP1) does not end
     # the file: a file cut in its scan is refused though FF D9 occurs near its end.
     thumb = encode(gradient(8, 8), quality=50)
@@ -282,10 +282,10 @@ def test_walk_accepts_whole_files_and_refuses_cut_ones():
     small = encode(gradient(40, 30), quality=90)
     with_thumb = small[:2] + app1 + small[2:-40]
     assert with_thumb.rfind(b"\xff\xd9") > len(with_thumb) - 1024  # found by a search from the end
-    assert _codec.check_structure(with_thumb).cause.startswith("truncated JPEG")
-    assert _codec.check_structure(small[:2] + app1 + small[2:]).cause is None
+    assert _structure.check_structure(with_thumb).cause.startswith("truncated JPEG")
+    assert _structure.check_structure(small[:2] + app1 + small[2:]).cause is None
     # not JPEG or PNG: not walked, Pillow decides
-    assert _codec.check_structure(b"GIF89a....") == (None, "", 0, 0)
+    assert _structure.check_structure(b"GIF89a....") == (None, "", 0, 0)
 
 
 # ---------------------------------------------------------------------------- the backends
