@@ -35,8 +35,9 @@ class ImageFolderData(pl.LightningDataModule):
     def __init__(self, folder: str | None, batch_size: int, image_size: int, workers: int | str, seed: int) -> None:
         super().__init__()
         if folder is None:
-            cache = os.environ.get("FASTDATA_CACHE", os.path.expanduser("~/.cache/fastdata"))
-            folder = os.path.join(cache, "imagenet-like-2000")
+            from fastdata.synthetic import default_root
+
+            folder = str(default_root())
             self.synthetic = True
         else:
             self.synthetic = False
@@ -49,7 +50,7 @@ class ImageFolderData(pl.LightningDataModule):
         if self.synthetic:
             from fastdata.synthetic import make_imagenet_like
 
-            make_imagenet_like(self.folder, n_images=2000, n_classes=10, progress=True)
+            make_imagenet_like(self.folder, n_images=2000, progress=True)
 
     def setup(self, stage: str) -> None:
         if self.loader is None:
@@ -138,7 +139,8 @@ class FinalCheckpoint(Callback):
 
 def main() -> None:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", help="an ImageFolder (default: a synthetic set under ~/.cache/fastdata)")
+    ap.add_argument("--data", help="an ImageFolder (default: the synthetic set of the README's first command, "
+                                   "~/.cache/fastdata/demo-imagenet-like)")
     ap.add_argument("--devices", type=at_least(1), default=max(torch.cuda.device_count(), 1),
                     help="processes on this machine (default: one a GPU, else 1)")
     ap.add_argument("--epochs", type=at_least(1), default=10)

@@ -4,8 +4,8 @@
     torchrun --nproc_per_node 2 examples/train.py --data /path/to/train --checkpoint run.pt
     torchrun --nproc_per_node 2 examples/train.py --data /path/to/train --checkpoint run.pt --resume
 
---data is an ImageFolder (one folder per class); without it, a synthetic ImageNet-like set is
-made once under ~/.cache/fastdata. On GPUs: DDP over NCCL and bf16 autocast; on CPU: DDP over
+--data is an ImageFolder (one folder per class); without it, the synthetic ImageNet-like set of
+the README's first command (~/.cache/fastdata/demo-imagenet-like), made here if it is not there. On GPUs: DDP over NCCL and bf16 autocast; on CPU: DDP over
 gloo in float32; channels_last on both. The checkpoint holds the model, the optimizer and the
 loader's position, so --resume goes on with the batch after the last checkpoint, mid-epoch too.
 `num_workers="auto"` takes the config `fastdata-profile --tune` chose for this data, if any.
@@ -115,7 +115,8 @@ def check_paths(ap: argparse.ArgumentParser, data: str | None, *outputs: tuple[s
 
 def main() -> None:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", help="an ImageFolder (default: a synthetic set under ~/.cache/fastdata)")
+    ap.add_argument("--data", help="an ImageFolder (default: the synthetic set of the README's first command, "
+                                   "~/.cache/fastdata/demo-imagenet-like)")
     ap.add_argument("--epochs", type=at_least(1), default=10)
     ap.add_argument("--batch-size", type=at_least(1), default=128, help="per process")
     ap.add_argument("--lr", type=positive_float, default=0.1)
@@ -145,12 +146,11 @@ def main() -> None:
 
     folder = args.data
     if folder is None:
-        cache = os.environ.get("FASTDATA_CACHE", os.path.expanduser("~/.cache/fastdata"))
-        folder = os.path.join(cache, "imagenet-like-2000")
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one a machine; the others wait at the barrier
-            from fastdata.synthetic import make_imagenet_like
+        from fastdata.synthetic import default_root, make_imagenet_like
 
-            make_imagenet_like(folder, n_images=2000, n_classes=10, progress=True)
+        folder = str(default_root())
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one a machine; the others wait at the barrier
+            make_imagenet_like(folder, n_images=2000, progress=True)
     if distributed:
         dist.barrier()
 

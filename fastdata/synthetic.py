@@ -280,6 +280,19 @@ def _check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+def default_root() -> Path:
+    """Where the README's first command (`fastdata profile synthetic`) makes its set of 2,000
+    images, and where the examples look for it (so that they train on it with its tune):
+    demo-imagenet-like in fastdata's cache folder ($FASTDATA_CACHE, default ~/.cache/fastdata)."""
+    from .tunecache import cache_root
+
+    root = cache_root()
+    if root is None:
+        raise OSError("there is no cache folder for the synthetic set ($FASTDATA_CACHE is not set and this user has "
+                      "no home directory); set FASTDATA_CACHE to a writable folder")
+    return root / "demo-imagenet-like"
+
+
 def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: int = 0,
                        workers: int | None = None, progress: bool = False) -> Path:
     """Makes (or completes) the synthetic ImageNet-like dataset under `root` and returns its

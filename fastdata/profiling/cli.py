@@ -84,12 +84,20 @@ from .report import Report
 from .tune import tune
 
 
+def _import(module: str) -> Any:
+    """`module`, found as `python -m` finds it: in the current folder first (a console script's
+    sys.path starts at its own folder, so a module of the user's beside them would not be)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(module)
+
+
 def _model_step(spec: str, device: str) -> Callable[[Any], None]:
     module, _, name = spec.partition(":")
     if not module or not name:
         raise CommandError(f"--model should be module:callable, but got {spec!r}")
     try:
-        build = getattr(importlib.import_module(module), name)
+        build = getattr(_import(module), name)
     except (ImportError, AttributeError) as e:
         raise CommandError(f"cannot import --model {spec}: {e}") from None
     try:
@@ -138,7 +146,7 @@ def _transform(spec: str, size: int | list[tuple[int, int]]):
         return getattr(T, spec)(size)
     module, _, name = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)()
+        return getattr(_import(module), name)()
     except Exception as e:
         raise CommandError(f"--transform should be imagenet_train, imagenet_eval or module:callable, but {spec!r}: "
                            f"{type(e).__name__}: {e}") from None
@@ -226,10 +234,9 @@ def _source(args: argparse.Namespace) -> str:
     source = args.source
     if source == "synthetic":
         # imported here, not by the package's import, so `python -m fastdata.synthetic` runs it fresh
-        from ..synthetic import make_imagenet_like
+        from ..synthetic import default_root, make_imagenet_like
 
-        return str(make_imagenet_like(Path.home() / ".cache" / "fastdata" / "demo-imagenet-like", n_images=2000,
-                                      progress=True))
+        return str(make_imagenet_like(default_root(), n_images=2000, progress=True))
     if not (os.path.exists(source) or "{" in source or "://" in source or source.startswith("pipe:")):
         raise CommandError(f"source {source!r} does not exist")
     return source

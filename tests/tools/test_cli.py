@@ -132,7 +132,7 @@ def test_demo_flags_have_help_and_defaults(capsys):
     for flag, default in (("--samples", 4096), ("--images", 512), ("--batch-size", 256), ("--workers", 2),
                           ("--epochs", 3), ("--repeats", 5)):
         assert f"(default {default})" in entries[flag], entries[flag]
-    assert "~/.cache/fastdata/demo-imagenet-like" in entries["--data"]
+    assert "~/.cache/fastdata/demo-images" in entries["--data"]
 
 
 def _versions() -> list[str]:

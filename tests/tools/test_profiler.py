@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -429,6 +430,26 @@ def test_cli_model(folder, tmp_path):
     for model, cause in (("tiny:broken", "no weights here"), ("nope:build", "cannot import"), ("tiny", "module:callable")):
         done = _cli(str(folder), "--model", model, *common, env=env)
         assert done.returncode == 1 and cause in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_cli_model_in_the_current_folder(folder, tmp_path):
+    """`--model mymodel:build` with mymodel.py in the current folder, and no PYTHONPATH: found
+    as `python -m` finds it, from the console script too (whose sys.path starts at its own
+    folder, not the current one)."""
+    script = Path(sys.executable).with_name("fastdata-profile")
+    if not script.exists():
+        pytest.skip("no fastdata-profile console script beside this Python")
+    (tmp_path / "mymodel.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),\n"
+        "                               torch.nn.Linear(4, 3))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(script), str(folder), "--model", "mymodel:build", "--steps", "2", "--batch-size", "8",
+                           "--size", "16", "--workers", "0"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "step alone" in done.stdout
 
 
 def test_cli_bad_source():
