@@ -14,8 +14,8 @@ sample a function of the seed, the epoch and its index, in whatever process) wit
 target_transform (the script's code, which may count or cache what it sees), torch's default
 samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
 without: the script's own draws between would change), workers started by fork (spawn would run
-the script's main module again; a start method set after the loader was made takes the workers
-back at the next iter(), as does a transform swapped for one fastdata does not serve), and none of
+the script's main module again; a start method, a transform fastdata does not serve or a
+target_transform set since the loader was made takes the workers back at iter()), and none of
 the keywords that mean something else with workers (worker_init_fn, prefetch_factor,
 multiprocessing_context, persistent_workers); and only where /dev/shm has room for their batches
 (`fastdata.run._shm`: a container's may be small). A Dataset whose own __getitem__ makes the
@@ -30,6 +30,7 @@ in a worker, and with timeout=0 a wait for a batch without fastdata's stall limi
 
 from __future__ import annotations
 
+import abc
 import atexit
 import copyreg
 import functools
@@ -51,7 +52,8 @@ from torch.utils.data.distributed import DistributedSampler
 from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
 from ._shm import shm_room
-from ._torchvision import Finish, Lowering, NativeFolder, lower
+from ._lowering import Lowering, folder, lower
+from ._torchvision import Finish, NativeFolder
 from .._workers import wait_forever
 from ..backends.torch import TorchLoader
 from ..backends.torch_iter import Fetches
@@ -75,8 +77,10 @@ _copying: list[tuple[int, CopyAhead]] = []
 _count = itertools.count()
 
 
-class _AnyTorchLoader(type):
-    """DataLoader's metaclass: any torch DataLoader (made before the hook, a `TorchLoader`) is a `DataLoader`."""
+class _AnyTorchLoader(abc.ABCMeta):
+    """DataLoader's metaclass: any torch DataLoader (made before the hook, a `TorchLoader`) is a
+    `DataLoader`. An ABCMeta, so that a script's abstract subclass (`class L(DataLoader, ABC)`,
+    `metaclass=ABCMeta`) has a metaclass as it has on torch's class (whose metaclass is type)."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, TorchDataLoader) if cls is DataLoader else super().__instancecheck__(obj)
@@ -177,14 +181,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
 
     def __iter__(self) -> Any:
-        added = getattr(self, "_fastdata_added", 0)
-        # Workers fastdata gave go back (the script's 0) where, since the loader was made, they could
-        # change what the script gets: spawn would run its main module again; a transform fastdata
-        # does not serve is the script's own code, whose draws and state would move to the workers.
-        why = None if not added or self.num_workers != added else \
-            f"they would start by {_start_method()}, which runs the script's main module again" \
-            if _start_method() != "fork" else None if lower(self.dataset)[0] is not None else \
-            "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
+        why = self._workers_back()
         if why:
             print(f"fastdata run: the loader made at {self._fastdata_where} goes on without the {self.num_workers} "
                   f"workers fastdata gave it: {why}", file=sys.stderr)
@@ -192,6 +189,19 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         it = TorchLoader.__iter__(self)
         timing = getattr(self, "_fastdata_timing", None)
         return it if timing is None else TimedPass(it, timing, self)
+
+    def _workers_back(self) -> str | None:
+        """Why the workers fastdata gave go back (the script's 0) at this iter(), or None (see the module)."""
+        added = getattr(self, "_fastdata_added", 0)
+        if not added or self.num_workers != added:
+            return None
+        if _start_method() != "fork":
+            return f"they would start by {_start_method()}, which runs the script's main module again"
+        if lower(self.dataset)[0] is None:
+            return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
+        if getattr(folder(self.dataset), "target_transform", None) is not None:
+            return "its dataset has a target_transform now, the script's code (its state would move to them)"
+        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:  # torch's DataLoader restores no position: one this loader cannot resume, it does not either
@@ -215,9 +225,8 @@ Served.__name__, Served.__repr__ = "DataLoader", object.__repr__
 class _Working(TorchDataLoader):
     """A served loader's working DataLoader (see TorchLoader), as the script sees torch's: its
     workers' `get_worker_info().dataset` is the script's dataset (not the NativeFolder that a
-    natively served folder's batches are fetched from); with timeout 0 it waits for a batch as
-    long as it takes, without fastdata's stall limit (`fastdata._workers.wait_forever`). Before
-    its workers start, a NativeFolder lists its samples for them (`NativeFolder.list_for_workers`)."""
+    natively served folder's batches are fetched from, which lists its samples for them before
+    they start); with timeout 0 it waits for a batch as long as it takes (`wait_forever`)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "worker_init_fn" and isinstance(self.__dict__.get("dataset"), NativeFolder):
@@ -284,7 +293,8 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
     if lowering is not None and call.get("batch_size", 1) is None:
         return "native collation; not served natively: batch_size=None (samples one by one)", None
     if lowering is not None:
-        return f"served natively: {type(call['dataset']).__name__} with {lowering.names} decoded by fastdata", lowering
+        shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
+        return f"served natively: {shown} with {lowering.names} decoded by fastdata", lowering
     return "native collation", None
 
 
@@ -303,7 +313,7 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
     if given:
         return False, f"{given[0]} is set, which means something else with workers"
-    if getattr(call.get("dataset"), "target_transform", None) is not None:
+    if getattr(folder(call.get("dataset")), "target_transform", None) is not None:
         return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
     if _start_method() != "fork":
         return False, "workers would start by spawn, which runs the script's main module again"

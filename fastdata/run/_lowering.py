@@ -2,7 +2,8 @@
 into fastdata's ops.
 
 `lower(dataset)` takes a `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with
-torchvision's own image loader, and reads its transform op by op (torchvision's v1 and v2
+torchvision's own image loader, or torch's `Subset` of one (what `random_split` gives: `folder`),
+and reads its transform op by op (torchvision's v1 and v2
 classes, each its exact class: a subclass may do anything in its own methods) into fastdata's
 ops: the geometry (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder
 applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide) that run as Pillow runs
@@ -64,15 +65,25 @@ class Unlowerable(Exception):
     """Why a transform cannot be served natively (the run's summary says it)."""
 
 
+def folder(dataset: Any) -> Any:
+    """The dataset under any torch `Subset`s of it (of that exact class: a subclass's own
+    methods may do anything), whose samples they pick by index."""
+    while type(dataset) is torch.utils.data.Subset:
+        dataset = dataset.dataset
+    return dataset
+
+
 def lower(dataset: Any) -> tuple[Lowering | None, str]:
-    """(the lowering, "") when `dataset` is served natively; (None, why not) otherwise, and
-    (None, "") for a dataset that is not a torchvision image folder at all."""
+    """(the lowering, "") when `dataset` (or the `folder` under its Subsets) is served natively;
+    (None, why not) otherwise, and (None, "") for a dataset that is not a torchvision image
+    folder at all."""
     tv = sys.modules.get("torchvision")  # a script that made a torchvision dataset imported it; never here
     if tv is None:
         return None, ""
     from torchvision.datasets import DatasetFolder
     from torchvision.datasets.folder import default_loader, pil_loader
 
+    dataset = folder(dataset)
     if not isinstance(dataset, DatasetFolder):
         return None, ""
     name = type(dataset).__name__

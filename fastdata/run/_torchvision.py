@@ -47,7 +47,7 @@ from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
-from ._lowering import Lowering, lower, steps_dtype
+from ._lowering import Lowering, folder, lower, steps_dtype
 
 
 def _apply_steps(out: torch.Tensor, image: torch.Tensor, steps: tuple) -> None:
@@ -192,14 +192,15 @@ class FolderDecoder(BatchDecoder):
 
 class NativeFolder(Dataset):
     """The dataset a natively served loader's workers read: the script's torchvision folder
-    (`dataset`), decoded by fastdata per batch (`__getitems__`) as its transform is lowered at
-    that batch; a single index is the script's own `dataset[index]`."""
+    (`dataset`, or a Subset of one: `_lowering.folder`), decoded by fastdata per batch
+    (`__getitems__`) as its transform is lowered at that batch; a single index is the script's
+    own `dataset[index]`."""
 
     def __init__(self, dataset: Any, lowering: Lowering, carry: bool = False) -> None:
         self.dataset = dataset
         self.carry = carry  # a fetch's error crosses as the batch (`Carried`): in workers fastdata added
         # The record of files that decoded whole is made here, before any worker forks: shared.
-        self.decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(dataset))
+        self.decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
         self.decoder.crop_first = True
         self._use(lowering)
         self._scratch: torch.Tensor | None = None
@@ -231,7 +232,7 @@ class NativeFolder(Dataset):
         when the list is another or holds other items (compared item by item: identical items
         compare at once); a worker uses it while its dataset's `samples` is still that list, of
         that length (a worker_init_fn that gives it another is followed)."""
-        samples = getattr(self.dataset, "samples", None)
+        samples = getattr(folder(self.dataset), "samples", None)
         if type(samples) is not list:
             self._listing = self._kept = None
             return
@@ -246,18 +247,28 @@ class NativeFolder(Dataset):
             return
         self._listing, self._kept = (samples, Names([path for path, _ in samples]), targets), list(samples)
 
-    def _samples(self, indices: list[int]) -> tuple[list[str], list]:
-        """The paths and targets of `indices`: from the listing in a worker (`list_for_workers`),
-        else from the dataset's `samples`, whose errors (an index out of range) are the script's."""
+    def _picked(self, indices: list[int]) -> tuple[Any, list]:
+        """The image folder under the dataset's Subsets, and `indices` as its own: each Subset's
+        `indices` read as its `__getitems__` reads them (its errors: an index out of range)."""
+        ds = self.dataset
+        while type(ds) is torch.utils.data.Subset:
+            indices = [ds.indices[i] for i in indices]
+            ds = ds.dataset
+        return ds, indices
+
+    def _samples(self, ds: Any, indices: list) -> tuple[list[str], list]:
+        """The paths and targets of the folder `ds`'s `indices`: from the listing in a worker
+        (`list_for_workers`), else from its `samples`, whose errors (an index out of range) are
+        the script's."""
         listing = self._listing
         if listing is not None and torch.utils.data.get_worker_info() is not None:
             samples, paths, targets = listing
-            if self.dataset.samples is samples and len(samples) == len(paths):
+            if ds.samples is samples and len(samples) == len(paths):
                 try:
                     return [paths[i] for i in indices], [targets[i] for i in indices]
                 except (IndexError, TypeError):
                     pass
-        samples = [self.dataset.samples[i] for i in indices]
+        samples = [ds.samples[i] for i in indices]
         return [path for path, _ in samples], [target for _, target in samples]
 
     def __getitems__(self, indices: list[int]) -> Any:
@@ -284,11 +295,11 @@ class NativeFolder(Dataset):
         return [ds[i] for i in indices]
 
     def _native(self, indices: list[int], lowering: Lowering) -> FolderBatch:
-        ds = self.dataset
         if lowering != self.lowering:
             self._use(lowering)
-        paths, targets = self._samples(indices)
-        index = np.asarray(indices, dtype=np.int64)
+        ds, indices = self._picked(indices)
+        paths, targets = self._samples(ds, indices)
+        index = np.asarray(indices, dtype=np.int64)  # (the record of files that decoded whole: the folder's ids)
         images, like, done = None, None, 0
         while done < len(paths):
             # The files in parts of at most read.MAX_PART_BYTES (one but for batches of large

@@ -431,12 +431,33 @@ steps = len(it)
 first = next(it)[0].tolist()
 print(kwargs, steps, it._num_yielded, first, count(loader), [b[0].tolist() for b in Typed(ds, batch_size=3)],
       list(inspect.signature(loader.__init__).parameters)[:3], bool(it))
+
+from abc import ABC, ABCMeta, abstractmethod
+
+class Abstract(DataLoader, ABC):
+    @abstractmethod
+    def kind(self): ...
+
+class Concrete(Abstract):
+    def kind(self):
+        return "concrete"
+
+class Meta(DataLoader, metaclass=ABCMeta):
+    pass
+
+try:
+    Abstract(ds)
+except TypeError as e:
+    print(e)
+print(Concrete(ds, batch_size=5).kind(), [b[0].tolist() for b in Meta(ds, batch_size=5)],
+      isinstance(Concrete(ds), DataLoader), issubclass(Meta, DataLoader), isinstance(Meta, ABCMeta))
 '''
 
 
 def test_a_script_sees_torchs_dataloader(tmp_path):
     """A config filtered by DataLoader's signature, `DataLoader[Any]` annotations, a subclass of
-    `DataLoader[int]`, `len(iter(loader))` and `_num_yielded`: the same output as without fastdata."""
+    `DataLoader[int]`, abstract subclasses (ABC, metaclass=ABCMeta), `len(iter(loader))` and
+    `_num_yielded`: the same output as without fastdata."""
     script = tmp_path / "script.py"
     script.write_text(SAME_AS_TORCH)
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

@@ -244,6 +244,44 @@ def test_served_natively_batches_as_torchvision_gives_them(tv, folder, kind, wor
     loader._stop()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
+    """random_split's Subsets of an ImageFolder (a script's train/val split), and a Subset of a
+    Subset, are served natively: each Subset's indices picked as its own __getitems__ picks
+    them, the batches torchvision's own (a deterministic transform, bit for bit; the labels
+    through the folder's target_transform), a changed split followed, and an index past the
+    Subset's end raises torch's IndexError."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._hook import _collation
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((20, 16)), T.ToTensor()]), target_transform=lambda t: t * 3)
+    train, val = torch.utils.data.random_split(dataset, [0.75, 0.25], generator=torch.Generator().manual_seed(0))
+    inner = torch.utils.data.Subset(train, list(range(len(train)))[::-2])
+    for subset in (train, val, inner):
+        assert "served natively: Subset of ImageFolder" in _collation({"dataset": subset})[0]
+        loader = _served(subset, batch_size=7, shuffle=True, num_workers=workers,
+                         generator=torch.Generator().manual_seed(1))
+        assert isinstance(loader._loader.dataset, rt.NativeFolder)
+        want = list(torch.utils.data.DataLoader(subset, batch_size=7, shuffle=True,
+                                                generator=torch.Generator().manual_seed(1)))
+        got = list(loader)
+        assert len(got) == len(want)
+        for (a, la), (b, lb) in zip(got, want):
+            assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(_class_of(a, False) * 3, la)
+        loader._stop()
+    loader = _served(train, batch_size=7, num_workers=workers)
+    train.indices = train.indices[:5]
+    assert [t for _, labels in loader for t in labels.tolist()] == [dataset.targets[i] * 3 for i in train.indices]
+    loader._stop()
+    loader = _served(train, batch_size=2, num_workers=workers,
+                     sampler=torch.utils.data.SubsetRandomSampler([0, 1, 9], generator=torch.Generator()))
+    with pytest.raises(IndexError):
+        list(loader)
+    loader._stop()
+
+
 def test_only_a_thin_wrapper_of_a_compose_is_looked_into(tv, folder):
     """An object whose __call__ is `return self.transforms(img)` (torchvision's references'
     presets) is its Compose; one that does anything more, or finds `transforms` through a
@@ -811,6 +849,24 @@ def test_workers_fastdata_added_go_back_when_the_transform_is_no_longer_served(t
     assert len(got) == len(want)
     for (a, la), (b, lb) in zip(got, want):
         assert torch.equal(a, b) and torch.equal(la, lb)
+    loader._stop()
+
+
+def test_workers_fastdata_added_go_back_when_a_target_transform_comes(tv, folder, capfd):
+    """A target_transform set after the loader was made (with fastdata's workers, as none was
+    set then) is the script's code too: the workers go back at the next iter(), so that it runs,
+    and keeps what it counts, in the main process, as without fastdata."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((24, 24)), T.ToTensor()]))
+    loader = _served(dataset, batch_size=16)
+    assert loader.num_workers >= 1 and len(list(loader)) == len(loader)
+    seen = []
+    dataset.target_transform = lambda t: seen.append(t) or t
+    labels = [t for _, targets in loader for t in targets.tolist()]
+    assert loader.num_workers == 0 and seen == labels == dataset.targets
+    assert "its dataset has a target_transform now" in capfd.readouterr().err
     loader._stop()
 
 
