@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from typing import Any, Callable
 
@@ -110,6 +111,34 @@ IMAGE_BACKENDS = ("pil", "wds", "dali", "ray")  # loaders over image files or sh
 # 224-pixel images (docs/guide.md, "Scale out with Ray": 56-85 ms a 256-image batch)
 RAY_PULLS_IMAGES_PER_S = 3000.0
 MAIN_STAGES = {"device_stage": "the device stage", "deliver": "taking batches"}  # the training process's own
+# A measured rate under this share of what the rate model gives for the same config: the timed
+# stages do not account for it (`unexplained`)
+FIT = 0.45
+
+
+def unexplained(report: Report, model: RateModel | None, workers: Any) -> str | None:
+    """Where a measured rate (the loader alone, or together) is under FIT of what the timed
+    stages account for in the same config (the rate model's figure, at most the ceiling): other
+    work on these cores, or time spent outside the timed stages. Then the model explains none
+    of the run, and what it would advise is held back: these words say so, with the machine's
+    load average. None where the rates fit, or the model has nothing to say."""
+    if model is None or not isinstance(workers, int) or workers == 0:
+        return None  # (with 0 workers the model takes the loader's rate from the run itself)
+    ceiling = report.ceiling_images_per_s or math.inf
+    pairs = [("loader alone", report.loader_images_per_s, dataclasses.replace(model, step=0.0).rate(workers))]
+    if report.together_images_per_s and model.step > 0:
+        pairs.append(("together", report.together_images_per_s, model.rate(workers)))
+    low = [(name, got, min(want, ceiling)) for name, got, want in pairs if got < FIT * min(want, ceiling)]
+    if not low:
+        return None
+    figures = "; ".join(f"{name} {got:,.0f} images/s against {want:,.0f}" for name, got, want in low)
+    try:
+        load = f" (load average {os.getloadavg()[0]:.1f} on {model.cores} usable cores)"
+    except (AttributeError, OSError):  # no load average on this system
+        load = ""
+    return (f"the measured rates are well below what the timed stages account for ({figures}): other work on these "
+            f"cores{load}, or time spent outside the timed stages; the rate model's advice is held back: profile "
+            "again on a quiet machine")
 
 
 def advise(loader: Any, report: Report, measure: Measure | None = None, *, script: bool = False) -> None:
@@ -131,6 +160,9 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     workers = getattr(loader, "num_workers", None)
     cores = usable_cores()
     model = RateModel.of(report, cores)
+    odd = None if report.config.get("backend") in ("dali", "ray") else unexplained(report, model, workers)
+    if odd is not None:  # the model explains none of the run: no advice from it
+        model = None
     ceiling = report.ceiling_images_per_s
     images = report.config.get("backend") in IMAGE_BACKENDS
     fixed = script and workers == 0
@@ -192,7 +224,9 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
         advice.append(Advice(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
                              f"{step_rate:,.0f}: input is the bound"))
     if report.verdict == "input-bound":  # the headline says what bounds the step and what would help
-        report.limit = limit(report, model, workers, loader, fixed)
+        report.limit = {"text": odd, "helps": [], "not": None} if odd else limit(report, model, workers, loader, fixed)
+    elif odd:
+        advice.append(Advice(odd))
     elif not advice:
         advice.append(Advice(NO_CHANGE))
 

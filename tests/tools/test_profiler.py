@@ -312,6 +312,38 @@ def test_the_headline_names_what_bounds_the_rate(two_cores, monkeypatch):
     assert "more CPU cores, a GPU decode (backend='dali'" in head, head
 
 
+def test_rates_the_stages_do_not_account_for_hold_the_models_advice_back(two_cores):
+    """Measured on a machine whose cores other work takes (the timed stages are CPU time, the
+    rates wall time): the rate together well under what its stages give on these cores. The
+    model explains none of the run, so nothing is advised from it (no worker count, no nodes,
+    no bound it computes): the headline says the rates do not fit, with the load average."""
+    from types import SimpleNamespace
+
+    from fastdata.profiling import Report
+    from fastdata.profiling.measure import check_ceiling
+    from fastdata.profiling.model import advise
+
+    stages = {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.18,
+              "deliver": 0.19}
+    loader = SimpleNamespace(num_workers=2, device=torch.device("cpu"), placement="cpu",
+                             transform=SimpleNamespace(pixel_ops=()))
+    heads = []
+    for alone, together in ((678.0, 504.0), (1700.0, 1100.0)):  # a busy machine's figures, then a quiet one's
+        report = Report("x", 256, alone, 2556.0, together, 0.79, "input-bound", "", [],
+                        {"backend": "pil", "num_workers": 2, "device": "cpu"}, stages=stages, bound="decode",
+                        images_per_step=256)
+        check_ceiling(report, steps=30, cores=2)
+        advise(loader, report)
+        heads.append((report.headline, [a.text for a in report.advice]))
+    (busy, said), (quiet, _) = heads
+    assert busy.startswith("input bounds the step: the measured rates are well below what the timed stages account "
+                           "for ("), busy
+    assert "together 504 images/s against 1,3" in busy, busy
+    assert "load average" in busy and "profile again on a quiet machine" in busy, busy
+    assert not [t for t in said if "num_workers" in t or "node" in t or "this step consumes" in t], said
+    assert "well below" not in quiet and "the training process runs its own stages" in quiet, quiet
+
+
 def _script_run(stages: dict, workers: int = 0, wait: float = 0.5) -> dict:
     """A served loader's figures in `fastdata run --profile`: 20 steps of 32 images, 5 ms each."""
     return {"batches": 20, "images": 640, "wait_s": wait, "compute_s": 0.1, "steps": [(wait / 20, 0.005, k == 0)
