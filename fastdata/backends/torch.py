@@ -43,10 +43,9 @@ class TorchLoader(DataLoader, Loader):
     sampler and batch sampler; the batches come from a second, working DataLoader that draws
     from that batch sampler (through `Resumable`) and collates natively into reused slots.
     Frameworks that rebuild a DataLoader from its attributes (Lightning and Fabric with a
-    DistributedSampler, Accelerate's sharded loader) get this class again. Its `collate_fn` is
-    torch's, as DataLoader sets it (`default_collate`, or `default_convert` without batches),
-    and `default_collate` stands for fastdata's native collation, which gives its values into
-    reused slots (`fastdata._collate`)."""
+    DistributedSampler, Accelerate's sharded loader) get this class again, or, for `collate_fn`,
+    fastdata's native collation (`fastdata._collate.collate`: default_collate's values, without
+    the reused slots, which belong to this loader's passes)."""
 
     backend = "torch"
 
@@ -63,6 +62,8 @@ class TorchLoader(DataLoader, Loader):
         DataLoader.__init__(self, **call)
         self.device = None if device is None else torch.device(device)
         self._iterable = isinstance(dataset, IterableDataset)
+        if call.get("collate_fn") is None and auto_collation(self):
+            self.collate_fn = native_collate
         self._build()
         self._epoch: int | None = None
         self._resume: dict[str, Any] | None = None
@@ -82,7 +83,7 @@ class TorchLoader(DataLoader, Loader):
         if workers:
             own.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers)
         collate_fn = self.collate_fn
-        if collate_fn in (default_collate, native_collate) and auto_collation(self):
+        if collate_fn is native_collate:
             pin = bool(self.pin_memory) and torch.accelerator.is_available()
             collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
         self._index: Resumable | None = None

@@ -502,29 +502,6 @@ def test_default_collate_named_is_collated_natively(monkeypatch, h):
     assert (16, (3, H, W), torch.uint8) in calls
 
 
-def test_collate_fn_is_torchs_and_a_loader_rebuilt_from_it_is_native(monkeypatch, h):
-    """`loader.collate_fn` is what DataLoader sets (default_collate, or default_convert
-    without batches), so code that checks it, or rebuilds a loader from its attributes
-    (collate_fn=loader.collate_fn), sees torch's; the rebuilt one still collates natively."""
-    from torch.utils.data import default_collate, default_convert
-
-    calls = []
-    real = fastdata._collate._new_batch
-    monkeypatch.setattr(fastdata._collate, "_new_batch", lambda n, shape, dtype: calls.append(n) or real(n, shape, dtype))
-    ref, fast = make_pair("tuple-shuffle")
-    assert fast.collate_fn is ref.collate_fn is default_collate
-    rebuilt = fastdata.loader(fast.dataset, batch_size=fast.batch_size, collate_fn=fast.collate_fn,
-                              generator=torch.Generator().manual_seed(0), shuffle=True)
-    same = torch.utils.data.DataLoader(ref.dataset, batch_size=ref.batch_size, collate_fn=ref.collate_fn,
-                                       generator=torch.Generator().manual_seed(0), shuffle=True)
-    assert rebuilt.collate_fn is default_collate
-    h.assert_same_stream(h.collect(rebuilt), h.collect(same))
-    assert calls  # collated natively
-    unbatched = fastdata.loader(fast.dataset, batch_size=None)
-    assert unbatched.collate_fn is torch.utils.data.DataLoader(fast.dataset, batch_size=None).collate_fn
-    assert unbatched.collate_fn is default_convert
-
-
 def test_native_flag_follows_environment():
     disabled = os.environ.get("FASTDATA_DISABLE_NATIVE", "0").lower() not in ("", "0", "false", "no")
     built = importlib.util.find_spec("fastdata._native") is not None
