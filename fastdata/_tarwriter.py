@@ -204,10 +204,11 @@ def _write_shard(job: tuple, tick: Callable[[int, int], None],
 
 class Progress:
     """The progress line on stderr (samples and MB written, MB/s), redrawn at most 4 times a
-    second; nothing when not `enabled`."""
+    second on a terminal, a line at the start and one at the end in a log; nothing when not `enabled`."""
 
     def __init__(self, enabled: bool, what: str, total: int) -> None:
         self.enabled, self.what, self.total = enabled, what, total
+        self.tty = sys.stderr.isatty()
         self.start = self.last = time.monotonic()
         self.samples = self.bytes = 0
 
@@ -215,12 +216,15 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
-        if not (final or force) and now - self.last < 0.25:
+        if not (final or force) and (now - self.last < 0.25 or not self.tty):
             return
         self.last = now
         rate = self.bytes / 1e6 / max(now - self.start, 1e-6)
-        print(f"\rshards {self.what}: {self.samples}/{self.total} samples, {self.bytes / 1e6:.1f} MB, {rate:.1f} MB/s",
-              end="\n" if final else "", file=sys.stderr, flush=True)
+        line = f"shards {self.what}: {self.samples}/{self.total} samples, {self.bytes / 1e6:.1f} MB, {rate:.1f} MB/s"
+        if self.tty:  # redrawn in place
+            print(f"\r{line}", end="\n" if final else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def tick(self, samples: int, nbytes: int) -> None:
         self.samples += samples

@@ -92,9 +92,11 @@ def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[st
 
 
 def _image_loader(source: Any, batch_size: Any, options: dict[str, Any]) -> Loader:
+    instead = {"generator": "; seed= takes its place (the order is a function of seed and the epoch)"}
     for name in options:
         if name not in _IMAGE_KEYWORDS:
-            raise TypeError(f"loader() got an unexpected keyword argument {name!r} for an image source")
+            raise TypeError(f"loader() got an unexpected keyword argument {name!r} for an image source"
+                            f"{instead.get(name, '')}")
     options = _with_config(dict(options))
     _check_as_dataloader(options)
     options = _with_tune(source, batch_size, options)

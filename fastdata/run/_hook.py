@@ -54,6 +54,7 @@ from ._profile import TimedPass, Timing
 from ._shm import shm_room
 from ._lowering import Lowering, folder, lower
 from ._torchvision import Finish, NativeFolder
+from .._collate import collate as native_collate
 from .._workers import wait_forever
 from ..backends.torch import TorchLoader
 from ..backends.torch_iter import Fetches
@@ -285,7 +286,7 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
 
 def _collation(call: dict) -> tuple[str, Lowering | None]:
     """How a served loader's batches are made (for the summary), and a natively served folder's lowering."""
-    if call.get("collate_fn") not in (None, torch.utils.data.default_collate):
+    if call.get("collate_fn") not in (None, torch.utils.data.default_collate, native_collate):  # (ours: a rebuild's)
         return "the script's collate_fn (no native collation)", None
     lowering, why = lower(call.get("dataset"))
     if why:

@@ -77,6 +77,10 @@ def test_every_keyword_is_accepted(tmp_path):
     assert set(factory._DROPIN_KEYWORDS) == dropin | {"device"}
     with pytest.raises(TypeError, match="unexpected keyword argument 'shuffel'"):
         fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(2)), shuffel=True)
+    for name, says in (("generator", "for an image source; seed= takes its place"), ("in_order", "for an image source$"),
+                       ("multiprocessing_context", "for an image source$")):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}' {says}"):
+            fastdata.loader(str(tmp_path), batch_size=1, **{name: None})
 
 
 def _outcome(call):

@@ -282,6 +282,22 @@ def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     loader._stop()
 
 
+def test_a_loader_rebuilt_from_a_served_ones_attributes_is_served_natively(tv, folder):
+    """Code that rebuilds a loader from a served one's attributes passes collate_fn=loader.collate_fn,
+    fastdata's own collate: the rebuilt loader is served natively too, with the same batches."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((16, 16)), T.ToTensor()]))
+    loader = _served(dataset, batch_size=8)
+    rebuilt = _served(loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
+    assert isinstance(rebuilt._loader.dataset, rt.NativeFolder)
+    for (a, la), (b, lb) in zip(loader, rebuilt, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader._stop()
+    rebuilt._stop()
+
+
 def test_only_a_thin_wrapper_of_a_compose_is_looked_into(tv, folder):
     """An object whose __call__ is `return self.transforms(img)` (torchvision's references'
     presets) is its Compose; one that does anything more, or finds `transforms` through a
