@@ -22,9 +22,10 @@ class Part(NamedTuple):
 
 
 PARTS = {
-    "dali": Part("nvidia.dali", "NVIDIA DALI", "bash scripts/install.sh --dali (or pip install 'fastdata[dali]')"),
-    "ray": Part("ray", "Ray", "bash scripts/install.sh --ray (or pip install 'fastdata[ray]')"),
-    "kornia": Part("kornia", "Kornia", "pip install 'fastdata[gpu]'"),
+    "dali": Part("nvidia.dali", "NVIDIA DALI",
+                 "bash scripts/install.sh --dali (or pip install '.[dali]' in fastdata's checkout)"),
+    "ray": Part("ray", "Ray", "bash scripts/install.sh --ray (or pip install '.[ray]' in fastdata's checkout)"),
+    "kornia": Part("kornia", "Kornia", "pip install '.[gpu]' in fastdata's checkout"),
 }
 
 

@@ -178,8 +178,11 @@ class Report:
             return None
         wait = 1e3 * max(self.steps[k][0] for k in self.epoch_starts)
         others = [w for k, (w, _) in enumerate(self.steps) if k not in self.epoch_starts]
+        average = 1e3 * sum(others) / len(others)
+        if wait <= average:  # the epoch starts waited no longer than the other steps: nothing to note
+            return None
         return (f"{len(self.epoch_starts)} step(s) began an epoch and waited up to {wait:,.0f} ms, the others "
-                f"{1e3 * sum(others) / len(others):,.0f} ms on average (the workers' queues refill at an epoch start "
+                f"{average:,.0f} ms on average (the workers' queues refill at an epoch start "
                 f"unless they run ahead); counted in the rates, as training pays them each epoch")
 
     def skipped_line(self) -> str | None:
@@ -258,7 +261,7 @@ class Report:
     def print(self, console: Any = None) -> None:
         """The summary in the terminal, with rich: the rates, a bar per stage, the verdict in
         colour, the advice. Text from elsewhere (the source's name, the advice: `pip install
-        'fastdata[ray]'`) is escaped, or rich would take its brackets for markup."""
+        '.[ray]'`) is escaped, or rich would take its brackets for markup."""
         from rich.console import Console
         from rich.markup import escape
         from rich.table import Table

@@ -168,6 +168,10 @@ def test_epoch_starts_count_in_the_rates():
     assert report.stall_fraction == pytest.approx(sum(w for w, _ in report.steps) / total, abs=0.05)
     assert report.loader_images_per_s < 8 * 4 / 0.3  # the loader alone: at most an epoch per 300 ms start
     assert "began an epoch" in str(report)
+    import dataclasses  # epoch starts that waited no longer than the other steps: no note
+
+    level = dataclasses.replace(report, steps=[(0.0 if k in starts else w, c) for k, (w, c) in enumerate(report.steps)])
+    assert level.epoch_start_note() is None and "began an epoch" not in str(level)
 
 
 def test_rate_model():

@@ -126,6 +126,6 @@ def test_naming_a_missing_part_says_what_adds_it(tmp_path, folder, case):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "backend 'dali': NVIDIA DALI is not installed; bash scripts/install.sh --dali (or pip install 'fastdata[dali]') adds it",
-        "backend 'ray': Ray is not installed; bash scripts/install.sh --ray (or pip install 'fastdata[ray]') adds it",
-        "placement='gpu': Kornia is not installed; pip install 'fastdata[gpu]' adds it"]
+        "backend 'dali': NVIDIA DALI is not installed; bash scripts/install.sh --dali (or pip install '.[dali]' in fastdata's checkout) adds it",
+        "backend 'ray': Ray is not installed; bash scripts/install.sh --ray (or pip install '.[ray]' in fastdata's checkout) adds it",
+        "placement='gpu': Kornia is not installed; pip install '.[gpu]' in fastdata's checkout adds it"]
