@@ -340,9 +340,9 @@ def png_rows(data) -> str | None:
                 while got <= need and not stream.eof:
                     # a MiB at a time, only counted (a 16-bit RGBA image at the pixel limit inflates to 1.4 GB)
                     asked = min(need + 1 - got, 1 << 20)
-                    n = len(stream.decompress(chunk, asked))
-                    got, chunk = got + n, stream.unconsumed_tail
-                    if n < asked and not chunk:  # (all of the chunk's bytes taken, and what they gave)
+                    gave = len(stream.decompress(chunk, asked))
+                    got, chunk = got + gave, stream.unconsumed_tail
+                    if gave < asked and not chunk:  # (all of the chunk's bytes taken, and what they gave)
                         break
             pos += 12 + n
     except zlib.error:

@@ -448,15 +448,22 @@ def test_decompression_bomb_refused_before_allocating(backend, tmp_path):
 def test_a_pngs_rows_are_counted_a_mib_at_a_time():
     """The check for missing rows (`check.png_rows`) inflates a PNG's image data only to count
     it, so it holds a MiB of it at a time: a 4096x4096 image of zeros (50 MB of scanlines from
-    a 50 kB file) is counted whole with under 4 MB allocated at its peak, and the same data
-    short of its last row is refused."""
+    a 50 kB file), in one IDAT chunk or in chunks of 8 KiB, is counted whole with under 4 MB
+    allocated at its peak, and the same data short of its last row is refused."""
     import tracemalloc
 
     from fastdata.image.check import png_rows
 
+    from _images import png_chunk
+
     w = h = 4096
     rows = bytes(h * (1 + 3 * w))
-    for data, want in ((png_of(rows, w, h), None), (png_of(rows[:-(1 + 3 * w)], w, h), "truncated image data")):
+    one = png_of(rows, w, h)
+    packed = zlib.compress(rows)  # in IDAT chunks of 8 KiB, as encoders write them
+    at = one.index(b"IDAT") - 4
+    chunks = b"".join(png_chunk(b"IDAT", packed[k:k + 8192]) for k in range(0, len(packed), 8192))
+    several = one[:at] + chunks + png_chunk(b"IEND", b"")
+    for data, want in ((one, None), (several, None), (png_of(rows[:-(1 + 3 * w)], w, h), "truncated image data")):
         tracemalloc.start()
         try:
             got = png_rows(data)
