@@ -1,10 +1,12 @@
 """Memory at ImageNet scale: what a listing of 1.28M files costs each worker, fastdata against
-DataLoader + an ImageFolder-like dataset.
+DataLoader + an ImageFolder-like dataset, and `fastdata run` serving torchvision's ImageFolder.
 
 A listing held as Python objects (torchvision's ImageFolder keeps a (path, label) tuple a
 sample) is copied page by page into every forked worker as the worker reads it: each read
 writes the objects' reference counts (PyTorch's issue 13246). fastdata keeps its paths as one
-buffer (`fastdata.sources.Names`), which reads do not write.
+buffer (`fastdata.sources.Names`), which reads do not write; `fastdata run`'s workers read a
+natively served ImageFolder's paths from such a listing too (`NativeFolder.list_for_workers`).
+The "run" side needs torchvision (run it in a virtualenv that has it); without it, it is left out.
 
 The folder: --images hard links (default ImageNet's 1,281,167) to 64x48 JPEGs, one a class, laid out
 as ImageNet's train folder (1,000 classes, root/nXXXXXXXX/nXXXXXXXX_NNNNNNN.JPEG), so the
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import _common
 
-SIDES = ("fastdata", "dataloader")
+SIDES = ("fastdata", "dataloader", "run")
 
 
 def make_folder(root: Path, images: int) -> None:
@@ -76,6 +78,17 @@ def child(side: str, root: str, batches: int, workers: int) -> None:
         loader = fastdata.loader(root, backend="pil", batch_size=256, shuffle=True, num_workers=workers,
                                  transform=T.Compose([T.Resize(32), T.CenterCrop(32)]))
         classes = loader.samples.classes
+    elif side == "run":  # the hook fastdata run installs, on torchvision's own ImageFolder
+        import torchvision
+        import torchvision.transforms as TV
+
+        from fastdata.run._hook import install
+
+        install()
+        dataset = torchvision.datasets.ImageFolder(root, TV.Compose([TV.Resize((32, 32)), TV.PILToTensor()]))
+        classes = dataset.classes
+        loader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=True, num_workers=workers)
+        assert type(loader._loader.dataset).__name__ == "NativeFolder", "not served natively"
     else:
         from PIL import Image
 
@@ -133,6 +146,9 @@ def main() -> None:
         print(f"{args.images:,} files made in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         results = {}
         for side in SIDES:
+            if side == "run" and subprocess.run([sys.executable, "-c", "import torchvision"]).returncode:
+                print("run: left out (no torchvision in this Python)", file=sys.stderr)
+                continue
             out = subprocess.run([sys.executable, __file__, "--child", side, "--root", str(root / "train"),
                                   "--batches", str(args.batches), "--workers", str(args.workers)],
                                  capture_output=True, text=True)
@@ -152,6 +168,10 @@ def main() -> None:
     print(f"a worker's growth, DataLoader over fastdata: {ratio:.0f}x; the job's memory at the end: "
           f"{results['fastdata']['job_mb']:,.0f} MB with fastdata, {results['dataloader']['job_mb']:,.0f} with "
           f"DataLoader ({args.workers} workers)")
+    if "run" in results:
+        run = results["run"]
+        print(f"fastdata run serving torchvision's ImageFolder: a worker grew {run['worker_growth_mb']:.0f} MB against "
+              f"DataLoader's {results['dataloader']['worker_growth_mb']:.0f}; the job {run['job_mb']:,.0f} MB")
     _common.write("listing_memory", {"images": args.images, "batches": args.batches, "workers": args.workers,
                                      "sides": results, "growth_ratio": ratio, "job_mb_saved": saved,
                                      "figure": "Pss_Anon (MB) of each worker after the first batch and after "

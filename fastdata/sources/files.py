@@ -44,8 +44,8 @@ class Names(Sequence[str]):
         data = None if joined is None else joined.encode("utf-8", "surrogatepass")
         if data is not None and len(data) == len(joined):
             # All ASCII (any other character takes 2 to 4 bytes): each name's bytes are its
-            # characters, so one encode and the lengths' sums do (a third of the time it takes
-            # name by name, at ImageNet's 1.28M paths).
+            # characters, so one encode and the lengths' sums do (half the time it takes name
+            # by name: 0.15 s against 0.32 at ImageNet's 1.28M paths).
             lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
             self._ends, self._data = array.array("q", np.cumsum(lengths).tobytes()), data
             return
