@@ -3,11 +3,12 @@ shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, N
 `DataLoader(shuffle=True, batch_size=256, num_workers=..., pin_memory=True)`, a fresh iterator
 (fresh workers) each epoch. `run_torchvision.py` times it plain and under `fastdata run`.
 
+With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`.
 With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, channels_last, SGD)
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
-    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none]
+    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
 """
 
 import argparse
@@ -24,6 +25,7 @@ ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
+ap.add_argument("--split", action="store_true")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -36,6 +38,9 @@ train_dataset = torchvision.datasets.ImageFolder(
         transforms.ToTensor(),
         normalize,
     ]))
+if args.split:
+    train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
+                                                     generator=torch.Generator().manual_seed(42))
 train_loader = torch.utils.data.DataLoader(
     train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True)
 
