@@ -66,9 +66,9 @@ struct ImageStructure {
 // decoded): a JPEG's marker segments from SOI, through each scan's entropy-coded data, to EOI; a
 // PNG's chunks from the signature to IEND; every length must fit in the file. Bytes after EOI or
 // IEND are allowed. A PNG of more than kMaxPngChunks chunks, kMaxPngTexts compressed text chunks
-// or two iCCP chunks, and a JPEG with more than kMaxScans scans, kMaxJpegMarkers markers or
-// kMaxJpegFill fill bytes before markers, or with fill bytes before a stuffed zero in its
-// entropy-coded data (FF FF 00, see walk_jpeg), are refused. Returns "" for a whole
+// or two iCCP chunks, and a JPEG with more than max_scans(width, height) scans, kMaxJpegMarkers
+// markers or kMaxJpegFill fill bytes before markers, or with fill bytes before a stuffed zero in
+// its entropy-coded data (FF FF 00, see walk_jpeg), are refused. Returns "" for a whole
 // file (or one that is neither format: kind kImageOther, nothing checked), else why not ("empty
 // file", "truncated JPEG: ...", "corrupt PNG: ..."). It cannot see corrupt entropy-coded data
 // inside a whole structure.

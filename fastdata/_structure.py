@@ -188,7 +188,7 @@ def check_structure(data: Any) -> Inspection:
     0xFF not followed by a stuffed 0x00 or a restart marker), to EOI; a PNG's chunks from the
     signature to IEND; every length must fit in the file. Bytes after EOI or IEND are accepted
     (as Pillow does). Other formats are not walked (kind ""). Refused as well: a JPEG of more
-    than MAX_SCANS scans, and fill bytes before a stuffed zero (FF FF 00) in entropy-coded data,
+    than `max_scans` scans for its size, and fill bytes before a stuffed zero (FF FF 00) in entropy-coded data,
     which libjpeg's two Huffman readers decode differently. The pure-Python twin of the native
     walk, with the same results and messages.
 

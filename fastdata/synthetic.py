@@ -399,8 +399,9 @@ def make_file_list(root) -> list[tuple[str, int]]:
 # ----------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    title, rest = __doc__.split("\n", 1)[0], __doc__.split("\n\n", 1)[1]  # (not the maintainers' note on its length)
-    ap = argparse.ArgumentParser(prog="python -m fastdata.synthetic", description=f"{title}\n\n{rest}",
+    doc = __doc__ or ""  # (None under python -OO)
+    about = f"{doc.split(chr(10), 1)[0]}\n\n{doc.split(chr(10) * 2, 1)[-1]}"  # (not the maintainers' note on its length)
+    ap = argparse.ArgumentParser(prog="python -m fastdata.synthetic", description=about,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", metavar="ROOT", help="folder to make (or complete) the dataset in")
     ap.add_argument("--images", type=int, default=2000, help="number of images (default 2000)")

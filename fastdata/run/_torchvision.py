@@ -30,6 +30,7 @@ re-raise it with its message rewritten ("Caught ... in DataLoader worker process
 from __future__ import annotations
 
 import array
+import operator
 import pickle
 from dataclasses import dataclass
 from typing import Any
@@ -206,7 +207,8 @@ class NativeFolder(Dataset):
         self._scratch: torch.Tensor | None = None
         # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
         self._listing: tuple[list, Names, array.array] | None = None
-        self._kept: list | None = None  # (main process) the samples' items the listing was made of
+        self._kept: list | None = None  # the samples' items the listing was made of
+        self._checked = False  # (a worker) its samples compared with `_kept`, once its worker_init_fn ran
 
     def _use(self, lowering: Lowering) -> None:
         self.lowering = lowering
@@ -220,7 +222,7 @@ class NativeFolder(Dataset):
         return self.dataset[index]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_scratch": None, "_kept": None}
+        return {**self.__dict__, "_scratch": None}
 
     def list_for_workers(self) -> None:
         """Called in the main process before workers start: the dataset's `samples` (a list of
@@ -229,14 +231,18 @@ class NativeFolder(Dataset):
         the list would write the reference counts of its tuples, strings and ints, and so copy
         the pages they lie on: over an epoch, the whole list, into every worker (137 MB a worker
         at ImageNet's 1.28M samples: benchmarks/listing_memory.py). The listing is made again
-        when the list is another or holds other items (compared item by item: identical items
-        compare at once); a worker uses it while its dataset's `samples` is still that list, of
-        that length (a worker_init_fn that gives it another is followed)."""
+        when the list is another or holds other items (compared by identity, so that an item
+        replaced by an equal one of another type counts). A worker checks once, at its first
+        batch (after its worker_init_fn), that its `samples` is that list and holds those very
+        items (list equality, which passes identical items without touching them), and uses the
+        listing only then, and while the list keeps its length."""
         samples = getattr(folder(self.dataset), "samples", None)
         if type(samples) is not list:
             self._listing = self._kept = None
             return
-        if self._listing is not None and self._listing[0] is samples and self._kept == samples:
+        kept = self._kept
+        if self._listing is not None and self._listing[0] is samples and kept is not None and \
+                len(kept) == len(samples) and all(map(operator.is_, kept, samples)):
             return
         self._listing = self._kept = None
         if not all(type(s) is tuple and len(s) == 2 and type(s[0]) is str and type(s[1]) is int for s in samples):
@@ -263,7 +269,11 @@ class NativeFolder(Dataset):
         listing = self._listing
         if listing is not None and torch.utils.data.get_worker_info() is not None:
             samples, paths, targets = listing
-            if ds.samples is samples and len(samples) == len(paths):
+            if not self._checked:  # (a worker_init_fn may have changed the list in place)
+                self._checked = True
+                if not (ds.samples is samples and self._kept == samples):
+                    self._listing = None
+            if self._listing is not None and ds.samples is samples and len(samples) == len(paths):
                 try:
                     return [paths[i] for i in indices], [targets[i] for i in indices]
                 except (IndexError, TypeError):

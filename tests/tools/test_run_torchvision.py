@@ -280,6 +280,12 @@ def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     with pytest.raises(IndexError):
         list(loader)
     loader._stop()
+    from fastdata.run._hook import decide  # workers where the script left 0: as for the folder itself
+
+    plain = ImageFolder(str(folder), T.ToTensor())  # no size fixed: the first file's, for /dev/shm's room
+    part, _ = torch.utils.data.random_split(plain, [0.5, 0.5], generator=torch.Generator().manual_seed(0))
+    (_, why, given, _), (_, part_why, part_given, _) = (decide((ds,), {"batch_size": 4}) for ds in (plain, part))
+    assert part_given == given and part_why.split("; ", 1)[1] == why.split("; ", 1)[1], (why, part_why)
 
 
 def test_a_loader_rebuilt_from_a_served_ones_attributes_is_served_natively(tv, folder):
@@ -760,29 +766,34 @@ def test_a_transform_changed_between_passes_is_followed(tv, folder, workers):
 def test_samples_changed_between_passes_are_followed(tv, folder, workers):
     """Workers read the samples' paths and targets from the listing made before they start
     (`NativeFolder.list_for_workers`): a script that reorders, filters or edits `samples` after
-    making the loader, or gives a worker other samples in worker_init_fn, gets what it set, each
-    image with its own label."""
+    making the loader (in place and at the same length too, or with an equal target of another
+    type), or changes a worker's samples in worker_init_fn (another list, or the same one
+    reversed in place), gets the batches torch gives it, each image with its own label."""
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
     dataset = ImageFolder(str(folder), T.Compose([T.Resize((16, 16)), T.ToTensor()]))
     loader = _served(dataset, batch_size=8, num_workers=workers)
 
-    def labels():
-        got = []
-        for images, targets in loader:
-            assert torch.equal(_class_of(images, False), targets)  # each image with its own label
-            got += targets.tolist()
-        return got
+    def same(loader, **kw):
+        want = list(torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=workers, **kw))
+        got = list(loader)
+        assert len(got) == len(want)
+        for (a, la), (b, lb) in zip(got, want):
+            assert torch.equal(a, b) and la.dtype == lb.dtype and torch.equal(la, lb)
+            assert torch.equal(_class_of(a, False), la.long())  # each image with its own label
+        return [t for _, targets in got for t in targets.tolist()]
 
-    assert labels() == dataset.targets
+    assert same(loader) == dataset.targets
     dataset.samples = dataset.samples[::-1]
-    assert labels() == [t for _, t in dataset.samples]
-    dataset.samples[0] = dataset.samples[-1]  # the same list, one item edited
+    assert same(loader) == [t for _, t in dataset.samples]
+    dataset.samples[0], dataset.samples[-1] = dataset.samples[-1], dataset.samples[0]  # in place, same length
+    assert same(loader)[0] == dataset.samples[0][1]
+    dataset.samples[:] = [(path, float(t)) for path, t in dataset.samples]  # equal targets, of another type
+    assert same(loader) == [t for _, t in dataset.samples]
     dataset.samples.pop()
-    assert labels() == [t for _, t in dataset.samples]
-    dataset.samples = [s for s in dataset.samples if s[1] != 2]
-    assert labels() == [t for _, t in dataset.samples] and 2 not in labels()
+    dataset.samples = [(path, int(t)) for path, t in dataset.samples if t != 2]
+    assert same(loader) == [t for _, t in dataset.samples] and 2 not in same(loader)
     if workers:
         loader._stop()
         keep = dataset.samples
@@ -790,8 +801,14 @@ def test_samples_changed_between_passes_are_followed(tv, folder, workers):
         def only_class_1(worker_id):
             torch.utils.data.get_worker_info().dataset.samples = [s for s in keep if s[1] == 1] * 10
 
-        loader = _served(dataset, batch_size=8, num_workers=1, worker_init_fn=only_class_1)
-        assert set(labels()) == {1}
+        def reversed_in_place(worker_id):
+            torch.utils.data.get_worker_info().dataset.samples.reverse()
+
+        for init in (only_class_1, reversed_in_place):
+            loader = _served(dataset, batch_size=8, num_workers=workers, worker_init_fn=init)
+            got = same(loader, worker_init_fn=init)
+            assert set(got) == {1} if init is only_class_1 else got[:8] == [t for _, t in keep[::-1][:8]]
+            loader._stop()
     loader._stop()
 
 
