@@ -229,7 +229,7 @@ def test_pixel_ops_are_refused(folder):
 
 def test_without_dali_the_error_names_the_package(folder, monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import fails as if not installed
-    with pytest.raises(RuntimeError, match=r"backend 'dali': NVIDIA DALI is not installed; bash scripts/install.sh --dali \(or pip install 'fastdata\[dali\]'\) adds it"):
+    with pytest.raises(RuntimeError, match=r"backend 'dali': NVIDIA DALI is not installed; bash scripts/install.sh --dali \(or pip install '\.\[dali\]' in fastdata's checkout\) adds it"):
         _load(str(folder))
 
 

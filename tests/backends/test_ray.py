@@ -431,6 +431,6 @@ def test_backend_ray_is_never_auto_and_names_its_extra(folder, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
-    with pytest.raises(RuntimeError, match=r"pip install 'fastdata\[ray\]'"):
+    with pytest.raises(RuntimeError, match=r"pip install '\.\[ray\]' in fastdata's checkout"):
         fastdata.loader(str(folder), 4, backend="ray")
 
