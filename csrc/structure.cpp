@@ -1,7 +1,7 @@
 // The container walks behind check_structure (decode.h): a JPEG's marker segments and scans, a
 // PNG's chunks. They follow markers and lengths and never look at pixel data (no libjpeg), so they
-// run at memchr speed. fastdata/_structure.py has the same walks in Python (the fallback for a build
-// without this file), with the same messages; the tests hold them equal.
+// run at memchr speed. fastdata/_structure.py has the same walks in Python (the fallback for a
+// build without this file), with the same messages; the tests hold them equal.
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>

@@ -188,9 +188,9 @@ def check_structure(data: Any) -> Inspection:
     0xFF not followed by a stuffed 0x00 or a restart marker), to EOI; a PNG's chunks from the
     signature to IEND; every length must fit in the file. Bytes after EOI or IEND are accepted
     (as Pillow does). Other formats are not walked (kind ""). Refused as well: a JPEG of more
-    than `max_scans` scans for its size, and fill bytes before a stuffed zero (FF FF 00) in entropy-coded data,
-    which libjpeg's two Huffman readers decode differently. The pure-Python twin of the native
-    walk, with the same results and messages.
+    than `max_scans` scans for its size, and fill bytes before a stuffed zero (FF FF 00) in
+    entropy-coded data, which libjpeg's two Huffman readers decode differently. The pure-Python
+    twin of the native walk, with the same results and messages.
 
     It cannot see corrupt entropy-coded data inside a whole structure (flipped bits, a file cut
     short and closed with an end marker): the decoder meets that, and the native one is strict

@@ -399,8 +399,10 @@ def make_file_list(root) -> list[tuple[str, int]]:
 # ----------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    doc = __doc__ or ""  # (None under python -OO)
-    about = f"{doc.split(chr(10), 1)[0]}\n\n{doc.split(chr(10) * 2, 1)[-1]}"  # (not the maintainers' note on its length)
+    # The docstring's first line and what follows its first paragraph (not the maintainers' note
+    # on the module's length); None under python -OO.
+    doc = __doc__ or ""
+    about = doc.partition("\n")[0] + "\n\n" + doc.partition("\n\n")[2]
     ap = argparse.ArgumentParser(prog="python -m fastdata.synthetic", description=about,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", metavar="ROOT", help="folder to make (or complete) the dataset in")
