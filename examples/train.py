@@ -5,8 +5,8 @@
     torchrun --nproc_per_node 2 examples/train.py --data /path/to/train --checkpoint run.pt --resume
 
 --data is an ImageFolder (one folder per class); without it, the synthetic ImageNet-like set of
-the README's first command (~/.cache/fastdata/demo-imagenet-like), made here if it is not there. On GPUs: DDP over NCCL and bf16 autocast; on CPU: DDP over
-gloo in float32; channels_last on both. The checkpoint holds the model, the optimizer and the
+the README's first command (~/.cache/fastdata/demo-imagenet-like), made here if it is not there.
+On GPUs: DDP over NCCL and bf16 autocast; on CPU: DDP over gloo in float32; channels_last on both. The checkpoint holds the model, the optimizer and the
 loader's position, so --resume goes on with the batch after the last checkpoint, mid-epoch too.
 `num_workers="auto"` takes the config `fastdata-profile --tune` chose for this data, if any.
 """

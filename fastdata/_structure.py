@@ -25,14 +25,15 @@ MAX_SCAN_PIXELS: int = 1 << 31
 decode. Each scan of a progressive JPEG is a pass over every block of the image however few bytes
 it takes, so a file of many tiny scans would cost seconds a decode; libjpeg's progressive script
 writes 10 (6 for grayscale). A large image may have fewer, as many as pass over MAX_SCAN_PIXELS
-pixels in all but never fewer than 10 (`max_scans`: 24 at the pixel limit, where 100 tiny scans
-of a 9450x9450 image cost 2.4 s of a core a decode, 24 cost 0.66 s and 10 0.51 s). The native decoder's limits are the same
-(`_native.MAX_SCANS`, `_native.MAX_SCAN_PIXELS`)."""
+pixels in all but never fewer than 10 (`max_scans`: 24 at the pixel limit, where 100 tiny scans of
+a 9450x9450 image cost 2.4 s of a core a decode, 24 cost 0.66 s and 10 0.51 s). The native
+decoder's limits are the same (`_native.MAX_SCANS`, `_native.MAX_SCAN_PIXELS`)."""
 
 
 def max_scans(width: int, height: int) -> int:
     """The most scans a `width` x `height` JPEG may have (see MAX_SCANS)."""
     return min(MAX_SCANS, max(10, MAX_SCAN_PIXELS // (width * height)))
+
 
 MAX_PNG_CHUNKS: int = 1 << 17
 MAX_PNG_TEXTS: int = 64
