@@ -4,11 +4,17 @@ shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, N
 (fresh workers) each epoch. `run_torchvision.py` times it plain and under `fastdata run`.
 
 With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`.
+With `--recipe ta_wide` or `--recipe ra` the transform is torchvision's references' training
+preset (`references/classification/presets.py`, v1) with that auto-augment policy and
+`--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
+TrivialAugmentWide or RandAugment (bilinear), PILToTensor, ConvertImageDtype(float),
+Normalize, RandomErasing(0.1).
 With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, channels_last, SGD)
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
+                                                [--recipe {imagenet,ta_wide,ra}]
 """
 
 import argparse
@@ -26,18 +32,32 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra"], default="imagenet")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-train_dataset = torchvision.datasets.ImageFolder(
-    args.data,
-    transforms.Compose([
+if args.recipe == "imagenet":
+    transform = transforms.Compose([
         transforms.RandomResizedCrop(224),
         transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         normalize,
-    ]))
+    ])
+else:
+    bilinear = transforms.InterpolationMode.BILINEAR
+    augment = transforms.TrivialAugmentWide(interpolation=bilinear) if args.recipe == "ta_wide" else \
+        transforms.RandAugment(interpolation=bilinear, magnitude=9)
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(224, interpolation=bilinear, antialias=True),
+        transforms.RandomHorizontalFlip(0.5),
+        augment,
+        transforms.PILToTensor(),
+        transforms.ConvertImageDtype(torch.float),
+        normalize,
+        transforms.RandomErasing(p=0.1),
+    ])
+train_dataset = torchvision.datasets.ImageFolder(args.data, transform)
 if args.split:
     train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
                                                      generator=torch.Generator().manual_seed(42))

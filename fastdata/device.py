@@ -129,7 +129,7 @@ class DeviceStage:
         if self.pixel_ops:
             from .transforms import kornia
 
-            plans = plan_pixels(self.pixel_ops, self.seed, epoch, ids)
+            plans = plan_pixels(self.pixel_ops, self.seed, epoch, ids, tuple(images.shape[-2:]))
             images = kornia.apply_pixel_ops(images, self.pixel_ops, plans)
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)

@@ -230,7 +230,7 @@ class BatchDecoder:
         if lap:
             lap(time.process_time())
         if self.pixel_ops:
-            plans = plan_pixels(self.pixel_ops, self.seed, epoch, c.index)
+            plans = plan_pixels(self.pixel_ops, self.seed, epoch, c.index, tuple(target.shape[1:3]))
             with trace_range("fastdata.cpu_transforms"):
                 for k in range(len(c.datas)):
                     if k not in failed:

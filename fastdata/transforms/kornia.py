@@ -1,7 +1,7 @@
-"""The device lowering of the pixel ops (ColorJitter, TrivialAugment): batched torch on any
+"""The device lowering of the pixel ops (ColorJitter, TrivialAugment, RandAugment): batched torch on any
 device, with the parameters `plan.plan_pixels` draws, the ones the Pillow lowering (`pil.py`)
 applies to the same (seed, epoch, sample). Each op computes what Pillow computes: the
-geometric ops in Pillow's 16.16 fixed point, the blends and the grayscale on integer levels,
+geometric ops in Pillow's 16.16 fixed point (nearest) or its doubles (bilinear), the blends and the grayscale on integer levels,
 the hue shift through Pillow's 8-bit HSV in the precision of its C code; Kornia gives
 Posterize and Equalize. The result is rounded to uint8 levels after each op, as Pillow's
 images are. It runs in float32 whatever autocast or TF32 setting the caller has: nothing here
@@ -20,6 +20,8 @@ from typing import Sequence
 
 import torch
 
+from .pil import shear_coefficient
+
 # mean |this lowering - Pillow's| in uint8 levels, per op, over random magnitudes
 PARITY = {
     "Identity": 0.0, "ShearX": 0.0, "ShearY": 0.0, "TranslateX": 0.0, "TranslateY": 0.0, "Rotate": 0.0,
@@ -33,7 +35,7 @@ PARITY = {
 def apply_pixel_ops(images: torch.Tensor, ops: Sequence, plans: list[list[dict]]) -> torch.Tensor:
     """uint8 [N, 3, H, W] images (any device, any strides) -> the same after each op of `ops`,
     sample i with parameters plans[k][i] (from plan_pixels)."""
-    from .ops import ColorJitter
+    from .ops import ColorJitter, RandAugment
 
     x = images.float().div_(255)
     # float32 throughout, whatever autocast the caller's loop runs under
@@ -42,7 +44,13 @@ def apply_pixel_ops(images: torch.Tensor, ops: Sequence, plans: list[list[dict]]
            else contextlib.nullcontext())
     with off:
         for op, params in zip(ops, plans):
-            x = color_jitter(x, params) if isinstance(op, ColorJitter) else trivial_augment(x, params)
+            if isinstance(op, ColorJitter):
+                x = color_jitter(x, params)
+            elif isinstance(op, RandAugment):  # its ops in turn, each a TrivialAugment-like op per sample
+                for r in range(op.num_ops):
+                    x = trivial_augment(x, [p["ops"][r] for p in params], op.interpolation)
+            else:
+                x = trivial_augment(x, params, op.interpolation)
     return x.mul_(255).round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -191,26 +199,79 @@ def _pil_affine_nearest(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor
     return out * inside.unsqueeze(1).to(x.dtype)
 
 
+def _pil_affine_bilinear(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor:
+    """Pillow's AFFINE transform with BILINEAR sampling and fill 0 (libImaging/Geometry.c,
+    affine_transform and bilinear_filter32RGB): each output pixel's centre mapped in doubles;
+    outside the image 0; else its four neighbours (indices clipped to the image; the lower row
+    taken only where it is inside) blended along x, then along y, and truncated to a level. In
+    float64, one torch op per C expression in C's order, so every device computes Pillow's doubles."""
+    n, c, h, w = x.shape
+    f64 = torch.float64
+    a = torch.tensor(datas, dtype=f64).to(x.device).view(n, 6, 1, 1)
+    xs = (torch.arange(w, device=x.device, dtype=f64) + 0.5).view(1, 1, w)
+    ys = (torch.arange(h, device=x.device, dtype=f64) + 0.5).view(1, h, 1)
+    xin = a[:, 0] * xs + a[:, 1] * ys + a[:, 2]
+    yin = a[:, 3] * xs + a[:, 4] * ys + a[:, 5]
+    inside = ((xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)).unsqueeze(1)
+    xin, yin = xin - 0.5, yin - 0.5
+    x0, y0 = xin.floor(), yin.floor()
+    dx, dy = (xin - x0).unsqueeze(1), (yin - y0).unsqueeze(1)
+    x0, y0 = x0.to(torch.int64), y0.to(torch.int64)
+    levels = (x * 255).round().to(f64).reshape(n, c, h * w)
+
+    def at(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+        src = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
+        return levels.gather(2, src).view(n, c, h, w)
+
+    left, right = at(y0, x0), at(y0, x0 + 1)
+    v1 = left + (right - left) * dx
+    left, right = at(y0 + 1, x0), at(y0 + 1, x0 + 1)
+    v2 = torch.where(((y0 + 1 >= 0) & (y0 + 1 < h)).unsqueeze(1), left + (right - left) * dx, v1)
+    v = v1 + (v2 - v1) * dy
+    return (v.trunc() * inside).div_(255).to(x.dtype)
+
+
+def _warp(x: torch.Tensor, datas: Sequence[tuple], interpolation: str) -> torch.Tensor:
+    return (_pil_affine_bilinear if interpolation == "bilinear" else _pil_affine_nearest)(x, datas)
+
+
 def _rotate_data(angle: float, w: int, h: int) -> tuple:
-    """The AFFINE data Pillow's Image.rotate(angle) uses (counter-clockwise, about the centre)."""
-    t = -math.radians(angle)
-    m = [math.cos(t), math.sin(t), 0.0, -math.sin(t), math.cos(t), 0.0]
+    """The AFFINE data Pillow's Image.rotate(angle) computes (counter-clockwise, about the
+    centre; the angle taken modulo 360, the matrix rounded to 15 decimals)."""
+    t = -math.radians(angle % 360.0)
+    m = [round(math.cos(t), 15), round(math.sin(t), 15), 0.0, round(-math.sin(t), 15), round(math.cos(t), 15), 0.0]
     cx, cy = w / 2.0, h / 2.0
-    m[2] = m[0] * -cx + m[1] * -cy + cx
-    m[5] = m[3] * -cx + m[4] * -cy + cy
+    m[2] = m[0] * -cx + m[1] * -cy + 0.0 + cx
+    m[5] = m[3] * -cx + m[4] * -cy + 0.0 + cy
     return tuple(m)
 
 
-def _affine(name: str, m: float, w: int, h: int) -> tuple:
-    if name == "ShearX":
-        return (1, m, 0, 0, 1, 0)
-    if name == "ShearY":
-        return (1, 0, 0, m, 1, 0)
+def _rotate(x: torch.Tensor, angles: Sequence[float], interpolation: str) -> torch.Tensor:
+    """Pillow's Image.rotate per sample: its exact turns first (0 and 180 degrees, and 90 and 270
+    on a square image, which it transposes whatever the filter), the rest through the affine map."""
+    n, _, h, w = x.shape
+    out = x.clone()
+    warped = []
+    for i, angle in enumerate(angles):
+        angle = angle % 360.0
+        if angle == 180.0:
+            out[i] = x[i].flip(1, 2)
+        elif angle in (90.0, 270.0) and w == h:
+            out[i] = torch.rot90(x[i], 1 if angle == 90.0 else -1, dims=(1, 2))
+        elif angle != 0.0:
+            warped.append(i)
+    if warped:
+        out[warped] = _warp(x[warped], [_rotate_data(angles[i], w, h) for i in warped], interpolation)
+    return out
+
+
+def _affine(name: str, m: float) -> tuple:
+    if name in ("ShearX", "ShearY"):
+        s = shear_coefficient(name, m)
+        return (1, s, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, s, 1, 0)
     if name == "TranslateX":
         return (1, 0, -int(m), 0, 1, 0)
-    if name == "TranslateY":
-        return (1, 0, 0, 0, 1, -int(m))
-    return _rotate_data(m, w, h)
+    return (1, 0, 0, 0, 1, -int(m))
 
 
 def _autocontrast(x: torch.Tensor) -> torch.Tensor:
@@ -224,8 +285,8 @@ def _autocontrast(x: torch.Tensor) -> torch.Tensor:
     return out / 255
 
 
-def trivial_augment(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
-    """One TrivialAugmentWide op per sample, samples grouped by op."""
+def trivial_augment(x: torch.Tensor, params: list[dict], interpolation: str = "nearest") -> torch.Tensor:
+    """One TrivialAugmentWide (or RandAugment) op per sample, samples grouped by op."""
     import kornia
 
     n, _, h, w = x.shape
@@ -235,8 +296,10 @@ def trivial_augment(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
         rows = torch.tensor([i for i in range(n) if names[i] == name], device=x.device)
         m = [mags[i] for i in rows.tolist()]
         sub = x[rows]
-        if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
-            out = _pil_affine_nearest(sub, [_affine(name, v, w, h) for v in m])
+        if name == "Rotate":
+            out = _rotate(sub, m, interpolation)
+        elif name in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
+            out = _warp(sub, [_affine(name, v) for v in m], interpolation)
         elif name in ("Brightness", "Color", "Contrast", "Sharpness"):
             fn = {"Brightness": brightness, "Color": saturation, "Contrast": contrast, "Sharpness": sharpness}[name]
             out = fn(sub, _factor([1 + v for v in m], x))

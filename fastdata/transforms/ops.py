@@ -153,12 +153,18 @@ class ColorJitter(Op):
         object.__setattr__(self, "hue", _jitter_range("hue", self.hue, 0.0, (-0.5, 0.5)))
 
 
+_SAMPLINGS = ("nearest", "bilinear")
+
+
 @dataclass(frozen=True)
 class TrivialAugment(Op):
     """torchvision's TrivialAugmentWide: one of 14 ops per image, at one of `num_magnitude_bins`
-    magnitudes, both drawn uniformly; signed ops take a random sign."""
+    magnitudes, both drawn uniformly; signed ops take a random sign. `interpolation`: how its
+    shears, translations and rotations sample the image, "nearest" (torchvision's default) or
+    "bilinear" (its references' recipes), as Pillow samples."""
 
     num_magnitude_bins: int = 31
+    interpolation: str = "nearest"
     # whose magnitude table: torchvision.transforms' ("v1") or transforms.v2's ("v2"), which
     # differ in Solarize's thresholds (`plan._magnitudes`); a class attribute, not a field
     table = "v1"
@@ -166,6 +172,37 @@ class TrivialAugment(Op):
     def __post_init__(self) -> None:
         if self.num_magnitude_bins < 2:
             raise ValueError(f"TrivialAugment num_magnitude_bins should be at least 2, but got {self.num_magnitude_bins}")
+        _check_sampling(self)
+
+
+@dataclass(frozen=True)
+class RandAugment(Op):
+    """torchvision's RandAugment: `num_ops` ops per image in turn, each drawn uniformly from
+    TrivialAugment's 14, all at bin `magnitude` of `num_magnitude_bins` of RandAugment's own
+    tables (narrower; translations a fraction of the image's side); signed ops take a random
+    sign. `interpolation` as TrivialAugment's."""
+
+    num_ops: int = 2
+    magnitude: int = 9
+    num_magnitude_bins: int = 31
+    interpolation: str = "nearest"
+    table = "v1"
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.num_ops) and self.num_ops >= 0):
+            raise ValueError(f"RandAugment num_ops should be a non-negative int, but got {self.num_ops!r}")
+        if not (_is_int(self.num_magnitude_bins) and self.num_magnitude_bins >= 2):
+            raise ValueError(f"RandAugment num_magnitude_bins should be at least 2, but got {self.num_magnitude_bins!r}")
+        if not (_is_int(self.magnitude) and 0 <= self.magnitude < self.num_magnitude_bins):
+            raise ValueError(f"RandAugment magnitude should be a bin in [0, {self.num_magnitude_bins}), "
+                             f"but got {self.magnitude!r}")
+        _check_sampling(self)
+
+
+def _check_sampling(op: Op) -> None:
+    if op.interpolation not in _SAMPLINGS:
+        raise ValueError(f"{type(op).__name__} interpolation should be one of {_SAMPLINGS}, "
+                         f"but got {op.interpolation!r}")
 
 
 @dataclass(frozen=True)
@@ -242,7 +279,8 @@ class Compose:
                 raise ValueError(f"{type(op).__name__} should come before the batch ops (Normalize), but comes after")
             elif op.geometric and seen_pixel:
                 # The geometry runs in the decoder, before any pixel op: say so rather than reorder.
-                raise ValueError(f"{type(op).__name__} should come before ColorJitter and TrivialAugment, but comes after")
+                raise ValueError(f"{type(op).__name__} should come before ColorJitter, TrivialAugment and "
+                                 "RandAugment, but comes after")
             else:
                 seen_pixel = seen_pixel or not op.geometric
         object.__setattr__(self, "ops", ops)
@@ -253,7 +291,7 @@ class Compose:
 
     @property
     def pixel_ops(self) -> tuple[Op, ...]:
-        """Per-sample ops that change values, not geometry (ColorJitter, TrivialAugment)."""
+        """Per-sample ops that change values, not geometry (ColorJitter, TrivialAugment, RandAugment)."""
         return tuple(op for op in self.ops if not op.geometric and not op.batch)
 
     @property

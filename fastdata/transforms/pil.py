@@ -67,7 +67,7 @@ def size_of(data: bytes) -> tuple[int, int]:
             return img.size
 
 
-# ---- pixel ops (ColorJitter, TrivialAugment) on a PIL image, with parameters from plan_pixels
+# ---- pixel ops (ColorJitter, TrivialAugment, RandAugment) on a PIL image, with parameters from plan_pixels
 
 def _hue(img, shift: float):
     from PIL import Image
@@ -95,23 +95,35 @@ def color_jitter(img, p: dict):
     return img
 
 
-def trivial_augment(img, p: dict):
-    """One TrivialAugmentWide op. Geometry convention (the GPU lowering follows it): shear maps
-    output (x, y) to input (x + m*y, y); translate moves content right/down by m pixels;
-    rotate turns counter-clockwise about the centre; nearest sampling, fill 0."""
+def shear_coefficient(name: str, m: float) -> float:
+    """The shear in the affine matrix torchvision gives Pillow for a ShearX/ShearY of magnitude
+    m: an angle of degrees(atan(m)) through `_get_inverse_affine_matrix`, which gives tan(angle)
+    for x and sin/cos for y; these differ from m in the last bits, which a bilinear sample's
+    weights keep."""
+    angle = math.radians(math.degrees(math.atan(m)))
+    return math.tan(angle) if name == "ShearX" else math.sin(angle) / math.cos(angle)
+
+
+def trivial_augment(img, p: dict, interpolation: str = "nearest"):
+    """One TrivialAugmentWide or RandAugment op. Geometry convention (the GPU lowering follows
+    it): shear maps output (x, y) to input (x + m*y, y); translate moves content right/down by m
+    pixels; rotate turns counter-clockwise about the centre; fill 0."""
     from PIL import Image, ImageEnhance, ImageOps
 
     name, m = p["op"], p["magnitude"]
+    resample = Image.BILINEAR if interpolation == "bilinear" else Image.NEAREST
     if name == "ShearX":
-        return img.transform(img.size, Image.AFFINE, (1, m, 0, 0, 1, 0), Image.NEAREST, fillcolor=(0, 0, 0))
+        return img.transform(img.size, Image.AFFINE, (1, shear_coefficient(name, m), 0, 0, 1, 0), resample,
+                             fillcolor=(0, 0, 0))
     if name == "ShearY":
-        return img.transform(img.size, Image.AFFINE, (1, 0, 0, m, 1, 0), Image.NEAREST, fillcolor=(0, 0, 0))
+        return img.transform(img.size, Image.AFFINE, (1, 0, 0, shear_coefficient(name, m), 1, 0), resample,
+                             fillcolor=(0, 0, 0))
     if name == "TranslateX":
-        return img.transform(img.size, Image.AFFINE, (1, 0, -int(m), 0, 1, 0), Image.NEAREST, fillcolor=(0, 0, 0))
+        return img.transform(img.size, Image.AFFINE, (1, 0, -int(m), 0, 1, 0), resample, fillcolor=(0, 0, 0))
     if name == "TranslateY":
-        return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, -int(m)), Image.NEAREST, fillcolor=(0, 0, 0))
+        return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, -int(m)), resample, fillcolor=(0, 0, 0))
     if name == "Rotate":
-        return img.rotate(m, resample=Image.NEAREST, fillcolor=(0, 0, 0))
+        return img.rotate(m, resample=resample, fillcolor=(0, 0, 0))
     if name == "Brightness":
         return ImageEnhance.Brightness(img).enhance(1 + m)
     if name == "Color":
@@ -139,5 +151,9 @@ def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
 
     img = Image.fromarray(row)
     for op, p in zip(ops, params):
-        img = color_jitter(img, p) if isinstance(op, ColorJitter) else trivial_augment(img, p)
+        if isinstance(op, ColorJitter):
+            img = color_jitter(img, p)
+        else:  # TrivialAugment (one op) or RandAugment (its ops in turn)
+            for one in p.get("ops", (p,)):
+                img = trivial_augment(img, one, op.interpolation)
     row[...] = np.asarray(img)

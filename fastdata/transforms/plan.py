@@ -210,12 +210,43 @@ def trivial_magnitude(name: str, bin_: int, bins: int, table: str = "v1") -> flo
     return _magnitudes(name, bins, table)[bin_]
 
 
-def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray) -> list[list[dict]]:
-    """Per op, per sample: the parameters each engine applies (a dict per sample)."""
-    from .ops import ColorJitter, TrivialAugment
+@functools.lru_cache(maxsize=256)
+def rand_magnitude(name: str, bin_: int, bins: int, table: str, height: int, width: int) -> float:
+    """torchvision's RandAugment magnitude for one (op, bin) on an image of that size, computed
+    as torchvision computes it (float32 tables; translations 150/331 of the side)."""
+    import torch
+
+    if name in ("ShearX", "ShearY"):
+        values = torch.linspace(0.0, 0.3, bins)
+    elif name in ("TranslateX", "TranslateY"):
+        values = torch.linspace(0.0, 150.0 / 331.0 * (width if name == "TranslateX" else height), bins)
+    elif name == "Rotate":
+        values = torch.linspace(0.0, 30.0, bins)
+    elif name in ("Brightness", "Color", "Contrast", "Sharpness"):
+        values = torch.linspace(0.0, 0.9, bins)
+    elif name == "Posterize":  # (v2 rounds 8 - i / step, v1 subtracts the rounded i / step)
+        step = torch.arange(bins) / ((bins - 1) / 4)
+        values = (8 - step).round().int() if table == "v2" else 8 - step.round().int()
+    elif name == "Solarize":
+        return _magnitudes(name, bins, table)[bin_]  # RandAugment's table is TrivialAugmentWide's
+    else:
+        return 0.0
+    return float(values[bin_])
+
+
+def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
+                size: tuple[int, int] | None = None) -> list[list[dict]]:
+    """Per op, per sample: the parameters each engine applies (a dict per sample). `size`: the
+    images' (h, w), which RandAugment's translations are a fraction of."""
+    from .ops import ColorJitter, RandAugment, TrivialAugment
 
     plans = []
     for k, op in enumerate(ops):
+        if isinstance(op, RandAugment):
+            if size is None:
+                raise ValueError("RandAugment's plan needs the images' size")
+            plans.append(_plan_rand(op, uniforms(seed, epoch, indices, _PIXEL_STREAM + k, 2 * op.num_ops), size))
+            continue
         u = uniforms(seed, epoch, indices, _PIXEL_STREAM + k, 8)
         if isinstance(op, ColorJitter):
             order = np.argsort(u[:, :4], axis=1)
@@ -239,3 +270,20 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray) -
         else:
             raise TypeError(f"{type(op).__name__} is not a pixel op")
     return plans
+
+
+def _plan_rand(op, u: np.ndarray, size: tuple[int, int]) -> list[dict]:
+    """RandAugment's parameters per sample: {"ops": [{"op", "magnitude"}, ...]}, `num_ops` of
+    them, each op and its sign from two of the sample's uniforms."""
+    n_ops = len(TRIVIAL_OPS)
+    params = []
+    for row in u:
+        chosen = []
+        for r in range(op.num_ops):
+            name = TRIVIAL_OPS[min(int(row[2 * r] * n_ops), n_ops - 1)]
+            mag = rand_magnitude(name, op.magnitude, op.num_magnitude_bins, op.table, *size)
+            if name in _SIGNED and row[2 * r + 1] < 0.5:
+                mag = -mag
+            chosen.append({"op": name, "magnitude": mag})
+        params.append({"ops": chosen})
+    return params

@@ -8,7 +8,7 @@ import fastdata
 
 PUBLIC = ["DataError", "Loader", "__version__", "loader", "profile", "samplers", "transforms"]
 TRANSFORMS = ["CenterCrop", "ColorJitter", "Compose", "CutMix", "IMAGENET_MEAN", "IMAGENET_STD", "LabelSmoothing",
-              "MixUp", "Normalize", "RandomHorizontalFlip",
+              "MixUp", "Normalize", "RandAugment", "RandomHorizontalFlip",
               "RandomResizedCrop", "Resize", "TrivialAugment", "imagenet_eval", "imagenet_train"]
 LOADER_METHODS = ["load_state_dict", "set_epoch", "state_dict"]
 SAMPLERS = ["CurriculumSampler", "RepeatFactorSampler", "WeightedSampler"]

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from fastdata.synthetic import make_file_list, make_imagenet_like
-from fastdata.transforms import ColorJitter, TrivialAugment
+from fastdata.transforms import ColorJitter, RandAugment, TrivialAugment
 from fastdata.transforms import pil as P
 from fastdata.transforms.plan import TRIVIAL_OPS, plan_pixels, trivial_magnitude
 
@@ -28,28 +28,65 @@ def photos(tmp_path_factory):
 
 
 def _pillow(op, imgs, params):
-    lower = P.color_jitter if isinstance(op, ColorJitter) else P.trivial_augment
-    return np.stack([np.asarray(lower(Image.fromarray(a), p)) for a, p in zip(imgs, params)])
+    if isinstance(op, ColorJitter):
+        return np.stack([np.asarray(P.color_jitter(Image.fromarray(a), p)) for a, p in zip(imgs, params)])
+    return np.stack([np.asarray(P.trivial_augment(Image.fromarray(a), p, op.interpolation)) for a, p in zip(imgs, params)])
 
 
 def _kornia(op, batch, params):
     return K.apply_pixel_ops(batch, [op], [params]).permute(0, 2, 3, 1).numpy()
 
 
+@pytest.mark.parametrize("sampling", ["nearest", "bilinear"])
 @pytest.mark.parametrize("name", TRIVIAL_OPS)
-def test_trivial_augment_ops_match_pillow(photos, name):
+def test_trivial_augment_ops_match_pillow(photos, name, sampling):
+    if sampling == "bilinear" and name not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
+        pytest.skip("only the geometric ops sample")
     imgs, batch = photos
+    op = TrivialAugment(interpolation=sampling)
     rng = np.random.default_rng(TRIVIAL_OPS.index(name))
     params = []
     for _ in imgs:
         mag = trivial_magnitude(name, int(rng.integers(1, 31)), 31)
         params.append({"op": name, "magnitude": -mag if rng.random() < 0.5 and name not in
                        ("Posterize", "Solarize") else mag})
-    ref, out = _pillow(TrivialAugment(), imgs, params), _kornia(TrivialAugment(), batch, params)
+    ref, out = _pillow(op, imgs, params), _kornia(op, batch, params)
     diff = np.abs(out.astype(int) - ref.astype(int)).mean()
     assert diff <= K.PARITY[name], (name, diff)
     if name != "Identity":
         assert np.abs(ref.astype(int) - np.stack(imgs).astype(int)).mean() > 3 * K.PARITY[name]  # the op does something
+
+
+@pytest.mark.parametrize("sampling", ["nearest", "bilinear"])
+@pytest.mark.parametrize("size", [(56, 72), (64, 64)])
+def test_rotations_pillow_turns_exactly_match_pillow(photos, sampling, size):
+    """Pillow turns by 0 and 180 degrees, and by 90 and 270 on a square image, by transposing,
+    whatever the filter; other angles (and a quarter turn of an oblong image) through its affine
+    map, whose matrix it rounds to 15 decimals: equal, level for level."""
+    h, w = size
+    imgs = [np.asarray(Image.fromarray(a).resize((w, h))) for a in photos[0][:7]]
+    batch = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).contiguous()
+    op = TrivialAugment(interpolation=sampling)
+    params = [{"op": "Rotate", "magnitude": m} for m in (90.0, -90.0, 180.0, 135.0, -4.5, 0.0, 270.0)]
+    ref, out = _pillow(op, imgs, params), _kornia(op, batch, params)
+    assert np.array_equal(out, ref), np.abs(out.astype(int) - ref.astype(int)).reshape(7, -1).max(axis=1)
+
+
+def test_rand_augment_plan_matches_pillow_per_sample(photos):
+    """RandAugment (each sample its own two ops, bilinear) with the parameters plan_pixels draws
+    for the batch's size: every sample equal to its Pillow twin but for a rare level."""
+    imgs, batch = photos
+    ops = [RandAugment(num_ops=2, magnitude=9, interpolation="bilinear")]
+    (plan,) = plan_pixels(ops, 5, 1, np.arange(len(imgs)), (56, 72))
+    assert all(len(p["ops"]) == 2 for p in plan) and len({q["op"] for p in plan for q in p["ops"]}) > 4
+    translations = [q["magnitude"] for p in plan for q in p["ops"] if q["op"] == "TranslateX"]
+    assert all(abs(abs(m) - 150 / 331 * 72 * 9 / 30) < 1e-4 for m in translations)  # bin 9 of 31, 72 wide
+    out = K.apply_pixel_ops(batch, ops, [plan]).permute(0, 2, 3, 1).numpy().astype(int)
+    for i, a in enumerate(imgs):
+        ref = Image.fromarray(a)
+        for q in plan[i]["ops"]:
+            ref = P.trivial_augment(ref, q, "bilinear")
+        assert np.abs(out[i] - np.asarray(ref).astype(int)).mean() < 0.01, (i, plan[i])
 
 
 @pytest.mark.parametrize("key,lo,hi", [("brightness", 0.5, 1.5), ("contrast", 0.5, 1.5), ("saturation", 0.3, 1.7),
@@ -138,16 +175,18 @@ def photo_folder(tmp_path_factory):
     return root
 
 
+@pytest.mark.parametrize("pixel", ["jitter+trivial", "rand bilinear"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_gpu_placement_matches_cpu_placement(photo_folder, workers):
-    """ColorJitter + TrivialAugment in the device stage (Kornia, here on the CPU device) give
-    each sample what the workers' Pillow lowering gives it, within the parity of chained ops;
-    Normalize, dtype and channels_last follow as on the CPU side."""
+def test_gpu_placement_matches_cpu_placement(photo_folder, workers, pixel):
+    """ColorJitter + TrivialAugment, or RandAugment sampling bilinearly, in the device stage
+    (Kornia, here on the CPU device) give each sample what the workers' Pillow lowering gives it,
+    within the parity of chained ops; Normalize, dtype and channels_last follow as on the CPU side."""
     import fastdata
     from fastdata import transforms as T
 
-    spec = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
-                      T.TrivialAugment()])
+    ops = [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.TrivialAugment()] if pixel == "jitter+trivial" else \
+        [T.RandAugment(num_ops=3, magnitude=12, interpolation="bilinear")]
+    spec = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), *ops])
     kw = dict(batch_size=8, shuffle=True, seed=3, transform=spec, num_workers=workers, device="cpu")
     cpu = list(fastdata.loader(str(photo_folder), placement="cpu", **kw))
     gpu = list(fastdata.loader(str(photo_folder), placement="gpu", **kw))
