@@ -6,10 +6,12 @@ torchvision's own image loader, or torch's `Subset` of one (what `random_split` 
 and reads its transform op by op (torchvision's v1 and v2
 classes, each its exact class: a subclass may do anything in its own methods) into fastdata's
 ops: the geometry (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder
-applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide) that run as Pillow runs
+applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment) that run as Pillow runs
 them, and the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
-ConvertImageDtype, Normalize), run with the very torch operations torchvision runs. It gives the
-reason instead for anything else, and the loader falls back to the plain drop-in.
+ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
+RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the laid-out
+batch). It gives the reason instead for anything else, and the loader falls back to the plain
+drop-in.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
+from ._erasing import lowered as lowered_erasing
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
@@ -38,10 +41,11 @@ class Lowering:
     """The script's transform as fastdata runs it."""
 
     geometry: tuple  # fastdata geometric ops, in order
-    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment), after the geometry
+    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment, RandAugment), after the geometry
     resample: str  # the resize filter of every geometric op
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
+    erasing: tuple = ()  # _erasing.Erase per RandomErasing, in order (after the layout, each after its steps)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -51,12 +55,18 @@ class Lowering:
     def random(self) -> bool:
         """Whether the transform has a random op. torchvision's draw from torch's RNG whatever
         their parameters (a flip with p=1 too); the others draw nothing."""
-        return bool(self.pixel_ops) or any(isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip))
-                                           for op in self.geometry)
+        return bool(self.pixel_ops or self.erasing) or any(
+            isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip)) for op in self.geometry)
 
 
 class _TrivialAugmentV2(fd.TrivialAugment):
     """torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds."""
+
+    table = "v2"
+
+
+class _RandAugmentV2(fd.RandAugment):
+    """torchvision.transforms.v2's RandAugment: v1's, with v2's Solarize thresholds."""
 
     table = "v2"
 
@@ -179,6 +189,7 @@ def lower_transform(transform: Any) -> Lowering:
     geometry: list = []
     pixel: list = []
     steps: list = []
+    erasing: list = []
     filters: set[str] = set()
     domain = "pil"  # then "uint8" or "float": what the next op gets
     # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
@@ -196,6 +207,8 @@ def lower_transform(transform: Any) -> Lowering:
         if pixel:
             raise Unlowerable(f"{type(op).__name__} after {type(pixel[-1]).__name__}: fastdata's decoder applies the "
                               "geometry first")
+        if erasing:
+            raise Unlowerable(f"{type(op).__name__} after RandomErasing: fastdata erases the laid-out batch")
         if domain == "float":
             raise Unlowerable(f"{type(op).__name__} on a float tensor: fastdata resizes uint8 images")
 
@@ -237,14 +250,22 @@ def lower_transform(transform: Any) -> Lowering:
                 # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
                 pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
                                               (op.brightness, op.contrast, op.saturation, op.hue))))
-            elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide):
+            elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment):
                 if domain != "pil":
                     raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
-                nearest = _mode(op.interpolation).value == "nearest"
-                if not nearest or op.fill not in (None, 0, [0], (0,)):
-                    raise Unlowerable(f"{kind} with an interpolation or fill other than the default: not lowered")
-                pixel.append((_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
-                    int(op.num_magnitude_bins)))
+                sampling = _mode(op.interpolation).value
+                if sampling not in ("nearest", "bilinear") or op.fill not in (None, 0, [0], (0,)):
+                    raise Unlowerable(f"{kind} with interpolation {sampling} or a fill other than 0: fastdata lowers "
+                                      "nearest and bilinear, fill 0")
+                if cls in (T.RandAugment, v2.RandAugment):
+                    if not 0 <= op.magnitude < op.num_magnitude_bins:  # (torchvision would index its table with it)
+                        raise Unlowerable(f"{kind} with magnitude {op.magnitude} of {op.num_magnitude_bins} bins: "
+                                          "not lowered")
+                    pixel.append((_RandAugmentV2 if cls is v2.RandAugment else fd.RandAugment)(
+                        op.num_ops, op.magnitude, op.num_magnitude_bins, sampling))
+                else:
+                    pixel.append((_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
+                        int(op.num_magnitude_bins), sampling))
             elif cls in to_tensor:
                 if domain != "pil" or steps:
                     raise Unlowerable(f"{kind} of a tensor: not lowered")
@@ -267,6 +288,11 @@ def lower_transform(transform: Any) -> Lowering:
                     raise Unlowerable(f"{kind} of a {'PIL image' if domain == 'pil' else 'uint8 tensor'}: "
                                       "torchvision refuses it; not lowered")
                 steps.append(_normalize(op, steps_dtype(tuple(steps))))
+            elif cls in (T.RandomErasing, v2.RandomErasing):
+                try:
+                    erasing.append(lowered_erasing(op, cls is v2.RandomErasing, domain, len(steps)))
+                except ValueError as e:  # (its message is the reason)
+                    raise Unlowerable(str(e)) from None
             else:
                 raise _no_lowering(op)
     except (ValueError, TypeError) as e:  # a parameter fastdata's op refuses
@@ -275,7 +301,8 @@ def lower_transform(transform: Any) -> Lowering:
         raise Unlowerable("the transform gives PIL images, which default_collate cannot batch")
     if len(filters) > 1:
         raise Unlowerable(f"geometric ops with different interpolations ({', '.join(sorted(filters))}): not lowered")
-    return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names)
+    return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names,
+                    tuple(erasing))
 
 
 def _normalize(op: Any, dtype: torch.dtype) -> tuple:

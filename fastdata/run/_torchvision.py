@@ -48,6 +48,7 @@ from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
+from ._erasing import draw, erase
 from ._lowering import Lowering, folder, lower, steps_dtype
 
 
@@ -86,6 +87,8 @@ class Layout:
     the batch: the lowering it was decoded with is the transform as the fetching process held it."""
 
     steps: tuple
+    erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
+    seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
 
 
 class FolderBatch(Prepared):
@@ -93,8 +96,9 @@ class FolderBatch(Prepared):
     crosses to the main process as uint8 (a quarter of float32's bytes and shared pages), where
     `Finish` lays it out in the transform's dtype."""
 
-    def __init__(self, images: torch.Tensor, targets: list, steps: tuple) -> None:
+    def __init__(self, images: torch.Tensor, targets: list, steps: tuple, erased: tuple = (), seed: int = 0) -> None:
         self.images, self.targets, self.steps = images, targets, steps
+        self.erased, self.seed = erased, seed
 
     def __len__(self) -> int:
         return len(self.images)
@@ -103,14 +107,15 @@ class FolderBatch(Prepared):
         out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
         out.copy_(self.images)
         # (a tuple, as default_collate's transpose gives it: strings are collated as they come)
-        return [handle, collate(tuple(self.targets)), Layout(self.steps)]
+        return [handle, collate(tuple(self.targets)), Layout(self.steps, self.erased, self.seed)]
 
 
 class Finish:
     """The main process's step for a natively served loader: each natively decoded batch's uint8
     NHWC images laid out as its `Layout` gives them (NCHW, the transform's dtype and values), in a
     reused slot of this process's ring (pinned with `pin`; shared pages with `forks`, for a loader
-    that forks workers), through a lookup table natively, else `_apply_steps`. A batch of the
+    that forks workers), through a lookup table natively, else `_apply_steps`, then the
+    RandomErasing rectangles it carries written over it (`_erasing.erase`). A batch of the
     dataset's own samples (a transform not lowered) passes as it is."""
 
     def __init__(self, lowering: Lowering, slots: int, pin: bool, forks: bool) -> None:
@@ -121,7 +126,8 @@ class Finish:
     def __call__(self, batch: Any) -> Any:
         if type(batch) is not list or len(batch) != 3 or type(batch[2]) is not Layout:
             return batch
-        images, steps = batch[0], batch[2].steps
+        images, layout = batch[0], batch[2]
+        steps = layout.steps
         n, h, w, _ = images.shape
         dtype = steps_dtype(steps)
         ring = self.rings.ring()
@@ -137,6 +143,8 @@ class Finish:
             else:
                 for k in range(n):
                     _apply_steps(out[k], images[k], steps)
+            if layout.erased:
+                erase(out, steps, layout.erased, layout.seed, _apply_steps)
         finally:
             ring.end()
         return [handle, batch[1]]
@@ -333,7 +341,10 @@ class NativeFolder(Dataset):
             done += n
         if ds.target_transform is not None:
             targets = [ds.target_transform(t) for t in targets]
-        return FolderBatch(images, targets, lowering.steps)
+        # RandomErasing's rectangles, drawn here as numbers (the batch's images have one size);
+        # the main process writes them over the laid-out batch
+        erased = draw(lowering.erasing, self.decoder.seed, index, *images.shape[1:3]) if lowering.erasing else ()
+        return FolderBatch(images, targets, lowering.steps, erased, self.decoder.seed if erased else 0)
 
     def _read(self, paths: list[str]) -> list:
         """The first files of `paths` whose sizes add up to at most MAX_PART_BYTES (at least one);

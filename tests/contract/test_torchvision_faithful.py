@@ -1,11 +1,12 @@
 """`fastdata run`'s native serving of a torchvision ImageFolder pipeline (`fastdata.run._torchvision`)
 held to torchvision itself: the random parameters follow torchvision's distributions
 (RandomResizedCrop's boxes and fallback, RandomHorizontalFlip's rate, ColorJitter's factors and
-order, TrivialAugmentWide's ops and magnitudes: two-sample Kolmogorov-Smirnov statistics and
-binomial bounds on fixed seeds), and a natively served batch has, for the parameters it drew,
-the pixels torchvision's functional ops give on `pil_loader`'s image (mean and max absolute
-difference in uint8 levels, per configuration, against tolerances measured on this set), with
-default_collate's dtype, shape, layout and targets. One known difference is held as a strict
+order, TrivialAugmentWide's ops and magnitudes, RandomErasing's rectangles: two-sample
+Kolmogorov-Smirnov statistics and binomial bounds on fixed seeds), and a natively served batch
+has, for the parameters it drew, the pixels torchvision's functional ops give on `pil_loader`'s
+image (mean and max absolute difference in uint8 levels, per configuration, against tolerances
+measured on this set; RandomErasing's rectangles bit for bit), with default_collate's dtype,
+shape, layout and targets. One known difference is held as a strict
 xfail, so that a fix shows: the native resampler reads source pixels just outside a crop's
 box, where torchvision crops first (the outer rows and columns). `benchmarks/torchvision_pixels.py`
 measures the pixel differences over the synthetic set.
@@ -39,7 +40,8 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._torchvision import Finish, NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
-from fastdata.transforms.plan import TRIVIAL_OPS, plan_geometry, plan_pixels, trivial_magnitude  # noqa: E402
+from fastdata.transforms.plan import (  # noqa: E402
+    TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
 
 # The torchvision side draws tens of thousands of parameters and decodes a few dozen images.
 pytestmark = pytest.mark.timeout(300)
@@ -328,20 +330,91 @@ def test_trivial_augment_draws():
         assert_same_distribution(f"{who}: magnitude bin vs uniform", bins, np.arange(len(bins)) % 31)
 
 
+RA_SIZES = [(224, 224), (96, 128), (57, 301)]
+
+
+def test_rand_augment_table():
+    """fastdata's RandAugment (op, bin) -> magnitude on an image of each size is torchvision's,
+    v1's and v2's, value for value (so a translation's whole pixels and Solarize's levels too),
+    and the lowering keeps its parameters."""
+    for bins in (31, 11):
+        for h, w in RA_SIZES:
+            one = T.RandAugment()._augmentation_space(bins, (h, w))
+            for name in TRIVIAL_OPS:
+                mags, _ = one[name]
+                mags2 = v2.RandAugment._AUGMENTATION_SPACE[name][0](bins, h, w)
+                for b in range(bins):
+                    want1 = float(mags[b]) if mags.ndim else 0.0
+                    want2 = 0.0 if mags2 is None else float(mags2[b]) * (255.0 if name == "Solarize" else 1.0)
+                    assert rand_magnitude(name, b, bins, "v1", h, w) == want1, (name, bins, b, h, w)
+                    assert rand_magnitude(name, b, bins, "v2", h, w) == want2, (name, bins, b, h, w, "v2")
+    for cls, table in ((T.RandAugment, "v1"), (v2.RandAugment, "v2")):
+        (op,) = lower_transform(T.Compose([cls(3, 5, 11, interpolation=BILINEAR), T.ToTensor()])).pixel_ops
+        assert isinstance(op, fd.RandAugment) and op.table == table
+        assert (op.num_ops, op.magnitude, op.num_magnitude_bins, op.interpolation) == (3, 5, 11, "bilinear")
+    (op,) = lower_transform(T.Compose([T.TrivialAugmentWide(interpolation=BILINEAR), T.ToTensor()])).pixel_ops
+    assert isinstance(op, fd.TrivialAugment) and op.interpolation == "bilinear"
+
+
+def _tv_rand_draws(n: int, seed: int, h: int, w: int) -> list[tuple]:
+    """Each sample's ((op, magnitude), (op, magnitude)) as torchvision's v1 RandAugment.forward
+    draws them (its RNG calls replayed under a fixed torch seed)."""
+    ra = T.RandAugment()
+    space = ra._augmentation_space(ra.num_magnitude_bins, (h, w))
+    names = list(space)
+    torch.manual_seed(seed)
+    out = []
+    for _ in range(n):
+        sample = []
+        for _ in range(ra.num_ops):
+            name = names[int(torch.randint(len(space), (1,)).item())]
+            mags, signed = space[name]
+            mag = float(mags[ra.magnitude].item()) if mags.ndim > 0 else 0.0
+            if signed and torch.randint(2, (1,)):
+                mag *= -1.0
+            sample.append((name, mag))
+        out.append(tuple(sample))
+    return out
+
+
+def test_rand_augment_draws():
+    """Two ops a sample, each uniform over the 14 and signed half the time, independent: the
+    joint distribution of a sample's (op, magnitude) pairs is torchvision's."""
+    n, (h, w) = 3000, (96, 128)
+    tv = _tv_rand_draws(n, 0, h, w)
+    (plan,) = plan_pixels([fd.RandAugment()], 3, 0, np.arange(n, dtype=np.int64), (h, w))
+    ours = [tuple((q["op"], float(q["magnitude"])) for q in p["ops"]) for p in plan]
+    keys = sorted({(TRIVIAL_OPS.index(name), round(m, 4)) for sample in tv + ours for name, m in sample})
+    rank = {k: r for r, k in enumerate(keys)}
+    code = lambda draws: [rank[(TRIVIAL_OPS.index(a), round(x, 4))] * len(keys) + rank[(TRIVIAL_OPS.index(b), round(y, 4))]
+                          for (a, x), (b, y) in draws]  # noqa: E731
+    assert_same_distribution("RandAugment (op, magnitude) pairs", code(tv), code(ours))
+    for who, draws in (("torchvision", tv), ("fastdata", ours)):
+        firsts = [s[0][0] for s in draws]
+        counts = np.array([firsts.count(name) for name in TRIVIAL_OPS])
+        assert counts.min() > 0.7 * n / 14 and counts.max() < 1.3 * n / 14, f"{who}: first ops {counts}"
+        same = sum(a[0] == b[0] for a, b in draws)
+        assert_rate(f"{who}: both ops the same", same, n, 1 / 14)
+    assert {m for s in ours for name, m in s if name == "TranslateX"} <= {rand_magnitude("TranslateX", 9, 31, "v1", h, w),
+                                                                         -rand_magnitude("TranslateX", 9, 31, "v1", h, w)}
+
+
 def test_pixel_ops_op_by_op():
     """The Pillow ops fastdata's pixel ops run are torchvision's on PIL images, bit for bit:
-    every TrivialAugmentWide op at several magnitudes (both signs), each ColorJitter adjustment."""
+    every TrivialAugmentWide op at several of its and RandAugment's magnitudes (both signs),
+    nearest and bilinear, each ColorJitter adjustment."""
     rng = np.random.default_rng(1)
     img = Image.fromarray(_content(rng, 96, 80))
     space = T.TrivialAugmentWide()._augmentation_space(31)
-    for name in TRIVIAL_OPS:
-        for b in (0, 1, 7, 15, 16, 30):
-            for sign in ((1, -1) if space[name][1] else (1,)):
-                m = sign * trivial_magnitude(name, b, 31)
-                got = np.asarray(fd_pil.trivial_augment(img, {"op": name, "magnitude": m}))
-                want = np.asarray(_apply_op(img, name, m, InterpolationMode.NEAREST, None))
-                assert np.array_equal(got, want), f"TrivialAugmentWide {name} magnitude {m}: " \
-                    f"{int((got != want).sum())} values differ, max {int(np.abs(got.astype(int) - want).max())}"
+    for sampling in (NEAREST, BILINEAR):
+        for name in TRIVIAL_OPS:
+            for b in (0, 1, 7, 9, 15, 16, 20, 30):
+                for sign in ((1, -1) if space[name][1] else (1,)):
+                    for m in (sign * trivial_magnitude(name, b, 31), sign * rand_magnitude(name, b, 31, "v1", 80, 96)):
+                        got = np.asarray(fd_pil.trivial_augment(img, {"op": name, "magnitude": m}, sampling.value))
+                        want = np.asarray(_apply_op(img, name, m, sampling, None))
+                        assert np.array_equal(got, want), f"{name} magnitude {m}, {sampling.value}: " \
+                            f"{int((got != want).sum())} values differ, max {int(np.abs(got.astype(int) - want).max())}"
     for f in (0.6, 0.93, 1.0, 1.27, 1.4):
         for k, adjust in ((0, F.adjust_brightness), (1, F.adjust_contrast), (2, F.adjust_saturation)):
             p = {"order": [k], "brightness": f, "contrast": f, "saturation": f, "hue": 0.0}
@@ -715,6 +788,40 @@ def test_pixel_ops_on_served_images(folder):
     assert len(drawn) >= 12, f"only {sorted(drawn)} drawn"
 
 
+@pytest.mark.parametrize("make", [lambda: T.TrivialAugmentWide(interpolation=BILINEAR),
+                                  lambda: T.RandAugment(interpolation=BILINEAR),
+                                  lambda: v2.RandAugment(num_ops=3, magnitude=14, interpolation=BILINEAR),
+                                  lambda: v2.TrivialAugmentWide()],
+                         ids=["TrivialAugmentWide bilinear", "RandAugment bilinear", "v2 RandAugment", "v2 TA nearest"])
+def test_augment_ops_on_served_images(folder, make):
+    """TrivialAugmentWide and RandAugment as served (the references' recipes: bilinear) are
+    torchvision's own ops, bit for bit, on the image fastdata decoded, for the ops, magnitudes
+    and signs fastdata drew, over three batches."""
+    op = make()
+    geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
+    full = ImageFolder(str(folder), T.Compose([*geometry, op, T.PILToTensor()]), is_valid_file=_valid)
+    idx = list(range(len(plain)))
+    drawn = set()
+    for seed in range(3):
+        (pre, _), _, d0 = serve(plain, idx, seed)
+        (post, _), _, d1 = serve(full, idx, seed)
+        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, np.asarray(idx, np.int64), (224, 224))
+        for k in idx:
+            img = Image.fromarray(pre[k].permute(1, 2, 0).numpy())
+            for q in plan[k].get("ops", (plan[k],)):
+                drawn.add(q["op"])
+                if type(op).__module__.startswith("torchvision.transforms.v2"):  # (its Solarize takes a fraction)
+                    m = q["magnitude"] / 255.0 if q["op"] == "Solarize" else q["magnitude"]
+                    img = op._apply_image_or_video_transform(img, q["op"], m, op.interpolation, op._fill)
+                else:
+                    img = _apply_op(img, q["op"], q["magnitude"], op.interpolation, None)
+            want = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)
+            assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {plan[k]}: " \
+                f"{int((post[k] != want).sum())} values differ"
+    assert len(drawn) >= 10, f"only {sorted(drawn)} drawn"
+
+
 @pytest.mark.xfail(strict=True, reason="the native resampler (Pillow's resize(box=) arithmetic) reads source pixels "
                    "just outside the crop's box, where torchvision crops first: the outer rows and columns differ, by "
                    "up to 35 levels on this set")
@@ -740,3 +847,133 @@ def test_nearest_box_as_crop_then_resize():
         odd = (got != want).any(2)
         assert not odd.any(), f"box {(x, y, w, h)} of {W}x{H}: {int(odd.any(1).sum())} rows, {int(odd.any(0).sum())} " \
             "columns differ"
+
+
+# ----------------------------------------------------------------- f. RandomErasing
+
+ERASE_CASES = [((96, 128), (0.02, 0.33), (0.3, 3.3)), ((8, 8), (0.5, 0.9), (0.3, 3.3))]
+
+
+def _erase_params(op, n: int, seed: int, img_h: int, img_w: int):
+    """fastdata's (p test, rectangles) for n samples, from the uniforms `draw` gives the first op."""
+    from fastdata.run._erasing import _DRAWS, _STREAM, params
+    from fastdata.transforms._random import uniforms
+
+    return params(op, uniforms(seed, 0, np.arange(n, dtype=np.int64), _STREAM, _DRAWS), img_h, img_w)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("size,scale,ratio", ERASE_CASES, ids=["96x128", "8x8 small"])
+def test_random_erasing_draws(size, scale, ratio, version):
+    """(i, j, h, w) against torchvision's own draws (v1's get_params, v2's make_params) on an
+    image of that size: the same distributions, and as often the whole image left as it is
+    (no attempt fits: common on 8x8 with scale (0.5, 0.9))."""
+    from fastdata.run._erasing import draw
+
+    img_h, img_w = size
+    mod = T if version == "v1" else v2
+    tv_op = mod.RandomErasing(p=1.0, scale=scale, ratio=ratio)
+    (op,) = lower_transform(mod.Compose([mod.ToTensor() if version == "v1" else v2.ToImage(),
+                                         *([] if version == "v1" else [v2.ToDtype(torch.float32, scale=True)]),
+                                         tv_op])).erasing
+    torch.manual_seed(0)
+    img = torch.empty(3, img_h, img_w)
+    if version == "v1":
+        tv = np.array([T.RandomErasing.get_params(img, scale, ratio, [0.0])[:4] for _ in range(N)])
+    else:
+        tv = np.array([[d[k] for k in "ijhw"] for d in (tv_op.make_params([img]) for _ in range(N))])
+    hit, ours = _erase_params(op, N, 3, img_h, img_w)
+    assert hit.all()  # p=1
+    whole = np.array([0, 0, img_h, img_w])
+    tv_fb, our_fb = int((tv == whole).all(1).sum()), int((ours == whole).all(1).sum())
+    assert_rate("the image left as it is", our_fb, N, max(tv_fb, 1) / N)
+    if size == (8, 8):
+        assert tv_fb > N // 20
+    for arr in (tv, ours):  # a rectangle within the image
+        assert (arr >= 0).all() and (arr[:, 0] + arr[:, 2] <= img_h).all() and (arr[:, 1] + arr[:, 3] <= img_w).all()
+    for k, name in enumerate("ijhw"):
+        assert_same_distribution(f"{size} {name}", tv[:, k], ours[:, k])
+    assert_same_distribution("area", tv[:, 2] * tv[:, 3], ours[:, 2] * ours[:, 3])
+    # what a batch carries: a row per sample erased, the rectangle params gave it
+    (got_op, rects), = draw((op,), 3, np.arange(N, dtype=np.int64), img_h, img_w)
+    rows = np.frombuffer(rects, np.int64).reshape(-1, 5)
+    kept = ~(ours == whole).all(1) & (ours[:, 2] > 0) & (ours[:, 3] > 0)
+    assert got_op == op and np.array_equal(rows[:, 0], np.flatnonzero(kept)) and np.array_equal(rows[:, 1:], ours[kept])
+
+
+def test_random_erasing_rate():
+    """p=0.5: half the samples erased, as torchvision's forward erases them (images changed)."""
+    from fastdata.run._erasing import draw
+
+    (op,) = lower_transform(T.Compose([T.ToTensor(), T.RandomErasing(p=0.5, value=1.0)])).erasing
+    hit, _ = _erase_params(op, N, 5, 96, 128)
+    assert_rate("p test", int(hit.sum()), N, 0.5)
+    torch.manual_seed(0)
+    tv_op, zeros = T.RandomErasing(p=0.5, value=1.0), torch.zeros(3, 96, 128)
+    tv_erased = sum(bool(tv_op(zeros).any()) for _ in range(2000))
+    (_, rects), = draw((op,), 5, np.arange(N, dtype=np.int64), 96, 128)
+    assert_rate("erased", len(rects) // 40, N, tv_erased / 2000)
+
+
+def _erasing_pipelines():
+    """(transform, value per RandomErasing of it); their p is 1 and their params are patched."""
+    norm = T.Normalize(MEAN, STD)
+    return {
+        "v1 value 0 after Normalize": (T.Compose([T.ToTensor(), norm, T.RandomErasing(p=1)]), [0]),
+        "v1 3-tuple before Normalize, inplace": (T.Compose([  # (each op before it makes its own tensor)
+            T.ToTensor(), T.RandomErasing(p=1, value=(0.9, 0.1, 0.55), inplace=True), norm]), [(0.9, 0.1, 0.55)]),
+        "v1 noise before Normalize, float64": (T.Compose([
+            T.PILToTensor(), T.ConvertImageDtype(torch.float64), T.RandomErasing(p=1, value="random"), norm]),
+            ["random"]),
+        "v2 two, around Normalize": (v2.Compose([
+            v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomErasing(p=1, value=(0.3, 0.7, 1.9)),
+            v2.Normalize(MEAN, STD), v2.RandomErasing(p=1, value=-0.25), v2.ToPureTensor()]), [(0.3, 0.7, 1.9), -0.25]),
+        "v2 noise after Normalize, float16": (v2.Compose([
+            v2.ToImage(), v2.ToDtype(torch.float16, scale=True), v2.Normalize(MEAN, STD),
+            v2.RandomErasing(p=1, value="random")]), ["random"]),
+        "v2 uint8, then ToDtype": (v2.Compose([
+            v2.ToImage(), v2.RandomErasing(p=1, value=(7, 200.9, 255.5)), v2.ToDtype(torch.float16, scale=True)]),
+            [(7, 200.9, 255.5)]),
+    }
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["lookup", "no extension"])
+@pytest.mark.parametrize("name", list(_erasing_pipelines()))
+def test_random_erasing_pixels_as_torchvision(name, native, monkeypatch):
+    """Given the rectangles, the laid-out batch is torchvision's own forward, bit for bit: the
+    value cast and then through the steps after the op (Normalize's arithmetic on it too), the
+    noise the same standard normal draws (fastdata's generator's, fed to torchvision)."""
+    import fastdata.run._torchvision as rt
+
+    transform, values = _erasing_pipelines()[name]
+    lowering = lower_transform(transform)
+    assert len(lowering.erasing) == len(values) and lowering.random
+    if not native:
+        monkeypatch.setattr(rt, "_ext", None)
+    n, img_h, img_w, seed = 4, 24, 32, 99
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (n, img_h, img_w, 3), dtype=np.uint8))
+    # op e erases samples e..n-2 (the last none), rectangles overlapping where two ops erase
+    rects = [[(k, 2 + k + e, 3 * k + 5 * e, 6 + e, 9 - k) for k in range(e, n - 1)] for e in range(len(values))]
+    erased = tuple((op, np.array(r, np.int64).tobytes()) for op, r in zip(lowering.erasing, rects))
+    got = rt.Finish(lowering, slots=2, pin=False, forks=False)([images, torch.arange(n),
+                                                                 rt.Layout(lowering.steps, erased, seed)])[0]
+    noise = torch.Generator().manual_seed(seed)  # fastdata's draws, in its order: op by op, sample by sample
+    ops = [op for op in transform.transforms if type(op) in (T.RandomErasing, v2.RandomErasing)]
+    given: dict = {}  # (op, sample) -> torchvision's (i, j, h, w, v)
+    for e, (op, value) in enumerate(zip(ops, values)):
+        for k, i, j, h, w in rects[e]:
+            v = (torch.empty((3, h, w), dtype=torch.float32).normal_(generator=noise) if value == "random"
+                 else torch.tensor([float(x) for x in (value if isinstance(value, tuple) else [value])])[:, None, None])
+            given[(e, k)] = (i, j, h, w, v)
+    for k in range(n):
+        for e, op in enumerate(ops):
+            # torchvision's forward, its draws replaced by the given rectangle (or none: the image as it is)
+            i, j, h, w, v = given.get((e, k), (0, 0, img_h, img_w, None))
+            if isinstance(op, T.RandomErasing):
+                monkeypatch.setattr(op, "get_params", lambda img, scale, ratio, value, r=(i, j, h, w, v):
+                                    r if r[4] is not None else (0, 0, img_h, img_w, img))
+            else:
+                monkeypatch.setattr(op, "make_params", lambda inputs, r=dict(i=i, j=j, h=h, w=w, v=v): r)
+        want = transform(Image.fromarray(images[k].numpy()))
+        assert want.dtype == got.dtype and torch.equal(got[k], want), f"{name}, sample {k}"

@@ -179,13 +179,21 @@ def _fallbacks(tv):
          "a second dtype conversion"),
         ("a batch_size of None", lambda r: (ImageFolder(r, T.Compose(train)), {"batch_size": None}),
          "batch_size=None"),
+        ("TrivialAugmentWide bicubic", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation=T.InterpolationMode.BICUBIC), T.ToTensor()])),
+            {}), "interpolation bicubic"),
+        ("RandAugment with a fill", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.RandAugment(fill=[128, 128, 128]), T.ToTensor()])), {}), "a fill other than 0"),
+        ("RandAugment past its bins", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), v2.RandAugment(magnitude=31), T.ToTensor()])), {}), "magnitude 31 of 31 bins"),
     ]
 
 
 # Fall-back cases whose samples have one size (the others fail in the script's own collation)
 BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a subclass with its own __getitem__",
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
-             "an unantialiased tensor resize", "a dtype per type", "two dtype conversions")
+             "an unantialiased tensor resize", "a dtype per type", "two dtype conversions", "TrivialAugmentWide bicubic",
+             "RandAugment with a fill")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
@@ -357,6 +365,85 @@ def test_served_natively_same_seed_same_batches(tv, folder):
     other = _served(dataset, batch_size=8, shuffle=True, num_workers=2)
     assert not torch.equal(next(iter(other))[0], runs[0][0][0])
     other._stop()
+
+
+def _erasing(version: str, p: float, value):
+    """Resize, the conversion, Normalize, then RandomErasing: torchvision's references' order."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    if version == "v1":
+        return T.Compose([T.Resize((40, 48)), T.ToTensor(), T.Normalize(MEAN, STD), T.RandomErasing(p, value=value)])
+    return v2.Compose([v2.Resize((40, 48)), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(MEAN, STD), v2.RandomErasing(p, value=value), v2.ToPureTensor()])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_random_erasing_served_natively(tv, folder, version, workers):
+    """RandomErasing after Normalize is served natively: each image is the one laid out without
+    it (torchvision's own here: a Resize to a fixed size is Pillow's pixels) but inside one
+    rectangle a sample, which holds the value exactly; with p=0 the batches are torchvision's
+    own, bit for bit."""
+    from torchvision.datasets import ImageFolder
+
+    value = (1.5, -2.0, 0.25) if version == "v1" else -5.0
+    dataset = ImageFolder(str(folder), _erasing(version, 1.0, value))
+    plain = ImageFolder(str(folder), _erasing(version, 0.0, value))
+    fill = torch.tensor(value if version == "v1" else [value]).expand(3).view(3, 1, 1)
+    loader = _served(dataset, batch_size=10, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder) and loader._loader.dataset.lowering.random
+    want = list(torch.utils.data.DataLoader(plain, batch_size=10))
+    batches = list(loader)
+    assert len(batches) == len(want)
+    for (images, labels), (ref, ref_labels) in zip(batches, want):
+        assert torch.equal(labels, ref_labels) and images.dtype == ref.dtype and images.shape == ref.shape
+        for k in range(len(images)):
+            ys, xs = torch.nonzero((images[k] != ref[k]).any(0), as_tuple=True)
+            assert len(ys), f"sample {k} not erased"
+            box = (slice(None), slice(int(ys.min()), int(ys.max()) + 1), slice(int(xs.min()), int(xs.max()) + 1))
+            inside = torch.zeros(images.shape[2:], dtype=torch.bool)
+            inside[box[1:]] = True
+            assert torch.equal(images[k][box], fill.expand_as(images[k][box]))
+            assert torch.equal(images[k][:, ~inside], ref[k][:, ~inside])
+    loader._stop()
+    loader = _served(plain, batch_size=10, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    for (images, labels), (ref, ref_labels) in zip(loader, want, strict=True):
+        assert torch.equal(images, ref) and torch.equal(labels, ref_labels)
+    loader._stop()
+
+
+@pytest.mark.filterwarnings("ignore:Scale and ratio should be of kind")
+def test_random_erasing_refusals(tv):
+    """What RandomErasing fastdata does not lower, and why: the transform falls back."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    from fastdata.run._lowering import Unlowerable, lower_transform
+
+    cases = [
+        (T.Compose([T.RandomErasing(), T.ToTensor()]), "RandomErasing of a PIL image: torchvision raises"),
+        (v2.Compose([v2.RandomErasing(), v2.ToImage()]), "torchvision's v2 erases it before the conversion"),
+        (T.Compose([T.ToTensor(), T.RandomErasing(value=(1, 2))]), "value (1, 2) for 3 channels: torchvision raises"),
+        (T.Compose([T.ToTensor(), T.RandomErasing(value=[])]), "for 3 channels: torchvision raises"),
+        (v2.Compose([v2.ToImage(), v2.RandomErasing(value="random")]), "(value='random') on a uint8 image"),
+        (v2.Compose([v2.ToImage(), v2.RandomErasing(value=256)]), "on a uint8 image: the cast of a value past"),
+        (T.Compose([T.PILToTensor(), T.RandomErasing(), T.Resize(8)]), "Resize after RandomErasing"),
+        (T.Compose([T.ToTensor(), T.RandomErasing(scale=(0.5, 0.1))]), "scale (0.5, 0.1)"),
+    ]
+    for transform, words in cases:
+        with pytest.raises(Unlowerable) as e:
+            lower_transform(transform)
+        assert words in str(e.value) and "\n" not in str(e.value), (words, str(e.value))
+    op = T.RandomErasing()
+    op.value = np.float32(0.5)  # a number v1's forward does not take (it takes len() of it)
+    with pytest.raises(Unlowerable, match="torchvision raises"):
+        lower_transform(T.Compose([T.ToTensor(), op]))
+    # lowered: uint8 values that cast (truncated), two ops, the value 'random' on a float tensor
+    lowering = lower_transform(v2.Compose([v2.ToImage(), v2.RandomErasing(value=(0, 255.9, 3)),
+                                           v2.ToDtype(torch.float32, scale=True), v2.RandomErasing(value="random")]))
+    assert [(e.at, e.value) for e in lowering.erasing] == [(0, (0.0, 255.9, 3.0)), (1, None)] and lowering.random
 
 
 def _outcomes(loader) -> list:
