@@ -8,13 +8,14 @@ With `--recipe ta_wide` or `--recipe ra` the transform is torchvision's referenc
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
 TrivialAugmentWide or RandAugment (bilinear), PILToTensor, ConvertImageDtype(float),
-Normalize, RandomErasing(0.1).
+Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the references' for
+`--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, channels_last, SGD)
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
-                                                [--recipe {imagenet,ta_wide,ra}]
+                                                [--recipe {imagenet,ta_wide,ra}] [--mixup]
 """
 
 import argparse
@@ -33,6 +34,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra"], default="imagenet")
+ap.add_argument("--mixup", action="store_true")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -61,8 +63,18 @@ train_dataset = torchvision.datasets.ImageFolder(args.data, transform)
 if args.split:
     train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
                                                      generator=torch.Generator().manual_seed(42))
+if args.mixup:
+    import torchvision.transforms.v2 as v2
+
+    classes = len(train_dataset.classes)
+    mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes),
+                                    v2.CutMix(alpha=1.0, num_classes=classes)])
+
+    def mixup_collate(batch):
+        return mixup_cutmix(*torch.utils.data.default_collate(batch))
 train_loader = torch.utils.data.DataLoader(
-    train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True)
+    train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True,
+    collate_fn=mixup_collate if args.mixup else None)
 
 model = None
 if args.arch != "none":

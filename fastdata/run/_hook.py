@@ -8,20 +8,7 @@ to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; at the process's exi
 loader's copies ahead to the GPU (`fastdata.run._copy`, where CUDA is and FASTDATA_RUN_NO_COPY is
 not set) and, with `FASTDATA_RUN_PROFILE` set, its measurements (`fastdata.run._profile`).
 
-num_workers: where the script left the default (0), a served loader gets "auto" only where that
-cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
-sample a function of the seed, the epoch and its index, in whatever process) without a
-target_transform (the script's code, which may count or cache what it sees), torch's default
-samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
-without: the script's own draws between would change), workers started by fork (spawn would run
-the script's main module again; a start method, a transform fastdata does not serve or a
-target_transform set since the loader was made takes the workers back at iter()), and none of
-the keywords that mean something else with workers (worker_init_fn, prefetch_factor,
-multiprocessing_context, persistent_workers); and only where /dev/shm has room for their batches
-(`fastdata.run._shm`: a container's may be small). A Dataset whose own __getitem__ makes the
-samples keeps the script's count: nothing outside it can tell whether it holds an open file (whose
-offset forked workers would share), reads an iterator, counts, caches, or draws random numbers,
-each of which workers would change.
+Which loaders are served, and how (native decode, num_workers): `fastdata.run._decide`.
 
 What the script sees is torch's: `inspect.signature` of the class and of a loader's `__init__`,
 `DataLoader[T]` (Generic), `len()` and `_num_yielded` of iter(loader), `get_worker_info().dataset`
@@ -37,7 +24,6 @@ import functools
 import inspect
 import itertools
 import json
-import multiprocessing
 import os
 import sys
 import types
@@ -46,13 +32,11 @@ from typing import Any
 
 import torch
 import torch.utils.data.dataloader
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
-from torch.utils.data.distributed import DistributedSampler
 
 from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
-from ._shm import shm_room
-from ._lowering import Lowering, folder, lower
+from ._decide import SIGNATURE, decide, start_method
+from ._lowering import folder, lower
 from ._torchvision import Finish, NativeFolder
 from .._collate import collate as native_collate
 from .._workers import wait_forever
@@ -60,16 +44,9 @@ from ..backends.torch import TorchLoader
 from ..backends.torch_iter import Fetches
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
-_SIGNATURE = inspect.signature(TorchDataLoader.__init__)
-_CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
+_CLASSSIGNATURE = inspect.signature(TorchDataLoader)
 # torch's DataLoader is Generic (DataLoader[T]): so is this one, over torch's own type variable
 _GENERIC = getattr(TorchDataLoader, "__parameters__", ())
-# Samplers whose order is a function of their generator (or torch's global one): fastdata's
-# resume restores it, and the worker count does not change it.
-_KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,
-                   torch.utils.data.WeightedRandomSampler)
-# Keywords whose meaning changes when a loader gets workers the script did not ask for.
-_WORKER_KEYWORDS = ("worker_init_fn", "prefetch_factor", "multiprocessing_context", "persistent_workers")
 # Frames of these packages are skipped when naming where a loader was made.
 _LIBRARIES = {"torch", "fastdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
 
@@ -94,7 +71,7 @@ class _AnyTorchLoader(abc.ABCMeta):
         """`inspect.signature` of the class: torch's DataLoader's (not `__new__`'s); a subclass's first
         `__init__`'s, or None where one of the script's defines `__new__`, as on torch's class."""
         if cls is DataLoader or cls is Served:
-            return _CLASS_SIGNATURE
+            return _CLASSSIGNATURE
         mro = cls.__mro__
         if any("__new__" in vars(c) for c in mro[:mro.index(DataLoader)]):
             return None
@@ -163,7 +140,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         if not self.timeout:
             self._loader.timeout = 0  # the script's timeout=0, as torch's: a wait as long as it takes
         lowering = self._fastdata_lowering
-        self._fastdata_finish = None if lowering is None else Finish(
+        self._fastdata_finish = None if lowering is None or self.collate_fn is not native_collate else Finish(
             lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
             forks=self.num_workers > 0)
 
@@ -172,7 +149,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         # A fetch's error crosses unwrapped from workers fastdata gave, not from the script's own.
         added = getattr(self, "_fastdata_added", 0)
         carry = added is True or (self.num_workers > 0 and self.num_workers == added)
-        return dataset if lowering is None else NativeFolder(dataset, lowering, carry=carry)
+        # (a collate_fn of the script's batches the samples: they are laid out where they are fetched)
+        samples = self.collate_fn is not native_collate
+        return dataset if lowering is None else NativeFolder(dataset, lowering, carry=carry, samples=samples)
 
     def _to_device(self, it: Any, timed: bool) -> Any:
         finish = getattr(self, "_fastdata_finish", None)
@@ -196,8 +175,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         added = getattr(self, "_fastdata_added", 0)
         if not added or self.num_workers != added:
             return None
-        if _start_method() != "fork":
-            return f"they would start by {_start_method()}, which runs the script's main module again"
+        if start_method() != "fork":
+            return f"they would start by {start_method()}, which runs the script's main module again"
         if lower(self.dataset)[0] is None:
             return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
         if getattr(folder(self.dataset), "target_transform", None) is not None:
@@ -218,7 +197,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         return state
 
 
-Served.__init__.__signature__ = _SIGNATURE  # inspect.signature(loader.__init__): torch's
+Served.__init__.__signature__ = SIGNATURE  # inspect.signature(loader.__init__): torch's
 # torch's name in DataLoader's messages, object's repr (torch's); pickle looks up the qualname, Served
 Served.__name__, Served.__repr__ = "DataLoader", object.__repr__
 
@@ -254,77 +233,6 @@ def _scripts_dataset(init: Any, worker_id: int) -> None:
 
 def _copy_ahead() -> bool:
     return torch.cuda.is_available() and not os.environ.get("FASTDATA_RUN_NO_COPY")
-
-
-def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
-    """(served, the reason, num_workers to set or None, the lowering or None) for `DataLoader(...)`."""
-    try:
-        call = _SIGNATURE.bind(None, *args, **kwargs).arguments
-    except TypeError as e:
-        return False, f"arguments torch's DataLoader does not take ({e})", None, None
-    dataset = call.get("dataset")
-    if isinstance(dataset, IterableDataset):
-        return False, ("an IterableDataset: its iteration may have side effects (fastdata fast-forwards an iterable "
-                       "on resume by reading it again)"), None, None
-    sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
-    if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
-        why = f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly"
-        return False, why, None, None
-    if sampler is not None and not _known(sampler):
-        return False, f"a custom sampler ({type(sampler).__qualname__}): fastdata cannot resume it exactly", None, None
-    reason, lowering = _collation(call)
-    if "num_workers" in call:
-        return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering
-    if lowering is None:
-        return True, (f"{reason}; num_workers=0 kept: the dataset's own __getitem__ makes the samples, and "
-                      "workers could change them (shared files, state, random draws)"), None, lowering
-    auto, why = auto_workers(call, lowering)
-    if not auto:
-        return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
-    return True, f"{reason}; num_workers='auto' (the script left the default)", "auto", lowering
-
-
-def _collation(call: dict) -> tuple[str, Lowering | None]:
-    """How a served loader's batches are made (for the summary), and a natively served folder's lowering."""
-    if call.get("collate_fn") not in (None, torch.utils.data.default_collate, native_collate):  # (ours: a rebuild's)
-        return "the script's collate_fn (no native collation)", None
-    lowering, why = lower(call.get("dataset"))
-    if why:
-        return f"native collation; not served natively: {why}", None
-    if lowering is not None and call.get("batch_size", 1) is None:
-        return "native collation; not served natively: batch_size=None (samples one by one)", None
-    if lowering is not None:
-        shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
-        return f"served natively: {shown} with {lowering.names} decoded by fastdata", lowering
-    return "native collation", None
-
-
-def _known(sampler: Any) -> bool:
-    return isinstance(sampler, _KNOWN_SAMPLERS) or type(sampler).__module__.startswith("fastdata.")
-
-
-def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
-    """Whether a natively served folder the script left at num_workers=0 may get workers without
-    a change in any batch (see the module's docstring) and with room for them in /dev/shm, and if
-    not, why not."""
-    if call.get("sampler") is not None or call.get("batch_sampler") is not None:
-        return False, "a sampler given by the script (its draws may depend on where they run)"
-    if call.get("shuffle") and call.get("generator") is None:  # (see the module's docstring)
-        return False, "shuffle=True without a generator: with workers torch would draw it from its RNG at iter()"
-    given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
-    if given:
-        return False, f"{given[0]} is set, which means something else with workers"
-    if getattr(folder(call.get("dataset")), "target_transform", None) is not None:
-        return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
-    if _start_method() != "fork":
-        return False, "workers would start by spawn, which runs the script's main module again"
-    why = shm_room(call, lowering)
-    return not why, why
-
-
-def _start_method() -> str:
-    """The start method the loader's workers would take now (torch's: the default context's)."""
-    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
 
 
 def _where() -> str:

@@ -46,6 +46,9 @@ class Lowering:
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
     erasing: tuple = ()  # _erasing.Erase per RandomErasing, in order (after the layout, each after its steps)
+    # whether torchvision's samples are tv_tensors.Image (v2's ToImage, no ToPureTensor after it):
+    # default_collate's batch is a plain tensor either way, a collate_fn of the script's sees the type
+    tv_image: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -190,6 +193,7 @@ def lower_transform(transform: Any) -> Lowering:
     pixel: list = []
     steps: list = []
     erasing: list = []
+    tv_image = False
     filters: set[str] = set()
     domain = "pil"  # then "uint8" or "float": what the next op gets
     # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
@@ -272,6 +276,7 @@ def lower_transform(transform: Any) -> Lowering:
                 steps.append(("to", None, "div"))
                 domain = "float"
             elif cls in (T.PILToTensor, v2.PILToTensor, v2.ToImage):
+                tv_image = cls is v2.ToImage
                 if domain != "pil":
                     raise Unlowerable(f"{kind} of a tensor: not lowered")
                 domain = "uint8"
@@ -282,7 +287,7 @@ def lower_transform(transform: Any) -> Lowering:
                     raise Unlowerable(f"{kind} with a dtype per type: not lowered")
                 domain = _to(steps, domain, op.dtype, "mul" if op.scale else None, kind)
             elif cls is pure and domain != "pil":
-                pass  # an Image as a plain tensor: default_collate's batch is one anyway
+                tv_image = False  # an Image as a plain tensor (default_collate's batch is one anyway)
             elif cls in (T.Normalize, v2.Normalize):
                 if domain != "float":
                     raise Unlowerable(f"{kind} of a {'PIL image' if domain == 'pil' else 'uint8 tensor'}: "
@@ -302,7 +307,7 @@ def lower_transform(transform: Any) -> Lowering:
     if len(filters) > 1:
         raise Unlowerable(f"geometric ops with different interpolations ({', '.join(sorted(filters))}): not lowered")
     return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names,
-                    tuple(erasing))
+                    tuple(erasing), tv_image)
 
 
 def _normalize(op: Any, dtype: torch.dtype) -> tuple:

@@ -1,5 +1,5 @@
 """Whether /dev/shm has room for the workers `fastdata run` gives a natively served folder whose
-script left num_workers at 0 (`fastdata.run._hook.auto_workers`).
+script left num_workers at 0 (`fastdata.run._decide.auto_workers`).
 
 Workers pass their batches through torch's shared memory, files in /dev/shm, which a container
 may keep small (Docker's default is 64 MB); a worker that cannot allocate there fails the

@@ -110,13 +110,32 @@ class FolderBatch(Prepared):
         return [handle, collate(tuple(self.targets)), Layout(self.steps, self.erased, self.seed)]
 
 
+def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:
+    """Writes a natively decoded batch's uint8 NHWC `images` into `out` (NCHW, the dtype of the
+    layout's steps) as `layout` gives them: through a lookup table natively (made once per steps
+    and dtype, kept in `tables`), else `_apply_steps`; then the RandomErasing rectangles it
+    carries (`_erasing.erase`)."""
+    steps = layout.steps
+    if _ext is not None and len(images):
+        table = tables.get((steps, out.dtype))
+        if table is None:
+            if len(tables) > 8:  # a transform changed pass after pass
+                tables.clear()
+            table = tables[(steps, out.dtype)] = lookup_table(steps, out.dtype)
+        _ext.lookup_planes(images, table, out, default_threads())
+    else:
+        for k in range(len(images)):
+            _apply_steps(out[k], images[k], steps)
+    if layout.erased:
+        erase(out, steps, layout.erased, layout.seed, _apply_steps)
+
+
 class Finish:
     """The main process's step for a natively served loader: each natively decoded batch's uint8
-    NHWC images laid out as its `Layout` gives them (NCHW, the transform's dtype and values), in a
-    reused slot of this process's ring (pinned with `pin`; shared pages with `forks`, for a loader
-    that forks workers), through a lookup table natively, else `_apply_steps`, then the
-    RandomErasing rectangles it carries written over it (`_erasing.erase`). A batch of the
-    dataset's own samples (a transform not lowered) passes as it is."""
+    NHWC images laid out as its `Layout` gives them (`lay_out`: NCHW, the transform's dtype and
+    values), in a reused slot of this process's ring (pinned with `pin`; shared pages with
+    `forks`, for a loader that forks workers). A batch of the dataset's own samples (a transform
+    not lowered) passes as it is."""
 
     def __init__(self, lowering: Lowering, slots: int, pin: bool, forks: bool) -> None:
         self.lowering = lowering
@@ -127,24 +146,11 @@ class Finish:
         if type(batch) is not list or len(batch) != 3 or type(batch[2]) is not Layout:
             return batch
         images, layout = batch[0], batch[2]
-        steps = layout.steps
         n, h, w, _ = images.shape
-        dtype = steps_dtype(steps)
         ring = self.rings.ring()
         try:
-            out, handle = new_batch(ring, (n, 3, h, w), dtype)
-            if _ext is not None and n:
-                table = self._tables.get((steps, dtype))
-                if table is None:
-                    if len(self._tables) > 8:  # a transform changed pass after pass
-                        self._tables.clear()
-                    table = self._tables[(steps, dtype)] = lookup_table(steps, dtype)
-                _ext.lookup_planes(images, table, out, default_threads())
-            else:
-                for k in range(n):
-                    _apply_steps(out[k], images[k], steps)
-            if layout.erased:
-                erase(out, steps, layout.erased, layout.seed, _apply_steps)
+            out, handle = new_batch(ring, (n, 3, h, w), steps_dtype(layout.steps))
+            lay_out(images, layout, out, self._tables)
         finally:
             ring.end()
         return [handle, batch[1]]
@@ -191,9 +197,14 @@ class Raise(Failures):
 
 class FolderDecoder(BatchDecoder):
     """The decoder of a natively served folder: images of different sizes in a batch raise what
-    default_collate's stack raises on torchvision's samples (CHW tensors, 3 channels)."""
+    default_collate's stack raises on torchvision's samples (CHW tensors, 3 channels); with
+    `samples` (a collate_fn of the script's, which may take them) they are the script's fetch."""
+
+    samples = False
 
     def mixed_sizes(self, first: str, first_size: tuple, other: str, other_size: tuple, entry: int) -> None:
+        if self.samples:
+            raise FolderError(f"{first} and {other} come out in different sizes", path=other)
         (w0, h0), (w, h) = first_size, other_size
         raise RuntimeError(f"stack expects each tensor to be equal size, but got [3, {h0}, {w0}] at entry 0 and "
                            f"[3, {h}, {w}] at entry {entry}")
@@ -203,14 +214,19 @@ class NativeFolder(Dataset):
     """The dataset a natively served loader's workers read: the script's torchvision folder
     (`dataset`, or a Subset of one: `_lowering.folder`), decoded by fastdata per batch
     (`__getitems__`) as its transform is lowered at that batch; a single index is the script's
-    own `dataset[index]`."""
+    own `dataset[index]`. A batch is a `FolderBatch`, which the loader's collation and `Finish`
+    lay out; with `samples` (the script's collate_fn batches them) it is laid out where it is
+    fetched, as torchvision's samples: a list of (image, target), each image a CHW tensor."""
 
-    def __init__(self, dataset: Any, lowering: Lowering, carry: bool = False) -> None:
+    def __init__(self, dataset: Any, lowering: Lowering, carry: bool = False, samples: bool = False) -> None:
         self.dataset = dataset
         self.carry = carry  # a fetch's error crosses as the batch (`Carried`): in workers fastdata added
+        self.samples = samples
+        self._tables: dict[tuple, torch.Tensor] = {}  # (samples) lay_out's lookup tables
         # The record of files that decoded whole is made here, before any worker forks: shared.
         self.decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
         self.decoder.crop_first = True
+        self.decoder.samples = samples
         self._use(lowering)
         self._scratch: torch.Tensor | None = None
         # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
@@ -300,7 +316,7 @@ class NativeFolder(Dataset):
     def _fetch(self, indices: list[int]) -> Any:
         ds = self.dataset
         lowering, _ = lower(ds)  # the transform as this process holds it now
-        if lowering is None:
+        if lowering is None or (self.samples and lowering.tv_image):
             return [ds[i] for i in indices]  # torchvision's own samples, collated as DataLoader collates them
         try:
             return self._native(indices, lowering)
@@ -344,6 +360,11 @@ class NativeFolder(Dataset):
         # RandomErasing's rectangles, drawn here as numbers (the batch's images have one size);
         # the main process writes them over the laid-out batch
         erased = draw(lowering.erasing, self.decoder.seed, index, *images.shape[1:3]) if lowering.erasing else ()
+        if self.samples:
+            n, h, w, _ = images.shape
+            out = torch.empty((n, 3, h, w), dtype=steps_dtype(lowering.steps))
+            lay_out(images, Layout(lowering.steps, erased, self.decoder.seed), out, self._tables)
+            return list(zip(out, targets))
         return FolderBatch(images, targets, lowering.steps, erased, self.decoder.seed if erased else 0)
 
     def _read(self, paths: list[str]) -> list:

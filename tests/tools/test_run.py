@@ -584,12 +584,15 @@ class Folder:
 
 
 def _lowered(monkeypatch, geometry: tuple) -> Any:
-    """The hook's `lower` made to lower a `Folder` with `geometry` (then ToTensor): no torchvision needed."""
+    """The hook's `lower` (where it decides, and where it serves) made to lower a `Folder` with
+    `geometry` (then ToTensor): no torchvision needed."""
+    from fastdata.run import _decide
     from fastdata.run._torchvision import Lowering
 
     hook = _hook()
     lowering = Lowering(geometry, (), "bilinear", (("to", None, "div"),), "Resize, ToTensor")
-    monkeypatch.setattr(hook, "lower", lambda ds: (lowering, "") if isinstance(ds, Folder) else (None, ""))
+    for module in (hook, _decide):
+        monkeypatch.setattr(module, "lower", lambda ds: (lowering, "") if isinstance(ds, Folder) else (None, ""))
     return lowering
 
 

@@ -146,8 +146,6 @@ def _fallbacks(tv):
          "Lambda has no faithful lowering"),
         ("an op with no lowering", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10), *train])), {}),
          "RandomRotation has no faithful lowering"),
-        ("a collate_fn of the script's", lambda r: (ImageFolder(r, T.Compose(train)), {"collate_fn": lambda b: b}),
-         "the script's collate_fn"),
         ("a subclass with its own __getitem__", lambda r: (OwnGetitem(r, T.Compose(train)), {}),
          "OwnGetitem overrides __getitem__"),
         ("no transform", lambda r: (ImageFolder(r), {}), "no transform"),
@@ -199,7 +197,7 @@ BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a s
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
     """Each case the native path does not take: the loader is still served (the drop-in, the
     script's own samples through torchvision) and the reason names what was not lowered."""
-    from fastdata.run._hook import decide
+    from fastdata.run._decide import decide
 
     cases = _fallbacks(tv)
     assert len(cases) >= 15
@@ -252,6 +250,71 @@ def test_served_natively_batches_as_torchvision_gives_them(tv, folder, kind, wor
     loader._stop()
 
 
+def _stack_collate(batch):
+    """A script's collate_fn: what it is given, checked to be torchvision's samples, stacked."""
+    assert type(batch) is list and all(type(s) is tuple and len(s) == 2 for s in batch)
+    assert all(type(x) is torch.Tensor and x.is_contiguous() and type(y) is int for x, y in batch)
+    return torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch]), len(batch)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_fn_of_the_scripts_gets_natively_decoded_samples(tv, folder, workers):
+    """A loader with a collate_fn of the script's (torchvision's references pass one for MixUp and
+    CutMix) is served natively: the collate_fn gets torchvision's samples, a list of (CHW tensor,
+    int) tuples, the same values bit for bit (a deterministic transform); num_workers stays the
+    script's (workers would run its collate_fn). Random ops (RandAugment, RandomErasing) too."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._decide import decide
+
+    transform = T.Compose([T.Resize(56), T.CenterCrop(48), T.ToTensor(), T.Normalize(MEAN, STD)])
+    dataset = ImageFolder(str(folder), transform)
+    served, reason, added, _ = decide((dataset,), {"batch_size": 10, "collate_fn": _stack_collate})
+    assert served and added is None and "served natively" in reason and "the script's collate_fn" in reason, reason
+    loader = _served(dataset, batch_size=10, num_workers=workers, collate_fn=_stack_collate)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder) and loader._fastdata_finish is None
+    plain = torch.utils.data.DataLoader(dataset, batch_size=10, collate_fn=_stack_collate)
+    for (a, y, n), (b, z, m) in zip(loader, plain, strict=True):
+        assert torch.equal(a, b) and torch.equal(y, z) and n == m
+    randomized = ImageFolder(str(folder), T.Compose([
+        T.RandomResizedCrop(48), T.RandAugment(interpolation=T.InterpolationMode.BILINEAR), T.PILToTensor(),
+        T.ConvertImageDtype(torch.float), T.RandomErasing(p=0.5)]))
+    loader = _served(randomized, batch_size=10, num_workers=workers, collate_fn=_stack_collate, shuffle=True)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    labels = []
+    for images, y, _ in loader:  # (RandAugment changes colours: the labels are not read from the pixels)
+        assert images.shape[1:] == (3, 48, 48) and images.dtype == torch.float32
+        labels += y.tolist()
+    assert sorted(labels) == sorted(randomized.targets)
+    loader._stop()
+
+
+def test_a_collate_fn_of_the_scripts_gets_torchvisions_own_samples_where_fastdata_would_differ(tv, folder):
+    """Where fastdata's batch is not torchvision's samples, the script's collate_fn gets the
+    dataset's own: images of different sizes (a collate_fn may take them), and v2's ToImage
+    without ToPureTensor (its samples are tv_tensors.Image)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from torchvision import tv_tensors
+    from torchvision.datasets import ImageFolder
+
+    sizes = ImageFolder(str(folder), T.Compose([T.Resize(40), T.PILToTensor()]))
+    got = []
+    loader = _served(sizes, batch_size=8, collate_fn=lambda batch: got.append(batch) or len(batch))
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    assert sum(loader) == len(sizes)
+    for k, batch in enumerate(got):
+        assert len({x.shape for x, _ in batch}) > 1 or k  # different sizes, as torchvision's
+        for j, (x, y) in enumerate(batch):
+            assert torch.equal(x, sizes[8 * k + j][0]) and y == sizes[8 * k + j][1]
+    images = ImageFolder(str(folder), v2.Compose([v2.Resize((40, 40)), v2.ToImage(), v2.ToDtype(torch.float32)]))
+    kinds = set()
+    loader = _served(images, batch_size=8, collate_fn=lambda batch: kinds.update(type(x) for x, _ in batch))
+    list(loader)
+    assert kinds == {tv_tensors.Image}
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     """random_split's Subsets of an ImageFolder (a script's train/val split), and a Subset of a
@@ -262,7 +325,7 @@ def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
-    from fastdata.run._hook import _collation
+    from fastdata.run._decide import _collation
 
     dataset = ImageFolder(str(folder), T.Compose([T.Resize((20, 16)), T.ToTensor()]), target_transform=lambda t: t * 3)
     train, val = torch.utils.data.random_split(dataset, [0.75, 0.25], generator=torch.Generator().manual_seed(0))
@@ -288,7 +351,7 @@ def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     with pytest.raises(IndexError):
         list(loader)
     loader._stop()
-    from fastdata.run._hook import decide  # workers where the script left 0: as for the folder itself
+    from fastdata.run._decide import decide  # workers where the script left 0: as for the folder itself
 
     plain = ImageFolder(str(folder), T.ToTensor())  # no size fixed: the first file's, for /dev/shm's room
     part, _ = torch.utils.data.random_split(plain, [0.5, 0.5], generator=torch.Generator().manual_seed(0))
@@ -624,7 +687,7 @@ def test_load_truncated_images_falls_back_to_the_scripts_pillow(tv, tmp_path, mo
     from PIL import ImageFile
     from torchvision.datasets import ImageFolder
 
-    from fastdata.run._hook import decide
+    from fastdata.run._decide import decide
 
     dataset = ImageFolder(str(_truncated_folder(tmp_path / "data")), T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
     early = _served(dataset, batch_size=4, num_workers=0)  # made while the flag is unset: served natively

@@ -1,0 +1,124 @@
+"""`fastdata run`: which DataLoaders fastdata serves, and how (`decide`, from the arguments the
+script made one with): natively decoded (a torchvision image folder whose transform
+`fastdata.run._lowering` lowers), natively collated, or batched by the script's collate_fn; and
+the worker count.
+
+num_workers: where the script left the default (0), a served loader gets "auto" only where that
+cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
+sample a function of the seed, the epoch and its index, in whatever process) without a
+target_transform (the script's code, which may count or cache what it sees), torch's default
+samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
+without: the script's own draws between would change), workers started by fork (spawn would run
+the script's main module again; a start method, a transform fastdata does not serve or a
+target_transform set since the loader was made takes the workers back at iter()), and none of
+the keywords that mean something else with workers (worker_init_fn, prefetch_factor,
+multiprocessing_context, persistent_workers); and only where /dev/shm has room for their batches
+(`fastdata.run._shm`: a container's may be small). A Dataset whose own __getitem__ makes the
+samples keeps the script's count: nothing outside it can tell whether it holds an open file (whose
+offset forked workers would share), reads an iterator, counts, caches, or draws random numbers,
+each of which workers would change; so does a collate_fn of the script's, which workers would run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+from typing import Any
+
+import torch
+import torch.utils.data.dataloader
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from ._lowering import Lowering, folder, lower
+from ._shm import shm_room
+from .._collate import collate as native_collate
+
+SIGNATURE = inspect.signature(torch.utils.data.dataloader.DataLoader.__init__)
+# Samplers whose order is a function of their generator (or torch's global one): fastdata's
+# resume restores it, and the worker count does not change it.
+_KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,
+                   torch.utils.data.WeightedRandomSampler)
+# Keywords whose meaning changes when a loader gets workers the script did not ask for.
+_WORKER_KEYWORDS = ("worker_init_fn", "prefetch_factor", "multiprocessing_context", "persistent_workers")
+
+
+def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
+    """(served, the reason, num_workers to set or None, the lowering or None) for `DataLoader(...)`."""
+    try:
+        call = SIGNATURE.bind(None, *args, **kwargs).arguments
+    except TypeError as e:
+        return False, f"arguments torch's DataLoader does not take ({e})", None, None
+    dataset = call.get("dataset")
+    if isinstance(dataset, IterableDataset):
+        return False, ("an IterableDataset: its iteration may have side effects (fastdata fast-forwards an iterable "
+                       "on resume by reading it again)"), None, None
+    sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
+    if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
+        why = f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata cannot resume it exactly"
+        return False, why, None, None
+    if sampler is not None and not _known(sampler):
+        return False, f"a custom sampler ({type(sampler).__qualname__}): fastdata cannot resume it exactly", None, None
+    reason, lowering = _collation(call)
+    if "num_workers" in call:
+        return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering
+    if lowering is None:
+        return True, (f"{reason}; num_workers=0 kept: the dataset's own __getitem__ makes the samples, and "
+                      "workers could change them (shared files, state, random draws)"), None, lowering
+    if _scripts_collate(call):
+        return True, (f"{reason}; num_workers=0 kept: workers would run the script's collate_fn (its state, its "
+                      "random draws)"), None, lowering
+    auto, why = auto_workers(call, lowering)
+    if not auto:
+        return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
+    return True, f"{reason}; num_workers='auto' (the script left the default)", "auto", lowering
+
+
+def _collation(call: dict) -> tuple[str, Lowering | None]:
+    """How a served loader's batches are made (for the summary), and a natively served folder's lowering."""
+    own = _scripts_collate(call)
+    collation = "the script's collate_fn" if own else "native collation"
+    lowering, why = lower(call.get("dataset"))
+    if why:
+        return f"{collation}; not served natively: {why}", None
+    if lowering is not None and call.get("batch_size", 1) is None:
+        return f"{collation}; not served natively: batch_size=None (samples one by one)", None
+    if lowering is not None:
+        shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
+        return (f"served natively: {shown} with {lowering.names} decoded by fastdata"
+                + (", its samples batched by the script's collate_fn" if own else "")), lowering
+    return "the script's collate_fn (no native collation)" if own else collation, None
+
+
+def _scripts_collate(call: dict) -> bool:
+    """Whether the loader batches with a collate_fn of the script's (torch's default named, or
+    fastdata's handed back by a rebuild, are the default)."""
+    return call.get("collate_fn") not in (None, torch.utils.data.default_collate, native_collate)
+
+
+def _known(sampler: Any) -> bool:
+    return isinstance(sampler, _KNOWN_SAMPLERS) or type(sampler).__module__.startswith("fastdata.")
+
+
+def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
+    """Whether a natively served folder the script left at num_workers=0 may get workers without
+    a change in any batch (see the module's docstring) and with room for them in /dev/shm, and if
+    not, why not."""
+    if call.get("sampler") is not None or call.get("batch_sampler") is not None:
+        return False, "a sampler given by the script (its draws may depend on where they run)"
+    if call.get("shuffle") and call.get("generator") is None:  # (see the module's docstring)
+        return False, "shuffle=True without a generator: with workers torch would draw it from its RNG at iter()"
+    given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
+    if given:
+        return False, f"{given[0]} is set, which means something else with workers"
+    if getattr(folder(call.get("dataset")), "target_transform", None) is not None:
+        return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
+    if start_method() != "fork":
+        return False, "workers would start by spawn, which runs the script's main module again"
+    why = shm_room(call, lowering)
+    return not why, why
+
+
+def start_method() -> str:
+    """The start method the loader's workers would take now (torch's: the default context's)."""
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
