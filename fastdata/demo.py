@@ -28,7 +28,6 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -37,6 +36,7 @@ from ._cli import (CommandError, Parser, add_debug, natural_int, not_a_directory
                    run_command)
 from ._cores import usable_cores
 from .ceiling import ceiling, images_in, within
+from .tunecache import cache_root
 
 
 class ReadyImages:
@@ -174,7 +174,6 @@ def _side_by_side(sides: list[tuple[str, Callable[[int], Iterable[Any]]]], worke
 
 SUMMARY = "fastdata against torch's DataLoader, side by side, on data it makes"
 EXAMPLE = "fastdata demo --repeats 3"
-_DATA = Path.home() / ".cache" / "fastdata" / "demo-images"  # its own: the README's set keeps its 2,000
 
 
 def _image_count(text: str) -> int:
@@ -199,9 +198,11 @@ def add_arguments(ap: Parser) -> None:
     ap.add_argument("--images", metavar="N", type=_image_count, default=512,
                     help="synthetic JPEGs of the image-mode part, in 10 classes: 0 skips it, else at least 10 "
                          "(default 512)")
-    ap.add_argument("--data", metavar="DIR", default=str(_DATA),
+    # its own folder (the README's set keeps its 2,000), in fastdata's cache; None without one
+    cache = cache_root()
+    ap.add_argument("--data", metavar="DIR", default=None if cache is None else str(cache / "demo-images"),
                     help="where the synthetic JPEGs are made, or found when made before "
-                         "(default ~/.cache/fastdata/demo-images)")
+                         "(default ~/.cache/fastdata/demo-images, in $FASTDATA_CACHE where it is set)")
     add_debug(ap)
     ap.set_defaults(run=functools.partial(run, ap))
 
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.images and args.data is None:
+        raise CommandError("there is no cache folder for the synthetic images ($FASTDATA_CACHE is not set and this "
+                           "user has no home directory): pass --data DIR, or --images 0")
     blocked = not_a_directory(args.data) if args.images else None
     if blocked is not None:  # said now, not after the drop-in part's minutes
         raise CommandError(f"--data {args.data!r} cannot hold the images: {str(blocked)!r} is not a directory")

@@ -133,3 +133,18 @@ def test_an_out_of_range_entry_is_not_applied(folder, cache, chosen):
     assert loader.num_workers == 0  # untuned: not 1, nor the entry's count
     [line] = warned
     assert line.startswith(f"ignoring the tuned config in {path}: its ") and "is not" in line
+
+
+def test_no_home_every_command_still_parses_and_the_demo_says_what_to_pass(homeless):
+    """Without a home directory `fastdata --help` builds every command's parser (none looks a
+    home up when imported), and the demo, whose images would go in the cache, asks for --data."""
+    import importlib
+
+    from fastdata import _cli, cli, demo
+
+    importlib.reload(demo)  # (imported before the fixture took the home away)
+    cli.parser()
+    args = cli.parser("demo").parse_args(["demo"])
+    assert args.data is None
+    with pytest.raises(_cli.CommandError, match=r"no home directory\): pass --data DIR, or --images 0"):
+        demo._demo(args)
