@@ -44,7 +44,7 @@ from ..backends.torch import TorchLoader
 from ..backends.torch_iter import Fetches
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
-_CLASSSIGNATURE = inspect.signature(TorchDataLoader)
+_CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
 # torch's DataLoader is Generic (DataLoader[T]): so is this one, over torch's own type variable
 _GENERIC = getattr(TorchDataLoader, "__parameters__", ())
 # Frames of these packages are skipped when naming where a loader was made.
@@ -71,7 +71,7 @@ class _AnyTorchLoader(abc.ABCMeta):
         """`inspect.signature` of the class: torch's DataLoader's (not `__new__`'s); a subclass's first
         `__init__`'s, or None where one of the script's defines `__new__`, as on torch's class."""
         if cls is DataLoader or cls is Served:
-            return _CLASSSIGNATURE
+            return _CLASS_SIGNATURE
         mro = cls.__mro__
         if any("__new__" in vars(c) for c in mro[:mro.index(DataLoader)]):
             return None
@@ -181,6 +181,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
             return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
         if getattr(folder(self.dataset), "target_transform", None) is not None:
             return "its dataset has a target_transform now, the script's code (its state would move to them)"
+        if self.collate_fn is not native_collate:
+            return "it has a collate_fn of the script's now (its state and draws would move to them)"
         return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

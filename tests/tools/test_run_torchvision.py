@@ -1053,6 +1053,25 @@ def test_workers_fastdata_added_go_back_when_a_target_transform_comes(tv, folder
     loader._stop()
 
 
+def test_workers_fastdata_added_go_back_when_a_collate_fn_comes(tv, folder, capfd):
+    """A collate_fn of the script's set after the loader was made (with fastdata's workers) is
+    the script's code: the workers go back at the next iter(), and it runs in the main process,
+    given the natively decoded samples."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((24, 24)), T.ToTensor()]))
+    loader = _served(dataset, batch_size=16)
+    assert loader.num_workers >= 1 and len(list(loader)) == len(loader)
+    where = []
+    loader.collate_fn = lambda batch: where.append(os.getpid()) or _stack_collate(batch)
+    labels = [t for _, targets, _ in loader for t in targets.tolist()]
+    assert loader.num_workers == 0 and set(where) == {os.getpid()} and labels == dataset.targets
+    assert isinstance(loader._loader.dataset, rt.NativeFolder) and loader._loader.dataset.samples
+    assert "it has a collate_fn of the script's now" in capfd.readouterr().err
+    loader._stop()
+
+
 def _run(args: list[str], tmp_path: Path, plain: bool = False) -> tuple[dict, str]:
     out = tmp_path / "out.json"
     command = [sys.executable, str(SCRIPTS / "train_torchvision.py"), args[0], str(out), *args[1:]]
