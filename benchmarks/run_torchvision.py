@@ -85,8 +85,8 @@ def main() -> int:
         print(f"  {name:<20} epoch 1 {s['epoch_1_median']:7.0f} img/s   epochs 2+ {s['epochs_2_on_median']:7.0f} img/s")
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
-    stem = "run_torchvision" + ("_split" if args.split else "") + ("" if args.recipe == "imagenet" else f"_{args.recipe}") \
-        + ("_mixup" if args.mixup else "")
+    stem = "run_torchvision" + ("_split" if args.split else "") \
+        + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "")
     _common.write(stem, {
         "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
         "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup, "pillow": PIL.__version__,

@@ -199,7 +199,7 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
             and device.type == "cuda" and pixel > 0.1 * 1e3 * model.work):
         gain = model.moved(pixel / 1e3).rate(max(workers or 0, 0))
         advice.append(_checked(
-            Advice(f"placement='gpu': moves ColorJitter/TrivialAugment ({pixel * report.batch_size:,.0f} ms of CPU a "
+            Advice(f"placement='gpu': moves the pixel ops ({pixel * report.batch_size:,.0f} ms of CPU a "
                    f"batch) to the GPU: about {gain:,.0f} images/s", {"placement": "gpu"}, gain, "model"),
             "placement='gpu'", measure, how))
     if not pillow_info().get("simd", False):

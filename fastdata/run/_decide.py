@@ -9,8 +9,9 @@ sample a function of the seed, the epoch and its index, in whatever process) wit
 target_transform (the script's code, which may count or cache what it sees), torch's default
 samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
 without: the script's own draws between would change), workers started by fork (spawn would run
-the script's main module again; a start method, a transform fastdata does not serve or a
-target_transform set since the loader was made takes the workers back at iter()), and none of
+the script's main module again; a start method, a transform fastdata does not serve, a
+target_transform or a collate_fn of the script's set since the loader was made takes the workers
+back at iter()), and none of
 the keywords that mean something else with workers (worker_init_fn, prefetch_factor,
 multiprocessing_context, persistent_workers); and only where /dev/shm has room for their batches
 (`fastdata.run._shm`: a container's may be small). A Dataset whose own __getitem__ makes the
@@ -30,7 +31,7 @@ import torch.utils.data.dataloader
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ._lowering import Lowering, folder, lower
+from ._lowering import Lowering, folder, lower, samples_refused
 from ._shm import shm_room
 from .._collate import collate as native_collate
 
@@ -83,6 +84,8 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         return f"{collation}; not served natively: {why}", None
     if lowering is not None and call.get("batch_size", 1) is None:
         return f"{collation}; not served natively: batch_size=None (samples one by one)", None
+    if lowering is not None and own and samples_refused(lowering):
+        return f"{collation}; not served natively: {samples_refused(lowering)}", None
     if lowering is not None:
         shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
         return (f"served natively: {shown} with {lowering.names} decoded by fastdata"

@@ -1,7 +1,8 @@
 """`fastdata run`'s RandomErasing (torchvision's v1 and v2 classes) on a natively served batch:
 read from the script's op (`lowered`), its rectangles drawn per sample in the process that
 decodes as torchvision's `get_params` draws them (`params`, `draw`: numbers only, carried with
-the batch), and written over the laid-out batch in the main process (`erase`).
+the batch), and written over the laid-out batch (`erase`): in the main process, or where the
+batch is fetched when a collate_fn of the script's gets the samples.
 
 torchvision erases a CHW tensor: `img[..., i:i+h, j:j+w] = v`, v being `torch.tensor(value)` (a
 float32 [C, 1, 1], or float32 standard normal noise [C, h, w] for 'random') cast to the image's
@@ -114,27 +115,30 @@ def draw(erasing: tuple, seed: int, indices: np.ndarray, img_h: int, img_w: int)
     return tuple(out)
 
 
-def erase(out: torch.Tensor, steps: tuple, erased: tuple, seed: int, apply_steps: Callable) -> None:
+def erase(out: Any, steps: tuple, erased: tuple, seed: int, apply_steps: Callable) -> None:
     """Writes the rectangles of `erased` (`draw`'s) over `out` (the batch laid out through
-    `steps`: NCHW), op after op in the script's order: each holds the op's value cast to the
-    image's dtype at the op (uint8 before the conversion), then taken through the steps after it
-    by `apply_steps` (the layout's: out CHW, image HWC, steps). The noise of value='random' is
-    drawn from a generator seeded by the batch's `seed`, never from torch's global RNG."""
+    `steps`: NCHW, or a list of its CHW images), op after op in the script's order: each holds
+    the op's value cast to the image's dtype at the op (uint8 before the conversion), then taken
+    through the steps after it by `apply_steps` (the layout's: out CHW, image HWC, steps). The
+    noise of value='random' is drawn from a generator seeded by the batch's `seed`, never from
+    torch's global RNG."""
     noise = None
     for op, rects in erased:
         rows = np.frombuffer(rects, dtype=np.int64).reshape(-1, 5).tolist()
-        after = steps[op.at:]
+        if not rows:
+            continue
+        after, dtype = steps[op.at:], out[0].dtype
         if op.value is not None:
             converted = any(step[0] == "to" for step in steps[:op.at])
-            v = torch.empty((3, 1, 1), dtype=out.dtype if converted else torch.uint8)
+            v = torch.empty((3, 1, 1), dtype=dtype if converted else torch.uint8)
             v[...] = torch.tensor(list(op.value))[:, None, None]  # torchvision's `img[..., i:i+h, j:j+w] = v`
-            fill = torch.empty((3, 1, 1), dtype=out.dtype)
+            fill = torch.empty((3, 1, 1), dtype=dtype)
             apply_steps(fill, v.permute(1, 2, 0), after)
             for k, i, j, h, w in rows:
-                out[k, :, i:i + h, j:j + w] = fill
+                out[k][:, i:i + h, j:j + w] = fill
             continue
         if noise is None:
             noise = torch.Generator().manual_seed(seed)
         for k, i, j, h, w in rows:  # (after the conversion: `lowered` refuses noise on uint8)
             v = torch.empty((3, h, w), dtype=torch.float32).normal_(generator=noise)
-            apply_steps(out[k, :, i:i + h, j:j + w], v.permute(1, 2, 0), after)
+            apply_steps(out[k][:, i:i + h, j:j + w], v.permute(1, 2, 0), after)

@@ -49,6 +49,7 @@ class Lowering:
     # whether torchvision's samples are tv_tensors.Image (v2's ToImage, no ToPureTensor after it):
     # default_collate's batch is a plain tensor either way, a collate_fn of the script's sees the type
     tv_image: bool = False
+    sized: bool = True  # whether every image comes out one size (else a batch's may differ)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -58,7 +59,8 @@ class Lowering:
     def random(self) -> bool:
         """Whether the transform has a random op. torchvision's draw from torch's RNG whatever
         their parameters (a flip with p=1 too); the others draw nothing."""
-        return bool(self.pixel_ops or self.erasing) or any(
+        drawing = [op for op in self.pixel_ops if not (isinstance(op, fd.RandAugment) and op.num_ops == 0)]
+        return bool(drawing or self.erasing) or any(
             isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip)) for op in self.geometry)
 
 
@@ -115,6 +117,17 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
         return None, str(e)
 
 
+def samples_refused(lowering: Lowering) -> str:
+    """Why a collate_fn of the script's is not handed fastdata's samples for this lowering (it
+    gets the dataset's own), or "": images that may come out in different sizes (fastdata decodes
+    a batch into one tensor), or samples torchvision gives as tv_tensors.Image."""
+    if not lowering.sized:
+        return "its images may come out in different sizes, which a collate_fn of the script's may take"
+    if lowering.tv_image:
+        return "its samples are tv_tensors.Image (ToImage without ToPureTensor)"
+    return ""
+
+
 def _flatten(transform: Any) -> list:
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
@@ -150,11 +163,16 @@ def _no_lowering(op: Any) -> Unlowerable:
     return Unlowerable(why)
 
 
-def _mode(value: Any) -> Any:
-    """torchvision's InterpolationMode of an op's `interpolation`: the mode, its name, or one of
-    PIL's integer filters (v2 keeps an int as given, and reads it as PIL's)."""
+def _mode(op: Any) -> Any:
+    """torchvision's InterpolationMode of an op's `interpolation`: the mode, one of PIL's integer
+    filters (v2 keeps an int as given, and reads it as PIL's), or (v2's only) its name; a name
+    given to a v1 op, whose functional ops raise on it, is not lowered."""
     from torchvision.transforms import InterpolationMode
 
+    value = op.interpolation
+    if isinstance(value, str) and not type(op).__module__.startswith("torchvision.transforms.v2"):
+        raise Unlowerable(f"{type(op).__name__} with interpolation {value!r}, a string: torchvision's v1 ops raise; "
+                          "not lowered")
     if isinstance(value, int) and not isinstance(value, bool):
         pil = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
         return InterpolationMode(pil.get(value, value))
@@ -162,7 +180,7 @@ def _mode(value: Any) -> Any:
 
 
 def _filter(op: Any, tensor: bool) -> str:
-    mode = _mode(op.interpolation)
+    mode = _mode(op)
     if mode.value not in FILTERS:
         raise Unlowerable(f"{type(op).__name__} with interpolation {mode.value}: fastdata lowers bilinear, bicubic "
                           "and nearest")
@@ -186,7 +204,7 @@ def lower_transform(transform: Any) -> Lowering:
     import torchvision.transforms.v2 as v2
 
     if transform is None:
-        raise Unlowerable("no transform: the samples are PIL images, which default_collate cannot batch")
+        raise Unlowerable("no transform: the samples are PIL images, which fastdata does not lay out")
     ops = _flatten(transform)
     names = ", ".join(type(op).__name__ for op in ops)
     geometry: list = []
@@ -257,14 +275,11 @@ def lower_transform(transform: Any) -> Lowering:
             elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment):
                 if domain != "pil":
                     raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
-                sampling = _mode(op.interpolation).value
+                sampling = _mode(op).value
                 if sampling not in ("nearest", "bilinear") or op.fill not in (None, 0, [0], (0,)):
                     raise Unlowerable(f"{kind} with interpolation {sampling} or a fill other than 0: fastdata lowers "
                                       "nearest and bilinear, fill 0")
                 if cls in (T.RandAugment, v2.RandAugment):
-                    if not 0 <= op.magnitude < op.num_magnitude_bins:  # (torchvision would index its table with it)
-                        raise Unlowerable(f"{kind} with magnitude {op.magnitude} of {op.num_magnitude_bins} bins: "
-                                          "not lowered")
                     pixel.append((_RandAugmentV2 if cls is v2.RandAugment else fd.RandAugment)(
                         op.num_ops, op.magnitude, op.num_magnitude_bins, sampling))
                 else:
@@ -303,11 +318,11 @@ def lower_transform(transform: Any) -> Lowering:
     except (ValueError, TypeError) as e:  # a parameter fastdata's op refuses
         raise Unlowerable(f"a parameter fastdata does not lower ({e})") from None
     if domain == "pil":
-        raise Unlowerable("the transform gives PIL images, which default_collate cannot batch")
+        raise Unlowerable("the transform gives PIL images, which fastdata does not lay out")
     if len(filters) > 1:
         raise Unlowerable(f"geometric ops with different interpolations ({', '.join(sorted(filters))}): not lowered")
     return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names,
-                    tuple(erasing), tv_image)
+                    tuple(erasing), tv_image, fixed is not None)
 
 
 def _normalize(op: Any, dtype: torch.dtype) -> tuple:

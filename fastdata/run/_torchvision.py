@@ -10,7 +10,9 @@ decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMY
 as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
 which crosses to the main process as uint8; there `Finish` lays it out as default_collate would
 have: `[images, targets]`, the images a contiguous NCHW tensor of the dtype the transform ends
-in. Labels are the dataset's, through its `target_transform`. Random parameters follow
+in. For a collate_fn of the script's, the batch is laid out where it is fetched, as
+torchvision's samples: a list of (CHW tensor, target). Labels are the dataset's, through its
+`target_transform`. Random parameters follow
 torchvision's distributions, drawn per batch from a seed the process's torch RNG gives (in a
 worker, the seed torch gave that worker), as torchvision's transforms draw from it per sample; a
 transform without a random op draws nothing, as torchvision's draws nothing then.
@@ -21,7 +23,8 @@ and a worker holds the copy of the dataset it started with, as torch's own worke
 transform that cannot be lowered then gives the dataset's own samples, collated as DataLoader
 collates them, and so does a batch holding a file fastdata does not read (missing, cut, a format
 or size past its own limits): its samples, warnings and errors are then the script's fetch's
-(Pillow's, open's); images of different sizes raise torch's stack error. In workers fastdata
+(Pillow's, open's); images of different sizes raise torch's stack error (a collate_fn of the
+script's is handed fastdata's samples only where they have one size). In workers fastdata
 added (the script asked for none), a fetch's error crosses as the batch (`Carried`) and is
 raised in the main process as the script's own process would have raised it, where torch would
 re-raise it with its message rewritten ("Caught ... in DataLoader worker process k").
@@ -49,7 +52,7 @@ from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
-from ._lowering import Lowering, folder, lower, steps_dtype
+from ._lowering import Lowering, folder, lower, samples_refused, steps_dtype
 
 
 def _apply_steps(out: torch.Tensor, image: torch.Tensor, steps: tuple) -> None:
@@ -197,14 +200,9 @@ class Raise(Failures):
 
 class FolderDecoder(BatchDecoder):
     """The decoder of a natively served folder: images of different sizes in a batch raise what
-    default_collate's stack raises on torchvision's samples (CHW tensors, 3 channels); with
-    `samples` (a collate_fn of the script's, which may take them) they are the script's fetch."""
-
-    samples = False
+    default_collate's stack raises on torchvision's samples (CHW tensors, 3 channels)."""
 
     def mixed_sizes(self, first: str, first_size: tuple, other: str, other_size: tuple, entry: int) -> None:
-        if self.samples:
-            raise FolderError(f"{first} and {other} come out in different sizes", path=other)
         (w0, h0), (w, h) = first_size, other_size
         raise RuntimeError(f"stack expects each tensor to be equal size, but got [3, {h0}, {w0}] at entry 0 and "
                            f"[3, {h}, {w}] at entry {entry}")
@@ -226,7 +224,6 @@ class NativeFolder(Dataset):
         # The record of files that decoded whole is made here, before any worker forks: shared.
         self.decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
         self.decoder.crop_first = True
-        self.decoder.samples = samples
         self._use(lowering)
         self._scratch: torch.Tensor | None = None
         # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
@@ -316,7 +313,7 @@ class NativeFolder(Dataset):
     def _fetch(self, indices: list[int]) -> Any:
         ds = self.dataset
         lowering, _ = lower(ds)  # the transform as this process holds it now
-        if lowering is None or (self.samples and lowering.tv_image):
+        if lowering is None or (self.samples and samples_refused(lowering)):
             return [ds[i] for i in indices]  # torchvision's own samples, collated as DataLoader collates them
         try:
             return self._native(indices, lowering)
@@ -362,9 +359,14 @@ class NativeFolder(Dataset):
         erased = draw(lowering.erasing, self.decoder.seed, index, *images.shape[1:3]) if lowering.erasing else ()
         if self.samples:
             n, h, w, _ = images.shape
-            out = torch.empty((n, 3, h, w), dtype=steps_dtype(lowering.steps))
-            lay_out(images, Layout(lowering.steps, erased, self.decoder.seed), out, self._tables)
-            return list(zip(out, targets))
+            dtype, plain = steps_dtype(lowering.steps), Layout(lowering.steps)
+            # each sample its own tensor, as torchvision's: one the collate_fn keeps holds only itself
+            outs = [torch.empty((3, h, w), dtype=dtype) for _ in range(n)]
+            for k in range(n):
+                lay_out(images[k:k + 1], plain, outs[k][None], self._tables)
+            if erased:
+                erase(outs, lowering.steps, erased, self.decoder.seed, _apply_steps)
+            return list(zip(outs, targets))
         return FolderBatch(images, targets, lowering.steps, erased, self.decoder.seed if erased else 0)
 
     def _read(self, paths: list[str]) -> list:

@@ -186,13 +186,14 @@ class RandAugment(Op):
     magnitude: int = 9
     num_magnitude_bins: int = 31
     interpolation: str = "nearest"
-    table = "v1"
+    table = "v1"  # as TrivialAugment's: whose Solarize thresholds (a class attribute, not a field)
 
     def __post_init__(self) -> None:
         if not (_is_int(self.num_ops) and self.num_ops >= 0):
             raise ValueError(f"RandAugment num_ops should be a non-negative int, but got {self.num_ops!r}")
         if not (_is_int(self.num_magnitude_bins) and self.num_magnitude_bins >= 2):
-            raise ValueError(f"RandAugment num_magnitude_bins should be at least 2, but got {self.num_magnitude_bins!r}")
+            raise ValueError(f"RandAugment num_magnitude_bins should be at least 2, "
+                             f"but got {self.num_magnitude_bins!r}")
         if not (_is_int(self.magnitude) and 0 <= self.magnitude < self.num_magnitude_bins):
             raise ValueError(f"RandAugment magnitude should be a bin in [0, {self.num_magnitude_bins}), "
                              f"but got {self.magnitude!r}")

@@ -354,6 +354,9 @@ def test_rand_augment_table():
         assert (op.num_ops, op.magnitude, op.num_magnitude_bins, op.interpolation) == (3, 5, 11, "bilinear")
     (op,) = lower_transform(T.Compose([T.TrivialAugmentWide(interpolation=BILINEAR), T.ToTensor()])).pixel_ops
     assert isinstance(op, fd.TrivialAugment) and op.interpolation == "bilinear"
+    # torchvision's RandAugment with no ops draws nothing from torch's RNG: nor does its lowering
+    assert lower_transform(T.Compose([T.RandAugment(num_ops=0), T.ToTensor()])).random is False
+    assert lower_transform(T.Compose([T.RandAugment(num_ops=1), T.ToTensor()])).random is True
 
 
 def _tv_rand_draws(n: int, seed: int, h: int, w: int) -> list[tuple]:
@@ -386,8 +389,8 @@ def test_rand_augment_draws():
     ours = [tuple((q["op"], float(q["magnitude"])) for q in p["ops"]) for p in plan]
     keys = sorted({(TRIVIAL_OPS.index(name), round(m, 4)) for sample in tv + ours for name, m in sample})
     rank = {k: r for r, k in enumerate(keys)}
-    code = lambda draws: [rank[(TRIVIAL_OPS.index(a), round(x, 4))] * len(keys) + rank[(TRIVIAL_OPS.index(b), round(y, 4))]
-                          for (a, x), (b, y) in draws]  # noqa: E731
+    one = lambda name, m: rank[(TRIVIAL_OPS.index(name), round(m, 4))]  # noqa: E731
+    code = lambda draws: [one(a, x) * len(keys) + one(b, y) for (a, x), (b, y) in draws]  # noqa: E731
     assert_same_distribution("RandAugment (op, magnitude) pairs", code(tv), code(ours))
     for who, draws in (("torchvision", tv), ("fastdata", ours)):
         firsts = [s[0][0] for s in draws]
@@ -395,8 +398,8 @@ def test_rand_augment_draws():
         assert counts.min() > 0.7 * n / 14 and counts.max() < 1.3 * n / 14, f"{who}: first ops {counts}"
         same = sum(a[0] == b[0] for a, b in draws)
         assert_rate(f"{who}: both ops the same", same, n, 1 / 14)
-    assert {m for s in ours for name, m in s if name == "TranslateX"} <= {rand_magnitude("TranslateX", 9, 31, "v1", h, w),
-                                                                         -rand_magnitude("TranslateX", 9, 31, "v1", h, w)}
+    shift = rand_magnitude("TranslateX", 9, 31, "v1", h, w)
+    assert {m for s in ours for name, m in s if name == "TranslateX"} <= {shift, -shift}
 
 
 def test_pixel_ops_op_by_op():

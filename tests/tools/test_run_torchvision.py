@@ -183,15 +183,18 @@ def _fallbacks(tv):
         ("RandAugment with a fill", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.RandAugment(fill=[128, 128, 128]), T.ToTensor()])), {}), "a fill other than 0"),
         ("RandAugment past its bins", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomResizedCrop(32), v2.RandAugment(magnitude=31), T.ToTensor()])), {}), "magnitude 31 of 31 bins"),
+            T.RandomResizedCrop(32), v2.RandAugment(magnitude=31), T.ToTensor()])), {}), "magnitude should be a bin"),
+        ("a v1 interpolation named by a string", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation="bilinear"), T.ToTensor()])), {}),
+         "a string: torchvision's v1 ops raise"),
     ]
 
 
 # Fall-back cases whose samples have one size (the others fail in the script's own collation)
 BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a subclass with its own __getitem__",
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
-             "an unantialiased tensor resize", "a dtype per type", "two dtype conversions", "TrivialAugmentWide bicubic",
-             "RandAugment with a fill")
+             "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
+             "TrivialAugmentWide bicubic", "RandAugment with a fill")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
@@ -254,6 +257,8 @@ def _stack_collate(batch):
     """A script's collate_fn: what it is given, checked to be torchvision's samples, stacked."""
     assert type(batch) is list and all(type(s) is tuple and len(s) == 2 for s in batch)
     assert all(type(x) is torch.Tensor and x.is_contiguous() and type(y) is int for x, y in batch)
+    # each its own tensor, as torchvision's: one kept holds only itself
+    assert all(x.untyped_storage().nbytes() == x.numel() * x.element_size() for x, _ in batch)
     return torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch]), len(batch)
 
 
@@ -299,10 +304,15 @@ def test_a_collate_fn_of_the_scripts_gets_torchvisions_own_samples_where_fastdat
     from torchvision import tv_tensors
     from torchvision.datasets import ImageFolder
 
+    from fastdata.run._decide import decide
+
     sizes = ImageFolder(str(folder), T.Compose([T.Resize(40), T.PILToTensor()]))
     got = []
-    loader = _served(sizes, batch_size=8, collate_fn=lambda batch: got.append(batch) or len(batch))
-    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    collate = lambda batch: got.append(batch) or len(batch)  # noqa: E731
+    reason = decide((sizes,), {"batch_size": 8, "collate_fn": collate})[1]
+    assert "not served natively: its images may come out in different sizes" in reason, reason
+    loader = _served(sizes, batch_size=8, collate_fn=collate)
+    assert not isinstance(loader._loader.dataset, rt.NativeFolder)
     assert sum(loader) == len(sizes)
     for k, batch in enumerate(got):
         assert len({x.shape for x, _ in batch}) > 1 or k  # different sizes, as torchvision's
@@ -310,8 +320,9 @@ def test_a_collate_fn_of_the_scripts_gets_torchvisions_own_samples_where_fastdat
             assert torch.equal(x, sizes[8 * k + j][0]) and y == sizes[8 * k + j][1]
     images = ImageFolder(str(folder), v2.Compose([v2.Resize((40, 40)), v2.ToImage(), v2.ToDtype(torch.float32)]))
     kinds = set()
-    loader = _served(images, batch_size=8, collate_fn=lambda batch: kinds.update(type(x) for x, _ in batch))
-    list(loader)
+    collate = lambda batch: kinds.update(type(x) for x, _ in batch)  # noqa: E731
+    assert "its samples are tv_tensors.Image" in decide((images,), {"batch_size": 8, "collate_fn": collate})[1]
+    list(_served(images, batch_size=8, collate_fn=collate))
     assert kinds == {tv_tensors.Image}
 
 

@@ -30,7 +30,8 @@ def photos(tmp_path_factory):
 def _pillow(op, imgs, params):
     if isinstance(op, ColorJitter):
         return np.stack([np.asarray(P.color_jitter(Image.fromarray(a), p)) for a, p in zip(imgs, params)])
-    return np.stack([np.asarray(P.trivial_augment(Image.fromarray(a), p, op.interpolation)) for a, p in zip(imgs, params)])
+    return np.stack([np.asarray(P.trivial_augment(Image.fromarray(a), p, op.interpolation))
+                     for a, p in zip(imgs, params)])
 
 
 def _kornia(op, batch, params):
