@@ -3,15 +3,15 @@ into fastdata's ops.
 
 `lower(dataset)` takes a `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with
 torchvision's own image loader, or torch's `Subset` of one (what `random_split` gives: `folder`),
-and reads its transform op by op (torchvision's v1 and v2
-classes, each its exact class: a subclass may do anything in its own methods) into fastdata's
-ops: the geometry (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder
-applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment) that run as Pillow runs
-them, and the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
+and reads its transform op by op (torchvision's v1 and v2 classes, each its exact class: a
+subclass may do anything in its own methods) into fastdata's ops: the geometry
+(RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder applies in one
+pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment) that run as
+Pillow runs them, the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
 ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
-RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the laid-out
-batch). It gives the reason instead for anything else, and the loader falls back to the plain
-drop-in.
+RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
+laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
+plain drop-in.
 """
 
 from __future__ import annotations
@@ -76,6 +76,12 @@ class _RandAugmentV2(fd.RandAugment):
     table = "v2"
 
 
+class _AutoAugmentV2(fd.AutoAugment):
+    """torchvision.transforms.v2's AutoAugment: v1's, with v2's Solarize thresholds."""
+
+    table = "v2"
+
+
 class Unlowerable(Exception):
     """Why a transform cannot be served natively (the run's summary says it)."""
 
@@ -134,6 +140,12 @@ def _flatten(transform: Any) -> list:
 
     if type(transform) in (T.Compose, v2.Compose):
         return [op for t in transform.transforms for op in _flatten(t)]
+    presets = sys.modules.get("torchvision.transforms._presets")
+    if presets is not None and type(transform) is presets.ImageClassification:
+        # a weights' transforms() (the model docs' evaluation): its forward is these v1 ops in turn
+        t = transform
+        return [T.Resize(t.resize_size, t.interpolation, antialias=t.antialias), T.CenterCrop(t.crop_size),
+                T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(t.mean, t.std)]
     inner = _wrapped(transform)
     return [transform] if inner is None else _flatten(inner)
 
@@ -272,14 +284,18 @@ def lower_transform(transform: Any) -> Lowering:
                 # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
                 pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
                                               (op.brightness, op.contrast, op.saturation, op.hue))))
-            elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment):
+            elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
+                         v2.AutoAugment):
                 if domain != "pil":
                     raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
                 sampling = _mode(op).value
-                if sampling not in ("nearest", "bilinear") or op.fill not in (None, 0, [0], (0,)):
+                if sampling not in ("nearest", "bilinear", "bicubic") or op.fill not in (None, 0, [0], (0,)):
                     raise Unlowerable(f"{kind} with interpolation {sampling} or a fill other than 0: fastdata lowers "
-                                      "nearest and bilinear, fill 0")
-                if cls in (T.RandAugment, v2.RandAugment):
+                                      "nearest, bilinear and bicubic, fill 0")
+                if cls in (T.AutoAugment, v2.AutoAugment):  # (its sub-policies, as the op holds them)
+                    policies = op.policies if cls is T.AutoAugment else op._policies
+                    pixel.append((_AutoAugmentV2 if cls is v2.AutoAugment else fd.AutoAugment)(policies, sampling))
+                elif cls in (T.RandAugment, v2.RandAugment):
                     pixel.append((_RandAugmentV2 if cls is v2.RandAugment else fd.RandAugment)(
                         op.num_ops, op.magnitude, op.num_magnitude_bins, sampling))
                 else:

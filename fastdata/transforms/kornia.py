@@ -1,9 +1,9 @@
-"""The device lowering of the pixel ops (ColorJitter, TrivialAugment, RandAugment): batched
-torch on any device, with the parameters `plan.plan_pixels` draws, the ones the Pillow lowering
-(`pil.py`) applies to the same (seed, epoch, sample). Each op computes what Pillow computes: the
-geometric ops in Pillow's 16.16 fixed point (nearest) or its doubles (bilinear), the blends and
-the grayscale on integer levels, the hue shift through Pillow's 8-bit HSV in the precision of its C code; Kornia gives
-Posterize and Equalize. The result is rounded to uint8 levels after each op, as Pillow's
+"""The device lowering of the pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment):
+batched torch on any device, with the parameters `plan.plan_pixels` draws, the ones the Pillow
+lowering (`pil.py`) applies to the same (seed, epoch, sample). Each op computes what Pillow
+computes: the geometric ops in Pillow's 16.16 fixed point (nearest) or its doubles (bilinear,
+bicubic), the blends and the grayscale on integer levels, the hue shift through Pillow's 8-bit
+HSV in the precision of its C code; Kornia gives Posterize and Equalize. The result is rounded to uint8 levels after each op, as Pillow's
 images are. It runs in float32 whatever autocast or TF32 setting the caller has: nothing here
 is a matmul or a convolution, and autocast is turned off around it.
 
@@ -26,7 +26,7 @@ from .pil import shear_coefficient
 PARITY = {
     "Identity": 0.0, "ShearX": 0.0, "ShearY": 0.0, "TranslateX": 0.0, "TranslateY": 0.0, "Rotate": 0.0,
     "Brightness": 0.05, "Color": 0.05, "Contrast": 0.05, "Sharpness": 0.05, "Posterize": 0.0, "Solarize": 0.0,
-    "AutoContrast": 0.05, "Equalize": 0.05,
+    "AutoContrast": 0.05, "Equalize": 0.05, "Invert": 0.0,
     "ColorJitter.brightness": 0.05, "ColorJitter.contrast": 0.05, "ColorJitter.saturation": 0.05,
     "ColorJitter.hue": 0.05,
 }
@@ -35,7 +35,7 @@ PARITY = {
 def apply_pixel_ops(images: torch.Tensor, ops: Sequence, plans: list[list[dict]]) -> torch.Tensor:
     """uint8 [N, 3, H, W] images (any device, any strides) -> the same after each op of `ops`,
     sample i with parameters plans[k][i] (from plan_pixels)."""
-    from .ops import ColorJitter, RandAugment
+    from .ops import AutoAugment, ColorJitter, RandAugment
 
     x = images.float().div_(255)
     # float32 throughout, whatever autocast the caller's loop runs under
@@ -46,12 +46,17 @@ def apply_pixel_ops(images: torch.Tensor, ops: Sequence, plans: list[list[dict]]
         for op, params in zip(ops, plans):
             if isinstance(op, ColorJitter):
                 x = color_jitter(x, params)
-            elif isinstance(op, RandAugment):  # its ops in turn, each a TrivialAugment-like op per sample
-                for r in range(op.num_ops):
-                    x = trivial_augment(x, [p["ops"][r] for p in params], op.interpolation)
+            elif isinstance(op, (RandAugment, AutoAugment)):  # its ops in turn, a TrivialAugment-like op a sample
+                rounds = max((len(p["ops"]) for p in params), default=0)
+                for r in range(rounds):  # (a sample with fewer ops takes Identity)
+                    x = trivial_augment(x, [p["ops"][r] if r < len(p["ops"]) else _IDENTITY for p in params],
+                                        op.interpolation)
             else:
                 x = trivial_augment(x, params, op.interpolation)
     return x.mul_(255).round_().clamp_(0, 255).to(torch.uint8)
+
+
+_IDENTITY = {"op": "Identity", "magnitude": 0.0}
 
 
 def _levels(x: torch.Tensor) -> torch.Tensor:
@@ -231,8 +236,48 @@ def _pil_affine_bilinear(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tenso
     return (v.trunc() * inside).div_(255).to(x.dtype)
 
 
+def _cubic(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Pillow's BICUBIC(v, v1, v2, v3, v4, d) (libImaging/Geometry.c), its terms in C's order."""
+    return b + t * ((-a + c) + t * ((2 * (a - b) + c - d) + t * (-a + b - c + d)))
+
+
+def _pil_affine_bicubic(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor:
+    """Pillow's AFFINE transform with BICUBIC sampling and fill 0 (bicubic_filter32RGB): as
+    `_pil_affine_bilinear`, over the 4x4 neighbours (indices clipped to the image; a row below
+    the first taken only where it is inside, else the row above it again), clipped to [0, 255]
+    and truncated to a level."""
+    n, c, h, w = x.shape
+    f64 = torch.float64
+    a = torch.tensor(datas, dtype=f64).to(x.device).view(n, 6, 1, 1)
+    xs = (torch.arange(w, device=x.device, dtype=f64) + 0.5).view(1, 1, w)
+    ys = (torch.arange(h, device=x.device, dtype=f64) + 0.5).view(1, h, 1)
+    xin = a[:, 0] * xs + a[:, 1] * ys + a[:, 2]
+    yin = a[:, 3] * xs + a[:, 4] * ys + a[:, 5]
+    inside = ((xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)).unsqueeze(1)
+    xin, yin = xin - 0.5, yin - 0.5
+    x0, y0 = xin.floor(), yin.floor()
+    dx, dy = (xin - x0).unsqueeze(1), (yin - y0).unsqueeze(1)
+    x0, y0 = x0.to(torch.int64) - 1, y0.to(torch.int64) - 1
+    levels = (x * 255).round().to(f64).reshape(n, c, h * w)
+
+    def row(yy: torch.Tensor) -> torch.Tensor:
+        def at(xx: torch.Tensor) -> torch.Tensor:
+            src = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
+            return levels.gather(2, src).view(n, c, h, w)
+        return _cubic(at(x0), at(x0 + 1), at(x0 + 2), at(x0 + 3), dx)
+
+    v = [row(y0)]
+    for k in (1, 2, 3):
+        below = ((y0 + k >= 0) & (y0 + k < h)).unsqueeze(1)
+        v.append(torch.where(below, row(y0 + k), v[-1]))
+    out = _cubic(*v, dy)
+    out = torch.where(out <= 0, 0.0, torch.where(out >= 255, 255.0, out.trunc()))
+    return (out * inside).div_(255).to(x.dtype)
+
+
 def _warp(x: torch.Tensor, datas: Sequence[tuple], interpolation: str) -> torch.Tensor:
-    return (_pil_affine_bilinear if interpolation == "bilinear" else _pil_affine_nearest)(x, datas)
+    warp = {"bilinear": _pil_affine_bilinear, "bicubic": _pil_affine_bicubic}.get(interpolation, _pil_affine_nearest)
+    return warp(x, datas)
 
 
 def _rotate_data(angle: float, w: int, h: int) -> tuple:
@@ -314,6 +359,8 @@ def trivial_augment(x: torch.Tensor, params: list[dict], interpolation: str = "n
             out = _autocontrast(sub)
         elif name == "Equalize":
             out = kornia.enhance.equalize(sub)
+        elif name == "Invert":
+            out = 1 - sub
         else:  # Identity
             continue
         x[rows] = _levels(out)

@@ -153,15 +153,15 @@ class ColorJitter(Op):
         object.__setattr__(self, "hue", _jitter_range("hue", self.hue, 0.0, (-0.5, 0.5)))
 
 
-_SAMPLINGS = ("nearest", "bilinear")
+_SAMPLINGS = ("nearest", "bilinear", "bicubic")
 
 
 @dataclass(frozen=True)
 class TrivialAugment(Op):
     """torchvision's TrivialAugmentWide: one of 14 ops per image, at one of `num_magnitude_bins`
     magnitudes, both drawn uniformly; signed ops take a random sign. `interpolation`: how its
-    shears, translations and rotations sample the image, "nearest" (torchvision's default) or
-    "bilinear" (its references' recipes), as Pillow samples."""
+    shears, translations and rotations sample the image, "nearest" (torchvision's default),
+    "bilinear" or "bicubic" (its references' recipes), as Pillow samples."""
 
     num_magnitude_bins: int = 31
     interpolation: str = "nearest"
@@ -197,6 +197,32 @@ class RandAugment(Op):
         if not (_is_int(self.magnitude) and 0 <= self.magnitude < self.num_magnitude_bins):
             raise ValueError(f"RandAugment magnitude should be a bin in [0, {self.num_magnitude_bins}), "
                              f"but got {self.magnitude!r}")
+        _check_sampling(self)
+
+
+@dataclass(frozen=True)
+class AutoAugment(Op):
+    """torchvision's AutoAugment with the sub-policies it holds (`policies`: each a tuple of (op,
+    probability, magnitude bin or None)): per image one sub-policy drawn uniformly, each of its
+    ops applied with its probability, at its bin of RandAugment's tables over 10 bins; signed ops
+    take a random sign. `fastdata run` reads the policies from the script's op (not a public
+    name: torchvision's policies are its own)."""
+
+    policies: tuple
+    interpolation: str = "nearest"
+    table = "v1"  # as TrivialAugment's: whose Solarize thresholds (a class attribute, not a field)
+
+    def __post_init__(self) -> None:
+        from .plan import AUTO_OPS
+
+        policies = tuple(tuple((str(name), float(p), None if b is None else int(b)) for name, p, b in sub)
+                         for sub in self.policies)
+        for name, p, b in (step for sub in policies for step in sub):
+            if name not in AUTO_OPS or not 0.0 <= p <= 1.0 or not (b is None or 0 <= b < 10):
+                raise ValueError(f"AutoAugment sub-policy step ({name!r}, {p}, {b}) is not one fastdata runs")
+        if not policies:
+            raise ValueError("AutoAugment should get at least one sub-policy")
+        object.__setattr__(self, "policies", policies)
         _check_sampling(self)
 
 

@@ -111,7 +111,7 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
     from PIL import Image, ImageEnhance, ImageOps
 
     name, m = p["op"], p["magnitude"]
-    resample = Image.BILINEAR if interpolation == "bilinear" else Image.NEAREST
+    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}.get(interpolation, Image.NEAREST)
     if name == "ShearX":
         return img.transform(img.size, Image.AFFINE, (1, shear_coefficient(name, m), 0, 0, 1, 0), resample,
                              fillcolor=(0, 0, 0))
@@ -140,6 +140,8 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
         return ImageOps.autocontrast(img)
     if name == "Equalize":
         return ImageOps.equalize(img)
+    if name == "Invert":
+        return ImageOps.invert(img)
     return img
 
 
@@ -153,7 +155,7 @@ def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
     for op, p in zip(ops, params):
         if isinstance(op, ColorJitter):
             img = color_jitter(img, p)
-        else:  # TrivialAugment (one op) or RandAugment (its ops in turn)
+        else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
             for one in p.get("ops", (p,)):
                 img = trivial_augment(img, one, op.interpolation)
     row[...] = np.asarray(img)

@@ -176,6 +176,8 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
 _PIXEL_STREAM = 1 << 20
 TRIVIAL_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
                "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
+AUTO_OPS = (*TRIVIAL_OPS, "Invert")  # AutoAugment's policies name Invert too
+_AUTO_BINS = 10  # AutoAugment's tables: RandAugment's over 10 bins
 _SIGNED = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness"}
 
 
@@ -238,14 +240,16 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
                 size: tuple[int, int] | None = None) -> list[list[dict]]:
     """Per op, per sample: the parameters each engine applies (a dict per sample). `size`: the
     images' (h, w), which RandAugment's translations are a fraction of."""
-    from .ops import ColorJitter, RandAugment, TrivialAugment
+    from .ops import AutoAugment, ColorJitter, RandAugment, TrivialAugment
 
     plans = []
     for k, op in enumerate(ops):
-        if isinstance(op, RandAugment):
+        if isinstance(op, (RandAugment, AutoAugment)):
             if size is None:
-                raise ValueError("RandAugment's plan needs the images' size")
-            plans.append(_plan_rand(op, uniforms(seed, epoch, indices, _PIXEL_STREAM + k, 2 * op.num_ops), size))
+                raise ValueError(f"{type(op).__name__}'s plan needs the images' size")
+            draws = 2 * op.num_ops if isinstance(op, RandAugment) else 1 + 2 * max(map(len, op.policies))
+            u = uniforms(seed, epoch, indices, _PIXEL_STREAM + k, draws)
+            plans.append(_plan_rand(op, u, size) if isinstance(op, RandAugment) else _plan_auto(op, u, size))
             continue
         u = uniforms(seed, epoch, indices, _PIXEL_STREAM + k, 8)
         if isinstance(op, ColorJitter):
@@ -285,5 +289,23 @@ def _plan_rand(op, u: np.ndarray, size: tuple[int, int]) -> list[dict]:
             if name in _SIGNED and row[2 * r + 1] < 0.5:
                 mag = -mag
             chosen.append({"op": name, "magnitude": mag})
+        params.append({"ops": chosen})
+    return params
+
+
+def _plan_auto(op, u: np.ndarray, size: tuple[int, int]) -> list[dict]:
+    """AutoAugment's parameters per sample: {"ops": [{"op", "magnitude"}, ...]}, the ops of one
+    sub-policy (from the sample's first uniform) that pass their probability, each with its
+    sign (two uniforms an op)."""
+    policies = op.policies
+    params = []
+    for row in u:
+        chosen = []
+        for r, (name, p, bin_) in enumerate(policies[min(int(row[0] * len(policies)), len(policies) - 1)]):
+            if row[1 + 2 * r] < p:
+                mag = 0.0 if bin_ is None else rand_magnitude(name, bin_, _AUTO_BINS, op.table, *size)
+                if name in _SIGNED and row[2 + 2 * r] < 0.5:
+                    mag = -mag
+                chosen.append({"op": name, "magnitude": mag})
         params.append({"ops": chosen})
     return params

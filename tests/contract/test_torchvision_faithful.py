@@ -40,8 +40,9 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._torchvision import Finish, NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
+from fastdata.transforms.ops import AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's, not exported)
 from fastdata.transforms.plan import (  # noqa: E402
-    TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
+    AUTO_OPS, TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
 
 # The torchvision side draws tens of thousands of parameters and decodes a few dozen images.
 pytestmark = pytest.mark.timeout(300)
@@ -359,6 +360,57 @@ def test_rand_augment_table():
     assert lower_transform(T.Compose([T.RandAugment(num_ops=1), T.ToTensor()])).random is True
 
 
+def test_auto_augment_table_and_policies():
+    """AutoAugment's (op, bin) -> magnitude (RandAugment's tables over 10 bins, and Invert) is
+    torchvision's, v1's and v2's, and the lowering keeps each policy's sub-policies as the op
+    holds them."""
+    for h, w in RA_SIZES:
+        one = T.AutoAugment()._augmentation_space(10, (h, w))
+        assert set(one) <= set(AUTO_OPS)
+        for name in one:
+            mags, _ = one[name]
+            mags2 = v2.AutoAugment._AUGMENTATION_SPACE[name][0](10, h, w)
+            for b in range(10):
+                want1 = float(mags[b]) if mags.ndim else 0.0
+                want2 = 0.0 if mags2 is None else float(mags2[b]) * (255.0 if name == "Solarize" else 1.0)
+                assert rand_magnitude(name, b, 10, "v1", h, w) == want1, (name, b, h, w)
+                assert rand_magnitude(name, b, 10, "v2", h, w) == want2, (name, b, h, w, "v2")
+    for policy in T.AutoAugmentPolicy:
+        for cls, table in ((T.AutoAugment, "v1"), (v2.AutoAugment, "v2")):
+            tv = cls(policy, interpolation=BILINEAR)
+            (op,) = lower_transform(T.Compose([tv, T.ToTensor()])).pixel_ops
+            held = tv.policies if cls is T.AutoAugment else tv._policies
+            assert isinstance(op, FdAutoAugment) and op.table == table and op.interpolation == "bilinear"
+            assert op.policies == tuple(tuple((n, float(p), b) for n, p, b in sub) for sub in held)
+
+
+def test_auto_augment_draws():
+    """One sub-policy a sample, uniformly; each op applied with its probability, signed half the
+    time: the distribution of the ops a sample gets is torchvision's (its v1 forward's draws
+    replayed under a fixed torch seed)."""
+    n, (h, w) = 4000, (96, 128)
+    aa = T.AutoAugment()
+    space = aa._augmentation_space(10, (h, w))
+    torch.manual_seed(0)
+    tv = []
+    for _ in range(n):
+        transform_id, probs, signs = aa.get_params(len(aa.policies))
+        sample = []
+        for i, (name, p, b) in enumerate(aa.policies[transform_id]):
+            if probs[i] <= p:
+                mags, signed = space[name]
+                m = float(mags[b].item()) if b is not None else 0.0
+                sample.append((name, -m if signed and signs[i] == 0 else m))
+        tv.append(tuple(sample))
+    (plan,) = plan_pixels([FdAutoAugment(aa.policies)], 3, 0, np.arange(n, dtype=np.int64), (h, w))
+    ours = [tuple((q["op"], float(q["magnitude"])) for q in p["ops"]) for p in plan]
+    rounded = lambda draws: [tuple((a, round(m, 4)) for a, m in s) for s in draws]  # noqa: E731
+    rank = {k: r for r, k in enumerate(sorted(set(rounded(tv)) | set(rounded(ours))))}
+    assert_same_distribution("AutoAugment's ops a sample", [rank[s] for s in rounded(tv)],
+                             [rank[s] for s in rounded(ours)])
+    assert {s[0][0] for s in ours if s} >= {"Invert", "Equalize", "Posterize", "Solarize", "Rotate"}
+
+
 def _tv_rand_draws(n: int, seed: int, h: int, w: int) -> list[tuple]:
     """Each sample's ((op, magnitude), (op, magnitude)) as torchvision's v1 RandAugment.forward
     draws them (its RNG calls replayed under a fixed torch seed)."""
@@ -405,11 +457,11 @@ def test_rand_augment_draws():
 def test_pixel_ops_op_by_op():
     """The Pillow ops fastdata's pixel ops run are torchvision's on PIL images, bit for bit:
     every TrivialAugmentWide op at several of its and RandAugment's magnitudes (both signs),
-    nearest and bilinear, each ColorJitter adjustment."""
+    nearest, bilinear and bicubic, each ColorJitter adjustment."""
     rng = np.random.default_rng(1)
     img = Image.fromarray(_content(rng, 96, 80))
     space = T.TrivialAugmentWide()._augmentation_space(31)
-    for sampling in (NEAREST, BILINEAR):
+    for sampling in (NEAREST, BILINEAR, BICUBIC):
         for name in TRIVIAL_OPS:
             for b in (0, 1, 7, 9, 15, 16, 20, 30):
                 for sign in ((1, -1) if space[name][1] else (1,)):
@@ -794,10 +846,13 @@ def test_pixel_ops_on_served_images(folder):
 @pytest.mark.parametrize("make", [lambda: T.TrivialAugmentWide(interpolation=BILINEAR),
                                   lambda: T.RandAugment(interpolation=BILINEAR),
                                   lambda: v2.RandAugment(num_ops=3, magnitude=14, interpolation=BILINEAR),
-                                  lambda: v2.TrivialAugmentWide()],
-                         ids=["TrivialAugmentWide bilinear", "RandAugment bilinear", "v2 RandAugment", "v2 TA nearest"])
+                                  lambda: v2.TrivialAugmentWide(), lambda: T.AutoAugment(interpolation=BILINEAR),
+                                  lambda: v2.AutoAugment(T.AutoAugmentPolicy.SVHN),
+                                  lambda: T.TrivialAugmentWide(interpolation=BICUBIC)],
+                         ids=["TrivialAugmentWide bilinear", "RandAugment bilinear", "v2 RandAugment", "v2 TA nearest",
+                              "AutoAugment bilinear", "v2 AutoAugment SVHN", "TrivialAugmentWide bicubic"])
 def test_augment_ops_on_served_images(folder, make):
-    """TrivialAugmentWide and RandAugment as served (the references' recipes: bilinear) are
+    """TrivialAugmentWide, RandAugment and AutoAugment as served (the references' recipes: bilinear) are
     torchvision's own ops, bit for bit, on the image fastdata decoded, for the ops, magnitudes
     and signs fastdata drew, over three batches."""
     op = make()
@@ -822,7 +877,7 @@ def test_augment_ops_on_served_images(folder, make):
             want = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)
             assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {plan[k]}: " \
                 f"{int((post[k] != want).sum())} values differ"
-    assert len(drawn) >= 10, f"only {sorted(drawn)} drawn"
+    assert len(drawn) >= 8, f"only {sorted(drawn)} drawn"
 
 
 @pytest.mark.xfail(strict=True, reason="the native resampler (Pillow's resize(box=) arithmetic) reads source pixels "

@@ -177,9 +177,9 @@ def _fallbacks(tv):
          "a second dtype conversion"),
         ("a batch_size of None", lambda r: (ImageFolder(r, T.Compose(train)), {"batch_size": None}),
          "batch_size=None"),
-        ("TrivialAugmentWide bicubic", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation=T.InterpolationMode.BICUBIC), T.ToTensor()])),
-            {}), "interpolation bicubic"),
+        ("TrivialAugmentWide nearest-exact", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation=T.InterpolationMode.NEAREST_EXACT),
+            T.ToTensor()])), {}), "interpolation nearest-exact"),
         ("RandAugment with a fill", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.RandAugment(fill=[128, 128, 128]), T.ToTensor()])), {}), "a fill other than 0"),
         ("RandAugment past its bins", lambda r: (ImageFolder(r, T.Compose([
@@ -194,7 +194,7 @@ def _fallbacks(tv):
 BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a subclass with its own __getitem__",
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
-             "TrivialAugmentWide bicubic", "RandAugment with a fill")
+             "TrivialAugmentWide nearest-exact", "RandAugment with a fill")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
@@ -250,6 +250,23 @@ def test_served_natively_batches_as_torchvision_gives_them(tv, folder, kind, wor
             assert torch.equal(_class_of(images, kind in ("v1", "v2")), labels - 100)
             seen += labels.tolist()
         assert sorted(seen) == sorted(t + 100 for t in dataset.targets)
+    loader._stop()
+
+
+@pytest.mark.parametrize("weights", ["ResNet50_Weights.IMAGENET1K_V2", "EfficientNet_B0_Weights.IMAGENET1K_V1"])
+def test_a_weights_transforms_is_served_natively(tv, folder, weights):
+    """A weights' `transforms()` (torchvision's ImageClassification preset: the model docs'
+    evaluation, bilinear 232/224 and bicubic 256/224 here) is served natively, its batches
+    torchvision's bit for bit."""
+    import torchvision.models as models
+    from torchvision.datasets import ImageFolder
+
+    name, member = weights.split(".")
+    dataset = ImageFolder(str(folder), getattr(models, name)[member].transforms())
+    loader = _served(dataset, batch_size=10, num_workers=0)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    for (a, y), (b, z) in zip(loader, torch.utils.data.DataLoader(dataset, batch_size=10), strict=True):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b) and torch.equal(y, z)
     loader._stop()
 
 

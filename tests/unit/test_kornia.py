@@ -12,6 +12,7 @@ from PIL import Image
 
 from fastdata.synthetic import make_file_list, make_imagenet_like
 from fastdata.transforms import ColorJitter, RandAugment, TrivialAugment
+from fastdata.transforms.ops import AutoAugment
 from fastdata.transforms import pil as P
 from fastdata.transforms.plan import TRIVIAL_OPS, plan_pixels, trivial_magnitude
 
@@ -38,10 +39,10 @@ def _kornia(op, batch, params):
     return K.apply_pixel_ops(batch, [op], [params]).permute(0, 2, 3, 1).numpy()
 
 
-@pytest.mark.parametrize("sampling", ["nearest", "bilinear"])
+@pytest.mark.parametrize("sampling", ["nearest", "bilinear", "bicubic"])
 @pytest.mark.parametrize("name", TRIVIAL_OPS)
 def test_trivial_augment_ops_match_pillow(photos, name, sampling):
-    if sampling == "bilinear" and name not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
+    if sampling != "nearest" and name not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
         pytest.skip("only the geometric ops sample")
     imgs, batch = photos
     op = TrivialAugment(interpolation=sampling)
@@ -58,7 +59,7 @@ def test_trivial_augment_ops_match_pillow(photos, name, sampling):
         assert np.abs(ref.astype(int) - np.stack(imgs).astype(int)).mean() > 3 * K.PARITY[name]  # the op does something
 
 
-@pytest.mark.parametrize("sampling", ["nearest", "bilinear"])
+@pytest.mark.parametrize("sampling", ["nearest", "bilinear", "bicubic"])
 @pytest.mark.parametrize("size", [(56, 72), (64, 64)])
 def test_rotations_pillow_turns_exactly_match_pillow(photos, sampling, size):
     """Pillow turns by 0 and 180 degrees, and by 90 and 270 on a square image, by transposing,
@@ -73,20 +74,30 @@ def test_rotations_pillow_turns_exactly_match_pillow(photos, sampling, size):
     assert np.array_equal(out, ref), np.abs(out.astype(int) - ref.astype(int)).reshape(7, -1).max(axis=1)
 
 
-def test_rand_augment_plan_matches_pillow_per_sample(photos):
-    """RandAugment (each sample its own two ops, bilinear) with the parameters plan_pixels draws
-    for the batch's size: every sample equal to its Pillow twin but for a rare level."""
+@pytest.mark.parametrize("kind", ["rand", "auto"])
+def test_rand_and_auto_augment_plans_match_pillow_per_sample(photos, kind):
+    """RandAugment (each sample its own two ops, bilinear) and AutoAugment (a sub-policy a sample,
+    each op with its probability: samples with 0, 1 or 2 ops, Invert among them; bicubic) with
+    the parameters plan_pixels draws for the batch's size: every sample equal to its Pillow twin
+    but for a rare level."""
     imgs, batch = photos
-    ops = [RandAugment(num_ops=2, magnitude=9, interpolation="bilinear")]
-    (plan,) = plan_pixels(ops, 5, 1, np.arange(len(imgs)), (56, 72))
-    assert all(len(p["ops"]) == 2 for p in plan) and len({q["op"] for p in plan for q in p["ops"]}) > 4
-    translations = [q["magnitude"] for p in plan for q in p["ops"] if q["op"] == "TranslateX"]
-    assert all(abs(abs(m) - 150 / 331 * 72 * 9 / 30) < 1e-4 for m in translations)  # bin 9 of 31, 72 wide
+    if kind == "rand":
+        op = RandAugment(num_ops=2, magnitude=9, interpolation="bilinear")
+        (plan,) = plan_pixels([op], 5, 1, np.arange(len(imgs)), (56, 72))
+        assert all(len(p["ops"]) == 2 for p in plan) and len({q["op"] for p in plan for q in p["ops"]}) > 4
+        translations = [q["magnitude"] for p in plan for q in p["ops"] if q["op"] == "TranslateX"]
+        assert all(abs(abs(m) - 150 / 331 * 72 * 9 / 30) < 1e-4 for m in translations)  # bin 9 of 31, 72 wide
+    else:
+        op = AutoAugment(((("Invert", 0.6, None), ("Rotate", 0.5, 8)), (("ShearX", 0.7, 4), ("Invert", 0.4, None)),
+                          (("Posterize", 0.8, 5), ("Equalize", 1.0, None))), interpolation="bicubic")
+        (plan,) = plan_pixels([op], 2, 0, np.arange(len(imgs)), (56, 72))
+        assert {len(p["ops"]) for p in plan} >= {1, 2} and "Invert" in {q["op"] for p in plan for q in p["ops"]}
+    ops = [op]
     out = K.apply_pixel_ops(batch, ops, [plan]).permute(0, 2, 3, 1).numpy().astype(int)
     for i, a in enumerate(imgs):
         ref = Image.fromarray(a)
         for q in plan[i]["ops"]:
-            ref = P.trivial_augment(ref, q, "bilinear")
+            ref = P.trivial_augment(ref, q, op.interpolation)
         assert np.abs(out[i] - np.asarray(ref).astype(int)).mean() < 0.01, (i, plan[i])
 
 
