@@ -154,6 +154,10 @@ class ColorJitter(Op):
 
 
 _SAMPLINGS = ("nearest", "bilinear", "bicubic")
+TRIVIAL_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+               "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
+AUTO_OPS = (*TRIVIAL_OPS, "Invert")  # AutoAugment's policies name Invert too
+
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,6 @@ class AutoAugment(Op):
     table = "v1"  # as TrivialAugment's: whose Solarize thresholds (a class attribute, not a field)
 
     def __post_init__(self) -> None:
-        from .plan import AUTO_OPS
-
         policies = tuple(tuple((str(name), float(p), None if b is None else int(b)) for name, p, b in sub)
                          for sub in self.policies)
         for name, p, b in (step for sub in policies for step in sub):

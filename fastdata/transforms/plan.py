@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ._random import uniforms
-from .ops import CenterCrop, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
+from .ops import TRIVIAL_OPS, CenterCrop, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
 
 _RRC_ATTEMPTS = 10  # torchvision's
 
@@ -174,9 +174,6 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter
 # does not change any crop.
 _PIXEL_STREAM = 1 << 20
-TRIVIAL_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
-               "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
-AUTO_OPS = (*TRIVIAL_OPS, "Invert")  # AutoAugment's policies name Invert too
 _AUTO_BINS = 10  # AutoAugment's tables: RandAugment's over 10 bins
 _SIGNED = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness"}
 

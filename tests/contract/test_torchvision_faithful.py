@@ -40,9 +40,9 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._torchvision import Finish, NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
-from fastdata.transforms.ops import AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's, not exported)
+from fastdata.transforms.ops import AUTO_OPS, AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's)
 from fastdata.transforms.plan import (  # noqa: E402
-    AUTO_OPS, TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
+    TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
 
 # The torchvision side draws tens of thousands of parameters and decodes a few dozen images.
 pytestmark = pytest.mark.timeout(300)
