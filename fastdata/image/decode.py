@@ -9,9 +9,9 @@ slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aw
 rows below the window are entropy-decoded too until its bytes have once decoded whole without
 error, which the checkpoint index keeps, `_codec.open_index`; from then on each window row is
 Huffman-decoded from the checkpoint before it), the rest with Pillow (Pillow-SIMD when
-installed); then the CPU pixel ops (ColorJitter, TrivialAugment, RandAugment) run on the rows in
-place. The `dali` backend runs `check` only, with the entropy check of `record.EntropyCheck`:
-DALI decodes.
+installed); then the CPU pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment) run
+on the rows in place. The `dali` backend runs `check` only, with the entropy check of
+`record.EntropyCheck`: DALI decodes.
 """
 
 from __future__ import annotations

@@ -57,11 +57,11 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
     if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
         why = (f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata's loader restores a pass's "
-               "order on load_state_dict, which it can do for torch's samplers only")
+               "order on load_state_dict, which it knows how to do for torch's samplers and fastdata's")
         return False, why, None, None
     if sampler is not None and not _known(sampler):
         return False, (f"a custom sampler ({type(sampler).__qualname__}): fastdata's loader restores a pass's order on "
-                       "load_state_dict, which it can do for torch's samplers only"), None, None
+                       "load_state_dict, which it knows how to do for torch's samplers and fastdata's"), None, None
     reason, lowering = _collation(call)
     if "num_workers" in call:
         return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering

@@ -41,7 +41,7 @@ class Lowering:
     """The script's transform as fastdata runs it."""
 
     geometry: tuple  # fastdata geometric ops, in order
-    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment, RandAugment), after the geometry
+    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment), after the geometry
     resample: str  # the resize filter of every geometric op
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary

@@ -3,9 +3,10 @@ batched torch on any device, with the parameters `plan.plan_pixels` draws, the o
 lowering (`pil.py`) applies to the same (seed, epoch, sample). Each op computes what Pillow
 computes: the geometric ops in Pillow's 16.16 fixed point (nearest) or its doubles (bilinear,
 bicubic), the blends and the grayscale on integer levels, the hue shift through Pillow's 8-bit
-HSV in the precision of its C code; Kornia gives Posterize and Equalize. The result is rounded to uint8 levels after each op, as Pillow's
-images are. It runs in float32 whatever autocast or TF32 setting the caller has: nothing here
-is a matmul or a convolution, and autocast is turned off around it.
+HSV in the precision of its C code; Kornia gives Posterize and Equalize. The result is rounded
+to uint8 levels after each op, as Pillow's images are. It runs in float32 whatever autocast or
+TF32 setting the caller has: nothing here is a matmul or a convolution, and autocast is turned
+off around it.
 
 `PARITY` is how far this lowering may be from Pillow's, per op: the mean absolute difference
 in uint8 levels over a batch of photographs (the parity tests hold it; the README shows it).

@@ -159,7 +159,6 @@ TRIVIAL_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rota
 AUTO_OPS = (*TRIVIAL_OPS, "Invert")  # AutoAugment's policies name Invert too
 
 
-
 @dataclass(frozen=True)
 class TrivialAugment(Op):
     """torchvision's TrivialAugmentWide: one of 14 ops per image, at one of `num_magnitude_bins`
@@ -320,7 +319,8 @@ class Compose:
 
     @property
     def pixel_ops(self) -> tuple[Op, ...]:
-        """Per-sample ops that change values, not geometry (ColorJitter, TrivialAugment, RandAugment)."""
+        """Per-sample ops that change values, not geometry (ColorJitter, TrivialAugment, RandAugment,
+        AutoAugment)."""
         return tuple(op for op in self.ops if not op.geometric and not op.batch)
 
     @property

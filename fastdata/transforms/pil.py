@@ -67,7 +67,8 @@ def size_of(data: bytes) -> tuple[int, int]:
             return img.size
 
 
-# ---- pixel ops (ColorJitter, TrivialAugment, RandAugment) on a PIL image, with parameters from plan_pixels
+# ---- pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment) on a PIL image, with
+# parameters from plan_pixels
 
 def _hue(img, shift: float):
     from PIL import Image

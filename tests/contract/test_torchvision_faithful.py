@@ -852,9 +852,9 @@ def test_pixel_ops_on_served_images(folder):
                          ids=["TrivialAugmentWide bilinear", "RandAugment bilinear", "v2 RandAugment", "v2 TA nearest",
                               "AutoAugment bilinear", "v2 AutoAugment SVHN", "TrivialAugmentWide bicubic"])
 def test_augment_ops_on_served_images(folder, make):
-    """TrivialAugmentWide, RandAugment and AutoAugment as served (the references' recipes: bilinear) are
-    torchvision's own ops, bit for bit, on the image fastdata decoded, for the ops, magnitudes
-    and signs fastdata drew, over three batches."""
+    """TrivialAugmentWide, RandAugment and AutoAugment as served (nearest, and the references'
+    recipes' bilinear and bicubic) are torchvision's own ops, bit for bit, on the image fastdata
+    decoded, for the ops, magnitudes and signs fastdata drew, over three batches."""
     op = make()
     geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
     plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)

@@ -130,9 +130,13 @@ def test_planned_pipeline_matches_pillow_per_sample(photos):
         assert diff < min(np.abs(out[j] - ref).mean() for j in range(len(refs)) if j != i)
 
 
-def _mixed_plans(n: int):
-    ops = [ColorJitter(0.4, 0.4, 0.4, 0.1), TrivialAugment()]
-    return ops, [plan_pixels(ops, 11, epoch, np.arange(n)) for epoch in range(4)]
+def _mixed_plans(n: int, size: tuple = (56, 72)):
+    """ColorJitter, TrivialAugment, and bilinear RandAugment and bicubic AutoAugment (Invert
+    among their ops): every sampling and op of the device lowering."""
+    policies = ((("Invert", 0.6, None), ("Rotate", 0.7, 8)), (("ShearY", 0.8, 6), ("TranslateX", 0.6, 3)))
+    ops = [ColorJitter(0.4, 0.4, 0.4, 0.1), TrivialAugment(), RandAugment(interpolation="bilinear"),
+           AutoAugment(policies, interpolation="bicubic")]
+    return ops, [plan_pixels(ops, 11, epoch, np.arange(n), size) for epoch in range(4)]
 
 
 def test_autocast_changes_nothing(photos):
