@@ -236,7 +236,7 @@ def rand_magnitude(name: str, bin_: int, bins: int, table: str, height: int, wid
 def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
                 size: tuple[int, int] | None = None) -> list[list[dict]]:
     """Per op, per sample: the parameters each engine applies (a dict per sample). `size`: the
-    images' (h, w), which RandAugment's translations are a fraction of."""
+    images' (h, w), which RandAugment's and AutoAugment's translations are a fraction of."""
     from .ops import AutoAugment, ColorJitter, RandAugment, TrivialAugment
 
     plans = []
