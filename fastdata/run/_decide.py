@@ -86,8 +86,9 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         return f"{collation}; not served natively: {why}", None
     if lowering is not None and call.get("batch_size", 1) is None:
         return f"{collation}; not served natively: batch_size=None (samples one by one)", None
-    if lowering is not None and own and samples_refused(lowering):
-        return f"{collation}; not served natively: {samples_refused(lowering)}", None
+    refused = samples_refused(lowering) if lowering is not None and own else ""
+    if refused:
+        return f"{collation}; not served natively: {refused}", None
     if lowering is not None:
         shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
         return (f"served natively: {shown} with {lowering.names} decoded by fastdata"

@@ -205,12 +205,14 @@ def _pil_affine_nearest(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor
     return out * inside.unsqueeze(1).to(x.dtype)
 
 
-def _pil_affine_bilinear(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor:
-    """Pillow's AFFINE transform with BILINEAR sampling and fill 0 (libImaging/Geometry.c,
-    affine_transform and bilinear_filter32RGB): each output pixel's centre mapped in doubles;
-    outside the image 0; else its four neighbours (indices clipped to the image; the lower row
-    taken only where it is inside) blended along x, then along y, and truncated to a level. In
-    float64, one torch op per C expression in C's order, so every device computes Pillow's doubles."""
+def _source_points(x: torch.Tensor, datas: Sequence[tuple]) -> tuple:
+    """Where Pillow's AFFINE transform samples each output pixel (libImaging/Geometry.c,
+    affine_transform and the filters' HEAD): its centre mapped in doubles, sample i with
+    datas[i]; (inside: [N, 1, H, W], whether that point is in the image (else the pixel is
+    fill 0); x0, y0: [N, H, W] int64, the pixel below and left of the point less 0.5; dx, dy:
+    [N, 1, H, W], its fractions; at(yy, xx): the images' levels at those pixels, each index
+    clipped to the image, as float64 [N, C, H, W]). In float64, one torch op per C expression
+    in C's order, so every device computes Pillow's doubles."""
     n, c, h, w = x.shape
     f64 = torch.float64
     a = torch.tensor(datas, dtype=f64).to(x.device).view(n, 6, 1, 1)
@@ -222,17 +224,28 @@ def _pil_affine_bilinear(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tenso
     xin, yin = xin - 0.5, yin - 0.5
     x0, y0 = xin.floor(), yin.floor()
     dx, dy = (xin - x0).unsqueeze(1), (yin - y0).unsqueeze(1)
-    x0, y0 = x0.to(torch.int64), y0.to(torch.int64)
     levels = (x * 255).round().to(f64).reshape(n, c, h * w)
 
     def at(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
         src = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
         return levels.gather(2, src).view(n, c, h, w)
 
+    return inside, x0.to(torch.int64), y0.to(torch.int64), dx, dy, at
+
+
+def _row_inside(y: torch.Tensor, h: int) -> torch.Tensor:
+    return ((y >= 0) & (y < h)).unsqueeze(1)
+
+
+def _pil_affine_bilinear(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor:
+    """Pillow's AFFINE transform with BILINEAR sampling and fill 0 (bilinear_filter32RGB): at
+    each point (`_source_points`), its four neighbours blended along x, then along y (the lower
+    row taken only where it is inside, else the upper again), truncated to a level."""
+    inside, x0, y0, dx, dy, at = _source_points(x, datas)
     left, right = at(y0, x0), at(y0, x0 + 1)
     v1 = left + (right - left) * dx
     left, right = at(y0 + 1, x0), at(y0 + 1, x0 + 1)
-    v2 = torch.where(((y0 + 1 >= 0) & (y0 + 1 < h)).unsqueeze(1), left + (right - left) * dx, v1)
+    v2 = torch.where(_row_inside(y0 + 1, x.shape[2]), left + (right - left) * dx, v1)
     v = v1 + (v2 - v1) * dy
     return (v.trunc() * inside).div_(255).to(x.dtype)
 
@@ -243,34 +256,18 @@ def _cubic(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, t
 
 
 def _pil_affine_bicubic(x: torch.Tensor, datas: Sequence[tuple]) -> torch.Tensor:
-    """Pillow's AFFINE transform with BICUBIC sampling and fill 0 (bicubic_filter32RGB): as
-    `_pil_affine_bilinear`, over the 4x4 neighbours (indices clipped to the image; a row below
-    the first taken only where it is inside, else the row above it again), clipped to [0, 255]
-    and truncated to a level."""
-    n, c, h, w = x.shape
-    f64 = torch.float64
-    a = torch.tensor(datas, dtype=f64).to(x.device).view(n, 6, 1, 1)
-    xs = (torch.arange(w, device=x.device, dtype=f64) + 0.5).view(1, 1, w)
-    ys = (torch.arange(h, device=x.device, dtype=f64) + 0.5).view(1, h, 1)
-    xin = a[:, 0] * xs + a[:, 1] * ys + a[:, 2]
-    yin = a[:, 3] * xs + a[:, 4] * ys + a[:, 5]
-    inside = ((xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)).unsqueeze(1)
-    xin, yin = xin - 0.5, yin - 0.5
-    x0, y0 = xin.floor(), yin.floor()
-    dx, dy = (xin - x0).unsqueeze(1), (yin - y0).unsqueeze(1)
-    x0, y0 = x0.to(torch.int64) - 1, y0.to(torch.int64) - 1
-    levels = (x * 255).round().to(f64).reshape(n, c, h * w)
+    """Pillow's AFFINE transform with BICUBIC sampling and fill 0 (bicubic_filter32RGB): at each
+    point (`_source_points`), its 4x4 neighbours (a row below the first taken only where it is
+    inside, else the row above it again), clipped to [0, 255] and truncated to a level."""
+    inside, x0, y0, dx, dy, at = _source_points(x, datas)
+    x0, y0 = x0 - 1, y0 - 1
 
     def row(yy: torch.Tensor) -> torch.Tensor:
-        def at(xx: torch.Tensor) -> torch.Tensor:
-            src = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
-            return levels.gather(2, src).view(n, c, h, w)
-        return _cubic(at(x0), at(x0 + 1), at(x0 + 2), at(x0 + 3), dx)
+        return _cubic(at(yy, x0), at(yy, x0 + 1), at(yy, x0 + 2), at(yy, x0 + 3), dx)
 
     v = [row(y0)]
     for k in (1, 2, 3):
-        below = ((y0 + k >= 0) & (y0 + k < h)).unsqueeze(1)
-        v.append(torch.where(below, row(y0 + k), v[-1]))
+        v.append(torch.where(_row_inside(y0 + k, x.shape[2]), row(y0 + k), v[-1]))
     out = _cubic(*v, dy)
     out = torch.where(out <= 0, 0.0, torch.where(out >= 255, 255.0, out.trunc()))
     return (out * inside).div_(255).to(x.dtype)
