@@ -31,7 +31,8 @@ import torch.utils.data.dataloader
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ._lowering import Lowering, folder, lower, samples_refused
+from ._arrays import lower_any
+from ._lowering import Lowering, folder, samples_refused
 from ._shm import shm_room
 from .._collate import collate as native_collate
 
@@ -71,6 +72,9 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     if _scripts_collate(call):
         return True, (f"{reason}; num_workers=0 kept: workers would run the script's collate_fn (its state, its "
                       "random draws)"), None, lowering
+    if lowering.in_memory:
+        return True, (f"{reason}; num_workers=0 kept: an in-memory dataset's batches are cut from its arrays in this "
+                      "process, faster than workers would ship them"), None, lowering
     auto, why = auto_workers(call, lowering)
     if not auto:
         return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
@@ -81,7 +85,7 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
     """How a served loader's batches are made (for the summary), and a natively served folder's lowering."""
     own = _scripts_collate(call)
     collation = "the script's collate_fn" if own else "native collation"
-    lowering, why = lower(call.get("dataset"))
+    lowering, why = lower_any(call.get("dataset"))
     if why:
         return f"{collation}; not served natively: {why}", None
     if lowering is not None and call.get("batch_size", 1) is None:
@@ -91,7 +95,8 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         return f"{collation}; not served natively: {refused}", None
     if lowering is not None:
         shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
-        return (f"served natively: {shown} with {lowering.names} decoded by fastdata"
+        how = "run on its arrays" if lowering.in_memory else "decoded"
+        return (f"served natively: {shown} with {lowering.names} {how} by fastdata"
                 + (", its samples batched by the script's collate_fn" if own else "")), lowering
     return "the script's collate_fn (no native collation)" if own else collation, None
 

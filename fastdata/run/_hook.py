@@ -36,7 +36,8 @@ import torch.utils.data.dataloader
 from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
 from ._decide import SIGNATURE, decide, start_method
-from ._lowering import folder, lower
+from ._arrays import NativeArrays, lower_any
+from ._lowering import folder
 from ._torchvision import Finish, NativeFolder
 from .._collate import collate as native_collate
 from .._workers import wait_forever
@@ -151,7 +152,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         carry = added is True or (self.num_workers > 0 and self.num_workers == added)
         # (a collate_fn of the script's batches the samples: they are laid out where they are fetched)
         samples = self.collate_fn is not native_collate
-        return dataset if lowering is None else NativeFolder(dataset, lowering, carry=carry, samples=samples)
+        if lowering is None:
+            return dataset
+        return (NativeArrays if lowering.in_memory else NativeFolder)(dataset, lowering, carry=carry, samples=samples)
 
     def _to_device(self, it: Any, timed: bool) -> Any:
         finish = getattr(self, "_fastdata_finish", None)
@@ -177,7 +180,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
             return None
         if start_method() != "fork":
             return f"they would start by {start_method()}, which runs the script's main module again"
-        if lower(self.dataset)[0] is None:
+        if lower_any(self.dataset)[0] is None:
             return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
         if getattr(folder(self.dataset), "target_transform", None) is not None:
             return "its dataset has a target_transform now, the script's code (its state would move to them)"

@@ -50,6 +50,9 @@ class Lowering:
     # default_collate's batch is a plain tensor either way, a collate_fn of the script's sees the type
     tv_image: bool = False
     sized: bool = True  # whether every image comes out one size (else a batch's may differ)
+    # an in-memory dataset's (`fastdata.run._arrays`): its images' channels, and `geometry` is array ops
+    channels: int = 3
+    in_memory: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -60,6 +63,8 @@ class Lowering:
         """Whether the transform has a random op. torchvision's draw from torch's RNG whatever
         their parameters (a flip with p=1 too); the others draw nothing."""
         drawing = [op for op in self.pixel_ops if not (isinstance(op, fd.RandAugment) and op.num_ops == 0)]
+        if self.in_memory:  # (its geometry: `_arrays`' ops, tuples)
+            return bool(self.erasing) or any(op[0] in ("crop", "flip") for op in self.geometry)
         return bool(drawing or self.erasing) or any(
             isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip)) for op in self.geometry)
 
@@ -134,12 +139,13 @@ def samples_refused(lowering: Lowering) -> str:
     return ""
 
 
-def _flatten(transform: Any) -> list:
+def flatten(transform: Any) -> list:
+    """The ops a transform runs in turn (Composes and thin wrappers opened, a weights' preset expanded)."""
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
     if type(transform) in (T.Compose, v2.Compose):
-        return [op for t in transform.transforms for op in _flatten(t)]
+        return [op for t in transform.transforms for op in flatten(t)]
     presets = sys.modules.get("torchvision.transforms._presets")
     if presets is not None and type(transform) is presets.ImageClassification:
         # a weights' transforms() (the model docs' evaluation): its forward is these v1 ops in turn
@@ -147,7 +153,7 @@ def _flatten(transform: Any) -> list:
         return [T.Resize(t.resize_size, t.interpolation, antialias=t.antialias), T.CenterCrop(t.crop_size),
                 T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(t.mean, t.std)]
     inner = _wrapped(transform)
-    return [transform] if inner is None else _flatten(inner)
+    return [transform] if inner is None else flatten(inner)
 
 
 class _Preset:  # a thin wrapper of a Compose, as torchvision's references' presets.py writes one
@@ -217,7 +223,7 @@ def lower_transform(transform: Any) -> Lowering:
 
     if transform is None:
         raise Unlowerable("no transform: the samples are PIL images, which fastdata does not lay out")
-    ops = _flatten(transform)
+    ops = flatten(transform)
     names = ", ".join(type(op).__name__ for op in ops)
     geometry: list = []
     pixel: list = []

@@ -10,12 +10,12 @@ decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMY
 as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
 which crosses to the main process as uint8; there `Finish` lays it out as default_collate would
 have: `[images, targets]`, the images a contiguous NCHW tensor of the dtype the transform ends
-in. For a collate_fn of the script's, the batch is laid out where it is fetched, as
-torchvision's samples: a list of (CHW tensor, target). Labels are the dataset's, through its
-`target_transform`. Random parameters follow
-torchvision's distributions, drawn per batch from a seed the process's torch RNG gives (in a
-worker, the seed torch gave that worker), as torchvision's transforms draw from it per sample; a
-transform without a random op draws nothing, as torchvision's draws nothing then.
+in; for a collate_fn of the script's, where it is fetched, as torchvision's samples: a list of
+(CHW tensor, target). Labels are the dataset's, through its `target_transform`. Random
+parameters follow torchvision's distributions, drawn per batch from a seed the process's torch
+RNG gives (in a worker, the seed torch gave it), as torchvision's transforms draw from it per
+sample; a transform without a random op draws nothing, as torchvision's. (An in-memory dataset's
+batches take the same way from `fastdata.run._arrays`' subclass.)
 
 Each batch lowers the dataset's transform as it is then, in the process that fetches: a script
 may swap it or change an op's attribute between passes (progressive resizing, an eval phase),
@@ -81,7 +81,7 @@ def lookup_table(steps: tuple, dtype: torch.dtype) -> torch.Tensor:
     values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(1, 256, 3)
     out = torch.empty((3, 1, 256), dtype=dtype)
     _apply_steps(out, values, steps)
-    return out.view(3, 256)
+    return out.view(3, 256)  # (a 1-channel image's: its first row, where a Normalize has one mean and std)
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class FolderBatch(Prepared):
 
 
 def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:
-    """Writes a natively decoded batch's uint8 NHWC `images` into `out` (NCHW, the dtype of the
+    """Writes a natively served batch's uint8 NHWC `images` into `out` (NCHW, the dtype of the
     layout's steps) as `layout` gives them: through a lookup table natively (made once per steps
     and dtype, kept in `tables`), else `_apply_steps`; then the RandomErasing rectangles it
     carries (`_erasing.erase`)."""
@@ -125,7 +125,8 @@ def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dic
             if len(tables) > 8:  # a transform changed pass after pass
                 tables.clear()
             table = tables[(steps, out.dtype)] = lookup_table(steps, out.dtype)
-        _ext.lookup_planes(images, table, out, default_threads())
+        c = images.shape[3]
+        _ext.lookup_planes(images, table if c == 3 else table[:c].contiguous(), out, default_threads())
     else:
         for k in range(len(images)):
             _apply_steps(out[k], images[k], steps)
@@ -149,10 +150,10 @@ class Finish:
         if type(batch) is not list or len(batch) != 3 or type(batch[2]) is not Layout:
             return batch
         images, layout = batch[0], batch[2]
-        n, h, w, _ = images.shape
+        n, h, w, c = images.shape
         ring = self.rings.ring()
         try:
-            out, handle = new_batch(ring, (n, 3, h, w), steps_dtype(layout.steps))
+            out, handle = new_batch(ring, (n, c, h, w), steps_dtype(layout.steps))
             lay_out(images, layout, out, self._tables)
         finally:
             ring.end()
@@ -221,15 +222,21 @@ class NativeFolder(Dataset):
         self.carry = carry  # a fetch's error crosses as the batch (`Carried`): in workers fastdata added
         self.samples = samples
         self._tables: dict[tuple, torch.Tensor] = {}  # (samples) lay_out's lookup tables
-        # The record of files that decoded whole is made here, before any worker forks: shared.
-        self.decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
-        self.decoder.crop_first = True
+        self.decoder = self._decoder(dataset)
         self._use(lowering)
         self._scratch: torch.Tensor | None = None
         # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
         self._listing: tuple[list, Names, array.array] | None = None
         self._kept: list | None = None  # the samples' items the listing was made of
         self._checked = False  # (a worker) its samples compared with `_kept`, once its worker_init_fn ran
+
+    def _decoder(self, dataset: Any) -> Any:  # (made before any worker forks: its record of whole files is shared)
+        decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
+        decoder.crop_first = True
+        return decoder
+
+    def _lowered(self, dataset: Any) -> Lowering | None:  # (the transform as this process holds it now)
+        return lower(dataset)[0]
 
     def _use(self, lowering: Lowering) -> None:
         self.lowering = lowering
@@ -312,7 +319,7 @@ class NativeFolder(Dataset):
 
     def _fetch(self, indices: list[int]) -> Any:
         ds = self.dataset
-        lowering, _ = lower(ds)  # the transform as this process holds it now
+        lowering = self._lowered(ds)
         if lowering is None or (self.samples and samples_refused(lowering)):
             return [ds[i] for i in indices]  # torchvision's own samples, collated as DataLoader collates them
         try:
@@ -352,22 +359,27 @@ class NativeFolder(Dataset):
             self.decoder.fill(images[done:done + n], c, 0, errors)
             del part, c  # its bytes go before the next part's are read
             done += n
+        return self._batch(ds, images, targets, index, lowering, self.decoder.seed)
+
+    def _batch(self, ds: Any, images: torch.Tensor, targets: list, index: np.ndarray, lowering: Lowering,
+               seed: int) -> Any:
+        """The batch of `ds`'s `index`: uint8 NHWC `images` (drawn from `seed`), `targets` as they are."""
         if ds.target_transform is not None:
             targets = [ds.target_transform(t) for t in targets]
         # RandomErasing's rectangles, drawn here as numbers (the batch's images have one size);
         # the main process writes them over the laid-out batch
-        erased = draw(lowering.erasing, self.decoder.seed, index, *images.shape[1:3]) if lowering.erasing else ()
+        erased = draw(lowering.erasing, seed, index, *images.shape[1:3]) if lowering.erasing else ()
         if self.samples:
-            n, h, w, _ = images.shape
+            n, h, w, c = images.shape
             dtype, plain = steps_dtype(lowering.steps), Layout(lowering.steps)
             # each sample its own tensor, as torchvision's: one the collate_fn keeps holds only itself
-            outs = [torch.empty((3, h, w), dtype=dtype) for _ in range(n)]
+            outs = [torch.empty((c, h, w), dtype=dtype) for _ in range(n)]
             for k in range(n):
                 lay_out(images[k:k + 1], plain, outs[k][None], self._tables)
             if erased:
-                erase(outs, lowering.steps, erased, self.decoder.seed, _apply_steps)
+                erase(outs, lowering.steps, erased, seed, _apply_steps)
             return list(zip(outs, targets))
-        return FolderBatch(images, targets, lowering.steps, erased, self.decoder.seed if erased else 0)
+        return FolderBatch(images, targets, lowering.steps, erased, seed if erased else 0)
 
     def _read(self, paths: list[str]) -> list:
         """The first files of `paths` whose sizes add up to at most MAX_PART_BYTES (at least one);

@@ -584,7 +584,7 @@ class Folder:
 
 
 def _lowered(monkeypatch, geometry: tuple) -> Any:
-    """The hook's `lower` (where it decides, and where it serves) made to lower a `Folder` with
+    """The hook's `lower_any` (where it decides, and where it serves) made to lower a `Folder` with
     `geometry` (then ToTensor): no torchvision needed."""
     from fastdata.run import _decide
     from fastdata.run._torchvision import Lowering
@@ -592,7 +592,7 @@ def _lowered(monkeypatch, geometry: tuple) -> Any:
     hook = _hook()
     lowering = Lowering(geometry, (), "bilinear", (("to", None, "div"),), "Resize, ToTensor")
     for module in (hook, _decide):
-        monkeypatch.setattr(module, "lower", lambda ds: (lowering, "") if isinstance(ds, Folder) else (None, ""))
+        monkeypatch.setattr(module, "lower_any", lambda ds: (lowering, "") if isinstance(ds, Folder) else (None, ""))
     return lowering
 
 

@@ -1,0 +1,399 @@
+"""`fastdata run` serving torchvision's in-memory datasets natively (`fastdata.run._arrays`):
+CIFAR10/100 and the MNIST family, their geometry run on a batch's rows at once.
+
+The datasets are torchvision's own classes over files these tests write (CIFAR's pickled
+batches, with its md5 check stubbed; MNIST's processed tensors, which it reads as they are), so
+this file runs where torchvision is installed: .ci/run makes a virtualenv as a user's and runs
+it there. Pixels encode where they come from, so a served batch says which crop offsets and
+flips were drawn, and the test checks it against torchvision's own ops for those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+N = 250  # images in each split
+
+
+@pytest.fixture(scope="module")
+def tv():
+    return pytest.importorskip("torchvision")
+
+
+def _cifar_rows(n: int) -> np.ndarray:
+    """uint8 [n, 32, 32, 3]: red is the index (mod 250, plus 1), green 10 + 7 * row, blue 10 + 7 * column."""
+    a = np.zeros((n, 32, 32, 3), np.uint8)
+    a[..., 0] = (np.arange(n) % 250 + 1)[:, None, None]
+    a[..., 1] = (10 + 7 * np.arange(32))[None, :, None]
+    a[..., 2] = (10 + 7 * np.arange(32))[None, None, :]
+    return a
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory, tv):
+    """(CIFAR10's root, MNIST's root) holding N training and N test images each; label = index % 10."""
+    root = tmp_path_factory.mktemp("arrays")
+    d = root / "cifar-10-batches-py"
+    d.mkdir()
+    rows = _cifar_rows(N).transpose(0, 3, 1, 2).reshape(N, -1)  # CIFAR's files hold CHW rows
+    labels = [i % 10 for i in range(N)]
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(d / name, "wb") as f:
+            pickle.dump({"data": rows[: N // 5] if name != "test_batch" else rows, "labels": labels[: N // 5]
+                         if name != "test_batch" else labels}, f)
+    with open(d / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [str(i) for i in range(10)]}, f)
+    p = root / "MNIST" / "processed"
+    p.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("training.pt", "test.pt"):
+        data = torch.from_numpy(rng.integers(0, 256, (N, 28, 28), dtype=np.uint8))
+        data[:, 0, 0] = torch.arange(N) % 250 + 1  # the index, in the top-left pixel
+        torch.save((data, torch.arange(N) % 10), p / name)
+    return root
+
+
+@pytest.fixture
+def cifar(tv, roots, monkeypatch):
+    import torchvision.datasets.cifar as C
+
+    monkeypatch.setattr(C, "check_integrity", lambda *a, **k: True)  # (the files are these tests')
+    monkeypatch.setattr(C.CIFAR10, "_check_integrity", lambda self: True)
+
+    def make(transform, train=False, cls=None, **kwargs):
+        return (cls or tv.datasets.CIFAR10)(str(roots), train=train, transform=transform, **kwargs)
+    return make
+
+
+def _served(dataset, **kwargs):
+    from fastdata.run._hook import Served
+
+    return Served(dataset, **kwargs)
+
+
+def _batches(loader) -> list:
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@contextlib.contextmanager
+def natively_only():
+    """Inside, torchvision's own fetch of CIFAR and MNIST raises (their PIL image): a batch
+    fastdata did not serve natively fails the test (in forked workers too)."""
+    import torchvision.datasets.cifar as C
+    import torchvision.datasets.mnist as M
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dataset's own __getitem__ ran")
+
+    saved = C.Image, M._Image_fromarray
+    C.Image, M._Image_fromarray = types.SimpleNamespace(fromarray=refuse), refuse
+    try:
+        yield
+    finally:
+        C.Image, M._Image_fromarray = saved
+
+
+def _both(dataset, **kwargs):
+    """(DataLoader's batches, the served loader's batches, all natively served, the served loader)."""
+    plain = _batches(torch.utils.data.DataLoader(dataset, **kwargs))
+    loader = _served(dataset, **kwargs)
+    with natively_only():
+        return plain, _batches(loader), loader
+
+
+def _same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for (x, y), (u, v) in zip(a, b):
+        assert x.dtype == u.dtype and x.shape == u.shape and u.is_contiguous() and torch.equal(x, u)
+        assert y.dtype == v.dtype and torch.equal(y, v)
+
+
+def _deterministic(tv) -> dict:
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    return {
+        "v1 pad, flip, center crop, normalize": T.Compose([
+            T.Pad((1, 2, 3, 4), padding_mode="symmetric"), T.RandomHorizontalFlip(1.0), T.CenterCrop((30, 31)),
+            T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)]),
+        "v1 reflect pad, vertical flip p=1, uint8": T.Compose([
+            T.Pad(3, padding_mode="reflect"), T.RandomVerticalFlip(1.0), T.PILToTensor()]),
+        "v2 on tensors, edge pad, ToDtype": v2.Compose([
+            v2.ToImage(), v2.Pad([2, 5], fill=7), v2.RandomHorizontalFlip(0.0), v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(CIFAR_MEAN, CIFAR_STD)]),
+        "v1 geometry on a float tensor": T.Compose([T.ToTensor(), T.Pad(2), T.CenterCrop(32), T.Normalize(
+            CIFAR_MEAN, CIFAR_STD)]),
+        "v1 ConvertImageDtype to float64": T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float64)]),
+    }
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cifar_is_served_natively_bit_for_bit_where_nothing_is_drawn(cifar, tv, workers):
+    """Transforms that draw nothing (or whose draws are certain): the served batches are
+    DataLoader's over torchvision's samples, bit for bit, dtype and labels included."""
+    for what, transform in _deterministic(tv).items():
+        dataset = cifar(transform)
+        plain, got, loader = _both(dataset, batch_size=64, num_workers=workers)
+        assert loader._fastdata_lowering is not None and loader._fastdata_lowering.in_memory, what
+        _same(plain, got)
+        loader._stop()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mnist_is_served_natively_bit_for_bit(tv, roots, workers):
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    for transform in (T.Compose([T.ToTensor(), T.Normalize((0.1307,), (0.3081,))]),
+                      T.Compose([T.CenterCrop(24), T.PILToTensor()]),
+                      v2.Compose([v2.ToImage(), v2.Pad(2, padding_mode="edge"), v2.ToDtype(torch.float16, scale=True)])):
+        for cls in (tv.datasets.MNIST, tv.datasets.FashionMNIST):
+            if cls is tv.datasets.FashionMNIST:
+                (roots / "FashionMNIST").mkdir(exist_ok=True)
+                if not (roots / "FashionMNIST" / "processed").exists():
+                    (roots / "FashionMNIST" / "processed").symlink_to(roots / "MNIST" / "processed")
+            dataset = cls(str(roots), train=True, transform=transform, target_transform=lambda t: t * 3)
+            plain, got, loader = _both(dataset, batch_size=50, num_workers=workers)
+            assert loader._fastdata_lowering.in_memory and loader._fastdata_lowering.channels == 1
+            assert got[0][0].shape[1] == 1
+            _same(plain, got)
+            loader._stop()
+
+
+def _drawn(images: torch.Tensor, pad: int) -> list[tuple[int, int, int, bool]]:
+    """(index mod 250, top, left, flipped) of each CIFAR crop laid out as uint8 (`_cifar_rows`'s
+    pixels, cut from the image padded with zeros by `pad`)."""
+    out = []
+    for img in images.numpy():
+        red, green, blue = img.astype(int)
+        rows, cols = np.flatnonzero(green.max(1)), np.flatnonzero(blue.max(0))
+        y0, x0 = rows[0], cols[0]
+        top = (green[y0].max() - 10) // 7 - y0 + pad
+        flipped = bool(cols.size > 1 and blue[y0, cols[0]] > blue[y0, cols[-1]])
+        left = (blue[y0, x0] - 10) // 7 - x0 + pad if not flipped else (
+            (blue[y0, cols[-1]] - 10) // 7 - (31 - cols[-1]) + pad)
+        out.append((int(red[y0, x0]), int(top), int(left), flipped))
+    return out
+
+
+def _within(name: str, hits: int, n: int, p: float, sigmas: float = 4.5) -> None:
+    sd = (n * p * (1 - p)) ** 0.5
+    assert abs(hits - n * p) <= sigmas * sd, f"{name}: {hits}/{n}, expected {n * p:.1f}"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_crop_and_flip_are_torchvisions_pixels_for_what_was_drawn(cifar, tv, workers):
+    """The CIFAR recipe (RandomCrop(32, padding=4), RandomHorizontalFlip, ToTensor, Normalize):
+    each served image is torchvision's own ops run with the offsets and flip read back from its
+    pixels; the labels are the images' own; every image once an epoch; each of the 9 offsets a
+    ninth of the time, the two apart, and flips half (binomial bounds, 4.5 sigmas, on a fixed seed)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    torch.manual_seed(0)
+    normalize = T.Normalize(CIFAR_MEAN, CIFAR_STD)
+    dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), normalize]))
+    loader = _served(dataset, batch_size=50, shuffle=True, num_workers=workers)
+    assert loader._fastdata_lowering.in_memory
+    tops, lefts, flips = [], [], []
+    for epoch in range(6):
+        seen = []
+        with natively_only():
+            batches = list(loader)
+        for images, labels in batches:
+            for k, (index, top, left, flipped) in enumerate(_drawn(_uint8_of(images), 4)):
+                img = F.crop(F.pad(Image.fromarray(dataset.data[index - 1]), 4), top, left, 32, 32)
+                expected = normalize(F.to_tensor(F.hflip(img) if flipped else img))
+                assert torch.equal(images[k], expected) and labels[k] == (index - 1) % 10
+                tops.append(top), lefts.append(left), flips.append(flipped)
+                seen.append(index - 1)
+        assert sorted(seen) == list(range(N))
+    for name, drawn in (("top", tops), ("left", lefts)):
+        counts = np.bincount(np.array(drawn), minlength=9)
+        assert counts.size == 9, name
+        for offset, hits in enumerate(counts):
+            _within(f"{name} {offset}", int(hits), len(drawn), 1 / 9)
+    _within("top == left (drawn apart)", sum(t == u for t, u in zip(tops, lefts)), len(tops), 1 / 9)
+    _within("flips", sum(flips), len(flips), 0.5)
+    loader._stop()
+
+
+def _uint8_of(images: torch.Tensor) -> torch.Tensor:
+    """The uint8 pixels of a CIFAR batch laid out through ToTensor and Normalize."""
+    m, s = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+    return (images * s + m).mul(255).round().to(torch.uint8)
+
+
+def _collate_with_storage(batch):
+    """A collate_fn of the script's: the samples stacked, and whether each owned its storage."""
+    images, targets = zip(*batch)
+    owns = all(x.untyped_storage().nbytes() == x.numel() * x.element_size() for x in images)
+    return torch.stack(images), torch.tensor(targets), owns
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_subset_and_a_collate_fn_of_the_scripts_get_natively_served_samples(cifar, tv, roots, workers):
+    """A Subset (random_split's) of CIFAR10 and of MNIST, batched by a collate_fn of the
+    script's: served natively, the collate_fn handed torchvision's samples bit for bit, each
+    its own tensor."""
+    import torchvision.transforms as T
+
+    from fastdata.run._arrays import NativeArrays
+
+    for dataset in (cifar(_deterministic(tv)["v1 pad, flip, center crop, normalize"]),
+                    tv.datasets.MNIST(str(roots), transform=T.Compose([T.Pad(1), T.ToTensor()]))):
+        subset = torch.utils.data.Subset(dataset, list(range(N - 1, 0, -3)))
+        kwargs = dict(batch_size=16, num_workers=workers, collate_fn=_collate_with_storage)
+        loader = _served(subset, **kwargs)
+        assert isinstance(loader._loader.dataset, NativeArrays)
+        plain = list(torch.utils.data.DataLoader(subset, **kwargs))
+        with natively_only():
+            got = list(loader)
+        assert len(got) == len(plain)
+        for (a, y, owns), (b, z, _) in zip(got, plain):
+            assert owns and torch.equal(a, b) and torch.equal(y, z)
+        loader._stop()
+
+
+def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
+    """Each case the in-memory path does not take: the loader is served by the drop-in, its
+    batches the script's own (torchvision's samples), and the reason names what was not lowered."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    from fastdata.run._decide import decide
+
+    cases = [
+        (cifar(T.Compose([T.ColorJitter(0.4), T.ToTensor()])), "ColorJitter has no faithful lowering for an in-memory"),
+        (cifar(T.Compose([T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD), T.RandomHorizontalFlip()])),
+         "RandomHorizontalFlip after Normalize"),
+        (cifar(T.Compose([T.RandomCrop(32, padding=4, fill=(1, 2, 3)), T.ToTensor()])), "fill (1, 2, 3)"),
+        (cifar(T.Compose([T.ToTensor(), T.RandomCrop(32, padding=4, fill=9)])), "0 on a scaled tensor"),
+        (cifar(v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4, fill={tv.tv_tensors.Image: 0}),
+                           v2.ToDtype(torch.float32, scale=True)])), "with fill {"),
+        (cifar(None), "no transform"),
+        (cifar(T.RandomCrop(32, padding=4)), "gives PIL images"),
+        (tv.datasets.MNIST(str(roots), transform=T.Compose([T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)])),
+         "3 means or stds for 1-channel images"),
+        (tv.datasets.MNIST(str(roots), transform=T.Compose([T.ToTensor(), T.RandomErasing()])),
+         "RandomErasing on 1-channel images"),
+    ]
+    for dataset, words in cases:
+        served, reason, _, lowering = decide((dataset,), {"batch_size": 8})
+        assert served and lowering is None and words in reason and "not served natively" in reason, reason
+    # the script's own samples and errors
+    mnist3 = cases[7][0]
+    with pytest.raises(RuntimeError) as plain:
+        next(iter(torch.utils.data.DataLoader(mnist3, batch_size=8)))
+    with pytest.raises(RuntimeError) as got:
+        next(iter(_served(mnist3, batch_size=8)))
+    assert str(got.value) == str(plain.value)
+    jitter = cases[0][0]
+    torch.manual_seed(3)
+    a = next(iter(torch.utils.data.DataLoader(jitter, batch_size=8)))
+    torch.manual_seed(3)
+    b = next(iter(_served(jitter, batch_size=8)))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    class OwnGetitem(tv.datasets.CIFAR10):
+        def __getitem__(self, index):
+            return super().__getitem__(index)
+
+    from fastdata.run._arrays import lower_arrays
+
+    assert lower_arrays(cifar(T.ToTensor(), cls=OwnGetitem)) == (None, "")  # its own code: not read
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_data_changed_by_the_script_is_followed_and_what_fastdata_does_not_read_is_the_scripts_fetch(
+        cifar, tv, workers):
+    """A script that filters CIFAR's data and targets (an imbalanced or few-class split) gets
+    those; data of another dtype, or an index past the data, is the script's own fetch, its
+    error torchvision's."""
+    dataset = cifar(_deterministic(tv)["v1 reflect pad, vertical flip p=1, uint8"])
+    keep = [i for i in range(N) if i % 10 < 3]
+    dataset.data, dataset.targets = dataset.data[keep], [dataset.targets[i] for i in keep]
+    plain, got, loader = _both(dataset, batch_size=32, num_workers=workers)
+    assert len(got) == -(-len(keep) // 32) and loader._fastdata_lowering.in_memory
+    _same(plain, got)
+    loader._stop()
+    dataset.data = dataset.data.astype(np.float64)
+    with pytest.raises(TypeError) as expected:
+        next(iter(torch.utils.data.DataLoader(dataset, batch_size=8)))
+    loader = _served(dataset, batch_size=8, num_workers=workers)
+    with pytest.raises(TypeError) as raised:
+        next(iter(loader))
+    assert str(expected.value) in str(raised.value)
+    loader._stop()
+    past = torch.utils.data.Subset(cifar(_deterministic(tv)["v1 ConvertImageDtype to float64"]), [0, 1, N + 5])
+    loader = _served(past, batch_size=3, num_workers=workers)
+    with pytest.raises(IndexError, match="out of bounds"):
+        next(iter(loader))
+    loader._stop()
+
+
+def test_random_erasing_on_cifar_is_served_natively(cifar, tv):
+    """The CIFAR recipe with RandomErasing after Normalize (value 0): served natively, about
+    half the images hold an erased rectangle of exact zeros, the others none."""
+    import torchvision.transforms as T
+
+    torch.manual_seed(1)
+    dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD),
+                               T.RandomErasing(p=0.5, value=0)]))
+    loader = _served(dataset, batch_size=50, shuffle=True)
+    assert loader._fastdata_lowering.in_memory and loader._fastdata_lowering.erasing
+    erased = 0
+    for _ in range(4):
+        with natively_only():
+            batches = list(loader)
+        for images, _ in batches:
+            zeros = (images == 0).all(dim=1)  # [n, h, w]: erased pixels
+            erased += int(zeros.flatten(1).any(dim=1).sum())
+    _within("erased images", erased, 4 * N, 0.5)
+    loader._stop()
+
+
+MNIST_SCRIPT = """
+import sys, torch, torch.nn.functional as F
+from torchvision import datasets, transforms
+transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+train = datasets.MNIST(sys.argv[1], train=True, download=False, transform=transform)
+loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+seen, wrong = 0, 0
+for x, y in loader:
+    corner = ((x[:, 0, 0, 0] * 0.3081 + 0.1307) * 255).round().long()  # the index, + 1
+    wrong += int(((corner - 1) % 10 != y).sum())
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    seen += len(x)
+print("seen", seen, "wrong", wrong, "shape", tuple(x.shape[1:]), x.dtype)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_an_unchanged_mnist_script_under_fastdata_run(tv, roots, tmp_path):
+    """pytorch/examples' MNIST recipe, unchanged: served natively (the summary says so), every
+    label its image's, the batches' layout the plain script's."""
+    script = tmp_path / "mnist.py"
+    script.write_text(MNIST_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    plain = subprocess.run([sys.executable, str(script), str(roots)], capture_output=True, text=True, env=env)
+    got = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script), str(roots)],
+                         capture_output=True, text=True, env=env)
+    assert plain.returncode == 0 and got.returncode == 0, (plain.stderr[-2000:], got.stderr[-2000:])
+    assert got.stdout == plain.stdout and f"seen {N} wrong 0" in got.stdout, (got.stdout, plain.stdout)
+    assert "served natively: MNIST with ToTensor, Normalize run on its arrays by fastdata" in got.stderr, got.stderr
