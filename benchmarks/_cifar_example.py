@@ -1,0 +1,56 @@
+"""The data pipeline of the most copied small-image training scripts, unchanged in shape:
+- `--dataset cifar10`: the CIFAR-10 recipe (the PyTorch tutorial's loader, kuangliu/pytorch-cifar's
+  transform): `CIFAR10(train=True)` + RandomCrop(32, padding=4), RandomHorizontalFlip, ToTensor,
+  Normalize, `DataLoader(batch_size=128, shuffle=True, num_workers=2)`;
+- `--dataset mnist`: pytorch/examples' MNIST: `MNIST(train=True)` + ToTensor, Normalize((0.1307,),
+  (0.3081,)), `DataLoader(batch_size=64)` (its CPU arguments: no shuffle, no workers).
+A fresh iterator each epoch; the step is the copy to the device. `run_cifar.py` times it plain
+and under `fastdata run`. The files are synthetic (`run_cifar.py` writes them in the datasets'
+own formats), so CIFAR's md5 check of them is the one line added. The last line printed is
+JSON: images/s of each epoch.
+
+    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,mnist}] [--epochs 3] [--workers N]
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torchvision
+import torchvision.transforms as transforms
+
+ap = argparse.ArgumentParser()
+ap.add_argument("root")
+ap.add_argument("--dataset", choices=["cifar10", "mnist"], default="cifar10")
+ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--workers", type=int, default=None, help="the recipe's: 2 for CIFAR-10, 0 for MNIST")
+args = ap.parse_args()
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if args.dataset == "cifar10":
+    torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # (synthetic files: not CIFAR's md5)
+    transform_train = transforms.Compose([
+        transforms.RandomCrop(32, padding=4),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    ])
+    trainset = torchvision.datasets.CIFAR10(root=args.root, train=True, download=False, transform=transform_train)
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=128, shuffle=True,
+                                              num_workers=2 if args.workers is None else args.workers)
+else:
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+    trainset = torchvision.datasets.MNIST(args.root, train=True, download=False, transform=transform)
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=64, num_workers=args.workers or 0)
+
+rates = []
+for epoch in range(args.epochs):
+    start, seen = time.perf_counter(), 0
+    for inputs, targets in trainloader:
+        inputs, targets = inputs.to(device), targets.to(device)
+        seen += len(inputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rates.append(seen / (time.perf_counter() - start))
+print(json.dumps({"images_per_s": rates}))

@@ -1,0 +1,115 @@
+"""An unchanged CIFAR-10 or MNIST training script, plain and under `fastdata run`, paired.
+
+The script is `_cifar_example.py`: the CIFAR-10 recipe (RandomCrop(32, padding=4), flip,
+ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch) or pytorch/examples'
+MNIST (ToTensor, Normalize; batch 64, no workers, as its CPU arguments), on synthetic files
+written here in the datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors;
+the datasets hold them in memory). `fastdata run` serves them natively (`fastdata.run._arrays`):
+the crop and flip on a batch's rows at once instead of a PIL image per sample. Candidates run
+each in its own process, in ABBA rounds so drift on a shared machine hits both alike.
+
+Run it with a user's environment: the registry's torch and torchvision and fastdata installed
+(.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
+bootstrap interval; writes JSON (run_cifar10.json, run_mnist.json).
+
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,mnist}] [--images 50000] [--rounds 3]
+                                                     [--epochs 3] [--workers N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import statistics
+import sys
+from pathlib import Path
+
+import _common
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def write_cifar(root: Path, images: int) -> None:
+    """CIFAR-10's files (`cifar-10-batches-py`: 5 training batches, a test batch, the meta)."""
+    d = root / "cifar-10-batches-py"
+    if (d / "batches.meta").exists() and (d / f"{images}.made").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    per = -(-images // 5)
+    for k, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        n = per if k < 5 else min(per, 10000)
+        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        with open(d / name, "wb") as f:
+            pickle.dump({"data": data, "labels": rng.integers(0, 10, n).tolist()}, f)
+    with open(d / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
+    (d / f"{images}.made").touch()
+
+
+def write_mnist(root: Path, images: int) -> None:
+    """MNIST's processed tensors (`MNIST/processed/training.pt`, `test.pt`), which it loads as they are."""
+    import torch
+
+    d = root / "MNIST" / "processed"
+    if (d / f"{images}.made").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    for name, n in (("training.pt", images), ("test.pt", min(images, 10000))):
+        torch.save((torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g),
+                    torch.randint(0, 10, (n,), generator=g)), d / name)
+    (d / f"{images}.made").touch()
+
+
+def main() -> int:
+    ap = _common.rounds_parser(__doc__, rounds=3)
+    ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
+    ap.add_argument("--dataset", choices=["cifar10", "mnist"], default="cifar10")
+    ap.add_argument("--workers", type=int, default=None, help="the recipe's: 2 for CIFAR-10, 0 for MNIST")
+    args = ap.parse_args()
+    if args.epochs < 2:
+        ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
+    import torch
+    import torchvision
+
+    root = Path(args.root)
+    (write_cifar if args.dataset == "cifar10" else write_mnist)(root, args.images)
+    workers = args.workers if args.workers is not None else (2 if args.dataset == "cifar10" else 0)
+    script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
+              "--epochs", str(args.epochs), "--workers", str(workers)]
+    fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
+    commands = {"plain": script, "fastdata run": [fastdata_cli, "run", "--", *script]}
+    _, reports = _common.process_rounds(commands, args.rounds)
+    sides = {}
+    for name, runs in reports.items():
+        first = [r["images_per_s"][0] for r in runs]
+        later = [x for r in runs for x in r["images_per_s"][1:]]
+        sides[name] = {"epoch_1": first, "epochs_2_on": later,
+                       "epoch_1_median": statistics.median(first), "epochs_2_on_median": statistics.median(later)}
+    ratios = {}
+    for part in ("epoch_1", "epochs_2_on"):
+        fast, slow = sides["fastdata run"][part], sides["plain"][part]
+        lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
+        ratios[part] = {"ratio": statistics.median(fast) / statistics.median(slow), "ci95": [lo, hi]}
+    batch = 128 if args.dataset == "cifar10" else 64
+    print(f"\n{args.dataset}, {args.images} images in memory, batch {batch}, {workers} workers"
+          f"{' (fresh each epoch)' if workers else ''}, {args.rounds} rounds ABBA, torch {torch.__version__}, "
+          f"torchvision {torchvision.__version__}")
+    for name, s in sides.items():
+        print(f"  {name:<14} epoch 1 {s['epoch_1_median']:7.0f} img/s   epochs 2+ {s['epochs_2_on_median']:7.0f} img/s")
+    for part, r in ratios.items():
+        print(f"  fastdata run / plain, {part:<12} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
+    _common.write(f"run_{args.dataset}", {
+        "dataset": args.dataset, "images": args.images, "batch": batch, "workers": workers, "epochs": args.epochs,
+        "rounds": args.rounds, "torch": torch.__version__, "torchvision": torchvision.__version__,
+        "regime": "the dataset in memory (as torchvision loads it), " + (
+            "fresh workers each epoch (the script's)" if workers else "no workers (the script's)"),
+        "sides": sides, "ratios": ratios}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
