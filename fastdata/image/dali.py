@@ -328,7 +328,8 @@ class DaliDecoders:
         w, h = c.size
         rows = torch.empty((len(others), h, w, 3), dtype=torch.uint8)
         part = Checked(c.index[others], [c.paths[k] for k in others], [c.datas[k] for k in others],
-                       c.labels[others], c.jpeg[others], c.geo.take(others))
+                       c.labels[others], c.jpeg[others], c.geo.take(others),
+                       keys=None if c.keys is None else c.keys[others])
         try:
             failed = self.decoder.fill(rows, part, epoch, errors)
         except DataError:

@@ -52,6 +52,7 @@ class Checked:
     jpeg: np.ndarray
     geo: Any
     empty_size: tuple[int, int] = (0, 0)  # the size with no samples: the transform's, where it fixes one
+    keys: np.ndarray | None = None  # what each sample's random draws are keyed by (`BatchDecoder.draw_keys`)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -95,6 +96,12 @@ class BatchDecoder:
         self.__dict__.update(state)
         _codec.open_index()  # a worker started by spawn or forkserver
 
+    def draw_keys(self, index: np.ndarray, before: int) -> np.ndarray:
+        """What the random draws of the samples `index` (after `before` others of their batch)
+        are keyed by, with the seed and the epoch: here the samples' ids, so a sample's crop,
+        flip and pixel ops are a function of (seed, epoch, id) on every backend."""
+        return index
+
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
               errors: list[tuple[str, str]], entropy: bool = False, like: tuple | None = None) -> "Checked":
         """The samples that are whole images within the pixel limit (`check_complete`, `check_rows`), with
@@ -117,8 +124,9 @@ class BatchDecoder:
             jpeg.append(is_jpeg)
         sizes = np.array(sizes, dtype=np.int64).reshape(-1, 2)
         jpeg = np.array(jpeg, dtype=bool)
+        keys = self.draw_keys(index, like[2] if like else 0)
         sel = index[ok]
-        geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
+        geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
         work = working_pixels(geo)
         if (work > _structure.MAX_IMAGE_PIXELS).any():  # a sliver of an image resized to a size its header did not give
             keep = []
@@ -132,7 +140,7 @@ class BatchDecoder:
                           f"{pixels} pixels, over the limit of {_structure.MAX_IMAGE_PIXELS} (an image of that shape?)")
             ok, sizes, jpeg = [ok[j] for j in keep], sizes[keep], jpeg[keep]
             sel = index[ok]
-            geo = plan_geometry(self.geometry, self.seed, epoch, sel, sizes[:, 0], sizes[:, 1])
+            geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
         if ok:
             first, size, before = like or (paths[ok[0]], tuple(geo.sizes[0]), 0)
             differ = (geo.sizes != np.asarray(size)).any(axis=1)
@@ -145,7 +153,7 @@ class BatchDecoder:
                                   np.array([480, 640]))
             if (probe.sizes[0] == probe.sizes[1]).all():
                 empty = (int(probe.sizes[0][0]), int(probe.sizes[0][1]))
-        return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo, empty)
+        return Checked(sel, [paths[j] for j in ok], [datas[j] for j in ok], labels[ok], jpeg, geo, empty, keys[ok])
 
     def mixed_sizes(self, first: str, first_size: tuple, other: str, other_size: tuple, entry: int) -> None:
         """Raises for a batch whose images would come out in different sizes ((width, height) each):
@@ -231,7 +239,8 @@ class BatchDecoder:
         if lap:
             lap(time.process_time())
         if self.pixel_ops:
-            plans = plan_pixels(self.pixel_ops, self.seed, epoch, c.index, tuple(target.shape[1:3]))
+            keys = c.index if c.keys is None else c.keys
+            plans = plan_pixels(self.pixel_ops, self.seed, epoch, keys, tuple(target.shape[1:3]))
             with trace_range("fastdata.cpu_transforms"):
                 for k in range(len(c.datas)):
                     if k not in failed:

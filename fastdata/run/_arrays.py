@@ -6,12 +6,16 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
 flips, each its exact torchvision class), then what the folders' lowering reads after the
-geometry (`_lowering.lower_transform`: the conversion, Normalize, RandomErasing). `gather` runs
-the geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for
-edge, reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut
-at per-sample offsets, flips by mask. The batch then takes the folders' way (`NativeFolder`'s
-collation, `Finish`'s lookup-table layout), so the values are torchvision's for the same crop
-offsets and flips, drawn from a seed per batch as the folders' are.
+geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment and
+AutoAugment on the PIL image, the conversion, Normalize, RandomErasing). `gather` runs the
+geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for edge,
+reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut at
+per-sample offsets, flips by mask; the pixel ops then run on each row as the folders' do
+(`transforms.pil`: torchvision's own Pillow calls). The batch then takes the folders' way
+(`NativeFolder`'s collation, `Finish`'s lookup-table layout), so the values are torchvision's
+for the same crop offsets, flips and pixel-op parameters, drawn from a seed per batch as the
+folders' are, and per sample by its place in the batch (a sample drawn twice into one batch,
+as a sampler with replacement may, gets two draws, as torchvision gives it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..transforms.pil import apply_pixel_ops
+from ..transforms.plan import plan_pixels
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
 from ._torchvision import FolderError, NativeFolder
 
@@ -37,28 +43,28 @@ def lower_any(dataset: Any) -> tuple[Lowering | None, str]:
     return (lowering, why) if lowering is not None or why else lower_arrays(dataset)
 
 
-def _kind(dataset: Any) -> str | None:
-    """"cifar" or "mnist" for the torchvision datasets whose `__getitem__` is CIFAR10's or
-    MNIST's own (QMNIST has its own), else None."""
+def _kind(dataset: Any) -> tuple[str | None, str]:
+    """("cifar" or "mnist", "") for the torchvision datasets whose `__getitem__` is CIFAR10's or
+    MNIST's own; (None, why) for one of theirs that has its own (QMNIST, a script's subclass);
+    else (None, "")."""
     if "torchvision" not in sys.modules:  # a script that made a torchvision dataset imported it; never here
-        return None
+        return None, ""
     from torchvision.datasets import CIFAR10, MNIST
 
     get = getattr(type(dataset), "__getitem__", None)
-    if isinstance(dataset, CIFAR10) and get is CIFAR10.__getitem__:
-        return "cifar"
-    if isinstance(dataset, MNIST) and get is MNIST.__getitem__:
-        return "mnist"
-    return None
+    for base, kind in ((CIFAR10, "cifar"), (MNIST, "mnist")):
+        if isinstance(dataset, base):
+            return (kind, "") if get is base.__getitem__ else (None, f"{type(dataset).__name__} overrides __getitem__")
+    return None, ""
 
 
 def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
     """(the lowering, "") when `dataset` (or the dataset under its Subsets) is an in-memory one
     served natively; (None, why not) for one that is not; (None, "") for any other dataset."""
     ds = folder(dataset)
-    kind = _kind(ds)
+    kind, why = _kind(ds)
     if kind is None:
-        return None, ""
+        return None, why
     channels = 3 if kind == "cifar" else 1
     if ds.transform is None:
         return None, "no transform: the samples are PIL images, which fastdata does not lay out"
@@ -72,8 +78,9 @@ def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
             if step[0] == "normalize" and channels == 1 and max(len(step[1]), len(step[2])) > 1:
                 raise Unlowerable("Normalize with 3 means or stds for 1-channel images: torchvision raises; "
                                   "not lowered")
-        if lowering.erasing and channels == 1:
-            raise Unlowerable("RandomErasing on 1-channel images: not lowered")
+        if channels == 1 and (lowering.erasing or lowering.pixel_ops):
+            raise Unlowerable(f"{'RandomErasing' if lowering.erasing else type(lowering.pixel_ops[0]).__name__} on "
+                              "1-channel images: not lowered")
     except Unlowerable as e:
         return None, str(e)
     except (ValueError, TypeError) as e:  # a parameter fastdata does not read
@@ -84,7 +91,7 @@ def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
 
 def _split(ops: list, name: str) -> tuple[list, list]:
     """(the geometry as `gather`'s ops, the other ops in their order). The geometry may stand
-    anywhere before Normalize, RandomErasing and any other op: it moves before the conversions
+    anywhere before the pixel ops, Normalize and RandomErasing: it moves before the conversions
     (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype), which it commutes with (each
     maps each value on its own; after a scaling one, only a fill of 0, which stays 0)."""
     import torchvision.transforms as T
@@ -94,14 +101,16 @@ def _split(ops: list, name: str) -> tuple[list, list]:
     scaling = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor), T.ConvertImageDtype, v2.ToDtype)
     geometry: list = []
     rest: list = []
-    scaled, closed = False, ""
+    scaled, tensor, closed = False, False, ""
     for op in ops:
         cls, kind = type(op), type(op).__name__
         if cls in keeping or cls in scaling:
-            scaled = scaled or cls in scaling
+            scaled, tensor = scaled or cls in scaling, True
             rest.append(op)
             continue
-        if cls in (T.Normalize, v2.Normalize, T.RandomErasing, v2.RandomErasing):
+        if cls in (T.Normalize, v2.Normalize, T.RandomErasing, v2.RandomErasing, T.ColorJitter, v2.ColorJitter,
+                   T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
+                   v2.AutoAugment):
             closed = closed or kind
             rest.append(op)
             continue
@@ -109,17 +118,19 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                               T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip,
                               v2.RandomVerticalFlip):
             raise Unlowerable(f"{kind} after {closed}: not lowered for an in-memory dataset")
-        if cls in (T.RandomCrop, v2.RandomCrop):
+        if cls is v2.RandomCrop:  # one pad: the padding (kept as left, right, top, bottom) and the shortfall
+            pad = (op.padding[0], op.padding[2], op.padding[1], op.padding[3]) if op.padding else (0, 0, 0, 0)
+            if any(pad) or op.pad_if_needed:
+                geometry.append(("pad", pad, *_fill(op, scaled), tensor, tuple(op.size) if op.pad_if_needed else None))
+            geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
+        elif cls is T.RandomCrop:  # the padding, then the shortfall, padded apart
             if op.padding is not None:
-                # v2 keeps it parsed as (left, right, top, bottom); v1 as given
-                pad = (op.padding[0], op.padding[2], op.padding[1], op.padding[3]) if cls is v2.RandomCrop \
-                    else _ltrb(op.padding)
-                geometry.append(("pad", pad, *_fill(op, scaled)))
+                geometry.append(("pad", _ltrb(op.padding), *_fill(op, scaled), tensor, None))
             if op.pad_if_needed:
-                geometry.append(("pad_to", tuple(op.size), *_fill(op, scaled)))
+                geometry.append(("pad", (0, 0, 0, 0), *_fill(op, scaled), tensor, tuple(op.size)))
             geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
         elif cls in (T.Pad, v2.Pad):
-            geometry.append(("pad", _ltrb(op.padding), *_fill(op, scaled)))
+            geometry.append(("pad", _ltrb(op.padding), *_fill(op, scaled), tensor, None))
         elif cls in (T.CenterCrop, v2.CenterCrop):
             size = list(op.size) if isinstance(op.size, (list, tuple)) else [op.size]
             geometry.append(("center", (int(size[0]), int(size[-1]))))
@@ -127,7 +138,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             geometry.append(("flip", 2 if "Horizontal" in kind else 1, float(op.p)))
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
-                              "RandomCrop, CenterCrop, Pad, flips, the conversions, Normalize and RandomErasing there")
+                              "RandomCrop, CenterCrop, Pad, flips, ColorJitter, TrivialAugmentWide, RandAugment, "
+                              "AutoAugment, the conversions, Normalize and RandomErasing there")
     return geometry, rest
 
 
@@ -144,54 +156,96 @@ def _ltrb(padding: Any) -> tuple[int, int, int, int]:
 
 
 def _fill(op: Any, scaled: bool) -> tuple[int, str]:
-    """(fill, padding_mode) of a padding op: a fill of one int 0-255 (0 once the values are
-    scaled: it is then padded on the scaled image) and one of torchvision's modes."""
+    """(fill, padding_mode) of a padding op: one of torchvision's modes, and for "constant" a
+    fill of one int 0-255 (0 once the values are scaled: it is then padded on the scaled image);
+    the other modes take no fill."""
     fill, mode = op.fill, op.padding_mode
-    if type(fill) is not int or not 0 <= fill <= (0 if scaled and mode == "constant" else 255):
-        raise Unlowerable(f"{type(op).__name__} with fill {fill!r}: fastdata lowers one int 0-255 (0 on a scaled "
-                          "tensor)")
     if mode not in _MODES:
         raise Unlowerable(f"{type(op).__name__} with padding_mode {mode!r}: not lowered")
+    if mode != "constant":
+        return 0, mode
+    if type(fill) is not int or not 0 <= fill <= (0 if scaled else 255):
+        raise Unlowerable(f"{type(op).__name__} with fill {fill!r}: fastdata lowers one int 0-255 (0 on a scaled "
+                          "tensor)")
     return fill, mode
 
 
-def gather(images: np.ndarray, geometry: tuple, rng: np.random.Generator) -> np.ndarray:
+class Draws:
+    """A batch's random numbers: one seed from this process's torch RNG, drawn at its first use
+    (torchvision draws nothing for a crop that cannot move), as the folders' (see NativeFolder)."""
+
+    def __init__(self) -> None:
+        self._seed: int | None = None
+        self._rng: np.random.Generator | None = None
+
+    @property
+    def seed(self) -> int:
+        if self._seed is None:
+            self._seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        return self._seed
+
+    def taken(self) -> int:
+        """The seed if it was drawn, else 0 (without drawing it)."""
+        return 0 if self._seed is None else self._seed
+
+    def rng(self) -> np.random.Generator:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
+
+
+def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
     """`images` (uint8 NHWC, a batch's rows, which it may write) through `geometry`, each op on
-    all rows at once; raises ValueError where torchvision's op would raise or pad otherwise
-    (the script's own fetch then gives its result)."""
+    all rows at once; raises ValueError where torchvision raises (a crop larger than the padded
+    image; a reflect or symmetric pad of a tensor past its size, which torch refuses): the
+    script's own fetch then raises it."""
     x = images
     for op in geometry:
         n, height, width = x.shape[:3]
-        if op[0] == "pad_to":  # RandomCrop's pad_if_needed: both sides by the shortfall
-            dh, dw = max(op[1][0] - height, 0), max(op[1][1] - width, 0)
-            op = ("pad", (dw, dh, dw, dh), op[2], op[3])
         if op[0] == "pad":
             left, top, right, bottom = op[1]
-            if op[3] != "constant" and (max(left, right) >= width or max(top, bottom) >= height):
-                raise ValueError("a reflected padding as wide as the image")  # (torch's reflect raises)
-            widths = ((0, 0), (top, bottom), (left, right), (0, 0))
-            x = np.pad(x, widths, constant_values=op[2]) if op[3] == "constant" else np.pad(x, widths, op[3])
+            if op[5] is not None:  # RandomCrop's pad_if_needed: both sides by the shortfall after the padding
+                dh, dw = max(op[5][0] - height - top - bottom, 0), max(op[5][1] - width - left - right, 0)
+                left, top, right, bottom = left + dw, top + dh, right + dw, bottom + dh
+            x = _pad(x, (left, top, right, bottom), op[2], op[3], op[4])
         elif op[0] == "crop":
             h, w = op[1]
             if height < h or width < w:
                 raise ValueError(f"crop {h}x{w} larger than the image, {height}x{width}")
             if (height, width) != (h, w):
+                rng = draws.rng()
                 top = rng.integers(0, height - h + 1, n)
                 left = rng.integers(0, width - w + 1, n)
                 windows = np.lib.stride_tricks.sliding_window_view(x, (h, w), axis=(1, 2))  # [n, i, j, c, h, w]
                 x = windows[np.arange(n), top, left].transpose(0, 2, 3, 1)
         elif op[0] == "center":
             h, w = op[1]
-            if height < h or width < w:
-                raise ValueError(f"a center crop {h}x{w} larger than the image, {height}x{width}")  # (it pads)
+            if h > height or w > width:  # torchvision pads it with zeros first, the odd pixel after
+                dh, dw = max(h - height, 0), max(w - width, 0)
+                x = _pad(x, (dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2), 0, "constant", False)
+                height, width = x.shape[1:3]
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
         else:  # flip
-            flipped = rng.random(n) < op[2]
+            flipped = draws.rng().random(n) < op[2]
             if flipped.any():
                 x = np.array(x)
                 x[flipped] = np.flip(x[flipped], op[1])
     return x
+
+
+def _pad(x: np.ndarray, ltrb: tuple, fill: int, mode: str, tensor: bool) -> np.ndarray:
+    """numpy's pad, torchvision's for a PIL image in every mode (its constant one, Pillow's
+    expand, gives the same fill); on a tensor, torch's reflect takes pads below the size only,
+    and torchvision's symmetric one pads up to the size."""
+    left, top, right, bottom = ltrb
+    height, width = x.shape[1:3]
+    if tensor and mode in ("reflect", "symmetric"):
+        most = (height - 1, width - 1) if mode == "reflect" else (height, width)
+        if max(top, bottom) > most[0] or max(left, right) > most[1]:
+            raise ValueError(f"a {mode} padding of {ltrb} on a {height}x{width} tensor")
+    widths = ((0, 0), (top, bottom), (left, right), (0, 0))
+    return np.pad(x, widths, constant_values=fill) if mode == "constant" else np.pad(x, widths, mode)
 
 
 class NativeArrays(NativeFolder):
@@ -213,14 +267,19 @@ class NativeArrays(NativeFolder):
     def _native(self, indices: list[int], lowering: Lowering) -> Any:
         self._use(lowering)
         ds, picked = self._picked(indices)
+        draws = Draws()
         try:
             rows, targets = _rows(ds, picked, lowering.channels)
-            # One seed a batch from this process's torch RNG, as the folders' (see NativeFolder)
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64)) if lowering.random else 0
-            images = np.ascontiguousarray(gather(rows, lowering.geometry, np.random.default_rng(seed)))
+            images = np.ascontiguousarray(gather(rows, lowering.geometry, draws))
         except Exception as e:  # (its own fetch raises the script's error, where it raises)
             raise FolderError(str(e)) from None
-        return self._batch(ds, torch.from_numpy(images), targets, np.asarray(picked, np.int64), lowering, seed)
+        # the pixel ops and RandomErasing draw whatever their parameters (a RandAugment of no op, nothing)
+        seed = draws.seed if lowering.random else draws.taken()
+        if lowering.pixel_ops:  # (each sample's draws keyed by its place in the batch: see the module)
+            plans = plan_pixels(lowering.pixel_ops, seed, 0, np.arange(len(images)), images.shape[1:3])
+            for k in range(len(images)):
+                apply_pixel_ops(images[k], lowering.pixel_ops, [p[k] for p in plans])
+        return self._batch(ds, torch.from_numpy(images), targets, lowering, seed)
 
 
 def _rows(ds: Any, indices: list, channels: int) -> tuple[np.ndarray, list]:

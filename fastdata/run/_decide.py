@@ -5,7 +5,7 @@ the worker count.
 
 num_workers: where the script left the default (0), a served loader gets "auto" only where that
 cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
-sample a function of the seed, the epoch and its index, in whatever process) without a
+sample a function of its batch's seed and its place in it, in whatever process) without a
 target_transform (the script's code, which may count or cache what it sees), torch's default
 samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
 without: the script's own draws between would change), workers started by fork (spawn would run

@@ -38,7 +38,8 @@ from ._profile import TimedPass, Timing
 from ._decide import SIGNATURE, decide, start_method
 from ._arrays import NativeArrays, lower_any
 from ._lowering import folder
-from ._torchvision import Finish, NativeFolder
+from ._layout import Finish
+from ._torchvision import NativeFolder
 from .._collate import collate as native_collate
 from .._workers import wait_forever
 from ..backends.torch import TorchLoader

@@ -8,8 +8,8 @@ fetcher calls with a batch's indices) reads the files named by the dataset's own
 at most `read.MAX_PART_BYTES` of their bytes at once, each part decoded before the next is read),
 decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMYK with Pillow,
 as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
-which crosses to the main process as uint8; there `Finish` lays it out as default_collate would
-have: `[images, targets]`, the images a contiguous NCHW tensor of the dtype the transform ends
+which crosses to the main process as uint8; there `_layout.Finish` lays it out as default_collate
+would have: `[images, targets]`, the images a contiguous NCHW tensor of the dtype the transform ends
 in; for a collate_fn of the script's, where it is fetched, as torchvision's samples: a list of
 (CHW tensor, target). Labels are the dataset's, through its `target_transform`. Random
 parameters follow torchvision's distributions, drawn per batch from a seed the process's torch
@@ -35,16 +35,13 @@ from __future__ import annotations
 import array
 import operator
 import pickle
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._buffers import ProcessRings, new_batch
-from .._collate import Prepared, collate, default_threads
-from .._ext import native as _ext
+from .._collate import Prepared
 from .._cores import batch_threads
 from ..backends.torch_iter import Raised
 from ..errors import DataError, one_line
@@ -52,112 +49,8 @@ from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
+from ._layout import FolderBatch, Layout, apply_steps, lay_out
 from ._lowering import Lowering, folder, lower, samples_refused, steps_dtype
-
-
-def _apply_steps(out: torch.Tensor, image: torch.Tensor, steps: tuple) -> None:
-    """Writes `image` (uint8 HWC) through `steps` into `out` (CHW), with torchvision's own
-    operations: ToTensor's `.to(dtype).div(255)`, ConvertImageDtype's `/ 255`, ToDtype's
-    `.mul_(1 / 255)`, Normalize's `.sub_(mean).div_(std)` with float mean and std of the image's
-    dtype; so the values are torchvision's, bit for bit, for the same uint8 pixels."""
-    out.copy_(image.permute(2, 0, 1))
-    for step in steps:
-        if step[0] == "to":
-            if step[2] == "div":
-                out.div_(255)
-            elif step[2] == "mul":
-                out.mul_(1.0 / 255)
-        else:
-            _, mean, std = step
-            m = torch.as_tensor(mean, dtype=out.dtype).view(-1, 1, 1)
-            s = torch.as_tensor(std, dtype=out.dtype).view(-1, 1, 1)
-            out.sub_(m).div_(s)
-
-
-def lookup_table(steps: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """[3, 256] of `dtype`: what `steps` make of each uint8 value in each channel, computed by
-    `_apply_steps` itself. Every step is per value and per channel, so laying out a batch
-    through this table (natively, in one pass) gives `_apply_steps`' values bit for bit."""
-    values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(1, 256, 3)
-    out = torch.empty((3, 1, 256), dtype=dtype)
-    _apply_steps(out, values, steps)
-    return out.view(3, 256)  # (a 1-channel image's: its first row, where a Normalize has one mean and std)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The tensor steps a natively decoded batch's images take in the main process, carried with
-    the batch: the lowering it was decoded with is the transform as the fetching process held it."""
-
-    steps: tuple
-    erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
-    seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
-
-
-class FolderBatch(Prepared):
-    """A decoded batch (uint8 NHWC, in the process's scratch), its targets and `Layout`. It
-    crosses to the main process as uint8 (a quarter of float32's bytes and shared pages), where
-    `Finish` lays it out in the transform's dtype."""
-
-    def __init__(self, images: torch.Tensor, targets: list, steps: tuple, erased: tuple = (), seed: int = 0) -> None:
-        self.images, self.targets, self.steps = images, targets, steps
-        self.erased, self.seed = erased, seed
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def collate_into(self, ring: Any) -> Any:
-        out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
-        out.copy_(self.images)
-        # (a tuple, as default_collate's transpose gives it: strings are collated as they come)
-        return [handle, collate(tuple(self.targets)), Layout(self.steps, self.erased, self.seed)]
-
-
-def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:
-    """Writes a natively served batch's uint8 NHWC `images` into `out` (NCHW, the dtype of the
-    layout's steps) as `layout` gives them: through a lookup table natively (made once per steps
-    and dtype, kept in `tables`), else `_apply_steps`; then the RandomErasing rectangles it
-    carries (`_erasing.erase`)."""
-    steps = layout.steps
-    if _ext is not None and len(images):
-        table = tables.get((steps, out.dtype))
-        if table is None:
-            if len(tables) > 8:  # a transform changed pass after pass
-                tables.clear()
-            table = tables[(steps, out.dtype)] = lookup_table(steps, out.dtype)
-        c = images.shape[3]
-        _ext.lookup_planes(images, table if c == 3 else table[:c].contiguous(), out, default_threads())
-    else:
-        for k in range(len(images)):
-            _apply_steps(out[k], images[k], steps)
-    if layout.erased:
-        erase(out, steps, layout.erased, layout.seed, _apply_steps)
-
-
-class Finish:
-    """The main process's step for a natively served loader: each natively decoded batch's uint8
-    NHWC images laid out as its `Layout` gives them (`lay_out`: NCHW, the transform's dtype and
-    values), in a reused slot of this process's ring (pinned with `pin`; shared pages with
-    `forks`, for a loader that forks workers). A batch of the dataset's own samples (a transform
-    not lowered) passes as it is."""
-
-    def __init__(self, lowering: Lowering, slots: int, pin: bool, forks: bool) -> None:
-        self.lowering = lowering
-        self.rings = ProcessRings(slots, pin, forks)
-        self._tables: dict[tuple, torch.Tensor] = {}
-
-    def __call__(self, batch: Any) -> Any:
-        if type(batch) is not list or len(batch) != 3 or type(batch[2]) is not Layout:
-            return batch
-        images, layout = batch[0], batch[2]
-        n, h, w, c = images.shape
-        ring = self.rings.ring()
-        try:
-            out, handle = new_batch(ring, (n, c, h, w), steps_dtype(layout.steps))
-            lay_out(images, layout, out, self._tables)
-        finally:
-            ring.end()
-        return [handle, batch[1]]
 
 
 class Carried(Prepared):
@@ -178,9 +71,9 @@ class Carried(Prepared):
 def _picklable(error: BaseException) -> bool:
     try:
         pickle.dumps(error)
+        return True
     except Exception:  # an attribute or argument pickle cannot take
         return False
-    return True
 
 
 class FolderError(DataError):
@@ -202,6 +95,11 @@ class Raise(Failures):
 class FolderDecoder(BatchDecoder):
     """The decoder of a natively served folder: images of different sizes in a batch raise what
     default_collate's stack raises on torchvision's samples (CHW tensors, 3 channels)."""
+
+    def draw_keys(self, index: np.ndarray, before: int) -> np.ndarray:
+        # Each sample's place in its batch (whose seed is drawn per batch): a sample drawn twice
+        # into one batch, as a sampler with replacement may, gets draws of its own, as torchvision's.
+        return np.arange(before, before + len(index), dtype=np.int64)
 
     def mixed_sizes(self, first: str, first_size: tuple, other: str, other_size: tuple, entry: int) -> None:
         (w0, h0), (w, h) = first_size, other_size
@@ -359,16 +257,15 @@ class NativeFolder(Dataset):
             self.decoder.fill(images[done:done + n], c, 0, errors)
             del part, c  # its bytes go before the next part's are read
             done += n
-        return self._batch(ds, images, targets, index, lowering, self.decoder.seed)
+        return self._batch(ds, images, targets, lowering, self.decoder.seed)
 
-    def _batch(self, ds: Any, images: torch.Tensor, targets: list, index: np.ndarray, lowering: Lowering,
-               seed: int) -> Any:
-        """The batch of `ds`'s `index`: uint8 NHWC `images` (drawn from `seed`), `targets` as they are."""
+    def _batch(self, ds: Any, images: torch.Tensor, targets: list, lowering: Lowering, seed: int) -> Any:
+        """The batch of uint8 NHWC `images` (drawn from `seed`) and `targets` of the dataset `ds`."""
         if ds.target_transform is not None:
             targets = [ds.target_transform(t) for t in targets]
-        # RandomErasing's rectangles, drawn here as numbers (the batch's images have one size);
+        # RandomErasing's rectangles, drawn here as numbers (keyed as `FolderDecoder.draw_keys`);
         # the main process writes them over the laid-out batch
-        erased = draw(lowering.erasing, seed, index, *images.shape[1:3]) if lowering.erasing else ()
+        erased = draw(lowering.erasing, seed, np.arange(len(images)), *images.shape[1:3]) if lowering.erasing else ()
         if self.samples:
             n, h, w, c = images.shape
             dtype, plain = steps_dtype(lowering.steps), Layout(lowering.steps)
@@ -377,7 +274,7 @@ class NativeFolder(Dataset):
             for k in range(n):
                 lay_out(images[k:k + 1], plain, outs[k][None], self._tables)
             if erased:
-                erase(outs, lowering.steps, erased, seed, _apply_steps)
+                erase(outs, lowering.steps, erased, seed, apply_steps)
             return list(zip(outs, targets))
         return FolderBatch(images, targets, lowering.steps, erased, seed if erased else 0)
 

@@ -38,7 +38,8 @@ from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 
 import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
-from fastdata.run._torchvision import Finish, NativeFolder, lower  # noqa: E402
+from fastdata.run._layout import Finish  # noqa: E402
+from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms.ops import AUTO_OPS, AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's)
 from fastdata.transforms.plan import (  # noqa: E402
@@ -684,8 +685,9 @@ def references(ds, decoder, indices, ref):
     idx = np.asarray(indices, np.int64)
     paths = [ds.samples[i][0] for i in idx]
     sizes = np.array([Image.open(p).size for p in paths])  # the header's (no EXIF rotation: as pil_loader)
-    g = plan_geometry(decoder.geometry, decoder.seed, 0, idx, sizes[:, 0], sizes[:, 1])
-    plans = plan_pixels(decoder.pixel_ops, decoder.seed, 0, idx) if decoder.pixel_ops else []
+    places = np.arange(len(idx))  # (fastdata run keys each sample's draws by its place in the batch)
+    g = plan_geometry(decoder.geometry, decoder.seed, 0, places, sizes[:, 0], sizes[:, 1])
+    plans = plan_pixels(decoder.pixel_ops, decoder.seed, 0, places) if decoder.pixel_ops else []
     out = []
     for k, path in enumerate(paths):
         img = pil_loader(path)
@@ -1001,7 +1003,7 @@ def test_random_erasing_pixels_as_torchvision(name, native, monkeypatch):
     """Given the rectangles, the laid-out batch is torchvision's own forward, bit for bit: the
     value cast and then through the steps after the op (Normalize's arithmetic on it too), the
     noise the same standard normal draws (fastdata's generator's, fed to torchvision)."""
-    import fastdata.run._torchvision as rt
+    import fastdata.run._layout as rt
 
     transform, values = _erasing_pipelines()[name]
     lowering = lower_transform(transform)

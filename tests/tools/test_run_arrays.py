@@ -134,6 +134,20 @@ def _deterministic(tv) -> dict:
         "v1 geometry on a float tensor": T.Compose([T.ToTensor(), T.Pad(2), T.CenterCrop(32), T.Normalize(
             CIFAR_MEAN, CIFAR_STD)]),
         "v1 ConvertImageDtype to float64": T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float64)]),
+        # one ColorJitter factor of a fixed value (so its order draws change nothing): Pillow's contrast
+        # reads the mean of the image as cropped
+        "v1 crop then a fixed contrast": T.Compose([T.Pad(3, padding_mode="edge"), T.CenterCrop(36),
+                                                    T.ColorJitter(contrast=(0.6, 0.6)), T.ToTensor()]),
+        "v2 fixed saturation": v2.Compose([v2.RandomHorizontalFlip(1.0), v2.ColorJitter(saturation=(0.3, 0.3)),
+                                           v2.PILToTensor()]),
+        # torchvision pads a smaller image with zeros, the odd pixel after; a PIL image's reflect and
+        # symmetric pads (numpy's) take any size; edge takes any on a tensor too
+        "v1 center crop past the image, reflect pad past it": T.Compose([
+            T.CenterCrop((37, 34)), T.Pad((40, 3), padding_mode="reflect"), T.Pad(50, padding_mode="symmetric"),
+            T.PILToTensor()]),
+        "v2 center crop past a tensor, edge pad past it": v2.Compose([
+            v2.ToImage(), v2.CenterCrop(35), v2.Pad(70, padding_mode="edge"), v2.ToPureTensor()]),
+        "a crop that cannot move": T.Compose([T.RandomCrop(32), v2.RandomCrop(32, padding=0), T.PILToTensor()]),
     }
 
 
@@ -275,7 +289,10 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
     from fastdata.run._decide import decide
 
     cases = [
-        (cifar(T.Compose([T.ColorJitter(0.4), T.ToTensor()])), "ColorJitter has no faithful lowering for an in-memory"),
+        (cifar(T.Compose([T.RandomRotation(15), T.ToTensor()])), "RandomRotation has no faithful lowering for an in-"),
+        (cifar(T.Compose([T.AutoAugment(), T.RandomCrop(32, padding=4), T.ToTensor()])),
+         "RandomCrop after AutoAugment"),
+        (cifar(T.Compose([T.ToTensor(), T.ColorJitter(0.4)])), "ColorJitter on a tensor image"),
         (cifar(T.Compose([T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD), T.RandomHorizontalFlip()])),
          "RandomHorizontalFlip after Normalize"),
         (cifar(T.Compose([T.RandomCrop(32, padding=4, fill=(1, 2, 3)), T.ToTensor()])), "fill (1, 2, 3)"),
@@ -288,22 +305,24 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
          "3 means or stds for 1-channel images"),
         (tv.datasets.MNIST(str(roots), transform=T.Compose([T.ToTensor(), T.RandomErasing()])),
          "RandomErasing on 1-channel images"),
+        (tv.datasets.MNIST(str(roots), transform=T.Compose([T.ColorJitter(0.4), T.ToTensor()])),
+         "ColorJitter on 1-channel images"),
     ]
     for dataset, words in cases:
         served, reason, _, lowering = decide((dataset,), {"batch_size": 8})
         assert served and lowering is None and words in reason and "not served natively" in reason, reason
     # the script's own samples and errors
-    mnist3 = cases[7][0]
+    mnist3 = cases[9][0]
     with pytest.raises(RuntimeError) as plain:
         next(iter(torch.utils.data.DataLoader(mnist3, batch_size=8)))
     with pytest.raises(RuntimeError) as got:
         next(iter(_served(mnist3, batch_size=8)))
     assert str(got.value) == str(plain.value)
-    jitter = cases[0][0]
+    rotated = cases[0][0]
     torch.manual_seed(3)
-    a = next(iter(torch.utils.data.DataLoader(jitter, batch_size=8)))
+    a = next(iter(torch.utils.data.DataLoader(rotated, batch_size=8)))
     torch.manual_seed(3)
-    b = next(iter(_served(jitter, batch_size=8)))
+    b = next(iter(_served(rotated, batch_size=8)))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
     class OwnGetitem(tv.datasets.CIFAR10):
@@ -312,7 +331,7 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
 
     from fastdata.run._arrays import lower_arrays
 
-    assert lower_arrays(cifar(T.ToTensor(), cls=OwnGetitem)) == (None, "")  # its own code: not read
+    assert lower_arrays(cifar(T.ToTensor(), cls=OwnGetitem)) == (None, "OwnGetitem overrides __getitem__")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -397,3 +416,126 @@ def test_an_unchanged_mnist_script_under_fastdata_run(tv, roots, tmp_path):
     assert plain.returncode == 0 and got.returncode == 0, (plain.stderr[-2000:], got.stderr[-2000:])
     assert got.stdout == plain.stdout and f"seen {N} wrong 0" in got.stdout, (got.stdout, plain.stdout)
     assert "served natively: MNIST with ToTensor, Normalize run on its arrays by fastdata" in got.stderr, got.stderr
+
+
+def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv, monkeypatch):
+    """The CIFAR recipe with AutoAugment's CIFAR10 policy: served natively; each image is
+    torchvision's own ops (`_apply_op`) for the sub-policy ops, magnitudes and signs fastdata
+    drew, run on the crop it cut; a sample drawn twice into one batch gets draws of its own."""
+    import torchvision.transforms as T
+    from PIL import Image
+    from torchvision.transforms.autoaugment import _apply_op
+
+    from fastdata.run import _arrays
+
+    cut, drawn = [], []
+
+    def gather(*args):
+        out = _arrays.gather.__wrapped__(*args)
+        cut.append(np.array(out))
+        return out
+
+    def plan_pixels(*args):
+        plans = _arrays.plan_pixels.__wrapped__(*args)
+        drawn.append(plans)
+        return plans
+
+    gather.__wrapped__, plan_pixels.__wrapped__ = _arrays.gather, _arrays.plan_pixels
+    monkeypatch.setattr(_arrays, "gather", gather)
+    monkeypatch.setattr(_arrays, "plan_pixels", plan_pixels)
+    op = T.AutoAugment(T.AutoAugmentPolicy.CIFAR10)
+    dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), op, T.PILToTensor()]))
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=50, shuffle=True)
+    with natively_only():
+        batches = [images for images, _ in loader]
+    assert len(batches) == len(cut) == len(drawn) == N // 50
+    names = set()
+    for images, rows, (plan,) in zip(batches, cut, drawn):
+        for k in range(len(images)):
+            img = Image.fromarray(rows[k])
+            for q in plan[k]["ops"]:
+                names.add(q["op"])
+                img = _apply_op(img, q["op"], q["magnitude"], op.interpolation, None)
+            assert torch.equal(images[k], torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)), plan[k]
+    assert len(names) >= 8, names
+    twice = torch.utils.data.Subset(cifar(T.Compose([op, T.PILToTensor()])), [7] * 50)
+    (same,) = [images for images, _ in _served(twice, batch_size=50)]
+    assert len({bytes(x.numpy()) for x in same}) > 10  # (torchvision's draws: each its own; 1 if keyed by index)
+
+
+def _windows(img: torch.Tensor, h: int, w: int) -> set[bytes]:
+    """Every h x w window of a CHW image, as bytes."""
+    return {bytes(img[:, i:i + h, j:j + w].contiguous().numpy()) for i in range(img.shape[1] - h + 1)
+            for j in range(img.shape[2] - w + 1)}
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "symmetric"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v2 tensor"])
+def test_random_crop_padding_and_pad_if_needed_are_torchvisions(cifar, tv, version, mode):
+    """RandomCrop(36, padding=(1, 2), pad_if_needed=True): v1 pads the padding, then the shortfall
+    (two pads); v2 pads both at once (one pad, where reflect and symmetric differ from two). Each
+    served image is a window of the image torchvision's own pad makes, and not always the same."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    import torchvision.transforms.v2.functional as F2
+
+    crop = (T.RandomCrop if version == "v1" else v2.RandomCrop)(36, padding=(1, 2), pad_if_needed=True, fill=9,
+                                                               padding_mode=mode)
+    pre = [v2.ToImage()] if version == "v2 tensor" else []
+    dataset = cifar(v2.Compose([*pre, crop, v2.PILToTensor() if not pre else v2.ToPureTensor()]))
+    raw = cifar(T.PILToTensor())
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=25)
+    assert loader._fastdata_lowering.in_memory
+    with natively_only():
+        images = torch.cat([x for x, _ in loader])
+    fill = 9 if mode == "constant" else 0
+    offsets = set()
+    for k in range(0, N, 7):
+        img = raw[k][0]
+        if version == "v1":  # (36 rows, 34 columns after the padding: the shortfall, 2 columns a side, apart)
+            padded = F.pad(F.pad(img, [1, 2], fill, mode), [2, 0], fill, mode)
+        else:  # (the same sides, 3 columns and 2 rows, in one pad)
+            padded = F2.pad(img, [3, 2, 3, 2], fill, mode)
+        windows = _windows(padded, 36, 36)
+        assert bytes(images[k].numpy()) in windows, (version, mode, k)
+        offsets.add(bytes(images[k].numpy()))
+    assert len(offsets) > 10
+
+
+def test_a_crop_that_cannot_move_draws_nothing_from_torchs_rng(cifar, tv):
+    """torchvision's RandomCrop of an image's own size (no padding, or padding=0) draws nothing:
+    served, the script's torch RNG after the epoch is the plain script's; a crop that moves draws."""
+    import torchvision.transforms as T
+
+    def run(make, transform):
+        torch.manual_seed(0)
+        loader = make(cifar(transform), batch_size=50, shuffle=True)
+        batches = [b for _ in range(2) for b in loader]
+        return batches, torch.rand(3)
+
+    still = _deterministic(tv)["a crop that cannot move"]
+    (served, after), (plain, plain_after) = run(_served, still), run(torch.utils.data.DataLoader, still)
+    _same(plain, served)
+    assert torch.equal(after, plain_after)
+    moving = T.Compose([T.RandomCrop(30), T.PILToTensor()])
+    assert not torch.equal(run(_served, moving)[1], plain_after)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_tensor_pad_torch_refuses_raises_torchs_error(cifar, tv, workers):
+    """A reflect pad of a tensor as wide as the image (torch refuses it; a PIL image's would be
+    numpy's, which takes it): the script's own fetch, its error torch's."""
+    import torchvision.transforms.v2 as v2
+
+    dataset = cifar(v2.Compose([v2.ToImage(), v2.Pad(32, padding_mode="reflect"), v2.ToPureTensor()]))
+    with pytest.raises(RuntimeError) as plain:
+        next(iter(torch.utils.data.DataLoader(dataset, batch_size=8)))
+    loader = _served(dataset, batch_size=8, num_workers=workers)
+    assert loader._fastdata_lowering.in_memory
+    with pytest.raises(RuntimeError) as got:
+        next(iter(loader))
+    assert str(plain.value).splitlines()[-1] in str(got.value), (plain.value, got.value)
+    loader._stop()

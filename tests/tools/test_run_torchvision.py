@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastdata.run import _layout
 from fastdata.run import _torchvision as rt
 from fastdata._ext import native
 
@@ -45,10 +46,10 @@ def test_lookup_table_layout_is_the_torch_steps_bit_for_bit(name):
     images[0, 0, :, :] = torch.arange(256, dtype=torch.uint8)[:, None]  # every value in every channel
     expected = torch.empty((5, 3, 7, 256), dtype=lowering.dtype)
     for k in range(5):
-        rt._apply_steps(expected[k], images[k], steps)
+        _layout.apply_steps(expected[k], images[k], steps)
     labels = torch.arange(5)
-    finish = rt.Finish(lowering, slots=2, pin=False, forks=False)
-    got = finish([images, labels, rt.Layout(steps)])
+    finish = _layout.Finish(lowering, slots=2, pin=False, forks=False)
+    got = finish([images, labels, _layout.Layout(steps)])
     assert got[1] is labels
     assert got[0].dtype == lowering.dtype and got[0].shape == (5, 3, 7, 256) and got[0].is_contiguous()
     assert torch.equal(got[0], expected)
@@ -435,6 +436,26 @@ def test_only_a_thin_wrapper_of_a_compose_is_looked_into(tv, folder):
     for wrapper in (More(inner), Property(inner)):
         lowering, why = rt.lower(ImageFolder(str(folder), wrapper))
         assert lowering is None and why == f"{type(wrapper).__name__} has no faithful lowering in fastdata", why
+
+
+def test_a_sample_drawn_twice_into_a_batch_gets_draws_of_its_own(tv, folder):
+    """A sampler with replacement (WeightedRandomSampler, a Subset repeating an index) may put a
+    sample in a batch twice: torchvision draws each occurrence's crop, flip and pixel ops anew,
+    and so does fastdata (the draws keyed by the place in the batch, not the sample)."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    for transform in (T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.PILToTensor()]),
+                      T.Compose([T.Resize((32, 32)), T.TrivialAugmentWide(), T.PILToTensor()]),
+                      T.Compose([T.Resize((32, 32)), T.ToTensor(), T.RandomErasing(p=1.0)])):
+        dataset = ImageFolder(str(folder), transform)
+        weights = [1.0] + [0.0] * (len(dataset) - 1)
+        for loader in (_served(torch.utils.data.Subset(dataset, [3] * 40), batch_size=40),
+                       _served(dataset, batch_size=40, sampler=torch.utils.data.WeightedRandomSampler(weights, 40))):
+            assert isinstance(loader._loader.dataset, rt.NativeFolder)
+            (images, _), = list(loader)
+            assert len({bytes(x.numpy()) for x in images}) > 10, transform
+            loader._stop()
 
 
 def test_served_natively_same_seed_same_batches(tv, folder):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.run import _torchvision as rt
+from fastdata.run import _layout as rt
 from fastdata.run._erasing import Erase, draw, lowered, params
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

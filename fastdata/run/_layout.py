@@ -1,0 +1,125 @@
+"""`fastdata run`: the layout of a natively served batch (`fastdata.run._torchvision`,
+`fastdata.run._arrays`): its uint8 NHWC images, as they cross from the fetching process
+(`FolderBatch`), written into NCHW of the dtype the transform ends in through the transform's
+tensor steps (`Layout`), as torchvision's own operations compute them: natively through a
+lookup table of 256 values a channel (`lay_out`), in the main process (`Finish`), or where a
+collate_fn of the script's gets the samples, where they are fetched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._buffers import ProcessRings, new_batch
+from .._collate import Prepared, collate, default_threads
+from .._ext import native as _ext
+from ._erasing import erase
+from ._lowering import Lowering, steps_dtype
+
+
+def apply_steps(out: torch.Tensor, image: torch.Tensor, steps: tuple) -> None:
+    """Writes `image` (uint8 HWC) through `steps` into `out` (CHW), with torchvision's own
+    operations: ToTensor's `.to(dtype).div(255)`, ConvertImageDtype's `/ 255`, ToDtype's
+    `.mul_(1 / 255)`, Normalize's `.sub_(mean).div_(std)` with float mean and std of the image's
+    dtype; so the values are torchvision's, bit for bit, for the same uint8 pixels."""
+    out.copy_(image.permute(2, 0, 1))
+    for step in steps:
+        if step[0] == "to":
+            if step[2] == "div":
+                out.div_(255)
+            elif step[2] == "mul":
+                out.mul_(1.0 / 255)
+        else:
+            _, mean, std = step
+            m = torch.as_tensor(mean, dtype=out.dtype).view(-1, 1, 1)
+            s = torch.as_tensor(std, dtype=out.dtype).view(-1, 1, 1)
+            out.sub_(m).div_(s)
+
+
+def lookup_table(steps: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """[3, 256] of `dtype`: what `steps` make of each uint8 value in each channel, computed by
+    `apply_steps` itself. Every step is per value and per channel, so laying out a batch
+    through this table (natively, in one pass) gives `apply_steps`' values bit for bit."""
+    values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(1, 256, 3)
+    out = torch.empty((3, 1, 256), dtype=dtype)
+    apply_steps(out, values, steps)
+    return out.view(3, 256)  # (a 1-channel image's: its first row, where a Normalize has one mean and std)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The tensor steps a natively decoded batch's images take in the main process, carried with
+    the batch: the lowering it was decoded with is the transform as the fetching process held it."""
+
+    steps: tuple
+    erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
+    seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
+
+
+class FolderBatch(Prepared):
+    """A decoded batch (uint8 NHWC, in the process's scratch), its targets and `Layout`. It
+    crosses to the main process as uint8 (a quarter of float32's bytes and shared pages), where
+    `Finish` lays it out in the transform's dtype."""
+
+    def __init__(self, images: torch.Tensor, targets: list, steps: tuple, erased: tuple = (), seed: int = 0) -> None:
+        self.images, self.targets, self.steps = images, targets, steps
+        self.erased, self.seed = erased, seed
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def collate_into(self, ring: Any) -> Any:
+        out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
+        out.copy_(self.images)
+        # (a tuple, as default_collate's transpose gives it: strings are collated as they come)
+        return [handle, collate(tuple(self.targets)), Layout(self.steps, self.erased, self.seed)]
+
+
+def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:
+    """Writes a natively served batch's uint8 NHWC `images` into `out` (NCHW, the dtype of the
+    layout's steps) as `layout` gives them: through a lookup table natively (made once per steps
+    and dtype, kept in `tables`), else `apply_steps`; then the RandomErasing rectangles it
+    carries (`_erasing.erase`)."""
+    steps = layout.steps
+    if _ext is not None and len(images):
+        table = tables.get((steps, out.dtype))
+        if table is None:
+            if len(tables) > 8:  # a transform changed pass after pass
+                tables.clear()
+            table = tables[(steps, out.dtype)] = lookup_table(steps, out.dtype)
+        c = images.shape[3]
+        _ext.lookup_planes(images, table if c == 3 else table[:c].contiguous(), out, default_threads())
+    else:
+        for k in range(len(images)):
+            apply_steps(out[k], images[k], steps)
+    if layout.erased:
+        erase(out, steps, layout.erased, layout.seed, apply_steps)
+
+
+class Finish:
+    """The main process's step for a natively served loader: each natively decoded batch's uint8
+    NHWC images laid out as its `Layout` gives them (`lay_out`: NCHW, the transform's dtype and
+    values), in a reused slot of this process's ring (pinned with `pin`; shared pages with
+    `forks`, for a loader that forks workers). A batch of the dataset's own samples (a transform
+    not lowered) passes as it is."""
+
+    def __init__(self, lowering: Lowering, slots: int, pin: bool, forks: bool) -> None:
+        self.lowering = lowering
+        self.rings = ProcessRings(slots, pin, forks)
+        self._tables: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, batch: Any) -> Any:
+        if type(batch) is not list or len(batch) != 3 or type(batch[2]) is not Layout:
+            return batch
+        images, layout = batch[0], batch[2]
+        n, h, w, c = images.shape
+        ring = self.rings.ring()
+        try:
+            out, handle = new_batch(ring, (n, c, h, w), steps_dtype(layout.steps))
+            lay_out(images, layout, out, self._tables)
+        finally:
+            ring.end()
+        return [handle, batch[1]]
