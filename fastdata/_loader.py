@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import numbers
 import operator
+import os
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -81,23 +83,41 @@ class Pass:
     iter() of its loader ends it (`Loader._supersede`); its next `next()` then goes on with
     the rest of its batches, made by `then`'s `rest()` (or, with its epoch done, stops)."""
 
-    __slots__ = ("_next", "close", "__weakref__")
+    __slots__ = ("_take", "close", "__weakref__")
 
     def __init__(self, batches: Iterator[Any]) -> None:
-        self._next, self.close = batches.__next__, batches.close
+        self._take, self.close = batches.__next__, batches.close
+        _open[self] = os.getpid()
 
     def __iter__(self) -> "Pass":
         return self
 
     def __next__(self) -> Any:
-        return self._next()
+        return self._take()
 
     def then(self, rest: Callable[[], Iterator[Any]]) -> None:
-        self._next = _Rest(self, rest)
+        self._take = _Rest(self, rest)
+
+
+# The passes not yet collected, with the process that made them: at exit, one still open (an
+# iterator kept half read, as `images, labels = next(iter(loader))` at a script's top level
+# keeps it) is ended while the interpreter is whole, its workers and slots freed as at any end;
+# the interpreter's teardown would close its generator after the modules it needs are gone.
+_open: "weakref.WeakKeyDictionary[Pass, int]" = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _end_open_passes() -> None:
+    for one, pid in list(_open.items()):
+        if pid == os.getpid():
+            try:
+                one.close()
+            except Exception:  # (what a pass raises as it ends: nothing is left to tell at exit)
+                pass
 
 
 class _Rest:
-    """A superseded pass's `_next` until it is called: then the rest of the pass takes over.
+    """A superseded pass's `_take` until it is called: then the rest of the pass takes over.
     It holds the pass weakly: a pass holding itself would wait for a garbage collection."""
 
     __slots__ = ("_owner", "_rest")
@@ -107,8 +127,8 @@ class _Rest:
 
     def __call__(self) -> Any:
         owner = self._owner()
-        owner._next = self._rest().__next__
-        return owner._next()
+        owner._take = self._rest().__next__
+        return owner._take()
 
 
 class Loader:

@@ -27,6 +27,8 @@ import time
 import weakref
 from typing import Any, Callable
 
+import torch.multiprocessing  # (here, not at the call: a pass may end as the interpreter shuts down)
+
 from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, live_iterator, mark_fetches,
                                unregister_workers)
 
@@ -200,8 +202,6 @@ def _unlink_orphans(pids: list[int]) -> None:
     segment /dev/shm/torch_<pid>_... and, sharing by file descriptor (its default), unlinks the
     name right after creating it, before anyone else can know it; a worker killed between the
     two leaves a name that nothing will ever remove."""
-    import torch.multiprocessing
-
     if not pids or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return
     try:

@@ -140,7 +140,7 @@ class Pass(LoaderPass):
         self.index_sampler = index_sampler
 
     def __next__(self) -> Any:
-        item = self._next()
+        item = self._take()
         if item.__class__ is Raised:
             # The pass's frame keeps the wrapper, not the error: the error's traceback holds
             # this pass, and a cycle would keep its workers alive until a garbage collection.

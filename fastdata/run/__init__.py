@@ -13,8 +13,8 @@ image folder fastdata decodes itself, torch's default samplers, fork, room in /d
 Dataset keeps its 0 (only its own __getitem__ knows whether workers would change its samples).
 Where CUDA is, a served loader with workers copies each batch ahead to the GPU the script moves
 its batches to (`fastdata.run._copy`; --no-copy-ahead: not). At the end, one line per loader on
-stderr: where it was made, the dataset, served or fell back, and why (and how many of the copies
-ahead the script took).
+stderr: where it was made, the dataset, native (served, fastdata making its samples), served or
+fell back, and why (and how many of the copies ahead the script took).
 
 --profile times each served loader in the real run (the wait per step, the stall fraction, the
 stages) and writes the usual report (report.json, report.html) per loader in --out.
@@ -201,9 +201,10 @@ def summary(loaders: list[dict[str, Any]], status: int = 0) -> str:
                 "the hook: python -S, -I or -E ignore PYTHONPATH)")
     kinds = collections.Counter((r["decision"], r["where"], r["dataset"], r["loader"], r["reason"] + _copied(r))
                                 for r in loaders)
-    served = sum(r["decision"] == "served" for r in loaders)
-    lines = [f"fastdata run: {len(loaders)} DataLoader(s): {served} served by fastdata, {len(loaders) - served} "
-             "torch's own"]
+    native = sum(r["decision"] == "native" for r in loaders)  # (fastdata makes their samples)
+    served = native + sum(r["decision"] == "served" for r in loaders)
+    lines = [f"fastdata run: {len(loaders)} DataLoader(s): {served} served by fastdata ({native} natively), "
+             f"{len(loaders) - served} torch's own"]
     for (decision, where, dataset, loader, reason), n in kinds.items():
         times = f" (x{n})" if n > 1 else ""
         lines.append(f"  {decision:<9} {where}  {loader}({dataset}){times}: {reason}")

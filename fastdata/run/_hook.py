@@ -132,7 +132,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         self._fastdata_timing = timing
         # With workers and a GPU, batches are copied ahead to where the script moves them.
         copy = self._fastdata_copy = CopyAhead() if self.num_workers > 0 and _copy_ahead() else None
-        seq = _record(self, self.dataset, "served", reason, type(self))
+        seq = _record(self, self.dataset, "served" if lowering is None else "native", reason, type(self))
         if copy is not None and seq is not None:
             _copying.append((seq, copy))
 

@@ -883,6 +883,50 @@ def test_read_only_arrays_get_torchs_warning_as_with_dataloader():
     assert len(warned[0]) == len(warned[1]) == 1
 
 
+_HALF_READ = """
+import os, sys
+import numpy as np, torch
+import fastdata
+from fastdata import transforms as T
+
+if sys.argv[1] == "images":
+    from PIL import Image
+    os.makedirs(os.path.join(sys.argv[2], "a"), exist_ok=True)
+    for i in range(8):
+        Image.new("RGB", (40, 30), (30 * i, 0, 0)).save(os.path.join(sys.argv[2], "a", f"{i}.png"))
+    loader = fastdata.loader(sys.argv[2], batch_size=2, num_workers=2, device="cpu", transform=T.Compose([T.Resize((16, 16))]))
+else:
+    make = torch.utils.data.DataLoader if sys.argv[1] == "torch" else fastdata.loader
+    loader = make(torch.utils.data.TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=2)
+dataiter = iter(loader)  # a tutorial's "show some images": a pass kept half read at the top level
+batch = next(dataiter)
+print("pid", os.getpid(), len(batch))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pass_left_half_read_at_exit_ends_quietly(tmp_path):
+    """A script that keeps a pass with workers half read at its top level and exits, plain or
+    under `fastdata run`: as with DataLoader, it exits 0 and prints nothing to stderr but the
+    run's summary (the pass is ended while the interpreter is whole, not by its teardown), and
+    leaves nothing in /dev/shm."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "half_read.py"
+    script.write_text(_HALF_READ)
+    plain, run = [sys.executable], [sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable]
+    # (a natively served torchvision dataset under fastdata run: tests/tools/test_run_arrays.py)
+    for kind, launch in (("torch", plain), ("drop-in", plain), ("images", plain), ("torch", run)):
+        done = subprocess.run([*launch, str(script), kind, str(tmp_path / "set")], capture_output=True, text=True,
+                              timeout=100, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert done.returncode == 0 and done.stdout.startswith("pid"), (kind, done.stderr[-2000:])
+        err = done.stderr if launch is plain else done.stderr.split("fastdata run: 1 DataLoader(s)")[0]
+        assert err == "", (kind, launch, done.stderr[-2000:])
+        pid = done.stdout.split()[1]
+        assert not [n for n in os.listdir("/dev/shm") if pid in n], kind
+
+
 def test_a_generator_that_is_no_generator_fails_at_iter_as_dataloaders_does():
     """torch takes any generator= and fails when its iterator draws the base seed."""
     errors = []

@@ -539,3 +539,28 @@ def test_a_tensor_pad_torch_refuses_raises_torchs_error(cifar, tv, workers):
         next(iter(loader))
     assert str(plain.value).splitlines()[-1] in str(got.value), (plain.value, got.value)
     loader._stop()
+
+
+HALF_READ = """
+import sys, torch, torchvision, torchvision.transforms as transforms
+torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # (the tests' own files)
+transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+trainset = torchvision.datasets.CIFAR10(root=sys.argv[1], train=True, download=False, transform=transform)
+trainloader = torch.utils.data.DataLoader(trainset, batch_size=4, shuffle=True, num_workers=2)
+dataiter = iter(trainloader)  # the CIFAR tutorial's "show some images": its iterator kept half read
+images, labels = next(dataiter)
+print(images.shape, labels)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, tmp_path):
+    """The tutorial's pattern under `fastdata run`: the script exits 0 with nothing on stderr but
+    the run's summary (the pass, its workers and its slots, ended while the interpreter is whole)."""
+    script = tmp_path / "half_read.py"
+    script.write_text(HALF_READ)
+    done = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script),
+                           str(roots)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0 and done.stdout.startswith("torch.Size([4, 3, 32, 32])"), done.stderr[-3000:]
+    assert done.stderr.startswith("fastdata run: 1 DataLoader(s)"), done.stderr[-3000:]
+    assert "served natively: CIFAR10" in done.stderr
