@@ -100,7 +100,7 @@ class Pass:
 
 
 # The passes not yet collected, with the process that made them: at exit, one still open (an
-# iterator kept half read, as `images, labels = next(iter(loader))` at a script's top level
+# iterator kept half read, as a script's top-level `dataiter = iter(loader); next(dataiter)`
 # keeps it) is ended while the interpreter is whole, its workers and slots freed as at any end;
 # the interpreter's teardown would close its generator after the modules it needs are gone.
 _open: "weakref.WeakKeyDictionary[Pass, int]" = weakref.WeakKeyDictionary()
