@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ._cores import usable_cores
+from ._torch_internals import python_exiting
 
 
 def resolve_workers(num_workers: int | str, device: Any = None, *, fresh_in_process: bool = False,
@@ -108,12 +109,14 @@ _open: "weakref.WeakKeyDictionary[Pass, int]" = weakref.WeakKeyDictionary()
 
 @atexit.register
 def _end_open_passes() -> None:
-    for one, pid in list(_open.items()):
-        if pid == os.getpid():
-            try:
-                one.close()
-            except Exception:  # (what a pass raises as it ends: nothing is left to tell at exit)
-                pass
+    mine = [one for one, pid in list(_open.items()) if pid == os.getpid()]
+    if mine:
+        python_exiting()  # (workers terminated, as at torch's exit, not waited for)
+    for one in mine:
+        try:
+            one.close()
+        except Exception:  # (what a pass raises as it ends: nothing is left to tell at exit)
+            pass
 
 
 class _Rest:

@@ -89,6 +89,13 @@ def iterator_shutdown(it: Any) -> None:
         it._shutdown_workers()
 
 
+def python_exiting() -> None:
+    """Marks the interpreter's exit as torch's own atexit hook marks it (`python_exit_status`):
+    a DataLoader iterator shut down from then on leaves its daemonic workers to
+    multiprocessing's exit, which terminates them, rather than waiting for their batches."""
+    torch.utils.data._utils.python_exit_status = True
+
+
 def end_live_iterator(loader: Any) -> None:
     """Shuts the persistent workers of DataLoader `loader` down: its next iter() starts fresh ones."""
     live = live_iterator(loader)
