@@ -5,12 +5,14 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
-flips, each its exact torchvision class), then what the folders' lowering reads after the
+flips, and on the PIL image RandomRotation, each its exact torchvision class), then what the
+folders' lowering reads after the
 geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment and
 AutoAugment on the PIL image, the conversion, Normalize, RandomErasing). `gather` runs the
 geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for edge,
 reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut at
-per-sample offsets, flips by mask; the pixel ops then run on each row as the folders' do
+per-sample offsets, flips by mask, a rotation by Pillow's rotate of each row (the call
+torchvision makes); the pixel ops then run on each row as the folders' do
 (`transforms.pil`: torchvision's own Pillow calls). The batch then takes the folders' way
 (`NativeFolder`'s collation, `Finish`'s lookup-table layout), so the values are torchvision's
 for the same crop offsets, flips and pixel-op parameters, drawn from a seed per batch as the
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
@@ -116,7 +119,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if closed and cls in (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad,
                               T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip,
-                              v2.RandomVerticalFlip):
+                              v2.RandomVerticalFlip, T.RandomRotation, v2.RandomRotation):
             raise Unlowerable(f"{kind} after {closed}: not lowered for an in-memory dataset")
         if cls is v2.RandomCrop:  # one pad: the padding (kept as left, right, top, bottom) and the shortfall
             pad = (op.padding[0], op.padding[2], op.padding[1], op.padding[3]) if op.padding else (0, 0, 0, 0)
@@ -136,10 +139,12 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             geometry.append(("center", (int(size[0]), int(size[-1]))))
         elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip):
             geometry.append(("flip", 2 if "Horizontal" in kind else 1, float(op.p)))
+        elif cls in (T.RandomRotation, v2.RandomRotation):
+            geometry.append(_rotation(op, tensor))
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
-                              "RandomCrop, CenterCrop, Pad, flips, ColorJitter, TrivialAugmentWide, RandAugment, "
-                              "AutoAugment, the conversions, Normalize and RandomErasing there")
+                              "RandomCrop, CenterCrop, Pad, flips, RandomRotation, ColorJitter, TrivialAugmentWide, "
+                              "RandAugment, AutoAugment, the conversions, Normalize and RandomErasing there")
     return geometry, rest
 
 
@@ -168,6 +173,31 @@ def _fill(op: Any, scaled: bool) -> tuple[int, str]:
         raise Unlowerable(f"{type(op).__name__} with fill {fill!r}: fastdata lowers one int 0-255 (0 on a scaled "
                           "tensor)")
     return fill, mode
+
+
+def _rotation(op: Any, tensor: bool) -> tuple:
+    """RandomRotation's op for `gather`: ("rotate", (lo, hi), Pillow's resample, center, fill).
+    Lowered on the PIL image only (torchvision rotates a tensor with torch's grid sampling, not
+    Pillow's), without expand (the size would change by angle), nearest, bilinear or bicubic, a
+    fill of one int."""
+    import torchvision.transforms.v2 as v2
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.functional import pil_modes_mapping
+
+    kind, mode = type(op).__name__, op.interpolation
+    if isinstance(mode, str) and type(op) is v2.RandomRotation:  # (v2 takes a name; v1's functional raises on one)
+        mode = InterpolationMode(mode)
+    if tensor or op.expand or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
+            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
+        raise Unlowerable(f"{kind} on a tensor, with expand, a fill other than one int or interpolation {mode}: "
+                          "fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
+    center = None if op.center is None else tuple(op.center)
+    return ("rotate", (float(op.degrees[0]), float(op.degrees[1])), pil_modes_mapping[mode], center, op.fill)
+
+
+def angles(draws: "Draws", n: int, lo: float, hi: float) -> np.ndarray:
+    """n angles uniform in [lo, hi], in float32 as torch's `uniform_` gives RandomRotation's."""
+    return (lo + (hi - lo) * draws.rng().random(n)).astype(np.float32)
 
 
 class Draws:
@@ -226,6 +256,14 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
                 height, width = x.shape[1:3]
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
+        elif op[0] == "rotate":  # Pillow's rotate of each row, as torchvision's F.rotate calls it
+            (lo, hi), resample, center, fill = op[1:]
+            x = np.array(x)
+            one = x.shape[3] == 1
+            for k, angle in enumerate(angles(draws, n, lo, hi).tolist()):
+                img = Image.fromarray(x[k, :, :, 0] if one else x[k])
+                out = img.rotate(angle, resample, False, center, fillcolor=fill if one else (fill,) * 3)
+                x[k] = np.asarray(out).reshape(x[k].shape)
         else:  # flip
             flipped = draws.rng().random(n) < op[2]
             if flipped.any():

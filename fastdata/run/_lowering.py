@@ -64,7 +64,7 @@ class Lowering:
         their parameters (a flip with p=1 too); the others draw nothing."""
         drawing = [op for op in self.pixel_ops if not (isinstance(op, fd.RandAugment) and op.num_ops == 0)]
         if self.in_memory:  # (its geometry: `_arrays`' ops, tuples; a crop draws where it can move: `_arrays.Draws`)
-            return bool(drawing or self.erasing) or any(op[0] == "flip" for op in self.geometry)
+            return bool(drawing or self.erasing) or any(op[0] in ("flip", "rotate") for op in self.geometry)
         return bool(drawing or self.erasing) or any(
             isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip)) for op in self.geometry)
 

@@ -289,7 +289,9 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
     from fastdata.run._decide import decide
 
     cases = [
-        (cifar(T.Compose([T.RandomRotation(15), T.ToTensor()])), "RandomRotation has no faithful lowering for an in-"),
+        (cifar(T.Compose([T.RandomAffine(15), T.ToTensor()])), "RandomAffine has no faithful lowering for an in-"),
+        (cifar(T.Compose([T.ToTensor(), T.RandomRotation(15)])), "RandomRotation on a tensor"),
+        (cifar(T.Compose([T.RandomRotation(15, expand=True), T.ToTensor()])), "with expand"),
         (cifar(T.Compose([T.AutoAugment(), T.RandomCrop(32, padding=4), T.ToTensor()])),
          "RandomCrop after AutoAugment"),
         (cifar(T.Compose([T.ToTensor(), T.ColorJitter(0.4)])), "ColorJitter on a tensor image"),
@@ -312,17 +314,17 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
         served, reason, _, lowering = decide((dataset,), {"batch_size": 8})
         assert served and lowering is None and words in reason and "not served natively" in reason, reason
     # the script's own samples and errors
-    mnist3 = cases[9][0]
+    mnist3 = cases[11][0]
     with pytest.raises(RuntimeError) as plain:
         next(iter(torch.utils.data.DataLoader(mnist3, batch_size=8)))
     with pytest.raises(RuntimeError) as got:
         next(iter(_served(mnist3, batch_size=8)))
     assert str(got.value) == str(plain.value)
-    rotated = cases[0][0]
+    affine = cases[0][0]
     torch.manual_seed(3)
-    a = next(iter(torch.utils.data.DataLoader(rotated, batch_size=8)))
+    a = next(iter(torch.utils.data.DataLoader(affine, batch_size=8)))
     torch.manual_seed(3)
-    b = next(iter(_served(rotated, batch_size=8)))
+    b = next(iter(_served(affine, batch_size=8)))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
     class OwnGetitem(tv.datasets.CIFAR10):
@@ -564,3 +566,55 @@ def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, t
     assert done.returncode == 0 and done.stdout.startswith("torch.Size([4, 3, 32, 32])"), done.stderr[-3000:]
     assert done.stderr.startswith("fastdata run: 1 DataLoader(s)"), done.stderr[-3000:]
     assert "served natively: CIFAR10" in done.stderr
+
+
+@pytest.mark.parametrize("version", ["v1 nearest", "v2 bilinear, fill and center", "MNIST v1 bicubic"])
+def test_random_rotation_is_torchvisions_rotate_for_the_angles_drawn(cifar, tv, roots, monkeypatch, version):
+    """RandomRotation (weiaicunzai/pytorch-cifar100's recipe has RandomRotation(15)): each served
+    image is torchvision's own `F.rotate` of the image for the angle drawn; the angles uniform
+    over the degrees (a quarter of them in each quarter of the range, binomial bounds)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    from PIL import Image
+
+    from fastdata.run import _arrays
+
+    drawn = []
+
+    def angles(*args):
+        out = _arrays.angles.__wrapped__(*args)
+        drawn.append(out)
+        return out
+
+    angles.__wrapped__ = _arrays.angles
+    monkeypatch.setattr(_arrays, "angles", angles)
+    if version == "v1 nearest":
+        op, call = T.RandomRotation(15), dict(interpolation=T.InterpolationMode.NEAREST, fill=0)
+    elif version.startswith("v2"):
+        op = v2.RandomRotation(10, interpolation="bilinear", center=[10, 20], fill=3)
+        call = dict(interpolation=T.InterpolationMode.BILINEAR, center=[10, 20], fill=3)
+    else:
+        op, call = T.RandomRotation((-30, 5), T.InterpolationMode.BICUBIC), dict(
+            interpolation=T.InterpolationMode.BICUBIC, fill=0)
+    mnist = version.startswith("MNIST")
+    dataset = tv.datasets.MNIST(str(roots), transform=T.Compose([op, T.PILToTensor()])) if mnist else \
+        cifar(T.Compose([op, T.PILToTensor()]))
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=50)
+    assert loader._fastdata_lowering.in_memory
+    with natively_only():
+        images = torch.cat([x for x, _ in loader])
+    got = np.concatenate(drawn)
+    assert len(got) == N
+    for k in range(0, N, 5):
+        img = Image.fromarray(dataset.data[k].numpy() if mnist else dataset.data[k])
+        want = F.pil_to_tensor(F.rotate(img, float(got[k]), **call))
+        assert torch.equal(images[k], want), (version, k, float(got[k]))
+    lo, hi = (-30, 5) if mnist else ((-10, 10) if version.startswith("v2") else (-15, 15))
+    assert lo <= got.min() and got.max() <= hi
+    for q in range(4):
+        inside = int(((got >= lo + q * (hi - lo) / 4) & (got < lo + (q + 1) * (hi - lo) / 4)).sum())
+        _within(f"quarter {q}", inside, N, 0.25)
+    assert len({bytes(x.numpy()) for x in images}) > N // 2
+    loader._stop()
