@@ -1,8 +1,9 @@
 """An unchanged CIFAR-10 or MNIST training script, plain and under `fastdata run`, paired.
 
 The script is `_cifar_example.py`: the CIFAR-10 recipe (RandomCrop(32, padding=4), flip,
-ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch) or pytorch/examples'
-MNIST (ToTensor, Normalize; batch 64, no workers, as its CPU arguments), on synthetic files
+ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch), weiaicunzai's CIFAR-100
+one (the same with RandomRotation(15); 4 workers) or pytorch/examples' MNIST (ToTensor,
+Normalize; batch 64, no workers, as its CPU arguments), on synthetic files
 written here in the datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors;
 the datasets hold them in memory). `fastdata run` serves them natively (`fastdata.run._arrays`):
 the crop and flip on a batch's rows at once instead of a PIL image per sample. Candidates run
@@ -10,9 +11,9 @@ each in its own process, in ABBA rounds so drift on a shared machine hits both a
 
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
-bootstrap interval; writes JSON (run_cifar10.json, run_mnist.json).
+bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json).
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,mnist}] [--images 50000] [--rounds 3]
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist}] [--images 50000] [--rounds 3]
                                                      [--epochs 3] [--workers N] [--json PATH]
 """
 
@@ -48,6 +49,23 @@ def write_cifar(root: Path, images: int) -> None:
     (d / f"{images}.made").touch()
 
 
+def write_cifar100(root: Path, images: int) -> None:
+    """CIFAR-100's files (`cifar-100-python`: train, test, meta)."""
+    d = root / "cifar-100-python"
+    if (d / f"{images}.made").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name, n in (("train", images), ("test", min(images, 10000))):
+        labels = rng.integers(0, 100, n).tolist()
+        with open(d / name, "wb") as f:
+            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "fine_labels": labels,
+                         "coarse_labels": [x // 5 for x in labels]}, f)
+    with open(d / "meta", "wb") as f:
+        pickle.dump({"fine_label_names": [f"class{i}" for i in range(100)]}, f)
+    (d / f"{images}.made").touch()
+
+
 def write_mnist(root: Path, images: int) -> None:
     """MNIST's processed tensors (`MNIST/processed/training.pt`, `test.pt`), which it loads as they are."""
     import torch
@@ -66,8 +84,9 @@ def write_mnist(root: Path, images: int) -> None:
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=3)
     ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
-    ap.add_argument("--dataset", choices=["cifar10", "mnist"], default="cifar10")
-    ap.add_argument("--workers", type=int, default=None, help="the recipe's: 2 for CIFAR-10, 0 for MNIST")
+    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist"], default="cifar10")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the recipe's: 2 for CIFAR-10, 4 for CIFAR-100, 0 for MNIST")
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
@@ -75,8 +94,8 @@ def main() -> int:
     import torchvision
 
     root = Path(args.root)
-    (write_cifar if args.dataset == "cifar10" else write_mnist)(root, args.images)
-    workers = args.workers if args.workers is not None else (2 if args.dataset == "cifar10" else 0)
+    {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist}[args.dataset](root, args.images)
+    workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0}[args.dataset]
     script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
               "--epochs", str(args.epochs), "--workers", str(workers)]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
@@ -93,7 +112,7 @@ def main() -> int:
         fast, slow = sides["fastdata run"][part], sides["plain"][part]
         lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
         ratios[part] = {"ratio": statistics.median(fast) / statistics.median(slow), "ci95": [lo, hi]}
-    batch = 128 if args.dataset == "cifar10" else 64
+    batch = 64 if args.dataset == "mnist" else 128
     print(f"\n{args.dataset}, {args.images} images in memory, batch {batch}, {workers} workers"
           f"{' (fresh each epoch)' if workers else ''}, {args.rounds} rounds ABBA, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")
