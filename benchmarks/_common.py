@@ -115,6 +115,18 @@ def process_rounds(commands: dict[str, list[str]], rounds: int, abba: bool = Tru
     return rates, reports
 
 
+def epoch_sides(reports: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each candidate's images/s from `process_rounds`' reports: its runs' first epochs and the
+    epochs after them, apart (a fresh process's first epoch starts its workers), with medians."""
+    sides = {}
+    for name, runs in reports.items():
+        first = [r["images_per_s"][0] for r in runs]
+        later = [x for r in runs for x in r["images_per_s"][1:]]
+        sides[name] = {"epoch_1": first, "epochs_2_on": later,
+                       "epoch_1_median": statistics.median(first), "epochs_2_on_median": statistics.median(later)}
+    return sides
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -101,12 +101,7 @@ def main() -> int:
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
     commands = {"plain": script, "fastdata run": [fastdata_cli, "run", "--", *script]}
     _, reports = _common.process_rounds(commands, args.rounds)
-    sides = {}
-    for name, runs in reports.items():
-        first = [r["images_per_s"][0] for r in runs]
-        later = [x for r in runs for x in r["images_per_s"][1:]]
-        sides[name] = {"epoch_1": first, "epochs_2_on": later,
-                       "epoch_1_median": statistics.median(first), "epochs_2_on_median": statistics.median(later)}
+    sides = _common.epoch_sides(reports)
     ratios = {}
     for part in ("epoch_1", "epochs_2_on"):
         fast, slow = sides["fastdata run"][part], sides["plain"][part]

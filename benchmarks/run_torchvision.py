@@ -64,12 +64,7 @@ def main() -> int:
     if args.simd_pil:
         commands["plain, Pillow-SIMD"] = ["env", f"PYTHONPATH={args.simd_pil}", *script]
     _, reports = _common.process_rounds(commands, args.rounds)
-    sides = {}
-    for name, runs in reports.items():
-        first = [r["images_per_s"][0] for r in runs]
-        later = [x for r in runs for x in r["images_per_s"][1:]]
-        sides[name] = {"epoch_1": first, "epochs_2_on": later,
-                       "epoch_1_median": statistics.median(first), "epochs_2_on_median": statistics.median(later)}
+    sides = _common.epoch_sides(reports)
     ratios = {}
     for base in [n for n in commands if n != "fastdata run"]:
         for part in ("epoch_1", "epochs_2_on"):
