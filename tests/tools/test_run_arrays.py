@@ -412,9 +412,11 @@ def test_an_unchanged_mnist_script_under_fastdata_run(tv, roots, tmp_path):
     script = tmp_path / "mnist.py"
     script.write_text(MNIST_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    plain = subprocess.run([sys.executable, str(script), str(roots)], capture_output=True, text=True, env=env)
+    # cwd: from a checkout's root, `python -m` would import the checkout's fastdata, not the installed one.
+    plain = subprocess.run([sys.executable, str(script), str(roots)], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=240)
     got = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script), str(roots)],
-                         capture_output=True, text=True, env=env)
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert plain.returncode == 0 and got.returncode == 0, (plain.stderr[-2000:], got.stderr[-2000:])
     assert got.stdout == plain.stdout and f"seen {N} wrong 0" in got.stdout, (got.stdout, plain.stdout)
     assert "served natively: MNIST with ToTensor, Normalize run on its arrays by fastdata" in got.stderr, got.stderr
@@ -562,7 +564,8 @@ def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, t
     script = tmp_path / "half_read.py"
     script.write_text(HALF_READ)
     done = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script),
-                           str(roots)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           str(roots)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          cwd=tmp_path, timeout=240)
     assert done.returncode == 0 and done.stdout.startswith("torch.Size([4, 3, 32, 32])"), done.stderr[-3000:]
     assert done.stderr.startswith("fastdata run: 1 DataLoader(s)"), done.stderr[-3000:]
     assert "served natively: CIFAR10" in done.stderr
