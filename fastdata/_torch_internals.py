@@ -15,6 +15,9 @@ Supported: torch 2.6 (the first with `torch.accelerator`) to 2.13, the newest te
 from __future__ import annotations
 
 import math
+import os
+import signal
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -23,16 +26,16 @@ from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_f
 
 __all__ = ["torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled", "new_shared_storage",
            "new_shared_tensor", "auto_collation", "share_length_warning", "live_iterator", "iterator_workers",
-           "iterator_shutdown", "end_live_iterator", "unregister_workers", "single_process_fetch", "mark_fetches",
-           "dali_shutdown"]
+           "iterator_shutdown", "kill_iterator_workers", "end_live_iterator", "unregister_workers",
+           "single_process_fetch", "mark_fetches", "dali_shutdown"]
 
 SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends included
 
 # The attributes below, by owner: what the test checks on the installed torch, and what no
 # other module may name.
 DATALOADER_ATTRIBUTES = ("_auto_collation", "_IterableDataset_len_called", "_iterator")
-ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_dataset_fetcher", "_sampler_iter",
-                       "_pin_memory", "_pin_memory_device")
+ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_workers_done_event", "_dataset_fetcher",
+                       "_sampler_iter", "_pin_memory", "_pin_memory_device")
 OTHER_NAMES = ("_new_shared", "_typed_storage", "_profiler_enabled", "_remove_worker_pids", "_utils", "_shutdown",
                "_SingleProcessDataLoaderIter", "_MapDatasetFetcher", "_IterableDatasetFetcher")
 
@@ -84,9 +87,38 @@ def iterator_workers(it: Any) -> tuple:
 
 def iterator_shutdown(it: Any) -> None:
     """DataLoader iterator `it`'s own shutdown of its workers (idempotent; nothing for a
-    single-process iterator)."""
+    single-process iterator), which cannot wait on a lock a dead worker held."""
     if hasattr(it, "_shutdown_workers"):
+        if not getattr(it, "_shutdown", True) and any((w.exitcode or 0) < 0 for w in iterator_workers(it)):
+            # A worker died by a signal (the out-of-memory killer, a kill -9), maybe holding
+            # the pool's shared lock: the pool serves no further pass, so it is killed whole.
+            kill_iterator_workers(it)
         it._shutdown_workers()
+
+
+def kill_iterator_workers(it: Any) -> list[int]:
+    """SIGKILLs the live workers of DataLoader iterator `it` and reaps them; their pids.
+
+    The workers share a done event whose lock each takes in `done_event.is_set()`, and one
+    killed inside that call never gives it back; DataLoader's own code then waits forever on it
+    (its shutdown sets the event; a read that finds a worker dead checks it). So the iterator
+    gets a fresh event, which only this process can hold, before the kills: the workers keep
+    the old one to their end."""
+    unregister_workers(it)  # first, as DataLoader's shutdown does: its SIGCHLD handler would raise
+    if hasattr(it, "_workers_done_event"):
+        it._workers_done_event = threading.Event()
+    killed = []
+    for w in iterator_workers(it):
+        if w.is_alive():
+            killed.append(w.pid)
+            try:
+                os.kill(w.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for w in iterator_workers(it):
+        if w.pid in killed:
+            w.join(5)
+    return killed
 
 
 def python_exiting() -> None:

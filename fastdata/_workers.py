@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import threading
 import time
 import weakref
@@ -29,8 +28,8 @@ from typing import Any, Callable
 
 import torch.multiprocessing  # (here, not at the call: a pass may end as the interpreter shuts down)
 
-from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, live_iterator, mark_fetches,
-                               unregister_workers)
+from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, kill_iterator_workers,
+                               live_iterator, mark_fetches)
 
 STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
@@ -180,19 +179,7 @@ class NoWatchdog:
 def kill_workers(it: Any, pids: list[int]) -> list[int]:
     """SIGKILLs the live workers of DataLoader iterator `it` and reaps them; their pids,
     appended to `pids`."""
-    # Unregistered first, as DataLoader's own shutdown does: else its SIGCHLD handler would
-    # raise "worker killed" in this thread at whatever line it happens to run.
-    unregister_workers(it)
-    for w in iterator_workers(it):
-        if w.is_alive():
-            pids.append(w.pid)
-            try:
-                os.kill(w.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for w in iterator_workers(it):
-        if w.pid in pids:
-            w.join(5)
+    pids.extend(kill_iterator_workers(it))
     _unlink_orphans(pids)
     return pids
 
@@ -252,11 +239,12 @@ def drop_dead_workers(loader: Any) -> bool:
     passes): its next iter() then starts fresh ones, where DataLoader's would wait for the dead
     worker to answer (torch's 5 s status check, with fastdata's stall limit behind it). Whether
     it did."""
-    dead = [w.pid for w in iterator_workers(live_iterator(loader)) if w.exitcode is not None]
-    if not dead:
+    workers = iterator_workers(live_iterator(loader))
+    if all(w.exitcode is None for w in workers):
         return False
-    shutdown_workers(loader)
-    _unlink_orphans(dead)  # a worker killed from outside may have left a shared-memory name
+    shutdown_workers(loader)  # (which kills the others when one died by a signal)
+    # A worker killed, from outside or by the shutdown, may have left a shared-memory name.
+    _unlink_orphans([w.pid for w in workers if w.exitcode not in (None, 0)])
     return True
 
 

@@ -291,6 +291,50 @@ def test_persistent_workers_after_a_kill_are_replaced(folder, shards, kind, when
     assert every_sample(make())
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["a stall", "a killed worker"])
+def test_a_worker_dead_holding_the_workers_shared_lock_does_not_hang_the_next_pass(fault, clean):
+    """A worker killed by a signal inside `done_event.is_set()` dies holding the lock of the
+    event its pool shares, and DataLoader's shutdown sets that event first. Here the lock is
+    left held for certain (a forked child takes it and is SIGKILLed), then the workers are
+    stopped until the stall limit kills them, or one is killed between passes: the next pass
+    starts fresh workers and delivers the epoch, where it would wait forever."""
+    from fastdata._torch_internals import live_iterator
+
+    before = _children()
+    loader = fastdata.loader(Slow(), batch_size=4, num_workers=2, timeout=3, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    workers = _children() - before
+    if fault == "a killed worker":  # between passes, when idle workers do not take the lock
+        for _ in it:
+            pass
+    child = os.fork()
+    if child == 0:  # takes the shared lock and dies by a signal, as a worker can
+        live_iterator(loader._loader)._workers_done_event._cond._lock.acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(child, 0)
+    if fault == "a stall":  # (the other workers wait for that lock too: a stall as well)
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(RuntimeError, match="timed out"):
+            for _ in it:
+                pass
+    else:
+        try:  # torch's SIGCHLD handler raises in this thread when it sees the worker die
+            os.kill(min(workers), signal.SIGKILL)
+            while _alive(min(workers)):
+                time.sleep(0.01)
+            time.sleep(0.2)
+        except RuntimeError as e:
+            assert "killed by signal" in str(e)
+    del it
+    batches = list(loader)
+    assert torch.equal(torch.cat([b[:, 0] for b in batches]), torch.arange(64.0))
+    assert not (workers & _children())
+    del batches, loader
+
+
 def test_stuck_worker_with_timeout_0_hits_the_stall_limit(monkeypatch, clean):
     monkeypatch.setenv("FASTDATA_STALL_TIMEOUT", "3")
     before = _children()
