@@ -124,12 +124,12 @@ class DeviceStage:
         self.out_ring = BufferRing(3, shared=False) if device.type == "cpu" else None
 
     def __call__(self, batch: tuple, epoch: int, k: int) -> tuple:
-        """(images, labels) of batch k of `epoch`, from (images, labels, sample ids)."""
-        images, labels, ids = batch
+        """(images, labels) of batch k of `epoch`, from (images, labels, the samples' draw keys)."""
+        images, labels, keys = batch
         if self.pixel_ops:
             from .transforms import kornia
 
-            plans = plan_pixels(self.pixel_ops, self.seed, epoch, ids, tuple(images.shape[-2:]))
+            plans = plan_pixels(self.pixel_ops, self.seed, epoch, keys, tuple(images.shape[-2:]))
             images = kornia.apply_pixel_ops(images, self.pixel_ops, plans)
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)

@@ -25,8 +25,8 @@ from .parts import BatchOrder
 
 class BatchTask(Dataset):
     """Map-style over batch keys (DataLoader asks for whole batches: `__getitems__`): reads
-    a batch with `reader` and decodes it with `decoder`. Gives (images, labels, errors, sample
-    ids, stage seconds or None)."""
+    a batch with `reader` and decodes it with `decoder`. Gives (images, labels, errors, draw
+    keys, stage seconds or None)."""
 
     def __init__(self, reader: Any, decoder: BatchDecoder) -> None:
         self.reader, self.decoder = reader, decoder
@@ -53,7 +53,8 @@ class BatchTask(Dataset):
             for read, more in self._reads(keys, stages):
                 if more or done:
                     part = self._decode(read, stages, pooled=False)
-                    first = read.paths[int(np.flatnonzero(read.index == part[3][0])[0])] if len(part[3]) else None
+                    keys = read.index if read.draws is None else read.draws  # (as the part's draw keys)
+                    first = read.paths[int(np.flatnonzero(keys == part[3][0])[0])] if len(part[3]) else None
                     done.append((*part, first))
                     del read  # its bytes go before the next part's are read
                 else:

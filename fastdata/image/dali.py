@@ -213,16 +213,17 @@ class DaliDecoders:
     def _inputs(self, read, more: bool, timing: tuple[float, float] | None) -> tuple:
         """DALI's inputs for one part of a batch (the whole batch but for large files), `more`
         parts to follow; `timing`: when its read began (wall and thread seconds)."""
-        epoch, index, paths, datas, labels, errors = read
+        epoch, index, paths, datas, labels, errors, draws = read
         if self._bad:
             keep = [j for j, i in enumerate(index.tolist()) if i not in self._bad]
             for j in sorted(set(range(len(index))) - set(keep)):
                 self.decoder.fail(errors, paths[j], self._bad[int(index[j])])
             index, labels = index[keep], labels[keep]
             paths, datas = [paths[j] for j in keep], [datas[j] for j in keep]
+            draws = None if draws is None else draws[keep]
         # DALI fills corrupt entropy-coded data: each file's is checked once here (the
         # decoder's record of clean files, `EntropyCheck`).
-        c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True)
+        c = self.decoder.check(epoch, index, paths, datas, labels, errors, entropy=True, draws=draws)
         n = len(c.datas)
         starts, shapes = lowering.window_inputs(c.geo.windows())
         w, h = c.size if n else (8, 8)
@@ -300,7 +301,7 @@ class DaliDecoders:
                 part = {"read": self._fed[0] - fed[0], "decode": t - cpu - (self._fed[1] - fed[1]), "images": n}
             out, kept = self._with_pillows(self._copy_out(images, n, c.size, pooled=not (more or done)), c, epoch,
                                            others, errors)
-            result = out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.index[kept]
+            result = out, torch.from_numpy(np.ascontiguousarray(c.labels[kept])), errors, c.keys[kept]
             if timing:
                 part["collate"] = time.process_time() - t
                 stages = {k: v + stages.get(k, 0) for k, v in part.items()} if done and stages else part

@@ -98,19 +98,22 @@ class BatchDecoder:
 
     def draw_keys(self, index: np.ndarray, before: int) -> np.ndarray:
         """What the random draws of the samples `index` (after `before` others of their batch)
-        are keyed by, with the seed and the epoch: here the samples' ids, so a sample's crop,
-        flip and pixel ops are a function of (seed, epoch, id) on every backend."""
+        are keyed by, with the seed and the epoch, where the order gives no keys of its own
+        (`Read.draws`, for samples that repeat in an epoch): here the samples' ids, so a
+        sample's crop, flip and pixel ops are a function of (seed, epoch, id) on every backend."""
         return index
 
     def check(self, epoch: int, index: np.ndarray, paths: list[str], datas: list, labels: np.ndarray,
-              errors: list[tuple[str, str]], entropy: bool = False, like: tuple | None = None) -> "Checked":
+              errors: list[tuple[str, str]], entropy: bool = False, like: tuple | None = None,
+              draws: np.ndarray | None = None) -> "Checked":
         """The samples that are whole images within the pixel limit (`check_complete`, `check_rows`), with
         their sizes (from the headers) and planned geometry; the others fail (raise, or are
         recorded in `errors`). The same checks on every backend, before any decode; with
         `entropy`, also each unmarked JPEG's entropy-coded data (`self.entropy`, for a decoder
         that does not check it). For a part of a batch after its first, `like` is (the batch's
         first path, its output size, the samples checked before this part): each image must
-        come out in that size."""
+        come out in that size. `draws`: the samples' draw keys where the order gives them
+        (`Read.draws`), else `draw_keys`."""
         ok, sizes, jpeg = [], [], []
         checked = check_rows(self.entropy, index, datas, check_complete(datas, batch_threads(self.threads)))
         if entropy:
@@ -124,7 +127,7 @@ class BatchDecoder:
             jpeg.append(is_jpeg)
         sizes = np.array(sizes, dtype=np.int64).reshape(-1, 2)
         jpeg = np.array(jpeg, dtype=bool)
-        keys = self.draw_keys(index, like[2] if like else 0)
+        keys = draws if draws is not None else self.draw_keys(index, like[2] if like else 0)
         sel = index[ok]
         geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
         work = working_pixels(geo)
@@ -166,8 +169,8 @@ class BatchDecoder:
 
     def joined(self, done: list) -> tuple:
         """One batch of the parts a large batch was decoded in (`read.MAX_PART_BYTES`), each
-        (images of its own, labels, errors, ids, the name of its first sample): (images in a
-        slot of this process's ring, or on the parts' CUDA device; labels, errors, ids)."""
+        (images of its own, labels, errors, draw keys, the name of its first sample): (images in
+        a slot of this process's ring, or on the parts' CUDA device; labels, errors, draw keys)."""
         errors = [e for d in done for e in d[2]]
         done = [d for d in done if len(d[3])] or done[:1]  # a part whose samples all failed has no size
         sizes = [tuple(d[0].shape[1:]) for d in done]
@@ -188,18 +191,18 @@ class BatchDecoder:
         return out, torch.cat([d[1] for d in done]), errors, np.concatenate([d[3] for d in done])
 
     def decode(self, read: Read, stages: dict | None = None, pooled: bool = True):
-        """(images, labels, errors, ids) of a batch as read: its images (NHWC, in a slot of this
+        """(images, labels, errors, draw keys) of a batch as read: its images (NHWC, in a slot of this
         process's ring; not `pooled`, a tensor of its own) and labels; a sample that fails is
         left out (or raises). With `stages`, the seconds of decode (with the header checks),
         cpu_transforms and collate (closing the gaps of failed samples) go in it."""
-        epoch, index, paths, datas, labels, errors = read
+        epoch, index, paths, datas, labels, errors, draws = read
         # CPU seconds of this process, not wall time: under contention (workers sharing the
         # cores with the training process) wall time counts the waits for a core too, and the
         # profiler's rate model needs what an image costs.
         clock = time.process_time if stages is not None else None
         t0 = clock() if clock else 0.0
-        c = self.check(epoch, index, paths, datas, labels, errors)
-        sel, labels = c.index, c.labels
+        c = self.check(epoch, index, paths, datas, labels, errors, draws=draws)
+        sel, labels = c.keys, c.labels  # the draw keys: the device stage's draws
         n = len(c.datas)
         out_w, out_h = c.size
         ring = self.rings.ring() if pooled else None

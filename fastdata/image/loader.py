@@ -339,7 +339,7 @@ class ImageLoader(Loader):
     def _finish(self, batch: Any) -> Any:
         if isinstance(batch, DataError):  # from a worker (see BatchTask.__getitems__)
             raise batch
-        images, labels, errors, ids, stages = batch
+        images, labels, errors, keys, stages = batch
         if errors:
             self._record(errors)
         if stages is not None:
@@ -347,7 +347,7 @@ class ImageLoader(Loader):
         images = images.permute(0, 3, 1, 2)  # NHWC slot seen as NCHW: channels_last
         if not self.channels_last:
             images = images.contiguous()
-        return images, labels, ids  # the sample ids: the device stage's random parameters
+        return images, labels, keys  # the samples' draw keys: the device stage's random parameters
 
     def _timed_device_stage(self, batch: tuple, epoch: int, k: int) -> tuple:
         # On a CPU device its CPU seconds (as the workers' stages); on a GPU its wall time, synchronized.

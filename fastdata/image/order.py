@@ -61,6 +61,17 @@ def permutation(seed: int, epoch: int, n: int, shuffle: bool) -> np.ndarray:
     return np.arange(n)
 
 
+def occurrences(order: np.ndarray) -> np.ndarray:
+    """For each entry of `order`, how many times its value came before it (0 the first time)."""
+    sort = np.argsort(order, kind="stable")
+    ranked = order[sort]
+    place = np.arange(len(order))
+    first = np.maximum.accumulate(np.where(np.r_[True, ranked[1:] != ranked[:-1]], place, 0))
+    out = np.empty(len(order), dtype=np.int64)
+    out[sort] = place - first
+    return out
+
+
 def check_source(state: dict[str, Any], n: int, shards: bool) -> None:
     """Refuses a state taken over other data: files and shards number their samples in other
     orders (a shard state is the one with "lanes"), and a position in n samples means nothing
@@ -88,24 +99,36 @@ class FileOrder:
         self.drop_last = drop_last
         self.per_rank = per_rank(self.length, world_size, drop_last)
         self.batches = self.per_rank // batch_size if drop_last else math.ceil(self.per_rank / batch_size)
-        self._mine: tuple[int, np.ndarray] | None = None  # (epoch, this rank's order of it)
+        self._mine: tuple | None = None  # (epoch, this rank's order of it, its draw keys or None)
 
     def __len__(self) -> int:
         return self.batches
 
-    def rank_order(self, epoch: int) -> np.ndarray:
-        """This rank's samples of `epoch`, in order."""
+    def rank_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """This rank's samples of `epoch`, in order, and what their random draws are keyed by
+        where a sample comes more than once in the epoch (None where none can): the id for its
+        first time, id + n * r for its r-th repeat. A sampler drawing with replacement, or
+        repeating rare samples, and the wrap that pads the ranks, would otherwise give each
+        repeat the first one's crop, flip and pixel ops."""
         if self._mine is None or self._mine[0] != epoch:
             if self.sampler is not None:
                 order = self.sampler.indices(epoch)
             else:
                 order = permutation(self.seed, epoch, self.n, self.shuffle)
-            self._mine = (epoch, share(order, self.rank, self.world_size, self.drop_last))
-        return self._mine[1]
+            padded = np.resize(order, per_rank(len(order), self.world_size, self.drop_last) * self.world_size)
+            draws = None
+            if self.sampler is not None or len(padded) > self.n:
+                draws = (padded + self.n * occurrences(padded))[self.rank::self.world_size]
+            self._mine = (epoch, share(order, self.rank, self.world_size, self.drop_last), draws)
+        return self._mine[1], self._mine[2]
 
-    def keys(self, epoch: int, k: int) -> list[tuple[int, int]]:
+    def keys(self, epoch: int, k: int) -> list[tuple[int, ...]]:
+        """(epoch, sample id), or (epoch, sample id, draw key) where samples repeat (`rank_order`)."""
         b = self.batch_size
-        return [(epoch, int(i)) for i in self.rank_order(epoch)[k * b : (k + 1) * b]]
+        mine, draws = self.rank_order(epoch)
+        if draws is None:
+            return [(epoch, int(i)) for i in mine[k * b : (k + 1) * b]]
+        return [(epoch, int(i), int(d)) for i, d in zip(mine[k * b : (k + 1) * b], draws[k * b : (k + 1) * b])]
 
     def state(self) -> dict[str, Any]:
         return {"samples": self.n, **({} if self.sampler is None else {"sampler": self.sampler.state_dict()})}

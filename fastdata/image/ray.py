@@ -214,13 +214,13 @@ def _as_batch(out: Any, fetch_s: float) -> Any:
     """The actor's arrays as the loader's batch: tensors over the object store's memory."""
     if isinstance(out, DataError):
         return out
-    images, labels, errors, ids, stages = out
+    images, labels, errors, keys, stages = out
     with warnings.catch_warnings():  # the object is immutable in the store; a batch is never written in place
         warnings.simplefilter("ignore", UserWarning)
         images, labels = torch.from_numpy(images), torch.from_numpy(labels)
     if stages is not None:
         stages["transfer"] = fetch_s
-    return images, labels, errors, np.asarray(ids), stages
+    return images, labels, errors, np.asarray(keys), stages
 
 
 class RayWorkers:

@@ -30,17 +30,17 @@ class BatchActor:
         return f"{ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
 
     def run(self, keys: list, timing: bool) -> Any:
-        """(images NHWC uint8, labels, errors, sample ids, stage seconds or None) as numpy
+        """(images NHWC uint8, labels, errors, draw keys, stage seconds or None) as numpy
         arrays; a DataError is returned, not raised, so it reaches the consumer as itself."""
         task = self.task
         task.timing = timing
         try:
-            images, labels, errors, ids, stages = task.__getitems__(keys)
+            images, labels, errors, draws, stages = task.__getitems__(keys)
         except DataError as e:
             return e
         if stages is not None:
             stages["worker"] = self.index
-        return images.numpy(), labels.numpy(), errors, ids, stages
+        return images.numpy(), labels.numpy(), errors, draws, stages
 
 
 _RemoteActor = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(BatchActor)

@@ -106,8 +106,8 @@ def give_back(buffers: list[BlockBuffer]) -> None:
 
 class Read(NamedTuple):
     """A batch as read: its epoch, the ids of the samples that could be read, their names
-    (a path, or "<shard> (member <name>)"), bytes and labels, and the (name, cause) of the
-    samples left out so far."""
+    (a path, or "<shard> (member <name>)"), bytes and labels, the (name, cause) of the
+    samples left out so far, and their draw keys where the order gives them (`FileOrder`)."""
 
     epoch: int
     index: np.ndarray
@@ -115,6 +115,7 @@ class Read(NamedTuple):
     datas: list
     labels: np.ndarray
     errors: list[tuple[str, str]]
+    draws: np.ndarray | None = None  # what the samples' random draws are keyed by, where not their ids
 
 
 class MemberName(str):
@@ -197,7 +198,7 @@ def read_files(paths: Sequence[str], threads: int, budget: int | None = None) ->
 
 
 class FileReader:
-    """Reads image files; a key is (epoch, sample id)."""
+    """Reads image files; a key is (epoch, sample id) or (epoch, sample id, draw key)."""
 
     def __init__(self, samples, fail: Failures) -> None:
         self.samples, self.fail = samples, fail
@@ -212,11 +213,11 @@ class FileReader:
     def close(self) -> None:
         """No threads of its own to stop."""
 
-    def read(self, keys: Sequence[tuple[int, int]]) -> Read:
+    def read(self, keys: Sequence[tuple[int, ...]]) -> Read:
         """The batch's files, all at once."""
         return self._read(keys, None)[0]
 
-    def parts(self, keys: Sequence[tuple[int, int]]) -> Iterator[tuple[Read, bool]]:
+    def parts(self, keys: Sequence[tuple[int, ...]]) -> Iterator[tuple[Read, bool]]:
         """The batch's files in parts of at most MAX_PART_BYTES (one part but for batches of
         large files), in the order of `keys`, each with whether more follow; each is read once
         the one before is taken."""
@@ -225,10 +226,11 @@ class FileReader:
             yield read, bool(len(keys))
             del read  # its bytes go before the next part's are read
 
-    def _read(self, keys: Sequence[tuple[int, int]], budget: int | None) -> tuple[Read, Sequence]:
+    def _read(self, keys: Sequence[tuple[int, ...]], budget: int | None) -> tuple[Read, Sequence]:
         """(the Read of the first files of `keys` within `budget` bytes, the keys left)."""
         epoch = keys[0][0]
         index = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
+        draws = np.fromiter((k[2] for k in keys), dtype=np.int64, count=len(keys)) if len(keys[0]) > 2 else None
         errors: list[tuple[str, str]] = []
         names = [self.samples.paths[i] for i in index]
         paths, datas, ok = [], [], []
@@ -245,4 +247,5 @@ class FileReader:
         else:
             keys = keys[:0]
         index = index[ok]
-        return Read(epoch, index, paths, datas, self.samples.labels[index], errors), keys
+        return Read(epoch, index, paths, datas, self.samples.labels[index], errors,
+                    None if draws is None else draws[ok]), keys

@@ -33,7 +33,7 @@ def test_ranks_as_given_else_one_process():
 
 
 def _epoch(order, epoch: int) -> list[int]:
-    return [i for k in range(len(order)) for _, i in order.keys(epoch, k)]
+    return [key[1] for k in range(len(order)) for key in order.keys(epoch, k)]
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -54,6 +54,10 @@ def test_file_order_splits_each_epoch_among_the_ranks(drop_last):
     assert _epoch(again, 1) == _epoch(orders[0], 1)  # a function of (seed, epoch, rank) alone
     plain = FileOrder(n, batch, False, False, seed=5, rank=2, world_size=world)
     assert _epoch(plain, 3) == list(range(2, n, world)) + [0]  # strided, the last rank padded by wrapping
+    # The padding's repeat of sample 0 draws its own crop: keyed 0 + n, where sample 0 is keyed 0.
+    first = FileOrder(n, batch, False, False, seed=5, rank=0, world_size=world)
+    assert plain.keys(3, len(plain) - 1)[-1] == (3, 0, n) and first.keys(3, 0)[0] == (3, 0, 0)
+    assert all(len(key) == 2 for key in FileOrder(24, batch, True, False, 5, 1, world).keys(0, 0))  # none repeat
 
 
 MIB = 1 << 20

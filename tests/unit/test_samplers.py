@@ -277,3 +277,53 @@ def test_image_mode_refuses_what_it_cannot_serve(folder, tmp_path):
     write_shards(str(folder), str(tmp_path / "s-%d.tar"), max_count=20, shuffle=False)
     with pytest.raises(ValueError, match="read sequentially"):
         fastdata.loader(str(tmp_path / "s-{0..1}.tar"), batch_size=4, sampler=_weighted(), backend="wds")
+
+
+@pytest.fixture(scope="module")
+def gradients(tmp_path_factory):
+    """Six 64x48 JPEGs, each its own class, whose pixels give the place they came from (red
+    grows with the column, green with the row): two crops or flips of one image differ."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("gradients")
+    x, y = np.meshgrid(np.arange(64), np.arange(48))
+    for i in range(6):
+        (root / f"c{i}").mkdir()
+        rgb = np.stack([x * 4, y * 5, np.full_like(x, 30 * i)], axis=-1).astype(np.uint8)
+        Image.fromarray(rgb).save(root / f"c{i}" / "a.jpg", quality=95)
+    return root
+
+
+@pytest.mark.parametrize("how", ["pil, 0 workers", "pil, 2 workers", "pil, batches read in parts",
+                                 pytest.param("dali", marks=pytest.mark.dali), "placement gpu, on the CPU device"])
+def test_a_sample_repeated_in_an_epoch_gets_draws_of_its_own(gradients, how, monkeypatch):
+    """A sampler that repeats a sample (drawn with replacement, or by its repeat factor) gives
+    each repeat its own crop, flip and pixel ops, as a DataLoader's per-sample transforms
+    would; the first time keeps the draws the sample has without repeats (they are keyed by
+    (seed, epoch, id) then)."""
+    from fastdata import transforms as T
+
+    # In the device stage, the pixel ops alone draw: each repeat must get jitters of its own.
+    pixel = [T.ColorJitter(0.4, 0.4, 0.4)] if how.startswith("placement") else []
+    geometry = [T.CenterCrop(24)] if pixel else [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]
+    kw = dict(batch_size=8, seed=5, transform=T.Compose(geometry + pixel), device="cpu",
+              num_workers=2 if how == "pil, 2 workers" else 0, backend="dali" if how == "dali" else "pil")
+    if pixel:
+        kw["placement"] = "gpu"
+    if how.endswith("in parts"):  # a few files a part (`read.MAX_PART_BYTES`), as for large files
+        from fastdata.image import read
+
+        monkeypatch.setattr(read, "MAX_PART_BYTES", 4000)
+    sampler = WeightedSampler(np.array([60.0, 1, 1, 1, 1, 1]), num_samples=32, seed=1)
+    order = sampler.indices(0).tolist()
+    x, y = (torch.cat(parts) for parts in zip(*fastdata.loader(str(gradients), sampler=sampler, **kw)))
+    assert y.tolist() == order
+    copies = x[y == 0]
+    assert len(copies) >= 20 and len({c.numpy().tobytes() for c in copies}) == len(copies)
+    # The first time each sample comes, its draws are those it has without a sampler.
+    alone = dict(kw, transform=T.Compose(geometry), placement="cpu")
+    plain = torch.cat([b[0] for b in fastdata.loader(str(gradients), shuffle=False, **alone)])
+    ours = torch.cat([b[0] for b in fastdata.loader(str(gradients), sampler=sampler, **alone)])
+    for i in range(6):
+        if i in order:
+            assert torch.equal(ours[order.index(i)], plain[i]), i
