@@ -12,7 +12,6 @@ import functools
 import inspect
 import itertools
 import time
-import warnings
 from typing import Any, Iterator
 
 import torch
@@ -33,6 +32,21 @@ DATALOADER_KEYWORDS = tuple(
 # sampler the working DataLoader then draws from.
 _INDEX_KEYWORDS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 _STATE_VERSION = 1
+
+
+class Working(DataLoader):
+    """The DataLoader a TorchLoader drives. torch warns of a worker count above the cores as a
+    DataLoader is built and at each pass: the TorchLoader gave the first as it was built, so
+    this one gives only the second. (Not by silencing it in `warnings.catch_warnings`: leaving
+    that resets the once-per-place record, and a warning already given would be given again.)"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._built = True
+
+    def check_worker_number_rationality(self) -> None:
+        if getattr(self, "_built", False):
+            super().check_worker_number_rationality()
 
 
 class TorchLoader(DataLoader, Loader):
@@ -94,9 +108,7 @@ class TorchLoader(DataLoader, Loader):
         elif not self._iterable:
             self._index = Resumable(self.sampler, self.generator)
             index = dict(batch_size=None, sampler=self._index)
-        with warnings.catch_warnings():  # torch's warning on the worker count: this loader's own, given once
-            warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
-            self._loader = DataLoader(dataset, collate_fn=collate_fn, **index, **own)
+        self._loader = Working(dataset, collate_fn=collate_fn, **index, **own)
         self._built = self._settings()
 
     def _settings(self) -> tuple:

@@ -860,3 +860,30 @@ def test_a_state_a_served_loader_cannot_resume_starts_it_afresh(capsys):
     same = Served(dataset, batch_size=8)
     same.load_state_dict(state)
     assert [x.tolist() for (x,) in same] == [list(range(i, i + 8)) for i in range(8, 40, 8)]
+
+
+WORKER_WARNING = """
+import os, torch
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self): return 16
+    def __getitem__(self, i): return torch.tensor([i])
+def make(): return torch.utils.data.DataLoader(Numbers(), batch_size=4, num_workers=len(os.sched_getaffinity(0)) + 1)
+train, val = make(), make()
+for epoch in range(2):
+    assert [int(x) for b in train for x in b] == list(range(16))
+    assert [int(x) for b in val for x in b] == list(range(16))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_torchs_worker_count_warning_is_given_as_often_as_the_plain_script_gives_it(tmp_path):
+    """torch warns of more workers than cores where a DataLoader is built and where a pass
+    starts, once for each place under Python's default filters: under `fastdata run`, where the
+    script's loaders drive DataLoaders of their own, the warnings are those of the plain run."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    plain = subprocess.run([sys.executable, "-c", WORKER_WARNING], capture_output=True, text=True, timeout=120, env=env)
+    served = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c", WORKER_WARNING],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert plain.returncode == 0 and served.returncode == 0, (plain.stderr[-2000:], served.stderr[-2000:])
+    given = [[line for line in p.stderr.splitlines() if "This DataLoader will create" in line] for p in (plain, served)]
+    assert len(given[0]) == 2 and given[1] == given[0], given
