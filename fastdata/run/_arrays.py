@@ -34,6 +34,7 @@ from PIL import Image
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
+from ._rotation import rotation
 from ._torchvision import FolderError, NativeFolder
 
 _MODES = ("constant", "edge", "reflect", "symmetric")
@@ -140,7 +141,10 @@ def _split(ops: list, name: str) -> tuple[list, list]:
         elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip):
             geometry.append(("flip", 2 if "Horizontal" in kind else 1, float(op.p)))
         elif cls in (T.RandomRotation, v2.RandomRotation):
-            geometry.append(_rotation(op, tensor))
+            try:
+                geometry.append(("rotate", rotation(op, tensor)))
+            except ValueError as e:  # (its message is the reason)
+                raise Unlowerable(str(e)) from None
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
                               "RandomCrop, CenterCrop, Pad, flips, RandomRotation, ColorJitter, TrivialAugmentWide, "
@@ -173,26 +177,6 @@ def _fill(op: Any, scaled: bool) -> tuple[int, str]:
         raise Unlowerable(f"{type(op).__name__} with fill {fill!r}: fastdata lowers one int 0-255 (0 on a scaled "
                           "tensor)")
     return fill, mode
-
-
-def _rotation(op: Any, tensor: bool) -> tuple:
-    """RandomRotation's op for `gather`: ("rotate", (lo, hi), Pillow's resample, center, fill).
-    Lowered on the PIL image only (torchvision rotates a tensor with torch's grid sampling, not
-    Pillow's), without expand (the size would change by angle), nearest, bilinear or bicubic, a
-    fill of one int."""
-    import torchvision.transforms.v2 as v2
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms.functional import pil_modes_mapping
-
-    kind, mode = type(op).__name__, op.interpolation
-    if isinstance(mode, str) and type(op) is v2.RandomRotation:  # (v2 takes a name; v1's functional raises on one)
-        mode = InterpolationMode(mode)
-    if tensor or op.expand or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
-            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
-        raise Unlowerable(f"{kind} on a tensor, with expand, a fill other than one int or interpolation {mode}: "
-                          "fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
-    center = None if op.center is None else tuple(op.center)
-    return ("rotate", (float(op.degrees[0]), float(op.degrees[1])), pil_modes_mapping[mode], center, op.fill)
 
 
 def angles(draws: "Draws", n: int, lo: float, hi: float) -> np.ndarray:
@@ -257,13 +241,12 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
         elif op[0] == "rotate":  # Pillow's rotate of each row, as torchvision's F.rotate calls it
-            (lo, hi), resample, center, fill = op[1:]
+            rotate = op[1]
             x = np.array(x)
             one = x.shape[3] == 1
-            for k, angle in enumerate(angles(draws, n, lo, hi).tolist()):
+            for k, angle in enumerate(angles(draws, n, *rotate.degrees).tolist()):
                 img = Image.fromarray(x[k, :, :, 0] if one else x[k])
-                out = img.rotate(angle, resample, False, center, fillcolor=fill if one else (fill,) * 3)
-                x[k] = np.asarray(out).reshape(x[k].shape)
+                x[k] = np.asarray(rotate.on_pillow(img, {"angle": angle})).reshape(x[k].shape)
         else:  # flip
             flipped = draws.rng().random(n) < op[2]
             if flipped.any():

@@ -6,8 +6,8 @@ torchvision's own image loader, or torch's `Subset` of one (what `random_split` 
 and reads its transform op by op (torchvision's v1 and v2 classes, each its exact class: a
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder applies in one
-pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment) that run as
-Pillow runs them, the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
+pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment, and
+RandomRotation: `_rotation`) that run as Pillow runs them, the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
 ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
 RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
 laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
@@ -25,6 +25,7 @@ import torch
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._erasing import lowered as lowered_erasing
+from ._rotation import rotation
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
@@ -41,7 +42,7 @@ class Lowering:
     """The script's transform as fastdata runs it."""
 
     geometry: tuple  # fastdata geometric ops, in order
-    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment), after the geometry
+    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment, Rotation), after the geometry
     resample: str  # the resize filter of every geometric op
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
@@ -227,6 +228,7 @@ def lower_transform(transform: Any) -> Lowering:
     names = ", ".join(type(op).__name__ for op in ops)
     geometry: list = []
     pixel: list = []
+    pixel_names: list[str] = []  # the script's names of the pixel ops
     steps: list = []
     erasing: list = []
     tv_image = False
@@ -245,7 +247,7 @@ def lower_transform(transform: Any) -> Lowering:
             raise Unlowerable(f"{type(op).__name__} after {padding} on images of sizes not known to fit it: "
                               "torchvision blends the padding's edge into the resize")
         if pixel:
-            raise Unlowerable(f"{type(op).__name__} after {type(pixel[-1]).__name__}: fastdata's decoder applies the "
+            raise Unlowerable(f"{type(op).__name__} after {pixel_names[-1]}: fastdata's decoder applies the "
                               "geometry first")
         if erasing:
             raise Unlowerable(f"{type(op).__name__} after RandomErasing: fastdata erases the laid-out batch")
@@ -290,6 +292,11 @@ def lower_transform(transform: Any) -> Lowering:
                 # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
                 pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
                                               (op.brightness, op.contrast, op.saturation, op.hue))))
+            elif cls in (T.RandomRotation, v2.RandomRotation):  # (after the geometry: a pixel op here)
+                try:
+                    pixel.append(rotation(op, domain != "pil"))
+                except ValueError as e:  # (its message is the reason)
+                    raise Unlowerable(str(e)) from None
             elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
                          v2.AutoAugment):
                 if domain != "pil":
@@ -337,6 +344,8 @@ def lower_transform(transform: Any) -> Lowering:
                     raise Unlowerable(str(e)) from None
             else:
                 raise _no_lowering(op)
+            if len(pixel) > len(pixel_names):
+                pixel_names.append(kind)
     except (ValueError, TypeError) as e:  # a parameter fastdata's op refuses
         raise Unlowerable(f"a parameter fastdata does not lower ({e})") from None
     if domain == "pil":

@@ -268,6 +268,8 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
                     mag = -mag
                 params.append({"op": name, "magnitude": mag})
             plans.append(params)
+        elif callable(getattr(op, "plan", None)):  # an op that plans itself from its draws (`fastdata.run`'s)
+            plans.append(op.plan(u))
         else:
             raise TypeError(f"{type(op).__name__} is not a pixel op")
     return plans

@@ -39,6 +39,7 @@ from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
+from fastdata.run._rotation import Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms.ops import AUTO_OPS, AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's)
@@ -193,6 +194,18 @@ def test_color_jitter_draws():
     expected = (a + b) / 2  # both N draws
     chi2 = float((((a - expected) ** 2 + (b - expected) ** 2) / expected).sum())
     assert chi2 < 41.6, f"ColorJitter orders: chi-square {chi2:.1f} >= 41.6 (torchvision {a}, fastdata {b})"
+
+
+def test_random_rotation_draws():
+    """RandomRotation's angles: the distribution of torchvision's `get_params`, in its range."""
+    (op,) = lower_transform(T.Compose([T.RandomRotation((-30, 10)), T.ToTensor()])).pixel_ops
+    torch.manual_seed(0)
+    tv_angles = np.array([T.RandomRotation.get_params([-30.0, 10.0]) for _ in range(N)])
+    (plan,) = plan_pixels([op], 7, 0, np.arange(N, dtype=np.int64))
+    angles = np.array([p["angle"] for p in plan])
+    assert -30 <= angles.min() and angles.max() <= 10 and angles.dtype == np.float64
+    assert np.array_equal(angles, angles.astype(np.float32))  # float32 values, as torch's uniform_ gives
+    assert_same_distribution("RandomRotation angle", tv_angles, angles)
 
 
 # ----------------------------------------------------------------- d. TrivialAugmentWide
@@ -557,13 +570,16 @@ def torchvision_magnitude(name: str, magnitude: float) -> float:
     return math.copysign(float(mags[b]), magnitude) if magnitude else float(mags[b])
 
 
-def apply_pixel_ops(img, pix, tables: bool = True):
-    """torchvision's functional ops for fastdata's planned ColorJitter and TrivialAugmentWide
-    parameters, as ColorJitter.forward and TrivialAugmentWide.forward apply them; with
+def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None):
+    """torchvision's functional ops for fastdata's planned ColorJitter, TrivialAugmentWide and
+    RandomRotation parameters, as ColorJitter.forward, TrivialAugmentWide.forward and
+    RandomRotation.forward apply them (`rotate`: the script's rotation keywords); with
     `tables`, TrivialAugmentWide's magnitude is torchvision's table's for the drawn bin, else
     fastdata's."""
     for kind, p in pix:
-        if kind == "jitter":
+        if kind == "rotate":
+            img = F.rotate(img, p["angle"], **rotate)
+        elif kind == "jitter":
             for k in p["order"]:
                 name = ("brightness", "contrast", "saturation", "hue")[k]
                 img = _ADJUST[name](img, p[name])
@@ -573,10 +589,11 @@ def apply_pixel_ops(img, pix, tables: bool = True):
     return img
 
 
-def _rrc_ref(interp, pre=(), post=(), tensor=False):
+def _rrc_ref(interp, pre=(), post=(), tensor=False, rotate=None):
     """The reference of a RandomResizedCrop(224) [+ flip] [+ pixel ops] pipeline: torchvision's
     functional ops with the box, flip and pixel parameters fastdata drew; `pre` and `post`, the
-    script's own deterministic ops before the crop and after the random ops."""
+    script's own deterministic ops before the crop and after the random ops; `rotate`, the
+    keywords of a RandomRotation's `F.rotate`."""
     def ref(img, box, flip, pix):
         for op in pre:
             img = op(img)
@@ -587,7 +604,7 @@ def _rrc_ref(interp, pre=(), post=(), tensor=False):
         else:
             img = F.resized_crop(img, top, left, h, w, [224, 224], interpolation=interp)
             img = F.hflip(img) if flip else img
-        img = apply_pixel_ops(img, pix)
+        img = apply_pixel_ops(img, pix, rotate=rotate)
         for op in post:
             img = op(img)
         return img
@@ -655,6 +672,16 @@ def _configs():
             T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
                        T.TrivialAugmentWide(), *tail]),
             _rrc_ref(BILINEAR, post=tail), levels_norm, tail),
+        "x: RRC bicubic + flip + RandomRotation nearest + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.RandomHorizontalFlip(),
+                       T.RandomRotation(20), T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()], rotate=dict(interpolation=NEAREST)), levels_u8,
+            [T.PILToTensor()]),
+        "xi: v2 RRC bicubic + RandomRotation bilinear, center and fill + ColorJitter + ToTensor": (
+            v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.RandomRotation(
+                (-10, 30), interpolation="bilinear", center=[60, 100], fill=9), v2.ColorJitter(0.3, 0.3, 0.3, 0.05), T.ToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.ToTensor()], rotate=dict(interpolation=BILINEAR, center=[60, 100], fill=9)),
+            levels_float, [T.ToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -696,8 +723,8 @@ def references(ds, decoder, indices, ref):
             continue
         x0, y0, x1, y1 = g.boxes[k]
         assert [x0, y0, x1, y1] == [round(v) for v in g.boxes[k]], "a first RandomResizedCrop's box is whole pixels"
-        pix = [("jitter" if isinstance(op, fd.ColorJitter) else "trivial", plan[k])
-               for op, plan in zip(decoder.pixel_ops, plans)]
+        pix = [("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial",
+                plan[k]) for op, plan in zip(decoder.pixel_ops, plans)]
         out.append(ref(img, (int(x0), int(y0), int(x1 - x0), int(y1 - y0)), bool(g.flips[k]), pix))
     return torch.stack(out)
 
@@ -745,8 +772,9 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 # - vii: ColorJitter and TrivialAugmentWide (Solarize, Posterize, Equalize) enlarge the
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
-# measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0/0  v 0.063/35  vi 0.077/35  vii 0.098/42
-# (viii is i's pipeline, ix iv's, each called through a preset object)
+# measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0/0  v 0.063/35  vi 0.077/35  vii 0.098/42  x 0/0  xi 0/0
+# (viii is i's pipeline, ix iv's, each called through a preset object; x and xi rotate with
+# Pillow's rotate, as torchvision does, after Pillow's bicubic crop)
 TOLERANCE = {
     "i": (0.08, 40),
     "ii": (0.0, 0),
@@ -757,6 +785,8 @@ TOLERANCE = {
     "vii": (0.12, 52),
     "viii": (0.08, 40),
     "ix": (0.0, 0),
+    "x": (0.0, 0),
+    "xi": (0.0, 0),
 }
 
 
