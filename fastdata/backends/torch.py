@@ -34,21 +34,6 @@ _INDEX_KEYWORDS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_la
 _STATE_VERSION = 1
 
 
-class Working(DataLoader):
-    """The DataLoader a TorchLoader drives. torch warns of a worker count above the cores as a
-    DataLoader is built and at each pass: the TorchLoader gave the first as it was built, so
-    this one gives only the second. (Not by silencing it in `warnings.catch_warnings`: leaving
-    that resets the once-per-place record, and a warning already given would be given again.)"""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._built = True
-
-    def check_worker_number_rationality(self) -> None:
-        if getattr(self, "_built", False):
-            super().check_worker_number_rationality()
-
-
 class TorchLoader(DataLoader, Loader):
     """Drop-in mode: a `torch.utils.data.DataLoader` (a subclass, with all its attributes and
     checks), plus `num_workers="auto"` and `device`.
@@ -108,7 +93,16 @@ class TorchLoader(DataLoader, Loader):
         elif not self._iterable:
             self._index = Resumable(self.sampler, self.generator)
             index = dict(batch_size=None, sampler=self._index)
-        self._loader = Working(dataset, collate_fn=collate_fn, **index, **own)
+        # torch warns of a worker count above the cores as a DataLoader is built and at each pass:
+        # this loader gave the first as it was built, so the one it drives skips its construction's
+        # check (an instance attribute over the method, gone once it is built; its passes warn
+        # from torch's own line). Not `warnings.catch_warnings`: leaving that resets the
+        # once-per-place record, and a warning already given would be given again.
+        working = DataLoader.__new__(DataLoader)
+        working.check_worker_number_rationality = lambda: None
+        working.__init__(dataset, collate_fn=collate_fn, **index, **own)
+        del working.check_worker_number_rationality
+        self._loader = working
         self._built = self._settings()
 
     def _settings(self) -> tuple:

@@ -876,14 +876,17 @@ for epoch in range(2):
 
 
 @pytest.mark.timeout(240)
-def test_torchs_worker_count_warning_is_given_as_often_as_the_plain_script_gives_it(tmp_path):
+@pytest.mark.parametrize("how", ["fastdata run", "fastdata.loader"])
+def test_torchs_worker_count_warning_is_given_as_often_as_the_plain_script_gives_it(tmp_path, how):
     """torch warns of more workers than cores where a DataLoader is built and where a pass
-    starts, once for each place under Python's default filters: under `fastdata run`, where the
-    script's loaders drive DataLoaders of their own, the warnings are those of the plain run."""
+    starts, once for each place under Python's default filters: under `fastdata run`, or with
+    `fastdata.loader` in its place, where the loaders drive DataLoaders of their own, the
+    warnings are those of the plain run, from torch's own lines."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     plain = subprocess.run([sys.executable, "-c", WORKER_WARNING], capture_output=True, text=True, timeout=120, env=env)
-    served = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c", WORKER_WARNING],
-                            capture_output=True, text=True, timeout=120, env=env)
+    command = ["-m", "fastdata.cli", "run", "--", sys.executable, "-c", WORKER_WARNING] if how == "fastdata run" else \
+        ["-c", "import fastdata\n" + WORKER_WARNING.replace("torch.utils.data.DataLoader(", "fastdata.loader(")]
+    served = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120, env=env)
     assert plain.returncode == 0 and served.returncode == 0, (plain.stderr[-2000:], served.stderr[-2000:])
     given = [[line for line in p.stderr.splitlines() if "This DataLoader will create" in line] for p in (plain, served)]
     assert len(given[0]) == 2 and given[1] == given[0], given
