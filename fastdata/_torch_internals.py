@@ -89,11 +89,22 @@ def iterator_shutdown(it: Any) -> None:
     """DataLoader iterator `it`'s own shutdown of its workers (idempotent; nothing for a
     single-process iterator), which cannot wait on a lock a dead worker held."""
     if hasattr(it, "_shutdown_workers"):
-        if not getattr(it, "_shutdown", True) and any((w.exitcode or 0) < 0 for w in iterator_workers(it)):
-            # A worker died by a signal (the out-of-memory killer, a kill -9), maybe holding
-            # the pool's shared lock: the pool serves no further pass, so it is killed whole.
+        if not getattr(it, "_shutdown", True) and any((w.exitcode or 0) < 0 for w in iterator_workers(it)) \
+                and not _done_event_free(it):
+            # A worker died by a signal (the out-of-memory killer, a kill -9) holding the pool's
+            # shared lock: the others cannot exit gracefully, so the pool is killed whole.
             kill_iterator_workers(it)
         it._shutdown_workers()
+
+
+def _done_event_free(it: Any) -> bool:
+    """Whether the lock of DataLoader iterator `it`'s done event can be had within a second (a
+    live worker holds it for a moment, a dead one for ever)."""
+    lock = getattr(getattr(getattr(it, "_workers_done_event", None), "_cond", None), "_lock", None)
+    if lock is None or not lock.acquire(timeout=1.0):
+        return lock is None
+    lock.release()
+    return True
 
 
 def kill_iterator_workers(it: Any) -> list[int]:
@@ -103,7 +114,9 @@ def kill_iterator_workers(it: Any) -> list[int]:
     killed inside that call never gives it back; DataLoader's own code then waits forever on it
     (its shutdown sets the event; a read that finds a worker dead checks it). So the iterator
     gets a fresh event, which only this process can hold, before the kills: the workers keep
-    the old one to their end."""
+    the old one to their end. (A thread of this process already waiting on the old lock, one
+    that found a worker dead in DataLoader's read before SIGCHLD was seen, stays waiting: torch
+    raises for the dead worker in the main thread first, where the pass is read there.)"""
     unregister_workers(it)  # first, as DataLoader's shutdown does: its SIGCHLD handler would raise
     if hasattr(it, "_workers_done_event"):
         it._workers_done_event = threading.Event()

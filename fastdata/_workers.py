@@ -230,7 +230,10 @@ def workers_running(loader: Any) -> bool:
 def shutdown_workers(loader: Any) -> None:
     """Shuts the persistent workers of DataLoader `loader` down now (after a stall or a dead
     worker they cannot serve another pass): its next iter() starts fresh ones."""
+    workers = iterator_workers(live_iterator(loader))
     end_live_iterator(loader)
+    # A worker killed, from outside or by the shutdown, may have left a shared-memory name.
+    _unlink_orphans([w.pid for w in workers if w.exitcode not in (None, 0)])
 
 
 def drop_dead_workers(loader: Any) -> bool:
@@ -239,12 +242,9 @@ def drop_dead_workers(loader: Any) -> bool:
     passes): its next iter() then starts fresh ones, where DataLoader's would wait for the dead
     worker to answer (torch's 5 s status check, with fastdata's stall limit behind it). Whether
     it did."""
-    workers = iterator_workers(live_iterator(loader))
-    if all(w.exitcode is None for w in workers):
+    if all(w.exitcode is None for w in iterator_workers(live_iterator(loader))):
         return False
-    shutdown_workers(loader)  # (which kills the others when one died by a signal)
-    # A worker killed, from outside or by the shutdown, may have left a shared-memory name.
-    _unlink_orphans([w.pid for w in workers if w.exitcode not in (None, 0)])
+    shutdown_workers(loader)
     return True
 
 

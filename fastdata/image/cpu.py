@@ -53,8 +53,8 @@ class BatchTask(Dataset):
             for read, more in self._reads(keys, stages):
                 if more or done:
                     part = self._decode(read, stages, pooled=False)
-                    keys = read.index if read.draws is None else read.draws  # (as the part's draw keys)
-                    first = read.paths[int(np.flatnonzero(keys == part[3][0])[0])] if len(part[3]) else None
+                    drawn = read.index if read.draws is None else read.draws  # (as the part's draw keys)
+                    first = read.paths[int(np.flatnonzero(drawn == part[3][0])[0])] if len(part[3]) else None
                     done.append((*part, first))
                     del read  # its bytes go before the next part's are read
                 else:

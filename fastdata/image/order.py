@@ -117,8 +117,10 @@ class FileOrder:
                 order = permutation(self.seed, epoch, self.n, self.shuffle)
             padded = np.resize(order, per_rank(len(order), self.world_size, self.drop_last) * self.world_size)
             draws = None
-            if self.sampler is not None or len(padded) > self.n:
+            if self.sampler is not None and np.bincount(order, minlength=self.n).max(initial=0) > 1:
                 draws = (padded + self.n * occurrences(padded))[self.rank::self.world_size]
+            elif len(padded) > len(order):  # only the wrap repeats: its r-th turn, r times
+                draws = (padded + self.n * (np.arange(len(padded)) // len(order)))[self.rank::self.world_size]
             self._mine = (epoch, share(order, self.rank, self.world_size, self.drop_last), draws)
         return self._mine[1], self._mine[2]
 
