@@ -10,12 +10,14 @@ preset (`references/classification/presets.py`, v1) with that auto-augment polic
 TrivialAugmentWide or RandAugment (bilinear), PILToTensor, ConvertImageDtype(float),
 Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the references' for
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
+With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
+fine-tuning tutorials add it.
 With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, channels_last, SGD)
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
-                                                [--recipe {imagenet,ta_wide,ra}] [--mixup]
+                                                [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup]
 """
 
 import argparse
@@ -33,16 +35,17 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra"], default="imagenet")
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "rotate"], default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-if args.recipe == "imagenet":
+if args.recipe in ("imagenet", "rotate"):
     transform = transforms.Compose([
         transforms.RandomResizedCrop(224),
         transforms.RandomHorizontalFlip(),
+        *([transforms.RandomRotation(15)] if args.recipe == "rotate" else []),
         transforms.ToTensor(),
         normalize,
     ])
