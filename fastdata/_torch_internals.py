@@ -25,8 +25,8 @@ from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 __all__ = ["torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled", "new_shared_storage",
-           "new_shared_tensor", "auto_collation", "share_length_warning", "live_iterator", "iterator_workers",
-           "iterator_shutdown", "kill_iterator_workers", "end_live_iterator", "unregister_workers",
+           "new_shared_tensor", "auto_collation", "share_length_warning", "driven_dataloader", "live_iterator",
+           "iterator_workers", "iterator_shutdown", "kill_iterator_workers", "end_live_iterator", "unregister_workers",
            "single_process_fetch", "mark_fetches", "dali_shutdown"]
 
 SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends included
@@ -72,6 +72,19 @@ def share_length_warning(source: Any, target: Any) -> None:
     """`target` (a DataLoader) warns as `source` would for an iterable dataset that yields more
     than its len(): len() asked of `source` counts for it."""
     target._IterableDataset_len_called = source._IterableDataset_len_called
+
+
+def driven_dataloader(*args: Any, **kwargs: Any) -> Any:
+    """A DataLoader built for a loader that was built as one (fastdata's drop-in), which gave
+    torch's warning of a worker count above the cores then: this one skips its construction's
+    check (an instance attribute over the method, gone once built) and warns at each pass from
+    torch's own line, as a plain DataLoader does. (Not under `warnings.catch_warnings`: its exit
+    resets the once-per-place record, and the warning would come again.)"""
+    loader = torch.utils.data.DataLoader.__new__(torch.utils.data.DataLoader)
+    loader.check_worker_number_rationality = lambda: None
+    loader.__init__(*args, **kwargs)
+    del loader.check_worker_number_rationality
+    return loader
 
 
 def live_iterator(loader: Any) -> Any:

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from .._collate import RingCollate, Timed, collate as native_collate
-from .._torch_internals import auto_collation, profiler_enabled, share_length_warning
+from .._torch_internals import auto_collation, driven_dataloader, profiler_enabled, share_length_warning
 from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers,
                         stall_limit, start_method, workers_running)
 from ..device import prefetch
@@ -93,16 +93,7 @@ class TorchLoader(DataLoader, Loader):
         elif not self._iterable:
             self._index = Resumable(self.sampler, self.generator)
             index = dict(batch_size=None, sampler=self._index)
-        # torch warns of a worker count above the cores as a DataLoader is built and at each pass:
-        # this loader gave the first as it was built, so the one it drives skips its construction's
-        # check (an instance attribute over the method, gone once it is built; its passes warn
-        # from torch's own line). Not `warnings.catch_warnings`: leaving that resets the
-        # once-per-place record, and a warning already given would be given again.
-        working = DataLoader.__new__(DataLoader)
-        working.check_worker_number_rationality = lambda: None
-        working.__init__(dataset, collate_fn=collate_fn, **index, **own)
-        del working.check_worker_number_rationality
-        self._loader = working
+        self._loader = driven_dataloader(dataset, collate_fn=collate_fn, **index, **own)
         self._built = self._settings()
 
     def _settings(self) -> tuple:
