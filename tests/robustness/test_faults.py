@@ -412,7 +412,8 @@ def test_ctrl_c_in_the_consumer_stops_cleanly(folder, tmp_path):
     left running."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
-        import multiprocessing, sys, time
+        import multiprocessing, signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, whatever this test inherited
         import fastdata
         from fastdata import transforms as T
         loader = fastdata.loader({str(folder)!r}, batch_size=8, num_workers=2,
