@@ -23,7 +23,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                                           [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup] [--json PATH]
+                                          [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup] [--json PATH]
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ and reads its transform op by op (torchvision's v1 and v2 classes, each its exac
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder applies in one
 pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment, and
-RandomRotation: `_rotation`) that run as Pillow runs them, the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
-ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
+RandomRotation: `_rotation`) that run as Pillow runs them, the tensor steps after the conversion
+(ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with the very torch
+operations torchvision runs, and
 RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
 laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
 plain drop-in.
@@ -42,7 +43,7 @@ class Lowering:
     """The script's transform as fastdata runs it."""
 
     geometry: tuple  # fastdata geometric ops, in order
-    pixel_ops: tuple  # fastdata pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment, Rotation), after the geometry
+    pixel_ops: tuple  # after the geometry: ColorJitter, TrivialAugment, RandAugment, AutoAugment, Rotation
     resample: str  # the resize filter of every geometric op
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
