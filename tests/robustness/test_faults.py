@@ -310,9 +310,11 @@ def test_a_worker_dead_holding_the_workers_shared_lock_does_not_hang_the_next_pa
         for _ in it:
             pass
     child = os.fork()
-    if child == 0:  # takes the shared lock and dies by a signal, as a worker can
-        live_iterator(loader._loader)._workers_done_event._cond._lock.acquire()
-        os.kill(os.getpid(), signal.SIGKILL)
+    if child == 0:  # takes the shared lock and dies by a signal, as a worker can (never back into pytest)
+        try:
+            live_iterator(loader._loader)._workers_done_event._cond._lock.acquire()
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
     os.waitpid(child, 0)
     if fault == "a stall":  # (the other workers wait for that lock too: a stall as well)
         for pid in workers:
