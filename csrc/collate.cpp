@@ -196,7 +196,9 @@ void collate(const std::vector<ArrayView>& srcs, int ndim, const int64_t* shape,
                shape, itemsize);
     }
   };
-  int t = int(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  int64_t sample_bytes = itemsize;
+  for (int d = 0; d < ndim; ++d) sample_bytes *= shape[d];
+  int t = int(std::min<int64_t>(threads_for_bytes(n * sample_bytes, threads), std::max<int64_t>(1, n)));
   if (t == 1) {
     work(0, n);
     return;
@@ -225,7 +227,7 @@ void lookup_one(const uint8_t* src, int64_t hw, int c, const T* lut, T* dst) {
 
 void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8_t* lut, int64_t itemsize,
                    uint8_t* dst, int threads) {
-  parallel_for(n, threads, [&](int64_t i) {
+  parallel_for(n, threads_for_bytes(n * hw * c * itemsize, threads), [&](int64_t i) {
     const uint8_t* s = src + i * hw * c;
     uint8_t* d = dst + i * hw * c * itemsize;
     switch (itemsize) {

@@ -459,9 +459,11 @@ nb::bytes stamps(nb::sequence datas, uint64_t k0, uint64_t k1, int threads) {
   HeldBytes held(n);
   const std::vector<fastdata::ByteSpan> spans = held.add_all(datas, n);
   std::vector<uint64_t> out(n);
+  int64_t total = 0;
+  for (const fastdata::ByteSpan& b : spans) total += int64_t(b.size);
   {
     nb::gil_scoped_release release;
-    fastdata::parallel_for(int64_t(n), threads, [&](int64_t i) {
+    fastdata::parallel_for(int64_t(n), fastdata::threads_for_bytes(total, threads), [&](int64_t i) {
       const fastdata::ByteSpan& b = spans[size_t(i)];
       out[size_t(i)] = (fastdata::keyed_hash(k0, k1, b.data, b.size) >> 1) | 1;
     });
