@@ -117,15 +117,24 @@ class WorkerRings:
         new.ended = False
         return new
 
-    def received(self, worker: int, flags: torch.UntypedStorage, slot: int, storage) -> tuple[Flags, set]:
+    def received(self, worker: int, flags: torch.UntypedStorage | None, slot: int, storage) -> tuple:
+        """Records a worker's slot as its batch arrives: (its flags, the leases alive here, the
+        slot's storage). None for flags or storage: the one recorded (the worker sent it before)."""
         ring = self.rings.get(worker)
-        if ring is None or ring[0].data_ptr() != flags.data_ptr():
+        if flags is not None and (ring is None or ring[0].data_ptr() != flags.data_ptr()):
             ring = self.rings[worker] = (flags, [])
             self._flags[worker] = Flags(flags)
+        if ring is None or (storage is None and (slot >= len(ring[1]) or ring[1][slot] is None)):
+            raise RuntimeError(f"a batch from DataLoader worker {worker} names a buffer this process was never sent")
         storages = ring[1]
-        storages.extend([None] * (slot + 1 - len(storages)))
-        storages[slot] = storage
-        return self._flags[worker], self.live.setdefault(worker, set())
+        if storage is None:
+            storage = storages[slot]
+        else:
+            storages.extend([None] * (slot + 1 - len(storages)))
+            storages[slot] = storage
+        if worker not in self._flags:
+            self._flags[worker] = Flags(ring[0])
+        return self._flags[worker], self.live.setdefault(worker, set()), storage
 
     def end(self) -> None:
         """After this generation's workers exited: frees the slots of batches that were in
@@ -146,18 +155,25 @@ _WORKER_RINGS: "weakref.WeakValueDictionary[str, WorkerRings]" = weakref.WeakVal
 
 def _rebuild(token, worker, flags_storage, storage, slot, leaf, offset, shape, dtype) -> torch.Tensor:
     # Runs in the main process as a worker's batch is unpickled: a leased tensor over the
-    # worker's slot, and the slot recorded so the mapping stays (torch's shared-storage cache
-    # then hands back the same mapping every batch instead of mapping it anew).
+    # worker's slot, and the slot recorded so the mapping stays. A storage this process holds
+    # already comes as None (see SlotLeaf) and is taken from the record.
     record = _WORKER_RINGS.get(token)
     if record is None:  # unpickled outside the loader that made it
+        if flags_storage is None or storage is None:
+            raise RuntimeError("a batch from a DataLoader worker arrived after its loader was gone")
         return leased_tensor(storage, offset, shape, dtype, Flags(flags_storage), slot, leaf)
-    flags, live = record.received(worker, flags_storage, slot, storage)
+    flags, live, storage = record.received(worker, flags_storage, slot, storage)
     return leased_tensor(storage, offset, shape, dtype, flags, slot, leaf, live)
 
 
 class SlotLeaf:
     """A tensor collated into a worker's slot, as it crosses to the main process: it pickles to
-    a leased tensor over the same shared memory (no copy; storages go as file descriptors)."""
+    a leased tensor over the same shared memory (no copy). A storage goes as a file descriptor
+    the first time only (torch's sharing hands each one over a socket, a connection per storage
+    per batch, about as costly as laying out a small batch); after that the main process takes
+    it from its record of the ring (`WorkerRings.received`). A worker's batches are pickled in
+    the order they are sent and unpickled in that order, so the first one reaches the record
+    before any that leaves it out."""
 
     __slots__ = ("ring", "storage", "slot", "leaf", "offset", "shape", "dtype")
 
@@ -173,8 +189,10 @@ class SlotLeaf:
 
     def __reduce__(self):
         r = self.ring
-        return (_rebuild, (r.token, r.worker, r.flags_storage, self.storage, self.slot, self.leaf,
-                           self.offset, self.shape, self.dtype))
+        flags = None if r.told[-1] is r.flags_storage else r.flags_storage
+        storage = None if r.told[self.slot] is self.storage else self.storage
+        r.told[-1], r.told[self.slot] = r.flags_storage, self.storage
+        return (_rebuild, (r.token, r.worker, flags, storage, self.slot, self.leaf, self.offset, self.shape, self.dtype))
 
 
 class BufferRing:
@@ -186,12 +204,17 @@ class BufferRing:
         if adopt is not None and len(adopt[1]) <= slots:
             self.flags_storage = adopt[0]
             self.storages: list[torch.UntypedStorage | None] = list(adopt[1]) + [None] * (slots - len(adopt[1]))
+            told = [*self.storages, self.flags_storage]
         else:
             flags = torch.zeros(slots * MAX_LEAVES, dtype=torch.uint8)
             if shared:
                 flags.share_memory_()
             self.flags_storage = flags.untyped_storage()
             self.storages = [None] * slots
+            told = [None] * (slots + 1)
+        # A worker's: the storage of each slot (and last, the flags) the main process holds, so a
+        # batch need not send it again (see SlotLeaf): an adopted ring's came from its record.
+        self.told: list[Any] = told
         self.flags = Flags(self.flags_storage)
         self._last = -1  # the slot claimed last
         self._slot: int | None = None

@@ -101,18 +101,23 @@ def _new_batch(n: int, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.
 
 
 def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
-    """Whether the native core can take these tensors: plain dense CPU tensors of one dtype and
-    shape, no autograd, no lazy negation bit. Plain attribute reads only: it runs on every
-    tensor of every batch."""
+    """Whether the native core can take these tensors: plain dense CPU tensors of one dtype
+    and shape (`_all_like`), of a size worth its call."""
     elem = batch[0]
-    if elem.is_nested:  # strided layout, but no shape: torch's collate says it cannot batch them
-        return False
-    dtype, shape = elem.dtype, elem.shape
-    if dtype not in _NATIVE_DTYPES or elem.layout != torch.strided:
-        return False
-    nbytes = elem.numel() * dtype.itemsize * len(batch)
-    if not _worth_it(nbytes, elem.is_contiguous()):  # decided on the first sample
-        return False
+    return _plain_first(elem) and _worth_it(elem.numel() * elem.dtype.itemsize * len(batch), elem.is_contiguous()) \
+        and _all_like(batch)  # (the size decided on the first sample)
+
+
+def _plain_first(elem: torch.Tensor) -> bool:
+    # (a nested tensor has a strided layout but no shape: torch's collate says it cannot batch them)
+    return not elem.is_nested and elem.dtype in _NATIVE_DTYPES and elem.layout == torch.strided
+
+
+def _all_like(batch: Sequence[torch.Tensor]) -> bool:
+    """Whether every tensor is a plain dense CPU tensor of the first one's dtype and shape, with
+    no autograd and no lazy negation bit. Plain attribute reads only: it runs on every tensor of
+    every batch."""
+    dtype, shape = batch[0].dtype, batch[0].shape
     for t in batch:
         if type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != shape:
             return False
@@ -121,9 +126,51 @@ def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
     return True
 
 
+class ByValue:
+    """A small batch leaf made in a worker, as it crosses to the main process: its bytes in the
+    message. torch's own pickling would move it to a fresh shared-memory block and hand the
+    main process its file descriptor over a socket, a connection per tensor per batch that
+    costs the main process more than copying 64 KB (`benchmarks/run_cifar.py --dataset
+    tutorial`: a batch of 4 images and its labels). It unpickles to a plain tensor of the
+    same dtype, shape and values."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self):
+        t = self.tensor.contiguous()
+        return (_from_bytes, (t.reshape(-1).view(torch.uint8).numpy().tobytes(), t.dtype, tuple(t.shape)))
+
+
+def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype)
+    if data:
+        np.copyto(out.reshape(-1).view(torch.uint8).numpy(), np.frombuffer(data, dtype=np.uint8))
+    return out
+
+
+def _by_value(made: Any) -> Any:
+    """`made` (a tensor a collate function made in this process's private memory), wrapped to
+    cross by value when this process is a worker."""
+    if type(made) is torch.Tensor and get_worker_info() is not None and made.device.type == "cpu" \
+            and made.layout == torch.strided and made.dtype in _NATIVE_DTYPES and not made.requires_grad:
+        return ByValue(made)
+    return made
+
+
+def _small_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
+    """torch's collate of tensors the native core does not take; from a worker, a small plain
+    batch (a larger one went native) stacked in private memory and sent by value."""
+    if get_worker_info() is not None and _plain_first(batch[0]) and _all_like(batch):
+        return ByValue(torch.stack(batch))
+    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
 def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
     if not _native_ok(batch):
-        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        return _small_tensors(batch, collate_fn_map=collate_fn_map)
     elem = batch[0]
     out, result = _new_batch(len(batch), elem.shape, elem.dtype)
     _copy_checked_tensors(batch, out, default_threads())
@@ -138,7 +185,8 @@ def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None 
         or not _worth_it(elem.nbytes * len(batch), elem.flags.c_contiguous)  # decided on the first
         or any(a.dtype != elem.dtype or a.shape != elem.shape for a in batch)
     ):
-        # torch's path: the string/object dtype check, then as_tensor and stack.
+        # torch's path: the string/object dtype check, then as_tensor and stack (by COLLATE_FN_MAP's
+        # tensor function: by value from a worker)
         return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
     global _READ_ONLY_WARNED
     if not _READ_ONLY_WARNED:  # torch.as_tensor's warning on a read-only array, once a process as default_collate's
@@ -154,9 +202,19 @@ def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None 
 _READ_ONLY_WARNED = False
 
 
-COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = dict(default_collate_fn_map)
-COLLATE_FN_MAP[torch.Tensor] = _collate_tensors
-COLLATE_FN_MAP[np.ndarray] = _collate_arrays
+def _numbers(fn: Callable) -> Callable:
+    """torch's collate function `fn` for numbers (a new tensor in private memory), by value from a worker."""
+    return lambda batch, *, collate_fn_map=None: _by_value(fn(batch, collate_fn_map=collate_fn_map))
+
+
+# A worker's collation once its first batches had nothing for the native core (RingCollate):
+# torch's, with its small tensors and numbers sent by value.
+SMALL_FN_MAP: dict[type | tuple[type, ...], Callable] = {
+    t: _numbers(fn) if t in (int, float) or (isinstance(t, tuple) and np.bool_ in t) else fn
+    for t, fn in default_collate_fn_map.items()}
+SMALL_FN_MAP[torch.Tensor] = _small_tensors
+COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = {**SMALL_FN_MAP, torch.Tensor: _collate_tensors,
+                                                           np.ndarray: _collate_arrays}
 
 
 class Prepared:
@@ -248,7 +306,8 @@ class RingCollate:
             # The first batches had nothing for the native core (small or contiguous leaves in
             # this process): torch's own collate from here on, with no routing cost per leaf.
             # (The result is the same either way; this only skips the checks.)
-            return _torch_collate(batch, collate_fn_map=default_collate_fn_map)
+            small = SMALL_FN_MAP if get_worker_info() is not None else default_collate_fn_map
+            return _torch_collate(batch, collate_fn_map=small)
         ring = self.rings.ring()
         _ring = ring  # a slot is claimed at the batch's first native leaf, if it has one
         try:

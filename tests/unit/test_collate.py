@@ -171,3 +171,84 @@ def test_nested_tensors_get_torch_own_error():
     with pytest.raises(RuntimeError) as ours:
         collate([nested, nested])
     assert str(ours.value) == str(theirs.value)
+
+
+class _Leaves(torch.utils.data.Dataset):
+    """Samples of every kind of small leaf (each a function of its index), and a large one."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return {"int": i, "float": i / 4, "bool": i % 2 == 0, "np_float": np.float32(i) / 2, "np_bool": np.bool_(i % 3),
+                "tensor": torch.full((3, 4), float(i)), "bf16": torch.full((2,), float(i), dtype=torch.bfloat16),
+                "array": np.arange(5, dtype=np.int16) + i, "scalar": torch.tensor(i), "empty": torch.zeros(0),
+                "large": torch.full((3, 64, 64), float(i))}  # 48 KB a sample: native, into the worker's ring
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_workers_batches_are_default_collates_and_cross_without_a_descriptor_per_leaf(monkeypatch, persistent):
+    """From workers, small leaves cross by value and the ring's storages once each: torch's
+    sharing would hand the main process a file descriptor over a socket per tensor per batch."""
+    from multiprocessing import resource_sharer
+
+    received = []  # the descriptors this process takes from the workers' sockets
+    real = resource_sharer.DupFd.detach
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", lambda self: received.append(1) or real(self))
+    ds = _Leaves()
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=RingCollate(slots=4),
+                                         persistent_workers=persistent)
+    batches = 0
+    for _ in range(3):
+        for k, got in enumerate(loader):
+            want = default_collate([ds[i] for i in range(4 * k, 4 * k + 4)])
+            _assert_same(got, want)
+            assert not any(got[key].is_shared() for key in got if key != "large")  # (by value)
+            batches += 1
+    # Each worker's ring (flags, then each slot's storage) is sent once; fresh workers each
+    # epoch adopt it, so nothing more is sent after the first epoch.
+    assert batches == 30 and 0 < len(received) <= 2 * (1 + 4)
+
+
+def test_a_small_leaf_crosses_by_value():
+    from multiprocessing.reduction import ForkingPickler
+
+    for t in (torch.arange(6, dtype=torch.bfloat16).view(2, 3), torch.tensor([True, False]), torch.tensor(7),
+              torch.zeros(0, 3), torch.arange(10.0)[::2]):
+        back = ForkingPickler.loads(ForkingPickler.dumps(_collate.ByValue(t)))
+        assert type(back) is torch.Tensor and back.dtype == t.dtype and back.shape == t.shape
+        assert torch.equal(back, t) and back.is_contiguous() and not back.is_shared()
+
+
+def test_a_worker_slot_sends_its_storage_only_when_the_main_process_lacks_it():
+    from fastdata._buffers import WorkerRings
+
+    record = WorkerRings()
+    ring = BufferRing(slots=2, shared=True, token=record.token, worker=0)
+
+    def batch(n):
+        ring.begin()
+        out, leaf = ring.alloc((n,), torch.float32)
+        out.copy_(torch.arange(float(n)))
+        ring.end()
+        rebuild, args = leaf.__reduce__()
+        return rebuild, args
+
+    first = batch(4)
+    assert first[1][2] is not None and first[1][3] is not None  # the flags and the slot's storage
+    got = first[0](*first[1])
+    assert torch.equal(got, torch.arange(4.0))
+    del got
+    again = batch(4)  # the other slot: its storage is new, the flags are known
+    assert again[1][2] is None and again[1][3] is not None
+    again[0](*again[1])
+    known = batch(4)  # the first slot again
+    assert known[1][2] is None and known[1][3] is None
+    assert torch.equal(known[0](*known[1]), torch.arange(4.0))
+    grown = batch(1 << 16)  # a larger batch: the slot's storage is replaced, and sent
+    assert grown[1][3] is not None
+    assert torch.equal(grown[0](*grown[1]), torch.arange(float(1 << 16)))
+    stranger = WorkerRings()  # a record that never received this worker's ring
+    with pytest.raises(RuntimeError, match="never sent"):
+        known[0](stranger.token, *known[1][1:])
