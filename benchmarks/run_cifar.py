@@ -2,8 +2,11 @@
 
 The script is `_cifar_example.py`: the CIFAR-10 recipe (RandomCrop(32, padding=4), flip,
 ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch), weiaicunzai's CIFAR-100
-one (the same with RandomRotation(15); 4 workers) or pytorch/examples' MNIST (ToTensor,
-Normalize; batch 64, no workers, as its CPU arguments), on synthetic files
+one (the same with RandomRotation(15); 4 workers), pytorch/examples' MNIST (ToTensor,
+Normalize; batch 64, no workers, as its CPU arguments) or the PyTorch tutorial "Training a
+Classifier" on CIFAR-10 (ToTensor, Normalize; batch 4, shuffle, 2 workers, and its training
+step: there the main process's cost per batch from the workers is most of the loader's), on
+synthetic files
 written here in the datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors;
 the datasets hold them in memory). `fastdata run` serves them natively (`fastdata.run._arrays`):
 the crop and flip on a batch's rows at once instead of a PIL image per sample. Candidates run
@@ -11,10 +14,11 @@ each in its own process, in ABBA rounds so drift on a shared machine hits both a
 
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
-bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json).
+bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json,
+run_tutorial.json).
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist}] [--images 50000] [--rounds 3]
-                                                     [--epochs 3] [--workers N] [--json PATH]
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist,tutorial}] [--images 50000]
+                                                     [--rounds 3] [--epochs 3] [--workers N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -84,9 +88,9 @@ def write_mnist(root: Path, images: int) -> None:
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=3)
     ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
-    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist"], default="cifar10")
+    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial"], default="cifar10")
     ap.add_argument("--workers", type=int, default=None,
-                    help="the recipe's: 2 for CIFAR-10, 4 for CIFAR-100, 0 for MNIST")
+                    help="the recipe's: 2 for CIFAR-10 and the tutorial, 4 for CIFAR-100, 0 for MNIST")
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
@@ -94,8 +98,10 @@ def main() -> int:
     import torchvision
 
     root = Path(args.root)
-    {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist}[args.dataset](root, args.images)
-    workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0}[args.dataset]
+    {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist,
+     "tutorial": write_cifar}[args.dataset](root, args.images)
+    workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0,
+                                                             "tutorial": 2}[args.dataset]
     script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
               "--epochs", str(args.epochs), "--workers", str(workers)]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
@@ -107,7 +113,7 @@ def main() -> int:
         fast, slow = sides["fastdata run"][part], sides["plain"][part]
         lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
         ratios[part] = {"ratio": statistics.median(fast) / statistics.median(slow), "ci95": [lo, hi]}
-    batch = 64 if args.dataset == "mnist" else 128
+    batch = {"mnist": 64, "tutorial": 4}.get(args.dataset, 128)
     print(f"\n{args.dataset}, {args.images} images in memory, batch {batch}, {workers} workers"
           f"{' (fresh each epoch)' if workers else ''}, {args.rounds} rounds ABBA, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")
@@ -119,7 +125,9 @@ def main() -> int:
         "dataset": args.dataset, "images": args.images, "batch": batch, "workers": workers, "epochs": args.epochs,
         "rounds": args.rounds, "torch": torch.__version__, "torchvision": torchvision.__version__,
         "regime": "the dataset in memory (as torchvision loads it), " + (
-            "fresh workers each epoch (the script's)" if workers else "no workers (the script's)"),
+            "fresh workers each epoch (the script's)" if workers else "no workers (the script's)") + (
+            "; the step: the tutorial's training step on the CPU" if args.dataset == "tutorial" else
+            "; the step: the copy to the device"),
         "sides": sides, "ratios": ratios}, args.json)
     return 0
 
