@@ -119,7 +119,8 @@ def _all_like(batch: Sequence[torch.Tensor]) -> bool:
     every batch."""
     dtype, shape = batch[0].dtype, batch[0].shape
     for t in batch:
-        if type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != shape:
+        if type(t) is not torch.Tensor or t.is_nested or t.layout != torch.strided or t.dtype is not dtype \
+                or t.shape != shape:
             return False
         if t.requires_grad or not t.is_cpu or t.is_neg():
             return False
@@ -132,7 +133,8 @@ class ByValue:
     main process its file descriptor over a socket, a connection per tensor per batch that
     costs the main process more than copying 64 KB (`benchmarks/run_cifar.py --dataset
     tutorial`: a batch of 4 images and its labels). It unpickles to a plain tensor of the
-    same dtype, shape and values."""
+    same dtype, shape and values. Only a worker's RingCollate makes one (`_SENT_FN_MAP`): its
+    batches go straight to the main process."""
 
     __slots__ = ("tensor",)
 
@@ -152,29 +154,30 @@ def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
 
 
 def _by_value(made: Any) -> Any:
-    """`made` (a tensor a collate function made in this process's private memory), wrapped to
-    cross by value when this process is a worker."""
-    if type(made) is torch.Tensor and get_worker_info() is not None and made.device.type == "cpu" \
-            and made.layout == torch.strided and made.dtype in _NATIVE_DTYPES and not made.requires_grad:
+    """`made` (a tensor torch's collate function made in private memory), to cross by value if small."""
+    if type(made) is torch.Tensor and made.device.type == "cpu" and made.layout == torch.strided \
+            and made.dtype in _NATIVE_DTYPES and not made.requires_grad \
+            and made.numel() * made.dtype.itemsize < _NATIVE_MIN_BYTES:
         return ByValue(made)
     return made
 
 
-def _small_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
-    """torch's collate of tensors the native core does not take; from a worker, a small plain
-    batch (a larger one went native) stacked in private memory and sent by value."""
-    if get_worker_info() is not None and _plain_first(batch[0]) and _all_like(batch):
-        return ByValue(torch.stack(batch))
-    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-
-
 def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
     if not _native_ok(batch):
-        return _small_tensors(batch, collate_fn_map=collate_fn_map)
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
     elem = batch[0]
     out, result = _new_batch(len(batch), elem.shape, elem.dtype)
     _copy_checked_tensors(batch, out, default_threads())
     return result
+
+
+def _sent_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
+    """`_collate_tensors` for a worker's batch: a small plain one stacked in private memory, by value."""
+    elem = batch[0]
+    if _plain_first(elem) and elem.numel() * elem.dtype.itemsize * len(batch) < _NATIVE_MIN_BYTES \
+            and _all_like(batch):
+        return ByValue(torch.stack(batch))
+    return _collate_tensors(batch, collate_fn_map=collate_fn_map)
 
 
 def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None = None) -> Any:
@@ -185,8 +188,7 @@ def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None 
         or not _worth_it(elem.nbytes * len(batch), elem.flags.c_contiguous)  # decided on the first
         or any(a.dtype != elem.dtype or a.shape != elem.shape for a in batch)
     ):
-        # torch's path: the string/object dtype check, then as_tensor and stack (by COLLATE_FN_MAP's
-        # tensor function: by value from a worker)
+        # torch's path: the string/object dtype check, then as_tensor and the map's tensor function.
         return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
     global _READ_ONLY_WARNED
     if not _READ_ONLY_WARNED:  # torch.as_tensor's warning on a read-only array, once a process as default_collate's
@@ -203,18 +205,16 @@ _READ_ONLY_WARNED = False
 
 
 def _numbers(fn: Callable) -> Callable:
-    """torch's collate function `fn` for numbers (a new tensor in private memory), by value from a worker."""
+    """torch's collate function `fn` for numbers (a new tensor in private memory), by value if small."""
     return lambda batch, *, collate_fn_map=None: _by_value(fn(batch, collate_fn_map=collate_fn_map))
 
 
-# A worker's collation once its first batches had nothing for the native core (RingCollate):
-# torch's, with its small tensors and numbers sent by value.
-SMALL_FN_MAP: dict[type | tuple[type, ...], Callable] = {
-    t: _numbers(fn) if t in (int, float) or (isinstance(t, tuple) and np.bool_ in t) else fn
-    for t, fn in default_collate_fn_map.items()}
-SMALL_FN_MAP[torch.Tensor] = _small_tensors
-COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = {**SMALL_FN_MAP, torch.Tensor: _collate_tensors,
-                                                           np.ndarray: _collate_arrays}
+COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = {
+    **default_collate_fn_map, torch.Tensor: _collate_tensors, np.ndarray: _collate_arrays}
+# A worker's RingCollate: COLLATE_FN_MAP, with numbers and small tensors sent by value.
+_SENT_FN_MAP: dict[type | tuple[type, ...], Callable] = {
+    **{t: _numbers(fn) if t in (int, float) or (isinstance(t, tuple) and np.bool_ in t) else fn
+       for t, fn in COLLATE_FN_MAP.items()}, torch.Tensor: _sent_tensors}
 
 
 class Prepared:
@@ -232,6 +232,12 @@ def collate(batch: Sequence[Any]) -> Any:
     if isinstance(batch, Prepared):
         return batch.collate_into(None)
     return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
+
+
+def collate_leaves(batch: Sequence[Any], ring: BufferRing | None) -> Any:
+    """`collate` for a Prepared batch's other leaves (its labels) as `collate_into(ring)` lays
+    it out: from a worker's ring (the batch goes straight to the main process), small ones by value."""
+    return _torch_collate(batch, collate_fn_map=_SENT_FN_MAP if ring is not None and ring.shared else COLLATE_FN_MAP)
 
 
 class Timed(NamedTuple):
@@ -302,16 +308,17 @@ class RingCollate:
                 return batch.collate_into(ring)
             finally:
                 ring.end()
+        # A worker's batches go straight to the main process: their small leaves by value.
+        sent = get_worker_info() is not None
         if self._calls < 0:
             # The first batches had nothing for the native core (small or contiguous leaves in
             # this process): torch's own collate from here on, with no routing cost per leaf.
             # (The result is the same either way; this only skips the checks.)
-            small = SMALL_FN_MAP if get_worker_info() is not None else default_collate_fn_map
-            return _torch_collate(batch, collate_fn_map=small)
+            return _torch_collate(batch, collate_fn_map=_SENT_FN_MAP if sent else default_collate_fn_map)
         ring = self.rings.ring()
         _ring = ring  # a slot is claimed at the batch's first native leaf, if it has one
         try:
-            return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
+            return _torch_collate(batch, collate_fn_map=_SENT_FN_MAP if sent else COLLATE_FN_MAP)
         finally:
             _ring = None
             used = ring.claimed is not None

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .._buffers import ProcessRings, new_batch
-from .._collate import Prepared, collate, default_threads
+from .._collate import Prepared, collate_leaves, default_threads
 from .._ext import native as _ext
 from ._erasing import erase
 from ._lowering import Lowering, steps_dtype
@@ -75,7 +75,7 @@ class FolderBatch(Prepared):
         out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
         out.copy_(self.images)
         # (a tuple, as default_collate's transpose gives it: strings are collated as they come)
-        return [handle, collate(tuple(self.targets)), Layout(self.steps, self.erased, self.seed)]
+        return [handle, collate_leaves(tuple(self.targets), ring), Layout(self.steps, self.erased, self.seed)]
 
 
 def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:

@@ -252,3 +252,49 @@ def test_a_worker_slot_sends_its_storage_only_when_the_main_process_lacks_it():
     stranger = WorkerRings()  # a record that never received this worker's ring
     with pytest.raises(RuntimeError, match="never sent"):
         known[0](stranger.token, *known[1][1:])
+
+
+class _Growing(torch.utils.data.Dataset):
+    """Small samples first (so a worker's RingCollate takes its shortcut), then 48 KB ones."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3, 64, 64) if i >= 32 else (3,), float(i)), i
+
+
+@pytest.mark.timeout(120)
+def test_a_workers_shortcut_sends_small_leaves_by_value_and_large_ones_in_shared_memory():
+    loader = torch.utils.data.DataLoader(_Growing(), batch_size=4, num_workers=2, collate_fn=RingCollate(slots=4))
+    for k, (x, y) in enumerate(loader):
+        assert torch.equal(y, torch.arange(4 * k, 4 * k + 4))
+        assert torch.equal(x, torch.stack([torch.full(x.shape[1:], float(i)) for i in y]))
+        assert not y.is_shared()
+        assert x.is_shared() == (k >= 8)  # a 196 KB batch is never copied through the message
+
+
+def _collated_types(batch):
+    out = collate(batch)  # as a collate_fn of the user's that wraps the drop-in's would call it
+    return {k: type(v).__name__ for k, v in out.items()}, out["int"].float()
+
+
+@pytest.mark.timeout(60)
+def test_collate_called_in_a_worker_gives_tensors():
+    loader = torch.utils.data.DataLoader(_Leaves(), batch_size=4, num_workers=1, collate_fn=_collated_types)
+    types, floats = next(iter(loader))
+    assert set(types.values()) == {"Tensor"} and torch.equal(floats, torch.arange(4.0))
+
+
+def test_a_small_mixed_layout_batch_in_a_worker_gets_torchs_error(monkeypatch):
+    from torch.utils.data._utils import worker
+
+    # As in a worker (torch's collate then allocates shared memory: its error names that op),
+    # without forking one.
+    monkeypatch.setattr(worker, "_worker_info", worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None))
+    batch = [torch.zeros(3), torch.zeros(3).to_sparse()]
+    with pytest.raises(Exception) as theirs:
+        default_collate(batch)
+    with pytest.raises(Exception) as ours:
+        RingCollate(slots=2)(batch)
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
