@@ -36,8 +36,8 @@ ap.add_argument("--workers", type=int, default=None,
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # (synthetic files: not CIFAR's md5)
 if args.dataset == "cifar10":
-    torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # (synthetic files: not CIFAR's md5)
     transform_train = transforms.Compose([
         transforms.RandomCrop(32, padding=4),
         transforms.RandomHorizontalFlip(),
@@ -48,7 +48,6 @@ if args.dataset == "cifar10":
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=128, shuffle=True,
                                               num_workers=2 if args.workers is None else args.workers)
 elif args.dataset == "cifar100":
-    torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # (synthetic files: not CIFAR's md5)
     transform_train = transforms.Compose([
         transforms.RandomCrop(32, padding=4),
         transforms.RandomHorizontalFlip(),
@@ -63,7 +62,6 @@ elif args.dataset == "tutorial":
     import torch.nn as nn
     import torch.nn.functional as F
 
-    torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # (synthetic files: not CIFAR's md5)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
     trainset = torchvision.datasets.CIFAR10(root=args.root, train=True, download=False, transform=transform)
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=4, shuffle=True,

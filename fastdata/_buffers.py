@@ -132,8 +132,6 @@ class WorkerRings:
         else:
             storages.extend([None] * (slot + 1 - len(storages)))
             storages[slot] = storage
-        if worker not in self._flags:
-            self._flags[worker] = Flags(ring[0])
         return self._flags[worker], self.live.setdefault(worker, set()), storage
 
     def end(self) -> None:

@@ -104,8 +104,12 @@ def _native_ok(batch: Sequence[torch.Tensor]) -> bool:
     """Whether the native core can take these tensors: plain dense CPU tensors of one dtype
     and shape (`_all_like`), of a size worth its call."""
     elem = batch[0]
-    return _plain_first(elem) and _worth_it(elem.numel() * elem.dtype.itemsize * len(batch), elem.is_contiguous()) \
-        and _all_like(batch)  # (the size decided on the first sample)
+    return _plain_first(elem) and _worth_it(_batch_bytes(batch), elem.is_contiguous()) and _all_like(batch)
+
+
+def _batch_bytes(batch: Sequence[torch.Tensor]) -> int:
+    """The batch's bytes, as its first sample gives them (the size is decided on it)."""
+    return batch[0].numel() * batch[0].dtype.itemsize * len(batch)
 
 
 def _plain_first(elem: torch.Tensor) -> bool:
@@ -155,10 +159,8 @@ def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
 
 def _by_value(made: Any) -> Any:
     """`made` (a tensor torch's collate function made in private memory), to cross by value if small."""
-    if type(made) is torch.Tensor and made.device.type == "cpu" and made.layout == torch.strided \
-            and made.dtype in _NATIVE_DTYPES and not made.requires_grad \
-            and made.numel() * made.dtype.itemsize < _NATIVE_MIN_BYTES:
-        return ByValue(made)
+    if type(made) is torch.Tensor and _plain_first(made) and made.numel() * made.dtype.itemsize < _NATIVE_MIN_BYTES:
+        return ByValue(made)  # (torch.tensor and as_tensor of numbers: CPU, no autograd)
     return made
 
 
@@ -173,9 +175,7 @@ def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | No
 
 def _sent_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
     """`_collate_tensors` for a worker's batch: a small plain one stacked in private memory, by value."""
-    elem = batch[0]
-    if _plain_first(elem) and elem.numel() * elem.dtype.itemsize * len(batch) < _NATIVE_MIN_BYTES \
-            and _all_like(batch):
+    if _plain_first(batch[0]) and _batch_bytes(batch) < _NATIVE_MIN_BYTES and _all_like(batch):
         return ByValue(torch.stack(batch))
     return _collate_tensors(batch, collate_fn_map=collate_fn_map)
 
