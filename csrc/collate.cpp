@@ -223,7 +223,52 @@ void lookup_one(const uint8_t* src, int64_t hw, int c, const T* lut, T* dst) {
   }
 }
 
+// Rows [r0, r1) of lookup_values' [outer, c, inner] layout.
+template <typename T>
+void lookup_rows(const uint8_t* src, int64_t r0, int64_t r1, int c, int64_t inner, const T* lut, T* dst) {
+  const int64_t row = int64_t(c) * inner;
+  src += r0 * row;
+  dst += r0 * row;
+  if (inner == 1 && c == 3) {  // an RGB pixel a row: the channels_last batch, unrolled
+    for (int64_t r = r0; r < r1; ++r, src += 3, dst += 3) {
+      dst[0] = lut[src[0]];
+      dst[1] = lut[256 + src[1]];
+      dst[2] = lut[512 + src[2]];
+    }
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int ch = 0; ch < c; ++ch, src += inner, dst += inner) {
+      const T* table = lut + ch * 256;
+      for (int64_t i = 0; i < inner; ++i) dst[i] = table[src[i]];
+    }
+  }
+}
+
 }  // namespace
+
+void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, const uint8_t* lut, int64_t itemsize,
+                   uint8_t* dst, int threads) {
+  const int64_t row = int64_t(c) * inner;
+  if (outer == 0 || row == 0) return;
+  const int64_t rows = std::max<int64_t>(1, (int64_t(1) << 18) / row);  // about 256K values a chunk
+  const int64_t chunks = (outer + rows - 1) / rows;
+  parallel_for(chunks, threads_for_bytes(outer * row * itemsize, threads), [&](int64_t k) {
+    const int64_t r0 = k * rows, r1 = std::min(outer, r0 + rows);
+    switch (itemsize) {
+      case 1: lookup_rows(src, r0, r1, c, inner, lut, dst); break;
+      case 2:
+        lookup_rows(src, r0, r1, c, inner, reinterpret_cast<const uint16_t*>(lut), reinterpret_cast<uint16_t*>(dst));
+        break;
+      case 4:
+        lookup_rows(src, r0, r1, c, inner, reinterpret_cast<const uint32_t*>(lut), reinterpret_cast<uint32_t*>(dst));
+        break;
+      default:
+        lookup_rows(src, r0, r1, c, inner, reinterpret_cast<const uint64_t*>(lut), reinterpret_cast<uint64_t*>(dst));
+        break;
+    }
+  });
+}
 
 void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8_t* lut, int64_t itemsize,
                    uint8_t* dst, int threads) {

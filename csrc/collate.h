@@ -26,4 +26,11 @@ void collate(const std::vector<ArrayView>& srcs, int ndim, const int64_t* shape,
 void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8_t* lut, int64_t itemsize,
                    uint8_t* dst, int threads);
 
+// Replaces each value of `outer` rows of [c, inner] uint8 values (src; channels_last images:
+// [n * h * w, c, 1]; contiguous NCHW: [n, c, h * w]) by its channel's entry in `lut` ([c, 256]
+// elements of `itemsize` bytes), into dst of the same layout: lookup_planes without the change
+// of layout. On up to `threads` threads.
+void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, const uint8_t* lut, int64_t itemsize,
+                   uint8_t* dst, int threads);
+
 }  // namespace fastdata

@@ -116,6 +116,17 @@ void collate_ptrs(const std::vector<uintptr_t>& addresses, const std::vector<int
   copy_to_out(views, out, itemsize, threads);
 }
 
+// Whether an array's elements are contiguous in C order (a dimension of size 1 has any stride).
+template <typename A>
+bool contiguous(const A& a) {
+  int64_t expect = 1;
+  for (int d = int(a.ndim()) - 1; d >= 0; --d) {
+    if (a.shape(d) != 1 && a.stride(d) != expect) return false;
+    expect *= int64_t(a.shape(d));
+  }
+  return true;
+}
+
 // lookup_planes(src, lut, out, threads): out[i, ch, y, x] = lut[ch, src[i, y, x, ch]] for
 // contiguous src (uint8 [N, H, W, C]), lut ([C, 256]) and out ([N, C, H, W], lut's dtype).
 void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
@@ -129,14 +140,6 @@ void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
   if (!shapes) {
     throw nb::value_error("lookup_planes takes uint8 src [N, H, W, C], lut [C, 256] and out [N, C, H, W] of lut's dtype");
   }
-  auto contiguous = [](const auto& a) {
-    int64_t expect = 1;
-    for (int d = int(a.ndim()) - 1; d >= 0; --d) {
-      if (a.shape(d) != 1 && a.stride(d) != expect) return false;
-      expect *= int64_t(a.shape(d));
-    }
-    return true;
-  };
   if (!contiguous(src) || !contiguous(lut) || !contiguous(out)) {
     throw nb::value_error("lookup_planes takes contiguous arrays");
   }
@@ -147,6 +150,30 @@ void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
   const int c = int(src.shape(3));
   nb::gil_scoped_release release;
   fastdata::lookup_planes(s, n, hw, c, l, itemsize, d, threads);
+}
+
+// lookup_values(src, lut, out, threads): out[o, ch, i] = lut[ch, src[o, ch, i]] for contiguous
+// src (uint8 [O, C, I]), lut ([C, 256]) and out ([O, C, I], lut's dtype).
+void lookup_values(AnyArray src, AnyArray lut, OutArray out, int threads) {
+  const nb::dlpack::dtype dt = out.dtype();
+  const int64_t itemsize = (dt.bits * dt.lanes + 7) / 8;
+  const bool shapes = src.ndim() == 3 && lut.ndim() == 2 && out.ndim() == 3 && src.dtype() == nb::dtype<uint8_t>() &&
+                      lut.dtype() == dt && lut.shape(0) == src.shape(1) && lut.shape(1) == 256 &&
+                      out.shape(0) == src.shape(0) && out.shape(1) == src.shape(1) && out.shape(2) == src.shape(2) &&
+                      (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8);
+  if (!shapes) {
+    throw nb::value_error("lookup_values takes uint8 src [O, C, I], lut [C, 256] and out [O, C, I] of lut's dtype");
+  }
+  if (!contiguous(src) || !contiguous(lut) || !contiguous(out)) {
+    throw nb::value_error("lookup_values takes contiguous arrays");
+  }
+  const uint8_t* s = static_cast<const uint8_t*>(src.data());
+  const uint8_t* l = static_cast<const uint8_t*>(lut.data());
+  uint8_t* d = static_cast<uint8_t*>(out.data());
+  const int64_t outer = int64_t(src.shape(0)), inner = int64_t(src.shape(2));
+  const int c = int(src.shape(1));
+  nb::gil_scoped_release release;
+  fastdata::lookup_values(s, outer, c, inner, l, itemsize, d, threads);
 }
 
 // read_files(paths, threads) -> [bytes or str]: each file's bytes (at most the size fstat gave
@@ -482,6 +509,9 @@ NB_MODULE(_native, m) {
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
         "out [N, C, H, W] of lut's dtype; GIL released.");
+  m.def("lookup_values", &lookup_values, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
+        "out[o, c, i] = lut[c, src[o, c, i]] for contiguous uint8 src [O, C, I], lut [C, 256], "
+        "out [O, C, I] of lut's dtype; GIL released.");
   m.def("stamps", &stamps, nb::arg("datas"), nb::arg("k0"), nb::arg("k1"), nb::arg("threads") = 1,
         "For each bytes-like object, 8 bytes (native order): its keyed hash (SipHash-1-3) under "
         "(k0, k1), top bit clear, lowest set; GIL released.");

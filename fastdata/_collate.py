@@ -157,8 +157,9 @@ def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     return out
 
 
-def _by_value(made: Any) -> Any:
-    """`made` (a tensor torch's collate function made in private memory), to cross by value if small."""
+def by_value(made: Any) -> Any:
+    """`made` (a tensor made in a worker's private memory, bound for the main process): a
+    ByValue if it is a plain tensor under 64 KB, else itself."""
     if type(made) is torch.Tensor and _plain_first(made) and made.numel() * made.dtype.itemsize < _NATIVE_MIN_BYTES:
         return ByValue(made)  # (torch.tensor and as_tensor of numbers: CPU, no autograd)
     return made
@@ -206,7 +207,7 @@ _READ_ONLY_WARNED = False
 
 def _numbers(fn: Callable) -> Callable:
     """torch's collate function `fn` for numbers (a new tensor in private memory), by value if small."""
-    return lambda batch, *, collate_fn_map=None: _by_value(fn(batch, collate_fn_map=collate_fn_map))
+    return lambda batch, *, collate_fn_map=None: by_value(fn(batch, collate_fn_map=collate_fn_map))
 
 
 COLLATE_FN_MAP: dict[type | tuple[type, ...], Callable] = {

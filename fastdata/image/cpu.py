@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .._collate import by_value
 from .._torch_internals import live_iterator
 from .._trace import trace_range
 from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
@@ -58,16 +59,25 @@ class BatchTask(Dataset):
                     done.append((*part, first))
                     del read  # its bytes go before the next part's are read
                 else:
-                    return *self._decode(read, stages, pooled=True), stages
+                    return self._sent(self._decode(read, stages, pooled=True)) + (stages,)
             t = time.process_time()
             joined = self.decoder.joined(done)
             if stages is not None:  # the copy into the ring, as a batch's collation
                 stages["collate"] += time.process_time() - t
-            return *joined, stages
+            return self._sent(joined) + (stages,)
         except DataError as e:
             if get_worker_info() is None:
                 raise
             return e
+
+    @staticmethod
+    def _sent(out: tuple) -> tuple:
+        """A decoded batch as it leaves this process: from a worker, its labels by value (torch
+        would hand the training process a file descriptor for them, a socket connection a batch)."""
+        if get_worker_info() is None:
+            return out
+        images, labels, *rest = out
+        return (images, by_value(labels), *rest)
 
     def _reads(self, keys, stages: dict | None) -> Iterator[tuple[Any, bool]]:
         """The batch's reads, each with whether more follow; with `stages`, timed in its "read"."""

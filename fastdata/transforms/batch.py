@@ -10,6 +10,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .._collate import default_threads
+from .._ext import native
 from .ops import CutMix, LabelSmoothing, MixUp, Normalize, Op
 
 
@@ -37,6 +39,8 @@ def apply(images: torch.Tensor, labels: torch.Tensor, ops: Sequence[Op], *, dtyp
             out = _like(images, dtype, new) if new is not None and not images.is_floating_point() else None
             if out is None:
                 images = images.to(dtype).sub_(mean).div_(std)
+            elif _normalize_by_table(images, out, mean, std):
+                images = out
             else:  # (torch.sub(images, mean, out=out) would cast images into a fresh temporary first)
                 images = out.copy_(images).sub_(mean).div_(std)
         elif op is mixer and len(labels) > 1:
@@ -59,6 +63,37 @@ def apply(images: torch.Tensor, labels: torch.Tensor, ops: Sequence[Op], *, dtyp
         elif isinstance(op, LabelSmoothing):
             soft = soft.mul(1 - op.eps).add_(op.eps / num_classes)
     return images, (soft if soft is not None else labels)
+
+
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _normalize_by_table(images: torch.Tensor, out: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> bool:
+    """Writes `out.copy_(images).sub_(mean).div_(std)`'s values for uint8 CPU `images` into
+    `out` (both contiguous, or both channels_last) natively, through a table of what those torch
+    operations make of each of the 256 values of each channel: one pass over the batch where
+    they take three (on a CPU device the training process runs it, 80 ms a batch of 256 at 224
+    against 24). False, with nothing written, where the native extension or the layout is not there."""
+    if native is None or images.dtype != torch.uint8 or images.device.type != "cpu" or images.dim() != 4:
+        return False
+    n, c, h, w = images.shape
+    if c != mean.numel():
+        return False  # (the torch operations say why they cannot broadcast)
+    if images.is_contiguous(memory_format=torch.channels_last) and out.is_contiguous(memory_format=torch.channels_last):
+        src, dst = images.permute(0, 2, 3, 1).view(-1, c, 1), out.permute(0, 2, 3, 1).view(-1, c, 1)
+    elif images.is_contiguous() and out.is_contiguous():
+        src, dst = images.view(n, c, h * w), out.view(n, c, h * w)
+    else:
+        return False
+    key = (out.dtype, tuple(mean.flatten().tolist()), tuple(std.flatten().tolist()))
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) > 8:  # means and stds changed batch after batch
+            _TABLES.clear()
+        values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, c, 256, 1)
+        table = _TABLES[key] = torch.empty((1, c, 256, 1), dtype=out.dtype).copy_(values).sub_(mean).div_(std).view(c, 256)
+    native.lookup_values(src, table, dst, default_threads())
+    return True
 
 
 def _like(images: torch.Tensor, dtype: torch.dtype, new: Callable) -> torch.Tensor | None:

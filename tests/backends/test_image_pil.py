@@ -148,6 +148,24 @@ def test_ranks_pad_to_equal_batch_counts(folder):
     assert len(set(lens)) == 1
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_labels_cross_from_workers_without_a_descriptor_a_batch(folder, monkeypatch, persistent):
+    # A worker's batch is its ring slot (sent once) and its labels by value: torch would hand the
+    # training process a file descriptor over a socket for the labels' tensor, batch after batch.
+    from multiprocessing import resource_sharer
+
+    received = []
+    real = resource_sharer.DupFd.detach
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", lambda self: received.append(1) or real(self))
+    loader = fastdata.loader(str(folder), batch_size=2, shuffle=True, transform=_train(), num_workers=2,
+                             persistent_workers=persistent)
+    for _ in range(2):
+        images, labels = _epoch(loader)
+        assert torch.equal(_decode_ids(images)[0], labels) and len(labels) == 36
+    assert 0 < len(received) <= 12, len(received)  # 36 batches in all; each worker's ring: its flags and slots
+
+
 def test_normalize_gives_dtype_and_values(folder):
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
     t = T.Compose([T.CenterCrop(16), T.Normalize(mean, std)])

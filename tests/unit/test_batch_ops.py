@@ -39,6 +39,49 @@ def test_normalize_into_a_given_buffer_matches_fresh(dtype, channels_last):
     assert got.dtype == dtype and got.stride() == want.stride() and torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_normalize_into_a_buffer_natively_gives_torchs_values_for_every_value(dtype, channels_last, monkeypatch):
+    # The CPU device stage's Normalize goes through a table of each channel's 256 values: every
+    # value of every channel (each channel in another order) must be what the torch operations give.
+    if batch.native is None:
+        pytest.skip("the native extension is not built")
+    pixels = torch.arange(2 * 16 * 16)
+    images = torch.stack([(pixels * (2 * ch + 1) + 7 * ch) % 256 for ch in range(3)]).view(3, 2, 16, 16)
+    images = images.permute(1, 0, 2, 3).to(torch.uint8)  # image 0 and 1 together hold each value in each channel
+    images = images.contiguous(memory_format=torch.channels_last) if channels_last else images.contiguous()
+    ops = [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+    kw = dict(dtype=dtype, num_classes=3, seed=1, epoch=0, rank=0, batch=0)
+
+    def new(shape, dt):
+        return torch.empty(tuple(shape), dtype=dt)
+
+    calls = []
+    lookup = batch.native.lookup_values
+    monkeypatch.setattr(batch.native, "lookup_values", lambda *a: calls.append(1) or lookup(*a), raising=False)
+    got, _ = batch.apply(images, torch.zeros(2, dtype=torch.long), ops, new=new, **kw)
+    assert len(calls) == 1  # the table, not the torch operations
+    monkeypatch.setattr(batch, "native", None)
+    want, _ = batch.apply(images, torch.zeros(2, dtype=torch.long), ops, new=new, **kw)
+    assert got.dtype == dtype and got.stride() == want.stride() and torch.equal(got, want)
+
+
+def test_the_native_table_refuses_what_it_cannot_write():
+    if batch.native is None:
+        pytest.skip("the native extension is not built")
+    src, lookup = torch.zeros(8, 3, 1, dtype=torch.uint8), batch.native.lookup_values
+    for table, out in ((torch.zeros(3, 255), torch.zeros(8, 3, 1)),  # a short table
+                       (torch.zeros(2, 256), torch.zeros(8, 3, 1)),  # a table for 2 channels
+                       (torch.zeros(3, 256), torch.zeros(8, 3, 1, dtype=torch.float64)),  # out not the table's dtype
+                       (torch.zeros(3, 256), torch.zeros(4, 3, 1))):  # out of another shape
+        with pytest.raises(ValueError, match="lookup_values takes uint8 src"):
+            lookup(src, table, out, 1)
+    with pytest.raises(ValueError, match="lookup_values takes contiguous"):
+        lookup(src, torch.zeros(3, 256), torch.zeros(3, 8, 1).permute(1, 0, 2), 1)
+    with pytest.raises(ValueError, match="lookup_values takes uint8 src"):
+        lookup(src.float(), torch.zeros(3, 256), torch.zeros(8, 3, 1), 1)
+
+
 def test_label_smoothing():
     _, soft = _run([T.LabelSmoothing(0.1)])
     assert soft.shape == (6, 3) and soft.dtype == torch.float32
