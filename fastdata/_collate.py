@@ -160,7 +160,8 @@ def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
 def by_value(made: Any) -> Any:
     """`made` (a tensor made in a worker's private memory, bound for the main process): a
     ByValue if it is a plain tensor under 64 KB, else itself."""
-    if type(made) is torch.Tensor and _plain_first(made) and made.numel() * made.dtype.itemsize < _NATIVE_MIN_BYTES:
+    if type(made) is torch.Tensor and made.is_cpu and _plain_first(made) \
+            and made.numel() * made.dtype.itemsize < _NATIVE_MIN_BYTES:
         return ByValue(made)  # (torch.tensor and as_tensor of numbers: CPU, no autograd)
     return made
 

@@ -253,12 +253,18 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
     as a sentence ("text"), with what would help ("helps": (words, the keywords it sets or
     None)), only what this machine offers: a GPU decode or placement="gpu" only where a CUDA
     device is, a worker count only below the usable cores and never for a `fixed` loader; and
-    what would not ("not"). None when the model cannot say (no stages, or the step itself)."""
+    what would not ("not"). A bound the measured rate together passes by over 5% is not what holds
+    it (the model's figure for it was too low: the training process's stages overlap the workers
+    more than the model gives them), and the next one is named. None when the model cannot say
+    (no stages, the step itself, or every bound passed)."""
     if model is None or not isinstance(workers, int):
         return None
-    terms = model.terms(workers)
+    together = report.together_images_per_s
+    terms = {k: v for k, v in model.terms(workers).items() if not together or v >= together / 1.05}
+    if not terms:
+        return None
     kind = min(terms, key=terms.get)
-    if kind == "workers" and terms["cores"] <= 1.01 * terms["workers"]:
+    if kind == "workers" and terms.get("cores", math.inf) <= 1.01 * terms["workers"]:
         kind = "cores"  # as many workers as the cores keep busy: the cores bound them
     if kind == "step" or (kind == "main" and model.step > 0.9 / terms["main"]):
         return None  # the step itself, the training process's own stages adding under a tenth to it

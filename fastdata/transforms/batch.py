@@ -74,8 +74,9 @@ def _normalize_by_table(images: torch.Tensor, out: torch.Tensor, mean: torch.Ten
     operations make of each of the 256 values of each channel: one pass over the batch where
     they take three (on a CPU device the training process runs it, 80 ms a batch of 256 at 224
     against 24). False, with nothing written, where the native extension or the layout is not there."""
-    if native is None or images.dtype != torch.uint8 or images.device.type != "cpu" or images.dim() != 4:
-        return False
+    if native is None or images.dtype != torch.uint8 or images.device.type != "cpu" or images.dim() != 4 \
+            or images.numel() == 0:
+        return False  # (an empty batch: the operations give it, and a size-0 dimension has no layout to check)
     n, c, h, w = images.shape
     if c != mean.numel():
         return False  # (the torch operations say why they cannot broadcast)
@@ -85,7 +86,7 @@ def _normalize_by_table(images: torch.Tensor, out: torch.Tensor, mean: torch.Ten
         src, dst = images.view(n, c, h * w), out.view(n, c, h * w)
     else:
         return False
-    key = (out.dtype, tuple(mean.flatten().tolist()), tuple(std.flatten().tolist()))
+    key = (out.dtype, repr(mean.flatten().tolist()), repr(std.flatten().tolist()))  # (repr: a NaN mean is one key)
     table = _TABLES.get(key)
     if table is None:
         if len(_TABLES) > 8:  # means and stds changed batch after batch

@@ -41,14 +41,16 @@ def test_normalize_into_a_given_buffer_matches_fresh(dtype, channels_last):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("channels_last", [True, False])
-def test_normalize_into_a_buffer_natively_gives_torchs_values_for_every_value(dtype, channels_last, monkeypatch):
+@pytest.mark.parametrize("side", [16, 160])  # 160: 8 images, in several chunks on several threads
+def test_normalize_into_a_buffer_natively_gives_torchs_values_for_every_value(dtype, channels_last, side, monkeypatch):
     # The CPU device stage's Normalize goes through a table of each channel's 256 values: every
     # value of every channel (each channel in another order) must be what the torch operations give.
     if batch.native is None:
         pytest.skip("the native extension is not built")
-    pixels = torch.arange(2 * 16 * 16)
-    images = torch.stack([(pixels * (2 * ch + 1) + 7 * ch) % 256 for ch in range(3)]).view(3, 2, 16, 16)
-    images = images.permute(1, 0, 2, 3).to(torch.uint8)  # image 0 and 1 together hold each value in each channel
+    n = 2 if side == 16 else 8
+    pixels = torch.arange(n * side * side)
+    images = torch.stack([(pixels * (2 * ch + 1) + 7 * ch) % 256 for ch in range(3)]).view(3, n, side, side)
+    images = images.permute(1, 0, 2, 3).to(torch.uint8)  # every 256 pixels hold each value in each channel
     images = images.contiguous(memory_format=torch.channels_last) if channels_last else images.contiguous()
     ops = [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     kw = dict(dtype=dtype, num_classes=3, seed=1, epoch=0, rank=0, batch=0)
@@ -59,11 +61,20 @@ def test_normalize_into_a_buffer_natively_gives_torchs_values_for_every_value(dt
     calls = []
     lookup = batch.native.lookup_values
     monkeypatch.setattr(batch.native, "lookup_values", lambda *a: calls.append(1) or lookup(*a), raising=False)
-    got, _ = batch.apply(images, torch.zeros(2, dtype=torch.long), ops, new=new, **kw)
+    got, _ = batch.apply(images, torch.zeros(n, dtype=torch.long), ops, new=new, **kw)
     assert len(calls) == 1  # the table, not the torch operations
     monkeypatch.setattr(batch, "native", None)
-    want, _ = batch.apply(images, torch.zeros(2, dtype=torch.long), ops, new=new, **kw)
+    want, _ = batch.apply(images, torch.zeros(n, dtype=torch.long), ops, new=new, **kw)
     assert got.dtype == dtype and got.stride() == want.stride() and torch.equal(got, want)
+
+
+def test_normalize_of_an_empty_batch_into_a_buffer():
+    ops = [T.Normalize()]
+    for shape in ((0, 3, 4, 4), (2, 3, 0, 4)):
+        out, _ = batch.apply(torch.empty(shape, dtype=torch.uint8), torch.zeros(shape[0], dtype=torch.long), ops,
+                             dtype=torch.float32, num_classes=3, seed=0, epoch=0, rank=0, batch=0,
+                             new=lambda shape, dt: torch.empty(tuple(shape), dtype=dt))
+        assert out.shape == shape and out.dtype == torch.float32
 
 
 def test_the_native_table_refuses_what_it_cannot_write():
