@@ -147,7 +147,9 @@ class ByValue:
 
     def __reduce__(self):
         t = self.tensor.contiguous()
-        return (_from_bytes, (t.reshape(-1).view(torch.uint8).numpy().tobytes(), t.dtype, tuple(t.shape)))
+        # (an empty tensor may have stride 0, torch.from_numpy's of an empty array: no bytes to view)
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return (_from_bytes, (data, t.dtype, tuple(t.shape)))
 
 
 def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:

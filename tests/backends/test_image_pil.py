@@ -326,7 +326,6 @@ def test_same_size_images_need_no_transform(tmp_path):
 def test_early_exit_leaves_no_worker(folder):
     import gc
     import multiprocessing
-    import time
 
     loader = fastdata.loader(str(folder), batch_size=4, transform=_train(), num_workers=2)
     it = iter(loader)

@@ -215,7 +215,8 @@ def test_a_small_leaf_crosses_by_value():
     from multiprocessing.reduction import ForkingPickler
 
     for t in (torch.arange(6, dtype=torch.bfloat16).view(2, 3), torch.tensor([True, False]), torch.tensor(7),
-              torch.zeros(0, 3), torch.arange(10.0)[::2]):
+              torch.zeros(0, 3), torch.arange(10.0)[::2], torch.from_numpy(np.zeros(0, np.int64)),
+              torch.zeros(3, 0, 2)):  # (from_numpy of an empty array: stride 0)
         back = ForkingPickler.loads(ForkingPickler.dumps(_collate.ByValue(t)))
         assert type(back) is torch.Tensor and back.dtype == t.dtype and back.shape == t.shape
         assert torch.equal(back, t) and back.is_contiguous() and not back.is_shared()
