@@ -255,14 +255,14 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
     device is, a worker count only below the usable cores and never for a `fixed` loader; and
     what would not ("not"). A bound the measured rate together passes by over 5% is not what holds
     it (the model's figure for it was too low: the training process's stages overlap the workers
-    more than the model gives them), and the next one is named. None when the model cannot say
-    (no stages, the step itself, or every bound passed)."""
+    more than the model gives them) where another would hold the rate under the step's: that one
+    is named. None when the model cannot say (no stages, or the step itself)."""
     if model is None or not isinstance(workers, int):
         return None
-    together = report.together_images_per_s
-    terms = {k: v for k, v in model.terms(workers).items() if not together or v >= together / 1.05}
-    if not terms:
-        return None
+    terms, together = model.terms(workers), report.together_images_per_s
+    held = {k: v for k, v in terms.items() if v >= together / 1.05} if together else terms
+    if held and min(held.values()) < (report.step_images_per_s or math.inf):
+        terms = held
     kind = min(terms, key=terms.get)
     if kind == "workers" and terms.get("cores", math.inf) <= 1.01 * terms["workers"]:
         kind = "cores"  # as many workers as the cores keep busy: the cores bound them
