@@ -45,7 +45,8 @@ from fastdata import transforms as T
 from fastdata.synthetic import make_imagenet_like
 from fastdata.transforms import batch as batch_ops
 
-CANDIDATES = {"fresh memory, operations": "fresh", "reused slots, operations": "ops", "slots, table (fastdata)": "table"}
+CANDIDATES = {"fresh memory, operations": "fresh", "reused slots, operations": "ops",
+              "slots, table (fastdata)": "table"}
 
 
 def _faults() -> int:

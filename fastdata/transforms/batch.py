@@ -72,8 +72,8 @@ def _normalize_by_table(images: torch.Tensor, out: torch.Tensor, mean: torch.Ten
     """Writes `out.copy_(images).sub_(mean).div_(std)`'s values for uint8 CPU `images` into
     `out` (both contiguous, or both channels_last) natively, through a table of what those torch
     operations make of each of the 256 values of each channel: one pass over the batch where
-    they take three (on a CPU device the training process runs it, 80 ms a batch of 256 at 224
-    against 24). False, with nothing written, where the native extension or the layout is not there."""
+    they take three, in the training process, in series with the step (benchmarks/device_stage.py).
+    False, with nothing written, where the native extension or the layout is not there."""
     if native is None or images.dtype != torch.uint8 or images.device.type != "cpu" or images.dim() != 4 \
             or images.numel() == 0:
         return False  # (an empty batch: the operations give it, and a size-0 dimension has no layout to check)
@@ -92,7 +92,8 @@ def _normalize_by_table(images: torch.Tensor, out: torch.Tensor, mean: torch.Ten
         if len(_TABLES) > 8:  # means and stds changed batch after batch
             _TABLES.clear()
         values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, c, 256, 1)
-        table = _TABLES[key] = torch.empty((1, c, 256, 1), dtype=out.dtype).copy_(values).sub_(mean).div_(std).view(c, 256)
+        table = torch.empty((1, c, 256, 1), dtype=out.dtype).copy_(values).sub_(mean).div_(std)
+        table = _TABLES[key] = table.view(c, 256)
     native.lookup_values(src, table, dst, default_threads())
     return True
 

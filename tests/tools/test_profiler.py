@@ -319,7 +319,7 @@ def test_the_headline_names_what_bounds_the_rate(two_cores, monkeypatch):
 
 def test_a_bound_the_measured_rate_passes_is_not_named(two_cores):
     """The README's first command on 2 cores: the training process's stages (0.06 ms an image)
-    would hold the rate together at about 1,900 images/s, sharing a core with both workers, but
+    would hold the rate together at about 1,955 images/s, sharing a core with both workers, but
     2,102 was measured: the decode on the cores holds it, and the headline says so."""
     stages = {"read": 0.03, "decode": 0.78, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.03,
               "deliver": 0.03}
