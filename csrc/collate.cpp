@@ -223,6 +223,18 @@ void lookup_one(const uint8_t* src, int64_t hw, int c, const T* lut, T* dst) {
   }
 }
 
+// Calls fn(lut, dst) with both as pointers to the unsigned integers of `itemsize` bytes (1, 2,
+// 4 or 8): a lookup copies a table's entries, whatever dtype they hold.
+template <typename Fn>
+void with_entries(int64_t itemsize, const uint8_t* lut, uint8_t* dst, const Fn& fn) {
+  switch (itemsize) {
+    case 1: fn(lut, dst); break;
+    case 2: fn(reinterpret_cast<const uint16_t*>(lut), reinterpret_cast<uint16_t*>(dst)); break;
+    case 4: fn(reinterpret_cast<const uint32_t*>(lut), reinterpret_cast<uint32_t*>(dst)); break;
+    default: fn(reinterpret_cast<const uint64_t*>(lut), reinterpret_cast<uint64_t*>(dst)); break;
+  }
+}
+
 // Rows [r0, r1) of lookup_values' [outer, c, inner] layout.
 template <typename T>
 void lookup_rows(const uint8_t* src, int64_t r0, int64_t r1, int c, int64_t inner, const T* lut, T* dst) {
@@ -255,32 +267,15 @@ void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, cons
   const int64_t chunks = (outer + rows - 1) / rows;
   parallel_for(chunks, threads_for_bytes(outer * row * itemsize, threads), [&](int64_t k) {
     const int64_t r0 = k * rows, r1 = std::min(outer, r0 + rows);
-    switch (itemsize) {
-      case 1: lookup_rows(src, r0, r1, c, inner, lut, dst); break;
-      case 2:
-        lookup_rows(src, r0, r1, c, inner, reinterpret_cast<const uint16_t*>(lut), reinterpret_cast<uint16_t*>(dst));
-        break;
-      case 4:
-        lookup_rows(src, r0, r1, c, inner, reinterpret_cast<const uint32_t*>(lut), reinterpret_cast<uint32_t*>(dst));
-        break;
-      default:
-        lookup_rows(src, r0, r1, c, inner, reinterpret_cast<const uint64_t*>(lut), reinterpret_cast<uint64_t*>(dst));
-        break;
-    }
+    with_entries(itemsize, lut, dst, [&](auto table, auto out) { lookup_rows(src, r0, r1, c, inner, table, out); });
   });
 }
 
 void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8_t* lut, int64_t itemsize,
                    uint8_t* dst, int threads) {
   parallel_for(n, threads_for_bytes(n * hw * c * itemsize, threads), [&](int64_t i) {
-    const uint8_t* s = src + i * hw * c;
-    uint8_t* d = dst + i * hw * c * itemsize;
-    switch (itemsize) {
-      case 1: lookup_one(s, hw, c, lut, d); break;
-      case 2: lookup_one(s, hw, c, reinterpret_cast<const uint16_t*>(lut), reinterpret_cast<uint16_t*>(d)); break;
-      case 4: lookup_one(s, hw, c, reinterpret_cast<const uint32_t*>(lut), reinterpret_cast<uint32_t*>(d)); break;
-      default: lookup_one(s, hw, c, reinterpret_cast<const uint64_t*>(lut), reinterpret_cast<uint64_t*>(d)); break;
-    }
+    with_entries(itemsize, lut, dst + i * hw * c * itemsize,
+                 [&](auto table, auto out) { lookup_one(src + i * hw * c, hw, c, table, out); });
   });
 }
 

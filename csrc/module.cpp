@@ -127,53 +127,57 @@ bool contiguous(const A& a) {
   return true;
 }
 
+// A table lookup's arrays as the native core takes them, checked: uint8 src, lut and out of one
+// dtype of 1, 2, 4 or 8 bytes, all contiguous, and `shapes` (the caller's check of its layout).
+// ValueError "<name> takes <form>" or "<name> takes contiguous arrays" otherwise.
+struct LookupArrays {
+  const uint8_t* src;
+  const uint8_t* lut;
+  uint8_t* out;
+  int64_t itemsize;
+};
+
+LookupArrays lookup_arrays(const char* name, const char* form, bool shapes, const AnyArray& src, const AnyArray& lut,
+                           OutArray& out) {
+  const nb::dlpack::dtype dt = out.dtype();
+  const int64_t itemsize = (dt.bits * dt.lanes + 7) / 8;
+  if (!shapes || src.dtype() != nb::dtype<uint8_t>() || lut.dtype() != dt ||
+      !(itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8)) {
+    throw nb::value_error((std::string(name) + " takes " + form).c_str());
+  }
+  if (!contiguous(src) || !contiguous(lut) || !contiguous(out)) {
+    throw nb::value_error((std::string(name) + " takes contiguous arrays").c_str());
+  }
+  return {static_cast<const uint8_t*>(src.data()), static_cast<const uint8_t*>(lut.data()),
+          static_cast<uint8_t*>(out.data()), itemsize};
+}
+
 // lookup_planes(src, lut, out, threads): out[i, ch, y, x] = lut[ch, src[i, y, x, ch]] for
 // contiguous src (uint8 [N, H, W, C]), lut ([C, 256]) and out ([N, C, H, W], lut's dtype).
 void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
-  const nb::dlpack::dtype dt = out.dtype();
-  const int64_t itemsize = (dt.bits * dt.lanes + 7) / 8;
-  const bool shapes = src.ndim() == 4 && lut.ndim() == 2 && out.ndim() == 4 && src.dtype() == nb::dtype<uint8_t>() &&
-                      lut.dtype() == dt && lut.shape(0) == src.shape(3) && lut.shape(1) == 256 &&
-                      out.shape(0) == src.shape(0) && out.shape(1) == src.shape(3) &&
-                      out.shape(2) == src.shape(1) && out.shape(3) == src.shape(2) &&
-                      (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8);
-  if (!shapes) {
-    throw nb::value_error("lookup_planes takes uint8 src [N, H, W, C], lut [C, 256] and out [N, C, H, W] of lut's dtype");
-  }
-  if (!contiguous(src) || !contiguous(lut) || !contiguous(out)) {
-    throw nb::value_error("lookup_planes takes contiguous arrays");
-  }
-  const uint8_t* s = static_cast<const uint8_t*>(src.data());
-  const uint8_t* l = static_cast<const uint8_t*>(lut.data());
-  uint8_t* d = static_cast<uint8_t*>(out.data());
+  const bool shapes = src.ndim() == 4 && lut.ndim() == 2 && out.ndim() == 4 && lut.shape(0) == src.shape(3) &&
+                      lut.shape(1) == 256 && out.shape(0) == src.shape(0) && out.shape(1) == src.shape(3) &&
+                      out.shape(2) == src.shape(1) && out.shape(3) == src.shape(2);
+  const LookupArrays a = lookup_arrays(
+      "lookup_planes", "uint8 src [N, H, W, C], lut [C, 256] and out [N, C, H, W] of lut's dtype", shapes, src, lut, out);
   const int64_t n = int64_t(src.shape(0)), hw = int64_t(src.shape(1)) * int64_t(src.shape(2));
   const int c = int(src.shape(3));
   nb::gil_scoped_release release;
-  fastdata::lookup_planes(s, n, hw, c, l, itemsize, d, threads);
+  fastdata::lookup_planes(a.src, n, hw, c, a.lut, a.itemsize, a.out, threads);
 }
 
 // lookup_values(src, lut, out, threads): out[o, ch, i] = lut[ch, src[o, ch, i]] for contiguous
 // src (uint8 [O, C, I]), lut ([C, 256]) and out ([O, C, I], lut's dtype).
 void lookup_values(AnyArray src, AnyArray lut, OutArray out, int threads) {
-  const nb::dlpack::dtype dt = out.dtype();
-  const int64_t itemsize = (dt.bits * dt.lanes + 7) / 8;
-  const bool shapes = src.ndim() == 3 && lut.ndim() == 2 && out.ndim() == 3 && src.dtype() == nb::dtype<uint8_t>() &&
-                      lut.dtype() == dt && lut.shape(0) == src.shape(1) && lut.shape(1) == 256 &&
-                      out.shape(0) == src.shape(0) && out.shape(1) == src.shape(1) && out.shape(2) == src.shape(2) &&
-                      (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8);
-  if (!shapes) {
-    throw nb::value_error("lookup_values takes uint8 src [O, C, I], lut [C, 256] and out [O, C, I] of lut's dtype");
-  }
-  if (!contiguous(src) || !contiguous(lut) || !contiguous(out)) {
-    throw nb::value_error("lookup_values takes contiguous arrays");
-  }
-  const uint8_t* s = static_cast<const uint8_t*>(src.data());
-  const uint8_t* l = static_cast<const uint8_t*>(lut.data());
-  uint8_t* d = static_cast<uint8_t*>(out.data());
+  const bool shapes = src.ndim() == 3 && lut.ndim() == 2 && out.ndim() == 3 && lut.shape(0) == src.shape(1) &&
+                      lut.shape(1) == 256 && out.shape(0) == src.shape(0) && out.shape(1) == src.shape(1) &&
+                      out.shape(2) == src.shape(2);
+  const LookupArrays a = lookup_arrays(
+      "lookup_values", "uint8 src [O, C, I], lut [C, 256] and out [O, C, I] of lut's dtype", shapes, src, lut, out);
   const int64_t outer = int64_t(src.shape(0)), inner = int64_t(src.shape(2));
   const int c = int(src.shape(1));
   nb::gil_scoped_release release;
-  fastdata::lookup_values(s, outer, c, inner, l, itemsize, d, threads);
+  fastdata::lookup_values(a.src, outer, c, inner, a.lut, a.itemsize, a.out, threads);
 }
 
 // read_files(paths, threads) -> [bytes or str]: each file's bytes (at most the size fstat gave
