@@ -193,6 +193,25 @@ class SlotLeaf:
         return (_rebuild, (r.token, r.worker, flags, storage, self.slot, self.leaf, self.offset, self.shape, self.dtype))
 
 
+def unsent(batch: Any) -> None:
+    """For a worker's batch that failed to pickle, so never reached the main process: the slots
+    its leaves hold are free again, and their rings send every storage again (pickling marks a
+    storage as sent before the whole batch is, see `SlotLeaf.__reduce__`)."""
+    stack, seen = [batch], set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, SlotLeaf):
+            obj.ring.flags.array[obj.slot, obj.leaf] = 0
+            obj.ring.told[:] = [None] * len(obj.ring.told)
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+
+
 class BufferRing:
     """`slots` reusable batch slots of growing capacity, in shared, pinned or plain memory."""
 

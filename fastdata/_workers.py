@@ -26,10 +26,16 @@ import time
 import weakref
 from typing import Any, Callable
 
-import torch.multiprocessing  # (here, not at the call: a pass may end as the interpreter shuts down)
+import multiprocessing
+import multiprocessing.queues
+from multiprocessing.reduction import ForkingPickler
 
-from ._torch_internals import (end_live_iterator, iterator_shutdown, iterator_workers, kill_iterator_workers,
-                               live_iterator, mark_fetches)
+import torch.multiprocessing  # (here, not at the call: a pass may end as the interpreter shuts down)
+import torch.utils.data
+
+from ._buffers import unsent
+from ._torch_internals import (ExceptionWrapper, end_live_iterator, iterator_shutdown, iterator_workers,
+                               kill_iterator_workers, live_iterator, mark_fetches)
 
 STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
@@ -54,14 +60,55 @@ def release_threads(owner: Any) -> None:
 
 def start_method(asked: Any) -> Any:
     """The multiprocessing context for a loader's workers: what the user asked for, else
-    None (DataLoader's default, fork) unless threads are live here, then "forkserver"."""
-    if asked is not None or not len(_threaded):
-        return asked
-    import multiprocessing
+    DataLoader's default (this process's default start method) unless threads are live here,
+    then "forkserver"; its queues send a batch that cannot be pickled as that batch's error
+    (`_BatchQueue`). A context object of the user's own class is left as it is."""
+    if asked is None and len(_threaded):
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    elif asked is None or isinstance(asked, str):
+        # (with None, resolving the default fixes it, as torch's first Queue() does)
+        ctx = multiprocessing.get_context(asked).get_context()
+    else:
+        ctx = asked
+    kind = _SENDING.get(type(ctx))
+    return ctx if kind is None else kind()
 
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    return ctx
+
+class _BatchQueue(multiprocessing.queues.Queue):
+    """A DataLoader worker's result queue that cannot lose a batch. The queue pickles each
+    item in a feeder thread; for one that fails (a sample holding a lambda, an open file, a
+    lock) the base queue prints the error and drops the item, and DataLoader's iterator waits
+    for that batch forever (or until its timeout). Here the batch's index goes with the error
+    instead, which the training process raises at that batch as it raises a Dataset's error
+    (concurrent.futures' process pool sends its results' pickling errors the same way)."""
+
+    def _on_queue_feeder_error(self, e: Exception, obj: Any) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is None or not (isinstance(obj, tuple) and len(obj) == 2) or isinstance(obj[1], ExceptionWrapper):
+            return super()._on_queue_feeder_error(e, obj)  # not a worker's batch, or its error did not pickle
+        unsent(obj[1])
+        where = f"in DataLoader worker process {info.id} (batch {obj[0]} cannot be pickled to reach the main process)"
+        error = ExceptionWrapper((type(e), e, e.__traceback__), where=where)
+        try:
+            ForkingPickler.dumps(error)
+        except Exception:  # an exception class of the sample's own that does not pickle either
+            error = ExceptionWrapper((RuntimeError, RuntimeError(f"{type(e).__name__}: {e}"), None), where=where)
+        try:
+            self.put((obj[0], error))
+        except Exception:  # the queue closed under the worker's shutdown: nobody waits for the batch
+            return super()._on_queue_feeder_error(e, obj)
+
+
+def _send_batches(context: type) -> type:
+    def queue(self: Any, maxsize: int = 0) -> _BatchQueue:
+        return _BatchQueue(maxsize, ctx=self.get_context())
+
+    return type(context.__name__, (context,), {"Queue": queue, "__module__": __name__})
+
+
+_SENDING = {kind: _send_batches(kind) for kind in map(type, map(multiprocessing.get_context,
+                                                                multiprocessing.get_all_start_methods()))}
 
 
 def stall_limit(timeout: float) -> float:

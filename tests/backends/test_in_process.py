@@ -63,13 +63,13 @@ def test_decode_thread_lives_only_while_its_pass_does(folder):
     it = iter(loader)
     next(it)
     assert len(_decode_threads()) == 1
-    assert _workers.start_method(None) is not None  # workers started now would not fork the thread
+    assert _workers.start_method(None).get_start_method() == "forkserver"  # workers started now would not fork the thread
     it2 = iter(loader)  # a new pass ends the old one first
     next(it2)
     assert len(_decode_threads()) == 1
     it2.close()  # left early
     assert not _decode_threads()
-    assert _workers.start_method(None) is None
+    assert _workers.start_method(None).get_start_method() == "fork"
     del it
 
 

@@ -355,6 +355,57 @@ def test_dataset_that_raises_stops_cleanly(clean):
             pass
 
 
+class Named(torch.utils.data.Dataset):
+    """Sample i: {"x": 8192 values i (a batch's is over the size that crosses by value: it goes
+    in the worker's buffer ring), "name": "i"}; the names of samples in `locked` hold a lock,
+    which cannot be pickled (the name is a str, so collation passes it through untouched)."""
+
+    class Name(str):
+        pass
+
+    def __init__(self, locked=()):
+        self.locked = set(locked)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        name = self.Name(str(i))
+        if i in self.locked:
+            name.lock = threading.Lock()
+        return {"x": torch.full((8192,), float(i)), "name": name}
+
+
+@pytest.mark.parametrize("context,persistent", [(None, False), (None, True), ("forkserver", False)])
+def test_a_batch_that_cannot_be_pickled_is_that_batchs_error(context, persistent, clean):
+    """A worker's batch that fails to pickle (DataLoader's worker drops it in its queue's
+    feeder thread and waits for it forever) is raised at that batch, naming it and the cause,
+    and the pass goes on with the next batch, as after a Dataset's error. Its tensor was
+    pickled (its buffer marked as sent) before the name failed: the worker's later batches in
+    that buffer (its ring's slots come round again within the epoch) still reach the main
+    process, in this epoch and the next."""
+    loader = fastdata.loader(Named(locked={9}), batch_size=4, num_workers=2, persistent_workers=persistent,
+                             multiprocessing_context=context, timeout=60)
+    for _ in range(2):
+        it, seen, errors = iter(loader), [], []
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except TypeError as e:
+                errors.append(str(e))
+                continue
+            values = batch["x"][:, 0].long().tolist()
+            assert batch["name"] == [str(v) for v in values]
+            assert torch.equal(batch["x"], batch["x"][:, :1].expand(-1, 8192))
+            seen += values
+        assert seen == [i for i in range(64) if i // 4 != 2]
+        assert len(errors) == 1
+        assert "batch 2 cannot be pickled" in errors[0] and "_thread.lock" in errors[0]
+    del it, loader
+
+
 def test_image_worker_error_leaves_nothing_behind(folder, tmp_path, clean):
     bad = tmp_path / "bad"
     (bad / "a").mkdir(parents=True)
@@ -537,7 +588,7 @@ def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, 
     """A dali pass still live (its pipeline's threads running) while a worker-based loader
     starts: the workers do not fork from this process."""
     gc.collect()  # earlier tests' iterators left in reference cycles, with their decode threads
-    assert _workers.start_method(None) is None  # nothing else runs threads here
+    assert _workers.start_method(None).get_start_method() == "fork"  # nothing else runs threads here
     dali = _image_loader(folder, backend="dali", device="cpu", num_workers=1)
     it = iter(dali)
     next(it)
@@ -552,7 +603,7 @@ def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, 
     del it, dali
     pil2 = _image_loader(folder, backend="pil", num_workers=2)
     assert len(list(pil2)) == len(pil2)
-    assert pil2._runner.loader.multiprocessing_context is None  # no threads live here now: fork again
+    assert pil2._runner.loader.multiprocessing_context.get_start_method() == "fork"  # no threads live here now: fork again
 
 
 def test_a_dead_workers_error_raised_inside_the_watchdog_is_the_passs_error():

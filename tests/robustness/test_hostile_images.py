@@ -803,7 +803,7 @@ def test_a_workers_mark_reaches_later_passes_and_loaders(start, tmp_path):
         release_threads(owner)
     if workers:
         context = loader._runner.loader.multiprocessing_context
-        assert (context.get_start_method() if context is not None else "fork") == start
+        assert context.get_start_method() == start
     assert fresh._decoder.entropy.clean.data_ptr() == loader._decoder.entropy.clean.data_ptr()
     assert [y for _, y in first] == [[0, 1], [2]]
     assert torch.equal(first[0][0][0], first[0][0][1])
