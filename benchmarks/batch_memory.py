@@ -107,7 +107,7 @@ def _run(source: str, kind: str, budget: int, batch: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "script.py"
         script.write_text(_SERVED if kind == "served" else _LOADER)
-        run = [sys.executable, "-m", "fastdata.cli", "run", "--"] if kind == "served" else []
+        run = [sys.executable, "-m", "fastdata", "run", "--"] if kind == "served" else []
         backend = "dali" if kind == "dali" else "auto"
         done = subprocess.run([*run, sys.executable, str(script), source, str(budget), str(batch), backend],
                               capture_output=True, text=True, timeout=600)

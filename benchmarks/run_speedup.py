@@ -97,7 +97,7 @@ def main() -> None:
     script = [sys.executable, str(Path(__file__).resolve()), "--train", "--images", str(args.images),
               "--epochs", str(args.epochs), "--step-ms", str(args.step_ms), "--workers", str(args.workers),
               "--device", args.device] + ["--pin-memory"] * args.pin_memory
-    run = [sys.executable, "-m", "fastdata.cli", "run"]
+    run = [sys.executable, "-m", "fastdata", "run"]
     commands = {"script as is (DataLoader)": script, "fastdata run -- script": [*run, "--", *script]}
     if args.device == "cuda":
         commands["fastdata run --no-copy-ahead"] = [*run, "--no-copy-ahead", "--", *script]

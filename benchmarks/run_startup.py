@@ -38,7 +38,7 @@ def main() -> None:
         script = Path(tmp) / "train.py"
         script.write_text(SCRIPT)
         commands = {"plain": [sys.executable, str(script)],
-                    "fastdata run": [sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script)]}
+                    "fastdata run": [sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script)]}
         for command in commands.values():  # warm-up: the page cache, bytecode
             _seconds(command)
         times: dict[str, list[float]] = {name: [] for name in commands}

@@ -13,22 +13,39 @@ or a `fastdata.loader(...)` inside `train_dataloader()` is rebuilt from its attr
 
 __version__ = "0.1.0"
 
-try:
-    import torch  # noqa: F401
-except ImportError as e:  # torch is deliberately not a pip requirement: see pyproject.toml
-    raise ImportError(
-        "fastdata needs PyTorch, but it is not installed; install torch first, then fastdata. "
-        "On a machine without an NVIDIA GPU, the CPU wheel: "
-        "pip install torch --index-url https://download.pytorch.org/whl/cpu "
-        "(a plain `pip install torch` on Linux fetches the CUDA build, GBs of CUDA libraries); "
-        "on a GPU machine, that CUDA build: pip install torch"
-    ) from e
+import os as _os
+import sys as _sys
 
-from ._collate import NATIVE as _NATIVE  # noqa: F401
-from . import samplers, transforms
-from ._loader import Loader
-from .errors import DataError
-from .factory import loader
-from .profiling import profile
+
+def _launches_a_run() -> bool:
+    """Whether this process is `fastdata run`'s launcher: the `fastdata` command (or `python -m
+    fastdata`) given `run`. It starts the command and waits for it, and needs neither torch nor
+    the loader, whose import would be most of what `fastdata run` adds to a command's start; its
+    command's processes import them as any other process does."""
+    argv, orig = _sys.argv, getattr(_sys, "orig_argv", [])
+    # (the element of the interpreter's own arguments just before the ones sys.argv holds after
+    # its first: the script's path, or the module -m ran; `python -m` sets sys.argv[0] to "-m"
+    # while it imports this package)
+    return argv[1:2] == ["run"] and len(orig) >= len(argv) and _os.path.basename(orig[-len(argv)]) == "fastdata"
+
+
+if not _launches_a_run():
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:  # torch is deliberately not a pip requirement: see pyproject.toml
+        raise ImportError(
+            "fastdata needs PyTorch, but it is not installed; install torch first, then fastdata. "
+            "On a machine without an NVIDIA GPU, the CPU wheel: "
+            "pip install torch --index-url https://download.pytorch.org/whl/cpu "
+            "(a plain `pip install torch` on Linux fetches the CUDA build, GBs of CUDA libraries); "
+            "on a GPU machine, that CUDA build: pip install torch"
+        ) from e
+
+    from ._collate import NATIVE as _NATIVE  # noqa: F401
+    from . import samplers, transforms
+    from ._loader import Loader
+    from .errors import DataError
+    from .factory import loader
+    from .profiling import profile
 
 __all__ = ["DataError", "Loader", "loader", "profile", "samplers", "transforms", "__version__"]

@@ -915,7 +915,7 @@ def test_a_pass_left_half_read_at_exit_ends_quietly(tmp_path):
 
     script = tmp_path / "half_read.py"
     script.write_text(_HALF_READ)
-    plain, run = [sys.executable], [sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable]
+    plain, run = [sys.executable], [sys.executable, "-m", "fastdata", "run", "--", sys.executable]
     # (a natively served torchvision dataset under fastdata run: tests/tools/test_run_arrays.py)
     for kind, launch in (("torch", plain), ("drop-in", plain), ("images", plain), ("torch", run)):
         done = subprocess.run([*launch, str(script), kind, str(tmp_path / "set")], capture_output=True, text=True,

@@ -27,7 +27,7 @@ def _direct(script: str, out: Path, *args: str) -> dict:
 
 def _under_run(script: str, out: Path, *args: str, flags: tuple = ()) -> tuple[dict, str]:
     """The script's JSON and `fastdata run`'s stderr."""
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", *flags, "--", sys.executable,
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", *flags, "--", sys.executable,
                            str(SCRIPTS / script), str(out), *args], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text()), proc.stderr
@@ -77,7 +77,7 @@ def test_falls_back_with_the_reason(tmp_path, flag, loader, reason):
 
 
 def test_pickled_copied_and_rebuilt(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable,
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable,
                            str(SCRIPTS / "rebuild_loader.py")], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
     copies = json.loads(proc.stdout)
@@ -116,7 +116,7 @@ def test_lightning_ddp_loader_from_the_hook_same_shares(tmp_path):
         return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)], proc.stderr
 
     want, _ = ranks(tmp_path / "direct.json", ())
-    got, err = ranks(tmp_path / "run.json", (sys.executable, "-m", "fastdata.cli", "run", "--"))
+    got, err = ranks(tmp_path / "run.json", (sys.executable, "-m", "fastdata", "run", "--"))
     for rank in range(2):
         assert got[rank]["ids"] == want[rank]["ids"] and got[rank]["losses"] == want[rank]["losses"], rank
         assert got[rank]["loader"] == "Served"
@@ -178,7 +178,7 @@ def test_grandchild_and_the_shadowed_sitecustomize(tmp_path, monkeypatch):
     want = _direct("train_plain.py", tmp_path / "direct.json")
     (tmp_path / "site-ran").unlink()
     launcher = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c", launcher,
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, "-c", launcher,
                            sys.executable, str(SCRIPTS / "train_plain.py"), str(tmp_path / "run.json")],
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
@@ -212,7 +212,7 @@ def test_profile_of_a_single_batch_says_why_there_is_no_report(tmp_path):
     and the line says so (not that no batch was delivered)."""
     script = ("import torch\nds = torch.utils.data.TensorDataset(torch.zeros(8, 2))\n"
               "next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))\n")
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--profile", "--out", str(tmp_path / "rep"),
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--profile", "--out", str(tmp_path / "rep"),
                            "--", sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -221,19 +221,46 @@ def test_profile_of_a_single_batch_says_why_there_is_no_report(tmp_path):
 
 
 def test_exit_status_and_no_command(tmp_path):
-    code = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c",
+    code = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, "-c",
                            "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
     assert code.returncode == 3
     assert code.stderr.strip().splitlines()[-1] == "fastdata run: the command exited with status 3 before it made a " \
         "DataLoader"  # not the hook's hint: the command failed
-    missing = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", sys.executable, str(tmp_path / "nope.py")],
+    missing = subprocess.run([sys.executable, "-m", "fastdata", "run", sys.executable, str(tmp_path / "nope.py")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "can't open file" in missing.stderr and "status 2" in missing.stderr
-    fine = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, "-c", "pass"],
+    fine = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, "-c", "pass"],
                           capture_output=True, text=True, timeout=60)
     assert fine.returncode == 0 and "made no DataLoader" in fine.stderr
-    none = subprocess.run([sys.executable, "-m", "fastdata.cli", "run"], capture_output=True, text=True, timeout=60)
+    none = subprocess.run([sys.executable, "-m", "fastdata", "run"], capture_output=True, text=True, timeout=60)
     assert none.returncode == 2 and "no command given" in none.stderr
+
+
+def test_the_launcher_imports_neither_torch_nor_the_loader(monkeypatch):
+    """`fastdata run`'s own process only starts the command and waits: torch's import (most of
+    what it added to a command's start) is left to the command's processes, which import it as
+    they would without fastdata, and the script's loaders are served."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastdata", "run", "--", sys.executable, "-c",
+                           "import torch, sys; assert 'fastdata.run._hook' in sys.modules; "
+                           "torch.utils.data.DataLoader(range(4)); print('ran')"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "fastdata.cli" in imported
+    assert not {"torch", "numpy", "fastdata.factory"} & imported, sorted(imported)
+    import fastdata
+
+    # the console script's form: sys.argv[0] the script, behind the interpreter in orig_argv
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fastdata", "run", "--", "python", "train.py"])
+    monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python3", *sys.argv])
+    assert fastdata._launches_a_run()
+    for argv, orig in ((["/venv/bin/fastdata", "profile", "run"], None),  # another command
+                       (["train.py", "run"], None),  # a script of another name
+                       (["-c", "run"], ["python", "-c", "import fastdata", "run"]),
+                       (["-m", "run"], ["python", "-m", "fastdata.cli", "run"])):
+        monkeypatch.setattr(sys, "argv", argv)
+        monkeypatch.setattr(sys, "orig_argv", orig or ["/venv/bin/python3", *argv])
+        assert not fastdata._launches_a_run(), argv
 
 
 def test_a_script_named_alone_runs_with_this_python(tmp_path):
@@ -244,7 +271,7 @@ def test_a_script_named_alone_runs_with_this_python(tmp_path):
                       "assert torch.utils.data.DataLoader is h.DataLoader\n"
                       "raise SystemExit(int(sys.argv[1]))\n")
     assert not os.access(script, os.X_OK)
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", str(script), "5"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", str(script), "5"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 5, proc.stderr
 
@@ -260,7 +287,7 @@ def _both(script: str, out: Path, *args: Any) -> tuple[dict, dict, list[str]]:
     mine = [str(direct) if a == str(out) else a for a in map(str, args)]
     plain = subprocess.run([sys.executable, str(SCRIPTS / script), *mine], capture_output=True, text=True, timeout=150)
     assert plain.returncode == 0, plain.stderr
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable,
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable,
                            str(SCRIPTS / script), *map(str, args)], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
     return json.loads(direct.read_text()), json.loads(out.read_text()), _summary(proc.stderr)
@@ -462,7 +489,7 @@ def test_a_script_sees_torchs_dataloader(tmp_path):
     script.write_text(SAME_AS_TORCH)
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert plain.returncode == 0, plain.stderr
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", str(script)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", str(script)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout and "'batch_size': 4" in plain.stdout
@@ -781,7 +808,7 @@ def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
 
     script, out = tmp_path / "signals.py", tmp_path / "got.txt"
     script.write_text(SIGNALS)
-    proc = subprocess.Popen([sys.executable, "-m", "fastdata.cli", "run", str(script), str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "fastdata", "run", str(script), str(out)],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=_signals_at_their_defaults)
     try:
@@ -810,7 +837,7 @@ def test_terminal_ctrl_c_reaches_the_script_once(tmp_path):
         pytest.skip(f"no pseudo-terminal here: {e}")
     # fastdata run as a terminal's session leader and foreground group, the pty its terminal
     launcher = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-                "os.execv(sys.executable, [sys.executable, '-m', 'fastdata.cli', 'run', *sys.argv[1:]])")
+                "os.execv(sys.executable, [sys.executable, '-m', 'fastdata', 'run', *sys.argv[1:]])")
     proc = subprocess.Popen([sys.executable, "-c", launcher, str(script), str(out), "ask-parent"], stdin=slave,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_signals_at_their_defaults)
     os.close(slave)
@@ -834,7 +861,7 @@ def test_ignored_signals_stay_ignored(tmp_path):
                 "signal.signal(signal.SIGINT, signal.SIG_IGN); "
                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
     plain = subprocess.run([sys.executable, "-c", launcher, str(script)], capture_output=True, text=True, timeout=60)
-    proc = subprocess.run([sys.executable, "-c", launcher, "-m", "fastdata.cli", "run", str(script)],
+    proc = subprocess.run([sys.executable, "-c", launcher, "-m", "fastdata", "run", str(script)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == plain.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout == "[True, True, False]\n"
@@ -884,7 +911,7 @@ def test_torchs_worker_count_warning_is_given_as_often_as_the_plain_script_gives
     warnings are those of the plain run, from torch's own lines."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     plain = subprocess.run([sys.executable, "-c", WORKER_WARNING], capture_output=True, text=True, timeout=120, env=env)
-    command = ["-m", "fastdata.cli", "run", "--", sys.executable, "-c", WORKER_WARNING] if how == "fastdata run" else \
+    command = ["-m", "fastdata", "run", "--", sys.executable, "-c", WORKER_WARNING] if how == "fastdata run" else \
         ["-c", "import fastdata\n" + WORKER_WARNING.replace("torch.utils.data.DataLoader(", "fastdata.loader(")]
     served = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120, env=env)
     assert plain.returncode == 0 and served.returncode == 0, (plain.stderr[-2000:], served.stderr[-2000:])

@@ -415,7 +415,7 @@ def test_an_unchanged_mnist_script_under_fastdata_run(tv, roots, tmp_path):
     # cwd: from a checkout's root, `python -m` would import the checkout's fastdata, not the installed one.
     plain = subprocess.run([sys.executable, str(script), str(roots)], capture_output=True, text=True, env=env,
                            cwd=tmp_path, timeout=240)
-    got = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script), str(roots)],
+    got = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(roots)],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert plain.returncode == 0 and got.returncode == 0, (plain.stderr[-2000:], got.stderr[-2000:])
     assert got.stdout == plain.stdout and f"seen {N} wrong 0" in got.stdout, (got.stdout, plain.stdout)
@@ -563,7 +563,7 @@ def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, t
     the run's summary (the pass, its workers and its slots, ended while the interpreter is whole)."""
     script = tmp_path / "half_read.py"
     script.write_text(HALF_READ)
-    done = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script),
+    done = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script),
                            str(roots)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
                           cwd=tmp_path, timeout=240)
     assert done.returncode == 0 and done.stdout.startswith("torch.Size([4, 3, 32, 32])"), done.stderr[-3000:]

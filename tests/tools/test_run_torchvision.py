@@ -1129,7 +1129,7 @@ def _run(args: list[str], tmp_path: Path, plain: bool = False) -> tuple[dict, st
     out = tmp_path / "out.json"
     command = [sys.executable, str(SCRIPTS / "train_torchvision.py"), args[0], str(out), *args[1:]]
     if not plain:
-        command = [sys.executable, "-m", "fastdata.cli", "run", "--", *command]
+        command = [sys.executable, "-m", "fastdata", "run", "--", *command]
     # cwd apart from the checkout: its folder must not shadow the installed package
     proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -1182,7 +1182,7 @@ def test_a_start_method_set_after_the_loader_takes_back_the_workers_fastdata_gav
     and says so; the script runs once, with its batches."""
     script = tmp_path / "late_spawn.py"
     script.write_text(LATE_SPAWN)
-    proc = subprocess.run([sys.executable, "-m", "fastdata.cli", "run", "--", sys.executable, str(script), str(folder)],
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(folder)],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
