@@ -104,7 +104,14 @@ def _send_batches(context: type) -> type:
     def queue(self: Any, maxsize: int = 0) -> _BatchQueue:
         return _BatchQueue(maxsize, ctx=self.get_context())
 
-    return type(context.__name__, (context,), {"Queue": queue, "__module__": __name__})
+    def reduce(self: Any) -> tuple:  # (a loader that holds one is pickled: ddp_spawn sends it)
+        return _sending_context, (self.get_start_method(),)
+
+    return type(context.__name__, (context,), {"Queue": queue, "__reduce__": reduce, "__module__": __name__})
+
+
+def _sending_context(method: str) -> Any:
+    return _SENDING[type(multiprocessing.get_context(method))]()
 
 
 _SENDING = {kind: _send_batches(kind) for kind in map(type, map(multiprocessing.get_context,

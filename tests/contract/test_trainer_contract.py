@@ -6,6 +6,7 @@ after it was made. (tests/contract/test_frameworks.py runs the frameworks themse
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import socket
@@ -97,12 +98,15 @@ def test_iterable_longer_than_its_len_warns():
     assert any("IterableDataset" in str(w.message) and "len" in str(w.message) for w in caught)
 
 
-def test_dropin_pickles_for_a_spawned_process():
-    """ddp_spawn sends the loader to new processes: torch's global generator must not ride along."""
-    loader = fastdata.loader(_indexed(), batch_size=4, shuffle=True)
-    next(iter(loader))
-    again = pickle.loads(pickle.dumps(loader))
-    assert sorted(torch.cat([y for _, y in again]).tolist()) == list(range(20))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dropin_pickles_for_a_spawned_process(workers):
+    """ddp_spawn sends the loader to new processes: torch's global generator must not ride
+    along, and the start method its workers took does (after a pass, with workers)."""
+    loader = fastdata.loader(_indexed(), batch_size=4, shuffle=True, num_workers=workers)
+    first = list(loader)
+    for again in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert sorted(torch.cat([y for _, y in again]).tolist()) == list(range(20))
+    assert sorted(torch.cat([y for _, y in first]).tolist()) == list(range(20))
 
 
 @pytest.fixture(scope="module")
