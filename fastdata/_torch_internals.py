@@ -26,9 +26,9 @@ from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 __all__ = ["ExceptionWrapper", "torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled",
-           "new_shared_storage", "new_shared_tensor", "auto_collation", "share_length_warning", "driven_dataloader", "live_iterator",
-           "iterator_workers", "iterator_shutdown", "kill_iterator_workers", "end_live_iterator", "unregister_workers",
-           "single_process_fetch", "mark_fetches", "dali_shutdown"]
+           "new_shared_storage", "new_shared_tensor", "auto_collation", "share_length_warning", "driven_dataloader",
+           "live_iterator", "iterator_workers", "iterator_shutdown", "kill_iterator_workers", "end_live_iterator",
+           "unregister_workers", "single_process_fetch", "mark_fetches", "dali_shutdown"]
 
 SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends included
 

@@ -63,7 +63,8 @@ def test_decode_thread_lives_only_while_its_pass_does(folder):
     it = iter(loader)
     next(it)
     assert len(_decode_threads()) == 1
-    assert _workers.start_method(None).get_start_method() == "forkserver"  # workers started now would not fork the thread
+    # workers started now would not fork the thread
+    assert _workers.start_method(None).get_start_method() == "forkserver"
     it2 = iter(loader)  # a new pass ends the old one first
     next(it2)
     assert len(_decode_threads()) == 1

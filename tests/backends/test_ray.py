@@ -307,7 +307,8 @@ def test_scale_out_arithmetic():
 @pytest.mark.timeout(120)
 def test_pil_workers_start_safely_while_ray_is_live(folder, local):
     _load(str(folder), "ray", num_workers=1)  # connects to the Ray this process runs
-    assert start_method(None).get_start_method() == "forkserver"  # a fork would copy Ray's threads' state, not its threads
+    # forkserver: a fork would copy Ray's threads' state, not its threads
+    assert start_method(None).get_start_method() == "forkserver"
     loader = _load(str(folder), "pil", num_workers=2)
     _same(_batches(loader), _batches(_load(str(folder), "pil")))
 

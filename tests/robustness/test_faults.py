@@ -603,7 +603,8 @@ def test_worker_loader_beside_a_live_dali_pipeline_starts_by_forkserver(folder, 
     del it, dali
     pil2 = _image_loader(folder, backend="pil", num_workers=2)
     assert len(list(pil2)) == len(pil2)
-    assert pil2._runner.loader.multiprocessing_context.get_start_method() == "fork"  # no threads live here now: fork again
+    # no threads live here now: fork again
+    assert pil2._runner.loader.multiprocessing_context.get_start_method() == "fork"
 
 
 def test_a_dead_workers_error_raised_inside_the_watchdog_is_the_passs_error():
