@@ -97,7 +97,9 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
         how = "run on its arrays" if lowering.in_memory else "decoded"
         return (f"served natively: {shown} with {lowering.names} {how} by fastdata"
-                + (", its samples batched by the script's collate_fn" if own else "")), lowering
+                + (", its samples batched by the script's collate_fn" if own else "")
+                + ("; random parameters drawn by fastdata (torchvision's distributions, not the plain run's numbers)"
+                   if lowering.random else "")), lowering
     return "the script's collate_fn (no native collation)" if own else collation, None
 
 

@@ -928,6 +928,13 @@ def test_a_transform_without_random_ops_draws_nothing_from_torchs_rng(tv, folder
     c, _ = run(_served, train, 2)
     assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b))
     assert not torch.equal(a[0][0], c[0][0])
+    # the run's summary says which of the two a plain run repeats
+    from fastdata.run._decide import decide
+
+    drawn = "random parameters drawn by fastdata (torchvision's distributions, not the plain run's numbers)"
+    assert drawn in decide((ImageFolder(str(folder), train),), {"batch_size": 16})[1]
+    assert "served natively" in (reason := decide((ImageFolder(str(folder), eval_transform),), {"batch_size": 16})[1])
+    assert drawn not in reason
 
 
 @pytest.mark.parametrize("workers", [0, 2])
