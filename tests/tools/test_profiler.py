@@ -334,6 +334,9 @@ def test_a_bound_the_measured_rate_passes_is_not_named(two_cores):
     stages.update(read=0.04, decode=0.67)
     head = _synthetic(100, stages=stages, rates=(2550.0, 2150.0)).headline
     assert head.startswith("input bounds the step: the training process runs its own stages (0.06 ms an image"), head
+    # the rate it names is the measured one, not the model's figure it passes
+    assert "the rate together is 2,150 images/s against the step's 2,5" in head and "holds at" not in head, head
+    assert "(the rate model's figure: 1,9" in head, head
 
 
 def test_rates_the_stages_do_not_account_for_hold_the_models_advice_back(two_cores):
