@@ -22,7 +22,7 @@ def _launches_a_run() -> bool:
     fastdata`) given `run`. It starts the command and waits for it, and needs neither torch nor
     the loader, whose import would be most of what `fastdata run` adds to a command's start; its
     command's processes import them as any other process does."""
-    argv, orig = _sys.argv, getattr(_sys, "orig_argv", [])
+    argv, orig = getattr(_sys, "argv", []), getattr(_sys, "orig_argv", [])  # (an embedded Python may have no argv)
     # (the element of the interpreter's own arguments just before the ones sys.argv holds after
     # its first: the script's path, or the module -m ran; `python -m` sets sys.argv[0] to "-m"
     # while it imports this package)
