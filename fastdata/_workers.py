@@ -105,17 +105,13 @@ def _send_batches(context: type) -> type:
         return _BatchQueue(maxsize, ctx=self.get_context())
 
     def reduce(self: Any) -> tuple:  # (a loader that holds one is pickled: ddp_spawn sends it)
-        return _sending_context, (self.get_start_method(),)
+        return start_method, (self.get_start_method(),)
 
     return type(context.__name__, (context,), {"Queue": queue, "__reduce__": reduce, "__module__": __name__})
 
 
-def _sending_context(method: str) -> Any:
-    return _SENDING[type(multiprocessing.get_context(method))]()
-
-
-_SENDING = {kind: _send_batches(kind) for kind in map(type, map(multiprocessing.get_context,
-                                                                multiprocessing.get_all_start_methods()))}
+_SENDING = {type(ctx): _send_batches(type(ctx))
+            for ctx in map(multiprocessing.get_context, multiprocessing.get_all_start_methods())}
 
 
 def stall_limit(timeout: float) -> float:
