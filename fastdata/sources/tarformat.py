@@ -11,6 +11,8 @@ both sides can import it.
 from __future__ import annotations
 
 import array
+import contextlib
+import gc
 import json
 import lzma
 import os
@@ -23,7 +25,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 
 from .._ext import native
-from ..errors import DataError
+from ..errors import DataError, error_line
 from .compressed import COMPRESSED_HEAD, compression, decompressing
 
 INDEX_FORMAT = "fastdata-wds-index"
@@ -103,6 +105,22 @@ def check_index_size(nbytes: int, where: str) -> None:
                          "million samples): index the dataset in parts, or remove the index to have the shards scanned")
 
 
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while millions of lists are made that can hold no
+    cycle (an index parsed, its entries listed): with it on, every few hundred new lists start
+    a collection, and the older generations it scans hold the index parsed so far (ImageNet's
+    index, 1.28M samples, parsed in 3x the time). It is turned on again afterwards only where it
+    was on before."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def parse_index(data: bytes, where: str) -> Any:
     """The JSON of an index's bytes: ValueError "the shard index <where> is malformed: <cause>"
     when it is not JSON, over MAX_INDEX_BYTES, or denser in lists and objects than an index is.
@@ -115,7 +133,8 @@ def parse_index(data: bytes, where: str) -> Any:
         raise ValueError(f"the shard index {where} is malformed: it holds {containers} lists or objects in "
                          f"{len(data)} bytes, more than an index has (one in 19 bytes)")
     try:
-        return json.loads(data)
+        with collection_paused():
+            return json.loads(data)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting past the stack
         raise ValueError(f"the shard index {where} is malformed: it is not JSON ({type(e).__name__}: {e})") from None
 
@@ -150,6 +169,74 @@ def read_index(path: str | os.PathLike) -> dict:
     if index.get("total") != sum(counts):
         raise ValueError(f"{malformed}: the shards' sample counts do not add up to its total")
     return index
+
+
+def index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(name, bytes, keys, spans, contents, checksums) of a shard's entry in an index, checked
+    for its types: ValueError naming the index and the entry where it is malformed."""
+    try:
+        name, nbytes, rows = entry["name"], entry["bytes"], entry["samples_index"]
+        if not isinstance(name, str) or type(nbytes) is not int or not isinstance(rows, list):
+            raise TypeError("name, bytes or samples_index of the wrong type")
+        if not 0 <= nbytes < 2**62:  # so that no sum of offsets and lengths checked against it overflows
+            raise ValueError(f"a shard of {nbytes} bytes")
+        keys = [r[0] for r in rows]
+        offsets, lengths = _integers([r[1] for r in rows]), _integers([r[2] for r in rows])
+        if offsets is None or lengths is None or not set(map(type, keys)) <= {str} or "" in keys:
+            raise TypeError("samples_index should hold [key, offset, length] rows")
+        spans = np.stack([offsets, lengths], axis=1)
+        members = entry.get("members")
+        if members is None:
+            contents = np.full((len(keys), 2), -1, dtype=np.int64)
+        else:
+            if not isinstance(members, list) or [m[0] for m in members] != keys:
+                raise ValueError("its members list other samples than its samples_index")
+            contents = _contents(members, nbytes)
+        crcs = entry.get("crc32")
+        if crcs is None:
+            checksums = np.full(len(keys), -1, dtype=np.int64)
+        else:
+            checksums = _integers(crcs, 0, 2**32)
+            if checksums is None or len(checksums) != len(keys):
+                raise ValueError("its crc32 list should hold a 32-bit integer for each sample of its samples_index")
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        shown = entry.get("name") if isinstance(entry, dict) else None
+        raise ValueError(f"the shard index {where} is malformed: its entry for {shown!r:.100} "
+                         f"({error_line(e)})") from None
+    return name, nbytes, keys, spans, contents, checksums
+
+
+def _integers(values: Any, low: int = -2**63, high: int = 2**63) -> np.ndarray | None:
+    """A list of ints, each in [low, high), as int64; None for anything else (a bool, a float,
+    a value out of range, not a list)."""
+    if not isinstance(values, list) or not set(map(type, values)) <= {int}:
+        return None
+    array = np.array(values) if values else np.zeros(0, np.int64)
+    if array.dtype != np.int64 or (len(array) and (array.min() < low or array.max() >= high)):
+        return None  # (a value past int64 makes an object or uint64 array)
+    return array
+
+
+def _contents(members: list, nbytes: int) -> np.ndarray:
+    """[member count, payload bytes] of each sample's row [key, [[ext, offset, size], ...]] in an
+    index's members. Each size is at most the shard's `nbytes` (< 2**62), and a sample whose
+    sizes add up to more is refused from their sums in float64 first, so that no int64 sum can
+    wrap."""
+    lists = [m[1] for m in members]
+    if not set(map(type, lists)) <= {list}:
+        raise TypeError("members should hold [key, [[ext, offset, size], ...]] rows")
+    counts = np.array([len(x) for x in lists], dtype=np.int64)
+    sizes = _integers([x[2] for row in lists for x in row], 0, nbytes + 1)
+    if sizes is None:
+        raise TypeError("members should hold [key, [[ext, offset, size], ...]] rows, each size at most the shard's")
+    sums = np.zeros(len(lists), dtype=np.int64)
+    filled = counts > 0
+    if filled.any():
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[filled]
+        if (np.add.reduceat(sizes.astype(np.float64), starts) > nbytes).any():
+            raise ValueError("a sample's members come to more bytes than its shard")
+        sums[filled] = np.add.reduceat(sizes, starts)
+    return np.stack([counts, sums], axis=1)
 
 
 # ----------------------------------------------------------------- the tar key rule

@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, error_line, one_line, warn
+from ..errors import DataError, one_line, warn
 from .compressed import Decompressed
 from .files import MAX_LABEL, Names
 from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
 from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong,
-                        check_index_size, index_location, parse_index, read_index, scan_tar)
+                        check_index_size, collection_paused, index_entry, index_location, parse_index,
+                        read_index, scan_tar)
 
 
 @dataclass
@@ -144,17 +145,19 @@ def _indexes(urls: list[str]) -> tuple[list[str], dict[str, dict], list[str] | N
     entries: dict[str, dict] = {}
     classes, first = None, None
     for where in dict.fromkeys(wheres):
-        index = _load_index(where)
-        if not index:
-            continue
-        if not isinstance(index.get("shards"), list):
-            raise ValueError(f"the shard index {where} is malformed: its shards should be a list")
-        named = {}
-        for e in index["shards"]:
-            name, *rest = _index_entry(e, where)
-            named[name] = rest
-        entries[where] = named
-        listed = index.get("classes")
+        with collection_paused():  # until the parsed index is gone (see collection_paused)
+            index = _load_index(where)
+            if not index:
+                continue
+            if not isinstance(index.get("shards"), list):
+                raise ValueError(f"the shard index {where} is malformed: its shards should be a list")
+            named = {}
+            for e in index["shards"]:
+                name, *rest = index_entry(e, where)
+                named[name] = rest
+            entries[where] = named
+            listed = index.get("classes")
+            del index
         if listed is not None and not (isinstance(listed, list) and all(isinstance(c, str) for c in listed)):
             raise ValueError(f"the shard index {where} is malformed: its classes should be a list of names or null")
         if first is None:
@@ -184,42 +187,6 @@ def scan_shard(url: str) -> Scan:
     # A failure after the tar's end blocks (bytes after the stream) lost nothing: tarfile reads on as well.
     end = int(scan.spans[-1].sum()) + 2 * 512 if len(scan.keys) else 0
     return scan._replace(compressed=compressed, failed=f.error if compressed and f.error and f.at < end else None)
-
-
-def _index_entry(entry: Any, where: str) -> tuple[str, int, list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(name, bytes, keys, spans, contents, checksums) of a shard's entry in an index, checked
-    for its types: ValueError naming the index and the entry where it is malformed."""
-    try:
-        name, nbytes, rows = entry["name"], entry["bytes"], entry["samples_index"]
-        if not isinstance(name, str) or type(nbytes) is not int or not isinstance(rows, list):
-            raise TypeError("name, bytes or samples_index of the wrong type")
-        if not 0 <= nbytes < 2**62:  # so that no sum of offsets and lengths checked against it overflows
-            raise ValueError(f"a shard of {nbytes} bytes")
-        keys = [r[0] for r in rows]
-        spans = np.array([(r[1], r[2]) for r in rows]).reshape(-1, 2)
-        if not all(type(k) is str and k for k in keys) or (len(rows) and spans.dtype.kind != "i"):
-            raise TypeError("samples_index should hold [key, offset, length] rows")
-        members = entry.get("members")
-        if members is None:
-            contents = np.full((len(keys), 2), -1, dtype=np.int64)
-        else:
-            if len(members) != len(keys) or any(m[0] != k for m, k in zip(members, keys)):
-                raise ValueError("its members list other samples than its samples_index")
-            contents = np.array([(len(m[1]), sum(x[2] for x in m[1])) for m in members]).reshape(-1, 2)
-            if len(members) and contents.dtype.kind != "i":
-                raise TypeError("members should hold [key, [[ext, offset, size], ...]] rows")
-        crcs = entry.get("crc32")
-        if crcs is None:
-            checksums = np.full(len(keys), -1, dtype=np.int64)
-        else:
-            if len(crcs) != len(keys) or not all(type(c) is int and 0 <= c < 2**32 for c in crcs):
-                raise ValueError("its crc32 list should hold a 32-bit integer for each sample of its samples_index")
-            checksums = np.array(crcs, dtype=np.int64)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        shown = entry.get("name") if isinstance(entry, dict) else None
-        raise ValueError(f"the shard index {where} is malformed: its entry for {shown!r:.100} "
-                         f"({error_line(e)})") from None
-    return name, nbytes, keys, spans.astype(np.int64), contents.astype(np.int64), checksums
 
 
 def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksums: np.ndarray, nbytes: int):

@@ -441,6 +441,60 @@ def test_malformed_index_entry_is_a_value_error(pristine, tmp_path):
         shards(str(tmp_path / PATTERN), progress=False)
 
 
+def _set(field: str, at: tuple, value):
+    """An index edit: shard 0's `field` at the path `at` set to `value`."""
+
+    def edit(index):
+        where = index["shards"][0][field]
+        for step in at[:-1]:
+            where = where[step]
+        where[at[-1]] = value
+
+    return edit
+
+
+def _members_past_the_shard(index):
+    entry = index["shards"][0]
+    entry["members"][0][1] = [["jpg", 0, entry["bytes"]], ["cls", 0, entry["bytes"]]]
+
+
+@pytest.mark.parametrize("edit", [
+    _set("crc32", (0,), True), _set("crc32", (0,), 2**32), _set("crc32", (0,), -1), _set("crc32", (0,), 1.0),
+    lambda index: index["shards"][0]["crc32"].pop(),
+    _set("samples_index", (0, 1), 512.0), _set("samples_index", (0, 2), True), _set("samples_index", (0, 1), 2**64),
+    _set("samples_index", (0, 0), ""), _set("samples_index", (0, 0), 5), _set("samples_index", (0,), "ab"),
+    _set("members", (0, 0), "other"), _set("members", (0, 1), {"jpg": 1}), _set("members", (0, 1, 0, 2), "7"),
+    _set("members", (0, 1, 0, 2), 2**63), _set("members", (0, 1, 0, 2), -1), _members_past_the_shard,
+    lambda index: index["shards"][0]["members"].pop(),
+], ids=["crc-bool", "crc-2**32", "crc-negative", "crc-float", "crc-short", "offset-float", "length-bool",
+        "offset-past-uint64", "key-empty", "key-int", "row-a-string", "member-key", "member-row-dict",
+        "member-size-text", "member-size-past-int64", "member-size-negative", "members-past-the-shard",
+        "members-short"])
+def test_an_index_entry_of_the_wrong_types_is_malformed(pristine, tmp_path, edit):
+    """Each field of a shard's entry is checked for its type and range as a whole list at once:
+    a wrong one is the ValueError naming the index and the entry (and the collector, paused
+    while an index is parsed and listed, is on again after it)."""
+    import gc
+
+    _edit_index(_copy(pristine, tmp_path, True), edit)
+    with pytest.raises(ValueError, match=r"train-index\.json is malformed: its entry for 'train-000000\.tar' \("):
+        shards(str(tmp_path / PATTERN), progress=False)
+    assert gc.isenabled()
+
+
+def test_an_index_entry_is_read_as_its_rows_say(pristine, tmp_path):
+    """What an entry gives each sample (its span, its members' count and bytes, its CRC) is its
+    rows' values, summed per sample."""
+    index = json.loads((_copy(pristine, tmp_path, True) / "train-index.json").read_text())
+    got = shards(str(tmp_path / PATTERN), progress=False)
+    for s, entry in enumerate(index["shards"]):
+        assert got.keys[s] == [r[0] for r in entry["samples_index"]]
+        assert got.spans[s].tolist() == [r[1:] for r in entry["samples_index"]]
+        assert got.contents[s].tolist() == [[len(m[1]), sum(x[2] for x in m[1])] for m in entry["members"]]
+        assert got.checksums[s].tolist() == entry["crc32"]
+        assert got.contents[s][:, 0].min() >= 2 and got.spans[s].dtype == np.int64
+
+
 # ------------------------------------------------------------------ labels
 
 
