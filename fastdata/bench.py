@@ -6,7 +6,8 @@ on each engine this machine has.
 
 Engines (each where it can run here):
   pillow       per image, the Pillow this process runs (Pillow-SIMD when installed), as the
-               `pil`/`wds` workers apply the ops (fastdata/transforms/pil.py)
+               `pil`/`wds` workers apply the ops (fastdata/transforms/pil.py); Normalize, which
+               runs after the batch is made, as the loader's device stage runs it on the CPU
   kornia-cpu   batched torch tensors on the CPU: Kornia, and fastdata's Kornia lowering of the
                pixel ops (fastdata/transforms/kornia.py) and torch batch ops
   kornia-cuda  the same on the GPU, when there is one
@@ -105,13 +106,18 @@ def _pillow(name: str, op, big: np.ndarray, small: np.ndarray, size: int) -> Cal
                 if geo.flips[k]:
                     out.transpose(Image.FLIP_LEFT_RIGHT)
         return run
-    if name == "Normalize":
-        mean = np.array(op.mean, np.float32) * 255
-        std = np.array(op.std, np.float32) * 255
+    if name == "Normalize":  # not a worker's op: the device stage's, as a loader on the CPU runs it
+        import torch
+
+        from .transforms import batch as batch_ops
+
+        images = torch.from_numpy(small).permute(0, 3, 1, 2)  # the loader's channels_last batch
+        labels = torch.zeros(n, dtype=torch.int64)
+        out = torch.empty(small.shape, dtype=torch.float32)  # the reused slot it writes into
 
         def run():
-            for a in small:
-                (a.astype(np.float32) - mean) / std
+            batch_ops.apply(images, labels, (op,), dtype=torch.float32, num_classes=1, seed=0, epoch=0, rank=0,
+                            batch=0, new=lambda shape, dtype: out)
         return run
     plans = plan_pixels((op,), 0, 0, np.arange(n))[0]
 
