@@ -11,13 +11,14 @@ import torch
 
 from . import _optional as optional
 from . import sources
+from ._cores import usable_cores
 from ._loader import Loader
 from .backends.dali import DaliLoader
 from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
 from .backends.wds import WdsLoader
 from .image import options as image_options
-from .tunecache import cached_tune
+from .tunecache import MAX_PREFETCH, cached_tune
 
 _DROPIN_KEYWORDS = frozenset(DATALOADER_KEYWORDS) | {"device"}
 logger = logging.getLogger("fastdata")
@@ -48,8 +49,43 @@ def _with_config(options: dict[str, Any]) -> dict[str, Any]:
     for name, value in values.items():
         if name not in _IMAGE_KEYWORDS or name == "config":
             raise ValueError(f"config {path!r} sets {name!r}, which is not a loader keyword")
+        expected = _config_value(name, value)
+        if expected is not None:
+            raise ValueError(f"config {path!r} sets {name!r} to {json.dumps(value)[:50]}, which should be {expected}")
         options.setdefault(name, value)
     return options
+
+
+def _config_value(name: str, value: Any) -> str | None:
+    """What a config file's `value` for the keyword `name` should be, where it is not that; None
+    where it is. A file's values are data: each is held to the JSON type and range the keyword
+    takes ("false" is a truthy string; a prefetch_factor of 1e9 would have torch's workers
+    queue a billion requests), as a tune writes them."""
+    def integer(v: Any, low: int, high: float = float("inf")) -> bool:
+        return type(v) is int and low <= v <= high
+
+    cap = max(64, 4 * usable_cores())  # a tune tries at most a worker a core, of its own machine
+    checks = {
+        "num_workers": (lambda v: v == "auto" or integer(v, 0, cap), f'"auto" or an integer in [0, {cap}]'),
+        "prefetch_factor": (lambda v: v is None or integer(v, 1, MAX_PREFETCH), f"an integer in [1, {MAX_PREFETCH}]"),
+        "persistent_workers": (lambda v: v is None or type(v) is bool, "true, false or null"),
+        "timeout": (lambda v: type(v) in (int, float) and 0 <= v < float("inf"), "a number of seconds >= 0"),
+        "seed": (lambda v: integer(v, 0, 2**63 - 1), "an integer >= 0"),
+        "rank": (lambda v: v is None or integer(v, 0), "an integer >= 0 or null"),
+        "world_size": (lambda v: v is None or integer(v, 1), "an integer >= 1 or null"),
+        "hw_decoder_load": (lambda v: v is None or (type(v) in (int, float) and 0 <= v <= 1), "a number in [0, 1]"),
+        "device": (lambda v: v is None or type(v) is str, "a device name such as \"cuda\" or null"),
+    }
+    if name in ("shuffle", "drop_last", "pin_memory", "channels_last"):
+        ok, expected = type(value) is bool, "true or false"
+    elif name in ("backend", "placement", "on_error", "dtype"):
+        ok, expected = type(value) is str, "a name (a string)"
+    elif name in checks:
+        test, expected = checks[name]
+        ok = test(value)
+    else:  # transform, sampler: objects, which JSON cannot hold
+        ok, expected = False, "given in the call (a config file cannot hold one)"
+    return None if ok else expected
 
 
 def _with_tune(source: Any, batch_size: Any, options: dict[str, Any]) -> dict[str, Any]:

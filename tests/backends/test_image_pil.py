@@ -8,6 +8,7 @@ must agree with its label."""
 import logging
 import os
 import pickle
+import re
 import time
 
 import numpy as np
@@ -312,6 +313,25 @@ def test_config_fills_only_what_the_call_did_not_give(folder, tmp_path):
         fastdata.loader(str(folder), batch_size=6, config=str(cfg))
     with pytest.raises(ValueError, match="config"):
         fastdata.loader(str(folder), batch_size=6, config=str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("name,value", [("drop_last", "false"), ("shuffle", 1), ("prefetch_factor", 1e9),
+                                        ("prefetch_factor", 10**9), ("num_workers", 10**6), ("num_workers", -1),
+                                        ("num_workers", True), ("timeout", "5"), ("timeout", -1), ("seed", 1.5),
+                                        ("seed", -3), ("rank", "0"), ("world_size", 0), ("hw_decoder_load", 2),
+                                        ("placement", ["gpu"]), ("device", 0), ("transform", "imagenet_train"),
+                                        ("persistent_workers", "yes")])
+def test_a_config_value_of_the_wrong_type_or_range_is_refused_naming_it(folder, tmp_path, name, value):
+    """A config file's values are data: each is checked against the type and range its keyword
+    takes, and a wrong one is one ValueError naming the file, the keyword and the value, before
+    a worker starts ("false" would be a truthy string; a prefetch_factor of 1e9 would have the
+    workers queue forever)."""
+    import json
+
+    cfg = tmp_path / "tuned.json"
+    cfg.write_text(json.dumps({"loader": {"num_workers": 0, name: value}}))
+    with pytest.raises(ValueError, match=rf"config '{re.escape(str(cfg))}' sets '{name}' to .*, which should be"):
+        fastdata.loader(str(folder), batch_size=6, transform=_train(), config=str(cfg))
 
 
 def test_same_size_images_need_no_transform(tmp_path):
