@@ -32,8 +32,8 @@ class Shards:
     finds there ((-1, -1): unchecked), and checksums[s][i] the index's CRC-32 of the sample's
     bytes, which the reader compares (-1, or checksums[s] None: none to compare). From the
     index beside shard s when it lists it (indexed[s]), else from a scan of its tar headers.
-    Key "" is a slot for bytes that hold no sample the source can name (damaged headers; bytes
-    the index lists in no sample): reading it reports them."""
+    Key "" is a slot for bytes that hold no sample the scan can name (damaged headers of their
+    own): reading it reports them."""
 
     urls: list[str]
     keys: list[Names]
@@ -154,6 +154,8 @@ def _indexes(urls: list[str]) -> tuple[list[str], dict[str, dict], list[str] | N
             named = {}
             for e in index["shards"]:
                 name, *rest = index_entry(e, where)
+                if name in named:  # which of the two describes the shard is not known
+                    raise ValueError(f"the shard index {where} is malformed: it has two entries for {name!r:.100}")
                 named[name] = rest
             entries[where] = named
             listed = index.get("classes")
@@ -189,33 +191,26 @@ def scan_shard(url: str) -> Scan:
     return scan._replace(compressed=compressed, failed=f.error if compressed and f.error and f.at < end else None)
 
 
-def _with_gaps(keys: list[str], spans: np.ndarray, contents: np.ndarray, checksums: np.ndarray, nbytes: int):
-    """An index's samples of a shard of `nbytes` bytes, checked to tile it up to its two end
-    blocks: (problem, or None; keys, spans, contents, checksums with a slot of key "" for each
-    byte range the index lists in no sample, which reading reports: a sample the index misses)."""
+def _misfit(spans: np.ndarray, nbytes: int) -> str | None:
+    """Why an index's samples (`spans`) of a shard of `nbytes` bytes do not tile it up to its two
+    end blocks, or None where they do: ranges that pass its end or overlap, or bytes in no
+    sample (a sample the index misses, which may hold any number of samples)."""
     end = nbytes - 2 * 512
     if not len(spans):
-        gaps = np.array([[0, end]], dtype=np.int64) if end > 0 else np.zeros((0, 2), np.int64)
-        at = np.zeros(len(gaps), dtype=np.int64)
-    else:
-        starts, lengths = spans[:, 0], spans[:, 1]
-        # Each span is checked against the end before offset + length is formed: a crafted pair
-        # could wrap past int64 and pass for a range before the end.
-        if end <= 0 or (lengths <= 0).any() or (starts < 0).any() or (lengths > end - starts).any():
-            return "its samples' byte ranges pass the shard's end", keys, spans, contents, checksums
-        ends = starts + lengths
-        if (starts[1:] < ends[:-1]).any():
-            return "its samples' byte ranges overlap", keys, spans, contents, checksums
-        lo, hi = np.concatenate([[0], ends]), np.concatenate([starts, [end]])
-        at = np.flatnonzero(hi > lo)
-        gaps = np.stack([lo[at], hi[at] - lo[at]], axis=1).astype(np.int64)
-    if not len(at):
-        return None, keys, spans, contents, checksums
-    keys = np.insert(np.array(keys, dtype=object), at, "").tolist()  # one pass: n gaps cost O(n), not O(n^2)
-    spans = np.insert(spans, at, gaps, axis=0)
-    contents = np.insert(contents, at, [-1, -1], axis=0)
-    checksums = np.insert(checksums, at, -1)
-    return None, keys, spans, contents, checksums
+        return f"it lists no sample in bytes [0, {end}) of it" if end > 0 else None
+    starts, lengths = spans[:, 0], spans[:, 1]
+    # Each span is checked against the end before offset + length is formed: a crafted pair
+    # could wrap past int64 and pass for a range before the end.
+    if end <= 0 or (lengths <= 0).any() or (starts < 0).any() or (lengths > end - starts).any():
+        return "its samples' byte ranges pass the shard's end"
+    ends = starts + lengths
+    if (starts[1:] < ends[:-1]).any():
+        return "its samples' byte ranges overlap"
+    lo, hi = np.concatenate([[0], ends]), np.concatenate([starts, [end]])
+    gaps = np.flatnonzero(hi > lo)
+    if len(gaps):
+        return f"it lists no sample in {len(gaps)} byte range(s) of it, the first at byte {lo[gaps[0]]}"
+    return None
 
 
 def _sizes(urls: list[str], listed: dict) -> dict[int, int]:
@@ -245,11 +240,11 @@ def shards(source: Any, progress: bool = True) -> Shards:
 
     What an index says is checked against the shards where that is cheap: here, each shard's
     size, a file's or an HTTP(S) object's, not a pipe:'s (another size: a warning; a longer
-    shard is counted from its headers, a shorter one
-    keeps the index, and the samples past its end are reported lost when read) and that the
-    index's samples tile the shard up to its end blocks (bytes in no sample: a warning, and a
-    slot that reports them when read, so that a sample the index misses is counted; ranges
-    that overlap or pass its end: a warning, and the shard is counted from its headers). When a
+    shard is counted from its headers, a shorter one keeps the index, and the samples past its
+    end are reported lost when read) and that the index's samples tile the shard up to its end
+    blocks (where not: bytes in no sample, which may hold any number of samples the index
+    misses, or ranges that overlap or pass its end: a warning, and the shard is counted from its
+    headers, so that every sample it holds is read or reported). When a
     sample is read, the headers in its span must be its members, as many and as big as the index says
     (wds backend), and their bytes must have the CRC-32 the index gives (fastdata-shard writes
     one a sample). The index's sha256 of each shard is not checked: it covers the whole shard,
@@ -286,14 +281,10 @@ def shards(source: Any, progress: bool = True) -> Shards:
             warn(f"shard {url} is {size} bytes, not the {nbytes} its index {where} gives; {how}")
             if size > nbytes:
                 continue
-        problem, k, sp, ct, cs = _with_gaps(k, sp, ct, cs, nbytes)
-        if problem is not None:
+        problem = _misfit(sp, nbytes)
+        if problem is not None:  # (stale, or crafted): the shard's headers say what it holds
             warn(f"the index {where} does not fit shard {url}: {problem}; reading its headers instead")
             continue
-        if len(k) > len(entry[1]):
-            first = int(sp[k.index(""), 0])
-            warn(f"the index {where} is stale: it lists no sample in {len(k) - len(entry[1])} byte range(s) "
-                 f"of shard {url}, the first at byte {first}; they are reported as samples that cannot be read")
         if size < nbytes:  # reads stop at the shard's end: what lies past it is reported lost
             sp = np.minimum(sp.cumsum(axis=1), size)
             sp[:, 1] -= sp[:, 0]
