@@ -421,8 +421,15 @@ def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member |
     if info.type not in _REGULAR and info.type in tarfile.SUPPORTED_TYPES:
         return None, data  # a directory, link, device or fifo: no data follows (as tarfile reads them)
     if length is not None and data + size > length:
-        return Damage(first, length, name, f"the shard is cut off in member {name} (at byte {length - data} of its "
-                                           f"{size})"), None
+        # Cut off, or a size no member of this tar can have: which, the headers after it say.
+        if not _resync(read, data, None, length)[1]:
+            return Damage(first, length, name, f"the shard is cut off in member {name} (at byte {length - data} of "
+                                               f"its {size})"), None
+        return Damage(first, None, name, f"invalid tar header at byte {first} (member {name} of {size} bytes, "
+                                         f"past the shard's end at byte {length}, and tar headers after it)"), data
+    if length is None and data + size > MAX_STREAM_BYTES:  # no stream is read that far (scan_tar)
+        return Damage(first, None, name, f"invalid tar header at byte {first} (member {name} of {size} bytes, "
+                                         f"more than a stream is read for)"), data
     return (Member(first, name, data, size) if info.type in _REGULAR else None), data + padded(size)
 
 
@@ -498,7 +505,7 @@ class Scan(NamedTuple):
     contents: np.ndarray
     damage: list[Damage]
     compressed: bool = False  # read through a decompressor: its offsets are the decompressed tar's
-    failed: str | None = None  # why its decompression failed before the tar's end, where it did
+    failed: str | None = None  # why the stream ended before the tar's end (decompression failed, or a cut)
 
     @property
     def has_members(self) -> bool:
@@ -546,6 +553,7 @@ def _reader(f) -> Callable[[int, int], bytes]:
         at[0] += got
         return data
 
+    read_on.reached = lambda: at[0]  # how far the stream has been read (its end, once a read came short)
     return read_on
 
 
@@ -580,7 +588,8 @@ def scan_tar(f, length: int | None = None) -> Scan:
     damage: list[Damage] = []
     after: list[int] = []  # damage[j] came after the first after[j] samples
     chars = 0
-    for event in walk_tar(_reader(f), 0, None, length):
+    read = _reader(f)
+    for event in walk_tar(read, 0, None, length):
         if length is None:  # a stream: bounded, as it has no end to stop at
             reach = (event.end or event.offset) if type(event) is Damage else event.data + event.size
             if len(found.keys) + len(damage) >= MAX_STREAM_SAMPLES or reach > MAX_STREAM_BYTES:
@@ -602,11 +611,18 @@ def scan_tar(f, length: int | None = None) -> Scan:
             raise StreamTooLong(f"the keys of its samples come to more than {MAX_SCAN_KEY_CHARS:,} characters; "
                                 "split it")
         found.add(key, event.offset, end, 1, event.size, _flag(ext))
+    failed = None
+    reached = getattr(read, "reached", None)
+    if reached is not None and found.keys and reached() < found.rows[-3]:
+        # A stream that ends inside a member: its header's size may have stepped over samples
+        # (it cannot be read again to look), so the loss is said here, not only by that sample.
+        failed = (f"it ends at byte {reached()}, inside sample {found.keys[-1]}'s members, which its headers give "
+                  f"bytes up to {found.rows[-3]}")
     if damage:
         found = _place_damage(found, damage, after)
     rows = np.frombuffer(found.rows, dtype=np.int64).reshape(-1, 4)
     spans = np.stack([rows[:, 0], rows[:, 1] - rows[:, 0]], axis=1)
-    return Scan(found.keys, spans, rows[:, 2:].copy(), damage)
+    return Scan(found.keys, spans, rows[:, 2:].copy(), damage, failed=failed)
 
 
 _CLS, _IMAGE = 1, 2  # a sample's members, as _Found keeps them: whether it has a cls and an image member

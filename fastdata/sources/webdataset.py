@@ -188,7 +188,8 @@ def scan_shard(url: str) -> Scan:
         raise DataError(one_line(f"cannot read shard {url}: not a tar file ({scan.damage[0].cause})"), path=url)
     # A failure after the tar's end blocks (bytes after the stream) lost nothing: tarfile reads on as well.
     end = int(scan.spans[-1].sum()) + 2 * 512 if len(scan.keys) else 0
-    return scan._replace(compressed=compressed, failed=f.error if compressed and f.error and f.at < end else None)
+    failed = f.error if compressed and f.error and f.at < end else scan.failed
+    return scan._replace(compressed=compressed, failed=failed)
 
 
 def _misfit(spans: np.ndarray, nbytes: int) -> str | None:
@@ -311,8 +312,9 @@ def shards(source: Any, progress: bool = True) -> Shards:
                     warn(one_line(f"shard {urls[s]} is damaged: {scanned.damage[0].cause}{more}; what that "
                                   "lost is reported as a sample that cannot be read"))
                 if scanned.failed:  # a member it cut is reported when read; those after it are not found
+                    what = "a compressed tar" if scanned.compressed else "a stream"
                     warn(one_line(f"shard {urls[s]} ends early: {scanned.failed}; the samples after that point "
-                                  "cannot be found (a compressed tar is read on from its start)"))
+                                  f"cannot be found ({what} is read on from its start)"))
                 if progress and (shown or time.monotonic() - start > 2):  # a line once it takes a while
                     shown = True
                     print(f"\rcounting the samples of shards without an index: {done}/{len(todo)}",

@@ -194,6 +194,56 @@ def test_damaged_header_in_a_stream_is_stepped_over_as_in_a_file(pristine, tmp_p
     assert np.array_equal(piped.spans[0], local.spans[0])
 
 
+def _claim_size(path: Path, offset: int, how: str) -> None:
+    """The header at `offset` made to give its member 8 GiB (octal or base-256), its checksum
+    made right again: a header tarfile takes, of a size no member of the shard can have."""
+    raw = bytearray(path.read_bytes())
+    raw[offset + 124:offset + 136] = b"77777777777\0" if how == "octal" else b"\x80" + (8 << 30).to_bytes(11, "big")
+    raw[offset + 148:offset + 156] = b" " * 8
+    raw[offset + 148:offset + 156] = b"%06o\0 " % sum(raw[offset:offset + 512])
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["octal", "base-256"])
+def test_a_header_whose_size_passes_the_shards_end(pristine, tmp_path, how):
+    """A header (valid checksum) whose member would run past the end of a shard that holds
+    more headers after it is damage, stepped over as a bad checksum is: every intact sample
+    after it is delivered, and its own counted. In a stream, which has no end to compare with,
+    the loss its size steps over is said when the shard is listed."""
+    at = _members(pristine / "train-000000.tar")["00000002.jpg"].offset
+    path = _copy(pristine, tmp_path, False) / "train-000000.tar"
+    _claim_size(path, at, how)
+    tarfile.TarInfo.frombuf(path.read_bytes()[at:at + 512], "utf-8", "surrogateescape")  # (tarfile takes it)
+    loader, warned = _load(tmp_path, ("wds", 0), "skip")
+    size = 8 << 30 if how == "base-256" else (8 << 30) - 1
+    assert any(f"invalid tar header at byte {at} (member 00000002.jpg of {size} bytes, past the shard's end" in w
+               for w in warned), warned
+    _expect(loader, "skip", {2}, "train-000000.tar", "00000002.jpg", f"invalid tar header at byte {at}")
+    with pytest.warns(UserWarning, match=rf"train-000000\.tar ends early: it ends at byte \d+, inside sample "
+                                         r"00000002's members, .*the samples after that point cannot be found"):
+        piped = shards(f"pipe:cat {path}", progress=False)
+    assert list(piped.keys[0]) == [f"{i:08d}" for i in range(3)]  # what a stream can know
+
+
+def test_a_pax_size_no_stream_is_read_for_is_damage(tmp_path):
+    """A pax header giving a member 10**23 bytes in a compressed shard (a stream): damage,
+    stepped over, not a stream too long to list; the samples after it are found."""
+    import gzip
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data, pax in [("a.cls", b"1", {}), ("b.jpg", b"x" * 100, {"size": "9" * 23}), ("b.cls", b"2", {}),
+                                ("c.cls", b"3", {}), ("d.cls", b"4", {})]:
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(data), pax
+            tf.addfile(info, io.BytesIO(data))
+    (tmp_path / "p-000000.tar.gz").write_bytes(gzip.compress(raw.getvalue()))
+    with pytest.warns(UserWarning, match=r"is damaged: invalid tar header at byte \d+ \(member b\.jpg of 9+ bytes, "
+                                         r"more than a stream is read for\)"):
+        listed = shards(str(tmp_path / "p-000000.tar.gz"), progress=False)
+    assert list(listed.keys[0]) == ["a", "b", "c", "d"]
+
+
 # ------------------------------------------------------------------ truncated shards
 
 
