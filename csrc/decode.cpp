@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstdio>  // before jpeglib.h, which uses FILE and size_t without including them
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include <jpeglib.h>
@@ -55,6 +57,59 @@ std::string precheck(const ByteSpan& src) {
   }
   return {};
 }
+
+// A multi-scan (progressive) JPEG is decoded from a buffer of all its coefficients, which libjpeg
+// allocates whole before the first row: 2 bytes a coefficient, up to 537 MB for an image at the
+// pixel limit from a file of a few hundred kB. What a process's decoding threads hold in such
+// buffers at once is bounded by kCoefficientBudget (one image at a time past it), so that a
+// batch of such files costs one thread's worth, not one a thread (a machine's cores each
+// decoding one). The size is bounded from the frame header: every component at full
+// resolution, whatever its sampling.
+constexpr size_t kCoefficientBudget = size_t(1) << 30;
+constexpr size_t kCoefficientsCounted = size_t(16) << 20;  // smaller buffers are not counted
+
+size_t coefficient_bytes(const ImageStructure& s) {
+  const size_t blocks = (size_t(s.width) + 7) / 8 * ((size_t(s.height) + 7) / 8);
+  const size_t bytes = blocks * size_t(std::max(s.components, 1)) * 64 * sizeof(JCOEF);
+  return bytes >= kCoefficientsCounted ? bytes : 0;
+}
+
+// A share of kCoefficientBudget held for the life of a decode: waits while other threads hold
+// so much that this would pass it, unless none holds any.
+class MemoryGrant {
+ public:
+  explicit MemoryGrant(size_t bytes) : bytes_(bytes) {
+    if (bytes_ == 0) return;
+    std::unique_lock<std::mutex> lock(mutex());
+    cv().wait(lock, [&] { return held() == 0 || held() + bytes_ <= kCoefficientBudget; });
+    held() += bytes_;
+  }
+  ~MemoryGrant() {
+    if (bytes_ == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      held() -= bytes_;
+    }
+    cv().notify_all();
+  }
+  MemoryGrant(const MemoryGrant&) = delete;
+  MemoryGrant& operator=(const MemoryGrant&) = delete;
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::condition_variable& cv() {
+    static std::condition_variable c;
+    return c;
+  }
+  static size_t& held() {
+    static size_t h = 0;
+    return h;
+  }
+  size_t bytes_;
+};
 
 // A thread's decoder: its row buffers and filter taps are reused from image to image, its libjpeg
 // decompressor is made anew for each (see fresh()).
@@ -116,14 +171,13 @@ class Decoder {
   std::string decode_copy(const ByteSpan& src, const double* crop, bool flip, bool whole,
                           bool use_index, const OutView& out, int64_t index) {
     std::string why = precheck(src);
-    if (why.empty()) {
-      // A decode reads only the rows the crop needs; the walk makes a file cut short an error
-      // whatever the crop.
-      ImageStructure structure;
-      why = check_structure(src, &structure);
-    }
+    ImageStructure structure;
+    // A decode reads only the rows the crop needs; the walk makes a file cut short an error
+    // whatever the crop.
+    if (why.empty()) why = check_structure(src, &structure);
     if (!why.empty()) return why;
     if (!fresh()) return "out of memory";
+    const MemoryGrant grant(structure.scans > 1 ? coefficient_bytes(structure) : 0);
     try {
       if (!decode_window(src, crop, out.height, out.width, whole, use_index)) return err_.message;
     } catch (const std::bad_alloc&) {

@@ -60,6 +60,7 @@ enum ImageKind : int { kImageOther = 0, kImageJpeg = 1, kImagePng = 2 };
 struct ImageStructure {
   int kind = kImageOther;
   int width = 0, height = 0;  // a JPEG's first frame header (SOFn), a PNG's IHDR
+  int components = 0, scans = 0;  // a JPEG's (its frame header's components, its scans)
 };
 
 // Whether `src` is a whole JPEG or PNG, from its container structure alone (no pixel data is

@@ -59,6 +59,7 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
     const uint32_t m = d[pos++];
     if (m == 0xD9) {
       if (!scan) return format("corrupt JPEG: end-of-image marker at byte %zu before any scan", at);
+      out->scans = scans;
       return {};
     }
     if ((m >= 0xD0 && m <= 0xD7) || m == 0x01) continue;  // RSTn, TEM: no segment
@@ -76,6 +77,7 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
       if (len < 8) return format("corrupt JPEG: the frame header at byte %zu has length %u", at, len);
       out->height = int(be16(d + pos + 3));
       out->width = int(be16(d + pos + 5));
+      out->components = d[pos + 7];
       if (out->width == 0 || out->height == 0) {
         return format("corrupt JPEG: the frame header claims a %dx%d image", out->width, out->height);
       }

@@ -243,6 +243,38 @@ def many_scans(scans: int) -> bytes:
     return d[:-2] + last * (scans - have) + b"\xff\xd9"
 
 
+_PEAK = """
+import resource, sys
+import numpy as np, torch
+from fastdata import _codec
+data, n = open(sys.argv[1], "rb").read(), int(sys.argv[2])
+crops = np.tile(np.array([0, 0, 9440, 9440], np.float64), (n, 1))
+out = torch.empty((n, 3, 8, 8), dtype=torch.uint8)
+assert _codec.decode_crop_resize([data] * n, crops, np.zeros(n, np.uint8), out, threads=n, index=False) == [None] * n
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="the native decoder")
+def test_progressive_files_decoded_at_once_hold_a_bounded_buffer(tmp_path):
+    """A progressive JPEG at the pixel limit takes a 535 MB coefficient buffer from a file of
+    under 1 MB. Four decoded at once on four threads hold at most the budget (1 GiB: two of
+    them) in such buffers, not four buffers: peak memory within 1.5 buffers of one decode's."""
+    path = tmp_path / "x.jpg"
+    Image.new("RGB", (9440, 9440), (120, 60, 200)).save(path, "JPEG", progressive=True, subsampling=0, quality=10)
+    assert path.stat().st_size < 2 << 20
+
+    def peak(n: int) -> int:
+        run = subprocess.run([sys.executable, "-c", _PEAK, str(path), str(n)], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout) * 1024
+
+    one, four = peak(1), peak(4)
+    buffer = 1180 * 1180 * 3 * 128
+    assert four < one + 1.5 * buffer, (one, four)
+
+
 def test_many_scans_refused_before_any_decode(tmp_path):
     limit = _structure.MAX_SCANS
     assert _codec._ext.MAX_SCANS == limit == 100
