@@ -256,7 +256,8 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
     what would not ("not"). A bound the measured rate together passes by over 5% is not what holds
     it (the model's figure for it was too low: the training process's stages overlap the workers
     more than the model gives them) where another would hold the rate under the step's: that one
-    is named. None when the model cannot say (no stages, or the step itself)."""
+    is named. None when the model cannot say (no stages, or the step alone holds the rate: the
+    wait the verdict saw is then not the model's to explain)."""
     if model is None or not isinstance(workers, int):
         return None
     terms, together = model.terms(workers), report.together_images_per_s
@@ -266,8 +267,8 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
     kind = min(terms, key=terms.get)
     if kind == "workers" and terms.get("cores", math.inf) <= 1.01 * terms["workers"]:
         kind = "cores"  # as many workers as the cores keep busy: the cores bound them
-    if kind == "step" or (kind == "main" and model.step > 0.9 / terms["main"]):
-        return None  # the step itself, the training process's own stages adding under a tenth to it
+    if kind == "step":
+        return None  # the step itself, with no stages of the training process's own: the model cannot say
     st, rate, step = report.stages, terms[kind], report.step_images_per_s or 0.0
     names = {"workers": WORKER_STAGES, "main": tuple(MAIN_STAGES),
              "cores": [s for s in (*WORKER_STAGES, "device_stage", "deliver") if s != "read"],

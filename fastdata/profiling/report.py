@@ -120,12 +120,17 @@ class Report:
             return "the loader was timed alone: give a step to see what bounds training"
         if self.verdict != "input-bound":
             return "nothing to change on the input side: the step itself bounds training"
-        if self.limit is None:
+        if self.limit is None:  # the rate model cannot say what bounds it: only what was measured
+            step = self.step_images_per_s or 0.0
+            figures = f"the loader alone gives {self.loader_images_per_s:,.0f} images/s against the step's {step:,.0f}"
+            if self.loader_images_per_s >= COMPUTE_BOUND * step:  # a wait that the loader's speed does not explain
+                return (f"input bounds the step though {figures}: the wait is in handing batches to the step (the "
+                        "training process's own stages, a queue refilling at an epoch's start), not in the loader's "
+                        "speed")
             if self.bound not in self.stages:
-                return (f"input bounds the step: the loader alone gives {self.loader_images_per_s:,.0f} images/s "
-                        f"against the step's {self.step_images_per_s or 0:,.0f}")
+                return f"input bounds the step: {figures}"
             what = STAGES.get(self.bound, "").split(" (")[0] or self.bound
-            return f"input bounds the step: {what} costs the most ({self.stages[self.bound]:.2f} ms an image)"
+            return f"input bounds the step: {figures}; {what} costs the most ({self.stages[self.bound]:.2f} ms an image)"
         text = f"input bounds the step: {self.limit['text']}"
         helps = [words for words, change in self.limit["helps"] if not (change and self._tune_passed_over(change))]
         if helps:
