@@ -121,7 +121,13 @@ def unexplained(report: Report, model: RateModel | None, workers: Any) -> str | 
     stages account for in the same config (the rate model's figure, at most the ceiling): other
     work on these cores, or time spent outside the timed stages. Then the model explains none
     of the run, and what it would advise is held back: these words say so, with the machine's
-    load average. None where the rates fit, or the model has nothing to say."""
+    load average. So is a rate together over the loader's alone, which bounds it (the load
+    changed between the two). None where the rates fit, or the model has nothing to say."""
+    together, alone = report.together_images_per_s, report.loader_images_per_s
+    if together and alone and together > 1.1 * alone:  # the loader alone bounds the rate together
+        return (f"the rate together ({together:,.0f} images/s) passes the loader's alone ({alone:,.0f}), which bounds "
+                "it: the machine's load changed between the measurements; the rate model's advice is held back: "
+                "profile again on a quiet machine")
     if model is None or not isinstance(workers, int) or workers == 0:
         return None  # (with 0 workers the model takes the loader's rate from the run itself)
     ceiling = report.ceiling_images_per_s or math.inf
@@ -212,7 +218,8 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
             on_cpu = device is not None and device.type == "cpu"
             advice.append(Advice(
                 f"the device stage (Normalize, dtype, batch ops, GPU-placed ops) takes {device_ms:.2f} ms an image "
-                f"in the training process, against {in_workers:.2f} in the workers"
+                f"in the training process, against {in_workers:.2f} in the workers (their {1e3 * model.work:.2f} ms "
+                f"an image over {workers} worker{'s' if workers > 1 else ''})"
                 + (": on a CPU device it competes with them" if on_cpu else "")
                 + ("; a CUDA device runs it on the GPU" if on_cpu and torch.cuda.is_available() else "")))
     step_rate = report.step_images_per_s
@@ -242,8 +249,8 @@ def _checked(predicted: Advice, name: str, measure: Measure | None, how: str) ->
     figures = f"{got:,.0f} images/s against {now:,.0f} now ({len(runs)} runs each, interleaved)"
     if min(runs) > max(base):
         return Advice(f"{name}: measured {figures}", predicted.change, got, "measured")
-    return Advice(f"{name} gave no gain when measured: {figures}; the rate model had predicted "
-                  f"{predicted.predicted_images_per_s:,.0f}")
+    return Advice(f"{name} gave no clear gain when measured: {figures}, not every run with it above every run "
+                  f"without; the rate model had predicted {predicted.predicted_images_per_s:,.0f}")
 
 
 def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fixed: bool) -> dict | None:
@@ -368,5 +375,5 @@ def scale_out(step_rate: float | None, model: RateModel | None, cores: int, acto
         text += f"close{'' if plural else 's'} the gap"
     if not actors:
         text += " (backend='ray' decodes on a Ray cluster's CPUs"
-        text += ")" if optional.has("ray") else f"; {optional.missing('ray', 'backend ray')})"
+        text += ")" if optional.has("ray") else f"; {optional.PARTS['ray'].adds} adds Ray, not installed here)"
     return Advice(text, confidence="model")  # nodes to add, not a keyword: no change to apply
