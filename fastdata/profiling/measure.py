@@ -26,6 +26,16 @@ def _batch_len(batch: Any) -> int:
     return int(first.shape[0]) if hasattr(first, "shape") else len(first)
 
 
+def _described(loader: Any) -> str:
+    """What the report's title names where the caller gave no source: an image loader's samples
+    (their description), a drop-in's dataset (its type), else the loader's type."""
+    samples = getattr(loader, "samples", None)
+    if isinstance(getattr(samples, "description", None), str):
+        return samples.description
+    dataset = getattr(loader, "dataset", None)
+    return f"{type(dataset).__name__} (a Dataset)" if dataset is not None else type(loader).__name__
+
+
 def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int = 30, step_ms: float | None = None,
             warmup: int = 3, device: Any = None, source: str = "", rebuild: Callable[[dict], Any] | None = None,
             confirm: int = 2) -> Report:
@@ -37,7 +47,8 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     `rebuild(change)`, when given, makes a fresh loader like this one with the keywords of
     `change` set ({} for this one's config): each change the rate model predicts to help is
     then measured against the current config, `confirm` times each, interleaved, before it is
-    advised (see `advise`)."""
+    advised (see `advise`). `source` names what was profiled in the report (default: the
+    loader's samples, or its dataset's type)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -54,7 +65,7 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         if rebuild is not None:
             def measure(change: dict) -> tuple[list[float], list[float]]:
                 return _compare(rebuild, change, step, steps, warmup, device, confirm)
-        report = _measure(loader, step, steps, warmup, device, source, timed, measure)
+        report = _measure(loader, step, steps, warmup, device, source or _described(loader), timed, measure)
     finally:
         if timed:
             loader.set_stage_timing(False)
