@@ -15,6 +15,7 @@ import torch
 
 from ._cores import usable_cores
 from ._torch_internals import python_exiting
+from ._workers import end_persistent_workers
 
 
 def resolve_workers(num_workers: int | str, device: Any = None, *, fresh_in_process: bool = False,
@@ -109,6 +110,7 @@ _open: "weakref.WeakKeyDictionary[Pass, int]" = weakref.WeakKeyDictionary()
 
 @atexit.register
 def _end_open_passes() -> None:
+    end_persistent_workers()  # (first: DataLoader's shutdown, told the interpreter exits, terminates them)
     mine = [one for one, pid in list(_open.items()) if pid == os.getpid()]
     if mine:
         python_exiting()  # (workers terminated, as at torch's exit, not waited for)

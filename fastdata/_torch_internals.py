@@ -28,6 +28,7 @@ from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_f
 __all__ = ["ExceptionWrapper", "torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled",
            "new_shared_storage", "new_shared_tensor", "auto_collation", "share_length_warning", "driven_dataloader",
            "live_iterator", "iterator_workers", "iterator_shutdown", "kill_iterator_workers", "end_live_iterator",
+           "ask_workers_to_end",
            "unregister_workers", "single_process_fetch", "mark_fetches", "dali_shutdown"]
 
 SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends included
@@ -36,7 +37,8 @@ SUPPORTED_TORCH = ((2, 6), (2, 13))  # (oldest, newest) major.minor, both ends i
 # other module may name.
 DATALOADER_ATTRIBUTES = ("_auto_collation", "_IterableDataset_len_called", "_iterator")
 ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_workers_done_event", "_dataset_fetcher",
-                       "_sampler_iter", "_pin_memory", "_pin_memory_device")
+                       "_sampler_iter", "_pin_memory", "_pin_memory_device", "_workers_status", "_persistent_workers",
+                       "_mark_worker_as_unavailable")
 OTHER_NAMES = ("_new_shared", "_typed_storage", "_profiler_enabled", "_remove_worker_pids", "_utils", "_shutdown",
                "_SingleProcessDataLoaderIter", "_MapDatasetFetcher", "_IterableDatasetFetcher")
 
@@ -109,6 +111,19 @@ def iterator_shutdown(it: Any) -> None:
             # shared lock: the others cannot exit gracefully, so the pool is killed whole.
             kill_iterator_workers(it)
         it._shutdown_workers()
+
+
+def ask_workers_to_end(it: Any) -> tuple:
+    """Tells the workers of DataLoader iterator `it` to end, as its own shutdown does first (its
+    done event set, a stop in the queue of each worker it still feeds), without waiting for
+    them: their processes, to join."""
+    workers = iterator_workers(it)
+    if workers and not getattr(it, "_shutdown", True):
+        it._workers_done_event.set()
+        for i, up in enumerate(it._workers_status):
+            if up or it._persistent_workers:
+                it._mark_worker_as_unavailable(i, shutdown=True)
+    return workers
 
 
 def _done_event_free(it: Any) -> bool:

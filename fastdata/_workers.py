@@ -34,8 +34,8 @@ import torch.multiprocessing  # (here, not at the call: a pass may end as the in
 import torch.utils.data
 
 from ._buffers import unsent
-from ._torch_internals import (ExceptionWrapper, end_live_iterator, iterator_shutdown, iterator_workers,
-                               kill_iterator_workers, live_iterator, mark_fetches)
+from ._torch_internals import (ExceptionWrapper, ask_workers_to_end, end_live_iterator, iterator_shutdown,
+                               iterator_workers, kill_iterator_workers, live_iterator, mark_fetches)
 
 STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
@@ -275,6 +275,31 @@ def workers_running(loader: Any) -> bool:
     """Whether persistent workers of DataLoader `loader` are up: they hold their own copies of
     what they run, so a flag set in this process (stage timing) no longer reaches them."""
     return bool(iterator_workers(live_iterator(loader)))
+
+
+# The DataLoaders fastdata made with persistent workers, by the process that made them. At exit
+# their workers are told to end, as at any shutdown, and given a few seconds together to do so:
+# a worker the interpreter's exit terminates instead (what DataLoader's own persistent workers
+# get) leaves its temporary folder behind (/tmp/pymp-*, multiprocessing's, which holds the socket
+# a worker sends descriptors through and goes at a worker's normal exit).
+_PERSISTENT: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+EXIT_WAIT = 5.0  # seconds the workers of all of them have, together, to end at exit
+
+
+def end_at_exit(loader: Any) -> None:
+    """Registers DataLoader `loader`, whose workers persist, for `end_persistent_workers`."""
+    _PERSISTENT[loader] = os.getpid()
+
+
+def end_persistent_workers() -> None:
+    """At exit, before DataLoader's shutdown is told the interpreter is exiting: the persistent
+    workers of this process's loaders told to end, and joined for EXIT_WAIT seconds in all
+    (the rest are terminated by multiprocessing's exit, as DataLoader's are)."""
+    live = [live_iterator(loader) for loader, pid in list(_PERSISTENT.items()) if pid == os.getpid()]
+    workers = [w for it in live if it is not None for w in ask_workers_to_end(it)]
+    deadline = time.monotonic() + EXIT_WAIT
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
 
 
 def shutdown_workers(loader: Any) -> None:

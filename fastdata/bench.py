@@ -5,25 +5,23 @@ on each engine this machine has.
                            [--no-pipeline] [--quiet] [--debug]
 
 Engines (each where it can run here):
-  pillow       per image, the Pillow this process runs (Pillow-SIMD when installed), as the
-               `pil`/`wds` workers apply the ops (fastdata/transforms/pil.py); Normalize, which
-               runs after the batch is made, as the loader's device stage runs it on the CPU
+  pillow       per image, the Pillow this process runs (Pillow-SIMD when installed), as `pil`/`wds`
+               workers apply the ops; Normalize as the device stage runs it on the CPU, batched
   kornia-cpu   batched torch tensors on the CPU: Kornia, and fastdata's Kornia lowering of the
                pixel ops (fastdata/transforms/kornia.py) and torch batch ops
   kornia-cuda  the same on the GPU, when there is one
   dali-cpu     an NVIDIA DALI pipeline of the op, on the CPU, when DALI is installed
   dali-gpu     the same on the GPU, when there is one
 
-Every op of fastdata.transforms is measured on already decoded uint8 images (synthetic
-photographs from fastdata.synthetic, 320x288): the geometric ops from that size to --size,
-the others at --size. A cell is images/s: the median of --reps timed passes over --images
-images after a warm-up pass; "-" where the engine has no lowering of the op. With a GPU the
-timing synchronizes the device. Then, unless --no-pipeline, the whole ImageNet training
-pipeline (RandomResizedCrop, flip, ColorJitter, TrivialAugment, Normalize) through
-fastdata.loader (batch 256, num_workers="auto") with each placement this machine has ("gpu"
-only with a GPU and Kornia). Prints a table; --json writes it, --plot writes a self-contained
-HTML bar chart on a labelled log axis (no scripts, no links: no plotting library is needed, so
-none can replace Pillow-SIMD). Both paths are checked before anything is measured.
+Every op of fastdata.transforms is measured on decoded uint8 synthetic photographs (320x288):
+the geometric ops from that size to --size, the others at --size. A cell is images/s: the
+median of --reps timed passes over --images images after a warm-up pass; "-" where the engine
+has no lowering of the op. With a GPU the timing synchronizes the device. Then, unless
+--no-pipeline, the ImageNet training pipeline (RandomResizedCrop, flip, ColorJitter,
+TrivialAugment, Normalize) through fastdata.loader (batch 256, num_workers="auto") with each
+placement this machine has ("gpu" only with a GPU and Kornia). Prints a table; --json writes
+it, --plot a self-contained HTML bar chart on a labelled log axis (no scripts, no links, no
+plotting library that could replace Pillow-SIMD). Both paths are checked before measuring.
 """
 
 from __future__ import annotations
@@ -81,8 +79,10 @@ def _images(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------- engines: op -> one pass
 
 def _pillow(name: str, op, big: np.ndarray, small: np.ndarray, size: int) -> Callable[[], None] | None:
+    import torch
     from PIL import Image
 
+    from .transforms import batch as batch_ops
     from .transforms import pil as P
     from .transforms.plan import plan_geometry, plan_pixels
 
@@ -107,13 +107,8 @@ def _pillow(name: str, op, big: np.ndarray, small: np.ndarray, size: int) -> Cal
                     out.transpose(Image.FLIP_LEFT_RIGHT)
         return run
     if name == "Normalize":  # not a worker's op: the device stage's, as a loader on the CPU runs it
-        import torch
-
-        from .transforms import batch as batch_ops
-
         images = torch.from_numpy(small).permute(0, 3, 1, 2)  # the loader's channels_last batch
-        labels = torch.zeros(n, dtype=torch.int64)
-        out = torch.empty(small.shape, dtype=torch.float32)  # the reused slot it writes into
+        labels, out = torch.zeros(n, dtype=torch.int64), torch.empty(small.shape)  # (out: the slot it writes into)
 
         def run():
             batch_ops.apply(images, labels, (op,), dtype=torch.float32, num_classes=1, seed=0, epoch=0, rank=0,
@@ -222,13 +217,13 @@ def _engines() -> tuple[dict[str, Callable], list[str]]:
         if cuda:
             engines["kornia-cuda"] = lambda *a: _kornia(*a, device="cuda")
     else:
-        missing.append(optional_missing("kornia", "engines kornia-cpu, kornia-cuda"))
+        missing.append(optional_missing("kornia", "engines kornia-cpu, kornia-cuda" if cuda else "engine kornia-cpu"))
     if has("dali"):
         engines["dali-cpu"] = lambda *a: _dali(*a, device="cpu")
         if cuda:
             engines["dali-gpu"] = lambda *a: _dali(*a, device="gpu")
     else:
-        missing.append(optional_missing("dali", "engines dali-cpu, dali-gpu"))
+        missing.append(optional_missing("dali", "engines dali-cpu, dali-gpu" if cuda else "engine dali-cpu"))
     return engines, missing
 
 
@@ -322,9 +317,8 @@ def augment(args: argparse.Namespace) -> dict:
 
     ops = _ops(args.size)
     engines, missing = _engines()
-    if not args.quiet:
-        for line in missing:
-            print(f"not measured: {line}", file=sys.stderr)
+    for line in () if args.quiet else missing:
+        print(f"not measured: {line}", file=sys.stderr)
     big, small = _images(args.images, args.size)
     cuda_sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     table: dict[str, dict[str, float | None]] = {name: {} for name in ops}

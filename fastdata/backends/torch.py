@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from .._collate import RingCollate, Timed, collate as native_collate
 from .._torch_internals import auto_collation, driven_dataloader, profiler_enabled, share_length_warning
-from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, pass_end, shutdown_workers,
-                        stall_limit, start_method, workers_running)
+from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, end_at_exit, pass_end,
+                        shutdown_workers, stall_limit, start_method, workers_running)
 from ..device import prefetch
 from .._loader import Loader, check_position, resolve_workers
 from .torch_iter import Fetches, Marked, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset, stage_seconds
@@ -94,6 +94,8 @@ class TorchLoader(DataLoader, Loader):
             self._index = Resumable(self.sampler, self.generator)
             index = dict(batch_size=None, sampler=self._index)
         self._loader = driven_dataloader(dataset, collate_fn=collate_fn, **index, **own)
+        if workers and self.persistent_workers:
+            end_at_exit(self._loader)
         self._built = self._settings()
 
     def _settings(self) -> tuple:

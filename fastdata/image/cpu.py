@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .._collate import by_value
 from .._torch_internals import live_iterator
 from .._trace import trace_range
-from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, pass_end, shutdown_workers, stall_limit,
-                        start_method, workers_running)
+from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, end_at_exit, pass_end, shutdown_workers,
+                        stall_limit, start_method, workers_running)
 from ..errors import DataError
 from .decode import BatchDecoder
 from .order import Passes
@@ -121,6 +121,8 @@ class CpuWorkers:
             extra.update(prefetch_factor=prefetch_factor, persistent_workers=self.persistent)
         self.loader = DataLoader(task, batch_sampler=self.passes, collate_fn=_first, num_workers=num_workers,
                                  timeout=stall_limit(timeout) if num_workers else 0, pin_memory=pin, **extra)
+        if self.persistent:
+            end_at_exit(self.loader)
         self._ahead: tuple[int, int] | None = None  # (epoch, batch) the running workers deliver next
 
     @property

@@ -460,6 +460,31 @@ def test_shard_server_that_stops_answering(folder, tmp_path, clean):
         server.server_close()
 
 
+_PERSISTENT_AT_EXIT = """
+import sys, torch, fastdata
+from fastdata import transforms as T
+image = fastdata.loader(sys.argv[1], batch_size=16, num_workers=2, persistent_workers=True, device="cpu",
+                        transform=T.Compose([T.RandomResizedCrop(24)]))
+dropin = fastdata.loader(torch.utils.data.TensorDataset(torch.arange(64.0).view(-1, 1).expand(-1, 4096).contiguous()),
+                         batch_size=8, num_workers=2, persistent_workers=True)
+print(sum(len(y) for _, y in image), sum(len(x) for (x,) in dropin))
+"""
+
+
+def test_persistent_workers_alive_at_exit_leave_no_temporary_folder(folder, tmp_path):
+    """Loaders whose persistent workers still run when the script ends (image mode and the
+    drop-in, a whole epoch each): the workers are told to end at exit and end as at any
+    shutdown, so none leaves multiprocessing's temporary folder (pymp-*, with the socket it
+    sends descriptors through) in TMPDIR, where DataLoader's own, terminated at exit, do."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run = subprocess.run([sys.executable, "-c", _PERSISTENT_AT_EXIT, str(folder)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["100", "64"]
+    assert sorted(os.listdir(tmp)) == []
+
+
 def test_ctrl_c_in_the_consumer_stops_cleanly(folder, tmp_path):
     """SIGINT to a training process mid-epoch: it exits at once, and none of its workers is
     left running."""

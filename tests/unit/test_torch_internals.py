@@ -41,7 +41,8 @@ def test_every_private_name_is_on_this_torch():
         assert hasattr(single, name), name
     multi = iter(loader)
     try:
-        for name in ("_workers", "_shutdown_workers", "_worker_pids_set"):
+        for name in ("_workers", "_shutdown_workers", "_worker_pids_set", "_workers_status", "_persistent_workers",
+                     "_mark_worker_as_unavailable"):
             assert hasattr(multi, name), name
         assert internals.live_iterator(loader) is multi and len(internals.iterator_workers(multi)) == 1
     finally:
