@@ -19,7 +19,7 @@ from .._trace import trace_range
 from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, end_at_exit, pass_end, shutdown_workers,
                         stall_limit, start_method, workers_running)
 from ..errors import DataError
-from .decode import BatchDecoder
+from .decode import BatchDecoder, MixedSizes
 from .order import Passes
 from .parts import BatchOrder
 
@@ -40,9 +40,10 @@ class BatchTask(Dataset):
         return self.__getitems__([key])
 
     def __getitems__(self, keys):
-        """In a worker a DataError is returned as the batch, not raised: it reaches the
-        training process as itself (one line, with its path and member), where DataLoader would
-        re-raise it as a new exception whose message is the worker's traceback."""
+        """In a worker a DataError (or a batch of mixed sizes) is returned as the batch, not
+        raised: it reaches the training process as itself (one line, with its path and member),
+        where DataLoader would re-raise it as a new exception whose message is the worker's
+        traceback."""
         try:
             stages = None
             if self.timing:
@@ -65,7 +66,7 @@ class BatchTask(Dataset):
             if stages is not None:  # the copy into the ring, as a batch's collation
                 stages["collate"] += time.process_time() - t
             return self._sent(joined) + (stages,)
-        except DataError as e:
+        except (DataError, MixedSizes) as e:
             if get_worker_info() is None:
                 raise
             return e

@@ -40,6 +40,11 @@ def _native_jpeg() -> bool:
     return _codec.AVAILABLE
 
 
+class MixedSizes(ValueError):
+    """A batch whose images come out in different sizes (no resize or crop in the transform):
+    the loader's error, which a worker hands the training process as the batch, as a DataError."""
+
+
 @dataclass
 class Checked:
     """A batch's samples that passed `check`: ids, names, bytes, labels, which are JPEGs, and
@@ -161,7 +166,7 @@ class BatchDecoder:
     def mixed_sizes(self, first: str, first_size: tuple, other: str, other_size: tuple, entry: int) -> None:
         """Raises for a batch whose images would come out in different sizes ((width, height) each):
         `other` is the first whose size is not `first`'s, at `entry` among the samples checked."""
-        raise ValueError(
+        raise MixedSizes(
             f"images in a batch should have one size, but {first} is {first_size[0]}x{first_size[1]} and "
             f"{other} is {other_size[0]}x{other_size[1]}; add a resize or crop to the transform, "
             f"e.g. transform=fastdata.transforms.imagenet_train(224)"

@@ -26,7 +26,7 @@ from .._ranks import ranks
 from .._trace import trace_range
 from .._loader import Loader, Pass, check_position, resolve_workers
 from ..device import DeviceStage, prefetch
-from ..errors import DataError, one_line
+from ..errors import one_line
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder
@@ -337,7 +337,7 @@ class ImageLoader(Loader):
             end()
 
     def _finish(self, batch: Any) -> Any:
-        if isinstance(batch, DataError):  # from a worker (see BatchTask.__getitems__)
+        if isinstance(batch, Exception):  # a DataError or MixedSizes from a worker (see BatchTask.__getitems__)
             raise batch
         images, labels, errors, keys, stages = batch
         if errors:

@@ -229,9 +229,14 @@ def test_eval_preset_is_torchvisions_resize_then_crop(tmp_path, ext):
     assert diff.mean() < 0.1 and diff.max() < 1.01, (float(diff.mean()), float(diff.max()))
 
 
-def test_images_of_different_sizes_need_a_transform(folder):
-    with pytest.raises(ValueError, match="resize or crop"):
-        next(iter(fastdata.loader(str(folder), batch_size=8)))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_images_of_different_sizes_need_a_transform(folder, workers):
+    """One line, as itself, with workers too (not DataLoader's re-raise of a worker's traceback)."""
+    with pytest.raises(ValueError) as e:
+        next(iter(fastdata.loader(str(folder), batch_size=8, num_workers=workers, device="cpu")))
+    assert "\n" not in str(e.value) and str(e.value).startswith("images in a batch should have one size, but ")
+    assert str(e.value).endswith("add a resize or crop to the transform, e.g. "
+                                 "transform=fastdata.transforms.imagenet_train(224)")
 
 
 @pytest.fixture()
