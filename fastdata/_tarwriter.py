@@ -219,8 +219,8 @@ class Progress:
         if not (final or force) and (now - self.last < 0.25 or not self.tty):
             return
         self.last = now
-        rate = self.bytes / 1e6 / max(now - self.start, 1e-6)
-        line = f"shards {self.what}: {self.samples}/{self.total} samples, {self.bytes / 1e6:.1f} MB, {rate:.1f} MB/s"
+        rate = self.bytes / 2**20 / max(now - self.start, 1e-6)  # (binary, as --max-size)
+        line = f"shards {self.what}: {self.samples}/{self.total} samples, {self.bytes / 2**20:.1f} MiB, {rate:.1f} MiB/s"
         if self.tty:  # redrawn in place
             print(f"\r{line}", end="\n" if final else "", file=sys.stderr, flush=True)
         else:

@@ -350,7 +350,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         for w in caught:
             print(f"{ap.prog}: warning: {w.message}", file=sys.stderr)
         nbytes = sum(s["bytes"] for s in index["shards"])
-        print(f"{len(index['shards'])} shards, {index['total']} samples, {nbytes} bytes ({nbytes / 1e6:.1f} MB) "
+        print(f"{len(index['shards'])} shards, {index['total']} samples, {nbytes} bytes ({nbytes / 2**20:.1f} MiB) "
               f"in {time.perf_counter() - t:.1f} s" + (f"; {skipped} file(s) skipped" if skipped else ""))
         print(f"index: {path}")
         return 0

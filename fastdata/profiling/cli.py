@@ -148,7 +148,7 @@ def _transform(spec: str, size: int | list[tuple[int, int]]):
     try:
         return getattr(_import(module), name)()
     except Exception as e:
-        raise CommandError(f"--transform should be imagenet_train, imagenet_eval or module:callable, but {spec!r}: "
+        raise CommandError(f"--transform should be imagenet_train, imagenet_eval or module:callable, but got {spec!r}: "
                            f"{type(e).__name__}: {e}") from None
 
 

@@ -257,7 +257,9 @@ def shards(source: Any, progress: bool = True) -> Shards:
     for url in urls:
         local = local_path(url)
         if local is not None and not os.path.exists(local):
-            raise FileNotFoundError(f"shard {url!r} does not exist")
+            glob = " (a shard pattern is a brace range, as train-{000000..000127}.tar, not a glob)" \
+                if any(c in url for c in "*?[") else ""
+            raise FileNotFoundError(f"shard {url!r} does not exist{glob}")
     # before anything is read of them: a shard written after this is another version
     stamps = [None if (local := local_path(url)) is None else identity(os.stat(local)) for url in urls]
     wheres, entries, classes = _indexes(urls)

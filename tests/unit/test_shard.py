@@ -418,7 +418,7 @@ def test_stale_shards_are_pointed_out(folder, tmp_path):
 def test_progress(folder, tmp_path, capsys):
     write_shards(folder, tmp_path / "a-%d.tar", max_count=8, workers=2, progress=True)
     err = capsys.readouterr().err
-    assert f"{N}/{N} samples" in err and "MB/s" in err and err.endswith("\n")
+    assert f"{N}/{N} samples" in err and "MiB/s" in err and err.endswith("\n")
     write_shards(folder, tmp_path / "b-%d.tar", max_count=8)
     assert capsys.readouterr().err == ""
 
@@ -592,7 +592,7 @@ def test_cli_writes_what_write_shards_writes(folder, tmp_path):
     shards = read_index(index)["shards"]
     nbytes = sum(s["bytes"] for s in shards)
     assert f"{len(shards)} shards, {N} samples, {nbytes} bytes" in r.stdout and str(index) in r.stdout
-    assert f"{N}/{N} samples" in r.stderr and "MB/s" in r.stderr and "Traceback" not in r.stderr
+    assert f"{N}/{N} samples" in r.stderr and "MiB/s" in r.stderr and "Traceback" not in r.stderr
     write_shards(folder, tmp_path / "api" / "train-%06d.tar", max_count=5, max_size=1 << 20)
     assert _listing(tmp_path / "cli") == _listing(tmp_path / "api")
 

@@ -26,6 +26,9 @@ def test_source_errors(tmp_path):
         fastdata.loader(str(tmp_path), batch_size=2, shufle=True)
     with pytest.raises(ValueError, match="backend 'wds' reads WebDataset shards"):
         fastdata.loader(str(tmp_path), batch_size=2, backend="wds")
+    with pytest.raises(FileNotFoundError, match=r"shards-\*\.tar' does not exist \(a shard pattern is a brace range, "
+                                                r"as train-\{000000\.\.000127\}\.tar, not a glob\)"):
+        fastdata.loader(str(tmp_path / "shards-*.tar"), batch_size=2)
 
 
 def test_a_path_under_home_is_written_with_a_tilde_as_imagefolder_takes_it(tmp_path, monkeypatch):
