@@ -298,7 +298,7 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
     outcome = {**result.to_json(), "chosen": chosen, "default": default, "seconds": time.perf_counter() - t,
                "device": torch.device(device).type}  # the target it was measured for: applied only to one alike
     path = store_tune(source, transform, args.batch_size, outcome)
-    print(f"tuned: {json.dumps(chosen)} ({outcome['seconds']:.0f} s): {result.reason}")
+    print(f"tuned: {json.dumps(chosen)} ({outcome['seconds']:.0f} s; rates with the step): {result.reason}")
     print(f"kept in {path}: num_workers='auto' and placement='auto' use it for this source "
           "(fastdata profile --show-cache lists the kept tunes)")
     if args.out:

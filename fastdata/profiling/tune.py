@@ -196,5 +196,5 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
             say(f"  run {r + 1}/{repeats} {c.config}: {rate:,.0f} images/s")
     default_backend = space["backend"][0] if space.get("backend") else None
     chosen, reason = pick(candidates, default, default_backend)
-    say(f"  {reason}")
+    say(f"  picked: {_name(chosen.config)}")  # (why: the caller's line, TuneResult.reason)
     return TuneResult(dict(chosen.config), reason, candidates, probes)
