@@ -337,7 +337,7 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
     for d in root.iterdir():
         if _CLASS_DIR.fullmatch(d.name) and int(d.name[1:]) >= n_classes:
             d.rmdir()  # emptied above
-    _make(root, seed, n_classes, todo, workers, progress)
+    _make(root, seed, n_classes, todo, workers, progress, n_images)
 
     import PIL.features
 
@@ -349,13 +349,17 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
     return root
 
 
-def _make(root: Path, seed: int, n_classes: int, todo: list[int], workers: int, progress: bool) -> None:
+def _make(root: Path, seed: int, n_classes: int, todo: list[int], workers: int, progress: bool, total: int) -> None:
+    """Writes the images `todo` of the `total` the set holds (the others are there: a run resumed
+    counts them as done)."""
     jobs = [(str(root), seed, n_classes, i) for i in todo]
     if not jobs:
         return
-    shown = Progress(f"synthetic images under {root}", len(jobs)) if progress else contextlib.nullcontext()
+    there = total - len(jobs)
+    shown = Progress(f"synthetic images under {root}", total) if progress else contextlib.nullcontext()
     with shown:
-        report = shown.update if progress else (lambda done: None)
+        report = (lambda done: shown.update(there + done)) if progress else (lambda done: None)
+        report(0)
         workers = min(workers, len(jobs))
         if workers == 1 or len(jobs) < 8:
             for done, job in enumerate(jobs, 1):
