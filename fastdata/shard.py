@@ -156,9 +156,10 @@ def _resolve_source(source: Any) -> Samples:
                     f"but got {type(source).__name__}")
 
 
-def _prepare_folder(folder: str) -> None:
-    """Makes the output folder and checks that a file can be written in it."""
+def _prepare_folder(folder: str) -> bool:
+    """Makes the output folder and checks that a file can be written in it: whether it made it."""
     where = folder or "."
+    made = not os.path.isdir(where)
     blocked = not_a_directory(where)
     if blocked is not None:  # makedirs would say "File exists" of it
         err = NotADirectoryError(f"cannot write shards in {where!r}: {str(blocked)!r} is not a directory")
@@ -174,6 +175,7 @@ def _prepare_folder(folder: str) -> None:
         err = OSError(f"cannot write shards in {where!r}: {e.strerror or e}")
         err.errno = e.errno
         raise err from None
+    return made
 
 
 def _split_into_shards(samples, max_count: int, max_size: int, order, skip: bool) -> list[list[tuple]]:
@@ -227,8 +229,19 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     folder, name, index_file_name = _parse_pattern(pattern)
     samples = _resolve_source(source)
     _check_classes(samples.classes)
-    _prepare_folder(folder)
     seed = _check_int("seed", seed, 0)
+    made = _prepare_folder(folder)
+    try:
+        return _write_in(samples, folder, name, index_file_name, pattern, max_count, max_size, workers, progress,
+                         shuffle, seed, on_error)
+    except BaseException:
+        if made and not os.listdir(folder):  # a folder this run made, and left empty: gone with it
+            os.rmdir(folder)
+        raise
+
+
+def _write_in(samples, folder: str, name: str, index_file_name: str, pattern: Any, max_count: int, max_size: int,
+              workers: int, progress: bool, shuffle: bool, seed: int, on_error: str) -> tuple[Path, dict, int]:
     order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else range(len(samples))
     contents = _split_into_shards(samples, max_count, max_size, [int(i) for i in order], on_error == "skip")
     token = f"{os.getpid()}-{secrets.token_hex(4)}"

@@ -215,6 +215,11 @@ def test_bad_patterns(folder, tmp_path, pattern):
     assert not (tmp_path / "out").exists()
 
 
+def _left(folder) -> list[str]:
+    """What a failed run left in `folder` (nothing where it removed the folder it made)."""
+    return os.listdir(folder) if os.path.exists(folder) else []
+
+
 def test_bad_sources_and_arguments(folder, tmp_path):
     out = str(tmp_path / "out" / "x-%d.tar")
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -222,7 +227,7 @@ def test_bad_sources_and_arguments(folder, tmp_path):
     pairs = _pairs(folder)
     with pytest.raises(DataError, match="missing.jpg"):
         write_shards(pairs[:3] + [(str(tmp_path / "missing.jpg"), 0)], out)
-    assert os.listdir(tmp_path / "out") == []  # checked before anything was written
+    assert not (tmp_path / "out").exists()  # checked before anything was written: the folder it made is gone
     (tmp_path / "noext").write_bytes(b"x")  # named by its content, which is no image
     with pytest.raises(DataError, match="noext: not a readable image"):
         write_shards([(str(tmp_path / "noext"), 0)], out)
@@ -242,7 +247,7 @@ def test_failure_while_writing_leaves_no_partial_file(folder, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(DataError, match="dir.jpg"):
         write_shards(pairs, out / "x-%03d.tar", max_count=2, workers=2)
-    assert not any(".tmp" in f or f.endswith(".json") for f in os.listdir(out))
+    assert not any(".tmp" in f or f.endswith(".json") for f in _left(out))
 
 
 @pytest.mark.timeout(60)
@@ -269,7 +274,7 @@ def test_a_failure_stops_the_other_workers_between_samples(folder, tmp_path, mon
     out = tmp_path / "out"
     with pytest.raises(DataError, match=r"^cannot pack .*cut\.jpg: truncated JPEG"):
         write_shards([(str(bad), 0)] + _pairs(folder), out / "x-%03d.tar", max_count=2, workers=2, shuffle=False)
-    assert os.listdir(out) == []  # no shard, no temporary file, no index
+    assert not out.exists()  # no shard, no temporary file, no index: nor the folder the run made
 
 
 @pytest.mark.timeout(60)
@@ -292,7 +297,7 @@ def test_a_worker_that_dies_fails_the_run(folder, tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(BrokenProcessPool):
         write_shards(_pairs(folder), out / "x-%03d.tar", max_count=2, workers=2, shuffle=False)
-    assert not any(".tmp" in f or f.endswith(".json") for f in os.listdir(out))
+    assert not any(".tmp" in f or f.endswith(".json") for f in _left(out))
 
 
 def _running(pid):
@@ -367,7 +372,7 @@ def test_files_the_loader_would_refuse_are_named_or_left_out(folder, tmp_path):
     pairs, bad = _with_bad_files(folder, tmp_path)
     with pytest.raises(DataError, match=r"cannot pack .*(empty|text|cut)\.jpg: .*pass on_error=\"skip\"$"):
         write_shards(pairs, tmp_path / "raise" / "x-%02d.tar", max_count=4, workers=2)
-    assert not [f for f in os.listdir(tmp_path / "raise") if f.endswith((".json", ".tmp"))]
+    assert not [f for f in _left(tmp_path / "raise") if f.endswith((".json", ".tmp"))]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         index = write_shards(pairs, tmp_path / "skip" / "x-%02d.tar", max_count=4, workers=2, on_error="skip")
@@ -540,7 +545,7 @@ def test_each_file_that_cannot_be_packed_is_named_or_left_out(folder, tmp_path, 
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"cannot pack {one_line(bad)}: "), message
     assert message.endswith('pass on_error="skip"'), message
-    assert not [f for f in os.listdir(tmp_path / "raise") if f.endswith((".json", ".tmp"))]
+    assert not [f for f in _left(tmp_path / "raise") if f.endswith((".json", ".tmp"))]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         index = write_shards(pairs, tmp_path / "skip" / "x-%02d.tar", max_count=4, workers=1, shuffle=False,
