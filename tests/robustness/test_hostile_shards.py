@@ -219,7 +219,7 @@ def test_a_header_whose_size_passes_the_shards_end(pristine, tmp_path, how):
     assert any(f"invalid tar header at byte {at} (member 00000002.jpg of {size} bytes, past the shard's end" in w
                for w in warned), warned
     _expect(loader, "skip", {2}, "train-000000.tar", "00000002.jpg", f"invalid tar header at byte {at}")
-    with pytest.warns(UserWarning, match=rf"train-000000\.tar ends early: it ends at byte \d+, inside sample "
+    with pytest.warns(UserWarning, match=r"train-000000\.tar ends early: it ends at byte \d+, inside sample "
                                          r"00000002's members, .*the samples after that point cannot be found"):
         piped = shards(f"pipe:cat {path}", progress=False)
     assert list(piped.keys[0]) == [f"{i:08d}" for i in range(3)]  # what a stream can know
