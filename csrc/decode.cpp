@@ -62,7 +62,7 @@ std::string precheck(const ByteSpan& src) {
 // allocates whole before the first row: 2 bytes a coefficient, up to 537 MB for an image at the
 // pixel limit from a file of a few hundred kB. What a process's decoding threads hold in such
 // buffers at once is bounded by kCoefficientBudget (one image at a time past it), so that a
-// batch of such files costs one thread's worth, not one a thread (a machine's cores each
+// batch of such files holds at most that, not a buffer a thread (a machine's cores each
 // decoding one). The size is bounded from the frame header: every component at full
 // resolution, whatever its sampling.
 constexpr size_t kCoefficientBudget = size_t(1) << 30;

@@ -295,8 +295,13 @@ def end_persistent_workers() -> None:
     """At exit, before DataLoader's shutdown is told the interpreter is exiting: the persistent
     workers of this process's loaders told to end, and joined for EXIT_WAIT seconds in all
     (the rest are terminated by multiprocessing's exit, as DataLoader's are)."""
-    live = [live_iterator(loader) for loader, pid in list(_PERSISTENT.items()) if pid == os.getpid()]
-    workers = [w for it in live if it is not None for w in ask_workers_to_end(it)]
+    workers = []
+    for loader, pid in list(_PERSISTENT.items()):
+        it = live_iterator(loader) if pid == os.getpid() else None
+        try:
+            workers += ask_workers_to_end(it) if it is not None else ()
+        except Exception:  # (a queue already closed: nothing is left to tell at exit, and its workers are terminated)
+            continue
     deadline = time.monotonic() + EXIT_WAIT
     for w in workers:
         w.join(max(0.0, deadline - time.monotonic()))

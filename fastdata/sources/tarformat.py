@@ -109,9 +109,8 @@ def check_index_size(nbytes: int, where: str) -> None:
 def collection_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while millions of lists are made that can hold no
     cycle (an index parsed, its entries listed): with it on, every few hundred new lists start
-    a collection, and the older generations it scans hold the index parsed so far (ImageNet's
-    index, 1.28M samples, parsed in 3x the time). It is turned on again afterwards only where it
-    was on before."""
+    a collection, and the older generations it scans hold the index parsed so far, again and
+    again. It is turned on again afterwards only where it was on before."""
     was_on = gc.isenabled()
     gc.disable()
     try:
@@ -318,7 +317,7 @@ def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None =
                 yield Damage(pos, nxt, None, zeros)
             pos = nxt
             continue
-        item, after = _member(read, pos, header, length)
+        item, after = _member(read, pos, header, length, resync)
         if type(item) is Damage:
             if not resync or after is None:  # (after None: the data ends in it)
                 yield item
@@ -371,9 +370,12 @@ def _plain_header(header: bytes) -> _Header | None:
     return _Header(prefix + "/" + name if prefix else name, int(size or b"0", 8), tarfile.REGTYPE)
 
 
-def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member | Damage | None, int | None]:
+def _member(read, pos: int, header: bytes, length: int | None,
+            look: bool = True) -> tuple[Member | Damage | None, int | None]:
     """(the member whose headers start at `pos` (None for a directory, link and the like) or
-    its Damage, the position after it: None where the data ends inside it)."""
+    its Damage, the position after it: None where the data ends inside it). A member that runs
+    past `length` is looked past, with `look`, for a header after it (a walk that resyncs: one
+    that stops there, as a sample's read does, need not read on)."""
     first, name, size = pos, None, None
     while True:
         if len(header) < BLOCK:
@@ -422,7 +424,7 @@ def _member(read, pos: int, header: bytes, length: int | None) -> tuple[Member |
         return None, data  # a directory, link, device or fifo: no data follows (as tarfile reads them)
     if length is not None and data + size > length:
         # Cut off, or a size no member of this tar can have: which, the headers after it say.
-        if not _resync(read, data, None, length)[1]:
+        if not (look and _resync(read, data, None, length)[1]):
             return Damage(first, length, name, f"the shard is cut off in member {name} (at byte {length - data} of "
                                                f"its {size})"), None
         return Damage(first, None, name, f"invalid tar header at byte {first} (member {name} of {size} bytes, "

@@ -218,7 +218,7 @@ def test_a_header_whose_size_passes_the_shards_end(pristine, tmp_path, how):
     size = 8 << 30 if how == "base-256" else (8 << 30) - 1
     assert any(f"invalid tar header at byte {at} (member 00000002.jpg of {size} bytes, past the shard's end" in w
                for w in warned), warned
-    _expect(loader, "skip", {2}, "train-000000.tar", "00000002.jpg", f"invalid tar header at byte {at}")
+    _expect(loader, "skip", {2}, "train-000000.tar", "00000002.jpg", "member 00000002.jpg")  # (read: its bytes end)
     with pytest.warns(UserWarning, match=r"train-000000\.tar ends early: it ends at byte \d+, inside sample "
                                          r"00000002's members, .*the samples after that point cannot be found"):
         piped = shards(f"pipe:cat {path}", progress=False)
