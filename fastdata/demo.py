@@ -278,8 +278,11 @@ def _image_mode(args) -> bool:
     from fastdata.synthetic import make_file_list, make_imagenet_like
 
     root = make_imagenet_like(args.data, n_images=args.images, progress=True)
+    per_epoch = math.ceil(args.images / args.batch_size)
     print(f"\nimage mode: {args.images} synthetic JPEGs, RandomResizedCrop(224) + flip, batch {args.batch_size}, "
-          f"{args.workers} workers; {PILLOW}", file=sys.stderr)
+          f"{args.workers} workers; {PILLOW}; timed as above: with {per_epoch} batch{'es' if per_epoch > 1 else ''} "
+          "an epoch, starting the workers weighs on the rates, below the ceiling (the cores over the CPU an image), "
+          "as on every short epoch", file=sys.stderr)
     common = dict(batch_size=args.batch_size, shuffle=True, persistent_workers=False)
 
     def torch_loader(workers: int) -> Iterable[Any]:  # the file list is part of building it, as for fastdata
