@@ -248,20 +248,20 @@ class Decoder {
     }
     jpeg_mem_src(&cinfo_, src.data, static_cast<unsigned long>(src.size));
     jpeg_read_header(&cinfo_, TRUE);
+    const int64_t W = cinfo_.image_width, H = cinfo_.image_height;
+    if (uint64_t(W) * uint64_t(H) > kMaxImagePixels) {
+      return fail("image of %lldx%lld pixels is over the limit of %llu pixels", (long long)W,
+                  (long long)H, (unsigned long long)kMaxImagePixels);
+    }
     switch (cinfo_.jpeg_color_space) {
       case JCS_GRAYSCALE:
       case JCS_YCbCr:
       case JCS_RGB: break;
       // libjpeg has no CMYK -> RGB conversion; the caller's Pillow fallback has one.
-      case JCS_CMYK: return fail("unsupported JPEG color space CMYK");
-      case JCS_YCCK: return fail("unsupported JPEG color space YCCK");
+      case JCS_CMYK: return checked_for_pillow("CMYK");
+      case JCS_YCCK: return checked_for_pillow("YCCK");
       default:
         return fail("unsupported JPEG color space (%d components)", cinfo_.num_components);
-    }
-    const int64_t W = cinfo_.image_width, H = cinfo_.image_height;
-    if (uint64_t(W) * uint64_t(H) > kMaxImagePixels) {
-      return fail("image of %lldx%lld pixels is over the limit of %llu pixels", (long long)W,
-                  (long long)H, (unsigned long long)kMaxImagePixels);
     }
     // The window may hold fractions of a pixel (a resize before a crop maps the crop to such a
     // box in the original image): the resampling takes its edges as they are, as Pillow's
@@ -364,6 +364,26 @@ class Decoder {
     // Stop here, before the end-of-image bookkeeping of jpeg_finish_decompress.
     jpeg_abort_decompress(&cinfo_);
     return true;
+  }
+
+  // A CMYK or YCCK JPEG, which the caller decodes with Pillow (the "unsupported" failure says
+  // so), decoded whole first, to CMYK at 1/8 scale and thrown away: corrupt or truncated data is
+  // then this decode's error, as in any other colour space, not rows Pillow (or DALI) fills.
+  // Called inside decode_window's setjmp.
+  bool checked_for_pillow(const char* space) {
+    cinfo_.out_color_space = JCS_CMYK;
+    cinfo_.scale_num = 1;
+    cinfo_.scale_denom = 8;
+    jpeg_start_decompress(&cinfo_);
+    row_.assign(size_t(cinfo_.output_width) * size_t(cinfo_.output_components), 0);
+    JSAMPROW p = row_.data();
+    while (cinfo_.output_scanline < cinfo_.output_height) {
+      if (jpeg_read_scanlines(&cinfo_, &p, 1) != 1) {
+        return fail("Premature end of JPEG file (row %u of %u)", cinfo_.output_scanline,
+                    cinfo_.output_height);
+      }
+    }
+    return fail("unsupported JPEG color space %s", space);
   }
 
   // Vertical pass from rows_ into out[index], mirrored while written when `flip`.

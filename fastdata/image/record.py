@@ -32,7 +32,8 @@ _KEY = os.urandom(16)
 
 def pillows(err: str) -> bool:
     """Whether the native decoder's error leaves the file to Pillow (a colour space it does not
-    convert: CMYK, YCCK) rather than saying it is corrupt."""
+    convert: CMYK and YCCK, whose data it has decoded whole without error first, or another)
+    rather than saying it is corrupt."""
     return "unsupported JPEG color space" in err
 
 
@@ -95,7 +96,8 @@ class EntropyCheck:
     corrupt data with grey or repeated rows and deliver it (DALI's: libjpeg-turbo's warnings,
     and nvJPEG's, are not errors there): the native decoder is handed a 1x1 window at the top of
     the image, decoded whole. Without the native decoder nothing is checked (DALI fills, as
-    Pillow does); nor are JPEGs the native decoder leaves to Pillow (CMYK). The PNG check
+    Pillow does); a JPEG the native decoder leaves to Pillow (CMYK) is decoded whole by it
+    first, so corrupt data is its error too, and is checked each time it comes. The PNG check
     (`check.check_rows`) keeps its marks here too. The native decoder itself needs no record:
     its checkpoint index, keyed the same way, proves the bytes it has decoded whole
     (`_codec.decode_crop_resize`). Ids outside [0, ids) are never marked."""

@@ -388,6 +388,28 @@ def test_cut_file_rejected_in_every_epoch(config, tmp_path):
     assert len({w.tobytes() for w in windows}) > 10
 
 
+@pytest.mark.skipif(not _codec.AVAILABLE, reason="native decoder not built")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_a_cut_cmyk_jpeg_closed_with_an_end_marker_is_refused(config, tmp_path):
+    """A CMYK JPEG, which Pillow decodes (libjpeg has no CMYK to RGB), cut and closed with an end
+    marker: structurally whole, so the native decoder decodes its data whole before leaving it
+    to Pillow, and refuses it in every epoch, where Pillow (and DALI) would fill the missing
+    rows and deliver it; the whole CMYK file beside it is Pillow's pixels."""
+    cmyk = GOOD["cmyk.jpg"]
+    files = {"a.jpg": PLAIN, "cut-cmyk.jpg": cmyk[: len(cmyk) * 6 // 10] + b"\xff\xd9", "cmyk.jpg": cmyk}
+    pairs = write(tmp_path / "files", files)
+    loader = make(config, pairs, tmp_path, on_error="skip", batch_size=3)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        got = images_by_label(loader)
+        assert set(got) == {0, 2}, f"epoch {epoch}: got {sorted(got)}"
+        diff = np.abs(got[2] - reference(cmyk, 2, epoch))
+        assert diff.mean() < 0.5 and diff.max() <= 4, (diff.mean(), diff.max())
+    (error,) = loader.stats["errors"]
+    assert named(config, error["path"], pairs, 1) and error["count"] == 2
+    assert "corrupt JPEG" in error["cause"] and "premature end of data segment" in error["cause"], error
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}")
 def test_data_after_the_end_marker_changes_nothing(config, tmp_path):
     plain = make(config, write(tmp_path / "plain", {"x.jpg": PLAIN}), tmp_path, batch_size=1)
