@@ -485,6 +485,36 @@ def test_persistent_workers_alive_at_exit_leave_no_temporary_folder(folder, tmp_
     assert sorted(os.listdir(tmp)) == []
 
 
+_STUCK_AT_EXIT = """
+import os, sys, time, torch, fastdata
+from fastdata._torch_internals import iterator_workers, live_iterator
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i >= 4:
+            time.sleep(300)  # a worker busy far past the exit's wait
+        return torch.full((4,), float(i))
+
+loader = fastdata.loader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)
+it = iter(loader)
+next(it)
+print(" ".join(str(w.pid) for w in iterator_workers(live_iterator(loader._loader))), flush=True)
+"""
+
+
+def test_persistent_workers_busy_at_exit_do_not_hold_it(tmp_path):
+    """Persistent workers busy in a long `__getitem__` when the script ends: the exit tells them
+    to end, waits its few seconds for them in all, then multiprocessing's exit terminates them as
+    it terminates DataLoader's: the script ends, and no worker is left."""
+    run = subprocess.run([sys.executable, "-c", _STUCK_AT_EXIT], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    pids = [int(p) for p in run.stdout.split()]
+    assert len(pids) == 2 and not [p for p in pids if _alive(p)]
+
+
 def test_ctrl_c_in_the_consumer_stops_cleanly(folder, tmp_path):
     """SIGINT to a training process mid-epoch: it exits at once, and none of its workers is
     left running."""
