@@ -62,6 +62,7 @@ The index: <prefix>-index.json next to the shards
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import json
@@ -73,7 +74,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -178,6 +179,19 @@ def _prepare_folder(folder: str) -> bool:
     return made
 
 
+@contextlib.contextmanager
+def _output_folder(folder: str) -> Iterator[None]:
+    """The output folder made (`_prepare_folder`) for the run inside: one the run made, and left
+    empty when it fails, goes with it."""
+    made = _prepare_folder(folder)
+    try:
+        yield
+    except BaseException:
+        if made and not os.listdir(folder):
+            os.rmdir(folder)
+        raise
+
+
 def _split_into_shards(samples, max_count: int, max_size: int, order, skip: bool) -> list[list[tuple]]:
     """The samples of each shard: (key, path, label, size, cause) in `order`. `cause` is why a
     file is refused from its stat alone (it cannot be had; it is over MAX_FILE_BYTES, far below
@@ -230,54 +244,45 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
     samples = _resolve_source(source)
     _check_classes(samples.classes)
     seed = _check_int("seed", seed, 0)
-    made = _prepare_folder(folder)
-    try:
-        return _write_in(samples, folder, name, index_file_name, pattern, max_count, max_size, workers, progress,
-                         shuffle, seed, on_error)
-    except BaseException:
-        if made and not os.listdir(folder):  # a folder this run made, and left empty: gone with it
-            os.rmdir(folder)
-        raise
-
-
-def _write_in(samples, folder: str, name: str, index_file_name: str, pattern: Any, max_count: int, max_size: int,
-              workers: int, progress: bool, shuffle: bool, seed: int, on_error: str) -> tuple[Path, dict, int]:
-    order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else range(len(samples))
-    contents = _split_into_shards(samples, max_count, max_size, [int(i) for i in order], on_error == "skip")
-    token = f"{os.getpid()}-{secrets.token_hex(4)}"
-    finals = [os.path.join(folder, name % k) for k in range(len(contents))]
-    index_file = os.path.join(folder, index_file_name)
-    if index_file in finals:
-        raise ValueError(f"the shard pattern {os.fspath(pattern)!r} names a shard {index_file_name}, the index's name")
-    jobs = [(final, os.path.join(folder, f".{os.path.basename(final)}.{token}.tmp"), shard, on_error == "skip")
-            for final, shard in zip(finals, contents)]
-    report = Progress(progress, os.fspath(pattern), len(samples))
-    report.show(force=True)
-    try:
-        entries = write_all(jobs, workers, report)
-    except BaseException:
-        report.show(final=True)  # the error's line starts a line of its own
-        for _, tmp, _, _ in jobs:  # what a terminated worker left
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        raise
-    report.show(final=True)
-    skipped = [pair for entry in entries for pair in entry.pop("skipped")]
-    for path, cause in skipped:
-        warnings.warn(one_line(f"skipped {path}: {cause}"), stacklevel=3)
-    index = {"version": INDEX_VERSION, "format": INDEX_FORMAT, "shards": entries, "classes": samples.classes,
-             "total": len(samples) - len(skipped)}
-    tmp = os.path.join(folder, f".{index_file_name}.{token}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(index, separators=(",", ":")) + "\n")
-    os.replace(tmp, index_file)
-    stale = [os.path.join(folder, name % k) for k in range(len(contents), len(contents) + 1)]
-    if any(os.path.exists(p) for p in stale):
-        warnings.warn(f"{stale[0]} (and maybe more) is left from an earlier run: it is not one of the {len(contents)} "
-                      f"shards of this set, which {index_file} lists", stacklevel=3)
-    return Path(index_file), index, len(skipped)
+    with _output_folder(folder):
+        order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else \
+            range(len(samples))
+        contents = _split_into_shards(samples, max_count, max_size, [int(i) for i in order], on_error == "skip")
+        token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        finals = [os.path.join(folder, name % k) for k in range(len(contents))]
+        index_file = os.path.join(folder, index_file_name)
+        if index_file in finals:
+            raise ValueError(f"the shard pattern {os.fspath(pattern)!r} names a shard {index_file_name}, the "
+                             "index's name")
+        jobs = [(final, os.path.join(folder, f".{os.path.basename(final)}.{token}.tmp"), shard, on_error == "skip")
+                for final, shard in zip(finals, contents)]
+        report = Progress(progress, os.fspath(pattern), len(samples))
+        report.show(force=True)
+        try:
+            entries = write_all(jobs, workers, report)
+        except BaseException:
+            report.show(final=True)  # the error's line starts a line of its own
+            for _, tmp, _, _ in jobs:  # what a terminated worker left
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            raise
+        report.show(final=True)
+        skipped = [pair for entry in entries for pair in entry.pop("skipped")]
+        for path, cause in skipped:
+            warnings.warn(one_line(f"skipped {path}: {cause}"), stacklevel=3)
+        index = {"version": INDEX_VERSION, "format": INDEX_FORMAT, "shards": entries, "classes": samples.classes,
+                 "total": len(samples) - len(skipped)}
+        tmp = os.path.join(folder, f".{index_file_name}.{token}.tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(index, separators=(",", ":")) + "\n")
+        os.replace(tmp, index_file)
+        stale = [os.path.join(folder, name % k) for k in range(len(contents), len(contents) + 1)]
+        if any(os.path.exists(p) for p in stale):
+            warnings.warn(f"{stale[0]} (and maybe more) is left from an earlier run: it is not one of the "
+                          f"{len(contents)} shards of this set, which {index_file} lists", stacklevel=3)
+        return Path(index_file), index, len(skipped)
 
 
 def write_shards(source: Any, pattern: str | os.PathLike, *, max_count: int = 10000, max_size: int | str = 1 << 30,

@@ -56,7 +56,7 @@ def check_sample(out: Block, url: str, key: str, a: int, b: int, raw: memoryview
             continue
         k, ext = split
         if k != key:
-            cause = (f"it lists no sample in bytes [{a}, {b}), which hold member {m.name}" if not key
+            cause = (f"bytes [{a}, {b}) belong to no sample, but hold member {m.name}" if not key
                      else f"the member at byte {m.offset} is {m.name}, not one of sample {key}'s")
             out.add(MemberName(url, m.name), None, 0, stale + cause)
             return False
@@ -71,7 +71,7 @@ def check_sample(out: Block, url: str, key: str, a: int, b: int, raw: memoryview
         count += 1
         nbytes += m.size
     if not key:
-        out.add(MemberName(url, f"at byte {a}"), None, 0, f"{stale}it lists no sample in bytes [{a}, {b})")
+        out.add(MemberName(url, f"at byte {a}"), None, 0, f"bytes [{a}, {b}) belong to no sample")
         return False
     if not count:
         cause = f"the shard ends at byte {length}" if a >= length else "no member of it is there"
