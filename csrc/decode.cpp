@@ -12,6 +12,7 @@
 #include <new>
 
 #include <jpeglib.h>
+#include <jerror.h>  // the warning codes (JWRN_...)
 
 #include "entropy.h"
 #include "parallel.h"
@@ -30,6 +31,7 @@ struct ErrorManager {
   jpeg_error_mgr pub;  // first member: libjpeg hands &pub around as cinfo->err
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX + 96];
+  bool past_header = false;  // jpeg_read_header has returned (the first scan's header is read)
 };
 
 // libjpeg's default error_exit prints and calls exit(); this one keeps the message and jumps
@@ -43,9 +45,17 @@ struct ErrorManager {
 // Strict: a warning is an error. libjpeg warns and carries on for truncated or corrupt data
 // (JWRN_JPEG_EOF "Premature end of JPEG file", JWRN_HIT_MARKER, ...), padding the image with
 // gray; a training sample should be the image or an error the loader can act on, never a guess.
-// Trace messages (level >= 0) are dropped, so nothing is ever printed.
+// One warning is not, past the header: bytes skipped on the way to a marker (JWRN_EXTRANEOUS_DATA,
+// "N extraneous bytes before marker 0xd0"), as after a restart segment's last block, where every
+// block was decoded from the bits before them. Webcams (Logitech's C270 among them) write them
+// into every frame, and Pillow, torchvision, OpenCV and DALI decode such files. In the header
+// (before the first scan) they stay an error, as check_structure refuses them there (DALI's
+// parser does). Trace messages (level >= 0) are dropped, so nothing is ever printed.
 void on_message(j_common_ptr cinfo, int level) {
-  if (level < 0) on_error(cinfo);
+  if (level >= 0) return;
+  const auto* err = reinterpret_cast<const ErrorManager*>(cinfo->err);
+  if (err->pub.msg_code == JWRN_EXTRANEOUS_DATA && err->past_header) return;
+  on_error(cinfo);
 }
 
 // Checks libjpeg would make anyway, with clearer messages and no decompressor touched.
@@ -216,6 +226,7 @@ class Decoder {
       jpeg_abort_decompress(&cinfo_);
       return false;
     }
+    err_.past_header = false;
     jpeg_mem_src(&cinfo_, src.data, static_cast<unsigned long>(src.size));
     jpeg_read_header(&cinfo_, TRUE);
     out->width = int(cinfo_.image_width);
@@ -246,8 +257,10 @@ class Decoder {
       jpeg_abort_decompress(&cinfo_);
       return false;
     }
+    err_.past_header = false;
     jpeg_mem_src(&cinfo_, src.data, static_cast<unsigned long>(src.size));
     jpeg_read_header(&cinfo_, TRUE);
+    err_.past_header = true;
     const int64_t W = cinfo_.image_width, H = cinfo_.image_height;
     if (uint64_t(W) * uint64_t(H) > kMaxImagePixels) {
       return fail("image of %lldx%lld pixels is over the limit of %llu pixels", (long long)W,

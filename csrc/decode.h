@@ -69,10 +69,11 @@ struct ImageStructure {
 // IEND are allowed. A PNG of more than kMaxPngChunks chunks, kMaxPngTexts compressed text chunks
 // or two iCCP chunks, and a JPEG with more than max_scans(width, height) scans, kMaxJpegMarkers
 // markers or kMaxJpegFill fill bytes before markers, or with fill bytes before a stuffed zero in
-// its entropy-coded data (FF FF 00, see walk_jpeg), are refused. Returns "" for a whole
-// file (or one that is neither format: kind kImageOther, nothing checked), else why not ("empty
-// file", "truncated JPEG: ...", "corrupt PNG: ..."). It cannot see corrupt entropy-coded data
-// inside a whole structure.
+// its entropy-coded data (FF FF 00, see walk_jpeg), are refused, and so are stray bytes where a
+// marker should be before the first scan (after it they are stepped over, as libjpeg does).
+// Returns "" for a whole file (or one that is neither format: kind kImageOther, nothing
+// checked), else why not ("empty file", "truncated JPEG: ...", "corrupt PNG: ..."). It cannot
+// see corrupt entropy-coded data inside a whole structure.
 std::string check_structure(const ByteSpan& src, ImageStructure* out);
 
 // Reads the header of `src` (no pixel data) into *info. Returns "" on success, else why it

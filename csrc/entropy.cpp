@@ -142,10 +142,8 @@ inline uint64_t load_be64(const uint8_t* p) {
   return __builtin_bswap64(v);  // little-endian hosts only (x86-64, aarch64)
 }
 
-[[noreturn]] void fail_with(j_decompress_ptr cinfo, int code, int p0 = 0, int p1 = 0) {
+[[noreturn]] void fail_with(j_decompress_ptr cinfo, int code) {
   cinfo->err->msg_code = code;
-  cinfo->err->msg_parm.i[0] = p0;
-  cinfo->err->msg_parm.i[1] = p1;
   (*cinfo->err->error_exit)(reinterpret_cast<j_common_ptr>(cinfo));
   std::abort();  // error_exit does not return (libjpeg's contract)
 }
@@ -309,8 +307,9 @@ struct EntropyDecoder::State {
   // Decodes MCU j, the reader at its first bit, and leaves the reader at MCU j + 1's: past a
   // restart marker, at the next segment's first byte with the DC predictors reset (the bits
   // left in the segment's last byte are padding). A segment whose MCUs need more bits than it
-  // has fails as libjpeg does when it reaches the marker, and one with whole bytes left after
-  // its MCUs as libjpeg does when it skips them to find the marker ("extraneous bytes").
+  // has fails as libjpeg does when it reaches the marker; whole bytes left after its MCUs are
+  // skipped, as libjpeg skips them to find the marker (its "extraneous bytes" warning, which
+  // decode.cpp lets pass).
   template <bool Store>
   void step(JBLOCKROW* out, uint32_t j) {
     decode<Store>(out);
@@ -319,7 +318,6 @@ struct EntropyDecoder::State {
       const uint32_t k = (j + 1) / interval, start = seg[k];
       const uint64_t used = (position() + 7) / 8;
       if (used > start) fail_with(cinfo, JWRN_HIT_MARKER);
-      if (used < start) fail_with(cinfo, JWRN_EXTRANEOUS_DATA, int(start - used), 0xD0 + int((k - 1) & 7));
       jump(Checkpoint{start * 8, {0, 0, 0}}, uint32_t(at));
     }
     record(j + 1);

@@ -34,11 +34,9 @@ struct EntropyIndex;
 // jpeg_start_decompress and jpeg_crop_scanline), it takes over decode_mcu until the cinfo is
 // aborted. The coefficients are libjpeg-turbo's, bit for bit (its IDCT then makes the same
 // pixels). Errors go through cinfo's error manager with libjpeg's own warnings (bad Huffman
-// code, premature end of data, extraneous bytes), which the caller makes errors. It is stricter
-// than libjpeg in two ways: a bad Huffman code is always an error, where libjpeg-turbo's fast
-// path (all but a scan's last few kB) reads it as symbol 0 without a warning; and so are whole
-// bytes left at the end of a restart segment, a few of which libjpeg skips without a warning
-// when it has read ahead to the marker.
+// code, premature end of data), which the caller makes errors. It is stricter than libjpeg in
+// one way: a bad Huffman code is always an error, where libjpeg-turbo's fast path (all but a
+// scan's last few kB) reads it as symbol 0 without a warning.
 class EntropyDecoder {
  public:
   EntropyDecoder();

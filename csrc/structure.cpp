@@ -43,10 +43,23 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
   size_t fill = 0;
   for (;;) {
     if (pos >= n) return jpeg_ends_early(n);
-    if (d[pos] != 0xFF) return format("corrupt JPEG: no marker at byte %zu (0x%02x)", pos, d[pos]);
+    // Stray bytes where a marker should be: libjpeg steps over them to the next marker (non-0xFF
+    // bytes, and FF 00 pairs) with a warning, which decode.cpp lets pass once the first scan's
+    // header is read, and so does this walk. Before that they are refused: DALI's parser
+    // refuses them ("Invalid marker"), so a file would pass on one backend and fail on another.
+    if (d[pos] != 0xFF) {
+      if (!scan) return format("corrupt JPEG: no marker at byte %zu (0x%02x)", pos, d[pos]);
+      const void* ff = std::memchr(d + pos, 0xFF, n - pos);
+      if (!ff) return jpeg_ends_early(n);
+      pos = size_t(static_cast<const uint8_t*>(ff) - d);
+    }
     const size_t at = pos;
     while (pos < n && d[pos] == 0xFF) ++pos;  // fill bytes may come before a marker
     if (pos >= n) return jpeg_ends_early(n);
+    if (scan && d[pos] == 0x00) {
+      ++pos;
+      continue;
+    }
     fill += pos - at - 1;
     if (fill > size_t(kMaxJpegFill)) {
       return format("corrupt JPEG: more than %d fill bytes before markers (the marker at byte %zu "

@@ -75,12 +75,19 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
         if pos >= n:
             return _jpeg_ends_early(n), width, height
         if d[pos] != 0xFF:
-            return f"corrupt JPEG: no marker at byte {pos} (0x{d[pos]:02x})", width, height
+            if not scan:
+                return f"corrupt JPEG: no marker at byte {pos} (0x{d[pos]:02x})", width, height
+            pos = d.find(b"\xff", pos)
+            if pos < 0:
+                return _jpeg_ends_early(n), width, height
         at = pos
         while pos < n and d[pos] == 0xFF:
             pos += 1
         if pos >= n:
             return _jpeg_ends_early(n), width, height
+        if scan and d[pos] == 0x00:
+            pos += 1
+            continue
         fill, markers = fill + pos - at - 1, markers + 1
         if fill > MAX_JPEG_FILL or markers > MAX_JPEG_MARKERS:
             what = (f"{MAX_JPEG_FILL} fill bytes before markers (the marker at byte {at} passes them)" if fill >

@@ -2,13 +2,14 @@
 as shards) and `dali` (CPU pipeline).
 
 Accepted files (a PNG named .jpg, CMYK, grayscale and progressive JPEGs, EXIF-rotated JPEGs,
-1x1 images, a JPEG with data after its end marker) must give the pixels Pillow gives for the
-same crop: the image as stored, EXIF orientation ignored (Pillow's `Image.open` and
-torchvision's `decode_jpeg` do not apply it either). Rejected files (empty, cut short, not an
-image, a header claiming 13000x13000 pixels, 150 scans, fill bytes before a stuffed zero) must raise a `DataError` naming the file and the
-cause (one line when the main process decodes; torch's DataLoader re-raises a worker's with its
-traceback), or with on_error="skip" be left out and counted, on every backend, for every crop
-the epoch draws.
+1x1 images, a JPEG with data after its end marker, stray bytes after a JPEG's first scan, a
+webcam's before its restart markers among them) must give the pixels Pillow gives for the same
+crop: the image as stored, EXIF orientation ignored (Pillow's `Image.open` and torchvision's
+`decode_jpeg` do not apply it either). Rejected files (empty, cut short, not an image, a header
+claiming 13000x13000 pixels, 150 scans, fill bytes before a stuffed zero, stray bytes before a
+JPEG's first scan) must raise a `DataError` naming the file and the cause (one line when the main process decodes; torch's
+DataLoader re-raises a worker's with its traceback), or with on_error="skip" be left out and
+counted, on every backend, for every crop the epoch draws.
 
 The images are gradients (red follows x, green follows y), so a rotated, mirrored or misplaced
 crop is off by tens of levels where resampling differences are a level or two.
@@ -107,6 +108,32 @@ def fill_before_zero(data: bytes) -> bytes:
     return data[:at] + b"\xff" + data[at:]
 
 
+def extraneous(data: bytes, header: bool = False) -> bytes:
+    """`data` (with restart markers) with 1 to 4 stray bytes before each restart marker, as a
+    Logitech C270 webcam writes every frame (libjpeg: "Corrupt JPEG data: 3 extraneous bytes
+    before marker 0xd0"); with `header`, 5 more between two header segments."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    out = bytearray(data)
+    markers = [i for i in range(start, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+    assert len(markers) > 3
+    for k, i in enumerate(reversed(markers)):
+        out[i:i] = bytes([0x11 * (k % 5 + 1)]) * (k % 4 + 1)
+    if header:
+        at = out.index(b"\xff\xdb")
+        out[at:at] = b"\x00\x2a\xff\x00\x17"
+    return bytes(out)
+
+
+def stray_between_scans(data: bytes) -> bytes:
+    """A progressive JPEG with stray bytes (and a stuffed zero, FF 00) after the first Huffman
+    table segment that follows its first scan: libjpeg, Pillow and DALI step over them."""
+    first = data.index(b"\xff\xda")
+    at = data.index(b"\xff\xc4", first)
+    at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return data[:at] + b"\x12\x34\xff\x00\x56" + data[at:]
+
+
 def png_of(rows: bytes, w: int, h: int, interlace: int = 0) -> bytes:
     """An 8-bit RGB PNG of `rows` (filtered scanlines, as the header's layout gives them),
     deflated into one IDAT chunk: every chunk whole and its CRC right."""
@@ -153,6 +180,8 @@ GOOD = {
     "one-pixel.png": encode(Image.new("RGB", (1, 1), (20, 130, 190)), "PNG"),
     "interlaced.png": adam7(gradient(61, 43)),
     "tail.jpg": PLAIN + np.random.default_rng(2).integers(0, 256, 2048, dtype=np.uint8).tobytes(),
+    "webcam.jpg": extraneous(encode(gradient(96, 64), quality=90, restart_marker_blocks=2)),
+    "stray-progressive.jpg": stray_between_scans(encode(gradient(96, 64), quality=90, progressive=True)),
 }
 BAD = {  # name: (bytes, what the cause says)
     "empty.jpg": (b"", "empty file"),
@@ -164,6 +193,10 @@ BAD = {  # name: (bytes, what the cause says)
     "bomb.png": (bomb_png(), "13000x13000 = 169000000 pixels, over the limit of 89478485"),
     "scans.jpg": (many_scans(), "corrupt JPEG: more than 100 scans"),
     "fill-zero.jpg": (fill_before_zero(PHOTO), "corrupt JPEG: fill bytes before a stuffed zero"),
+    # Pillow steps over stray bytes between header segments; DALI's parser refuses them ("Invalid
+    # marker"), and so does the walk before the first scan, on every backend alike.
+    "stray-header.jpg": (extraneous(encode(gradient(96, 64), quality=90, restart_marker_blocks=2), header=True),
+                         "corrupt JPEG: no marker at byte 20 (0x00)"),
 }
 
 
@@ -533,7 +566,7 @@ def test_a_file_rewritten_at_its_size_is_checked_again(tmp_path):
     libjpeg's: the crop stops above the damage, but the file is refused, in the next epoch and
     in a new loader of the same process, as a fresh process refuses it."""
     noise = np.random.default_rng(4).integers(0, 256, (256, 64, 3), dtype=np.uint8)
-    good = encode(Image.fromarray(noise), quality=90, restart_marker_rows=1)
+    good = encode(Image.fromarray(noise), quality=90, restart_marker_blocks=2)
     last = max(i for i in range(len(good) - 1) if good[i] == 0xFF and 0xD0 <= good[i + 1] <= 0xD7)
     bad = bytearray(good)
     bad[last + 1] = 0xD0 if good[last + 1] != 0xD0 else 0xD1
