@@ -178,6 +178,8 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     bound = max((COSTS | {"deliver"}).intersection(stages), key=stages.get, default=None)
     batch_size = _batch_len(cached)
     config = {k: getattr(loader, k) for k in ("backend", "num_workers", "batch_size", "placement") if hasattr(loader, k)}
+    if config.get("placement") == "auto":  # as the loader resolved it: the CPU, where no tune applied "gpu"
+        config["placement"] = "cpu"
     config["device"] = str(device) if device is not None else "cpu"
 
     if step is None:

@@ -70,6 +70,7 @@ def test_image_loader_and_a_real_step(folder):
 
     report = fastdata.profile(loader, step, steps=6, warmup=1)  # more steps than an epoch: it carries on
     assert report.config["backend"] == "pil" and report.batch_size == 8
+    assert loader.placement == "auto" and report.config["placement"] == "cpu"  # as it ran, no tune applied
     assert report.together_images_per_s > 0 and 0 <= report.stall_fraction <= 1
     ceiling = fastdata.profile(loader, steps=3)
     assert ceiling.step_images_per_s is None and ceiling.verdict is None
