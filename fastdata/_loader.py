@@ -136,14 +136,12 @@ class _Rest:
         return owner._take()
 
 
-class Loader:
-    """What `fastdata.loader` returns: iterate it for batches.
-
-    `len(loader)` is the number of batches per epoch for this rank, `loader.backend` names the
-    backend that runs it, `loader.stats` counts samples, batches, skipped samples (each time, and
-    the distinct files, the first 100 in errors with their cause and count) and the seconds the
-    consumer spent waiting for batches.
-    """
+class LoaderCore:
+    """A fastdata loader but for its public state methods, which `Loader` adds: its stats, its
+    passes, the profiling protocol. `fastdata run`'s served loaders are one without them, as
+    torch's DataLoader has none: a framework takes a loader with `state_dict` for a resumable
+    one (Lightning's `_Stateful`), and writes its state into checkpoints that would then resume
+    only under fastdata."""
 
     backend: str = ""
     batch_size: int | None = None
@@ -160,10 +158,12 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state_dict(self) -> dict[str, Any]:
+        """Where the loader stands (`Loader.state_dict`)."""
         raise NotImplementedError
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes from `state` (`Loader.load_state_dict`)."""
         raise NotImplementedError
 
     _live: tuple | None = None  # (weak reference to the live pass's iterator, its end)
@@ -191,7 +191,7 @@ class Loader:
         never asks again, costs nothing more."""
         live = self._live[0]() if self._live is not None else None
         if isinstance(live, Pass) and self._in_epoch:
-            live.then(functools.partial(self._rest, self.state_dict()))
+            live.then(functools.partial(self._rest, self._state_dict()))
 
     def _rest(self, state: dict[str, Any]) -> Iterator[Any]:
         """The batches after `state` of the pass it was taken in, on parts of their own."""
@@ -251,3 +251,25 @@ class Loader:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, batch_size={self.batch_size})"
+
+
+class Loader(LoaderCore):
+    """What `fastdata.loader` returns: iterate it for batches.
+
+    `len(loader)` is the number of batches per epoch for this rank, `loader.backend` names the
+    backend that runs it, `loader.stats` counts samples, batches, skipped samples (each time, and
+    the distinct files, the first 100 in errors with their cause and count) and the seconds the
+    consumer spent waiting for batches.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: taken after k batches of an epoch, a loader given it
+        (`load_state_dict`) yields the batches after those k, then carries on to later epochs
+        the same way; taken between epochs, where the next pass starts. Exact when a sample is
+        a function of its index (see the guide's Epochs and resume)."""
+        return self._state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes from a `state_dict()` of a loader over the same data; a state this loader
+        cannot resume (another batch size, world size, data) raises ValueError."""
+        self._load_state_dict(state)

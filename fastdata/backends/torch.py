@@ -22,21 +22,21 @@ from .._torch_internals import auto_collation, driven_dataloader, profiler_enabl
 from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, end_at_exit, pass_end,
                         shutdown_workers, stall_limit, start_method, workers_running)
 from ..device import prefetch
-from .._loader import Loader, check_position, resolve_workers
+from .._loader import Loader, LoaderCore, check_position, resolve_workers
 from .torch_iter import Fetches, Marked, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset, stage_seconds
 
-DATALOADER_KEYWORDS = tuple(
-    name for name in inspect.signature(DataLoader.__init__).parameters if name not in ("self", "dataset")
-)
+DATALOADER_KEYWORDS = tuple(name for name in inspect.signature(DataLoader.__init__).parameters
+                            if name not in ("self", "dataset"))
 # What decides which indices make a batch: given to a reference DataLoader, whose batch
 # sampler the working DataLoader then draws from.
 _INDEX_KEYWORDS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 _STATE_VERSION = 1
 
 
-class TorchLoader(DataLoader, Loader):
+class TorchCore(DataLoader, LoaderCore):
     """Drop-in mode: a `torch.utils.data.DataLoader` (a subclass, with all its attributes and
-    checks), plus `num_workers="auto"` and `device`.
+    checks), plus `num_workers="auto"` and `device`; `TorchLoader` with the public state methods,
+    `fastdata run`'s `Served` without them.
 
     DataLoader's own `__init__` validates the arguments with its own errors and builds the
     sampler and batch sampler; the batches come from a second, working DataLoader that draws
@@ -57,7 +57,7 @@ class TorchLoader(DataLoader, Loader):
             # torch's default named (as torchvision's references do), or ours, handed back by a
             # framework that rebuilds the loader: native collation gives default_collate's values
             del call["collate_fn"]
-        Loader.__init__(self)
+        LoaderCore.__init__(self)
         DataLoader.__init__(self, **call)
         self.device = None if device is None else torch.device(device)
         self._iterable = isinstance(dataset, IterableDataset)
@@ -317,10 +317,8 @@ class TorchLoader(DataLoader, Loader):
     def _untimed(self, batches: Iterator[Timed]) -> Iterator[Any]:
         """The batches of a timed pass, their stage seconds summed into stats (on after a batch that raised)."""
         def record(timed: Timed) -> Any:
-            batch, stages = timed
-            self._record_stages(stages)
-            return batch
-
+            self._record_stages(timed[1])
+            return timed[0]
         return Fetches(batches, record)
 
     def _ring_collate(self) -> RingCollate | None:
@@ -345,7 +343,7 @@ class TorchLoader(DataLoader, Loader):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state_dict(self) -> dict[str, Any]:
         """Where this loader stands: taken after k batches of an epoch, a loader given it yields
         the batches after those k, then carries on to later epochs the same way. Exact when
         the dataset's samples are a function of their index; an iterable dataset is
@@ -383,11 +381,10 @@ class TorchLoader(DataLoader, Loader):
         except TypeError:  # a batch sampler without __len__
             return None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}"
-            )
+            raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got "
+                             f"{state!r:.200}")
         if not isinstance(state.get("rng"), torch.Tensor):  # an image loader's state has "backend" and no RNG
             raise ValueError(f"the state was taken by a loader over images (backend {state.get('backend')!r}), "
                              "so it resumes only a loader over the same images, not one over a Dataset")
@@ -397,3 +394,7 @@ class TorchLoader(DataLoader, Loader):
         if state["epoch"] is not None:
             self.set_epoch(state["epoch"])
         self._resume = dict(state)
+
+
+class TorchLoader(TorchCore, Loader):
+    """What `fastdata.loader(dataset, ...)` returns: `TorchCore` with `Loader`'s state methods."""

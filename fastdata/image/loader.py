@@ -242,14 +242,14 @@ class ImageLoader(Loader):
         twin._epoch, twin._skip, twin._in_epoch, twin._delivered = state["epoch"], state["batches"], False, 0
         return iter(twin)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state_dict(self) -> dict[str, Any]:
         """Where the stream stands: mid-epoch while a pass is live, else where the next pass
         starts."""
         return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,
                 "batches": self._delivered if self._in_epoch else self._skip, "batch_size": self.batch_size,
                 "world_size": self.world_size, **self._order.state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "batches" not in state:
             raise ValueError(f"state should be a dict from Loader.state_dict() (version {_STATE_VERSION}), but got {state!r:.200}")
         check_position(state, None, self.batch_size)

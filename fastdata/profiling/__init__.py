@@ -9,7 +9,7 @@
   is, how the verdict follows and where a tuned config is kept.
 
 A fastdata Loader is timed through the profiling protocol declared on
-`fastdata._loader.Loader`; of a loader, nothing else is read but its public attributes.
+`fastdata._loader.LoaderCore`; of a loader, nothing else is read but its public attributes.
 The tuned configs live in `fastdata.tunecache`, which the factory reads without this package.
 """
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._loader import Loader
+from .._loader import LoaderCore
 from .._cores import usable_cores
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
@@ -58,7 +58,7 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
     device = device if device is not None else getattr(loader, "device", None)
-    timed = isinstance(loader, Loader) and loader.set_stage_timing(True)
+    timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
     try:
         measure = None
@@ -69,7 +69,7 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     finally:
         if timed:
             loader.set_stage_timing(False)
-    if isinstance(loader, Loader):
+    if isinstance(loader, LoaderCore):
         report.sizes = rates_per_size(loader, steps, warmup)
     report.skipped = skipped_since(skipped_before, _skips(getattr(loader, "stats", {})))
     if not report.loader_images_per_s and report.skipped["count"]:  # nothing to measure: no verdict
@@ -296,7 +296,7 @@ def size_steps(transform: Any, horizon: int = 100) -> list[int]:
     return sorted(epochs)
 
 
-def rates_per_size(loader: Loader, steps: int, warmup: int) -> list[dict[str, Any]]:
+def rates_per_size(loader: LoaderCore, steps: int, warmup: int) -> list[dict[str, Any]]:
     """For a loader whose output size follows the epoch (progressive resizing): the loader's
     rate alone at each size, timed over up to `steps` batches of the first epoch at that size
     after `warmup` and the batches that queue up ahead (fewer where the epoch is shorter).
@@ -325,12 +325,12 @@ def rates_per_size(loader: Loader, steps: int, warmup: int) -> list[dict[str, An
 
 
 # ----------------------------------------------------------------- what it asks of a loader
-# A fastdata Loader answers through its profiling protocol (fastdata._loader.Loader); any
+# A fastdata loader answers through its profiling protocol (fastdata._loader.LoaderCore); any
 # other iterable of batches (a DataLoader, say) is not timed, and its queue depth is DataLoader's.
 
 def _ahead(loader: Any) -> int:
     """How many batches the loader can have ready ahead of the consumer."""
-    if isinstance(loader, Loader):
+    if isinstance(loader, LoaderCore):
         return loader.batches_ahead()
     workers = getattr(loader, "num_workers", 0) or 0
     return (workers or 1) * (getattr(loader, "prefetch_factor", None) or 2) + 1
@@ -338,12 +338,12 @@ def _ahead(loader: Any) -> int:
 
 def _in_process(loader: Any) -> bool:
     """Whether the loader's stages run in the training process (no worker processes)."""
-    if isinstance(loader, Loader):
+    if isinstance(loader, LoaderCore):
         return loader.runs_in_process()
     return getattr(loader, "num_workers", 0) == 0
 
 
-def _stage_totals(loader: Loader) -> dict[str, float]:
+def _stage_totals(loader: LoaderCore) -> dict[str, float]:
     """Seconds so far of each stage, summed over the workers, and "images"."""
     return {k: v for k, v in loader.stage_seconds().items() if not isinstance(v, dict)}
 

@@ -1,7 +1,7 @@
 """What `fastdata run` changes in the command's processes: `torch.utils.data.DataLoader`.
 
 `install()` puts `DataLoader` (below) in torch's place. Making one decides, per loader, from its
-arguments: served by fastdata's drop-in loader (`Served`, a `TorchLoader`) or torch's own
+arguments: served by fastdata's drop-in loader (`Served`, a `TorchCore`) or torch's own
 DataLoader (an instance of `DataLoader` itself, which adds nothing to torch's class). Both are
 instances of the class the script sees as `DataLoader` and of torch's. Each decision is appended
 to `$FASTDATA_RUN_DIR/loaders-<pid>.jsonl` when it is made; at the process's exit, each served
@@ -42,7 +42,7 @@ from ._layout import Finish
 from ._torchvision import NativeFolder
 from .._collate import collate as native_collate
 from .._workers import wait_forever
-from ..backends.torch import TorchLoader
+from ..backends.torch import TorchCore
 from ..backends.torch_iter import Fetches
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
@@ -109,8 +109,10 @@ class DataLoader(TorchDataLoader[_GENERIC] if _GENERIC else TorchDataLoader, met
         return obj
 
 
-class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
-    """A loader `fastdata run` serves: fastdata's drop-in loader, and a `DataLoader`."""
+class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
+    """A loader `fastdata run` serves: fastdata's drop-in loader, and a `DataLoader`. Like torch's,
+    it has no `state_dict` (see `LoaderCore`): a trainer resumes its epoch from the start, and
+    its checkpoints resume without fastdata."""
 
     def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
         # `dataset` named, as in DataLoader's signature: Lightning finds a loader's dataset by
@@ -122,7 +124,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         if workers is not None:
             kwargs["num_workers"] = workers
         self._fastdata_added = workers is not None  # fastdata gave the workers: see NativeFolder.carry
-        TorchLoader.__init__(self, dataset, *args, **kwargs)
+        TorchCore.__init__(self, dataset, *args, **kwargs)
         self._fastdata_added = self.num_workers if workers is not None else 0  # (once the count is known)
         self._fastdata_where = _where()
         timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
@@ -137,7 +139,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
             _copying.append((seq, copy))
 
     def _build(self) -> None:
-        TorchLoader._build(self)
+        TorchCore._build(self)
         self._loader.__class__ = _Working  # torch's DataLoader with no state of its own added: see _Working
         if not self.timeout:
             self._loader.timeout = 0  # the script's timeout=0, as torch's: a wait as long as it takes
@@ -162,7 +164,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
         if finish is not None:  # natively served: the batches' images in the transform's layout and dtype
             it = Fetches(iter(it), finish)  # an iterator that goes on after a batch that raised
         copy = getattr(self, "_fastdata_copy", None)
-        return copy.batches(it) if copy is not None and self.device is None else TorchLoader._to_device(self, it, timed)
+        return copy.batches(it) if copy is not None and self.device is None else TorchCore._to_device(self, it, timed)
 
     def __iter__(self) -> Any:
         why = self._workers_back()
@@ -170,7 +172,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
             print(f"fastdata run: the loader made at {self._fastdata_where} goes on without the {self.num_workers} "
                   f"workers fastdata gave it: {why}", file=sys.stderr)
             self._fastdata_added = self.num_workers = 0
-        it = TorchLoader.__iter__(self)
+        it = TorchCore.__iter__(self)
         timing = getattr(self, "_fastdata_timing", None)
         return it if timing is None else TimedPass(it, timing, self)
 
@@ -189,15 +191,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchLoader):
             return "it has a collate_fn of the script's now (its state and draws would move to them)"
         return None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        try:  # torch's DataLoader restores no position: one this loader cannot resume, it does not either
-            TorchLoader.load_state_dict(self, state)
-        except ValueError as e:
-            print(f"fastdata run: the loader made at {self._fastdata_where} starts afresh, as torch's: {e}",
-                  file=sys.stderr)
-
     def __getstate__(self) -> dict[str, Any]:
-        state = TorchLoader.__getstate__(self)
+        state = TorchCore.__getstate__(self)
         state.pop("_fastdata_timing", None)  # a copy in another process is not this one's record
         state.pop("_fastdata_copy", None)
         return state
@@ -209,7 +204,7 @@ Served.__name__, Served.__repr__ = "DataLoader", object.__repr__
 
 
 class _Working(TorchDataLoader):
-    """A served loader's working DataLoader (see TorchLoader), as the script sees torch's: its
+    """A served loader's working DataLoader (see TorchCore), as the script sees torch's: its
     workers' `get_worker_info().dataset` is the script's dataset (not the NativeFolder that a
     natively served folder's batches are fetched from, which lists its samples for them before
     they start); with timeout 0 it waits for a batch as long as it takes (`wait_forever`)."""

@@ -2,7 +2,7 @@
 
 In the command's process, `Timing` wraps each pass of a served loader: the wait is the time in
 `next()`, the step the time from a batch handed out to the next `next()` (the script's own
-work); the loader's stage timing (the profiling protocol of `fastdata._loader.Loader`)
+work); the loader's stage timing (the profiling protocol of `fastdata._loader.LoaderCore`)
 gives the stage seconds. In `fastdata run`, `report` turns those figures into the usual
 `Report`: there is no loader-alone run in a real run, so the loader's own rate is the rate
 model's (`RateModel`) from the stage costs, or, with no workers, the images over the waits.

@@ -2,7 +2,8 @@
 plain DataLoader over a Dataset whose samples encode their index; Trainer on one device, the
 CPU (or the accelerator named by a second argument: gpu; or `ddp`: two CPU processes, gloo).
 Writes the ids of each batch and the losses to the JSON file named by its first argument (under
-ddp, each rank to that name plus `.rank<r>`)."""
+ddp, each rank to that name plus `.rank<r>`). `--save DIR` keeps a checkpoint every 3 steps
+there (one mid-epoch); `--resume PATH` resumes from one."""
 
 import json
 import sys
@@ -44,11 +45,15 @@ class Module(pl.LightningModule):
 if __name__ == "__main__":
     pl.seed_everything(0)
     module = Module()
-    how = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    args = sys.argv[2:]
+    how = args[0] if args and not args[0].startswith("--") else "cpu"
     devices = {"accelerator": "cpu", "devices": 2, "strategy": "ddp"} if how == "ddp" else {"accelerator": how, "devices": 1}
-    trainer = pl.Trainer(**devices, max_epochs=2, logger=False, enable_checkpointing=False,
+    save = args[args.index("--save") + 1] if "--save" in args else None
+    resume = args[args.index("--resume") + 1] if "--resume" in args else None
+    keep = [pl.callbacks.ModelCheckpoint(save, every_n_train_steps=3, save_top_k=-1)] if save else []
+    trainer = pl.Trainer(**devices, max_epochs=2, logger=False, enable_checkpointing=bool(save), callbacks=keep,
                          enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module)
+    trainer.fit(module, ckpt_path=resume)
     if torch.distributed.is_initialized():  # as torch asks (Lightning destroys only an NCCL group at exit)
         torch.distributed.destroy_process_group()
     loader = trainer.train_dataloader

@@ -100,6 +100,34 @@ def test_lightning_same_batches(tmp_path):
     assert all(line.startswith("served") for line in _summary(err)), err
 
 
+@pytest.mark.timeout(400)
+def test_a_lightning_checkpoint_taken_mid_epoch_resumes_as_without_fastdata(tmp_path):
+    """A served loader has no state_dict, as torch's DataLoader: Lightning writes no loader state
+    into a checkpoint taken mid-epoch under `fastdata run` (one with it would resume only under
+    fastdata: "The CombinedLoader has 0 stateful loaders, but found 1 states"), and a resume
+    under either restarts the epoch as the script does without fastdata, with Lightning's
+    warning that the loader is not resumable."""
+    pytest.importorskip("pytorch_lightning")
+    run = (sys.executable, "-m", "fastdata", "run", "--")
+
+    def fit(name: str, under_run: bool, *args: str) -> tuple[dict, str]:
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([*(run if under_run else ()), sys.executable, str(SCRIPTS / "train_lightning.py"),
+                               str(out), *args], capture_output=True, text=True, timeout=150)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(out.read_text()), proc.stderr
+
+    for saved_by in ("plain", "run"):
+        fit(f"save-{saved_by}", saved_by == "run", "--save", str(tmp_path / saved_by))
+    mid = "epoch=0-step=3.ckpt"  # after batch 3 of the 8 of epoch 0
+    want, err = fit("plain-plain", False, "--resume", str(tmp_path / "plain" / mid))
+    assert "not resumable" in err and len(want["ids"]) == 2 * 8 - 3
+    for saved_by, resumed_by in (("run", "plain"), ("run", "run"), ("plain", "run")):
+        got, err = fit(f"{saved_by}-{resumed_by}", resumed_by == "run", "--resume", str(tmp_path / saved_by / mid))
+        assert got["ids"] == want["ids"] and got["losses"] == want["losses"], (saved_by, resumed_by)
+        assert "not resumable" in err, (saved_by, resumed_by)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_lightning_ddp_loader_from_the_hook_same_shares(tmp_path):
@@ -867,26 +895,37 @@ def test_ignored_signals_stay_ignored(tmp_path):
     assert proc.stdout == plain.stdout == "[True, True, False]\n"
 
 
-def test_a_state_a_served_loader_cannot_resume_starts_it_afresh(capsys):
-    """torch's DataLoader restores no position, so a trainer resumes its epoch from the start: a
-    served loader given a state it cannot resume (taken with another batch size, the script
-    changed since the checkpoint) does the same, with a line saying so, instead of raising."""
+def test_a_served_loader_has_no_state_methods_as_torchs_has_none():
+    """Neither hasattr nor a runtime-checkable protocol (Lightning's `_Stateful`; Python 3.12
+    looks the methods up with `inspect.getattr_static`) finds state methods on a served loader,
+    as on torch's DataLoader; fastdata.loader's drop-in has them."""
+    import inspect
+    from typing import Protocol, runtime_checkable
+
     import torch
 
-    from fastdata.run._hook import Served
+    import fastdata
+    from fastdata.run._hook import DataLoader, Served
+
+    @runtime_checkable
+    class Stateful(Protocol):
+        def state_dict(self) -> dict: ...
+
+        def load_state_dict(self, state: dict) -> None: ...
 
     dataset = torch.utils.data.TensorDataset(torch.arange(40))
-    taken = Served(dataset, batch_size=8)
-    it = iter(taken)
-    next(it)
-    state = taken.state_dict()
-    other = Served(dataset, batch_size=4)
-    other.load_state_dict(state)
-    assert [x.tolist() for (x,) in other] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    assert "starts afresh, as torch's: the state was taken with batch_size=8" in capsys.readouterr().err
-    same = Served(dataset, batch_size=8)
-    same.load_state_dict(state)
-    assert [x.tolist() for (x,) in same] == [list(range(i, i + 8)) for i in range(8, 40, 8)]
+    served = DataLoader(dataset, batch_size=8)
+    assert type(served) is Served
+    for loader, has in ((torch.utils.data.DataLoader(dataset, batch_size=8), False), (served, False),
+                        (fastdata.loader(dataset, batch_size=8), True)):
+        assert isinstance(loader, Stateful) is has, type(loader)
+        for name in ("state_dict", "load_state_dict"):
+            assert hasattr(loader, name) is has, (type(loader), name)
+            try:
+                inspect.getattr_static(loader, name)
+                assert has, (type(loader), name)
+            except AttributeError:
+                assert not has, (type(loader), name)
 
 
 WORKER_WARNING = """
