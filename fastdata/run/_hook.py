@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import sys
+import sysconfig
 import types
 import weakref
 from typing import Any
@@ -49,8 +50,10 @@ TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
 # torch's DataLoader is Generic (DataLoader[T]): so is this one, over torch's own type variable
 _GENERIC = getattr(TorchDataLoader, "__parameters__", ())
-# Frames of these packages are skipped when naming where a loader was made.
+# Frames of these packages are skipped when naming where a loader was made, and so are those of
+# any installed library (timm's create_loader, say) where the script's own frame is below them.
 _LIBRARIES = {"torch", "fastdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
+_STDLIB = tuple({os.path.join(path, "") for key in ("stdlib", "platstdlib") if (path := sysconfig.get_paths().get(key))})
 
 _served: list[tuple[weakref.ref, Timing]] = []
 _copying: list[tuple[int, CopyAhead]] = []
@@ -237,15 +240,25 @@ def _copy_ahead() -> bool:
 
 
 def _where() -> str:
-    """file:line of the first frame outside torch, fastdata and the trainers: where the script
-    made the loader (or, for a loader a trainer rebuilt, the call into the trainer)."""
-    frame = sys._getframe(1)
+    """file:line of the first frame outside torch, fastdata, the trainers and installed libraries:
+    where the script made the loader, or called the library that did (for a loader a trainer
+    rebuilt, the call into the trainer); with no such frame, the first outside torch, fastdata
+    and the trainers."""
+    frame, library = sys._getframe(1), None
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] not in _LIBRARIES:
-            return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        if frame.f_globals.get("__name__", "").split(".")[0] not in _LIBRARIES:
+            here = f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+            if not _installed(frame.f_code.co_filename):
+                return here
+            library = library or here
         frame = frame.f_back
-    return "?"
+    return library or "?"
+
+
+def _installed(path: str) -> bool:
+    """Whether `path` is a file of the standard library or of an installed package (in a
+    site-packages or dist-packages folder: a virtualenv's, the user's, a distribution's)."""
+    return path.startswith(_STDLIB) or not {"site-packages", "dist-packages"}.isdisjoint(path.split(os.sep))
 
 
 def _record(loader: Any, dataset: Any, decision: str, reason: str, cls: type) -> int | None:

@@ -76,6 +76,25 @@ def test_falls_back_with_the_reason(tmp_path, flag, loader, reason):
     assert line.startswith("fell back") and loader in line and reason in line, line
 
 
+def test_a_loader_an_installed_library_makes_is_named_by_the_scripts_line(tmp_path):
+    """The summary names the script's line that called the library (timm's create_loader, say),
+    not the library's own file."""
+    lib = tmp_path / "lib" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "loaders.py").write_text("import torch\n\ndef make(ds):\n"
+                                    "    return torch.utils.data.DataLoader(ds, batch_size=4)\n")
+    script = tmp_path / "train.py"
+    script.write_text(f"import sys, torch\nsys.path.insert(0, {str(lib)!r})\nimport loaders\n"
+                      "loader = loaders.make(torch.utils.data.TensorDataset(torch.arange(8)))\n"
+                      "print([b.tolist() for (b,) in loader])\n")
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[[0, 1, 2, 3], [4, 5, 6, 7]]\n"
+    (line,) = _summary(proc.stderr)
+    assert line.split()[:2] == ["served", "train.py:4"], line
+
+
 def test_pickled_copied_and_rebuilt(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable,
                            str(SCRIPTS / "rebuild_loader.py")], capture_output=True, text=True, timeout=150)
