@@ -53,7 +53,8 @@ _GENERIC = getattr(TorchDataLoader, "__parameters__", ())
 # Frames of these packages are skipped when naming where a loader was made, and so are those of
 # any installed library (timm's create_loader, say) where the script's own frame is below them.
 _LIBRARIES = {"torch", "fastdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
-_STDLIB = tuple({os.path.join(path, "") for key in ("stdlib", "platstdlib") if (path := sysconfig.get_paths().get(key))})
+_STDLIB = tuple({os.path.join(path, "") for key in ("stdlib", "platstdlib")
+                 if (path := sysconfig.get_paths().get(key))})
 
 _served: list[tuple[weakref.ref, Timing]] = []
 _copying: list[tuple[int, CopyAhead]] = []

@@ -7,9 +7,9 @@ webcam's before its restart markers among them) must give the pixels Pillow give
 crop: the image as stored, EXIF orientation ignored (Pillow's `Image.open` and torchvision's
 `decode_jpeg` do not apply it either). Rejected files (empty, cut short, not an image, a header
 claiming 13000x13000 pixels, 150 scans, fill bytes before a stuffed zero, stray bytes before a
-JPEG's first scan) must raise a `DataError` naming the file and the cause (one line when the main process decodes; torch's
-DataLoader re-raises a worker's with its traceback), or with on_error="skip" be left out and
-counted, on every backend, for every crop the epoch draws.
+JPEG's first scan) must raise a `DataError` naming the file and the cause (one line when the
+main process decodes; torch's DataLoader re-raises a worker's with its traceback), or with
+on_error="skip" be left out and counted, on every backend, for every crop the epoch draws.
 
 The images are gradients (red follows x, green follows y), so a rotated, mirrored or misplaced
 crop is off by tens of levels where resampling differences are a level or two.

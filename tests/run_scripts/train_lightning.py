@@ -51,8 +51,8 @@ if __name__ == "__main__":
     save = args[args.index("--save") + 1] if "--save" in args else None
     resume = args[args.index("--resume") + 1] if "--resume" in args else None
     keep = [pl.callbacks.ModelCheckpoint(save, every_n_train_steps=3, save_top_k=-1)] if save else []
-    trainer = pl.Trainer(**devices, max_epochs=2, logger=False, enable_checkpointing=bool(save), callbacks=keep,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(**devices, max_epochs=2, logger=False, enable_checkpointing=bool(save),
+                         callbacks=keep, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, ckpt_path=resume)
     if torch.distributed.is_initialized():  # as torch asks (Lightning destroys only an NCCL group at exit)
         torch.distributed.destroy_process_group()
