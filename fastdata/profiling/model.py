@@ -290,9 +290,10 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
                         if st.get(s, 0) > 0)
         text = (f"the training process runs its own stages ({1e3 * model.main:.2f} ms an image: {own}) in series "
                 "with the step")
-        # (named though the measured rate passes the model's figure by over 5%: the measured one is said)
-        held = (f"is {together:,.0f} images/s {against} (the rate model's figure: {rate:,.0f})"
-                if together and together > 1.05 * rate else f"holds at about {rate:,.0f} images/s {against}")
+        # (named though the measured rate is over 5% off the model's figure: the measured one is said)
+        off = together and abs(together - rate) > 0.05 * rate
+        held = (f"is {together:,.0f} images/s {against} (the rate model's figure: {rate:,.0f})" if off
+                else f"holds at about {rate:,.0f} images/s {against}")
         if rate < 0.95 * alone:  # it shares its core with busy workers
             return {"text": f"{text}, on a core it shares with the workers: the rate together {held}, and at most "
                             f"{alone:,.0f} with a core of its own",
