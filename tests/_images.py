@@ -58,3 +58,20 @@ def tar_as_is(pairs: list[tuple[str, int]], path: Path | str) -> None:
         ext = os.path.splitext(file)[1][1:].lower().replace("jpeg", "jpg")
         members += [(f"{i:08d}.{ext}", Path(file).read_bytes()), (f"{i:08d}.cls", b"%d" % label)]
     tar_of(path, members)
+
+
+def extraneous(data: bytes, header: bool = False) -> bytes:
+    """`data` (with restart markers) with 1 to 4 stray bytes before each restart marker, as a
+    Logitech C270 webcam writes every frame (libjpeg: "Corrupt JPEG data: 3 extraneous bytes
+    before marker 0xd0"); with `header`, 5 more between two header segments."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    out = bytearray(data)
+    markers = [i for i in range(start, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+    assert len(markers) > 3
+    for k, i in enumerate(reversed(markers)):
+        out[i:i] = bytes([0x11 * (k % 5 + 1)]) * (k % 4 + 1)
+    if header:
+        at = out.index(b"\xff\xdb")
+        out[at:at] = b"\x00\x2a\xff\x00\x17"
+    return bytes(out)

@@ -36,7 +36,7 @@ from fastdata import DataError, _codec, _structure
 from fastdata import transforms as T
 from fastdata.transforms.plan import plan_geometry
 
-from _images import tar_as_is
+from _images import extraneous, tar_as_is
 
 OUT = 24
 RRC = T.Compose([T.RandomResizedCrop(OUT, scale=(0.25, 1.0)), T.RandomHorizontalFlip()])
@@ -106,23 +106,6 @@ def fill_before_zero(data: bytes) -> bytes:
     libjpeg-turbo's two Huffman readers decode differently."""
     at = data.index(b"\xff\x00", data.index(b"\xff\xda"))
     return data[:at] + b"\xff" + data[at:]
-
-
-def extraneous(data: bytes, header: bool = False) -> bytes:
-    """`data` (with restart markers) with 1 to 4 stray bytes before each restart marker, as a
-    Logitech C270 webcam writes every frame (libjpeg: "Corrupt JPEG data: 3 extraneous bytes
-    before marker 0xd0"); with `header`, 5 more between two header segments."""
-    sos = data.index(b"\xff\xda")
-    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
-    out = bytearray(data)
-    markers = [i for i in range(start, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
-    assert len(markers) > 3
-    for k, i in enumerate(reversed(markers)):
-        out[i:i] = bytes([0x11 * (k % 5 + 1)]) * (k % 4 + 1)
-    if header:
-        at = out.index(b"\xff\xdb")
-        out[at:at] = b"\x00\x2a\xff\x00\x17"
-    return bytes(out)
 
 
 def stray_between_scans(data: bytes) -> bytes:

@@ -30,6 +30,8 @@ import torch
 
 from fastdata import _codec
 
+from _images import extraneous
+
 pytestmark = pytest.mark.skipif(not _codec.AVAILABLE, reason="native JPEG decoder not built")
 
 Image = pytest.importorskip("PIL.Image")
@@ -570,12 +572,7 @@ def test_entropy_decoder_takes_restart_markers_in_turn(tmp_path):
     # 1 to 4 bytes before each marker, as a Logitech C270 writes them: the segments' blocks are
     # decoded from the bits before, so the pixels are the file's without them.
     for data in variants[:2]:
-        sos = data.index(b"\xff\xda")
-        start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
-        stray = bytearray(data)
-        for k, i in enumerate(reversed([i for i in range(start, len(data) - 1)
-                                        if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7])):
-            stray[i:i] = bytes([0x11 * (k % 5 + 1)]) * (k % 4 + 1)
+        stray = extraneous(data)
         crops = random_crops(rng, (180, 130), 8, area=(0.02, 1.0))
         want = run(data, crops, False)[1]
         before = _codec.index_stats()["files"]
