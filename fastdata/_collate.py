@@ -8,6 +8,7 @@ result is the same object `default_collate` would build, value for value.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -54,6 +55,30 @@ _NUMPY_TO_TORCH = {
     np.dtype(np.float64): torch.float64,
 }
 _NATIVE_DTYPES = frozenset(_NUMPY_TO_TORCH.values()) | {torch.bfloat16}
+
+
+def batch_len(batch: Any) -> int:
+    """How many samples `batch` holds: the first dimension of its first array (a tensor or an
+    ndarray of at least one dimension, looked for depth first through mappings, lists and
+    tuples), else the length of a list or tuple of other things (strings, paths), else 1 (0 for
+    an empty mapping)."""
+    rows = _first_rows(batch)
+    if rows is not None:
+        return rows
+    if isinstance(batch, (list, tuple)):
+        return len(batch)
+    return 0 if isinstance(batch, Mapping) and not batch else 1
+
+
+def _first_rows(x: Any) -> int | None:
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return int(x.shape[0]) if x.ndim else None
+    items = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
+    for item in items:
+        rows = _first_rows(item)
+        if rows is not None:
+            return rows
+    return None
 
 
 def default_threads() -> int:

@@ -40,15 +40,21 @@ ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_wo
                        "_sampler_iter", "_pin_memory", "_pin_memory_device", "_workers_status", "_persistent_workers",
                        "_mark_worker_as_unavailable")
 OTHER_NAMES = ("_new_shared", "_typed_storage", "_profiler_enabled", "_remove_worker_pids", "_utils", "_shutdown",
-               "_SingleProcessDataLoaderIter", "_MapDatasetFetcher", "_IterableDatasetFetcher")
+               "_SingleProcessDataLoaderIter", "_MapDatasetFetcher", "_IterableDatasetFetcher", "_version")
 
 
-# ----------------------------------------------------------------- the profiler, shared memory
+# ----------------------------------------------------------------- the profiler, tensors, shared memory
 
 def profiler_enabled() -> bool:
     """Whether a torch profiler records now (its traces keep the ranges of the thread that
     started it)."""
     return torch.autograd._profiler_enabled()
+
+
+def write_count(t: torch.Tensor) -> int:
+    """A counter torch bumps at each in-place write to `t`'s data (autograd's version counter):
+    unchanged, the data is as it was when the count was read."""
+    return t._version
 
 
 def new_shared_storage(nbytes: int) -> torch.UntypedStorage:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable
 
+from ._collate import batch_len
 from ._cores import usable_cores
 
 # A figure up to this factor over the ceiling still counts as a measurement. The ceiling is one
@@ -21,21 +22,6 @@ from ._cores import usable_cores
 # per image than the serial run, so a real figure stays under the ceiling itself, and the
 # factor only absorbs that noise.
 MARGIN = 1.25
-
-
-def images_in(batch: Any) -> int:
-    """The number of samples in `batch`: `shape[0]` of its first array (a tensor, or the first
-    one inside a tuple, list or dict)."""
-    shape = getattr(batch, "shape", None)
-    if shape is not None and len(shape):
-        return int(shape[0])
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
-    for item in items:
-        try:
-            return images_in(item)
-        except ValueError:
-            continue
-    raise ValueError(f"a batch should hold an array with a batch dimension, but got {type(batch).__name__}")
 
 
 def ceiling(make_loader: Callable[[int], Iterable[Any]], batches: int = 8, cores: int | None = None,
@@ -62,7 +48,7 @@ def ceiling(make_loader: Callable[[int], Iterable[Any]], batches: int = 8, cores
             got = True
             seen += 1
             if seen > warmup:
-                images += images_in(batch)
+                images += batch_len(batch)
                 cpu = time.process_time() - t
             elif seen == warmup:
                 t = time.process_time()

@@ -35,7 +35,8 @@ import numpy as np
 from ._cli import (CommandError, Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone,
                    run_command)
 from ._cores import usable_cores
-from .ceiling import ceiling, images_in, within
+from ._collate import batch_len
+from .ceiling import ceiling, within
 from .tunecache import cache_root
 
 
@@ -114,7 +115,7 @@ def _run(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[int, float]:
     for _ in range(epochs):
         for batch in loader:
             batch[0][0, 0, 0, 0].item()  # the consumer touches the batch
-            images += images_in(batch)
+            images += batch_len(batch)
     seconds = time.perf_counter() - t
     del loader
     _await_no_workers()

@@ -1,1 +1,2 @@
-"""One module per backend; `fastdata.factory` chooses among them."""
+"""One module per backend (`torch`: the drop-in, with `torch_iter`, how its passes iterate; `pil`, `wds`,
+`dali`, `ray`: image mode); `fastdata.factory` chooses among them."""

@@ -3,13 +3,13 @@ iterator that, as DataLoader's, survives a batch that raised."""
 
 from __future__ import annotations
 
-import collections.abc
 import itertools
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import BatchSampler
 
+from .._collate import batch_len
 from .._loader import Pass as LoaderPass
 from .._torch_internals import single_process_fetch
 
@@ -164,19 +164,6 @@ def raised_by_dataset(error: BaseException, workers: int) -> bool:
     after which DataLoader goes on: raised in this process with no workers, or re-raised from a
     live worker (its message is DataLoader's "Caught ... in DataLoader worker process k")."""
     return workers == 0 or "in DataLoader worker process" in str(error)
-
-
-def batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, collections.abc.Mapping):
-        return batch_len(next(iter(batch.values()))) if batch else 0
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        if isinstance(first, (torch.Tensor, collections.abc.Mapping, list, tuple)):
-            return batch_len(first)
-        return len(batch)
-    return 1
 
 
 def batch_sizes(batch_sampler: Any, iterable: bool):

@@ -4,7 +4,8 @@
   step alone, the two together), the ceiling and the verdict;
 - `model`: `RateModel`, images/s of another config from the stage costs, and the advice;
 - `tune`: `tune`, the search over num_workers, prefetch_factor, backend and placement;
-- `report`: `Report`, as text, in the terminal, as a self-contained HTML page and as JSON;
+- `report`: `Report`, as text, in the terminal and as JSON, and the verdict's rule;
+- `html`: the report as a self-contained HTML page, rendered from its JSON alone;
 - `cli`: `fastdata-profile`; its docstring, the command's --help, says what each measurement
   is, how the verdict follows and where a tuned config is kept.
 

@@ -8,22 +8,18 @@ from typing import Any, Callable
 
 import torch
 
+from .._collate import batch_len
 from .._loader import LoaderCore
 from .._cores import usable_cores
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
 from .model import RateModel, advise
-from .report import COMPUTE_BOUND, COSTS, INPUT_BOUND, WORKER_STAGES, Report
+from .report import COSTS, WORKER_STAGES, Report, verdict
 
 
 def _sync(device) -> None:
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _batch_len(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(first.shape[0]) if hasattr(first, "shape") else len(first)
 
 
 def _described(loader: Any) -> str:
@@ -163,7 +159,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(steps):
         e, t = epochs[0], time.perf_counter()
         batch = next(it)
-        alone.append((time.perf_counter() - t, _batch_len(batch), epochs[0] != e))
+        alone.append((time.perf_counter() - t, batch_len(batch), epochs[0] != e))
         cached = _fuller(cached, batch)
     _sync(device)
     n = sum(k for _, k, _ in alone)
@@ -176,7 +172,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         own = COSTS if _in_process(loader) else {"device_stage"}
         stages["deliver"] = max(0.0, 1e3 * cpu / n - sum(v for k, v in stages.items() if k in own))
     bound = max((COSTS | {"deliver"}).intersection(stages), key=stages.get, default=None)
-    batch_size = _batch_len(cached)
+    batch_size = batch_len(cached)
     config = {k: getattr(loader, k) for k in ("backend", "num_workers", "batch_size", "placement") if hasattr(loader, k)}
     if config.get("placement") == "auto":  # as the loader resolved it: the CPU, where no tune applied "gpu"
         config["placement"] = "cpu"
@@ -217,14 +213,8 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     # milliseconds on a busy host, more in one phase than another); real: compute and waits
     compute = sum(c for _, c in (timeline[1:] if len(timeline) > 1 and _cuda(device) else timeline))
     stall = max(0.0, 1.0 - compute / max(seconds, 1e-9))
-    if stall > INPUT_BOUND:
-        verdict, why = "input-bound", f"the step waited for data {100 * stall:.0f}% of the time"
-    elif loader_rate >= COMPUTE_BOUND * step_rate:
-        verdict, why = "compute-bound", (f"the loader alone is {loader_rate / step_rate:.1f}x the step's rate: faster "
-                                         "input would not speed this step up")
-    else:
-        verdict, why = "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
-    report = Report(source, batch_size, loader_rate, step_rate, together, stall, verdict, why, timeline, config,
+    said = verdict(stall, loader_rate, step_rate)
+    report = Report(source, batch_size, loader_rate, step_rate, together, stall, *said, timeline, config,
                     stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
     check_ceiling(report, steps)
     advise(loader, report, measure)
@@ -233,7 +223,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
 
 def _fuller(kept: Any, batch: Any) -> Any:
     """The batch to keep for the step alone: the newer of the two unless it is smaller."""
-    return batch if kept is None or _batch_len(batch) >= _batch_len(kept) else kept
+    return batch if kept is None or batch_len(batch) >= batch_len(kept) else kept
 
 
 def _cuda(device) -> bool:
@@ -275,7 +265,7 @@ def _together(it, step, steps: int, device, epochs: list[int]):
             step(batch)
         t2 = time.perf_counter()
         timeline.append((t1 - t0, t2 - t1))
-        out.append((t2 - t0, _batch_len(batch), epochs[0] != e))
+        out.append((t2 - t0, batch_len(batch), epochs[0] != e))
     _sync(device)
     seconds, images = time.perf_counter() - start, sum(k for _, k, _ in out)
     if cuda:
@@ -313,7 +303,7 @@ def rates_per_size(loader: LoaderCore, steps: int, warmup: int) -> list[dict[str
             next(it)
         n, timed, shape, t = 0, 0, None, time.perf_counter()
         for batch in it:
-            n, timed = n + _batch_len(batch), timed + 1
+            n, timed = n + batch_len(batch), timed + 1
             shape = tuple(batch[0].shape[-2:])
             if timed == steps:
                 break

@@ -23,6 +23,17 @@ from .html import render as render_html
 INPUT_BOUND = 0.10  # stall fraction above which the step is input-bound
 COMPUTE_BOUND = 1.5  # loader rate / step rate above which the step is compute-bound
 
+
+def verdict(stall: float, loader_rate: float, step_rate: float) -> tuple[str, str]:
+    """The verdict (one of VERDICTS) and why, from the share of the run the step waited for
+    data and the loader's and the step's rates alone."""
+    if stall > INPUT_BOUND:
+        return "input-bound", f"the step waited for data {100 * stall:.0f}% of the time"
+    if loader_rate >= COMPUTE_BOUND * step_rate:
+        return "compute-bound", (f"the loader alone is {loader_rate / step_rate:.1f}x the step's rate: faster input "
+                                 "would not speed this step up")
+    return "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
+
 # What each stage is, as the report says it (ms an image; where: worker, training process, GPU).
 STAGES = {
     "read": "reading the bytes (wall time)",
@@ -157,7 +168,7 @@ class Report:
             return
         for k, a in enumerate(self.advice):
             if a.change and a.confidence == "measured" and self._tune_passed_over({**default, **a.change}):
-                self.advice[k] = Advice(f"{a.text}; the tune measured it too and picked {_name(chosen)}")
+                self.advice[k] = Advice(f"{a.text}; the tune measured it too and picked {config_text(chosen)}")
         change = {k: v for k, v in chosen.items() if default.get(k) != v}
         runs = {json.dumps(c["config"], sort_keys=True): c for c in outcome.get("candidates", ())}
         won = next((c for c in runs.values() if chosen.items() <= c["config"].items()), None)
@@ -168,8 +179,9 @@ class Report:
         b_low, b_high = base["interval_images_per_s"]
         self.advice[:] = [a for a in self.advice if a.text not in (NO_CHANGE, NOTHING_TO_CHANGE)]
         was = {k: default.get(k) for k in change}
+        was_text = config_text(was) if len(was) > 1 else repr(*was.values())
         self.advice.append(Advice(
-            f"{_name(change)} instead of {_name(was) if len(was) > 1 else repr(*was.values())}: the tune measured "
+            f"{config_text(change)} instead of {was_text}: the tune measured "
             f"{won['median_images_per_s']:,.0f} images/s ({low:,.0f}-{high:,.0f}) against the default's "
             f"{base['median_images_per_s']:,.0f} ({b_low:,.0f}-{b_high:,.0f}), {len(won['runs_images_per_s'])} runs "
             "each, interleaved", change, won["median_images_per_s"], "measured"))
@@ -323,7 +335,8 @@ class Report:
         return out
 
 
-def _name(config: dict[str, Any]) -> str:
+def config_text(config: dict[str, Any]) -> str:
+    """A loader config as its keywords are written in a call: num_workers=2, backend='pil'."""
     return ", ".join(f"{k}={v!r}" for k, v in config.items())
 
 

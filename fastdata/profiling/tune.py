@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .._cores import usable_cores
 from .measure import profile
 from .model import RateModel
-from .report import Report
+from .report import Report, config_text
 
 
 @dataclasses.dataclass
@@ -77,10 +77,6 @@ def _figure(c: Candidate) -> str:
     return f"{c.median:,.0f} images/s ({c.low:,.0f}-{c.high:,.0f})"
 
 
-def _name(config: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.items())
-
-
 def pick(candidates: list[Candidate], default: dict | None = None, default_backend: str | None = None
          ) -> tuple[Candidate, str]:
     """The candidate to use and a sentence saying why, from measured candidates (`default`,
@@ -103,24 +99,24 @@ def pick(candidates: list[Candidate], default: dict | None = None, default_backe
         raise ValueError("the default config should be among the candidates")
     near = sorted((c for c in candidates if c.high >= best.low), key=simplicity)  # within the noise of the best
     if base is best:
-        return base, f"the default ({_name(base.config)}) measured best: {_figure(base)}"
+        return base, f"the default ({config_text(base.config)}) measured best: {_figure(base)}"
     if base is not None and base.high >= best.low:
-        return base, (f"kept the default ({_name(base.config)}) at {_figure(base)}: the best, "
-                      f"{_name(best.config)} at {_figure(best)}, is within the noise of it")
+        return base, (f"kept the default ({config_text(base.config)}) at {_figure(base)}: the best, "
+                      f"{config_text(best.config)} at {_figure(best)}, is within the noise of it")
     above = [c for c in near if base is None or c.low > base.high]
     chosen = above[0]
     if chosen is not best:
         default_part = f", and lies above the default's {_figure(base)}" if base is not None else ""
-        return chosen, (f"{_name(chosen.config)} at {_figure(chosen)}: the simplest config within the noise of the "
-                        f"best, {_name(best.config)} at {_figure(best)}{default_part}")
+        return chosen, (f"{config_text(chosen.config)} at {_figure(chosen)}: the simplest config within the noise "
+                        f"of the best, {config_text(best.config)} at {_figure(best)}{default_part}")
     if near[0] is best:
         simpler = [c for c in candidates if c is not base and simplicity(c) < simplicity(best)]
         parts = ([f"above the default's {_figure(base)}"] if base is not None else []) + (
             ["above every simpler config's"] if simpler else [])
         verdict = "lies " + " and ".join(parts) if parts else "measured best"
-        return best, f"{_name(best.config)} at {_figure(best)} {verdict}"
-    return best, (f"{_name(best.config)} at {_figure(best)} lies above the default's {_figure(base)}; the simpler "
-                  f"{_name(near[0].config)} at {_figure(near[0])} is within the noise of both")
+        return best, f"{config_text(best.config)} at {_figure(best)} {verdict}"
+    return best, (f"{config_text(best.config)} at {_figure(best)} lies above the default's {_figure(base)}; the "
+                  f"simpler {config_text(near[0].config)} at {_figure(near[0])} is within the noise of both")
 
 
 def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=None, step_ms: float | None = None,
@@ -196,5 +192,5 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
             say(f"  run {r + 1}/{repeats} {c.config}: {rate:,.0f} images/s")
     default_backend = space["backend"][0] if space.get("backend") else None
     chosen, reason = pick(candidates, default, default_backend)
-    say(f"  picked: {_name(chosen.config)}")  # (why: the caller's line, TuneResult.reason)
+    say(f"  picked: {config_text(chosen.config)}")  # (why: the caller's line, TuneResult.reason)
     return TuneResult(dict(chosen.config), reason, candidates, probes)

@@ -38,6 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .._torch_internals import write_count
 from ..device import tensors
 
 _to = torch.Tensor.to
@@ -254,7 +255,7 @@ class _Copy:
     __slots__ = ("ref", "version", "copy", "ahead")
 
     def __init__(self, t: torch.Tensor, copy: torch.Tensor, ahead: CopyAhead) -> None:
-        self.ref, self.version, self.copy, self.ahead = _ref(t), t._version, copy, ahead
+        self.ref, self.version, self.copy, self.ahead = _ref(t), write_count(t), copy, ahead
 
     def serve(self, t: torch.Tensor, target: tuple | None) -> torch.Tensor | None:
         if target is None:
@@ -265,7 +266,7 @@ class _Copy:
         convert = dtype is not None and dtype != t.dtype
         if convert and (t.is_floating_point() or t.is_complex()):
             return None
-        if t._version != self.version or t.requires_grad:  # (torch's copy would link back to t)
+        if write_count(t) != self.version or t.requires_grad:  # (torch's copy would link back to t)
             return None
         del _pending[id(t)]
         copy, self.copy = self.copy, None

@@ -126,12 +126,12 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
         return False, f"{given[0]} is set, which means something else with workers"
     if getattr(folder(call.get("dataset")), "target_transform", None) is not None:
         return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
-    if start_method() != "fork":
+    if default_start_method() != "fork":
         return False, "workers would start by spawn, which runs the script's main module again"
     why = shm_room(call, lowering)
     return not why, why
 
 
-def start_method() -> str:
+def default_start_method() -> str:
     """The start method the loader's workers would take now (torch's: the default context's)."""
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()

@@ -36,7 +36,7 @@ import torch.utils.data.dataloader
 
 from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
-from ._decide import SIGNATURE, decide, start_method
+from ._decide import SIGNATURE, decide, default_start_method
 from ._arrays import NativeArrays, lower_any
 from ._lowering import folder
 from ._layout import Finish
@@ -185,8 +185,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         added = getattr(self, "_fastdata_added", 0)
         if not added or self.num_workers != added:
             return None
-        if start_method() != "fork":
-            return f"they would start by {start_method()}, which runs the script's main module again"
+        if default_start_method() != "fork":
+            return f"they would start by {default_start_method()}, which runs the script's main module again"
         if lower_any(self.dataset)[0] is None:
             return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
         if getattr(folder(self.dataset), "target_transform", None) is not None:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from .._cores import usable_cores
 from ..profiling.measure import check_ceiling
 from ..profiling.model import RateModel, advise
-from ..profiling.report import COMPUTE_BOUND, INPUT_BOUND, WORKER_STAGES, Report
+from ..profiling.report import WORKER_STAGES, Report, verdict
 
 STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step
 
@@ -127,13 +127,7 @@ def report(profile: dict[str, Any], source: str) -> Report:
     elif workers:
         r.loader_images_per_s = images / seconds  # it delivered that much: a lower bound
         how = "the loader alone: at least the rate together (no stage timing: a collate_fn of the script's)"
-    if stall > INPUT_BOUND:
-        r.verdict, why = "input-bound", f"the step waited for data {100 * stall:.0f}% of the time"
-    elif r.loader_images_per_s >= COMPUTE_BOUND * step_rate:
-        r.verdict, why = "compute-bound", (f"the loader alone is {r.loader_images_per_s / step_rate:.1f}x the step's "
-                                           "rate: faster input would not speed this step up")
-    else:
-        r.verdict, why = "balanced", "the loader just keeps up: a slower input or a faster step would make it wait"
+    r.verdict, why = verdict(stall, r.loader_images_per_s, step_rate)
     r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps; {how})"
     check_ceiling(r, max(profile["batches"], 1))
     advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r, script=True)

@@ -12,11 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .schedule import SizeSchedule, is_schedule
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+from .schedule import SizeSchedule, is_int, is_schedule
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -24,8 +20,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _pair(name: str, size: Any, where: str = "") -> tuple[int, int]:
-    pair = (size, size) if _is_int(size) else size
-    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_int(s) and s > 0 for s in pair)):
+    pair = (size, size) if is_int(size) else size
+    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(is_int(s) and s > 0 for s in pair)):
         raise ValueError(f"{name} size should be a positive int or an (h, w) pair{where and ' ' + where}, "
                          f"but got {size!r}")
     return (pair[0], pair[1])
@@ -33,7 +29,7 @@ def _pair(name: str, size: Any, where: str = "") -> tuple[int, int]:
 
 def _short_side_or_pair(name: str, size: Any, where: str = "") -> int | tuple[int, int]:
     """Resize's form: an int (the shorter side) or an (h, w) pair."""
-    if _is_int(size) and size > 0:
+    if is_int(size) and size > 0:
         return size
     return _pair(name, size, where)
 
@@ -192,12 +188,12 @@ class RandAugment(Op):
     table = "v1"  # as TrivialAugment's: whose Solarize thresholds (a class attribute, not a field)
 
     def __post_init__(self) -> None:
-        if not (_is_int(self.num_ops) and self.num_ops >= 0):
+        if not (is_int(self.num_ops) and self.num_ops >= 0):
             raise ValueError(f"RandAugment num_ops should be a non-negative int, but got {self.num_ops!r}")
-        if not (_is_int(self.num_magnitude_bins) and self.num_magnitude_bins >= 2):
+        if not (is_int(self.num_magnitude_bins) and self.num_magnitude_bins >= 2):
             raise ValueError(f"RandAugment num_magnitude_bins should be at least 2, "
                              f"but got {self.num_magnitude_bins!r}")
-        if not (_is_int(self.magnitude) and 0 <= self.magnitude < self.num_magnitude_bins):
+        if not (is_int(self.magnitude) and 0 <= self.magnitude < self.num_magnitude_bins):
             raise ValueError(f"RandAugment magnitude should be a bin in [0, {self.num_magnitude_bins}), "
                              f"but got {self.magnitude!r}")
         _check_sampling(self)
@@ -351,7 +347,7 @@ def imagenet_train(size: SizeSpec = 224) -> Compose:
 
 def imagenet_eval(size: int = 224) -> Compose:
     """Resize(size / 0.875) (256 for 224), CenterCrop(size), Normalize(ImageNet mean and std)."""
-    if not _is_int(size):
+    if not is_int(size):
         raise ValueError(f"imagenet_eval size should be an int, but got {size!r}; for sizes that follow the epoch, "
                          f"compose Resize and CenterCrop with size schedules")
     return Compose([Resize(int(math.floor(size / 0.875))), CenterCrop(size), Normalize()])

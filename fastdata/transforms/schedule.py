@@ -13,7 +13,8 @@ import pickle
 from typing import Any, Callable, Sequence
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
+    """Whether `x` is an int and not a bool."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -22,7 +23,7 @@ def is_schedule(size: Any) -> bool:
     (an int, or an (h, w) pair of ints)."""
     if callable(size):
         return True
-    return isinstance(size, (list, tuple)) and len(size) > 0 and not all(_is_int(s) for s in size)
+    return isinstance(size, (list, tuple)) and len(size) > 0 and not all(is_int(s) for s in size)
 
 
 class SizeSchedule:
@@ -43,7 +44,7 @@ class SizeSchedule:
             return
         epochs, sizes = [], []
         for step in steps:
-            if not (isinstance(step, (list, tuple)) and len(step) == 2 and _is_int(step[0]) and step[0] >= 0):
+            if not (isinstance(step, (list, tuple)) and len(step) == 2 and is_int(step[0]) and step[0] >= 0):
                 raise ValueError(f"{name} size schedule should be (epoch, size) steps with epochs >= 0, but got step "
                                  f"{step!r}")
             if epochs and step[0] <= epochs[-1]:

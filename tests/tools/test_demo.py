@@ -14,7 +14,7 @@ import torch
 import fastdata
 from _images import color_folder
 from fastdata import demo, transforms as T
-from fastdata.ceiling import MARGIN, ceiling, images_in, within
+from fastdata.ceiling import MARGIN, ceiling, within
 
 ROW = re.compile(r"^(?P<name>\S.*?)\s+(?P<median>\d+)\s+(?P<lo>\d+)\.\.(?P<hi>\d+)\s+(?P<ceiling>\d+)$")
 RUN = re.compile(r"^\s+run \d+/\d+: (.*)$")
@@ -89,7 +89,3 @@ def test_ceiling_of_an_image_loader(tmp_path):
 def test_ceiling_needs_batches_past_the_warmup_and_reads_the_batch_size():
     with pytest.raises(ValueError, match="too few batches"):  # a one-shot iterable: no second pass to count
         ceiling(lambda workers: iter([torch.zeros(4, 3)] * 2), batches=2)
-    assert images_in((torch.zeros(5, 3), torch.zeros(5))) == 5
-    assert images_in({"label": 3, "image": torch.zeros(7, 2)}) == 7
-    with pytest.raises(ValueError):
-        images_in(("a", 1))

@@ -56,6 +56,21 @@ def test_compute_bound():
     assert 8 / 0.050 * 0.7 < report.step_images_per_s < 8 / 0.050 * 1.05
 
 
+class Records(torch.utils.data.Dataset):
+    """Samples as dicts, as Hugging Face datasets give them, with a string first."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"id": f"{i:04d}", "image": torch.full((3, 8, 8), i % 256, dtype=torch.uint8), "label": i % 10}
+
+
+def test_a_batch_of_dicts_counts_its_rows_not_its_keys():
+    report = fastdata.profile(fastdata.loader(Records(), batch_size=8), step_ms=1, steps=3, warmup=1)
+    assert report.batch_size == 8
+
+
 def test_image_loader_and_a_real_step(folder):
     loader = fastdata.loader(str(folder), batch_size=8, transform=T.Compose([T.Resize(16), T.CenterCrop(16)]),
                              device="cpu")

@@ -130,6 +130,19 @@ def test_collate_equals_default_collate_on_nested_samples():
     _assert_same(RingCollate(slots=2)(batch), default_collate(batch))
 
 
+def test_batch_len_is_the_first_arrays_rows():
+    rows = torch.zeros(5, 3)
+    assert _collate.batch_len(rows) == 5
+    assert _collate.batch_len((rows, torch.arange(5))) == 5
+    assert _collate.batch_len({"label": 3, "image": torch.zeros(7, 2)}) == 7  # the first array, not the first value
+    assert _collate.batch_len({"id": ["a", "b", "c", "d"], "x": np.zeros((4, 2))}) == 4
+    assert _collate.batch_len([{"x": np.zeros(6)}, "meta"]) == 6
+    assert _collate.batch_len(["a", "b", "c"]) == 3  # no arrays: a list of samples
+    assert _collate.batch_len({"loss": torch.tensor(1.0), "y": torch.zeros(9)}) == 9  # a 0-d tensor has no rows
+    assert _collate.batch_len(torch.tensor(2.0)) == 1 and _collate.batch_len(7) == 1
+    assert _collate.batch_len({}) == 0 and _collate.batch_len([]) == 0
+
+
 def test_ring_reuses_a_slot_only_when_no_tensor_holds_it():
     collate_fn = RingCollate(slots=2)
     batch = [np.full((64, 64, 3), i, np.uint8).transpose(2, 0, 1) for i in range(16)]  # strided: native

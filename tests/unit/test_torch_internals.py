@@ -51,6 +51,10 @@ def test_every_private_name_is_on_this_torch():
     assert all(w.exitcode is not None for w in internals.iterator_workers(multi))  # shut down, reaped
     assert callable(torch.UntypedStorage._new_shared) and callable(torch.autograd._profiler_enabled)
     assert callable(torch.empty(())._typed_storage()._new_shared)
+    t = torch.zeros(3)
+    before = internals.write_count(t)
+    t[1:].add_(1)
+    assert internals.write_count(t) > before  # a write through a view counts too
     from torch.utils.data._utils import signal_handling
 
     assert callable(signal_handling._remove_worker_pids)
