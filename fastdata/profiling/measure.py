@@ -136,13 +136,15 @@ def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
 def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool, measure) -> Report:
     epochs = [0]  # epochs begun so far
 
-    def batches():
+    count = _counter(loader)
+
+    def batches():  # (batch, its samples)
         while True:  # epochs end; the profile goes on into the next
             empty = True
             epochs[0] += 1
             for b in loader:
                 empty = False
-                yield b
+                yield b, count(b)
             if empty:
                 raise ValueError("the loader yields no batches")
 
@@ -158,9 +160,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     alone: list[tuple[float, int, bool]] = []  # (s, images, began an epoch) a batch
     for _ in range(steps):
         e, t = epochs[0], time.perf_counter()
-        batch = next(it)
-        alone.append((time.perf_counter() - t, batch_len(batch), epochs[0] != e))
-        cached = _fuller(cached, batch)
+        got = next(it)
+        alone.append((time.perf_counter() - t, got[1], epochs[0] != e))
+        cached = _fuller(cached, got)
     _sync(device)
     n = sum(k for _, k, _ in alone)
     loader_rate = n / max(sum(s for s, _, _ in alone), 1e-9)
@@ -172,7 +174,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         own = COSTS if _in_process(loader) else {"device_stage"}
         stages["deliver"] = max(0.0, 1e3 * cpu / n - sum(v for k, v in stages.items() if k in own))
     bound = max((COSTS | {"deliver"}).intersection(stages), key=stages.get, default=None)
-    batch_size = batch_len(cached)
+    cached, batch_size = cached
     config = {k: getattr(loader, k) for k in ("backend", "num_workers", "batch_size", "placement") if hasattr(loader, k)}
     if config.get("placement") == "auto":  # as the loader resolved it: the CPU, where no tune applied "gpu"
         config["placement"] = "cpu"
@@ -201,7 +203,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     # 3. both, as training runs them; first as many steps as batches can queue up ahead, since
     # the loader filled its queues while the step ran alone and a full queue is no steady state
     for _ in range(_ahead(loader) + min(warmup, 2)):
-        step(next(it))
+        step(next(it)[0])
     timeline, together_steps, seconds, images = _together(it, step, steps, device, epochs)
     together = images / max(seconds, 1e-9)
     epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
@@ -221,9 +223,26 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     return report
 
 
-def _fuller(kept: Any, batch: Any) -> Any:
-    """The batch to keep for the step alone: the newer of the two unless it is smaller."""
-    return batch if kept is None or batch_len(batch) >= batch_len(kept) else kept
+def _fuller(kept: tuple | None, got: tuple) -> tuple:
+    """The (batch, samples) to keep for the step alone: the newer of the two unless it is smaller."""
+    return got if kept is None or got[1] >= kept[1] else kept
+
+
+def _counter(loader: Any) -> Callable[[Any], int]:
+    """How many samples each batch the loader delivers holds: the loader's own count where it
+    keeps one (fastdata's, stats["samples"], from its batch sampler: a collate_fn's list of
+    uncollated samples counts as those samples), else `batch_len`."""
+    stats = getattr(loader, "stats", None)
+    if not (isinstance(stats, dict) and type(stats.get("samples")) is int):
+        return batch_len
+    last = [stats["samples"]]
+
+    def count(batch: Any) -> int:
+        now = stats["samples"]
+        n, last[0] = now - last[0], now
+        return n if n > 0 else batch_len(batch)
+
+    return count
 
 
 def _cuda(device) -> bool:
@@ -231,8 +250,8 @@ def _cuda(device) -> bool:
 
 
 def _together(it, step, steps: int, device, epochs: list[int]):
-    """The loader and the step together, as a training loop runs them: (timeline, steps,
-    seconds, images) with timeline[k] = (the step's wait for its batch, its compute) and
+    """The loader (`it`: (batch, its samples) pairs) and the step together, as a training loop
+    runs them: (timeline, steps, seconds, images) with timeline[k] = (the step's wait for its batch, its compute) and
     steps[k] = (its seconds on the clock, its images, whether it began an epoch); the rate is
     images over seconds. Every step counts, those that began an epoch too: training pays for
     them each epoch, and leaving one out would keep the batches made while it waited (a fast
@@ -253,7 +272,7 @@ def _together(it, step, steps: int, device, epochs: list[int]):
     start = time.perf_counter()
     for _ in range(steps):
         e, t0 = epochs[0], time.perf_counter()
-        batch = next(it)
+        batch, n = next(it)
         t1 = time.perf_counter()
         if cuda:
             began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -265,7 +284,7 @@ def _together(it, step, steps: int, device, epochs: list[int]):
             step(batch)
         t2 = time.perf_counter()
         timeline.append((t1 - t0, t2 - t1))
-        out.append((t2 - t0, batch_len(batch), epochs[0] != e))
+        out.append((t2 - t0, n, epochs[0] != e))
     _sync(device)
     seconds, images = time.perf_counter() - start, sum(k for _, k, _ in out)
     if cuda:

@@ -71,6 +71,13 @@ def test_a_batch_of_dicts_counts_its_rows_not_its_keys():
     assert report.batch_size == 8
 
 
+def test_a_batch_of_uncollated_samples_counts_its_samples():
+    """A collate_fn that hands the step its samples as a list: 8 samples, each with a tensor of 3 rows."""
+    report = fastdata.profile(fastdata.loader(Records(), batch_size=8, collate_fn=lambda samples: samples),
+                              step_ms=1, steps=3, warmup=1)
+    assert report.batch_size == 8
+
+
 def test_image_loader_and_a_real_step(folder):
     loader = fastdata.loader(str(folder), batch_size=8, transform=T.Compose([T.Resize(16), T.CenterCrop(16)]),
                              device="cpu")
