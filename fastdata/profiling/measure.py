@@ -10,6 +10,7 @@ import torch
 
 from .._collate import batch_len
 from .._loader import LoaderCore
+from ..ceiling import MARGIN
 from .._cores import usable_cores
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
@@ -117,7 +118,7 @@ def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
     """The ceiling: the usable cores over the CPU seconds an image costs (the stages' CPU, the
     read's waits left out), which no timing window changes. A window of `steps` batches may
     begin with a batch under way in each worker; a rate above the ceiling by more than that and
-    timer and clock-speed noise (25%) means work done outside the timed window was counted in it
+    timer and clock-speed noise (`ceiling.MARGIN`) means work done outside the timed window was counted in it
     (a loader running ahead): flagged, not trusted."""
     model = RateModel.of(report, cores or usable_cores())
     if model is None:
@@ -128,7 +129,7 @@ def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
     report.ceiling_images_per_s = model.cores / cpu
     under_way = (steps + (report.config.get("num_workers") or 0)) / steps
     for name, rate in (("loader alone", report.loader_images_per_s), ("together", report.together_images_per_s)):
-        if rate is not None and rate > 1.25 * under_way * report.ceiling_images_per_s:
+        if rate is not None and rate > MARGIN * under_way * report.ceiling_images_per_s:
             report.flags.append(f"{name}: {rate:,.0f} images/s is above this pipeline's ceiling on {model.cores} cores "
                                 f"({report.ceiling_images_per_s:,.0f}): not a valid measurement")
 
