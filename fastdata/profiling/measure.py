@@ -9,9 +9,9 @@ from typing import Any, Callable
 import torch
 
 from .._collate import batch_len
+from .._cores import usable_cores
 from .._loader import LoaderCore
 from ..ceiling import MARGIN
-from .._cores import usable_cores
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
 from .model import RateModel, advise
@@ -118,8 +118,8 @@ def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
     """The ceiling: the usable cores over the CPU seconds an image costs (the stages' CPU, the
     read's waits left out), which no timing window changes. A window of `steps` batches may
     begin with a batch under way in each worker; a rate above the ceiling by more than that and
-    timer and clock-speed noise (`ceiling.MARGIN`) means work done outside the timed window was counted in it
-    (a loader running ahead): flagged, not trusted."""
+    timer and clock-speed noise (`ceiling.MARGIN`) means work done outside the timed window was
+    counted in it (a loader running ahead): flagged, not trusted."""
     model = RateModel.of(report, cores or usable_cores())
     if model is None:
         return
@@ -252,11 +252,11 @@ def _cuda(device) -> bool:
 
 def _together(it, step, steps: int, device, epochs: list[int]):
     """The loader (`it`: (batch, its samples) pairs) and the step together, as a training loop
-    runs them: (timeline, steps, seconds, images) with timeline[k] = (the step's wait for its batch, its compute) and
-    steps[k] = (its seconds on the clock, its images, whether it began an epoch); the rate is
-    images over seconds. Every step counts, those that began an epoch too: training pays for
-    them each epoch, and leaving one out would keep the batches made while it waited (a fast
-    step after a slow one).
+    runs them: (timeline, steps, seconds, images) with timeline[k] = (the step's wait for its
+    batch, its compute) and steps[k] = (its seconds on the clock, its images, whether it began an
+    epoch); the rate is images over seconds. Every step counts, those that began an epoch too:
+    training pays for them each epoch, and leaving one out would keep the batches made while it
+    waited (a fast step after a slow one).
 
     On CUDA nothing is synchronized before or within the window: a training loop is not (the
     CPU queues step k+1's kernels and takes batch k+2 while the GPU runs step k), and a
