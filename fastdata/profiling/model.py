@@ -29,10 +29,12 @@ class RateModel:
     sets a worker to work, so the workers busy at that rate, rounded up, are busy then (with as
     many busy workers as cores, a stage there takes nearly twice its CPU time). The step costs a
     whole step a batch, a short last batch too (`step` is a step over the images a step took on
-    average). With 0 workers a thread of the training process decodes ahead of the step, each
-    batch over all the cores: the slower of the two bounds, the loader at its loader-alone time
-    an image when the profile measured it so (its CPU seconds would overstate it: the decode
-    threads overlap), else its reads in series and its decode spread over the cores. Prefetch
+    average). With 0 workers an image loader's thread in the training process decodes ahead of
+    the step, each batch over all the cores: the slower of the two bounds, the loader at its
+    loader-alone time an image when the profile measured it so (its CPU seconds would overstate
+    it: the decode threads overlap), else its reads in series and its decode spread over the
+    cores. A drop-in (`ahead` False) makes each batch in the step's thread, as DataLoader does:
+    its loader-alone time and the step's add up. Prefetch
     depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores slowing each
     other down (memory bandwidth, caches)."""
 
@@ -43,6 +45,7 @@ class RateModel:
     cores: int
     main_on_cpu: bool = True  # False when the device stage runs on a GPU
     serial: float | None = None  # s an image of the loader alone, measured with 0 workers
+    ahead: bool = True  # with 0 workers, whether the batches are made ahead of the step (not a drop-in)
 
     @classmethod
     def of(cls, report: Report, cores: int) -> RateModel | None:
@@ -53,7 +56,8 @@ class RateModel:
         cpu = work - st.get("read", 0) / 1e3
         main = (st.get("device_stage", 0) + st.get("deliver", 0)) / 1e3
         serial = 1.0 / report.loader_images_per_s if report.config.get("num_workers") == 0 else None
-        return cls(work, cpu, main, cls.step_of(report), cores, report.config.get("device", "cpu") == "cpu", serial)
+        return cls(work, cpu, main, cls.step_of(report), cores, report.config.get("device", "cpu") == "cpu", serial,
+                   report.config.get("backend") != "torch")
 
     @staticmethod
     def step_of(report: Report) -> float:
@@ -71,6 +75,9 @@ class RateModel:
         work over the cores), "main" (the training process's own stages in series with the step;
         "step" where it has none)."""
         series = "main" if self.main > 0 else "step"
+        if workers == 0 and not self.ahead:  # the Dataset, the collation and the step, one after another
+            loader = self.serial if self.serial is not None else self.work + self.main
+            return {"loader": 1.0 / max(loader + self.step, 1e-12)}
         if workers == 0:
             # The decode thread runs ahead of the step; its batch spreads over the cores
             # (reads in series, the decode in parallel).
@@ -309,6 +316,10 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
         text = (f"the {model.cores} cores give at most {rate:,.0f} images/s (the ceiling) {against}; {what} costs the "
                 f"most of the CPU an image ({ms:.2f} ms)")
         more = [("more CPU cores", None)]
+    elif not model.ahead:
+        text = (f"with no workers the training process makes each batch before its step, in series: at most "
+                f"{rate:,.0f} images/s together {against}; {what} costs the most ({ms:.2f} ms an image)")
+        more = [] if fixed or model.cores < 2 else [("workers (num_workers above 0)", None)]
     else:
         text = (f"with no workers the training process makes the batches, at most {rate:,.0f} images/s {against}; "
                 f"{what} costs the most ({ms:.2f} ms an image)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -44,6 +45,31 @@ def test_input_bound():
     assert report.loader_images_per_s < report.step_images_per_s
     assert len(report.steps) == 5 and all(w > c for w, c in report.steps)  # each step mostly waited
     assert report.advice
+
+
+class Spins(Dataset):
+    """Each sample costs about `ms` of CPU in __getitem__."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        end = time.process_time() + self.ms / 1e3
+        while time.process_time() < end:
+            pass
+        return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i % 10
+
+
+def test_a_drop_in_without_workers_is_its_dataset_and_the_step_in_series():
+    """DataLoader with 0 workers calls __getitem__ in the step's thread: the headline names the
+    Dataset's time in series with the step, not the training process's taking of batches."""
+    report = fastdata.profile(fastdata.loader(Spins(0.5), batch_size=8), step_ms=2, steps=6, warmup=1)
+    assert report.verdict == "input-bound"
+    assert "makes each batch before its step, in series" in report.limit["text"], report.limit
+    assert report.headline.startswith("input bounds the step: with no workers"), report.headline
 
 
 def test_compute_bound():
@@ -191,8 +217,7 @@ def test_epoch_starts_count_in_the_rates():
     assert report.stall_fraction == pytest.approx(sum(w for w, _ in report.steps) / total, abs=0.05)
     assert report.loader_images_per_s < 8 * 4 / 0.3  # the loader alone: at most an epoch per 300 ms start
     assert "began an epoch" in str(report)
-    import dataclasses  # epoch starts that waited no longer than the other steps: no note
-
+    # epoch starts that waited no longer than the other steps: no note
     level = dataclasses.replace(report, steps=[(0.0 if k in starts else w, c) for k, (w, c) in enumerate(report.steps)])
     assert level.epoch_start_note() is None and "began an epoch" not in str(level)
 
@@ -218,6 +243,11 @@ def test_rate_model():
     assert slow.rate(0) == pytest.approx(1 / 3e-3)  # the step (2.5 ms with the stages) overlaps the decode
     assert RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=5e-3, cores=2).rate(0) == pytest.approx(1 / 5.5e-3)
     assert m.moved(1e-3).rate(1) == pytest.approx(1 / 3e-3)
+    # a drop-in with 0 workers: its Dataset and collation (4.5 ms, or the 1 ms measured alone) before each step
+    series = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=2e-3, cores=2, ahead=False)
+    assert series.rate(0) == pytest.approx(1 / 6.5e-3)
+    assert dataclasses.replace(series, serial=1e-3).rate(0) == pytest.approx(1 / 3e-3)
+    assert series.rate(2) == slow.rate(2)  # with workers, as an image loader
 
 
 def test_rate_model_counts_a_whole_step_for_a_short_batch():
