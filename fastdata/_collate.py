@@ -57,17 +57,23 @@ _NUMPY_TO_TORCH = {
 _NATIVE_DTYPES = frozenset(_NUMPY_TO_TORCH.values()) | {torch.bfloat16}
 
 
-def batch_len(batch: Any) -> int:
+def batch_len(batch: Any, size: int | None = None) -> int:
     """How many samples `batch` holds: the first dimension of its first array (a tensor or an
     ndarray of at least one dimension, looked for depth first through mappings, lists and
-    tuples), else the length of a list or tuple of other things (strings, paths), else 1 (0 for
-    an empty mapping)."""
+    tuples), else the length of a list or tuple of other things (strings, paths) or of a
+    mapping's first such value (a dict of columns), else 1. Given `size`, the batch size a batch
+    sampler asked for: that, unless the first array has fewer rows (a short last batch), since a
+    first dimension may be another one (time-first padded sequences)."""
     rows = _first_rows(batch)
+    if size is not None:
+        return size if rows is None or rows >= size else rows
     if rows is not None:
         return rows
-    if isinstance(batch, (list, tuple)):
-        return len(batch)
-    return 0 if isinstance(batch, Mapping) and not batch else 1
+    if isinstance(batch, Mapping):
+        batch = next((v for v in batch.values() if isinstance(v, (list, tuple))), None)
+        if batch is None:
+            return 1
+    return len(batch) if isinstance(batch, (list, tuple)) else 1
 
 
 def _first_rows(x: Any) -> int | None:

@@ -177,6 +177,9 @@ def batch_sizes(batch_sampler: Any, iterable: bool):
     if not iterable and type(bs) is BatchSampler and hasattr(bs.sampler, "__len__"):
         n, size, drop = len(bs.sampler), bs.batch_size, bs.drop_last
         return (lambda batch, k: size) if drop else (lambda batch, k: min(size, n - k * size))
+    if type(bs) is BatchSampler:  # an iterable's: full batches, but each worker's last
+        size = bs.batch_size
+        return lambda batch, k: batch_len(batch, size)
     return lambda batch, k: batch_len(batch)
 
 

@@ -232,7 +232,10 @@ def _fuller(kept: tuple | None, got: tuple) -> tuple:
 def _counter(loader: Any) -> Callable[[Any], int]:
     """How many samples each batch the loader delivers holds: the loader's own count where it
     keeps one (fastdata's, stats["samples"], from its batch sampler: a collate_fn's list of
-    uncollated samples counts as those samples), else `batch_len`."""
+    uncollated samples counts as those samples; with batch_size=None each item is one), else
+    `batch_len`."""
+    if isinstance(loader, LoaderCore) and getattr(loader, "batch_size", 0) is None:
+        return lambda batch: 1  # a drop-in with batch_size=None: a sample at a time, as the loader counts them
     stats = getattr(loader, "stats", None)
     if not (isinstance(stats, dict) and type(stats.get("samples")) is int):
         return batch_len

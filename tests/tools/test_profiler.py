@@ -104,6 +104,29 @@ def test_a_batch_of_uncollated_samples_counts_its_samples():
     assert report.batch_size == 8
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """Token sequences of 20 to 39 tokens as a stream."""
+
+    def __iter__(self):
+        for i in range(64):
+            yield torch.arange(20 + i % 20), i % 2
+
+
+def padded(samples):
+    """Sequences padded time-first (torch.nn.utils.rnn.pad_sequence's default): [steps, batch]."""
+    tokens, labels = zip(*samples)
+    return torch.nn.utils.rnn.pad_sequence(tokens), torch.tensor(labels)
+
+
+def test_batches_without_a_samplers_arithmetic_count_their_samples():
+    """An iterable's batches (their size is the batch size but for a short last one), and items
+    with batch_size=None (each one sample, as the loader counts them)."""
+    report = fastdata.profile(fastdata.loader(Stream(), batch_size=8, collate_fn=padded), step_ms=1, steps=3, warmup=1)
+    assert report.batch_size == 8
+    report = fastdata.profile(fastdata.loader(Records(), batch_size=None), step_ms=1, steps=3, warmup=1)
+    assert report.batch_size == 1 and report.images_per_step == 1
+
+
 def test_image_loader_and_a_real_step(folder):
     loader = fastdata.loader(str(folder), batch_size=8, transform=T.Compose([T.Resize(16), T.CenterCrop(16)]),
                              device="cpu")

@@ -140,7 +140,12 @@ def test_batch_len_is_the_first_arrays_rows():
     assert _collate.batch_len(["a", "b", "c"]) == 3  # no arrays: a list of samples
     assert _collate.batch_len({"loss": torch.tensor(1.0), "y": torch.zeros(9)}) == 9  # a 0-d tensor has no rows
     assert _collate.batch_len(torch.tensor(2.0)) == 1 and _collate.batch_len(7) == 1
-    assert _collate.batch_len({}) == 0 and _collate.batch_len([]) == 0
+    assert _collate.batch_len({"text": ["a", "b"], "label": [0, 1]}) == 2  # a dict of columns
+    assert _collate.batch_len({}) == 1 and _collate.batch_len([]) == 0
+    # given the batch size drawn: that, unless the first array is shorter (time-first padding: 34 steps of 8)
+    assert _collate.batch_len((torch.zeros(34, 8), torch.zeros(8)), 8) == 8
+    assert _collate.batch_len((torch.zeros(5, 3), torch.zeros(5)), 8) == 5
+    assert _collate.batch_len((["a"] * 8, ["b"] * 8), 8) == 8
 
 
 def test_ring_reuses_a_slot_only_when_no_tensor_holds_it():
