@@ -140,12 +140,17 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     count = _counter(loader)
 
     def batches():  # (batch, its samples)
+        taken = 0
         while True:  # epochs end; the profile goes on into the next
             empty = True
             epochs[0] += 1
             for b in loader:
-                empty = False
+                empty, taken = False, taken + 1
                 yield b, count(b)
+            if empty and taken:  # an iterator, not an iterable: a second pass over it is empty
+                raise ValueError(f"the loader ran out after {taken} batches, and the profile takes more (the warm-up, "
+                                 "then the loader alone, the step alone and the two together): give one that can be "
+                                 "iterated again, as a DataLoader can (a generator or an iterator cannot)")
             if empty:
                 raise ValueError("the loader yields no batches")
 

@@ -574,6 +574,9 @@ def test_h2d_copy_is_timed_on_cuda():
 
 
 def test_arguments():
+    batches = (torch.zeros(8, 3) for _ in range(5))  # an iterator: one pass of 5 batches
+    with pytest.raises(ValueError, match="ran out after 5 batches.*iterated again"):
+        fastdata.profile(batches, step_ms=1, steps=4, warmup=1)
     loader = fastdata.loader(Slow(0.0), batch_size=8)
     with pytest.raises(ValueError, match="either step or step_ms"):
         fastdata.profile(loader, lambda b: None, step_ms=5)
