@@ -14,7 +14,7 @@ import torch
 from .. import _optional as optional
 from .._cores import usable_cores
 from .._pillow import pillow_info
-from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, STAGES, WORKER_STAGES, Advice, Report
+from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, WORKER_STAGES, Advice, Report, stage_text
 
 
 @dataclasses.dataclass
@@ -290,7 +290,7 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
     stage = max((s for s in names if st.get(s, 0) > 0), key=st.get, default=None)
     if stage is None:
         return None
-    what, ms, against = STAGES[stage].split(" (")[0], st[stage], f"against the step's {step:,.0f}"
+    what, ms, against = stage_text(stage, st).split(" (")[0], st[stage], f"against the step's {step:,.0f}"
     if kind == "main":
         alone = 1.0 / (model.main + model.step)  # with a core of its own
         own = ", ".join(f"{MAIN_STAGES[s]} {st[s]:.2f}" for s in sorted(MAIN_STAGES, key=lambda s: -st.get(s, 0))

@@ -47,6 +47,16 @@ STAGES = {
     "consumer_wait": "the step waiting for data (wall time, together)",
 }
 
+
+
+def stage_text(name: str, stages: dict[str, Any]) -> str:
+    """What the stage `name` is, as the report says it, among `stages`: a drop-in's "read" (it
+    has "dataset") is its Dataset's wall time beyond its CPU, which no storage need cause."""
+    if name == "read" and "dataset" in stages:
+        return "the Dataset's waiting (I/O, sleeps, a busy core: wall time beyond its CPU)"
+    return STAGES.get(name, "")
+
+
 # where a worker's time goes: the image backends' stages, or the drop-in's dataset (the user's
 # __getitem__) and collation
 WORKER_STAGES = ("read", "dataset", "decode", "cpu_transforms", "collate")
@@ -140,7 +150,7 @@ class Report:
                         "speed")
             if self.bound not in self.stages:
                 return f"input bounds the step: {figures}"
-            what = STAGES.get(self.bound, "").split(" (")[0] or self.bound
+            what = stage_text(self.bound, self.stages).split(" (")[0] or self.bound
             return f"input bounds the step: {figures}; {what} costs the most ({self.stages[self.bound]:.2f} ms an image)"
         text = f"input bounds the step: {self.limit['text']}"
         helps = [words for words, change in self.limit["helps"] if not (change and self._tune_passed_over(change))]
@@ -241,7 +251,7 @@ class Report:
                       "together_images_per_s": self.together_images_per_s,
                       "ceiling_images_per_s": self.ceiling_images_per_s},
             "stall_fraction": self.stall_fraction,
-            "stages": [{"name": name, "ms_per_image": ms, "what": STAGES.get(name, ""), "where": _where(name),
+            "stages": [{"name": name, "ms_per_image": ms, "what": stage_text(name, self.stages), "where": _where(name),
                         "bound": name == self.bound} for name, ms in self.stages.items()],
             "steps": [{"wait_ms": 1e3 * w, "compute_ms": 1e3 * c, "epoch_start": k in self.epoch_starts}
                       for k, (w, c) in enumerate(self.steps)],
@@ -264,7 +274,7 @@ class Report:
                 lines.append(f"  {self.epoch_start_note()}")
         if self.stages:
             lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
-            lines += [f"    {name:<15}{ms:8.2f}  {STAGES.get(name, '')}"
+            lines += [f"    {name:<15}{ms:8.2f}  {stage_text(name, self.stages)}"
                       + ("   <- the most" if name == self.bound else "") for name, ms in self.stages.items()]
         lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
@@ -309,7 +319,7 @@ class Report:
             for name, ms in self.stages.items():
                 colour = "red" if name == self.bound else "cyan"
                 table.add_row(escape(name), f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
-                              escape(STAGES.get(name, "")))
+                              escape(stage_text(name, self.stages)))
             console.print(table)
         for line in self.size_lines():
             console.print(escape(line))

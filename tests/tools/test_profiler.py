@@ -318,7 +318,7 @@ def test_advice_predicts_workers():
     assert "fastdata profile SOURCE" not in prediction.text  # a command that takes no Dataset
     assert report.first_change is None
     assert report.headline.startswith("input bounds the step: ")
-    assert "reading the bytes costs the most" in report.headline  # the sleep
+    assert "the Dataset's waiting costs the most" in report.headline  # the sleep: no bytes read
     assert report.to_json()["headline"] == report.headline
 
 
