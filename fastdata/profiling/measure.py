@@ -239,8 +239,8 @@ def _counter(loader: Any) -> Callable[[Any], int]:
     keeps one (fastdata's, stats["samples"], from its batch sampler: a collate_fn's list of
     uncollated samples counts as those samples; with batch_size=None each item is one), else
     `batch_len`."""
-    if isinstance(loader, LoaderCore) and getattr(loader, "batch_size", 0) is None:
-        return lambda batch: 1  # a drop-in with batch_size=None: a sample at a time, as the loader counts them
+    if isinstance(loader, torch.utils.data.DataLoader) and loader.batch_sampler is None:
+        return lambda batch: 1  # batch_size=None: a sample at a time, as the loader counts them
     stats = getattr(loader, "stats", None)
     if not (isinstance(stats, dict) and type(stats.get("samples")) is int):
         return batch_len

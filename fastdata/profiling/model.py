@@ -34,9 +34,9 @@ class RateModel:
     loader-alone time an image when the profile measured it so (its CPU seconds would overstate
     it: the decode threads overlap), else its reads in series and its decode spread over the
     cores. A drop-in (`ahead` False) makes each batch in the step's thread, as DataLoader does:
-    its loader-alone time and the step's add up. Prefetch
-    depth does not enter: it absorbs jitter, it adds no capacity. Left out: cores slowing each
-    other down (memory bandwidth, caches)."""
+    its loader-alone time and the step's add up. Prefetch depth does not enter: it absorbs
+    jitter, it adds no capacity. Left out: cores slowing each other down (memory bandwidth,
+    caches)."""
 
     work: float  # s an image in a worker: its stages, waits included
     cpu: float  # CPU s an image in the workers

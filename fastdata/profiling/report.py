@@ -48,7 +48,6 @@ STAGES = {
 }
 
 
-
 def stage_text(name: str, stages: dict[str, Any]) -> str:
     """What the stage `name` is, as the report says it, among `stages`: a drop-in's "read" (it
     has "dataset") is its Dataset's wall time beyond its CPU, which no storage need cause."""

@@ -125,6 +125,10 @@ def test_batches_without_a_samplers_arithmetic_count_their_samples():
     assert report.batch_size == 8
     report = fastdata.profile(fastdata.loader(Records(), batch_size=None), step_ms=1, steps=3, warmup=1)
     assert report.batch_size == 1 and report.images_per_step == 1
+    # a batch sampler of the script's own (DataLoader's batch_size is None then too): its batches' samples
+    report = fastdata.profile(fastdata.loader(Records(), batch_sampler=[list(range(8)), [8, 9, 10, 11]] * 8),
+                              step_ms=1, steps=4, warmup=1)
+    assert report.batch_size == 8 and report.images_per_step == 6
 
 
 def test_image_loader_and_a_real_step(folder):
