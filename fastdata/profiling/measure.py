@@ -147,12 +147,11 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
             for b in loader:
                 empty, taken = False, taken + 1
                 yield b, count(b)
-            if empty and taken:  # an iterator, not an iterable: a second pass over it is empty
+            if empty:  # (after some batches: an iterator, not an iterable, whose second pass is empty)
                 raise ValueError(f"the loader ran out after {taken} batches, and the profile takes more (the warm-up, "
                                  "then the loader alone, the step alone and the two together): give one that can be "
-                                 "iterated again, as a DataLoader can (a generator or an iterator cannot)")
-            if empty:
-                raise ValueError("the loader yields no batches")
+                                 "iterated again, as a DataLoader can (a generator or an iterator cannot)"
+                                 if taken else "the loader yields no batches")
 
     # 1. the loader alone, with its stages timed; first the warm-up, then as many batches as can
     # queue up ahead (made while the loader started, not in the timed window): from then on each

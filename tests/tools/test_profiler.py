@@ -47,14 +47,8 @@ def test_input_bound():
     assert report.advice
 
 
-class Spins(Dataset):
-    """Each sample costs about `ms` of CPU in __getitem__."""
-
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __len__(self):
-        return 400
+class Spins(Slow):
+    """Slow, but each sample's `ms` is CPU spent in __getitem__, not a sleep."""
 
     def __getitem__(self, i):
         end = time.process_time() + self.ms / 1e3
