@@ -101,13 +101,13 @@ def main() -> None:
 
     starts = [("image", {"num_workers": 0}), ("image", {"num_workers": 1}), ("dropin", {"num_workers": 0})]
     def measure(kind: str, config: dict) -> tuple[float, float]:
-        report = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps)
+        report = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps, confirm=0)
         return report.together_images_per_s, _cpu(report)
 
     cores = usable_cores()
     rows = []
     for kind, config in starts:
-        report = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps)
+        report = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps, confirm=0)
         print(f"{kind} {config}: measured {report.together_images_per_s:,.0f} images/s; "
               f"stages {({k: round(v, 2) for k, v in report.stages.items()})}", file=sys.stderr)
         for a in report.advice:
@@ -125,7 +125,7 @@ def main() -> None:
         measured: dict[str, list[float]] = {str(c): [] for c in changes}
         drift: dict[str, list[float]] = {str(c): [] for c in changes}
         for k in range(args.rounds):
-            again = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps)
+            again = profile(make(kind, config), step_ms=args.step_ms, steps=args.steps, confirm=0)
             model = RateModel.of(again, cores)
             own.append(model.rate(config["num_workers"]))
             measured_start.append(again.together_images_per_s)

@@ -72,7 +72,7 @@ def main() -> None:
         extra = {"persistent_workers": True} if w else {}
         loader = fastdata.loader(source, batch_size=256, shuffle=True, transform=transform, device="cpu",
                                  **config, **extra)
-        return profile(loader, step_ms=100, steps=15, warmup=2).together_images_per_s
+        return profile(loader, step_ms=100, steps=15, warmup=2, confirm=0).together_images_per_s
 
     again: dict[str, list[float]] = {key: [] for key in picks}
     for r in range(args.rounds):

@@ -57,7 +57,7 @@ def main() -> None:
                                device=device, backend=config["backend"], placement=config["placement"], **extra)
 
     def measure(config: dict) -> float:
-        report = profile(make(config), step_ms=args.step_ms, steps=args.steps, warmup=2, device=device)
+        report = profile(make(config), step_ms=args.step_ms, steps=args.steps, warmup=2, device=device, confirm=0)
         return report.together_images_per_s
 
     start = {"num_workers": 0, "prefetch_factor": 2, "backend": "pil", "placement": "cpu"}

@@ -232,6 +232,11 @@ class LoaderCore:
 
     num_workers: int = 0  # each backend says its own
 
+    # The fastdata.loader call that made this loader, (source, batch_size, keywords):
+    # fastdata.profile makes fresh loaders by it to measure a predicted change before advising
+    # it. None for a loader made otherwise (fastdata run's served loaders).
+    made_with: tuple[Any, Any, dict[str, Any]] | None = None
+
     def _record_stages(self, stages: dict[str, Any]) -> None:
         """The one place stage seconds are summed: a batch's (or a main-process stage's)
         {stage: seconds} into stats["stages"], and under "worker k" too when it names one."""

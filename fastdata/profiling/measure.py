@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import factory
 from .._collate import batch_len
 from .._cores import usable_cores
 from .._loader import LoaderCore
@@ -41,11 +42,13 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     batches after `warmup` ones. Returns a Report (print it, or `.write(dir)`). A fastdata
     loader whose output size follows the epoch is also timed alone at each size (`sizes`).
 
-    `rebuild(change)`, when given, makes a fresh loader like this one with the keywords of
-    `change` set ({} for this one's config): each change the rate model predicts to help is
-    then measured against the current config, `confirm` times each, interleaved, before it is
-    advised (see `advise`). `source` names what was profiled in the report (default: the
-    loader's samples, or its dataset's type)."""
+    Each change the rate model predicts to help is measured against the current config,
+    `confirm` times each, interleaved, before it is advised (see `advise`), on fresh loaders
+    that `rebuild(change)` makes like this one with the keywords of `change` set ({} for this
+    one's config). Without `rebuild`, a loader `fastdata.loader` made is remade by the same
+    call with those keywords; any other loader (a DataLoader), or `confirm=0`, leaves each
+    prediction the model's figure, said as such. `source` names what was profiled in the report
+    (default: the loader's samples, or its dataset's type)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -54,12 +57,16 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         step = lambda batch: time.sleep(step_ms / 1e3)  # noqa: E731  (the CPU is free, as while a GPU computes)
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+        raise ValueError(f"confirm should be an int >= 0, but got {confirm!r}")
+    if rebuild is None and getattr(loader, "made_with", None) is not None:
+        rebuild = _remaker(*loader.made_with)
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
     try:
         measure = None
-        if rebuild is not None:
+        if rebuild is not None and confirm:
             def measure(change: dict) -> tuple[list[float], list[float]]:
                 return _compare(rebuild, change, step, steps, warmup, device, confirm)
         report = _measure(loader, step, steps, warmup, device, source or _described(loader), timed, measure)
@@ -77,6 +84,18 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     return report
 
 
+def _remaker(source: Any, batch_size: Any, keywords: dict[str, Any]) -> Callable[[dict], Any]:
+    """`rebuild` for a loader fastdata.loader made: the same call with the change's keywords
+    set, less those DataLoader takes only with workers where the change sets none."""
+    def rebuild(change: dict) -> Any:
+        options = {**keywords, **change}
+        if options.get("num_workers") == 0:
+            for name in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
+                options.pop(name, None)
+        return factory.loader(source, batch_size, **options)
+    return rebuild
+
+
 def _compare(rebuild: Callable[[dict], Any], change: dict, step, steps: int, warmup: int, device,
              repeats: int) -> tuple[list[float], list[float]]:
     """The rates with the step (or the loader's alone, without one) of fresh loaders with
@@ -86,7 +105,7 @@ def _compare(rebuild: Callable[[dict], Any], change: dict, step, steps: int, war
     without: list[float] = []
     for _ in range(repeats):
         for config, runs in ((change, with_change), ({}, without)):
-            report = profile(rebuild(config), step, steps=steps, warmup=warmup, device=device)
+            report = profile(rebuild(config), step, steps=steps, warmup=warmup, device=device, confirm=0)
             runs.append(report.together_images_per_s or report.loader_images_per_s)
     return with_change, without
 

@@ -14,6 +14,7 @@ import torch
 from .. import _optional as optional
 from .._cores import usable_cores
 from .._pillow import pillow_info
+from ..errors import error_line
 from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, WORKER_STAGES, Advice, Report, stage_text
 
 
@@ -180,7 +181,9 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     images = report.config.get("backend") in IMAGE_BACKENDS
     fixed = script and workers == 0
     how = ("fastdata profile SOURCE --tune measures it" if images else
-           "the script's run with it measures it" if script else "fastdata.profile(..., rebuild=...) measures it")
+           "the script's run with it measures it" if script else
+           "fastdata.profile measures it unless confirm=0" if getattr(loader, "made_with", None) else
+           "fastdata.profile(..., rebuild=...) measures it")
 
     def bounded(rate: float) -> float:
         return min(rate, ceiling) if ceiling else rate
@@ -204,8 +207,9 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     elif workers == 0 and cores > 1:
         # fastdata.loader takes "auto"; torch's DataLoader (any other loader) takes a count
         count = "'auto'" if images else str(cores)
-        advice.append(Advice(f"num_workers={count} ({cores} here) instead of 0: decoding moves off the training "
-                             "process (no stage was timed: no figure)", {"num_workers": "auto" if images else cores}))
+        rule = Advice(f"num_workers={count} ({cores} here) instead of 0: decoding moves off the training process "
+                      "(no stage was timed: no figure)", {"num_workers": "auto" if images else cores})
+        advice.append(rule if measure is None else _checked(rule, f"num_workers={count} instead of 0", measure, how))
     pixel = stages.get("cpu_transforms", 0)
     device = getattr(loader, "device", None)
     if (model is not None and getattr(loader, "placement", None) == "cpu" and device is not None
@@ -246,18 +250,23 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
 
 
 def _checked(predicted: Advice, name: str, measure: Measure | None, how: str) -> Advice:
-    """A predicted change, measured when `measure` is given: advised as measured when every run
-    with it beat every run without it, else said to give no gain (and not advised). Without
-    `measure`, said to be the model's figure, and `how` it would be measured."""
+    """A predicted change (the model's, or a rule of thumb's), measured when `measure` is given:
+    advised as measured when every run with it beat every run without it, else said to give no
+    gain, or that it could not be measured (and not advised). Without `measure`, said to be the
+    model's figure, and `how` it would be measured."""
     if measure is None:
         return dataclasses.replace(predicted, text=f"{predicted.text}; the rate model's figure, not measured ({how})")
-    runs, base = measure(predicted.change)
+    try:
+        runs, base = measure(predicted.change)
+    except Exception as e:  # a loader that cannot be made or run with the change: not advised
+        return Advice(f"{name} could not be measured, so it is not advised: {error_line(e)}")
     got, now = statistics.median(runs), statistics.median(base)
     figures = f"{got:,.0f} images/s against {now:,.0f} now ({len(runs)} runs each, interleaved)"
     if min(runs) > max(base):
         return Advice(f"{name}: measured {figures}", predicted.change, got, "measured")
+    predicted_rate = predicted.predicted_images_per_s
     return Advice(f"{name} gave no clear gain when measured: {figures}, not every run with it above every run "
-                  f"without; the rate model had predicted {predicted.predicted_images_per_s:,.0f}")
+                  "without" + (f"; the rate model had predicted {predicted_rate:,.0f}" if predicted_rate else ""))
 
 
 def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fixed: bool) -> dict | None:

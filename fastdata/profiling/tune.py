@@ -64,7 +64,7 @@ class TuneResult:
 
 def _rate(loader_factory: Callable[[dict], Any], config: dict, step, step_ms, steps: int, device) -> tuple[float, Report]:
     loader = loader_factory(config)
-    report = profile(loader, step, steps=steps, step_ms=step_ms, warmup=2, device=device)
+    report = profile(loader, step, steps=steps, step_ms=step_ms, warmup=2, device=device, confirm=0)
     rate = report.together_images_per_s if report.together_images_per_s is not None else report.loader_images_per_s
     return rate, report
 

@@ -60,7 +60,7 @@ class Spins(Slow):
 def test_a_drop_in_without_workers_is_its_dataset_and_the_step_in_series():
     """DataLoader with 0 workers calls __getitem__ in the step's thread: the headline names the
     Dataset's time in series with the step, not the training process's taking of batches."""
-    report = fastdata.profile(fastdata.loader(Spins(0.5), batch_size=8), step_ms=2, steps=6, warmup=1)
+    report = fastdata.profile(fastdata.loader(Spins(0.5), batch_size=8), step_ms=2, steps=6, warmup=1, confirm=0)
     assert report.verdict == "input-bound"
     assert "makes each batch before its step, in series" in report.limit["text"], report.limit
     assert report.headline.startswith("input bounds the step: with no workers"), report.headline
@@ -299,13 +299,13 @@ def test_rate_model_with_0_workers_takes_the_measured_loader_time():
 
 
 def test_advice_predicts_workers():
-    """Without a way to build another loader, a predicted worker change stays the model's: said
-    as such, within the usable cores and the ceiling, and not the headline, which says what
-    bounds the step instead."""
+    """Unmeasured (confirm=0), a predicted worker change stays the model's: said as such, within
+    the usable cores and the ceiling, and not the headline, which says what bounds the step
+    instead."""
     from fastdata._cores import usable_cores
 
     loader = fastdata.loader(Busy(2.0), batch_size=8, num_workers=0)  # 16 ms a batch, mostly waiting
-    report = fastdata.profile(loader, step_ms=2, steps=4, warmup=1)
+    report = fastdata.profile(loader, step_ms=2, steps=4, warmup=1, confirm=0)
     assert report.verdict == "input-bound"
     (prediction,) = [a for a in report.advice if a.change and "num_workers" in a.change]
     assert 0 < prediction.change["num_workers"] <= usable_cores() and prediction.confidence == "model"
@@ -564,6 +564,57 @@ def test_a_predicted_worker_change_is_measured_before_it_is_advised(dataset, gai
         assert report.first_change is None and report.headline.startswith("input bounds the step")
 
 
+@pytest.mark.parametrize("dataset,gain", [(Busy, True), (Slower, False)])
+def test_a_fastdata_loader_is_remade_by_its_own_call_to_measure_a_change(dataset, gain):
+    """Without `rebuild`, the profile measures a predicted change on loaders made by the call
+    that made this one, its keywords kept (the collate_fn's tag, the batch size) and the change
+    set; a change that measures slower is told, not advised."""
+    def tagged(samples):
+        images, labels = torch.utils.data.default_collate(samples)
+        return images, labels, "tagged"
+
+    tags, sizes = set(), set()
+
+    def step(batch):
+        tags.add(batch[2])
+        sizes.add(len(batch[0]))
+        time.sleep(0.002)
+
+    loader = fastdata.loader(dataset(2.0), batch_size=8, num_workers=0, collate_fn=tagged)
+    report = fastdata.profile(loader, step, steps=4, warmup=1)
+    (said,) = [a for a in report.advice if "num_workers=" in a.text]
+    assert tags == {"tagged"} and sizes == {8}
+    if gain:
+        assert said.confidence == "measured" and said.change["num_workers"] > 0
+        assert report.first_change is said and "measured" in report.headline
+    else:
+        assert said.change is None and "gave no clear gain when measured" in said.text
+        assert report.first_change is None
+
+
+def test_a_change_that_cannot_be_measured_is_not_advised():
+    def rebuild(change):
+        if change:
+            raise OSError("no room for workers")
+        return fastdata.loader(Busy(2.0), batch_size=8)
+
+    report = fastdata.profile(rebuild({}), step_ms=2, steps=4, warmup=1, rebuild=rebuild)
+    (said,) = [a for a in report.advice if "num_workers=" in a.text]
+    assert said.change is None and report.first_change is None
+    assert "could not be measured, so it is not advised: OSError: no room for workers" in said.text
+
+
+def test_a_remade_loader_drops_what_dataloader_takes_only_with_workers():
+    from fastdata.profiling.measure import _remaker
+
+    loader = fastdata.loader(Busy(0.0), batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3)
+    rebuild = _remaker(*loader.made_with)
+    alike, none = rebuild({}), rebuild({"num_workers": 0})
+    assert (alike.num_workers, alike.persistent_workers, alike.prefetch_factor) == (1, True, 3)
+    assert (none.num_workers, none.persistent_workers) == (0, False)
+    assert torch.equal(next(iter(none))[0], next(iter(loader))[0])
+
+
 @pytest.mark.gpu
 def test_h2d_copy_is_timed_on_cuda():
     loader = fastdata.loader(Busy(0.0), batch_size=8, num_workers=1, device="cuda", pin_memory=True)
@@ -580,6 +631,8 @@ def test_arguments():
         fastdata.profile(loader, lambda b: None, step_ms=5)
     with pytest.raises(ValueError, match="step_ms should be positive"):
         fastdata.profile(loader, step_ms=0)
+    with pytest.raises(ValueError, match="confirm should be an int >= 0"):
+        fastdata.profile(loader, step_ms=1, confirm=-1)
 
 
 def _cli(*args, env=None):
