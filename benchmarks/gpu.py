@@ -31,7 +31,6 @@ Without CUDA it runs on the CPU at the sizes given (a check of the script itself
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import numbers
 import sys
 import tempfile
 import time
@@ -195,6 +196,14 @@ class Progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """The same check for a Python call's argument `name` (the tools' functions): an integer
+    (numpy's too, not a bool) >= `minimum`, as an int; else ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"`{name}` should be an integer >= {minimum}, but got {value!r}")
+    return int(value)
 
 
 def _int_at_least(text: str, minimum: int) -> int:

@@ -66,7 +66,6 @@ import contextlib
 import errno
 import functools
 import json
-import numbers
 import os
 import re
 import secrets
@@ -78,7 +77,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ._cli import Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone, run_command
+from ._cli import Parser, add_debug, check_int, natural_int, not_a_directory, positive_int, run_alone, run_command
 from ._cores import usable_cores
 from ._tarwriter import END, Progress, refusal, sample_bytes, write_all
 from .errors import one_line
@@ -124,12 +123,6 @@ def index_path(pattern: str | os.PathLike) -> Path:
 
 
 # ----------------------------------------------------------------- write_shards
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` should be an integer >= {minimum}, but got {value!r}")
-    return int(value)
-
 
 def parse_size(text: str | int) -> int:
     """Bytes for a size such as 1073741824, "1G", "500M", "64KiB", "1.5g" (binary units:
@@ -237,13 +230,13 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
            progress: bool, shuffle: bool = True, seed: int = 0, on_error: str = "raise") -> tuple[Path, dict, int]:
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error should be 'raise' or 'skip', but got {on_error!r:.100}")
-    max_count = _check_int("max_count", max_count, 1)
-    max_size = _check_int("max_size", parse_size(max_size) if isinstance(max_size, str) else max_size, 1)
-    workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
+    max_count = check_int("max_count", max_count, 1)
+    max_size = check_int("max_size", parse_size(max_size) if isinstance(max_size, str) else max_size, 1)
+    workers = usable_cores() if workers is None else check_int("workers", workers, 1)
     folder, name, index_file_name = _parse_pattern(pattern)
     samples = _resolve_source(source)
     _check_classes(samples.classes)
-    seed = _check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0)
     with _output_folder(folder):
         order = np.random.Generator(np.random.PCG64(seed)).permutation(len(samples)) if shuffle else \
             range(len(samples))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._cli import Progress
+from ._cli import Progress, check_int
 from ._cores import usable_cores
 from ._pool import process_pool
 from .sources.files import IMAGE_EXTENSIONS, image_folder
@@ -274,12 +274,6 @@ def _complete(manifest: dict | None, want: dict) -> bool:
         all(manifest.get(k) == v for k, v in want.items())
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` should be an integer >= {minimum}, but got {value!r}")
-    return int(value)
-
-
 def default_root() -> Path:
     """Where the README's first command (`fastdata profile synthetic`) makes its set of 2,000
     images, and where the examples look for it (so that they train on it with its tune):
@@ -304,12 +298,12 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
     when `n_classes` changed), the others removed; a crash leaves no partial file. `workers`
     processes encode (default: the cores this process may use); `progress` shows how many
     are made on stderr (a bar on a terminal, a few lines in a log)."""
-    n_images = _check_int("n_images", n_images, 1)
-    n_classes = _check_int("n_classes", n_classes, 1)
-    seed = _check_int("seed", seed, 0)
+    n_images = check_int("n_images", n_images, 1)
+    n_classes = check_int("n_classes", n_classes, 1)
+    seed = check_int("seed", seed, 0)
     if n_classes > n_images:  # ImageFolder refuses empty class folders
         raise ValueError(f"`n_classes` should be at most `n_images` ({n_images}), but got {n_classes}")
-    workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
+    workers = usable_cores() if workers is None else check_int("workers", workers, 1)
     root = Path(root)
     want = _wanted(n_images, n_classes, seed)
     old = _read_manifest(root)

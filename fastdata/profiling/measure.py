@@ -64,12 +64,12 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
+    def measure(change: dict) -> tuple[list[float], list[float]]:
+        return _compare(rebuild, change, step, steps, warmup, device, confirm)
+
     try:
-        measure = None
-        if rebuild is not None and confirm:
-            def measure(change: dict) -> tuple[list[float], list[float]]:
-                return _compare(rebuild, change, step, steps, warmup, device, confirm)
-        report = _measure(loader, step, steps, warmup, device, source or _described(loader), timed, measure)
+        report = _measure(loader, step, steps, warmup, device, source or _described(loader), timed,
+                          measure if rebuild is not None and confirm else None)
     finally:
         if timed:
             loader.set_stage_timing(False)
