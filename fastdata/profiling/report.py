@@ -67,6 +67,10 @@ COSTS = frozenset((*WORKER_STAGES, "device_stage"))
 VERDICTS = ("input-bound", "compute-bound", "balanced")  # report.json's verdict: one of these, or null
 SCHEMA = "fastdata.profile.report/3"  # report.json's schema (report.schema.json beside this module)
 NOTHING_TO_CHANGE = "nothing to change on the input side"  # the advice when the step did not wait
+# Why a report has no stage table: what a loader needs to time its stages.
+UNTIMED = ("where an image's time goes: not timed (a fastdata loader times its stages with its own collation, in "
+           "workers it starts: not a torch DataLoader, a collate_fn of the script's own, or persistent workers "
+           "already running)")
 NO_CHANGE = "no change found to suggest"  # the advice of a report that is not input-bound, with nothing else
 
 
@@ -275,6 +279,8 @@ class Report:
             lines.append("  where an image's time goes (ms an image, loader alone; worker stages summed over workers):")
             lines += [f"    {name:<15}{ms:8.2f}  {stage_text(name, self.stages)}"
                       + ("   <- the most" if name == self.bound else "") for name, ms in self.stages.items()]
+        else:
+            lines.append(f"  {UNTIMED}")
         lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
         lines.append(f"  first: {self.headline}")
@@ -320,6 +326,8 @@ class Report:
                 table.add_row(escape(name), f"{ms:.2f}", f"[{colour}]{'█' * max(0, round(30 * ms / top))}[/]",
                               escape(stage_text(name, self.stages)))
             console.print(table)
+        else:
+            console.print(f"[dim]{escape(UNTIMED)}[/]")
         for line in self.size_lines():
             console.print(escape(line))
         colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")

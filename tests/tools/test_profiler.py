@@ -195,6 +195,11 @@ def test_dropin_with_a_user_collate_is_not_timed():
     loader = fastdata.loader(Busy(0.0), batch_size=8, collate_fn=lambda b: torch.stack([x for x, _ in b]))
     report = fastdata.profile(loader, steps=2, warmup=1)
     assert report.stages == {} and report.loader_images_per_s > 0
+    assert "not timed (a fastdata loader times its stages with its own collation" in str(report)  # says why
+    plain = fastdata.profile(torch.utils.data.DataLoader(Busy(0.0), batch_size=8), steps=2, warmup=1)
+    assert plain.stages == {} and "where an image's time goes: not timed" in str(plain)
+    timed = fastdata.profile(fastdata.loader(Busy(0.0), batch_size=8), steps=2, warmup=1)
+    assert timed.stages and "not timed" not in str(timed)
 
 
 def _traced(loader) -> set[str]:
