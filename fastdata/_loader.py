@@ -232,10 +232,11 @@ class LoaderCore:
 
     num_workers: int = 0  # each backend says its own
 
-    # The fastdata.loader call that made this loader, (source, batch_size, keywords):
-    # fastdata.profile makes fresh loaders by it to measure a predicted change before advising
-    # it. None for a loader made otherwise (fastdata run's served loaders).
-    made_with: tuple[Any, Any, dict[str, Any]] | None = None
+    # remade(change) -> a fresh loader like this one, made as fastdata.loader made it with the
+    # keywords of `change` set ({}: this one's config); fastdata.profile measures a predicted
+    # change on such loaders before advising it. None: this loader cannot be remade (fastdata
+    # run's served loaders).
+    remade: Callable[[dict[str, Any]], "LoaderCore"] | None = None
 
     def _record_stages(self, stages: dict[str, Any]) -> None:
         """The one place stage seconds are summed: a batch's (or a main-process stage's)

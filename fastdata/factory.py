@@ -205,18 +205,14 @@ def loader(source: Any = _NO_SOURCE, batch_size: int | None = 1, *args: Any, **o
     """
     source = _as_dataloader_call(source, args, options)
     _check_device(options.get("device"))
-    call = (source, batch_size, dict(options))
     if sources.is_image_source(source):
-        made = _image_loader(source, batch_size, options)
-    else:
-        for name in options:
-            if name not in _DROPIN_KEYWORDS:
-                image = f" (an image source's keyword, but {type(source).__name__} {source!r:.60} is not an image " \
-                    "source: a folder, (path, label) pairs or shards)" if name in _IMAGE_KEYWORDS else ""
-                raise TypeError(f"loader() got an unexpected keyword argument {name!r}{image}")
-        made = TorchLoader(source, batch_size=batch_size, **options)
-    made.made_with = call
-    return made
+        return _image_loader(source, batch_size, options)
+    for name in options:
+        if name not in _DROPIN_KEYWORDS:
+            image = f" (an image source's keyword, but {type(source).__name__} {source!r:.60} is not an image source: " \
+                "a folder, (path, label) pairs or shards)" if name in _IMAGE_KEYWORDS else ""
+            raise TypeError(f"loader() got an unexpected keyword argument {name!r}{image}")
+    return TorchLoader(source, batch_size=batch_size, **options)
 
 
 def _as_dataloader_call(source: Any, args: tuple, options: dict[str, Any]) -> Any:

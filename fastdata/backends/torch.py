@@ -1,4 +1,6 @@
-"""Drop-in mode: `fastdata.loader(dataset, ...)` over torch's own DataLoader machinery.
+"""Drop-in mode: `fastdata.loader(dataset, ...)` over torch's own DataLoader machinery. Over 400
+lines: TorchCore is one DataLoader subclass, whose pass, resume and profiling protocol share the
+attributes DataLoader keeps; split apart, they would reach into each other's.
 
 The loader is a DataLoader (a subclass), and its samplers, worker processes, worker seeding and
 error handling are DataLoader's, so the batches are DataLoader's. What changes: collation
@@ -51,6 +53,7 @@ class TorchCore(DataLoader, LoaderCore):
     def __init__(self, dataset: Any, *args: Any, device: Any = None, **kwargs: Any) -> None:
         call = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs).arguments
         del call["self"]
+        self._given = dict(call, device=device)  # for remade(): the call as given, "auto" too
         if "num_workers" in call:
             call["num_workers"] = resolve_workers(call["num_workers"], device)
         if call.get("collate_fn") in (default_collate, native_collate) or isinstance(call.get("collate_fn"), RingCollate):
@@ -398,3 +401,10 @@ class TorchCore(DataLoader, LoaderCore):
 
 class TorchLoader(TorchCore, Loader):
     """What `fastdata.loader(dataset, ...)` returns: `TorchCore` with `Loader`'s state methods."""
+
+    def remade(self, change: dict[str, Any]) -> TorchLoader:
+        given = {**self._given, **change}
+        if given.get("num_workers") == 0:  # what DataLoader takes only with workers
+            for name in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
+                given.pop(name, None)
+        return TorchLoader(**given)

@@ -81,6 +81,7 @@ class ImageLoader(Loader):
         if o.sampler is not None:
             check_sampler(o.sampler, samples, o.shuffle)
         self.samples = samples
+        self._given = o
         self.index_sampler = o.sampler
         self.batch_size = batch_size
         self.transform = o.transform
@@ -278,6 +279,10 @@ class ImageLoader(Loader):
 
     def batches_ahead(self) -> int:
         return self._runner.ready_ahead()
+
+    def remade(self, change: dict[str, Any]) -> ImageLoader:
+        # over the same samples, resolved once: a folder is not listed again
+        return type(self)(self.samples, self.batch_size, dataclasses.replace(self._given, **change))
 
     def runs_in_process(self) -> bool:
         return self._runner.in_process()

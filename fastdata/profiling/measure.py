@@ -8,7 +8,6 @@ from typing import Any, Callable
 
 import torch
 
-from .. import factory
 from .._collate import batch_len
 from .._cores import usable_cores
 from .._loader import LoaderCore
@@ -45,10 +44,10 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     Each change the rate model predicts to help is measured against the current config,
     `confirm` times each, interleaved, before it is advised (see `advise`), on fresh loaders
     that `rebuild(change)` makes like this one with the keywords of `change` set ({} for this
-    one's config). Without `rebuild`, a loader `fastdata.loader` made is remade by the same
-    call with those keywords; any other loader (a DataLoader), or `confirm=0`, leaves each
-    prediction the model's figure, said as such. `source` names what was profiled in the report
-    (default: the loader's samples, or its dataset's type)."""
+    one's config). Without `rebuild`, a loader `fastdata.loader` made is remade as it was made,
+    with those keywords set (`remade`); any other loader (a DataLoader), or `confirm=0`, leaves
+    each prediction the model's figure, said as such. `source` names what was profiled in the
+    report (default: the loader's samples, or its dataset's type)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -59,8 +58,8 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
     if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise ValueError(f"confirm should be an int >= 0, but got {confirm!r}")
-    if rebuild is None and getattr(loader, "made_with", None) is not None:
-        rebuild = _remaker(*loader.made_with)
+    if rebuild is None and isinstance(loader, LoaderCore):
+        rebuild = loader.remade
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
@@ -82,18 +81,6 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
                                  "left out (on_error='skip')" +
                                  "".join(f"; the first, {e['path']}: {e['cause']}" for e in first)))
     return report
-
-
-def _remaker(source: Any, batch_size: Any, keywords: dict[str, Any]) -> Callable[[dict], Any]:
-    """`rebuild` for a loader fastdata.loader made: the same call with the change's keywords
-    set, less those DataLoader takes only with workers where the change sets none."""
-    def rebuild(change: dict) -> Any:
-        options = {**keywords, **change}
-        if options.get("num_workers") == 0:
-            for name in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
-                options.pop(name, None)
-        return factory.loader(source, batch_size, **options)
-    return rebuild
 
 
 def _compare(rebuild: Callable[[dict], Any], change: dict, step, steps: int, warmup: int, device,

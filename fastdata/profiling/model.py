@@ -182,7 +182,7 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     fixed = script and workers == 0
     how = ("fastdata profile SOURCE --tune measures it" if images else
            "the script's run with it measures it" if script else
-           "fastdata.profile measures it unless confirm=0" if getattr(loader, "made_with", None) else
+           "fastdata.profile measures it unless confirm=0" if getattr(loader, "remade", None) else
            "fastdata.profile(..., rebuild=...) measures it")
 
     def bounded(rate: float) -> float:

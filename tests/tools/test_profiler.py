@@ -609,15 +609,25 @@ def test_a_change_that_cannot_be_measured_is_not_advised():
     assert "could not be measured, so it is not advised: OSError: no room for workers" in said.text
 
 
-def test_a_remade_loader_drops_what_dataloader_takes_only_with_workers():
-    from fastdata.profiling.measure import _remaker
-
+def test_a_remade_loader_is_made_as_this_one_was():
+    """`remade` gives the call's keywords as given (num_workers="auto" too) with the change set;
+    at 0 workers, less those DataLoader takes only with workers. An image loader's is over the
+    same samples. A loader fastdata run serves cannot be remade."""
     loader = fastdata.loader(Busy(0.0), batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3)
-    rebuild = _remaker(*loader.made_with)
-    alike, none = rebuild({}), rebuild({"num_workers": 0})
+    alike, none = loader.remade({}), loader.remade({"num_workers": 0})
+    assert type(alike) is type(loader) and alike is not loader
     assert (alike.num_workers, alike.persistent_workers, alike.prefetch_factor) == (1, True, 3)
     assert (none.num_workers, none.persistent_workers) == (0, False)
     assert torch.equal(next(iter(none))[0], next(iter(loader))[0])
+    auto = fastdata.loader(Busy(0.0), batch_size=4, num_workers="auto").remade({"batch_size": 2})
+    assert auto.batch_size == 2 and auto.num_workers == fastdata.loader(Busy(0.0), num_workers="auto").num_workers
+
+
+def test_an_image_loader_is_remade_over_its_samples(folder):
+    loader = fastdata.loader(str(folder), batch_size=4, num_workers=0, transform=T.Compose([T.Resize((16, 16))]))
+    other = loader.remade({"num_workers": 1})
+    assert other.num_workers == 1 and other.samples is loader.samples and other.transform is loader.transform
+    assert torch.equal(next(iter(other))[0], next(iter(loader))[0])
 
 
 @pytest.mark.gpu
