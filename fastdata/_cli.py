@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable, Iterable, TextIO
 
 from .errors import SKIP_OPTION, DataError, error_line
 
@@ -70,13 +70,14 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-class _SkipsNamedOnce(logging.Filter):
+class SkipsNamedOnce(logging.Filter):
     """Lets the warning that names a skipped file (the loader's, on_error="skip") through once:
-    a command that makes several loaders over one source (a tune) names each file once a run."""
+    a command that makes several loaders over one source (a tune), or a profile that remakes
+    its loader to measure a change, names each file once (`named`: those already named)."""
 
-    def __init__(self) -> None:
+    def __init__(self, named: Iterable[str] = ()) -> None:
         super().__init__()
-        self.named: set[str] = set()
+        self.named: set[str] = set(named)
 
     def filter(self, record: logging.LogRecord) -> bool:
         path = getattr(record, "fastdata_skipped", None)
@@ -93,7 +94,7 @@ def run_command(prog: str, body: Callable[[], int], debug: bool = False, skip_fl
     "`prog`: error: <cause>" for an exception (re-raised when `debug`), 130 on Ctrl-C. A
     skipped file is named once a run. `skip_flag`: the command's own way past a bad sample
     ("--on-error skip"), which a DataError's line then ends with instead of on_error="skip"."""
-    logger, once = logging.getLogger("fastdata"), _SkipsNamedOnce()
+    logger, once = logging.getLogger("fastdata"), SkipsNamedOnce()
     logger.addFilter(once)
     try:
         return body()

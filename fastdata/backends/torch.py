@@ -53,7 +53,8 @@ class TorchCore(DataLoader, LoaderCore):
     def __init__(self, dataset: Any, *args: Any, device: Any = None, **kwargs: Any) -> None:
         call = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs).arguments
         del call["self"]
-        self._given = dict(call, device=device)  # for remade(): the call as given, "auto" too
+        # for remade(): what decides a batch's indices, as given (DataLoader refuses it changed later)
+        self._given = {k: v for k, v in call.items() if k in _INDEX_KEYWORDS}
         if "num_workers" in call:
             call["num_workers"] = resolve_workers(call["num_workers"], device)
         if call.get("collate_fn") in (default_collate, native_collate) or isinstance(call.get("collate_fn"), RingCollate):
@@ -403,8 +404,10 @@ class TorchLoader(TorchCore, Loader):
     """What `fastdata.loader(dataset, ...)` returns: `TorchCore` with `Loader`'s state methods."""
 
     def remade(self, change: dict[str, Any]) -> TorchLoader:
-        given = {**self._given, **change}
-        if given.get("num_workers") == 0:  # what DataLoader takes only with workers
+        # the other keywords as they stand: a script or trainer may set them after construction
+        now = {k: getattr(self, k) for k in DATALOADER_KEYWORDS if k not in _INDEX_KEYWORDS}
+        options = {**self._given, **now, "device": self.device, **change}
+        if options["num_workers"] == 0:  # what DataLoader takes only with workers
             for name in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
-                given.pop(name, None)
-        return TorchLoader(**given)
+                options.pop(name, None)
+        return TorchLoader(self.dataset, **options)

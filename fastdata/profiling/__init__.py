@@ -9,8 +9,9 @@
 - `cli`: `fastdata-profile`; its docstring, the command's --help, says what each measurement
   is, how the verdict follows and where a tuned config is kept.
 
-A fastdata Loader is timed through the profiling protocol declared on
-`fastdata._loader.LoaderCore`; of a loader, nothing else is read but its public attributes.
+A fastdata Loader is timed, and remade to measure a change, through the profiling protocol
+declared on `fastdata._loader.LoaderCore`; of a loader, nothing else is read but its public
+attributes.
 The tuned configs live in `fastdata.tunecache`, which the factory reads without this package.
 """
 

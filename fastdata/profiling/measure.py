@@ -3,11 +3,13 @@ ceiling the machine puts on the loader, and the verdict."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable
 
 import torch
 
+from .._cli import SkipsNamedOnce
 from .._collate import batch_len
 from .._cores import usable_cores
 from .._loader import LoaderCore
@@ -16,6 +18,8 @@ from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
 from .model import RateModel, advise
 from .report import COSTS, WORKER_STAGES, Report, verdict
+
+logger = logging.getLogger("fastdata")
 
 
 def _sync(device) -> None:
@@ -44,9 +48,10 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     Each change the rate model predicts to help is measured against the current config,
     `confirm` times each, interleaved, before it is advised (see `advise`), on fresh loaders
     that `rebuild(change)` makes like this one with the keywords of `change` set ({} for this
-    one's config). Without `rebuild`, a loader `fastdata.loader` made is remade as it was made,
-    with those keywords set (`remade`); any other loader (a DataLoader), or `confirm=0`, leaves
-    each prediction the model's figure, said as such. `source` names what was profiled in the
+    one's config); `step` runs on their batches too. Without `rebuild`, a loader
+    `fastdata.loader` made is remade like itself, with those keywords set (`remade`); any other
+    loader (a DataLoader), or `confirm=0`, leaves each prediction the model's figure, said as
+    such. `source` names what was profiled in the
     report (default: the loader's samples, or its dataset's type)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
@@ -64,7 +69,13 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
     def measure(change: dict) -> tuple[list[float], list[float]]:
-        return _compare(rebuild, change, step, steps, warmup, device, confirm)
+        # the remade loaders read the same files: one skipped is named once, by this loader
+        once = SkipsNamedOnce(_skips(getattr(loader, "stats", {}))[2])
+        logger.addFilter(once)
+        try:
+            return _compare(rebuild, change, step, steps, warmup, device, confirm)
+        finally:
+            logger.removeFilter(once)
 
     try:
         report = _measure(loader, step, steps, warmup, device, source or _described(loader), timed,
@@ -150,9 +161,13 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         while True:  # epochs end; the profile goes on into the next
             empty = True
             epochs[0] += 1
-            for b in loader:
-                empty, taken = False, taken + 1
-                yield b, count(b)
+            passing = iter(loader)
+            try:
+                for b in passing:
+                    empty, taken = False, taken + 1
+                    yield b, count(b)
+            finally:  # closed with `it`: the pass's threads and workers end now (a fastdata pass has close)
+                getattr(passing, "close", lambda: None)()
             if empty:  # (after some batches: an iterator, not an iterable, whose second pass is empty)
                 raise ValueError(f"the loader ran out after {taken} batches, and the profile takes more (the warm-up, "
                                  "then the loader alone, the step alone and the two together): give one that can be "
@@ -196,6 +211,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
                         "no training step given: only the loader's own rate was measured", [], config, stages=stages,
                         bound=bound)
         check_ceiling(report, steps)
+        it.close()  # the pass ends before a change is measured (below: why)
         advise(loader, report, measure)
         return report
 
@@ -230,6 +246,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, *said, timeline, config,
                     stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
     check_ceiling(report, steps)
+    # The pass ends before any change is measured: a fresh loader's workers fork from a
+    # process whose own decode threads and workers are gone, as they would in training.
+    it.close()
     advise(loader, report, measure)
     return report
 

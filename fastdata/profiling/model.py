@@ -205,11 +205,10 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
                        {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
                 measure, how))
     elif workers == 0 and cores > 1:
-        # fastdata.loader takes "auto"; torch's DataLoader (any other loader) takes a count
-        count = "'auto'" if images else str(cores)
-        rule = Advice(f"num_workers={count} ({cores} here) instead of 0: decoding moves off the training process "
-                      "(no stage was timed: no figure)", {"num_workers": "auto" if images else cores})
-        advice.append(rule if measure is None else _checked(rule, f"num_workers={count} instead of 0", measure, how))
+        # a count, not "auto": an image loader without persistent workers resolves "auto" to 0
+        rule = Advice(f"num_workers={cores} (the usable cores) instead of 0: decoding moves off the training "
+                      "process (no stage was timed: no figure)", {"num_workers": cores})
+        advice.append(rule if measure is None else _checked(rule, f"num_workers={cores} instead of 0", measure, how))
     pixel = stages.get("cpu_transforms", 0)
     device = getattr(loader, "device", None)
     if (model is not None and getattr(loader, "placement", None) == "cpu" and device is not None

@@ -621,6 +621,37 @@ def test_a_remade_loader_is_made_as_this_one_was():
     assert torch.equal(next(iter(none))[0], next(iter(loader))[0])
     auto = fastdata.loader(Busy(0.0), batch_size=4, num_workers="auto").remade({"batch_size": 2})
     assert auto.batch_size == 2 and auto.num_workers == fastdata.loader(Busy(0.0), num_workers="auto").num_workers
+    later = fastdata.loader(Busy(0.0), batch_size=8, shuffle=True)
+    later.num_workers, later.worker_init_fn = 2, print  # as a script or trainer sets them after construction
+    again = later.remade({})
+    assert (again.num_workers, again.worker_init_fn, again.batch_size) == (2, print, 8)
+    assert isinstance(again.sampler, torch.utils.data.RandomSampler)
+
+
+def test_the_profiled_pass_ends_before_a_change_is_measured(tmp_path, monkeypatch):
+    """The profiled loader's pass (an image loader's decode thread at 0 workers) is over when the
+    advice is made, so the loaders remade to measure a change fork from a process without it."""
+    import threading
+
+    from fastdata.profiling import measure
+
+    advise, live = measure.advise, []
+
+    def recording(*args, **kwargs):
+        live.append(threading.active_count())
+        return advise(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "advise", recording)
+    folder = color_folder(tmp_path, 3, 40, (20, 40), lambda i: f"{i:03d}.jpg")  # 30 batches: no epoch ends
+    loader = fastdata.loader(str(folder), batch_size=4, num_workers=0, transform=T.Compose([T.Resize((16, 16))]))
+    before = threading.active_count()
+    it = iter(loader)
+    next(it)
+    assert threading.active_count() > before  # a pass has its decode thread
+    del it
+    fastdata.profile(loader, step_ms=1, steps=3, warmup=1, confirm=0)
+    fastdata.profile(loader, steps=3, warmup=1, confirm=0)
+    assert live == [before, before]
 
 
 def test_an_image_loader_is_remade_over_its_samples(folder):
@@ -725,7 +756,7 @@ def test_the_step_alone_times_a_full_batch():
     for steps in (5, 6, 7):  # the loader-alone window ends on a short batch for one of these
         seen.clear()
         loader = fastdata.loader(Slow(0.0), batch_size=24, num_workers=0)  # 64 samples: 24, 24, 16
-        report = fastdata.profile(loader, step, steps=steps, warmup=1)
+        report = fastdata.profile(loader, step, steps=steps, warmup=1, confirm=0)  # its own batches only
         (replayed, count), = collections.Counter(i for i, _ in seen).most_common(1)
         assert count >= steps  # the step alone replays one batch
         assert {n for i, n in seen if i == replayed} == {24} and report.batch_size == 24
