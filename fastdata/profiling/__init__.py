@@ -2,7 +2,9 @@
 
 - `measure`: `profile`, the three measurements (the loader alone with its stages timed, the
   step alone, the two together), the ceiling and the verdict;
-- `model`: `RateModel`, images/s of another config from the stage costs, and the advice;
+- `model`: `RateModel`, images/s of another config from the stage costs;
+- `advice`: what to change (each prediction measured before it is advised where the loader
+  can be remade), and what bounds an input-bound step;
 - `tune`: `tune`, the search over num_workers, prefetch_factor, backend and placement;
 - `report`: `Report`, as text, in the terminal and as JSON, and the verdict's rule;
 - `html`: the report as a self-contained HTML page, rendered from its JSON alone;
@@ -11,8 +13,8 @@
 
 A fastdata Loader is timed, and remade to measure a change, through the profiling protocol
 declared on `fastdata._loader.LoaderCore`; of a loader, nothing else is read but its public
-attributes.
-The tuned configs live in `fastdata.tunecache`, which the factory reads without this package.
+attributes. The tuned configs live in `fastdata.tunecache`, which the factory reads without
+this package.
 """
 
 from .cli import main

@@ -16,7 +16,8 @@ from .._loader import LoaderCore
 from ..ceiling import MARGIN
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
-from .model import RateModel, advise
+from .advice import advise
+from .model import RateModel
 from .report import COSTS, WORKER_STAGES, Report, verdict
 
 logger = logging.getLogger("fastdata")

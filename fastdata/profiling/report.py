@@ -120,7 +120,7 @@ class Report:
     # (measure.rates_per_size: epoch, size [h, w], batches, images_per_s)
     sizes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     created: str = dataclasses.field(default_factory=lambda: now_utc())
-    # what bounds the rate under the rate model, for the headline (model.limit): "text", "helps"
+    # what bounds the rate under the rate model, for the headline (advice.limit): "text", "helps"
     # (words, the keywords they set or None), "not"; None where the model cannot say
     limit: dict[str, Any] | None = None
 

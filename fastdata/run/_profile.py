@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 from .._cores import usable_cores
 from ..profiling.measure import check_ceiling
-from ..profiling.model import RateModel, advise
+from ..profiling.advice import advise
+from ..profiling.model import RateModel
 from ..profiling.report import WORKER_STAGES, Report, verdict
 
 STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step

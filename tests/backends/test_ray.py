@@ -24,7 +24,8 @@ from fastdata import DataError  # noqa: E402
 from fastdata import transforms as T  # noqa: E402
 from fastdata._workers import start_method  # noqa: E402
 from fastdata.image.ray import disconnect  # noqa: E402
-from fastdata.profiling.model import RateModel, scale_out  # noqa: E402
+from fastdata.profiling.advice import scale_out  # noqa: E402
+from fastdata.profiling.model import RateModel  # noqa: E402
 from fastdata.shard import write_shards  # noqa: E402
 
 CLASSES, PER_CLASS = 4, 15

@@ -328,9 +328,9 @@ def test_advice_predicts_workers():
 @pytest.fixture
 def two_cores(monkeypatch):
     """Advice as on a 2-core machine without a GPU, Pillow-SIMD active."""
-    monkeypatch.setattr("fastdata.profiling.model.usable_cores", lambda: 2)
+    monkeypatch.setattr("fastdata.profiling.advice.usable_cores", lambda: 2)
     monkeypatch.setattr("fastdata.run._profile.usable_cores", lambda: 2)
-    monkeypatch.setattr("fastdata.profiling.model.pillow_info", lambda: {"simd": True})
+    monkeypatch.setattr("fastdata.profiling.advice.pillow_info", lambda: {"simd": True})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
@@ -343,7 +343,7 @@ def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: d
 
     from fastdata.profiling import Report
     from fastdata.profiling.measure import check_ceiling
-    from fastdata.profiling.model import advise
+    from fastdata.profiling.advice import advise
 
     stages = stages or {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.29,
                         "deliver": 0.01}
@@ -433,7 +433,7 @@ def test_rates_the_stages_do_not_account_for_hold_the_models_advice_back(two_cor
 
     from fastdata.profiling import Report
     from fastdata.profiling.measure import check_ceiling
-    from fastdata.profiling.model import advise
+    from fastdata.profiling.advice import advise
 
     stages = {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.18,
               "deliver": 0.19}
@@ -483,7 +483,7 @@ def test_an_input_bound_report_does_not_say_there_is_nothing_to_change(two_cores
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
-    from fastdata.profiling.model import advise
+    from fastdata.profiling.advice import advise
 
     report = Report("x", 64, 13500.0, 12974.0, 10000.0, 0.2, "input-bound", "", [],
                     {"backend": "torch", "num_workers": 2, "device": "cpu"}, stages={"dataset": 0.08},
@@ -503,7 +503,7 @@ def test_a_wait_the_workers_do_not_explain_is_not_blamed_on_a_worker_stage(two_c
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
-    from fastdata.profiling.model import advise
+    from fastdata.profiling.advice import advise
 
     report = Report("x", 32, 4062.0, 637.0, 516.0, 0.101, "input-bound", "", [],
                     {"backend": "pil", "num_workers": 2, "device": "cpu"}, bound="decode",
@@ -526,7 +526,7 @@ def test_a_rate_together_over_the_loaders_alone_holds_the_advice_back(two_cores)
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
-    from fastdata.profiling.model import advise
+    from fastdata.profiling.advice import advise
 
     report = Report("x", 256, 807.0, 2555.0, 899.0, 0.6, "input-bound", "", [],
                     {"backend": "pil", "num_workers": 2, "device": "cpu"}, bound="decode",
@@ -564,9 +564,12 @@ def test_a_predicted_worker_change_is_measured_before_it_is_advised(dataset, gai
     if gain:
         assert said[0].confidence == "measured" and said[0].change == change
         assert report.first_change is said[0] and "measured" in report.headline
-    else:  # measured slower: told, not advised
+    else:  # measured slower: told, not advised, and the headline names no more workers as help
         assert said[0].change is None and "gave no clear gain when measured" in said[0].text
+        assert said[0].confidence == "measured"
         assert report.first_change is None and report.headline.startswith("input bounds the step")
+        assert report.headline.endswith("; more workers measured no faster"), report.headline
+        assert not [words for words, _ in report.limit["helps"] if "workers" in words], report.limit
 
 
 @pytest.mark.parametrize("dataset,gain", [(Busy, True), (Slower, False)])
