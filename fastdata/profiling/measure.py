@@ -20,8 +20,6 @@ from .advice import advise
 from .model import RateModel
 from .report import COSTS, WORKER_STAGES, Report, verdict
 
-logger = logging.getLogger("fastdata")
-
 
 def _sync(device) -> None:
     if device is not None and torch.device(device).type == "cuda":
@@ -52,8 +50,8 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     one's config); `step` runs on their batches too. Without `rebuild`, a loader
     `fastdata.loader` made is remade like itself, with those keywords set (`remade`); any other
     loader (a DataLoader), or `confirm=0`, leaves each prediction the model's figure, said as
-    such. `source` names what was profiled in the
-    report (default: the loader's samples, or its dataset's type)."""
+    such. `source` names what was profiled in the report (default: the loader's samples, or its
+    dataset's type)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -69,9 +67,10 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))
+
     def measure(change: dict) -> tuple[list[float], list[float]]:
         # the remade loaders read the same files: one skipped is named once, by this loader
-        once = SkipsNamedOnce(_skips(getattr(loader, "stats", {}))[2])
+        logger, once = logging.getLogger("fastdata"), SkipsNamedOnce(_skips(getattr(loader, "stats", {}))[2])
         logger.addFilter(once)
         try:
             return _compare(rebuild, change, step, steps, warmup, device, confirm)

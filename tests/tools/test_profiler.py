@@ -613,9 +613,12 @@ def test_a_change_that_cannot_be_measured_is_not_advised():
 
 
 def test_a_remade_loader_is_made_as_this_one_was():
-    """`remade` gives the call's keywords as given (num_workers="auto" too) with the change set;
-    at 0 workers, less those DataLoader takes only with workers. An image loader's is over the
-    same samples. A loader fastdata run serves cannot be remade."""
+    """`remade` gives this loader's keywords (those set after construction as they stand) with
+    the change set; at 0 workers, less those DataLoader takes only with workers. A loader
+    fastdata run serves cannot be remade."""
+    from fastdata.run._hook import Served
+
+    assert Served.remade is None
     loader = fastdata.loader(Busy(0.0), batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=3)
     alike, none = loader.remade({}), loader.remade({"num_workers": 0})
     assert type(alike) is type(loader) and alike is not loader
