@@ -23,8 +23,7 @@ from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, WORKER_STAGES, Ad
 # measure(change) -> (the change's rates, the current config's rates), measured interleaved
 Measure = Callable[[dict], "tuple[list[float], list[float]]"]
 
-# How the headline's "would help" names a larger worker count (dropped once one measured no faster)
-MORE_WORKERS = ("more workers", "workers")
+NO_FASTER = "more workers measured no faster"  # the headline's "not" once a larger worker count was measured
 IMAGE_BACKENDS = ("pil", "wds", "dali", "ray")  # loaders over image files or shards, which the ray backend serves
 # One training process's pulls of batches from Ray's object store: about 3,000 images/s of
 # 224-pixel images (docs/guide.md, "Scale out with Ray": 56-85 ms a 256-image batch)
@@ -155,10 +154,8 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
         advice.append(Advice(f"the loader alone gives {report.loader_images_per_s:,.0f} images/s against the step's "
                              f"{step_rate:,.0f}: input is the bound"))
     if report.verdict == "input-bound":  # the headline says what bounds the step and what would help
-        report.limit = {"text": odd, "helps": [], "not": None} if odd else limit(report, model, workers, loader, fixed)
-        if more_refuted and report.limit is not None:  # measured: more workers are not what would help
-            report.limit["helps"] = [h for h in report.limit["helps"] if not h[0].startswith(MORE_WORKERS)]
-            report.limit["not"] = report.limit["not"] or "more workers measured no faster"
+        report.limit = ({"text": odd, "helps": [], "not": NO_FASTER if more_refuted else None} if odd else
+                        limit(report, model, workers, loader, fixed, more_refuted))
     elif odd:
         advice.append(Advice(odd))
     elif not advice:
@@ -191,14 +188,16 @@ def _checked(predicted: Advice, name: str, measure: Measure | None, how: str) ->
                   confidence="measured")  # measured, and no change to make
 
 
-def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fixed: bool) -> dict | None:
+def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fixed: bool,
+          refuted: bool = False) -> dict | None:
     """What bounds the rate under the rate model, for the headline: the least of its bounds
     (RateModel.terms) and the costliest stage of what sets it (worker stages over the workers,
     the CPU stages over the cores, the training process's own stages in series with the step),
     as a sentence ("text"), with what would help ("helps": (words, the keywords it sets or
     None)), only what this machine offers: a GPU decode or placement="gpu" only where a CUDA
-    device is, a worker count only below the usable cores and never for a `fixed` loader; and
-    what would not ("not"). A bound the measured rate together passes by over 5% is not what holds
+    device is, a worker count only below the usable cores and never for a `fixed` loader, nor
+    once a larger count was measured no faster (`refuted`: "not" says so); and what would not
+    ("not"). A bound the measured rate together passes by over 5% is not what holds
     it (the model's figure for it was too low: the training process's stages overlap the workers
     more than the model gives them) where another would hold the rate under the step's: that one
     is named. None when the model cannot say (no stages, or the step alone holds the rate: the
@@ -235,27 +234,26 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
         if rate < 0.95 * alone:  # it shares its core with busy workers
             return {"text": f"{text}, on a core it shares with the workers: the rate together {held}, and at most "
                             f"{alone:,.0f} with a core of its own",
-                    "helps": _helps(report, stage, loader, [("more CPU cores", None)]), "not": None}
+                    "helps": _helps(report, stage, loader, [("more CPU cores", None)]),
+                    "not": NO_FASTER if refuted else None}
         return {"text": f"{text}: the rate together {held}",
                 "helps": _helps(report, stage, loader, []), "not": "more workers, cores or nodes would not"}
     if kind == "workers":
         text = (f"{workers} worker{'s give' if workers > 1 else ' gives'} at most {rate:,.0f} images/s {against}; "
                 f"{what} costs the most of a worker's {1e3 * model.work:.2f} ms an image")
-        more = [(f"{MORE_WORKERS[0]} (up to the {model.cores} usable cores)" if workers < model.cores else
-                 "more CPU cores (with as many workers)", None)]
+        more = ([("more CPU cores (with as many workers)", None)] if workers >= model.cores else
+                [] if refuted else [(f"more workers (up to the {model.cores} usable cores)", None)])
     elif kind == "cores":
         text = (f"the {model.cores} cores give at most {rate:,.0f} images/s (the ceiling) {against}; {what} costs the "
                 f"most of the CPU an image ({ms:.2f} ms)")
         more = [("more CPU cores", None)]
-    elif not model.ahead:
+    else:  # no workers
         text = (f"with no workers the training process makes each batch before its step, in series: at most "
-                f"{rate:,.0f} images/s together {against}; {what} costs the most ({ms:.2f} ms an image)")
-        more = [] if fixed or model.cores < 2 else [(f"{MORE_WORKERS[1]} (num_workers above 0)", None)]
-    else:
-        text = (f"with no workers the training process makes the batches, at most {rate:,.0f} images/s {against}; "
-                f"{what} costs the most ({ms:.2f} ms an image)")
-        more = [] if fixed or model.cores < 2 else [(f"{MORE_WORKERS[1]} (num_workers above 0)", None)]
-    return {"text": text, "helps": _helps(report, stage, loader, more), "not": None}
+                f"{rate:,.0f} images/s together {against}" if not model.ahead else
+                f"with no workers the training process makes the batches, at most {rate:,.0f} images/s {against}")
+        text += f"; {what} costs the most ({ms:.2f} ms an image)"
+        more = [] if fixed or refuted or model.cores < 2 else [("workers (num_workers above 0)", None)]
+    return {"text": text, "helps": _helps(report, stage, loader, more), "not": NO_FASTER if refuted else None}
 
 
 def _helps(report: Report, stage: str, loader: Any, more: list) -> list[tuple[str, dict | None]]:
