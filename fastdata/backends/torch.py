@@ -1,6 +1,7 @@
 """Drop-in mode: `fastdata.loader(dataset, ...)` over torch's own DataLoader machinery. Over 400
 lines: TorchCore is one DataLoader subclass, whose pass, resume and profiling protocol share the
-attributes DataLoader keeps; split apart, they would reach into each other's.
+attributes DataLoader keeps (as does remaking a plain DataLoader for the profiler, like TorchLoader);
+split apart, they would reach into each other's.
 
 The loader is a DataLoader (a subclass), and its samplers, worker processes, worker seeding and
 error handling are DataLoader's, so the batches are DataLoader's. What changes: collation
@@ -14,7 +15,7 @@ import functools
 import inspect
 import itertools
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
@@ -404,10 +405,40 @@ class TorchLoader(TorchCore, Loader):
     """What `fastdata.loader(dataset, ...)` returns: `TorchCore` with `Loader`'s state methods."""
 
     def remade(self, change: dict[str, Any]) -> TorchLoader:
-        # the other keywords as they stand: a script or trainer may set them after construction
-        now = {k: getattr(self, k) for k in DATALOADER_KEYWORDS if k not in _INDEX_KEYWORDS}
-        options = {**self._given, **now, "device": self.device, **change}
-        if options["num_workers"] == 0:  # what DataLoader takes only with workers
-            for name in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
-                options.pop(name, None)
-        return TorchLoader(self.dataset, **options)
+        return TorchLoader(self.dataset, **_remade_keywords(self, self._given, {"device": self.device, **change}))
+
+
+def remaker(loader: Any) -> Callable[[dict[str, Any]], Any] | None:
+    """How `fastdata.profile` makes fresh loaders like `loader`, with the keywords of a change
+    set, to measure the change: a fastdata loader's own `remade`; for a DataLoader made by
+    DataLoader's own `__init__`, one made from its attributes, as trainers rebuild a DataLoader;
+    None for anything else (a subclass with an `__init__` of its own takes arguments that its
+    attributes need not hold)."""
+    if isinstance(loader, LoaderCore):
+        return loader.remade
+    if isinstance(loader, DataLoader) and type(loader).__init__ is DataLoader.__init__:
+        return functools.partial(_dataloader_remade, loader)
+    return None
+
+
+def _dataloader_remade(loader: DataLoader, change: dict[str, Any]) -> DataLoader:
+    # What decided its batches, from the attributes DataLoader's __init__ set: an explicit batch
+    # sampler leaves batch_size None; an IterableDataset takes no sampler.
+    if isinstance(loader.dataset, IterableDataset):
+        given = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    elif loader.batch_size is None and loader.batch_sampler is not None:
+        given = {"batch_sampler": loader.batch_sampler}
+    else:
+        given = {"batch_size": loader.batch_size, "sampler": loader.sampler, "drop_last": loader.drop_last}
+    return type(loader)(loader.dataset, **_remade_keywords(loader, given, change))
+
+
+def _remade_keywords(loader: DataLoader, given: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of a loader like `loader` with `change` set: what decides its batches as
+    `given`, the others as they stand (a script or trainer may set them after construction)."""
+    now = {k: getattr(loader, k) for k in DATALOADER_KEYWORDS if k not in _INDEX_KEYWORDS}
+    options = {**given, **now, **change}
+    if options["num_workers"] == 0:  # what DataLoader takes only with workers
+        for name in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
+            options.pop(name, None)
+    return options

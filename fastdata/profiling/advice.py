@@ -11,10 +11,12 @@ import statistics
 from typing import Any, Callable
 
 import torch
+from torch.utils.data import IterableDataset
 
 from .. import _optional as optional
 from .._cores import usable_cores
 from .._pillow import pillow_info
+from ..backends.torch import remaker
 from ..errors import error_line
 from .model import RateModel
 from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, WORKER_STAGES, Advice, Report, stage_text
@@ -92,13 +94,17 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     fixed = script and workers == 0
     how = ("fastdata profile SOURCE --tune measures it" if images else
            "the script's run with it measures it" if script else
-           "fastdata.profile measures it unless confirm=0" if getattr(loader, "remade", None) else
+           "fastdata.profile measures it unless confirm=0" if remaker(loader) is not None else
            "fastdata.profile(..., rebuild=...) measures it")
 
     def bounded(rate: float) -> float:
         return min(rate, ceiling) if ceiling else rate
 
     more_refuted = False  # a larger worker count was measured and gave no gain
+    # DataLoader runs a whole IterableDataset in each worker: unless it splits its stream by
+    # get_worker_info(), every worker yields all of it (faster, and each sample N times)
+    split = ("; an IterableDataset must split its stream by torch.utils.data.get_worker_info(), or each worker "
+             "yields all of it" if workers == 0 and isinstance(getattr(loader, "dataset", None), IterableDataset) else "")
     if fixed:
         advice.append(Advice("num_workers not advised: this loader runs with 0 workers in the script's run, and "
                              "workers could change its batches where the script's own Dataset, sampler or keywords "
@@ -114,13 +120,13 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
                 Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
                        f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
                        {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
-                measure, how))
+                measure, how, split))
             more_refuted = best > workers and _refuted(advice[-1])
     elif workers == 0 and cores > 1:
         # a count, not "auto": an image loader without persistent workers resolves "auto" to 0
         rule = Advice(f"num_workers={cores} (the usable cores) instead of 0: decoding moves off the training "
                       "process (no stage was timed: no figure)", {"num_workers": cores})
-        advice.append(rule if measure is None else _checked(rule, f"num_workers={cores} instead of 0", measure, how))
+        advice.append(_checked(rule, f"num_workers={cores} instead of 0", measure, how, split))
         more_refuted = _refuted(advice[-1])
     pixel = stages.get("cpu_transforms", 0)
     device = getattr(loader, "device", None)
@@ -167,13 +173,15 @@ def _refuted(advice: Advice) -> bool:
     return advice.confidence == "measured" and advice.change is None
 
 
-def _checked(predicted: Advice, name: str, measure: Measure | None, how: str) -> Advice:
+def _checked(predicted: Advice, name: str, measure: Measure | None, how: str, caveat: str = "") -> Advice:
     """A predicted change (the model's, or a rule of thumb's), measured when `measure` is given:
     advised as measured when every run with it beat every run without it, else said to give no
     gain (confidence "measured", no change), or that it could not be measured (and not advised).
-    Without `measure`, said to be the model's figure, and `how` it would be measured."""
+    Without `measure`, said to be not measured (the model's figure, for the model's), and `how`
+    it would be. A change advised either way ends with `caveat`."""
     if measure is None:
-        return dataclasses.replace(predicted, text=f"{predicted.text}; the rate model's figure, not measured ({how})")
+        whose = "the rate model's figure, " if predicted.confidence == "model" else ""
+        return dataclasses.replace(predicted, text=f"{predicted.text}; {whose}not measured ({how}){caveat}")
     try:
         runs, base = measure(predicted.change)
     except Exception as e:  # a loader that cannot be made or run with the change: not advised
@@ -181,7 +189,7 @@ def _checked(predicted: Advice, name: str, measure: Measure | None, how: str) ->
     got, now = statistics.median(runs), statistics.median(base)
     figures = f"{got:,.0f} images/s against {now:,.0f} now ({len(runs)} runs each, interleaved)"
     if min(runs) > max(base):
-        return Advice(f"{name}: measured {figures}", predicted.change, got, "measured")
+        return Advice(f"{name}: measured {figures}{caveat}", predicted.change, got, "measured")
     predicted_rate = predicted.predicted_images_per_s
     return Advice(f"{name} gave no clear gain when measured: {figures}, not every run with it above every run "
                   "without" + (f"; the rate model had predicted {predicted_rate:,.0f}" if predicted_rate else ""),

@@ -13,6 +13,7 @@ from .._cli import SkipsNamedOnce
 from .._collate import batch_len
 from .._cores import usable_cores
 from .._loader import LoaderCore
+from ..backends.torch import remaker
 from ..ceiling import MARGIN
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
@@ -47,11 +48,11 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
     Each change the rate model predicts to help is measured against the current config,
     `confirm` times each, interleaved, before it is advised (see `advise`), on fresh loaders
     that `rebuild(change)` makes like this one with the keywords of `change` set ({} for this
-    one's config); `step` runs on their batches too. Without `rebuild`, a loader
-    `fastdata.loader` made is remade like itself, with those keywords set (`remade`); any other
-    loader (a DataLoader), or `confirm=0`, leaves each prediction the model's figure, said as
-    such. `source` names what was profiled in the report (default: the loader's samples, or its
-    dataset's type)."""
+    one's config); `step` runs on their batches too. Without `rebuild`, a fastdata loader is
+    remade like itself and a DataLoader from its attributes (`backends.torch.remaker`); any other
+    loader (a DataLoader subclass with its own `__init__`), or `confirm=0`, leaves each
+    prediction the model's figure, said as such. `source` names what was profiled in the report
+    (default: the loader's samples, or its dataset's type)."""
     if step is not None and step_ms is not None:
         raise ValueError("give either step or step_ms, not both")
     if step_ms is not None:
@@ -62,8 +63,8 @@ def profile(loader: Any, step: Callable[[Any], Any] | None = None, *, steps: int
         raise ValueError(f"steps should be >= 1 and warmup >= 0, but got steps={steps}, warmup={warmup}")
     if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise ValueError(f"confirm should be an int >= 0, but got {confirm!r}")
-    if rebuild is None and isinstance(loader, LoaderCore):
-        rebuild = loader.remade
+    if rebuild is None:
+        rebuild = remaker(loader)
     device = device if device is not None else getattr(loader, "device", None)
     timed = isinstance(loader, LoaderCore) and loader.set_stage_timing(True)
     skipped_before = _skips(getattr(loader, "stats", {}))

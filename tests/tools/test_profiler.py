@@ -600,6 +600,99 @@ def test_a_fastdata_loader_is_remade_by_its_own_call_to_measure_a_change(dataset
         assert report.first_change is None
 
 
+@pytest.mark.parametrize("dataset,gain", [(Busy, True), (Slower, False)])
+def test_a_dataloader_is_remade_from_its_attributes_to_measure_a_change(dataset, gain):
+    """A torch DataLoader (not fastdata's) is remade from its attributes to measure the worker
+    count its profile suggests: its collate_fn and batch size kept, the count set."""
+    tags, sizes = set(), set()
+
+    def tagged(samples):
+        images, labels = torch.utils.data.default_collate(samples)
+        return images, labels, "tagged"
+
+    def step(batch):
+        tags.add(batch[2])
+        sizes.add(len(batch[0]))
+        time.sleep(0.002)
+
+    loader = torch.utils.data.DataLoader(dataset(2.0), batch_size=8, collate_fn=tagged)
+    report = fastdata.profile(loader, step, steps=4, warmup=1)
+    (said,) = [a for a in report.advice if "num_workers=" in a.text]
+    assert tags == {"tagged"} and sizes == {8}
+    assert "not measured" not in said.text and "stream" not in said.text  # a map-style Dataset: no caveat
+    if gain:
+        assert said.confidence == "measured" and said.change["num_workers"] > 0
+        assert report.first_change is said and "measured" in report.headline
+    else:
+        assert said.change is None and "gave no clear gain when measured" in said.text
+        assert report.first_change is None
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """0, 1, ... n-1 as (3, 4, 4) images, whole in each worker (it does not split its stream)."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(0.002)
+            yield torch.full((3, 4, 4), i, dtype=torch.uint8)
+
+
+def test_a_dataloader_is_remade_as_it_was_made():
+    """`remaker` makes a DataLoader like this one from what its attributes hold: the sampler, an
+    explicit batch sampler, no batching, an IterableDataset, keywords set after construction,
+    the class; a subclass with its own __init__ cannot be remade, and its advice says how."""
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+    from fastdata.backends.torch import remaker
+
+    first = lambda loader: next(iter(loader))  # noqa: E731
+    shuffled = DataLoader(Busy(0.0), batch_size=8, shuffle=True, drop_last=True, num_workers=1,
+                          persistent_workers=True, prefetch_factor=3)
+    alike, none = remaker(shuffled)({}), remaker(shuffled)({"num_workers": 0})
+    assert type(alike) is DataLoader and alike is not shuffled and isinstance(alike.sampler, RandomSampler)
+    assert (alike.batch_size, alike.drop_last, alike.num_workers, alike.persistent_workers, alike.prefetch_factor) \
+        == (8, True, 1, True, 3)
+    assert (none.num_workers, none.persistent_workers, none.prefetch_factor) == (0, False, None)
+    batches = DataLoader(Busy(0.0), batch_sampler=BatchSampler(SequentialSampler(range(96)), 5, False))
+    again = remaker(batches)({"num_workers": 1})
+    assert again.batch_sampler is batches.batch_sampler and torch.equal(first(again)[0][:, 0, 0, 0], torch.arange(5))
+    single = remaker(DataLoader(Busy(0.0), batch_size=None))({})
+    assert single.batch_size is None and first(single)[1] == 0 and first(single)[0].shape == (3, 64, 64)
+    stream = remaker(DataLoader(Counting(), batch_size=4, drop_last=True))({})
+    assert torch.equal(first(stream)[:, 0, 0, 0], torch.arange(4, dtype=torch.uint8))
+    later = DataLoader(Busy(0.0), batch_size=8)
+    later.num_workers, later.worker_init_fn = 2, print  # as a script or trainer sets them after construction
+    assert (remaker(later)({}).num_workers, remaker(later)({}).worker_init_fn) == (2, print)
+
+    class Plain(DataLoader):
+        pass
+
+    class Own(DataLoader):
+        def __init__(self, dataset, scale):
+            super().__init__(dataset, batch_size=scale)
+
+    assert type(remaker(Plain(Busy(0.0), batch_size=2))({})) is Plain
+    assert remaker(Own(Busy(0.0), 8)) is None and remaker([1, 2]) is None
+    report = fastdata.profile(Own(Busy(2.0), 8), step_ms=2, steps=2, warmup=1)
+    (said,) = [a for a in report.advice if "num_workers=" in a.text]
+    assert "not measured (fastdata.profile(..., rebuild=...) measures it)" in said.text
+
+
+def test_worker_advice_for_an_iterable_dataset_says_it_must_split_its_stream():
+    """DataLoader runs an IterableDataset whole in each worker: worker advice from 0 says that
+    the Dataset must split its stream, measured or not."""
+    loader = torch.utils.data.DataLoader(Counting(), batch_size=8)
+    for confirm in (0, 1):
+        report = fastdata.profile(loader, step_ms=2, steps=3, warmup=1, confirm=confirm)
+        (said,) = [a for a in report.advice if "num_workers=" in a.text]
+        if said.change is not None:  # advised (a measured refusal names no change, and needs no caveat)
+            assert said.text.endswith("must split its stream by torch.utils.data.get_worker_info(), or each worker "
+                                      "yields all of it"), said.text
+
+
 def test_a_change_that_cannot_be_measured_is_not_advised():
     def rebuild(change):
         if change:
