@@ -18,7 +18,7 @@ import torch
 
 from .._cores import usable_cores
 from ..tunecache import machine_key, versions
-from .html import render as render_html
+from .html import UNTIMED, render as render_html
 
 INPUT_BOUND = 0.10  # stall fraction above which the step is input-bound
 COMPUTE_BOUND = 1.5  # loader rate / step rate above which the step is compute-bound
@@ -67,10 +67,6 @@ COSTS = frozenset((*WORKER_STAGES, "device_stage"))
 VERDICTS = ("input-bound", "compute-bound", "balanced")  # report.json's verdict: one of these, or null
 SCHEMA = "fastdata.profile.report/3"  # report.json's schema (report.schema.json beside this module)
 NOTHING_TO_CHANGE = "nothing to change on the input side"  # the advice when the step did not wait
-# Why a report has no stage table: what a loader needs to time its stages.
-UNTIMED = ("where an image's time goes: not timed (a fastdata loader times its stages with its own collation, in "
-           "workers it starts: not a torch DataLoader, a collate_fn of the script's own, or persistent workers "
-           "already running)")
 NO_CHANGE = "no change found to suggest"  # the advice of a report that is not input-bound, with nothing else
 
 
@@ -280,7 +276,7 @@ class Report:
             lines += [f"    {name:<15}{ms:8.2f}  {stage_text(name, self.stages)}"
                       + ("   <- the most" if name == self.bound else "") for name, ms in self.stages.items()]
         else:
-            lines.append(f"  {UNTIMED}")
+            lines.append(f"  where an image's time goes: {UNTIMED}")
         lines += [f"  {line}" for line in self.size_lines()]
         lines.append(f"  verdict: {self.verdict or 'none'}: {self.explanation}")
         lines.append(f"  first: {self.headline}")
@@ -327,7 +323,7 @@ class Report:
                               escape(stage_text(name, self.stages)))
             console.print(table)
         else:
-            console.print(f"[dim]{escape(UNTIMED)}[/]")
+            console.print(f"[dim]where an image's time goes: {escape(UNTIMED)}[/]")
         for line in self.size_lines():
             console.print(escape(line))
         colour = {"input-bound": "red", "compute-bound": "green", "balanced": "yellow"}.get(self.verdict, "white")

@@ -14,6 +14,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
+import torch
 from _images import color_folder
 from PIL import Image
 
@@ -103,6 +104,14 @@ def test_self_contained_escaped_and_complete(report):
         assert stage["name"] in text and stage["what"] in text
     assert report["environment"]["torch"] in text and report["environment"]["machine"] in text
     assert render(json.loads(json.dumps(report))) == page  # a saved report.json renders the same page
+    assert "not timed" not in card_text(page, "Where an image's time goes")
+
+
+def test_a_report_without_stages_says_why():
+    """A torch DataLoader's stages are not timed: the page says so where the stage chart would be."""
+    loader = torch.utils.data.DataLoader(torch.zeros(64, 3, 8, 8), batch_size=8)
+    page = render(json.loads(json.dumps(fastdata.profile(loader, steps=2, warmup=1, confirm=0).to_json())))
+    assert "Where an image's time goes not timed (a fastdata loader" in card_text(page, "Where an image's time goes")
 
 
 def test_tune_flags_and_skipped(report):
