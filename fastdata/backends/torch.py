@@ -430,7 +430,13 @@ def _dataloader_remade(loader: DataLoader, change: dict[str, Any]) -> DataLoader
         given = {"batch_sampler": loader.batch_sampler}
     else:
         given = {"batch_size": loader.batch_size, "sampler": loader.sampler, "drop_last": loader.drop_last}
-    return type(loader)(loader.dataset, **_remade_keywords(loader, given, change))
+    options = _remade_keywords(loader, given, change)
+    if options["num_workers"]:
+        # a measurement must end: fastdata's worker queues send a batch that cannot be pickled
+        # as its error, where torch's drop it and wait for it; a stall ends at the stall limit
+        options.update(multiprocessing_context=start_method(options.get("multiprocessing_context")),
+                       timeout=stall_limit(options["timeout"]))
+    return type(loader)(loader.dataset, **options)
 
 
 def _remade_keywords(loader: DataLoader, given: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:

@@ -95,16 +95,12 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     how = ("fastdata profile SOURCE --tune measures it" if images else
            "the script's run with it measures it" if script else
            "fastdata.profile measures it unless confirm=0" if remaker(loader) is not None else
-           "fastdata.profile(..., rebuild=...) measures it")
+           "fastdata.profile(..., rebuild=...) measures it unless confirm=0")
 
     def bounded(rate: float) -> float:
         return min(rate, ceiling) if ceiling else rate
 
     more_refuted = False  # a larger worker count was measured and gave no gain
-    # DataLoader runs a whole IterableDataset in each worker: unless it splits its stream by
-    # get_worker_info(), every worker yields all of it (faster, and each sample N times)
-    split = ("; an IterableDataset must split its stream by torch.utils.data.get_worker_info(), or each worker "
-             "yields all of it" if workers == 0 and isinstance(getattr(loader, "dataset", None), IterableDataset) else "")
     if fixed:
         advice.append(Advice("num_workers not advised: this loader runs with 0 workers in the script's run, and "
                              "workers could change its batches where the script's own Dataset, sampler or keywords "
@@ -120,13 +116,13 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
                 Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
                        f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
                        {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
-                measure, how, split))
+                measure, how, _split(loader, best)))
             more_refuted = best > workers and _refuted(advice[-1])
     elif workers == 0 and cores > 1:
         # a count, not "auto": an image loader without persistent workers resolves "auto" to 0
         rule = Advice(f"num_workers={cores} (the usable cores) instead of 0: decoding moves off the training "
                       "process (no stage was timed: no figure)", {"num_workers": cores})
-        advice.append(_checked(rule, f"num_workers={cores} instead of 0", measure, how, split))
+        advice.append(_checked(rule, f"num_workers={cores} instead of 0", measure, how, _split(loader, cores)))
         more_refuted = _refuted(advice[-1])
     pixel = stages.get("cpu_transforms", 0)
     device = getattr(loader, "device", None)
@@ -171,6 +167,16 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
 def _refuted(advice: Advice) -> bool:
     """Whether `_checked` measured the change and found no gain."""
     return advice.confidence == "measured" and advice.change is None
+
+
+def _split(loader: Any, workers: int) -> str:
+    """What worker advice adds for an IterableDataset: DataLoader runs it whole in each worker,
+    so above 1 worker one that does not split its stream by get_worker_info() yields every
+    sample once a worker (faster, and wrong)."""
+    if workers > 1 and isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return ("; an IterableDataset must split its stream by torch.utils.data.get_worker_info(), or each worker "
+                "yields all of it")
+    return ""
 
 
 def _checked(predicted: Advice, name: str, measure: Measure | None, how: str, caveat: str = "") -> Advice:
@@ -250,7 +256,7 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
         text = (f"{workers} worker{'s give' if workers > 1 else ' gives'} at most {rate:,.0f} images/s {against}; "
                 f"{what} costs the most of a worker's {1e3 * model.work:.2f} ms an image")
         more = ([("more CPU cores (with as many workers)", None)] if workers >= model.cores else
-                [] if refuted else [(f"more workers (up to the {model.cores} usable cores)", None)])
+                [] if refuted else [(f"more workers (up to the {model.cores} usable cores{_split(loader, 2)})", None)])
     elif kind == "cores":
         text = (f"the {model.cores} cores give at most {rate:,.0f} images/s (the ceiling) {against}; {what} costs the "
                 f"most of the CPU an image ({ms:.2f} ms)")
@@ -260,7 +266,8 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
                 f"{rate:,.0f} images/s together {against}" if not model.ahead else
                 f"with no workers the training process makes the batches, at most {rate:,.0f} images/s {against}")
         text += f"; {what} costs the most ({ms:.2f} ms an image)"
-        more = [] if fixed or refuted or model.cores < 2 else [("workers (num_workers above 0)", None)]
+        more = [] if fixed or refuted or model.cores < 2 else [(f"workers (num_workers above 0{_split(loader, 2)})",
+                                                                None)]
     return {"text": text, "helps": _helps(report, stage, loader, more), "not": NO_FASTER if refuted else None}
 
 

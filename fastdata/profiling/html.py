@@ -15,8 +15,8 @@ from typing import Any
 VERDICT_COLOURS = {"input-bound": "#d64545", "balanced": "#d99a00", "compute-bound": "#2f9e5b", None: "#6b7280"}
 WAIT, COMPUTE, STAGE, BOUND, CHOSEN, EPOCH = "#e15759", "#4e79a7", "#9db4cf", "#e15759", "#2f9e5b", "#d9dde4"
 # Why a report has no stage table: what a loader needs to time its stages.
-UNTIMED = ("not timed (a fastdata loader times its stages with its own collation, in workers it starts: not a torch "
-           "DataLoader, a collate_fn of the script's own, or persistent workers already running)")
+UNTIMED = ("not timed (only a fastdata loader times its stages, with its own collation, in workers it starts: a torch "
+           "DataLoader, a collate_fn of the script's own, or persistent workers already running leave them untimed)")
 OTHER = "#d1d5db"  # a stage timed together (the step's wait), not a cost of the loader's own
 CONFIDENCE = {"measured": ("measured", "timed in this run or its tune"),
               "model": ("model", "predicted from the measured stage costs"),

@@ -195,7 +195,7 @@ def test_dropin_with_a_user_collate_is_not_timed():
     loader = fastdata.loader(Busy(0.0), batch_size=8, collate_fn=lambda b: torch.stack([x for x, _ in b]))
     report = fastdata.profile(loader, steps=2, warmup=1)
     assert report.stages == {} and report.loader_images_per_s > 0
-    assert "not timed (a fastdata loader times its stages with its own collation" in str(report)  # says why
+    assert "not timed (only a fastdata loader times its stages, with its own collation" in str(report)  # says why
     plain = fastdata.profile(torch.utils.data.DataLoader(Busy(0.0), batch_size=8), steps=2, warmup=1)
     assert plain.stages == {} and "where an image's time goes: not timed" in str(plain)
     timed = fastdata.profile(fastdata.loader(Busy(0.0), batch_size=8), steps=2, warmup=1)
@@ -678,19 +678,49 @@ def test_a_dataloader_is_remade_as_it_was_made():
     assert remaker(Own(Busy(0.0), 8)) is None and remaker([1, 2]) is None
     report = fastdata.profile(Own(Busy(2.0), 8), step_ms=2, steps=2, warmup=1)
     (said,) = [a for a in report.advice if "num_workers=" in a.text]
-    assert "not measured (fastdata.profile(..., rebuild=...) measures it)" in said.text
+    assert "not measured (fastdata.profile(..., rebuild=...) measures it unless confirm=0)" in said.text
 
 
-def test_worker_advice_for_an_iterable_dataset_says_it_must_split_its_stream():
-    """DataLoader runs an IterableDataset whole in each worker: worker advice from 0 says that
-    the Dataset must split its stream, measured or not."""
+class Unpicklable(Dataset):
+    """Samples that hold a lambda: they cannot cross from a worker."""
+
+    def __len__(self):
+        return 4000
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return {"index": i, "later": lambda: i}
+
+
+def test_a_dataloader_whose_batches_cannot_leave_a_worker_is_not_measured_forever():
+    """torch's worker queue drops a batch it cannot pickle and its DataLoader waits for it
+    forever; the remade DataLoader raises it, and the change is said not measured."""
+    loader = torch.utils.data.DataLoader(Unpicklable(), batch_size=4, collate_fn=lambda b: b)
+    report = fastdata.profile(loader, step_ms=2, steps=4, warmup=1)
+    (said,) = [a for a in report.advice if "num_workers=" in a.text]
+    assert said.change is None and "could not be measured, so it is not advised" in said.text
+    assert "Can't pickle local object" in said.text, said.text
+
+
+SPLIT = "an IterableDataset must split its stream by torch.utils.data.get_worker_info(), or each worker yields all of it"
+
+
+def test_worker_advice_for_an_iterable_dataset_says_it_must_split_its_stream(monkeypatch):
+    """DataLoader runs an IterableDataset whole in each worker: advice of more than 1 worker
+    (the rule's from 0, the model's from 1) says that the Dataset must split its stream, measured
+    or not, and so does the headline's help."""
     loader = torch.utils.data.DataLoader(Counting(), batch_size=8)
     for confirm in (0, 1):
         report = fastdata.profile(loader, step_ms=2, steps=3, warmup=1, confirm=confirm)
         (said,) = [a for a in report.advice if "num_workers=" in a.text]
         if said.change is not None:  # advised (a measured refusal names no change, and needs no caveat)
-            assert said.text.endswith("must split its stream by torch.utils.data.get_worker_info(), or each worker "
-                                      "yields all of it"), said.text
+            assert said.text.endswith(SPLIT), said.text
+    monkeypatch.setattr("fastdata.profiling.advice.usable_cores", lambda: 2)
+    one = fastdata.loader(Counting(4000), batch_size=8, num_workers=1)
+    report = fastdata.profile(one, step_ms=2, steps=6, warmup=1, confirm=0)
+    (said,) = [a for a in report.advice if "num_workers=" in a.text]
+    assert said.change == {"num_workers": 2} and said.text.endswith(SPLIT), said.text
+    assert f"more workers (up to the 2 usable cores; {SPLIT})" in report.headline, report.headline
 
 
 def test_a_change_that_cannot_be_measured_is_not_advised():
