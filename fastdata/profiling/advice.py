@@ -8,6 +8,7 @@ import dataclasses
 import math
 import os
 import statistics
+import sys
 from typing import Any, Callable
 
 import torch
@@ -133,9 +134,9 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
             Advice(f"placement='gpu': moves the pixel ops ({pixel * report.batch_size:,.0f} ms of CPU a "
                    f"batch) to the GPU: about {gain:,.0f} images/s", {"placement": "gpu"}, gain, "model"),
             "placement='gpu'", measure, how))
-    if not pillow_info().get("simd", False):
-        advice.append(Advice("Pillow-SIMD is not active: bash scripts/install.sh builds it (the README's ImageNet "
-                             "benchmark compares the two)"))
+    simd = _pillow_simd(report, loader, pixel)
+    if simd is not None:
+        advice.append(Advice(simd))
     if model is not None and isinstance(workers, int) and workers > 0:
         in_workers = 1e3 * model.work / workers  # ms an image, in parallel
         device_ms = stages.get("device_stage", 0)
@@ -167,6 +168,28 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
 def _refuted(advice: Advice) -> bool:
     """Whether `_checked` measured the change and found no gain."""
     return advice.confidence == "measured" and advice.change is None
+
+
+def _pillow_simd(report: Report, loader: Any, pixel: float) -> str | None:
+    """Pillow-SIMD where Pillow is not it and a timed stage runs Pillow: an image loader's pixel
+    ops on the CPU, or a Dataset's __getitem__, the costliest stage, in a process that imported
+    Pillow (torchvision's transforms run in it). A JPEG that fastdata decodes itself, with its
+    crop and bilinear resize, runs no Pillow."""
+    if pillow_info().get("simd", False):
+        return None
+    how = ("it replaces Pillow, built from source with the CPU's vector flags (bash scripts/install.sh in fastdata's "
+           "source does it)")
+    if pixel > 0 and getattr(getattr(loader, "transform", None), "pixel_ops", ()) and \
+            report.config.get("placement") == "cpu":
+        where = (f"the pixel ops on the CPU ({pixel:.2f} ms an image) run in Pillow, whose resize and blends "
+                 "Pillow-SIMD vectorizes (not measured here)")
+    elif report.bound == "dataset" and "PIL.Image" in sys.modules:
+        where = (f"the Dataset's __getitem__ costs the most ({report.stages['dataset']:.2f} ms an image); where it "
+                 "decodes or transforms images with Pillow (torchvision's transforms do), Pillow-SIMD runs them faster "
+                 "(the ImageNet example's torchvision pipeline: 1.24x, the README's fastdata run row)")
+    else:
+        return None
+    return f"Pillow-SIMD is not active: {where}: {how}"
 
 
 def _split(loader: Any, workers: int) -> str:

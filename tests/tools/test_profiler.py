@@ -209,6 +209,26 @@ def _traced(loader) -> set[str]:
     return {e.name for e in prof.events()}
 
 
+def test_pillow_simd_is_advised_only_where_a_timed_stage_runs_pillow(folder, monkeypatch):
+    """Without Pillow-SIMD: an image loader's pixel ops on the CPU, or a Dataset's __getitem__
+    that costs the most, get it advised; JPEGs fastdata decodes and crops itself, or a Dataset
+    that waits rather than computes, do not."""
+    monkeypatch.setattr("fastdata.profiling.advice.pillow_info", lambda: {"simd": False})
+
+    def simd(loader):
+        report = fastdata.profile(loader, step_ms=5, steps=4, warmup=1, confirm=0)
+        return [a.text for a in report.advice if a.text.startswith("Pillow-SIMD is not active")]
+
+    jitter = T.Compose([T.Resize(16), T.CenterCrop(16), T.ColorJitter(0.4, 0.4, 0.4, 0.1)])
+    (said,) = simd(fastdata.loader(str(folder), batch_size=4, transform=jitter, num_workers=1))
+    assert "the pixel ops on the CPU" in said and "scripts/install.sh" in said
+    assert simd(fastdata.loader(str(folder), batch_size=4, transform=T.Compose([T.RandomResizedCrop(16)]),
+                                num_workers=1)) == []
+    (said,) = simd(fastdata.loader(Spins(2.0), batch_size=8, num_workers=1))
+    assert "the Dataset's __getitem__ costs the most" in said and "1.24x" in said
+    assert simd(fastdata.loader(Busy(2.0), batch_size=8, num_workers=1)) == []  # it sleeps: not Pillow's time
+
+
 def test_stages_are_ranges_in_a_torch_profiler_trace(folder):
     spec = T.Compose([T.Resize(16), T.CenterCrop(16), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.Normalize()])
     loader = fastdata.loader(str(folder), batch_size=8, transform=spec, device="cpu", num_workers=0)
