@@ -68,7 +68,8 @@ def unexplained(report: Report, model: RateModel | None, workers: Any) -> str | 
             "again on a quiet machine")
 
 
-def advise(loader: Any, report: Report, measure: Measure | None = None, *, script: bool = False) -> None:
+def advise(loader: Any, report: Report, measure: Measure | None = None, *, script: bool = False,
+           kept: str = "") -> None:
     """Fills report.advice: each change the rate model predicts to help, with its keywords and
     figure, and what else the stages show; and report.limit, what bounds the rate (the
     headline's words when no measured change leads it). No figure exceeds the report's ceiling
@@ -77,7 +78,8 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     advised, and only a measured gain is advised as a change (confidence "measured"); without
     it, a prediction stays the model's, which the headline does not name (Report.first_change).
     `script`: a loader `fastdata run` served in a script's own run, where 0 workers were kept
-    because workers could change the script's batches: no worker count is advised from 0."""
+    because workers could change the script's batches: no worker count is advised from 0, and
+    `kept`, the run's reason for that one (its summary's), is said."""
     advice = report.advice
     stall, stages = report.stall_fraction, report.stages
     if stall is not None and stall <= INPUT_BOUND:
@@ -105,8 +107,8 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     if fixed:
         advice.append(Advice("num_workers not advised: this loader runs with 0 workers in the script's run, and "
                              "workers could change its batches where the script's own Dataset, sampler or keywords "
-                             "run in them (fastdata run gives workers only where they cannot; its summary says why "
-                             "this loader has none)"))
+                             "run in them (fastdata run gives workers only where they cannot" +
+                             (f"; it kept 0 here: {kept})" if kept else "; its summary says why this loader has none)")))
     elif model is not None and isinstance(workers, int) and report.config.get("backend") not in ("dali", "ray"):
         now = bounded(model.rate(workers))
         counts = sorted({0, 1, max(1, cores - 1), cores} - {workers})

@@ -272,7 +272,7 @@ def write_reports(loaders: list[dict[str, Any]], out: Path) -> list[str]:
         return ["fastdata run --profile: no served loader delivered 2 batches (a step is timed from one batch to "
                 "the next): no report"]
     for k, r in enumerate(timed, 1):
-        rep = report(r["profile"], f"{r['where']} {r['loader']}({r['dataset']})")
+        rep = report(r["profile"], f"{r['where']} {r['loader']}({r['dataset']})", r.get("reason", ""))
         folder = rep.write(out / f"loader-{k}")
         stall = "" if rep.stall_fraction is None else f", the step waited {100 * rep.stall_fraction:.0f}% of the time"
         lines.append(f"fastdata run --profile: {r['where']}: {rep.verdict}{stall}; "

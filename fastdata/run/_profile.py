@@ -101,8 +101,12 @@ def _images(batch: Any) -> int:
     return int(shape[0]) if shape else 1
 
 
-def report(profile: dict[str, Any], source: str) -> Report:
-    """The Report of one served loader's figures (`Timing.to_json()`)."""
+FEW_STEPS = 5  # a report of fewer steps says its figures are no steady state
+
+
+def report(profile: dict[str, Any], source: str, reason: str = "") -> Report:
+    """The Report of one served loader's figures (`Timing.to_json()`); `reason`: the run's
+    decision for it, as its summary gives it (why it kept 0 workers, where it did)."""
     images, wait, compute = profile["images"], profile["wait_s"], profile["compute_s"]
     seconds = max(wait + compute, 1e-9)
     stall = wait / seconds
@@ -131,5 +135,9 @@ def report(profile: dict[str, Any], source: str) -> Report:
     r.verdict, why = verdict(stall, r.loader_images_per_s, step_rate)
     r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps; {how})"
     check_ceiling(r, max(profile["batches"], 1))
-    advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r, script=True)
+    if profile["batches"] < FEW_STEPS:  # (a short validation loader's pass; an epoch's start weighs it all)
+        r.flags.append(f"only {profile['batches']} step{'s' if profile['batches'] > 1 else ''} timed ({len(starts)} "
+                       f"an epoch's first): too few for a steady state; the verdict is a glimpse, not a measure")
+    kept = reason.partition("num_workers=0 kept: ")[2]
+    advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r, script=True, kept=kept)
     return r

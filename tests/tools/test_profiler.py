@@ -495,6 +495,13 @@ def test_a_script_loader_kept_at_0_workers_gets_no_worker_count(two_cores, stage
     assert any(t.startswith("num_workers not advised: this loader runs with 0 workers") for t in said), said
     assert not [t for t in said if "'auto'" in t or "fastdata profile" in t or "ray" in t or "node" in t], said
     assert "no change found to suggest" not in said and "workers (num_workers" not in r.headline, r.headline
+    assert not [f for f in r.flags if "too few" in f]
+    few = report({**_script_run(stages), "batches": 1, "images": 32, "steps": [(0.02, 0.005, True)]}, "val.py:3")
+    assert "only 1 step timed (1 an epoch's first): too few for a steady state" in "".join(few.flags), few.flags
+    why = "shuffle=True without a generator: with workers torch would draw it from its RNG at iter()"
+    kept = report(_script_run(stages), "train.py:9 DataLoader(Folder)", f"native collation; num_workers=0 kept: {why}")
+    assert any(a.text.endswith(f"(fastdata run gives workers only where they cannot; it kept 0 here: {why})")
+               for a in kept.advice), [a.text for a in kept.advice]
 
 
 def test_an_input_bound_report_does_not_say_there_is_nothing_to_change(two_cores):
