@@ -3,8 +3,7 @@ fastdata's drop-in loader (native collation into reused buffers).
 
 The command runs as a child process (its exit status is this one's). SIGINT, SIGTERM, SIGHUP,
 SIGQUIT, SIGUSR1 and SIGUSR2 sent to this process are sent on to it (as torchrun sends them on to
-its workers), save what a terminal sends the whole foreground group, the command's too (Ctrl-C);
-without a terminal, the command leads its own process group, so a group kill reaches it once.
+its workers), save what a terminal sends the whole foreground group, the command's too (Ctrl-C).
 In it, and in every Python process it starts (torchrun's ranks, spawned workers),
 `torch.utils.data.DataLoader` decides per loader: served by fastdata, or torch's own where
 fastdata could not give the same batches (a subclass of DataLoader, an IterableDataset, a custom
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import json
 import os
 import shutil
@@ -43,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .._cli import CommandError, add_debug, check_writable, run_command
 
@@ -111,31 +109,21 @@ FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHU
                   if hasattr(signal, name))
 _SI_KERNEL = 0x80  # Linux's si_code of a signal the kernel sent: a terminal's keys and hangup
 _SIGINFO = sys.platform.startswith("linux") and hasattr(signal, "sigtimedwait")
-_OWN_GROUP = sys.platform.startswith("linux")  # (the parent-death signal is Linux's)
-_PR_SET_PDEATHSIG = 1
 
 
 def _child(command: list[str], env: dict[str, str]) -> int:
     """The command's exit status (128 + the signal when a signal ended it). A signal of FORWARDED
     that this process gets is sent on to the command, and this process waits on for it to end;
     except one the terminal sent the whole foreground process group, the command's too (Ctrl-C),
-    and one this process ignores.
-
-    Without a controlling terminal (a batch job, a service, CI), the command leads a process
-    group of its own, so a signal sent to this process's group (`timeout`, a scheduler's or a
-    supervisor's group kill) reaches it once, forwarded, not twice; and it is killed should
-    this process die without forwarding (SIGKILL), as a group kill would have killed it. With
-    a terminal it shares this process's group, which the terminal's keys and job control treat
-    as one job."""
+    and one this process ignores."""
     child: subprocess.Popen | None = None
     early: list[int] = []
-    own_group = _OWN_GROUP and not _has_terminal()
 
     def caught(signum: int, frame: Any) -> None:  # one that came between two waits, its sender unknown
         if child is None:
             early.append(signum)
         else:
-            _forward(child, signum, None, own_group)
+            _forward(child, signum, None)
 
     # A signal this process ignores (`nohup`, a shell's background job) stays ignored, and the
     # command inherits that, as it would without fastdata.
@@ -143,7 +131,7 @@ def _child(command: list[str], env: dict[str, str]) -> int:
     waited = tuple(previous)
     try:
         try:
-            child = subprocess.Popen(command, env=env, **({"preexec_fn": _led_group(os.getpid())} if own_group else {}))
+            child = subprocess.Popen(command, env=env)
         except OSError as e:
             raise CommandError(f"cannot run {command[0]!r}: {e.strerror or e}") from None
         for signum in early:  # came before the command was there to get it
@@ -157,7 +145,7 @@ def _child(command: list[str], env: dict[str, str]) -> int:
             # default is to ignore it), and a blocked one would stay blocked in the command.
             info = signal.sigtimedwait(waited, 0.1)
             if info is not None:
-                _forward(child, info.si_signo, info.si_code == _SI_KERNEL, own_group)
+                _forward(child, info.si_signo, info.si_code == _SI_KERNEL)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
@@ -165,45 +153,18 @@ def _child(command: list[str], env: dict[str, str]) -> int:
     return 128 - status if status < 0 else status
 
 
-def _forward(child: subprocess.Popen, signum: int, kernel: bool | None, own_group: bool = False) -> None:
+def _forward(child: subprocess.Popen, signum: int, kernel: bool | None) -> None:
     """Sends `signum` on to the command, unless the terminal sent it to the whole foreground
     process group, the command included (Ctrl-C, Ctrl-\\, a hangup once the session's leader has
     exited). `kernel`: whether the kernel sent it (None: unknown; then a SIGINT or SIGQUIT while
     this process's group has the terminal counts as the terminal's). The kernel sends a hangup
-    to a session's leader alone: that one is forwarded. `own_group`: the command leads a group
-    of its own, which no signal to this process's group reaches: each is forwarded."""
-    if own_group:
-        group = False
-    elif kernel is None:
+    to a session's leader alone: that one is forwarded."""
+    if kernel is None:
         group = signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_foreground()
     else:
         group = kernel and not (signum == signal.SIGHUP and os.getsid(0) == os.getpid())
     if not group:
         child.send_signal(signum)
-
-
-def _has_terminal() -> bool:
-    """Whether this process has a controlling terminal."""
-    try:
-        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
-    except OSError:
-        return False
-    return True
-
-
-def _led_group(parent: int) -> Callable[[], None]:
-    """What the command runs before it execs, where it leads a process group of its own: that
-    group, and SIGKILL should this process (`parent`) die first (Linux's parent-death signal;
-    the check after it covers a parent that died before it was set)."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def led() -> None:
-        os.setpgid(0, 0)
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(128 + signal.SIGKILL)
-
-    return led
 
 
 def _terminal_foreground() -> bool:

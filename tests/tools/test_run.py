@@ -873,61 +873,6 @@ def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
 
 
 @pytest.mark.timeout(200)
-def test_a_signal_to_the_process_group_reaches_the_script_once(tmp_path):
-    """Without a terminal, a signal sent to `fastdata run`'s whole process group (as `timeout`, a
-    scheduler or a supervisor's group kill sends it) reaches the script once: the script leads a
-    group of its own, and fastdata run forwards it."""
-    import signal
-
-    script, out = tmp_path / "signals.py", tmp_path / "got.txt"
-    script.write_text(SIGNALS)
-    proc = subprocess.Popen([sys.executable, "-m", "fastdata", "run", str(script), str(out)],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=_signals_at_their_defaults)
-    try:
-        _lines_once(out, proc, 1)
-        sent = [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM]
-        for k, signum in enumerate(sent):
-            os.killpg(proc.pid, signum)
-            if signum != signal.SIGTERM:
-                _lines_once(out, proc, k + 2)
-        assert proc.wait(timeout=60) == 43
-    finally:
-        _end_group(proc)
-    assert out.read_text().splitlines()[1:] == [s.name for s in sent]
-
-
-@pytest.mark.timeout(200)
-def test_the_script_does_not_outlive_a_killed_fastdata_run(tmp_path):
-    """The script in a group of its own is not reached by a SIGKILL to fastdata run's group; it
-    ends with fastdata run (Linux's parent-death signal), as it would in the same group."""
-    import time
-
-    script, out = tmp_path / "wait.py", tmp_path / "pid.txt"
-    script.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(f'{os.getpid()}\\n')\ntime.sleep(300)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "fastdata", "run", str(script), str(out)],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, TMPDIR=str(tmp_path)))
-    try:
-        pid = int(_lines_once(out, proc, 1)[0])
-        assert os.getpgid(pid) == pid != os.getpgid(proc.pid)  # a group of its own
-    finally:
-        _end_group(proc)  # SIGKILL to fastdata run's group
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the script outlived fastdata run"
-
-
-def _state(pid: int) -> str:
-    """A process's state letter (Z: ended, not yet reaped by its new parent); "" once gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-@pytest.mark.timeout(200)
 def test_terminal_ctrl_c_reaches_the_script_once(tmp_path):
     """Ctrl-C at a terminal sends SIGINT to the foreground process group, fastdata run and the
     script alike: the script gets it once (fastdata run does not send it a second)."""
