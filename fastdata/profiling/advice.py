@@ -8,7 +8,6 @@ import dataclasses
 import math
 import os
 import statistics
-import sys
 from typing import Any, Callable
 
 import torch
@@ -173,25 +172,16 @@ def _refuted(advice: Advice) -> bool:
 
 
 def _pillow_simd(report: Report, loader: Any, pixel: float) -> str | None:
-    """Pillow-SIMD where Pillow is not it and a timed stage runs Pillow: an image loader's pixel
-    ops on the CPU, or a Dataset's __getitem__, the costliest stage, in a process that imported
-    Pillow (torchvision's transforms run in it). A JPEG that fastdata decodes itself, with its
-    crop and bilinear resize, runs no Pillow."""
-    if pillow_info().get("simd", False):
+    """Pillow-SIMD where Pillow is not it and a timed stage is known to run Pillow: an image
+    loader's pixel ops on the CPU. A JPEG that fastdata decodes itself, with its crop and
+    bilinear resize, runs none; whether a Dataset's __getitem__ does is not known here."""
+    if pillow_info().get("simd", False) or not pixel > 0 or report.config.get("placement") != "cpu":
         return None
-    how = ("it replaces Pillow, built from source with the CPU's vector flags (bash scripts/install.sh in fastdata's "
-           "source does it)")
-    if pixel > 0 and getattr(getattr(loader, "transform", None), "pixel_ops", ()) and \
-            report.config.get("placement") == "cpu":
-        where = (f"the pixel ops on the CPU ({pixel:.2f} ms an image) run in Pillow, whose resize and blends "
-                 "Pillow-SIMD vectorizes (not measured here)")
-    elif report.bound == "dataset" and "PIL.Image" in sys.modules:
-        where = (f"the Dataset's __getitem__ costs the most ({report.stages['dataset']:.2f} ms an image); where it "
-                 "decodes or transforms images with Pillow (torchvision's transforms do), Pillow-SIMD runs them faster "
-                 "(the ImageNet example's torchvision pipeline: 1.24x, the README's fastdata run row)")
-    else:
+    if not getattr(getattr(loader, "transform", None), "pixel_ops", ()):
         return None
-    return f"Pillow-SIMD is not active: {where}: {how}"
+    return (f"Pillow-SIMD is not active: the pixel ops on the CPU ({pixel:.2f} ms an image) run in Pillow, whose "
+            "resize and blends Pillow-SIMD vectorizes (not measured here): it replaces Pillow, built from source with "
+            "the CPU's vector flags (bash scripts/install.sh in fastdata's source does it)")
 
 
 def _split(loader: Any, workers: int) -> str:
@@ -200,7 +190,7 @@ def _split(loader: Any, workers: int) -> str:
     sample once a worker (faster, and wrong)."""
     if workers > 1 and isinstance(getattr(loader, "dataset", None), IterableDataset):
         return ("; an IterableDataset must split its stream by torch.utils.data.get_worker_info(), or each worker "
-                "yields all of it")
+                "yields all of it (and a rate counts each sample once a worker)")
     return ""
 
 

@@ -144,7 +144,9 @@ def _child(command: list[str], env: dict[str, str]) -> int:
             # `caught`). The command's end is polled for: an unblocked SIGCHLD is discarded (its
             # default is to ignore it), and a blocked one would stay blocked in the command.
             info = signal.sigtimedwait(waited, 0.1)
-            if info is not None:
+            # (a wait that a stop and a continue cut short can return a siginfo CPython never
+            # filled in, on 3.10 and 3.11: only a signal waited for is one)
+            if info is not None and info.si_signo in waited:
                 _forward(child, info.si_signo, info.si_code == _SI_KERNEL)
     finally:
         for s, handler in previous.items():

@@ -45,6 +45,9 @@ _KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.u
 _WORKER_KEYWORDS = ("worker_init_fn", "prefetch_factor", "multiprocessing_context", "persistent_workers")
 
 
+KEPT = "num_workers=0 kept: "  # in a reason, before why the run kept the script's 0 workers
+
+
 def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     """(served, the reason, num_workers to set or None, the lowering or None) for `DataLoader(...)`."""
     try:
@@ -67,17 +70,17 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     if "num_workers" in call:
         return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering
     if lowering is None:
-        return True, (f"{reason}; num_workers=0 kept: the dataset's own __getitem__ makes the samples, and "
+        return True, (f"{reason}; {KEPT}the dataset's own __getitem__ makes the samples, and "
                       "workers could change them (shared files, state, random draws)"), None, lowering
     if _scripts_collate(call):
-        return True, (f"{reason}; num_workers=0 kept: workers would run the script's collate_fn (its state, its "
+        return True, (f"{reason}; {KEPT}workers would run the script's collate_fn (its state, its "
                       "random draws)"), None, lowering
     if lowering.in_memory:
-        return True, (f"{reason}; num_workers=0 kept: an in-memory dataset's batches are cut from its arrays in this "
+        return True, (f"{reason}; {KEPT}an in-memory dataset's batches are cut from its arrays in this "
                       "process, faster than workers would ship them"), None, lowering
     auto, why = auto_workers(call, lowering)
     if not auto:
-        return True, f"{reason}; num_workers=0 kept: {why}", None, lowering
+        return True, f"{reason}; {KEPT}{why}", None, lowering
     return True, f"{reason}; num_workers='auto' (the script left the default)", "auto", lowering
 
 

@@ -20,6 +20,7 @@ from ..profiling.measure import check_ceiling
 from ..profiling.advice import advise
 from ..profiling.model import RateModel
 from ..profiling.report import WORKER_STAGES, Report, verdict
+from ._decide import KEPT
 
 STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step
 
@@ -136,8 +137,10 @@ def report(profile: dict[str, Any], source: str, reason: str = "") -> Report:
     r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps; {how})"
     check_ceiling(r, max(profile["batches"], 1))
     if profile["batches"] < FEW_STEPS:  # (a short validation loader's pass; an epoch's start weighs it all)
-        r.flags.append(f"only {profile['batches']} step{'s' if profile['batches'] > 1 else ''} timed ({len(starts)} "
-                       f"an epoch's first): too few for a steady state; the verdict is a glimpse, not a measure")
-    kept = reason.partition("num_workers=0 kept: ")[2]
+        n, firsts = profile["batches"], len(starts)
+        which = (f", {firsts} of them an epoch's first" if n > 1 else ", an epoch's first" if firsts else "")
+        r.flags.append(f"only {n} step{'s' if n > 1 else ''} timed{which}: too few for a steady state; the verdict "
+                       "is a glimpse, not a measure")
+    kept = reason.partition(KEPT)[2]
     advise(SimpleNamespace(num_workers=workers, device=None, placement=None), r, script=True, kept=kept)
     return r

@@ -873,6 +873,32 @@ def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
 
 
 @pytest.mark.timeout(200)
+def test_a_stopped_and_continued_fastdata_run_goes_on(tmp_path):
+    """SIGSTOP and SIGCONT to fastdata run (a job suspended and resumed, a debugger's pause): it
+    goes on waiting for the script, and forwards what comes after."""
+    import signal
+    import time
+
+    script, out = tmp_path / "signals.py", tmp_path / "got.txt"
+    script.write_text(SIGNALS)
+    proc = subprocess.Popen([sys.executable, "-m", "fastdata", "run", str(script), str(out)],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_signals_at_their_defaults)
+    try:
+        _lines_once(out, proc, 1)
+        for _ in range(3):
+            os.kill(proc.pid, signal.SIGSTOP)
+            time.sleep(0.3)  # past the wait's 0.1 s
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 43, proc.stderr.read()
+    finally:
+        _end_group(proc)
+    assert out.read_text().splitlines()[1:] == ["SIGTERM"]
+
+
+@pytest.mark.timeout(200)
 def test_terminal_ctrl_c_reaches_the_script_once(tmp_path):
     """Ctrl-C at a terminal sends SIGINT to the foreground process group, fastdata run and the
     script alike: the script gets it once (fastdata run does not send it a second)."""
