@@ -104,10 +104,10 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
 
     more_refuted = False  # a larger worker count was measured and gave no gain
     if fixed:
+        why = f"it kept 0 here: {kept}" if kept else "its summary says why this loader has none"
         advice.append(Advice("num_workers not advised: this loader runs with 0 workers in the script's run, and "
                              "workers could change its batches where the script's own Dataset, sampler or keywords "
-                             "run in them (fastdata run gives workers only where they cannot" +
-                             (f"; it kept 0 here: {kept})" if kept else "; its summary says why this loader has none)")))
+                             f"run in them (fastdata run gives workers only where they cannot; {why})"))
     elif model is not None and isinstance(workers, int) and report.config.get("backend") not in ("dali", "ray"):
         now = bounded(model.rate(workers))
         counts = sorted({0, 1, max(1, cores - 1), cores} - {workers})

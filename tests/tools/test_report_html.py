@@ -111,7 +111,8 @@ def test_a_report_without_stages_says_why():
     """A torch DataLoader's stages are not timed: the page says so where the stage chart would be."""
     loader = torch.utils.data.DataLoader(torch.zeros(64, 3, 8, 8), batch_size=8)
     page = render(json.loads(json.dumps(fastdata.profile(loader, steps=2, warmup=1, confirm=0).to_json())))
-    assert "Where an image's time goes not timed (only a fastdata loader" in card_text(page, "Where an image's time goes")
+    card = card_text(page, "Where an image's time goes")
+    assert "Where an image's time goes not timed (only a fastdata loader" in card
 
 
 def test_tune_flags_and_skipped(report):
