@@ -597,11 +597,16 @@ def test_a_predicted_worker_change_is_measured_before_it_is_advised(dataset, gai
         assert not [words for words, _ in report.limit["helps"] if "workers" in words], report.limit
 
 
+@pytest.mark.parametrize("make", [
+    lambda dataset, collate: fastdata.loader(dataset, batch_size=8, num_workers=0, collate_fn=collate),
+    lambda dataset, collate: torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collate),
+], ids=["fastdata", "torch"])
 @pytest.mark.parametrize("dataset,gain", [(Busy, True), (Slower, False)])
-def test_a_fastdata_loader_is_remade_by_its_own_call_to_measure_a_change(dataset, gain):
-    """Without `rebuild`, the profile measures a predicted change on loaders made by the call
-    that made this one, its keywords kept (the collate_fn's tag, the batch size) and the change
-    set; a change that measures slower is told, not advised."""
+def test_a_loader_is_remade_to_measure_a_change(make, dataset, gain):
+    """Without `rebuild`, the profile measures a predicted change on loaders made like this one:
+    a fastdata loader by the call that made it, a torch DataLoader from its attributes; their
+    keywords kept (the collate_fn's tag, the batch size) and the change set; a change that
+    measures slower is told, not advised."""
     def tagged(samples):
         images, labels = torch.utils.data.default_collate(samples)
         return images, labels, "tagged"
@@ -613,35 +618,7 @@ def test_a_fastdata_loader_is_remade_by_its_own_call_to_measure_a_change(dataset
         sizes.add(len(batch[0]))
         time.sleep(0.002)
 
-    loader = fastdata.loader(dataset(2.0), batch_size=8, num_workers=0, collate_fn=tagged)
-    report = fastdata.profile(loader, step, steps=4, warmup=1)
-    (said,) = [a for a in report.advice if "num_workers=" in a.text]
-    assert tags == {"tagged"} and sizes == {8}
-    if gain:
-        assert said.confidence == "measured" and said.change["num_workers"] > 0
-        assert report.first_change is said and "measured" in report.headline
-    else:
-        assert said.change is None and "gave no clear gain when measured" in said.text
-        assert report.first_change is None
-
-
-@pytest.mark.parametrize("dataset,gain", [(Busy, True), (Slower, False)])
-def test_a_dataloader_is_remade_from_its_attributes_to_measure_a_change(dataset, gain):
-    """A torch DataLoader (not fastdata's) is remade from its attributes to measure the worker
-    count its profile suggests: its collate_fn and batch size kept, the count set."""
-    tags, sizes = set(), set()
-
-    def tagged(samples):
-        images, labels = torch.utils.data.default_collate(samples)
-        return images, labels, "tagged"
-
-    def step(batch):
-        tags.add(batch[2])
-        sizes.add(len(batch[0]))
-        time.sleep(0.002)
-
-    loader = torch.utils.data.DataLoader(dataset(2.0), batch_size=8, collate_fn=tagged)
-    report = fastdata.profile(loader, step, steps=4, warmup=1)
+    report = fastdata.profile(make(dataset(2.0), tagged), step, steps=4, warmup=1)
     (said,) = [a for a in report.advice if "num_workers=" in a.text]
     assert tags == {"tagged"} and sizes == {8}
     assert "not measured" not in said.text and "stream" not in said.text  # a map-style Dataset: no caveat
