@@ -304,7 +304,12 @@ def _helps(report: Report, stage: str, loader: Any, more: list) -> list[tuple[st
             helps.append(("device='cuda', which runs the device stage on the GPU", {"device": "cuda"}))
         helps.append(("fewer ops in the device stage", None))
     else:
-        helps += {"read": [("faster storage", None)], "dataset": [("a cheaper __getitem__", None)],
+        # ("decode" here: `fastdata run`'s natively served folder, whose script sets the sizes; a
+        # "read" with neither "decode" nor "dataset": its in-memory dataset, which reads no storage)
+        st = report.stages
+        helps += {"read": [("faster storage", None)] if "decode" in st or "dataset" in st else [],
+                  "dataset": [("a cheaper __getitem__", None)],
+                  "decode": [("smaller stored images (a file's decode time grows with its pixels)", None)],
                   "collate": [("fewer or smaller tensors a sample", None)]}.get(stage, [])
     return helps
 

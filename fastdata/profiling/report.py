@@ -50,9 +50,12 @@ STAGES = {
 
 def stage_text(name: str, stages: dict[str, Any]) -> str:
     """What the stage `name` is, as the report says it, among `stages`: a drop-in's "read" (it
-    has "dataset") is its Dataset's wall time beyond its CPU, which no storage need cause."""
+    has "dataset") is its Dataset's wall time beyond its CPU, which no storage need cause, and
+    so is that of an in-memory dataset `fastdata run` serves natively (it has no "decode")."""
     if name == "read" and "dataset" in stages:
         return "the Dataset's waiting (I/O, sleeps, a busy core: wall time beyond its CPU)"
+    if name == "read" and "decode" not in stages:
+        return "waiting (a busy core: wall time beyond the fetch's CPU)"
     return STAGES.get(name, "")
 
 

@@ -131,7 +131,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         TorchCore.__init__(self, dataset, *args, **kwargs)
         self._fastdata_added = self.num_workers if workers is not None else 0  # (once the count is known)
         self._fastdata_where = _where()
-        timing = Timing(self) if os.environ.get("FASTDATA_RUN_PROFILE") else None
+        native = None if lowering is None else "arrays" if lowering.in_memory else "files"
+        timing = Timing(self, native) if os.environ.get("FASTDATA_RUN_PROFILE") else None
         if timing is not None:
             self.set_stage_timing(True)
             _served.append((weakref.ref(self), timing))

@@ -27,9 +27,12 @@ STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step
 
 class Timing:
     """A served loader's figures over the run: batches, images, the consumer's waits and steps,
-    the first STEPS_KEPT steps, and the loader's stage seconds."""
+    the first STEPS_KEPT steps, and the loader's stage seconds; `native`: what fastdata's own
+    fetch does for a natively served loader ("files": reads and decodes a folder's files;
+    "arrays": an in-memory dataset's pixel ops), whose time the drop-in times as its Dataset's."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, native: str | None = None) -> None:
+        self.native = native
         self.seq = -1
         self.batches = self.images = 0
         self.wait_s = self.compute_s = 0.0
@@ -54,7 +57,7 @@ class Timing:
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "images": self.images, "wait_s": self.wait_s, "compute_s": self.compute_s,
                 "steps": self.steps, "stages": self.stages, "num_workers": self.num_workers,
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size, "native": self.native}
 
 
 class TimedPass:
@@ -102,6 +105,10 @@ def _images(batch: Any) -> int:
     return int(shape[0]) if shape else 1
 
 
+# a natively served loader's fetch: the stage its Dataset time is, and what fastdata does in it
+NATIVE = {"files": ("decode", "fastdata reads, decodes, crops and resizes the files"),
+          "arrays": ("cpu_transforms", "fastdata runs the transform's ops on the arrays")}
+
 FEW_STEPS = 5  # a report of fewer steps says its figures are no steady state
 
 
@@ -113,6 +120,9 @@ def report(profile: dict[str, Any], source: str, reason: str = "") -> Report:
     stall = wait / seconds
     totals = profile["stages"]
     staged = totals.get("images", 0)
+    native = NATIVE.get(profile.get("native"))
+    if native is not None:  # the Dataset's time is fastdata's own fetch: named as the image backends name it
+        totals = {native[0] if k == "dataset" else k: v for k, v in totals.items()}
     stages = {k: 1e3 * totals[k] / staged for k in WORKER_STAGES if k in totals and staged}
     stages["consumer_wait"] = 1e3 * wait / max(images, 1)
     workers = profile["num_workers"]
@@ -134,7 +144,8 @@ def report(profile: dict[str, Any], source: str, reason: str = "") -> Report:
         r.loader_images_per_s = images / seconds  # it delivered that much: a lower bound
         how = "the loader alone: at least the rate together (no stage timing: a collate_fn of the script's)"
     r.verdict, why = verdict(stall, r.loader_images_per_s, step_rate)
-    r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps; {how})"
+    served = f"; served natively: {native[1]}" if native is not None else ""
+    r.explanation = f"{why} (measured in the script's run: {profile['batches']} steps{served}; {how})"
     check_ceiling(r, max(profile["batches"], 1))
     if profile["batches"] < FEW_STEPS:  # (a short validation loader's pass; an epoch's start weighs it all)
         n, firsts = profile["batches"], len(starts)

@@ -502,6 +502,23 @@ def test_a_script_loader_kept_at_0_workers_gets_no_worker_count(two_cores, stage
                for a in kept.advice), [a.text for a in kept.advice]
 
 
+def test_a_script_loader_served_from_memory_is_named_as_fastdatas_pixel_ops(two_cores):
+    """An in-memory dataset `fastdata run` serves natively (its transform's ops run by fastdata
+    on its arrays): its fetch is pixel ops, its wall time beyond the CPU a wait for a core, and
+    neither a cheaper __getitem__ nor faster storage is advised for it."""
+    from fastdata.run._profile import report
+
+    stages = {"dataset": 0.9, "read": 0.3, "collate": 0.01, "images": 640}
+    r = report({**_script_run(stages, workers=2), "native": "arrays"}, "train.py:9 DataLoader(CIFAR10)")
+    assert set(r.stages) == {"cpu_transforms", "read", "collate", "consumer_wait"}, r.stages
+    said = " ".join([r.headline, r.explanation, *(a.text for a in r.advice),
+                     *(s["what"] for s in r.to_json()["stages"])])
+    assert "pixel ops on the CPU costs the most" in r.headline, r.headline
+    assert "fastdata runs the transform's ops on the arrays" in r.explanation, r.explanation
+    assert "waiting (a busy core: wall time beyond the fetch's CPU)" in said, said
+    assert "__getitem__" not in said and "storage" not in said and "reading the bytes" not in said, said
+
+
 def test_an_input_bound_report_does_not_say_there_is_nothing_to_change(two_cores):
     """The headline says what bounds an input-bound step and what would help: the advice does
     not say beside it that no change was found."""

@@ -698,6 +698,47 @@ def test_worker_info_dataset_is_the_scripts(tmp_path, monkeypatch):
     assert record.read_text().splitlines() == ["Folder 3"] * 2
 
 
+def test_a_natively_served_folder_is_profiled_as_fastdatas_decode(tmp_path, monkeypatch):
+    """With --profile, a natively served folder's fetch (fastdata reads and decodes its files)
+    is named as the decode it is, not as the script's __getitem__ (which it replaced): no "a
+    cheaper __getitem__ would help" for code fastdata runs; the same loader not served natively
+    keeps the Dataset's name."""
+    import numpy as np
+    from PIL import Image
+
+    from fastdata.run import _decide, _torchvision
+    from fastdata.run._profile import report
+    from fastdata.transforms import ops as fd
+
+    hook = _hook()
+    monkeypatch.setenv("FASTDATA_RUN_PROFILE", "1")
+    lowering = _lowered(monkeypatch, (fd.Resize((8, 8)),))
+    monkeypatch.setattr(_torchvision, "lower", lambda ds: (lowering, ""))  # (where the fetch lowers it)
+    folder = Folder(tmp_path, n=12)
+    for path, _ in folder.samples:  # (noise of 512 px: the decode, not the batching, costs the most)
+        Image.fromarray(np.random.default_rng(0).integers(0, 256, (512, 512, 3), np.uint8)).save(path)
+    for want in ("decode", "dataset"):
+        if want == "dataset":  # (not lowered: served as any Dataset)
+            for module in (hook, _decide):
+                monkeypatch.setattr(module, "lower_any", lambda ds: (None, ""))
+        loader = hook.DataLoader(folder, batch_size=4, num_workers=0)
+        assert sorted(t for _, labels in loader for t in labels.tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+        timing = loader._fastdata_timing.to_json()
+        # (a step that waits for the fetch's time: in-process, the wait is the loader's own)
+        timing["wait_s"] = sum(v for k, v in timing["stages"].items() if k != "images")
+        timing["compute_s"] = timing["wait_s"] / 10
+        r = report(timing, "train.py:3 DataLoader(Folder)")
+        assert want in r.stages and ({"decode", "dataset"} - {want}).isdisjoint(r.stages), r.stages
+        said = " ".join([r.headline, r.explanation, *(a.text for a in r.advice)])
+        if want == "decode":
+            assert "__getitem__" not in said and "Dataset's" not in said, said
+            assert "served natively: fastdata reads, decodes, crops and resizes the files" in r.explanation
+            assert "JPEG decode, crop, resize costs the most" in r.headline and "smaller stored images" in r.headline, \
+                r.headline
+        else:
+            assert "served natively" not in said, said
+
+
 @pytest.mark.parametrize("free,workers", [(64 * 2**20, None), (2**40, "auto"), (None, "auto")],
                          ids=["64MB", "1TB", "no-dev-shm"])
 def test_auto_workers_only_where_dev_shm_has_room(tmp_path, monkeypatch, free, workers):
