@@ -21,9 +21,13 @@ their shards) and prints, with the ratios measured in the same run:
    GPU) alone and feeding both models, beside fastdata in the same run; and its decode alone.
 
 Each loop times epochs after a warm one (workers started, page cache and the JPEG index warm):
-the steady state of persistent workers. Writes JSON (default benchmarks/results/gpu.json).
+the steady state of persistent workers. Writes JSON (default benchmarks/results/gpu.json) after
+each part, so that a run cut short keeps what it measured.
 
     python benchmarks/gpu.py [--images 8000] [--json PATH] [--models resnet18,resnet50]
+
+On a lent GPU machine without network, `gpu_machine.sh` beside this file installs the wheels it
+lacks, builds the extension and runs the CUDA tests, then this, in one call.
 
 Without CUDA it runs on the CPU at the sizes given (a check of the script itself, not figures).
 """
@@ -291,6 +295,7 @@ def main() -> None:
         alone["DataLoader + torchvision"] = epochs_rate(tv, device)
         say(f"alone: DataLoader + torchvision: {alone['DataLoader + torchvision']:,.0f} images/s")
         out["loader_alone"] = alone
+        _common.write("gpu", out, args.json)  # (after each part: a run cut short keeps what it measured)
 
     # 2. step alone and together
     if "training" in only:
@@ -312,6 +317,7 @@ def main() -> None:
                 + "; ".join(f"{n} {row[n]:,.0f} (fastdata {row['fastdata'] / row[n]:.2f}x)" for n in nvj))
         close(loader)
         out["training"] = training
+        _common.write("gpu", out, args.json)
 
     if tv is not None:
         close(tv.loader)
@@ -365,10 +371,10 @@ def main() -> None:
         print(report)
         say(f"profile: together {together:,.0f} (median of {args.rounds}) against the plain loop's "
             f"{sweep[auto]:,.0f} ({out['profile']['together_of_plain']:.2f}); verdicts {out['profile']['verdicts']}")
+        _common.write("gpu", out, args.json)
 
     # 5. placement
     if "placement" not in only:
-        _common.write("gpu", out, args.json)
         return
     out["parity"] = parity_table(args.root, device)
     say("parity of the device lowering on " + device.type + " against Pillow (uint8 levels):")
@@ -380,6 +386,8 @@ def main() -> None:
     say(f"placement gpu vs cpu: mean {p['mean_abs']:.4f}, max {p['max_abs']:.3f} normalized units, "
         f"{100 * p['share_over_0.1']:.3f}% over 0.1; rates cpu {p['images_per_s']['cpu']:,.0f}, "
         f"gpu {p['images_per_s']['gpu']:,.0f} ({p['images_per_s']['gpu'] / p['images_per_s']['cpu']:.2f}x)")
+
+    _common.write("gpu", out, args.json)
 
     # 6. nvJPEG
     if device.type == "cuda":
