@@ -197,9 +197,12 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         report = _run(args, *setup)
         if args.tune:  # before the report is printed: a measured winner is its first change
             report.add_tune(_run_tune(args, *setup))
+        # written before it is printed: a print that fails (a closed pipe, a terminal's
+        # library missing) loses none of the measuring
+        written = report.write(args.out) if args.out else None
         report.print()
-        if args.out:
-            print(f"wrote {report.write(args.out)}/report.json and report.html")
+        if written:
+            print(f"wrote {written}/report.json and report.html")
         return 0
     return run_command(ap.prog, body, args.debug, skip_flag="--on-error skip")
 

@@ -136,6 +136,24 @@ def _tune_measuring(winner_rate: float, kept: bool = False):
     return tune
 
 
+def test_a_report_is_written_before_it_is_printed(folder, tmp_path, monkeypatch, capsys):
+    """`--out` is written before the report is printed: a print that fails (rich missing, a
+    closed pipe) costs the command's exit status, not its measuring."""
+    from fastdata.profiling import Report, cli
+
+    def no_terminal(self):
+        raise ModuleNotFoundError("No module named 'rich'")
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(Report, "print", no_terminal)
+    out = tmp_path / "out"
+    assert cli.main([str(folder), "--step-ms", "5", "--steps", "3", "--batch-size", "8", "--size", "16",
+                     "--out", str(out)]) != 0
+    assert "No module named 'rich'" in capsys.readouterr().err
+    jsonschema.validate(json.loads((out / "report.json").read_text()), SCHEMA)
+    assert (out / "report.html").stat().st_size > 0
+
+
 def test_a_tune_winner_is_the_first_change(folder, tmp_path, monkeypatch, capsys):
     """A config the tune measured above the default beyond the noise is the one change to make
     first: in the headline, report.json's first_change, the HTML page and the printed report."""
