@@ -34,6 +34,9 @@ MAIN_STAGES = {"device_stage": "the device stage", "deliver": "taking batches"} 
 # A measured rate under this share of what the rate model gives for the same config: the timed
 # stages do not account for it (`unexplained`)
 FIT = 0.45
+# Other processes keeping this many cores busy, or this share of the usable cores, while the
+# rates were timed (`Report.other_cores`): the rates are the machine's under that load
+OTHER_CORES, OTHER_SHARE = 0.5, 0.2
 
 
 def unexplained(report: Report, model: RateModel | None, workers: Any) -> str | None:
@@ -42,8 +45,15 @@ def unexplained(report: Report, model: RateModel | None, workers: Any) -> str | 
     work on these cores, or time spent outside the timed stages. Then the model explains none
     of the run, and what it would advise is held back: these words say so, with the machine's
     load average. So is a rate together over the loader's alone, which bounds it (the load
-    changed between the two). None where the rates fit, or the model has nothing to say."""
+    changed between the two), and so are rates timed while other processes kept a share of the
+    cores busy (measured: `Report.other_cores`), whatever the model says. None where the rates
+    fit, or the model has nothing to say."""
     together, alone = report.together_images_per_s, report.loader_images_per_s
+    other, cores = report.other_cores, model.cores if model is not None else usable_cores()
+    if other is not None and other >= max(OTHER_CORES, OTHER_SHARE * cores):
+        return (f"other processes kept {other:.1f} of the {cores} usable cores busy while the rates were timed, so the "
+                "rates are this machine's under that load; the rate model's advice is held back: profile again on a "
+                "quiet machine")
     if together and alone and together > 1.1 * alone:  # the loader alone bounds the rate together
         return (f"the rate together ({together:,.0f} images/s) passes the loader's alone ({alone:,.0f}), which bounds "
                 "it: the machine's load changed between the measurements; the rate model's advice is held back: "

@@ -1,5 +1,5 @@
-"""`profile`: the loader alone (its stages timed), the step alone, the two together, the
-ceiling the machine puts on the loader, and the verdict."""
+"""`profile`: the loader alone (its stages timed), the step alone, the two together (each
+timed window with the other processes' load on these cores), and the verdict."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from .._collate import batch_len
 from .._cores import usable_cores
 from .._loader import LoaderCore
 from ..backends.torch import remaker
-from ..ceiling import MARGIN
 from ..errors import DataError, one_line
 from ..transforms.schedule import SizeSchedule
 from .advice import advise
-from .model import RateModel
+from .load import OtherLoad
+from .model import check_ceiling
 from .report import COSTS, WORKER_STAGES, Report, verdict
 
 
@@ -132,26 +132,6 @@ def skipped_since(before: tuple, after: tuple) -> dict[str, Any]:
     return {"count": count1 - count0, "files": files if count1 > count0 else 0, "examples": examples}
 
 
-def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
-    """The ceiling: the usable cores over the CPU seconds an image costs (the stages' CPU, the
-    read's waits left out), which no timing window changes. A window of `steps` batches may
-    begin with a batch under way in each worker; a rate above the ceiling by more than that and
-    timer and clock-speed noise (`ceiling.MARGIN`) means work done outside the timed window was
-    counted in it (a loader running ahead): flagged, not trusted."""
-    model = RateModel.of(report, cores or usable_cores())
-    if model is None:
-        return
-    cpu = model.cpu + (model.main if model.main_on_cpu else 0.0)
-    if cpu <= 0:
-        return
-    report.ceiling_images_per_s = model.cores / cpu
-    under_way = (steps + (report.config.get("num_workers") or 0)) / steps
-    for name, rate in (("loader alone", report.loader_images_per_s), ("together", report.together_images_per_s)):
-        if rate is not None and rate > MARGIN * under_way * report.ceiling_images_per_s:
-            report.flags.append(f"{name}: {rate:,.0f} images/s is above this pipeline's ceiling on {model.cores} cores "
-                                f"({report.ceiling_images_per_s:,.0f}): not a valid measurement")
-
-
 def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: bool, measure) -> Report:
     epochs = [0]  # epochs begun so far
 
@@ -183,6 +163,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(warmup + _ahead(loader)):
         cached = _fuller(cached, next(it))
     before = _stage_totals(loader) if timed else {}
+    load = OtherLoad(usable_cores())
     cpu = time.process_time()
     alone: list[tuple[float, int, bool]] = []  # (s, images, began an epoch) a batch
     for _ in range(steps):
@@ -191,6 +172,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         alone.append((time.perf_counter() - t, got[1], epochs[0] != e))
         cached = _fuller(cached, got)
     _sync(device)
+    others = [load.stop()]
     n = sum(k for _, k, _ in alone)
     loader_rate = n / max(sum(s for s, _, _ in alone), 1e-9)
     cpu = time.process_time() - cpu
@@ -210,7 +192,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     if step is None:
         report = Report(source, batch_size, loader_rate, None, None, None, None,
                         "no training step given: only the loader's own rate was measured", [], config, stages=stages,
-                        bound=bound)
+                        bound=bound, other_cores=others[0])
         check_ceiling(report, steps)
         it.close()  # the pass ends before a change is measured (below: why)
         advise(loader, report, measure)
@@ -232,7 +214,9 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     # the loader filled its queues while the step ran alone and a full queue is no steady state
     for _ in range(_ahead(loader) + min(warmup, 2)):
         step(next(it)[0])
+    load = OtherLoad(usable_cores())
     timeline, together_steps, seconds, images = _together(it, step, steps, device, epochs)
+    others.append(load.stop())
     together = images / max(seconds, 1e-9)
     epoch_starts = [k for k, (_, _, began) in enumerate(together_steps) if began]
     taken = sum(k for _, k, _ in together_steps)  # every step's images (`images`: those the window timed)
@@ -245,7 +229,8 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     stall = max(0.0, 1.0 - compute / max(seconds, 1e-9))
     said = verdict(stall, loader_rate, step_rate)
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, *said, timeline, config,
-                    stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step)
+                    stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step,
+                    other_cores=max((c for c in others if c is not None), default=None))
     check_ceiling(report, steps)
     # The pass ends before any change is measured: a fresh loader's workers fork from a
     # process whose own decode threads and workers are gone, as they would in training.

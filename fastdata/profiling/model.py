@@ -1,11 +1,13 @@
 """The rate model: images/s of another loader config, from the stage costs of one run (the
-advice it gives is `advice.py`'s)."""
+advice it gives is `advice.py`'s), and the ceiling it puts on any config (`check_ceiling`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
+from .._cores import usable_cores
+from ..ceiling import MARGIN
 from .report import WORKER_STAGES, Report
 
 
@@ -100,3 +102,23 @@ class RateModel:
         serial = None if self.serial is None else max(self.serial - seconds, 1e-9)
         return dataclasses.replace(self, work=max(self.work - seconds, 1e-9), cpu=max(self.cpu - seconds, 0.0),
                                    serial=serial)
+
+
+def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
+    """The ceiling: the usable cores over the CPU seconds an image costs (the stages' CPU, the
+    read's waits left out), which no timing window changes. A window of `steps` batches may
+    begin with a batch under way in each worker; a rate above the ceiling by more than that and
+    timer and clock-speed noise (`ceiling.MARGIN`) means work done outside the timed window was
+    counted in it (a loader running ahead): flagged, not trusted."""
+    model = RateModel.of(report, cores or usable_cores())
+    if model is None:
+        return
+    cpu = model.cpu + (model.main if model.main_on_cpu else 0.0)
+    if cpu <= 0:
+        return
+    report.ceiling_images_per_s = model.cores / cpu
+    under_way = (steps + (report.config.get("num_workers") or 0)) / steps
+    for name, rate in (("loader alone", report.loader_images_per_s), ("together", report.together_images_per_s)):
+        if rate is not None and rate > MARGIN * under_way * report.ceiling_images_per_s:
+            report.flags.append(f"{name}: {rate:,.0f} images/s is above this pipeline's ceiling on {model.cores} cores "
+                                f"({report.ceiling_images_per_s:,.0f}): not a valid measurement")

@@ -122,6 +122,9 @@ class Report:
     # what bounds the rate under the rate model, for the headline (advice.limit): "text", "helps"
     # (words, the keywords they set or None), "not"; None where the model cannot say
     limit: dict[str, Any] | None = None
+    # how many of the usable cores other processes kept busy while the rates were timed (the
+    # more of its windows'; `load.OtherLoad`), None where that cannot be told
+    other_cores: float | None = None
 
     @property
     def first_change(self) -> Advice | None:

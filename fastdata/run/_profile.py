@@ -16,9 +16,8 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 from .._cores import usable_cores
-from ..profiling.measure import check_ceiling
 from ..profiling.advice import advise
-from ..profiling.model import RateModel
+from ..profiling.model import RateModel, check_ceiling
 from ..profiling.report import WORKER_STAGES, Report, verdict
 from ._decide import KEPT
 

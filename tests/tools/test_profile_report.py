@@ -63,7 +63,7 @@ def test_a_real_report_follows_the_schema(folder, step_ms):
 
 def test_a_rate_above_the_ceiling_is_flagged():
     from fastdata.profiling import Report
-    from fastdata.profiling.measure import check_ceiling
+    from fastdata.profiling.model import check_ceiling
 
     # 1 ms of decode CPU an image on 2 cores: at most 2,000 images/s
     report = Report("x", 64, 9000.0, None, None, None, None, "", [], {"device": "cpu", "num_workers": 2},

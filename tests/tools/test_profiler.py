@@ -45,6 +45,8 @@ def test_input_bound():
     assert report.loader_images_per_s < report.step_images_per_s
     assert len(report.steps) == 5 and all(w > c for w, c in report.steps)  # each step mostly waited
     assert report.advice
+    # other processes' load on these cores, over both windows (a quiet machine: far under a core)
+    assert report.other_cores is None if not os.path.exists("/proc/stat") else report.other_cores < 0.5
 
 
 class Spins(Slow):
@@ -360,7 +362,7 @@ def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: d
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
-    from fastdata.profiling.measure import check_ceiling
+    from fastdata.profiling.model import check_ceiling
     from fastdata.profiling.advice import advise
 
     stages = stages or {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.29,
@@ -450,7 +452,7 @@ def test_rates_the_stages_do_not_account_for_hold_the_models_advice_back(two_cor
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
-    from fastdata.profiling.measure import check_ceiling
+    from fastdata.profiling.model import check_ceiling
     from fastdata.profiling.advice import advise
 
     stages = {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.18,
@@ -472,6 +474,57 @@ def test_rates_the_stages_do_not_account_for_hold_the_models_advice_back(two_cor
     assert "load average" in busy and "profile again on a quiet machine" in busy, busy
     assert not [t for t in said if "num_workers" in t or "node" in t or "this step consumes" in t], said
     assert "well below" not in quiet and "the training process runs its own stages" in quiet, quiet
+    # The quiet machine's figures, timed while other processes kept a core busy (the helper's
+    # audit: a busy machine whose rates fit the model closely enough): held back all the same
+    for other, held in ((1.0, True), (0.1, False), (None, False)):
+        report = Report("x", 256, 1700.0, 2556.0, 1100.0, 0.79, "input-bound", "", [],
+                        {"backend": "pil", "num_workers": 2, "device": "cpu"}, stages=stages, bound="decode",
+                        images_per_step=256, other_cores=other)
+        check_ceiling(report, steps=30, cores=2)
+        advise(loader, report)
+        assert held == report.headline.startswith(
+            "input bounds the step: other processes kept 1.0 of the 2 usable cores busy while the rates were timed, so "
+            "the rates are this machine's under that load; the rate model's advice is held back: profile again on a "
+            "quiet machine"), (other, report.headline)
+
+
+def _spin_outside(seconds: float) -> None:
+    """A process that keeps a core busy for `seconds`, not a descendant of this one (its shell
+    parent exits at once, so it is re-parented away), as another user's job would be."""
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" >/dev/null 2>&1 &', code], check=True, timeout=30)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="other processes' load is read from Linux's /proc")
+def test_other_processes_load_on_these_cores_is_measured_apart_from_the_profiles_own():
+    """OtherLoad counts the busy time of the cores other processes took, not this process's,
+    its workers' (a child busy throughout, one that ended inside the window), as a profile's
+    workers are."""
+    import multiprocessing
+
+    from fastdata.profiling.load import OtherLoad
+
+    def spin(seconds):
+        end = time.time() + seconds
+        while time.time() < end:
+            pass
+
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=spin, args=(1.5,))
+    child.start()
+    load = OtherLoad(len(os.sched_getaffinity(0)))
+    short = ctx.Process(target=spin, args=(0.3,))  # born and ended inside the window
+    short.start()
+    short.join()
+    child.join()
+    own = load.stop()
+    assert own is not None and own < 0.3, own
+    load = OtherLoad(len(os.sched_getaffinity(0)))
+    _spin_outside(1.2)
+    time.sleep(1.5)  # (the whole spin inside the window: none of it left to the next test)
+    other = load.stop()
+    assert other is not None and other > 0.6, other
+    assert OtherLoad(len(os.sched_getaffinity(0)) - 1).stop() is None  # a quota under the affinity: not told
 
 
 def _script_run(stages: dict, workers: int = 0, wait: float = 0.5) -> dict:
