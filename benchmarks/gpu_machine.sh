@@ -9,6 +9,17 @@
 #                                                 builds the native extension, runs the CUDA tests,
 #                                                 then `benchmarks/gpu.py ARGS`; logs and JSON to $OUT
 #
+# DALI's wheels (about 500 MB) exceed what one call carries (64 MiB), so they travel in parts,
+# one call each, on a machine kept warm (it keeps /tmp between calls made within 30 s):
+#
+#   bash benchmarks/gpu_machine.sh dali-prepare   here: the wheels DALI needs there, as one tar in
+#                                                 parts of PART_MB (56) MiB: .dali/part-NN, SHA256SUMS
+#   bash benchmarks/gpu_machine.sh dali-part .dali/part-NN
+#                                                 there (carry that part and .dali/SHA256SUMS): checks
+#                                                 it and keeps it in /tmp/dali-parts
+#
+# and `run` (carrying .dali/SHA256SUMS too) installs DALI once every part is there.
+#
 # `run` without CUDA does the same on the CPU (a check of this script, not figures). Its parts
 # are bounded (the tests by TESTS_S, gpu.py by GPU_S seconds) so that a call ends inside the
 # device's limit with what it has measured written.
@@ -29,21 +40,37 @@ run)
     shift
     out=${OUT:?set OUT: the folder whose files come back}
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    if [ -f .dali/SHA256SUMS ] && [ ! -d /tmp/site/nvidia/dali ]; then
+        sums=$PWD/.dali/SHA256SUMS
+        if (cd /tmp/dali-parts 2>/dev/null && sha256sum -c --quiet "$sums"); then
+            mkdir -p /tmp/dali && cat /tmp/dali-parts/part-* | tar -x -C /tmp/dali
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+                /tmp/dali/wheels/*.whl
+            # their nvidia/__init__.py would make `nvidia` a package of /tmp/site alone, hiding the
+            # machine's own nvidia.* libraries: a namespace spans both
+            rm -f /tmp/site/nvidia/__init__.py
+        else
+            echo "DALI: not every part of .dali/SHA256SUMS is in /tmp/dali-parts: run without it"
+        fi
+    fi
     export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
     cmake -S . -B build -G Ninja -DPython_EXECUTABLE="$(command -v "$PY")" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build build >/dev/null
     cp build/_native*.so fastdata/
     "$PY" - <<'EOF' 2>&1 | tee "$out/machine.txt"
 import os, torch, torchvision, fastdata, fastdata._native
+from fastdata import _optional
 print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, CUDA {torch.cuda.is_available()}"
       f"{' ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ''}, {os.cpu_count()} CPUs, "
-      f"fastdata from {os.path.dirname(fastdata.__file__)}")
+      f"fastdata from {os.path.dirname(fastdata.__file__)}, DALI: "
+      f"{_optional.has('dali') or _optional.missing('dali', 'backend dali')}")
 EOF
-    # What a CUDA device changes: the tests marked gpu, the forms of Tensor.to and .cuda under
-    # fastdata run (against cuda:0 where it is), the drop-in's copy to the device.
+    # What a CUDA device changes: the tests marked gpu (DALI's GPU decode among them, where DALI
+    # came), the forms of Tensor.to and .cuda under fastdata run (against cuda:0 where it is),
+    # the drop-in's copy to the device.
     set +e
     { timeout -k 10 "${TESTS_S:-150}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_kornia.py \
-          tests/tools/test_run.py tests/tools/test_profiler.py
+          tests/tools/test_run.py tests/tools/test_profiler.py tests/backends/test_dali.py
       timeout -k 10 "${TESTS_S:-150}" "$PY" -m pytest -q -p no:cacheprovider tests/tools/test_run_signatures.py
       timeout -k 10 "${TESTS_S:-150}" "$PY" -m pytest -q -p no:cacheprovider tests/backends/test_dropin.py \
           -k "device or cuda"; } > "$out/tests.log" 2>&1
@@ -51,8 +78,27 @@ EOF
     timeout -k 10 "${GPU_S:-420}" "$PY" benchmarks/gpu.py --json "$out/gpu.json" "$@" 2>&1 | tee "$out/gpu.log"
     echo "gpu.py: exit ${PIPESTATUS[0]}" | tee -a "$out/gpu.log"
     ;;
+dali-prepare)
+    pin=$("$PY" -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dali'])")
+    rm -rf .dali && mkdir -p .dali/wheels
+    "$PY" -m pip download -q --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dali/wheels "$pin"
+    # (the machine has these)
+    rm -f .dali/wheels/{numpy,packaging,pyyaml,PyYAML,six,typing_extensions,wheel}-*.whl
+    tar -cf - -C .dali wheels | split -b "${PART_MB:-56}M" -d -a 2 - .dali/part-
+    rm -rf .dali/wheels
+    (cd .dali && sha256sum part-* > SHA256SUMS)
+    ls -la .dali
+    ;;
+dali-part)
+    part=${2:?the part to keep: .dali/part-NN}
+    (cd "$(dirname "$part")" && grep " $(basename "$part")\$" SHA256SUMS | sha256sum -c --quiet -)
+    mkdir -p /tmp/dali-parts && cp "$part" /tmp/dali-parts/
+    echo "kept $(basename "$part"); /tmp/dali-parts: $(ls /tmp/dali-parts | tr '\n' ' ')"
+    ;;
 *)
-    echo "usage: bash benchmarks/gpu_machine.sh prepare | run [gpu.py ARGS...]" >&2
+    echo "usage: bash benchmarks/gpu_machine.sh prepare | run [gpu.py ARGS...] | dali-prepare | dali-part PART" >&2
     exit 2
     ;;
 esac

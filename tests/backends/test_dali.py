@@ -1,7 +1,8 @@
-"""The `dali` backend on the CPU (DALI runs CPU-only pipelines without a GPU): the same batches
-as `pil` (and as `wds` over shards), the same crop windows, resume, rank splits, and bad
-files caught before DALI sees them or isolated after it failed. Images are flat colors that
-name their sample (see _images.py), so each image says which sample it is."""
+"""The `dali` backend on the CPU (DALI runs CPU-only pipelines without a GPU), and its GPU decode
+where a CUDA device is (marked gpu): the same batches as `pil` (and as `wds` over shards), the
+same crop windows, resume, rank splits, and bad files caught before DALI sees them or isolated
+after it failed. Images are flat colors that name their sample (see _images.py), so each image
+says which sample it is."""
 
 from __future__ import annotations
 
@@ -59,11 +60,19 @@ def _load(source, **kw):
     return fastdata.loader(source, **kw)
 
 
-def test_same_batches_as_pil(folder):
-    dali = _load(str(folder), shuffle=True, seed=4)
+# DALI decodes on the CPU, or with device="cuda" on the GPU (nvJPEG, the GPU's JPEG engine where
+# it has one): the GPU path is what the `dali` backend is for, and runs only where CUDA is
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_batches_as_pil(folder, device):
+    dali = _load(str(folder), shuffle=True, seed=4, device=device)
     pil = _load(str(folder), shuffle=True, seed=4, backend="pil")
     assert dali.backend == "dali" and len(dali) == len(pil) == 5
     for (x, y), (u, v) in zip(dali, pil):
+        assert x.device.type == device
+        x, y = x.cpu(), y.cpu()
         assert x.shape == u.shape and x.dtype == torch.uint8
         assert x.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(y, v)
@@ -72,7 +81,8 @@ def test_same_batches_as_pil(folder):
     assert dali.stats["samples"] == 2 * N and dali.stats["batches"] == 10
 
 
-def test_crop_windows_match_pil(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_crop_windows_match_pil(tmp_path, device):
     """RandomResizedCrop + flip on images with structure: dali crops the window pil crops."""
     rng = np.random.default_rng(0)
     for k in range(12):
@@ -84,10 +94,10 @@ def test_crop_windows_match_pil(tmp_path):
         (tmp_path / f"c{k % 2}").mkdir(exist_ok=True)
         img.save(tmp_path / f"c{k % 2}" / f"{k}.jpg", quality=95)
     rrc = T.Compose([T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip()])
-    dali = _load(str(tmp_path), transform=rrc, batch_size=6, seed=1)
+    dali = _load(str(tmp_path), transform=rrc, batch_size=6, seed=1, device=device)
     pil = _load(str(tmp_path), transform=rrc, batch_size=6, seed=1, backend="pil")
     for (x, _), (u, _) in zip(dali, pil):
-        diff = (x.float() - u.float()).abs()
+        diff = (x.cpu().float() - u.float()).abs()
         assert diff.mean() < 2.5, diff.mean()  # resampling differences only: a wrong window is off by tens
 
 
