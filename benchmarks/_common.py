@@ -148,7 +148,9 @@ def write(name: str, report: dict, path: str | None = None) -> Path:
     out = Path(path) if path else RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), **report}
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    part = out.with_name(out.name + ".part")  # replaced whole: a run stopped meanwhile leaves the last one
+    part.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(part, out)
     print(f"wrote {out}", file=sys.stderr)
     return out
 

@@ -34,8 +34,8 @@ MAIN_STAGES = {"device_stage": "the device stage", "deliver": "taking batches"} 
 # A measured rate under this share of what the rate model gives for the same config: the timed
 # stages do not account for it (`unexplained`)
 FIT = 0.45
-# Other processes keeping this many cores busy, or this share of the usable cores, while the
-# rates were timed (`Report.other_cores`): the rates are the machine's under that load
+# Other processes keeping at least this many cores, and this share of the usable cores, busy
+# while the rates were timed (`Report.other_cores`): the rates are the machine's under that load
 OTHER_CORES, OTHER_SHARE = 0.5, 0.2
 
 

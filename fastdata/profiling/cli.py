@@ -197,10 +197,12 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         report = _run(args, *setup)
         if args.tune:  # before the report is printed: a measured winner is its first change
             report.add_tune(_run_tune(args, *setup))
-        # written before it is printed: a print that fails (a closed pipe, a terminal's
-        # library missing) loses none of the measuring
-        written = report.write(args.out) if args.out else None
-        report.print()
+        # written before it is printed, and printed whether or not it could be written: a
+        # failure of either (a closed pipe, a full disk) loses none of the measuring
+        try:
+            written = report.write(args.out) if args.out else None
+        finally:
+            report.print()
         if written:
             print(f"wrote {written}/report.json and report.html")
         return 0

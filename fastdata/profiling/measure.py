@@ -11,7 +11,6 @@ import torch
 
 from .._cli import SkipsNamedOnce
 from .._collate import batch_len
-from .._cores import usable_cores
 from .._loader import LoaderCore
 from ..backends.torch import remaker
 from ..errors import DataError, one_line
@@ -163,7 +162,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(warmup + _ahead(loader)):
         cached = _fuller(cached, next(it))
     before = _stage_totals(loader) if timed else {}
-    load = OtherLoad(usable_cores())
+    load = OtherLoad()
     cpu = time.process_time()
     alone: list[tuple[float, int, bool]] = []  # (s, images, began an epoch) a batch
     for _ in range(steps):
@@ -214,7 +213,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     # the loader filled its queues while the step ran alone and a full queue is no steady state
     for _ in range(_ahead(loader) + min(warmup, 2)):
         step(next(it)[0])
-    load = OtherLoad(usable_cores())
+    load = OtherLoad()
     timeline, together_steps, seconds, images = _together(it, step, steps, device, epochs)
     others.append(load.stop())
     together = images / max(seconds, 1e-9)
