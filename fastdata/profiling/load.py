@@ -18,15 +18,16 @@ MIN_WINDOW_S = 1.0  # a tick or two of difference between the two counts is then
 
 
 def _busy(cpus: set[int]) -> float:
-    """Seconds the cores in `cpus` ran anything (not idle, waiting for I/O, or stolen by a
-    hypervisor), since boot."""
+    """Seconds the cores in `cpus` ran processes (user and system time: not idle, waiting for
+    I/O, stolen by a hypervisor, or serving interrupts, which this process's I/O raises too),
+    since boot."""
     ticks = 0
     with open("/proc/stat") as f:
         for line in f:
             name, _, rest = line.partition(" ")
             if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in cpus:
-                user, nice, system, _idle, _iowait, irq, softirq = map(int, rest.split()[:7])
-                ticks += user + nice + system + irq + softirq
+                user, nice, system = map(int, rest.split()[:3])
+                ticks += user + nice + system
     return ticks / _TICK
 
 
