@@ -19,7 +19,8 @@ from .._pillow import pillow_info
 from ..backends.torch import remaker
 from ..errors import error_line
 from .model import RateModel
-from .report import INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, WORKER_STAGES, Advice, Report, stage_text
+from .report import (INPUT_BOUND, NO_CHANGE, NOTHING_TO_CHANGE, WORKER_STAGES, Advice, Report, reads_storage,
+                     stage_text)
 
 
 # measure(change) -> (the change's rates, the current config's rates), measured interleaved
@@ -314,10 +315,8 @@ def _helps(report: Report, stage: str, loader: Any, more: list) -> list[tuple[st
             helps.append(("device='cuda', which runs the device stage on the GPU", {"device": "cuda"}))
         helps.append(("fewer ops in the device stage", None))
     else:
-        # ("decode" here: `fastdata run`'s natively served folder, whose script sets the sizes; a
-        # "read" with neither "decode" nor "dataset": its in-memory dataset, which reads no storage)
-        st = report.stages
-        helps += {"read": [("faster storage", None)] if "decode" in st or "dataset" in st else [],
+        # ("decode" here: `fastdata run`'s natively served folder, whose script sets the sizes)
+        helps += {"read": [("faster storage", None)] if reads_storage(report.stages) else [],
                   "dataset": [("a cheaper __getitem__", None)],
                   "decode": [("smaller stored images (a file's decode time grows with its pixels)", None)],
                   "collate": [("fewer or smaller tensors a sample", None)]}.get(stage, [])

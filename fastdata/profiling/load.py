@@ -32,8 +32,8 @@ def _busy(cpus: set[int]) -> float:
 
 
 def _own(root: int) -> float:
-    """CPU seconds of process `root`'s own, with the children each has waited for: its
-    descendants and its process group's processes."""
+    """CPU seconds of process `root`, its descendants and its process group's processes, each
+    with the children it has waited for."""
     parents, groups, cpu = {}, {}, {}
     for name in os.listdir("/proc"):
         if not name.isdigit():

@@ -48,13 +48,20 @@ STAGES = {
 }
 
 
+def reads_storage(stages: dict[str, Any]) -> bool:
+    """Whether the "read" among `stages` may wait on storage: an image backend's reads (it has
+    "decode"), a drop-in's Dataset (it has "dataset"); not an in-memory dataset `fastdata run`
+    serves natively (neither), whose wall time beyond its CPU is a wait for a core."""
+    return "decode" in stages or "dataset" in stages
+
+
 def stage_text(name: str, stages: dict[str, Any]) -> str:
     """What the stage `name` is, as the report says it, among `stages`: a drop-in's "read" (it
     has "dataset") is its Dataset's wall time beyond its CPU, which no storage need cause, and
-    so is that of an in-memory dataset `fastdata run` serves natively (it has no "decode")."""
+    one that reads no storage (`reads_storage`) is a wait for a core."""
     if name == "read" and "dataset" in stages:
         return "the Dataset's waiting (I/O, sleeps, a busy core: wall time beyond its CPU)"
-    if name == "read" and "decode" not in stages:
+    if name == "read" and not reads_storage(stages):
         return "waiting (a busy core: wall time beyond the fetch's CPU)"
     return STAGES.get(name, "")
 

@@ -729,8 +729,8 @@ class Counting(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         for i in range(self.n):
-            time.sleep(0.002)
-            yield torch.full((3, 4, 4), i, dtype=torch.uint8)
+            time.sleep(0.005)
+            yield torch.full((3, 4, 4), i % 256, dtype=torch.uint8)
 
 
 def test_a_dataloader_is_remade_as_it_was_made():
@@ -811,7 +811,7 @@ def test_worker_advice_for_an_iterable_dataset_says_it_must_split_its_stream(mon
             assert said.text.endswith(SPLIT), said.text
     monkeypatch.setattr("fastdata.profiling.advice.usable_cores", lambda: 2)
     one = fastdata.loader(Counting(4000), batch_size=8, num_workers=1)
-    report = fastdata.profile(one, step_ms=2, steps=6, warmup=1, confirm=0)
+    report = fastdata.profile(one, step_ms=2, steps=20, warmup=2, confirm=0)  # (a window long enough to hold still)
     (said,) = [a for a in report.advice if "num_workers=" in a.text]
     assert said.change == {"num_workers": 2} and said.text.endswith(SPLIT), said.text
     assert f"more workers (up to the 2 usable cores; {SPLIT})" in report.headline, report.headline
