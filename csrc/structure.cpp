@@ -75,8 +75,12 @@ std::string walk_jpeg(const ByteSpan& src, ImageStructure* out) {
       out->scans = scans;
       return {};
     }
-    if ((m >= 0xD0 && m <= 0xD7) || m == 0x01) continue;  // RSTn, TEM: no segment
-    if (m == 0x00 || m == 0xD8) {
+    // RSTn and TEM have no segment. libjpeg steps over them anywhere, but before the first scan
+    // DALI's parser refuses a restart marker ("Invalid marker") and Pillow's a TEM, so there they
+    // are refused, as stray bytes are: a file must not pass on one backend and fail on another.
+    const bool bare = (m >= 0xD0 && m <= 0xD7) || m == 0x01;
+    if (bare && scan) continue;
+    if (bare || m == 0x00 || m == 0xD8) {
       return format("corrupt JPEG: unexpected marker 0xFF%02X at byte %zu", m, at);
     }
     if (n - pos < 2) return jpeg_ends_early(n);
@@ -153,7 +157,7 @@ std::string chunk_name(const uint8_t* p) {
 
 // From the signature through every chunk (length, type, data, CRC: the length must fit in the
 // file), at most kMaxPngChunks of them, kMaxPngTexts zTXt and iTXt and one iCCP, to IEND. The
-// first chunk must be the 13-byte IHDR, which gives the size. CRCs are not checked: Pillow
+// first chunk must be the 13-byte IHDR, which gives the size, and the only IHDR. CRCs are not checked: Pillow
 // decodes a PNG whole, so a corrupt one fails the same way for every crop.
 std::string walk_png(const ByteSpan& src, ImageStructure* out) {
   const uint8_t* d = src.data;
@@ -185,6 +189,11 @@ std::string walk_png(const ByteSpan& src, ImageStructure* out) {
       }
       out->width = int(w);
       out->height = int(h);
+    }
+    // Pillow takes each IHDR's size over the last, so a second one would decode at a size
+    // neither the pixel limit nor the crop was planned for; libpng refuses it, and so does this.
+    if (type == "IHDR" && pos != 8) {
+      return format("corrupt PNG: a second IHDR chunk at byte %zu (a PNG has one header)", pos);
     }
     if (type == "IEND") return {};
     // Pillow inflates every iCCP chunk's profile (up to 1 MiB each); a PNG holds one at most.

@@ -99,9 +99,10 @@ def _walk_jpeg(d: bytes) -> tuple[str | None, int, int]:
             if not scan:
                 return f"corrupt JPEG: end-of-image marker at byte {at} before any scan", width, height
             return None, width, height
-        if 0xD0 <= m <= 0xD7 or m == 0x01:
+        bare = 0xD0 <= m <= 0xD7 or m == 0x01
+        if bare and scan:
             continue
-        if m in (0x00, 0xD8):
+        if bare or m in (0x00, 0xD8):
             return f"corrupt JPEG: unexpected marker 0xFF{m:02X} at byte {at}", width, height
         if n - pos < 2:
             return _jpeg_ends_early(n), width, height
@@ -179,6 +180,8 @@ def _walk_png(d: bytes) -> tuple[str | None, int, int]:
             if w == 0 or h == 0 or w > 0x7FFFFFFF or h > 0x7FFFFFFF:
                 return f"corrupt PNG: the header claims a {w}x{h} image", width, height
             width, height = w, h
+        if name == "IHDR" and pos != 8:
+            return f"corrupt PNG: a second IHDR chunk at byte {pos} (a PNG has one header)", width, height
         if name == "IEND":
             return None, width, height
         if name == "iCCP" and profile:
@@ -196,8 +199,10 @@ def check_structure(data: Any) -> Inspection:
     0xFF not followed by a stuffed 0x00 or a restart marker), to EOI; a PNG's chunks from the
     signature to IEND; every length must fit in the file. Bytes after EOI or IEND are accepted
     (as Pillow does). Other formats are not walked (kind ""). Refused as well: a JPEG of more
-    than `max_scans` scans for its size, and fill bytes before a stuffed zero (FF FF 00) in
-    entropy-coded data, which libjpeg's two Huffman readers decode differently. The pure-Python
+    than `max_scans` scans for its size; stray bytes, a restart marker or a TEM before a JPEG's
+    first scan (DALI's or Pillow's parser refuses them); fill bytes before a stuffed zero (FF FF
+    00) in entropy-coded data, which libjpeg's two Huffman readers decode differently; a PNG's
+    second IHDR (Pillow would decode at its size, not the first's). The pure-Python
     twin of the native walk, with the same results and messages.
 
     It cannot see corrupt entropy-coded data inside a whole structure (flipped bits, a file cut

@@ -412,6 +412,55 @@ def test_a_second_png_colour_profile_is_refused_before_any_decode(tmp_path):
         f"corrupt PNG: a second iCCP chunk at byte {33 + len(profile)} (a PNG holds one colour profile)"
 
 
+def test_a_second_png_header_is_refused_before_any_decode(tmp_path):
+    """Pillow takes each IHDR chunk's size over the last one's, so a PNG whose first header says
+    16x16 and second 128x128 decodes at 128x128: the pixel limit and the crop planned from the
+    first would not hold (a second header of 10000x10000 passed the limit). A PNG has one header
+    (libpng refuses a second): refused, natively and in Python alike, and skipped by name."""
+    rows = zlib.compress(b"".join(b"\0" + b"\x80" * 48 for _ in range(16)))
+    ihdr = (16).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    second = png_chunk(b"IHDR", (128).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0]))
+    good = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b"")
+    bad = good[:33] + second + good[33:]
+    assert Image.open(io.BytesIO(bad)).size == (128, 128)  # Pillow's size is the second header's
+    for d in (good, bad):
+        assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+    assert _structure.check_structure(good).cause is None
+    cause = _structure.check_structure(bad).cause
+    assert cause == "corrupt PNG: a second IHDR chunk at byte 33 (a PNG has one header)"
+    x, y, loader = _good_then_bad(tmp_path, good, bad, "png")
+    assert y.tolist() == [0] and loader.stats["errors"][0]["cause"] == cause
+    assert loader.stats["errors"][0]["path"].endswith("bad.png")
+
+
+@pytest.mark.parametrize("marker", [0xD0, 0xD7, 0x01], ids=["RST0", "RST7", "TEM"])
+def test_a_restart_marker_or_tem_before_the_first_scan_is_refused(tmp_path, marker):
+    """libjpeg steps over a restart marker or a TEM anywhere, but before the first scan DALI's
+    parser refuses a restart marker and Pillow's a TEM: there a file would decode on one backend
+    and fail on another (with DALI, as a batch error naming no file), so the walk refuses it on
+    every backend. Between scans (libjpeg's alone to read) it decodes to Pillow's pixels."""
+    img = noise(48, 40, 3)
+    good = jpeg(img)
+    bad = good[:2] + bytes([0xFF, marker]) + good[2:]
+    for d in (good, bad):
+        assert _structure.inspect_batch([d])[0] == _structure.check_structure(d)
+    cause = _structure.check_structure(bad).cause
+    assert cause == f"corrupt JPEG: unexpected marker 0xFF{marker:02X} at byte 2"
+    x, y, loader = _good_then_bad(tmp_path, good, bad, "jpg")
+    assert y.tolist() == [0] and loader.stats["errors"][0]["cause"] == cause
+    if marker == 0x01:
+        return
+    progressive = jpeg(img, progressive=True)
+    second = progressive.index(b"\xff\xda", scan_start(progressive))  # the second scan's header
+    between = progressive[:second] + bytes([0xFF, marker]) + progressive[second:]
+    assert _structure.inspect_batch([between])[0] == _structure.check_structure(between)
+    assert _structure.check_structure(between).cause is None
+    out, errors = decode([between], [(0, 0, 48, 40)], out_hw=(40, 48))
+    assert errors == [None] or not any(errors)
+    want = np.asarray(Image.open(io.BytesIO(between)).convert("RGB"))
+    assert np.abs(out[0].permute(1, 2, 0).numpy().astype(int) - want).max() <= 1
+
+
 def test_a_png_of_many_compressed_text_chunks_is_refused_before_pillow_inflates_them():
     """Pillow inflates each zTXt and iTXt chunk up to 1 MiB, and counts it against its text limit
     only for some (not a zTXt without a keyword, nor an iTXt that is not UTF-8): 3,000 cost 7 s
