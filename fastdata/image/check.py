@@ -226,6 +226,12 @@ MAX_PNM_COMMENTS = 1 << 10
 more. Pillow's plain-format decoder drops each comment by copying the rest of its 1 MiB block:
 1 MiB of empty comments cost 10 s a sample. Writers put one comment in the header, or none."""
 
+MAX_PLAIN_PNM_BYTES = 1 << 21
+"""The most bytes a plain PNM (P1-P3, pixels as text) may take: `pnm_walk` refuses more. Pillow
+decodes the text in Python, about 0.4 s a MiB for P3 (0.3 s for P2, 0.08 s for P1): a 256 MiB
+file would cost 100 s a sample; at the bound, under a second. Writers use the binary forms (P4-P6)
+for anything larger than a test image."""
+
 # Pillow's PNM magics (PpmImagePlugin.MODES) and the header tokens after each: width, height,
 # and a maxval (a scale for Pf) but for bitmaps.
 _PNM_TOKENS = {b"P1": 2, b"P4": 2, b"P2": 3, b"P3": 3, b"P5": 3, b"P6": 3, b"P0CMYK": 3, b"Pf": 3, b"PyP": 3,
@@ -264,8 +270,9 @@ def _pnm_header_end(head: bytes) -> int | None:
 
 
 def pnm_walk(data) -> str | None:
-    """Why a PNM's header is longer than `MAX_PNM_HEADER`, or a plain one holds more than
-    `MAX_PNM_COMMENTS` comments; None for one within them, or any other file."""
+    """Why a PNM's header is longer than `MAX_PNM_HEADER`, or a plain one is over
+    `MAX_PLAIN_PNM_BYTES` or holds more than `MAX_PNM_COMMENTS` comments; None for one within
+    them, or any other file."""
     magic = bytes(data[:2])
     if magic[:1] != b"P":
         return None
@@ -274,6 +281,9 @@ def pnm_walk(data) -> str | None:
         return f"corrupt PNM: a header of more than {MAX_PNM_HEADER} bytes"
     if magic not in (b"P1", b"P2", b"P3"):  # binary pixels after the header: no comment there
         return None
+    if len(data) > MAX_PLAIN_PNM_BYTES:
+        return (f"a plain (text) PNM of {len(data)} bytes, over the {MAX_PLAIN_PNM_BYTES} taken in that encoding, "
+                "which Pillow decodes in Python")
     comments = int(np.count_nonzero(np.frombuffer(data, np.uint8) == ord("#")))
     if comments > MAX_PNM_COMMENTS:
         return f"corrupt PNM: {comments} comments, more than the {MAX_PNM_COMMENTS} it may hold"
