@@ -44,6 +44,7 @@ def check_sample(out: Block, url: str, key: str, a: int, b: int, raw: memoryview
     label is below, what it is, for the message). Whether its members passed these checks (the
     sample may still fail for its label or image member)."""
     found: dict[str, memoryview] = {}
+    links: dict[str, str] = {}  # a link member's extension -> what it is (tarformat.Member.link)
     count = nbytes = 0
     length = start + len(raw)
     for m in walk_tar_bytes(raw, start, a, b, resync=False):
@@ -64,11 +65,14 @@ def check_sample(out: Block, url: str, key: str, a: int, b: int, raw: memoryview
             out.add(MemberName(url, m.name), None, 0,
                     f"{stale}member {m.name} at byte {m.offset} runs past its sample's end at byte {b}")
             return False
-        if ext in found:  # webdataset refuses it too; which of the two would be meant is not known
+        if ext in found or ext in links:  # webdataset refuses it too; which of the two would be meant is not known
             out.add(MemberName(url, m.name), None, 0, f"sample {key} has two {ext} members (in any case)")
             return False
-        found[ext] = raw[m.data - start:m.data - start + m.size]
         count += 1
+        if m.link is not None:  # no bytes to read (webdataset reads none either)
+            links[ext] = m.link
+            continue
+        found[ext] = raw[m.data - start:m.data - start + m.size]
         nbytes += m.size
     if not key:
         out.add(MemberName(url, f"at byte {a}"), None, 0, f"bytes [{a}, {b}) belong to no sample")
@@ -86,11 +90,17 @@ def check_sample(out: Block, url: str, key: str, a: int, b: int, raw: memoryview
         out.add(MemberName(url, f"{key}.*"), None, 0, f"{stale}sample {key}'s bytes [{a}, {b}) have CRC-32 "
                                                     f"{got:08x}, not the index's {crc:08x}")
         return False
-    _add(out, url, key, found, labels)
+    _add(out, url, key, found, labels, links)
     return True
 
-def _add(out: Block, url: str, key: str, sample: dict, labels: tuple[int, str]) -> None:
+def _add(out: Block, url: str, key: str, sample: dict, labels: tuple[int, str], links: dict[str, str]) -> None:
     ext = next((e for e in IMAGE_MEMBERS if e in sample), None)
+    # the image or the label it lacks, where a link stood for it
+    lost = [e for e in IMAGE_MEMBERS if e in links] if ext is None else ["cls"] if "cls" not in sample else []
+    if lost and (e := lost[0]) in links:
+        out.add(MemberName(url, f"{key}.{e}"), None, 0, f"the member is {links[e]}, and links are not read "
+                                                       "(as webdataset reads none): store the file itself")
+        return
     if ext is None:
         members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
         out.add(MemberName(url, f"{key}.*"), None, 0,

@@ -41,6 +41,7 @@ _ZERO = bytes(BLOCK)
 _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
              tarfile.SOLARIS_XHDTYPE)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+_LINKS = (tarfile.LNKTYPE, tarfile.SYMTYPE)
 _MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header bigger than this is taken as damage, and so
 # are a member's extended headers that come to more than _MAX_EXTENDED_RUN (writers put a few
 # before a member: a global pax header, a pax header, or GNU's long name and long link): an
@@ -261,13 +262,16 @@ def sample_key(name: str) -> str | None:
 # ----------------------------------------------------------------- walking tar headers
 
 class Member(NamedTuple):
-    """A regular tar member: where its headers start (a pax or GNU long-name header before its
-    own included), its name, where its data starts, and its size."""
+    """A regular tar member, or a link: where its headers start (a pax or GNU long-name header
+    before its own included), its name, where its data starts, and its size; for a hard or
+    symbolic link (no data: size 0), what it is, as a sample's error says it ("a hard link to
+    s0.jpg"), else None."""
 
     offset: int
     name: str
     data: int
     size: int
+    link: str | None = None
 
 
 class Damage(NamedTuple):
@@ -282,8 +286,9 @@ class Damage(NamedTuple):
 
 def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None = None, length: int | None = None,
              resync: bool = True) -> Iterator[Member | Damage]:
-    """The regular members of a tar from byte `pos` to `stop` (default: its end-of-archive
-    blocks), from their headers alone, and Damage for bytes that hold no readable member.
+    """The regular members and links of a tar from byte `pos` to `stop` (default: its
+    end-of-archive blocks), from their headers alone, and Damage for bytes that hold no readable
+    member.
     `read(p, n)` gives bytes [p, p + n) (fewer where the data ends), `p` never below a position
     already passed (a stream works); `length` is the data's size where it is known (a member
     that passes it is cut off). With `resync`, a damaged header is stepped over: the walk goes
@@ -340,7 +345,7 @@ def walk_tar_bytes(raw: memoryview | bytes, start: int, pos: int, stop: int,
     extension is built (csrc/tar.cpp: a shard holds two headers an image), the rest here."""
     if native is not None:
         found, pos = native.tar_plain_members(raw, start, pos, stop)
-        yield from map(Member._make, found)
+        yield from (Member(*m) for m in found)
     if pos < stop:
         yield from walk_tar(lambda p, n: bytes(raw[p - start:p - start + n]), pos, stop, start + len(raw), resync)
 
@@ -372,8 +377,8 @@ def _plain_header(header: bytes) -> _Header | None:
 
 def _member(read, pos: int, header: bytes, length: int | None,
             look: bool = True) -> tuple[Member | Damage | None, int | None]:
-    """(the member whose headers start at `pos` (None for a directory, link and the like) or
-    its Damage, the position after it: None where the data ends inside it). A member that runs
+    """(the member or link whose headers start at `pos` (None for a directory, device or fifo)
+    or its Damage, the position after it: None where the data ends inside it). A member that runs
     past `length` is looked past, with `look`, for a header after it (a walk that resyncs: one
     that stops there, as a sample's read does, need not read on)."""
     first, name, size = pos, None, None
@@ -420,8 +425,13 @@ def _member(read, pos: int, header: bytes, length: int | None,
     data = pos + BLOCK
     if info.type == tarfile.GNUTYPE_SPARSE:
         return Damage(first, None, name, f"member {name} at byte {first} is a GNU sparse file"), data
+    if info.type in _LINKS:
+        # No data follows, and webdataset (tarfile) reads none: a link is a member of its sample
+        # with no bytes, so that a sample left without its image or label by one says so.
+        kind = "hard" if info.type == tarfile.LNKTYPE else "symbolic"
+        return Member(first, name, data, 0, f"a {kind} link to {info.linkname}"), data
     if info.type not in _REGULAR and info.type in tarfile.SUPPORTED_TYPES:
-        return None, data  # a directory, link, device or fifo: no data follows (as tarfile reads them)
+        return None, data  # a directory, device or fifo: no data follows (as tarfile reads them)
     if length is not None and data + size > length:
         # Cut off, or a size no member of this tar can have: which, the headers after it say.
         if not (look and _resync(read, data, None, length)[1]):
@@ -572,7 +582,9 @@ def _too_long() -> StreamTooLong:
 def scan_tar(f, length: int | None = None) -> Scan:
     """The samples of the tar read from `f` (`length`: its size where known), grouped as
     webdataset groups them (consecutive members with one key), from the headers alone: a
-    seekable file is read header by header.
+    seekable file is read header by header. A hard or symbolic link is a member of its sample
+    with no bytes (webdataset reads no link): a sample of links alone is listed, and fails
+    naming them when read, where webdataset would drop it without a word.
 
     Damaged bytes (a header that fails its checksum, a zeroed one, a cut-off end) are stepped
     over (walk_tar) and joined to the sample they most likely belong to, so that what they
@@ -604,15 +616,15 @@ def scan_tar(f, length: int | None = None) -> Scan:
         if split is None:
             continue
         key, ext = split
-        end = event.data + padded(event.size)
+        end, flag = event.data + padded(event.size), 0 if event.link else _flag(ext)  # (a link has no bytes)
         if found.keys and found.keys[-1] == key and not (after and after[-1] == len(found.keys)):
-            found.extend(len(found.keys) - 1, end, 1, event.size, _flag(ext))  # (the last item is this sample)
+            found.extend(len(found.keys) - 1, end, 1, event.size, flag)  # (the last item is this sample)
             continue
         chars += len(key)
         if chars > MAX_SCAN_KEY_CHARS:
             raise StreamTooLong(f"the keys of its samples come to more than {MAX_SCAN_KEY_CHARS:,} characters; "
                                 "split it")
-        found.add(key, event.offset, end, 1, event.size, _flag(ext))
+        found.add(key, event.offset, end, 1, event.size, flag)
     failed = None
     reached = getattr(read, "reached", None)
     if reached is not None and found.keys and reached() < found.rows[-3]:
@@ -708,8 +720,9 @@ SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".t
 
 
 def count_samples(tar_path: str | os.PathLike) -> int:
-    """The number of samples in a tar shard as webdataset groups them: regular members, less
-    webdataset's __metadata__ ones, split into key and extension at the first dot of the file
+    """The number of samples in a tar shard as webdataset groups them: regular members and
+    links (a sample of links alone is counted, as the loader lists it), less webdataset's
+    __metadata__ ones, split into key and extension at the first dot of the file
     name, with consecutive members of one key making a sample. Reads the headers only,
     seeking over the data (a gzip, bzip2 or xz tar is decompressed as a stream). A damaged
     header is stepped over as the loader's scan does (`scan_tar`), so the count is the

@@ -1025,6 +1025,58 @@ def test_a_sample_with_two_members_of_one_extension_fails(tmp_path, backend, on_
     assert error["path"].endswith(f"(member {second})") and cause in error["cause"], error
 
 
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_sample_whose_image_or_label_is_a_link_fails_naming_it(tmp_path, backend, on_error):
+    """GNU tar writes a file it meets a second time as a hard link to the first, and webdataset
+    reads no link: sample 1 of hard links alone (which webdataset drops without a word), sample 2
+    whose label is a hard link and sample 3 whose image is a symbolic one fail naming the link
+    and what it links to; a link the loader does not read (sample 5's json) and a directory
+    member change nothing; count_samples counts sample 1 as the loader lists it."""
+    from PIL import Image
+
+    def jpeg(i):
+        out = io.BytesIO()
+        Image.new("RGB", (24, 24), color(i % CLASSES, i)).save(out, "JPEG", quality=95)
+        return out.getvalue()
+
+    path = tmp_path / "links-000000.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        def add(name, data=None, link=None, kind=tarfile.LNKTYPE):
+            info = tarfile.TarInfo(name)
+            if link is not None:
+                info.type, info.linkname = kind, link
+            elif data is None:
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(data)
+            tf.addfile(info, None if data is None else io.BytesIO(data))
+
+        add("extra")  # a directory
+        for i in range(6):
+            jpg, cls = f"{i:08d}.jpg", f"{i:08d}.cls"
+            add(jpg, link="00000000.jpg", kind=tarfile.SYMTYPE if i == 3 else tarfile.LNKTYPE) if i in (1, 3) \
+                else add(jpg, jpeg(i))
+            add(cls, link="00000000.cls") if i in (1, 2) else add(cls, b"%d" % (i % CLASSES))
+            if i == 5:
+                add(f"{i:08d}.json", link="00000000.json")
+    assert count_samples(path) == 6
+    name, workers = backend
+    loader = fastdata.loader(str(path), batch_size=2, transform=TRANSFORM, backend=name, num_workers=workers,
+                             device="cpu", on_error=on_error)
+    why = "{} link to 00000000.{}, and links are not read (as webdataset reads none): store the file itself"
+    if on_error == "raise":
+        with pytest.raises(DataError, match=rf"links-000000\.tar \(member 00000001\.jpg\): the member is a hard "
+                                            rf"{re.escape(why.format('', 'jpg')[1:])}"):
+            _delivered(loader)
+        return
+    assert sorted(_delivered(loader)) == sorted((i % CLASSES, i) for i in (0, 4, 5))
+    assert loader.stats["skipped"] == 3
+    assert [(e["path"].rpartition("(member ")[2], e["cause"]) for e in loader.stats["errors"]] == [
+        ("00000001.jpg)", "the member is a " + why.format("hard", "jpg")),
+        ("00000002.cls)", "the member is a " + why.format("hard", "cls")),
+        ("00000003.jpg)", "the member is a " + why.format("symbolic", "jpg"))]
+
+
 def test_a_member_name_longer_than_a_path_is_damage(tmp_path):
     """A GNU long name of 100,000 characters (up to 1 MiB of them fits an extended header) is
     taken as a damaged header: the message naming it stays short, and the samples around it are
