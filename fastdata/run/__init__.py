@@ -1,7 +1,8 @@
 """`fastdata run -- COMMAND...`: runs a training command, unchanged, with its DataLoaders served by
 fastdata's drop-in loader (native collation into reused buffers).
 
-The command runs as a child process (its exit status is this one's). SIGINT, SIGTERM, SIGHUP,
+The command runs as a child process (its exit status is this one's; where a signal ended it, the
+same signal then ends this process, so that a shell or a supervisor sees the signal). SIGINT, SIGTERM, SIGHUP,
 SIGQUIT, SIGUSR1 and SIGUSR2 sent to this process are sent on to it (as torchrun sends them on to
 its workers), save what a terminal sends the whole foreground group, the command's too (Ctrl-C).
 In it, and in every Python process it starts (torchrun's ranks, spawned workers),
@@ -68,14 +69,27 @@ def main_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """Runs the parsed command line; no COMMAND is a bad command line (exit 2)."""
     if not args.command or args.command == ["--"]:
         ap.error("no command given: fastdata run [--profile] -- python train.py ...")
-    return run_command("fastdata run", lambda: run(args.command, profile=args.profile, out=args.out,
-                                                   copy_ahead=args.copy_ahead), args.debug)
+
+    def body() -> int:
+        status = _launch(args.command, profile=args.profile, out=args.out, copy_ahead=args.copy_ahead)
+        if status < 0:
+            _end_by_signal(-status)
+        return 128 - status if status < 0 else status
+
+    return run_command("fastdata run", body, args.debug)
 
 
 def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "fastdata-run",
         copy_ahead: bool = True) -> int:
     """Runs `command` with the hook; prints the loaders' decisions (and with `profile`, writes
-    their reports in `out`); returns the command's exit status."""
+    their reports in `out`); returns the command's exit status (128 + N where signal N ended it,
+    as a shell gives it)."""
+    status = _launch(command, profile=profile, out=out, copy_ahead=copy_ahead)
+    return 128 - status if status < 0 else status
+
+
+def _launch(command: list[str], *, profile: bool, out: str | os.PathLike, copy_ahead: bool) -> int:
+    """`run`, with the command's status as Popen gives it (-N where signal N ended it)."""
     command = command[1:] if command[:1] == ["--"] else command
     if not command:
         raise CommandError("no command given: fastdata run [--profile] -- python train.py ...")
@@ -111,8 +125,26 @@ _SI_KERNEL = 0x80  # Linux's si_code of a signal the kernel sent: a terminal's k
 _SIGINFO = sys.platform.startswith("linux") and hasattr(signal, "sigtimedwait")
 
 
+def _end_by_signal(signum: int) -> None:
+    """Ends this process by `signum` at its default action, as the command ended, so that the
+    shell or supervisor that started `fastdata run` sees a death by that signal (WIFSIGNALED:
+    a shell's loop stops at a Ctrl-C), not an exit status; with no core dump of this process's
+    own. Returns where the signal's default is to go on (none the command could end by)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, ValueError, OSError):
+        pass
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+
+
 def _child(command: list[str], env: dict[str, str]) -> int:
-    """The command's exit status (128 + the signal when a signal ended it). A signal of FORWARDED
+    """The command's exit status, as Popen gives it (-N when signal N ended it). A signal of FORWARDED
     that this process gets is sent on to the command, and this process waits on for it to end;
     except one the terminal sent the whole foreground process group, the command's too (Ctrl-C),
     and one this process ignores."""
@@ -151,8 +183,7 @@ def _child(command: list[str], env: dict[str, str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-    status = child.returncode
-    return 128 - status if status < 0 else status
+    return child.returncode
 
 
 def _forward(child: subprocess.Popen, signum: int, kernel: bool | None) -> None:
@@ -196,12 +227,21 @@ def read_records(folder: str | os.PathLike) -> list[dict[str, Any]]:
     return [loaders[k] for k in sorted(loaders) if "decision" in loaders[k]]
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name
+        return str(signum)
+
+
 def summary(loaders: list[dict[str, Any]], status: int = 0) -> str:
     """One line per kind of loader: where it was made, the dataset, the decision and why (a
     loader made again alike, as trainers rebuild them, counted once with "xN"). Without any, why
-    there may be none: a command that failed (`status`) before it made one, else the hook."""
+    there may be none: a command that failed (`status`, -N: signal N ended it) before it made
+    one, else the hook."""
     if not loaders and status:
-        return f"fastdata run: the command exited with status {status} before it made a DataLoader"
+        how = f"exited with status {status}" if status > 0 else f"was ended by signal {_signal_name(-status)}"
+        return f"fastdata run: the command {how} before it made a DataLoader"
     if not loaders:
         return ("fastdata run: the command made no DataLoader under fastdata (none made, or its Python did not load "
                 "the hook: python -S, -I or -E ignore PYTHONPATH)")

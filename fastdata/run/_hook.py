@@ -92,6 +92,12 @@ class DataLoader(TorchDataLoader[_GENERIC] if _GENERIC else TorchDataLoader, met
     `Served` loader or torch's own (an instance of this class, with torch's behaviour). A
     subclass the script defines is torch's own, unchanged."""
 
+    def __repr__(self) -> str:
+        # torch's DataLoader's (object's, naming torch's class) for this class and Served; a
+        # script's subclass gets its own, as from object
+        cls = TorchDataLoader if type(self) in (DataLoader, Served) else type(self)
+        return f"<{cls.__module__}.{cls.__qualname__} object at {id(self):#x}>"
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if not args and not kwargs:  # unpickling, copy: the state follows
             return object.__new__(cls)
@@ -204,8 +210,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
 
 
 Served.__init__.__signature__ = SIGNATURE  # inspect.signature(loader.__init__): torch's
-# torch's name in DataLoader's messages, object's repr (torch's); pickle looks up the qualname, Served
-Served.__name__, Served.__repr__ = "DataLoader", object.__repr__
+# torch's name in DataLoader's messages (DataLoader.__repr__ gives torch's repr); pickle looks up
+# the qualname, Served
+Served.__name__ = "DataLoader"
 
 
 class _Working(TorchDataLoader):

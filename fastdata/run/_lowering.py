@@ -109,7 +109,10 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     if tv is None:
         return None, ""
     from torchvision.datasets import DatasetFolder
-    from torchvision.datasets.folder import default_loader, pil_loader
+    from torchvision.datasets import folder as tv_folder
+
+    def torchvisions(f: Any, name: str) -> bool:  # torchvision's own function, not one a script put in its place
+        return getattr(f, "__module__", None) == tv_folder.__name__ and getattr(f, "__qualname__", None) == name
 
     dataset = folder(dataset)
     if not isinstance(dataset, DatasetFolder):
@@ -118,8 +121,17 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     if type(dataset).__getitem__ is not DatasetFolder.__getitem__:
         return None, f"{name} overrides __getitem__"
     loader = getattr(dataset, "loader", None)
-    if not (loader is pil_loader or (loader is default_loader and tv.get_image_backend() == "PIL")):
-        return None, f"{name} has its own image loader ({getattr(loader, '__qualname__', type(loader).__name__)})"
+    def named(f: Any) -> str:
+        return getattr(f, "__qualname__", type(f).__name__)
+
+    if not (torchvisions(loader, "pil_loader") or (torchvisions(loader, "default_loader") and
+                                                   tv.get_image_backend() == "PIL")):
+        return None, f"{name} has its own image loader ({named(loader)})"
+    # default_loader calls the module's pil_loader by name: a script may have put its own there
+    # (a grey or an EXIF-transposing loader), which only torchvision's own call follows
+    if not torchvisions(loader, "pil_loader") and not torchvisions(tv_folder.pil_loader, "pil_loader"):
+        return None, (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
+                      f"script's own ({named(tv_folder.pil_loader)})")
     image_file = sys.modules.get("PIL.ImageFile")  # imported by torchvision's loader's module
     if image_file is not None and getattr(image_file, "LOAD_TRUNCATED_IMAGES", False):
         return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "

@@ -887,6 +887,27 @@ def _signals_at_their_defaults() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+@pytest.mark.parametrize("how", ["SIGTERM", "KeyboardInterrupt", "exit 143"])
+def test_a_script_a_signal_ends_ends_fastdata_run_by_that_signal(tmp_path, how):
+    """A script ended by a signal (its own kill, or a Ctrl-C's KeyboardInterrupt left uncaught,
+    which CPython ends by SIGINT): fastdata run is then ended by the same signal, so that its
+    caller sees what it sees without fastdata (Popen's -N, a shell's loop stopping at a Ctrl-C),
+    where an exit status of 128 + N is a normal exit. A script that exits with 143 exits so."""
+    script = tmp_path / "ends.py"
+    script.write_text("import os, signal, sys\n" + {
+        "SIGTERM": "os.kill(os.getpid(), signal.SIGTERM)\n",
+        "KeyboardInterrupt": "signal.signal(signal.SIGINT, signal.default_int_handler)\nraise KeyboardInterrupt\n",
+        "exit 143": "sys.exit(143)\n"}[how])
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                           preexec_fn=_signals_at_their_defaults)
+    served = subprocess.run([sys.executable, "-m", "fastdata", "run", str(script)], capture_output=True, text=True,
+                            timeout=60, preexec_fn=_signals_at_their_defaults)
+    assert plain.returncode == served.returncode == {"SIGTERM": -15, "KeyboardInterrupt": -2, "exit 143": 143}[how]
+    ended = "exited with status 143" if how == "exit 143" else \
+        f"was ended by signal {'SIGTERM' if how == 'SIGTERM' else 'SIGINT'}"
+    assert f"fastdata run: the command {ended} before it made a DataLoader" in served.stderr, served.stderr
+
+
 @pytest.mark.timeout(200)
 def test_signals_sent_to_fastdata_run_reach_the_script(tmp_path):
     """SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGINT and SIGTERM sent to `fastdata run`'s pid (as a

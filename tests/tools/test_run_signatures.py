@@ -282,20 +282,24 @@ def test_dataloader_signatures_are_torchs():
 
 def test_a_served_loader_goes_by_torchs_name():
     """DataLoader's own messages name the class (`self.__class__.__name__`), as do scripts that
-    log type(loader).__name__: a served loader's says DataLoader, its repr is object's."""
+    log type(loader).__name__: a served loader's says DataLoader, and its repr is the one torch's
+    DataLoader has (object's, which names torch's module and class)."""
     from torch.utils.data import TensorDataset
 
     from fastdata.run import _hook
 
     ds = TensorDataset(torch.arange(8.0))
     errors = []
-    for loader in (_hook.DataLoader(ds, batch_size=4), _hook.TorchDataLoader(ds, batch_size=4)):
-        assert type(loader).__name__ == "DataLoader" and repr(loader).endswith(f" object at {hex(id(loader))}>")
+    own = _hook.DataLoader(ds, batch_size=4, sampler=[0, 1])  # torch's own: a sampler of the script's
+    assert type(own) is _hook.DataLoader
+    for loader in (_hook.DataLoader(ds, batch_size=4), own, _hook.TorchDataLoader(ds, batch_size=4)):
+        assert type(loader).__name__ == "DataLoader"
+        assert repr(loader) == f"<torch.utils.data.dataloader.DataLoader object at {hex(id(loader))}>"
         with pytest.raises(ValueError) as e:
             loader.batch_size = 3
         errors.append(str(e.value))
     assert type(_hook.DataLoader(ds, batch_size=4)) is _hook.Served
-    assert errors[0] == errors[1] == "batch_size attribute should not be set after DataLoader is initialized"
+    assert errors[0] == errors[1] == errors[2] == "batch_size attribute should not be set after DataLoader is initialized"
 
 
 def test_dataloader_is_generic_as_torchs():

@@ -757,6 +757,60 @@ def test_load_truncated_images_falls_back_to_the_scripts_pillow(tv, tmp_path, mo
         loader._stop()
 
 
+@pytest.mark.parametrize("size", ["4", [8], 0, True, 2.0])
+def test_a_batch_size_torch_refuses_gets_torchs_error(tv, folder, size):
+    """A natively served folder left at 0 workers: a batch_size torch refuses raises torch's own
+    error, type and message (fastdata sizes its workers' /dev/shm from it, after torch's check)."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+    with pytest.raises(Exception) as want:
+        torch.utils.data.DataLoader(dataset, batch_size=size)
+    with pytest.raises(type(want.value)) as got:
+        _served(dataset, batch_size=size)
+    assert str(got.value) == str(want.value)
+
+
+def test_a_pil_loader_the_script_replaced_is_followed(tv, folder, monkeypatch):
+    """torchvision's default_loader calls the module's pil_loader by name, so a script that puts
+    its own there (a grey loader here; an EXIF-transposing one is as common) changes every
+    ImageFolder's images: such a folder is not served natively, and its batches are the
+    script's own (grey: R = G = B). One built with torchvision's pil_loader itself still is."""
+    import torchvision.datasets.folder as tv_folder
+    import torchvision.transforms as T
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._decide import decide
+
+    own = tv_folder.pil_loader
+
+    def grey(path):
+        with open(path, "rb") as f:
+            return Image.open(f).convert("L").convert("RGB")
+
+    monkeypatch.setattr(tv_folder, "pil_loader", grey)
+    transform = T.Compose([T.Resize((32, 32)), T.PILToTensor()])
+    dataset = ImageFolder(str(folder), transform)
+    served, reason, _, lowering = decide((dataset,), {"batch_size": 4})
+    assert served and lowering is None
+    assert "torchvision.datasets.folder.pil_loader, which ImageFolder's default_loader calls, is the script's " \
+           "own (test_a_pil_loader_the_script_replaced_is_followed.<locals>.grey)" in reason, reason
+    loader = _served(dataset, batch_size=4, num_workers=0)
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=4))
+    got = list(loader)
+    assert len(got) == len(want) > 1
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+        assert torch.equal(a[:, 0], a[:, 2])  # grey
+    loader._stop()
+    native = _served(ImageFolder(str(folder), transform, loader=own), batch_size=4, num_workers=0)
+    assert isinstance(native._loader.dataset, rt.NativeFolder)
+    assert not torch.equal(next(iter(native))[0][:, 0], next(iter(native))[0][:, 2])  # colour
+    native._stop()
+
+
 @pytest.mark.parametrize("error", ["a truncated file", "images of different sizes"])
 def test_workers_fastdata_added_raise_the_fetchs_own_error(tv, tmp_path, error):
     """The script left num_workers at 0 and fastdata gave the loader workers: a batch's error is
