@@ -157,8 +157,8 @@ std::string chunk_name(const uint8_t* p) {
 
 // From the signature through every chunk (length, type, data, CRC: the length must fit in the
 // file), at most kMaxPngChunks of them, kMaxPngTexts zTXt and iTXt and one iCCP, to IEND. The
-// first chunk must be the 13-byte IHDR, which gives the size, and the only IHDR. CRCs are not checked: Pillow
-// decodes a PNG whole, so a corrupt one fails the same way for every crop.
+// first chunk must be the 13-byte IHDR, which gives the size, and the only IHDR. CRCs are not
+// checked: Pillow decodes a PNG whole, so a corrupt one fails the same way for every crop.
 std::string walk_png(const ByteSpan& src, ImageStructure* out) {
   const uint8_t* d = src.data;
   const size_t n = src.size;

@@ -44,9 +44,13 @@ def parser(command: str | None = None) -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`fastdata COMMAND ...`: runs the command; its exit status."""
+    """`fastdata COMMAND ...`: runs the command; its exit status. Without `argv` (the command
+    line's), the process is the command's own: `fastdata run` may end it by the signal that
+    ended its command; given `argv` (a Python caller), it returns."""
+    own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     args = parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    args.own_process = own_process
     return args.run(args)
 
 

@@ -102,7 +102,8 @@ def _add(out: Block, url: str, key: str, sample: dict, labels: tuple[int, str], 
                                                        "(as webdataset reads none): store the file itself")
         return
     if ext is None:
-        members = ", ".join(sorted(k for k in sample if not k.startswith("__")))
+        members = ", ".join(sorted([k for k in sample if not k.startswith("__")] +
+                                   [f"{k} ({what})" for k, what in links.items()]))
         out.add(MemberName(url, f"{key}.*"), None, 0,
                 f"the sample has no image member ({', '.join(IMAGE_MEMBERS)}), only: {members}")
         return

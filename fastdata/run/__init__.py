@@ -72,7 +72,7 @@ def main_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
 
     def body() -> int:
         status = _launch(args.command, profile=args.profile, out=args.out, copy_ahead=args.copy_ahead)
-        if status < 0:
+        if status < 0 and getattr(args, "own_process", False):  # (not a Python caller's process)
             _end_by_signal(-status)
         return 128 - status if status < 0 else status
 
@@ -129,7 +129,8 @@ def _end_by_signal(signum: int) -> None:
     """Ends this process by `signum` at its default action, as the command ended, so that the
     shell or supervisor that started `fastdata run` sees a death by that signal (WIFSIGNALED:
     a shell's loop stops at a Ctrl-C), not an exit status; with no core dump of this process's
-    own. Returns where the signal's default is to go on (none the command could end by)."""
+    own. Returns where the signal's default is to go on (none the command could end by). This
+    process has no other thread: the unblock below is for all of it."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -138,8 +139,11 @@ def _end_by_signal(signum: int) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     except (ImportError, ValueError, OSError):
         pass
-    signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    try:
+        signal.signal(signum, signal.SIG_DFL)  # (SIGKILL's cannot be set: it is its default)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    except (OSError, ValueError):
+        pass
     os.kill(os.getpid(), signum)
 
 

@@ -121,7 +121,7 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     a change in any batch (see the module's docstring) and with room for them in /dev/shm, and if
     not, why not."""
     size = call.get("batch_size", 1)
-    if type(size) is not int or size <= 0:  # torch's BatchSampler raises its own error for it
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:  # torch's BatchSampler raises for it
         return False, f"batch_size={size!r}, which torch refuses"
     if call.get("sampler") is not None or call.get("batch_sampler") is not None:
         return False, "a sampler given by the script (its draws may depend on where they run)"

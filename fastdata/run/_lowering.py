@@ -111,8 +111,15 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     from torchvision.datasets import DatasetFolder
     from torchvision.datasets import folder as tv_folder
 
-    def torchvisions(f: Any, name: str) -> bool:  # torchvision's own function, not one a script put in its place
-        return getattr(f, "__module__", None) == tv_folder.__name__ and getattr(f, "__qualname__", None) == name
+    def torchvisions(f: Any, name: str) -> bool:
+        # torchvision's own function, not one a script put in its place: its code is in
+        # torchvision's file (a functools.wraps wrapper takes its names, not its code)
+        code = getattr(f, "__code__", None)
+        return code is not None and code.co_name == name and code.co_filename == tv_folder.__file__ and \
+            not hasattr(f, "__wrapped__")
+
+    def named(f: Any) -> str:
+        return getattr(f, "__qualname__", type(f).__name__)
 
     dataset = folder(dataset)
     if not isinstance(dataset, DatasetFolder):
@@ -121,9 +128,6 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     if type(dataset).__getitem__ is not DatasetFolder.__getitem__:
         return None, f"{name} overrides __getitem__"
     loader = getattr(dataset, "loader", None)
-    def named(f: Any) -> str:
-        return getattr(f, "__qualname__", type(f).__name__)
-
     if not (torchvisions(loader, "pil_loader") or (torchvisions(loader, "default_loader") and
                                                    tv.get_image_backend() == "PIL")):
         return None, f"{name} has its own image loader ({named(loader)})"

@@ -301,7 +301,7 @@ def walk_tar(read: Callable[[int, int], bytes], pos: int = 0, stop: int | None =
     the USTAR prefix)."""
     while stop is None or pos < stop:
         if stop is None and length is None and pos > MAX_STREAM_BYTES:
-            raise _too_long()  # (headers that give no event, directories and links, count too)
+            raise _too_long()  # (headers that give no event, directories' and devices', count too)
         header = read(pos, BLOCK)
         if not header:
             if pos == 0:
@@ -381,7 +381,7 @@ def _member(read, pos: int, header: bytes, length: int | None,
     or its Damage, the position after it: None where the data ends inside it). A member that runs
     past `length` is looked past, with `look`, for a header after it (a walk that resyncs: one
     that stops there, as a sample's read does, need not read on)."""
-    first, name, size = pos, None, None
+    first, name, size, link = pos, None, None, None
     while True:
         if len(header) < BLOCK:
             return Damage(first, pos + len(header), _shown_name(header) or name,
@@ -397,7 +397,8 @@ def _member(read, pos: int, header: bytes, length: int | None,
             return Damage(first, None, _shown_name(header) or name, f"invalid tar header at byte {pos} ({e})"), pos + BLOCK
         if info.type not in _EXTENDED:
             break
-        # pax and GNU long-name headers: their data names (and sizes) the member that follows
+        # pax and GNU long-name headers: their data names (and sizes) the member that follows, or
+        # what a link member links to
         if info.size > _MAX_EXTENDED:
             return Damage(first, None, name, f"invalid tar header at byte {pos} (a {info.size}-byte extended header)"), \
                 pos + BLOCK
@@ -406,10 +407,11 @@ def _member(read, pos: int, header: bytes, length: int | None,
             return Damage(first, pos + BLOCK + len(payload), name,
                           f"the shard is cut off in a tar header at byte {pos}"), None
         try:
-            if info.type == tarfile.GNUTYPE_LONGNAME:
-                name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+                text = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                name, link = (text, link) if info.type == tarfile.GNUTYPE_LONGNAME else (name, text)
             elif info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
-                name, size = _pax(payload, name, size)
+                name, size, link = _pax(payload, name, size, link)
         except ValueError as e:
             return Damage(first, None, name, f"invalid pax header at byte {pos} ({e})"), pos + BLOCK
         if name is not None and len(name) > _MAX_NAME:
@@ -429,7 +431,8 @@ def _member(read, pos: int, header: bytes, length: int | None,
         # No data follows, and webdataset (tarfile) reads none: a link is a member of its sample
         # with no bytes, so that a sample left without its image or label by one says so.
         kind = "hard" if info.type == tarfile.LNKTYPE else "symbolic"
-        return Member(first, name, data, 0, f"a {kind} link to {info.linkname}"), data
+        target = link if link is not None and len(link) <= _MAX_NAME else info.linkname
+        return Member(first, name, data, 0, f"a {kind} link to {target}"), data
     if info.type not in _REGULAR and info.type in tarfile.SUPPORTED_TYPES:
         return None, data  # a directory, device or fifo: no data follows (as tarfile reads them)
     if length is not None and data + size > length:
@@ -445,8 +448,9 @@ def _member(read, pos: int, header: bytes, length: int | None,
     return (Member(first, name, data, size) if info.type in _REGULAR else None), data + padded(size)
 
 
-def _pax(payload: bytes, name: str | None, size: int | None) -> tuple[str | None, int | None]:
-    """The path and size a pax header's records ("<length> <key>=<value>\\n") give."""
+def _pax(payload: bytes, name: str | None, size: int | None,
+         link: str | None) -> tuple[str | None, int | None, str | None]:
+    """The path, size and link path a pax header's records ("<length> <key>=<value>\\n") give."""
     at = 0
     while at < len(payload) and payload[at]:
         space = payload.index(b" ", at)
@@ -460,8 +464,10 @@ def _pax(payload: bytes, name: str | None, size: int | None) -> tuple[str | None
             size = int(value)
             if size < 0:
                 raise ValueError("a negative size")
+        elif key == b"linkpath":
+            link = value.decode("utf-8", "surrogateescape")
         at += n
-    return name, size
+    return name, size, link
 
 
 def _resync(read, pos: int, stop: int | None, length: int | None = None) -> tuple[int, bool, bool]:
@@ -720,10 +726,10 @@ SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".t
 
 
 def count_samples(tar_path: str | os.PathLike) -> int:
-    """The number of samples in a tar shard as webdataset groups them: regular members and
-    links (a sample of links alone is counted, as the loader lists it), less webdataset's
-    __metadata__ ones, split into key and extension at the first dot of the file
-    name, with consecutive members of one key making a sample. Reads the headers only,
+    """The number of samples in a tar shard as the loader lists them: as webdataset groups
+    them, but for a sample of links alone, which webdataset drops: regular members and links,
+    less webdataset's __metadata__ ones, split into key and extension at the first dot of the
+    file name, with consecutive members of one key making a sample. Reads the headers only,
     seeking over the data (a gzip, bzip2 or xz tar is decompressed as a stream). A damaged
     header is stepped over as the loader's scan does (`scan_tar`), so the count is the
     loader's: a damaged region counts as the sample it is joined to (or as one of its own).

@@ -32,6 +32,7 @@ from fastdata._ext import native
 from fastdata import transforms as T
 from fastdata.shard import count_samples, write_shards
 from fastdata.sources import file_list, shards
+from fastdata.sources.tarformat import IMAGE_MEMBERS
 
 CLASSES, PER_CLASS = 3, 4
 N = CLASSES * PER_CLASS
@@ -1030,8 +1031,9 @@ def test_a_sample_whose_image_or_label_is_a_link_fails_naming_it(tmp_path, backe
     """GNU tar writes a file it meets a second time as a hard link to the first, and webdataset
     reads no link: sample 1 of hard links alone (which webdataset drops without a word), sample 2
     whose label is a hard link and sample 3 whose image is a symbolic one fail naming the link
-    and what it links to; a link the loader does not read (sample 5's json) and a directory
-    member change nothing; count_samples counts sample 1 as the loader lists it."""
+    and what it links to, and sample 6, a json link alone, names it among what it has; a link
+    the loader does not read (sample 5's json) and a directory member change nothing;
+    count_samples counts samples 1 and 6 as the loader lists them."""
     from PIL import Image
 
     def jpeg(i):
@@ -1059,7 +1061,8 @@ def test_a_sample_whose_image_or_label_is_a_link_fails_naming_it(tmp_path, backe
             add(cls, link="00000000.cls") if i in (1, 2) else add(cls, b"%d" % (i % CLASSES))
             if i == 5:
                 add(f"{i:08d}.json", link="00000000.json")
-    assert count_samples(path) == 6
+        add("00000006.json", link="00000000.json")
+    assert count_samples(path) == 7
     name, workers = backend
     loader = fastdata.loader(str(path), batch_size=2, transform=TRANSFORM, backend=name, num_workers=workers,
                              device="cpu", on_error=on_error)
@@ -1070,11 +1073,32 @@ def test_a_sample_whose_image_or_label_is_a_link_fails_naming_it(tmp_path, backe
             _delivered(loader)
         return
     assert sorted(_delivered(loader)) == sorted((i % CLASSES, i) for i in (0, 4, 5))
-    assert loader.stats["skipped"] == 3
+    assert loader.stats["skipped"] == 4
     assert [(e["path"].rpartition("(member ")[2], e["cause"]) for e in loader.stats["errors"]] == [
         ("00000001.jpg)", "the member is a " + why.format("hard", "jpg")),
         ("00000002.cls)", "the member is a " + why.format("hard", "cls")),
-        ("00000003.jpg)", "the member is a " + why.format("symbolic", "jpg"))]
+        ("00000003.jpg)", "the member is a " + why.format("symbolic", "jpg")),
+        ("00000006.*)", f"the sample has no image member ({', '.join(IMAGE_MEMBERS)}), only: json (a hard link to "
+                        "00000000.json)")]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT], ids=["gnu", "pax"])
+def test_a_links_long_target_is_named_whole(tmp_path, fmt):
+    """A link's target past the header's 100 bytes is in a GNU long-link header or a pax
+    linkpath record: the sample's error names the whole of it."""
+    target = "d" * 120 + "/00000000.jpg"
+    path = tmp_path / "long-000000.tar"
+    with tarfile.open(path, "w", format=fmt) as tf:
+        info = tarfile.TarInfo("00000000.jpg")
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        tf.addfile(info)
+        info = tarfile.TarInfo("00000000.cls")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"0"))
+    loader = fastdata.loader(str(path), batch_size=1, transform=TRANSFORM, num_workers=0, device="cpu",
+                             on_error="skip")
+    assert _delivered(loader) == []
+    assert loader.stats["errors"][0]["cause"].startswith(f"the member is a symbolic link to {target}, and links")
 
 
 def test_a_member_name_longer_than_a_path_is_damage(tmp_path):

@@ -887,25 +887,32 @@ def _signals_at_their_defaults() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "KeyboardInterrupt", "exit 143"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "KeyboardInterrupt", "exit 143"])
 def test_a_script_a_signal_ends_ends_fastdata_run_by_that_signal(tmp_path, how):
-    """A script ended by a signal (its own kill, or a Ctrl-C's KeyboardInterrupt left uncaught,
-    which CPython ends by SIGINT): fastdata run is then ended by the same signal, so that its
-    caller sees what it sees without fastdata (Popen's -N, a shell's loop stopping at a Ctrl-C),
-    where an exit status of 128 + N is a normal exit. A script that exits with 143 exits so."""
+    """A script ended by a signal (its own kill, the OOM killer's SIGKILL, or a Ctrl-C's
+    KeyboardInterrupt left uncaught, which CPython ends by SIGINT): fastdata run is then ended by
+    the same signal, so that its caller sees what it sees without fastdata (Popen's -N, a shell's
+    loop stopping at a Ctrl-C), where an exit status of 128 + N is a normal exit. A script that
+    exits with 143 exits so. Called from Python (`cli.main(argv)`), it returns 128 + N."""
     script = tmp_path / "ends.py"
     script.write_text("import os, signal, sys\n" + {
         "SIGTERM": "os.kill(os.getpid(), signal.SIGTERM)\n",
+        "SIGKILL": "os.kill(os.getpid(), signal.SIGKILL)\n",
         "KeyboardInterrupt": "signal.signal(signal.SIGINT, signal.default_int_handler)\nraise KeyboardInterrupt\n",
         "exit 143": "sys.exit(143)\n"}[how])
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                            preexec_fn=_signals_at_their_defaults)
     served = subprocess.run([sys.executable, "-m", "fastdata", "run", str(script)], capture_output=True, text=True,
                             timeout=60, preexec_fn=_signals_at_their_defaults)
-    assert plain.returncode == served.returncode == {"SIGTERM": -15, "KeyboardInterrupt": -2, "exit 143": 143}[how]
+    want = {"SIGTERM": -15, "SIGKILL": -9, "KeyboardInterrupt": -2, "exit 143": 143}[how]
+    assert plain.returncode == served.returncode == want, served.stderr
     ended = "exited with status 143" if how == "exit 143" else \
-        f"was ended by signal {'SIGTERM' if how == 'SIGTERM' else 'SIGINT'}"
+        f"was ended by signal {'SIGINT' if how == 'KeyboardInterrupt' else how}"
     assert f"fastdata run: the command {ended} before it made a DataLoader" in served.stderr, served.stderr
+    called = subprocess.run([sys.executable, "-c", "import sys; from fastdata import cli; "
+                             f"print('returned', cli.main(['run', {str(script)!r}]))"],
+                            capture_output=True, text=True, timeout=60, preexec_fn=_signals_at_their_defaults)
+    assert called.returncode == 0 and called.stdout.split() == ["returned", str(128 - want if want < 0 else want)]
 
 
 @pytest.mark.timeout(200)

@@ -760,7 +760,8 @@ def test_load_truncated_images_falls_back_to_the_scripts_pillow(tv, tmp_path, mo
 @pytest.mark.parametrize("size", ["4", [8], 0, True, 2.0])
 def test_a_batch_size_torch_refuses_gets_torchs_error(tv, folder, size):
     """A natively served folder left at 0 workers: a batch_size torch refuses raises torch's own
-    error, type and message (fastdata sizes its workers' /dev/shm from it, after torch's check)."""
+    error, type and message (fastdata sizes its workers' /dev/shm from it, after torch's check);
+    an int subclass torch takes (an IntEnum) is taken, with workers."""
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
@@ -770,13 +771,26 @@ def test_a_batch_size_torch_refuses_gets_torchs_error(tv, folder, size):
     with pytest.raises(type(want.value)) as got:
         _served(dataset, batch_size=size)
     assert str(got.value) == str(want.value)
+    if size == "4":
+        import enum
+
+        from fastdata.run._decide import auto_workers
+        from fastdata.run._lowering import lower
+
+        lowering = lower(dataset)[0]
+        assert auto_workers({"dataset": dataset, "batch_size": enum.IntEnum("B", {"SIZE": 4}).SIZE}, lowering) == \
+            auto_workers({"dataset": dataset, "batch_size": 4}, lowering)
 
 
 def test_a_pil_loader_the_script_replaced_is_followed(tv, folder, monkeypatch):
     """torchvision's default_loader calls the module's pil_loader by name, so a script that puts
     its own there (a grey loader here; an EXIF-transposing one is as common) changes every
     ImageFolder's images: such a folder is not served natively, and its batches are the
-    script's own (grey: R = G = B). One built with torchvision's pil_loader itself still is."""
+    script's own (grey: R = G = B); nor is one given a functools.wraps wrapper of pil_loader
+    (torchvision's names, the script's code), in the module or as its loader. One built with
+    torchvision's pil_loader itself still is."""
+    import functools
+
     import torchvision.datasets.folder as tv_folder
     import torchvision.transforms as T
     from PIL import Image
@@ -805,6 +819,15 @@ def test_a_pil_loader_the_script_replaced_is_followed(tv, folder, monkeypatch):
         assert torch.equal(a, b) and torch.equal(la, lb)
         assert torch.equal(a[:, 0], a[:, 2])  # grey
     loader._stop()
+    @functools.wraps(own)
+    def wrapped(path):
+        return own(path).convert("L").convert("RGB")
+
+    monkeypatch.setattr(tv_folder, "pil_loader", wrapped)
+    for dataset in (ImageFolder(str(folder), transform), ImageFolder(str(folder), transform, loader=wrapped)):
+        served, reason, _, lowering = decide((dataset,), {"batch_size": 4})
+        assert served and lowering is None and "pil_loader" in reason, reason
+    monkeypatch.setattr(tv_folder, "pil_loader", own)
     native = _served(ImageFolder(str(folder), transform, loader=own), batch_size=4, num_workers=0)
     assert isinstance(native._loader.dataset, rt.NativeFolder)
     assert not torch.equal(next(iter(native))[0][:, 0], next(iter(native))[0][:, 2])  # colour
