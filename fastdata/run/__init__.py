@@ -2,9 +2,10 @@
 fastdata's drop-in loader (native collation into reused buffers).
 
 The command runs as a child process (its exit status is this one's; where a signal ended it, the
-same signal then ends this process, so that a shell or a supervisor sees the signal). SIGINT, SIGTERM, SIGHUP,
-SIGQUIT, SIGUSR1 and SIGUSR2 sent to this process are sent on to it (as torchrun sends them on to
-its workers), save what a terminal sends the whole foreground group, the command's too (Ctrl-C).
+same signal then ends this process, so that a shell or a supervisor sees the signal). SIGINT,
+SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to this process are sent on to it (as torchrun
+sends them on to its workers), save what a terminal sends the whole foreground group, the
+command's too (Ctrl-C).
 In it, and in every Python process it starts (torchrun's ranks, spawned workers),
 `torch.utils.data.DataLoader` decides per loader: served by fastdata, or torch's own where
 fastdata could not give the same batches (a subclass of DataLoader, an IterableDataset, a custom
