@@ -200,12 +200,21 @@ def by_value(made: Any) -> Any:
 
 
 def _collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
-    if not _native_ok(batch):
+    if not _native_ok(batch) or _stacks_to_a_layout(batch):
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
     elem = batch[0]
     out, result = _new_batch(len(batch), elem.shape, elem.dtype)
     _copy_checked_tensors(batch, out, default_threads())
     return result
+
+
+def _stacks_to_a_layout(batch: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's collate would give this batch a layout of its own: in the training process
+    it stacks without `out=`, which keeps samples' memory format (channels_last ones), where
+    fastdata's buffer is contiguous; a worker's stacks into shared memory, contiguous. Told by
+    stacking the first sample alone (the format follows the samples', not their count)."""
+    elem = batch[0]
+    return not elem.is_contiguous() and get_worker_info() is None and not torch.stack(batch[:1]).is_contiguous()
 
 
 def _sent_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: dict | None = None) -> Any:
@@ -222,6 +231,7 @@ def _collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: dict | None 
         dtype is None
         or not _worth_it(elem.nbytes * len(batch), elem.flags.c_contiguous)  # decided on the first
         or any(a.dtype != elem.dtype or a.shape != elem.shape for a in batch)
+        or any(s < 0 for a in batch for s in a.strides)  # (torch.as_tensor refuses a negative stride)
     ):
         # torch's path: the string/object dtype check, then as_tensor and the map's tensor function.
         return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)

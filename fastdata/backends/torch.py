@@ -15,6 +15,7 @@ import functools
 import inspect
 import itertools
 import time
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -358,6 +359,10 @@ class TorchCore(DataLoader, LoaderCore):
         if hasattr(self.sampler, "state_dict"):  # a sampler with state of its own (fastdata.samplers) keeps it too
             own["sampler_state"] = self.sampler.state_dict()
         if self._in_epoch:
+            if not self.in_order and self.num_workers:
+                warnings.warn("state_dict() of a loader with in_order=False: its workers' batches came out of "
+                              "order, so those delivered need not be the epoch's first ones, which a resume skips; "
+                              "resume exactly with in_order=True", stacklevel=3)
             sampler_rng = self._index.rng_at_start if self._index is not None else None
             return {
                 "version": _STATE_VERSION,

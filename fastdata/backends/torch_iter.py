@@ -25,6 +25,7 @@ class Resumable:
         self.restore: torch.Tensor | None = None
         self.restore_after: torch.Tensor | None = None  # the RNG state once the skipped batches are passed
         self.rng_at_start: torch.Tensor | None = None
+        self._given = 0  # the indices this pass's _prepare gave, the skipped ones counted
 
     @property
     def rng(self) -> torch.Generator:
@@ -43,9 +44,22 @@ class Resumable:
         # restore-and-skip runs on the first next(), and after it the sampler's own iterator
         # is chained on at C speed (a Python generator here would run a frame per index).
         inner = iter(self.inner)  # lazy for torch's samplers: nothing is drawn yet
-        return itertools.chain(self._prepare(inner), inner)
+        # (chain calls iter() on _Later only once _prepare's part is done)
+        return itertools.chain(self._prepare(inner), _Later(lambda: self._rest(inner)))
+
+    def _rest(self, inner: Iterator[Any]) -> Iterator[Any]:
+        """The indices after those `_prepare` gave, at C speed, but for the last (as `len` counts
+        them), which is given once the sampler was asked past it: RandomSampler draws from its
+        generator once more at its end, and a state taken at the last batch must see that draw, as
+        it does with workers (whose prefetch asks past the end before the last batch is out)."""
+        try:
+            left = len(self.inner) - self._given
+        except TypeError:  # a sampler without len()
+            return inner
+        return itertools.chain(itertools.islice(inner, left - 1), _last_asked_past(inner)) if left > 0 else inner
 
     def _prepare(self, inner: Iterator[Any]) -> Iterator[Any]:
+        self._given = 0
         restored = self.restore is not None
         if restored:
             self.rng.set_state(self.restore)
@@ -54,6 +68,7 @@ class Resumable:
         skip, self.skip = self.skip, 0
         for _ in range(skip):
             next(inner, None)
+        self._given = skip
         first = ()
         if self.restore_after is not None:
             if restored and not skip:
@@ -63,7 +78,35 @@ class Resumable:
             # one ended, stands now): what was drawn from it since is drawn past, not again
             self.rng.set_state(self.restore_after)
             self.restore_after = None
+        self._given += len(first)
         yield from first  # often nothing: the body runs on the first next() all the same
+
+
+class _Later:
+    """An iterable whose iterator is made by `make()` when it is first iterated."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.make())
+
+
+def _last_asked_past(inner: Iterator[Any]) -> Iterator[Any]:
+    """`inner`'s next item, given once `inner` was asked for the one after it; then the rest."""
+    last = next(inner, _NONE)
+    if last is _NONE:
+        return
+    after = next(inner, _NONE)
+    yield last
+    if after is not _NONE:  # (a sampler that gives more than its len)
+        yield after
+        yield from inner
+
+
+_NONE = object()
 
 
 def fetches(it: Any) -> Iterator[Any]:

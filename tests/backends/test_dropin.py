@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import pickle
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -719,6 +720,29 @@ def test_resume_between_epochs(num_workers, h):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_from_a_state_taken_at_the_last_batch(num_workers, h):
+    """A state taken inside the loop at the epoch's last batch (a checkpoint every N steps that
+    lands there), before the loop asks past it: RandomSampler draws from the generator once
+    more at its end, and the resumed loader's next epochs are the unbroken run's. 48 samples in
+    batches of 8: the last batch is whole, so the batch sampler gives it before its sampler ends
+    (a partial one comes only after)."""
+    def make(seed, factory=fastdata.loader):
+        return factory(TupleDS(48), batch_size=8, shuffle=True, generator=gen(seed), num_workers=num_workers)
+
+    ref = make(1, DataLoader)
+    epochs = [h.collect(ref) for _ in range(3)]
+    first = make(1)
+    for k, _ in enumerate(first):
+        if k == len(first) - 1:
+            state = pickle.loads(pickle.dumps(first.state_dict()))
+    h.assert_same_stream(h.collect(first), epochs[1])
+    resumed = make(2)
+    resumed.load_state_dict(state)
+    h.assert_same_stream(h.collect(resumed), epochs[1])
+    h.assert_same_stream(h.collect(resumed), epochs[2])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("k", [1, 4])
 def test_resume_iterable(num_workers, k, h):
     """An iterable dataset cannot seek: it is fast-forwarded to the same place."""
@@ -1055,3 +1079,66 @@ def test_the_consumers_step_is_not_the_loaders_time(workers):
     assert batches == 8 and stages["images"] == 64
     assert stages["read"] < 0.5 * 0.05 * batches, stages  # the 400 ms of sleeps are not reads
     assert 0.5 * 0.064 < stages["dataset"] < 0.05 * batches, stages
+
+
+class _Flipped(Dataset):
+    """HWC float32 images read BGR and flipped to RGB as a view (`[..., ::-1]`: a negative stride),
+    108 KB a sample."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full((96, 96, 3), i, np.float32)[..., ::-1]
+
+
+class _Clips(Dataset):
+    """4-D samples (frames, channels, height, width) in channels_last, 256 KB each."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.arange(2 * 8 * 64 * 64, dtype=torch.float32).reshape(2, 8, 64, 64).add(i).contiguous(
+            memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_arrays_of_a_negative_stride_raise_torchs_error(num_workers):
+    """torch.as_tensor refuses an array with a negative stride, so DataLoader's collate raises
+    for such samples, whatever their size: fastdata's native copy raises the same, where it had
+    copied them silently above its size threshold."""
+    errors = []
+    for make in (DataLoader, fastdata.loader):
+        with pytest.raises(ValueError) as e:
+            next(iter(make(_Flipped(), batch_size=4, num_workers=num_workers)))
+        errors.append(str(e.value).strip().splitlines()[-1])
+    assert errors[0] == errors[1] and "negative" in errors[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_channels_last_samples_batch_in_dataloaders_layout(num_workers):
+    """In the training process DataLoader's collate stacks without `out=`, which keeps channels_last
+    samples' layout (not contiguous); from workers it stacks into shared memory, contiguous.
+    fastdata's batches have the same values, strides and contiguity."""
+    got = [next(iter(make(_Clips(), batch_size=4, num_workers=num_workers))) for make in (DataLoader, fastdata.loader)]
+    assert torch.equal(got[0], got[1])
+    assert got[0].stride() == got[1].stride() and got[0].is_contiguous() == got[1].is_contiguous()
+    assert got[0].is_contiguous() == (num_workers > 0)
+
+
+def test_a_state_taken_out_of_order_warns_that_it_is_not_exact():
+    """With in_order=False, workers hand batches out as they finish: those delivered need not
+    be the epoch's first k, which a resume skips, so the state says so."""
+    loader = fastdata.loader(TensorDS(32), batch_size=4, num_workers=2, in_order=False)
+    it = iter(loader)
+    next(it)
+    with pytest.warns(UserWarning, match="in_order=False: its workers' batches came out of order"):
+        loader.state_dict()
+    del it
+    ordered = fastdata.loader(TensorDS(32), batch_size=4, num_workers=2)
+    it = iter(ordered)
+    next(it)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ordered.state_dict()
