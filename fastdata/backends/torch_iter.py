@@ -25,7 +25,6 @@ class Resumable:
         self.restore: torch.Tensor | None = None
         self.restore_after: torch.Tensor | None = None  # the RNG state once the skipped batches are passed
         self.rng_at_start: torch.Tensor | None = None
-        self._given = 0  # the indices this pass's _prepare gave, the skipped ones counted
 
     @property
     def rng(self) -> torch.Generator:
@@ -44,22 +43,22 @@ class Resumable:
         # restore-and-skip runs on the first next(), and after it the sampler's own iterator
         # is chained on at C speed (a Python generator here would run a frame per index).
         inner = iter(self.inner)  # lazy for torch's samplers: nothing is drawn yet
+        given = [0]  # the indices _prepare gives, the skipped ones counted
         # (chain calls iter() on _Later only once _prepare's part is done)
-        return itertools.chain(self._prepare(inner), _Later(lambda: self._rest(inner)))
+        return itertools.chain(self._prepare(inner, given), _Later(lambda: self._rest(inner, given[0])))
 
-    def _rest(self, inner: Iterator[Any]) -> Iterator[Any]:
+    def _rest(self, inner: Iterator[Any], given: int) -> Iterator[Any]:
         """The indices after those `_prepare` gave, at C speed, but for the last (as `len` counts
         them), which is given once the sampler was asked past it: RandomSampler draws from its
         generator once more at its end, and a state taken at the last batch must see that draw, as
         it does with workers (whose prefetch asks past the end before the last batch is out)."""
         try:
-            left = len(self.inner) - self._given
+            left = len(self.inner) - given
         except TypeError:  # a sampler without len()
             return inner
         return itertools.chain(itertools.islice(inner, left - 1), _last_asked_past(inner)) if left > 0 else inner
 
-    def _prepare(self, inner: Iterator[Any]) -> Iterator[Any]:
-        self._given = 0
+    def _prepare(self, inner: Iterator[Any], given: list[int]) -> Iterator[Any]:
         restored = self.restore is not None
         if restored:
             self.rng.set_state(self.restore)
@@ -68,7 +67,6 @@ class Resumable:
         skip, self.skip = self.skip, 0
         for _ in range(skip):
             next(inner, None)
-        self._given = skip
         first = ()
         if self.restore_after is not None:
             if restored and not skip:
@@ -78,7 +76,7 @@ class Resumable:
             # one ended, stands now): what was drawn from it since is drawn past, not again
             self.rng.set_state(self.restore_after)
             self.restore_after = None
-        self._given += len(first)
+        given[0] = skip + len(first)
         yield from first  # often nothing: the body runs on the first next() all the same
 
 
