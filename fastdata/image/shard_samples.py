@@ -96,10 +96,11 @@ def check_sample(out: Block, url: str, key: str, a: int, b: int, raw: memoryview
 def _add(out: Block, url: str, key: str, sample: dict, labels: tuple[int, str], links: dict[str, str]) -> None:
     ext = next((e for e in IMAGE_MEMBERS if e in sample), None)
     # the image or the label it lacks, where a link stood for it
-    lost = [e for e in IMAGE_MEMBERS if e in links] if ext is None else ["cls"] if "cls" not in sample else []
-    if lost and (e := lost[0]) in links:
-        out.add(MemberName(url, f"{key}.{e}"), None, 0, f"the member is {links[e]}, and links are not read "
-                                                       "(as webdataset reads none): store the file itself")
+    lost = (next((e for e in IMAGE_MEMBERS if e in links), None) if ext is None else
+            "cls" if "cls" not in sample else None)
+    if lost in links:
+        out.add(MemberName(url, f"{key}.{lost}"), None, 0, f"the member is {links[lost]}, and links are not read "
+                                                          "(as webdataset reads none): store the file itself")
         return
     if ext is None:
         members = ", ".join(sorted([k for k in sample if not k.startswith("__")] +

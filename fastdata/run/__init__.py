@@ -75,7 +75,7 @@ def main_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         status = _launch(args.command, profile=args.profile, out=args.out, copy_ahead=args.copy_ahead)
         if status < 0 and getattr(args, "own_process", False):  # (not a Python caller's process)
             _end_by_signal(-status)
-        return 128 - status if status < 0 else status
+        return _as_a_shell_gives(status)
 
     return run_command("fastdata run", body, args.debug)
 
@@ -85,7 +85,11 @@ def run(command: list[str], *, profile: bool = False, out: str | os.PathLike = "
     """Runs `command` with the hook; prints the loaders' decisions (and with `profile`, writes
     their reports in `out`); returns the command's exit status (128 + N where signal N ended it,
     as a shell gives it)."""
-    status = _launch(command, profile=profile, out=out, copy_ahead=copy_ahead)
+    return _as_a_shell_gives(_launch(command, profile=profile, out=out, copy_ahead=copy_ahead))
+
+
+def _as_a_shell_gives(status: int) -> int:
+    """Popen's status (-N: signal N) as a shell gives it (128 + N)."""
     return 128 - status if status < 0 else status
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import contextlib
 import gc
+import itertools
 import json
 import lzma
 import os
@@ -345,7 +346,7 @@ def walk_tar_bytes(raw: memoryview | bytes, start: int, pos: int, stop: int,
     extension is built (csrc/tar.cpp: a shard holds two headers an image), the rest here."""
     if native is not None:
         found, pos = native.tar_plain_members(raw, start, pos, stop)
-        yield from (Member(*m) for m in found)
+        yield from itertools.starmap(Member, found)  # (Member._make takes no default: `link` None)
     if pos < stop:
         yield from walk_tar(lambda p, n: bytes(raw[p - start:p - start + n]), pos, stop, start + len(raw), resync)
 
