@@ -4,9 +4,10 @@ size and machine (under ~/.cache/fastdata/tuned, or $FASTDATA_CACHE/tuned), wher
 
 An entry records what the tune measured, when, on which machine and with which package
 versions, and when it expires ($FASTDATA_TUNE_TTL_DAYS days after it was made, 30 by default).
-An expired entry, or one made on another machine or with other versions, is ignored; so is one
-that is not this user's alone to write (the checkpoint index's rule), or whose values are out of
-range, with a warning. Where there is no cache folder (no $FASTDATA_CACHE and no home
+An expired entry, one made on another machine or with other versions, or one that chose a
+backend not installed here, is ignored; so is one that is not this user's alone to write (the
+checkpoint index's rule), over MAX_ENTRY_BYTES, kept for another source, transform or batch size
+than its name's, or whose values are out of range, with a warning. Where there is no cache folder (no $FASTDATA_CACHE and no home
 directory), there is no tune cache.
 
 A leaf: the factory reads it without importing the profiler.
@@ -32,11 +33,15 @@ from typing import Any
 import torch
 
 from ._cores import usable_cores
+from ._optional import has
 from ._pillow import pillow_info
 
 TUNE_TTL = datetime.timedelta(days=30)  # how long an entry holds unless $FASTDATA_TUNE_TTL_DAYS says otherwise
 MAX_PREFETCH = 64  # batches a worker may hold ahead: an entry asking for more is not applied
 PLACEMENTS = ("auto", "cpu", "gpu")  # the image loader's own check's (fastdata.image.loader)
+BACKENDS = {"pil": None, "wds": None, "dali": "dali", "ray": "ray"}  # the factory's, and the optional part each needs
+MAX_ENTRY_BYTES = 1 << 20  # a tune's entry is a few KB; a bigger file is not read
+_URLS = ("pipe:", "http://", "https://", "file:")  # sources that are not a path (sources.streams.local_path)
 logger = logging.getLogger("fastdata")
 
 
@@ -98,7 +103,17 @@ def _now() -> datetime.datetime:
 
 
 def _where(source: Any) -> str:
-    return os.path.abspath(source) if isinstance(source, (str, os.PathLike)) and os.path.exists(source) else str(source)
+    """The source as a key: a local path (a folder, a list file, a shard or a brace pattern of
+    shards) made absolute, so that `data/train` in two projects is two keys, a stream's URL as
+    it is, a list of them item by item."""
+    if isinstance(source, (list, tuple)):
+        return str([_where(item) for item in source])
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if isinstance(path, str) and not path.startswith(_URLS):
+            return os.path.abspath(os.path.expanduser(path))
+        return str(path)
+    return str(source)
 
 
 def cache_path(source: Any, transform: Any, batch_size: int) -> Path | None:
@@ -176,6 +191,8 @@ def _out_of_range(loader: dict[str, Any]) -> str | None:
         return f"its prefetch_factor {prefetch!r:.50} is not an integer in [1, {MAX_PREFETCH}]"
     if loader.get("placement", "auto") not in PLACEMENTS:
         return f"its placement {loader.get('placement')!r:.50} is not one of {', '.join(map(repr, PLACEMENTS))}"
+    if loader.get("backend", "pil") not in BACKENDS:
+        return f"its backend {loader.get('backend')!r:.50} is not one of {', '.join(map(repr, BACKENDS))}"
     return None
 
 
@@ -193,9 +210,12 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str | None, bool]:
             why = _untrusted(os.fstat(f.fileno()))
             if why is not None:
                 return None, why, True
-            entry = json.loads(f.read())
+            data = f.read(MAX_ENTRY_BYTES + 1)
+            if len(data) > MAX_ENTRY_BYTES:
+                return None, f"it is over {MAX_ENTRY_BYTES:,} bytes (a tune writes a few KB)", True
+            entry = json.loads(data)
     except (OSError, ValueError) as e:
-        return None, f"unreadable: {e}", False
+        return None, f"unreadable: {e}"[:300], False
     if not isinstance(entry, dict) or not isinstance(entry.get("loader"), dict):
         return None, "unreadable: no loader keywords in it", False
     try:
@@ -214,7 +234,12 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str | None, bool]:
     if changed:
         return entry, "it was tuned with " + ", ".join(changed), False
     why = _out_of_range(entry["loader"])  # after the machine: another's may have had more cores
-    return entry, why, why is not None
+    if why is not None:
+        return entry, why, True
+    part = BACKENDS.get(entry["loader"].get("backend", "pil"))
+    if part is not None and not has(part):  # (uninstalled since, or another environment on this machine)
+        return entry, f"it chose backend {entry['loader']['backend']!r}, which is not installed here", False
+    return entry, None, False
 
 
 def cached_tune(source: Any, transform: Any, batch_size: int) -> dict[str, Any] | None:
@@ -228,6 +253,11 @@ def cached_tune(source: Any, transform: Any, batch_size: int) -> dict[str, Any] 
     if path is None or not os.path.lexists(path):
         return None
     entry, why, warn = _read(path)
+    if why is None:
+        kept = [entry.get("source"), entry.get("transform"), entry.get("batch_size")]
+        if kept != [_where(source), repr(transform), batch_size]:  # (the name is 80 bits of their hash)
+            why, warn = (f"it was kept for another source, transform or batch size "
+                         f"({', '.join(repr(k)[:200] for k in kept)})"), True
     if why is not None:
         if warn:
             warnings.warn(f"ignoring the tuned config in {path}: {why}", stacklevel=2)
@@ -249,13 +279,14 @@ def list_tunes() -> list[dict[str, Any]]:
 
 
 def clear_tunes() -> int:
-    """Removes every entry of the cache; returns how many files it removed."""
+    """Removes every entry of the cache; returns how many files it removed (a folder that
+    happens to match is no entry, and is left)."""
     root = _root()
     removed = 0
     for path in root.glob("*.json") if root is not None else ():
         try:
             path.unlink()
             removed += 1
-        except FileNotFoundError:  # another process removed it first
+        except (FileNotFoundError, IsADirectoryError):  # (FileNotFound: another process removed it first)
             pass
     return removed

@@ -33,6 +33,7 @@ from .shard_samples import Block, check_sample
 # Streams (pipe: commands, compressed tars) a process keeps open at where it stopped: a lane's
 # run of samples spans at most a few shards, and each one left open holds a process or a file.
 _OPEN_STREAMS = 4
+_MAX_GAP = 1 << 20  # bytes between two samples read with them; a run of samples is cut at a wider gap
 
 
 def _index_key(shards: Shards) -> bytes:
@@ -296,7 +297,11 @@ class ShardReader:
             spans = self.shards.spans[s]
             # a sample over MAX_FILE_BYTES is a run of its own that reads nothing (_read_run)
             big = (first + np.flatnonzero(spans[first:end, 1] > MAX_FILE_BYTES)).tolist()
-            cuts = sorted({first, end, *big, *(b + 1 for b in big)})
+            # Bytes between two samples (members of no sample, end blocks, a hole in a sparse
+            # file, or what a crafted index leaves out) are read only where they are few.
+            gaps = spans[first + 1:end, 0] - spans[first:end - 1].sum(axis=1)
+            apart = (first + 1 + np.flatnonzero(gaps > _MAX_GAP)).tolist()
+            cuts = sorted({first, end, *big, *(b + 1 for b in big), *apart})
             for a, b in zip(cuts, cuts[1:]):
                 start = int(spans[a, 0])
                 stop = start if a in big else int(spans[b - 1].sum())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import gc
 import itertools
 import json
@@ -28,6 +29,7 @@ import numpy as np
 from .._ext import native
 from ..errors import DataError, error_line
 from .compressed import COMPRESSED_HEAD, compression, decompressing
+from .streams import open_file
 
 INDEX_FORMAT = "fastdata-wds-index"
 INDEX_VERSION = 1
@@ -477,12 +479,17 @@ def _resync(read, pos: int, stop: int | None, length: int | None = None) -> tupl
     (no `stop`, no `length`) it reads at most to MAX_STREAM_BYTES, as scan_tar does, and
     _MAX_STREAM_GAP bytes from `pos`."""
     dirty, start = False, pos
+    data_from = getattr(read, "data_from", None)
     while stop is None or pos < stop:
         if stop is None and length is None:
             if pos > MAX_STREAM_BYTES:
                 raise _too_long()
             if pos - start > _MAX_STREAM_GAP:
                 return pos, False, dirty
+        if data_from is not None:  # (holes are zero blocks, which hold no header)
+            pos = data_from(pos) if stop is None else min(stop, data_from(pos))
+            if stop is not None and pos >= stop:
+                break
         n = _RESYNC_READ if stop is None else min(_RESYNC_READ, stop - pos)
         chunk = read(pos, n)
         for k in range(0, len(chunk) - BLOCK + 1, BLOCK):
@@ -540,6 +547,12 @@ def _reader(f) -> Callable[[int, int], bytes]:
             f.seek(pos)
             return f.read(n)
 
+        try:
+            fd = f.fileno()
+        except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both of the last two)
+            fd = None
+        if fd is not None and hasattr(os, "SEEK_DATA"):
+            read.data_from = lambda pos: _data_from(fd, pos)
         return read
     at = [0]
     kept = [0, b""]  # the last bytes read from the stream and where they start: _resync reads
@@ -574,6 +587,25 @@ def _reader(f) -> Callable[[int, int], bytes]:
 
     read_on.reached = lambda: at[0]  # how far the stream has been read (its end, once a read came short)
     return read_on
+
+
+def _data_from(fd: int, pos: int) -> int:
+    """The first block boundary at or after `pos` from which the file has data: a sparse file's
+    holes (zeros that take no disk, made by a seek or `truncate -s` past the end) stepped over,
+    so that looking for the next header costs what the file holds on disk, not the gigabytes it
+    says it has. The file's end where only holes follow; `pos` where the file system cannot say.
+    The descriptor's offset is put back (a buffered reader may count on it)."""
+    try:
+        here = os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        return pos
+    try:
+        at = os.lseek(fd, pos, os.SEEK_DATA)
+    except OSError as e:
+        at = os.fstat(fd).st_size if e.errno == errno.ENXIO else pos  # ENXIO: no data from pos on
+    finally:
+        os.lseek(fd, here, os.SEEK_SET)
+    return max(pos, pos + (at - pos) // BLOCK * BLOCK)
 
 
 class StreamTooLong(ValueError):
@@ -736,7 +768,11 @@ def count_samples(tar_path: str | os.PathLike) -> int:
     loader's: a damaged region counts as the sample it is joined to (or as one of its own).
     Raises fastdata.DataError for a file that is not a tar."""
     path = os.fspath(tar_path)
-    with open(path, "rb") as raw:
+    try:
+        raw = open_file(path)  # (a FIFO's open would wait for a writer, /dev/zero give zeros without end)
+    except OSError as e:
+        raise DataError(f"cannot read shard {path}: {e.strerror or e}", path=path) from None
+    with raw:
         kind = compression(raw.read(COMPRESSED_HEAD))
         raw.seek(0)
         try:

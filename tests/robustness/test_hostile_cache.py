@@ -6,7 +6,9 @@ stop one from building; an untrusted or out-of-range entry is not applied."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -126,6 +128,7 @@ def test_an_entry_that_is_a_link_is_not_applied(folder, cache, tmp_path):
     {"num_workers": 1, "prefetch_factor": 100000},
     {"num_workers": 1, "prefetch_factor": 0},
     {"num_workers": 1, "placement": "everywhere"},
+    {"num_workers": 1, "backend": "nonsense"},
 ], ids=lambda c: json.dumps(c))
 def test_an_out_of_range_entry_is_not_applied(folder, cache, chosen):
     path = tunecache.store_tune(folder, SPEC, 2, {"chosen": chosen})
@@ -133,6 +136,75 @@ def test_an_out_of_range_entry_is_not_applied(folder, cache, chosen):
     assert loader.num_workers == 0  # untuned: not 1, nor the entry's count
     [line] = warned
     assert line.startswith(f"ignoring the tuned config in {path}: its ") and "is not" in line
+
+
+def test_an_entry_kept_for_another_key_is_not_applied(folder, cache, tmp_path):
+    """An entry moved under another source's name (its name is a hash of the key) says so."""
+    other = tmp_path / "other"
+    other.mkdir()
+    kept = tunecache.store_tune(str(other), SPEC, 2, {"chosen": {"backend": "wds", "num_workers": 1}})
+    path = tunecache.cache_path(folder, SPEC, 2)
+    os.replace(kept, path)
+    loader, warned = _auto(folder)
+    assert loader.num_workers == 0 and _labels(loader) == [0, 0, 0, 1, 1, 1]  # the folder's, by pil
+    [line] = warned
+    assert line.startswith(f"ignoring the tuned config in {path}: it was kept for another source")
+    assert repr(str(other)) in line
+
+
+def test_an_entry_over_its_byte_bound_is_not_read(folder, cache):
+    path = tunecache.store_tune(folder, SPEC, 2, {"chosen": {"num_workers": 1}})
+    with open(path, "r+b") as f:  # a valid entry, then 4 GiB of holes: not read whole
+        f.truncate(4 << 30)
+    loader, warned = _auto(folder)
+    assert loader.num_workers == 0
+    assert warned == [f"ignoring the tuned config in {path}: it is over {tunecache.MAX_ENTRY_BYTES:,} bytes "
+                      "(a tune writes a few KB)"]
+
+
+def test_a_relative_source_is_keyed_by_where_it_resolves(cache, tmp_path, monkeypatch):
+    """`data/train-{0..1}.tar` in two projects is two sources: a tune kept in one is not applied
+    in the other (a pattern that names no file as such was keyed by its text)."""
+    pattern = "shards/train-{000000..000001}.tar"
+    for project in ("p1", "p2"):
+        (tmp_path / project / "shards").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "p1")
+    tunecache.store_tune(pattern, SPEC, 2, {"chosen": {"num_workers": 1}})
+    tunecache.store_tune(["a.jpg", "b.jpg"], SPEC, 2, {"chosen": {"num_workers": 1}})
+    assert tunecache.cached_tune(pattern, SPEC, 2)["source"] == str(tmp_path / "p1" / pattern)
+    assert tunecache.cached_tune(["a.jpg", "b.jpg"], SPEC, 2) is not None
+    monkeypatch.chdir(tmp_path / "p2")
+    assert tunecache.cached_tune(pattern, SPEC, 2) is None
+    assert tunecache.cached_tune(["a.jpg", "b.jpg"], SPEC, 2) is None
+    assert tunecache.cached_tune("pipe:cat " + pattern, SPEC, 2) is None  # a command is its text
+    tunecache.store_tune("pipe:cat " + pattern, SPEC, 2, {"chosen": {"num_workers": 1}})
+    monkeypatch.chdir(tmp_path / "p1")
+    assert tunecache.cached_tune("pipe:cat " + pattern, SPEC, 2)["source"] == "pipe:cat " + pattern
+
+
+@pytest.mark.parametrize("backend, module", [("dali", "nvidia"), ("ray", "ray")])
+def test_a_tune_of_a_backend_not_installed_here_is_not_applied(folder, cache, monkeypatch, caplog, backend,
+                                                                module):
+    """An entry kept where DALI (or Ray) was installed, read where it is not (uninstalled
+    since, or another virtualenv sharing the home directory) is not applied: the loader would
+    otherwise refuse to build."""
+    path = tunecache.store_tune(folder, SPEC, 2, {"chosen": {"backend": backend, "num_workers": 1}})
+    monkeypatch.setitem(sys.modules, module, None)  # (what `import` does where the package is missing)
+    with caplog.at_level(logging.DEBUG, logger="fastdata"):
+        loader, warned = _auto(folder)
+    assert warned == [] and loader.num_workers == 0 and _labels(loader) == [0, 0, 0, 1, 1, 1]
+    assert f"ignoring the tuned config in {path}: it chose backend {backend!r}, which is not installed here" \
+        in caplog.text
+
+
+def test_clearing_the_cache_leaves_a_folder_that_matches(cache, capsys):
+    from fastdata.profiling import cli
+
+    tunecache.store_tune("/data/a", SPEC, 2, {"chosen": {"num_workers": 1}})
+    (cache / "tuned" / "not-an-entry.json").mkdir()
+    assert cli.main(["--clear-cache"]) == 0
+    assert capsys.readouterr().out == "removed 1 kept tune(s)\n"
+    assert [p.name for p in (cache / "tuned").iterdir()] == ["not-an-entry.json"]
 
 
 def test_no_home_every_command_still_parses_and_the_demo_says_what_to_pass(homeless):

@@ -287,6 +287,49 @@ def test_not_a_tar_at_all(tmp_path):
         fastdata.loader(str(tmp_path / "y-000000.tar"), batch_size=2, transform=TRANSFORM)
 
 
+def test_counting_a_shard_that_is_no_file_does_not_wait(tmp_path):
+    """count_samples opens a shard as the loader does: a FIFO (whose open waits for a writer)
+    and /dev/zero (zeros without end) are refused at once."""
+    os.mkfifo(tmp_path / "f-000000.tar")
+    (tmp_path / "z-000000.tar").symlink_to("/dev/zero")
+    with pytest.raises(DataError, match=r"^cannot read shard .*/f-000000\.tar: not a regular file \(a FIFO\)$"):
+        count_samples(tmp_path / "f-000000.tar")
+    with pytest.raises(DataError, match=r"z-000000\.tar: not a regular file \(a character device\)$"):
+        count_samples(tmp_path / "z-000000.tar")
+    with pytest.raises(DataError, match=r"m-000000\.tar: No such file or directory$"):
+        count_samples(tmp_path / "m-000000.tar")
+
+
+def _bytes_read() -> int:
+    """What this process has read so far (/proc/self/io's rchar: every read(), of holes too)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts reads in /proc/self/io (Linux)")
+@pytest.mark.parametrize("backend", [("wds", 0), pytest.param(("dali", 0), marks=pytest.mark.dali)],
+                         ids=lambda b: b[0])
+def test_a_sparse_shard_is_read_at_the_cost_of_what_it_holds(pristine, tmp_path, backend):
+    """A shard with 16 GiB of holes (made by a seek or `truncate -s`) between its end blocks and
+    more samples is listed and read by what it holds on disk: the scan for the next header
+    steps over holes, which are zero blocks, so it still finds the samples after them, and the
+    samples on either side of them are two reads. Read block by block, the 16 GiB took about 5 s
+    to list and 25 to count, and a read of samples 5 and 6 together took 16 GiB of memory; a
+    sparse file may say it holds 16 TiB."""
+    shard = tmp_path / "train-000000.tar"
+    shutil.copy(pristine / "train-000000.tar", shard)
+    with open(shard, "r+b") as f:
+        f.seek(16 << 30)
+        f.write((pristine / "train-000001.tar").read_bytes())  # samples 6-11 after the holes
+    if os.stat(shard).st_blocks * 512 > 1 << 30:
+        pytest.skip("this file system keeps no holes")
+    before = _bytes_read()
+    assert count_samples(shard) == N
+    loader, warned = _load(tmp_path, backend, "raise", pattern="train-000000.tar")
+    assert warned == [] and sorted(_delivered(loader)) == sorted(ALL)
+    assert _bytes_read() - before < 256 << 20
+
+
 # ------------------------------------------------------------------ an index that disagrees with its tar
 
 
