@@ -142,6 +142,11 @@ def parse_index(data: bytes, where: str) -> Any:
         raise ValueError(f"the shard index {where} is malformed: it is not JSON ({type(e).__name__}: {e})") from None
 
 
+class ForeignIndex(ValueError):
+    """A file where a shard index would be that is JSON of another kind: its format is not
+    INDEX_FORMAT (`index.json` beside shards named 000000.tar may be a dataset's own)."""
+
+
 def read_index(path: str | os.PathLike) -> dict:
     """The index written by write_shards (its "name"s are relative to the index's folder),
     checked for its format, version and counts: ValueError "the shard index <path> is
@@ -158,7 +163,7 @@ def read_index(path: str | os.PathLike) -> dict:
         check_index_size(st.st_size, path)  # before a byte is read: a sparse file claims any size
         index = parse_index(f.read(MAX_INDEX_BYTES + 1), path)  # capped too: the file may have grown
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
-        raise ValueError(f"{malformed}: it is not a {INDEX_FORMAT} file")
+        raise ForeignIndex(f"{malformed}: it is not a {INDEX_FORMAT} file")
     if index.get("version") != INDEX_VERSION:
         raise ValueError(f"{path} is a {INDEX_FORMAT} of version {index.get('version')!r:.50}; "
                          f"this fastdata reads version {INDEX_VERSION}")

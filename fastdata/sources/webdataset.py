@@ -19,7 +19,7 @@ from ..errors import DataError, one_line, warn
 from .compressed import Decompressed
 from .files import MAX_LABEL, Names
 from .streams import describe_error, http_size, identity, local_path, open_http, open_stream
-from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, Scan, StreamTooLong,
+from .tarformat import (INDEX_FORMAT, INDEX_VERSION, MAX_INDEX_BYTES, ForeignIndex, Scan, StreamTooLong,
                         check_index_size, collection_paused, index_entry, index_location, parse_index,
                         read_index, scan_tar)
 
@@ -102,13 +102,18 @@ def _expand(source: Any) -> list[str]:
 
 
 def _load_index(where: str) -> dict | None:
-    """The index at `where` (a shard's `tarformat.index_location`), or None where there is none
-    or it cannot be had. A local index that is not a valid one raises ValueError (`read_index`)."""
+    """The index at `where` (a shard's `tarformat.index_location`), or None where there is none,
+    it cannot be had, or it is JSON of another format (a dataset's own `index.json`: the shards
+    get scanned). A local index of fastdata's format that is not a valid one raises ValueError
+    (`read_index`), as does a local file there that is no JSON."""
     if where.startswith("pipe:"):
         return None
     local = local_path(where)
     if local is not None:
-        return read_index(local) if os.path.exists(local) else None
+        try:
+            return read_index(local) if os.path.exists(local) else None
+        except ForeignIndex:
+            return None
     try:
         with open_http(where) as r:
             data = r.read(MAX_INDEX_BYTES + 1)

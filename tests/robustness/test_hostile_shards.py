@@ -30,7 +30,7 @@ import fastdata
 from fastdata import DataError
 from fastdata._ext import native
 from fastdata import transforms as T
-from fastdata.shard import count_samples, write_shards
+from fastdata.shard import count_samples, read_index, write_shards
 from fastdata.sources import file_list, shards
 from fastdata.sources.tarformat import IMAGE_MEMBERS
 
@@ -805,6 +805,24 @@ def test_index_that_is_not_json_is_malformed(pristine, tmp_path, text):
     (tmp_path / "train-index.json").write_bytes(text)
     with pytest.raises(ValueError, match=r"train-index\.json is malformed: it is not JSON"):
         shards(str(tmp_path / PATTERN), progress=False)
+
+
+@pytest.mark.parametrize("text", [b'{"description": "a dataset card"}', b"[1, 2]",
+                                  b'{"format": "other", "shards": []}'], ids=["card", "list", "other"])
+def test_json_of_another_kind_where_the_index_would_be_is_not_the_index(pristine, tmp_path, text):
+    """`index.json` beside shards named 000000.tar may be a dataset's own: JSON that is not of
+    the index's format is passed over and the shards' headers are read, as over HTTP (a
+    malformed index of fastdata's format still raises, above)."""
+    for n in range(2):
+        shutil.copy(pristine / f"train-{n:06d}.tar", tmp_path / f"{n:06d}.tar")
+    (tmp_path / "index.json").write_bytes(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = fastdata.loader(str(tmp_path / "{000000..000001}.tar"), batch_size=4, transform=TRANSFORM,
+                                 backend="wds", num_workers=0, device="cpu")
+    assert sorted(_delivered(loader)) == sorted(ALL)
+    with pytest.raises(ValueError, match=r"index\.json is malformed: it is not a fastdata-wds-index file"):
+        read_index(tmp_path / "index.json")  # (what `fastdata shard` and a user calling it are told)
 
 
 @pytest.mark.timeout(30)
