@@ -277,6 +277,9 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
             backends.append("dali")
         else:
             print(f"not tried: {optional.missing('dali', 'backend dali')}", file=sys.stderr)
+    elif torch.device(device).type != "cuda":  # ("gpu" there runs Kornia on the CPU: a twin for tests, ~7x slower)
+        print(f"not tried: placement gpu: the device is {device!r} (the pixel ops go to the GPU only where there is "
+              "one)", file=sys.stderr)
     elif optional.has("kornia"):
         placements.append("gpu")
     else:

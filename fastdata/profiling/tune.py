@@ -1,6 +1,7 @@
 """`tune`: the search over num_workers, prefetch_factor, backend and placement. One probe per
 backend and placement is measured with its stages timed, the rate model predicts every config
-from those costs, and the finalists (the best predictions and the default) are measured
+from those costs, and the finalists (the best predictions, the best with workers at each
+prefetch_factor, and the default) are measured
 repeatedly, interleaved; a config other than the default is picked only when it beats the
 default by more than the noise of the measurements."""
 
@@ -134,7 +135,8 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
     median of its rate with a probability of 3/4 (each run falls on either side of it with
     probability 1/2). Returns a TuneResult; `pick` gives the rule of its choice. `predictions`, when given a list, gets (config,
     predicted images/s) for every config of the space. Configs that differ only in
-    prefetch_factor predict alike (the model has no term for it): the first stands for all."""
+    prefetch_factor predict alike (the model has no term for it): the first stands for all in
+    the ranking, and the best prediction with workers is measured at each prefetch_factor."""
     if repeats < 1 or confirm < 0 or (confirm == 0 and default is None):
         raise ValueError(f"repeats should be >= 1 and confirm >= 1 (or 0 with a default), but got repeats={repeats}, "
                          f"confirm={confirm}")
@@ -182,6 +184,12 @@ def tune(loader_factory: Callable[[dict], Any], *, space: dict[str, list], step=
         if key not in seen:
             seen.add(key)
             finalists[_key(config)] = Candidate(config, p)
+    # The model has no term for prefetch_factor (nor has a loader without workers): the best
+    # prediction with workers is measured at each.
+    pooled = next((config for _, config in predicted if config.get("num_workers", 0)), None)
+    for prefetch in space.get("prefetch_factor", []) if pooled is not None else []:
+        config = {**pooled, "prefetch_factor": prefetch}
+        finalists.setdefault(_key(config), Candidate(config, predict(config)))
     if default is not None:
         finalists.setdefault(_key(default), Candidate(dict(default), predict(default)))
     candidates = list(finalists.values())

@@ -178,6 +178,29 @@ def test_a_tune_winner_is_the_first_change(folder, tmp_path, monkeypatch, capsys
     assert printed.index("tuned: ") < printed.index("first: ") and "the tune measured 20,000" in printed
 
 
+def test_the_tune_tries_placement_gpu_only_where_the_batch_goes_to_a_gpu(folder, tmp_path, monkeypatch, capsys):
+    """On a CPU device, placement "gpu" runs Kornia on the CPU (a twin for tests, several times
+    slower than Pillow's ops): the tune leaves it out and says why; and it measures what it
+    says it searches (prefetch values included: tests/tools/test_tune.py)."""
+    from fastdata.profiling import cli
+
+    (tmp_path / "jittered.py").write_text("from fastdata import transforms as T\n"
+                                          "def make():\n    return T.Compose([T.RandomResizedCrop(16), "
+                                          "T.ColorJitter(0.4, 0.4, 0.4)])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+    spaces = []
+    measuring = _tune_measuring(20000.0)
+    monkeypatch.setattr(cli, "tune", lambda make, *, space, **kw: spaces.append(space) or measuring(make, space=space,
+                                                                                                    **kw))
+    assert cli.main([str(folder), "--step-ms", "5", "--steps", "3", "--batch-size", "8", "--transform",
+                     "jittered:make", "--device", "cpu", "--tune"]) == 0
+    [space] = spaces
+    assert space["placement"] == ["cpu"]
+    assert "not tried: placement gpu: the device is 'cpu' (the pixel ops go to the GPU only where there is one)" \
+        in capsys.readouterr().err
+
+
 def test_a_change_the_tune_kept_the_default_over_is_not_the_first():
     """The profile's own check measured a change as a gain; the tune measured it too, within the
     noise of the default, and kept the default: the report advises no change first."""

@@ -134,6 +134,29 @@ def test_tune_picks_a_clear_winner_over_the_default(folder, monkeypatch):
     assert len(calls) == 1 + 3 * len(result.candidates)
 
 
+def test_tune_measures_the_best_prediction_with_workers_at_each_prefetch_factor(folder, monkeypatch):
+    """The rate model predicts alike for every prefetch_factor, so the search's prefetch values
+    are measured, not ranked: here 4 batches ahead is scripted to be clearly faster, and is
+    picked."""
+    real, measured = tune_module._rate, []
+
+    def rate(loader_factory, config, step, step_ms, steps, device):
+        measured.append(dict(config))
+        if len(measured) == 1:
+            return real(loader_factory, config, step, step_ms, steps, device)
+        loader_factory(config)
+        return (1500.0 if config["num_workers"] and config["prefetch_factor"] == 4 else 1000.0) + len(measured), None
+
+    monkeypatch.setattr(tune_module, "_rate", rate)
+    predictions = []
+    result = tune(_make(folder), space={**SPACE, "prefetch_factor": [2, 4]}, step_ms=1, steps=3, repeats=3,
+                  default=cfg(2), progress=False, predictions=predictions)
+    pooled = next(c for c, _ in predictions if c["num_workers"])
+    finalists = [c.config for c in result.candidates]
+    assert {**pooled, "prefetch_factor": 2} in finalists and {**pooled, "prefetch_factor": 4} in finalists
+    assert result.chosen == {**pooled, "prefetch_factor": 4} and "lies above the default's" in result.reason
+
+
 def test_tune_measures_for_real(folder):
     predictions: list = []
     space = {"num_workers": [0, 1], "prefetch_factor": [2], "backend": ["pil"], "placement": ["cpu"]}
