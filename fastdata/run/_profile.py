@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from .._cores import usable_cores
 from ..profiling.advice import advise
+from ..profiling.load import OtherLoad
 from ..profiling.model import RateModel, check_ceiling
 from ..profiling.report import WORKER_STAGES, Report, verdict
 from ._decide import KEPT
@@ -26,9 +27,12 @@ STEPS_KEPT = 2000  # the report's step-by-step list; the rates count every step
 
 class Timing:
     """A served loader's figures over the run: batches, images, the consumer's waits and steps,
-    the first STEPS_KEPT steps, and the loader's stage seconds; `native`: what fastdata's own
-    fetch does for a natively served loader ("files": reads and decodes a folder's files;
-    "arrays": an in-memory dataset's pixel ops), whose time the drop-in times as its Dataset's."""
+    the first STEPS_KEPT steps, the loader's stage seconds, and the cores other processes kept
+    busy from the loader's making to its last snapshot (`load.OtherLoad`: under such load the
+    rates are the machine's under it, and the advice is held back, as `fastdata-profile`'s);
+    `native`: what fastdata's own fetch does for a natively served loader ("files": reads and
+    decodes a folder's files; "arrays": an in-memory dataset's pixel ops), whose time the
+    drop-in times as its Dataset's."""
 
     def __init__(self, loader: Any, native: str | None = None) -> None:
         self.native = native
@@ -38,12 +42,14 @@ class Timing:
         self.steps: list[tuple[float, float, bool]] = []
         self.stages: dict[str, float] = {}
         self.num_workers, self.batch_size = loader.num_workers, loader.batch_size
+        self._load, self.other_cores = OtherLoad(), None
 
     def wrap(self, it: Iterator[Any], loader: Any) -> "TimedPass":
         return TimedPass(it, self, loader)
 
     def snapshot(self, loader: Any) -> None:
         self.stages = {k: v for k, v in loader.stage_seconds().items() if isinstance(v, (int, float))}
+        self.other_cores = self._load.stop()
 
     def add(self, wait: float, compute: float, images: int, epoch_start: bool) -> None:
         self.batches += 1
@@ -56,7 +62,7 @@ class Timing:
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "images": self.images, "wait_s": self.wait_s, "compute_s": self.compute_s,
                 "steps": self.steps, "stages": self.stages, "num_workers": self.num_workers,
-                "batch_size": self.batch_size, "native": self.native}
+                "batch_size": self.batch_size, "native": self.native, "other_cores": self.other_cores}
 
 
 class TimedPass:
@@ -131,7 +137,8 @@ def report(profile: dict[str, Any], source: str, reason: str = "") -> Report:
     step_rate = images / max(compute, 1e-9)
     r = Report(source, profile["batch_size"] or 1, 0.0, step_rate, images / seconds, stall, None, "", steps, config,
                stages=stages, bound=max((s for s in stages if s in WORKER_STAGES), key=stages.get, default=None),
-               epoch_starts=starts, images_per_step=images / max(profile["batches"], 1))
+               epoch_starts=starts, images_per_step=images / max(profile["batches"], 1),
+               other_cores=profile.get("other_cores"))
     if workers == 0:
         r.loader_images_per_s = images / max(wait, 1e-9)  # in-process: the wait is the loader's own time
         how = "the loader alone: the images over the waits"
