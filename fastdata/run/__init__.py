@@ -27,8 +27,10 @@ stages) and writes the usual report (report.json, report.html) per loader in --o
 
     fastdata run [--profile] [--out DIR] [--no-copy-ahead] [--debug] -- python train.py [ARGS...]
 
-A script named alone (`fastdata run train.py ARGS...`) runs with the Python that runs fastdata,
-as torchrun runs it.
+A script named alone (`fastdata run train.py ARGS...`: a .py, a folder with a __main__.py, a
+file that is not executable) and a module (`fastdata run -m package.train ARGS...`) run with the
+Python that runs fastdata, as torchrun runs them. With torchrun, fastdata run goes first
+(`fastdata run -- torchrun --nproc_per_node 8 train.py`): one summary for all the ranks.
 """
 
 from __future__ import annotations
@@ -60,19 +62,22 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="fastdata-run", metavar="DIR",
                     help="where --profile writes a folder per loader (default: ./fastdata-run)")
     add_debug(ap)
+    ap.add_argument("-m", dest="module", metavar="MODULE",
+                    help="run a module with this Python, as python -m (and torchrun -m) do; its arguments follow")
     ap.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
                     help="the command to run (after an optional --), as it runs without fastdata; a script "
-                         "named alone runs with this Python")
+                         "named alone (a .py, a folder or a file that is not executable) runs with this Python")
     ap.set_defaults(run=lambda args: main_args(args, ap))
 
 
 def main_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """Runs the parsed command line; no COMMAND is a bad command line (exit 2)."""
-    if not args.command or args.command == ["--"]:
+    command = ["-m", args.module, *args.command] if getattr(args, "module", None) else args.command
+    if not command or command == ["--"]:
         ap.error("no command given: fastdata run [--profile] -- python train.py ...")
 
     def body() -> int:
-        status = _launch(args.command, profile=args.profile, out=args.out, copy_ahead=args.copy_ahead)
+        status = _launch(command, profile=args.profile, out=args.out, copy_ahead=args.copy_ahead)
         if status < 0 and getattr(args, "own_process", False):  # (not a Python caller's process)
             _end_by_signal(-status)
         return _as_a_shell_gives(status)
@@ -93,13 +98,21 @@ def _as_a_shell_gives(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
+def _for_python(name: str) -> bool:
+    """Whether a command's first word is a script for Python to run, as torchrun takes it: a
+    .py (a missing one too: Python then says so, with its exit status), a folder (Python runs
+    its __main__.py), or a file that is not executable (a script without its suffix); an
+    executable file or a name on PATH is a command of its own."""
+    return name.endswith(".py") or os.path.isdir(name) or (os.path.isfile(name) and not os.access(name, os.X_OK))
+
+
 def _launch(command: list[str], *, profile: bool, out: str | os.PathLike, copy_ahead: bool) -> int:
     """`run`, with the command's status as Popen gives it (-N where signal N ended it)."""
     command = command[1:] if command[:1] == ["--"] else command
     if not command:
         raise CommandError("no command given: fastdata run [--profile] -- python train.py ...")
-    if command[0].endswith(".py") and os.path.isfile(command[0]):
-        command = [sys.executable, *command]  # a script alone runs with this Python, as torchrun runs it
+    if command[0] == "-m" or _for_python(command[0]):
+        command = [sys.executable, *command]  # a script or module alone runs with this Python, as torchrun runs it
     if profile:
         check_writable("--out", out, folder=True)
     records = tempfile.mkdtemp(prefix="fastdata-run-")

@@ -31,29 +31,39 @@ class _AfterTorch:
 
                 install()
             except Exception as e:  # no fastdata in this interpreter, say: torch's own DataLoader
-                import warnings
-
-                warnings.warn(f"fastdata run: the hook is off in {sys.executable}: {type(e).__name__}: {e}")
+                # A line, not a warning: a process run with -W error (pytest's filterwarnings) would
+                # raise it from its `import torch`, which runs without fastdata run.
+                sys.stderr.write(f"fastdata run: the hook is off in {sys.executable}: {type(e).__name__}: {e}\n")
 
         spec.loader.exec_module = exec_module  # this loader instance loads torch alone
         return spec
 
 
 def _chain() -> None:
-    """Runs the sitecustomize that this one shadows, if there is one."""
+    """Runs the sitecustomize that this one shadows, if there is one, as `import sitecustomize`
+    would have: it is then `sys.modules["sitecustomize"]`, so that a script that imports it by
+    name gets its own (this module's functions keep what they need)."""
     here = os.path.dirname(os.path.abspath(__file__))
     mine = sys.modules.pop("sitecustomize", None)
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    theirs = None
     try:
         spec = importlib.util.find_spec("sitecustomize")
         if spec is not None and spec.loader is not None:
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            theirs = importlib.util.module_from_spec(spec)
+            sys.modules["sitecustomize"] = theirs
+            try:
+                spec.loader.exec_module(theirs)
+            except BaseException:  # (site.py reports it; a failed import leaves no module behind)
+                theirs = None
+                raise
     finally:
         sys.path[:] = saved
-        if mine is not None:
-            sys.modules["sitecustomize"] = mine
+        if theirs is None:
+            sys.modules.pop("sitecustomize", None)
+            if mine is not None:
+                sys.modules["sitecustomize"] = mine
 
 
 if os.environ.get("FASTDATA_RUN_DIR") and "torch" not in sys.modules:

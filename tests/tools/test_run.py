@@ -236,6 +236,54 @@ def test_grandchild_and_the_shadowed_sitecustomize(tmp_path, monkeypatch):
     assert line.startswith("served") and "train_plain.py:" in line
 
 
+def test_a_module_a_folder_and_a_script_without_its_suffix_run_as_python_runs_them(tmp_path):
+    """What torchrun runs with Python, fastdata run does: `-m MODULE` (its arguments, a --profile
+    among them, are the module's), a folder with a __main__.py, a script that is not executable
+    and has no .py; a missing .py is Python's to refuse, with its exit status."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("import sys\nprint(sys.argv[1:], __name__, __spec__.name)\n")
+    (tmp_path / "pkg" / "__main__.py").write_text("print('the folder runs')\n")
+    (tmp_path / "noext").write_text("import sys\nprint('no suffix', sys.argv[1:])\n")
+    for under, plain in ((["-m", "pkg.mod", "0", "--profile"], ["-m", "pkg.mod", "0", "--profile"]),
+                         (["--", "-m", "pkg.mod", "1"], ["-m", "pkg.mod", "1"]),
+                         (["noext", "a"], ["noext", "a"]), (["pkg"], ["pkg"]), (["missing.py"], ["missing.py"])):
+        want = subprocess.run([sys.executable, *plain], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        got = subprocess.run([sys.executable, "-m", "fastdata", "run", *under], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+        assert (got.returncode, got.stdout) == (want.returncode, want.stdout), (under, got.stderr)
+    assert want.returncode == 2 and not (tmp_path / "fastdata-run").exists()
+
+
+def test_a_sitecustomize_the_script_imports_by_name_is_its_own(tmp_path, monkeypatch):
+    """fastdata run's sitecustomize runs the one it shadows, which is then the module `import
+    sitecustomize` gives the script, as without fastdata run (a script that used a helper of its
+    environment's sitecustomize failed with AttributeError)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("def helper():\n    return 'helper of the environment'\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    script = tmp_path / "uses_site.py"
+    script.write_text("import sitecustomize\nprint(sitecustomize.helper(), sitecustomize.__file__)\n")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    under = subprocess.run([sys.executable, "-m", "fastdata", "run", str(script)], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0 and under.returncode == 0, under.stderr
+    assert under.stdout == plain.stdout == f"helper of the environment {site / 'sitecustomize.py'}\n"
+
+
+def test_a_python_the_hook_cannot_load_in_imports_torch_under_w_error(tmp_path):
+    """A process of the command whose Python has no fastdata (a tool in another environment)
+    imports torch as it would without fastdata run, even where warnings are errors (pytest's
+    filterwarnings, -W error): the hook says it is off in a line on stderr, not a warning."""
+    code = "import sys; sys.modules['fastdata.run._hook'] = None; import torch; print('imported')"
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, "-W", "error", "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "imported\n", proc.stderr
+    assert f"fastdata run: the hook is off in {sys.executable}: ModuleNotFoundError: import of fastdata.run._hook " \
+           "halted; None in sys.modules" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("noisy", [(), ("--noisy",)], ids=["workers", "in-process"])
 def test_profile_writes_a_valid_report(tmp_path, noisy):
     jsonschema = pytest.importorskip("jsonschema")
