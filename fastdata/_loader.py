@@ -166,7 +166,7 @@ class LoaderCore:
         """Resumes from `state` (`Loader.load_state_dict`)."""
         raise NotImplementedError
 
-    _live: tuple | None = None  # (weak reference to the live pass's iterator, its end)
+    _live: tuple | None = None  # (weak reference to the live pass's iterator, its end, the process it runs in)
     _in_epoch = False  # a pass is live and its epoch not done
 
     def __getstate__(self) -> dict[str, Any]:
@@ -179,8 +179,17 @@ class LoaderCore:
     def _start(self, batches: Iterator[Any], end: Callable[[], None]) -> Iterator[Any]:
         """Records `batches` (what iter() returns) as the live pass; `end` ends it (idempotent:
         the pass's own `finally` calls it too)."""
-        self._live = (weakref.ref(batches), end)
+        self._live = (weakref.ref(batches), end, os.getpid())
         return batches
+
+    def _ours(self) -> bool:
+        """Whether the live pass is this process's. A child forked during a pass has its
+        parent's (its workers, queues and buffers): a pass of the child's own leaves it to the
+        parent, as torch's iterator in a child leaves the parent's workers alone, and ending it
+        here would end the parent's workers."""
+        if self._live is not None and self._live[2] != os.getpid():
+            self._live = None
+        return self._live is not None
 
     def _supersede(self) -> None:
         """Readies the live pass, if its epoch is not done, to go on after the pass iter() is
@@ -189,7 +198,7 @@ class LoaderCore:
         (`next(iter(loader))` inside a loop over it, `zip(loader, loader)`). Its workers and
         slots go to the newer pass all the same (`_stop`): a pass a trainer left early, and
         never asks again, costs nothing more."""
-        live = self._live[0]() if self._live is not None else None
+        live = self._live[0]() if self._ours() else None
         if isinstance(live, Pass) and self._in_epoch:
             live.then(functools.partial(self._rest, self._state_dict()))
 
@@ -200,9 +209,9 @@ class LoaderCore:
     def _stop(self) -> None:
         """Ends the live pass, whole or not, before a new one starts: a new iter() shares no
         workers or buffer slots with an older iterator, whenever that one is dropped."""
-        if self._live is None:
+        if not self._ours():
             return
-        ref, end = self._live
+        ref, end, _ = self._live
         self._live = None
         batches = ref()
         if batches is not None:

@@ -255,6 +255,34 @@ def test_a_module_a_folder_and_a_script_without_its_suffix_run_as_python_runs_th
     assert want.returncode == 2 and not (tmp_path / "fastdata-run").exists()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_child_forked_mid_pass_leaves_the_parents_pass_alone(tmp_path, workers):
+    """A child forked during a pass makes a pass of its own over the same loader, then ends:
+    the parent's pass goes on to its last batch, as under torch. The child's iter() took the
+    parent's live pass (inherited) for its own and ended it: its workers, shared with the
+    parent, stopped, and the parent waited for ever."""
+    script = tmp_path / "fork_mid_pass.py"
+    script.write_text(
+        "import faulthandler, os, sys, torch\n"
+        "faulthandler.dump_traceback_later(60, exit=True)\n"
+        f"loader = torch.utils.data.DataLoader(list(range(48)), batch_size=4, num_workers={workers})\n"
+        "for k, batch in enumerate(loader):\n"
+        "    print('parent', batch.tolist(), flush=True)\n"
+        "    if k == 0:\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            print('child', sum(len(b) for b in loader), flush=True)\n"
+        "            os._exit(0)\n"
+        "        os.waitpid(pid, 0)\n"
+        "print('done')\n")
+    want = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    got = subprocess.run([sys.executable, "-m", "fastdata", "run", str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert want.returncode == 0 and want.stdout.count("parent") == 12 and "child 48" in want.stdout
+    assert got.returncode == 0 and got.stdout == want.stdout, got.stderr[-3000:]
+    assert "served" in _summary(got.stderr)[0]
+
+
 def test_a_sitecustomize_the_script_imports_by_name_is_its_own(tmp_path, monkeypatch):
     """fastdata run's sitecustomize runs the one it shadows, which is then the module `import
     sitecustomize` gives the script, as without fastdata run (a script that used a helper of its
