@@ -107,12 +107,16 @@ def _where(source: Any) -> str:
     shards) made absolute, so that `data/train` in two projects is two keys, a stream's URL as
     it is; a list with the folder its relative paths are taken from (made absolute one by one,
     a million of them took 3 s, where the list's text takes 0.4)."""
+    try:
+        here = os.getcwd()
+    except OSError:  # (a working folder removed since: relative paths name nothing)
+        here = "?"
     if isinstance(source, (list, tuple)):
-        return f"{os.getcwd()}: {source}"
+        return f"{here}: {source}"
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if isinstance(path, str) and not path.startswith(_URLS):
-            return os.path.abspath(os.path.expanduser(path))
+            return os.path.normpath(os.path.join(here, os.path.expanduser(path)))  # (abspath, without a second getcwd)
         return str(path)
     return str(source)
 

@@ -180,6 +180,11 @@ def test_a_relative_source_is_keyed_by_where_it_resolves(cache, tmp_path, monkey
     tunecache.store_tune("pipe:cat " + pattern, SPEC, 2, {"chosen": {"num_workers": 1}})
     monkeypatch.chdir(tmp_path / "p1")
     assert tunecache.cached_tune("pipe:cat " + pattern, SPEC, 2)["source"] == "pipe:cat " + pattern
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()  # a working folder removed under the process: relative sources name nothing, and nothing raises
+    assert tunecache.cached_tune(pattern, SPEC, 2) is None and tunecache.cached_tune(["a.jpg"], SPEC, 2) is None
 
 
 @pytest.mark.parametrize("backend, module", [("dali", "nvidia"), ("ray", "ray")])
