@@ -180,8 +180,7 @@ def test_a_tune_winner_is_the_first_change(folder, tmp_path, monkeypatch, capsys
 
 def test_the_tune_tries_placement_gpu_only_where_the_batch_goes_to_a_gpu(folder, tmp_path, monkeypatch, capsys):
     """On a CPU device, placement "gpu" runs Kornia on the CPU (a twin for tests, several times
-    slower than Pillow's ops): the tune leaves it out and says why; and it measures what it
-    says it searches (prefetch values included: tests/tools/test_tune.py)."""
+    slower than Pillow's ops): the tune leaves it out of its search and says why."""
     from fastdata.profiling import cli
 
     (tmp_path / "jittered.py").write_text("from fastdata import transforms as T\n"
