@@ -18,7 +18,7 @@ from .backends.pil import PilLoader
 from .backends.torch import DATALOADER_KEYWORDS, TorchLoader
 from .backends.wds import WdsLoader
 from .image import options as image_options
-from .tunecache import MAX_PREFETCH, cached_tune
+from .tunecache import BACKENDS, MAX_PREFETCH, cached_tune
 
 _DROPIN_KEYWORDS = frozenset(DATALOADER_KEYWORDS) | {"device"}
 logger = logging.getLogger("fastdata")
@@ -29,7 +29,7 @@ _NO_SOURCE: Any = object()
 # DataLoader's parameters that may be given by position after batch_size, in their order
 _POSITIONAL = tuple(name for name, p in list(inspect.signature(torch.utils.data.DataLoader.__init__).parameters.items())[3:]
                     if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_BACKENDS = ("auto", "pil", "wds", "dali", "ray")  # "ray" only when asked for: it needs a cluster to pay off
+_BACKENDS = ("auto", *BACKENDS)  # "ray" only when asked for: it needs a cluster to pay off
 
 
 def _with_config(options: dict[str, Any]) -> dict[str, Any]:
