@@ -5,11 +5,13 @@
 #   scripts/sanitize.sh [PYTEST ARGS...]     (default: the native tests, see `tests` below)
 #
 # The installed build is never touched: CMake configures into $SAN_DIR (default build/asan in
-# this checkout, which git ignores: a build folder belongs to one source tree), the package's Python files are copied to $SAN_DIR/pkg/fastdata/ with the
-# sanitized _native beside them, and the tests run with that folder first on the path. The
-# editable install's import hook would still send `fastdata` to the checkout (and its
-# _native to site-packages), so $SAN_DIR/pkg/sitecustomize.py takes the hook out in every Python
-# process started here, subprocesses included; the script checks which _native was loaded.
+# this checkout, which git ignores: a build folder belongs to one source tree), the package's
+# Python files are copied to $SAN_DIR/pkg/fastdata/ with the sanitized _native beside them, and
+# the tests run with that folder first on the path. scripts/asan_sitecustomize.py, copied there as
+# sitecustomize.py, runs first in every Python process started here (subprocesses included): it
+# takes the editable install's import hook out (which would send `fastdata` to the checkout) and
+# holds each fork until no other thread runs (this libasan's allocator is not fork-safe; the file
+# says how). The script checks which _native was loaded.
 # Python itself is not instrumented, so ASan's runtime is preloaded (gcc's, matching the
 # build) and leak checking is off (the interpreter keeps memory until exit by design).
 set -euo pipefail
@@ -35,14 +37,7 @@ mkdir -p "$dir/pkg"
 cp -r fastdata "$dir/pkg/fastdata"
 find "$dir/pkg/fastdata" \( -name '__pycache__' -o -name '*.so' \) -prune -exec rm -rf {} +
 cp "$so" "$dir/pkg/fastdata/"
-cat >"$dir/pkg/sitecustomize.py" <<'EOF'
-# Written by scripts/sanitize.sh: drops the editable install's import hook, so that `fastdata`
-# resolves through sys.path to the copy beside this file, with the sanitized extension.
-import sys
-
-sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ScikitBuildRedirectingFinder"]
-EOF
-
+cp scripts/asan_sitecustomize.py "$dir/pkg/sitecustomize.py"
 export PYTHONPATH="$dir/pkg${PYTHONPATH:+:$PYTHONPATH}"
 # libstdc++ too: ASan intercepts __cxa_throw only when libstdc++ is loaded before it starts, and
 # python does not link it (the first C++ exception thrown would stop ASan with a CHECK failure).
