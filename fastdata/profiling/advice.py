@@ -283,6 +283,17 @@ def limit(report: Report, model: RateModel | None, workers: Any, loader: Any, fi
                 f"{what} costs the most of a worker's {1e3 * model.work:.2f} ms an image")
         more = ([("more CPU cores (with as many workers)", None)] if workers >= model.cores else
                 [] if refuted else [(f"more workers (up to the {model.cores} usable cores{_split(loader, 2)})", None)])
+    elif kind == "cores" and model.step > 0 and model.step_cpu > 0:  # the step's own CPU among it
+        step_ms, loader_ms = 1e3 * model.step_cpu, 1e3 * (model.all_cpu() - model.step_cpu)
+        text = (f"the {model.cores} cores give at most {rate:,.0f} images/s together {against}: the step's own CPU "
+                f"({step_ms:.2f} ms an image) shares them with the loader's ({loader_ms:.2f} ms)")
+        if step_ms >= ms:
+            text += "; the step costs the most of it"
+            cuda_step = [("device='cuda' for the step", {"device": "cuda"})] if torch.cuda.is_available() else []
+            helps = [("more CPU cores", None), *cuda_step]
+            return {"text": text, "helps": helps, "not": NO_FASTER if refuted else None}
+        text += f"; {what} costs the most of the loader's ({ms:.2f} ms)"
+        more = [("more CPU cores", None)]
     elif kind == "cores":
         text = (f"the {model.cores} cores give at most {rate:,.0f} images/s (the ceiling) {against}; {what} costs the "
                 f"most of the CPU an image ({ms:.2f} ms)")

@@ -184,7 +184,9 @@ def _flags(report: dict[str, Any]) -> str:
 def _rates(report: dict[str, Any]) -> str:
     rates = report.get("rates") or {}
     tiles = [("loader alone", rates.get("loader_alone_images_per_s"), "the loader, nothing else", COMPUTE),
-             ("step alone", rates.get("step_alone_images_per_s"), "the step on a batch kept in memory", "#59a14f"),
+             ("step alone", rates.get("step_alone_images_per_s"), "the step on a batch kept in memory"
+              + (f"; its own CPU {cpu:.2f} ms an image" if (cpu := rates.get("step_alone_cpu_ms_per_image")) else ""),
+              "#59a14f"),
              ("together", rates.get("together_images_per_s"), "the loader feeding the step", "#7c6fb0"),
              ("ceiling", rates.get("ceiling_images_per_s"), "what the machine's cores decode at most", "#9ca3af")]
     tiles = [t for t in tiles if t[1] is not None or t[0] != "ceiling"]

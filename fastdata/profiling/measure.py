@@ -11,6 +11,7 @@ import torch
 
 from .._cli import SkipsNamedOnce
 from .._collate import batch_len
+from .._cores import usable_cores
 from .._loader import LoaderCore
 from ..backends.torch import remaker
 from ..errors import DataError, one_line
@@ -198,16 +199,22 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
         return report
 
     # 2. the step alone, on one cached batch (a full one: an epoch's short last batch would
-    # time a smaller step)
+    # time a smaller step), and on a CPU device its CPU: the process's (its intra-op threads too),
+    # at most the cores' over the window. Workers are other processes, and a loader in this process
+    # has filled its bounded queue by now (the warm-up steps take none of it). Not on a GPU: a
+    # CUDA wait spins a core, so the process's CPU there counts the GPU's time as well
     for _ in range(min(warmup, 2)):
         step(cached)
     _sync(device)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step(cached)
     _sync(device)
-    step_s = (time.perf_counter() - t) / steps
+    cpu, step_s = time.process_time() - cpu, (time.perf_counter() - t) / steps
     step_rate = batch_size / step_s
+    on_gpu = _cuda(device) or torch.cuda.is_initialized()  # (a step that uses CUDA on a device not given)
+    step_cpu_ms = None if on_gpu or not batch_size else 1e3 * min(cpu, usable_cores() * step_s * steps) / (
+        steps * batch_size)
 
     # 3. both, as training runs them; first as many steps as batches can queue up ahead, since
     # the loader filled its queues while the step ran alone and a full queue is no steady state
@@ -229,7 +236,7 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     said = verdict(stall, loader_rate, step_rate)
     report = Report(source, batch_size, loader_rate, step_rate, together, stall, *said, timeline, config,
                     stages=stages, bound=bound, epoch_starts=epoch_starts, images_per_step=per_step,
-                    other_cores=max((c for c in others if c is not None), default=None))
+                    other_cores=max((c for c in others if c is not None), default=None), step_cpu_ms=step_cpu_ms)
     check_ceiling(report, steps)
     # The pass ends before any change is measured: a fresh loader's workers fork from a
     # process whose own decode threads and workers are gone, as they would in training.

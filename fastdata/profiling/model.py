@@ -29,8 +29,11 @@ class RateModel:
     it: the decode threads overlap), else its reads in series and its decode spread over the
     cores. A drop-in (`ahead` False) makes each batch in the step's thread, as DataLoader does:
     its loader-alone time and the step's add up. Prefetch depth does not enter: it absorbs
-    jitter, it adds no capacity. Left out: cores slowing each other down (memory bandwidth,
-    caches)."""
+    jitter, it adds no capacity. The step's own CPU (`step_cpu`, measured with the step alone on
+    a CPU device) shares the cores with the loader's: all the CPU work together bounds the rate
+    together, never the loader's alone. Left out: cores slowing each other down (memory
+    bandwidth, caches), and the step's CPU slowed on a core it shares with workers (its wall
+    time in series is the one measured alone)."""
 
     work: float  # s an image in a worker: its stages, waits included
     cpu: float  # CPU s an image in the workers
@@ -40,6 +43,7 @@ class RateModel:
     main_on_cpu: bool = True  # False when the device stage runs on a GPU
     serial: float | None = None  # s an image of the loader alone, measured with 0 workers
     ahead: bool = True  # with 0 workers, whether the batches are made ahead of the step (not a drop-in)
+    step_cpu: float = 0.0  # CPU s an image of the step on a CPU device (its intra-op threads too); 0 unmeasured
 
     @classmethod
     def of(cls, report: Report, cores: int) -> RateModel | None:
@@ -50,8 +54,12 @@ class RateModel:
         cpu = work - st.get("read", 0) / 1e3
         main = (st.get("device_stage", 0) + st.get("deliver", 0)) / 1e3
         serial = 1.0 / report.loader_images_per_s if report.config.get("num_workers") == 0 else None
+        # the step's CPU was measured on a full batch: a step over the images a step took, as its time;
+        # under 1% of the loader's (a step that waits: a sleep, a GPU's kernels) it moves no bound
+        step_cpu = (report.step_cpu_ms or 0.0) / 1e3 * report.batch_size / (report.images_per_step or report.batch_size)
+        step_cpu = step_cpu if step_cpu >= 0.01 * (cpu + main) else 0.0
         return cls(work, cpu, main, cls.step_of(report), cores, report.config.get("device", "cpu") == "cpu", serial,
-                   report.config.get("backend") != "torch")
+                   report.config.get("backend") != "torch", step_cpu)
 
     @staticmethod
     def step_of(report: Report) -> float:
@@ -60,14 +68,19 @@ class RateModel:
             return 0.0
         return report.batch_size / report.step_images_per_s / (report.images_per_step or report.batch_size)
 
+    def all_cpu(self) -> float:
+        """CPU s an image that shares the cores: the workers' (or the decode threads'), the
+        training process's stages where they run on the CPU, and the step's own where there is one."""
+        return self.cpu + (self.main if self.main_on_cpu else 0.0) + (self.step_cpu if self.step > 0 else 0.0)
+
     def rate(self, workers: int) -> float:
         return min(self.terms(workers).values())
 
     def terms(self, workers: int) -> dict[str, float]:
         """The bounds whose least is rate(workers), by what sets each: "loader" (0 workers: the
         loader in the training process), "workers" (each worker's stages), "cores" (all the CPU
-        work over the cores), "main" (the training process's own stages in series with the step;
-        "step" where it has none)."""
+        work over the cores, the step's own included), "main" (the training process's own stages in
+        series with the step; "step" where it has none)."""
         series = "main" if self.main > 0 else "step"
         if workers == 0 and not self.ahead:  # the Dataset, the collation and the step, one after another
             loader = self.serial if self.serial is not None else self.work + self.main
@@ -81,9 +94,10 @@ class RateModel:
             out = {"loader": 1.0 / max(loader, 1e-12)}
             if self.main + self.step > 0:
                 out[series] = 1.0 / (self.main + self.step)
+            if self.step > 0 and self.step_cpu > 0:  # the step's CPU beside the decode threads'
+                out["cores"] = self.cores / self.all_cpu()
             return out
-        cpu = self.cpu + (self.main if self.main_on_cpu else 0.0)
-        out = {"workers": workers / self.work, "cores": self.cores / max(cpu, 1e-9)}
+        out = {"workers": workers / self.work, "cores": self.cores / max(self.all_cpu(), 1e-9)}
         if self.main + self.step <= 0:
             return out
         supply = min(out.values())
@@ -113,7 +127,7 @@ def check_ceiling(report: Report, steps: int, cores: int | None = None) -> None:
     model = RateModel.of(report, cores or usable_cores())
     if model is None:
         return
-    cpu = model.cpu + (model.main if model.main_on_cpu else 0.0)
+    cpu = dataclasses.replace(model, step=0.0).all_cpu()  # the pipeline's: the step's own is not the loader's
     if cpu <= 0:
         return
     report.ceiling_images_per_s = model.cores / cpu

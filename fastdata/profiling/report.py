@@ -117,6 +117,8 @@ class Report:
     # batch of an epoch fell among them (the step costs a whole step all the same)
     images_per_step: float | None = None
     ceiling_images_per_s: float | None = None  # the most this pipeline can give on these cores
+    # CPU ms an image of the step alone on a CPU device (this process's CPU, intra-op threads too)
+    step_cpu_ms: float | None = None
     flags: list[str] = dataclasses.field(default_factory=list)  # figures not to be trusted, and why
     # samples left out (on_error="skip"): the skips ("count"), the distinct files ("files") and
     # those files once each, with their cause and times skipped ("examples"; measure.skipped_since)
@@ -212,6 +214,12 @@ class Report:
         """A rate as the terminal shows it: not at all where it is flagged as above the ceiling."""
         return "invalid" if any(f.startswith(f"{name}:") for f in self.flags) else f"{rate:,.0f}"
 
+    def _step_cpu_note(self) -> str:
+        """The step's own CPU an image, where it was measured (a CPU device): it shares the cores with the loader."""
+        if self.step_cpu_ms is None or self.step_cpu_ms < 0.005:  # (a step that waits: a sleep, a GPU's)
+            return ""
+        return f" (its own CPU: {self.step_cpu_ms:.2f} ms an image, beside the loader's)"
+
     def epoch_start_note(self) -> str | None:
         if not self.epoch_starts or len(self.epoch_starts) == len(self.steps):
             return None
@@ -261,7 +269,8 @@ class Report:
             "rates": {"loader_alone_images_per_s": self.loader_images_per_s,
                       "step_alone_images_per_s": self.step_images_per_s,
                       "together_images_per_s": self.together_images_per_s,
-                      "ceiling_images_per_s": self.ceiling_images_per_s},
+                      "ceiling_images_per_s": self.ceiling_images_per_s,
+                      "step_alone_cpu_ms_per_image": self.step_cpu_ms},
             "stall_fraction": self.stall_fraction,
             "stages": [{"name": name, "ms_per_image": ms, "what": stage_text(name, self.stages), "where": _where(name),
                         "bound": name == self.bound} for name, ms in self.stages.items()],
@@ -279,7 +288,7 @@ class Report:
             lines.append(f"  ceiling:        {self.ceiling_images_per_s:10,.0f} images/s "
                          "(the cores over the CPU an image)")
         if self.step_images_per_s is not None:
-            lines.append(f"  step alone:     {self.step_images_per_s:10,.0f} images/s")
+            lines.append(f"  step alone:     {self.step_images_per_s:10,.0f} images/s" + self._step_cpu_note())
             lines.append(f"  together:       {self._rate('together', self.together_images_per_s):>10} images/s "
                          f"(the step waited for data {100 * self.stall_fraction:.0f}% of the time)")
             if self.epoch_start_note():
@@ -316,7 +325,7 @@ class Report:
             rates.add_row("ceiling", f"{self.ceiling_images_per_s:,.0f} images/s",
                           "the most this pipeline can give here: the cores over the CPU an image")
         if self.step_images_per_s is not None:
-            rates.add_row("step alone", f"{self.step_images_per_s:,.0f} images/s")
+            rates.add_row("step alone", f"{self.step_images_per_s:,.0f} images/s", self._step_cpu_note().strip(" ()"))
             rates.add_row("together", f"{self._rate('together', self.together_images_per_s)} images/s",
                           f"the step waited for data {100 * self.stall_fraction:.0f}% of the time")
         console.print(rates)

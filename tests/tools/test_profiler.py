@@ -295,6 +295,67 @@ def test_rate_model():
     assert series.rate(2) == slow.rate(2)  # with workers, as an image loader
 
 
+def test_rate_model_counts_the_steps_own_cpu_in_the_rate_together_only():
+    from fastdata.profiling import RateModel
+
+    # a 1 ms step that is 1 ms of CPU (a model trained on the CPU) beside 3.5 ms of the loader's CPU
+    m = RateModel(work=4e-3, cpu=3e-3, main=0.5e-3, step=1e-3, cores=2, step_cpu=1e-3)
+    assert m.terms(4)["cores"] == pytest.approx(2 / 4.5e-3)  # 444: all the CPU work over the cores
+    assert m.rate(4) == pytest.approx(2 / 4.5e-3)  # (the step in series, on a shared core: 500)
+    assert dataclasses.replace(m, step_cpu=0.0).rate(4) == pytest.approx(500)
+    assert dataclasses.replace(m, step=0.0).rate(4) == pytest.approx(2 / 3.5e-3)  # the loader alone: not its CPU
+    # 0 workers: the decode threads (3 ms of CPU over 2 cores) beside the step's CPU
+    assert m.terms(0)["cores"] == pytest.approx(2 / 4.5e-3)
+    assert m.rate(0) == pytest.approx(1 / 3e-3)  # (the decode thread's reads in series bound it first)
+
+
+def test_a_steps_own_cpu_bounds_the_advice_and_the_headline(two_cores):
+    """A model trained on the CPU: its step takes 1.2 ms of CPU an image, which the workers'
+    decode shares the 2 cores with. Advice and headline never give more than all of that CPU
+    work over the cores (453 images/s), where the loader's CPU alone would give 618."""
+    stages = {"read": 0.04, "decode": 3.2, "device_stage": 0.0, "deliver": 0.01}
+    one = _synthetic(256 * 1.2, workers=1, stages=stages, rates=(309.0, 300.0), step_cpu_ms=1.2)
+    bound = 2 / (3.21e-3 + 1.2e-3)
+    assert one.ceiling_images_per_s == pytest.approx(2 / 3.21e-3)  # the loader's own, as before
+    (workers,) = [a for a in one.advice if a.change and "num_workers" in a.change]  # (0 and 2 predict alike)
+    assert workers.predicted_images_per_s == pytest.approx(bound)
+    assert f"about {bound:,.0f} images/s" in workers.text, workers.text
+    without = _synthetic(256 * 1.2, workers=1, stages=stages, rates=(309.0, 300.0))  # the step's CPU unmeasured
+    (was,) = [a for a in without.advice if a.change and "num_workers" in a.change]
+    assert was.predicted_images_per_s > 1.3 * bound
+    assert "its own CPU: 1.20 ms an image" in str(one) and "its own CPU" not in str(without)
+    assert one.to_json()["rates"]["step_alone_cpu_ms_per_image"] == 1.2
+    head = _synthetic(256 * 1.2, workers=2, stages=stages, rates=(600.0, 440.0), step_cpu_ms=1.2).headline
+    assert head.startswith(f"input bounds the step: the 2 cores give at most {bound:,.0f} images/s together "
+                           "against the step's 833: the step's own CPU (1.20 ms an image) shares them with the "
+                           "loader's (3.21 ms); JPEG decode, crop, resize costs the most of the loader's"), head
+    assert "(the ceiling)" not in head and "more CPU cores" in head, head
+    # a step of 2 ms an image on 2 intra-op threads: 4 ms of CPU, more than the loader's
+    heavy = _synthetic(256 * 2.0, workers=2, stages=stages, rates=(600.0, 270.0), step_cpu_ms=4.0).headline
+    assert "the step's own CPU (4.00 ms an image)" in heavy and "the step costs the most of it" in heavy, heavy
+    assert "smaller crop" not in heavy and "more CPU cores would help" in heavy, heavy
+
+
+def test_the_profile_measures_a_cpu_steps_own_cpu(tmp_path):
+    """The step alone on the CPU device: its CPU an image is measured (a fixed amount of work,
+    so the figure does not follow the machine's load); a sleeping step's is about none."""
+    from fastdata._cores import usable_cores
+
+    def burn(batch):
+        total = 0
+        for k in range(60_000):  # a few ms of CPU
+            total += k * k
+        return total
+
+    loader = fastdata.loader(Busy(0.0, n=64), batch_size=8, num_workers=0)
+    burned = fastdata.profile(loader, step=burn, steps=4, warmup=1, confirm=0)
+    slept = fastdata.profile(loader, step_ms=5, steps=4, warmup=1, confirm=0)
+    assert burned.step_cpu_ms > 0 and slept.step_cpu_ms is not None
+    assert slept.step_cpu_ms < 0.2 * burned.step_cpu_ms
+    assert burned.step_cpu_ms <= 1e3 * usable_cores() / burned.step_images_per_s  # at most the cores over its time
+    assert burned.to_json()["rates"]["step_alone_cpu_ms_per_image"] == burned.step_cpu_ms
+
+
 def test_rate_model_counts_a_whole_step_for_a_short_batch():
     from fastdata.profiling import RateModel, Report
 
@@ -354,10 +415,11 @@ def two_cores(monkeypatch):
 
 
 def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: dict | None = None,
-               rates: tuple[float, float] = (982.0, 931.0)):
+               rates: tuple[float, float] = (982.0, 931.0), step_cpu_ms: float | None = None):
     """A report with the stage costs `fastdata-profile synthetic` measured on 2 cores (0.72 ms
     of decode in the workers, 0.30 in the training process), 256-image batches, a step of
-    `step_ms` and `rates` (the loader alone, together), advised."""
+    `step_ms` (and its own CPU an image, `step_cpu_ms`) and `rates` (the loader alone, together),
+    advised."""
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
@@ -368,7 +430,7 @@ def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: d
                         "deliver": 0.01}
     report = Report("x", 256, rates[0], 256 / (step_ms / 1e3), rates[1], 0.63, "input-bound", "", [],
                     {"backend": backend, "num_workers": workers, "device": "cpu"}, stages=stages, bound="decode",
-                    images_per_step=256)
+                    images_per_step=256, step_cpu_ms=step_cpu_ms)
     check_ceiling(report, steps=30, cores=2)
     loader = SimpleNamespace(num_workers=workers, device=torch.device("cpu"), placement="cpu",
                              transform=SimpleNamespace(pixel_ops=()))
