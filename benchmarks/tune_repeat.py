@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,12 +31,14 @@ from fastdata import transforms as T
 from fastdata.profiling import profile
 
 HERE = Path(__file__).resolve().parent
-HOME = HERE / "data" / "tune-home"  # the synthetic set lives under it, made by the first run
+HOME = HERE / "data" / "tune-home"
+CACHE = HOME / ".cache" / "fastdata"  # fastdata's cache: the synthetic set, made by the first run, and the tunes
 
 
 def _tune_once(k: int) -> dict:
+    shutil.rmtree(CACHE / "tuned", ignore_errors=True)  # no run reuses another's pick
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "HOME": str(HOME), "FASTDATA_CACHE": tmp, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "HOME": str(HOME), "FASTDATA_CACHE": str(CACHE), "OMP_NUM_THREADS": "1"}
         t = time.perf_counter()
         done = subprocess.run(["fastdata-profile", "synthetic", "--step-ms", "100", "--tune", "--out", tmp], env=env,
                               capture_output=True, text=True, timeout=1800)
@@ -63,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = [_tune_once(k) for k in range(args.runs)]
 
-    source = str(HOME / ".cache" / "fastdata" / "demo-imagenet-like")
+    source = str(CACHE / "demo-imagenet-like")
     transform = T.imagenet_train(224)
     picks = {json.dumps(r["chosen"], sort_keys=True): r["chosen"] for r in runs}
 
