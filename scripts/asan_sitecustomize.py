@@ -15,10 +15,10 @@ sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ScikitBuild
 #    around fork() (glibc's malloc does; compiler-rt gained it later): a child forked while another
 #    thread of the parent holds one of ASan's allocator locks (a thread starting or ending does, e.g.
 #    a finished DataLoader's queue feeder, or pytest-timeout's per-test timer) waits on that lock for
-#    ever at its first thread or allocation. Measured: a parent that starts and ends threads beside
-#    its forks hung 8 children in 1,500 under ASan, none without it, none with the wait below.
-#    So before each os.fork (multiprocessing's included), wait until no other thread of this process
-#    is running: one that holds such a lock is running (state R), as it holds it only while it works.
+#    ever at its first thread or allocation (a parent that starts and ends threads beside its forks
+#    hangs some children under ASan, none without it). So before each os.fork (multiprocessing's
+#    included), wait until no other thread of this process is running: one that holds such a lock
+#    is running (state R), as it holds it only while it works.
 #    The check and the fork happen with the GIL held throughout (libc's calls through PyDLL keep it,
 #    and the switch interval is raised so the interpreter does not hand it over): a Python thread
 #    seen asleep cannot wake into the allocator before the fork. At most 2 s, then a line on stderr
