@@ -210,11 +210,11 @@ def _measure(loader, step, steps: int, warmup: int, device, source: str, timed: 
     for _ in range(steps):
         step(cached)
     _sync(device)
-    cpu, step_s = time.process_time() - cpu, (time.perf_counter() - t) / steps
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - t
+    step_s = wall / steps
     step_rate = batch_size / step_s
     on_gpu = _cuda(device) or torch.cuda.is_initialized()  # (a step that uses CUDA on a device not given)
-    step_cpu_ms = None if on_gpu or not batch_size else 1e3 * min(cpu, usable_cores() * step_s * steps) / (
-        steps * batch_size)
+    step_cpu_ms = None if on_gpu or not batch_size else 1e3 * min(cpu, usable_cores() * wall) / (steps * batch_size)
 
     # 3. both, as training runs them; first as many steps as batches can queue up ahead, since
     # the loader filled its queues while the step ran alone and a full queue is no steady state

@@ -336,7 +336,7 @@ def test_a_steps_own_cpu_bounds_the_advice_and_the_headline(two_cores):
     assert "smaller crop" not in heavy and "more CPU cores would help" in heavy, heavy
 
 
-def test_the_profile_measures_a_cpu_steps_own_cpu(tmp_path):
+def test_the_profile_measures_a_cpu_steps_own_cpu():
     """The step alone on the CPU device: its CPU an image is measured (a fixed amount of work,
     so the figure does not follow the machine's load); a sleeping step's is about none."""
     from fastdata._cores import usable_cores
