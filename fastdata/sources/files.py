@@ -20,6 +20,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 # Labels of a source that does not name its classes are in [0, 2**31): int64 holds them, and
 # so does an int32 class index (what a loss or a one-hot takes).
 MAX_LABEL = 2 ** 31
+# The longest path Linux opens (PATH_MAX, its final NUL counted): a longer one can never be read,
+# and named in every message about its sample it would make that message as long.
+MAX_PATH_BYTES = 4095
 
 
 class Names(Sequence[str]):
@@ -237,11 +240,17 @@ def file_list(pairs: Sequence[Any]) -> Samples:
         path, label = pair
         if not isinstance(path, (str, bytes, os.PathLike)):
             raise ValueError(f"a file list's paths should be str or os.PathLike, but item {i} has path {path!r:.100}")
+        path = os.fsdecode(path)
+        # (a character takes at most 4 bytes: only a long path is encoded to count them)
+        size = len(path.encode("utf-8", "surrogatepass")) if len(path) > MAX_PATH_BYTES // 4 else 0
+        if size > MAX_PATH_BYTES:
+            raise ValueError(f"a file list's paths should be at most {MAX_PATH_BYTES} bytes (the longest the OS "
+                             f"opens), but item {i}'s path has {size:,}: {one_line(path[:100])}...")
         if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
             raise ValueError(f"labels should be integers, but item {i} ({path}) has label {label!r:.50}")
         if not 0 <= label < MAX_LABEL:
             raise ValueError(f"labels should be in [0, 2**31), but item {i} ({path}) has label {label}")
-        paths.append(os.fsdecode(path))
+        paths.append(path)
         labels.append(int(label))
     if not paths:
         raise ValueError("the file list is empty")

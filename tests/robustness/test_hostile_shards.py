@@ -32,6 +32,7 @@ from fastdata._ext import native
 from fastdata import transforms as T
 from fastdata.shard import count_samples, read_index, write_shards
 from fastdata.sources import file_list, shards
+from fastdata.sources.files import MAX_PATH_BYTES
 from fastdata.sources.tarformat import IMAGE_MEMBERS
 
 CLASSES, PER_CLASS = 3, 4
@@ -698,6 +699,23 @@ def test_file_list_paths_checked(folder):
     assert samples.paths == [path] * 3 and samples.labels.tolist() == [0, 1, 2]
     loader = fastdata.loader([(os.fsencode(path), 3), (path, 4)], batch_size=2, transform=TRANSFORM)
     assert loader.samples.paths == [path] * 2 and next(iter(loader))[1].tolist() == [3, 4]
+
+
+def test_a_path_longer_than_the_os_opens_is_refused_in_a_short_line(folder):
+    """A path no OS call can open would be named whole in each message about its sample (a
+    megabyte path, a megabyte line); the list is refused up front, its length and head said."""
+    path = str(folder / "class0" / "000.jpg")
+    longest = "/" * (MAX_PATH_BYTES - len(path)) + path  # "//...//a/b" is the same file
+    assert next(iter(fastdata.loader([(longest, 7)], batch_size=1, transform=TRANSFORM)))[1].tolist() == [7]
+    for bad, size in ((longest[0] + longest, MAX_PATH_BYTES + 1), ("\n" + "\u00e9" * 2048 + ".jpg", 4101),
+                      ("x" * 10 ** 6 + ".jpg", 10 ** 6 + 4)):
+        for on_error in ("raise", "skip"):
+            with pytest.raises(ValueError) as e:
+                fastdata.loader([(path, 0), (bad, 1)], batch_size=1, on_error=on_error, transform=TRANSFORM)
+            line = str(e.value)
+            assert line.startswith(f"a file list's paths should be at most {MAX_PATH_BYTES} bytes (the longest the "
+                                   f"OS opens), but item 1's path has {size:,}: ") and len(line) < 400, line[:400]
+            assert "\n" not in line
 
 
 def _with_checksum(h: bytearray) -> bytes:
