@@ -85,7 +85,8 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
     headline's words when no measured change leads it). No figure exceeds the report's ceiling
     (the cores over the CPU an image) and no worker count exceeds the usable cores. With
     `measure`, each predicted change is measured against the current config before it is
-    advised, and only a measured gain is advised as a change (confidence "measured"); without
+    advised (a worker count on the other side of the current one too, where the best gave no
+    gain), and only a measured gain is advised as a change (confidence "measured"); without
     it, a prediction stays the model's, which the headline does not name (Report.first_change).
     `script`: a loader `fastdata run` served in a script's own run, where 0 workers were kept
     because workers could change the script's batches: no worker count is advised from 0, and
@@ -123,14 +124,20 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
         now = bounded(model.rate(workers))
         counts = sorted({0, 1, max(1, cores - 1), cores} - {workers})
         options = {w: bounded(model.rate(w)) for w in counts}
-        best = max(options, key=options.get)
-        if options[best] >= 1.1 * max(measured, now):  # better than both the run and the model's own figure for it
+        # The counts predicted better than both the run and the model's own figure for it, best first.
+        # One measured no faster says little of a count on the other side of the current one (more
+        # workers than fit beside the step, fewer than the input needs): with `measure`, the best
+        # there is measured next.
+        ranked = sorted((w for w in counts if options[w] >= 1.1 * max(measured, now)), key=lambda w: -options[w])
+        while ranked:
+            best = ranked[0]
             advice.append(_checked(
                 Advice(f"num_workers={best} instead of {workers}: about {options[best]:,.0f} images/s "
                        f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
                        {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
                 measure, how, _split(loader, best)))
-            more_refuted = best > workers and _refuted(advice[-1])
+            more_refuted = more_refuted or (best > workers and _refuted(advice[-1]))
+            ranked = [w for w in ranked if (w > workers) != (best > workers)] if _refuted(advice[-1]) else []
     elif workers == 0 and cores > 1:
         # a count, not "auto": an image loader without persistent workers resolves "auto" to 0
         rule = Advice(f"num_workers={cores} (the usable cores) instead of 0: decoding moves off the training "

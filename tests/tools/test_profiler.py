@@ -415,11 +415,11 @@ def two_cores(monkeypatch):
 
 
 def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: dict | None = None,
-               rates: tuple[float, float] = (982.0, 931.0), step_cpu_ms: float | None = None):
+               rates: tuple[float, float] = (982.0, 931.0), step_cpu_ms: float | None = None, measure=None):
     """A report with the stage costs `fastdata-profile synthetic` measured on 2 cores (0.72 ms
     of decode in the workers, 0.30 in the training process), 256-image batches, a step of
     `step_ms` (and its own CPU an image, `step_cpu_ms`) and `rates` (the loader alone, together),
-    advised."""
+    advised (its changes measured by `measure`, where given)."""
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
@@ -434,8 +434,34 @@ def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: d
     check_ceiling(report, steps=30, cores=2)
     loader = SimpleNamespace(num_workers=workers, device=torch.device("cpu"), placement="cpu",
                              transform=SimpleNamespace(pixel_ops=()))
-    advise(loader, report)
+    advise(loader, report, measure)
     return report
+
+
+@pytest.mark.parametrize("gains", [(), (0,), (2,), (0, 2)])
+def test_a_worker_count_on_the_other_side_is_measured_when_the_best_gave_no_gain(two_cores, gains):
+    """From 1 worker the model predicts 2 (the most) and 0 (the decode threads beside a short
+    device stage) well above the run: 2 is measured first; where it gives no gain, 0 is measured
+    next, and a gain there is the change the headline names. A count on the same side as one
+    refuted is not measured."""
+    stages = {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.01,
+              "deliver": 0.01}
+    asked = []
+
+    def measure(change):
+        asked.append(change["num_workers"])
+        return ([1500.0, 1510.0] if change["num_workers"] in gains else [1190.0, 1210.0]), [1200.0, 1205.0]
+
+    report = _synthetic(1, workers=1, stages=stages, rates=(1250.0, 1200.0), measure=measure)
+    assert asked == ([2] if 2 in gains else [2, 0]), asked
+    refuted = [a.text.split(" gave")[0] for a in report.advice if "gave no clear gain when measured" in a.text]
+    assert refuted == [f"num_workers={w} instead of 1" for w in asked if w not in gains], report.advice
+    first = report.first_change
+    if gains:
+        assert first.change == {"num_workers": asked[-1]} and first.confidence == "measured", report.advice
+        assert report.headline == first.text and "measured 1,505 images/s against 1,202 now" in first.text
+    else:
+        assert first is None and report.headline.endswith("; more workers measured no faster"), report.headline
 
 
 def test_nodes_are_advised_only_up_to_what_one_training_process_takes(two_cores):
