@@ -415,11 +415,12 @@ def two_cores(monkeypatch):
 
 
 def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: dict | None = None,
-               rates: tuple[float, float] = (982.0, 931.0), step_cpu_ms: float | None = None, measure=None):
+               rates: tuple[float, float] = (982.0, 931.0), step_cpu_ms: float | None = None, measure=None,
+               cores: int = 2):
     """A report with the stage costs `fastdata-profile synthetic` measured on 2 cores (0.72 ms
     of decode in the workers, 0.30 in the training process), 256-image batches, a step of
     `step_ms` (and its own CPU an image, `step_cpu_ms`) and `rates` (the loader alone, together),
-    advised (its changes measured by `measure`, where given)."""
+    advised (its changes measured by `measure`, where given) as on `cores` cores."""
     from types import SimpleNamespace
 
     from fastdata.profiling import Report
@@ -431,29 +432,38 @@ def _synthetic(step_ms: float, backend: str = "pil", workers: int = 2, stages: d
     report = Report("x", 256, rates[0], 256 / (step_ms / 1e3), rates[1], 0.63, "input-bound", "", [],
                     {"backend": backend, "num_workers": workers, "device": "cpu"}, stages=stages, bound="decode",
                     images_per_step=256, step_cpu_ms=step_cpu_ms)
-    check_ceiling(report, steps=30, cores=2)
+    check_ceiling(report, steps=30, cores=cores)
     loader = SimpleNamespace(num_workers=workers, device=torch.device("cpu"), placement="cpu",
                              transform=SimpleNamespace(pixel_ops=()))
     advise(loader, report, measure)
     return report
 
 
-@pytest.mark.parametrize("gains", [(), (0,), (2,), (0, 2)])
-def test_a_worker_count_on_the_other_side_is_measured_when_the_best_gave_no_gain(two_cores, gains):
-    """From 1 worker the model predicts 2 (the most) and 0 (the decode threads beside a short
-    device stage) well above the run: 2 is measured first; where it gives no gain, 0 is measured
-    next, and a gain there is the change the headline names. A count on the same side as one
-    refuted is not measured."""
-    stages = {"read": 0.06, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0, "device_stage": 0.01,
-              "deliver": 0.01}
+@pytest.mark.parametrize("cores", [2, 4])
+@pytest.mark.parametrize("gains", [(), ("most",), (0,), ("most", 0)])
+def test_a_worker_count_on_the_other_side_is_measured_when_the_best_gave_no_gain(two_cores, monkeypatch, cores,
+                                                                                gains):
+    """From 1 worker the model predicts the most for all the cores' workers, and for 0 (the
+    decode threads beside a short device stage) well above the run: the most is measured first;
+    where it gives no gain, 0 is measured next, and a gain there is the change the headline names.
+    On 4 cores, 3 workers are predicted above 0 but lie on the side refuted: not measured."""
+    monkeypatch.setattr("fastdata.profiling.advice.usable_cores", lambda: cores)
+    stages = {"read": 0.06 if cores == 2 else 0.2, "decode": 0.72, "cpu_transforms": 0.0, "collate": 0.0,
+              "device_stage": 0.01, "deliver": 0.01}
+    gains = {cores if g == "most" else g for g in gains}
     asked = []
 
     def measure(change):
         asked.append(change["num_workers"])
         return ([1500.0, 1510.0] if change["num_workers"] in gains else [1190.0, 1210.0]), [1200.0, 1205.0]
 
-    report = _synthetic(1, workers=1, stages=stages, rates=(1250.0, 1200.0), measure=measure)
-    assert asked == ([2] if 2 in gains else [2, 0]), asked
+    report = _synthetic(1, workers=1, stages=stages, rates=(1250.0, 1200.0), measure=measure, cores=cores)
+    if cores == 4:
+        from fastdata.profiling import RateModel
+
+        model = RateModel.of(report, 4)
+        assert model.rate(4) > model.rate(3) > model.rate(0) > 1.1 * 1200  # 3 ranks above 0
+    assert asked == ([cores] if cores in gains else [cores, 0]), asked
     refuted = [a.text.split(" gave")[0] for a in report.advice if "gave no clear gain when measured" in a.text]
     assert refuted == [f"num_workers={w} instead of 1" for w in asked if w not in gains], report.advice
     first = report.first_change
