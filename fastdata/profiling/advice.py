@@ -136,8 +136,9 @@ def advise(loader: Any, report: Report, measure: Measure | None = None, *, scrip
                        f"(measured now: {measured:,.0f}; the model gives {now:,.0f} for the current config)",
                        {"num_workers": best}, options[best], "model"), f"num_workers={best} instead of {workers}",
                 measure, how, _split(loader, best)))
-            more_refuted = more_refuted or (best > workers and _refuted(advice[-1]))
-            ranked = [w for w in ranked if (w > workers) != (best > workers)] if _refuted(advice[-1]) else []
+            refuted = _refuted(advice[-1])
+            more_refuted = more_refuted or (refuted and best > workers)
+            ranked = [w for w in ranked if (w > workers) != (best > workers)] if refuted else []
     elif workers == 0 and cores > 1:
         # a count, not "auto": an image loader without persistent workers resolves "auto" to 0
         rule = Advice(f"num_workers={cores} (the usable cores) instead of 0: decoding moves off the training "
