@@ -46,6 +46,12 @@ _STATE_VERSION = 1
 # the class count can come from input (a shard index's list of classes), and one-hot targets grow
 # with it.
 MAX_TARGET_BYTES = 1 << 30
+# What a pass is built from, so fixed once the loader is made: the keywords (but the ranks, which
+# follow torch.distributed when a pass starts) and DataLoader's names for the same things. torch's
+# DataLoader refuses its own after __init__ (batch_size, sampler, drop_last, ...); here a later
+# value would be ignored, so each is refused, in torch's words.
+_FIXED = (frozenset(f.name for f in dataclasses.fields(ImageOptions)) - {"rank", "world_size"}) | {
+    "batch_size", "backend", "config", "samples", "index_sampler", "dataset", "batch_sampler"}
 
 
 class ImageLoader(Loader):
@@ -107,6 +113,13 @@ class ImageLoader(Loader):
         self._in_epoch = False  # a pass is live and its epoch not finished
         self._state_world: int | None = None  # the world size of a state just loaded
         self._skipped_seen: dict[str, dict | None] = {}  # a skipped file -> its stats["errors"] entry (see _record)
+        self._made = True  # from here on, the names in _FIXED are refused (see __setattr__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED and self.__dict__.get("_made"):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized: "
+                             f"a pass is built from the values given to fastdata.loader(...); make a new loader instead")
+        super().__setattr__(name, value)
 
     def _build(self) -> None:
         """The parts for this rank and world size: order, reader, decoder, who decodes, the
@@ -237,7 +250,7 @@ class ImageLoader(Loader):
         pass would have given (each sample's randomness is its seed's, epoch's and id's)."""
         twin = copy.copy(self)  # without the live pass (Loader.__getstate__)
         twin._options = dataclasses.replace(self._options, persistent_workers=False)
-        twin.persistent_workers = False
+        vars(twin)["persistent_workers"] = False  # (past __setattr__'s guard: the twin is this loader's own)
         twin._build()
         twin._order.check_state(state)  # the pass's shuffle blocks, which a state may have set
         twin._epoch, twin._skip, twin._in_epoch, twin._delivered = state["epoch"], state["batches"], False, 0

@@ -53,6 +53,24 @@ def _train(size=(32, 48)):
     return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()])
 
 
+@pytest.mark.parametrize("name, value", [("batch_size", 9), ("drop_last", True), ("shuffle", True), ("num_workers", 2),
+                                         ("transform", T.Compose([T.Resize((16, 16))])), ("pin_memory", True),
+                                         ("sampler", None), ("dataset", None), ("seed", 5), ("backend", "wds")])
+def test_assigning_what_a_pass_is_built_from_raises_as_dataloader_does(folder, name, value):
+    """torch's DataLoader refuses batch_size, sampler, drop_last, ... once made; an image loader
+    builds its passes from all it was given, so a later value would be ignored: each is refused,
+    in one line, and the batches stay those it was made with."""
+    loader = fastdata.loader(str(folder), batch_size=5, transform=_train(), num_workers=0)
+    with pytest.raises(ValueError) as e:
+        setattr(loader, name, value)
+    assert str(e.value).startswith(f"{name} attribute should not be set after PilLoader is initialized")
+    assert "\n" not in str(e.value)
+    images, labels = _epoch(loader)  # 36 samples in batches of 5, every one with its own label
+    assert torch.equal(_decode_ids(images)[0], labels) and len(labels) == 36 and len(loader) == 8
+    loader.note = "a name of the script's own"  # as on a DataLoader: anything else may be set
+    assert loader.note == "a name of the script's own"
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_labels_match_content_and_every_sample_once(folder, num_workers):
     loader = fastdata.loader(str(folder), batch_size=5, shuffle=True, transform=_train(), num_workers=num_workers)
