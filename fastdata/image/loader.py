@@ -32,7 +32,7 @@ from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder
 from .record import samples_key
 from .options import ImageOptions
-from .order import FileOrder, ShardOrder, check_sampler
+from .order import EpochSampler, FileOrder, ShardOrder, check_sampler
 from .parts import BatchOrder, Reader, Runner
 from .read import Failures
 from .read_shards import ShardReader
@@ -46,11 +46,11 @@ _STATE_VERSION = 1
 # the class count can come from input (a shard index's list of classes), and one-hot targets grow
 # with it.
 MAX_TARGET_BYTES = 1 << 30
-# What a pass is built from, so fixed once the loader is made: the keywords (but the ranks, which
-# follow torch.distributed when a pass starts) and DataLoader's names for the same things. torch's
-# DataLoader refuses its own after __init__ (batch_size, sampler, drop_last, ...); here a later
-# value would be ignored, so each is refused, in torch's words.
-_FIXED = (frozenset(f.name for f in dataclasses.fields(ImageOptions)) - {"rank", "world_size"}) | {
+# What a pass is built from, so fixed once the loader is made: the keywords and DataLoader's names
+# for the same things. torch's DataLoader refuses its own after __init__ (batch_size, sampler,
+# drop_last, ...); here a later value would be ignored (a rank left to torch.distributed is read
+# from it again before a pass, not from the attribute), so each is refused, in torch's words.
+_FIXED = frozenset(f.name for f in dataclasses.fields(ImageOptions)) | {
     "batch_size", "backend", "config", "samples", "index_sampler", "dataset", "batch_sampler"}
 
 
@@ -158,7 +158,7 @@ class ImageLoader(Loader):
         live = ranks(*self._asked)
         if live != (self.rank, self.world_size):
             self._runner.shutdown()
-            self.rank, self.world_size = live
+            vars(self).update(rank=live[0], world_size=live[1])  # (past __setattr__'s guard)
             self._build()
 
     # ------------------------------------------------------------- the backend's parts
@@ -203,7 +203,7 @@ class ImageLoader(Loader):
     batch_sampler = None  # as a DataLoader given a sampler has (Lightning reads both)
 
     @property
-    def sampler(self) -> "EpochSampler":
+    def sampler(self) -> EpochSampler:
         """What trainers call `set_epoch` on (Lightning and Fabric look for a DataLoader's
         sampler): it sets this loader's epoch."""
         return EpochSampler(self)
@@ -395,15 +395,3 @@ class ImageLoader(Loader):
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
 
-
-class EpochSampler:
-    """An image loader's stand-in for a DataLoader's sampler: `set_epoch` and `len`."""
-
-    def __init__(self, loader: ImageLoader) -> None:
-        self._loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self._loader) * self._loader.batch_size

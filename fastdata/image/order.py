@@ -14,6 +14,7 @@ or is cut with drop_last) and so of batches: DDP never waits on a rank with a ba
 `order.keys(epoch, k)` names batch k of `epoch` for the reader; `len(order)` is the batches
 per epoch. `Passes` is what DataLoader gets as its batch sampler: the keys from the point a
 pass starts at (`seek`), to the epoch's end, or on into the next epochs (`run_ahead`).
+`EpochSampler` is what trainers see as an image loader's sampler.
 """
 
 from __future__ import annotations
@@ -318,3 +319,16 @@ class Passes:
                 return
             skip = 0
             self.epoch = epoch + 1
+
+
+class EpochSampler:
+    """An image loader's stand-in for a DataLoader's sampler: `set_epoch` and `len`."""
+
+    def __init__(self, loader: Any) -> None:  # an ImageLoader
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self._loader) * self._loader.batch_size

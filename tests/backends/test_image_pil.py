@@ -55,7 +55,8 @@ def _train(size=(32, 48)):
 
 @pytest.mark.parametrize("name, value", [("batch_size", 9), ("drop_last", True), ("shuffle", True), ("num_workers", 2),
                                          ("transform", T.Compose([T.Resize((16, 16))])), ("pin_memory", True),
-                                         ("sampler", None), ("dataset", None), ("seed", 5), ("backend", "wds")])
+                                         ("sampler", None), ("dataset", None), ("seed", 5), ("backend", "wds"),
+                                         ("rank", 1), ("world_size", 2)])
 def test_assigning_what_a_pass_is_built_from_raises_as_dataloader_does(folder, name, value):
     """torch's DataLoader refuses batch_size, sampler, drop_last, ... once made; an image loader
     builds its passes from all it was given, so a later value would be ignored: each is refused,
