@@ -117,8 +117,8 @@ class ImageLoader(Loader):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED and self.__dict__.get("_made"):
-            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized: "
-                             f"a pass is built from the values given to fastdata.loader(...); make a new loader instead")
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized: a pass "
+                             "is built from the values given to fastdata.loader(...); make a new loader instead")
         super().__setattr__(name, value)
 
     def _build(self) -> None:
