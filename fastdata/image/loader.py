@@ -32,7 +32,7 @@ from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder
 from .record import samples_key
 from .options import ImageOptions
-from .order import EpochSampler, FileOrder, ShardOrder, check_sampler
+from .order import EpochSampler, FileOrder, ShardOrder, check_sampler, warn_other_order
 from .parts import BatchOrder, Reader, Runner
 from .read import Failures
 from .read_shards import ShardReader
@@ -259,7 +259,8 @@ class ImageLoader(Loader):
     def _state_dict(self) -> dict[str, Any]:
         """Where the stream stands: mid-epoch while a pass is live, else where the next pass
         starts."""
-        return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "epoch": self._epoch,
+        return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "shuffle": self._options.shuffle,
+                "epoch": self._epoch,
                 "batches": self._delivered if self._in_epoch else self._skip, "batch_size": self.batch_size,
                 "world_size": self.world_size, **self._order.state()}
 
@@ -270,8 +271,7 @@ class ImageLoader(Loader):
         blocks = self._order.state()
         self._order.check_state(state)  # (a shard order takes the state's shuffle blocks)
         self._state_world = state.get("world_size")  # checked when the next pass knows its world size
-        if state.get("seed", self.seed) != self.seed:
-            warnings.warn(f"resuming with seed={self.seed}, but the state was taken with seed={state['seed']}", stacklevel=2)
+        warn_other_order(state, self.seed, self._options.shuffle)
         if self.index_sampler is not None:
             self.index_sampler.load_state_dict(state["sampler"])
         self._stop()

@@ -20,6 +20,7 @@ pass starts at (`seek`), to the epoch's end, or on into the next epochs (`run_ah
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -144,6 +145,24 @@ class FileOrder:
                              "sampler" if taken is not None else "no sampler, so resume without one"))
         if taken is not None:
             self.sampler.check_state(taken)
+
+
+def warn_other_order(state: dict[str, Any], seed: int, shuffle: bool) -> None:
+    """Warns when a loader resumes `state` with another seed or shuffle than it was taken with.
+    The state's position counts batches of the order it was taken in; under another order the
+    rest of that epoch holds other samples: some the skipped batches held come again, and some
+    never come. (A state without "shuffle" is from before it was kept: only its seed is checked.)"""
+    taken = {"seed": state.get("seed", seed), "shuffle": state.get("shuffle", shuffle)}
+    now = {"seed": seed, "shuffle": shuffle}
+    changed = [k for k in now if taken[k] != now[k]]
+    if not changed:
+        return
+    said = ", ".join(f"{k}={now[k]}" for k in changed)
+    text = f"resuming with {said}, but the state was taken with " + ", ".join(f"{k}={taken[k]}" for k in changed)
+    if state.get("batches") and (taken["shuffle"] != shuffle or shuffle):  # an order drawn from the seed
+        text += (f": the {state['batches']} batches it counts as delivered came in another order, so the rest of "
+                 f"epoch {state.get('epoch')} may repeat some of their samples and leave out others")
+    warnings.warn(text, stacklevel=4)  # at the caller of Loader.load_state_dict
 
 
 def check_sampler(sampler: Any, samples: Any, shuffle: bool) -> None:

@@ -10,6 +10,7 @@ import os
 import pickle
 import re
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -123,6 +124,42 @@ def test_resume_mid_epoch(folder, num_workers, k):
     assert len(got) == len(want) - k
     for (x, y), (wx, wy) in zip(got, want[k:]):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def test_resuming_under_another_shuffle_or_seed_warns_what_the_epoch_loses(folder):
+    make = lambda **kw: fastdata.loader(str(folder), batch_size=5, transform=T.Compose([T.Resize((32, 48))]),  # noqa: E731
+                                        **{"shuffle": True, "seed": 9, **kw})
+    first = make()
+    it = iter(first)
+    seen = [_decode_ids(next(it)[0]) for _ in range(2)]
+    state = first.state_dict()
+    del it
+    assert state["shuffle"] is True and state["seed"] == 9
+    ids = lambda pairs: [(int(c), int(n)) for c, n in zip(*pairs)]  # noqa: E731
+    delivered = [i for pairs in seen for i in ids(pairs)]
+    for change, said in [({}, None), ({"shuffle": False}, "shuffle=False, but the state was taken with shuffle=True"),
+                         ({"seed": 3}, "seed=3, but the state was taken with seed=9")]:
+        resumed = make(**change)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resumed.load_state_dict(state)
+        ours = [str(w.message) for w in caught if "resuming with" in str(w.message)]
+        rest = [i for x, _ in resumed for i in ids(_decode_ids(x))]
+        if said is None:
+            assert not ours and sorted(delivered + rest) == sorted(set(delivered + rest))  # the epoch whole, once
+            assert len(delivered + rest) == CLASSES * PER_CLASS
+            continue
+        assert len(ours) == 1 and said in ours[0] and "may repeat some of their samples and leave out others" in ours[0]
+        assert caught[0].filename == __file__  # at the caller's load_state_dict
+        assert len(set(delivered) & set(rest)) > 0  # what the warning says: the rest repeats delivered samples
+    # Without a shuffle the seed sets no order: a warning, without the order's consequence.
+    plain = make(shuffle=False)
+    it = iter(plain)
+    next(it)
+    taken = plain.state_dict()
+    del it
+    with pytest.warns(UserWarning, match=r"resuming with seed=3, but the state was taken with seed=9$"):
+        make(shuffle=False, seed=3).load_state_dict(taken)
 
 
 def test_persistent_workers_run_ahead_into_the_next_epoch(folder):
