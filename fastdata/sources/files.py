@@ -230,9 +230,25 @@ def _walk_once(top: str, holders: set[tuple[int, int]], again: list[str],
         yield dirpath, files
 
 
+def _integer(label: Any) -> int | None:
+    """`label` as an int: an int or a NumPy integer, or a 0-d integer array or tensor (what
+    `zip(paths, labels)` gives for a tensor or array of labels); None for anything else (a
+    bool, a float, a string, an array of more than one element)."""
+    if isinstance(label, (bool, np.bool_)):
+        return None
+    if isinstance(label, (int, np.integer)):
+        return int(label)
+    if getattr(label, "ndim", None) == 0 and "bool" not in str(getattr(label, "dtype", "bool")):
+        try:
+            return operator.index(label)  # integer dtypes only: a float or complex one raises
+        except TypeError:
+            return None
+    return None
+
+
 def file_list(pairs: Sequence[Any]) -> Samples:
-    """A list of (path, label) pairs; each label an int (not a bool) in [0, 2**31) (files are
-    checked when read)."""
+    """A list of (path, label) pairs; each label an integer (`_integer`) in [0, 2**31) (files
+    are checked when read)."""
     paths, labels = [], []
     for i, pair in enumerate(pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -246,8 +262,9 @@ def file_list(pairs: Sequence[Any]) -> Samples:
         if size > MAX_PATH_BYTES:
             raise ValueError(f"a file list's paths should be at most {MAX_PATH_BYTES} bytes (the longest the OS "
                              f"opens), but item {i}'s path has {size:,}: {one_line(path[:100])}...")
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
-            raise ValueError(f"labels should be integers, but item {i} ({path}) has label {label!r:.50}")
+        label = _integer(label)
+        if label is None:
+            raise ValueError(f"labels should be integers, but item {i} ({path}) has label {pair[1]!r:.50}")
         if not 0 <= label < MAX_LABEL:
             raise ValueError(f"labels should be in [0, 2**31), but item {i} ({path}) has label {label}")
         paths.append(path)

@@ -162,6 +162,17 @@ def test_resuming_under_another_shuffle_or_seed_warns_what_the_epoch_loses(folde
         make(shuffle=False, seed=3).load_state_dict(taken)
 
 
+def test_a_file_list_zipped_with_a_tensor_or_array_of_labels(folder):
+    """`zip(paths, labels)` over a tensor or an array of labels gives 0-d elements: each is the
+    integer it holds, and every image comes with its own label."""
+    paths = sorted(str(p) for p in folder.glob("class*/*.*"))
+    classes = [int(p.split("class")[1][0]) for p in paths]
+    for labels in (torch.tensor(classes), np.asarray(classes, dtype=np.int32)):
+        loader = fastdata.loader(list(zip(paths, labels)), batch_size=5, transform=T.Compose([T.Resize((32, 48))]))
+        images, got = _epoch(loader)
+        assert got.tolist() == classes and torch.equal(_decode_ids(images)[0], got)
+
+
 def test_persistent_workers_run_ahead_into_the_next_epoch(folder):
     make = lambda **kw: fastdata.loader(str(folder), batch_size=5, shuffle=True, transform=_train(),  # noqa: E731
                                         num_workers=2, seed=4, **kw)

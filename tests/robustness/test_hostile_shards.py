@@ -682,10 +682,13 @@ def test_file_list_labels_checked(folder):
         with pytest.raises(ValueError, match=rf"labels should be in \[0, 2\*\*31\), but item 1 \(.*000\.jpg\) has "
                                              rf"label {bad}"):
             file_list([(path, 0), (path, bad)])
-    for bad in (True, 1.0, "1"):
+    for bad in (True, 1.0, "1", torch.tensor(True), torch.tensor(1.0), torch.tensor([1]), np.array([1]), np.bool_(1)):
         with pytest.raises(ValueError, match=r"labels should be integers, but item 1"):
             file_list([(path, 0), (path, bad)])
+    with pytest.raises(ValueError, match=r"labels should be in \[0, 2\*\*31\), but item 1 .* has label -2$"):
+        file_list([(path, 0), (path, torch.tensor(-2))])
     assert file_list([(path, 0), (path, np.int64(2 ** 31 - 1))]).labels.tolist() == [0, 2 ** 31 - 1]
+    assert file_list([(path, torch.tensor(2)), (path, np.array(3, dtype=np.uint8))]).labels.tolist() == [2, 3]
     with pytest.raises(ValueError, match=r"item 0 .* has label -3"):
         fastdata.loader([(path, -3)], batch_size=1, transform=TRANSFORM)
 
