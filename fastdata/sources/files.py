@@ -7,6 +7,7 @@ import array
 import itertools
 import operator
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -126,12 +127,15 @@ def image_folder(root: str | os.PathLike) -> Samples:
     recursive: a tree of any depth is listed."""
     root = os.path.expanduser(os.fspath(root))  # as ImageFolder does
     if not os.path.exists(root):
-        raise FileNotFoundError(f"image folder {root!r} does not exist")
+        glob = any(c in root for c in "*?[")
+        raise FileNotFoundError(f"image folder {root!r} does not exist" + (
+            " (a glob is no source: give the folder in ImageFolder layout, or a list of (path, label) pairs, "
+            "as glob.glob's paths with their labels)" if glob else ""))
     if not os.path.isdir(root):
         raise ValueError(f"source {root!r} should be a folder in ImageFolder layout (root/<class>/<image>) or a .tar shard, but it is a file")
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
-        raise ValueError(f"image folder {root!r} has no class folders: expected root/<class>/<image>")
+        raise ValueError(f"image folder {root!r} has no class folders: expected root/<class>/<image>" + _held(root))
     paths: list[str] = []
     labels: list[int] = []
     again: list[str] = []
@@ -155,6 +159,26 @@ def image_folder(root: str | os.PathLike) -> Samples:
     if not paths:
         raise ValueError(f"image folder {root!r} has {len(classes)} class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
     return Samples(paths, np.asarray(labels, dtype=np.int64), classes, f"ImageFolder {root} ({len(paths)} images, {len(classes)} classes)")
+
+
+def _held(root: str) -> str:
+    """What a folder without class folders holds instead, for its error: shards or images."""
+    names = [e.name for e in itertools.islice(os.scandir(root), 100_000) if not e.name.startswith(".")]
+    tars = sorted(n for n in names if n.endswith(".tar"))
+    images = sum(n.lower().endswith(IMAGE_EXTENSIONS) for n in names)
+    if tars:
+        # train-000000.tar ... train-000009.tar: the brace pattern that names them all, where one does
+        numbered = [re.fullmatch(r"(.*?)(\d+)\.tar", n) for n in (tars[0], tars[-1])]
+        pattern = None
+        if all(numbered) and numbered[0][1] == numbered[1][1] and len(numbered[0][2]) == len(numbered[1][2]):
+            pattern = os.path.join(root, f"{numbered[0][1]}{{{numbered[0][2]}..{numbered[1][2]}}}.tar")
+        return one_line(f"; it holds {len(tars)} .tar file{'s' if len(tars) > 1 else ''} ({tars[0]}"
+                        f"{f' ... {tars[-1]}' if len(tars) > 1 else ''}): give WebDataset shards as a brace pattern"
+                        f"{f' ({pattern})' if pattern else ''} or a list of their paths")
+    if images:
+        return (f"; it holds {images} image{'s' if images > 1 else ''} itself: move them into a folder per class, or "
+                "give a list of (path, label) pairs")
+    return ""
 
 
 def _dir_id(path: str) -> tuple[int, int] | None:

@@ -31,6 +31,42 @@ def test_source_errors(tmp_path):
         fastdata.loader(str(tmp_path / "shards-*.tar"), batch_size=2)
 
 
+def test_a_source_that_is_no_image_folder_says_what_it_holds(tmp_path):
+    """A first call's usual slips: a glob of images, a folder of shards, a folder of images
+    without class folders. Each error says what to give instead, in one line, and the brace
+    pattern it suggests for shards loads them."""
+    from PIL import Image
+
+    from fastdata.shard import write_shards
+
+    for c in range(2):
+        (tmp_path / "imgs" / f"c{c}").mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (c * 100, i, 0)).save(tmp_path / "imgs" / f"c{c}" / f"{i}.png")
+    with pytest.raises(FileNotFoundError, match=r"\*\.png' does not exist \(a glob is no source: give the folder in "
+                                                r"ImageFolder layout, or a list of \(path, label\) pairs"):
+        fastdata.loader(str(tmp_path / "imgs" / "*" / "*.png"), batch_size=2)
+    (tmp_path / "flat").mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8)).save(tmp_path / "flat" / f"{i}.png")
+    with pytest.raises(ValueError, match=r"no class folders: expected root/<class>/<image>; it holds 3 images itself: "
+                                         r"move them into a folder per class, or give a list of \(path, label\) pairs$"):
+        fastdata.loader(str(tmp_path / "flat"), batch_size=2)
+    (tmp_path / "shards").mkdir()
+    write_shards(str(tmp_path / "imgs"), str(tmp_path / "shards" / "train-%04d.tar"), max_count=2, workers=1)
+    with pytest.raises(ValueError) as e:
+        fastdata.loader(str(tmp_path / "shards"), batch_size=2)
+    pattern = str(tmp_path / "shards" / "train-{0000..0002}.tar")
+    assert str(e.value).endswith(f"it holds 3 .tar files (train-0000.tar ... train-0002.tar): give WebDataset shards "
+                                 f"as a brace pattern ({pattern}) or a list of their paths")
+    labels = [int(y) for _, y in fastdata.loader(pattern, batch_size=1)]
+    assert sorted(labels) == [0, 0, 0, 1, 1, 1]
+    (tmp_path / "shards" / "x\ny.tar").write_bytes(b"")  # a name that would break the line
+    with pytest.raises(ValueError) as e:
+        fastdata.loader(str(tmp_path / "shards"), batch_size=2)
+    assert "\n" not in str(e.value) and "4 .tar files (train-0000.tar ... x\\ny.tar)" in str(e.value)
+
+
 def test_a_path_under_home_is_written_with_a_tilde_as_imagefolder_takes_it(tmp_path, monkeypatch):
     from PIL import Image
 
