@@ -116,6 +116,34 @@ def test_unused_copies_are_dropped():
     assert not _run_copy._pending
 
 
+def test_a_compiled_step_under_the_wrapped_to_gives_torchs_results_in_one_graph():
+    """`torch.compile` over a step that moves and converts the batch's tensors, first compiled
+    while copies of them wait: torch's values, one graph for the pass (no break, no recompile as
+    the copies come and go), and the moves it makes, run by the graph, served as eager ones are."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+
+    def step(x, y):
+        moved = y.to("meta", non_blocking=True)
+        return x.to(torch.float32).sum() + y.to(dtype=torch.float64).mean() + x.to("cpu", copy=True).double().max(), moved
+
+    compiled = torch.compile(step, backend="eager")
+    ahead = CopyAhead()
+    for k, (x, y, extra) in enumerate(ahead.batches(Source(8))):
+        x.to("meta")
+        if k < 2:
+            continue  # compiled first at batch 2, with copies of its tensors waiting
+        before = ahead.served
+        value, moved = compiled(x, y)
+        assert float(value) == float(step(x, y)[0]) == 4 * 3 * 2 * 2 * k + (k + 1.5) + k
+        assert moved.device.type == "meta" and moved.dtype == y.dtype and ahead.served == before + 1
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"] and not counters["recompiles"]
+    torch._dynamo.reset()
+
+
 def test_a_trainer_one_batch_behind_is_served():
     # Lightning takes batch k+1 before it moves batch k
     ahead = CopyAhead()
