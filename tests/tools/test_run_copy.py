@@ -128,7 +128,8 @@ def test_a_compiled_step_under_the_wrapped_to_gives_torchs_results_in_one_graph(
 
     def step(x, y):
         moved = y.to("meta", non_blocking=True)
-        return x.to(torch.float32).sum() + y.to(dtype=torch.float64).mean() + x.to("cpu", copy=True).double().max(), moved
+        value = x.to(torch.float32).sum() + y.to(dtype=torch.float64).mean() + x.to("cpu", copy=True).double().max()
+        return value, moved
 
     compiled = torch.compile(step, backend="eager")
     ahead = CopyAhead()
