@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import logging
 import time
 import warnings
 from typing import Any, Iterator
@@ -34,13 +33,10 @@ from .record import samples_key
 from .options import ImageOptions
 from .order import EpochSampler, FileOrder, ShardOrder, check_sampler, warn_other_order
 from .parts import BatchOrder, Reader, Runner
-from .read import Failures
+from .read import Failures, Skipped
 from .read_shards import ShardReader
 from .threads import InProcess
 
-logger = logging.getLogger("fastdata")
-
-_MAX_ERRORS = 100
 _STATE_VERSION = 1
 # The most soft targets (MixUp, CutMix, LabelSmoothing: float32 [batch, classes]) a batch may have:
 # the class count can come from input (a shard index's list of classes), and one-hot targets grow
@@ -112,7 +108,7 @@ class ImageLoader(Loader):
         self._delivered = 0  # batches of the live pass's epoch handed out, the skipped included
         self._in_epoch = False  # a pass is live and its epoch not finished
         self._state_world: int | None = None  # the world size of a state just loaded
-        self._skipped_seen: dict[str, dict | None] = {}  # a skipped file -> its stats["errors"] entry (see _record)
+        self._skipped = Skipped(self.stats)  # on_error="skip"'s counts, listing and warnings
         self._made = True  # from here on, the names in _FIXED are refused (see __setattr__)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -359,7 +355,7 @@ class ImageLoader(Loader):
             raise batch
         images, labels, errors, keys, stages = batch
         if errors:
-            self._record(errors)
+            self._skipped.record(errors)
         if stages is not None:
             self._record_stages(stages)
         images = images.permute(0, 3, 1, 2)  # NHWC slot seen as NCHW: channels_last
@@ -378,20 +374,7 @@ class ImageLoader(Loader):
         self._record_stages({"device_stage": clock() - t})
         return out
 
-    def _record(self, errors: list) -> None:
-        """Counts each skip in stats["skipped"]; a file is counted in stats["skipped_files"],
-        listed (the first 100, with the times it was skipped) and logged once for this loader."""
-        stats, seen = self.stats, self._skipped_seen  # path -> its listed entry (None past the first 100)
-        stats["skipped"] += len(errors)
-        for path, cause in errors:
-            if path not in seen:
-                seen[path] = {"path": path, "cause": cause, "count": 0} if len(stats["errors"]) < _MAX_ERRORS else None
-                stats["errors"] += [seen[path]] if seen[path] is not None else []
-                stats["skipped_files"] += 1
-                logger.warning("%s", one_line(f"skipped {path}: {cause}"), extra={"fastdata_skipped": path})
-            if seen[path] is not None:
-                seen[path]["count"] += 1
-
     def _next_epoch(self, epoch: int) -> None:
         self._in_epoch, self._delivered, self._epoch = False, 0, epoch + 1
+        self._skipped.epoch_done(epoch)
 

@@ -9,6 +9,7 @@ raise a DataError naming the file (and tar member) and the cause, or record a co
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 from typing import Iterator, NamedTuple, Sequence
@@ -20,6 +21,7 @@ from .._ext import native as _ext
 from ..errors import DataError, one_line, skippable
 from ..sources.streams import open_regular
 
+logger = logging.getLogger("fastdata")
 
 MAX_FILE_BYTES = 1 << 28
 """The most bytes an image file, or a shard's sample (its headers and members), may have: 256
@@ -143,6 +145,50 @@ class Failures:
             raise DataError(skippable(one_line(f"cannot read {path}: {cause} (backend {self.backend!r})")),
                             path=getattr(path, "shard", path), member=getattr(path, "member", None))
         errors.append((path, cause))
+
+
+MAX_NAMED = 100
+"""The skipped files a loader names (in stats["errors"] and a warning each); the rest are counted."""
+
+
+class Skipped:
+    """What a loader keeps of the samples on_error="skip" left out, in its `stats`: each skip
+    counted in "skipped" (a bad file is skipped again each epoch); each file once in
+    "skipped_files"; the first MAX_NAMED files listed in "errors" (path, cause, and "count", the
+    times skipped) and named in a warning each. Past those, files are counted, not named one by
+    one, so that a source of thousands of bad files (macOS's ._ files beside each image) does not
+    flood the log: the first of them is named with a warning that says so, and the end of each
+    epoch that skipped more such files counts them in one line."""
+
+    def __init__(self, stats: dict) -> None:
+        self.stats = stats
+        self.seen: dict[str, dict | None] = {}  # a skipped file -> its stats["errors"] entry, None past MAX_NAMED
+        self.unnamed = 0  # files first skipped in this epoch and not named
+
+    def record(self, errors: list[tuple[str, str]]) -> None:
+        stats, seen = self.stats, self.seen
+        stats["skipped"] += len(errors)
+        for path, cause in errors:
+            if path not in seen:
+                listed = len(stats["errors"]) < MAX_NAMED
+                seen[path] = {"path": path, "cause": cause, "count": 0} if listed else None
+                stats["errors"] += [seen[path]] if listed else []
+                stats["skipped_files"] += 1
+                if listed or stats["skipped_files"] == MAX_NAMED + 1:
+                    more = "" if listed else (f" (the {MAX_NAMED + 1}st file skipped: the files skipped after it are "
+                                              "counted in loader.stats['skipped_files'] and at each epoch's end, "
+                                              "not named one by one)")
+                    logger.warning("%s", one_line(f"skipped {path}: {cause}{more}"), extra={"fastdata_skipped": path})
+                else:
+                    self.unnamed += 1
+            if seen[path] is not None:
+                seen[path]["count"] += 1
+
+    def epoch_done(self, epoch: int) -> None:
+        if self.unnamed:
+            logger.warning("epoch %d skipped %d more files, not named one by one (loader.stats['skipped_files']: %d "
+                           "files in all)", epoch, self.unnamed, self.stats["skipped_files"])
+        self.unnamed = 0
 
 
 def _read_file(path, room: int | None = None) -> bytes | str | None:

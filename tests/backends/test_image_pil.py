@@ -370,6 +370,37 @@ def test_a_bad_file_is_named_once_and_counted_each_epoch(tmp_path, num_workers, 
     assert len(warned) == 1 and str(bad) in warned[0], warned
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_past_the_first_100_bad_files_they_are_counted_not_named(tmp_path, num_workers, caplog):
+    """macOS's AppleDouble files (._name.png beside each image) in a folder of 130 images:
+    each epoch skips all 130, but the log names 101 (the 101st saying the rest are counted),
+    then counts the other 29 in one line at the first epoch's end, and nothing in the second."""
+    for c in range(2):
+        (tmp_path / f"class{c}").mkdir()
+        for i in range(65):
+            Image.new("RGB", (8, 8), (40 * c + 20, i, 0)).save(tmp_path / f"class{c}" / f"{i:03d}.png")
+            (tmp_path / f"class{c}" / f"._{i:03d}.png").write_bytes(b"\x00\x05\x16\x07" + bytes(120))
+    loader = fastdata.loader(str(tmp_path), batch_size=16, shuffle=True, num_workers=num_workers, on_error="skip",
+                             device="cpu")
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            labels = []
+            for x, y in loader:
+                assert torch.equal(x[:, 0, 0, 0].long() // 40, y)  # red 20 or 60: class 0 or 1
+                labels.append(y)
+            assert len(torch.cat(labels)) == 130 and torch.cat(labels).sum() == 65, f"epoch {epoch}: every image"
+    assert loader.stats["skipped"] == 260 and loader.stats["skipped_files"] == 130
+    assert len(loader.stats["errors"]) == 100 and all(e["count"] == 2 for e in loader.stats["errors"])
+    lines = [r.getMessage() for r in caplog.records]
+    named = [line for line in lines if line.startswith("skipped ")]
+    assert len(named) == 101 and all("/._" in line and "not a readable image" in line for line in named)
+    assert named[-1].endswith("(the 101st file skipped: the files skipped after it are counted in "
+                              "loader.stats['skipped_files'] and at each epoch's end, not named one by one)")
+    assert [line for line in lines if not line.startswith("skipped ")] == [
+        "epoch 0 skipped 29 more files, not named one by one (loader.stats['skipped_files']: 130 files in all)"]
+
+
 def test_config_fills_only_what_the_call_did_not_give(folder, tmp_path):
     import json
 
