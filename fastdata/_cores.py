@@ -2,16 +2,75 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container or taskset
-    narrows), or the machine's count where the platform has no affinity."""
+    """The cores this process may run on: its CPU affinity (which a container's cpuset or
+    taskset narrows), or the machine's count where the platform has no affinity; and at most its
+    cgroup's CPU bandwidth limit, rounded up (`cpu_quota`: `docker run --cpus=4`, a Kubernetes
+    CPU limit). Such a limit leaves the affinity at every core of the host, but lets the
+    process's threads run only that many cores' worth of time: a worker for each host core
+    would share those few, and wait on the throttle."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_quota(root: str = "/sys/fs/cgroup", cgroups: str = "/proc/self/cgroup") -> float | None:
+    """The CPU bandwidth limit of this process's cgroup, in cores: quota over period, of cgroup
+    v2's cpu.max or v1's cpu.cfs_quota_us and cpu.cfs_period_us, the least over the process's
+    cgroup and those above it (a limit may be set on a parent: a Kubernetes pod's); None where
+    none is set or none can be read. Its cgroup's path as /proc/self/cgroup names it may not
+    be where the hierarchy is mounted in a container (without a cgroup namespace it is the
+    host's path): the walk then finds the mount's root, the container's own cgroup. Read once
+    a process. Written here because Python has no such call (3.13's os.process_cpu_count is
+    the affinity) and the libraries that have one (loky's cpu_count) are not dependencies."""
+    try:
+        with open(cgroups) as f:
+            lines = f.read(1 << 16).splitlines()
+        limits = []
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":  # v2: one hierarchy
+                mounts, files = [root], ("cpu.max",)
+            elif "cpu" in controllers.split(","):
+                mounts, files = [os.path.join(root, controllers), os.path.join(root, "cpu")], ("cpu.cfs_quota_us",
+                                                                                             "cpu.cfs_period_us")
+            else:
+                continue
+            for mount in mounts:
+                limits += [limit for d in _up(mount, path) if (limit := _limit(d, files)) is not None]
+        return min(limits) if limits else None
+    except (OSError, ValueError, IndexError):  # a file that is not what the kernel writes
+        return None
+
+
+def _up(mount: str, path: str) -> list[str]:
+    """The folders of cgroup `path` under `mount`, from it up to the mount's root."""
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    return [os.path.join(mount, *parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def _limit(folder: str, files: tuple[str, ...]) -> float | None:
+    """One cgroup's limit in cores, or None (no such cgroup, or no limit: "max", -1)."""
+    try:
+        values = []
+        for name in files:
+            with open(os.path.join(folder, name)) as f:
+                values += f.read(256).split()
+    except OSError:
+        return None
+    if values[0] in ("max", "-1"):
+        return None
+    quota, period = int(values[0]), int(values[1])  # microseconds
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def batch_threads(threads: int | None = None) -> int:

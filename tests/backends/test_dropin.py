@@ -1003,8 +1003,10 @@ def test_num_workers_auto_leaves_a_core_to_a_process_driving_cuda(monkeypatch):
 
 
 def test_num_workers_auto(h):
+    from fastdata._cores import usable_cores
+
     resolved = resolve_workers("auto")
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()  # the affinity, at most a cgroup's CPU limit (tests/unit/test_cores.py)
     assert resolved == max(1, min(16, cores - 1 if torch.cuda.is_available() and cores > 1 else cores))
     for case in ("tuple-shuffle", "iterable-sharded"):
         ds, kw = CASES[case]()
