@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ._torch_internals import new_shared_storage, new_shared_tensor
+from .errors import shared_memory_error
 
 _ALIGN = 64
 MAX_LEAVES = 32  # tensors per batch that can live in one slot; more go to fresh buffers
@@ -240,15 +241,18 @@ class BufferRing:
         self._leaf = 0
 
     def _new_storage(self, nbytes: int) -> torch.UntypedStorage:
-        if self.shared:
-            return new_shared_storage(nbytes)
-        storage = torch.UntypedStorage(nbytes)
-        if self.pin:
-            return storage.pin_memory()
-        # Pages mapped shared, for a process that forks workers while it holds the ring: a fork
-        # makes its private pages copy-on-write while a child lives, and each slot's first write
-        # after a fork (fresh workers every epoch) would copy it whole.
-        return storage.share_memory_() if self.forks else storage
+        try:
+            if self.shared:
+                return new_shared_storage(nbytes)
+            storage = torch.UntypedStorage(nbytes)
+            if self.pin:
+                return storage.pin_memory()
+            # Pages mapped shared, for a process that forks workers while it holds the ring: a
+            # fork makes its private pages copy-on-write while a child lives, and each slot's
+            # first write after a fork (fresh workers every epoch) would copy it whole.
+            return storage.share_memory_() if self.forks else storage
+        except RuntimeError as e:
+            raise shared_memory_error(e, nbytes) from None
 
     def begin(self) -> bool:
         """Claims a free slot for the next batch; False when every slot is still held."""
@@ -307,7 +311,10 @@ def new_batch(ring: BufferRing | None, shape: Sequence[int], dtype: torch.dtype)
     from torch.utils.data import get_worker_info
 
     if get_worker_info() is not None:
-        out = new_shared_tensor(tuple(shape), dtype)
+        try:
+            out = new_shared_tensor(tuple(shape), dtype)
+        except RuntimeError as e:
+            raise shared_memory_error(e, math.prod(shape) * dtype.itemsize) from None
     else:
         out = torch.empty(tuple(shape), dtype=dtype)
     return out, out

@@ -27,6 +27,25 @@ def skippable(message: str) -> str:
     return f"{message}; to leave unreadable samples out and go on, pass {SKIP_OPTION}"
 
 
+def shared_memory_error(e: BaseException, nbytes: int, folder: str = "/dev/shm") -> BaseException:
+    """torch's error for shared memory it could not allocate because `folder` (where shm_open
+    makes it) is full, as one line that says how full and what gives more: a Docker container
+    gets 64 MiB there unless run with --shm-size or --ipc=host, a few batches of 224-pixel
+    images. Any other error is returned as it is."""
+    text = str(e)
+    if not isinstance(e, RuntimeError) or "No space left on device" not in text:
+        return e
+    try:
+        fs = os.statvfs(folder)
+        room = f"{folder} has {fs.f_bavail * fs.f_frsize / 2**20:,.0f} MiB free of {fs.f_blocks * fs.f_frsize / 2**20:,.0f}"
+    except OSError:
+        room = f"{folder} is full"
+    return RuntimeError(one_line(
+        f"cannot allocate {nbytes / 2**20:,.1f} MiB of shared memory for a batch: {room} (a Docker container gets 64 "
+        "MiB unless run with --shm-size or --ipc=host); give it more (docker run --shm-size=8g, or --ipc=host), or "
+        f"lower batch_size, num_workers or prefetch_factor (torch: {text.strip()})"))
+
+
 # Characters that end or rewrite a line (str.splitlines' breaks, terminal escapes): a file or tar
 # member name may hold any of them.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")

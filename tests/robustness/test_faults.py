@@ -422,6 +422,51 @@ def test_image_worker_error_leaves_nothing_behind(folder, tmp_path, clean):
         del loader, e
 
 
+def test_shared_memory_error_says_what_gives_more_and_passes_others_on():
+    from fastdata.errors import shared_memory_error
+
+    torch_says = RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device (28)")
+    said = str(shared_memory_error(torch_says, 3 << 20, "/dev/shm"))
+    assert said.startswith("cannot allocate 3.0 MiB of shared memory for a batch: /dev/shm has ") and "\n" not in said
+    assert "docker run --shm-size=8g, or --ipc=host" in said and said.endswith("No space left on device (28))")
+    assert "/nowhere is full" in str(shared_memory_error(torch_says, 1, "/nowhere"))
+    other = RuntimeError("something else")
+    assert shared_memory_error(other, 1) is other
+
+
+_FULL_SHM = """
+import sys, torch, fastdata
+from fastdata import transforms as T
+if sys.argv[1] == "image":
+    loader = fastdata.loader(sys.argv[2], batch_size=32, num_workers=2, device="cpu",
+                             transform=T.Compose([T.RandomResizedCrop(512)]))
+else:
+    loader = fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(64, 3, 256, 256)), batch_size=32, num_workers=2)
+try:
+    for batch in loader:
+        pass
+except RuntimeError as e:
+    print(str(e).rstrip().splitlines()[-1])
+"""
+
+
+@pytest.mark.parametrize("kind", ["image", "dropin"])
+def test_a_full_dev_shm_is_an_error_that_says_what_gives_more(folder, kind):
+    """A container's small /dev/shm (Docker's is 64 MiB; 16 here, in a mount namespace of the
+    test's own) that a batch does not fit: torch's error for it, as one line that names the
+    room left and the remedies (DataLoader gives torch's raw `No space left on device`)."""
+    if subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16m tmpfs /dev/shm"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -m and mount need CAP_SYS_ADMIN)")
+    script = 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$0" -c "$1" "$2" "$3"'
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, _FULL_SHM, kind, str(folder)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = done.stdout.strip()
+    assert done.returncode == 0 and line.startswith("RuntimeError: cannot allocate "), (line, done.stderr[-2000:])
+    assert "MiB of shared memory for a batch: /dev/shm has " in line and " MiB free of 16 (a Docker container" in line
+    assert "docker run --shm-size=8g, or --ipc=host" in line and "No space left on device" in line
+
+
 def test_shard_server_that_stops_answering(folder, tmp_path, clean):
     """A shard server that hangs mid-epoch: the workers' reads block, and the loader ends with
     a timeout error instead of waiting forever."""
