@@ -140,6 +140,27 @@ def cache_path(source: Any, transform: Any, batch_size: int) -> Path | None:
     return _path_of(_keyed(source, transform, batch_size))
 
 
+def check_writable(source: Any, transform: Any, batch_size: int) -> None:
+    """Raises the OSError `store_tune` would where a tune could not be kept: before a tune's
+    minutes of measuring, not after them."""
+    fd, tmp = _temporary(cache_path(source, transform, batch_size))
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _temporary(path: Path | None) -> tuple[int, str]:
+    """A new temporary file beside `path` (its folder made), or an OSError that says what to set."""
+    if path is None:
+        raise OSError("cannot keep the tune: there is no cache folder ($FASTDATA_CACHE is not set and this user "
+                      "has no home directory); set FASTDATA_CACHE to a writable folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OSError(f"cannot keep the tune in {path.parent}: {e.strerror or e}; set FASTDATA_CACHE to a "
+                      "writable folder") from None
+
+
 def store_tune(source: Any, transform: Any, batch_size: int, result: dict[str, Any]) -> Path:
     """Keeps what a tune found (`TuneResult.to_json()`: its "chosen", or "loader", is what
     num_workers="auto" applies) for this source, transform, batch size and machine, with the
@@ -156,15 +177,7 @@ def store_tune(source: Any, transform: Any, batch_size: int, result: dict[str, A
              "expires": (created + _ttl()).isoformat(), "machine": machine_key(), "versions": versions(),
              **dict(zip(("source", "transform", "batch_size"), keyed))}
     path = _path_of(keyed)
-    if path is None:
-        raise OSError("cannot keep the tune: there is no cache folder ($FASTDATA_CACHE is not set and this user "
-                      "has no home directory); set FASTDATA_CACHE to a writable folder")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise OSError(f"cannot keep the tune in {path.parent}: {e.strerror or e}; set FASTDATA_CACHE to a "
-                      "writable folder") from None
+    fd, tmp = _temporary(path)
     try:
         with os.fdopen(fd, "w") as f:
             # 0644: others may list it, only its owner write it (`_read` ignores an entry others may write)

@@ -94,6 +94,26 @@ def test_an_unwritable_cache_says_where(folder, cache):
         tunecache.store_tune(folder, SPEC, 2, {"chosen": {"num_workers": 1}})
 
 
+def test_a_tune_that_could_not_be_kept_stops_before_measuring(folder, cache):
+    """`fastdata profile --tune` where the tune cache cannot be written: the one-line error
+    that says what to set, before the profile's and the tune's minutes, not after them; and
+    the check leaves nothing in a cache that can be written."""
+    import shutil
+    import subprocess
+
+    tunecache.check_writable(folder, SPEC, 2)
+    assert [p.name for p in cache.rglob("*") if p.is_file()] == []
+    shutil.rmtree(cache)
+    cache.write_text("a file where the cache folder should be")
+    done = subprocess.run([sys.executable, "-m", "fastdata", "profile", str(folder), "--tune", "--step-ms", "5",
+                           "--size", "16", "--batch-size", "2"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "FASTDATA_CACHE": str(cache), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "profiling" not in done.stderr and "tuning" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"fastdata profile: error: OSError: cannot keep the tune in "
+                                                    f"{cache}/tuned: Not a directory; set FASTDATA_CACHE to a "
+                                                    "writable folder")
+
+
 # ------------------------------------------------------------------ an entry not to be trusted
 
 def test_an_entry_others_may_write_is_not_applied(folder, cache):
