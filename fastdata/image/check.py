@@ -53,6 +53,9 @@ def _unread(head: bytes) -> str:
 
         if not features.check("webp"):
             return "a WebP image, but this Pillow was built without WebP support (libwebp)"
+    if head[:4] == b"\x00\x05\x16\x07":  # AppleDouble's magic number
+        return ("not an image but macOS's AppleDouble file of the file beside it (what a copy from macOS leaves as "
+                "._name); delete them (find DIR -name '._*' -delete, or macOS's dot_clean DIR)")
     return f"not a readable image (none of {', '.join(FORMATS)} starts with {head[:8]!r})"
 
 

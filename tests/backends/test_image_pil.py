@@ -394,11 +394,14 @@ def test_past_the_first_100_bad_files_they_are_counted_not_named(tmp_path, num_w
     assert len(loader.stats["errors"]) == 100 and all(e["count"] == 2 for e in loader.stats["errors"])
     lines = [r.getMessage() for r in caplog.records]
     named = [line for line in lines if line.startswith("skipped ")]
-    assert len(named) == 101 and all("/._" in line and "not a readable image" in line for line in named)
+    assert len(named) == 101 and all("/._" in line and "macOS's AppleDouble file" in line for line in named)
     assert named[-1].endswith("(the 101st file skipped: the files skipped after it are counted in "
                               "loader.stats['skipped_files'] and at each epoch's end, not named one by one)")
     assert [line for line in lines if not line.startswith("skipped ")] == [
         "epoch 0 skipped 29 more files, not named one by one (loader.stats['skipped_files']: 130 files in all)"]
+    with pytest.raises(fastdata.DataError, match=r"/class0/\._000\.png: not an image but macOS's AppleDouble file of "
+                                                 r"the file beside it .*find DIR -name '\._\*' -delete"):
+        next(iter(fastdata.loader(str(tmp_path), batch_size=16, num_workers=num_workers)))
 
 
 def test_config_fills_only_what_the_call_did_not_give(folder, tmp_path):
