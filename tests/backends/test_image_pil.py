@@ -374,7 +374,8 @@ def test_a_bad_file_is_named_once_and_counted_each_epoch(tmp_path, num_workers, 
 def test_past_the_first_100_bad_files_they_are_counted_not_named(tmp_path, num_workers, caplog):
     """macOS's AppleDouble files (._name.png beside each image) in a folder of 130 images:
     each epoch skips all 130, but the log names 101 (the 101st saying the rest are counted),
-    then counts the other 29 in one line at the first epoch's end, and nothing in the second."""
+    then counts the other 29 in one line at the first epoch's end, and nothing in the second.
+    Without on_error="skip", the first is named as what it is, with how to delete them."""
     for c in range(2):
         (tmp_path / f"class{c}").mkdir()
         for i in range(65):
