@@ -140,7 +140,7 @@ def cache_path(source: Any, transform: Any, batch_size: int) -> Path | None:
     return _path_of(_keyed(source, transform, batch_size))
 
 
-def check_writable(source: Any, transform: Any, batch_size: int) -> None:
+def check_keepable(source: Any, transform: Any, batch_size: int) -> None:
     """Raises the OSError `store_tune` would where a tune could not be kept: before a tune's
     minutes of measuring, not after them."""
     fd, tmp = _temporary(cache_path(source, transform, batch_size))

@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import itertools
 import time
-import warnings
 from typing import Any, Iterator
 
 import torch
@@ -25,7 +24,6 @@ from .._ranks import ranks
 from .._trace import trace_range
 from .._loader import Loader, Pass, check_position, resolve_workers
 from ..device import DeviceStage, prefetch
-from ..errors import one_line
 from ..transforms import Compose
 from .cpu import BatchTask, CpuWorkers
 from .decode import BatchDecoder

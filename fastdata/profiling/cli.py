@@ -78,7 +78,7 @@ from .._cli import (CommandError, Parser, add_debug, check_writable, positive_fl
 from .._cores import usable_cores
 from ..sources import is_shard_source
 from ..errors import error_line
-from ..tunecache import check_writable, clear_tunes, list_tunes, store_tune
+from ..tunecache import check_keepable, clear_tunes, list_tunes, store_tune
 from .measure import profile
 from .report import Report
 from .tune import tune
@@ -195,7 +195,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
     def body() -> int:
         setup = _setup(args)
         if args.tune:  # where the tune could not be kept, say so before minutes of measuring
-            check_writable(setup[1], setup[2], args.batch_size)
+            check_keepable(setup[1], setup[2], args.batch_size)
         report = _run(args, *setup)
         if args.tune:  # before the report is printed: a measured winner is its first change
             report.add_tune(_run_tune(args, *setup))

@@ -6,7 +6,6 @@ before the last one is dropped. Every sample must still come exactly once per ep
 with its own label, however the old iterator dies: kept referenced, or dropped a few batches
 into the next epoch (as a reference cycle would have it)."""
 
-import numpy as np
 import pytest
 import torch
 

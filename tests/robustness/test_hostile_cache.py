@@ -101,7 +101,7 @@ def test_a_tune_that_could_not_be_kept_stops_before_measuring(folder, cache):
     import shutil
     import subprocess
 
-    tunecache.check_writable(folder, SPEC, 2)
+    tunecache.check_keepable(folder, SPEC, 2)
     assert [p.name for p in cache.rglob("*") if p.is_file()] == []
     shutil.rmtree(cache)
     cache.write_text("a file where the cache folder should be")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DistributedSampler
 
 from fastdata._ranks import per_rank, ranks, share
