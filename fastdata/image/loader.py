@@ -253,8 +253,8 @@ class ImageLoader(Loader):
     def _state_dict(self) -> dict[str, Any]:
         """Where the stream stands: mid-epoch while a pass is live, else where the next pass
         starts."""
-        return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed, "shuffle": self._options.shuffle,
-                "epoch": self._epoch,
+        return {"version": _STATE_VERSION, "backend": self.backend, "seed": self.seed,
+                "shuffle": self._options.shuffle, "epoch": self._epoch,
                 "batches": self._delivered if self._in_epoch else self._skip, "batch_size": self.batch_size,
                 "world_size": self.world_size, **self._order.state()}
 

@@ -151,7 +151,7 @@ def warn_other_order(state: dict[str, Any], seed: int, shuffle: bool) -> None:
     """Warns when a loader resumes `state` with another seed or shuffle than it was taken with.
     The state's position counts batches of the order it was taken in; under another order the
     rest of that epoch holds other samples: some the skipped batches held come again, and some
-    never come. (A state without "shuffle" is from before it was kept: only its seed is checked.)"""
+    never come. A state without "shuffle" (taken before states kept it) has its seed checked."""
     taken = {"seed": state.get("seed", seed), "shuffle": state.get("shuffle", shuffle)}
     now = {"seed": seed, "shuffle": shuffle}
     changed = [k for k in now if taken[k] != now[k]]

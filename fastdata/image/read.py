@@ -3,7 +3,8 @@ had. A reader takes the keys the batch order names (`fastdata.image.order`) and 
 `Read`; `FileReader` reads image files, `ShardReader` (`read_shards.py`) WebDataset shards.
 
 `Failures` is the on_error policy both the readers and the decoder apply to a failed sample:
-raise a DataError naming the file (and tar member) and the cause, or record a counted skip.
+raise a DataError naming the file (and tar member) and the cause, or record a counted skip;
+`Skipped` is what the loader keeps and logs of those skips.
 `BlockBuffer` is the memory a shard reader reads into, kept for the process's next reader.
 """
 

@@ -163,7 +163,11 @@ def image_folder(root: str | os.PathLike) -> Samples:
 
 def _held(root: str) -> str:
     """What a folder without class folders holds instead, for its error: shards or images."""
-    names = [e.name for e in itertools.islice(os.scandir(root), 100_000) if not e.name.startswith(".")]
+    try:
+        with os.scandir(root) as entries:
+            names = [e.name for e in itertools.islice(entries, 100_000) if not e.name.startswith(".")]
+    except OSError:
+        return ""
     tars = sorted(n for n in names if n.endswith(".tar"))
     images = sum(n.lower().endswith(IMAGE_EXTENSIONS) for n in names)
     if tars:
