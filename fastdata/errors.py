@@ -37,7 +37,8 @@ def shared_memory_error(e: BaseException, nbytes: int, folder: str = "/dev/shm")
         return e
     try:
         fs = os.statvfs(folder)
-        room = f"{folder} has {fs.f_bavail * fs.f_frsize / 2**20:,.0f} MiB free of {fs.f_blocks * fs.f_frsize / 2**20:,.0f}"
+        free, size = fs.f_bavail * fs.f_frsize / 2**20, fs.f_blocks * fs.f_frsize / 2**20
+        room = f"{folder} has {free:,.0f} MiB free of {size:,.0f}"
     except OSError:
         room = f"{folder} is full"
     return RuntimeError(one_line(

@@ -127,7 +127,8 @@ def test_resume_mid_epoch(folder, num_workers, k):
 
 
 def test_resuming_under_another_shuffle_or_seed_warns_what_the_epoch_loses(folder):
-    make = lambda **kw: fastdata.loader(str(folder), batch_size=5, transform=T.Compose([T.Resize((32, 48))]),  # noqa: E731
+    resize = T.Compose([T.Resize((32, 48))])
+    make = lambda **kw: fastdata.loader(str(folder), batch_size=5, transform=resize,  # noqa: E731
                                         **{"shuffle": True, "seed": 9, **kw})
     first = make()
     it = iter(first)

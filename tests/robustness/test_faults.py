@@ -425,7 +425,8 @@ def test_image_worker_error_leaves_nothing_behind(folder, tmp_path, clean):
 def test_shared_memory_error_says_what_gives_more_and_passes_others_on():
     from fastdata.errors import shared_memory_error
 
-    torch_says = RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device (28)")
+    torch_says = RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: "
+                              "No space left on device (28)")
     said = str(shared_memory_error(torch_says, 3 << 20, "/dev/shm"))
     assert said.startswith("cannot allocate 3.0 MiB of shared memory for a batch: /dev/shm has ") and "\n" not in said
     assert "docker run --shm-size=8g, or --ipc=host" in said and said.endswith("No space left on device (28))")

@@ -49,8 +49,9 @@ def test_a_source_that_is_no_image_folder_says_what_it_holds(tmp_path):
     (tmp_path / "flat").mkdir()
     for i in range(3):
         Image.new("RGB", (8, 8)).save(tmp_path / "flat" / f"{i}.png")
-    with pytest.raises(ValueError, match=r"no class folders: expected root/<class>/<image>; it holds 3 images itself: "
-                                         r"move them into a folder per class, or give a list of \(path, label\) pairs$"):
+    with pytest.raises(ValueError, match=r"no class folders: expected root/<class>/<image>; it holds 3 images "
+                                         r"itself: move them into a folder per class, or give a list of "
+                                         r"\(path, label\) pairs$"):
         fastdata.loader(str(tmp_path / "flat"), batch_size=2)
     (tmp_path / "shards").mkdir()
     write_shards(str(tmp_path / "imgs"), str(tmp_path / "shards" / "train-%04d.tar"), max_count=2, workers=1)
