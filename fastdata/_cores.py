@@ -41,8 +41,9 @@ def cpu_quota(root: str = "/sys/fs/cgroup", cgroups: str = "/proc/self/cgroup") 
             if controllers == "":  # v2: one hierarchy
                 mounts, files = [root], ("cpu.max",)
             elif "cpu" in controllers.split(","):
-                mounts, files = [os.path.join(root, controllers), os.path.join(root, "cpu")], ("cpu.cfs_quota_us",
-                                                                                             "cpu.cfs_period_us")
+                # (the hierarchy is mounted at cpu,cpuacct with a cpu link to it, or at cpu alone)
+                mounts = list(dict.fromkeys([os.path.join(root, controllers), os.path.join(root, "cpu")]))
+                files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
             else:
                 continue
             for mount in mounts:

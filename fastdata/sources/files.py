@@ -262,16 +262,13 @@ def _integer(label: Any) -> int | None:
     """`label` as an int: an int or a NumPy integer, or a 0-d integer array or tensor (what
     `zip(paths, labels)` gives for a tensor or array of labels); None for anything else (a
     bool, a float, a string, an array of more than one element)."""
-    if isinstance(label, (bool, np.bool_)):
+    boolean = isinstance(label, (bool, np.bool_)) or "bool" in str(getattr(label, "dtype", ""))
+    if boolean or getattr(label, "ndim", 0) != 0:
         return None
-    if isinstance(label, (int, np.integer)):
-        return int(label)
-    if getattr(label, "ndim", None) == 0 and "bool" not in str(getattr(label, "dtype", "bool")):
-        try:
-            return operator.index(label)  # integer dtypes only: a float or complex one raises
-        except TypeError:
-            return None
-    return None
+    try:
+        return operator.index(label)  # integers only: a float, a string or a float tensor raises
+    except TypeError:
+        return None
 
 
 def file_list(pairs: Sequence[Any]) -> Samples:
