@@ -5,7 +5,9 @@
   the first garbage collection or lock that touches it there can crash or block the child
   forever. Then workers start by `forkserver`, from a clean server process that never held
   those threads; it costs the server's start (and its one import of the loader's modules) once a
-  process.
+  process. Workers whose work is fastdata's (an image loader's, those `fastdata run` gives a
+  script's loader) fork also where the platform's default is forkserver (Linux from Python
+  3.14, `own_start_method`); a drop-in loader's start as DataLoader's would.
 - Stall: DataLoader's watchdog notices a worker that died, not one that stopped or is stuck
   in native code, and with `timeout=0` it waits forever. So a loader always gives DataLoader a
   limit: its `timeout`, or with `timeout=0` the stall limit (`FASTDATA_STALL_TIMEOUT` seconds,
@@ -58,14 +60,17 @@ def release_threads(owner: Any) -> None:
     _threaded.discard(owner)
 
 
-def start_method(asked: Any) -> Any:
+def start_method(asked: Any, own: bool = False) -> Any:
     """The multiprocessing context for a loader's workers: what the user asked for, else
     DataLoader's default (this process's default start method) unless threads are live here,
-    then "forkserver"; its queues send a batch that cannot be pickled as that batch's error
-    (`_BatchQueue`). A context object of the user's own class is left as it is."""
+    then "forkserver"; for workers whose work is fastdata's (`own`), `own_start_method()`. Its
+    queues send a batch that cannot be pickled as that batch's error (`_BatchQueue`). A context
+    object of the user's own class is left as it is."""
     if asked is None and len(_threaded):
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    elif asked is None and own:
+        ctx = multiprocessing.get_context(own_start_method())
     elif asked is None or isinstance(asked, str):
         # (with None, resolving the default fixes it, as torch's first Queue() does)
         ctx = multiprocessing.get_context(asked).get_context()
@@ -73,6 +78,25 @@ def start_method(asked: Any) -> Any:
         ctx = asked
     kind = _SENDING.get(type(ctx))
     return ctx if kind is None else kind()
+
+
+def own_start_method() -> str:
+    """How workers whose work is fastdata's start, looked up without fixing the default start
+    method (a script may still set one, as under torch alone, which fixes it at the first iter()
+    with workers): "forkserver" while threads are live here; else the start method set, or the
+    platform's default (listed first), but "fork" where that is "forkserver" (Linux from Python
+    3.14). forkserver runs the main module again in each worker (a script without a main guard
+    fails there) and adds its server's start before a process's first batch
+    (benchmarks/start_method.py); fork is what these workers have on Python 3.13 and before, with
+    the same threads to mind. (A script's own choice of forkserver cannot be told from the default
+    once the default is fixed, so both fork.)"""
+    if len(_threaded):
+        return "forkserver"
+    methods = multiprocessing.get_all_start_methods()
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen in (None, methods[0]) and methods[0] == "forkserver" and "fork" in methods:
+        return "fork"
+    return chosen or methods[0]
 
 
 class _BatchQueue(multiprocessing.queues.Queue):

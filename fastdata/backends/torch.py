@@ -151,7 +151,7 @@ class TorchCore(DataLoader, LoaderCore):
             collate_fn.rings.workers.end()  # the dead generation's undelivered slots are freed
         starting = self._loader.num_workers > 0 and not workers_running(self._loader)
         if starting:
-            self._loader.multiprocessing_context = start_method(self.multiprocessing_context)
+            self._loader.multiprocessing_context = self._worker_context()
         workers = collate_fn.rings.begin_pass() if collate_fn is not None and starting else None
         # Trainers assign worker_init_fn after construction (Lightning's seed_everything(workers=True))
         self._loader.worker_init_fn = WorkerStart(self.worker_init_fn)
@@ -181,7 +181,7 @@ class TorchCore(DataLoader, LoaderCore):
             type(self._loader), self.dataset, num_workers=workers, collate_fn=self.collate_fn,
             pin_memory=self.pin_memory, timeout=self.timeout or self._loader.timeout,
             worker_init_fn=WorkerStart(self.worker_init_fn),
-            multiprocessing_context=start_method(self.multiprocessing_context) if workers else None,
+            multiprocessing_context=self._worker_context() if workers else None,
             generator=self.generator, prefetch_factor=self.prefetch_factor, in_order=self.in_order)
         rng = self._rng
         now = rng.get_state()
@@ -326,6 +326,10 @@ class TorchCore(DataLoader, LoaderCore):
             self._record_stages(timed[1])
             return timed[0]
         return Fetches(batches, record)
+
+    def _worker_context(self) -> Any:
+        """The multiprocessing context its workers start in (`start_method`)."""
+        return start_method(self.multiprocessing_context)
 
     def _ring_collate(self) -> RingCollate | None:
         """fastdata's own collate function, when it is the one in use (not a user's)."""

@@ -158,7 +158,7 @@ class CpuWorkers:
         self.passes.seek(epoch, skip)
         starting = self.num_workers > 0 and not workers_running(self.loader)
         if starting:
-            self.loader.multiprocessing_context = start_method(None)
+            self.loader.multiprocessing_context = start_method(None, own=True)
         rings = self.task.decoder.rings.begin_pass() if starting else None
         it = iter(self.loader)  # (persistent workers: drops what they had under way)
         end = pass_end(it, rings, self.persistent)

@@ -8,10 +8,11 @@ cannot change a batch: a torchvision image folder served natively (fastdata deco
 sample a function of its batch's seed and its place in it, in whatever process) without a
 target_transform (the script's code, which may count or cache what it sees), torch's default
 samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
-without: the script's own draws between would change), workers started by fork (spawn would run
-the script's main module again; a start method, a transform fastdata does not serve, or a
-target_transform or collate_fn of the script's set since the loader was made takes the workers
-back at iter()), and none of the keywords that mean something else with workers
+without: the script's own draws between would change), workers started by fork (spawn or
+forkserver would run the script's main module again; they fork also where forkserver is only
+the platform's default, Linux from Python 3.14: `fastdata._workers.own_start_method`; a start
+method, a transform fastdata does not serve, or a target_transform or collate_fn of the script's
+set since the loader was made takes the workers back at iter()), and none of the keywords that mean something else with workers
 (worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers); and only where
 /dev/shm has room for their batches (`fastdata.run._shm`: a container's may be small). A Dataset
 whose own __getitem__ makes the samples keeps the script's count: nothing outside it can tell
@@ -23,7 +24,6 @@ collate_fn of the script's, which workers would run.
 from __future__ import annotations
 
 import inspect
-import multiprocessing
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from ._arrays import lower_any
 from ._lowering import Lowering, folder, samples_refused
 from ._shm import shm_room
 from .._collate import collate as native_collate
+from .._workers import own_start_method
 
 SIGNATURE = inspect.signature(torch.utils.data.dataloader.DataLoader.__init__)
 # Samplers whose order is a function of their generator (or torch's global one): fastdata's
@@ -132,12 +133,8 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
         return False, f"{given[0]} is set, which means something else with workers"
     if getattr(folder(call.get("dataset")), "target_transform", None) is not None:
         return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
-    if default_start_method() != "fork":
-        return False, "workers would start by spawn, which runs the script's main module again"
+    method = own_start_method()
+    if method != "fork":
+        return False, f"workers would start by {method}, which runs the script's main module again"
     why = shm_room(call, lowering)
     return not why, why
-
-
-def default_start_method() -> str:
-    """The start method the loader's workers would take now (torch's: the default context's)."""
-    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()

@@ -36,13 +36,13 @@ import torch.utils.data.dataloader
 
 from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
-from ._decide import SIGNATURE, decide, default_start_method
+from ._decide import SIGNATURE, decide
 from ._arrays import NativeArrays, lower_any
 from ._lowering import folder
 from ._layout import Finish
 from ._torchvision import NativeFolder
 from .._collate import collate as native_collate
-from .._workers import wait_forever
+from .._workers import own_start_method, start_method, wait_forever
 from ..backends.torch import TorchCore
 from ..backends.torch_iter import Fetches
 
@@ -192,8 +192,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         added = getattr(self, "_fastdata_added", 0)
         if not added or self.num_workers != added:
             return None
-        if default_start_method() != "fork":
-            return f"they would start by {default_start_method()}, which runs the script's main module again"
+        method = own_start_method()
+        if method != "fork":
+            return f"they would start by {method}, which runs the script's main module again"
         if lower_any(self.dataset)[0] is None:
             return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
         if getattr(folder(self.dataset), "target_transform", None) is not None:
@@ -201,6 +202,11 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         if self.collate_fn is not native_collate:
             return "it has a collate_fn of the script's now (its state and draws would move to them)"
         return None
+
+    def _worker_context(self) -> Any:  # the workers fastdata gave start as fastdata's own (see _workers_back)
+        added = getattr(self, "_fastdata_added", 0)
+        ours = added and self.num_workers == added and self.multiprocessing_context is None
+        return start_method(None, own=True) if ours else TorchCore._worker_context(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = TorchCore.__getstate__(self)

@@ -1254,7 +1254,7 @@ from torchvision.datasets import ImageFolder
 print("main module run as", __name__, flush=True)
 dataset = ImageFolder(sys.argv[1], T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
 loader = torch.utils.data.DataLoader(dataset, batch_size=5)
-multiprocessing.set_start_method("spawn", force=True)  # after the loader: its workers would start so
+multiprocessing.set_start_method("spawn"{force})  # after the loader: its workers would start so
 labels = [y for _, ys in loader for y in ys.tolist()]
 assert labels == dataset.targets, labels
 print("workers", loader.num_workers, flush=True)
@@ -1262,15 +1262,50 @@ print("workers", loader.num_workers, flush=True)
 
 
 @pytest.mark.timeout(300)
-def test_a_start_method_set_after_the_loader_takes_back_the_workers_fastdata_gave(tv, folder, tmp_path):
+@pytest.mark.parametrize("force", [False, True])
+def test_a_start_method_set_after_the_loader_takes_back_the_workers_fastdata_gave(tv, folder, tmp_path, force):
     """A script that sets the start method to spawn after it made its loader (no main guard):
     workers fastdata gave would run its main module again, so the loader goes on without them,
-    and says so; the script runs once, with its batches."""
+    and says so; the script runs once, with its batches. Without force, setting it succeeds as
+    it does under torch alone: deciding the workers looked at the start method without fixing it."""
     script = tmp_path / "late_spawn.py"
-    script.write_text(LATE_SPAWN)
+    script.write_text(LATE_SPAWN.format(force=", force=True" if force else ""))
     proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(folder)],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["main module run as __main__", "workers 0"], proc.stdout
     assert "goes on without the" in proc.stderr and "num_workers='auto'" in proc.stderr, proc.stderr
+
+
+PY314 = Path(__file__).resolve().parents[1] / "_py314"  # Python 3.14's start-method defaults (its sitecustomize)
+UNGUARDED = """
+import multiprocessing, sys
+import torch, torchvision.transforms as T
+from torchvision.datasets import ImageFolder
+print("main module run as", __name__, flush=True)
+dataset = ImageFolder(sys.argv[1], T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+loader = torch.utils.data.DataLoader(dataset, batch_size=5)
+labels, classes = [], []
+for images, ys in loader:
+    labels += ys.tolist()
+    classes += ((images[:, 2].float().mean(dim=(1, 2)) - 55) / 50).round().long().tolist()
+assert labels == dataset.targets == classes, (labels, classes)
+print("workers", loader.num_workers > 0, multiprocessing.get_start_method(allow_none=True), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_script_without_a_main_guard_gets_workers_where_forkserver_is_the_default(tv, folder, tmp_path):
+    """Python 3.14 on Linux starts workers by forkserver by default (emulated here), which runs
+    the main module again in each: the workers fastdata gives a script that asked for none fork,
+    as on 3.13, so a script without a main guard runs once, with workers and its batches, and
+    its default start method is still unset after (the script may set one)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(PY314), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(folder)],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["main module run as __main__", "workers True None"], proc.stdout
+    assert "num_workers='auto'" in proc.stderr, proc.stderr
