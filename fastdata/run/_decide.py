@@ -12,13 +12,13 @@ without: the script's own draws between would change), workers started by fork (
 forkserver would run the script's main module again; they fork also where forkserver is only
 the platform's default, Linux from Python 3.14: `fastdata._workers.own_start_method`; a start
 method, a transform fastdata does not serve, or a target_transform or collate_fn of the script's
-set since the loader was made takes the workers back at iter()), and none of the keywords that mean something else with workers
-(worker_init_fn, prefetch_factor, multiprocessing_context, persistent_workers); and only where
-/dev/shm has room for their batches (`fastdata.run._shm`: a container's may be small). A Dataset
-whose own __getitem__ makes the samples keeps the script's count: nothing outside it can tell
-whether it holds an open file (whose offset forked workers would share), reads an iterator,
-counts, caches, or draws random numbers, each of which workers would change; so does a
-collate_fn of the script's, which workers would run.
+set since the loader was made takes the workers back at iter()), and none of the keywords that
+mean something else with workers (worker_init_fn, prefetch_factor, multiprocessing_context,
+persistent_workers); and only where /dev/shm has room for their batches (`fastdata.run._shm`: a
+container's may be small). A Dataset whose own __getitem__ makes the samples keeps the script's
+count: nothing outside it can tell whether it holds an open file (whose offset forked workers
+would share), reads an iterator, counts, caches, or draws random numbers, each of which workers
+would change; so does a collate_fn of the script's, which workers would run.
 """
 
 from __future__ import annotations

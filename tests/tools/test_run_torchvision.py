@@ -1303,7 +1303,8 @@ def test_a_script_without_a_main_guard_gets_workers_where_forkserver_is_the_defa
     its default start method is still unset after (the script may set one)."""
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(PY314), os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([str(PY314), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(folder)],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
