@@ -203,6 +203,19 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
             return "it has a collate_fn of the script's now (its state and draws would move to them)"
         return None
 
+    @property
+    def multiprocessing_context(self) -> Any:
+        return DataLoader.multiprocessing_context.fget(self)
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        # A context set on a loader whose workers fastdata gave gets torch's error for the
+        # script's 0 workers (its setter raises without reading more than num_workers).
+        added = getattr(self, "_fastdata_added", 0)
+        if context is not None and added and self.num_workers == added:
+            DataLoader.multiprocessing_context.fset(types.SimpleNamespace(num_workers=0), context)
+        DataLoader.multiprocessing_context.fset(self, context)
+
     def _worker_context(self) -> Any:  # the workers fastdata gave start as fastdata's own (see _workers_back)
         added = getattr(self, "_fastdata_added", 0)
         ours = added and self.num_workers == added and self.multiprocessing_context is None

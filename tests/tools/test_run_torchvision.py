@@ -782,6 +782,31 @@ def test_a_batch_size_torch_refuses_gets_torchs_error(tv, folder, size):
             auto_workers({"dataset": dataset, "batch_size": 4}, lowering)
 
 
+@pytest.mark.parametrize("context", ["spawn", "fork", "nope", None])
+def test_a_context_set_on_a_loader_given_workers_gets_torchs_error_for_0_workers(tv, folder, context):
+    """`loader.multiprocessing_context = ...` on a loader the script made with 0 workers: torch
+    refuses any context there (ValueError), so the loader fastdata gave workers refuses it too,
+    type and message, and keeps its workers; None is taken by both."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+    plain, served = torch.utils.data.DataLoader(dataset, batch_size=4), _served(dataset, batch_size=4)
+    assert served.num_workers > 0
+    if context is None:
+        plain.multiprocessing_context = served.multiprocessing_context = None
+        assert served.multiprocessing_context is None and served._worker_context().get_start_method() == "fork"
+        return
+    with pytest.raises(Exception) as want:
+        plain.multiprocessing_context = context
+    with pytest.raises(type(want.value)) as got:
+        served.multiprocessing_context = context
+    assert str(got.value) == str(want.value) and "num_workers=0" in str(got.value)
+    assert served.multiprocessing_context is None
+    labels = [y for _, ys in served for y in ys.tolist()]
+    assert labels == dataset.targets
+
+
 def test_a_pil_loader_the_script_replaced_is_followed(tv, folder, monkeypatch):
     """torchvision's default_loader calls the module's pil_loader by name, so a script that puts
     its own there (a grey loader here; an EXIF-transposing one is as common) changes every
