@@ -189,8 +189,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
 
     def _workers_back(self) -> str | None:
         """Why the workers fastdata gave go back (the script's 0) at this iter(), or None (see the module)."""
-        added = getattr(self, "_fastdata_added", 0)
-        if not added or self.num_workers != added:
+        if not self._gave_workers():
             return None
         method = own_start_method()
         if method != "fork":
@@ -211,14 +210,17 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
     def multiprocessing_context(self, context: Any) -> None:
         # A context set on a loader whose workers fastdata gave gets torch's error for the
         # script's 0 workers (its setter raises without reading more than num_workers).
-        added = getattr(self, "_fastdata_added", 0)
-        if context is not None and added and self.num_workers == added:
+        if context is not None and self._gave_workers():
             DataLoader.multiprocessing_context.fset(types.SimpleNamespace(num_workers=0), context)
         DataLoader.multiprocessing_context.fset(self, context)
 
-    def _worker_context(self) -> Any:  # the workers fastdata gave start as fastdata's own (see _workers_back)
+    def _gave_workers(self) -> bool:
+        """Whether its workers are the ones fastdata gave (the script has not set a count since)."""
         added = getattr(self, "_fastdata_added", 0)
-        ours = added and self.num_workers == added and self.multiprocessing_context is None
+        return bool(added) and self.num_workers == added
+
+    def _worker_context(self) -> Any:  # the workers fastdata gave start as fastdata's own (see _workers_back)
+        ours = self._gave_workers() and self.multiprocessing_context is None
         return start_method(None, own=True) if ours else TorchCore._worker_context(self)
 
     def __getstate__(self) -> dict[str, Any]:
