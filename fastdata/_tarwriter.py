@@ -13,7 +13,7 @@ import warnings
 import zlib
 from typing import Any, Callable
 
-from ._pillow import open_image
+from ._pillow import open_image, require_pillow
 from ._pool import process_pool
 from .errors import DataError, error_line, one_line, skippable
 from .image.check import check_complete
@@ -69,6 +69,7 @@ def member_ext(data: bytes, is_jpeg: bool) -> str:
     after all (a PNG's chunks, which check_complete walks but does not parse)."""
     if is_jpeg:
         return "jpg"
+    require_pillow("to pack an image that is not a JPEG")
     from PIL import Image
 
     try:

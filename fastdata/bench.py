@@ -6,7 +6,8 @@ on each engine this machine has.
 
 Engines (each where it can run here):
   pillow       per image, the Pillow this process runs (Pillow-SIMD when installed), as `pil`/`wds`
-               workers apply the ops; Normalize as the device stage runs it on the CPU, batched
+               workers apply the ops; the batch ops (Normalize, MixUp, CutMix, LabelSmoothing) as
+               the device stage runs them on the CPU, batched torch
   kornia-cpu   batched torch tensors on the CPU: Kornia, and fastdata's Kornia lowering of the
                pixel ops (fastdata/transforms/kornia.py) and torch batch ops
   kornia-cuda  the same on the GPU, when there is one
@@ -87,8 +88,6 @@ def _pillow(name: str, op, big: np.ndarray, small: np.ndarray, size: int) -> Cal
     from .transforms.plan import plan_geometry, plan_pixels
 
     n = len(big)
-    if op.batch and name != "Normalize":
-        return None  # batch ops run on tensors: no Pillow lowering
     if op.geometric:
         imgs = [Image.fromarray(a) for a in big]
         geo = plan_geometry((op,), 0, 0, np.arange(n), np.full(n, SOURCE[0]), np.full(n, SOURCE[1]))
@@ -106,12 +105,12 @@ def _pillow(name: str, op, big: np.ndarray, small: np.ndarray, size: int) -> Cal
                 if geo.flips[k]:
                     out.transpose(Image.FLIP_LEFT_RIGHT)
         return run
-    if name == "Normalize":  # not a worker's op: the device stage's, as a loader on the CPU runs it
+    if op.batch:  # not a worker's op: the device stage's (torch), as a loader on the CPU runs it
         images = torch.from_numpy(small).permute(0, 3, 1, 2)  # the loader's channels_last batch
-        labels, out = torch.zeros(n, dtype=torch.int64), torch.empty(small.shape)  # (out: the slot it writes into)
+        labels, out = torch.arange(n) % 10, torch.empty(small.shape)  # (out: the slot Normalize writes into)
 
         def run():
-            batch_ops.apply(images, labels, (op,), dtype=torch.float32, num_classes=1, seed=0, epoch=0, rank=0,
+            batch_ops.apply(images, labels, (op,), dtype=torch.float32, num_classes=10, seed=0, epoch=0, rank=0,
                             batch=0, new=lambda shape, dtype: out)
         return run
     plans = plan_pixels((op,), 0, 0, np.arange(n))[0]
@@ -313,8 +312,9 @@ def augment(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from ._pillow import PILLOW
+    from ._pillow import PILLOW, require_pillow
 
+    require_pillow("for its first engine, the Pillow the workers run")
     ops = _ops(args.size)
     engines, missing = _engines()
     for line in () if args.quiet else missing:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ._cli import Progress, check_int
 from ._cores import usable_cores
+from ._pillow import require_pillow
 from ._pool import process_pool
 from .sources.files import IMAGE_EXTENSIONS, image_folder
 
@@ -309,6 +310,7 @@ def make_imagenet_like(root, n_images: int = 2000, n_classes: int = 10, seed: in
     old = _read_manifest(root)
     if _complete(old, want):
         return root
+    require_pillow("to encode the synthetic JPEGs")
     root.mkdir(parents=True, exist_ok=True)
     existing = _existing_images(root)
     same_pixels = old is not None and old.get("generator") == GENERATOR and old.get("seed") == seed
@@ -410,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="encoding processes (default: the usable cores)")
     args = ap.parse_args(argv)
 
+    require_pillow("to encode the synthetic JPEGs and time their decode")
     from PIL import Image
 
     there = _complete(_read_manifest(Path(args.root)), _wanted(args.images, args.classes, args.seed))

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import _codec, _structure
-from .._pillow import FORMATS
+from .._pillow import FORMATS, require_pillow
 from ..errors import error_line
 from ..transforms import pil as pil_lowering
 
@@ -26,6 +26,7 @@ def check_complete(datas: Sequence, threads: int = 1) -> list[tuple[str | None, 
     out = []
     for data, (cause, kind, w, h) in zip(datas, _structure.inspect_batch(datas, _codec.AVAILABLE, threads)):
         if cause is None and not kind:
+            require_pillow("to read an image that is neither a JPEG nor a PNG")
             from PIL import Image, UnidentifiedImageError
 
             cause = tiff_parts(data) or gif_blocks(data) or pnm_walk(data) or bmp_rle(data)

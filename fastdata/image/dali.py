@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .._buffers import new_batch
-from .._pillow import open_image
+from .._pillow import open_image, require_pillow
 from .._torch_internals import dali_shutdown
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line, one_line, skippable
@@ -56,6 +56,7 @@ logger = logging.getLogger("fastdata")
 def _placeholder() -> bytes:
     """A tiny JPEG that fills a batch up to the pipeline's batch size (see `_feed`); its
     outputs are dropped."""
+    require_pillow("for backend='dali'")
     from PIL import Image
 
     out = io.BytesIO()

@@ -26,8 +26,9 @@ import torch
 from .. import _codec, _structure  # the native decoder when built (AVAILABLE); the pixel limit
 from .._buffers import ProcessRings, new_batch
 from .._cores import batch_threads
+from .._pillow import require_pillow
 from .._trace import trace_range
-from ..errors import error_line
+from ..errors import error_line, one_line
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
 from ..transforms.plan import plan_geometry, plan_pixels
@@ -88,6 +89,8 @@ class BatchDecoder:
         if cpu_pixel_ops is None:
             cpu_pixel_ops = transform.pixel_ops if transform is not None else ()
         self.pixel_ops = cpu_pixel_ops
+        if cpu_pixel_ops:
+            require_pillow(f"to run {', '.join(type(op).__name__ for op in cpu_pixel_ops)} on the CPU")
         self.seed = seed
         self.fail = fail
         self.rings = ProcessRings(slots, pin)
@@ -311,6 +314,8 @@ class BatchDecoder:
                     else:
                         failed.add(k)
                         self.fail(errors, paths[k], f"corrupt JPEG ({err})")
+        if pillow:  # (outside the handler below: a missing Pillow is no file's fault)
+            require_pillow(f"to decode {one_line(str(paths[pillow[0]]))} (its own decoder takes JPEGs only)")
         for k in pillow:
             try:
                 resized = tuple(int(v) for v in geo.resized[k]) if self.crop_first and geo.resized[k, 0] >= 0 else None

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
@@ -241,6 +240,8 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
         elif op[0] == "rotate":  # Pillow's rotate of each row, as torchvision's F.rotate calls it
+            from PIL import Image  # (torchvision's requirement: here where a script rotates PIL images)
+
             rotate = op[1]
             x = np.array(x)
             one = x.shape[3] == 1

@@ -27,9 +27,9 @@ def test_augment_table_json_and_plot(tmp_path, capsys):
                         "TrivialAugment", "Normalize", "MixUp", "CutMix", "LabelSmoothing"}
     for op, row in ops.items():
         assert set(row) == set(report["engines"])
-        assert any(v for v in row.values()), op  # every op has a lowering on some engine here
         assert all(v is None or v > 0 for v in row.values())
-    assert ops["MixUp"]["pillow"] is None  # a batch op: no per-image Pillow lowering
+    # every op runs on the default install's engine: a batch op as the device stage runs it (torch)
+    assert all(row["pillow"] for row in ops.values())
     if "kornia-cpu" in report["engines"]:
         assert all(row["kornia-cpu"] for row in ops.values())  # every op has a device lowering
     printed = capsys.readouterr().out
