@@ -14,6 +14,7 @@ or a `fastdata.loader(...)` inside `train_dataloader()` is rebuilt from its attr
 __version__ = "0.1.0"
 
 import os as _os
+import re as _re
 import sys as _sys
 
 
@@ -40,6 +41,12 @@ if not _launches_a_run():
             "(a plain `pip install torch` on Linux fetches the CUDA build, GBs of CUDA libraries); "
             "on a GPU machine, that CUDA build: pip install torch"
         ) from e
+    # DataLoader's `in_order` and `torch.accelerator` came with 2.6; an older torch would fail at
+    # the first loader with an AttributeError, and under `fastdata run` would break the script
+    # (this error switches the hook off instead, and the script runs as it is).
+    if tuple(int(n) for n in _re.findall(r"\d+", torch.__version__)[:2]) < (2, 6):
+        raise ImportError(f"fastdata needs torch 2.6 or newer, but this is torch {torch.__version__}: upgrade it "
+                          "(pip install -U torch, from the index of the CUDA build you use)")
 
     from ._collate import NATIVE as _NATIVE  # noqa: F401
     from . import samplers, transforms

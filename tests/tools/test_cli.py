@@ -268,6 +268,21 @@ def test_import_error_without_torch_suggests_the_cpu_wheel():
     assert "GPU" in message and "CUDA" in message
 
 
+@pytest.mark.parametrize("version", ["2.5.1+cu124", "1.13.1", "2.6.0", "2.13.0+cpu", "2.14.0.dev20261201"])
+def test_a_torch_older_than_2_6_is_refused_in_one_line_at_import(version):
+    """torch 2.5.1 (checked by hand on the registry's wheel) failed at the first loader with
+    "AttributeError: ... no attribute 'in_order'", and under `fastdata run` broke the script."""
+    code = f"import torch; torch.__version__ = {version!r}; import fastdata; print(fastdata.loader.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    if version.startswith(("2.5", "1.")):
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"ImportError: fastdata needs torch 2.6 or newer, but this is torch {version}: upgrade it (pip install -U "
+            "torch, from the index of the CUDA build you use)")
+    else:
+        assert done.returncode == 0 and done.stdout.strip() == "loader", done.stderr[-2000:]
+
+
 # ----------------------------------------------------------------- progress
 
 class _Terminal(io.StringIO):

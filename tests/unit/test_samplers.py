@@ -303,6 +303,8 @@ def test_a_sample_repeated_in_an_epoch_gets_draws_of_its_own(gradients, how, mon
     (seed, epoch, id) then)."""
     from fastdata import transforms as T
 
+    if how.startswith("placement"):
+        pytest.importorskip("kornia")  # (placement="gpu" runs the pixel ops through Kornia)
     # In the device stage, the pixel ops alone draw: each repeat must get jitters of its own.
     pixel = [T.ColorJitter(0.4, 0.4, 0.4)] if how.startswith("placement") else []
     geometry = [T.CenterCrop(24)] if pixel else [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]
