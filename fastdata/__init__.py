@@ -32,7 +32,7 @@ def _launches_a_run() -> bool:
 
 if not _launches_a_run():
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError as e:  # torch is deliberately not a pip requirement: see pyproject.toml
         raise ImportError(
             "fastdata needs PyTorch, but it is not installed; install torch first, then fastdata. "

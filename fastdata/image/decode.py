@@ -315,7 +315,7 @@ class BatchDecoder:
                         failed.add(k)
                         self.fail(errors, paths[k], f"corrupt JPEG ({err})")
         if pillow:  # (outside the handler below: a missing Pillow is no file's fault)
-            require_pillow(f"to decode {one_line(str(paths[pillow[0]]))} (its own decoder takes JPEGs only)")
+            require_pillow(f"to decode {one_line(str(paths[pillow[0]]))} (fastdata's own decoder takes JPEGs only)")
         for k in pillow:
             try:
                 resized = tuple(int(v) for v in geo.resized[k]) if self.crop_first and geo.resized[k, 0] >= 0 else None

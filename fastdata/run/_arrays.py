@@ -240,7 +240,7 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
         elif op[0] == "rotate":  # Pillow's rotate of each row, as torchvision's F.rotate calls it
-            from PIL import Image  # (torchvision's requirement: here where a script rotates PIL images)
+            from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
 
             rotate = op[1]
             x = np.array(x)
