@@ -42,8 +42,8 @@ def test_the_emulation_hides_pillow():
 
 @pytest.mark.timeout(120)
 def test_fastdata_run_serves_a_tensordataset_script(tmp_path):
-    """The hook's modules import no Pillow: before, `fastdata run` switched itself off ("the hook
-    is off") for any script in an environment without it."""
+    """The hook's modules import no Pillow, so `fastdata run` stays on ("the hook is off" would
+    leave every script to torch) where there is none."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch
@@ -84,8 +84,8 @@ def test_jpegs_decode_natively_in_workers(folder):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_image_that_needs_pillow_is_not_skipped_as_a_bad_file(tmp_path, workers):
     """A PNG among the JPEGs, on_error="skip": the pass stops with the missing library and the
-    file that needed it; before, every PNG was skipped as "cannot decode (ModuleNotFoundError)",
-    counted among the dataset's bad files."""
+    file that needed it, rather than skipping every PNG as a file that "cannot decode", counted
+    among the dataset's bad files."""
     root = color_folder(tmp_path / "images", classes=2, per_class=3, sides=(40, 60),
                         name=lambda i: f"{i}.png" if i == 1 else f"{i}.jpg")
     proc = _python("""

@@ -270,8 +270,9 @@ def test_import_error_without_torch_suggests_the_cpu_wheel():
 
 @pytest.mark.parametrize("version", ["2.5.1+cu124", "1.13.1", "2.6.0", "2.13.0+cpu", "2.14.0.dev20261201"])
 def test_a_torch_older_than_2_6_is_refused_in_one_line_at_import(version):
-    """torch 2.5.1 (checked by hand on the registry's wheel) failed at the first loader with
-    "AttributeError: ... no attribute 'in_order'", and under `fastdata run` broke the script."""
+    """torch 2.5 has no DataLoader `in_order` (2.6 added it): there the first loader would fail
+    with an AttributeError, and under `fastdata run` so would the script (the registry's 2.5.1,
+    checked by hand); refused at import, the hook stays off and the script runs as it is."""
     code = f"import torch; torch.__version__ = {version!r}; import fastdata; print(fastdata.loader.__name__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
     if version.startswith(("2.5", "1.")):
