@@ -6,7 +6,6 @@ metadata; the one whose version is `PIL.__version__` is the one whose files are 
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 from pathlib import Path
@@ -60,21 +59,6 @@ def _describe(info: dict) -> str:
 # registers on any bytes, whatever the file's name, and some hand the bytes on: EPS content
 # runs Ghostscript.
 FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "PPM", "TIFF", "GIF")
-
-
-def require_pillow(what: str) -> None:
-    """ImportError, one line saying that fastdata needs Pillow `what` and how to install it,
-    where `PIL` cannot be imported. Pillow is not among the package's requirements (Pillow-SIMD,
-    which scripts/install.sh builds, installs the same files under another name, so a requirement
-    on `pillow` would bring stock Pillow back over it), and much of fastdata runs without it: the
-    drop-in, `fastdata run` of any other Dataset, JPEGs the native decoder takes. A path that
-    needs it checks first, outside any handler of a file's errors: a missing library is no
-    file's fault, and on_error="skip" must not skip every file it would read."""
-    try:
-        importlib.import_module("PIL")
-    except ImportError as e:
-        raise ImportError(f"Pillow is not installed ({e}), and fastdata needs it {what}: pip install pillow (or, "
-                          "from a checkout of fastdata, bash scripts/install.sh, which builds Pillow-SIMD)") from None
 
 
 def open_image(data: bytes):

@@ -13,7 +13,8 @@ import warnings
 import zlib
 from typing import Any, Callable
 
-from ._pillow import open_image, require_pillow
+from ._optional import require_pillow
+from ._pillow import open_image
 from ._pool import process_pool
 from .errors import DataError, error_line, one_line, skippable
 from .image.check import check_complete

@@ -41,7 +41,7 @@ import numpy as np
 
 from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run_alone, run_command
 from ._cores import usable_cores
-from ._optional import has
+from ._optional import has, require_pillow
 from ._optional import missing as optional_missing
 from .profiling.report import environment, now_utc
 
@@ -312,7 +312,7 @@ def augment(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from ._pillow import PILLOW, require_pillow
+    from ._pillow import PILLOW
 
     require_pillow("for its first engine, the Pillow the workers run")
     ops = _ops(args.size)

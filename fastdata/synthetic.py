@@ -35,7 +35,7 @@ import numpy as np
 
 from ._cli import Progress, check_int
 from ._cores import usable_cores
-from ._pillow import require_pillow
+from ._optional import require_pillow
 from ._pool import process_pool
 from .sources.files import IMAGE_EXTENSIONS, image_folder
 

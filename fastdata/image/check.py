@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from .. import _codec, _structure
-from .._pillow import FORMATS, require_pillow
+from .._optional import require_pillow
+from .._pillow import FORMATS
 from ..errors import error_line
 from ..transforms import pil as pil_lowering
 

@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 from .._buffers import new_batch
-from .._pillow import open_image, require_pillow
+from .._optional import require_pillow
+from .._pillow import open_image
 from .._torch_internals import dali_shutdown
 from .._workers import NoWatchdog, hold_threads, release_threads
 from ..errors import DataError, error_line, one_line, skippable

@@ -26,7 +26,7 @@ import torch
 from .. import _codec, _structure  # the native decoder when built (AVAILABLE); the pixel limit
 from .._buffers import ProcessRings, new_batch
 from .._cores import batch_threads
-from .._pillow import require_pillow
+from .._optional import require_pillow
 from .._trace import trace_range
 from ..errors import error_line, one_line
 from ..transforms import Compose
