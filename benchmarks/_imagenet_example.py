@@ -12,17 +12,22 @@ Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the ref
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
 fine-tuning tutorials add it.
+With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
+augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
+ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
 With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, channels_last, SGD)
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
-                                                [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup]
+                                                [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup] [--ra-sampler]
 """
 
 import argparse
+import importlib.util
 import json
 import time
+from pathlib import Path
 
 import torch
 import torchvision
@@ -37,6 +42,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "rotate"], default="imagenet")
 ap.add_argument("--mixup", action="store_true")
+ap.add_argument("--ra-sampler", action="store_true")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -75,9 +81,16 @@ if args.mixup:
 
     def mixup_collate(batch):
         return mixup_cutmix(*torch.utils.data.default_collate(batch))
+train_sampler = None
+if args.ra_sampler:
+    spec = importlib.util.spec_from_file_location(
+        "train_samplers", Path(__file__).resolve().parents[1] / "tests" / "run_scripts" / "train_samplers.py")
+    samplers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(samplers)
+    train_sampler = samplers.RASampler(train_dataset, num_replicas=1, rank=0)
 train_loader = torch.utils.data.DataLoader(
-    train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True,
-    collate_fn=mixup_collate if args.mixup else None)
+    train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None, num_workers=args.workers,
+    pin_memory=True, sampler=train_sampler, collate_fn=mixup_collate if args.mixup else None)
 
 model = None
 if args.arch != "none":
@@ -87,6 +100,8 @@ if args.arch != "none":
 
 rates = []
 for epoch in range(args.epochs):
+    if train_sampler is not None:
+        train_sampler.set_epoch(epoch)
     start, seen = time.perf_counter(), 0
     for images, target in train_loader:
         images = images.to(device, non_blocking=True)

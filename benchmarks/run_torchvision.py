@@ -17,13 +17,16 @@ that auto-augment policy (bilinear) and RandomErasing(0.1) (run_torchvision_ta_w
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
+With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
+script's (`..._ra_sampler.json`).
 
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1, with the workers' start and first
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup] [--json PATH]
+                                          [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup] [--ra-sampler]
+                                          [--json PATH]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> int:
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "rotate"], default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
+    ap.add_argument("--ra-sampler", action="store_true", help="the references' repeated-augmentation sampler")
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
@@ -59,7 +63,8 @@ def main() -> int:
     root = make_imagenet_like(args.root, args.images, 10)
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
-              *(["--split"] if args.split else []), *(["--mixup"] if args.mixup else [])]
+              *(["--split"] if args.split else []), *(["--mixup"] if args.mixup else []),
+              *(["--ra-sampler"] if args.ra_sampler else [])]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
     commands = {"plain": script, "fastdata run": [fastdata_cli, "run", "--", *script]}
     if args.simd_pil:
@@ -76,16 +81,18 @@ def main() -> int:
     print(f"\n{args.images} images, batch 256, {args.workers} workers (fresh each epoch), {args.rounds} rounds ABBA, "
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + f", recipe {args.recipe}"
-          + (", MixUp/CutMix collate_fn" if args.mixup else ""))
+          + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else ""))
     for name, s in sides.items():
         print(f"  {name:<20} epoch 1 {s['epoch_1_median']:7.0f} img/s   epochs 2+ {s['epochs_2_on_median']:7.0f} img/s")
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") \
-        + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "")
+        + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
+        + ("_ra_sampler" if args.ra_sampler else "")
     _common.write(stem, {
         "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
-        "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup, "pillow": PIL.__version__,
+        "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup,
+        "ra_sampler": args.ra_sampler, "pillow": PIL.__version__,
         "torchvision": torchvision.__version__,
         "regime": "fresh workers each epoch (the script's DataLoader default), files in the page cache",
         "sides": sides, "ratios": ratios}, args.json)

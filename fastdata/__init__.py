@@ -18,23 +18,41 @@ import re as _re
 import sys as _sys
 
 
+def _command() -> str:
+    """The name this process was started by: the script's file name, or the module `python -m`
+    ran ("" where neither can be read). It is the element of the interpreter's own arguments just
+    before the ones sys.argv holds after its first (`python -m` sets sys.argv[0] to "-m" while it
+    imports this package); an embedded Python may have no argv."""
+    argv, orig = getattr(_sys, "argv", []), getattr(_sys, "orig_argv", [])
+    return _os.path.basename(orig[-len(argv)]) if argv and len(orig) >= len(argv) else ""
+
+
 def _launches_a_run() -> bool:
     """Whether this process is `fastdata run`'s launcher: the `fastdata` command (or `python -m
     fastdata`) given `run`. It starts the command and waits for it, and needs neither torch nor
     the loader, whose import would be most of what `fastdata run` adds to a command's start; its
     command's processes import them as any other process does."""
-    argv, orig = getattr(_sys, "argv", []), getattr(_sys, "orig_argv", [])  # (an embedded Python may have no argv)
-    # (the element of the interpreter's own arguments just before the ones sys.argv holds after
-    # its first: the script's path, or the module -m ran; `python -m` sets sys.argv[0] to "-m"
-    # while it imports this package)
-    return argv[1:2] == ["run"] and len(orig) >= len(argv) and _os.path.basename(orig[-len(argv)]) == "fastdata"
+    return getattr(_sys, "argv", [])[1:2] == ["run"] and _command() == "fastdata"
+
+
+_COMMANDS = ("fastdata", "fastdata-demo", "fastdata-bench", "fastdata-profile", "fastdata-shard")
+
+
+def _refused(message: str) -> BaseException:
+    """What `import fastdata` raises where it cannot run: an ImportError, or, in one of fastdata's
+    own commands (whose console script imports this package before the command's error
+    handling), the command's one-line error, exit 1, without the import's traceback."""
+    name = _command()
+    if name in _COMMANDS:
+        return SystemExit(f"{name}: error: ImportError: {message}")
+    return ImportError(message)
 
 
 if not _launches_a_run():
     try:
         import torch
     except ImportError as e:  # torch is deliberately not a pip requirement: see pyproject.toml
-        raise ImportError(
+        raise _refused(
             "fastdata needs PyTorch, but it is not installed; install torch first, then fastdata. "
             "On a machine without an NVIDIA GPU, the CPU wheel: "
             "pip install torch --index-url https://download.pytorch.org/whl/cpu "
@@ -45,8 +63,8 @@ if not _launches_a_run():
     # the first loader with an AttributeError, and under `fastdata run` would break the script
     # (this error switches the hook off instead, and the script runs as it is).
     if tuple(int(n) for n in _re.findall(r"\d+", torch.__version__)[:2]) < (2, 6):
-        raise ImportError(f"fastdata needs torch 2.6 or newer, but this is torch {torch.__version__}: upgrade it "
-                          "(pip install -U torch, from the index of the CUDA build you use)")
+        raise _refused(f"fastdata needs torch 2.6 or newer, but this is torch {torch.__version__}: upgrade it "
+                       "(pip install -U torch, from the index of the CUDA build you use)")
 
     from ._collate import NATIVE as _NATIVE  # noqa: F401
     from . import samplers, transforms

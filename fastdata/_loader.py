@@ -200,7 +200,12 @@ class LoaderCore:
         never asks again, costs nothing more."""
         live = self._live[0]() if self._ours() else None
         if isinstance(live, Pass) and self._in_epoch:
-            live.then(functools.partial(self._rest, self._state_dict()))
+            live.then(functools.partial(self._rest, self._rest_state()))
+
+    def _rest_state(self) -> dict[str, Any]:
+        """Where the live pass stands, for `_rest`: its state (a backend may add what only this
+        process can use, such as the pass's own sampler iterator)."""
+        return self._state_dict()
 
     def _rest(self, state: dict[str, Any]) -> Iterator[Any]:
         """The batches after `state` of the pass it was taken in, on parts of their own."""

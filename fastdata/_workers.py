@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
 import time
 import weakref
@@ -151,6 +152,19 @@ def stall_limit(timeout: float) -> float:
     return limit if limit > 0 else _STALL_DEFAULT
 
 
+def _a_worker_died(it: Any) -> bool:
+    """Whether a worker of DataLoader iterator `it` was killed or exited with an error: read
+    without reaping it (WNOWAIT), as DataLoader's SIGCHLD handler reads it after."""
+    for w in iterator_workers(it):
+        try:
+            ended = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (OSError, AttributeError, TypeError):  # reaped already, not our child, no waitid (not Linux)
+            continue
+        if ended is not None and (ended.si_code != os.CLD_EXITED or ended.si_status != 0):
+            return True
+    return False
+
+
 def wait_forever(it: Any) -> None:
     """DataLoader iterator `it` (whose DataLoader has timeout=0) waits for a batch as long as it
     takes: no `Watchdog` limit for its passes."""
@@ -166,6 +180,12 @@ class Watchdog:
     GIL) after queueing a batch blocks the consumer forever with any timeout. This thread
     kills the workers when a wait passes the limit; the blocked read then fails, and `error`
     turns what DataLoader raises into the timeout error.
+
+    DataLoader learns that a worker died from its SIGCHLD handler, which raises in the main
+    thread at whatever line runs there. Raised where it is lost (a finalizer the garbage
+    collector runs, whose errors Python only prints), the consumer would wait for the dead
+    worker's batch until the stall limit. So while the main thread has waited a second for a
+    batch and a worker has died, this thread sends it SIGCHLD again, once a second.
     """
 
     def __init__(self, it: Any, timeout: float) -> None:
@@ -174,6 +194,7 @@ class Watchdog:
         # it has it: two stores a batch, no clock read; this thread times how long one number stays.
         self.waiting = -1
         self.killed: list[int] | None = None
+        self._main = threading.get_ident() == threading.main_thread().ident  # (made in the consumer's thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if it in _unlimited:  # no limit, nothing to watch; `error` still names a worker that died
@@ -194,6 +215,8 @@ class Watchdog:
                 self.killed = []  # first: the consumer's read fails as soon as a worker dies
                 kill_workers(self.it, self.killed)
                 return
+            elif self._main and now - since >= 1.0 and _a_worker_died(self.it):
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGCHLD)
 
     def close(self) -> None:
         self._stop.set()

@@ -19,15 +19,17 @@ import warnings
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
 
 from .._collate import RingCollate, Timed, collate as native_collate
 from .._torch_internals import auto_collation, driven_dataloader, profiler_enabled, share_length_warning
 from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, end_at_exit, pass_end,
                         shutdown_workers, stall_limit, start_method, workers_running)
 from ..device import prefetch
+from ..errors import warn
 from .._loader import Loader, LoaderCore, check_position, resolve_workers
-from .torch_iter import Fetches, Marked, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset, stage_seconds
+from .torch_iter import (Continued, Fetches, Marked, Pass, Raised, Resumable, batch_sizes, fetches, raised_by_dataset,
+                         stage_seconds)
 
 DATALOADER_KEYWORDS = tuple(name for name in inspect.signature(DataLoader.__init__).parameters
                             if name not in ("self", "dataset"))
@@ -51,6 +53,10 @@ class TorchCore(DataLoader, LoaderCore):
     the reused slots, which belong to this loader's passes)."""
 
     backend = "torch"
+    # The sampler is asked past an epoch's last batch before that batch is handed out, so that a
+    # state taken at it sees the sampler's draws at its end (`Resumable`): for a loader with
+    # public state methods.
+    _asks_past = True
 
     def __init__(self, dataset: Any, *args: Any, device: Any = None, **kwargs: Any) -> None:
         call = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs).arguments
@@ -93,11 +99,14 @@ class TorchCore(DataLoader, LoaderCore):
             collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
         self._index: Resumable | None = None
         dataset, index = self.dataset, dict(batch_size=self.batch_size, drop_last=self.drop_last)
+        # (a pass of a sampler that is not replayable keeps its indices not yet handed out: at
+        # most those its workers were asked for, and the device copy's, well within this)
+        keep = 4 * workers * (self.prefetch_factor or 2) + 16
         if auto_collation(self) and not self._iterable:
-            self._index = Resumable(self.batch_sampler, self.generator)
+            self._index = Resumable(self.batch_sampler, self.generator, ask_past=self._asks_past, keep=keep)
             dataset, index = self._fetched_from(dataset), dict(batch_sampler=self._index)
         elif not self._iterable:
-            self._index = Resumable(self.sampler, self.generator)
+            self._index = Resumable(self.sampler, self.generator, ask_past=self._asks_past, keep=keep)
             index = dict(batch_size=None, sampler=self._index)
         self._loader = driven_dataloader(dataset, collate_fn=collate_fn, **index, **own)
         if workers and self.persistent_workers:
@@ -167,15 +176,27 @@ class TorchCore(DataLoader, LoaderCore):
             it = fetches(it)
         end = pass_end(loader_it, workers, self._loader.persistent_workers)
         # len(iter(loader)): its index sampler's, as torch's iterator counts them
-        index_sampler = self.batch_sampler if auto_collation(self) else self.sampler
-        return self._start(Pass(self._run(it, loader_it, end), index_sampler), end)
+        return self._start(Pass(self._run(it, loader_it, end), self._index_source()), end)
+
+    def _index_source(self) -> Any:
+        """What gives a pass its indices, as DataLoader picks it: the batch sampler, or
+        the sampler with batch_size=None."""
+        return self.batch_sampler if auto_collation(self) else self.sampler
+
+    def _rest_state(self) -> dict[str, Any]:
+        state = self._state_dict()
+        left = self._index.left(self._delivered) if self._index is not None else None
+        if left is not None:
+            state["left"] = left
+        return state
 
     def _rest(self, state: dict[str, Any]) -> Iterator[Any]:
         """The batches after `state` (taken in a pass a newer one ended) of that pass, from a
         DataLoader of their own with this loader's arguments: torch's own iterator, without the
         reused slots (the newer pass holds them). The pass's shuffle and its workers' seeds
         are drawn again from the RNG states it started with; this process's RNG is left as it
-        stands, as torch's two iterators leave it. Counted in `stats` as the pass's were."""
+        stands, as torch's two iterators leave it; a sampler that is not replayable goes on from
+        the pass's own iterator (`Resumable.left`). Counted in `stats` as the pass's were."""
         workers = self.num_workers
         twin = functools.partial(  # a DataLoader of this loader's dataset and arguments, with workers of its own
             type(self._loader), self.dataset, num_workers=workers, collate_fn=self.collate_fn,
@@ -192,9 +213,12 @@ class TorchCore(DataLoader, LoaderCore):
                 for _ in range(state["batches"]):  # an iterable dataset cannot seek: read past
                     next(it)
             else:
-                index = Resumable(self.batch_sampler if auto_collation(self) else self.sampler, self.generator)
-                # the sampler's own RNG state, then this process's again once the delivered are passed
-                index.restore, index.skip, index.restore_after = state["sampler_rng"], state["batches"], now
+                if "left" in state:  # a sampler that is not replayable: its pass's own iterator goes on
+                    index = Continued(*state["left"])
+                else:
+                    index = Resumable(self._index_source(), self.generator, ask_past=self._asks_past)
+                    # the sampler's own RNG state, then this process's again once the delivered are passed
+                    index.restore, index.skip, index.restore_after = state["sampler_rng"], state["batches"], now
                 it = iter(twin(batch_sampler=index) if auto_collation(self) else twin(batch_size=None, sampler=index))
         finally:
             rng.set_state(now)
@@ -359,7 +383,8 @@ class TorchCore(DataLoader, LoaderCore):
         the dataset's samples are a function of their index; an iterable dataset is
         fast-forwarded. Without a `generator`, the shuffle comes from torch's global RNG, and
         resuming restores that global state."""
-        own = {"batch_size": self.batch_size}  # the size of the batches its position counts
+        # the size of the batches its position counts, and what drew their order
+        own = {"batch_size": self.batch_size, "order": self._order_name()}
         if hasattr(self.sampler, "state_dict"):  # a sampler with state of its own (fastdata.samplers) keeps it too
             own["sampler_state"] = self.sampler.state_dict()
         if self._in_epoch:
@@ -386,6 +411,11 @@ class TorchCore(DataLoader, LoaderCore):
             **own,
         }
 
+    def _order_name(self) -> str:
+        """The class that orders the batches: a batch_sampler of the script's, else the sampler."""
+        own = self.batch_sampler is not None and type(self.batch_sampler) is not BatchSampler
+        return type(self.batch_sampler if own else self.sampler).__qualname__
+
     def _length(self) -> int | None:
         """Batches an epoch where the sampler says (an iterable dataset's len is an estimate)."""
         if isinstance(self.dataset, IterableDataset):
@@ -403,6 +433,12 @@ class TorchCore(DataLoader, LoaderCore):
             raise ValueError(f"the state was taken by a loader over images (backend {state.get('backend')!r}), "
                              "so it resumes only a loader over the same images, not one over a Dataset")
         check_position(state, self._length(), self.batch_size, epoch_may_be_none=True)
+        taken = state.get("order", self._order_name())  # (a state taken before states kept it: unchecked)
+        if taken != self._order_name() and state["batches"]:
+            epoch = "its epoch" if state["epoch"] is None else f"epoch {state['epoch']}"  # (set_epoch never called)
+            warn(f"resuming with a {self._order_name()}, but the state was taken with a {taken}: the "
+                 f"{state['batches']} batches it counts as delivered came in another order, so the rest of {epoch} "
+                 "may repeat some of their samples and leave out others")
         if state.get("sampler_state") is not None and hasattr(self.sampler, "load_state_dict"):
             self.sampler.load_state_dict(state["sampler_state"])
         if state["epoch"] is not None:

@@ -3,28 +3,55 @@ iterator that, as DataLoader's, survives a batch that raised."""
 
 from __future__ import annotations
 
+import collections
 import itertools
+import weakref
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import BatchSampler
+from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler, SubsetRandomSampler,
+                              WeightedRandomSampler)
+from torch.utils.data.distributed import DistributedSampler
 
 from .._collate import batch_len
 from .._loader import Pass as LoaderPass
 from .._torch_internals import single_process_fetch
 
 
+# Samplers whose order is a function of the RNG state a pass starts from (their generator's, or
+# torch's global one) and of their attributes: the rest of a pass can be drawn again from that
+# state. The exact types: a subclass may draw its order any way (NumPy's global RNG, a count).
+_REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def replayable(index_sampler: Any) -> bool:
+    """Whether a pass over `index_sampler` (a sampler, or torch's BatchSampler of one) can be
+    drawn again from the RNG state it started from: torch's samplers and fastdata's."""
+    sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+    return type(sampler) in _REPLAYABLE or type(sampler).__module__.startswith("fastdata.")
+
+
 class Resumable:
     """Wraps the epoch's (batch) sampler: records the RNG state its shuffle starts from, and on
     resume restores it and skips the batches already delivered, by index only: no sample of a
-    skipped batch is read."""
+    skipped batch is read.
 
-    def __init__(self, inner: Any, generator: torch.Generator | None) -> None:
+    `ask_past`: the last index is given once the sampler was asked past it (see `_rest`), for a
+    loader whose state may be taken at an epoch's last batch. A sampler that is not `replayable`
+    keeps the indices of its pass's last `keep` batches (those asked for and not handed out are
+    among them): `left` continues such a pass from its own iterator, as torch's iterator would go
+    on, since drawing its order again need not give the same one."""
+
+    def __init__(self, inner: Any, generator: torch.Generator | None, *, ask_past: bool = True,
+                 keep: int = 0) -> None:
         self.inner, self.generator = inner, generator
         self.skip = 0
         self.restore: torch.Tensor | None = None
         self.restore_after: torch.Tensor | None = None  # the RNG state once the skipped batches are passed
         self.rng_at_start: torch.Tensor | None = None
+        self.ask_past = ask_past
+        self.keep = 0 if replayable(inner) else keep
+        self._pass: weakref.ref | None = None  # the live pass's _Kept
 
     @property
     def rng(self) -> torch.Generator:
@@ -45,13 +72,32 @@ class Resumable:
         inner = iter(self.inner)  # lazy for torch's samplers: nothing is drawn yet
         given = [0]  # the indices _prepare gives, the skipped ones counted
         # (chain calls iter() on _Later only once _prepare's part is done)
-        return itertools.chain(self._prepare(inner, given), _Later(lambda: self._rest(inner, given[0])))
+        it = itertools.chain(self._prepare(inner, given), _Later(lambda: self._rest(inner, given[0])))
+        if not self.keep:
+            return it
+        kept = _Kept(it, self.keep, self.skip)
+        # held weakly: the pass's DataLoader iterator holds it, and `it` holds this object (a
+        # cycle would leave both to the garbage collector, whose finalizers run at any line)
+        self._pass = weakref.ref(kept)
+        return kept
+
+    def left(self, delivered: int) -> tuple[list[Any], Iterator[Any]] | None:
+        """The rest of the live pass of a sampler that is not `replayable`, `delivered` batches
+        handed out: (the indices asked for and not handed out, the pass's iterator on); None where
+        more were asked for than `keep` holds (the pass is then drawn again, as a replayable one)."""
+        kept = self._pass() if self._pass is not None else None
+        if kept is None:
+            return None
+        ahead = kept.at - delivered
+        return (list(kept.last)[len(kept.last) - ahead:], kept.it) if 0 <= ahead <= len(kept.last) else None
 
     def _rest(self, inner: Iterator[Any], given: int) -> Iterator[Any]:
         """The indices after those `_prepare` gave, at C speed, but for the last (as `len` counts
         them), which is given once the sampler was asked past it: RandomSampler draws from its
         generator once more at its end, and a state taken at the last batch must see that draw, as
         it does with workers (whose prefetch asks past the end before the last batch is out)."""
+        if not self.ask_past:
+            return inner
         try:
             left = len(self.inner) - given
         except TypeError:  # a sampler without len()
@@ -78,6 +124,37 @@ class Resumable:
             self.restore_after = None
         given[0] = skip + len(first)
         yield from first  # often nothing: the body runs on the first next() all the same
+
+
+class _Kept:
+    """`it`'s items, the last `keep` of them kept (`last`), `at` the pass's position after them."""
+
+    __slots__ = ("it", "last", "at", "__weakref__")
+
+    def __init__(self, it: Iterator[Any], keep: int, at: int) -> None:
+        self.it, self.last, self.at = it, collections.deque(maxlen=keep), at
+
+    def __iter__(self) -> "_Kept":
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.it)
+        self.last.append(item)
+        self.at += 1
+        return item
+
+
+class Continued:
+    """A sampler of the rest of a pass: `given` (asked for and not handed out), then `it` on. Its
+    iterator starts nothing until its first next(), as DataLoader's workers ask for one, drop it,
+    and ask again."""
+
+    def __init__(self, given: list[Any], it: Iterator[Any]) -> None:
+        self.given, self.it = given, it
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.given
+        yield from self.it
 
 
 class _Later:

@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 import torch.utils.data.dataloader
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import IterableDataset
 
 from ._arrays import lower_any
 from ._lowering import Lowering, folder, samples_refused
@@ -38,10 +37,6 @@ from .._collate import collate as native_collate
 from .._workers import own_start_method
 
 SIGNATURE = inspect.signature(torch.utils.data.dataloader.DataLoader.__init__)
-# Samplers whose order is a function of their generator (or torch's global one): fastdata's
-# resume restores it, and the worker count does not change it.
-_KNOWN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, torch.utils.data.SubsetRandomSampler,
-                   torch.utils.data.WeightedRandomSampler)
 # Keywords whose meaning changes when a loader gets workers the script did not ask for.
 _WORKER_KEYWORDS = ("worker_init_fn", "prefetch_factor", "multiprocessing_context", "persistent_workers")
 
@@ -59,14 +54,6 @@ def decide(args: tuple, kwargs: dict) -> tuple[bool, str, Any, Lowering | None]:
     if isinstance(dataset, IterableDataset):
         return False, ("an IterableDataset: its iteration may have side effects (fastdata fast-forwards an iterable "
                        "on resume by reading it again)"), None, None
-    sampler, batch_sampler = call.get("sampler"), call.get("batch_sampler")
-    if batch_sampler is not None and not (type(batch_sampler) is BatchSampler and _known(batch_sampler.sampler)):
-        why = (f"a custom batch_sampler ({type(batch_sampler).__qualname__}): fastdata's loader restores a pass's "
-               "order on load_state_dict, which it knows how to do for torch's samplers and fastdata's")
-        return False, why, None, None
-    if sampler is not None and not _known(sampler):
-        return False, (f"a custom sampler ({type(sampler).__qualname__}): fastdata's loader restores a pass's order on "
-                       "load_state_dict, which it knows how to do for torch's samplers and fastdata's"), None, None
     reason, lowering = _collation(call)
     if "num_workers" in call:
         return True, f"{reason}; num_workers={call['num_workers']} as the script set it", None, lowering
@@ -111,10 +98,6 @@ def _scripts_collate(call: dict) -> bool:
     """Whether the loader batches with a collate_fn of the script's (torch's default named, or
     fastdata's handed back by a rebuild, are the default)."""
     return call.get("collate_fn") not in (None, torch.utils.data.default_collate, native_collate)
-
-
-def _known(sampler: Any) -> bool:
-    return isinstance(sampler, _KNOWN_SAMPLERS) or type(sampler).__module__.startswith("fastdata.")
 
 
 def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:

@@ -44,7 +44,7 @@ from ._torchvision import NativeFolder
 from .._collate import collate as native_collate
 from .._workers import own_start_method, start_method, wait_forever
 from ..backends.torch import TorchCore
-from ..backends.torch_iter import Fetches
+from ..backends.torch_iter import Fetches, replayable
 
 TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _CLASS_SIGNATURE = inspect.signature(TorchDataLoader)
@@ -124,6 +124,11 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
     it has no `state_dict` (see `LoaderCore`): a trainer resumes its epoch from the start, and
     its checkpoints resume without fastdata."""
 
+    # With no state to take at an epoch's last batch, the sampler is asked past it when torch's
+    # iterator asks: a sampler's draws at its end (or a sampler of the script's, whatever it does
+    # there) come after the script's last step, as without fastdata.
+    _asks_past = False
+
     def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
         # `dataset` named, as in DataLoader's signature: Lightning finds a loader's dataset by
         # that name among the arguments it records, to rebuild the loader with a sampler
@@ -143,8 +148,11 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
             self.set_stage_timing(True)
             _served.append((weakref.ref(self), timing))
         self._fastdata_timing = timing
-        # With workers and a GPU, batches are copied ahead to where the script moves them.
-        copy = self._fastdata_copy = CopyAhead() if self.num_workers > 0 and _copy_ahead() else None
+        # With workers and a GPU, batches are copied ahead to where the script moves them; not
+        # from a sampler of the script's, which may draw from torch's RNG as each batch is asked
+        # for, where taking one early would move the draw before the script's step.
+        copy = self._fastdata_copy = CopyAhead() if (
+            self.num_workers > 0 and _copy_ahead() and replayable(self._index_source())) else None
         seq = _record(self, self.dataset, "served" if lowering is None else "native", reason, type(self))
         if copy is not None and seq is not None:
             _copying.append((seq, copy))

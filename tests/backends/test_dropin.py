@@ -777,6 +777,34 @@ def test_a_state_taken_with_another_batch_size_is_refused():
     assert len(rest) == 16 and sorted(first + rest) == list(range(40))
 
 
+def test_a_state_resumed_under_another_order_is_warned_of():
+    """The position counts batches of the order the state was taken in: a train loader's state
+    (shuffled) given to a loader of the same data in order resumes with a warning that names
+    both, as image mode's does; under the same order, none. The batches are this loader's."""
+    taken = fastdata.loader(TupleDS(40), batch_size=8, shuffle=True, generator=gen(0))
+    it = iter(taken)
+    next(it)
+    state = taken.state_dict()
+    assert state["order"] == "RandomSampler"
+    ordered = fastdata.loader(TupleDS(40), batch_size=8)
+    with pytest.warns(UserWarning, match=r"^resuming with a SequentialSampler, but the state was taken with a "
+                      r"RandomSampler: the 1 batches .* the rest of its epoch may repeat") as caught:
+        ordered.load_state_dict(state)
+    assert caught[0].filename == __file__
+    assert [y.tolist() for _, y in ordered] == [list(range(k, k + 8)) for k in range(8, 40, 8)]
+    buckets = fastdata.loader(TupleDS(40), batch_sampler=[[0, 1], [2, 3]])
+    next(iter(buckets))
+    other = fastdata.loader(TupleDS(40), batch_sampler=([2, 3], [0, 1]))
+    with pytest.warns(UserWarning, match=r"resuming with a tuple, but the state was taken with a list"):
+        other.load_state_dict(buckets.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = fastdata.loader(TupleDS(40), batch_size=8, shuffle=True, generator=gen(0))
+        same.load_state_dict(state)
+        between = fastdata.loader(TupleDS(40), batch_size=8)
+        between.load_state_dict(fastdata.loader(TupleDS(40), batch_size=8, shuffle=True).state_dict())
+
+
 # 5. Early exit shuts the workers down.
 
 

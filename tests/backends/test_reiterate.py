@@ -6,6 +6,8 @@ before the last one is dropped. Every sample must still come exactly once per ep
 with its own label, however the old iterator dies: kept referenced, or dropped a few batches
 into the next epoch (as a reference cycle would have it)."""
 
+import random
+
 import pytest
 import torch
 
@@ -146,6 +148,22 @@ class Counted(torch.utils.data.IterableDataset):
         return iter(range(22))
 
 
+class Reshuffled(torch.utils.data.Sampler):
+    """A sampler of the script's with state of its own: each pass a new order from its own
+    `random.Random`, so an order drawn again is another one."""
+
+    def __init__(self):
+        self.rng = random.Random(0)
+
+    def __iter__(self):
+        order = list(range(22))
+        self.rng.shuffle(order)
+        return iter(order)
+
+    def __len__(self):
+        return 22
+
+
 def _overlapping(make, scenario):
     """What a script gets from two iterators of one loader made by `make`, alive together:
     (the older pass's batches, the newer's, this process's RNG after)."""
@@ -178,20 +196,23 @@ def _kept(batch):
 
 @pytest.mark.parametrize("scenario", ["peek", "zip", "second_whole"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
-@pytest.mark.parametrize("data", ["shuffled", "unbatched", "iterable"])
+@pytest.mark.parametrize("data", ["shuffled", "unbatched", "iterable", "own-sampler"])
 def test_a_pass_a_newer_iter_started_goes_on_as_torchs(h, scenario, workers, persistent, data):
     """Each iterator of torch's DataLoader goes on by itself. An older fastdata pass, ended when
     a newer one started, gives the rest of its batches when asked: the same samples in the same
     order as torch's, with 0 workers the same RNG draws, and this process's RNG left where
     torch's leaves it. With persistent workers the reference is torch's DataLoader without
     them (torch's own would restart the older pass on them); a newer pass on persistent
-    workers draws less from the RNG (as torch's), so there only the older pass is compared."""
+    workers draws less from the RNG (as torch's), so there only the older pass is compared. A
+    sampler of the script's goes on from the older pass's own sampler iterator."""
     if data == "iterable" and persistent:
         pytest.skip("persistent workers over an iterable dataset: as without them, for the older pass")
-    dataset = {"shuffled": Drawn(), "unbatched": Drawn(), "iterable": Counted()}[data]
-    kw = dict(batch_size=None if data == "unbatched" else 4, shuffle=data != "iterable", num_workers=workers)
-    want = _overlapping(lambda: torch.utils.data.DataLoader(dataset, **kw), scenario)
-    got = _overlapping(lambda: fastdata.loader(dataset, persistent_workers=persistent, **kw), scenario)
+    dataset = Counted() if data == "iterable" else Drawn()
+    kw = dict(batch_size=None if data == "unbatched" else 4, shuffle=data in ("shuffled", "unbatched"),
+              num_workers=workers)
+    sampler = (lambda: {"sampler": Reshuffled()}) if data == "own-sampler" else dict
+    want = _overlapping(lambda: torch.utils.data.DataLoader(dataset, **kw, **sampler()), scenario)
+    got = _overlapping(lambda: fastdata.loader(dataset, persistent_workers=persistent, **kw, **sampler()), scenario)
     if workers:  # each worker draws from its own RNG, which a pass on new workers does not carry on
         want, got = ([[_ids(b) for b in batches] for batches in run[:2]] + [run[2]] for run in (want, got))
     assert len(got[0]) == len(want[0]) > 5

@@ -548,7 +548,8 @@ def folder(tmp_path_factory):
     special = make_folder(root, np.random.default_rng(0))
     ds = ImageFolder(str(root), is_valid_file=_valid)
     modes = {kind: Image.open(root / name).mode for kind, name in special.items()}
-    assert modes == {"png": "RGB", "gray": "L", "cmyk": "CMYK", "i16": "I;16", "gif": "P", "exif": "RGB"}
+    assert modes.pop("i16") in ("I;16", "I")  # (Pillow before 10 opens a 16-bit grayscale PNG as "I")
+    assert modes == {"png": "RGB", "gray": "L", "cmyk": "CMYK", "gif": "P", "exif": "RGB"}
     assert len(ds) == 19
     return root
 

@@ -1,5 +1,5 @@
 """fastdata where Pillow is not installed (a `pip install` of fastdata alone: Pillow is not among
-its requirements, see `fastdata._pillow.require_pillow`), emulated by tests/_no_pillow (its
+its requirements, see `fastdata._optional.require_pillow`), emulated by tests/_no_pillow (its
 sitecustomize, on PYTHONPATH): what needs no Pillow runs (`fastdata run` of a TensorDataset
 script, JPEGs the native decoder takes), and what needs it stops at once with one line saying so
 and how to install it, never as a file's error: on_error="skip" skips no file for it."""

@@ -8,7 +8,7 @@ import json
 import pickle
 
 import torch
-from torch.utils.data import DataLoader, Dataset, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
 
 
 class Encoded(Dataset):
@@ -17,6 +17,11 @@ class Encoded(Dataset):
 
     def __getitem__(self, i):
         return torch.full((3,), float(i)), i
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return (Encoded()[i] for i in range(20))
 
 
 def ids(loader):
@@ -28,7 +33,8 @@ if __name__ == "__main__":
     want = ids(loader)
     copies = {"pickled": pickle.loads(pickle.dumps(loader)), "copied": copy.copy(loader),
               "rebuilt": type(loader)(loader.dataset, batch_size=4, sampler=SequentialSampler(loader.dataset)),
-              "rebuilt_custom": type(loader)(loader.dataset, batch_size=4, sampler=list(range(20)))}
+              "rebuilt_custom": type(loader)(loader.dataset, batch_size=4, sampler=list(range(20))),
+              "rebuilt_iterable": type(loader)(Stream(), batch_size=4)}
     out = {name: {"type": type(c).__qualname__, "name": type(c).__name__, "is_dataloader": isinstance(c, DataLoader),
                   "same": ids(c) == want} for name, c in copies.items()}
     import fastdata

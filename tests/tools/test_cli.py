@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -282,6 +284,31 @@ def test_a_torch_older_than_2_6_is_refused_in_one_line_at_import(version):
             "torch, from the index of the CUDA build you use)")
     else:
         assert done.returncode == 0 and done.stdout.strip() == "loader", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("torch_is", ["missing", "2.5.1"])
+@pytest.mark.parametrize("command", ["fastdata-profile", "fastdata", "-m fastdata"])
+def test_a_command_without_a_torch_it_can_use_says_so_in_one_line(tmp_path, torch_is, command):
+    """The console scripts import the package before their own error handling: where `import
+    fastdata` refuses (no torch, a torch older than 2.6) a command still answers in one line,
+    `COMMAND: error: ...`, exit 1, as its other errors are reported, with no traceback."""
+    script = Path(sys.executable).parent / command.split()[-1]
+    if command.startswith("-m"):
+        argv = [sys.executable, "-m", "fastdata"]
+    elif script.exists():
+        argv = [str(script)]
+    else:
+        pytest.skip(f"{command}'s console script is not installed beside {sys.executable}")
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys; sys.modules['torch'] = None\n" if torch_is == "missing" else
+        f"import torch; torch.__version__ = {torch_is!r}\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([*argv, "synthetic", "--help"], capture_output=True, text=True, timeout=100, env=env)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    want = ("fastdata needs PyTorch, but it is not installed" if torch_is == "missing" else
+            "fastdata needs torch 2.6 or newer, but this is torch 2.5.1: upgrade it")
+    assert line.startswith(f"{Path(argv[-1]).name}: error: ImportError: {want}"), line
 
 
 # ----------------------------------------------------------------- progress

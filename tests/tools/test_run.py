@@ -101,11 +101,11 @@ def test_pickled_copied_and_rebuilt(tmp_path):
     assert proc.returncode == 0, proc.stderr
     copies = json.loads(proc.stdout)
     assert all(c["is_dataloader"] and c["same"] for c in copies.values()), copies
-    assert copies["pickled"]["type"] == copies["rebuilt"]["type"] == "Served"
-    assert copies["rebuilt_custom"]["type"] == "DataLoader"  # a list as sampler: torch's own
+    assert copies["pickled"]["type"] == copies["rebuilt"]["type"] == copies["rebuilt_custom"]["type"] == "Served"
+    assert copies["rebuilt_iterable"]["type"] == "DataLoader"  # an IterableDataset: torch's own
     assert {c["name"] for name, c in copies.items() if name != "fastdata.loader"} == {"DataLoader"}  # torch's name
     assert copies["fastdata.loader"]["type"] == "TorchLoader"  # not a DataLoader the hook made, still one
-    assert any("a custom sampler (list)" in line for line in _summary(proc.stderr))
+    assert any("DataLoader(Stream): an IterableDataset" in line for line in _summary(proc.stderr))
 
 
 @pytest.mark.timeout(300)
@@ -528,6 +528,26 @@ def test_a_look_at_a_batch_inside_the_loop_leaves_the_epoch_whole(tmp_path, work
     assert len(want["ids"]) == 2 * 6
     _each_once(want["ids"], 2, list(range(48)))
     assert got["loaders"] == ["Served"] and lines[0].startswith("served"), lines
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["ra", "numpy", "lazy", "buckets", "ends"])
+def test_a_sampler_of_the_scripts_is_served_with_its_own_order_and_draws(tmp_path, kind, workers):
+    """A sampler or batch_sampler of the script's (torchvision's references' repeated-augmentation
+    sampler, a NumPy shuffle, draws from torch's RNG per index or at the end, buckets of varying
+    size) is served: the same batches, losses and RNG streams as with torch's DataLoader, also
+    with a look at a batch of a second iterator mid-epoch, whose first iterator goes on from its
+    own sampler iterator (drawing its order again would draw another)."""
+    want, got, lines = _both("train_samplers.py", tmp_path / "run.json", tmp_path / "run.json", kind, workers,
+                             "--peek")
+    for key in ("ids", "losses", "peeked", "after", "ends"):
+        assert got[key] == want[key], key
+    if kind == "ra":  # this rank's share of each index three times, 3 epochs of 25 samples
+        assert len(want["ids"]) == 3 * 7 and len(sum(want["ids"], [])) == 75
+    assert len(want["peeked"]) == 3 and want["ids"][:7] != want["ids"][7:14]
+    (line,) = lines
+    assert got["loader"] == "Served" and line.startswith("served"), line
+    assert f"num_workers={workers} as the script set it" in line, line
 
 
 @pytest.mark.gpu

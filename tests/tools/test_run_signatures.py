@@ -232,6 +232,13 @@ def test_module_cuda_and_pin_memory_are_torchs(args, kwargs):
 # -- the DataLoader class the hook puts in torch's place: its signatures and its type parameter
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    """A dataset `fastdata run` leaves to torch's DataLoader."""
+
+    def __iter__(self):
+        return iter(torch.arange(8.0))
+
+
 def _shapes(base: type) -> dict[str, type]:
     """The ways a script subclasses DataLoader, on `base` (torch's class or the hook's)."""
 
@@ -270,7 +277,7 @@ def test_dataloader_signatures_are_torchs():
     assert "batch_size" in inspect.signature(_hook.DataLoader).parameters
     assert inspect.signature(_hook.Served) == inspect.signature(torchs)
     ds = TensorDataset(torch.arange(8.0))
-    served, fell_back, plain = _hook.DataLoader(ds, batch_size=4), _hook.DataLoader(ds, sampler=[0, 1]), torchs(ds)
+    served, fell_back, plain = _hook.DataLoader(ds, batch_size=4), _hook.DataLoader(_Stream()), torchs(ds)
     assert type(served) is _hook.Served and type(fell_back) is _hook.DataLoader
     for loader in (served, fell_back):
         assert inspect.signature(loader.__init__) == inspect.signature(plain.__init__)
@@ -290,7 +297,7 @@ def test_a_served_loader_goes_by_torchs_name():
 
     ds = TensorDataset(torch.arange(8.0))
     errors = []
-    own = _hook.DataLoader(ds, batch_size=4, sampler=[0, 1])  # torch's own: a sampler of the script's
+    own = _hook.DataLoader(_Stream(), batch_size=4)  # torch's own: an IterableDataset
     assert type(own) is _hook.DataLoader
     for loader in (_hook.DataLoader(ds, batch_size=4), own, _hook.TorchDataLoader(ds, batch_size=4)):
         assert type(loader).__name__ == "DataLoader"

@@ -349,6 +349,37 @@ def test_a_collate_fn_of_the_scripts_gets_torchvisions_own_samples_where_fastdat
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_a_folder_with_the_references_ra_sampler_is_served_natively(tv, folder, workers):
+    """torchvision's references with `--ra-sampler` (a sampler of the script's: each index three
+    times, this rank's share, shuffled by seed + epoch) get their folder decoded natively, with
+    torchvision's batches in the sampler's order (a deterministic transform, bit for bit)."""
+    import importlib.util
+
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._decide import decide
+
+    spec = importlib.util.spec_from_file_location("train_samplers", Path(__file__).parents[1] / "run_scripts" /
+                                                  "train_samplers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((20, 16)), T.ToTensor()]))
+    sampler = module.RASampler(dataset, num_replicas=2, rank=1)
+    sampler.set_epoch(1)
+    served, why, _, _ = decide((dataset,), {"batch_size": 5, "sampler": sampler, "num_workers": workers})
+    assert served and why.startswith("served natively: ImageFolder"), why
+    loader = _served(dataset, batch_size=5, sampler=sampler, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=5, sampler=sampler))
+    got = list(loader)
+    assert len(got) == len(want) == 5 and sum(len(y) for _, y in got) == 24
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(_class_of(a, False), la)
+    loader._stop()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     """random_split's Subsets of an ImageFolder (a script's train/val split), and a Subset of a
     Subset, are served natively: each Subset's indices picked as its own __getitems__ picks
