@@ -27,30 +27,43 @@ def cpu_quota(root: str = "/sys/fs/cgroup", cgroups: str = "/proc/self/cgroup") 
     """The CPU bandwidth limit of this process's cgroup, in cores: quota over period, of cgroup
     v2's cpu.max or v1's cpu.cfs_quota_us and cpu.cfs_period_us, the least over the process's
     cgroup and those above it (a limit may be set on a parent: a Kubernetes pod's); None where
-    none is set or none can be read. Its cgroup's path as /proc/self/cgroup names it may not
-    be where the hierarchy is mounted in a container (without a cgroup namespace it is the
-    host's path): the walk then finds the mount's root, the container's own cgroup. Read once
-    a process. Written here because Python has no such call (3.13's os.process_cpu_count is
-    the affinity) and the libraries that have one (loky's cpu_count) are not dependencies."""
+    none is set or none can be read. Read once a process. Written here because Python has no
+    such call (3.13's os.process_cpu_count is the affinity) and the libraries that have one
+    (loky's cpu_count) are not dependencies."""
+    limits = []
+    for v2, folder in cgroup_folders("cpu", root, cgroups):
+        limit = _limit(folder, ("cpu.max",) if v2 else ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+        if limit is not None:
+            limits.append(limit)
+    return min(limits) if limits else None
+
+
+def cgroup_folders(controller: str, root: str = "/sys/fs/cgroup",
+                   cgroups: str = "/proc/self/cgroup") -> list[tuple[bool, str]]:
+    """(whether it is cgroup v2's, folder) for each cgroup of this process that `controller`
+    may set limits in: its own, then each above it, in the order /proc/self/cgroup lists the
+    hierarchies (none where that file cannot be read or is not what the kernel writes). Its
+    cgroup's path as that file names it may not be where the hierarchy is mounted in a container
+    (without a cgroup namespace it is the host's path): the walk up then finds the mount's root,
+    the container's own cgroup."""
+    folders = []
     try:
         with open(cgroups) as f:
             lines = f.read(1 << 16).splitlines()
-        limits = []
         for line in lines:
             _, controllers, path = line.split(":", 2)
             if controllers == "":  # v2: one hierarchy
-                mounts, files = [root], ("cpu.max",)
-            elif "cpu" in controllers.split(","):
+                mounts, v2 = [root], True
+            elif controller in controllers.split(","):
                 # (the hierarchy is mounted at cpu,cpuacct with a cpu link to it, or at cpu alone)
-                mounts = list(dict.fromkeys([os.path.join(root, controllers), os.path.join(root, "cpu")]))
-                files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+                mounts = list(dict.fromkeys([os.path.join(root, controllers), os.path.join(root, controller)]))
+                v2 = False
             else:
                 continue
-            for mount in mounts:
-                limits += [limit for d in _up(mount, path) if (limit := _limit(d, files)) is not None]
-        return min(limits) if limits else None
-    except (OSError, ValueError, IndexError):  # a file that is not what the kernel writes
-        return None
+            folders += [(v2, folder) for mount in mounts for folder in _up(mount, path)]
+    except (OSError, ValueError):
+        return []
+    return folders
 
 
 def _up(mount: str, path: str) -> list[str]:
@@ -60,17 +73,18 @@ def _up(mount: str, path: str) -> list[str]:
 
 
 def _limit(folder: str, files: tuple[str, ...]) -> float | None:
-    """One cgroup's limit in cores, or None (no such cgroup, or no limit: "max", -1)."""
+    """One cgroup's limit in cores, or None (no such cgroup, no limit: "max", -1, or files that
+    are not what the kernel writes)."""
     try:
         values = []
         for name in files:
             with open(os.path.join(folder, name)) as f:
                 values += f.read(256).split()
-    except OSError:
+        if values[0] in ("max", "-1"):
+            return None
+        quota, period = int(values[0]), int(values[1])  # microseconds
+    except (OSError, ValueError, IndexError):
         return None
-    if values[0] in ("max", "-1"):
-        return None
-    quota, period = int(values[0]), int(values[1])  # microseconds
     return quota / period if quota > 0 and period > 0 else None
 
 

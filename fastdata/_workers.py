@@ -1,4 +1,4 @@
-"""DataLoader worker processes: how they start, how a stall ends, how a pass over them ends.
+"""DataLoader worker processes: how they start, how a pass over them ends.
 
 - Start: `fork`, unless something in this process holds threads (a DALI pipeline, see
   `hold_threads`): a forked child gets a copy of such an object but none of its threads, and
@@ -8,14 +8,7 @@
   process. Workers whose work is fastdata's (an image loader's, those `fastdata run` gives a
   script's loader) fork also where the platform's default is forkserver (Linux from Python
   3.14, `own_start_method`); a drop-in loader's start as DataLoader's would.
-- Stall: DataLoader's watchdog notices a worker that died, not one that stopped or is stuck
-  in native code, and with `timeout=0` it waits forever. So a loader always gives DataLoader a
-  limit: its `timeout`, or with `timeout=0` the stall limit (`FASTDATA_STALL_TIMEOUT` seconds,
-  600 by default: no batch in ten minutes is no progress), and a `Watchdog` covers the one
-  wait DataLoader's limit does not. When it passes, the workers are killed (SIGKILL reaches a
-  stopped process; DataLoader's SIGTERM does not) before the error is raised, so the error
-  comes at the limit and no worker is left behind. An iterator marked by `wait_forever` (`fastdata
-  run`'s, for a script that asked torch's timeout=0) has no stall limit: it waits as torch's waits.
+- Stall and death: see `_stall` (what a stalled or dead worker's pass raises).
 - End: `pass_end` shuts a pass's workers down and frees the buffer slots it never delivered.
 """
 
@@ -23,8 +16,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
-import threading
 import time
 import weakref
 from typing import Any, Callable
@@ -37,14 +28,11 @@ import torch.multiprocessing  # (here, not at the call: a pass may end as the in
 import torch.utils.data
 
 from ._buffers import unsent
+from ._stall import unlink_orphans
 from ._torch_internals import (ExceptionWrapper, ask_workers_to_end, end_live_iterator, iterator_shutdown,
-                               iterator_workers, kill_iterator_workers, live_iterator, mark_fetches)
-
-STALL_ENV = "FASTDATA_STALL_TIMEOUT"
-_STALL_DEFAULT = 600.0
+                               iterator_workers, live_iterator, mark_fetches)
 
 _threaded: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_unlimited: "weakref.WeakSet[Any]" = weakref.WeakSet()  # DataLoader iterators without a stall limit
 
 
 def hold_threads(owner: Any) -> None:
@@ -139,168 +127,6 @@ _SENDING = {type(ctx): _send_batches(type(ctx))
             for ctx in map(multiprocessing.get_context, multiprocessing.get_all_start_methods())}
 
 
-def stall_limit(timeout: float) -> float:
-    """The seconds DataLoader waits for a batch before the loader gives up: `timeout` when
-    set, else the stall limit."""
-    if timeout and timeout > 0:
-        return float(timeout)
-    text = os.environ.get(STALL_ENV, "")
-    try:
-        limit = float(text) if text else _STALL_DEFAULT
-    except ValueError:
-        raise ValueError(f"{STALL_ENV} should be a number of seconds, but got {text!r}") from None
-    return limit if limit > 0 else _STALL_DEFAULT
-
-
-def _a_worker_died(it: Any) -> bool:
-    """Whether a worker of DataLoader iterator `it` was killed or exited with an error: read
-    without reaping it (WNOWAIT), as DataLoader's SIGCHLD handler reads it after."""
-    for w in iterator_workers(it):
-        try:
-            ended = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (OSError, AttributeError, TypeError):  # reaped already, not our child, no waitid (not Linux)
-            continue
-        if ended is not None and (ended.si_code != os.CLD_EXITED or ended.si_status != 0):
-            return True
-    return False
-
-
-def wait_forever(it: Any) -> None:
-    """DataLoader iterator `it` (whose DataLoader has timeout=0) waits for a batch as long as it
-    takes: no `Watchdog` limit for its passes."""
-    _unlimited.add(it)
-
-
-class Watchdog:
-    """Ends a pass whose consumer has waited longer than the stall limit for a batch.
-
-    DataLoader's own timeout covers the wait for a batch to be queued, not the unpickling of
-    one: a tensor crosses from a worker as a file descriptor that the worker's resource-sharer
-    thread hands over on request, so a worker stopped (or stuck in native code holding its
-    GIL) after queueing a batch blocks the consumer forever with any timeout. This thread
-    kills the workers when a wait passes the limit; the blocked read then fails, and `error`
-    turns what DataLoader raises into the timeout error.
-
-    DataLoader learns that a worker died from its SIGCHLD handler, which raises in the main
-    thread at whatever line runs there. Raised where it is lost (a finalizer the garbage
-    collector runs, whose errors Python only prints), the consumer would wait for the dead
-    worker's batch until the stall limit. So while the main thread has waited a second for a
-    batch and a worker has died, this thread sends it SIGCHLD again, once a second.
-    """
-
-    def __init__(self, it: Any, timeout: float) -> None:
-        self.it, self.timeout = it, timeout
-        # The consumer sets `waiting` to the number of the batch it waits for, and to -1 when
-        # it has it: two stores a batch, no clock read; this thread times how long one number stays.
-        self.waiting = -1
-        self.killed: list[int] | None = None
-        self._main = threading.get_ident() == threading.main_thread().ident  # (made in the consumer's thread)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if it in _unlimited:  # no limit, nothing to watch; `error` still names a worker that died
-            self.limit = float("inf")
-            return
-        self.limit = stall_limit(timeout)
-        self._thread = threading.Thread(target=self._watch, name="fastdata-watchdog", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        period = min(1.0, self.limit / 4)
-        seen, since = -1, 0.0
-        while not self._stop.wait(period):
-            waiting, now = self.waiting, time.monotonic()
-            if waiting < 0 or waiting != seen:
-                seen, since = waiting, now
-            elif now - since > self.limit:
-                self.killed = []  # first: the consumer's read fails as soon as a worker dies
-                kill_workers(self.it, self.killed)
-                return
-            elif self._main and now - since >= 1.0 and _a_worker_died(self.it):
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGCHLD)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def error(self, error: BaseException) -> BaseException | None:
-        """For an error out of the DataLoader iterator: the error to raise instead, or None to
-        raise it as it is. A stall becomes the timeout error (the workers killed); a worker
-        that died under a read (its socket reset before DataLoader could see it exit) becomes
-        DataLoader's own "exited unexpectedly" error. DataLoader's SIGCHLD handler may raise
-        its "DataLoader worker ... is killed by signal" error in this thread while this runs
-        (at whatever line runs when the signal comes): that error is the one to raise then."""
-        try:
-            return self._error(error)
-        except RuntimeError as e:
-            if not str(e).startswith("DataLoader worker"):
-                raise
-            return e
-
-    def _error(self, error: BaseException) -> BaseException | None:
-        self.close()  # a kill under way in the watchdog's thread completes
-        if isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out"):
-            self.killed = kill_workers(self.it, [])
-        if self.killed is not None:
-            why = f"timeout={self.timeout:g}" if self.timeout and self.timeout > 0 else \
-                f"timeout=0, so fastdata's stall limit: {STALL_ENV}={self.limit:g} s"
-            return RuntimeError(f"DataLoader timed out after {self.limit:g} seconds: no batch came from the workers "
-                                f"({why}); a worker is stuck or stopped; workers {self.killed} were killed")
-        workers = iterator_workers(self.it)
-        deadline = time.monotonic() + (1.0 if isinstance(error, (OSError, EOFError)) else 0.0)
-        while True:
-            dead = [w for w in workers if w.exitcode not in (None, 0)]
-            if dead or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        _unlink_orphans([w.pid for w in dead])  # a worker killed from outside may have left a name
-        if dead and not isinstance(error, RuntimeError):
-            causes = ", ".join(f"pid {w.pid}: " + (f"killed by signal {-w.exitcode}" if w.exitcode < 0
-                                                   else f"exit code {w.exitcode}") for w in dead)
-            return RuntimeError(f"DataLoader worker exited unexpectedly ({causes})")
-        return None
-
-
-class NoWatchdog:
-    """For a pass without workers: nothing to watch."""
-
-    waiting = -1
-
-    def close(self) -> None:
-        pass
-
-    def error(self, error: BaseException) -> None:
-        return None
-
-
-def kill_workers(it: Any, pids: list[int]) -> list[int]:
-    """SIGKILLs the live workers of DataLoader iterator `it` and reaps them; their pids,
-    appended to `pids`."""
-    pids.extend(kill_iterator_workers(it))
-    _unlink_orphans(pids)
-    return pids
-
-
-def _unlink_orphans(pids: list[int]) -> None:
-    """Removes the shared-memory names that killed workers left. torch names a worker's
-    segment /dev/shm/torch_<pid>_... and, sharing by file descriptor (its default), unlinks the
-    name right after creating it, before anyone else can know it; a worker killed between the
-    two leaves a name that nothing will ever remove."""
-    if not pids or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
-        return
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    prefixes = tuple(f"torch_{pid}_" for pid in pids)
-    for name in names:
-        if name.startswith(prefixes):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
-
-
 class WorkerStart:
     """A worker's `worker_init_fn`: moves everything the worker inherited from the training
     process into the collector's permanent generation (`gc.freeze`, which relinks list heads
@@ -360,7 +186,7 @@ def shutdown_workers(loader: Any) -> None:
     workers = iterator_workers(live_iterator(loader))
     end_live_iterator(loader)
     # A worker killed, from outside or by the shutdown, may have left a shared-memory name.
-    _unlink_orphans([w.pid for w in workers if w.exitcode not in (None, 0)])
+    unlink_orphans([w.pid for w in workers if w.exitcode not in (None, 0)])
 
 
 def drop_dead_workers(loader: Any) -> bool:
@@ -392,7 +218,7 @@ def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
             iterator_shutdown(live)
             # A worker that died by a signal (killed from outside, or terminated by the
             # shutdown for not exiting in time) may have left a shared-memory name.
-            _unlink_orphans([w.pid for w in iterator_workers(live) if w.exitcode not in (None, 0)])
+            unlink_orphans([w.pid for w in iterator_workers(live) if w.exitcode not in (None, 0)])
         if rings is not None:
             rings.end()
 

@@ -23,8 +23,9 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_
 
 from .._collate import RingCollate, Timed, collate as native_collate
 from .._torch_internals import auto_collation, driven_dataloader, profiler_enabled, share_length_warning
-from .._workers import (NoWatchdog, Watchdog, WorkerStart, drop_dead_workers, end_at_exit, pass_end,
-                        shutdown_workers, stall_limit, start_method, workers_running)
+from .._stall import NoWatchdog, Watchdog, stall_limit
+from .._workers import (WorkerStart, drop_dead_workers, end_at_exit, pass_end, shutdown_workers, start_method,
+                        workers_running)
 from ..device import prefetch
 from ..errors import warn
 from .._loader import Loader, LoaderCore, check_position, resolve_workers

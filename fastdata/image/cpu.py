@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .._collate import by_value
 from .._torch_internals import live_iterator
 from .._trace import trace_range
-from .._workers import (NoWatchdog, Watchdog, drop_dead_workers, end_at_exit, pass_end, shutdown_workers,
-                        stall_limit, start_method, workers_running)
+from .._stall import NoWatchdog, Watchdog, stall_limit
+from .._workers import drop_dead_workers, end_at_exit, pass_end, shutdown_workers, start_method, workers_running
 from ..errors import DataError
 from .decode import BatchDecoder, MixedSizes
 from .order import Passes

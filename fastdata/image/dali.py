@@ -43,7 +43,8 @@ from .._buffers import new_batch
 from .._optional import require_pillow
 from .._pillow import open_image
 from .._torch_internals import dali_shutdown
-from .._workers import NoWatchdog, hold_threads, release_threads
+from .._stall import NoWatchdog
+from .._workers import hold_threads, release_threads
 from ..errors import DataError, error_line, one_line, skippable
 from ..transforms import CenterCrop
 from ..transforms import dali as lowering

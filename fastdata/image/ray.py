@@ -39,7 +39,8 @@ from ray import exceptions as rex
 
 from .._buffers import ProcessRings
 from .._cores import usable_cores
-from .._workers import NoWatchdog, hold_threads, release_threads, stall_limit
+from .._stall import NoWatchdog, stall_limit
+from .._workers import hold_threads, release_threads
 from ..errors import DataError
 from .cpu import BatchTask
 from .parts import BatchOrder

@@ -14,7 +14,8 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from .._torch_internals import profiler_enabled
-from .._workers import STALL_ENV, NoWatchdog, hold_threads, release_threads, stall_limit
+from .._stall import STALL_ENV, NoWatchdog, stall_limit
+from .._workers import hold_threads, release_threads
 from .cpu import BatchTask
 from .order import Passes
 from .parts import BatchOrder

@@ -42,7 +42,8 @@ from ._lowering import folder
 from ._layout import Finish
 from ._torchvision import NativeFolder
 from .._collate import collate as native_collate
-from .._workers import own_start_method, start_method, wait_forever
+from .._stall import wait_forever
+from .._workers import own_start_method, start_method
 from ..backends.torch import TorchCore
 from ..backends.torch_iter import Fetches, replayable
 

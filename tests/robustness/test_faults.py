@@ -122,14 +122,72 @@ def _a_pass_one_batch_in(folder, kind):
 
 @pytest.mark.parametrize("kind", ["dropin", "image"])
 def test_worker_killed_mid_epoch_is_an_error_at_once(folder, kind, clean):
+    """A worker SIGKILLed from outside: the error comes at once, and says that the out-of-memory
+    killer did not send the signal where this cgroup's count of its kills can be read."""
+    from fastdata._memory import oom_kills
+
     loader, it, workers = _a_pass_one_batch_in(folder, kind)
     os.kill(workers[0], signal.SIGKILL)
     t = time.monotonic()
-    with pytest.raises(RuntimeError, match="killed by signal|exited unexpectedly"):
+    with pytest.raises(RuntimeError, match="killed by signal|exited unexpectedly") as raised:
         for _ in it:
             pass
     assert time.monotonic() - t < 10
+    cause = "sent neither by fastdata nor by the kernel's out-of-memory killer" if oom_kills() is not None else \
+        "not sent by fastdata; the kernel's out-of-memory killer sends it"
+    assert f"SIGKILL, {cause}" in str(raised.value)
     del it, loader
+
+
+def _writable_memory_cgroup():
+    """This process's own cgroup v1 memory folder, where root may make a child with a limit."""
+    from fastdata._cores import cgroup_folders
+
+    for v2, path in cgroup_folders("memory"):
+        if not v2 and os.path.isfile(os.path.join(path, "memory.limit_in_bytes")):
+            return path if os.access(path, os.W_OK) else None
+    return None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_writable_memory_cgroup() is None, reason="no writable cgroup v1 memory hierarchy (root)")
+def test_a_worker_the_out_of_memory_killer_ended_is_named_so():
+    """A worker that allocates past its cgroup's memory limit (`docker run --memory=1000m`) is
+    SIGKILLed by the kernel's out-of-memory killer, where DataLoader says only that it exited or
+    was killed: the error names the killer, the limit and the worker count to lower. In a real
+    cgroup of 1,000 MiB, a worker touching 1.5 GiB at sample 20. (An image loader's pass ends in
+    the same watchdog: the test above has its error.)"""
+    group = os.path.join(_writable_memory_cgroup(), f"fastdata-test-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):  # (memsw: no swapping instead)
+            if os.path.exists(os.path.join(group, name)):
+                with open(os.path.join(group, name), "w") as f:
+                    f.write(str(1000 << 20))
+        code = textwrap.dedent("""
+            import fastdata, torch
+            class Growing(torch.utils.data.Dataset):
+                def __len__(self):
+                    return 32
+                def __getitem__(self, i):
+                    if i == 20:
+                        bytearray(1500 << 20)
+                    return torch.tensor(i)
+            try:
+                for batch in fastdata.loader(Growing(), batch_size=4, num_workers=2):
+                    pass
+            except RuntimeError as e:
+                print(e)
+            """)
+        script = f'echo $$ > {group}/cgroup.procs && exec "$0" -c "$1"'
+        done = subprocess.run(["sh", "-c", script, sys.executable, code], capture_output=True, text=True, timeout=100,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr
+        assert "SIGKILL, from the kernel's out-of-memory killer: this process's cgroup, limited to 1,000 MiB, ran out " \
+               "of memory (1 kill counted in the cgroup during the pass)" in done.stdout, done.stdout + done.stderr
+        assert "fewer workers (num_workers=2 now)" in done.stdout
+    finally:
+        os.rmdir(group)  # (empty once the process has exited)
 
 
 @pytest.mark.timeout(60)
@@ -750,7 +808,7 @@ def test_a_dead_workers_error_raised_inside_the_watchdog_is_the_passs_error():
     the error the pass raises, so a next() goes on after it, as after any dead worker's error
     (where it escaped, the pass ended: 2 runs in 15 of the test above under load). Any other
     error there is raised as it is."""
-    from fastdata._workers import Watchdog
+    from fastdata._stall import Watchdog
 
     def raising(message):
         def close():

@@ -1,5 +1,7 @@
 """The usable cores (`fastdata._cores`): the affinity, and at most the cgroup's CPU bandwidth
-limit, which `docker run --cpus` and Kubernetes CPU limits set without narrowing the affinity."""
+limit, which `docker run --cpus` and Kubernetes CPU limits set without narrowing the affinity.
+And from the same cgroup walk, its memory limit and out-of-memory kill count (`fastdata._memory`,
+what a SIGKILLed worker's error says; `test_faults.py` runs a real one)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import uuid
 import pytest
 
 from fastdata._cores import cpu_quota, usable_cores
+from fastdata._memory import memory_limit, oom_kills
 
 
 def _tree(tmp_path, cgroup_lines: str, files: dict[str, str]) -> tuple[str, str]:
@@ -78,3 +81,30 @@ def test_a_process_limited_to_one_core_gets_one_auto_worker():
         assert done.stdout.split("\n")[0] == "1 1 [0, 1, 2, 3, 4, 5, 6, 7]", done.stdout
     finally:
         os.rmdir(group)  # (empty once the process has exited)
+
+
+_GIB = 1 << 30
+
+
+@pytest.mark.parametrize("lines, files, limit, kills", [
+    # v2: the container's cgroup with a limit of 2 GiB and 3 kills counted; its parent a lower limit
+    ("0::/kubepods/pod1/c1\n", {"kubepods/pod1/c1/memory.max": f"{2 * _GIB}\n",
+                                "kubepods/pod1/c1/memory.events": "low 0\nhigh 0\nmax 7\noom 3\noom_kill 3\n",
+                                "kubepods/pod1/memory.max": f"{_GIB}\n", "memory.max": "max\n"}, _GIB, 3),
+    ("0::/user.slice\n", {"user.slice/memory.max": "max\n", "user.slice/memory.events": "oom_kill 0\n"}, None, 0),
+    # v1, as Docker mounts it (the host's path in /proc/self/cgroup): the mount's root is the container's
+    ("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n",
+     {"memory/memory.limit_in_bytes": f"{_GIB // 2}\n",
+      "memory/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"}, _GIB // 2, 1),
+    # v1 without a limit: the largest number it writes; a kernel before 4.13: no oom_kill line
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+                      "memory/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\n"}, None, None),
+    # files that are not what the kernel writes: nothing known, and nothing raised
+    ("0::/\n", {"memory.max": "lots\n", "memory.events": "oom_kill many\n"}, None, None),
+    ("garbage\n", {"memory.max": f"{_GIB}\n", "memory.events": "oom_kill 1\n"}, None, None),
+])
+def test_the_memory_limit_and_oom_kill_count_are_read_from_the_cgroups_files(tmp_path, lines, files, limit, kills):
+    root, cgroups = _tree(tmp_path, lines, files)
+    assert memory_limit(root, cgroups) == limit
+    assert oom_kills(root, cgroups) == kills
+    assert memory_limit(root, str(tmp_path / "missing")) is None and oom_kills(root, str(tmp_path / "missing")) is None
