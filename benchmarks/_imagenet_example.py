@@ -4,10 +4,10 @@ shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, N
 (fresh workers) each epoch. `run_torchvision.py` times it plain and under `fastdata run`.
 
 With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`.
-With `--recipe ta_wide` or `--recipe ra` the transform is torchvision's references' training
+With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
-TrivialAugmentWide or RandAugment (bilinear), PILToTensor, ConvertImageDtype(float),
+TrivialAugmentWide, RandAugment or AugMix (bilinear, severity 3), PILToTensor, ConvertImageDtype(float),
 Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the references' for
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
@@ -20,7 +20,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
-                                                [--recipe {imagenet,ta_wide,ra,rotate}] [--mixup] [--ra-sampler]
+                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate}] [--mixup] [--ra-sampler]
 """
 
 import argparse
@@ -40,7 +40,7 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "rotate"], default="imagenet")
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate"], default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
 args = ap.parse_args()
@@ -57,8 +57,9 @@ if args.recipe in ("imagenet", "rotate"):
     ])
 else:
     bilinear = transforms.InterpolationMode.BILINEAR
-    augment = transforms.TrivialAugmentWide(interpolation=bilinear) if args.recipe == "ta_wide" else \
-        transforms.RandAugment(interpolation=bilinear, magnitude=9)
+    augment = {"ta_wide": lambda: transforms.TrivialAugmentWide(interpolation=bilinear),
+               "ra": lambda: transforms.RandAugment(interpolation=bilinear, magnitude=9),
+               "augmix": lambda: transforms.AugMix(interpolation=bilinear, severity=3)}[args.recipe]()
     transform = transforms.Compose([
         transforms.RandomResizedCrop(224, interpolation=bilinear, antialias=True),
         transforms.RandomHorizontalFlip(0.5),

@@ -6,18 +6,18 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
 flips, and on the PIL image RandomRotation, each its exact torchvision class), then what the
-folders' lowering reads after the
-geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment and
-AutoAugment on the PIL image, the conversion, Normalize, RandomErasing). `gather` runs the
-geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for edge,
-reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut at
-per-sample offsets, flips by mask, a rotation by Pillow's rotate of each row (the call
-torchvision makes); the pixel ops then run on each row as the folders' do
-(`transforms.pil`: torchvision's own Pillow calls). The batch then takes the folders' way
-(`NativeFolder`'s collation, `Finish`'s lookup-table layout), so the values are torchvision's
-for the same crop offsets, flips and pixel-op parameters, drawn from a seed per batch as the
-folders' are, and per sample by its place in the batch (a sample drawn twice into one batch,
-as a sampler with replacement may, gets two draws, as torchvision gives it).
+folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
+TrivialAugmentWide, RandAugment, AutoAugment and AugMix on the PIL image, the conversion,
+Normalize, RandomErasing). `gather` runs the geometry on a batch's rows at once: numpy's pad (the
+one torchvision's PIL pad calls for edge, reflect and symmetric; its constant pad is Pillow's
+expand, the same fill), windows cut at per-sample offsets, flips by mask, a rotation by Pillow's
+rotate of each row (the call torchvision makes); the pixel ops then run on each row as the
+folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix, its tensor kernels). The
+batch then takes the folders' way (`NativeFolder`'s collation, `Finish`'s lookup-table layout),
+so the values are torchvision's for the same crop offsets, flips and pixel-op parameters, drawn
+from a seed per batch as the folders' are, and per sample by its place in the batch (a sample
+drawn twice into one batch, as a sampler with replacement may, gets two draws, as torchvision
+gives it).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if cls in (T.Normalize, v2.Normalize, T.RandomErasing, v2.RandomErasing, T.ColorJitter, v2.ColorJitter,
                    T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
-                   v2.AutoAugment):
+                   v2.AutoAugment, T.AugMix, v2.AugMix):
             closed = closed or kind
             rest.append(op)
             continue
@@ -147,7 +147,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
                               "RandomCrop, CenterCrop, Pad, flips, RandomRotation, ColorJitter, TrivialAugmentWide, "
-                              "RandAugment, AutoAugment, the conversions, Normalize and RandomErasing there")
+                              "RandAugment, AutoAugment, AugMix, the conversions, Normalize and RandomErasing there")
     return geometry, rest
 
 

@@ -1,5 +1,4 @@
-"""`fastdata run`: which torchvision image folders are served natively, and their transform read
-into fastdata's ops.
+"""`fastdata run`: which torchvision image folders are served natively, their transform in fastdata's ops.
 
 `lower(dataset)` takes a `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with
 torchvision's own image loader, or torch's `Subset` of one (what `random_split` gives: `folder`),
@@ -7,9 +6,9 @@ and reads its transform op by op (torchvision's v1 and v2 classes, each its exac
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder applies in one
 pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment, and
-RandomRotation: `_rotation`) that run as Pillow runs them, the tensor steps after the conversion
-(ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with the very torch
-operations torchvision runs, and
+RandomRotation: `_rotation`) that run as Pillow runs them (AugMix: `_augmix`, with torchvision's
+own kernels), the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
+ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
 RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
 laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
 plain drop-in.
@@ -25,6 +24,7 @@ import torch
 
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
+from ._augmix import augmix
 from ._erasing import lowered as lowered_erasing
 from ._rotation import rotation
 
@@ -43,7 +43,7 @@ class Lowering:
     """The script's transform as fastdata runs it."""
 
     geometry: tuple  # fastdata geometric ops, in order
-    pixel_ops: tuple  # after the geometry: ColorJitter, TrivialAugment, RandAugment, AutoAugment, Rotation
+    pixel_ops: tuple  # after the geometry: ColorJitter, TrivialAugment, RandAugment, AutoAugment, Rotation, AugMix
     resample: str  # the resize filter of every geometric op
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
@@ -309,9 +309,9 @@ def lower_transform(transform: Any) -> Lowering:
                 # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
                 pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
                                               (op.brightness, op.contrast, op.saturation, op.hue))))
-            elif cls in (T.RandomRotation, v2.RandomRotation):  # (after the geometry: a pixel op here)
+            elif cls in (T.RandomRotation, v2.RandomRotation, T.AugMix, v2.AugMix):  # (after the geometry: pixel ops)
                 try:
-                    pixel.append(rotation(op, domain != "pil"))
+                    pixel.append((augmix if kind == "AugMix" else rotation)(op, domain != "pil"))
                 except ValueError as e:  # (its message is the reason)
                     raise Unlowerable(str(e)) from None
             elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,

@@ -2,7 +2,8 @@
 held to torchvision itself: the random parameters follow torchvision's distributions
 (RandomResizedCrop's boxes and fallback, RandomHorizontalFlip's rate, ColorJitter's factors and
 order, TrivialAugmentWide's ops and magnitudes, RandomErasing's rectangles: two-sample
-Kolmogorov-Smirnov statistics and binomial bounds on fixed seeds), and a natively served batch
+Kolmogorov-Smirnov statistics and binomial bounds on fixed seeds; AugMix's draws are torchvision's
+own calls on a generator of each sample's), and a natively served batch
 has, for the parameters it drew, the pixels torchvision's functional ops give on `pil_loader`'s
 image (mean and max absolute difference in uint8 levels, per configuration, against tolerances
 measured on this set; RandomErasing's rectangles bit for bit), with default_collate's dtype,
@@ -911,6 +912,56 @@ def test_augment_ops_on_served_images(folder, make):
             assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {plan[k]}: " \
                 f"{int((post[k] != want).sum())} values differ"
     assert len(drawn) >= 8, f"only {sorted(drawn)} drawn"
+
+
+_AUGMIXES = {"v1 default (bilinear)": lambda: T.AugMix(),
+             "v1 severity 7, depth 2, partial ops, nearest": lambda: T.AugMix(
+                 severity=7, chain_depth=2, all_ops=False, interpolation=InterpolationMode.NEAREST),
+             "v1 width 5, alpha 0.5, fill": lambda: T.AugMix(mixture_width=5, alpha=0.5, fill=[10, 20, 30]),
+             "v2 default": lambda: v2.AugMix(),
+             "v2 severity 1, depth 3, fill 7": lambda: v2.AugMix(severity=1, chain_depth=3, fill=7)}
+
+
+@pytest.mark.parametrize("name", list(_AUGMIXES))
+def test_augmix_is_torchvisions_own_for_the_same_seed(name):
+    """AugMix as fastdata lowers it (`fastdata.run._augmix`), given a seed, gives the image
+    torchvision's own op gives from torch's RNG seeded so, bit for bit: the same draws in the same
+    order (Dirichlet weights, depths, ops, magnitudes, signs) and torchvision's kernels, on a
+    non-square image (the translations are a fraction of each side)."""
+    op = _AUGMIXES[name]()
+    (ours,) = lower_transform(T.Compose([op, T.PILToTensor()])).pixel_ops
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8))
+    differ = 0
+    for seed in range(30):
+        torch.manual_seed(seed)
+        want = np.asarray(op(img))
+        got = np.asarray(ours.on_pillow(img, {"seed": seed}))
+        differ += not np.array_equal(want, got)
+        assert not np.array_equal(got, np.asarray(img))
+    assert differ == 0, f"{differ} of 30 seeds give another image"
+
+
+def test_augmix_on_served_images(folder):
+    """AugMix as served (the references' recipe's: bilinear, severity 3, on the PIL image before
+    PILToTensor) is torchvision's own op on the image fastdata decoded, each sample's seed from
+    fastdata's draws (the same batch served without it has the same geometry), over two batches;
+    the seeds differ from sample to sample and from batch to batch."""
+    geometry = [T.RandomResizedCrop(224, interpolation=BILINEAR), T.RandomHorizontalFlip()]
+    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
+    op = T.AugMix(interpolation=BILINEAR, severity=3)
+    full = ImageFolder(str(folder), T.Compose([*geometry, op, T.PILToTensor()]), is_valid_file=_valid)
+    idx = list(range(len(plain)))
+    seeds = set()
+    for seed in range(2):
+        (pre, _), _, d0 = serve(plain, idx, seed)
+        (post, _), _, d1 = serve(full, idx, seed)
+        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, np.asarray(idx, np.int64), (224, 224))
+        for k in idx:
+            seeds.add(plan[k]["seed"])
+            torch.manual_seed(plan[k]["seed"])
+            want = T.PILToTensor()(op(Image.fromarray(pre[k].permute(1, 2, 0).numpy())))
+            assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {int((post[k] != want).sum())} values differ"
+    assert len(seeds) == 2 * len(idx)
 
 
 @pytest.mark.xfail(strict=True, reason="the native resampler (Pillow's resize(box=) arithmetic) reads source pixels "

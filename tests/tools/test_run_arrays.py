@@ -422,14 +422,9 @@ def test_an_unchanged_mnist_script_under_fastdata_run(tv, roots, tmp_path):
     assert "served natively: MNIST with ToTensor, Normalize run on its arrays by fastdata" in got.stderr, got.stderr
 
 
-def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv, monkeypatch):
-    """The CIFAR recipe with AutoAugment's CIFAR10 policy: served natively; each image is
-    torchvision's own ops (`_apply_op`) for the sub-policy ops, magnitudes and signs fastdata
-    drew, run on the crop it cut; a sample drawn twice into one batch gets draws of its own."""
-    import torchvision.transforms as T
-    from PIL import Image
-    from torchvision.transforms.autoaugment import _apply_op
-
+def _capture(monkeypatch):
+    """(the rows each batch's geometry cut, the pixel ops' parameters drawn for it), filled as
+    natively served batches are made."""
     from fastdata.run import _arrays
 
     cut, drawn = [], []
@@ -447,6 +442,18 @@ def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv,
     gather.__wrapped__, plan_pixels.__wrapped__ = _arrays.gather, _arrays.plan_pixels
     monkeypatch.setattr(_arrays, "gather", gather)
     monkeypatch.setattr(_arrays, "plan_pixels", plan_pixels)
+    return cut, drawn
+
+
+def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv, monkeypatch):
+    """The CIFAR recipe with AutoAugment's CIFAR10 policy: served natively; each image is
+    torchvision's own ops (`_apply_op`) for the sub-policy ops, magnitudes and signs fastdata
+    drew, run on the crop it cut; a sample drawn twice into one batch gets draws of its own."""
+    import torchvision.transforms as T
+    from PIL import Image
+    from torchvision.transforms.autoaugment import _apply_op
+
+    cut, drawn = _capture(monkeypatch)
     op = T.AutoAugment(T.AutoAugmentPolicy.CIFAR10)
     dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), op, T.PILToTensor()]))
     torch.manual_seed(0)
@@ -466,6 +473,30 @@ def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv,
     twice = torch.utils.data.Subset(cifar(T.Compose([op, T.PILToTensor()])), [7] * 50)
     (same,) = [images for images, _ in _served(twice, batch_size=50)]
     assert len({bytes(x.numpy()) for x in same}) > 10  # (torchvision's draws: each its own; 1 if keyed by index)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_augmix_on_cifar_is_torchvisions_own_for_the_seeds_drawn(cifar, tv, monkeypatch, version):
+    """AugMix's CIFAR recipe (the paper's setting): served natively; each image is torchvision's
+    own AugMix of the crop it cut, from torch's RNG seeded with the sample's seed fastdata drew."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from PIL import Image
+
+    cut, drawn = _capture(monkeypatch)
+    op = (T if version == "v1" else v2).AugMix()
+    dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), op, T.PILToTensor()]))
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=50, shuffle=True)
+    with natively_only():
+        batches = [images for images, _ in loader]
+    assert len(batches) == len(cut) == len(drawn) == N // 50
+    for images, rows, (plan,) in zip(batches, cut, drawn):
+        for k in range(len(images)):
+            torch.manual_seed(plan[k]["seed"])
+            want = torch.from_numpy(np.asarray(op(Image.fromarray(rows[k]))).copy()).permute(2, 0, 1)
+            assert torch.equal(images[k], want), k
+    assert len({p["seed"] for (plan,) in drawn for p in plan}) == N
 
 
 def _windows(img: torch.Tensor, h: int, w: int) -> set[bytes]:

@@ -192,6 +192,13 @@ def _fallbacks(tv):
         ("a v1 interpolation named by a string", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation="bilinear"), T.ToTensor()])), {}),
          "a string: torchvision's v1 ops raise"),
+        ("AugMix on a tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.PILToTensor(), T.AugMix(), T.ConvertImageDtype(torch.float)])), {}),
+         "AugMix on a tensor image"),
+        ("AugMix with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
+            v2.RandomResizedCrop(32), v2.AugMix(fill={tv_tensors.Image: 1}), v2.ToImage()])), {}), "a fill per type"),
+        ("AugMix with an integer alpha", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.AugMix(alpha=1), T.ToTensor()])), {}), "a float alpha"),
     ]
 
 
@@ -199,7 +206,8 @@ def _fallbacks(tv):
 BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a subclass with its own __getitem__",
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
-             "TrivialAugmentWide nearest-exact", "RandAugment with a fill")
+             "TrivialAugmentWide nearest-exact", "RandAugment with a fill", "AugMix on a tensor",
+             "AugMix with a fill per type")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
