@@ -4,10 +4,10 @@
 torchvision's own image loader, or torch's `Subset` of one (what `random_split` gives: `folder`),
 and reads its transform op by op (torchvision's v1 and v2 classes, each its exact class: a
 subclass may do anything in its own methods) into fastdata's ops: the geometry
-(RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip) that the decoder applies in one
-pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment, and
-RandomRotation: `_rotation`) that run as Pillow runs them (AugMix: `_augmix`, with torchvision's
-own kernels), the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
+(RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
+decoder applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment,
+AutoAugment, and RandomRotation: `_rotation`) that run as Pillow runs them (AugMix: `_augmix`,
+with torchvision's own kernels), the tensor steps after the conversion (ToTensor, PILToTensor, ToImage, ToDtype,
 ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
 RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
 laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
@@ -25,6 +25,7 @@ import torch
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._augmix import augmix
+from ._crop import RandomCrop, random_crop
 from ._erasing import lowered as lowered_erasing
 from ._rotation import rotation
 
@@ -68,25 +69,19 @@ class Lowering:
         if self.in_memory:  # (its geometry: `_arrays`' ops, tuples; a crop draws where it can move: `_arrays.Draws`)
             return bool(drawing or self.erasing) or any(op[0] in ("flip", "rotate") for op in self.geometry)
         return bool(drawing or self.erasing) or any(
-            isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip)) for op in self.geometry)
+            isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip, RandomCrop)) for op in self.geometry)
 
 
 class _TrivialAugmentV2(fd.TrivialAugment):
-    """torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds."""
-
-    table = "v2"
+    table = "v2"  # torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds
 
 
 class _RandAugmentV2(fd.RandAugment):
-    """torchvision.transforms.v2's RandAugment: v1's, with v2's Solarize thresholds."""
-
-    table = "v2"
+    table = "v2"  # torchvision.transforms.v2's RandAugment: v1's, with v2's Solarize thresholds
 
 
 class _AutoAugmentV2(fd.AutoAugment):
-    """torchvision.transforms.v2's AutoAugment: v1's, with v2's Solarize thresholds."""
-
-    table = "v2"
+    table = "v2"  # torchvision.transforms.v2's AutoAugment: v1's, with v2's Solarize thresholds
 
 
 class Unlowerable(Exception):
@@ -300,6 +295,11 @@ def lower_transform(transform: Any) -> Lowering:
                 padding = padding or (None if fits else kind)
                 geometry.append(fd.CenterCrop((h, w)))
                 fixed, short_side = (h, w), None
+            elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)
+                check_geometry(op)
+                crop = random_crop(op, fixed, short_side)
+                geometry += [crop] if crop is not None else []
+                fixed, short_side = (fixed, short_side) if crop is None else (crop.size, None)
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
                 check_geometry(op)
                 geometry.append(fd.RandomHorizontalFlip(float(op.p)))

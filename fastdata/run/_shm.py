@@ -23,6 +23,7 @@ import torch
 
 from .._loader import resolve_workers
 from ..transforms import ops as fd
+from ._crop import RandomCrop
 from ._lowering import folder
 
 _SLOTS = 2 + 2  # a ring's slots: prefetch_factor + 2, at DataLoader's 2 (auto_workers: the script set none)
@@ -72,8 +73,8 @@ def image_size(geometry: tuple, dataset: Any) -> tuple[int, int] | None:
     size, through any later resize of the shorter side; without one, from the size of the
     dataset's first file (a batch's images have one size, or the script's own collation fails).
     None where that file's size cannot be read."""
-    fixed = [k for k, op in enumerate(geometry) if isinstance(op, (fd.RandomResizedCrop, fd.CenterCrop, fd.Resize))
-             and not isinstance(op.size, int)]
+    fixed = [k for k, op in enumerate(geometry) if isinstance(op, (fd.RandomResizedCrop, fd.CenterCrop, fd.Resize,
+                                                                    RandomCrop)) and not isinstance(op.size, int)]
     size = tuple(geometry[fixed[-1]].size) if fixed else _first_size(folder(dataset))
     for op in geometry[fixed[-1] + 1 if fixed else 0:]:
         if isinstance(op, fd.Resize) and size is not None:  # the shorter side to op.size, as torchvision's

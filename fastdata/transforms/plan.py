@@ -159,6 +159,11 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             crop(left, top, cw, ch)
             whole = False
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
+        elif callable(getattr(op, "window", None)):  # a crop that draws its own window (`fastdata.run`'s RandomCrop)
+            left, top, w, h = op.window(uniforms(seed, epoch, indices, stream, 2), W, H)
+            crop(left, top, w, h)
+            whole = False
+            W, H = w, h
         elif isinstance(op, RandomHorizontalFlip):
             flipped = uniforms(seed, epoch, indices, stream, 1)[:, 0] < op.p
             inner[flipped, 0], inner[flipped, 2] = W[flipped] - inner[flipped, 2], W[flipped] - inner[flipped, 0]

@@ -40,9 +40,11 @@ from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
+from fastdata.run._crop import RandomCrop  # noqa: E402
 from fastdata.run._rotation import Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
+from fastdata.transforms._random import uniforms  # noqa: E402
 from fastdata.transforms.ops import AUTO_OPS, AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's)
 from fastdata.transforms.plan import (  # noqa: E402
     TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
@@ -134,6 +136,53 @@ def test_random_resized_crop_draws(W, H, scale, ratio):
     assert abs(tv_fb - our_fb) <= 4 * sd + 2, f"central-crop fallbacks: torchvision {tv_fb}/{N}, fastdata {our_fb}/{N}"
     if (W, H) == (1000, 120):  # the fallback is the common case there: both take it
         assert tv_fb > N // 4 and our_fb > N // 4
+
+
+@pytest.mark.parametrize("W,H", [(256, 341), (300, 256), (224, 500)])
+def test_random_crop_draws(W, H):
+    """RandomCrop's offsets (after a Resize that makes the images at least its size): the
+    distribution of torchvision's `get_params`, over every offset it can draw; a crop of the
+    image's own side draws that offset 0, as torchvision's."""
+    lowered = lower_transform(T.Compose([T.Resize(256), T.RandomCrop(224), T.ToTensor()]))
+    op = lowered.geometry[1]
+    assert lowered.random and type(op) is RandomCrop and op.size == (224, 224)
+    torch.manual_seed(0)
+    img = torch.empty(3, H, W)  # get_params reads only the size
+    tv = np.array([T.RandomCrop.get_params(img, (224, 224))[:2] for _ in range(N)])  # (top, left)
+    g = plan_geometry([op], 12345, 0, np.arange(N, dtype=np.int64), np.full(N, W), np.full(N, H))
+    ours = np.stack([g.boxes[:, 1], g.boxes[:, 0]], axis=1).astype(int)
+    assert (g.sizes == [224, 224]).all() and np.array_equal(g.boxes, np.rint(g.boxes))
+    for k, (name, room) in enumerate((("top", H - 224), ("left", W - 224))):
+        assert ours[:, k].min() >= 0 and ours[:, k].max() <= room
+        if room == 0:
+            assert (tv[:, k] == 0).all() and (ours[:, k] == 0).all()
+            continue
+        assert len(set(ours[:, k])) > min(room, 20), name  # (every offset can come)
+        assert_same_distribution(f"{W}x{H} RandomCrop {name}", tv[:, k], ours[:, k])
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_resize_then_a_random_crop_is_torchvisions_steps_bit_for_bit(folder, version):
+    """Resize(256), RandomCrop(224), a flip, as served: torchvision's resize, then its crop at the
+    offsets fastdata drew (uniforms of the crop's own stream), then the flip: the same values,
+    over two batches of every file (JPEG, PNG, grey, CMYK, GIF, 16-bit)."""
+    M = T if version == "v1" else v2
+    ds = ImageFolder(str(folder), T.Compose([M.Resize(256), M.RandomCrop(224), M.RandomHorizontalFlip(),
+                                             T.PILToTensor()]), is_valid_file=_valid)
+    idx = list(range(len(ds)))
+    offsets = set()
+    for seed in range(2):
+        (images, _), _, decoder = serve(ds, idx, seed)
+        places = np.arange(len(idx))
+        crop, flip = (uniforms(decoder.seed, 0, places, stream, n) for stream, n in ((1, 2), (2, 1)))
+        for k in idx:
+            img = F.resize(pil_loader(ds.samples[k][0]), 256)
+            top, left = (int(np.floor(crop[k, j] * (side - 224 + 1))) for j, side in enumerate(img.size[::-1]))
+            offsets.add((top, left))
+            img = F.crop(img, top, left, 224, 224)
+            want = F.pil_to_tensor(F.hflip(img) if flip[k, 0] < 0.5 else img)
+            assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
+    assert len(offsets) > len(idx)
 
 
 # ----------------------------------------------------------------- b. RandomHorizontalFlip

@@ -192,6 +192,10 @@ def _fallbacks(tv):
         ("a v1 interpolation named by a string", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation="bilinear"), T.ToTensor()])), {}),
          "a string: torchvision's v1 ops raise"),
+        ("RandomCrop with padding", lambda r: (ImageFolder(r, T.Compose([
+            T.Resize(40), T.RandomCrop(32, padding=4), T.ToTensor()])), {}), "without padding"),
+        ("RandomCrop of images of any size", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomCrop(32), T.ToTensor()])), {}), "not known to be at least 32x32"),
         ("AugMix on a tensor", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.PILToTensor(), T.AugMix(), T.ConvertImageDtype(torch.float)])), {}),
          "AugMix on a tensor image"),
@@ -207,7 +211,7 @@ BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a s
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
              "TrivialAugmentWide nearest-exact", "RandAugment with a fill", "AugMix on a tensor",
-             "AugMix with a fill per type")
+             "AugMix with a fill per type", "RandomCrop with padding", "RandomCrop of images of any size")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
@@ -1060,7 +1064,8 @@ def test_a_transform_without_random_ops_draws_nothing_from_torchs_rng(tv, folder
         batches = [b for _ in range(2) for b in loader]
         return batches, torch.rand(3)
 
-    eval_transform = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
+    # (a RandomCrop of the images' own size draws nothing either)
+    eval_transform = T.Compose([T.Resize((40, 40)), T.CenterCrop(32), T.RandomCrop(32), T.ToTensor()])
     served, after = run(_served, eval_transform, 0)
     plain, plain_after = run(torch.utils.data.DataLoader, eval_transform, 0)
     assert [b[1].tolist() for b in served] == [b[1].tolist() for b in plain]
