@@ -11,7 +11,8 @@ TrivialAugmentWide, RandAugment or AugMix (bilinear, severity 3), PILToTensor, C
 Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the references' for
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
-fine-tuning tutorials add it.
+fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
+RandomResizedCrop, as older and fine-grained recipes crop.
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -19,8 +20,8 @@ With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, chan
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
-    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split]
-                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate}] [--mixup] [--ra-sampler]
+    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
+                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,crop}] [--ra-sampler]
 """
 
 import argparse
@@ -40,16 +41,17 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate"], default="imagenet")
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "crop"], default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-if args.recipe in ("imagenet", "rotate"):
+if args.recipe in ("imagenet", "rotate", "crop"):
     transform = transforms.Compose([
-        transforms.RandomResizedCrop(224),
+        *([transforms.Resize(256), transforms.RandomCrop(224)] if args.recipe == "crop" else
+          [transforms.RandomResizedCrop(224)]),
         transforms.RandomHorizontalFlip(),
         *([transforms.RandomRotation(15)] if args.recipe == "rotate" else []),
         transforms.ToTensor(),

@@ -12,9 +12,10 @@ rounds so drift on a shared machine hits both alike:
 
 With `--split` the script trains on a `random_split` of the folder (90%), a tutorial's split: a
 `Subset` of the ImageFolder, which `fastdata run` serves natively too (run_torchvision_split.json).
-With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training preset with
-that auto-augment policy (bilinear) and RandomErasing(0.1) (run_torchvision_ta_wide.json, ...),
-with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json);
+With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
+preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
+with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
+with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
 With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
@@ -25,7 +26,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate}] [--mixup] [--ra-sampler]
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,crop}] [--mixup] [--ra-sampler]
                                           [--json PATH]
 """
 
@@ -48,7 +49,7 @@ def main() -> int:
     ap.add_argument("--arch", default="none", help="the script's model (resnet18 on a GPU); none: the copy only")
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
-    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate"], default="imagenet",
+    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "crop"], default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
     ap.add_argument("--ra-sampler", action="store_true", help="the references' repeated-augmentation sampler")

@@ -129,7 +129,8 @@ class Watchdog:
         that died under a read (its socket reset before DataLoader could see it exit) becomes
         DataLoader's own "exited unexpectedly" error. DataLoader's SIGCHLD handler may raise
         its "DataLoader worker ... is killed by signal" error in this thread while this runs
-        (at whatever line runs when the signal comes): that error is the one to raise then."""
+        (at whatever line runs when the signal comes): that error is the one to raise then. A
+        worker's error for a SIGKILL fastdata did not send says what sent it (`_why_killed`)."""
         try:
             out = self._error(error)
         except RuntimeError as e:
