@@ -1,13 +1,14 @@
 """Compiles a pipeline's per-sample geometry into what a decoder applies in one pass.
 
-RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip, in any order, fold into one
-box in the source image's coordinates, one output size and one flip per sample: the native
-decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
-output), and Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image
-pads it with zeros, as torchvision's does: the box then lands on a part of the output (`inner`),
-and the rest is zeros. Vectorised over the batch. An op
-whose size follows a schedule (`schedule.py`) gives the epoch's size; its random draws do not
-depend on the size, so the crop boxes are those of a fixed-size pipeline.
+RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip (and an op with a `window`: a crop
+that draws its own offsets, `fastdata run`'s RandomCrop), in any order, fold into one box in the
+source image's coordinates, one output size and one flip per sample: the native decoder then
+decodes only the box (and at a reduced DCT scale when it is at least twice the output), and
+Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image pads it with
+zeros, as torchvision's does: the box then lands on a part of the output (`inner`), and the rest
+is zeros. Vectorised over the batch. An op whose size follows a schedule (`schedule.py`) gives
+the epoch's size; its random draws do not depend on the size, so the crop boxes are those of a
+fixed-size pipeline.
 """
 
 from __future__ import annotations
