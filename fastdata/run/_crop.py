@@ -15,7 +15,7 @@ from ..transforms import ops as fd
 
 
 @dataclass(frozen=True)
-class RandomCrop(fd.Sized):
+class RandomCrop(fd.Op):
     """torchvision's RandomCrop without padding: an (h, w) window at offsets uniform over
     [0, H - h] and [0, W - w], as its `get_params` draws them with torch.randint."""
 
