@@ -1,7 +1,7 @@
-"""`fastdata run`'s AugMix (torchvision's v1 and v2 classes) on the PIL image: read from the
-script's op (`augmix`), and run per sample as torchvision's `forward` runs it, with its own
-kernels: the image as a uint8 tensor, `mixture_width` chains of 1 to 3 of its ops, each at a
-magnitude of its table, mixed with the image by Dirichlet weights, back to uint8.
+"""`fastdata run`'s AugMix (torchvision's v1 and v2 classes) on the PIL image or a uint8 tensor:
+read from the script's op (`augmix`), and run per sample as torchvision's `forward` runs it,
+with its own kernels: the image as a uint8 tensor, `mixture_width` chains of 1 to 3 of its ops,
+each at a magnitude of its table, mixed with the image by Dirichlet weights, back to uint8.
 
 torchvision draws the weights, depths, ops, magnitudes and signs from torch's global RNG. Here
 they come, in the very calls and order of the op's class, from a generator of the sample's own,
@@ -11,7 +11,8 @@ that decode. The same seed in torch's global RNG gives torchvision's own op the 
 (`tests/contract/test_torchvision_faithful.py`). The ops are torchvision's own
 (`autoaugment._apply_op`, v2's `_apply_image_or_video_transform`): no library gives AugMix's
 chains with a generator, and a copy of its ops would drift from the torchvision that runs.
-A folder's lowering runs it as a pixel op after the decoder's geometry (`_lowering`).
+A folder's lowering runs it as a pixel op after the decoder's geometry (`_lowering`), before
+the layout's tensor steps (on a uint8 image, the same values as after the conversion).
 """
 
 from __future__ import annotations
@@ -104,14 +105,16 @@ class AugMix(fd.Op):
         return mix.reshape(image.shape).to(dtype=image.dtype)
 
 
-def augmix(op: Any, tensor: bool) -> AugMix:
-    """AugMix's lowering; ValueError, saying why, where there is none: on the PIL image only
-    (where the references' presets put it; on a tensor it would follow the conversion)."""
+def augmix(op: Any, domain: str) -> AugMix:
+    """AugMix's lowering for images of `domain` ("pil", "uint8" or "float"); ValueError, saying
+    why, where there is none. On the PIL image (where the references' presets put it) or a uint8
+    tensor: torchvision runs its tensor kernels on either, the PIL image converted losslessly
+    first; a float tensor it refuses."""
     import torchvision.transforms.v2 as v2
 
-    if tensor:
-        raise ValueError(f"{type(op).__name__} on a tensor image: fastdata lowers it on the PIL image")
     kind, fill = type(op).__name__, op.fill
+    if domain == "float":
+        raise ValueError(f"{kind} on a float tensor: torchvision refuses it; not lowered")
     if isinstance(fill, dict) or (fill is not None and not isinstance(fill, (int, float, list, tuple))):
         raise ValueError(f"{kind} with a fill per type: not lowered")
     counts = (op.severity, op.mixture_width, op.chain_depth)

@@ -311,7 +311,7 @@ def lower_transform(transform: Any) -> Lowering:
                                               (op.brightness, op.contrast, op.saturation, op.hue))))
             elif cls in (T.RandomRotation, v2.RandomRotation, T.AugMix, v2.AugMix):  # (after the geometry: pixel ops)
                 try:
-                    pixel.append((augmix if kind == "AugMix" else rotation)(op, domain != "pil"))
+                    pixel.append(augmix(op, domain) if kind == "AugMix" else rotation(op, domain != "pil"))
                 except ValueError as e:  # (its message is the reason)
                     raise Unlowerable(str(e)) from None
             elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,

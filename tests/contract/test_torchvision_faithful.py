@@ -990,15 +990,18 @@ def test_augmix_is_torchvisions_own_for_the_same_seed(name):
     assert differ == 0, f"{differ} of 30 seeds give another image"
 
 
-def test_augmix_on_served_images(folder):
+@pytest.mark.parametrize("where", ["PIL image", "uint8 tensor"])
+def test_augmix_on_served_images(folder, where):
     """AugMix as served (the references' recipe's: bilinear, severity 3, on the PIL image before
-    PILToTensor) is torchvision's own op on the image fastdata decoded, each sample's seed from
-    fastdata's draws (the same batch served without it has the same geometry), over two batches;
-    the seeds differ from sample to sample and from batch to batch."""
+    PILToTensor; or on the uint8 tensor after it) is torchvision's own op on the image fastdata
+    decoded, each sample's seed from fastdata's draws (the same batch served without it has the
+    same geometry), over two batches; the seeds differ from sample to sample and from batch to
+    batch."""
     geometry = [T.RandomResizedCrop(224, interpolation=BILINEAR), T.RandomHorizontalFlip()]
     plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
     op = T.AugMix(interpolation=BILINEAR, severity=3)
-    full = ImageFolder(str(folder), T.Compose([*geometry, op, T.PILToTensor()]), is_valid_file=_valid)
+    ops = [op, T.PILToTensor()] if where == "PIL image" else [T.PILToTensor(), op]
+    full = ImageFolder(str(folder), T.Compose([*geometry, *ops]), is_valid_file=_valid)
     idx = list(range(len(plain)))
     seeds = set()
     for seed in range(2):
@@ -1008,7 +1011,8 @@ def test_augmix_on_served_images(folder):
         for k in idx:
             seeds.add(plan[k]["seed"])
             torch.manual_seed(plan[k]["seed"])
-            want = T.PILToTensor()(op(Image.fromarray(pre[k].permute(1, 2, 0).numpy())))
+            want = T.PILToTensor()(op(Image.fromarray(pre[k].permute(1, 2, 0).numpy()))) if where == "PIL image" \
+                else op(pre[k])
             assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {int((post[k] != want).sum())} values differ"
     assert len(seeds) == 2 * len(idx)
 

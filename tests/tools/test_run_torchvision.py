@@ -196,9 +196,8 @@ def _fallbacks(tv):
             T.Resize(40), T.RandomCrop(32, padding=4), T.ToTensor()])), {}), "without padding"),
         ("RandomCrop of images of any size", lambda r: (ImageFolder(r, T.Compose([
             T.RandomCrop(32), T.ToTensor()])), {}), "not known to be at least 32x32"),
-        ("AugMix on a tensor", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomResizedCrop(32), T.PILToTensor(), T.AugMix(), T.ConvertImageDtype(torch.float)])), {}),
-         "AugMix on a tensor image"),
+        ("AugMix on a float tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.ToTensor(), T.AugMix()])), {}), "AugMix on a float tensor"),
         ("AugMix with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
             v2.RandomResizedCrop(32), v2.AugMix(fill={tv_tensors.Image: 1}), v2.ToImage()])), {}), "a fill per type"),
         ("AugMix with an integer alpha", lambda r: (ImageFolder(r, T.Compose([
@@ -210,7 +209,7 @@ def _fallbacks(tv):
 BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a subclass with its own __getitem__",
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
-             "TrivialAugmentWide nearest-exact", "RandAugment with a fill", "AugMix on a tensor",
+             "TrivialAugmentWide nearest-exact", "RandAugment with a fill",
              "AugMix with a fill per type", "RandomCrop with padding", "RandomCrop of images of any size")
 
 
