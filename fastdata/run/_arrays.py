@@ -7,7 +7,7 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
 flips, and on the PIL image RandomRotation, each its exact torchvision class), then what the
 folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
-TrivialAugmentWide, RandAugment, AutoAugment and AugMix on the PIL image, the conversion,
+TrivialAugmentWide, RandAugment and AutoAugment on the PIL image, AugMix, the conversion,
 Normalize, RandomErasing). `gather` runs the geometry on a batch's rows at once: numpy's pad (the
 one torchvision's PIL pad calls for edge, reflect and symmetric; its constant pad is Pillow's
 expand, the same fill), windows cut at per-sample offsets, flips by mask, a rotation by Pillow's
