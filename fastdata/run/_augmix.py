@@ -64,6 +64,8 @@ class AugMix(fd.Op):
 
     def mix(self, tv: Any, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """torchvision's `forward` on one CHW uint8 image, its draws from `g`."""
+        from torchvision.transforms.autoaugment import _apply_op
+
         height, width = image.shape[-2:]
         if self.v2:
             space = tv._AUGMENTATION_SPACE if tv.all_ops else tv._PARTIAL_AUGMENTATION_SPACE
@@ -91,8 +93,6 @@ class AugMix(fd.Op):
                     aug = tv._apply_image_or_video_transform(aug, name, magnitude, interpolation=tv.interpolation,
                                                              fill=tv._fill)
                 else:
-                    from torchvision.transforms.autoaugment import _apply_op
-
                     name = names[int(torch.randint(len(names), (1,), generator=g).item())]
                     magnitudes, signed = space[name]
                     magnitude = float(magnitudes[torch.randint(tv.severity, (1,), dtype=torch.long,

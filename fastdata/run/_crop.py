@@ -30,6 +30,13 @@ class RandomCrop(fd.Op):
         return left, top, np.full_like(W, w), np.full_like(H, h)
 
 
+def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) -> bool:
+    """Whether every image, of (h, w) `fixed` or of shorter side `short_side` (None: not known),
+    is at least h x w."""
+    return (fixed is not None and h <= fixed[0] and w <= fixed[1]) or (
+        short_side is not None and max(h, w) <= short_side)
+
+
 def random_crop(op: Any, fixed: tuple[int, int] | None, short_side: int | None) -> RandomCrop | None:
     """RandomCrop's lowering for images of (h, w) `fixed` or of shorter side `short_side` (None:
     not known) so far; None where it is the image's own size (torchvision then draws nothing and
@@ -39,9 +46,7 @@ def random_crop(op: Any, fixed: tuple[int, int] | None, short_side: int | None) 
     if op.padding or op.pad_if_needed:
         raise ValueError(f"{kind} with padding or pad_if_needed: fastdata lowers a folder's RandomCrop without padding")
     h, w = int(op.size[0]), int(op.size[1])  # (torchvision holds it as (h, w), an int given or not)
-    fits = (fixed is not None and h <= fixed[0] and w <= fixed[1]) or (
-        short_side is not None and max(h, w) <= short_side)
-    if not fits:
+    if not fits(h, w, fixed, short_side):
         raise ValueError(f"{kind} of images not known to be at least {h}x{w} (torchvision raises on a smaller one): "
                          "fastdata lowers it after a Resize or crop that makes them so")
     return None if fixed == (h, w) else RandomCrop((h, w))

@@ -25,7 +25,7 @@ import torch
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._augmix import augmix
-from ._crop import RandomCrop, random_crop
+from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing
 from ._rotation import rotation
 
@@ -290,9 +290,7 @@ def lower_transform(transform: Any) -> Lowering:
                 check_geometry(op)
                 h, w = _size(op.size, pair=True)
                 # torchvision pads an image smaller than the crop with zeros, as fastdata's decoders do
-                fits = (fixed is not None and h <= fixed[0] and w <= fixed[1]) or (
-                    short_side is not None and max(h, w) <= short_side)
-                padding = padding or (None if fits else kind)
+                padding = padding or (None if fits(h, w, fixed, short_side) else kind)
                 geometry.append(fd.CenterCrop((h, w)))
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)

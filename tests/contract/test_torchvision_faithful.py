@@ -900,23 +900,32 @@ def test_resize_center_crop_of_a_whole_pixel_box(tmp_path, fmt, interpolation):
         assert torch.equal(images[i], ds[i][0]), f"{ds.samples[i][0]}: {int((images[i] != ds[i][0]).sum())} values differ"
 
 
+def with_and_without(folder, geometry, ops, seeds):
+    """For each seed, every file of `folder` served in one batch with `geometry` then PILToTensor,
+    and with `geometry` then `ops`: (seed, the first's images, the second's, the second's batch
+    indices, its decoder). The pixel ops draw from streams of their own, so the geometry is the
+    same (both decoders' seeds are)."""
+    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
+    full = ImageFolder(str(folder), T.Compose([*geometry, *ops]), is_valid_file=_valid)
+    idx = list(range(len(plain)))
+    for seed in seeds:
+        (pre, _), _, d0 = serve(plain, idx, seed)
+        (post, _), _, d1 = serve(full, idx, seed)
+        assert d0.seed == d1.seed
+        yield seed, pre, post, np.asarray(idx, np.int64), d1
+
+
 def test_pixel_ops_on_served_images(folder):
     """ColorJitter + TrivialAugmentWide as served are torchvision's functional ops, bit for bit,
     on the image fastdata decoded (the same batch served without them: the pixel ops draw from
     streams of their own, so the geometry is the same), for the parameters fastdata drew, over
     six batches."""
     geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
-    full = ImageFolder(str(folder), T.Compose([*geometry, T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.TrivialAugmentWide(),
-                                               T.PILToTensor()]), is_valid_file=_valid)
-    idx = list(range(len(plain)))
+    ops = [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.TrivialAugmentWide(), T.PILToTensor()]
     drawn = set()
-    for seed in range(6):
-        (pre, _), _, d0 = serve(plain, idx, seed)
-        (post, _), _, d1 = serve(full, idx, seed)
-        assert d0.seed == d1.seed
-        jitter, trivial = plan_pixels(d1.pixel_ops, d1.seed, 0, np.asarray(idx, np.int64))
-        for k in idx:
+    for seed, pre, post, idx, d1 in with_and_without(folder, geometry, ops, range(6)):
+        jitter, trivial = plan_pixels(d1.pixel_ops, d1.seed, 0, idx)
+        for k in range(len(idx)):
             drawn.add(trivial[k]["op"])
             img = apply_pixel_ops(Image.fromarray(pre[k].permute(1, 2, 0).numpy()),
                                   [("jitter", jitter[k]), ("trivial", trivial[k])], tables=False)
@@ -940,15 +949,10 @@ def test_augment_ops_on_served_images(folder, make):
     decoded, for the ops, magnitudes and signs fastdata drew, over three batches."""
     op = make()
     geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
-    full = ImageFolder(str(folder), T.Compose([*geometry, op, T.PILToTensor()]), is_valid_file=_valid)
-    idx = list(range(len(plain)))
     drawn = set()
-    for seed in range(3):
-        (pre, _), _, d0 = serve(plain, idx, seed)
-        (post, _), _, d1 = serve(full, idx, seed)
-        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, np.asarray(idx, np.int64), (224, 224))
-        for k in idx:
+    for seed, pre, post, idx, d1 in with_and_without(folder, geometry, [op, T.PILToTensor()], range(3)):
+        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, idx, (224, 224))
+        for k in range(len(idx)):
             img = Image.fromarray(pre[k].permute(1, 2, 0).numpy())
             for q in plan[k].get("ops", (plan[k],)):
                 drawn.add(q["op"])
@@ -998,17 +1002,12 @@ def test_augmix_on_served_images(folder, where):
     same geometry), over two batches; the seeds differ from sample to sample and from batch to
     batch."""
     geometry = [T.RandomResizedCrop(224, interpolation=BILINEAR), T.RandomHorizontalFlip()]
-    plain = ImageFolder(str(folder), T.Compose([*geometry, T.PILToTensor()]), is_valid_file=_valid)
     op = T.AugMix(interpolation=BILINEAR, severity=3)
     ops = [op, T.PILToTensor()] if where == "PIL image" else [T.PILToTensor(), op]
-    full = ImageFolder(str(folder), T.Compose([*geometry, *ops]), is_valid_file=_valid)
-    idx = list(range(len(plain)))
     seeds = set()
-    for seed in range(2):
-        (pre, _), _, d0 = serve(plain, idx, seed)
-        (post, _), _, d1 = serve(full, idx, seed)
-        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, np.asarray(idx, np.int64), (224, 224))
-        for k in idx:
+    for seed, pre, post, idx, d1 in with_and_without(folder, geometry, ops, range(2)):
+        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, idx, (224, 224))
+        for k in range(len(idx)):
             seeds.add(plan[k]["seed"])
             torch.manual_seed(plan[k]["seed"])
             want = T.PILToTensor()(op(Image.fromarray(pre[k].permute(1, 2, 0).numpy()))) if where == "PIL image" \

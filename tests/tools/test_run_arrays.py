@@ -422,9 +422,9 @@ def test_an_unchanged_mnist_script_under_fastdata_run(tv, roots, tmp_path):
     assert "served natively: MNIST with ToTensor, Normalize run on its arrays by fastdata" in got.stderr, got.stderr
 
 
-def _capture(monkeypatch):
-    """(the rows each batch's geometry cut, the pixel ops' parameters drawn for it), filled as
-    natively served batches are made."""
+def _served_and_seen(monkeypatch, dataset):
+    """One epoch of `dataset` served natively (batch 50, shuffled from seed 0): (its images a
+    batch, the rows each batch's geometry cut, the pixel ops' parameters drawn for each)."""
     from fastdata.run import _arrays
 
     cut, drawn = [], []
@@ -442,7 +442,12 @@ def _capture(monkeypatch):
     gather.__wrapped__, plan_pixels.__wrapped__ = _arrays.gather, _arrays.plan_pixels
     monkeypatch.setattr(_arrays, "gather", gather)
     monkeypatch.setattr(_arrays, "plan_pixels", plan_pixels)
-    return cut, drawn
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=50, shuffle=True)
+    with natively_only():
+        batches = [images for images, _ in loader]
+    assert len(batches) == len(cut) == len(drawn) == N // 50
+    return batches, cut, drawn
 
 
 def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv, monkeypatch):
@@ -453,14 +458,9 @@ def test_auto_augment_on_cifar_is_torchvisions_ops_for_what_was_drawn(cifar, tv,
     from PIL import Image
     from torchvision.transforms.autoaugment import _apply_op
 
-    cut, drawn = _capture(monkeypatch)
     op = T.AutoAugment(T.AutoAugmentPolicy.CIFAR10)
     dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), op, T.PILToTensor()]))
-    torch.manual_seed(0)
-    loader = _served(dataset, batch_size=50, shuffle=True)
-    with natively_only():
-        batches = [images for images, _ in loader]
-    assert len(batches) == len(cut) == len(drawn) == N // 50
+    batches, cut, drawn = _served_and_seen(monkeypatch, dataset)
     names = set()
     for images, rows, (plan,) in zip(batches, cut, drawn):
         for k in range(len(images)):
@@ -483,14 +483,9 @@ def test_augmix_on_cifar_is_torchvisions_own_for_the_seeds_drawn(cifar, tv, monk
     import torchvision.transforms.v2 as v2
     from PIL import Image
 
-    cut, drawn = _capture(monkeypatch)
     op = (T if version == "v1" else v2).AugMix()
     dataset = cifar(T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), op, T.PILToTensor()]))
-    torch.manual_seed(0)
-    loader = _served(dataset, batch_size=50, shuffle=True)
-    with natively_only():
-        batches = [images for images, _ in loader]
-    assert len(batches) == len(cut) == len(drawn) == N // 50
+    batches, cut, drawn = _served_and_seen(monkeypatch, dataset)
     for images, rows, (plan,) in zip(batches, cut, drawn):
         for k in range(len(images)):
             torch.manual_seed(plan[k]["seed"])
