@@ -73,16 +73,18 @@ print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, CUDA {
       f"fastdata from {os.path.dirname(fastdata.__file__)}, DALI: "
       f"{_optional.has('dali') or _optional.missing('dali', 'backend dali')}")
 EOF
-    # What a CUDA device changes: the tests marked gpu (DALI's GPU decode among them, where DALI
-    # came), the forms of Tensor.to and .cuda under fastdata run (against cuda:0 where it is),
-    # the drop-in's copy to the device; TESTS_S seconds for them all, then gpu.py's GPU_S.
+    # What a CUDA device changes: the forms of Tensor.to and .cuda under fastdata run (against
+    # cuda:0 where it is), the drop-in's copy to the device (seconds, so first), then the tests
+    # marked gpu (DALI's GPU decode among them, where DALI came; about 80 s on an H200);
+    # TESTS_S seconds for them all, then gpu.py's GPU_S.
     set +e
     timeout -k 10 "${TESTS_S:-120}" bash -c '
-        "$0" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_kornia.py tests/tools/test_run.py \
-            tests/tools/test_profiler.py tests/backends/test_dali.py; echo "tests marked gpu: exit $?"
         "$0" -m pytest -q -p no:cacheprovider tests/tools/test_run_signatures.py; echo "signatures: exit $?"
         "$0" -m pytest -q -p no:cacheprovider tests/backends/test_dropin.py -k "device or cuda"
-        echo "drop-in on the device: exit $?"' "$PY" > "$out/tests.log" 2>&1
+        echo "drop-in on the device: exit $?"
+        "$0" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_kornia.py tests/tools/test_run.py \
+            tests/tools/test_profiler.py tests/backends/test_dali.py; echo "tests marked gpu: exit $?"' \
+        "$PY" > "$out/tests.log" 2>&1
     echo "tests: exit $?" >> "$out/tests.log"
     grep -E "passed|failed|error|exit" "$out/tests.log"
     timeout -k 10 "${GPU_S:-360}" "$PY" benchmarks/gpu.py --json "$out/gpu.json" "$@" 2>&1 | tee "$out/gpu.log"

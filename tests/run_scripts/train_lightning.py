@@ -3,7 +3,7 @@ plain DataLoader over a Dataset whose samples encode their index; Trainer on one
 CPU (or the accelerator named by a second argument: gpu; or `ddp`: two CPU processes, gloo).
 Writes the ids of each batch and the losses to the JSON file named by its first argument (under
 ddp, each rank to that name plus `.rank<r>`). `--save DIR` keeps a checkpoint every 3 steps
-there (one mid-epoch); `--resume PATH` resumes from one."""
+there (one mid-epoch); `--resume PATH` resumes from one; `--workers N` sets num_workers=N."""
 
 import json
 import sys
@@ -23,8 +23,9 @@ class Encoded(Dataset):
 
 
 class Module(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, workers: int = 0):
         super().__init__()
+        self.workers = workers
         self.net = nn.Linear(4, 2)
         self.seen, self.losses = [], []
 
@@ -39,13 +40,14 @@ class Module(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self):
-        return DataLoader(Encoded(), batch_size=8, shuffle=True)
+        kw = {"num_workers": self.workers} if self.workers else {}
+        return DataLoader(Encoded(), batch_size=8, shuffle=True, **kw)
 
 
 if __name__ == "__main__":
     pl.seed_everything(0)
-    module = Module()
     args = sys.argv[2:]
+    module = Module(int(args[args.index("--workers") + 1]) if "--workers" in args else 0)
     how = args[0] if args and not args[0].startswith("--") else "cpu"
     devices = {"accelerator": "cpu", "devices": 2, "strategy": "ddp"} if how == "ddp" else {"accelerator": how, "devices": 1}
     save = args[args.index("--save") + 1] if "--save" in args else None

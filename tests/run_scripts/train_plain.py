@@ -3,7 +3,8 @@ tiny model with dropout, SGD, shuffled batches, a few epochs. Writes the ids of 
 the losses to the JSON file named by its first argument; --subclass and --iterable make the
 loaders a DataLoader subclass and an IterableDataset instead, --noisy a Dataset that draws random
 noise, --records one that reads its samples through one file opened once (an offset that forked
-workers would share); --device cuda trains on the GPU, each batch moved there as scripts do."""
+workers would share); --device cuda trains on the GPU, each batch moved there as scripts do;
+--workers N sets num_workers=N."""
 
 import argparse
 import json
@@ -73,7 +74,9 @@ def main():
     ap.add_argument("--noisy", action="store_true")
     ap.add_argument("--records", action="store_true")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", type=int, default=None, help="num_workers=N (default: the script sets none)")
     args = ap.parse_args()
+    kw = {} if args.workers is None else {"num_workers": args.workers}
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -82,7 +85,7 @@ def main():
     elif args.subclass:
         loader = MyLoader(Encoded(), batch_size=16, shuffle=True)
     else:
-        loader = DataLoader(Records() if args.records else Encoded(args.noisy), batch_size=16, shuffle=True)
+        loader = DataLoader(Records() if args.records else Encoded(args.noisy), batch_size=16, shuffle=True, **kw)
     seen, losses = [], []
     for epoch in range(args.epochs):
         for x, y, ids in loader:
