@@ -25,7 +25,9 @@
 # `run` without CUDA does the same on the CPU (a check of this script, not figures). The tests
 # are bounded by TESTS_S (120) seconds together and gpu.py by GPU_S (360), which with the build
 # (about 15 s there) keeps a call inside the device's 600 s a command, with what it has measured
-# written; its exit status is gpu.py's.
+# written; its exit status is gpu.py's. With FIRST_S set, `run` first runs the README's first
+# command's job (`fastdata profile synthetic --step-ms 100 --tune`, from an empty HOME) for at
+# most FIRST_S seconds: what a newcomer on that machine meets (DALI's GPU path, where DALI came).
 set -euo pipefail
 # (paths given from another folder, before the cd)
 OUT=${OUT:+$(realpath "$OUT")}
@@ -89,6 +91,12 @@ EOF
         "$PY" > "$out/tests.log" 2>&1
     echo "tests: exit $?" >> "$out/tests.log"
     grep -E "passed|failed|error|exit" "$out/tests.log"
+    if [ "${FIRST_S:-0}" -gt 0 ]; then
+        HOME=$(mktemp -d) timeout -k 10 "$FIRST_S" "$PY" -m fastdata profile synthetic --step-ms 100 --tune \
+            > "$out/first.log" 2>&1
+        echo "the README's first command: exit $?" | tee -a "$out/first.log"
+        tail -25 "$out/first.log"
+    fi
     timeout -k 10 "${GPU_S:-360}" "$PY" benchmarks/gpu.py --json "$out/gpu.json" "$@" 2>&1 | tee "$out/gpu.log"
     code=${PIPESTATUS[0]}
     echo "gpu.py: exit $code" | tee -a "$out/gpu.log"
