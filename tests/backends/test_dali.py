@@ -101,17 +101,21 @@ def test_crop_windows_match_pil(tmp_path, device):
         assert diff.mean() < 2.5, diff.mean()  # resampling differences only: a wrong window is off by tens
 
 
-def test_normalized_output(folder):
+@pytest.mark.parametrize("device", DEVICES)
+def test_normalized_output(folder, device):
     norm = T.Compose([T.Resize(SIZE), T.CenterCrop(SIZE), T.Normalize([0.5] * 3, [0.25] * 3)])
     for dtype in (torch.float32, torch.bfloat16):
-        x, y = next(iter(_load(str(folder), transform=norm, dtype=dtype)))
+        x, y = next(iter(_load(str(folder), transform=norm, dtype=dtype, device=device)))
+        assert x.device.type == y.device.type == device
+        x, y = x.cpu(), y.cpu()
         u, v = next(iter(_load(str(folder), transform=norm, dtype=dtype, backend="pil")))
         assert x.dtype == dtype and x.shape == (8, 3, SIZE, SIZE) and torch.equal(y, v)
         assert (x.float() - u.float()).abs().max() < 0.05
 
 
-def test_shards(pattern, folder):
-    dali = _load(pattern, shuffle=True)
+@pytest.mark.parametrize("device", DEVICES)
+def test_shards(pattern, folder, device):
+    dali = _load(pattern, shuffle=True, device=device)
     wds = _load(pattern, shuffle=True, backend="wds")
     assert dali.backend == "dali" and len(dali) == len(wds)
     assert _epoch(dali) == _epoch(wds)
@@ -129,24 +133,25 @@ def test_ranks(folder, world, drop_last):
         assert set(flat) == set(ALL)
 
 
-def test_epochs_and_resume(folder):
-    a = _load(str(folder), shuffle=True, num_workers=2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_epochs_and_resume(folder, device):
+    a = _load(str(folder), shuffle=True, num_workers=2, device=device)
     e0, e1 = _epoch(a), _epoch(a)
     assert e0 != e1 and sorted(s for b in e1 for s in b) == ALL
-    b = _load(str(folder), shuffle=True)
+    b = _load(str(folder), shuffle=True, device=device)
     b.set_epoch(1)
     assert _epoch(b) == e1
     for k in (1, 3):
-        first = _load(str(folder), shuffle=True)
+        first = _load(str(folder), shuffle=True, device=device)
         it = iter(first)
         for _ in range(k):
             next(it)
         state = first.state_dict()
         del it
-        second = _load(str(folder), shuffle=True)
+        second = _load(str(folder), shuffle=True, device=device)
         second.load_state_dict(state)
         assert _epoch(second) + _epoch(second) == (e0 + e1)[k:]
-    left = _load(str(folder), shuffle=True)  # left early, then a new epoch: a fresh pipeline
+    left = _load(str(folder), shuffle=True, device=device)  # left early, then a new epoch: a fresh pipeline
     next(iter(left))
     left.set_epoch(1)
     assert _epoch(left) == e1
@@ -164,15 +169,17 @@ def _bad_files(tmp_path, folder):
     return pairs, bad
 
 
-def test_bad_files_raise_naming_the_file(tmp_path, folder):
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_files_raise_naming_the_file(tmp_path, folder, device):
     pairs, bad = _bad_files(tmp_path, folder)
     with pytest.raises(DataError, match=r"empty.jpg: empty file \(backend 'dali'\)"):
-        _epoch(_load(pairs))
+        _epoch(_load(pairs, device=device))
 
 
-def test_bad_files_skipped(tmp_path, folder):
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_files_skipped(tmp_path, folder, device):
     pairs, bad = _bad_files(tmp_path, folder)
-    loader = _load(pairs, shuffle=True, on_error="skip")
+    loader = _load(pairs, shuffle=True, on_error="skip", device=device)
     flat = [s for b in _epoch(loader) for s in b]
     assert sorted(flat) == ALL  # every good sample exactly once
     assert loader.stats["skipped"] == 3 and {e["path"] for e in loader.stats["errors"]} == set(bad)
@@ -209,8 +216,9 @@ def _no_quantization_table(path) -> bytes:
     return bytes(out + raw[i:])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_a_sample_dali_fails_on_is_isolated(tmp_path, folder, on_error, monkeypatch):
+def test_a_sample_dali_fails_on_is_isolated(tmp_path, folder, on_error, device, monkeypatch):
     # The native entropy check would refuse this file before DALI sees it; without it, the file
     # reaches DALI as any file the checks miss would.
     monkeypatch.setattr(EntropyCheck, "__call__", lambda self, index, datas, checked: checked)
@@ -220,7 +228,7 @@ def test_a_sample_dali_fails_on_is_isolated(tmp_path, folder, on_error, monkeypa
     with pytest.raises(OSError):
         Image.open(culprit).load()
     pairs.insert(19, (str(culprit), 0))
-    loader = _load(pairs, on_error=on_error)
+    loader = _load(pairs, on_error=on_error, device=device)
     if on_error == "raise":
         with pytest.raises(DataError, match="no-dqt.jpg"):
             _epoch(loader)
@@ -267,7 +275,8 @@ def test_stage_timing(folder):
     assert _epoch(loader) == _epoch(fresh)  # timing off again, and the batches unchanged
 
 
-def test_formats_other_than_jpeg_are_pillows_pixels_as_on_pil(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_formats_other_than_jpeg_are_pillows_pixels_as_on_pil(tmp_path, device):
     """DALI decodes the JPEGs; a PNG, TIFF or PGM comes out as Pillow decodes it, as on the
     other backends (DALI scales a 16-bit PNG, a PGM's value range and a TIFF's orientation
     otherwise), in its place among the JPEGs, with its label; one Pillow cannot decode fails
@@ -284,10 +293,11 @@ def test_formats_other_than_jpeg_are_pillows_pixels_as_on_pil(tmp_path):
     pairs = [(str(tmp_path / n), k) for k, n in enumerate(names)]
     batches = {}
     for backend in ("pil", "dali"):
-        loader = fastdata.loader(pairs, batch_size=5, backend=backend, num_workers=0, device="cpu",
+        loader = fastdata.loader(pairs, batch_size=5, backend=backend, num_workers=0,
+                                 device=device if backend == "dali" else "cpu",
                                  transform=T.Compose([T.Resize((32, 32))]))
         (x, y), = list(loader)
-        batches[backend] = x, y
+        batches[backend] = x.cpu(), y.cpu()
     assert batches["dali"][1].tolist() == batches["pil"][1].tolist() == list(range(5))
     diff = (batches["dali"][0].int() - batches["pil"][0].int()).abs().amax(dim=(1, 2, 3))
     assert diff[[1, 3, 4]].tolist() == [0, 0, 0] and int(diff.max()) <= 8, diff  # JPEGs: DALI's resize
@@ -296,8 +306,8 @@ def test_formats_other_than_jpeg_are_pillows_pixels_as_on_pil(tmp_path):
     (tmp_path / "cut.png").write_bytes(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
                                        + png_chunk(b"IDAT", b"no zlib stream here" * 4) + png_chunk(b"IEND", b""))
     bad = pairs[:2] + [(str(tmp_path / "cut.png"), 9)] + pairs[2:]
-    loader = fastdata.loader(bad, batch_size=6, backend="dali", num_workers=0, device="cpu", on_error="skip",
+    loader = fastdata.loader(bad, batch_size=6, backend="dali", num_workers=0, device=device, on_error="skip",
                              transform=T.Compose([T.Resize((32, 32))]))
     (x, y), = list(loader)
-    assert y.tolist() == list(range(5)) and torch.equal(x, batches["dali"][0])
+    assert y.tolist() == list(range(5)) and torch.equal(x.cpu(), batches["dali"][0])
     assert loader.stats["skipped"] == 1
