@@ -1,4 +1,4 @@
-"""The GPU checks in one run, on any CUDA machine (issue 33): about 4 minutes on an H100.
+"""The GPU checks in one run, on any CUDA machine (issue 33): 232 s on an H200 (all but `tune`).
 
 It makes its own data (`--images` synthetic ImageNet-like JPEGs, `fastdata.synthetic`, and
 their shards) and prints, with the ratios measured in the same run:
@@ -18,7 +18,10 @@ their shards) and prints, with the ratios measured in the same run:
    (RandomResizedCrop, flip, ColorJitter(0.4, 0.4, 0.4, 0.1), TrivialAugment, Normalize) with
    placement "gpu" against "cpu": the differences in normalized units and both rates;
 6. a GPU decode without DALI (`nvjpeg_side.py`: torchvision's nvJPEG, the crop and resize on the
-   GPU) alone and feeding both models, beside fastdata in the same run; and its decode alone.
+   GPU) alone and feeding both models, beside fastdata in the same run; and its decode alone;
+7. with `--only ...,tune`: `fastdata profile ROOT --model torchvision.models:resnet18 --tune` as a
+   user runs it (its own process, an empty HOME): its report, and the loop with the config it
+   picked, measured in the sweep's rounds against the best worker count.
 
 Each loop times epochs after a warm one (workers started, page cache and the JPEG index warm):
 the steady state of persistent workers. Writes JSON (default benchmarks/results/gpu.json) after
@@ -30,13 +33,18 @@ On a lent GPU machine without network, `gpu_machine.sh` beside this file install
 lacks, builds the extension and runs the CUDA tests, then this, in one call.
 
 Without CUDA it runs on the CPU at the sizes given (a check of the script itself, not figures).
+It is one file over 400 lines so that a lent machine's one call runs every part from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,6 +254,24 @@ def nvjpeg_rate(root: str, n: int = 2048, batch: int = 256) -> float | None:
     return len(data) / (time.perf_counter() - t)
 
 
+def cli_tune(root: str, device: torch.device, model: str, batch: int) -> dict:
+    """`fastdata profile ROOT --model MODEL --tune` (`module:callable`), in a process of its own
+    with an empty HOME (its tune kept there, not where this script's "auto" loaders would read
+    it): the report's rates, verdict and headline, and the config the tune picked."""
+    with tempfile.TemporaryDirectory() as home:
+        out = Path(home) / "report"
+        proc = subprocess.run([sys.executable, "-m", "fastdata", "profile", root, "--model", model,
+                               "--device", device.type, "--batch-size", str(batch),
+                               "--tune", "--out", str(out)], env={**os.environ, "HOME": home},
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"fastdata profile --tune: exit {proc.returncode}: {proc.stderr[-3000:]}")
+        report = json.loads((out / "report.json").read_text())
+        config = json.loads((out / "config.json").read_text())
+    return {"chosen": config["loader"], "tune_seconds": config["tune"]["seconds"], "rates": report["rates"],
+            "verdict": report["verdict"], "headline": report["headline"]}
+
+
 # ----------------------------------------------------------------- the run
 
 
@@ -257,7 +283,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps of the step-alone timing and the profile's windows")
     ap.add_argument("--root", default=str(HERE / "data" / "gpu-imagenet-like"))
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the sweep and the profile, interleaved")
-    ap.add_argument("--only", default="alone,training,sweep,placement", help="the parts to run (nvJPEG runs with placement)")
+    ap.add_argument("--only", default="alone,training,sweep,placement",
+                    help="the parts to run (nvJPEG runs with placement; tune, with sweep)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -328,6 +355,11 @@ def main() -> None:
     # rounds (ABBA), each measurement with a fresh loader: one epoch's figure swings by a third
     # here (the workers and the training thread share every core)
     if "sweep" in only:
+        tuned = cli_tune(args.root, device, f"torchvision.models:{models[0]}", args.batch) if "tune" in only else None
+        if tuned is not None:
+            out["tune"] = tuned
+            say(f"fastdata profile --tune: together {tuned['rates']['together_images_per_s']:,.0f} images/s, "
+                f"{tuned['verdict']}; picked {tuned['chosen']} in {tuned['tune_seconds']:.0f} s")
         step = model_step(models[0], device)
 
         def rebuild(change):
@@ -336,8 +368,8 @@ def main() -> None:
 
         reports = []
 
-        def plain(w):
-            loader = fastdata_loader(args.root, device, args.batch, w)
+        def plain(w, **kw):
+            loader = fastdata_loader(args.root, device, args.batch, w, **kw)
             rate = epochs_rate(loader, device, step)
             close(loader)
             return rate
@@ -350,18 +382,27 @@ def main() -> None:
 
         counts = sorted({max(1, cores // 2), max(1, cores - 4), max(1, cores - 2), max(1, cores - 1), cores})
         runs = {**{w: (lambda w=w: plain(w)) for w in counts}, "profile": profiled}
+        if tuned is not None and tuned["chosen"]["num_workers"]:  # (the sides here all have persistent workers)
+            chosen = tuned["chosen"]
+            runs["tuned"] = lambda: plain(chosen["num_workers"],
+                                          **{k: v for k, v in chosen.items() if k != "num_workers"})
         rates = {k: [] for k in runs}
         for r in range(args.rounds):
             for k in (list(runs) if r % 2 == 0 else reversed(list(runs))):
                 rates[k].append(runs[k]())
-                say(f"round {r + 1}: {models[0]} " + (f"with {k} workers" if k != "profile" else "profiled, together")
-                    + f": {rates[k][-1]:,.0f} images/s")
+                what = {"profile": "profiled, together", "tuned": "with the tune's config"}.get(k, f"with {k} workers")
+                say(f"round {r + 1}: {models[0]} {what}: {rates[k][-1]:,.0f} images/s")
         sweep = {w: statistics.median(rates[w]) for w in counts}
         best = max(sweep, key=sweep.get)
         out["sweep"] = {"model": models[0], "images_per_s": sweep, "runs": {str(k): v for k, v in rates.items()},
                         "best": best, "auto": auto, "auto_of_best": sweep[auto] / sweep[best]}
         say(f"sweep (medians of {args.rounds}): " + ", ".join(f"{w}: {r:,.0f}" for w, r in sweep.items())
             + f"; best {best} workers; auto ({auto}) gives {out['sweep']['auto_of_best']:.3f} of it")
+        if "tuned" in rates:
+            out["tune"]["loop"] = statistics.median(rates["tuned"])
+            out["tune"]["loop_of_best"] = out["tune"]["loop"] / sweep[best]
+            say(f"the tune's config: {out['tune']['loop']:,.0f} images/s, {out['tune']['loop_of_best']:.3f} of the "
+                f"best worker count; fastdata profile's together {tuned['rates']['together_images_per_s']:,.0f}")
         together = statistics.median(rates["profile"])
         report = reports[-1]
         out["profile"] = {"together": together, "plain_loop": sweep[auto], "together_of_plain": together / sweep[auto],
