@@ -5,14 +5,15 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
-flips, and on the PIL image RandomRotation, each its exact torchvision class), then what the
-folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
+flips, and on the PIL image RandomRotation and RandomAffine, each its exact torchvision class),
+then what the folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
 TrivialAugmentWide, RandAugment and AutoAugment on the PIL image, AugMix, the conversion,
 Normalize, RandomErasing). `gather` runs the geometry on a batch's rows at once: numpy's pad (the
 one torchvision's PIL pad calls for edge, reflect and symmetric; its constant pad is Pillow's
 expand, the same fill), windows cut at per-sample offsets, flips by mask, a rotation by Pillow's
-rotate of each row (the call torchvision makes); the pixel ops then run on each row as the
-folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix, its tensor kernels). The
+rotate of each row (the call torchvision makes), an affine map by torchvision's own `F.affine`;
+the pixel ops then run on each row as the folders' do (`transforms.pil`: torchvision's own
+Pillow calls; AugMix, its tensor kernels). The
 batch then takes the folders' way (`NativeFolder`'s collation, `Finish`'s lookup-table layout),
 so the values are torchvision's for the same crop offsets, flips and pixel-op parameters, drawn
 from a seed per batch as the folders' are, and per sample by its place in the batch (a sample
@@ -33,7 +34,7 @@ import torch
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
-from ._rotation import rotation
+from ._rotation import Rotation, pillow_geometry
 from ._torchvision import FolderError, NativeFolder
 
 _MODES = ("constant", "edge", "reflect", "symmetric")
@@ -119,7 +120,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if closed and cls in (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad,
                               T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip,
-                              v2.RandomVerticalFlip, T.RandomRotation, v2.RandomRotation):
+                              v2.RandomVerticalFlip, T.RandomRotation, v2.RandomRotation, T.RandomAffine,
+                              v2.RandomAffine):
             raise Unlowerable(f"{kind} after {closed}: not lowered for an in-memory dataset")
         if cls is v2.RandomCrop:  # one pad: the padding (kept as left, right, top, bottom) and the shortfall
             pad = (op.padding[0], op.padding[2], op.padding[1], op.padding[3]) if op.padding else (0, 0, 0, 0)
@@ -139,15 +141,16 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             geometry.append(("center", (int(size[0]), int(size[-1]))))
         elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip):
             geometry.append(("flip", 2 if "Horizontal" in kind else 1, float(op.p)))
-        elif cls in (T.RandomRotation, v2.RandomRotation):
+        elif cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine):
             try:
-                geometry.append(("rotate", rotation(op, tensor)))
+                geometry.append(("rotate", pillow_geometry(op, tensor)))
             except ValueError as e:  # (its message is the reason)
                 raise Unlowerable(str(e)) from None
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
-                              "RandomCrop, CenterCrop, Pad, flips, RandomRotation, ColorJitter, TrivialAugmentWide, "
-                              "RandAugment, AutoAugment, AugMix, the conversions, Normalize and RandomErasing there")
+                              "RandomCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, ColorJitter, "
+                              "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, the conversions, Normalize and "
+                              "RandomErasing there")
     return geometry, rest
 
 
@@ -239,15 +242,17 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
                 height, width = x.shape[1:3]
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
-        elif op[0] == "rotate":  # Pillow's rotate of each row, as torchvision's F.rotate calls it
+        elif op[0] == "rotate":  # each row as torchvision transforms the PIL image (F.rotate's, F.affine's call)
             from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
 
             rotate = op[1]
             x = np.array(x)
             one = x.shape[3] == 1
-            for k, angle in enumerate(angles(draws, n, *rotate.degrees).tolist()):
+            plans = [{"angle": a} for a in angles(draws, n, *rotate.degrees).tolist()] if isinstance(
+                rotate, Rotation) else rotate.plan(draws.rng().random((n, 6)))
+            for k, p in enumerate(plans):
                 img = Image.fromarray(x[k, :, :, 0] if one else x[k])
-                x[k] = np.asarray(rotate.on_pillow(img, {"angle": angle})).reshape(x[k].shape)
+                x[k] = np.asarray(rotate.on_pillow(img, p)).reshape(x[k].shape)
         else:  # flip
             flipped = draws.rng().random(n) < op[2]
             if flipped.any():

@@ -6,8 +6,8 @@ and reads its transform op by op (torchvision's v1 and v2 classes, each its exac
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment,
-AutoAugment, and RandomRotation: `_rotation`) that run as Pillow runs them (AugMix: `_augmix`,
-torchvision's kernels), the tensor steps after the conversion (ToTensor, PILToTensor, ToImage,
+AutoAugment, and RandomRotation and RandomAffine: `_rotation`) that run as Pillow runs them (AugMix:
+`_augmix`, torchvision's kernels), the tensor steps after the conversion (ToTensor, PILToTensor, ToImage,
 ToDtype, ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
 RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
 laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
@@ -27,7 +27,7 @@ from ..transforms.pil import FILTERS
 from ._augmix import augmix
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing
-from ._rotation import rotation
+from ._rotation import pillow_geometry
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
@@ -44,7 +44,7 @@ class Lowering:
     """The script's transform as fastdata runs it."""
 
     geometry: tuple  # fastdata geometric ops, in order
-    pixel_ops: tuple  # after the geometry: ColorJitter, TrivialAugment, RandAugment, AutoAugment, Rotation, AugMix
+    pixel_ops: tuple  # after the geometry: ColorJitter, the auto-augment ops, Rotation, Affine, AugMix
     resample: str  # the resize filter of every geometric op
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
@@ -307,9 +307,9 @@ def lower_transform(transform: Any) -> Lowering:
                 # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
                 pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
                                               (op.brightness, op.contrast, op.saturation, op.hue))))
-            elif cls in (T.RandomRotation, v2.RandomRotation, T.AugMix, v2.AugMix):  # (after the geometry: pixel ops)
-                try:
-                    pixel.append(augmix(op, domain) if kind == "AugMix" else rotation(op, domain != "pil"))
+            elif cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.AugMix, v2.AugMix):
+                try:  # (after the geometry: pixel ops)
+                    pixel.append(augmix(op, domain) if kind == "AugMix" else pillow_geometry(op, domain != "pil"))
                 except ValueError as e:  # (its message is the reason)
                     raise Unlowerable(str(e)) from None
             elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,

@@ -1,7 +1,9 @@
-"""`fastdata run`'s RandomRotation (torchvision's v1 and v2 classes) on the PIL image: read from
-the script's op (`rotation`), an angle drawn per sample, and Pillow's rotate of each image as
-torchvision's `F.rotate` calls it (`Rotation.on_pillow`). A folder's lowering runs it as a pixel
-op after the decoder's geometry (`_lowering`); an in-memory set's among its array ops (`_arrays`).
+"""`fastdata run`'s RandomRotation and RandomAffine (torchvision's v1 and v2 classes) on the PIL
+image: read from the script's op (`rotation`, `affine`; `pillow_geometry` takes either), the
+parameters drawn per sample, and each image transformed as torchvision transforms it: Pillow's
+rotate as `F.rotate` calls it (`Rotation.on_pillow`), torchvision's own `F.affine`
+(`Affine.on_pillow`). A folder's lowering runs them as pixel ops after the decoder's geometry
+(`_lowering`); an in-memory set's among its array ops (`_arrays`).
 """
 
 from __future__ import annotations
@@ -49,3 +51,78 @@ def rotation(op: Any, tensor: bool) -> Rotation:
                          "fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
     center = None if op.center is None else tuple(op.center)
     return Rotation((float(op.degrees[0]), float(op.degrees[1])), pil_modes_mapping[mode], center, op.fill)
+
+
+@dataclass(frozen=True)
+class Affine(fd.Op):
+    """torchvision's RandomAffine on the PIL image: per sample, as its `get_params` draws them
+    (float32, as torch's `uniform_` gives them), an angle in `degrees`, a translation of at most
+    `translate` of the image's width and height (whole pixels), a scale in `scale` and shears in
+    `shear` (x, then y where four are given); then torchvision's `F.affine` with them, the op's
+    interpolation, fill and center."""
+
+    degrees: tuple[float, float]
+    translate: tuple[float, float] | None
+    scale: tuple[float, float] | None
+    shear: tuple[float, ...] | None
+    mode: str  # torchvision's InterpolationMode's value
+    center: tuple | None
+    fill: int
+
+    def plan(self, u: Any) -> list[dict]:
+        import numpy as np
+
+        f32 = lambda r, x: np.float32(r[0] + (r[1] - r[0]) * x)  # noqa: E731
+        sh = self.shear
+        return [{"angle": float(f32(self.degrees, d[0])), "translate": (float(d[1]), float(d[2])),
+                 "scale": float(f32(self.scale, d[3])) if self.scale else 1.0,
+                 "shear": (float(f32(sh[:2], d[4])) if sh else 0.0, float(f32(sh[2:], d[5])) if sh and len(sh) == 4
+                           else 0.0)} for d in u]
+
+    def move(self, p: dict, size: tuple[int, int]) -> list[int]:
+        """The sample's translation on an image of `size` (w, h): whole pixels, of at most the
+        op's share of each side, as `get_params` rounds its draw."""
+        import numpy as np
+
+        if self.translate is None:
+            return [0, 0]
+        return [int(round(float(np.float32(-float(share * side) + 2 * float(share * side) * x))))
+                for share, side, x in zip(self.translate, size, p["translate"])]
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        import torchvision.transforms.functional as F
+        from torchvision.transforms import InterpolationMode
+
+        return F.affine(img, p["angle"], self.move(p, img.size), p["scale"], list(p["shear"]),
+                        interpolation=InterpolationMode(self.mode), fill=self.fill,
+                        center=None if self.center is None else list(self.center))
+
+
+def _mode(op: Any) -> Any:
+    """The op's interpolation as an InterpolationMode (v2 takes a name; v1's functional raises on one)."""
+    import torchvision.transforms.v2 as v2
+    from torchvision.transforms import InterpolationMode
+
+    mode = op.interpolation
+    return InterpolationMode(mode) if isinstance(mode, str) and isinstance(op, v2.Transform) else mode
+
+
+def affine(op: Any, tensor: bool) -> Affine:
+    """RandomAffine's lowering; ValueError, saying why, where there is none. On the PIL image only
+    (torchvision transforms a tensor with torch's grid sampling, not Pillow's), nearest, bilinear
+    or bicubic, a fill of one int."""
+    from torchvision.transforms import InterpolationMode
+
+    mode = _mode(op)
+    if tensor or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
+            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
+        raise ValueError(f"{type(op).__name__} on a tensor, with a fill other than one int or interpolation {mode}: "
+                         "fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
+    pair = lambda v: None if v is None else tuple(float(x) for x in v)  # noqa: E731
+    return Affine(pair(op.degrees), pair(op.translate), pair(op.scale), pair(op.shear), mode.value,
+                  None if op.center is None else tuple(op.center), op.fill)
+
+
+def pillow_geometry(op: Any, tensor: bool) -> Rotation | Affine:
+    """RandomRotation's or RandomAffine's lowering (ValueError, saying why, where there is none)."""
+    return affine(op, tensor) if "Affine" in type(op).__name__ else rotation(op, tensor)

@@ -41,7 +41,7 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
-from fastdata.run._rotation import Rotation  # noqa: E402
+from fastdata.run._rotation import Affine, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms._random import uniforms  # noqa: E402
@@ -256,6 +256,25 @@ def test_random_rotation_draws():
     assert -30 <= angles.min() and angles.max() <= 10 and angles.dtype == np.float64
     assert np.array_equal(angles, angles.astype(np.float32))  # float32 values, as torch's uniform_ gives
     assert_same_distribution("RandomRotation angle", tv_angles, angles)
+
+
+def test_random_affine_draws():
+    """RandomAffine's angle, translation (on a 300x200 image: whole pixels), scale and shears:
+    the distributions of torchvision's `get_params`, each in its range."""
+    tv_op = T.RandomAffine((-20, 10), translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-5, 5, -3, 8))
+    (op,) = lower_transform(T.Compose([tv_op, T.ToTensor()])).pixel_ops
+    assert isinstance(op, Affine)
+    torch.manual_seed(0)
+    tv = np.array([(a, *t, s, *sh) for a, t, s, sh in (
+        T.RandomAffine.get_params(tv_op.degrees, tv_op.translate, tv_op.scale, tv_op.shear, [300, 200])
+        for _ in range(N))])
+    (plan,) = plan_pixels([op], 7, 0, np.arange(N, dtype=np.int64))
+    ours = np.array([(p["angle"], *op.move(p, (300, 200)), p["scale"], *p["shear"]) for p in plan])
+    bounds = [(-20, 10), (-30, 30), (-40, 40), (0.8, 1.2), (-5, 5), (-3, 8)]
+    for k, name in enumerate(("angle", "translation x", "translation y", "scale", "shear x", "shear y")):
+        assert bounds[k][0] <= ours[:, k].min() and ours[:, k].max() <= bounds[k][1], name
+        assert_same_distribution(f"RandomAffine {name}", tv[:, k], ours[:, k])
+    assert np.array_equal(ours[:, 1:3], ours[:, 1:3].round())
 
 
 # ----------------------------------------------------------------- d. TrivialAugmentWide
@@ -622,14 +641,17 @@ def torchvision_magnitude(name: str, magnitude: float) -> float:
 
 
 def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None):
-    """torchvision's functional ops for fastdata's planned ColorJitter, TrivialAugmentWide and
-    RandomRotation parameters, as ColorJitter.forward, TrivialAugmentWide.forward and
-    RandomRotation.forward apply them (`rotate`: the script's rotation keywords); with
-    `tables`, TrivialAugmentWide's magnitude is torchvision's table's for the drawn bin, else
-    fastdata's."""
+    """torchvision's functional ops for fastdata's planned ColorJitter, TrivialAugmentWide,
+    RandomRotation and RandomAffine parameters, as ColorJitter.forward, TrivialAugmentWide.forward,
+    RandomRotation.forward and RandomAffine.forward apply them (`rotate`: the script's rotation
+    or affine keywords); with `tables`, TrivialAugmentWide's magnitude is torchvision's table's
+    for the drawn bin, else fastdata's."""
     for kind, p in pix:
         if kind == "rotate":
             img = F.rotate(img, p["angle"], **rotate)
+        elif kind == "affine":  # (the translation drawn as get_params draws it: test_random_affine_draws)
+            op, p = p
+            img = F.affine(img, p["angle"], op.move(p, img.size), p["scale"], list(p["shear"]), **rotate)
         elif kind == "jitter":
             for k in p["order"]:
                 name = ("brightness", "contrast", "saturation", "hue")[k]
@@ -733,6 +755,17 @@ def _configs():
                 (-10, 30), interpolation="bilinear", center=[60, 100], fill=9), v2.ColorJitter(0.3, 0.3, 0.3, 0.05), T.ToTensor()]),
             _rrc_ref(BICUBIC, post=[T.ToTensor()], rotate=dict(interpolation=BILINEAR, center=[60, 100], fill=9)),
             levels_float, [T.ToTensor()]),
+        "xii: RRC bicubic + flip + RandomAffine nearest + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.RandomHorizontalFlip(),
+                       T.RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1)), T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()], rotate=dict(interpolation=NEAREST, fill=0)), levels_u8,
+            [T.PILToTensor()]),
+        "xiii: v2 RRC bicubic + RandomAffine bilinear, shears, center and fill + ColorJitter + ToTensor": (
+            v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.RandomAffine(
+                (-15, 5), translate=(0.05, 0.2), shear=(-8, 8, -4, 4), interpolation="bilinear", center=[50, 90],
+                fill=7), v2.ColorJitter(0.3, 0.3, 0.3, 0.05), T.ToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.ToTensor()], rotate=dict(interpolation=BILINEAR, center=[50, 90], fill=7)),
+            levels_float, [T.ToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -774,7 +807,8 @@ def references(ds, decoder, indices, ref):
             continue
         x0, y0, x1, y1 = g.boxes[k]
         assert [x0, y0, x1, y1] == [round(v) for v in g.boxes[k]], "a first RandomResizedCrop's box is whole pixels"
-        pix = [("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial",
+        pix = [("affine", (op, plan[k])) if isinstance(op, Affine) else
+               ("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial",
                 plan[k]) for op, plan in zip(decoder.pixel_ops, plans)]
         out.append(ref(img, (int(x0), int(y0), int(x1 - x0), int(y1 - y0)), bool(g.flips[k]), pix))
     return torch.stack(out)
@@ -824,8 +858,9 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
 # measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0/0  v 0.063/35  vi 0.077/35  vii 0.098/42  x 0/0  xi 0/0
-# (viii is i's pipeline, ix iv's, each called through a preset object; x and xi rotate with
-# Pillow's rotate, as torchvision does, after Pillow's bicubic crop)
+# xii 0/0  xiii 0/0 (viii is i's pipeline, ix iv's, each called through a preset object; x and xi
+# rotate with Pillow's rotate, as torchvision does, xii and xiii with torchvision's F.affine, each
+# after Pillow's bicubic crop)
 TOLERANCE = {
     "i": (0.08, 40),
     "ii": (0.0, 0),
@@ -838,6 +873,8 @@ TOLERANCE = {
     "ix": (0.0, 0),
     "x": (0.0, 0),
     "xi": (0.0, 0),
+    "xii": (0.0, 0),
+    "xiii": (0.0, 0),
 }
 
 

@@ -289,7 +289,7 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
     from fastdata.run._decide import decide
 
     cases = [
-        (cifar(T.Compose([T.RandomAffine(15), T.ToTensor()])), "RandomAffine has no faithful lowering for an in-"),
+        (cifar(T.Compose([T.GaussianBlur(3), T.ToTensor()])), "GaussianBlur has no faithful lowering for an in-"),
         (cifar(T.Compose([T.ToTensor(), T.RandomRotation(15)])), "RandomRotation on a tensor"),
         (cifar(T.Compose([T.RandomRotation(15, expand=True), T.ToTensor()])), "with expand"),
         (cifar(T.Compose([T.AutoAugment(), T.RandomCrop(32, padding=4), T.ToTensor()])),
@@ -644,6 +644,62 @@ def test_random_rotation_is_torchvisions_rotate_for_the_angles_drawn(cifar, tv, 
     assert lo <= got.min() and got.max() <= hi
     for q in range(4):
         inside = int(((got >= lo + q * (hi - lo) / 4) & (got < lo + (q + 1) * (hi - lo) / 4)).sum())
+        _within(f"quarter {q}", inside, N, 0.25)
+    assert len({bytes(x.numpy()) for x in images}) > N // 2
+    loader._stop()
+
+
+@pytest.mark.parametrize("version", ["MNIST v1 nearest", "v2 bilinear, shears, fill and center"])
+def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv, roots, monkeypatch, version):
+    """RandomAffine (MNIST scripts' RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1))): each
+    served image is torchvision's own `F.affine` of the image for the parameters drawn, the
+    translation in whole pixels within the op's share of the image (test_random_affine_draws in
+    test_torchvision_faithful.py holds the draws to get_params' distributions)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    from PIL import Image
+
+    from fastdata.run._rotation import Affine
+
+    drawn = []
+    plan = Affine.plan
+
+    def recorded(self, u):
+        out = plan(self, u)
+        drawn.extend((self, p) for p in out)
+        return out
+
+    monkeypatch.setattr(Affine, "plan", recorded)
+    mnist = version.startswith("MNIST")
+    if mnist:
+        op = T.RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1))
+        call = dict(interpolation=T.InterpolationMode.NEAREST, fill=0)
+    else:
+        op = v2.RandomAffine((-20, 5), translate=(0.2, 0.1), shear=(-8, 8, -4, 4), interpolation="bilinear",
+                             center=[10, 20], fill=3)
+        call = dict(interpolation=T.InterpolationMode.BILINEAR, center=[10, 20], fill=3)
+    dataset = tv.datasets.MNIST(str(roots), transform=T.Compose([op, T.PILToTensor()])) if mnist else \
+        cifar(T.Compose([op, T.PILToTensor()]))
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=50)
+    assert loader._fastdata_lowering.in_memory
+    with natively_only():
+        images = torch.cat([x for x, _ in loader])
+    assert len(drawn) == N
+    side = 28 if mnist else 32
+    for k in range(0, N, 5):
+        img = Image.fromarray(dataset.data[k].numpy() if mnist else dataset.data[k])
+        lowered, p = drawn[k]
+        move = lowered.move(p, img.size)
+        assert abs(move[0]) <= round(op.translate[0] * side) and abs(move[1]) <= round(op.translate[1] * side), move
+        want = F.pil_to_tensor(F.affine(img, p["angle"], move, p["scale"], list(p["shear"]), **call))
+        assert torch.equal(images[k], want), (version, k, p)
+    angles = np.array([p["angle"] for _, p in drawn])
+    lo, hi = (-10, 10) if mnist else (-20, 5)
+    assert lo <= angles.min() and angles.max() <= hi
+    for q in range(4):
+        inside = int(((angles >= lo + q * (hi - lo) / 4) & (angles < lo + (q + 1) * (hi - lo) / 4)).sum())
         _within(f"quarter {q}", inside, N, 0.25)
     assert len({bytes(x.numpy()) for x in images}) > N // 2
     loader._stop()
