@@ -41,19 +41,21 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "crop"], default="imagenet")
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop"],
+                default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-if args.recipe in ("imagenet", "rotate", "crop"):
+if args.recipe in ("imagenet", "rotate", "affine", "crop"):
     transform = transforms.Compose([
         *([transforms.Resize(256), transforms.RandomCrop(224)] if args.recipe == "crop" else
           [transforms.RandomResizedCrop(224)]),
         transforms.RandomHorizontalFlip(),
         *([transforms.RandomRotation(15)] if args.recipe == "rotate" else []),
+        *([transforms.RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1))] if args.recipe == "affine" else []),
         transforms.ToTensor(),
         normalize,
     ])

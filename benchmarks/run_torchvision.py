@@ -15,6 +15,7 @@ With `--split` the script trains on a `random_split` of the folder (90%), a tuto
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
+with `--recipe affine` with RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1)) there (..._affine.json),
 with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
@@ -26,8 +27,8 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,crop}] [--mixup] [--ra-sampler]
-                                          [--json PATH]
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop}] [--mixup]
+                                          [--ra-sampler] [--json PATH]
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def main() -> int:
     ap.add_argument("--arch", default="none", help="the script's model (resnet18 on a GPU); none: the copy only")
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
-    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "crop"], default="imagenet",
+    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop"],
+                    default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
     ap.add_argument("--ra-sampler", action="store_true", help="the references' repeated-augmentation sampler")
