@@ -13,9 +13,9 @@ one torchvision's PIL pad calls for edge, reflect and symmetric; its constant pa
 expand, the same fill), windows cut at per-sample offsets, flips by mask, a rotation by Pillow's
 rotate of each row (the call torchvision makes), an affine map by torchvision's own `F.affine`;
 the pixel ops then run on each row as the folders' do (`transforms.pil`: torchvision's own
-Pillow calls; AugMix, its tensor kernels). The
-batch then takes the folders' way (`NativeFolder`'s collation, `Finish`'s lookup-table layout),
-so the values are torchvision's for the same crop offsets, flips and pixel-op parameters, drawn
+Pillow calls; AugMix, its tensor kernels). The batch then takes the folders' way
+(`NativeFolder`'s collation, `Finish`'s lookup-table layout), so the values are torchvision's
+for the same crop offsets, flips and pixel-op parameters, drawn
 from a seed per batch as the folders' are, and per sample by its place in the batch (a sample
 drawn twice into one batch, as a sampler with replacement may, gets two draws, as torchvision
 gives it).

@@ -6,9 +6,10 @@ and reads its transform op by op (torchvision's v1 and v2 classes, each its exac
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment,
-AutoAugment, and RandomRotation and RandomAffine: `_rotation`) that run as Pillow runs them (AugMix:
-`_augmix`, torchvision's kernels), the tensor steps after the conversion (ToTensor, PILToTensor, ToImage,
-ToDtype, ConvertImageDtype, Normalize), run with the very torch operations torchvision runs, and
+AutoAugment, and RandomRotation and RandomAffine: `_rotation`) that run as Pillow and
+torchvision run them (AugMix: `_augmix`, torchvision's kernels), the tensor steps after the
+conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with the
+very torch operations torchvision runs, and
 RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
 laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
 plain drop-in.
