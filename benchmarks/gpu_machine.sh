@@ -35,13 +35,14 @@ OUT=${OUT:+$(realpath "$OUT")}
 cd "$(dirname "$0")/.."
 WHEELS=(webdataset==1.0.2 braceexpand==0.1.7 kornia==0.9.0 kornia_rs==0.2.0)
 PY=${PY:-python3}
+# wheels for the lent machine's Python (PYVER, default 3.12) and glibc, as pip download and install take them
+FOR_THERE=(--only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp
+           --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
 case "${1:-}" in
 prepare)
-    ver=${PYVER:-3.12}
-    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$ver" --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl "${WHEELS[@]}"
+    "$PY" -m pip download -q --no-deps "${FOR_THERE[@]}" -d .whl "${WHEELS[@]}"
     du -sh .whl
     ;;
 run)
@@ -106,17 +107,12 @@ EOF
 dali-prepare)
     pin=$("$PY" -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dali'])")
     rm -rf .dali && mkdir -p .dali/wheels .dali/site
-    "$PY" -m pip download -q --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dali/wheels "$pin"
+    "$PY" -m pip download -q "${FOR_THERE[@]}" -d .dali/wheels "$pin"
     # (the machine has these)
     rm -f .dali/wheels/{numpy,packaging,pyyaml,PyYAML,six,typing_extensions,wheel}-*.whl
     # Installed here for that Python (pip unpacks wheels for another platform with --target),
     # and xz takes a third less than the wheels' zip: fewer parts, fewer calls of device time.
-    "$PY" -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "${PYVER:-3.12}" \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --target .dali/site .dali/wheels/*.whl
+    "$PY" -m pip install -q --no-deps --no-compile "${FOR_THERE[@]}" --target .dali/site .dali/wheels/*.whl
     tar -cf - -C .dali/site . | xz -T0 -6 | split -b "${PART_MB:-58}M" -d -a 2 - .dali/part-
     rm -rf .dali/wheels .dali/site
     (cd .dali && sha256sum part-* > SHA256SUMS)

@@ -34,7 +34,7 @@ import torch
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
-from ._rotation import Rotation, pillow_geometry
+from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder
 
 _MODES = ("constant", "edge", "reflect", "symmetric")
@@ -181,11 +181,6 @@ def _fill(op: Any, scaled: bool) -> tuple[int, str]:
     return fill, mode
 
 
-def angles(draws: "Draws", n: int, lo: float, hi: float) -> np.ndarray:
-    """n angles uniform in [lo, hi], in float32 as torch's `uniform_` gives RandomRotation's."""
-    return (lo + (hi - lo) * draws.rng().random(n)).astype(np.float32)
-
-
 class Draws:
     """A batch's random numbers: one seed from this process's torch RNG, drawn at its first use
     (torchvision draws nothing for a crop that cannot move), as the folders' (see NativeFolder)."""
@@ -248,9 +243,7 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             rotate = op[1]
             x = np.array(x)
             one = x.shape[3] == 1
-            plans = [{"angle": a} for a in angles(draws, n, *rotate.degrees).tolist()] if isinstance(
-                rotate, Rotation) else rotate.plan(draws.rng().random((n, 6)))
-            for k, p in enumerate(plans):
+            for k, p in enumerate(rotate.plan(draws.rng().random((n, 6)))):
                 img = Image.fromarray(x[k, :, :, 0] if one else x[k])
                 x[k] = np.asarray(rotate.on_pillow(img, p)).reshape(x[k].shape)
         else:  # flip

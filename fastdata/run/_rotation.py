@@ -34,21 +34,31 @@ class Rotation(fd.Op):
         return img.rotate(p["angle"], self.resample, False, self.center, fillcolor=fill)
 
 
-def rotation(op: Any, tensor: bool) -> Rotation:
-    """RandomRotation's lowering; ValueError, saying why, where there is none. On the PIL image
-    only (torchvision rotates a tensor with torch's grid sampling, not Pillow's), without expand
-    (the size would change by angle), nearest, bilinear or bicubic, a fill of one int."""
+def _pillow_mode(op: Any, tensor: bool) -> Any:
+    """The op's interpolation as an InterpolationMode (v2 takes a name; v1's functional raises on
+    one); ValueError, saying why, where fastdata does not lower the op: on a tensor (torchvision
+    transforms one with torch's grid sampling, not Pillow's), with `expand` (the size would change
+    with the angle), a fill other than one int, an interpolation other than nearest, bilinear or
+    bicubic."""
     import torchvision.transforms.v2 as v2
     from torchvision.transforms import InterpolationMode
+
+    mode = op.interpolation
+    if isinstance(mode, str) and isinstance(op, v2.Transform):
+        mode = InterpolationMode(mode)
+    if tensor or getattr(op, "expand", False) or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
+            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
+        expand = ", with expand" if hasattr(op, "expand") else ""
+        raise ValueError(f"{type(op).__name__} on a tensor{expand}, a fill other than one int or interpolation "
+                         f"{mode}: fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
+    return mode
+
+
+def rotation(op: Any, tensor: bool) -> Rotation:
+    """RandomRotation's lowering; ValueError, saying why, where there is none (`_pillow_mode`)."""
     from torchvision.transforms.functional import pil_modes_mapping
 
-    kind, mode = type(op).__name__, op.interpolation
-    if isinstance(mode, str) and type(op) is v2.RandomRotation:  # (v2 takes a name; v1's functional raises on one)
-        mode = InterpolationMode(mode)
-    if tensor or op.expand or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
-            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
-        raise ValueError(f"{kind} on a tensor, with expand, a fill other than one int or interpolation {mode}: "
-                         "fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
+    mode = _pillow_mode(op, tensor)
     center = None if op.center is None else tuple(op.center)
     return Rotation((float(op.degrees[0]), float(op.degrees[1])), pil_modes_mapping[mode], center, op.fill)
 
@@ -86,8 +96,8 @@ class Affine(fd.Op):
 
         if self.translate is None:
             return [0, 0]
-        return [int(round(float(np.float32(-float(share * side) + 2 * float(share * side) * x))))
-                for share, side, x in zip(self.translate, size, p["translate"])]
+        most = [float(share * side) for share, side in zip(self.translate, size)]
+        return [int(round(float(np.float32(-m + 2 * m * x)))) for m, x in zip(most, p["translate"])]
 
     def on_pillow(self, img: Any, p: dict) -> Any:
         import torchvision.transforms.functional as F
@@ -98,26 +108,9 @@ class Affine(fd.Op):
                         center=None if self.center is None else list(self.center))
 
 
-def _mode(op: Any) -> Any:
-    """The op's interpolation as an InterpolationMode (v2 takes a name; v1's functional raises on one)."""
-    import torchvision.transforms.v2 as v2
-    from torchvision.transforms import InterpolationMode
-
-    mode = op.interpolation
-    return InterpolationMode(mode) if isinstance(mode, str) and isinstance(op, v2.Transform) else mode
-
-
 def affine(op: Any, tensor: bool) -> Affine:
-    """RandomAffine's lowering; ValueError, saying why, where there is none. On the PIL image only
-    (torchvision transforms a tensor with torch's grid sampling, not Pillow's), nearest, bilinear
-    or bicubic, a fill of one int."""
-    from torchvision.transforms import InterpolationMode
-
-    mode = _mode(op)
-    if tensor or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
-            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
-        raise ValueError(f"{type(op).__name__} on a tensor, with a fill other than one int or interpolation {mode}: "
-                         "fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
+    """RandomAffine's lowering; ValueError, saying why, where there is none (`_pillow_mode`)."""
+    mode = _pillow_mode(op, tensor)
     pair = lambda v: None if v is None else tuple(float(x) for x in v)  # noqa: E731
     return Affine(pair(op.degrees), pair(op.translate), pair(op.scale), pair(op.shear), mode.value,
                   None if op.center is None else tuple(op.center), op.fill)

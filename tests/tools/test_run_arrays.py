@@ -597,6 +597,43 @@ def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, t
     assert "served natively: CIFAR10" in done.stderr
 
 
+def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool) -> tuple:
+    """MNIST's (or CIFAR's) set with `op` (a RandomRotation or RandomAffine) then PILToTensor,
+    one epoch served natively in batches of 50 from seed 0: (the set, its images, per sample the
+    lowered op and the parameters it drew)."""
+    import torchvision.transforms as T
+
+    from fastdata.run._rotation import Affine, Rotation
+
+    drawn = []
+    for cls in (Rotation, Affine):
+        def recorded(self, u, plan=cls.plan):
+            out = plan(self, u)
+            drawn.extend((self, p) for p in out)
+            return out
+
+        monkeypatch.setattr(cls, "plan", recorded)
+    dataset = tv.datasets.MNIST(str(roots), transform=T.Compose([op, T.PILToTensor()])) if mnist else \
+        cifar(T.Compose([op, T.PILToTensor()]))
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=50)
+    assert loader._fastdata_lowering.in_memory
+    with natively_only():
+        images = torch.cat([x for x, _ in loader])
+    loader._stop()
+    assert len(drawn) == N and len({bytes(x.numpy()) for x in images}) > N // 2
+    return dataset, images, drawn
+
+
+def _uniform_angles(drawn: list, lo: float, hi: float) -> None:
+    """The angles drawn lie in [lo, hi], a quarter of them in each quarter of it (binomial bounds)."""
+    got = np.array([p["angle"] for _, p in drawn])
+    assert lo <= got.min() and got.max() <= hi
+    for q in range(4):
+        inside = int(((got >= lo + q * (hi - lo) / 4) & (got < lo + (q + 1) * (hi - lo) / 4)).sum())
+        _within(f"quarter {q}", inside, N, 0.25)
+
+
 @pytest.mark.parametrize("version", ["v1 nearest", "v2 bilinear, fill and center", "MNIST v1 bicubic"])
 def test_random_rotation_is_torchvisions_rotate_for_the_angles_drawn(cifar, tv, roots, monkeypatch, version):
     """RandomRotation (weiaicunzai/pytorch-cifar100's recipe has RandomRotation(15)): each served
@@ -607,17 +644,6 @@ def test_random_rotation_is_torchvisions_rotate_for_the_angles_drawn(cifar, tv, 
     import torchvision.transforms.v2 as v2
     from PIL import Image
 
-    from fastdata.run import _arrays
-
-    drawn = []
-
-    def angles(*args):
-        out = _arrays.angles.__wrapped__(*args)
-        drawn.append(out)
-        return out
-
-    angles.__wrapped__ = _arrays.angles
-    monkeypatch.setattr(_arrays, "angles", angles)
     if version == "v1 nearest":
         op, call = T.RandomRotation(15), dict(interpolation=T.InterpolationMode.NEAREST, fill=0)
     elif version.startswith("v2"):
@@ -627,26 +653,13 @@ def test_random_rotation_is_torchvisions_rotate_for_the_angles_drawn(cifar, tv, 
         op, call = T.RandomRotation((-30, 5), T.InterpolationMode.BICUBIC), dict(
             interpolation=T.InterpolationMode.BICUBIC, fill=0)
     mnist = version.startswith("MNIST")
-    dataset = tv.datasets.MNIST(str(roots), transform=T.Compose([op, T.PILToTensor()])) if mnist else \
-        cifar(T.Compose([op, T.PILToTensor()]))
-    torch.manual_seed(0)
-    loader = _served(dataset, batch_size=50)
-    assert loader._fastdata_lowering.in_memory
-    with natively_only():
-        images = torch.cat([x for x, _ in loader])
-    got = np.concatenate(drawn)
-    assert len(got) == N
+    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist)
     for k in range(0, N, 5):
         img = Image.fromarray(dataset.data[k].numpy() if mnist else dataset.data[k])
-        want = F.pil_to_tensor(F.rotate(img, float(got[k]), **call))
-        assert torch.equal(images[k], want), (version, k, float(got[k]))
-    lo, hi = (-30, 5) if mnist else ((-10, 10) if version.startswith("v2") else (-15, 15))
-    assert lo <= got.min() and got.max() <= hi
-    for q in range(4):
-        inside = int(((got >= lo + q * (hi - lo) / 4) & (got < lo + (q + 1) * (hi - lo) / 4)).sum())
-        _within(f"quarter {q}", inside, N, 0.25)
-    assert len({bytes(x.numpy()) for x in images}) > N // 2
-    loader._stop()
+        angle = drawn[k][1]["angle"]
+        want = F.pil_to_tensor(F.rotate(img, angle, **call))
+        assert torch.equal(images[k], want), (version, k, angle)
+    _uniform_angles(drawn, *((-30, 5) if mnist else ((-10, 10) if version.startswith("v2") else (-15, 15))))
 
 
 @pytest.mark.parametrize("version", ["MNIST v1 nearest", "v2 bilinear, shears, fill and center"])
@@ -660,17 +673,6 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
     import torchvision.transforms.v2 as v2
     from PIL import Image
 
-    from fastdata.run._rotation import Affine
-
-    drawn = []
-    plan = Affine.plan
-
-    def recorded(self, u):
-        out = plan(self, u)
-        drawn.extend((self, p) for p in out)
-        return out
-
-    monkeypatch.setattr(Affine, "plan", recorded)
     mnist = version.startswith("MNIST")
     if mnist:
         op = T.RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1))
@@ -679,14 +681,7 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
         op = v2.RandomAffine((-20, 5), translate=(0.2, 0.1), shear=(-8, 8, -4, 4), interpolation="bilinear",
                              center=[10, 20], fill=3)
         call = dict(interpolation=T.InterpolationMode.BILINEAR, center=[10, 20], fill=3)
-    dataset = tv.datasets.MNIST(str(roots), transform=T.Compose([op, T.PILToTensor()])) if mnist else \
-        cifar(T.Compose([op, T.PILToTensor()]))
-    torch.manual_seed(0)
-    loader = _served(dataset, batch_size=50)
-    assert loader._fastdata_lowering.in_memory
-    with natively_only():
-        images = torch.cat([x for x, _ in loader])
-    assert len(drawn) == N
+    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist)
     side = 28 if mnist else 32
     for k in range(0, N, 5):
         img = Image.fromarray(dataset.data[k].numpy() if mnist else dataset.data[k])
@@ -695,11 +690,4 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
         assert abs(move[0]) <= round(op.translate[0] * side) and abs(move[1]) <= round(op.translate[1] * side), move
         want = F.pil_to_tensor(F.affine(img, p["angle"], move, p["scale"], list(p["shear"]), **call))
         assert torch.equal(images[k], want), (version, k, p)
-    angles = np.array([p["angle"] for _, p in drawn])
-    lo, hi = (-10, 10) if mnist else (-20, 5)
-    assert lo <= angles.min() and angles.max() <= hi
-    for q in range(4):
-        inside = int(((angles >= lo + q * (hi - lo) / 4) & (angles < lo + (q + 1) * (hi - lo) / 4)).sum())
-        _within(f"quarter {q}", inside, N, 0.25)
-    assert len({bytes(x.numpy()) for x in images}) > N // 2
-    loader._stop()
+    _uniform_angles(drawn, *((-10, 10) if mnist else (-20, 5)))
