@@ -7,8 +7,8 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
 flips, and on the PIL image RandomRotation and RandomAffine, each its exact torchvision class),
 then what the folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
-TrivialAugmentWide, RandAugment and AutoAugment on the PIL image, AugMix, the conversion,
-Normalize, RandomErasing). `gather` runs the geometry on a batch's rows at once: numpy's pad (the
+TrivialAugmentWide, RandAugment, AutoAugment, RandomGrayscale, GaussianBlur and a RandomApply of
+pixel ops on the PIL image, AugMix, the conversion, Normalize, RandomErasing). `gather` runs the geometry on a batch's rows at once: numpy's pad (the
 one torchvision's PIL pad calls for edge, reflect and symmetric; its constant pad is Pillow's
 expand, the same fill), windows cut at per-sample offsets, flips by mask, a rotation by Pillow's
 rotate of each row (the call torchvision makes), an affine map by torchvision's own `F.affine`;
@@ -114,7 +114,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if cls in (T.Normalize, v2.Normalize, T.RandomErasing, v2.RandomErasing, T.ColorJitter, v2.ColorJitter,
                    T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
-                   v2.AutoAugment, T.AugMix, v2.AugMix):
+                   v2.AutoAugment, T.AugMix, v2.AugMix, T.RandomGrayscale, v2.RandomGrayscale, T.GaussianBlur,
+                   v2.GaussianBlur, T.RandomApply, v2.RandomApply):
             closed = closed or kind
             rest.append(op)
             continue
@@ -149,8 +150,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
                               "RandomCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, ColorJitter, "
-                              "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, the conversions, Normalize and "
-                              "RandomErasing there")
+                              "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, RandomGrayscale, GaussianBlur, "
+                              "RandomApply of pixel ops, the conversions, Normalize and RandomErasing there")
     return geometry, rest
 
 

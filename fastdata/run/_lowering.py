@@ -5,14 +5,13 @@ torchvision's own image loader, or torch's `Subset` of one (what `random_split` 
 and reads its transform op by op (torchvision's v1 and v2 classes, each its exact class: a
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
-decoder applies in one pass, the pixel ops (ColorJitter, TrivialAugmentWide, RandAugment,
-AutoAugment, and RandomRotation and RandomAffine: `_rotation`) that run as Pillow and
-torchvision run them (AugMix: `_augmix`, torchvision's kernels), the tensor steps after the
-conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with the
-very torch operations torchvision runs, and
-RandomErasing on the tensor (`_erasing`: its rectangles drawn per sample, written over the
-laid-out batch). It gives the reason instead for anything else, and the loader falls back to the
-plain drop-in.
+decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
+RandAugment, AutoAugment, RandomRotation, RandomAffine, RandomGrayscale, GaussianBlur, a
+RandomApply of them, AugMix) that run as Pillow and torchvision run them, the tensor steps after
+the conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with
+the very torch operations torchvision runs, and RandomErasing on the tensor (`_erasing`: its
+rectangles drawn per sample, written over the laid-out batch). It gives the reason instead for
+anything else, and the loader falls back to the plain drop-in.
 """
 
 from __future__ import annotations
@@ -25,10 +24,9 @@ import torch
 
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
-from ._augmix import augmix
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing
-from ._rotation import pillow_geometry
+from ._pixels import interpolation, pixel_op
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
@@ -71,18 +69,6 @@ class Lowering:
             return bool(drawing or self.erasing) or any(op[0] in ("flip", "rotate") for op in self.geometry)
         return bool(drawing or self.erasing) or any(
             isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip, RandomCrop)) for op in self.geometry)
-
-
-class _TrivialAugmentV2(fd.TrivialAugment):
-    table = "v2"  # torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds
-
-
-class _RandAugmentV2(fd.RandAugment):
-    table = "v2"  # torchvision.transforms.v2's RandAugment: v1's, with v2's Solarize thresholds
-
-
-class _AutoAugmentV2(fd.AutoAugment):
-    table = "v2"  # torchvision.transforms.v2's AutoAugment: v1's, with v2's Solarize thresholds
 
 
 class Unlowerable(Exception):
@@ -195,24 +181,11 @@ def _no_lowering(op: Any) -> Unlowerable:
     return Unlowerable(why)
 
 
-def _mode(op: Any) -> Any:
-    """torchvision's InterpolationMode of an op's `interpolation`: the mode, one of PIL's integer
-    filters (v2 keeps an int as given, and reads it as PIL's), or (v2's only) its name; a name
-    given to a v1 op, whose functional ops raise on it, is not lowered."""
-    from torchvision.transforms import InterpolationMode
-
-    value = op.interpolation
-    if isinstance(value, str) and not type(op).__module__.startswith("torchvision.transforms.v2"):
-        raise Unlowerable(f"{type(op).__name__} with interpolation {value!r}, a string: torchvision's v1 ops raise; "
-                          "not lowered")
-    if isinstance(value, int) and not isinstance(value, bool):
-        pil = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
-        return InterpolationMode(pil.get(value, value))
-    return InterpolationMode(value)
-
-
 def _filter(op: Any, tensor: bool) -> str:
-    mode = _mode(op)
+    try:
+        mode = interpolation(op)
+    except ValueError as e:  # (its message is the reason)
+        raise Unlowerable(str(e)) from None
     if mode.value not in FILTERS:
         raise Unlowerable(f"{type(op).__name__} with interpolation {mode.value}: fastdata lowers bilinear, bicubic "
                           "and nearest")
@@ -302,34 +275,6 @@ def lower_transform(transform: Any) -> Lowering:
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
                 check_geometry(op)
                 geometry.append(fd.RandomHorizontalFlip(float(op.p)))
-            elif cls in (T.ColorJitter, v2.ColorJitter):
-                if domain != "pil":
-                    raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
-                # torchvision keeps each range as [lo, hi], None where it does nothing (0 here)
-                pixel.append(fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
-                                              (op.brightness, op.contrast, op.saturation, op.hue))))
-            elif cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.AugMix, v2.AugMix):
-                try:  # (after the geometry: pixel ops)
-                    pixel.append(augmix(op, domain) if kind == "AugMix" else pillow_geometry(op, domain != "pil"))
-                except ValueError as e:  # (its message is the reason)
-                    raise Unlowerable(str(e)) from None
-            elif cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
-                         v2.AutoAugment):
-                if domain != "pil":
-                    raise Unlowerable(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
-                sampling = _mode(op).value
-                if sampling not in ("nearest", "bilinear", "bicubic") or op.fill not in (None, 0, [0], (0,)):
-                    raise Unlowerable(f"{kind} with interpolation {sampling} or a fill other than 0: fastdata lowers "
-                                      "nearest, bilinear and bicubic, fill 0")
-                if cls in (T.AutoAugment, v2.AutoAugment):  # (its sub-policies, as the op holds them)
-                    policies = op.policies if cls is T.AutoAugment else op._policies
-                    pixel.append((_AutoAugmentV2 if cls is v2.AutoAugment else fd.AutoAugment)(policies, sampling))
-                elif cls in (T.RandAugment, v2.RandAugment):
-                    pixel.append((_RandAugmentV2 if cls is v2.RandAugment else fd.RandAugment)(
-                        op.num_ops, op.magnitude, op.num_magnitude_bins, sampling))
-                else:
-                    pixel.append((_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
-                        int(op.num_magnitude_bins), sampling))
             elif cls in to_tensor:
                 if domain != "pil" or steps:
                     raise Unlowerable(f"{kind} of a tensor: not lowered")
@@ -358,8 +303,14 @@ def lower_transform(transform: Any) -> Lowering:
                     erasing.append(lowered_erasing(op, cls is v2.RandomErasing, domain, len(steps)))
                 except ValueError as e:  # (its message is the reason)
                     raise Unlowerable(str(e)) from None
-            else:
-                raise _no_lowering(op)
+            else:  # (after the geometry: pixel ops)
+                try:
+                    lowered = pixel_op(op, domain)
+                except ValueError as e:  # (its message is the reason)
+                    raise Unlowerable(str(e)) from None
+                if lowered is None:
+                    raise _no_lowering(op)
+                pixel.append(lowered)
             if len(pixel) > len(pixel_names):
                 pixel_names.append(kind)
     except (ValueError, TypeError) as e:  # a parameter fastdata's op refuses

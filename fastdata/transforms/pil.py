@@ -150,9 +150,13 @@ def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
     """Runs the pixel ops on one HWC uint8 row in place (a row of the batch slot)."""
     from PIL import Image
 
+    row[...] = np.asarray(pixel_ops_on(Image.fromarray(row), ops, params))
+
+
+def pixel_ops_on(img, ops, params: list[dict]):
+    """The PIL image after the pixel ops, each with its sample's parameters."""
     from .ops import ColorJitter
 
-    img = Image.fromarray(row)
     for op, p in zip(ops, params):
         if isinstance(op, ColorJitter):
             img = color_jitter(img, p)
@@ -161,4 +165,4 @@ def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
         else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
             for one in p.get("ops", (p,)):
                 img = trivial_augment(img, one, op.interpolation)
-    row[...] = np.asarray(img)
+    return img

@@ -240,9 +240,11 @@ def rand_magnitude(name: str, bin_: int, bins: int, table: str, height: int, wid
 
 
 def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
-                size: tuple[int, int] | None = None) -> list[list[dict]]:
+                size: tuple[int, int] | None = None, stream: int = _PIXEL_STREAM) -> list[list[dict]]:
     """Per op, per sample: the parameters each engine applies (a dict per sample). `size`: the
-    images' (h, w), which RandAugment's and AutoAugment's translations are a fraction of."""
+    images' (h, w), which RandAugment's and AutoAugment's translations are a fraction of. Op k
+    draws from stream `stream + k`; the ops an op holds (`fastdata.run`'s RandomApply) from
+    streams of their own, `(stream + k) * 64` on, apart from every other op's."""
     from .ops import AutoAugment, ColorJitter, RandAugment, TrivialAugment
 
     plans = []
@@ -251,10 +253,10 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             if size is None:
                 raise ValueError(f"{type(op).__name__}'s plan needs the images' size")
             draws = 2 * op.num_ops if isinstance(op, RandAugment) else 1 + 2 * max(map(len, op.policies))
-            u = uniforms(seed, epoch, indices, _PIXEL_STREAM + k, draws)
+            u = uniforms(seed, epoch, indices, stream + k, draws)
             plans.append(_plan_rand(op, u, size) if isinstance(op, RandAugment) else _plan_auto(op, u, size))
             continue
-        u = uniforms(seed, epoch, indices, _PIXEL_STREAM + k, 8)
+        u = uniforms(seed, epoch, indices, stream + k, 8)
         if isinstance(op, ColorJitter):
             order = np.argsort(u[:, :4], axis=1)
             lerp = lambda r, x: r[0] + (r[1] - r[0]) * x  # noqa: E731
@@ -274,6 +276,10 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
                     mag = -mag
                 params.append({"op": name, "magnitude": mag})
             plans.append(params)
+        elif isinstance(getattr(op, "ops", None), tuple):  # ops applied together or not (`fastdata.run`'s)
+            if len(op.ops) > 64:
+                raise ValueError(f"{type(op).__name__} of {len(op.ops)} ops: at most 64")
+            plans.append(op.plan(u, plan_pixels(op.ops, seed, epoch, indices, size, (stream + k) * 64)))
         elif callable(getattr(op, "plan", None)):  # an op that plans itself from its draws (`fastdata.run`'s)
             plans.append(op.plan(u))
         else:

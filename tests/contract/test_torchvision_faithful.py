@@ -41,6 +41,7 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
+from fastdata.run._pixels import Blur, Chance, Grayscale  # noqa: E402
 from fastdata.run._rotation import Affine, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
@@ -275,6 +276,42 @@ def test_random_affine_draws():
         assert bounds[k][0] <= ours[:, k].min() and ours[:, k].max() <= bounds[k][1], name
         assert_same_distribution(f"RandomAffine {name}", tv[:, k], ours[:, k])
     assert np.array_equal(ours[:, 1:3], ours[:, 1:3].round())
+
+
+@pytest.mark.parametrize("M", [T, v2], ids=["v1", "v2"])
+def test_self_supervised_ops_draws(M):
+    """GaussianBlur's sigma: the distribution of torchvision's draw, float32, in its range; the
+    rates of RandomGrayscale and RandomApply, each op a RandomApply holds drawn apart from the
+    chance (its ColorJitter factors as a bare ColorJitter's) and from the other ops."""
+    chance, gray, blur = lower_transform(M.Compose([
+        M.RandomApply([M.ColorJitter(0.4, 0.4, 0.4, 0.1), M.GaussianBlur(5, (0.5, 3.0))], p=0.7),
+        M.RandomGrayscale(0.3), M.GaussianBlur(9, (0.2, 1.5)), T.ToTensor()])).pixel_ops
+    assert isinstance(chance, Chance) and isinstance(gray, Grayscale) and isinstance(blur, Blur)
+    assert chance.p == 0.7 and gray.p == 0.3 and blur.kernel == (9, 9) and blur.sigma == (0.2, 1.5)
+    jitter, inner_blur = chance.ops
+    torch.manual_seed(0)
+    tv_sigmas = np.array([torch.empty(1).uniform_(0.2, 1.5).item() for _ in range(N)])  # both versions' draw
+    tv_inner = np.array([torch.empty(1).uniform_(0.5, 3.0).item() for _ in range(N)])
+    tv_factors = np.array([T.ColorJitter.get_params(*(getattr(T.ColorJitter(0.4, 0.4, 0.4, 0.1), k) for k in (
+        "brightness", "contrast", "saturation", "hue")))[1:] for _ in range(N)], np.float64)
+    for seed in (0, 1):
+        plans = plan_pixels([chance, gray, blur], seed, 0, np.arange(N, dtype=np.int64))
+        applied = np.array([p["apply"] for p in plans[0]])
+        assert_rate(f"RandomApply, seed {seed}", int(applied.sum()), N, 0.7)
+        assert_rate(f"RandomGrayscale, seed {seed}", sum(p["gray"] for p in plans[1]), N, 0.3)
+        sigmas = np.array([p["sigma"] for p in plans[2]])
+        assert 0.2 <= sigmas.min() and sigmas.max() <= 1.5 and np.array_equal(sigmas, sigmas.astype(np.float32))
+        assert_same_distribution("GaussianBlur sigma", tv_sigmas, sigmas)
+        inner = [p["inner"] for p in plans[0]]
+        factors = np.array([[q[0][k] for k in ("brightness", "contrast", "saturation", "hue")] for q in inner])
+        for k, name in enumerate(("brightness", "contrast", "saturation", "hue")):
+            assert_same_distribution(f"ColorJitter {name} in a RandomApply", tv_factors[:, k], factors[:, k])
+        inner_sigmas = np.array([q[1]["sigma"] for q in inner])
+        assert_same_distribution("GaussianBlur sigma in a RandomApply", tv_inner, inner_sigmas)
+        # apart: the chance, the grayscale and the blurs are independent draws
+        gray_hits = np.array([p["gray"] for p in plans[1]])
+        assert_rate("RandomGrayscale where RandomApply applied", int(gray_hits[applied].sum()), int(applied.sum()), 0.3)
+        assert abs(np.corrcoef(sigmas, inner_sigmas)[0, 1]) < 0.05
 
 
 # ----------------------------------------------------------------- d. TrivialAugmentWide
@@ -642,12 +679,18 @@ def torchvision_magnitude(name: str, magnitude: float) -> float:
 
 def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None):
     """torchvision's functional ops for fastdata's planned ColorJitter, TrivialAugmentWide,
-    RandomRotation and RandomAffine parameters, as ColorJitter.forward, TrivialAugmentWide.forward,
-    RandomRotation.forward and RandomAffine.forward apply them (`rotate`: the script's rotation
-    or affine keywords); with `tables`, TrivialAugmentWide's magnitude is torchvision's table's
-    for the drawn bin, else fastdata's."""
+    RandomRotation, RandomAffine, RandomGrayscale, GaussianBlur and RandomApply parameters
+    (`_reference_op`), as the ops' `forward` apply them (`rotate`: the script's rotation or
+    affine keywords); with `tables`, TrivialAugmentWide's magnitude is torchvision's table's for
+    the drawn bin, else fastdata's."""
     for kind, p in pix:
-        if kind == "rotate":
+        if kind == "chance":  # (RandomApply: its ops, each with its parameters, where it applied)
+            img = apply_pixel_ops(img, p[1], tables, rotate) if p[0] else img
+        elif kind == "gray":
+            img = p[0].rgb_to_grayscale(img, 3) if p[1] else img
+        elif kind == "blur":
+            img = p[0].gaussian_blur(img, p[1], [p[2], p[2]])
+        elif kind == "rotate":
             img = F.rotate(img, p["angle"], **rotate)
         elif kind == "affine":  # (the translation drawn as get_params draws it: test_random_affine_draws)
             op, p = p
@@ -766,6 +809,16 @@ def _configs():
                 fill=7), v2.ColorJitter(0.3, 0.3, 0.3, 0.05), T.ToTensor()]),
             _rrc_ref(BICUBIC, post=[T.ToTensor()], rotate=dict(interpolation=BILINEAR, center=[50, 90], fill=7)),
             levels_float, [T.ToTensor()]),
+        "xiv: RRC bicubic + flip + SimCLR's RandomApply(ColorJitter), RandomGrayscale, GaussianBlur + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.RandomHorizontalFlip(),
+                       T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), T.RandomGrayscale(0.2),
+                       T.GaussianBlur(23), T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()]), levels_u8, [T.PILToTensor()]),
+        "xv: v2 RRC bicubic + RandomApply(ColorJitter, GaussianBlur (5, 9)), RandomGrayscale + ToTensor": (
+            v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.RandomApply(
+                [v2.Compose([v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.GaussianBlur((5, 9), (0.5, 3.0))])], p=0.6),
+                v2.RandomGrayscale(0.5), T.ToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.ToTensor()]), levels_float, [T.ToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -807,11 +860,24 @@ def references(ds, decoder, indices, ref):
             continue
         x0, y0, x1, y1 = g.boxes[k]
         assert [x0, y0, x1, y1] == [round(v) for v in g.boxes[k]], "a first RandomResizedCrop's box is whole pixels"
-        pix = [("affine", (op, plan[k])) if isinstance(op, Affine) else
-               ("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial",
-                plan[k]) for op, plan in zip(decoder.pixel_ops, plans)]
+        pix = [_reference_op(op, plan[k]) for op, plan in zip(decoder.pixel_ops, plans)]
         out.append(ref(img, (int(x0), int(y0), int(x1 - x0), int(y1 - y0)), bool(g.flips[k]), pix))
     return torch.stack(out)
+
+
+def _reference_op(op, p) -> tuple:
+    """(kind, parameters) of one of fastdata's pixel ops with a sample's plan, for
+    `apply_pixel_ops`: what torchvision's functional ops take (the functional of the op's
+    version, v1's or v2's, for RandomGrayscale and GaussianBlur)."""
+    if isinstance(op, Chance):
+        return ("chance", (p["apply"], [_reference_op(one, q) for one, q in zip(op.ops, p["inner"])]))
+    if isinstance(op, Grayscale):
+        return ("gray", (F2 if op.v2 else F, p["gray"]))
+    if isinstance(op, Blur):
+        return ("blur", (F2 if op.v2 else F, list(op.kernel), p["sigma"]))
+    if isinstance(op, Affine):
+        return ("affine", (op, p))
+    return ("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial", p)
 
 
 def compare(folder, name, target_transform=None) -> torch.Tensor:
@@ -858,9 +924,10 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
 # measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0/0  v 0.063/35  vi 0.077/35  vii 0.098/42  x 0/0  xi 0/0
-# xii 0/0  xiii 0/0 (viii is i's pipeline, ix iv's, each called through a preset object; x and xi
-# rotate with Pillow's rotate, as torchvision does, xii and xiii with torchvision's F.affine, each
-# after Pillow's bicubic crop)
+# xii 0/0  xiii 0/0  xiv 0/0  xv 0/0 (viii is i's pipeline, ix iv's, each called through a preset
+# object; x and xi rotate with Pillow's rotate, as torchvision does, xii and xiii with torchvision's
+# F.affine, xiv and xv blur and grey with torchvision's functional ops, each after Pillow's bicubic
+# crop)
 TOLERANCE = {
     "i": (0.08, 40),
     "ii": (0.0, 0),
@@ -875,6 +942,8 @@ TOLERANCE = {
     "xi": (0.0, 0),
     "xii": (0.0, 0),
     "xiii": (0.0, 0),
+    "xiv": (0.0, 0),
+    "xv": (0.0, 0),
 }
 
 

@@ -289,7 +289,10 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
     from fastdata.run._decide import decide
 
     cases = [
-        (cifar(T.Compose([T.GaussianBlur(3), T.ToTensor()])), "GaussianBlur has no faithful lowering for an in-"),
+        (cifar(T.Compose([T.RandomPerspective(), T.ToTensor()])), "RandomPerspective has no faithful lowering for an "),
+        (cifar(T.Compose([T.RandomApply([T.RandomCrop(32, padding=4)]), T.ToTensor()])),
+         "RandomCrop in a RandomApply"),
+        (cifar(T.Compose([T.ToTensor(), T.GaussianBlur(3)])), "GaussianBlur on a tensor image"),
         (cifar(T.Compose([T.ToTensor(), T.RandomRotation(15)])), "RandomRotation on a tensor"),
         (cifar(T.Compose([T.RandomRotation(15, expand=True), T.ToTensor()])), "with expand"),
         (cifar(T.Compose([T.AutoAugment(), T.RandomCrop(32, padding=4), T.ToTensor()])),
@@ -314,7 +317,7 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
         served, reason, _, lowering = decide((dataset,), {"batch_size": 8})
         assert served and lowering is None and words in reason and "not served natively" in reason, reason
     # the script's own samples and errors
-    mnist3 = cases[11][0]
+    mnist3 = cases[13][0]
     with pytest.raises(RuntimeError) as plain:
         next(iter(torch.utils.data.DataLoader(mnist3, batch_size=8)))
     with pytest.raises(RuntimeError) as got:
@@ -598,17 +601,18 @@ def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, t
 
 
 def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool) -> tuple:
-    """MNIST's (or CIFAR's) set with `op` (a RandomRotation or RandomAffine) then PILToTensor,
-    one epoch served natively in batches of 50 from seed 0: (the set, its images, per sample the
-    lowered op and the parameters it drew)."""
+    """MNIST's (or CIFAR's) set with `op` (a RandomRotation or RandomAffine, or a Compose of pixel
+    ops) then PILToTensor, one epoch served natively in batches of 50 from seed 0: (the set, its
+    images, per sample the lowered op and the parameters it drew, per op in turn in each batch)."""
     import torchvision.transforms as T
 
+    from fastdata.run._pixels import Blur, Chance, Grayscale
     from fastdata.run._rotation import Affine, Rotation
 
     drawn = []
-    for cls in (Rotation, Affine):
-        def recorded(self, u, plan=cls.plan):
-            out = plan(self, u)
+    for cls in (Rotation, Affine, Blur, Chance, Grayscale):
+        def recorded(self, *args, plan=cls.plan):
+            out = plan(self, *args)
             drawn.extend((self, p) for p in out)
             return out
 
@@ -621,7 +625,7 @@ def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool) -> tuple:
     with natively_only():
         images = torch.cat([x for x, _ in loader])
     loader._stop()
-    assert len(drawn) == N and len({bytes(x.numpy()) for x in images}) > N // 2
+    assert len(drawn) % N == 0 and drawn and len({bytes(x.numpy()) for x in images}) > N // 2
     return dataset, images, drawn
 
 
@@ -691,3 +695,40 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
         want = F.pil_to_tensor(F.affine(img, p["angle"], move, p["scale"], list(p["shear"]), **call))
         assert torch.equal(images[k], want), (version, k, p)
     _uniform_angles(drawn, *((-10, 10) if mnist else (-20, 5)))
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv, roots, monkeypatch, version):
+    """SimCLR's pixel ops on CIFAR (RandomApply of a ColorJitter, RandomGrayscale, GaussianBlur):
+    each served image is torchvision's own functional ops of the image for the parameters drawn,
+    the ColorJitter's factors in their order where its RandomApply applied, and each op applied
+    at its rate (binomial bounds)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    import torchvision.transforms.v2.functional as F2
+    from PIL import Image
+
+    M, Fv = (T, F) if version == "v1" else (v2, F2)
+    op = M.Compose([M.RandomApply([M.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), M.RandomGrayscale(0.2),
+                    M.GaussianBlur(3, (0.1, 2.0))])
+    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, False)
+    assert len(drawn) == 3 * N
+    by_op = [[p for k in range(0, 3 * N, 150) for _, p in drawn[k + 50 * j:k + 50 * (j + 1)]] for j in range(3)]
+    chance, gray, blur = by_op
+    adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    for k in range(0, N, 3):
+        img = Image.fromarray(dataset.data[k])
+        if chance[k]["apply"]:
+            jitter = chance[k]["inner"][0]
+            for j in jitter["order"]:
+                name = ("brightness", "contrast", "saturation", "hue")[j]
+                img = adjust[j](img, jitter[name])
+        img = Fv.rgb_to_grayscale(img, 3) if gray[k]["gray"] else img
+        img = Fv.gaussian_blur(img, [3, 3], [blur[k]["sigma"], blur[k]["sigma"]])
+        assert torch.equal(images[k], F.pil_to_tensor(img)), (version, k)
+    _within("RandomApply", sum(p["apply"] for p in chance), N, 0.8)
+    _within("RandomGrayscale", sum(p["gray"] for p in gray), N, 0.2)
+    sigmas = np.array([p["sigma"] for p in blur])
+    assert 0.1 <= sigmas.min() and sigmas.max() <= 2.0
+    _within("sigma below the middle", int((sigmas < 1.05).sum()), N, 0.5)

@@ -1,0 +1,177 @@
+"""`fastdata run`'s pixel ops: what runs on each image after the decoder's geometry.
+
+`pixel_op` reads one of torchvision's (v1 and v2 classes, each its exact class) into fastdata's
+op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them), RandomRotation
+and RandomAffine (`_rotation`), AugMix (`_augmix`), and, here, the self-supervised recipes' ops
+(SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a grayscale, a blur):
+RandomGrayscale (`Grayscale`), GaussianBlur (`Blur`) and RandomApply of pixel ops (`Chance`).
+Their parameters are drawn per sample, and each image is computed by torchvision's own functions
+with them (`F.rgb_to_grayscale`, `F.gaussian_blur`, v1's for v1's op, v2's for v2's): the draws
+are fastdata's, the pixels torchvision's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..transforms import ops as fd
+from ..transforms.pil import pixel_ops_on
+from ._augmix import augmix
+from ._rotation import pillow_geometry
+
+
+class _TrivialAugmentV2(fd.TrivialAugment):
+    table = "v2"  # torchvision.transforms.v2's TrivialAugmentWide: v1's, with v2's Solarize thresholds
+
+
+class _RandAugmentV2(fd.RandAugment):
+    table = "v2"  # torchvision.transforms.v2's RandAugment: v1's, with v2's Solarize thresholds
+
+
+class _AutoAugmentV2(fd.AutoAugment):
+    table = "v2"  # torchvision.transforms.v2's AutoAugment: v1's, with v2's Solarize thresholds
+
+
+@dataclass(frozen=True)
+class Grayscale(fd.Op):
+    """torchvision's RandomGrayscale: with chance `p` per sample, `F.rgb_to_grayscale` keeping
+    the image's channels (what v1's `forward` and v2's `make_params` pass)."""
+
+    p: float
+    v2: bool
+
+    def plan(self, u: Any) -> list[dict]:
+        return [{"gray": bool(x < self.p)} for x in u[:, 0]]
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        return _functional(self.v2).rgb_to_grayscale(img, len(img.getbands())) if p["gray"] else img
+
+
+@dataclass(frozen=True)
+class Blur(fd.Op):
+    """torchvision's GaussianBlur: a sigma uniform in `sigma` per sample (float32, as torch's
+    `uniform_` gives it), the same in x and y, then `F.gaussian_blur` with the op's kernel."""
+
+    kernel: tuple[int, int]
+    sigma: tuple[float, float]
+    v2: bool
+
+    def plan(self, u: Any) -> list[dict]:
+        lo, hi = self.sigma
+        return [{"sigma": float(s)} for s in (lo + (hi - lo) * u[:, 0]).astype("float32")]
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        return _functional(self.v2).gaussian_blur(img, list(self.kernel), [p["sigma"], p["sigma"]])
+
+
+@dataclass(frozen=True)
+class Chance(fd.Op):
+    """torchvision's RandomApply of pixel ops: with chance `p` per sample, `ops` in turn, each
+    with the parameters drawn for it (`plan_pixels` draws them from streams of their own)."""
+
+    p: float
+    ops: tuple
+
+    def plan(self, u: Any, inner: list[list[dict]]) -> list[dict]:
+        return [{"apply": bool(x < self.p), "inner": [plan[i] for plan in inner]} for i, x in enumerate(u[:, 0])]
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        return pixel_ops_on(img, self.ops, p["inner"]) if p["apply"] else img
+
+
+def _functional(v2: bool) -> Any:
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2.functional as F2
+
+    return F2 if v2 else F
+
+
+def _on_pil(op: Any, tensor: bool) -> bool:
+    """Whether `op` is v2's; ValueError on a tensor (where fastdata does not lower it)."""
+    import torchvision.transforms.v2 as v2
+
+    if tensor:  # (only the PIL image's path is checked against torchvision's, bit for bit)
+        raise ValueError(f"{type(op).__name__} on a tensor image: fastdata lowers it on the PIL image")
+    return isinstance(op, v2.Transform)
+
+
+def grayscale(op: Any, tensor: bool) -> Grayscale:
+    """RandomGrayscale's lowering; ValueError, saying why, where there is none (on a tensor)."""
+    return Grayscale(float(op.p), _on_pil(op, tensor))
+
+
+def blur(op: Any, tensor: bool) -> Blur:
+    """GaussianBlur's lowering; ValueError, saying why, where there is none (on a tensor)."""
+    v2 = _on_pil(op, tensor)
+    kx, ky = (int(k) for k in op.kernel_size)
+    return Blur((kx, ky), (float(op.sigma[0]), float(op.sigma[1])), v2)
+
+
+def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
+    """fastdata's op for a pixel op of torchvision's on images of `domain` ("pil", "uint8" or
+    "float"), None for an op that is not one; ValueError, saying why, for one fastdata does not
+    lower (`within`: the RandomApply holding it, where any other op is refused too)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    kind, cls, tensor = type(op).__name__, type(op), domain != "pil"
+    if cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine):
+        return pillow_geometry(op, tensor)
+    if cls in (T.AugMix, v2.AugMix):
+        return augmix(op, domain)
+    if cls in (T.RandomGrayscale, v2.RandomGrayscale):
+        return grayscale(op, tensor)
+    if cls in (T.GaussianBlur, v2.GaussianBlur):
+        return blur(op, tensor)
+    if cls in (T.RandomApply, v2.RandomApply):
+        return Chance(float(op.p), tuple(pixel_op(one, domain, kind) for one in _opened(op.transforms)))
+    augment = cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
+                      v2.AutoAugment)
+    if (augment or cls in (T.ColorJitter, v2.ColorJitter)) and tensor:
+        raise ValueError(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
+    if cls in (T.ColorJitter, v2.ColorJitter):  # (torchvision keeps each range as [lo, hi], None for 0)
+        return fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
+                                (op.brightness, op.contrast, op.saturation, op.hue)))
+    if augment:
+        sampling = interpolation(op).value
+        if sampling not in ("nearest", "bilinear", "bicubic") or op.fill not in (None, 0, [0], (0,)):
+            raise ValueError(f"{kind} with interpolation {sampling} or a fill other than 0: fastdata lowers "
+                             "nearest, bilinear and bicubic, fill 0")
+        if cls in (T.AutoAugment, v2.AutoAugment):  # (its sub-policies, as the op holds them)
+            policies = op.policies if cls is T.AutoAugment else op._policies
+            return (_AutoAugmentV2 if cls is v2.AutoAugment else fd.AutoAugment)(policies, sampling)
+        if cls in (T.RandAugment, v2.RandAugment):
+            return (_RandAugmentV2 if cls is v2.RandAugment else fd.RandAugment)(
+                op.num_ops, op.magnitude, op.num_magnitude_bins, sampling)
+        return (_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
+            int(op.num_magnitude_bins), sampling)
+    if within:
+        raise ValueError(f"{kind} in a {within}: fastdata lowers a {within} of pixel ops on the PIL image "
+                         "(ColorJitter, RandomGrayscale, GaussianBlur, RandomRotation, RandomAffine, the "
+                         "auto-augments, AugMix)")
+    return None
+
+
+def _opened(transforms: Any) -> list:
+    """A RandomApply's ops in turn, a Compose among them opened."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    return [one for t in transforms for one in (_opened(t.transforms) if type(t) in (T.Compose, v2.Compose) else [t])]
+
+
+def interpolation(op: Any) -> Any:
+    """torchvision's InterpolationMode of an op's `interpolation`: the mode, one of PIL's integer
+    filters (v2 keeps an int as given, and reads it as PIL's), or (v2's only) its name; a name
+    given to a v1 op, whose functional ops raise on it, is a ValueError."""
+    from torchvision.transforms import InterpolationMode
+
+    value = op.interpolation
+    if isinstance(value, str) and not type(op).__module__.startswith("torchvision.transforms.v2"):
+        raise ValueError(f"{type(op).__name__} with interpolation {value!r}, a string: torchvision's v1 ops raise; "
+                         "not lowered")
+    if isinstance(value, int) and not isinstance(value, bool):
+        pil = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
+        return InterpolationMode(pil.get(value, value))
+    return InterpolationMode(value)
