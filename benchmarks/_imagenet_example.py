@@ -41,7 +41,7 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop"],
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -49,7 +49,17 @@ args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-if args.recipe in ("imagenet", "rotate", "affine", "crop"):
+if args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in torchvision's ops
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(224),
+        transforms.RandomHorizontalFlip(),
+        transforms.RandomApply([transforms.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([transforms.GaussianBlur(23, sigma=(0.1, 2.0))], p=0.5),
+        transforms.ToTensor(),
+        normalize,
+    ])
+elif args.recipe in ("imagenet", "rotate", "affine", "crop"):
     transform = transforms.Compose([
         *([transforms.Resize(256), transforms.RandomCrop(224)] if args.recipe == "crop" else
           [transforms.RandomResizedCrop(224)]),
