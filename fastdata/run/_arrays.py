@@ -8,10 +8,11 @@ tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizont
 flips, and on the PIL image RandomRotation and RandomAffine, each its exact torchvision class),
 then what the folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
 TrivialAugmentWide, RandAugment, AutoAugment, RandomGrayscale, GaussianBlur and a RandomApply of
-pixel ops on the PIL image, AugMix, the conversion, Normalize, RandomErasing). `gather` runs the geometry on a batch's rows at once: numpy's pad (the
-one torchvision's PIL pad calls for edge, reflect and symmetric; its constant pad is Pillow's
-expand, the same fill), windows cut at per-sample offsets, flips by mask, a rotation by Pillow's
-rotate of each row (the call torchvision makes), an affine map by torchvision's own `F.affine`;
+pixel ops on the PIL image, AugMix, the conversion, Normalize, RandomErasing). `gather` runs the
+geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for edge,
+reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut at
+per-sample offsets, flips by mask, a rotation by Pillow's rotate of each row (the call
+torchvision makes), an affine map by torchvision's own `F.affine`;
 the pixel ops then run on each row as the folders' do (`transforms.pil`: torchvision's own
 Pillow calls; AugMix, its tensor kernels). The batch then takes the folders' way
 (`NativeFolder`'s collation, `Finish`'s lookup-table layout), so the values are torchvision's

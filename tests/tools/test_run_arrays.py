@@ -317,7 +317,7 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
         served, reason, _, lowering = decide((dataset,), {"batch_size": 8})
         assert served and lowering is None and words in reason and "not served natively" in reason, reason
     # the script's own samples and errors
-    mnist3 = cases[13][0]
+    mnist3 = next(dataset for dataset, words in cases if words.startswith("3 means"))
     with pytest.raises(RuntimeError) as plain:
         next(iter(torch.utils.data.DataLoader(mnist3, batch_size=8)))
     with pytest.raises(RuntimeError) as got:
@@ -714,6 +714,7 @@ def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv
                     M.GaussianBlur(3, (0.1, 2.0))])
     dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, False)
     assert len(drawn) == 3 * N
+    # each batch of 50 draws RandomApply's, then RandomGrayscale's, then GaussianBlur's
     by_op = [[p for k in range(0, 3 * N, 150) for _, p in drawn[k + 50 * j:k + 50 * (j + 1)]] for j in range(3)]
     chance, gray, blur = by_op
     adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
