@@ -7,8 +7,9 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
 flips, and on the PIL image RandomRotation and RandomAffine, each its exact torchvision class),
 then what the folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
-TrivialAugmentWide, RandAugment, AutoAugment, RandomGrayscale, GaussianBlur and a RandomApply of
-pixel ops on the PIL image, AugMix, the conversion, Normalize, RandomErasing). `gather` runs the
+TrivialAugmentWide, RandAugment, AutoAugment, GaussianBlur, RandomGrayscale and the other Random*
+photometric ops, a RandomApply of pixel ops on the PIL image, AugMix, the conversion, Normalize,
+RandomErasing). `gather` runs the
 geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for edge,
 reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut at
 per-sample offsets, flips by mask, a rotation by Pillow's rotate of each row (the call
@@ -35,6 +36,7 @@ import torch
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
+from ._pixels import CALLS
 from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder
 
@@ -107,6 +109,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
     geometry: list = []
     rest: list = []
     scaled, tensor, closed = False, False, ""
+    # the Random* ops of one functional call but the flip (geometry here): RandomGrayscale, RandomSolarize, ...
+    photometric = tuple(getattr(M, kind) for kind in CALLS if "Flip" not in kind for M in (T, v2))
     for op in ops:
         cls, kind = type(op), type(op).__name__
         if cls in keeping or cls in scaling:
@@ -115,8 +119,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if cls in (T.Normalize, v2.Normalize, T.RandomErasing, v2.RandomErasing, T.ColorJitter, v2.ColorJitter,
                    T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
-                   v2.AutoAugment, T.AugMix, v2.AugMix, T.RandomGrayscale, v2.RandomGrayscale, T.GaussianBlur,
-                   v2.GaussianBlur, T.RandomApply, v2.RandomApply):
+                   v2.AutoAugment, T.AugMix, v2.AugMix, T.GaussianBlur, v2.GaussianBlur, T.RandomApply,
+                   v2.RandomApply, *photometric):
             closed = closed or kind
             rest.append(op)
             continue
@@ -151,8 +155,9 @@ def _split(ops: list, name: str) -> tuple[list, list]:
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
                               "RandomCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, ColorJitter, "
-                              "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, RandomGrayscale, GaussianBlur, "
-                              "RandomApply of pixel ops, the conversions, Normalize and RandomErasing there")
+                              "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, GaussianBlur, RandomGrayscale "
+                              "and the other Random* photometric ops, RandomApply of pixel ops, the conversions, "
+                              "Normalize and RandomErasing there")
     return geometry, rest
 
 

@@ -6,8 +6,9 @@ and reads its transform op by op (torchvision's v1 and v2 classes, each its exac
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
-RandAugment, AutoAugment, RandomRotation, RandomAffine, RandomGrayscale, GaussianBlur, a
-RandomApply of them, AugMix) that run as Pillow and torchvision run them, the tensor steps after
+RandAugment, AutoAugment, RandomRotation, RandomAffine, GaussianBlur, RandomGrayscale,
+RandomVerticalFlip and the other Random* ops of one functional call, a RandomApply of them,
+AugMix) that run as Pillow and torchvision run them, the tensor steps after
 the conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with
 the very torch operations torchvision runs, and RandomErasing on the tensor (`_erasing`: its
 rectangles drawn per sample, written over the laid-out batch). It gives the reason instead for
@@ -232,7 +233,9 @@ def lower_transform(transform: Any) -> Lowering:
                                            v2.RandomHorizontalFlip)):
             raise Unlowerable(f"{type(op).__name__} after {padding} on images of sizes not known to fit it: "
                               "torchvision blends the padding's edge into the resize")
-        if pixel:
+        # (a horizontal flip commutes with vertical ones: the decoder's may come first)
+        if pixel and not (type(op) in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip) and all(
+                getattr(one, "call", "") == "vflip" for one in pixel)):
             raise Unlowerable(f"{type(op).__name__} after {pixel_names[-1]}: fastdata's decoder applies the "
                               "geometry first")
         if erasing:

@@ -3,11 +3,13 @@
 `pixel_op` reads one of torchvision's (v1 and v2 classes, each its exact class) into fastdata's
 op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them), RandomRotation
 and RandomAffine (`_rotation`), AugMix (`_augmix`), and, here, the self-supervised recipes' ops
-(SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a grayscale, a blur):
-RandomGrayscale (`Grayscale`), GaussianBlur (`Blur`) and RandomApply of pixel ops (`Chance`).
-Their parameters are drawn per sample, and each image is computed by torchvision's own functions
-with them (`F.rgb_to_grayscale`, `F.gaussian_blur`, v1's for v1's op, v2's for v2's): the draws
-are fastdata's, the pixels torchvision's.
+(SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a grayscale, a blur, a
+solarization) and the other Random* ops of one functional call: RandomGrayscale,
+RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize, RandomAdjustSharpness,
+RandomAutocontrast and RandomEqualize (`RandomCall`), GaussianBlur (`Blur`) and RandomApply of
+pixel ops (`Chance`). Their parameters are drawn per sample, and each image is computed by
+torchvision's own functions with them (`F.rgb_to_grayscale`, `F.gaussian_blur`, ..., v1's for
+v1's op, v2's for v2's): the draws are fastdata's, the pixels torchvision's.
 """
 
 from __future__ import annotations
@@ -33,19 +35,32 @@ class _AutoAugmentV2(fd.AutoAugment):
     table = "v2"  # torchvision.transforms.v2's AutoAugment: v1's, with v2's Solarize thresholds
 
 
+# torchvision's Random* ops of one functional call, each applied with chance `p`: the call, and the
+# op's attributes that are its arguments. RandomGrayscale passes the image's channels, 3 wherever
+# fastdata runs pixel ops (RGB folders, 3-channel arrays).
+CALLS = {"RandomGrayscale": ("rgb_to_grayscale", (), (3,)), "RandomVerticalFlip": ("vflip", (), ()),
+          "RandomInvert": ("invert", (), ()), "RandomPosterize": ("posterize", ("bits",), ()),
+          "RandomSolarize": ("solarize", ("threshold",), ()),
+          "RandomAdjustSharpness": ("adjust_sharpness", ("sharpness_factor",), ()),
+          "RandomAutocontrast": ("autocontrast", (), ()), "RandomEqualize": ("equalize", (), ())}
+
+
 @dataclass(frozen=True)
-class Grayscale(fd.Op):
-    """torchvision's RandomGrayscale: with chance `p` per sample, `F.rgb_to_grayscale` keeping
-    the image's channels (what v1's `forward` and v2's `make_params` pass)."""
+class RandomCall(fd.Op):
+    """One of torchvision's Random* ops of one functional call (`CALLS`: RandomGrayscale,
+    RandomVerticalFlip, RandomSolarize, ...): with chance `p` per sample, the call of the op's
+    version's functional module with the op's arguments, as its `forward` makes it."""
 
     p: float
+    call: str
+    args: tuple
     v2: bool
 
     def plan(self, u: Any) -> list[dict]:
-        return [{"gray": bool(x < self.p)} for x in u[:, 0]]
+        return [{"apply": bool(x < self.p)} for x in u[:, 0]]
 
     def on_pillow(self, img: Any, p: dict) -> Any:
-        return _functional(self.v2).rgb_to_grayscale(img, len(img.getbands())) if p["gray"] else img
+        return getattr(_functional(self.v2), self.call)(img, *self.args) if p["apply"] else img
 
 
 @dataclass(frozen=True)
@@ -96,9 +111,11 @@ def _on_pil(op: Any, tensor: bool) -> bool:
     return isinstance(op, v2.Transform)
 
 
-def grayscale(op: Any, tensor: bool) -> Grayscale:
-    """RandomGrayscale's lowering; ValueError, saying why, where there is none (on a tensor)."""
-    return Grayscale(float(op.p), _on_pil(op, tensor))
+def random_call(op: Any, tensor: bool) -> RandomCall:
+    """The lowering of one of `CALLS`' ops; ValueError, saying why, where there is none (on a tensor)."""
+    call, names, constant = CALLS[type(op).__name__]
+    v2 = _on_pil(op, tensor)
+    return RandomCall(float(op.p), call, tuple(getattr(op, name) for name in names) + constant, v2)
 
 
 def blur(op: Any, tensor: bool) -> Blur:
@@ -120,8 +137,8 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
         return pillow_geometry(op, tensor)
     if cls in (T.AugMix, v2.AugMix):
         return augmix(op, domain)
-    if cls in (T.RandomGrayscale, v2.RandomGrayscale):
-        return grayscale(op, tensor)
+    if kind in CALLS and cls in (getattr(T, kind), getattr(v2, kind)):
+        return random_call(op, tensor)
     if cls in (T.GaussianBlur, v2.GaussianBlur):
         return blur(op, tensor)
     if cls in (T.RandomApply, v2.RandomApply):
@@ -148,8 +165,8 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
             int(op.num_magnitude_bins), sampling)
     if within:
         raise ValueError(f"{kind} in a {within}: fastdata lowers a {within} of pixel ops on the PIL image "
-                         "(ColorJitter, RandomGrayscale, GaussianBlur, RandomRotation, RandomAffine, the "
-                         "auto-augments, AugMix)")
+                         "(ColorJitter, GaussianBlur, RandomGrayscale and torchvision's other Random* photometric "
+                         "ops, RandomRotation, RandomAffine, the auto-augments, AugMix)")
     return None
 
 

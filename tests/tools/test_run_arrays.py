@@ -606,11 +606,11 @@ def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool) -> tuple:
     images, per sample the lowered op and the parameters it drew, per op in turn in each batch)."""
     import torchvision.transforms as T
 
-    from fastdata.run._pixels import Blur, Chance, Grayscale
+    from fastdata.run._pixels import Blur, Chance, RandomCall
     from fastdata.run._rotation import Affine, Rotation
 
     drawn = []
-    for cls in (Rotation, Affine, Blur, Chance, Grayscale):
+    for cls in (Rotation, Affine, Blur, Chance, RandomCall):
         def recorded(self, *args, plan=cls.plan):
             out = plan(self, *args)
             drawn.extend((self, p) for p in out)
@@ -699,10 +699,10 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv, roots, monkeypatch, version):
-    """SimCLR's pixel ops on CIFAR (RandomApply of a ColorJitter, RandomGrayscale, GaussianBlur):
-    each served image is torchvision's own functional ops of the image for the parameters drawn,
-    the ColorJitter's factors in their order where its RandomApply applied, and each op applied
-    at its rate (binomial bounds)."""
+    """SimCLR's and BYOL's pixel ops on CIFAR (RandomApply of a ColorJitter, RandomGrayscale,
+    GaussianBlur, RandomSolarize): each served image is torchvision's own functional ops of the
+    image for the parameters drawn, the ColorJitter's factors in their order where its RandomApply
+    applied, and each op applied at its rate (binomial bounds)."""
     import torchvision.transforms as T
     import torchvision.transforms.functional as F
     import torchvision.transforms.v2 as v2
@@ -711,12 +711,12 @@ def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv
 
     M, Fv = (T, F) if version == "v1" else (v2, F2)
     op = M.Compose([M.RandomApply([M.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), M.RandomGrayscale(0.2),
-                    M.GaussianBlur(3, (0.1, 2.0))])
+                    M.GaussianBlur(3, (0.1, 2.0)), M.RandomSolarize(128, 0.3)])
     dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, False)
-    assert len(drawn) == 3 * N
-    # each batch of 50 draws RandomApply's, then RandomGrayscale's, then GaussianBlur's
-    by_op = [[p for k in range(0, 3 * N, 150) for _, p in drawn[k + 50 * j:k + 50 * (j + 1)]] for j in range(3)]
-    chance, gray, blur = by_op
+    assert len(drawn) == 4 * N
+    # each batch of 50 draws RandomApply's, RandomGrayscale's, GaussianBlur's, then RandomSolarize's
+    by_op = [[p for k in range(0, 4 * N, 200) for _, p in drawn[k + 50 * j:k + 50 * (j + 1)]] for j in range(4)]
+    chance, gray, blur, solarize = by_op
     adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
     for k in range(0, N, 3):
         img = Image.fromarray(dataset.data[k])
@@ -725,11 +725,13 @@ def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv
             for j in jitter["order"]:
                 name = ("brightness", "contrast", "saturation", "hue")[j]
                 img = adjust[j](img, jitter[name])
-        img = Fv.rgb_to_grayscale(img, 3) if gray[k]["gray"] else img
+        img = Fv.rgb_to_grayscale(img, 3) if gray[k]["apply"] else img
         img = Fv.gaussian_blur(img, [3, 3], [blur[k]["sigma"], blur[k]["sigma"]])
+        img = Fv.solarize(img, 128) if solarize[k]["apply"] else img
         assert torch.equal(images[k], F.pil_to_tensor(img)), (version, k)
     _within("RandomApply", sum(p["apply"] for p in chance), N, 0.8)
-    _within("RandomGrayscale", sum(p["gray"] for p in gray), N, 0.2)
+    _within("RandomGrayscale", sum(p["apply"] for p in gray), N, 0.2)
+    _within("RandomSolarize", sum(p["apply"] for p in solarize), N, 0.3)
     sigmas = np.array([p["sigma"] for p in blur])
     assert 0.1 <= sigmas.min() and sigmas.max() <= 2.0
     _within("sigma below the middle", int((sigmas < 1.05).sum()), N, 0.5)

@@ -151,6 +151,8 @@ def _fallbacks(tv):
             T.RandomApply([T.RandomResizedCrop(32)]), T.ToTensor()])), {}), "RandomResizedCrop in a RandomApply"),
         ("GaussianBlur on a tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.GaussianBlur(3)])), {}),
          "GaussianBlur on a tensor image"),
+        ("a crop after a vertical flip", lambda r: (ImageFolder(r, T.Compose([T.RandomVerticalFlip(), *train])), {}),
+         "RandomResizedCrop after RandomVerticalFlip"),
         ("a rotation before the crop", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10), *train])), {}),
          "RandomResizedCrop after RandomRotation"),
         ("a rotation with expand", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10, expand=True),
