@@ -36,7 +36,7 @@ import torch
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
-from ._pixels import CALLS
+from ._pixels import CALLS, flip_commutes, pixel_op
 from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder
 
@@ -108,9 +108,12 @@ def _split(ops: list, name: str) -> tuple[list, list]:
     scaling = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor), T.ConvertImageDtype, v2.ToDtype)
     geometry: list = []
     rest: list = []
-    scaled, tensor, closed = False, False, ""
+    # `closed`: the first op after which no geometry may come; `pinned`: the first after which no flip
+    # may come either (a flip commutes with Normalize and with the pixel ops `flip_commutes` names)
+    scaled, tensor, closed, pinned = False, False, "", ""
     # the Random* ops of one functional call but the flip (geometry here): RandomGrayscale, RandomSolarize, ...
     photometric = tuple(getattr(M, kind) for kind in CALLS if "Flip" not in kind for M in (T, v2))
+    flips = (T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip)
     for op in ops:
         cls, kind = type(op), type(op).__name__
         if cls in keeping or cls in scaling:
@@ -122,13 +125,14 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                    v2.AutoAugment, T.AugMix, v2.AugMix, T.GaussianBlur, v2.GaussianBlur, T.RandomApply,
                    v2.RandomApply, *photometric):
             closed = closed or kind
+            pinned = pinned or ("" if cls in (T.Normalize, v2.Normalize) or _flip_commutes(op) else kind)
             rest.append(op)
             continue
-        if closed and cls in (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad,
-                              T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip,
-                              v2.RandomVerticalFlip, T.RandomRotation, v2.RandomRotation, T.RandomAffine,
-                              v2.RandomAffine):
-            raise Unlowerable(f"{kind} after {closed}: not lowered for an in-memory dataset")
+        if (pinned if cls in flips else closed) and cls in (
+                T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, *flips, T.RandomRotation,
+                v2.RandomRotation, T.RandomAffine, v2.RandomAffine):
+            raise Unlowerable(f"{kind} after {pinned if cls in flips else closed}: not lowered for an in-memory "
+                              "dataset")
         if cls is v2.RandomCrop:  # one pad: the padding (kept as left, right, top, bottom) and the shortfall
             pad = (op.padding[0], op.padding[2], op.padding[1], op.padding[3]) if op.padding else (0, 0, 0, 0)
             if any(pad) or op.pad_if_needed:
@@ -159,6 +163,15 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                               "and the other Random* photometric ops, RandomApply of pixel ops, the conversions, "
                               "Normalize and RandomErasing there")
     return geometry, rest
+
+
+def _flip_commutes(op: Any) -> bool:
+    """Whether torchvision's pixel op `op` commutes with a flip (`_pixels.flip_commutes`)."""
+    try:
+        lowered = pixel_op(op, "pil")
+    except ValueError:  # (one fastdata does not lower: the lowering says why later)
+        return False
+    return lowered is not None and flip_commutes(lowered)
 
 
 def _ltrb(padding: Any) -> tuple[int, int, int, int]:

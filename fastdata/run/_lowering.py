@@ -27,7 +27,7 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing
-from ._pixels import interpolation, pixel_op
+from ._pixels import flip_commutes, interpolation, pixel_op
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
@@ -233,9 +233,9 @@ def lower_transform(transform: Any) -> Lowering:
                                            v2.RandomHorizontalFlip)):
             raise Unlowerable(f"{type(op).__name__} after {padding} on images of sizes not known to fit it: "
                               "torchvision blends the padding's edge into the resize")
-        # (a horizontal flip commutes with vertical ones: the decoder's may come first)
+        # (a horizontal flip after pixel ops that commute with it: the decoder's may come first)
         if pixel and not (type(op) in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip) and all(
-                getattr(one, "call", "") == "vflip" for one in pixel)):
+                flip_commutes(one) for one in pixel)):
             raise Unlowerable(f"{type(op).__name__} after {pixel_names[-1]}: fastdata's decoder applies the "
                               "geometry first")
         if erasing:

@@ -170,6 +170,18 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     return None
 
 
+def flip_commutes(op: fd.Op) -> bool:
+    """Whether a flip before the pixel op gives the image the op then the flip gives, exactly:
+    each output pixel a function of its own input pixel and of statistics of the whole image
+    (ColorJitter, whose contrast takes the image's mean; a grayscale, solarization, posterization,
+    inversion, autocontrast, equalization; a vertical flip, which commutes with a horizontal one),
+    or a RandomApply of such ops. A sharpness adjustment or a blur sums neighbours in an order a
+    flip reverses, which may round otherwise."""
+    if isinstance(op, Chance):
+        return all(flip_commutes(one) for one in op.ops)
+    return isinstance(op, fd.ColorJitter) or (isinstance(op, RandomCall) and op.call != "adjust_sharpness")
+
+
 def _opened(transforms: Any) -> list:
     """A RandomApply's ops in turn, a Compose among them opened."""
     import torchvision.transforms as T

@@ -153,6 +153,9 @@ def _fallbacks(tv):
          "GaussianBlur on a tensor image"),
         ("a crop after a vertical flip", lambda r: (ImageFolder(r, T.Compose([T.RandomVerticalFlip(), *train])), {}),
          "RandomResizedCrop after RandomVerticalFlip"),
+        ("a flip after a blur", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.GaussianBlur(3), T.RandomHorizontalFlip(), T.ToTensor()])), {}),
+         "RandomHorizontalFlip after GaussianBlur"),
         ("a rotation before the crop", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10), *train])), {}),
          "RandomResizedCrop after RandomRotation"),
         ("a rotation with expand", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10, expand=True),
