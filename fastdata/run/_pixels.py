@@ -55,12 +55,16 @@ class RandomCall(fd.Op):
     call: str
     args: tuple
     v2: bool
+    tensor: bool = False  # on the uint8 tensor image (torchvision's tensor kernel), not the PIL image
 
     def plan(self, u: Any) -> list[dict]:
         return [{"apply": bool(x < self.p)} for x in u[:, 0]]
 
     def on_pillow(self, img: Any, p: dict) -> Any:
-        return getattr(_functional(self.v2), self.call)(img, *self.args) if p["apply"] else img
+        if not p["apply"]:
+            return img
+        call = getattr(_functional(self.v2), self.call)
+        return _as_tensor(img, lambda t: call(t, *self.args)) if self.tensor else call(img, *self.args)
 
 
 @dataclass(frozen=True)
@@ -71,13 +75,36 @@ class Blur(fd.Op):
     kernel: tuple[int, int]
     sigma: tuple[float, float]
     v2: bool
+    tensor: bool = False  # on the uint8 tensor image, not the PIL image
 
     def plan(self, u: Any) -> list[dict]:
         lo, hi = self.sigma
         return [{"sigma": float(s)} for s in (lo + (hi - lo) * u[:, 0]).astype("float32")]
 
     def on_pillow(self, img: Any, p: dict) -> Any:
-        return _functional(self.v2).gaussian_blur(img, list(self.kernel), [p["sigma"], p["sigma"]])
+        blur = _functional(self.v2).gaussian_blur
+        call = lambda x: blur(x, list(self.kernel), [p["sigma"], p["sigma"]])  # noqa: E731
+        return _as_tensor(img, call) if self.tensor else call(img)
+
+
+@dataclass(frozen=True)
+class TensorColorJitter(fd.ColorJitter):
+    """torchvision's ColorJitter on the uint8 tensor image: its factors and order drawn as on the
+    PIL image (`plan_pixels`), then the version's `adjust_*` on the tensor (torchvision's tensor
+    arithmetic, not Pillow's), each only where the op has a range, as its `forward` calls them."""
+
+    v2: bool = False
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        F = _functional(self.v2)
+
+        def jitter(t: Any) -> Any:
+            for k in p["order"]:
+                name = ("brightness", "contrast", "saturation", "hue")[k]
+                if getattr(self, name) != ((0.0, 0.0) if name == "hue" else (1.0, 1.0)):  # (None in torchvision)
+                    t = getattr(F, f"adjust_{name}")(t, p[name])
+            return t
+        return _as_tensor(img, jitter)
 
 
 @dataclass(frozen=True)
@@ -102,33 +129,44 @@ def _functional(v2: bool) -> Any:
     return F2 if v2 else F
 
 
-def _on_pil(op: Any, tensor: bool) -> bool:
-    """Whether `op` is v2's; ValueError on a tensor (where fastdata does not lower it)."""
+def _as_tensor(img: Any, call: Any) -> Any:
+    """`call` of the PIL image's uint8 CHW tensor, as a PIL image again (both conversions lossless)."""
+    import torchvision.transforms.v2.functional as F2
+
+    return F2.to_pil_image(call(F2.pil_to_tensor(img)))
+
+
+def _version(op: Any, domain: str) -> bool:
+    """Whether `op` is v2's; ValueError on a float tensor: fastdata runs pixel ops on the uint8
+    image, before the conversion."""
     import torchvision.transforms.v2 as v2
 
-    if tensor:  # (only the PIL image's path is checked against torchvision's, bit for bit)
-        raise ValueError(f"{type(op).__name__} on a tensor image: fastdata lowers it on the PIL image")
+    if domain == "float":
+        raise ValueError(f"{type(op).__name__} on a float tensor: fastdata lowers it on the PIL image or the uint8 "
+                         "tensor image")
     return isinstance(op, v2.Transform)
 
 
-def random_call(op: Any, tensor: bool) -> RandomCall:
-    """The lowering of one of `CALLS`' ops; ValueError, saying why, where there is none (on a tensor)."""
+def random_call(op: Any, domain: str) -> RandomCall:
+    """The lowering of one of `CALLS`' ops; ValueError, saying why, where there is none."""
     call, names, constant = CALLS[type(op).__name__]
-    v2 = _on_pil(op, tensor)
-    return RandomCall(float(op.p), call, tuple(getattr(op, name) for name in names) + constant, v2)
+    v2 = _version(op, domain)
+    return RandomCall(float(op.p), call, tuple(getattr(op, name) for name in names) + constant, v2, domain != "pil")
 
 
-def blur(op: Any, tensor: bool) -> Blur:
-    """GaussianBlur's lowering; ValueError, saying why, where there is none (on a tensor)."""
-    v2 = _on_pil(op, tensor)
+def blur(op: Any, domain: str) -> Blur:
+    """GaussianBlur's lowering; ValueError, saying why, where there is none."""
+    v2 = _version(op, domain)
     kx, ky = (int(k) for k in op.kernel_size)
-    return Blur((kx, ky), (float(op.sigma[0]), float(op.sigma[1])), v2)
+    return Blur((kx, ky), (float(op.sigma[0]), float(op.sigma[1])), v2, domain != "pil")
 
 
 def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     """fastdata's op for a pixel op of torchvision's on images of `domain` ("pil", "uint8" or
     "float"), None for an op that is not one; ValueError, saying why, for one fastdata does not
-    lower (`within`: the RandomApply holding it, where any other op is refused too)."""
+    lower (`within`: the RandomApply holding it, where any other op is refused too). On a uint8
+    tensor image, ColorJitter, GaussianBlur and the Random* calls run torchvision's tensor kernels
+    (the row of the batch made a tensor: the image torchvision's op would get there)."""
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
@@ -138,18 +176,18 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     if cls in (T.AugMix, v2.AugMix):
         return augmix(op, domain)
     if kind in CALLS and cls in (getattr(T, kind), getattr(v2, kind)):
-        return random_call(op, tensor)
+        return random_call(op, domain)
     if cls in (T.GaussianBlur, v2.GaussianBlur):
-        return blur(op, tensor)
+        return blur(op, domain)
     if cls in (T.RandomApply, v2.RandomApply):
         return Chance(float(op.p), tuple(pixel_op(one, domain, kind) for one in _opened(op.transforms)))
     augment = cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
                       v2.AutoAugment)
-    if (augment or cls in (T.ColorJitter, v2.ColorJitter)) and tensor:
-        raise ValueError(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
     if cls in (T.ColorJitter, v2.ColorJitter):  # (torchvision keeps each range as [lo, hi], None for 0)
-        return fd.ColorJitter(*(tuple(r) if r is not None else 0.0 for r in
-                                (op.brightness, op.contrast, op.saturation, op.hue)))
+        ranges = [tuple(r) if r is not None else 0.0 for r in (op.brightness, op.contrast, op.saturation, op.hue)]
+        return TensorColorJitter(*ranges, v2=_version(op, domain)) if tensor else fd.ColorJitter(*ranges)
+    if augment and tensor:
+        raise ValueError(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
     if augment:
         sampling = interpolation(op).value
         if sampling not in ("nearest", "bilinear", "bicubic") or op.fill not in (None, 0, [0], (0,)):
@@ -179,7 +217,9 @@ def flip_commutes(op: fd.Op) -> bool:
     flip reverses, which may round otherwise."""
     if isinstance(op, Chance):
         return all(flip_commutes(one) for one in op.ops)
-    return isinstance(op, fd.ColorJitter) or (isinstance(op, RandomCall) and op.call != "adjust_sharpness")
+    if getattr(op, "tensor", False) or isinstance(op, TensorColorJitter):  # (torch's float reductions too)
+        return False
+    return type(op) is fd.ColorJitter or (isinstance(op, RandomCall) and op.call != "adjust_sharpness")
 
 
 def _opened(transforms: Any) -> list:

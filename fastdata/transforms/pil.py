@@ -158,10 +158,10 @@ def pixel_ops_on(img, ops, params: list[dict]):
     from .ops import ColorJitter
 
     for op, p in zip(ops, params):
-        if isinstance(op, ColorJitter):
-            img = color_jitter(img, p)
-        elif callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)
+        if callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)
             img = op.on_pillow(img, p)
+        elif isinstance(op, ColorJitter):
+            img = color_jitter(img, p)
         else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
             for one in p.get("ops", (p,)):
                 img = trivial_augment(img, one, op.interpolation)

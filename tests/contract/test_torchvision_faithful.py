@@ -42,7 +42,7 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
-from fastdata.run._pixels import CALLS, Blur, Chance, RandomCall  # noqa: E402
+from fastdata.run._pixels import CALLS, Blur, Chance, RandomCall, TensorColorJitter  # noqa: E402
 from fastdata.run._rotation import Affine, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
@@ -707,6 +707,8 @@ def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, s
             op = copy.copy(script[k])
             op.p = 1.0 if p else 0.0
             img = op(img)
+        elif kind == "forced jitter":  # (torchvision's own forward, given the factors and order drawn)
+            img = _forced_jitter(script[k], p)(img)
         elif kind == "blur":
             img = p[0].gaussian_blur(img, p[1], [p[2], p[2]])
         elif kind == "rotate":
@@ -724,12 +726,13 @@ def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, s
     return img
 
 
-def _rrc_ref(interp, pre=(), post=(), tensor=False, rotate=None, script=None, flip_last=False):
+def _rrc_ref(interp, pre=(), post=(), tensor=False, rotate=None, script=None, flip_last=False, mid=()):
     """The reference of a RandomResizedCrop(224) [+ flip] [+ pixel ops] pipeline: torchvision's
     functional ops with the box, flip and pixel parameters fastdata drew; `pre` and `post`, the
     script's own deterministic ops before the crop and after the random ops; `rotate`, the
     keywords of a RandomRotation's `F.rotate`; `script`, the script's pixel ops (`apply_pixel_ops`);
-    `flip_last`, the flip after the pixel ops, where the script has it."""
+    `flip_last`, the flip after the pixel ops, where the script has it; `mid`, the script's
+    conversion before its pixel ops (on a tensor image)."""
     def ref(img, box, flip, pix):
         for op in pre:
             img = op(img)
@@ -740,6 +743,8 @@ def _rrc_ref(interp, pre=(), post=(), tensor=False, rotate=None, script=None, fl
         else:
             img = F.resized_crop(img, top, left, h, w, [224, 224], interpolation=interp)
             img = F.hflip(img) if flip and not flip_last else img
+        for op in mid:
+            img = op(img)
         img = apply_pixel_ops(img, pix, rotate=rotate, script=script)
         img = F.hflip(img) if flip and flip_last else img
         for op in post:
@@ -795,6 +800,9 @@ def _configs():
     v2_photometric = [v2.RandomVerticalFlip(0.5), v2.RandomGrayscale(0.3), v2.RandomSolarize(100, 0.4),
                       v2.RandomAdjustSharpness(0.3, 0.5), v2.RandomEqualize(0.4), v2.RandomPosterize(2, 0.3)]
     moco = [T.RandomGrayscale(0.2), T.ColorJitter(0.4, 0.4, 0.4, 0.4), T.RandomApply([T.RandomSolarize(100)], p=0.3)]
+    on_tensor = [v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.RandomGrayscale(0.3), v2.RandomApply([v2.GaussianBlur(5)], p=0.5),
+                 v2.RandomSolarize(128, 0.3), v2.RandomVerticalFlip(0.5), v2.RandomAutocontrast(0.3)]
+    v1_on_tensor = [T.ColorJitter(brightness=0.3, saturation=0.5), T.RandomSolarize(100, 0.4), T.RandomGrayscale(0.4)]
     return {
         "i: RRC bilinear + flip + ToTensor + Normalize": (
             T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *tail]),
@@ -856,6 +864,14 @@ def _configs():
             T.Compose([T.RandomResizedCrop(224, scale=(0.2, 1.0), interpolation=BICUBIC), *moco, T.RandomHorizontalFlip(),
                        T.PILToTensor()]),
             _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=moco, flip_last=True), levels_u8, [T.PILToTensor()]),
+        "xix: v2 RRC bicubic + PILToTensor, then on the uint8 tensor ColorJitter, Random* ops, GaussianBlur": (
+            v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.PILToTensor(), *on_tensor,
+                        v2.ToDtype(torch.float32, scale=True)]),
+            _rrc_ref(BICUBIC, mid=[v2.PILToTensor()], post=[v2.ToDtype(torch.float32, scale=True)], script=on_tensor),
+            levels_float, [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True)]),
+        "xx: v1 RRC bicubic + PILToTensor, then on the uint8 tensor ColorJitter, RandomSolarize, RandomGrayscale": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.PILToTensor(), *v1_on_tensor]),
+            _rrc_ref(BICUBIC, mid=[T.PILToTensor()], script=v1_on_tensor), levels_u8, [T.PILToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -902,6 +918,20 @@ def references(ds, decoder, indices, ref):
     return torch.stack(out)
 
 
+def _forced_jitter(script, p):
+    """A copy of the script's ColorJitter whose parameters are `p`'s (fastdata's draw), each
+    factor None where the op has no range, as its own draw gives them."""
+    names = ("brightness", "contrast", "saturation", "hue")
+    factors = [None if getattr(script, name) is None else p[name] for name in names]
+    op = copy.copy(script)
+    if isinstance(op, v2.ColorJitter):
+        op.make_params = lambda flat: dict(fn_idx=torch.tensor(p["order"]), **{
+            f"{name}_factor": f for name, f in zip(names, factors)})
+    else:
+        op.get_params = lambda *ranges: (torch.tensor(p["order"]), *factors)
+    return op
+
+
 def _reference_op(op, p) -> tuple:
     """(kind, parameters) of one of fastdata's pixel ops with a sample's plan, for
     `apply_pixel_ops`: what torchvision's functional ops take (the functional of the op's
@@ -910,6 +940,8 @@ def _reference_op(op, p) -> tuple:
         return ("chance", (p["apply"], [_reference_op(one, q) for one, q in zip(op.ops, p["inner"])]))
     if isinstance(op, RandomCall):
         return ("forced", p["apply"])
+    if isinstance(op, TensorColorJitter):
+        return ("forced jitter", p)
     if isinstance(op, Blur):
         return ("blur", (F2 if op.v2 else F, list(op.kernel), p["sigma"]))
     if isinstance(op, Affine):
@@ -961,10 +993,11 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
 # measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0/0  v 0.063/35  vi 0.077/35  vii 0.098/42  x 0/0  xi 0/0
-# xii 0/0  xiii 0/0  xiv 0/0  xv 0/0  xvi 0/0  xvii 0/0  xviii 0/0 (viii is i's pipeline, ix iv's,
-# each called through a preset object; x and xi rotate with Pillow's rotate, as torchvision does,
-# xii and xiii with torchvision's F.affine, xiv to xviii blur, grey, flip and solarize with
-# torchvision's functional ops, each after Pillow's bicubic crop; xviii flips last, fastdata first)
+# xii 0/0  xiii 0/0  xiv 0/0  xv 0/0  xvi 0/0  xvii 0/0  xviii 0/0  xix 0/0  xx 0/0 (viii is i's
+# pipeline, ix iv's, each called through a preset object; x and xi rotate with Pillow's rotate, as
+# torchvision does, xii and xiii with torchvision's F.affine, xiv to xx blur, grey, flip, jitter
+# and solarize with torchvision's functional ops, xix and xx its tensor kernels, each after Pillow's
+# bicubic crop; xviii flips last, fastdata first)
 TOLERANCE = {
     "i": (0.08, 40),
     "ii": (0.0, 0),
@@ -984,6 +1017,8 @@ TOLERANCE = {
     "xvi": (0.0, 0),
     "xvii": (0.0, 0),
     "xviii": (0.0, 0),
+    "xix": (0.0, 0),
+    "xx": (0.0, 0),
 }
 
 

@@ -300,12 +300,12 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
         (cifar(T.Compose([T.RandomPerspective(), T.ToTensor()])), "RandomPerspective has no faithful lowering for an "),
         (cifar(T.Compose([T.RandomApply([T.RandomCrop(32, padding=4)]), T.ToTensor()])),
          "RandomCrop in a RandomApply"),
-        (cifar(T.Compose([T.ToTensor(), T.GaussianBlur(3)])), "GaussianBlur on a tensor image"),
+        (cifar(T.Compose([T.ToTensor(), T.GaussianBlur(3)])), "GaussianBlur on a float tensor"),
         (cifar(T.Compose([T.ToTensor(), T.RandomRotation(15)])), "RandomRotation on a tensor"),
         (cifar(T.Compose([T.RandomRotation(15, expand=True), T.ToTensor()])), "with expand"),
         (cifar(T.Compose([T.AutoAugment(), T.RandomCrop(32, padding=4), T.ToTensor()])),
          "RandomCrop after AutoAugment"),
-        (cifar(T.Compose([T.ToTensor(), T.ColorJitter(0.4)])), "ColorJitter on a tensor image"),
+        (cifar(T.Compose([T.ToTensor(), T.ColorJitter(0.4)])), "ColorJitter on a float tensor"),
         (cifar(T.Compose([T.ToTensor(), T.RandomErasing(), T.RandomHorizontalFlip()])),
          "RandomHorizontalFlip after RandomErasing"),
         (cifar(T.Compose([T.ColorJitter(0.4), T.RandomCrop(32, padding=4), T.ToTensor()])),
@@ -610,10 +610,11 @@ def test_a_natively_served_pass_left_half_read_at_exit_ends_quietly(tv, roots, t
     assert "served natively: CIFAR10" in done.stderr
 
 
-def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool) -> tuple:
+def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool, tensor: bool = False) -> tuple:
     """MNIST's (or CIFAR's) set with `op` (a RandomRotation or RandomAffine, or a Compose of pixel
-    ops) then PILToTensor, one epoch served natively in batches of 50 from seed 0: (the set, its
-    images, per sample the lowered op and the parameters it drew, per op in turn in each batch)."""
+    ops) then PILToTensor (`tensor`: PILToTensor first), one epoch served natively in batches of 50
+    from seed 0: (the set, its images, per sample the lowered op and the parameters it drew, per op
+    in turn in each batch)."""
     import torchvision.transforms as T
 
     from fastdata.run._pixels import Blur, Chance, RandomCall
@@ -627,8 +628,8 @@ def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool) -> tuple:
             return out
 
         monkeypatch.setattr(cls, "plan", recorded)
-    dataset = tv.datasets.MNIST(str(roots), transform=T.Compose([op, T.PILToTensor()])) if mnist else \
-        cifar(T.Compose([op, T.PILToTensor()]))
+    transform = T.Compose([T.PILToTensor(), op] if tensor else [op, T.PILToTensor()])
+    dataset = tv.datasets.MNIST(str(roots), transform=transform) if mnist else cifar(transform)
     torch.manual_seed(0)
     loader = _served(dataset, batch_size=50)
     assert loader._fastdata_lowering.in_memory
@@ -707,12 +708,13 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
     _uniform_angles(drawn, *((-10, 10) if mnist else (-20, 5)))
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v2 on the uint8 tensor"])
 def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv, roots, monkeypatch, version):
     """SimCLR's and BYOL's pixel ops on CIFAR (RandomApply of a ColorJitter, RandomGrayscale,
-    GaussianBlur, RandomSolarize): each served image is torchvision's own functional ops of the
-    image for the parameters drawn, the ColorJitter's factors in their order where its RandomApply
-    applied, and each op applied at its rate (binomial bounds)."""
+    GaussianBlur, RandomSolarize), on the PIL image or after PILToTensor: each served image is
+    torchvision's own functional ops of the image for the parameters drawn (its tensor kernels
+    on the tensor), the ColorJitter's factors in their order where its RandomApply applied, and
+    each op applied at its rate (binomial bounds)."""
     import torchvision.transforms as T
     import torchvision.transforms.functional as F
     import torchvision.transforms.v2 as v2
@@ -720,16 +722,18 @@ def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv
     from PIL import Image
 
     M, Fv = (T, F) if version == "v1" else (v2, F2)
+    tensor = version.endswith("tensor")
     op = M.Compose([M.RandomApply([M.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), M.RandomGrayscale(0.2),
                     M.GaussianBlur(3, (0.1, 2.0)), M.RandomSolarize(128, 0.3)])
-    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, False)
+    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, False, tensor)
     assert len(drawn) == 4 * N
     # each batch of 50 draws RandomApply's, RandomGrayscale's, GaussianBlur's, then RandomSolarize's
     by_op = [[p for k in range(0, 4 * N, 200) for _, p in drawn[k + 50 * j:k + 50 * (j + 1)]] for j in range(4)]
     chance, gray, blur, solarize = by_op
-    adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    adjust = (Fv.adjust_brightness, Fv.adjust_contrast, Fv.adjust_saturation, Fv.adjust_hue)
     for k in range(0, N, 3):
         img = Image.fromarray(dataset.data[k])
+        img = F.pil_to_tensor(img) if tensor else img
         if chance[k]["apply"]:
             jitter = chance[k]["inner"][0]
             for j in jitter["order"]:
@@ -738,7 +742,7 @@ def test_self_supervised_ops_are_torchvisions_for_the_parameters_drawn(cifar, tv
         img = Fv.rgb_to_grayscale(img, 3) if gray[k]["apply"] else img
         img = Fv.gaussian_blur(img, [3, 3], [blur[k]["sigma"], blur[k]["sigma"]])
         img = Fv.solarize(img, 128) if solarize[k]["apply"] else img
-        assert torch.equal(images[k], F.pil_to_tensor(img)), (version, k)
+        assert torch.equal(images[k], img if tensor else F.pil_to_tensor(img)), (version, k)
     _within("RandomApply", sum(p["apply"] for p in chance), N, 0.8)
     _within("RandomGrayscale", sum(p["apply"] for p in gray), N, 0.2)
     _within("RandomSolarize", sum(p["apply"] for p in solarize), N, 0.3)

@@ -149,8 +149,8 @@ def _fallbacks(tv):
          "RandomPerspective has no faithful lowering"),
         ("geometry in a RandomApply", lambda r: (ImageFolder(r, T.Compose([
             T.RandomApply([T.RandomResizedCrop(32)]), T.ToTensor()])), {}), "RandomResizedCrop in a RandomApply"),
-        ("GaussianBlur on a tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.GaussianBlur(3)])), {}),
-         "GaussianBlur on a tensor image"),
+        ("GaussianBlur on a float tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.GaussianBlur(3)])), {}),
+         "GaussianBlur on a float tensor"),
         ("a crop after a vertical flip", lambda r: (ImageFolder(r, T.Compose([T.RandomVerticalFlip(), *train])), {}),
          "RandomResizedCrop after RandomVerticalFlip"),
         ("a flip after a blur", lambda r: (ImageFolder(r, T.Compose([
@@ -165,8 +165,11 @@ def _fallbacks(tv):
         ("no transform", lambda r: (ImageFolder(r), {}), "no transform"),
         ("a transform ending in PIL images", lambda r: (ImageFolder(r, T.RandomResizedCrop(32)), {}),
          "gives PIL images"),
-        ("ColorJitter on a tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.ColorJitter(0.4)])), {}),
-         "ColorJitter on a tensor image"),
+        ("ColorJitter on a float tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.ColorJitter(0.4)])), {}),
+         "ColorJitter on a float tensor"),
+        ("TrivialAugmentWide on a tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.PILToTensor(), T.TrivialAugmentWide()])), {}),
+         "TrivialAugmentWide on a tensor image"),
         ("geometry after a pixel op", lambda r: (ImageFolder(r, T.Compose([T.ColorJitter(0.4), *train])), {}),
          "RandomResizedCrop after ColorJitter"),
         ("a resize after a crop that may pad", lambda r: (ImageFolder(r, T.Compose([
