@@ -5,22 +5,21 @@ by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
-flips, and on the PIL image RandomRotation and RandomAffine, each its exact torchvision class),
-then what the folders' lowering reads after the geometry (`_lowering.lower_transform`: ColorJitter,
-TrivialAugmentWide, RandAugment, AutoAugment, GaussianBlur, RandomGrayscale and the other Random*
-photometric ops, a RandomApply of pixel ops on the PIL image, AugMix, the conversion, Normalize,
-RandomErasing). `gather` runs the
-geometry on a batch's rows at once: numpy's pad (the one torchvision's PIL pad calls for edge,
-reflect and symmetric; its constant pad is Pillow's expand, the same fill), windows cut at
-per-sample offsets, flips by mask, a rotation by Pillow's rotate of each row (the call
-torchvision makes), an affine map by torchvision's own `F.affine`;
-the pixel ops then run on each row as the folders' do (`transforms.pil`: torchvision's own
-Pillow calls; AugMix, its tensor kernels). The batch then takes the folders' way
-(`NativeFolder`'s collation, `Finish`'s lookup-table layout), so the values are torchvision's
-for the same crop offsets, flips and pixel-op parameters, drawn
-from a seed per batch as the folders' are, and per sample by its place in the batch (a sample
-drawn twice into one batch, as a sampler with replacement may, gets two draws, as torchvision
-gives it).
+flips, and on the PIL image RandomRotation, RandomAffine and RandomPerspective, each its exact
+torchvision class), then what the folders' lowering reads after the geometry
+(`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment,
+GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply of pixel ops,
+AugMix, the conversion, Normalize, RandomErasing). `gather` runs the geometry on a batch's rows
+at once: numpy's pad (the one torchvision's PIL pad calls for edge, reflect and symmetric; its
+constant pad is Pillow's expand, the same fill), windows cut at per-sample offsets, flips by
+mask, a rotation by Pillow's rotate of each row (the call torchvision makes), an affine or
+perspective map by torchvision's own `F.affine` or `F.perspective`; the pixel ops then run on
+each row as the folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix and the
+ops on a tensor, its tensor kernels). The batch then takes the folders' way (`NativeFolder`'s
+collation, `Finish`'s lookup-table layout), so the values are torchvision's for the same crop
+offsets, flips and pixel-op parameters, drawn from a seed per batch as the folders' are, and per
+sample by its place in the batch (a sample drawn twice into one batch, as a sampler with
+replacement may, gets two draws, as torchvision gives it).
 """
 
 from __future__ import annotations
@@ -130,7 +129,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if (pinned if cls in flips else closed) and cls in (
                 T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, *flips, T.RandomRotation,
-                v2.RandomRotation, T.RandomAffine, v2.RandomAffine):
+                v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.RandomPerspective, v2.RandomPerspective):
             raise Unlowerable(f"{kind} after {pinned if cls in flips else closed}: not lowered for an in-memory "
                               "dataset")
         if cls is v2.RandomCrop:  # one pad: the padding (kept as left, right, top, bottom) and the shortfall
@@ -151,14 +150,16 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             geometry.append(("center", (int(size[0]), int(size[-1]))))
         elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip):
             geometry.append(("flip", 2 if "Horizontal" in kind else 1, float(op.p)))
-        elif cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine):
+        elif cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.RandomPerspective,
+                     v2.RandomPerspective):
             try:
                 geometry.append(("rotate", pillow_geometry(op, tensor)))
             except ValueError as e:  # (its message is the reason)
                 raise Unlowerable(str(e)) from None
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
-                              "RandomCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, ColorJitter, "
+                              "RandomCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, RandomPerspective, "
+                              "ColorJitter, "
                               "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, GaussianBlur, RandomGrayscale "
                               "and the other Random* photometric ops, RandomApply of pixel ops, the conversions, "
                               "Normalize and RandomErasing there")
@@ -263,7 +264,7 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             rotate = op[1]
             x = np.array(x)
             one = x.shape[3] == 1
-            for k, p in enumerate(rotate.plan(draws.rng().random((n, 6)))):
+            for k, p in enumerate(rotate.plan(draws.rng().random((n, getattr(rotate, "draws", 6))))):
                 img = Image.fromarray(x[k, :, :, 0] if one else x[k])
                 x[k] = np.asarray(rotate.on_pillow(img, p)).reshape(x[k].shape)
         else:  # flip

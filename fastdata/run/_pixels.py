@@ -1,8 +1,8 @@
 """`fastdata run`'s pixel ops: what runs on each image after the decoder's geometry.
 
 `pixel_op` reads one of torchvision's (v1 and v2 classes, each its exact class) into fastdata's
-op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them), RandomRotation
-and RandomAffine (`_rotation`), AugMix (`_augmix`), and, here, the self-supervised recipes' ops
+op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them), RandomRotation,
+RandomAffine and RandomPerspective (`_rotation`), AugMix (`_augmix`), and, here, the self-supervised recipes' ops
 (SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a grayscale, a blur, a
 solarization) and the other Random* ops of one functional call: RandomGrayscale,
 RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize, RandomAdjustSharpness,
@@ -171,7 +171,8 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     import torchvision.transforms.v2 as v2
 
     kind, cls, tensor = type(op).__name__, type(op), domain != "pil"
-    if cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine):
+    if cls in (T.RandomRotation, v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.RandomPerspective,
+               v2.RandomPerspective):
         return pillow_geometry(op, tensor)
     if cls in (T.AugMix, v2.AugMix):
         return augmix(op, domain)
@@ -204,7 +205,7 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     if within:
         raise ValueError(f"{kind} in a {within}: fastdata lowers a {within} of pixel ops on the PIL image "
                          "(ColorJitter, GaussianBlur, RandomGrayscale and torchvision's other Random* photometric "
-                         "ops, RandomRotation, RandomAffine, the auto-augments, AugMix)")
+                         "ops, RandomRotation, RandomAffine, RandomPerspective, the auto-augments, AugMix)")
     return None
 
 

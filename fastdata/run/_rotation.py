@@ -1,9 +1,10 @@
-"""`fastdata run`'s RandomRotation and RandomAffine (torchvision's v1 and v2 classes) on the PIL
-image: read from the script's op (`rotation`, `affine`; `pillow_geometry` takes either), the
-parameters drawn per sample, and each image transformed as torchvision transforms it: Pillow's
-rotate as `F.rotate` calls it (`Rotation.on_pillow`), torchvision's own `F.affine`
-(`Affine.on_pillow`). A folder's lowering runs them as pixel ops after the decoder's geometry
-(`_lowering`); an in-memory set's among its array ops (`_arrays`).
+"""`fastdata run`'s RandomRotation, RandomAffine and RandomPerspective (torchvision's v1 and v2
+classes) on the PIL image: read from the script's op (`rotation`, `affine`, `perspective`;
+`pillow_geometry` takes any), the parameters drawn per sample, and each image transformed as
+torchvision transforms it: Pillow's rotate as `F.rotate` calls it (`Rotation.on_pillow`),
+torchvision's own `F.affine` (`Affine.on_pillow`) and `F.perspective` (`Perspective.on_pillow`).
+A folder's lowering runs them as pixel ops after the decoder's geometry (`_lowering`); an
+in-memory set's among its array ops (`_arrays`).
 """
 
 from __future__ import annotations
@@ -116,6 +117,55 @@ def affine(op: Any, tensor: bool) -> Affine:
                   None if op.center is None else tuple(op.center), op.fill)
 
 
-def pillow_geometry(op: Any, tensor: bool) -> Rotation | Affine:
-    """RandomRotation's or RandomAffine's lowering (ValueError, saying why, where there is none)."""
-    return affine(op, tensor) if "Affine" in type(op).__name__ else rotation(op, tensor)
+@dataclass(frozen=True)
+class Perspective(fd.Op):
+    """torchvision's RandomPerspective on the PIL image: with chance `p` per sample, the four
+    corners moved inward by whole pixels, each coordinate uniform over the range its `get_params`
+    draws from (at most `distortion` of half the side), then `F.perspective` from the corners to
+    the moved ones, with the op's interpolation and fill (v1's functional for v1's op, v2's for v2's)."""
+
+    p: float
+    distortion: float
+    mode: str  # torchvision's InterpolationMode's value
+    fill: int
+    v2: bool
+    draws = 9  # uniforms a sample takes: the chance, then the 8 coordinates
+
+    def plan(self, u: Any) -> list[dict]:
+        return [{"apply": bool(d[0] < self.p), "corners": tuple(float(x) for x in d[1:9])} for d in u]
+
+    def points(self, p: dict, size: tuple[int, int]) -> tuple[list, list]:
+        """(start, end): the image's corners and the sample's moved ones on an image of `size` (w,
+        h), top-left, top-right, bottom-right, bottom-left, as `get_params` gives them."""
+        w, h = size
+        bw, bh = int(self.distortion * (w // 2)) + 1, int(self.distortion * (h // 2)) + 1
+        # each coordinate's [low, high), as torch.randint(low, high) draws it
+        ranges = [(0, bw), (0, bh), (w - bw, w), (0, bh), (w - bw, w), (h - bh, h), (0, bw), (h - bh, h)]
+        xy = [lo + min(int(u * (hi - lo)), hi - lo - 1) for (lo, hi), u in zip(ranges, p["corners"])]
+        return [[0, 0], [w - 1, 0], [w - 1, h - 1], [0, h - 1]], [xy[0:2], xy[2:4], xy[4:6], xy[6:8]]
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        if not p["apply"]:
+            return img
+        import torchvision.transforms.functional as F
+        import torchvision.transforms.v2.functional as F2
+        from torchvision.transforms import InterpolationMode
+
+        start, end = self.points(p, img.size)
+        return (F2 if self.v2 else F).perspective(img, start, end, InterpolationMode(self.mode), self.fill)
+
+
+def perspective(op: Any, tensor: bool) -> Perspective:
+    """RandomPerspective's lowering; ValueError, saying why, where there is none (`_pillow_mode`)."""
+    import torchvision.transforms.v2 as v2
+
+    mode = _pillow_mode(op, tensor)
+    return Perspective(float(op.p), float(op.distortion_scale), mode.value, op.fill, isinstance(op, v2.Transform))
+
+
+def pillow_geometry(op: Any, tensor: bool) -> Rotation | Affine | Perspective:
+    """RandomRotation's, RandomAffine's or RandomPerspective's lowering (ValueError, saying why,
+    where there is none)."""
+    kind = type(op).__name__
+    return affine(op, tensor) if "Affine" in kind else perspective(op, tensor) if "Perspective" in kind else \
+        rotation(op, tensor)

@@ -256,7 +256,7 @@ def plan_pixels(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             u = uniforms(seed, epoch, indices, stream + k, draws)
             plans.append(_plan_rand(op, u, size) if isinstance(op, RandAugment) else _plan_auto(op, u, size))
             continue
-        u = uniforms(seed, epoch, indices, stream + k, 8)
+        u = uniforms(seed, epoch, indices, stream + k, getattr(op, "draws", 8))  # (`fastdata.run`'s may ask more)
         if isinstance(op, ColorJitter):
             order = np.argsort(u[:, :4], axis=1)
             lerp = lambda r, x: r[0] + (r[1] - r[0]) * x  # noqa: E731

@@ -43,7 +43,7 @@ from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
 from fastdata.run._pixels import CALLS, Blur, Chance, RandomCall, TensorColorJitter  # noqa: E402
-from fastdata.run._rotation import Affine, Rotation  # noqa: E402
+from fastdata.run._rotation import Affine, Perspective, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms._random import uniforms  # noqa: E402
@@ -277,6 +277,24 @@ def test_random_affine_draws():
         assert bounds[k][0] <= ours[:, k].min() and ours[:, k].max() <= bounds[k][1], name
         assert_same_distribution(f"RandomAffine {name}", tv[:, k], ours[:, k])
     assert np.array_equal(ours[:, 1:3], ours[:, 1:3].round())
+
+
+def test_random_perspective_draws():
+    """RandomPerspective's moved corners (on a 300x200 image: whole pixels): each coordinate's
+    distribution that of torchvision's `get_params`, in its range; the op applied at its rate."""
+    tv_op = T.RandomPerspective(0.6, p=0.4)
+    (op,) = lower_transform(T.Compose([tv_op, T.ToTensor()])).pixel_ops
+    assert isinstance(op, Perspective) and op.p == 0.4 and op.distortion == 0.6
+    torch.manual_seed(0)
+    tv = np.array([sum(T.RandomPerspective.get_params(300, 200, 0.6)[1], []) for _ in range(N)])
+    (plan,) = plan_pixels([op], 7, 0, np.arange(N, dtype=np.int64))
+    ours = np.array([sum(op.points(p, (300, 200))[1], []) for p in plan])
+    assert op.points(plan[0], (300, 200))[0] == T.RandomPerspective.get_params(300, 200, 0.6)[0]
+    for k in range(8):
+        assert tv[:, k].min() <= ours[:, k].min() and ours[:, k].max() <= tv[:, k].max(), k
+        # (eight tests of one draw: alpha 0.001 each)
+        assert_same_distribution(f"RandomPerspective coordinate {k}", tv[:, k], ours[:, k], c=1.95)
+    assert_rate("RandomPerspective", sum(p["apply"] for p in plan), N, 0.4)
 
 
 @pytest.mark.parametrize("M", [T, v2], ids=["v1", "v2"])
@@ -709,6 +727,15 @@ def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, s
             img = op(img)
         elif kind == "forced jitter":  # (torchvision's own forward, given the factors and order drawn)
             img = _forced_jitter(script[k], p)(img)
+        elif kind == "perspective":  # (v1's own forward given the corners drawn; v2's functional)
+            op, p = p
+            start, end = op.points(p, img.size)
+            if op.v2:
+                img = F2.perspective(img, start, end, InterpolationMode(op.mode), op.fill) if p["apply"] else img
+            else:
+                forced = copy.copy(script[k])
+                forced.p, forced.get_params = (1.0 if p["apply"] else 0.0), lambda *size: (start, end)
+                img = forced(img)
         elif kind == "blur":
             img = p[0].gaussian_blur(img, p[1], [p[2], p[2]])
         elif kind == "rotate":
@@ -802,6 +829,7 @@ def _configs():
     moco = [T.RandomGrayscale(0.2), T.ColorJitter(0.4, 0.4, 0.4, 0.4), T.RandomApply([T.RandomSolarize(100)], p=0.3)]
     on_tensor = [v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.RandomGrayscale(0.3), v2.RandomApply([v2.GaussianBlur(5)], p=0.5),
                  v2.RandomSolarize(128, 0.3), v2.RandomVerticalFlip(0.5), v2.RandomAutocontrast(0.3)]
+    perspective = [T.RandomPerspective(0.5, p=0.6)]
     v1_on_tensor = [T.ColorJitter(brightness=0.3, saturation=0.5), T.RandomSolarize(100, 0.4), T.RandomGrayscale(0.4)]
     return {
         "i: RRC bilinear + flip + ToTensor + Normalize": (
@@ -872,6 +900,14 @@ def _configs():
         "xx: v1 RRC bicubic + PILToTensor, then on the uint8 tensor ColorJitter, RandomSolarize, RandomGrayscale": (
             T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.PILToTensor(), *v1_on_tensor]),
             _rrc_ref(BICUBIC, mid=[T.PILToTensor()], script=v1_on_tensor), levels_u8, [T.PILToTensor()]),
+        "xxi: RRC bicubic + flip + RandomPerspective + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.RandomHorizontalFlip(), *perspective,
+                       T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=perspective), levels_u8, [T.PILToTensor()]),
+        "xxii: v2 RRC bicubic + RandomPerspective bicubic with a fill + ToTensor": (
+            v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.RandomPerspective(
+                0.3, p=0.7, interpolation="bicubic", fill=7), T.ToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.ToTensor()]), levels_float, [T.ToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -946,6 +982,8 @@ def _reference_op(op, p) -> tuple:
         return ("blur", (F2 if op.v2 else F, list(op.kernel), p["sigma"]))
     if isinstance(op, Affine):
         return ("affine", (op, p))
+    if isinstance(op, Perspective):
+        return ("perspective", (op, p))
     return ("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial", p)
 
 
@@ -993,11 +1031,11 @@ def compare(folder, name, target_transform=None) -> torch.Tensor:
 #   differences above; on the same decoded image they are torchvision's exactly
 #   (test_pixel_ops_on_served_images).
 # measured:  i 0.063/35  ii 0/0  iii 0/0  iv 0/0  v 0.063/35  vi 0.077/35  vii 0.098/42  x 0/0  xi 0/0
-# xii 0/0  xiii 0/0  xiv 0/0  xv 0/0  xvi 0/0  xvii 0/0  xviii 0/0  xix 0/0  xx 0/0 (viii is i's
-# pipeline, ix iv's, each called through a preset object; x and xi rotate with Pillow's rotate, as
-# torchvision does, xii and xiii with torchvision's F.affine, xiv to xx blur, grey, flip, jitter
-# and solarize with torchvision's functional ops, xix and xx its tensor kernels, each after Pillow's
-# bicubic crop; xviii flips last, fastdata first)
+# xii 0/0  xiii 0/0  xiv 0/0  xv 0/0  xvi 0/0  xvii 0/0  xviii 0/0  xix 0/0  xx 0/0  xxi 0/0  xxii 0/0
+# (viii is i's pipeline, ix iv's, each called through a preset object; x and xi rotate with
+# Pillow's rotate, as torchvision does, xii and xiii with torchvision's F.affine, xxi and xxii its
+# F.perspective, xiv to xx blur, grey, flip, jitter and solarize with torchvision's functional ops,
+# xix and xx its tensor kernels, each after Pillow's bicubic crop; xviii flips last, fastdata first)
 TOLERANCE = {
     "i": (0.08, 40),
     "ii": (0.0, 0),
@@ -1019,6 +1057,8 @@ TOLERANCE = {
     "xviii": (0.0, 0),
     "xix": (0.0, 0),
     "xx": (0.0, 0),
+    "xxi": (0.0, 0),
+    "xxii": (0.0, 0),
 }
 
 

@@ -297,7 +297,7 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
     from fastdata.run._decide import decide
 
     cases = [
-        (cifar(T.Compose([T.RandomPerspective(), T.ToTensor()])), "RandomPerspective has no faithful lowering for an "),
+        (cifar(T.Compose([T.ElasticTransform(), T.ToTensor()])), "ElasticTransform has no faithful lowering for an "),
         (cifar(T.Compose([T.RandomApply([T.RandomCrop(32, padding=4)]), T.ToTensor()])),
          "RandomCrop in a RandomApply"),
         (cifar(T.Compose([T.ToTensor(), T.GaussianBlur(3)])), "GaussianBlur on a float tensor"),
@@ -618,10 +618,10 @@ def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool, tensor: bool 
     import torchvision.transforms as T
 
     from fastdata.run._pixels import Blur, Chance, RandomCall
-    from fastdata.run._rotation import Affine, Rotation
+    from fastdata.run._rotation import Affine, Perspective, Rotation
 
     drawn = []
-    for cls in (Rotation, Affine, Blur, Chance, RandomCall):
+    for cls in (Rotation, Affine, Perspective, Blur, Chance, RandomCall):
         def recorded(self, *args, plan=cls.plan):
             out = plan(self, *args)
             drawn.extend((self, p) for p in out)
@@ -706,6 +706,37 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
         want = F.pil_to_tensor(F.affine(img, p["angle"], move, p["scale"], list(p["shear"]), **call))
         assert torch.equal(images[k], want), (version, k, p)
     _uniform_angles(drawn, *((-10, 10) if mnist else (-20, 5)))
+
+
+@pytest.mark.parametrize("version", ["MNIST v1 bilinear", "v2 nearest with a fill"])
+def test_random_perspective_is_torchvisions_perspective_for_the_corners_drawn(cifar, tv, roots, monkeypatch,
+                                                                              version):
+    """RandomPerspective: each served image is torchvision's own `F.perspective` of the image for
+    the corners drawn (whole pixels within the op's share of each half side), applied at its rate
+    (test_random_perspective_draws in test_torchvision_faithful.py holds the corners to
+    get_params' distributions)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    import torchvision.transforms.v2.functional as F2
+    from PIL import Image
+
+    mnist = version.startswith("MNIST")
+    if mnist:
+        op, call = T.RandomPerspective(0.4, p=0.6), dict(interpolation=T.InterpolationMode.BILINEAR, fill=0)
+    else:
+        op = v2.RandomPerspective(0.7, p=0.5, interpolation="nearest", fill=9)
+        call = dict(interpolation=T.InterpolationMode.NEAREST, fill=9)
+    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist)
+    assert len(drawn) == N
+    for k in range(0, N, 5):
+        img = Image.fromarray(dataset.data[k].numpy() if mnist else dataset.data[k])
+        lowered, p = drawn[k]
+        if p["apply"]:
+            start, end = lowered.points(p, img.size)
+            img = (F if mnist else F2).perspective(img, start, end, **call)
+        assert torch.equal(images[k], F.pil_to_tensor(img)), (version, k, p)
+    _within("RandomPerspective", sum(p["apply"] for _, p in drawn), N, 0.6 if mnist else 0.5)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2", "v2 on the uint8 tensor"])

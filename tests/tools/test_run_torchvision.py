@@ -145,8 +145,10 @@ def _fallbacks(tv):
          "has its own image loader"),
         ("a Lambda", lambda r: (ImageFolder(r, T.Compose([*train, T.Lambda(lambda x: x)])), {}),
          "Lambda has no faithful lowering"),
-        ("an op with no lowering", lambda r: (ImageFolder(r, T.Compose([T.RandomPerspective(), *train])), {}),
-         "RandomPerspective has no faithful lowering"),
+        ("an op with no lowering", lambda r: (ImageFolder(r, T.Compose([T.ElasticTransform(), *train])), {}),
+         "ElasticTransform has no faithful lowering"),
+        ("a perspective on a tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.RandomPerspective()])), {}),
+         "RandomPerspective on a tensor"),
         ("geometry in a RandomApply", lambda r: (ImageFolder(r, T.Compose([
             T.RandomApply([T.RandomResizedCrop(32)]), T.ToTensor()])), {}), "RandomResizedCrop in a RandomApply"),
         ("GaussianBlur on a float tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.GaussianBlur(3)])), {}),
