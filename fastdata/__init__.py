@@ -27,12 +27,15 @@ def _command() -> str:
     return _os.path.basename(orig[-len(argv)]) if argv and len(orig) >= len(argv) else ""
 
 
-def _launches_a_run() -> bool:
-    """Whether this process is `fastdata run`'s launcher: the `fastdata` command (or `python -m
-    fastdata`) given `run`. It starts the command and waits for it, and needs neither torch nor
-    the loader, whose import would be most of what `fastdata run` adds to a command's start; its
-    command's processes import them as any other process does."""
-    return getattr(_sys, "argv", [])[1:2] == ["run"] and _command() == "fastdata"
+def _needs_no_torch() -> bool:
+    """Whether this process is the `fastdata` command (or `python -m fastdata`) given `run`, or
+    asked for its help page alone (or given nothing). `fastdata run`'s launcher starts the command
+    and waits for it, and needs neither torch nor the loader, whose import would be most of what
+    `fastdata run` adds to a command's start (its command's processes import them as any other
+    process does); the help page lists the commands (`fastdata.cli.COMMANDS`), in a fifth of a
+    second where importing torch takes seconds."""
+    args = getattr(_sys, "argv", [])[1:]
+    return (args[:1] == ["run"] or args in ([], ["-h"], ["--help"])) and _command() == "fastdata"
 
 
 _COMMANDS = ("fastdata", "fastdata-demo", "fastdata-bench", "fastdata-profile", "fastdata-shard")
@@ -48,7 +51,7 @@ def _refused(message: str) -> BaseException:
     return ImportError(message)
 
 
-if not _launches_a_run():
+if not _needs_no_torch():
     try:
         import torch
     except ImportError as e:  # torch is deliberately not a pip requirement: see pyproject.toml

@@ -352,7 +352,6 @@ def _print(report: dict) -> None:
         print(f"ImageNet training pipeline, {name}: {rate:,.0f} images/s")
 
 
-SUMMARY = "images/s of each augmentation on each engine this machine has"
 EXAMPLE = "fastdata bench augment --images 64 --reps 1 --no-pipeline"
 
 

@@ -3,8 +3,9 @@
 Each subcommand is a tool's own command, with the same flags and behaviour; the older names
 stay as aliases: `fastdata profile` is `fastdata-profile`, `fastdata bench` `fastdata-bench`,
 `fastdata shard` `fastdata-shard`, `fastdata demo` `fastdata-demo`. A tool module gives
-`SUMMARY` (its line in `fastdata --help`), `EXAMPLE`, and `add_arguments(parser)`, which sets
-the parser's `run` default to the function that runs the parsed command.
+`EXAMPLE` and `add_arguments(parser)`, which sets the parser's `run` default to the function that
+runs the parsed command; its line in `fastdata --help` is here (`COMMANDS`), so that page imports
+no tool (nor torch: `import fastdata` skips it for that page, see `fastdata/__init__.py`).
 """
 
 from __future__ import annotations
@@ -15,31 +16,37 @@ from types import ModuleType
 
 from ._cli import EXIT_CODES, Parser
 
-# name -> the module of its command, in the order `fastdata --help` lists them. A command line
-# imports only its own command's module, not the others' (a profiler, a benchmark, a report).
-COMMANDS: dict[str, str] = {"profile": "fastdata.profiling.cli", "bench": "fastdata.bench", "shard": "fastdata.shard",
-                            "demo": "fastdata.demo", "run": "fastdata.run"}
+# name -> (the module of its command, its line in `fastdata --help`), in the order that page lists
+# them. A command line imports only its own command's module, not the others' (a profiler, a
+# benchmark, a report).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("fastdata.profiling.cli", "is the training step waiting on its input? measure, explain, tune"),
+    "bench": ("fastdata.bench", "images/s of each augmentation on each engine this machine has"),
+    "shard": ("fastdata.shard", "pack an image folder into WebDataset tar shards, with an index"),
+    "demo": ("fastdata.demo", "fastdata against torch's DataLoader, side by side, on data it makes"),
+    "run": ("fastdata.run", "run a training command with its DataLoaders served by fastdata"),
+}
+EXAMPLE = "fastdata profile synthetic --step-ms 100 --tune"  # the README's first command's job
 
 
 def command_module(name: str) -> ModuleType:
     """The module of the command `name`."""
-    return importlib.import_module(COMMANDS[name])
+    return importlib.import_module(COMMANDS[name][0])
 
 
 def parser(command: str | None = None) -> Parser:
-    """The `fastdata` command's parser, its subcommands included; given `command`, only that
-    one's arguments (the others named, for argparse's choices)."""
-    top = command_module("profile").EXAMPLE if command is None else None
+    """The `fastdata` command's parser; given `command`, with that one's arguments (the others
+    named, with their lines, for argparse's choices and the help page)."""
     ap = Parser(prog="fastdata", description=__doc__.split("\n\n")[0] + "\n\nRun `fastdata COMMAND --help` for its "
-                "flags and an example.", epilog=EXIT_CODES, example=top)
+                "flags and an example.", epilog=EXIT_CODES, example=EXAMPLE if command is None else None)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
-    for name in COMMANDS:
-        if command is None or name == command:
+    for name, (_, summary) in COMMANDS.items():
+        if name == command:
             module = command_module(name)
-            module.add_arguments(sub.add_parser(name, help=module.SUMMARY, description=module.__doc__,
+            module.add_arguments(sub.add_parser(name, help=summary, description=module.__doc__,
                                                 example=module.EXAMPLE))
         else:
-            sub.add_parser(name)
+            sub.add_parser(name, help=summary)
     return ap
 
 

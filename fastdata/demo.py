@@ -173,7 +173,6 @@ def _side_by_side(sides: list[tuple[str, Callable[[int], Iterable[Any]]]], worke
     return f"speedup {speedup:.2f}x (paired runs {min(pairs):.2f}..{max(pairs):.2f}x)", True
 
 
-SUMMARY = "fastdata against torch's DataLoader, side by side, on data it makes"
 EXAMPLE = "fastdata demo --repeats 3"
 
 

@@ -322,7 +322,6 @@ def _pattern(text: str) -> str:
     return text
 
 
-SUMMARY = "pack an image folder into WebDataset tar shards, with an index"
 # an image folder made first, so that the example runs anywhere (a single %: the epilog is not %-formatted)
 EXAMPLE = ("python -m fastdata.synthetic /tmp/fastdata-images --images 200\n"
            "  fastdata shard /tmp/fastdata-images /tmp/fastdata-shards/train-%06d.tar --max-count 50")

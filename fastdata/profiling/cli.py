@@ -152,7 +152,6 @@ def _transform(spec: str, size: int | list[tuple[int, int]]):
                            f"{type(e).__name__}: {e}") from None
 
 
-SUMMARY = "is the training step waiting on its input? measure, explain, tune"
 EXAMPLE = "fastdata profile synthetic --step-ms 100"
 
 

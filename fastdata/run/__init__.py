@@ -49,7 +49,6 @@ from typing import Any
 
 from .._cli import CommandError, add_debug, check_writable, run_command
 
-SUMMARY = "run a training command with its DataLoaders served by fastdata"
 EXAMPLE = "fastdata run --profile -- python train.py --epochs 2"
 _SITE = Path(__file__).with_name("_site.py")
 

@@ -233,14 +233,15 @@ def test_clearing_the_cache_leaves_a_folder_that_matches(cache, capsys):
 
 
 def test_no_home_every_command_still_parses_and_the_demo_says_what_to_pass(homeless):
-    """Without a home directory `fastdata --help` builds every command's parser (none looks a
-    home up when imported), and the demo, whose images would go in the cache, asks for --data."""
+    """Without a home directory every command's parser builds (none looks a home up when
+    imported), and the demo, whose images would go in the cache, asks for --data."""
     import importlib
 
     from fastdata import _cli, cli, demo
 
     importlib.reload(demo)  # (imported before the fixture took the home away)
-    cli.parser()
+    for name in cli.COMMANDS:
+        cli.parser(name)
     args = cli.parser("demo").parse_args(["demo"])
     assert args.data is None
     with pytest.raises(_cli.CommandError, match=r"no home directory\): pass --data DIR, or --images 0"):

@@ -79,7 +79,7 @@ def test_every_help_ends_with_an_example_that_parses(argv, capsys):
     commands = [line.strip() for line in example.splitlines() if line.strip().startswith("fastdata ")]
     assert commands and all(c.split()[1] == (argv or ["profile"])[0] for c in commands), example
     for command in commands:  # a command line `fastdata` accepts, with real flags
-        args = cli.parser().parse_args(shlex.split(command)[1:])
+        args = cli.parser(shlex.split(command)[1]).parse_args(shlex.split(command)[1:])
         assert callable(args.run)
 
 
@@ -87,11 +87,32 @@ def test_top_help_lists_the_commands_and_the_exit_codes(capsys):
     page = _help(cli.main, [], capsys)
     for name in cli.COMMANDS:
         assert re.search(rf"^    {name} +\S", page, re.MULTILINE), name
-        assert cli.command_module(name).SUMMARY.split()[0] in page
+        assert cli.COMMANDS[name][1].split()[0] in page
     codes = page.partition("exit codes:")[2]
     for code, says in (("0", "success"), ("1", "error"), ("2", "bad command line"), ("130", "interrupted")):
         assert re.search(rf"^  {code} +.*{says}", codes, re.MULTILINE), code
     assert "--debug" in codes
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], []])
+def test_the_top_help_page_imports_no_torch(tmp_path, argv):
+    """`fastdata --help` (and `fastdata` alone) answers without importing torch, which takes
+    seconds: with torch unimportable, the page (or the missing command's one line) comes all the
+    same; `fastdata --version`, which prints torch's version, still refuses in one line."""
+    script = Path(sys.executable).parent / "fastdata"
+    if not script.exists():
+        pytest.skip(f"fastdata's console script is not installed beside {sys.executable}")
+    (tmp_path / "sitecustomize.py").write_text("import sys; sys.modules['torch'] = None\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=60, env=env)
+    if argv:
+        assert done.returncode == 0 and "    run       run a training command" in done.stdout, done.stderr
+        assert done.stdout.rstrip().endswith(cli.EXAMPLE)
+    else:
+        assert done.returncode == 2 and done.stderr.startswith("fastdata: error: the following arguments are "
+                                                               "required: COMMAND"), done.stderr
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1 and "fastdata needs PyTorch, but it is not installed" in done.stderr
 
 
 @pytest.mark.parametrize("leaf", list(LEAVES))
@@ -114,7 +135,7 @@ def test_help_names_only_real_flags(leaf, capsys):
 
 @pytest.mark.parametrize("leaf", list(LEAVES))
 def test_every_flag_with_a_default_says_it(leaf, capsys):
-    parser = cli.parser()
+    parser = cli.parser(leaf[0])
     sub = parser.parse_args([*leaf, *(["src", "o-%d.tar"] if leaf == ("shard",) else [])])
     entries = _entries(_split(_help(cli.main, list(leaf), capsys))[1])
     checked = 0

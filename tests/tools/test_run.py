@@ -379,14 +379,16 @@ def test_the_launcher_imports_neither_torch_nor_the_loader(monkeypatch):
     # the console script's form: sys.argv[0] the script, behind the interpreter in orig_argv
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fastdata", "run", "--", "python", "train.py"])
     monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python3", *sys.argv])
-    assert fastdata._launches_a_run()
+    assert fastdata._needs_no_torch()
     for argv, orig in ((["/venv/bin/fastdata", "profile", "run"], None),  # another command
+                       (["/venv/bin/fastdata", "profile", "--help"], None),  # its page builds its parser
+                       (["/venv/bin/fastdata", "--version"], None),  # it prints torch's version
                        (["train.py", "run"], None),  # a script of another name
                        (["-c", "run"], ["python", "-c", "import fastdata", "run"]),
                        (["-m", "run"], ["python", "-m", "fastdata.cli", "run"])):
         monkeypatch.setattr(sys, "argv", argv)
         monkeypatch.setattr(sys, "orig_argv", orig or ["/venv/bin/python3", *argv])
-        assert not fastdata._launches_a_run(), argv
+        assert not fastdata._needs_no_torch(), argv
 
 
 def test_a_script_named_alone_runs_with_this_python(tmp_path):
