@@ -124,7 +124,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                    v2.AutoAugment, T.AugMix, v2.AugMix, T.GaussianBlur, v2.GaussianBlur, T.RandomApply,
                    v2.RandomApply, *photometric):
             closed = closed or kind
-            pinned = pinned or ("" if cls in (T.Normalize, v2.Normalize) or _flip_commutes(op) else kind)
+            domain = "float" if scaled else "uint8" if tensor else "pil"
+            pinned = pinned or ("" if cls in (T.Normalize, v2.Normalize) or _flip_commutes(op, domain) else kind)
             rest.append(op)
             continue
         if (pinned if cls in flips else closed) and cls in (
@@ -166,10 +167,11 @@ def _split(ops: list, name: str) -> tuple[list, list]:
     return geometry, rest
 
 
-def _flip_commutes(op: Any) -> bool:
-    """Whether torchvision's pixel op `op` commutes with a flip (`_pixels.flip_commutes`)."""
+def _flip_commutes(op: Any, domain: str) -> bool:
+    """Whether torchvision's pixel op `op`, on images of `domain`, commutes with a flip
+    (`_pixels.flip_commutes`)."""
     try:
-        lowered = pixel_op(op, "pil")
+        lowered = pixel_op(op, domain)
     except ValueError:  # (one fastdata does not lower: the lowering says why later)
         return False
     return lowered is not None and flip_commutes(lowered)

@@ -2,16 +2,16 @@
 
 `pixel_op` reads one of torchvision's (v1 and v2 classes, each its exact class) into fastdata's
 op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them), RandomRotation,
-RandomAffine and RandomPerspective (`_rotation`), AugMix (`_augmix`), and, here, the self-supervised recipes' ops
-(SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a grayscale, a blur, a
-solarization) and the other Random* ops of one functional call: RandomGrayscale,
-RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize, RandomAdjustSharpness,
-RandomAutocontrast and RandomEqualize (`RandomCall`), GaussianBlur (`Blur`) and RandomApply of
-pixel ops (`Chance`). Their parameters are drawn per sample, and each image is computed by
-torchvision's own functions with them (`F.rgb_to_grayscale`, `F.gaussian_blur`, ..., v1's for
-v1's op, v2's for v2's): the draws are fastdata's, the pixels torchvision's.
+RandomAffine and RandomPerspective (`_rotation`), AugMix (`_augmix`), and, here, the
+self-supervised recipes' ops (SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a
+grayscale, a blur, a solarization) and the other Random* ops of one functional call:
+RandomGrayscale, RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize,
+RandomAdjustSharpness, RandomAutocontrast and RandomEqualize (`RandomCall`), GaussianBlur
+(`Blur`) and RandomApply of pixel ops (`Chance`). Their parameters are drawn per sample, and each
+image is computed by torchvision's own functions with them (`F.rgb_to_grayscale`,
+`F.gaussian_blur`, ..., v1's for v1's op, v2's for v2's; on a uint8 tensor image, its tensor
+kernels, `TensorColorJitter` too): the draws are fastdata's, the pixels torchvision's.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass

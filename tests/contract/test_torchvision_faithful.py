@@ -823,12 +823,14 @@ def _configs():
     v2_chance = [v2.RandomApply([v2.Compose([v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.GaussianBlur((5, 9), (0.5, 3.0))])],
                                 p=0.6), v2.RandomGrayscale(0.5)]
     photometric = [T.RandomVerticalFlip(0.4), T.RandomSolarize(128, 0.3), T.RandomPosterize(4, 0.3),
-                   T.RandomAdjustSharpness(2, 0.5), T.RandomAutocontrast(0.3), T.RandomEqualize(0.3), T.RandomInvert(0.2)]
+                   T.RandomAdjustSharpness(2, 0.5), T.RandomAutocontrast(0.3), T.RandomEqualize(0.3),
+                   T.RandomInvert(0.2)]
     v2_photometric = [v2.RandomVerticalFlip(0.5), v2.RandomGrayscale(0.3), v2.RandomSolarize(100, 0.4),
                       v2.RandomAdjustSharpness(0.3, 0.5), v2.RandomEqualize(0.4), v2.RandomPosterize(2, 0.3)]
     moco = [T.RandomGrayscale(0.2), T.ColorJitter(0.4, 0.4, 0.4, 0.4), T.RandomApply([T.RandomSolarize(100)], p=0.3)]
-    on_tensor = [v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.RandomGrayscale(0.3), v2.RandomApply([v2.GaussianBlur(5)], p=0.5),
-                 v2.RandomSolarize(128, 0.3), v2.RandomVerticalFlip(0.5), v2.RandomAutocontrast(0.3)]
+    on_tensor = [v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.RandomGrayscale(0.3),
+                 v2.RandomApply([v2.GaussianBlur(5)], p=0.5), v2.RandomSolarize(128, 0.3), v2.RandomVerticalFlip(0.5),
+                 v2.RandomAutocontrast(0.3)]
     perspective = [T.RandomPerspective(0.5, p=0.6)]
     v1_on_tensor = [T.ColorJitter(brightness=0.3, saturation=0.5), T.RandomSolarize(100, 0.4), T.RandomGrayscale(0.4)]
     return {
@@ -889,8 +891,8 @@ def _configs():
             v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), *v2_photometric, T.ToTensor()]),
             _rrc_ref(BICUBIC, post=[T.ToTensor()], script=v2_photometric), levels_float, [T.ToTensor()]),
         "xviii: MoCo v1's RRC bicubic, RandomGrayscale, ColorJitter, then the flip + PILToTensor": (
-            T.Compose([T.RandomResizedCrop(224, scale=(0.2, 1.0), interpolation=BICUBIC), *moco, T.RandomHorizontalFlip(),
-                       T.PILToTensor()]),
+            T.Compose([T.RandomResizedCrop(224, scale=(0.2, 1.0), interpolation=BICUBIC), *moco,
+                       T.RandomHorizontalFlip(), T.PILToTensor()]),
             _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=moco, flip_last=True), levels_u8, [T.PILToTensor()]),
         "xix: v2 RRC bicubic + PILToTensor, then on the uint8 tensor ColorJitter, Random* ops, GaussianBlur": (
             v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.PILToTensor(), *on_tensor,
