@@ -32,8 +32,8 @@ def _needs_no_torch() -> bool:
     asked for its help page alone (or given nothing). `fastdata run`'s launcher starts the command
     and waits for it, and needs neither torch nor the loader, whose import would be most of what
     `fastdata run` adds to a command's start (its command's processes import them as any other
-    process does); the help page lists the commands (`fastdata.cli.COMMANDS`), in a fifth of a
-    second where importing torch takes seconds."""
+    process does); the help page only lists the commands (`fastdata.cli.COMMANDS`), and torch's
+    import would be most of its time."""
     args = getattr(_sys, "argv", [])[1:]
     return (args[:1] == ["run"] or args in ([], ["-h"], ["--help"])) and _command() == "fastdata"
 
