@@ -12,13 +12,13 @@ image is computed by torchvision's own functions with them (`F.rgb_to_grayscale`
 `F.gaussian_blur`, ..., v1's for v1's op, v2's for v2's; on a uint8 tensor image, its tensor
 kernels, `TensorColorJitter` too): the draws are fastdata's, the pixels torchvision's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from ..transforms import ops as fd
-from ..transforms.pil import pixel_ops_on
 from ._augmix import augmix
 from ._rotation import pillow_geometry
 
@@ -60,11 +60,10 @@ class RandomCall(fd.Op):
     def plan(self, u: Any) -> list[dict]:
         return [{"apply": bool(x < self.p)} for x in u[:, 0]]
 
-    def on_pillow(self, img: Any, p: dict) -> Any:
-        if not p["apply"]:
-            return img
-        call = getattr(_functional(self.v2), self.call)
-        return _as_tensor(img, lambda t: call(t, *self.args)) if self.tensor else call(img, *self.args)
+    def on_pillow(self, img: Any, p: dict) -> Any:  # (the tensor image too: `transforms.pil.pixel_ops_on`)
+        return getattr(_functional(self.v2), self.call)(img, *self.args) if p["apply"] else img
+
+    on_tensor = on_pillow
 
 
 @dataclass(frozen=True)
@@ -81,10 +80,10 @@ class Blur(fd.Op):
         lo, hi = self.sigma
         return [{"sigma": float(s)} for s in (lo + (hi - lo) * u[:, 0]).astype("float32")]
 
-    def on_pillow(self, img: Any, p: dict) -> Any:
-        blur = _functional(self.v2).gaussian_blur
-        call = lambda x: blur(x, list(self.kernel), [p["sigma"], p["sigma"]])  # noqa: E731
-        return _as_tensor(img, call) if self.tensor else call(img)
+    def on_pillow(self, img: Any, p: dict) -> Any:  # (the tensor image too)
+        return _functional(self.v2).gaussian_blur(img, list(self.kernel), [p["sigma"], p["sigma"]])
+
+    on_tensor = on_pillow
 
 
 @dataclass(frozen=True)
@@ -94,23 +93,22 @@ class TensorColorJitter(fd.ColorJitter):
     arithmetic, not Pillow's), each only where the op has a range, as its `forward` calls them."""
 
     v2: bool = False
+    tensor = True  # (`transforms.pil.pixel_ops_on` hands it the tensor image)
 
-    def on_pillow(self, img: Any, p: dict) -> Any:
+    def on_tensor(self, t: Any, p: dict) -> Any:
         F = _functional(self.v2)
-
-        def jitter(t: Any) -> Any:
-            for k in p["order"]:
-                name = ("brightness", "contrast", "saturation", "hue")[k]
-                if getattr(self, name) != ((0.0, 0.0) if name == "hue" else (1.0, 1.0)):  # (None in torchvision)
-                    t = getattr(F, f"adjust_{name}")(t, p[name])
-            return t
-        return _as_tensor(img, jitter)
+        for k in p["order"]:
+            name = ("brightness", "contrast", "saturation", "hue")[k]
+            if getattr(self, name) != ((0.0, 0.0) if name == "hue" else (1.0, 1.0)):  # (None in torchvision)
+                t = getattr(F, f"adjust_{name}")(t, p[name])
+        return t
 
 
 @dataclass(frozen=True)
 class Chance(fd.Op):
     """torchvision's RandomApply of pixel ops: with chance `p` per sample, `ops` in turn, each
-    with the parameters drawn for it (`plan_pixels` draws them from streams of their own)."""
+    with the parameters drawn for it (`plan_pixels` draws them from streams of their own;
+    `pixel_ops_on` runs them)."""
 
     p: float
     ops: tuple
@@ -118,22 +116,12 @@ class Chance(fd.Op):
     def plan(self, u: Any, inner: list[list[dict]]) -> list[dict]:
         return [{"apply": bool(x < self.p), "inner": [plan[i] for plan in inner]} for i, x in enumerate(u[:, 0])]
 
-    def on_pillow(self, img: Any, p: dict) -> Any:
-        return pixel_ops_on(img, self.ops, p["inner"]) if p["apply"] else img
-
 
 def _functional(v2: bool) -> Any:
     import torchvision.transforms.functional as F
     import torchvision.transforms.v2.functional as F2
 
     return F2 if v2 else F
-
-
-def _as_tensor(img: Any, call: Any) -> Any:
-    """`call` of the PIL image's uint8 CHW tensor, as a PIL image again (both conversions lossless)."""
-    import torchvision.transforms.v2.functional as F2
-
-    return F2.to_pil_image(call(F2.pil_to_tensor(img)))
 
 
 def _version(op: Any, domain: str) -> bool:
@@ -218,7 +206,7 @@ def flip_commutes(op: fd.Op) -> bool:
     flip reverses, which may round otherwise."""
     if isinstance(op, Chance):
         return all(flip_commutes(one) for one in op.ops)
-    if getattr(op, "tensor", False) or isinstance(op, TensorColorJitter):  # (torch's float reductions too)
+    if getattr(op, "tensor", False):  # (torch's float reductions too)
         return False
     return type(op) is fd.ColorJitter or (isinstance(op, RandomCall) and op.call != "adjust_sharpness")
 

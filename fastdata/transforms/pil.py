@@ -148,21 +148,46 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
 
 def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
     """Runs the pixel ops on one HWC uint8 row in place (a row of the batch slot)."""
-    from PIL import Image
-
-    row[...] = np.asarray(pixel_ops_on(Image.fromarray(row), ops, params))
+    out = pixel_ops_on(row, ops, params)
+    if out is not row:  # (a PIL image, or a CHW tensor: the one of the two with `permute`)
+        row[...] = out.permute(1, 2, 0).numpy() if hasattr(out, "permute") else np.asarray(out)
 
 
 def pixel_ops_on(img, ops, params: list[dict]):
-    """The PIL image after the pixel ops, each with its sample's parameters."""
+    """The image after the pixel ops, each with its sample's parameters. `img` is an HWC uint8
+    array, a PIL image or a CHW uint8 tensor; each op gets the form it takes (a PIL image, or
+    with `tensor` set, `fastdata.run`'s ops on the tensor image, the tensor torchvision's
+    `pil_to_tensor` makes), converted only where the form changes; the result is in the last op's
+    form. An op holding ops (`fastdata.run`'s RandomApply) runs them in turn where it applied."""
     from .ops import ColorJitter
 
     for op, p in zip(ops, params):
-        if callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)
-            img = op.on_pillow(img, p)
+        if isinstance(getattr(op, "ops", None), tuple):
+            img = pixel_ops_on(img, op.ops, p["inner"]) if p["apply"] else img
+        elif getattr(op, "tensor", False):
+            img = op.on_tensor(_form(img, tensor=True), p)
+        elif callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)
+            img = op.on_pillow(_form(img, tensor=False), p)
         elif isinstance(op, ColorJitter):
-            img = color_jitter(img, p)
+            img = color_jitter(_form(img, tensor=False), p)
         else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
+            img = _form(img, tensor=False)
             for one in p.get("ops", (p,)):
                 img = trivial_augment(img, one, op.interpolation)
     return img
+
+
+def _form(img, tensor: bool):
+    """`img` (an HWC uint8 array, a PIL image or a CHW uint8 tensor) as a CHW tensor (`tensor`)
+    or a PIL image, both lossless."""
+    from PIL import Image
+
+    if tensor:
+        if hasattr(img, "permute"):
+            return img
+        import torch
+
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1)  # (np.array: a copy, as pil_to_tensor's)
+    if isinstance(img, np.ndarray):
+        return Image.fromarray(img)
+    return Image.fromarray(img.permute(1, 2, 0).numpy()) if hasattr(img, "permute") else img
