@@ -34,7 +34,7 @@ import torch
 
 from ..transforms.pil import apply_pixel_ops
 from ..transforms.plan import plan_pixels
-from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform
+from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform, lower_views
 from ._pixels import CALLS, flip_commutes, pixel_op
 from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder
@@ -74,25 +74,30 @@ def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
     channels = 3 if kind == "cifar" else 1
     if ds.transform is None:
         return None, "no transform: the samples are PIL images, which fastdata does not lay out"
-    import torchvision.transforms as T
-
     try:
-        ops = flatten(ds.transform)
-        geometry, rest = _split(ops, type(ds).__name__)
-        lowering = lower_transform(T.Compose(rest))
-        for step in lowering.steps:
-            if step[0] == "normalize" and channels == 1 and max(len(step[1]), len(step[2])) > 1:
-                raise Unlowerable("Normalize with 3 means or stds for 1-channel images: torchvision raises; "
-                                  "not lowered")
-        if channels == 1 and (lowering.erasing or lowering.pixel_ops):
-            raise Unlowerable(f"{'RandomErasing' if lowering.erasing else type(lowering.pixel_ops[0]).__name__} on "
-                              "1-channel images: not lowered")
+        return lower_views(ds.transform, lambda transform: _lower_rows(transform, channels, type(ds).__name__)), ""
     except Unlowerable as e:
         return None, str(e)
     except (ValueError, TypeError) as e:  # a parameter fastdata does not read
         return None, f"a parameter fastdata does not lower ({e})"
+
+
+def _lower_rows(transform: Any, channels: int, name: str) -> Lowering:
+    """The lowering of a transform of an in-memory dataset's rows of `channels`; raises
+    Unlowerable, saying why, where there is none."""
+    import torchvision.transforms as T
+
+    ops = flatten(transform)
+    geometry, rest = _split(ops, name)
+    lowering = lower_transform(T.Compose(rest))
+    for step in lowering.steps:
+        if step[0] == "normalize" and channels == 1 and max(len(step[1]), len(step[2])) > 1:
+            raise Unlowerable("Normalize with 3 means or stds for 1-channel images: torchvision raises; not lowered")
+    if channels == 1 and (lowering.erasing or lowering.pixel_ops):
+        raise Unlowerable(f"{'RandomErasing' if lowering.erasing else type(lowering.pixel_ops[0]).__name__} on "
+                          "1-channel images: not lowered")
     return replace(lowering, geometry=tuple(geometry), names=", ".join(type(op).__name__ for op in ops),
-                   sized=True, channels=channels, in_memory=True), ""
+                   sized=True, channels=channels, in_memory=True)
 
 
 def _split(ops: list, name: str) -> tuple[list, list]:
@@ -310,9 +315,22 @@ class NativeArrays(NativeFolder):
     def _native(self, indices: list[int], lowering: Lowering) -> Any:
         self._use(lowering)
         ds, picked = self._picked(indices)
-        draws = Draws()
         try:
             rows, targets = _rows(ds, picked, lowering.channels)
+        except Exception as e:  # (its own fetch raises the script's error, where it raises)
+            raise FolderError(str(e)) from None
+        views = lowering.views or (lowering,)  # (a multi-view wrapper's: each view from the rows)
+        made = [self._view(rows if v == len(views) - 1 else rows.copy(), view) for v, view in enumerate(views)]
+        if ds.target_transform is not None:
+            targets = [ds.target_transform(t) for t in targets]
+        return self._joined([self._batch(images, targets, view, seed) for (images, seed), view in zip(made, views)],
+                            targets, lowering)
+
+    def _view(self, rows: np.ndarray, lowering: Lowering) -> tuple[torch.Tensor, int]:
+        """(uint8 NHWC images, the seed they were drawn from): `rows` (which it may write)
+        through the lowering of one view."""
+        draws = Draws()
+        try:
             images = np.ascontiguousarray(gather(rows, lowering.geometry, draws))
         except Exception as e:  # (its own fetch raises the script's error, where it raises)
             raise FolderError(str(e)) from None
@@ -322,7 +340,7 @@ class NativeArrays(NativeFolder):
             plans = plan_pixels(lowering.pixel_ops, seed, 0, np.arange(len(images)), images.shape[1:3])
             for k in range(len(images)):
                 apply_pixel_ops(images[k], lowering.pixel_ops, [p[k] for p in plans])
-        return self._batch(ds, torch.from_numpy(images), targets, lowering, seed)
+        return torch.from_numpy(images), seed
 
 
 def _rows(ds: Any, indices: list, channels: int) -> tuple[np.ndarray, list]:

@@ -78,6 +78,29 @@ class FolderBatch(Prepared):
         return [handle, collate_leaves(tuple(self.targets), ring), Layout(self.steps, self.erased, self.seed)]
 
 
+class Views(tuple):
+    """The `Layout` of each view of a multi-view wrapper's batch, in order."""
+
+
+class FolderViews(Prepared):
+    """A multi-view wrapper's batch: a `FolderBatch` per view, and the targets (collated once)."""
+
+    def __init__(self, batches: list, targets: list) -> None:
+        self.batches, self.targets = batches, targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def collate_into(self, ring: Any) -> Any:
+        handles, layouts = [], []
+        for batch in self.batches:
+            out, handle = new_batch(ring, tuple(batch.images.shape), torch.uint8)
+            out.copy_(batch.images)
+            handles.append(handle)
+            layouts.append(Layout(batch.steps, batch.erased, batch.seed))
+        return [handles, collate_leaves(tuple(self.targets), ring), Views(layouts)]
+
+
 def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:
     """Writes a natively served batch's uint8 NHWC `images` into `out` (NCHW, the dtype of the
     layout's steps) as `layout` gives them: through a lookup table natively (made once per steps
@@ -112,14 +135,19 @@ class Finish:
         self._tables: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, batch: Any) -> Any:
-        if type(batch) is not list or len(batch) != 3 or type(batch[2]) is not Layout:
+        if type(batch) is not list or len(batch) != 3 or type(batch[2]) not in (Layout, Views):
             return batch
-        images, layout = batch[0], batch[2]
-        n, h, w, c = images.shape
+        # (a multi-view wrapper's: a list of images per view, as default_collate gives its samples' lists)
+        views = type(batch[2]) is Views
+        images, layouts = (batch[0], batch[2]) if views else ([batch[0]], [batch[2]])
         ring = self.rings.ring()
         try:
-            out, handle = new_batch(ring, (n, c, h, w), steps_dtype(layout.steps))
-            lay_out(images, layout, out, self._tables)
+            outs = []
+            for x, layout in zip(images, layouts):
+                n, h, w, c = x.shape
+                out, handle = new_batch(ring, (n, c, h, w), steps_dtype(layout.steps))
+                lay_out(x, layout, out, self._tables)
+                outs.append(handle)
         finally:
             ring.end()
-        return [handle, batch[1]]
+        return [outs if views else outs[0], batch[1]]

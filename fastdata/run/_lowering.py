@@ -28,6 +28,7 @@ from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing
 from ._pixels import flip_commutes, interpolation, pixel_op
+from ._views import views
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
@@ -56,6 +57,8 @@ class Lowering:
     # an in-memory dataset's (`fastdata.run._arrays`): its images' channels, and `geometry` is array ops
     channels: int = 3
     in_memory: bool = False
+    # a multi-view wrapper's (`_views`): each view's lowering, in order; this one's own ops are then empty
+    views: tuple = ()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -65,6 +68,8 @@ class Lowering:
     def random(self) -> bool:
         """Whether the transform has a random op. torchvision's draw from torch's RNG whatever
         their parameters (a flip with p=1 too); the others draw nothing."""
+        if self.views:
+            return any(view.random for view in self.views)
         drawing = [op for op in self.pixel_ops if not (isinstance(op, fd.RandAugment) and op.num_ops == 0)]
         if self.in_memory:  # (its geometry: `_arrays`' ops, tuples; a crop draws where it can move: `_arrays.Draws`)
             return bool(drawing or self.erasing) or any(op[0] in ("flip", "rotate") for op in self.geometry)
@@ -124,9 +129,29 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
         return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "
                       "decoder refuses")
     try:
-        return lower_transform(dataset.transform), ""
+        return lower_views(dataset.transform, lower_transform), ""
     except Unlowerable as e:
         return None, str(e)
+
+
+def lower_views(transform: Any, lower_one: Any) -> Lowering:
+    """`lower_one(transform)`, or for a multi-view wrapper (`_views.views`), the lowering of its views."""
+    found = views(transform)
+    if found is None:
+        return lower_one(transform)
+    name, lowered = type(transform).__name__, []
+    for k, view in enumerate(found):
+        try:
+            lowered.append(lower_one(view))
+        except Unlowerable as e:
+            raise Unlowerable(f"{name}'s view {k + 1}: {e}") from None
+    names = [f"({view.names})" for view in lowered]
+    if len(set(names)) == 1:
+        names = [names[0]]
+    first = lowered[0]
+    return Lowering((), (), first.resample, (), f"{name}: {len(lowered)} views of {' and '.join(names)}",
+                    tv_image=any(v.tv_image for v in lowered), sized=all(v.sized for v in lowered),
+                    channels=first.channels, in_memory=first.in_memory, views=tuple(lowered))
 
 
 def samples_refused(lowering: Lowering) -> str:

@@ -46,13 +46,15 @@ def shm_room(call: dict, lowering: Any) -> str:
     if free is None:
         return ""
     dataset, workers = call["dataset"], resolve_workers("auto")
-    size = image_size(lowering.geometry, dataset)
-    if size is None:
+    views = lowering.views or (lowering,)  # (a multi-view wrapper's batch holds each view's images)
+    sizes = [image_size(view.geometry, dataset) for view in views]
+    if None in sizes:
         return "the images' size could not be read (the first file's header) to size the workers' /dev/shm"
     pin = bool(call.get("pin_memory")) and torch.accelerator.is_available()
-    laid_out = 0 if pin else lowering.dtype.itemsize
+    laid_out = 0 if pin else max(view.dtype.itemsize for view in views)
     # uint8 in each worker's ring, the transform's dtype in this process's; and a quarter more
-    need = _SLOTS * call.get("batch_size", 1) * 3 * size[0] * size[1] * (workers + laid_out) * 5 // 4
+    pixels = sum(h * w for h, w in sizes)
+    need = _SLOTS * call.get("batch_size", 1) * 3 * pixels * (workers + laid_out) * 5 // 4
     ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
     ranks = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
     room = (free - sum(n for d, n in _held.items() if d is not dataset)) // ranks

@@ -49,7 +49,7 @@ from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
-from ._layout import FolderBatch, Layout, apply_steps, lay_out
+from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
 from ._lowering import Lowering, folder, lower, samples_refused, steps_dtype
 
 
@@ -122,7 +122,7 @@ class NativeFolder(Dataset):
         self._tables: dict[tuple, torch.Tensor] = {}  # (samples) lay_out's lookup tables
         self.decoder = self._decoder(dataset)
         self._use(lowering)
-        self._scratch: torch.Tensor | None = None
+        self._scratch: list[torch.Tensor] = []  # a view's decoded images (`_images`)
         # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
         self._listing: tuple[list, Names, array.array] | None = None
         self._kept: list | None = None  # the samples' items the listing was made of
@@ -148,7 +148,7 @@ class NativeFolder(Dataset):
         return self.dataset[index]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_scratch": None}
+        return {**self.__dict__, "_scratch": []}
 
     def list_for_workers(self) -> None:
         """Called in the main process before workers start: the dataset's `samples` (a list of
@@ -230,39 +230,56 @@ class NativeFolder(Dataset):
         # except clause: its error does not carry fastdata's as its context).
         return [ds[i] for i in indices]
 
-    def _native(self, indices: list[int], lowering: Lowering) -> FolderBatch:
-        if lowering != self.lowering:
-            self._use(lowering)
+    def _native(self, indices: list[int], lowering: Lowering) -> Any:
         ds, indices = self._picked(indices)
         paths, targets = self._samples(ds, indices)
         index = np.asarray(indices, dtype=np.int64)  # (the record of files that decoded whole: the folder's ids)
-        images, like, done = None, None, 0
+        views = lowering.views or (lowering,)  # (a multi-view wrapper's: each view decodes the files again)
+        images: list = [None] * len(views)
+        seeds, likes, done = [0] * len(views), [None] * len(views), 0
         while done < len(paths):
             # The files in parts of at most read.MAX_PART_BYTES (one but for batches of large
             # files), each decoded into its rows of the batch before the next is read. Every
             # error raises, so the batch has a row for each index.
             part = self._read(paths[done:])
-            if lowering.random and not done:
-                # One seed a batch from this process's torch RNG: torchvision's random transforms
-                # draw from it per sample, and a worker's is seeded by the DataLoader.
-                self.decoder.seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-            errors: list[tuple[str, str]] = []
             n = len(part)
-            c = self.decoder.check(0, index[done:done + n], paths[done:done + n], part, np.zeros(n, np.int64),
-                                   errors, like=like)
-            if images is None:
-                w, h = c.size
-                images = self._images(len(paths), h, w)
-            like = (paths[0], c.size, done + n) if like is None else (*like[:2], done + n)
-            self.decoder.fill(images[done:done + n], c, 0, errors)
-            del part, c  # its bytes go before the next part's are read
+            for v, view in enumerate(views):
+                if view != self.lowering:
+                    self._use(view)
+                if view.random and not done:
+                    # One seed a batch (and view) from this process's torch RNG: torchvision's random
+                    # transforms draw from it per sample, and a worker's is seeded by the DataLoader.
+                    seeds[v] = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+                self.decoder.seed = seeds[v]
+                errors: list[tuple[str, str]] = []
+                like = likes[v]
+                c = self.decoder.check(0, index[done:done + n], paths[done:done + n], part, np.zeros(n, np.int64),
+                                       errors, like=like)
+                if images[v] is None:
+                    w, h = c.size
+                    images[v] = self._images(v, len(paths), h, w)
+                likes[v] = (paths[0], c.size, done + n) if like is None else (*like[:2], done + n)
+                self.decoder.fill(images[v][done:done + n], c, 0, errors)
+                del c
+            del part  # its bytes go before the next part's are read
             done += n
-        return self._batch(ds, images, targets, lowering, self.decoder.seed)
-
-    def _batch(self, ds: Any, images: torch.Tensor, targets: list, lowering: Lowering, seed: int) -> Any:
-        """The batch of uint8 NHWC `images` (drawn from `seed`) and `targets` of the dataset `ds`."""
         if ds.target_transform is not None:
             targets = [ds.target_transform(t) for t in targets]
+        return self._joined([self._batch(x, targets, view, seed) for x, view, seed in zip(images, views, seeds)],
+                            targets, lowering)
+
+    def _joined(self, batches: list, targets: list, lowering: Lowering) -> Any:
+        """The batch of a lowering's views (`_batch` each): the one view's batch as it is; a
+        multi-view wrapper's samples each the list of its views, as the wrapper gives them."""
+        if not lowering.views:
+            return batches[0]
+        if self.samples:
+            return [([b[k][0] for b in batches], target) for k, target in enumerate(targets)]
+        return FolderViews(batches, targets)
+
+    def _batch(self, images: torch.Tensor, targets: list, lowering: Lowering, seed: int) -> Any:
+        """The batch of uint8 NHWC `images` (drawn from `seed`) and `targets` (the dataset's,
+        through its target_transform)."""
         # RandomErasing's rectangles, drawn here as numbers (keyed as `FolderDecoder.draw_keys`);
         # the main process writes them over the laid-out batch
         erased = draw(lowering.erasing, seed, np.arange(len(images)), *images.shape[1:3]) if lowering.erasing else ()
@@ -288,10 +305,13 @@ class NativeFolder(Dataset):
                 self.decoder.fail([], path, data)
         return datas[:n]
 
-    def _images(self, n: int, h: int, w: int) -> torch.Tensor:
-        """uint8 [n, h, w, 3] in this process's scratch (reused: the batch is laid out in the
-        collate function's buffers right after it is decoded, in this process)."""
+    def _images(self, view: int, n: int, h: int, w: int) -> torch.Tensor:
+        """uint8 [n, h, w, 3] in this process's scratch for the view (reused: the batch is laid
+        out in the collate function's buffers right after it is decoded, in this process)."""
         need = n * h * w * 3
-        if self._scratch is None or self._scratch.numel() < need:
-            self._scratch = torch.empty(need, dtype=torch.uint8)
-        return self._scratch[:need].view(n, h, w, 3)
+        scratch = self._scratch
+        while len(scratch) <= view:
+            scratch.append(torch.empty(0, dtype=torch.uint8))
+        if scratch[view].numel() < need:
+            scratch[view] = torch.empty(need, dtype=torch.uint8)
+        return scratch[view][:need].view(n, h, w, 3)

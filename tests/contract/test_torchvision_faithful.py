@@ -21,6 +21,7 @@ import copy
 import io
 import itertools
 import math
+import types
 
 import numpy as np
 import pytest
@@ -1071,6 +1072,42 @@ def test_served_pixels_match_torchvision(folder, name):
     tol_mean, tol_max = TOLERANCE[name.split(":")[0]]
     assert mean <= tol_mean + 1e-6 and worst <= tol_max + 1e-3, \
         f"{name}: mean abs {mean:.4f} (<= {tol_mean}), max abs {worst:.2f} (<= {tol_max}) uint8 levels"
+
+
+class TwoCropsTransform:  # MoCo v3's (moco/loader.py): a view of each of two transforms
+    def __init__(self, base_transform1, base_transform2):
+        self.base_transform1 = base_transform1
+        self.base_transform2 = base_transform2
+
+    def __call__(self, x):
+        im1 = self.base_transform1(x)
+        im2 = self.base_transform2(x)
+        return [im1, im2]
+
+
+def test_two_views_are_each_torchvisions_at_their_draws(folder):
+    """A multi-view wrapper (`fastdata.run._views`) of configurations xviii and xiv: each view's
+    pixels are its configuration's reference at the parameters drawn from the view's own seed
+    (one a view, drawn in turn from torch's RNG), to the level (0/0, as each configuration alone)."""
+    names = [next(k for k in CONFIGS if k.startswith(n + ":")) for n in ("xviii", "xiv")]
+    configs = [_configs()[name] for name in names]
+    ds = ImageFolder(str(folder), TwoCropsTransform(configs[0][0], configs[1][0]), is_valid_file=_valid)
+    lowering, why = lower(ds)
+    assert why == "" and len(lowering.views) == 2
+    indices = list(range(len(ds)))
+    torch.manual_seed(11)
+    crossed = NativeFolder(ds, lowering).__getitems__(indices).collate_into(None)
+    views, targets = Finish(lowering, slots=2, pin=False, forks=False)(crossed)
+    torch.manual_seed(11)
+    seeds = [int(torch.randint(0, 2**62, (), dtype=torch.int64)) for _ in range(2)]
+    want_views, want_targets = torch.utils.data.default_collate([ds[i] for i in indices])
+    assert torch.equal(targets, want_targets) and len(views) == len(want_views) == 2
+    for view, lowered, seed, want, (transform, ref, to_levels, _) in zip(views, lowering.views, seeds, want_views,
+                                                                         configs):
+        assert view.dtype == want.dtype and view.shape == want.shape
+        drew = types.SimpleNamespace(geometry=lowered.geometry, pixel_ops=lowered.pixel_ops, seed=seed)
+        tv = references(ImageFolder(str(folder), transform, is_valid_file=_valid), drew, indices, ref)
+        assert float((to_levels(view.double()) - to_levels(tv.double())).abs().max()) == 0
 
 
 def test_served_targets_through_target_transform(folder):

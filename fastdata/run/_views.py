@@ -1,0 +1,100 @@
+"""`fastdata run`: the multi-view wrappers of self-supervised scripts, read as the transforms they call.
+
+A contrastive script's dataset gives each image as several views, each the image through its own
+random draw of an augmentation: MoCo's `TwoCropsTransform` (one transform twice; in MoCo v3 two
+transforms), SimCLR's `ContrastiveLearningViewGenerator` and the Lightning tutorial's
+`ContrastiveTransformations` (one transform n times). Their `__call__` is a few lines, written
+again in each script, so a wrapper is read by what its code does, not by its name: it is read as
+its views only where its `__call__` is one of `_SHAPES`' instruction for instruction, in the
+running interpreter's bytecode (the names of its attributes and locals may differ: they are read
+from its own code), so that it is known to call those transforms on the image, in order, and
+return the list of what they give. Its attributes must lie in the instance plainly (the class
+has no `__getattribute__` or descriptor of those names), `range` must be the builtin, and a view
+count an int from 1 to `MAX_VIEWS`. Any other code is a transform fastdata cannot see into.
+"""
+
+from __future__ import annotations
+
+import builtins
+import types
+from typing import Any
+
+MAX_VIEWS = 64  # each view decodes its batch's files again
+
+
+class _Twice:  # MoCo v1 and v2's TwoCropsTransform
+    def __call__(self, x):
+        q = self.t(x)
+        k = self.t(x)
+        return [q, k]
+
+
+class _Pair:  # MoCo v3's TwoCropsTransform
+    def __call__(self, x):
+        im1 = self.t1(x)
+        im2 = self.t2(x)
+        return [im1, im2]
+
+
+class _Repeated:  # SimCLR's ContrastiveLearningViewGenerator, the Lightning tutorial's ContrastiveTransformations
+    def __call__(self, x):
+        return [self.t(x) for i in range(self.n)]
+
+
+_SHAPES = (_Twice, _Pair, _Repeated)
+_SHAPE_FIELDS = ("co_code", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_exceptiontable")
+_FLAGS = 0xFFFF  # the code's own flags (above them: the __future__ imports of its module)
+
+
+def _names(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
+    """Whether `code` has `ref`'s shape (the same instructions, arguments and constants, its
+    nested code alike), adding to `names` each of `ref`'s global and attribute names with the
+    one `code` has in its place."""
+    if any(getattr(code, f, None) != getattr(ref, f, None) for f in _SHAPE_FIELDS) or \
+            code.co_flags & _FLAGS != ref.co_flags & _FLAGS:
+        return False
+    if (len(code.co_names), len(code.co_cellvars), len(code.co_freevars), len(code.co_consts)) != \
+            (len(ref.co_names), len(ref.co_cellvars), len(ref.co_freevars), len(ref.co_consts)):
+        return False
+    for mine, theirs in zip(code.co_consts, ref.co_consts):
+        if isinstance(theirs, types.CodeType):
+            if not (isinstance(mine, types.CodeType) and _names(mine, theirs, names)):
+                return False
+        elif type(mine) is not type(theirs) or mine != theirs:
+            return False
+    for mine, theirs in zip(code.co_names, ref.co_names):
+        if names.setdefault(theirs, mine) != mine:
+            return False
+    return True
+
+
+def views(transform: Any) -> list | None:
+    """The transforms a multi-view wrapper calls, one per view in order; None for any other transform."""
+    cls = type(transform)
+    call = getattr(cls, "__call__", None)
+    if type(call) is not types.FunctionType or call.__defaults__ or call.__kwdefaults__ or call.__closure__:
+        return None
+    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
+        return None
+    own = getattr(transform, "__dict__", None)
+    if type(own) is not dict:
+        return None
+    for shape in _SHAPES:
+        names: dict[str, str] = {}
+        if not _names(call.__code__, shape.__call__.__code__, names):
+            continue
+        attrs = {ref: mine for ref, mine in names.items() if ref != "range"}
+        if names.get("range", "range") != "range" or len(set(attrs.values())) != len(attrs):
+            return None
+        if "range" in names and call.__globals__.get("range", builtins.range) is not builtins.range:
+            return None
+        if any(mine not in own or any(mine in vars(c) for c in cls.__mro__) for mine in attrs.values()):
+            return None
+        got = {ref: own[mine] for ref, mine in attrs.items()}
+        if shape is _Twice:
+            return [got["t"], got["t"]]
+        if shape is _Pair:
+            return [got["t1"], got["t2"]]
+        n = got["n"]
+        return [got["t"]] * n if type(n) is int and 1 <= n <= MAX_VIEWS else None
+    return None

@@ -1,0 +1,342 @@
+"""`fastdata run` serving the multi-view wrappers of self-supervised scripts (`fastdata.run._views`):
+MoCo's TwoCropsTransform (v1/v2 and v3), SimCLR's ContrastiveLearningViewGenerator and the
+Lightning tutorial's ContrastiveTransformations, each written here as its script writes it, over
+a torchvision image folder and CIFAR10. Needs torchvision: .ci/run runs it in a virtualenv made
+as a user's. The views' pixels against torchvision's at the same draws:
+tests/contract/test_torchvision_faithful.py (test_two_views_are_each_torchvisions_at_their_draws).
+"""
+
+from __future__ import annotations
+
+import builtins
+import pickle
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata.run import _torchvision as rt
+from fastdata.run._layout import FolderViews
+from fastdata.run._views import MAX_VIEWS
+
+tv = pytest.importorskip("torchvision")
+
+import torchvision.transforms as T  # noqa: E402
+import torchvision.transforms.v2 as v2  # noqa: E402
+from torchvision.datasets import ImageFolder  # noqa: E402
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+# ------------------------------------------------ the wrappers, as the scripts write them
+
+class TwoCropsTransform:  # MoCo v1 and v2 (moco/loader.py)
+    """Take two random crops of one image as the query and key."""
+
+    def __init__(self, base_transform):
+        self.base_transform = base_transform
+
+    def __call__(self, x):
+        q = self.base_transform(x)
+        k = self.base_transform(x)
+        return [q, k]
+
+
+class TwoCropsTransformV3:  # MoCo v3 (moco/loader.py)
+    """Take two random crops of one image"""
+
+    def __init__(self, base_transform1, base_transform2):
+        self.base_transform1 = base_transform1
+        self.base_transform2 = base_transform2
+
+    def __call__(self, x):
+        im1 = self.base_transform1(x)
+        im2 = self.base_transform2(x)
+        return [im1, im2]
+
+
+class ContrastiveLearningViewGenerator(object):  # SimCLR (data_aug/view_generator.py)
+    """Take two random crops of one image as the query and key."""
+
+    def __init__(self, base_transform, n_views=2):
+        self.base_transform = base_transform
+        self.n_views = n_views
+
+    def __call__(self, x):
+        return [self.base_transform(x) for i in range(self.n_views)]
+
+
+class ContrastiveTransformations:  # the Lightning tutorial's (SimCLR)
+    def __init__(self, base_transforms, n_views=2):
+        self.base_transforms = base_transforms
+        self.n_views = n_views
+
+    def __call__(self, x):
+        return [self.base_transforms(x) for _ in range(self.n_views)]
+
+
+def _augment(size: int = 48):
+    return T.Compose([T.RandomResizedCrop(size, scale=(0.2, 1.0)), T.RandomGrayscale(p=0.2),
+                      T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def _eval():
+    return T.Compose([T.Resize(56), T.CenterCrop(48), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """JPEGs of varied sizes; class c has its blue channel at 40 + 50c (plus noise up to 30)."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("views")
+    rng = np.random.default_rng(0)
+    for c in range(4):
+        (root / f"class{c}").mkdir()
+        for i in range(10):
+            w, h = int(rng.integers(80, 200)), int(rng.integers(70, 180))
+            a = np.zeros((h, w, 3), np.uint8)
+            a[..., 0] = (np.arange(w) * 255 // w)[None]
+            a[..., 1] = (np.arange(h) * 255 // h)[:, None]
+            a[..., 2] = 40 + 50 * c
+            a = (a.astype(int) + rng.integers(0, 30, a.shape)).clip(0, 255).astype(np.uint8)
+            Image.fromarray(a).save(root / f"class{c}" / f"{i:03d}.jpg", quality=92)
+    return root
+
+
+def _class_of(images: torch.Tensor) -> torch.Tensor:  # (of normalized images without a colour change)
+    blue = (images[:, 2].float() * STD[2] + MEAN[2]) * 255
+    return ((blue.mean(dim=(1, 2)) - 55) / 50).round().long()
+
+
+def _served(dataset, **kwargs):
+    from fastdata.run._hook import Served
+
+    return Served(dataset, **kwargs)
+
+
+@pytest.mark.parametrize("make, count", [
+    (lambda a, b: TwoCropsTransform(a), 2),
+    (lambda a, b: TwoCropsTransformV3(a, b), 2),
+    (lambda a, b: ContrastiveLearningViewGenerator(a, n_views=3), 3),
+    (lambda a, b: ContrastiveTransformations(a), 2),
+], ids=["MoCo v1/v2", "MoCo v3", "SimCLR", "Lightning"])
+def test_the_scripts_wrappers_are_read_as_their_views(folder, make, count):
+    from fastdata.run._decide import decide
+
+    a, b = _augment(), T.Compose([T.RandomResizedCrop(40), v2.RandomSolarize(128, 0.2), T.PILToTensor()])
+    wrapper = make(a, b)
+    lowering, why = rt.lower(ImageFolder(str(folder), wrapper))
+    assert why == "" and len(lowering.views) == count and lowering.random and lowering.sized
+    names = [view.names for view in lowering.views]
+    assert names[0] == "RandomResizedCrop, RandomGrayscale, ColorJitter, RandomHorizontalFlip, ToTensor, Normalize"
+    if isinstance(wrapper, TwoCropsTransformV3):
+        assert names[1] == "RandomResizedCrop, RandomSolarize, PILToTensor"
+        assert lowering.names == f"TwoCropsTransformV3: 2 views of ({names[0]}) and ({names[1]})"
+    else:
+        assert set(names) == {names[0]} and lowering.names == f"{type(wrapper).__name__}: {count} views of ({names[0]})"
+    served, reason, _, _ = decide((ImageFolder(str(folder), wrapper),), {"batch_size": 8})
+    assert served and f"served natively: ImageFolder with {lowering.names} decoded by fastdata" in reason, reason
+
+
+def _others():
+    """(a wrapper that is not one of the shapes, or not plainly, and words of its reason)."""
+    class Rotated(TwoCropsTransform):
+        def __call__(self, x):
+            q = self.base_transform(x)
+            k = self.base_transform(x.rotate(90))
+            return [q, k]
+
+    class Tupled(TwoCropsTransform):
+        def __call__(self, x):
+            q = self.base_transform(x)
+            k = self.base_transform(x)
+            return (q, k)
+
+    class Looked(TwoCropsTransform):
+        def __getattr__(self, name):
+            return _augment()
+
+    class Held(TwoCropsTransform):  # the transform a property of the class
+        base_transform = property(lambda self: _augment())
+
+        def __init__(self, base_transform):
+            pass
+
+    def with_range(cls):
+        shadowed = types.FunctionType(cls.__call__.__code__, {**cls.__call__.__globals__, "range": lambda n: [0]})
+        return type("Shadowed", (cls,), {"__call__": shadowed})
+
+    return [
+        (Rotated(_augment()), "Rotated has no faithful lowering"),
+        (Tupled(_augment()), "Tupled has no faithful lowering"),
+        (Looked(_augment()), "Looked has no faithful lowering"),
+        (Held(_augment()), "Held has no faithful lowering"),
+        (with_range(ContrastiveTransformations)(_augment()), "Shadowed has no faithful lowering"),
+        (ContrastiveTransformations(_augment(), n_views=0), "has no faithful lowering"),
+        (ContrastiveTransformations(_augment(), n_views=True), "has no faithful lowering"),
+        (ContrastiveTransformations(_augment(), n_views=MAX_VIEWS + 1), "has no faithful lowering"),
+        (TwoCropsTransformV3(_augment(), T.Compose([T.RandomResizedCrop(48), T.ElasticTransform(), T.ToTensor()])),
+         "TwoCropsTransformV3's view 2: ElasticTransform has no faithful lowering in fastdata"),
+        (TwoCropsTransform(T.Compose([T.RandomResizedCrop(48)])),
+         "TwoCropsTransform's view 1: the transform gives PIL images"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_other_wrappers_fall_back_with_their_reason(folder, case):
+    """Code that is not one of the shapes (a rotated view, a tuple), attributes found another way
+    (a __getattr__, a property), a `range` that is not the builtin, a view count that is not an
+    int from 1 to MAX_VIEWS, or a view that is not lowered: the drop-in runs the wrapper itself."""
+    wrapper, words = _others()[case]
+    lowering, why = rt.lower(ImageFolder(str(folder), wrapper))
+    assert lowering is None and words in why, why
+    assert builtins.range is range
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_views_are_served_as_default_collate_gives_them(folder, workers):
+    """[list of each view's NCHW batch, labels], as default_collate gives the wrapper's lists;
+    each view the image's (its class read back from its pixels), drawn apart from the other;
+    every sample once an epoch; a deterministic wrapper's views torchvision's bit for bit."""
+    dataset = ImageFolder(str(folder), TwoCropsTransform(_augment()))
+    # (no colour change: the class is read from the blue channel)
+    plain = ImageFolder(str(folder), ContrastiveTransformations(T.Compose(_augment().transforms[:1] +
+                                                                          _augment().transforms[3:]), n_views=3))
+    for ds, count in ((dataset, 2), (plain, 3)):
+        torch.manual_seed(0)
+        loader = _served(ds, batch_size=8, shuffle=True, num_workers=workers)
+        assert isinstance(loader._loader.dataset, rt.NativeFolder)
+        want = torch.utils.data.default_collate([ds[i] for i in range(8)])
+        seen = []
+        for views, labels in loader:
+            assert type(views) is list and len(views) == count and labels.dtype == torch.int64
+            for x, y in zip(views, want[0]):
+                assert type(x) is torch.Tensor and x.dtype == y.dtype and x.shape[1:] == y.shape[1:]
+                assert x.is_contiguous() and len(x) == len(labels)
+            if ds is plain:
+                assert all(torch.equal(_class_of(x), labels) for x in views)
+            for k in range(len(labels)):  # (crops of 48 at scales from 0.2 and flips: never twice the same)
+                assert not any(torch.equal(views[0][k], x[k]) for x in views[1:])
+            seen += labels.tolist()
+        assert sorted(seen) == sorted(ds.targets)
+        loader._stop()
+    fixed = ImageFolder(str(folder), TwoCropsTransformV3(_eval(), T.Compose([T.Resize(48), T.CenterCrop(40),
+                                                                              T.PILToTensor()])))
+    loader = _served(fixed, batch_size=8, num_workers=workers)
+    assert type(loader._loader.dataset.__getitems__([0, 1])) is FolderViews
+    for (a, y), (b, z) in zip(loader, torch.utils.data.DataLoader(fixed, batch_size=8), strict=True):
+        assert len(a) == len(b) == 2 and all(x.dtype == u.dtype and torch.equal(x, u) for x, u in zip(a, b))
+        assert torch.equal(y, z)
+    loader._stop()
+
+
+def _stack_views(batch):
+    """A script's collate_fn: torchvision's samples (a list of ([view, view], int)), each view its own tensor."""
+    assert type(batch) is list and all(type(s) is tuple and len(s) == 2 and type(s[0]) is list for s in batch)
+    assert all(x.untyped_storage().nbytes() == x.numel() * x.element_size() for views, _ in batch for x in views)
+    return [torch.stack([views[v] for views, _ in batch]) for v in range(2)], torch.tensor([y for _, y in batch])
+
+
+def test_a_collate_fn_of_the_scripts_gets_each_sample_as_its_list_of_views(folder):
+    fixed = ImageFolder(str(folder), TwoCropsTransformV3(_eval(), T.Compose([T.Resize(48), T.CenterCrop(40),
+                                                                              T.PILToTensor()])))
+    loader = _served(fixed, batch_size=8, collate_fn=_stack_views)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    for (a, y), (b, z) in zip(loader, torch.utils.data.DataLoader(fixed, batch_size=8, collate_fn=_stack_views),
+                              strict=True):
+        assert all(torch.equal(x, u) for x, u in zip(a, b)) and torch.equal(y, z)
+    loader._stop()
+
+
+def test_a_views_batch_crosses_from_workers_as_uint8_per_view(folder):
+    """What crosses: a FolderViews, collated into each view's uint8 NHWC block and one targets
+    tensor, picklable; laid out in the main process."""
+    from fastdata.run._layout import Finish, Views
+
+    dataset = ImageFolder(str(folder), TwoCropsTransformV3(_augment(48), T.Compose([T.RandomResizedCrop(40),
+                                                                                    T.PILToTensor()])))
+    lowering, _ = rt.lower(dataset)
+    batch = rt.NativeFolder(dataset, lowering).__getitems__(list(range(6)))
+    crossed = pickle.loads(pickle.dumps(batch.collate_into(None)))
+    assert type(crossed[2]) is Views and [tuple(x.shape) for x in crossed[0]] == [(6, 48, 48, 3), (6, 40, 40, 3)]
+    assert all(x.dtype == torch.uint8 for x in crossed[0]) and crossed[1].tolist() == dataset.targets[:6]
+    (q, k), targets = Finish(lowering, 2, pin=False, forks=False)(crossed)
+    assert q.dtype == torch.float32 and k.dtype == torch.uint8 and torch.equal(k, crossed[0][1].permute(0, 3, 1, 2))
+    assert torch.equal(targets, crossed[1])
+
+
+# ------------------------------------------------ CIFAR10 (in memory: fastdata.run._arrays)
+
+@pytest.fixture
+def cifar(tmp_path, monkeypatch):
+    """CIFAR10 over 120 images of these tests' (its md5 check stubbed): red is the index plus 1,
+    green 10 + 7 * row, blue 10 + 7 * column; label = index % 10. Inside, torchvision's own fetch
+    raises (its PIL image): a batch fastdata did not serve natively fails the test."""
+    import torchvision.datasets.cifar as C
+
+    n = 120
+    a = np.zeros((n, 32, 32, 3), np.uint8)
+    a[..., 0] = (np.arange(n) + 1)[:, None, None]
+    a[..., 1] = (10 + 7 * np.arange(32))[None, :, None]
+    a[..., 2] = (10 + 7 * np.arange(32))[None, None, :]
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir()
+    rows, labels = a.transpose(0, 3, 1, 2).reshape(n, -1), [i % 10 for i in range(n)]
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(d / name, "wb") as f:
+            pickle.dump({"data": rows, "labels": labels}, f)
+    with open(d / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [str(i) for i in range(10)]}, f)
+    monkeypatch.setattr(C, "check_integrity", lambda *a, **k: True)
+    monkeypatch.setattr(C.CIFAR10, "_check_integrity", lambda self: True)
+
+    def make(transform):
+        dataset = tv.datasets.CIFAR10(str(tmp_path), train=False, transform=transform)
+        plain = torch.utils.data.default_collate([dataset[i] for i in range(4)])
+        monkeypatch.setattr(C, "Image", types.SimpleNamespace(fromarray=_refuse))
+        return dataset, plain
+    return make
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the dataset's own __getitem__ ran")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cifar_views_are_cut_from_its_arrays(cifar, workers):
+    """Each of three views its own crop offsets and flip (read back from the pixels: green is the
+    row, blue the column), of the image its label names (red, the index)."""
+    dataset, plain = cifar(ContrastiveLearningViewGenerator(T.Compose([
+        T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor()]), n_views=3))
+    loader = _served(dataset, batch_size=16, shuffle=True, num_workers=workers)
+    places, count = [], 0
+    for views, labels in loader:
+        assert type(views) is list and len(views) == 3
+        assert all(x.shape[1:] == plain[0][0].shape[1:] and x.dtype == torch.float32 for x in views)
+        made = []
+        for x in views:
+            centre = (x[:, :, 16, 16] * 255).round().long()  # (inside the image at any offset)
+            index = centre[:, 0] - 1
+            assert torch.equal(index % 10, labels)
+            row, column = (centre[:, 1] - 10) // 7 - 16, (centre[:, 2] - 10) // 7 - 16
+            made.append(torch.stack([row, column], 1))
+            # (a flip reads the centre one column to the left)
+            assert row.abs().max() <= 4 and column.min() >= -5 and column.max() <= 4
+        places += [tuple(tuple(m[k].tolist()) for m in made) for k in range(len(labels))]
+        count += len(labels)
+    assert count == len(dataset)
+    # the views drawn apart: of 81 offsets and 2 flips, a sample's views rarely repeat one another
+    repeated = sum(len(set(p)) < 3 for p in places)
+    assert repeated <= 0.15 * count, repeated
+    loader._stop()
+
+
+def test_cifar_views_of_a_deterministic_wrapper_are_torchvisions(cifar):
+    normalize = T.Normalize((0.49, 0.48, 0.45), (0.2, 0.2, 0.2))
+    dataset, plain = cifar(TwoCropsTransformV3(T.Compose([T.Pad(2), T.CenterCrop(32), T.ToTensor(), normalize]),
+                                               T.Compose([T.CenterCrop(24), T.PILToTensor()])))
+    views, labels = next(iter(_served(dataset, batch_size=4)))
+    assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(views, plain[0], strict=True))
+    assert torch.equal(labels, plain[1])
