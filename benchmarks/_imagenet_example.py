@@ -12,7 +12,9 @@ Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the ref
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
 fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
-RandomResizedCrop, as older and fine-grained recipes crop.
+RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe simclr`, SimCLR's
+ImageNet augmentation (one view); with `--recipe moco`, MoCo v1's augmentation in MoCo's
+`TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does).
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -21,7 +23,8 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
-                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,crop}] [--ra-sampler]
+                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco}]
+                                                [--ra-sampler]
 """
 
 import argparse
@@ -41,7 +44,8 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr"],
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
+                                     "moco"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -49,7 +53,30 @@ args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-if args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in torchvision's ops
+
+
+class TwoCropsTransform:  # MoCo's (moco/loader.py), as it is written there
+    """Take two random crops of one image as the query and key."""
+
+    def __init__(self, base_transform):
+        self.base_transform = base_transform
+
+    def __call__(self, x):
+        q = self.base_transform(x)
+        k = self.base_transform(x)
+        return [q, k]
+
+
+if args.recipe == "moco":  # MoCo v1's augmentation (main_moco.py without --aug-plus), two views of each image
+    transform = TwoCropsTransform(transforms.Compose([
+        transforms.RandomResizedCrop(224, scale=(0.2, 1.0)),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.ColorJitter(0.4, 0.4, 0.4, 0.4),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize,
+    ]))
+elif args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in torchvision's ops
     transform = transforms.Compose([
         transforms.RandomResizedCrop(224),
         transforms.RandomHorizontalFlip(),
@@ -119,15 +146,16 @@ for epoch in range(args.epochs):
         train_sampler.set_epoch(epoch)
     start, seen = time.perf_counter(), 0
     for images, target in train_loader:
-        images = images.to(device, non_blocking=True)
+        views = images if args.recipe == "moco" else [images]  # (MoCo's: the query's and the key's)
+        views = [x.to(device, non_blocking=True) for x in views]
         target = target.to(device, non_blocking=True)
         if model is not None:
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = criterion(model(images.contiguous(memory_format=torch.channels_last)), target)
+                loss = sum(criterion(model(x.contiguous(memory_format=torch.channels_last)), target) for x in views)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        seen += len(images)
+        seen += len(target)
     if device.type == "cuda":
         torch.cuda.synchronize()
     rates.append(seen / (time.perf_counter() - start))

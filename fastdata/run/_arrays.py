@@ -1,19 +1,17 @@
 """`fastdata run` serving torchvision's in-memory datasets natively: CIFAR10 and CIFAR100 (their
-`data`, uint8 NHWC in a numpy array) and MNIST, FashionMNIST, KMNIST and EMNIST (uint8 NHW in a
-tensor), whose `__getitem__` makes a PIL image of one row and runs the transform on it, sample
-by sample, in Python: at 32x32 pixels that is most of a training step's time.
+`data`, uint8 NHWC in a numpy array), STL10 (uint8 NCHW) and MNIST, FashionMNIST, KMNIST and
+EMNIST (uint8 NHW in a tensor), whose `__getitem__` makes a PIL image of one row and runs the
+transform on it, sample by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
-flips, and on the PIL image RandomRotation, RandomAffine and RandomPerspective, each its exact
-torchvision class), then what the folders' lowering reads after the geometry
-(`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment, AutoAugment,
-GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply of pixel ops,
-AugMix, the conversion, Normalize, RandomErasing). `gather` runs the geometry on a batch's rows
-at once: numpy's pad (the one torchvision's PIL pad calls for edge, reflect and symmetric; its
-constant pad is Pillow's expand, the same fill), windows cut at per-sample offsets, flips by
-mask, a rotation by Pillow's rotate of each row (the call torchvision makes), an affine or
-perspective map by torchvision's own `F.affine` or `F.perspective`; the pixel ops then run on
+flips, and on the PIL image RandomResizedCrop, RandomRotation, RandomAffine and
+RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
+after the geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment,
+AutoAugment, GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply
+of pixel ops, AugMix, the conversion, Normalize, RandomErasing); a multi-view wrapper's views
+(`_views`) each so. `_gather.gather` runs the geometry on a batch's rows at once, as
+torchvision's calls on each PIL image; the pixel ops then run on
 each row as the folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix and the
 ops on a tensor, its tensor kernels). The batch then takes the folders' way (`NativeFolder`'s
 collation, `Finish`'s lookup-table layout), so the values are torchvision's for the same crop
@@ -32,10 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..transforms.pil import apply_pixel_ops
+from ..transforms import ops as fd
+from ..transforms.pil import FILTERS, apply_pixel_ops
 from ..transforms.plan import plan_pixels
+from ._gather import Draws, gather
 from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform, lower_views
-from ._pixels import CALLS, flip_commutes, pixel_op
+from ._pixels import CALLS, flip_commutes, interpolation, pixel_op
 from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder
 
@@ -50,15 +50,15 @@ def lower_any(dataset: Any) -> tuple[Lowering | None, str]:
 
 
 def _kind(dataset: Any) -> tuple[str | None, str]:
-    """("cifar" or "mnist", "") for the torchvision datasets whose `__getitem__` is CIFAR10's or
-    MNIST's own; (None, why) for one of theirs that has its own (QMNIST, a script's subclass);
+    """("cifar", "mnist" or "stl", "") for the torchvision datasets whose `__getitem__` is
+    CIFAR10's, MNIST's or STL10's own; (None, why) for one of theirs that has its own (QMNIST, a script's subclass);
     else (None, "")."""
     if "torchvision" not in sys.modules:  # a script that made a torchvision dataset imported it; never here
         return None, ""
-    from torchvision.datasets import CIFAR10, MNIST
+    from torchvision.datasets import CIFAR10, MNIST, STL10
 
     get = getattr(type(dataset), "__getitem__", None)
-    for base, kind in ((CIFAR10, "cifar"), (MNIST, "mnist")):
+    for base, kind in ((CIFAR10, "cifar"), (MNIST, "mnist"), (STL10, "stl")):
         if isinstance(dataset, base):
             return (kind, "") if get is base.__getitem__ else (None, f"{type(dataset).__name__} overrides __getitem__")
     return None, ""
@@ -71,7 +71,7 @@ def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
     kind, why = _kind(ds)
     if kind is None:
         return None, why
-    channels = 3 if kind == "cifar" else 1
+    channels = 1 if kind == "mnist" else 3
     if ds.transform is None:
         return None, "no transform: the samples are PIL images, which fastdata does not lay out"
     try:
@@ -135,6 +135,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if (pinned if cls in flips else closed) and cls in (
                 T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, *flips, T.RandomRotation,
+                T.RandomResizedCrop, v2.RandomResizedCrop,
                 v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.RandomPerspective, v2.RandomPerspective):
             raise Unlowerable(f"{kind} after {pinned if cls in flips else closed}: not lowered for an in-memory "
                               "dataset")
@@ -149,6 +150,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             if op.pad_if_needed:
                 geometry.append(("pad", (0, 0, 0, 0), *_fill(op, scaled), tensor, tuple(op.size)))
             geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
+        elif cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
+            geometry.append(("resized", *_resized_crop(op, tensor)))
         elif cls in (T.Pad, v2.Pad):
             geometry.append(("pad", _ltrb(op.padding), *_fill(op, scaled), tensor, None))
         elif cls in (T.CenterCrop, v2.CenterCrop):
@@ -164,12 +167,30 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                 raise Unlowerable(str(e)) from None
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
-                              "RandomCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, RandomPerspective, "
+                              "RandomCrop, RandomResizedCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, "
+                              "RandomPerspective, "
                               "ColorJitter, "
                               "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, GaussianBlur, RandomGrayscale "
                               "and the other Random* photometric ops, RandomApply of pixel ops, the conversions, "
                               "Normalize and RandomErasing there")
     return geometry, rest
+
+
+def _resized_crop(op: Any, tensor: bool) -> tuple:
+    """(fastdata's RandomResizedCrop, the Pillow filter) of torchvision's, on a PIL image only: on
+    a tensor torchvision resizes with its own kernels, not Pillow's."""
+    kind = type(op).__name__
+    if tensor:
+        raise Unlowerable(f"{kind} on a tensor image of an in-memory dataset: fastdata lowers it on the PIL image")
+    try:
+        mode = interpolation(op).value
+    except ValueError as e:  # (its message is the reason)
+        raise Unlowerable(str(e)) from None
+    if mode not in FILTERS:
+        raise Unlowerable(f"{kind} with interpolation {mode}: fastdata lowers bilinear, bicubic and nearest")
+    size = op.size if isinstance(op.size, (list, tuple)) else (op.size, op.size)
+    size = (int(size[0]), int(size[-1]))
+    return fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)), FILTERS[mode]
 
 
 def _flip_commutes(op: Any, domain: str) -> bool:
@@ -209,93 +230,6 @@ def _fill(op: Any, scaled: bool) -> tuple[int, str]:
     return fill, mode
 
 
-class Draws:
-    """A batch's random numbers: one seed from this process's torch RNG, drawn at its first use
-    (torchvision draws nothing for a crop that cannot move), as the folders' (see NativeFolder)."""
-
-    def __init__(self) -> None:
-        self._seed: int | None = None
-        self._rng: np.random.Generator | None = None
-
-    @property
-    def seed(self) -> int:
-        if self._seed is None:
-            self._seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-        return self._seed
-
-    def taken(self) -> int:
-        """The seed if it was drawn, else 0 (without drawing it)."""
-        return 0 if self._seed is None else self._seed
-
-    def rng(self) -> np.random.Generator:
-        if self._rng is None:
-            self._rng = np.random.default_rng(self.seed)
-        return self._rng
-
-
-def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
-    """`images` (uint8 NHWC, a batch's rows, which it may write) through `geometry`, each op on
-    all rows at once; raises ValueError where torchvision raises (a crop larger than the padded
-    image; a reflect or symmetric pad of a tensor past its size, which torch refuses): the
-    script's own fetch then raises it."""
-    x = images
-    for op in geometry:
-        n, height, width = x.shape[:3]
-        if op[0] == "pad":
-            left, top, right, bottom = op[1]
-            if op[5] is not None:  # RandomCrop's pad_if_needed: both sides by the shortfall after the padding
-                dh, dw = max(op[5][0] - height - top - bottom, 0), max(op[5][1] - width - left - right, 0)
-                left, top, right, bottom = left + dw, top + dh, right + dw, bottom + dh
-            x = _pad(x, (left, top, right, bottom), op[2], op[3], op[4])
-        elif op[0] == "crop":
-            h, w = op[1]
-            if height < h or width < w:
-                raise ValueError(f"crop {h}x{w} larger than the image, {height}x{width}")
-            if (height, width) != (h, w):
-                rng = draws.rng()
-                top = rng.integers(0, height - h + 1, n)
-                left = rng.integers(0, width - w + 1, n)
-                windows = np.lib.stride_tricks.sliding_window_view(x, (h, w), axis=(1, 2))  # [n, i, j, c, h, w]
-                x = windows[np.arange(n), top, left].transpose(0, 2, 3, 1)
-        elif op[0] == "center":
-            h, w = op[1]
-            if h > height or w > width:  # torchvision pads it with zeros first, the odd pixel after
-                dh, dw = max(h - height, 0), max(w - width, 0)
-                x = _pad(x, (dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2), 0, "constant", False)
-                height, width = x.shape[1:3]
-            top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
-            x = x[:, top:top + h, left:left + w]
-        elif op[0] == "rotate":  # each row as torchvision transforms the PIL image (F.rotate's, F.affine's call)
-            from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
-
-            rotate = op[1]
-            x = np.array(x)
-            one = x.shape[3] == 1
-            for k, p in enumerate(rotate.plan(draws.rng().random((n, getattr(rotate, "draws", 6))))):
-                img = Image.fromarray(x[k, :, :, 0] if one else x[k])
-                x[k] = np.asarray(rotate.on_pillow(img, p)).reshape(x[k].shape)
-        else:  # flip
-            flipped = draws.rng().random(n) < op[2]
-            if flipped.any():
-                x = np.array(x)
-                x[flipped] = np.flip(x[flipped], op[1])
-    return x
-
-
-def _pad(x: np.ndarray, ltrb: tuple, fill: int, mode: str, tensor: bool) -> np.ndarray:
-    """numpy's pad, torchvision's for a PIL image in every mode (its constant one, Pillow's
-    expand, gives the same fill); on a tensor, torch's reflect takes pads below the size only,
-    and torchvision's symmetric one pads up to the size."""
-    left, top, right, bottom = ltrb
-    height, width = x.shape[1:3]
-    if tensor and mode in ("reflect", "symmetric"):
-        most = (height - 1, width - 1) if mode == "reflect" else (height, width)
-        if max(top, bottom) > most[0] or max(left, right) > most[1]:
-            raise ValueError(f"a {mode} padding of {ltrb} on a {height}x{width} tensor")
-    widths = ((0, 0), (top, bottom), (left, right), (0, 0))
-    return np.pad(x, widths, constant_values=fill) if mode == "constant" else np.pad(x, widths, mode)
-
-
 class NativeArrays(NativeFolder):
     """The dataset a natively served in-memory dataset's loader reads: the script's (or a Subset
     of it), its batches gathered from its `data` and `targets` as they are at that batch
@@ -316,7 +250,7 @@ class NativeArrays(NativeFolder):
         self._use(lowering)
         ds, picked = self._picked(indices)
         try:
-            rows, targets = _rows(ds, picked, lowering.channels)
+            rows, targets = _rows(ds, picked)
         except Exception as e:  # (its own fetch raises the script's error, where it raises)
             raise FolderError(str(e)) from None
         views = lowering.views or (lowering,)  # (a multi-view wrapper's: each view from the rows)
@@ -343,16 +277,24 @@ class NativeArrays(NativeFolder):
         return torch.from_numpy(images), seed
 
 
-def _rows(ds: Any, indices: list, channels: int) -> tuple[np.ndarray, list]:
+def _rows(ds: Any, indices: list) -> tuple[np.ndarray, list]:
     """(uint8 NHWC, targets) of the in-memory dataset `ds`'s `indices`, as its `__getitem__`
-    reads them: CIFAR10's `data[i]` (an HWC array, an RGB image) and `targets[i]`; MNIST's
-    `data[i]` (an HW tensor, an L image) and `int(targets[i])`. Raises where that would read
-    otherwise."""
-    data, targets = ds.data, ds.targets
+    reads them: CIFAR10's `data[i]` (an HWC array, an RGB image) and `targets[i]`; STL10's
+    `data[i]` (a CHW array) and `int(labels[i])`; MNIST's `data[i]` (an HW tensor, an L image)
+    and `int(targets[i])`. Raises where that would read otherwise."""
+    kind = _kind(ds)[0]
+    data = ds.data
+    targets = ds.labels if kind == "stl" else ds.targets
     index = np.asarray([operator.index(i) for i in indices], dtype=np.int64)
-    if channels == 3:
+    if kind == "cifar":
         if not (type(data) is np.ndarray and data.dtype == np.uint8 and data.ndim == 4 and data.shape[3] == 3):
             raise TypeError("CIFAR data that is not uint8 NHWC")
+        n = len(data)
+    elif kind == "stl":
+        if not (type(data) is np.ndarray and data.dtype == np.uint8 and data.ndim == 4 and data.shape[1] == 3):
+            raise TypeError("STL10 data that is not uint8 NCHW")
+        if targets is None:
+            raise TypeError("STL10 without labels (its targets are None)")
         n = len(data)
     else:
         if not (type(data) is torch.Tensor and data.dtype == torch.uint8 and data.dim() == 3 and data.device.type == "cpu"):
@@ -361,7 +303,9 @@ def _rows(ds: Any, indices: list, channels: int) -> tuple[np.ndarray, list]:
     if len(index) and (index.min() < -n or index.max() >= n):
         raise IndexError("an index out of range")
     rows = data[index]
-    if channels == 1:
+    if kind == "stl":
+        return rows.transpose(0, 2, 3, 1), [int(targets[i]) for i in indices]
+    if kind == "mnist":
         rows = rows[..., None]
         if type(targets) is torch.Tensor and targets.dim() == 1 and targets.dtype in _INTS:
             return rows, targets[torch.from_numpy(index)].tolist()

@@ -71,8 +71,8 @@ class Lowering:
         if self.views:
             return any(view.random for view in self.views)
         drawing = [op for op in self.pixel_ops if not (isinstance(op, fd.RandAugment) and op.num_ops == 0)]
-        if self.in_memory:  # (its geometry: `_arrays`' ops, tuples; a crop draws where it can move: `_arrays.Draws`)
-            return bool(drawing or self.erasing) or any(op[0] in ("flip", "rotate") for op in self.geometry)
+        if self.in_memory:  # (its geometry: `_arrays`' ops, tuples; a crop draws where it can move: `_gather.Draws`)
+            return bool(drawing or self.erasing) or any(op[0] in ("flip", "rotate", "resized") for op in self.geometry)
         return bool(drawing or self.erasing) or any(
             isinstance(op, (fd.RandomResizedCrop, fd.RandomHorizontalFlip, RandomCrop)) for op in self.geometry)
 

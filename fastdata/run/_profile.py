@@ -106,6 +106,8 @@ def _images(batch: Any) -> int:
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     if isinstance(first, dict) and first:
         first = next(iter(first.values()))
+    if isinstance(first, (tuple, list)) and first:  # a multi-view wrapper's: the first view's images
+        first = first[0]
     shape = getattr(first, "shape", None)
     return int(shape[0]) if shape else 1
 

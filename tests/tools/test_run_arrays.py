@@ -251,6 +251,47 @@ def test_random_crop_and_flip_are_torchvisions_pixels_for_what_was_drawn(cifar, 
     loader._stop()
 
 
+@pytest.mark.parametrize("version", ["v1 bilinear", "v2 bicubic", "MNIST v1 nearest"])
+def test_random_resized_crop_is_torchvisions_resized_crop_for_a_box_drawn(cifar, tv, roots, version):
+    """RandomResizedCrop on the PIL image (a quarter of the area, square: a 16x16 box of a 32x32
+    CIFAR image, 14x14 of MNIST's 28x28): each served image is torchvision's
+    `F.resized_crop` (Pillow's crop, then its resize) of one of the boxes it could draw, to the
+    bit; every offset drawn, uniformly (binomial bounds on a fixed seed), top and left apart."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    from PIL import Image
+
+    M = v2 if version.startswith("v2") else T
+    mode = {"v1 bilinear": "bilinear", "v2 bicubic": "bicubic", "MNIST v1 nearest": "nearest"}[version]
+    mnist = version.startswith("MNIST")
+    transform = M.Compose([M.RandomResizedCrop(24, scale=(0.25, 0.25), ratio=(1.0, 1.0),
+                                               interpolation=T.InterpolationMode(mode)), T.PILToTensor()])
+    dataset = tv.datasets.MNIST(str(roots), transform=transform) if mnist else cifar(transform)
+    side, box = (28, 14) if mnist else (32, 16)
+    torch.manual_seed(1)
+    loader = _served(dataset, batch_size=50, shuffle=False)
+    with natively_only():
+        batches = list(loader)
+    assert loader._fastdata_lowering.in_memory and sum(len(y) for _, y in batches) == N
+    images = torch.cat([x for x, _ in batches])
+    data = dataset.data.numpy() if mnist else dataset.data
+    places = []
+    for index, served in enumerate(images):
+        img = Image.fromarray(data[index])
+        found = [(top, left) for top in range(side - box + 1) for left in range(side - box + 1)
+                 if torch.equal(F.pil_to_tensor(F.resized_crop(img, top, left, box, box, [24, 24],
+                                                               T.InterpolationMode(mode))), served)]
+        assert found, f"sample {index}: no box of torchvision's gives its pixels"
+        places.append(found[0])
+    for name, drawn in (("top", [t for t, _ in places]), ("left", [u for _, u in places])):
+        counts = np.bincount(np.array(drawn), minlength=side - box + 1)
+        for offset, hits in enumerate(counts):
+            _within(f"{name} {offset}", int(hits), len(drawn), 1 / (side - box + 1))
+    _within("top == left (drawn apart)", sum(t == u for t, u in places), len(places), 1 / (side - box + 1))
+    loader._stop()
+
+
 def _uint8_of(images: torch.Tensor) -> torch.Tensor:
     """The uint8 pixels of a CIFAR batch laid out through ToTensor and Normalize."""
     m, s = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
@@ -314,6 +355,10 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
         (cifar(T.Compose([T.ToTensor(), T.RandomCrop(32, padding=4, fill=9)])), "0 on a scaled tensor"),
         (cifar(v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4, fill={tv.tv_tensors.Image: 0}),
                            v2.ToDtype(torch.float32, scale=True)])), "with fill {"),
+        (cifar(v2.Compose([v2.ToImage(), v2.RandomResizedCrop(24), v2.ToDtype(torch.float32, scale=True)])),
+         "RandomResizedCrop on a tensor image"),
+        (cifar(T.Compose([T.RandomResizedCrop(24, interpolation=T.InterpolationMode.LANCZOS), T.ToTensor()])),
+         "interpolation lanczos"),
         (cifar(None), "no transform"),
         (cifar(T.RandomCrop(32, padding=4)), "gives PIL images"),
         (tv.datasets.MNIST(str(roots), transform=T.Compose([T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)])),

@@ -78,7 +78,8 @@ class ContrastiveTransformations:  # the Lightning tutorial's (SimCLR)
 
 def _augment(size: int = 48):
     return T.Compose([T.RandomResizedCrop(size, scale=(0.2, 1.0)), T.RandomGrayscale(p=0.2),
-                      T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+                      T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomHorizontalFlip(), T.ToTensor(),
+                      T.Normalize(MEAN, STD)])
 
 
 def _eval():
@@ -267,6 +268,13 @@ def test_a_views_batch_crosses_from_workers_as_uint8_per_view(folder):
     assert torch.equal(targets, crossed[1])
 
 
+def test_fastdata_run_profile_counts_a_views_batch_by_its_images():
+    """--profile's images a batch: the first view's rows (not 1, the length of nothing)."""
+    from fastdata.run._profile import _images
+
+    assert _images([[torch.zeros(8, 3, 4, 4), torch.zeros(8, 3, 2, 2)], torch.zeros(8)]) == 8
+
+
 # ------------------------------------------------ CIFAR10 (in memory: fastdata.run._arrays)
 
 @pytest.fixture
@@ -340,3 +348,69 @@ def test_cifar_views_of_a_deterministic_wrapper_are_torchvisions(cifar):
     views, labels = next(iter(_served(dataset, batch_size=4)))
     assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(views, plain[0], strict=True))
     assert torch.equal(labels, plain[1])
+
+
+# ------------------------------------------------ STL10: the Lightning tutorial's SimCLR
+
+@pytest.fixture
+def stl10(tmp_path, monkeypatch):
+    """STL10's "train" split over 60 images of 96x96 (its md5 check stubbed): red is the index plus
+    1, green 2 * row, blue 2 * column; label = index % 10. Inside, torchvision's own fetch raises."""
+    import torchvision.datasets.stl10 as S
+
+    n = 60
+    a = np.zeros((n, 3, 96, 96), np.uint8)
+    a[:, 0] = (np.arange(n) + 1)[:, None, None]
+    a[:, 1] = (2 * np.arange(96))[None, :, None]
+    a[:, 2] = (2 * np.arange(96))[None, None, :]
+    d = tmp_path / "stl10_binary"
+    d.mkdir()
+    a.transpose(0, 1, 3, 2).tofile(d / "train_X.bin")  # (its files hold each plane column by column)
+    (np.arange(n) % 10 + 1).astype(np.uint8).tofile(d / "train_y.bin")
+    monkeypatch.setattr(S.STL10, "_check_integrity", lambda self: True)
+
+    def make(transform):
+        dataset = tv.datasets.STL10(str(tmp_path), split="train", transform=transform)
+        plain = torch.utils.data.default_collate([dataset[i] for i in range(4)])
+        monkeypatch.setattr(S, "Image", types.SimpleNamespace(fromarray=_refuse))
+        return dataset, plain
+    return make
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_lightning_tutorials_simclr_on_stl10_is_served_natively(stl10, workers):
+    """The tutorial's `ContrastiveTransformations(contrast_transforms, n_views=2)` on STL10 (flip,
+    RandomResizedCrop(96), RandomApply of ColorJitter, RandomGrayscale, GaussianBlur(9), ToTensor,
+    Normalize((0.5,), (0.5,))): two views of each image, its label the dataset's."""
+    contrast_transforms = T.Compose([
+        T.RandomHorizontalFlip(),
+        T.RandomResizedCrop(size=96),
+        T.RandomApply([T.ColorJitter(brightness=0.5, contrast=0.5, saturation=0.5, hue=0.1)], p=0.8),
+        T.RandomGrayscale(p=0.2),
+        T.GaussianBlur(kernel_size=9),
+        T.ToTensor(),
+        T.Normalize((0.5,), (0.5,)),
+    ])
+    dataset, plain = stl10(ContrastiveTransformations(contrast_transforms, n_views=2))
+    loader = _served(dataset, batch_size=16, shuffle=True, num_workers=workers, drop_last=True)
+    assert loader._fastdata_lowering.in_memory and len(loader._fastdata_lowering.views) == 2
+    labels_seen = []
+    for views, labels in loader:
+        assert len(views) == 2 and all(x.shape == (16, 3, 96, 96) and x.dtype == torch.float32 for x in views)
+        assert all(x.min() >= -1 and x.max() <= 1 for x in views) and not torch.equal(views[0], views[1])
+        labels_seen += labels.tolist()
+    assert len(labels_seen) == 48 and set(labels_seen) <= set(range(10))
+    loader._stop()
+
+
+def test_stl10_views_of_crops_and_flips_are_its_images(stl10):
+    """Without the colour ops, each view is a crop of the image its label names (red: the index),
+    resized to 96, and the two views of an image differ."""
+    dataset, plain = stl10(ContrastiveTransformations(T.Compose([
+        T.RandomHorizontalFlip(), T.RandomResizedCrop(size=96), T.PILToTensor()]), n_views=2))
+    views, labels = next(iter(_served(dataset, batch_size=20)))
+    assert all(x.shape == plain[0][0].shape[1:] and x.dtype == torch.uint8 for x in views[0][:1])
+    for x in views:
+        index = x[:, 0].flatten(1).median(1).values.long() - 1  # (red: one value a picture)
+        assert torch.equal(index, torch.arange(20)) and torch.equal(labels, torch.arange(20) % 10)
+    assert sum(torch.equal(views[0][k], views[1][k]) for k in range(20)) == 0
