@@ -5,8 +5,10 @@ ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch), weiaicunza
 one (the same with RandomRotation(15); 4 workers), pytorch/examples' MNIST (ToTensor,
 Normalize; batch 64, no workers, as its CPU arguments) or the PyTorch tutorial "Training a
 Classifier" on CIFAR-10 (ToTensor, Normalize; batch 4, shuffle, 2 workers, and its training
-step: there the main process's cost per batch from the workers is most of the loader's), on
-synthetic files
+step: there the main process's cost per batch from the workers is most of the loader's) or the
+Lightning tutorial's SimCLR on STL10's unlabeled split (two views of each image, each through
+flip, RandomResizedCrop(96), RandomApply(ColorJitter), RandomGrayscale, GaussianBlur(9), ToTensor,
+Normalize; batch 256, a worker a core), on synthetic files
 written here in the datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors;
 the datasets hold them in memory). `fastdata run` serves them natively (`fastdata.run._arrays`):
 the crop and flip on a batch's rows at once instead of a PIL image per sample. Candidates run
@@ -15,9 +17,10 @@ each in its own process, in ABBA rounds so drift on a shared machine hits both a
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
 bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json,
-run_tutorial.json).
+run_tutorial.json, run_stl10.json).
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist,tutorial}] [--images 50000]
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist,tutorial,stl10}]
+                                                     [--images 50000]
                                                      [--rounds 3] [--epochs 3] [--workers N] [--json PATH]
 """
 
@@ -85,12 +88,23 @@ def write_mnist(root: Path, images: int) -> None:
     (d / f"{images}.made").touch()
 
 
+def write_stl10(root: Path, images: int) -> None:
+    """STL10's unlabeled split (`stl10_binary/unlabeled_X.bin`: 3x96x96 uint8 images)."""
+    d = root / "stl10_binary"
+    if (d / f"{images}.made").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    np.random.default_rng(0).integers(0, 256, (images, 3, 96, 96), dtype=np.uint8).tofile(d / "unlabeled_X.bin")
+    (d / f"{images}.made").touch()
+
+
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=3)
     ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
-    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial"], default="cifar10")
+    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10"], default="cifar10")
     ap.add_argument("--workers", type=int, default=None,
-                    help="the recipe's: 2 for CIFAR-10 and the tutorial, 4 for CIFAR-100, 0 for MNIST")
+                    help="the recipe's: 2 for CIFAR-10 and the tutorial, 4 for CIFAR-100, 0 for MNIST, "
+                         "the cores for STL10")
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
@@ -99,9 +113,9 @@ def main() -> int:
 
     root = Path(args.root)
     {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist,
-     "tutorial": write_cifar}[args.dataset](root, args.images)
+     "tutorial": write_cifar, "stl10": write_stl10}[args.dataset](root, args.images)
     workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0,
-                                                             "tutorial": 2}[args.dataset]
+                                                             "tutorial": 2, "stl10": os.cpu_count()}[args.dataset]
     script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
               "--epochs", str(args.epochs), "--workers", str(workers)]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
@@ -113,7 +127,7 @@ def main() -> int:
         fast, slow = sides["fastdata run"][part], sides["plain"][part]
         lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
         ratios[part] = {"ratio": statistics.median(fast) / statistics.median(slow), "ci95": [lo, hi]}
-    batch = {"mnist": 64, "tutorial": 4}.get(args.dataset, 128)
+    batch = {"mnist": 64, "tutorial": 4, "stl10": 256}.get(args.dataset, 128)
     print(f"\n{args.dataset}, {args.images} images in memory, batch {batch}, {workers} workers"
           f"{' (fresh each epoch)' if workers else ''}, {args.rounds} rounds ABBA, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")
@@ -127,7 +141,8 @@ def main() -> int:
         "regime": "the dataset in memory (as torchvision loads it), " + (
             "fresh workers each epoch (the script's)" if workers else "no workers (the script's)") + (
             "; the step: the tutorial's training step on the CPU" if args.dataset == "tutorial" else
-            "; the step: the copy to the device"),
+            "; the step: the copy to the device" + ("; two views of each image, images/s counts images"
+                                                    if args.dataset == "stl10" else "")),
         "sides": sides, "ratios": ratios}, args.json)
     return 0
 
