@@ -233,6 +233,68 @@ def test_views_are_served_as_default_collate_gives_them(folder, workers):
     loader._stop()
 
 
+MOCO_SCRIPT = """
+import sys
+import torch
+import torchvision.datasets as datasets
+import torchvision.transforms as transforms
+
+
+class TwoCropsTransform:
+    \"\"\"Take two random crops of one image as the query and key.\"\"\"
+
+    def __init__(self, base_transform):
+        self.base_transform = base_transform
+
+    def __call__(self, x):
+        q = self.base_transform(x)
+        k = self.base_transform(x)
+        return [q, k]
+
+
+normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+augmentation = [transforms.RandomResizedCrop(48, scale=(0.2, 1.0)), transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(), normalize]
+train_dataset = datasets.ImageFolder(sys.argv[1], TwoCropsTransform(transforms.Compose(augmentation)))
+train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=8, shuffle=True, num_workers=2,
+                                           pin_memory=True, drop_last=True)
+for epoch in range(2):
+    seen = wrong = 0
+    for i, (images, target) in enumerate(train_loader):
+        images[0] = images[0].to("cpu", non_blocking=True)
+        images[1] = images[1].to("cpu", non_blocking=True)
+        for view in images:  # the class from the blue channel's level, 40 + 50c
+            blue = (view[:, 2] * 0.225 + 0.406) * 255
+            wrong += int(((blue.mean(dim=(1, 2)) - 55) / 50).round().long().ne(target).sum())
+        seen += len(target)
+        assert images[0].shape == images[1].shape == (8, 3, 48, 48), images[0].shape
+    print("epoch", epoch, "seen", seen, "wrong", wrong)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_an_unchanged_moco_script_under_fastdata_run(folder, tmp_path):
+    """MoCo's data loading as main_moco.py writes it (its TwoCropsTransform, ImageFolder, workers,
+    pin_memory, drop_last; each view moved), unchanged: served natively (the summary says so),
+    every view of every image its class's, the same lines printed as the plain script's."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "moco.py"
+    script.write_text(MOCO_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # cwd: from a checkout's root, `python -m` would import the checkout's fastdata, not the installed one.
+    plain = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=240)
+    got = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(folder)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert plain.returncode == 0 and got.returncode == 0, (plain.stderr[-2000:], got.stderr[-2000:])
+    assert got.stdout == plain.stdout == "epoch 0 seen 40 wrong 0\nepoch 1 seen 40 wrong 0\n", (got.stdout, plain.stdout)
+    assert "served natively: ImageFolder with TwoCropsTransform: 2 views of (RandomResizedCrop, " in got.stderr, \
+        got.stderr
+
+
 def _stack_views(batch):
     """A script's collate_fn: torchvision's samples (a list of ([view, view], int)), each view its own tensor."""
     assert type(batch) is list and all(type(s) is tuple and len(s) == 2 and type(s[0]) is list for s in batch)
