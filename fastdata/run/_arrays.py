@@ -232,8 +232,8 @@ def _fill(op: Any, scaled: bool) -> tuple[int, str]:
 
 class NativeArrays(NativeFolder):
     """The dataset a natively served in-memory dataset's loader reads: the script's (or a Subset
-    of it), its batches gathered from its `data` and `targets` as they are at that batch
-    (`gather`); a single index is the script's own `dataset[index]`. A batch whose rows are not
+    of it), its batches gathered from its `data` and `targets` (STL10's `labels`) as they are at
+    that batch (`gather`); a single index is the script's own `dataset[index]`. A batch whose rows are not
     what its class's `__getitem__` reads as it does (data of another type or shape, an index out
     of range) is the script's own fetch."""
 

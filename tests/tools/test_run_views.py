@@ -290,7 +290,8 @@ def test_an_unchanged_moco_script_under_fastdata_run(folder, tmp_path):
     got = subprocess.run([sys.executable, "-m", "fastdata", "run", "--", sys.executable, str(script), str(folder)],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert plain.returncode == 0 and got.returncode == 0, (plain.stderr[-2000:], got.stderr[-2000:])
-    assert got.stdout == plain.stdout == "epoch 0 seen 40 wrong 0\nepoch 1 seen 40 wrong 0\n", (got.stdout, plain.stdout)
+    assert got.stdout == plain.stdout == "epoch 0 seen 40 wrong 0\nepoch 1 seen 40 wrong 0\n", \
+        (got.stdout, plain.stdout)
     assert "served natively: ImageFolder with TwoCropsTransform: 2 views of (RandomResizedCrop, " in got.stderr, \
         got.stderr
 
