@@ -3,6 +3,7 @@
 sample it came from, and must agree with its label."""
 
 import os
+import pickle
 from pathlib import Path
 from typing import Callable
 
@@ -75,3 +76,44 @@ def extraneous(data: bytes, header: bool = False) -> bytes:
         at = out.index(b"\xff\xdb")
         out[at:at] = b"\x00\x2a\xff\x00\x17"
     return bytes(out)
+
+
+def blue_folder(root: Path, per_class: int = 12, classes: int = 4, seed: int = 0) -> Path:
+    """An ImageFolder of JPEGs of varied sizes; class c has its blue channel at 40 + 50c (plus
+    noise up to 30), red and green ramps across and down."""
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            w, h = int(rng.integers(80, 200)), int(rng.integers(70, 180))
+            a = np.zeros((h, w, 3), np.uint8)
+            a[..., 0] = (np.arange(w) * 255 // w)[None]
+            a[..., 1] = (np.arange(h) * 255 // h)[:, None]
+            a[..., 2] = 40 + 50 * c
+            a = (a.astype(int) + rng.integers(0, 30, a.shape)).clip(0, 255).astype(np.uint8)
+            Image.fromarray(a).save(root / f"class{c}" / f"{i:03d}.jpg", quality=92)
+    return root
+
+
+def cifar_rows(n: int) -> np.ndarray:
+    """uint8 [n, 32, 32, 3]: red is the index (mod 250, plus 1), green 10 + 7 * row, blue 10 + 7 * column."""
+    a = np.zeros((n, 32, 32, 3), np.uint8)
+    a[..., 0] = (np.arange(n) % 250 + 1)[:, None, None]
+    a[..., 1] = (10 + 7 * np.arange(32))[None, :, None]
+    a[..., 2] = (10 + 7 * np.arange(32))[None, None, :]
+    return a
+
+
+def write_cifar10(root: Path, n: int) -> None:
+    """CIFAR-10's files (`cifar-10-batches-py`) of `cifar_rows(n)`, label = index % 10: the test
+    batch all of them, each training batch the first fifth."""
+    d = root / "cifar-10-batches-py"
+    d.mkdir()
+    rows = cifar_rows(n).transpose(0, 3, 1, 2).reshape(n, -1)  # CIFAR's files hold CHW rows
+    labels = [i % 10 for i in range(n)]
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(d / name, "wb") as f:
+            pickle.dump({"data": rows[: n // 5] if name != "test_batch" else rows, "labels": labels[: n // 5]
+                         if name != "test_batch" else labels}, f)
+    with open(d / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [str(i) for i in range(10)]}, f)

@@ -71,11 +71,16 @@ class FolderBatch(Prepared):
     def __len__(self) -> int:
         return len(self.images)
 
-    def collate_into(self, ring: Any) -> Any:
+    def crossed(self, ring: Any) -> tuple[Any, "Layout"]:
+        """(the images copied into a slot of `ring`, their `Layout`)."""
         out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
         out.copy_(self.images)
+        return handle, Layout(self.steps, self.erased, self.seed)
+
+    def collate_into(self, ring: Any) -> Any:
+        handle, layout = self.crossed(ring)
         # (a tuple, as default_collate's transpose gives it: strings are collated as they come)
-        return [handle, collate_leaves(tuple(self.targets), ring), Layout(self.steps, self.erased, self.seed)]
+        return [handle, collate_leaves(tuple(self.targets), ring), layout]
 
 
 class Views(tuple):
@@ -92,13 +97,8 @@ class FolderViews(Prepared):
         return len(self.targets)
 
     def collate_into(self, ring: Any) -> Any:
-        handles, layouts = [], []
-        for batch in self.batches:
-            out, handle = new_batch(ring, tuple(batch.images.shape), torch.uint8)
-            out.copy_(batch.images)
-            handles.append(handle)
-            layouts.append(Layout(batch.steps, batch.erased, batch.seed))
-        return [handles, collate_leaves(tuple(self.targets), ring), Views(layouts)]
+        handles, layouts = zip(*(batch.crossed(ring) for batch in self.batches))
+        return [list(handles), collate_leaves(tuple(self.targets), ring), Views(layouts)]
 
 
 def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dict) -> None:

@@ -244,8 +244,7 @@ class NativeFolder(Dataset):
             part = self._read(paths[done:])
             n = len(part)
             for v, view in enumerate(views):
-                if view != self.lowering:
-                    self._use(view)
+                self._use(view)
                 if view.random and not done:
                     # One seed a batch (and view) from this process's torch RNG: torchvision's random
                     # transforms draw from it per sample, and a worker's is seeded by the DataLoader.

@@ -48,6 +48,7 @@ from fastdata.run._rotation import Affine, Perspective, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms._random import uniforms  # noqa: E402
+from _ssl_wrappers import TwoCropsTransformV3  # noqa: E402  (MoCo v3's, as its script writes it)
 from fastdata.transforms.ops import AUTO_OPS, AutoAugment as FdAutoAugment  # noqa: E402  (fastdata run's)
 from fastdata.transforms.plan import (  # noqa: E402
     TRIVIAL_OPS, plan_geometry, plan_pixels, rand_magnitude, trivial_magnitude)
@@ -1074,24 +1075,13 @@ def test_served_pixels_match_torchvision(folder, name):
         f"{name}: mean abs {mean:.4f} (<= {tol_mean}), max abs {worst:.2f} (<= {tol_max}) uint8 levels"
 
 
-class TwoCropsTransform:  # MoCo v3's (moco/loader.py): a view of each of two transforms
-    def __init__(self, base_transform1, base_transform2):
-        self.base_transform1 = base_transform1
-        self.base_transform2 = base_transform2
-
-    def __call__(self, x):
-        im1 = self.base_transform1(x)
-        im2 = self.base_transform2(x)
-        return [im1, im2]
-
-
 def test_two_views_are_each_torchvisions_at_their_draws(folder):
     """A multi-view wrapper (`fastdata.run._views`) of configurations xviii and xiv: each view's
     pixels are its configuration's reference at the parameters drawn from the view's own seed
     (one a view, drawn in turn from torch's RNG), to the level (0/0, as each configuration alone)."""
     names = [next(k for k in CONFIGS if k.startswith(n + ":")) for n in ("xviii", "xiv")]
     configs = [_configs()[name] for name in names]
-    ds = ImageFolder(str(folder), TwoCropsTransform(configs[0][0], configs[1][0]), is_valid_file=_valid)
+    ds = ImageFolder(str(folder), TwoCropsTransformV3(configs[0][0], configs[1][0]), is_valid_file=_valid)
     lowering, why = lower(ds)
     assert why == "" and len(lowering.views) == 2
     indices = list(range(len(ds)))

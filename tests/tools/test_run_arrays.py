@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import subprocess
 import sys
 import types
@@ -20,6 +19,8 @@ import types
 import numpy as np
 import pytest
 import torch
+
+from _images import write_cifar10
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 N = 250  # images in each split
@@ -30,29 +31,11 @@ def tv():
     return pytest.importorskip("torchvision")
 
 
-def _cifar_rows(n: int) -> np.ndarray:
-    """uint8 [n, 32, 32, 3]: red is the index (mod 250, plus 1), green 10 + 7 * row, blue 10 + 7 * column."""
-    a = np.zeros((n, 32, 32, 3), np.uint8)
-    a[..., 0] = (np.arange(n) % 250 + 1)[:, None, None]
-    a[..., 1] = (10 + 7 * np.arange(32))[None, :, None]
-    a[..., 2] = (10 + 7 * np.arange(32))[None, None, :]
-    return a
-
-
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory, tv):
     """(CIFAR10's root, MNIST's root) holding N training and N test images each; label = index % 10."""
     root = tmp_path_factory.mktemp("arrays")
-    d = root / "cifar-10-batches-py"
-    d.mkdir()
-    rows = _cifar_rows(N).transpose(0, 3, 1, 2).reshape(N, -1)  # CIFAR's files hold CHW rows
-    labels = [i % 10 for i in range(N)]
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(d / name, "wb") as f:
-            pickle.dump({"data": rows[: N // 5] if name != "test_batch" else rows, "labels": labels[: N // 5]
-                         if name != "test_batch" else labels}, f)
-    with open(d / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [str(i) for i in range(10)]}, f)
+    write_cifar10(root, N)
     p = root / "MNIST" / "processed"
     p.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -185,7 +168,7 @@ def test_mnist_is_served_natively_bit_for_bit(tv, roots, workers):
 
 
 def _drawn(images: torch.Tensor, pad: int) -> list[tuple[int, int, int, bool]]:
-    """(index mod 250, top, left, flipped) of each CIFAR crop laid out as uint8 (`_cifar_rows`'s
+    """(index mod 250, top, left, flipped) of each CIFAR crop laid out as uint8 (`cifar_rows`'s
     pixels, cut from the image padded with zeros by `pad`)."""
     out = []
     for img in images.numpy():

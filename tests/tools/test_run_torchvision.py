@@ -21,6 +21,7 @@ import torch
 from fastdata.run import _layout
 from fastdata.run import _torchvision as rt
 from fastdata._ext import native
+from _images import blue_folder
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -84,27 +85,9 @@ def tv():
     return pytest.importorskip("torchvision")
 
 
-def make_folder(root: Path, per_class: int = 12, classes: int = 4, seed: int = 0) -> Path:
-    """JPEGs of varied sizes; class c has its blue channel at 40 + 50c (plus noise up to 30)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            w, h = int(rng.integers(80, 200)), int(rng.integers(70, 180))
-            a = np.zeros((h, w, 3), np.uint8)
-            a[..., 0] = (np.arange(w) * 255 // w)[None]
-            a[..., 1] = (np.arange(h) * 255 // h)[:, None]
-            a[..., 2] = 40 + 50 * c
-            a = (a.astype(int) + rng.integers(0, 30, a.shape)).clip(0, 255).astype(np.uint8)
-            Image.fromarray(a).save(root / f"class{c}" / f"{i:03d}.jpg", quality=92)
-    return root
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, tv):
-    return make_folder(tmp_path_factory.mktemp("folder"))
+    return blue_folder(tmp_path_factory.mktemp("folder"))
 
 
 def _class_of(images: torch.Tensor, normalized: bool) -> torch.Tensor:
@@ -644,7 +627,7 @@ def test_a_file_fastdata_does_not_read_is_the_scripts_own_fetch(tv, tmp_path, wh
     from PIL import Image
     from torchvision.datasets import ImageFolder
 
-    root = make_folder(tmp_path / "data", per_class=6, classes=2)
+    root = blue_folder(tmp_path / "data", per_class=6, classes=2)
     bad = root / "class1" / "001.jpg"
     bicubic = T.InterpolationMode.BICUBIC  # Pillow's resize on the whole decode, as torchvision's: the same pixels
     dataset = ImageFolder(str(root), T.Compose([T.Resize((32, 32), bicubic), T.PILToTensor()]))
@@ -781,7 +764,7 @@ def test_a_normalize_torchvision_refuses_falls_back_with_its_error(tv, folder, n
 
 
 def _truncated_folder(root: Path) -> Path:
-    make_folder(root, per_class=5, classes=2)
+    blue_folder(root, per_class=5, classes=2)
     bad = root / "class1" / "002.jpg"
     data = bad.read_bytes()
     bad.write_bytes(data[:len(data) * 2 // 3])  # headers whole, the scan cut short

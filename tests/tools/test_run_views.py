@@ -1,13 +1,14 @@
 """`fastdata run` serving the multi-view wrappers of self-supervised scripts (`fastdata.run._views`):
 MoCo's TwoCropsTransform (v1/v2 and v3), SimCLR's ContrastiveLearningViewGenerator and the
-Lightning tutorial's ContrastiveTransformations, each written here as its script writes it, over
-a torchvision image folder and CIFAR10. Needs torchvision: .ci/run runs it in a virtualenv made
+Lightning tutorial's ContrastiveTransformations, each as its script writes it (tests/_ssl_wrappers.py),
+over a torchvision image folder, CIFAR10 and STL10. Needs torchvision: .ci/run runs it in a virtualenv made
 as a user's. The views' pixels against torchvision's at the same draws:
 tests/contract/test_torchvision_faithful.py (test_two_views_are_each_torchvisions_at_their_draws).
 """
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import types
 
@@ -15,6 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from _images import blue_folder, write_cifar10
+from _ssl_wrappers import (ContrastiveLearningViewGenerator, ContrastiveTransformations, TwoCropsTransform,
+                           TwoCropsTransformV3)
 from fastdata.run import _torchvision as rt
 from fastdata.run._layout import FolderViews
 from fastdata.run._views import MAX_VIEWS
@@ -26,53 +30,6 @@ import torchvision.transforms.v2 as v2  # noqa: E402
 from torchvision.datasets import ImageFolder  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-# ------------------------------------------------ the wrappers, as the scripts write them
-
-class TwoCropsTransform:  # MoCo v1 and v2 (moco/loader.py)
-    """Take two random crops of one image as the query and key."""
-
-    def __init__(self, base_transform):
-        self.base_transform = base_transform
-
-    def __call__(self, x):
-        q = self.base_transform(x)
-        k = self.base_transform(x)
-        return [q, k]
-
-
-class TwoCropsTransformV3:  # MoCo v3 (moco/loader.py)
-    """Take two random crops of one image"""
-
-    def __init__(self, base_transform1, base_transform2):
-        self.base_transform1 = base_transform1
-        self.base_transform2 = base_transform2
-
-    def __call__(self, x):
-        im1 = self.base_transform1(x)
-        im2 = self.base_transform2(x)
-        return [im1, im2]
-
-
-class ContrastiveLearningViewGenerator(object):  # SimCLR (data_aug/view_generator.py)
-    """Take two random crops of one image as the query and key."""
-
-    def __init__(self, base_transform, n_views=2):
-        self.base_transform = base_transform
-        self.n_views = n_views
-
-    def __call__(self, x):
-        return [self.base_transform(x) for i in range(self.n_views)]
-
-
-class ContrastiveTransformations:  # the Lightning tutorial's (SimCLR)
-    def __init__(self, base_transforms, n_views=2):
-        self.base_transforms = base_transforms
-        self.n_views = n_views
-
-    def __call__(self, x):
-        return [self.base_transforms(x) for _ in range(self.n_views)]
 
 
 def _augment(size: int = 48):
@@ -87,22 +44,7 @@ def _eval():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """JPEGs of varied sizes; class c has its blue channel at 40 + 50c (plus noise up to 30)."""
-    from PIL import Image
-
-    root = tmp_path_factory.mktemp("views")
-    rng = np.random.default_rng(0)
-    for c in range(4):
-        (root / f"class{c}").mkdir()
-        for i in range(10):
-            w, h = int(rng.integers(80, 200)), int(rng.integers(70, 180))
-            a = np.zeros((h, w, 3), np.uint8)
-            a[..., 0] = (np.arange(w) * 255 // w)[None]
-            a[..., 1] = (np.arange(h) * 255 // h)[:, None]
-            a[..., 2] = 40 + 50 * c
-            a = (a.astype(int) + rng.integers(0, 30, a.shape)).clip(0, 255).astype(np.uint8)
-            Image.fromarray(a).save(root / f"class{c}" / f"{i:03d}.jpg", quality=92)
-    return root
+    return blue_folder(tmp_path_factory.mktemp("views"), per_class=10)
 
 
 def _class_of(images: torch.Tensor) -> torch.Tensor:  # (of normalized images without a colour change)
@@ -238,17 +180,7 @@ import torchvision.datasets as datasets
 import torchvision.transforms as transforms
 
 
-class TwoCropsTransform:
-    \"\"\"Take two random crops of one image as the query and key.\"\"\"
-
-    def __init__(self, base_transform):
-        self.base_transform = base_transform
-
-    def __call__(self, x):
-        q = self.base_transform(x)
-        k = self.base_transform(x)
-        return [q, k]
-
+{wrapper}
 
 normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 augmentation = [transforms.RandomResizedCrop(48, scale=(0.2, 1.0)), transforms.RandomHorizontalFlip(),
@@ -280,7 +212,7 @@ def test_an_unchanged_moco_script_under_fastdata_run(folder, tmp_path):
     import sys
 
     script = tmp_path / "moco.py"
-    script.write_text(MOCO_SCRIPT)
+    script.write_text(MOCO_SCRIPT.format(wrapper=inspect.getsource(TwoCropsTransform)))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # cwd: from a checkout's root, `python -m` would import the checkout's fastdata, not the installed one.
     plain = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, env=env,
@@ -340,24 +272,13 @@ def test_fastdata_run_profile_counts_a_views_batch_by_its_images():
 
 @pytest.fixture
 def cifar(tmp_path, monkeypatch):
-    """CIFAR10 over 120 images of these tests' (its md5 check stubbed): red is the index plus 1,
-    green 10 + 7 * row, blue 10 + 7 * column; label = index % 10. Inside, torchvision's own fetch
-    raises (its PIL image): a batch fastdata did not serve natively fails the test."""
+    """CIFAR10's test split over 120 images of `_images.cifar_rows` (its md5 check stubbed): red is
+    the index plus 1, green 10 + 7 * row, blue 10 + 7 * column; label = index % 10. Inside,
+    torchvision's own fetch raises (its PIL image): a batch fastdata did not serve natively fails
+    the test."""
     import torchvision.datasets.cifar as C
 
-    n = 120
-    a = np.zeros((n, 32, 32, 3), np.uint8)
-    a[..., 0] = (np.arange(n) + 1)[:, None, None]
-    a[..., 1] = (10 + 7 * np.arange(32))[None, :, None]
-    a[..., 2] = (10 + 7 * np.arange(32))[None, None, :]
-    d = tmp_path / "cifar-10-batches-py"
-    d.mkdir()
-    rows, labels = a.transpose(0, 3, 1, 2).reshape(n, -1), [i % 10 for i in range(n)]
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(d / name, "wb") as f:
-            pickle.dump({"data": rows, "labels": labels}, f)
-    with open(d / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [str(i) for i in range(10)]}, f)
+    write_cifar10(tmp_path, 120)
     monkeypatch.setattr(C, "check_integrity", lambda *a, **k: True)
     monkeypatch.setattr(C.CIFAR10, "_check_integrity", lambda self: True)
 
