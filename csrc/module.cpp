@@ -15,6 +15,7 @@
 
 #include "bytes.h"
 #include "collate.h"
+#include "color.h"
 #include "parallel.h"
 #include "read.h"
 #include "tar.h"
@@ -150,6 +151,35 @@ LookupArrays lookup_arrays(const char* name, const char* form, bool shapes, cons
   }
   return {static_cast<const uint8_t*>(src.data()), static_cast<const uint8_t*>(lut.data()),
           static_cast<uint8_t*>(out.data()), itemsize};
+}
+
+// The arrays of a colour conversion: uint8 src and out of one shape [..., 3], contiguous.
+void color_arrays(const char* name, const AnyArray& src, const OutArray& out) {
+  bool same = src.ndim() == out.ndim() && src.ndim() >= 1 && src.shape(src.ndim() - 1) == 3;
+  for (size_t d = 0; same && d < src.ndim(); ++d) same = src.shape(d) == out.shape(d);
+  if (!same || src.dtype() != nb::dtype<uint8_t>() || out.dtype() != nb::dtype<uint8_t>()) {
+    throw nb::value_error((std::string(name) + " takes uint8 src and out of one shape [..., 3]").c_str());
+  }
+  if (!contiguous(src) || !contiguous(out)) {
+    throw nb::value_error((std::string(name) + " takes contiguous arrays").c_str());
+  }
+}
+
+// hue_shift(src, out, shift): Pillow's RGB -> HSV, hue + shift modulo 256, HSV -> RGB (color.h).
+void hue_shift(AnyArray src, OutArray out, int shift) {
+  color_arrays("hue_shift", src, out);
+  if (shift < 0 || shift > 255) throw nb::value_error("hue_shift takes a shift of 0 to 255");
+  nb::gil_scoped_release release;
+  fastdata::hue_shift(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()),
+                      int64_t(src.size() / 3), shift);
+}
+
+// convert_hsv(src, out, to_hsv): Pillow's RGB -> HSV (to_hsv) or HSV -> RGB conversion alone.
+void convert_hsv(AnyArray src, OutArray out, bool to_hsv) {
+  color_arrays("convert_hsv", src, out);
+  nb::gil_scoped_release release;
+  const auto convert = to_hsv ? fastdata::rgb_to_hsv : fastdata::hsv_to_rgb;
+  convert(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()), int64_t(src.size() / 3));
 }
 
 // lookup_planes(src, lut, out, threads): out[i, ch, y, x] = lut[ch, src[i, y, x, ch]] for
@@ -510,6 +540,11 @@ NB_MODULE(_native, m) {
         "Copy samples[i] into out[i] for every i with up to `threads` threads, GIL released.");
   m.def("collate_ptrs", &collate_ptrs, nb::arg("addresses"), nb::arg("strides"), nb::arg("out"),
         nb::arg("threads") = 1, "collate() for sources given as data addresses and element strides.");
+  m.def("hue_shift", &hue_shift, nb::arg("src"), nb::arg("out"), nb::arg("shift"),
+        "Pillow's hue shift of uint8 RGB pixels [..., 3] (RGB to HSV, hue + shift modulo 256, back), "
+        "each pixel as Pillow's conversions give it; GIL released.");
+  m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
+        "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
         "out [N, C, H, W] of lut's dtype; GIL released.");

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 
+from .._ext import native
 from .._pillow import open_image
 
 
@@ -70,14 +71,48 @@ def size_of(data: bytes) -> tuple[int, int]:
 # ---- pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment) on a PIL image, with
 # parameters from plan_pixels
 
+def _native_hue() -> bool:
+    """Whether the native hue shift (csrc/color.cpp, Pillow's conversions' arithmetic in one pass)
+    gives this process's Pillow's pixels: checked once, on 65,536 colours spread over the RGB
+    cube and as many HSV triples, both conversions (tests/unit/test_hue.py checks all 2^24 of
+    each). A Pillow whose conversions differ keeps Pillow's own steps."""
+    global _NATIVE_HUE
+    if _NATIVE_HUE is None:
+        from PIL import Image
+
+        if native is None:
+            _NATIVE_HUE = False
+            return False
+        # every 256th colour of the cube, each at an offset of its own in its run of 256
+        codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
+        cube = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
+        ours = np.empty_like(cube)
+        same = True
+        for mode, to_hsv in (("RGB", True), ("HSV", False)):
+            native.convert_hsv(cube, ours, to_hsv)
+            pillows = Image.fromarray(cube, mode).convert("RGB" if mode == "HSV" else "HSV")
+            same &= np.array_equal(ours, np.asarray(pillows))
+        _NATIVE_HUE = bool(same)
+    return _NATIVE_HUE
+
+
+_NATIVE_HUE: bool | None = None
+
+
 def _hue(img, shift: float):
     from PIL import Image
 
     if abs(shift) < 1e-9:
         return img
-    h, s, v = img.convert("HSV").split()
     # torchvision's step: the shift truncated toward zero to whole hue levels, added modulo 256
-    h = Image.fromarray(np.asarray(h, dtype=np.uint8) + np.int32(shift * 255).astype(np.uint8), "L")
+    level = np.int32(shift * 255).astype(np.uint8)
+    if img.mode == "RGB" and _native_hue():
+        src = np.asarray(img)
+        out = np.empty_like(src)
+        native.hue_shift(src, out, int(level))
+        return Image.fromarray(out, "RGB")
+    h, s, v = img.convert("HSV").split()
+    h = Image.fromarray(np.asarray(h, dtype=np.uint8) + level, "L")
     return Image.merge("HSV", (h, s, v)).convert("RGB")
 
 
