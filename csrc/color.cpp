@@ -1,107 +1,144 @@
-// Compiled with -ffp-contract=off (CMakeLists.txt): a fused multiply-add would round once where
-// Pillow's code rounds twice. Pillow's calls are replaced only where the result is the same for
-// every input they get here: fmod(x, 1.0) of x in [0, 2) is x or x - 1 (exact), floor and round
-// of a non-negative double are its integer part, plus one where round's remainder is >= 0.5.
-// Branches on the pixel (which channel is the largest, which sixth of the hue circle) are
-// selects, and what depends on one byte alone comes from a table: natural images make those
-// branches unpredictable.
+// Compiled with -ffp-contract=off (a fused multiply-add would round once where Pillow's code
+// rounds twice) and -fno-trapping-math (no FP exception is ever read; it lets the compiler turn
+// the selects below into vector blends): CMakeLists.txt. Pillow's library calls are replaced only
+// where the result is the same for every input they get here: fmod(x, 1.0) of x in [0, 2) is x
+// or x - 1 (exact); floor of a non-negative double is its integer part, and round that plus one
+// where the remainder is >= 0.5. A byte converted to float and then to double is the byte.
+//
+// Pixels go through in chunks of planes, each step a loop of selects with no branch (which
+// channel is the largest, which sixth of the hue circle: unpredictable on natural images), which
+// the compiler vectorizes; where GCC or Clang targets x86-64, each loop also has an AVX2 clone,
+// picked at load time where the CPU has AVX2 (the baseline's SSE2 lacks the int/double
+// conversions the HSV -> RGB loop needs in vectors).
 #include "color.h"
+
+#include <algorithm>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__APPLE__)
+#define FASTDATA_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define FASTDATA_AVX2_CLONE
+#endif
 
 namespace fastdata {
 namespace {
 
-// What HSV -> RGB derives from one byte: for a hue h, the sixth i and the remainder f; for a
-// saturation s, fs; and for RGB -> HSV, each quotient float(d) / float(c) of 0 <= d <= c <= 255
-// (c = 0 as 1) and the saturation byte of each (max, max - min); each with Pillow's expressions.
-// Made on first use (a static local: once, whichever thread comes first), 320 KiB.
-struct Tables {
-  int sixth[256];
-  float rest[256];
-  float sat[256];
-  float quotient[256][256];
-  uint8_t saturation[256][256];
-  Tables() {
-    for (int c = 0; c < 256; ++c) {
-      for (int d = 0; d < 256; ++d) {
-        quotient[c][d] = float(d) / float(c ? c : 1);
-        // (max, max - min): s = (max - min) / max, as Pillow's float, then its byte
-        saturation[c][d] = d <= c && c ? uint8_t(int(double(float(d) / float(c)) * 255.0)) : 0;
-      }
-    }
-    for (int h = 0; h < 256; ++h) {
-      const double h6 = double(float(h)) * 6.0 / 255.0;
-      sixth[h] = int(h6) % 6;  // 6 for h = 255 (f = 0 there): Pillow's switch takes i % 6
-      rest[h] = float(h6 - double(float(int(h6))));
-      sat[h] = float(double(float(h)) / 255.0);
+constexpr int kChunk = 256;
+
+// Pillow's rgb2hsv_row for n pixels: r, g, b (bytes, as floats) -> h, s, v bytes.
+FASTDATA_AVX2_CLONE void hsv_planes(const float* __restrict r, const float* __restrict g, const float* __restrict b,
+                                    int32_t* __restrict h, int32_t* __restrict s, int32_t* __restrict v, int n) {
+  for (int j = 0; j < n; ++j) {
+    const float R = r[j], G = g[j], B = b[j];
+    const float mx = std::max(std::max(R, G), B), mn = std::min(std::min(R, G), B);
+    const float cr = mx - mn;
+    const bool grey = cr == 0.0f;  // (then both h and s are 0; the divisions below are by 1)
+    const float over = grey ? 1.0f : cr;
+    const float sat = cr / (grey ? 1.0f : mx);
+    const float rc = (mx - R) / over, gc = (mx - G) / over, bc = (mx - B) / over;
+    const float hr = bc - gc;
+    const float hg = float(2.0 + double(rc) - double(bc));
+    const float hb = float(4.0 + double(gc) - double(rc));
+    const float hue = R == mx ? hr : (G == mx ? hg : hb);
+    const double x = double(hue) / 6.0 + 1.0;  // in [5/6, 11/6)
+    const int level = int(double(float(x >= 1.0 ? x - 1.0 : x)) * 255.0);  // in [0, 255): CLIP8 changes nothing
+    h[j] = grey ? 0 : level;
+    s[j] = int(double(sat) * 255.0);
+    v[j] = int(mx);
+  }
+}
+
+// Pillow's hsv2rgb for n pixels: h, s, v bytes -> r, g, b bytes. s = 0 needs no case of its own:
+// fs = 0 makes p, q and t all v, Pillow's grey.
+FASTDATA_AVX2_CLONE void rgb_planes(const int32_t* __restrict h, const int32_t* __restrict s,
+                                    const int32_t* __restrict v, int32_t* __restrict r, int32_t* __restrict g,
+                                    int32_t* __restrict b, int n) {
+  for (int j = 0; j < n; ++j) {
+    const double h6 = double(h[j]) * 6.0 / 255.0;
+    const int i = int(h6);  // 0..6 (6 for h = 255, with f = 0: Pillow's switch takes i % 6)
+    const float f = float(h6 - double(i));
+    const float fs = float(double(s[j]) / 255.0);
+    const double vf = double(v[j]);
+    const double px = vf * (1.0 - double(fs));
+    const double qx = vf * (1.0 - double(fs * f));
+    const double tx = vf * (1.0 - double(fs) * (1.0 - double(f)));
+    const int pi = int(px), qi = int(qx), ti = int(tx);
+    const int p = pi + int(px - double(pi) >= 0.5);
+    const int q = qi + int(qx - double(qi) >= 0.5);
+    const int t = ti + int(tx - double(ti) >= 0.5);
+    const int k = i - 6 * int(i == 6), vv = v[j];
+    // Pillow's six cases: (v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)
+    const int c0 = -int(k == 0), c1 = -int(k == 1), c2 = -int(k == 2), c3 = -int(k == 3), c4 = -int(k == 4),
+              c5 = -int(k == 5);
+    r[j] = (vv & (c0 | c5)) | (q & c1) | (p & (c2 | c3)) | (t & c4);
+    g[j] = (t & c0) | (vv & (c1 | c2)) | (q & c3) | (p & (c4 | c5));
+    b[j] = (p & (c0 | c1)) | (t & c2) | (vv & (c3 | c4)) | (q & c5);
+  }
+}
+
+// The planes of one chunk.
+struct Chunk {
+  float r[kChunk], g[kChunk], b[kChunk];
+  int32_t x[kChunk], y[kChunk], z[kChunk];  // h, s, v
+  int32_t o0[kChunk], o1[kChunk], o2[kChunk];  // r, g, b out
+
+  void split(const uint8_t* src, int m) {
+    for (int j = 0; j < m; ++j) r[j] = src[3 * j], g[j] = src[3 * j + 1], b[j] = src[3 * j + 2];
+  }
+  void split_hsv(const uint8_t* src, int m) {
+    for (int j = 0; j < m; ++j) x[j] = src[3 * j], y[j] = src[3 * j + 1], z[j] = src[3 * j + 2];
+  }
+  static void join(const int32_t* a0, const int32_t* a1, const int32_t* a2, uint8_t* dst, int m) {
+    for (int j = 0; j < m; ++j) {
+      dst[3 * j] = uint8_t(a0[j]), dst[3 * j + 1] = uint8_t(a1[j]), dst[3 * j + 2] = uint8_t(a2[j]);
     }
   }
 };
-const Tables& tables() {
-  static const Tables made;
-  return made;
-}
 
-inline int rounded(double x) {  // C's round of x in [0, 255]
-  const int whole = int(x);
-  return whole + (x - double(whole) >= 0.5);
-}
-
-inline void hsv_of(const Tables& tab, const uint8_t* in, uint8_t* out) {
-  const int r = in[0], g = in[1], b = in[2];
-  const int maxc = r > g ? (r > b ? r : b) : (g > b ? g : b);
-  const int minc = r < g ? (r < b ? r : b) : (g < b ? g : b);
-  const bool grey = minc == maxc;
-  const float* over = tab.quotient[maxc - minc];  // (grey: over 1, and the hue is 0 anyway)
-  const float rc = over[maxc - r], gc = over[maxc - g], bc = over[maxc - b];
-  const float hr = bc - gc;
-  const float hg = float(2.0 + double(rc) - double(bc));
-  const float hb = float(4.0 + double(gc) - double(rc));
-  const float h = r == maxc ? hr : (g == maxc ? hg : hb);
-  const double x = double(h) / 6.0 + 1.0;  // in [5/6, 11/6)
-  const float hue = float(x >= 1.0 ? x - 1.0 : x);
-  // both in [0, 255): Pillow's CLIP8 changes nothing
-  out[0] = uint8_t(grey ? 0 : int(double(hue) * 255.0));
-  out[1] = tab.saturation[maxc][maxc - minc];
-  out[2] = uint8_t(maxc);
-}
-
-inline void rgb_of(const Tables& tab, const uint8_t* in, uint8_t* out) {
-  // s = 0 needs no case of its own: fs = 0 makes p, q and t all v, as Pillow's grey is
-  const int h = in[0], s = in[1], v = in[2];
-  const float f = tab.rest[h], fs = tab.sat[s];
-  const double vf = double(v);
-  const int p = rounded(vf * (1.0 - double(fs)));
-  const int q = rounded(vf * (1.0 - double(fs * f)));
-  const int t = rounded(vf * (1.0 - double(fs) * (1.0 - double(f))));
-  // Pillow's six cases: (v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)
-  const int i = tab.sixth[h];
-  const int values[4] = {v, p, q, t};
-  static constexpr uint8_t pick[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3}, {1, 2, 0}, {3, 1, 0}, {0, 1, 2}};
-  out[0] = uint8_t(values[pick[i][0]]);
-  out[1] = uint8_t(values[pick[i][1]]);
-  out[2] = uint8_t(values[pick[i][2]]);
+template <typename Step>
+void by_chunks(const uint8_t* src, uint8_t* dst, int64_t n, Step step) {
+  Chunk c;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int m = int(std::min<int64_t>(kChunk, n - start));
+    step(c, src + 3 * start, dst + 3 * start, m);
+  }
 }
 
 }  // namespace
 
 void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
-  const Tables& tab = tables();
-  for (int64_t k = 0; k < n; ++k, src += 3, dst += 3) {
-    uint8_t hsv[3];
-    hsv_of(tab, src, hsv);
-    hsv[0] = uint8_t(hsv[0] + shift);
-    rgb_of(tab, hsv, dst);
-  }
+  by_chunks(src, dst, n, [shift](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
+    c.split(in, m);
+    hsv_planes(c.r, c.g, c.b, c.x, c.y, c.z, m);
+    for (int j = 0; j < m; ++j) c.x[j] = (c.x[j] + shift) & 255;
+    rgb_planes(c.x, c.y, c.z, c.o0, c.o1, c.o2, m);
+    Chunk::join(c.o0, c.o1, c.o2, out, m);
+  });
 }
 
 void rgb_to_hsv(const uint8_t* src, uint8_t* dst, int64_t n) {
-  const Tables& tab = tables();
-  for (int64_t k = 0; k < n; ++k) hsv_of(tab, src + 3 * k, dst + 3 * k);
+  by_chunks(src, dst, n, [](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
+    c.split(in, m);
+    hsv_planes(c.r, c.g, c.b, c.x, c.y, c.z, m);
+    Chunk::join(c.x, c.y, c.z, out, m);
+  });
 }
 
 void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n) {
-  const Tables& tab = tables();
-  for (int64_t k = 0; k < n; ++k) rgb_of(tab, src + 3 * k, dst + 3 * k);
+  by_chunks(src, dst, n, [](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
+    c.split_hsv(in, m);
+    rgb_planes(c.x, c.y, c.z, c.o0, c.o1, c.o2, m);
+    Chunk::join(c.o0, c.o1, c.o2, out, m);
+  });
+}
+
+void lookup_pairs(const uint8_t* src, const uint8_t* grey, const uint8_t* table, uint8_t* dst, int64_t n) {
+  for (int64_t k = 0; k < n; ++k, src += 3, dst += 3) {
+    const uint8_t* row = table + 256 * int(grey[k]);
+    dst[0] = row[src[0]];
+    dst[1] = row[src[1]];
+    dst[2] = row[src[2]];
+  }
 }
 
 }  // namespace fastdata

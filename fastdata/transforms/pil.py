@@ -116,9 +116,46 @@ def _hue(img, shift: float):
     return Image.merge("HSV", (h, s, v)).convert("RGB")
 
 
+# ColorJitter's brightness, contrast and saturation are ImageEnhance's: Image.blend of the image
+# with a degenerate one (black; its mean grey; its own grey), which Pillow computes byte by byte
+# from the two bytes and the factor alone. So each is Pillow's own blend of every pair of bytes
+# (of the one degenerate byte where it is constant), as a table, looked up for the image's bytes.
+_PAIRS: tuple | None = None  # 256 x 256 L images: each byte its row number; each its column number
+
+
+def _blended(img, degenerate: int | np.ndarray, factor: float):
+    """Image.blend(degenerate, img, factor) of an RGB image: `degenerate` one byte for every
+    byte, or an HxW grey image whose byte is every channel's there."""
+    from PIL import Image
+
+    global _PAIRS
+    if _PAIRS is None:
+        v = np.arange(256, dtype=np.uint8)
+        _PAIRS = (Image.fromarray(np.repeat(v[:, None], 256, 1)), Image.fromarray(np.repeat(v[None, :], 256, 0)))
+    src = np.asarray(img)
+    out = np.empty_like(src)
+    if isinstance(degenerate, int):
+        row = np.asarray(Image.blend(Image.new("L", (256, 1), degenerate), _PAIRS[1].crop((0, 0, 256, 1)), factor))
+        native.lookup_values(src.reshape(1, 1, -1), row, out.reshape(1, 1, -1))
+    else:
+        native.lookup_pairs(src, np.ascontiguousarray(degenerate), np.asarray(Image.blend(*_PAIRS, factor)), out)
+    return Image.fromarray(out, "RGB")
+
+
 def color_jitter(img, p: dict):
     from PIL import ImageEnhance
 
+    if img.mode == "RGB" and _native_hue():
+        for k in p["order"]:
+            if k == 0:
+                img = _blended(img, 0, p["brightness"])  # (ImageEnhance.Brightness: black)
+            elif k == 1:
+                img = _blended(img, ImageEnhance.Contrast(img).degenerate.getpixel((0, 0))[0], p["contrast"])
+            elif k == 2:
+                img = _blended(img, np.asarray(ImageEnhance.Color(img).degenerate)[..., 0], p["saturation"])
+            else:
+                img = _hue(img, p["hue"])
+        return img
     for k in p["order"]:
         if k == 0:
             img = ImageEnhance.Brightness(img).enhance(p["brightness"])
