@@ -1,7 +1,7 @@
 // Pillow's hue shift (ColorJitter's hue on a PIL image) in one pass: RGB to HSV, the hue moved
 // by a whole number of levels modulo 256, HSV back to RGB, each conversion with the very
 // arithmetic of Pillow's Convert.c (its float and double steps in its order), so that every
-// pixel equals Pillow's (tests/unit/test_hue.py compares all 2^24 colours both ways).
+// pixel equals Pillow's (tests/unit/test_color_jitter.py compares all 2^24 colours both ways).
 #pragma once
 #include <cstdint>
 

@@ -1,0 +1,99 @@
+"""ColorJitter on PIL images, as fastdata's Pillow lowering runs it (`fastdata.loader`'s `pil`
+path and `fastdata run`'s served torchvision ColorJitter), against the steps torchvision's PIL
+functional takes (ImageEnhance's Brightness, Contrast and Color, the hue through an HSV image):
+the same pixels (checked every round), timed interleaved in one process.
+
+fastdata's: brightness, contrast and saturation as tables of Pillow's own blend, looked up
+natively; the hue shift in one native pass with Pillow's conversions' arithmetic
+(`fastdata.transforms.pil`, csrc/color.cpp). Images: 64 of the synthetic ImageNet-like set,
+resized to 224x224 RGB; ColorJitter(0.4, 0.4, 0.4, 0.1) (MoCo v2's and SimCLR's strengths'
+kind): factors uniform in [0.6, 1.4], hue in [-0.1, 0.1], the four in a random order per image.
+Each op alone too. One thread, warm (the images in memory).
+
+    OMP_NUM_THREADS=1 python benchmarks/color_jitter.py [--reps 9] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import _common
+import numpy as np
+from PIL import Image, ImageEnhance
+
+from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
+from fastdata.transforms import pil as P
+
+
+def torchvisions(img: Image.Image, p: dict) -> Image.Image:
+    """torchvision.transforms.functional's PIL steps for ColorJitter with these factors."""
+    for k in p["order"]:
+        if k == 0:
+            img = ImageEnhance.Brightness(img).enhance(p["brightness"])
+        elif k == 1:
+            img = ImageEnhance.Contrast(img).enhance(p["contrast"])
+        elif k == 2:
+            img = ImageEnhance.Color(img).enhance(p["saturation"])
+        elif abs(p["hue"]) > 1e-9:
+            h, s, v = img.convert("HSV").split()
+            h = Image.fromarray(np.asarray(h, dtype=np.uint8) + np.int32(p["hue"] * 255).astype(np.uint8), "L")
+            img = Image.merge("HSV", (h, s, v)).convert("RGB")
+    return img
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--images", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not P._native_color():
+        sys.exit("fastdata's native extension is not built (or disagrees with this Pillow): nothing to compare")
+
+    files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[: args.images]
+    images = [Image.open(path).convert("RGB").resize((224, 224), Image.BILINEAR) for path, _ in files]
+    rng = np.random.default_rng(0)
+    plans = [{"order": list(rng.permutation(4)), "brightness": rng.uniform(0.6, 1.4),
+              "contrast": rng.uniform(0.6, 1.4), "saturation": rng.uniform(0.6, 1.4),
+              "hue": rng.uniform(-0.1, 0.1)} for _ in images]
+    cases = {"ColorJitter": None, "brightness": [0], "contrast": [1], "saturation": [2], "hue": [3]}
+
+    def timed(fn, order):
+        def run() -> float:
+            t = time.perf_counter()
+            outs = [fn(img, p if order is None else {**p, "order": order}) for img, p in zip(images, plans)]
+            dt = time.perf_counter() - t
+            run.outs = outs
+            return dt
+        return run
+
+    runs = {}
+    for name, order in cases.items():
+        runs[f"{name}: torchvision's steps"] = timed(torchvisions, order)
+        runs[f"{name}: fastdata"] = timed(P.color_jitter, order)
+    for fn in runs.values():  # warm-up, and the pixels compared once
+        fn()
+    for name in cases:
+        theirs, ours = runs[f"{name}: torchvision's steps"].outs, runs[f"{name}: fastdata"].outs
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(theirs, ours)), name
+    print(f"{len(images)} images of 224x224, {args.reps} interleaved rounds, one thread; pixels equal",
+          file=sys.stderr)
+    times = _common.interleaved(runs, args.reps)
+    rows = {}
+    print(f"{'op':<14}{'torchvision ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
+    for name in cases:
+        base, ours = times[f"{name}: torchvision's steps"], times[f"{name}: fastdata"]
+        ratio = _common.median(base) / _common.median(ours)
+        low, high = _common.ratio_ci(base, ours)
+        per = [_common.median(x) / len(images) * 1e3 for x in (base, ours)]
+        rows[name] = {"torchvision_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
+                      "interval": [low, high]}
+        print(f"{name:<14}{per[0]:>22.3f}{per[1]:>19.3f}{ratio:>9.2f}x  {low:.2f}-{high:.2f}")
+    _common.write("color_jitter", {"images": len(images), "reps": args.reps, "rows": rows,
+                                   "pillow": Image.__version__}, args.json)
+
+
+if __name__ == "__main__":
+    main()

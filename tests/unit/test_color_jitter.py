@@ -1,0 +1,101 @@
+"""ColorJitter on a PIL image as fastdata runs it natively (`fastdata.transforms.pil`: the blends
+as tables of Pillow's own, the hue shift in csrc/color.cpp) against Pillow's own steps, over
+every colour. CI runs this module with Pillow-SIMD (the main environment) and with stock Pillow
+(the torchvision environment, .ci/run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdata._ext import native
+from fastdata.transforms import pil as P
+
+Image = pytest.importorskip("PIL.Image")
+needs_native = pytest.mark.skipif(native is None, reason="fastdata's native extension is not built")
+
+
+@pytest.fixture(scope="module")
+def cube() -> np.ndarray:
+    """Every 24-bit colour once, as a 4096 x 4096 RGB (or HSV) image."""
+    codes = np.arange(1 << 24, dtype=np.uint32)
+    return np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(4096, 4096, 3)
+
+
+def _pillows(img, p: dict, monkeypatch) -> np.ndarray:
+    """P.color_jitter with Pillow's own steps (ImageEnhance, the hue through an HSV image)."""
+    with monkeypatch.context() as m:
+        m.setattr(P, "_NATIVE_COLOR", False)
+        return np.asarray(P.color_jitter(img, p))
+
+
+@needs_native
+@pytest.mark.timeout(60)
+def test_both_conversions_are_pillows_for_every_colour(cube):
+    ours = np.empty_like(cube)
+    for mode, to_hsv, into in (("RGB", True, "HSV"), ("HSV", False, "RGB")):
+        native.convert_hsv(cube, ours, to_hsv)
+        theirs = np.asarray(Image.fromarray(cube, mode).convert(into))
+        wrong = (ours != theirs).any(-1)
+        assert not wrong.any(), f"{mode} -> {into}: {wrong.sum()} colours differ, first {cube[wrong][:3].tolist()}"
+
+
+@needs_native
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("op", ["brightness", "contrast", "saturation", "hue"])
+def test_each_op_is_pillows_for_every_colour(cube, op, monkeypatch):
+    img = Image.fromarray(cube)
+    assert P._native_color(), "the native colour path disagrees with this Pillow (or was not checked)"
+    # factors below and above 1 (Pillow's blend clips only past 1), 0; hue shifts of under a
+    # level, one level, both signs and nearly half the circle
+    values = [-0.5, -0.02, 1.5 / 255, 0.1, 0.4999, 0.001] if op == "hue" else [0.0, 0.37, 0.6, 1.0, 1.23, 3.0]
+    for value in values:
+        p = {"order": [["brightness", "contrast", "saturation", "hue"].index(op)], op: value}
+        ours, theirs = np.asarray(P.color_jitter(img, p)), _pillows(img, p, monkeypatch)
+        assert ours.shape == theirs.shape == (4096, 4096, 3)
+        wrong = (ours != theirs).any(-1)
+        assert not wrong.any(), f"{op} {value}: {wrong.sum()} colours differ"
+        moved = (ours != cube).any(-1).mean()
+        if op != "hue":
+            assert moved == 0 if value == 1.0 else moved > 0.5, (op, value, moved)
+        elif int(value * 255):  # (a shift under one level moves only what the 8-bit HSV round trip moves)
+            assert moved > 0.5, (value, moved)
+
+
+@needs_native
+def test_the_four_in_any_order_are_pillows_on_photos(monkeypatch):
+    rng = np.random.default_rng(0)
+    # smooth gradients with noise: the colours of photographs, not of the cube's order
+    y, x = np.mgrid[0:96, 0:128]
+    for k in range(12):
+        base = np.stack([x * (2 + k % 3), y * 2 + 40 * k, (x + y) * (1 + k % 2)], -1) % 256
+        img = Image.fromarray(np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8))
+        p = {"order": list(rng.permutation(4)), "brightness": rng.uniform(0.5, 1.5),
+             "contrast": rng.uniform(0.5, 1.5), "saturation": rng.uniform(0.5, 1.5), "hue": rng.uniform(-0.2, 0.2)}
+        assert np.array_equal(np.asarray(P.color_jitter(img, p)), _pillows(img, p, monkeypatch)), p
+
+
+def test_other_modes_and_no_shift_keep_pillows_steps():
+    grey = Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4, "L")
+    out = P._hue(grey, 0.3)
+    assert out.mode == "RGB" and np.array_equal(np.asarray(out), np.asarray(grey.convert("RGB")))  # no hue in grey
+    img = Image.fromarray(np.full((4, 4, 3), (200, 30, 10), np.uint8))
+    assert P._hue(img, 0.0) is img
+    assert P.color_jitter(grey, {"order": [0], "brightness": 0.5}).mode == "L"  # (ImageEnhance's, on L)
+
+
+@needs_native
+def test_the_native_calls_refuse_what_they_do_not_take():
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(ValueError, match="uint8 src and out of one shape"):
+        native.hue_shift(rgb, np.zeros((4, 4, 4), np.uint8), 3)
+    with pytest.raises(ValueError, match="uint8 src and out of one shape"):
+        native.hue_shift(rgb.astype(np.float32), np.zeros((4, 4, 3), np.float32), 3)
+    with pytest.raises(ValueError, match="contiguous"):
+        native.hue_shift(np.zeros((4, 8, 3), np.uint8)[:, ::2], rgb, 3)
+    with pytest.raises(ValueError, match="shift of 0 to 255"):
+        native.hue_shift(rgb, np.empty_like(rgb), 256)
+    with pytest.raises(ValueError, match=r"grey \[...\] of src's pixels and table \[256, 256\]"):
+        native.lookup_pairs(rgb, np.zeros((4, 5), np.uint8), np.zeros((256, 256), np.uint8), np.empty_like(rgb))
+    with pytest.raises(ValueError, match=r"table \[256, 256\]"):
+        native.lookup_pairs(rgb, np.zeros((4, 4), np.uint8), np.zeros((256, 255), np.uint8), np.empty_like(rgb))
