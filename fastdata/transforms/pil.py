@@ -127,7 +127,7 @@ _PAIRS: tuple | None = None
 
 def _blended(img, degenerate: int | np.ndarray, factor: float):
     """Image.blend(degenerate, img, factor) of an RGB image: `degenerate` one byte for every
-    byte, or an HxW grey image whose byte is every channel's there."""
+    byte, or an HxW grey image (contiguous) whose byte is every channel's there."""
     from PIL import Image
 
     global _PAIRS
@@ -141,7 +141,7 @@ def _blended(img, degenerate: int | np.ndarray, factor: float):
         row = np.asarray(Image.blend(Image.new("L", (256, 1), degenerate), _PAIRS[2], factor))
         native.lookup_values(src.reshape(1, 1, -1), row, out.reshape(1, 1, -1))
     else:
-        native.lookup_pairs(src, np.ascontiguousarray(degenerate), np.asarray(Image.blend(*_PAIRS[:2], factor)), out)
+        native.lookup_pairs(src, degenerate, np.asarray(Image.blend(*_PAIRS[:2], factor)), out)
     return Image.fromarray(out, "RGB")
 
 
@@ -155,7 +155,8 @@ def color_jitter(img, p: dict):
             elif k == 1:
                 img = _blended(img, ImageEnhance.Contrast(img).degenerate.getpixel((0, 0))[0], p["contrast"])
             elif k == 2:
-                img = _blended(img, np.asarray(ImageEnhance.Color(img).degenerate)[..., 0], p["saturation"])
+                # (ImageEnhance.Color: the image's L conversion, as RGB: that byte in each channel)
+                img = _blended(img, np.asarray(img.convert("L")), p["saturation"])
             else:
                 img = _hue(img, p["hue"])
         return img
