@@ -132,13 +132,4 @@ void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n) {
   });
 }
 
-void lookup_pairs(const uint8_t* src, const uint8_t* grey, const uint8_t* table, uint8_t* dst, int64_t n) {
-  for (int64_t k = 0; k < n; ++k, src += 3, dst += 3) {
-    const uint8_t* row = table + 256 * int(grey[k]);
-    dst[0] = row[src[0]];
-    dst[1] = row[src[1]];
-    dst[2] = row[src[2]];
-  }
-}
-
 }  // namespace fastdata

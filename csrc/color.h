@@ -10,10 +10,6 @@ namespace fastdata {
 // src and dst: n pixels of 3 uint8 (RGB), contiguous (dst may be src); shift: 0..255.
 void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift);
 
-// dst[3k + c] = table[grey[k] * 256 + src[3k + c]] for n pixels of 3 uint8: a blend of each
-// byte with its pixel's grey byte, as a table of every pair (ImageEnhance.Color's, built by Pillow).
-void lookup_pairs(const uint8_t* src, const uint8_t* grey, const uint8_t* table, uint8_t* dst, int64_t n);
-
 // The two conversions alone (for the tests against Pillow's convert("HSV") and convert("RGB")).
 void rgb_to_hsv(const uint8_t* src, uint8_t* dst, int64_t n);
 void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n);

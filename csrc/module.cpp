@@ -174,20 +174,6 @@ void hue_shift(AnyArray src, OutArray out, int shift) {
                       int64_t(src.size() / 3), shift);
 }
 
-// lookup_pairs(src, grey, table, out): out[..., c] = table[grey[...], src[..., c]] (color.h).
-void lookup_pairs(AnyArray src, AnyArray grey, AnyArray table, OutArray out) {
-  color_arrays("lookup_pairs", src, out);
-  bool shapes = grey.ndim() + 1 == src.ndim() && grey.dtype() == nb::dtype<uint8_t>() && table.ndim() == 2 &&
-                table.shape(0) == 256 && table.shape(1) == 256 && table.dtype() == nb::dtype<uint8_t>();
-  for (size_t d = 0; shapes && d < grey.ndim(); ++d) shapes = grey.shape(d) == src.shape(d);
-  if (!shapes) throw nb::value_error("lookup_pairs takes uint8 grey [...] of src's pixels and table [256, 256]");
-  if (!contiguous(grey) || !contiguous(table)) throw nb::value_error("lookup_pairs takes contiguous arrays");
-  nb::gil_scoped_release release;
-  fastdata::lookup_pairs(static_cast<const uint8_t*>(src.data()), static_cast<const uint8_t*>(grey.data()),
-                         static_cast<const uint8_t*>(table.data()), static_cast<uint8_t*>(out.data()),
-                         int64_t(src.size() / 3));
-}
-
 // convert_hsv(src, out, to_hsv): Pillow's RGB -> HSV (to_hsv) or HSV -> RGB conversion alone.
 void convert_hsv(AnyArray src, OutArray out, bool to_hsv) {
   color_arrays("convert_hsv", src, out);
@@ -557,9 +543,6 @@ NB_MODULE(_native, m) {
   m.def("hue_shift", &hue_shift, nb::arg("src"), nb::arg("out"), nb::arg("shift"),
         "Pillow's hue shift of uint8 RGB pixels [..., 3] (RGB to HSV, hue + shift modulo 256, back), "
         "each pixel as Pillow's conversions give it; GIL released.");
-  m.def("lookup_pairs", &lookup_pairs, nb::arg("src"), nb::arg("grey"), nb::arg("table"), nb::arg("out"),
-        "out[..., c] = table[grey[...], src[..., c]] for uint8 pixels src [..., 3], their grey bytes and a "
-        "[256, 256] table; GIL released.");
   m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
         "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,

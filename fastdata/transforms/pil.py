@@ -71,18 +71,19 @@ def size_of(data: bytes) -> tuple[int, int]:
 # ---- pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment) on a PIL image, with
 # parameters from plan_pixels
 
-def _native_color() -> bool:
-    """Whether ColorJitter runs natively (`_blended`, `_hue`): where the extension is built and its
-    hue shift (csrc/color.cpp, Pillow's conversions' arithmetic in one pass) gives this process's
+def _native_hue() -> bool:
+    """Whether ColorJitter's hue runs natively (`_hue`): where the extension is built and its hue
+    shift (csrc/color.cpp, Pillow's conversions' arithmetic in one pass) gives this process's
     Pillow's pixels: checked once, on 65,536 colours spread over the RGB cube and as many HSV
-    triples, both conversions (tests/unit/test_color_jitter.py checks all 2^24 of each, and
-    every op over every colour). Elsewhere ColorJitter takes Pillow's own steps."""
-    global _NATIVE_COLOR
-    if _NATIVE_COLOR is None:
+    triples, both conversions (tests/unit/test_color_jitter.py checks all 2^24 of each, and the
+    hue shift over every colour). Elsewhere the hue takes Pillow's own steps. (Brightness,
+    contrast and saturation stay ImageEnhance's blends: one fast pass each in Pillow.)"""
+    global _NATIVE_HUE
+    if _NATIVE_HUE is None:
         from PIL import Image
 
         if native is None:
-            _NATIVE_COLOR = False
+            _NATIVE_HUE = False
             return False
         # every 256th colour of the cube, each at an offset of its own in its run of 256
         codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
@@ -93,11 +94,11 @@ def _native_color() -> bool:
             native.convert_hsv(cube, ours, to_hsv)
             pillows = Image.fromarray(cube, mode).convert("RGB" if mode == "HSV" else "HSV")
             same &= np.array_equal(ours, np.asarray(pillows))
-        _NATIVE_COLOR = bool(same)
-    return _NATIVE_COLOR
+        _NATIVE_HUE = bool(same)
+    return _NATIVE_HUE
 
 
-_NATIVE_COLOR: bool | None = None
+_NATIVE_HUE: bool | None = None
 
 
 def _hue(img, shift: float):
@@ -107,7 +108,7 @@ def _hue(img, shift: float):
         return img
     # torchvision's step: the shift truncated toward zero to whole hue levels, added modulo 256
     level = np.int32(shift * 255).astype(np.uint8)
-    if img.mode == "RGB" and _native_color():
+    if img.mode == "RGB" and _native_hue():
         src = np.asarray(img)
         out = np.empty_like(src)
         native.hue_shift(src, out, int(level))
@@ -117,49 +118,9 @@ def _hue(img, shift: float):
     return Image.merge("HSV", (h, s, v)).convert("RGB")
 
 
-# ColorJitter's brightness, contrast and saturation are ImageEnhance's: Image.blend of the image
-# with a degenerate one (black; its mean grey; its own grey), which Pillow computes byte by byte
-# from the two bytes and the factor alone. So each is Pillow's own blend of every pair of bytes
-# (of the one degenerate byte where it is constant), as a table, looked up for the image's bytes.
-# (256 x 256 L images: each byte its row number; each its column number; and that one's first row)
-_PAIRS: tuple | None = None
-
-
-def _blended(img, degenerate: int | np.ndarray, factor: float):
-    """Image.blend(degenerate, img, factor) of an RGB image: `degenerate` one byte for every
-    byte, or an HxW grey image (contiguous) whose byte is every channel's there."""
-    from PIL import Image
-
-    global _PAIRS
-    if _PAIRS is None:
-        v = np.arange(256, dtype=np.uint8)
-        _PAIRS = (Image.fromarray(np.repeat(v[:, None], 256, 1)), Image.fromarray(np.repeat(v[None, :], 256, 0)),
-                  Image.fromarray(v[None, :]))
-    src = np.asarray(img)
-    out = np.empty_like(src)
-    if isinstance(degenerate, int):
-        row = np.asarray(Image.blend(Image.new("L", (256, 1), degenerate), _PAIRS[2], factor))
-        native.lookup_values(src.reshape(1, 1, -1), row, out.reshape(1, 1, -1))
-    else:
-        native.lookup_pairs(src, degenerate, np.asarray(Image.blend(*_PAIRS[:2], factor)), out)
-    return Image.fromarray(out, "RGB")
-
-
 def color_jitter(img, p: dict):
     from PIL import ImageEnhance
 
-    if img.mode == "RGB" and _native_color():
-        for k in p["order"]:
-            if k == 0:
-                img = _blended(img, 0, p["brightness"])  # (ImageEnhance.Brightness: black)
-            elif k == 1:
-                img = _blended(img, ImageEnhance.Contrast(img).degenerate.getpixel((0, 0))[0], p["contrast"])
-            elif k == 2:
-                # (ImageEnhance.Color: the image's L conversion, as RGB: that byte in each channel)
-                img = _blended(img, np.asarray(img.convert("L")), p["saturation"])
-            else:
-                img = _hue(img, p["hue"])
-        return img
     for k in p["order"]:
         if k == 0:
             img = ImageEnhance.Brightness(img).enhance(p["brightness"])
