@@ -79,12 +79,11 @@ def _native_hue() -> bool:
     hue shift over every colour). Elsewhere the hue takes Pillow's own steps. (Brightness,
     contrast and saturation stay ImageEnhance's blends: one fast pass each in Pillow.)"""
     global _NATIVE_HUE
+    if _NATIVE_HUE is None and native is None:
+        _NATIVE_HUE = False
     if _NATIVE_HUE is None:
         from PIL import Image
 
-        if native is None:
-            _NATIVE_HUE = False
-            return False
         # every 256th colour of the cube, each at an offset of its own in its run of 256
         codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
         cube = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
