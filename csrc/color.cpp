@@ -7,16 +7,20 @@
 //
 // Pixels go through in chunks of planes, each step a loop of selects with no branch (which
 // channel is the largest, which sixth of the hue circle: unpredictable on natural images), which
-// the compiler vectorizes; where GCC or Clang targets x86-64, each loop also has an AVX2 clone,
-// picked at load time where the CPU has AVX2 (the baseline's SSE2 lacks the int/double
+// the compiler vectorizes; on x86-64 with glibc, each loop also has an AVX2 clone, picked at
+// load time where the CPU has AVX2 (the baseline's SSE2 lacks the int/double
 // conversions the HSV -> RGB loop needs in vectors).
 #include "color.h"
 
 #include <algorithm>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__APPLE__)
+// (target_clones needs the compiler's support, GCC 6 and Clang 14 on, and glibc's ifunc)
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
 #define FASTDATA_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
-#else
+#endif
+#endif
+#ifndef FASTDATA_AVX2_CLONE
 #define FASTDATA_AVX2_CLONE
 #endif
 
