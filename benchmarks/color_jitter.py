@@ -20,26 +20,21 @@ import time
 
 import _common
 import numpy as np
-from PIL import Image, ImageEnhance
+from PIL import Image
 
 from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
 from fastdata.transforms import pil as P
 
 
 def torchvisions(img: Image.Image, p: dict) -> Image.Image:
-    """torchvision.transforms.functional's PIL steps for ColorJitter with these factors."""
-    for k in p["order"]:
-        if k == 0:
-            img = ImageEnhance.Brightness(img).enhance(p["brightness"])
-        elif k == 1:
-            img = ImageEnhance.Contrast(img).enhance(p["contrast"])
-        elif k == 2:
-            img = ImageEnhance.Color(img).enhance(p["saturation"])
-        elif abs(p["hue"]) > 1e-9:
-            h, s, v = img.convert("HSV").split()
-            h = Image.fromarray(np.asarray(h, dtype=np.uint8) + np.int32(p["hue"] * 255).astype(np.uint8), "L")
-            img = Image.merge("HSV", (h, s, v)).convert("RGB")
-    return img
+    """torchvision.transforms.functional's PIL steps for ColorJitter with these factors: fastdata's
+    own fallback, which takes them (tests/contract/test_torchvision_faithful.py holds it to
+    torchvision's `F.adjust_*`), with the native hue off."""
+    P._NATIVE_HUE = False
+    try:
+        return P.color_jitter(img, p)
+    finally:
+        P._NATIVE_HUE = True
 
 
 def main() -> None:

@@ -86,11 +86,9 @@ struct Chunk {
   int32_t x[kChunk], y[kChunk], z[kChunk];  // h, s, v
   int32_t o0[kChunk], o1[kChunk], o2[kChunk];  // r, g, b out
 
-  void split(const uint8_t* src, int m) {
-    for (int j = 0; j < m; ++j) r[j] = src[3 * j], g[j] = src[3 * j + 1], b[j] = src[3 * j + 2];
-  }
-  void split_hsv(const uint8_t* src, int m) {
-    for (int j = 0; j < m; ++j) x[j] = src[3 * j], y[j] = src[3 * j + 1], z[j] = src[3 * j + 2];
+  template <typename T>
+  static void split(const uint8_t* src, T* a0, T* a1, T* a2, int m) {
+    for (int j = 0; j < m; ++j) a0[j] = T(src[3 * j]), a1[j] = T(src[3 * j + 1]), a2[j] = T(src[3 * j + 2]);
   }
   static void join(const int32_t* a0, const int32_t* a1, const int32_t* a2, uint8_t* dst, int m) {
     for (int j = 0; j < m; ++j) {
@@ -112,7 +110,7 @@ void by_chunks(const uint8_t* src, uint8_t* dst, int64_t n, Step step) {
 
 void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
   by_chunks(src, dst, n, [shift](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
-    c.split(in, m);
+    Chunk::split(in, c.r, c.g, c.b, m);
     hsv_planes(c.r, c.g, c.b, c.x, c.y, c.z, m);
     for (int j = 0; j < m; ++j) c.x[j] = (c.x[j] + shift) & 255;
     rgb_planes(c.x, c.y, c.z, c.o0, c.o1, c.o2, m);
@@ -122,7 +120,7 @@ void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
 
 void rgb_to_hsv(const uint8_t* src, uint8_t* dst, int64_t n) {
   by_chunks(src, dst, n, [](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
-    c.split(in, m);
+    Chunk::split(in, c.r, c.g, c.b, m);
     hsv_planes(c.r, c.g, c.b, c.x, c.y, c.z, m);
     Chunk::join(c.x, c.y, c.z, out, m);
   });
@@ -130,7 +128,7 @@ void rgb_to_hsv(const uint8_t* src, uint8_t* dst, int64_t n) {
 
 void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n) {
   by_chunks(src, dst, n, [](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
-    c.split_hsv(in, m);
+    Chunk::split(in, c.x, c.y, c.z, m);
     rgb_planes(c.x, c.y, c.z, c.o0, c.o1, c.o2, m);
     Chunk::join(c.o0, c.o1, c.o2, out, m);
   });

@@ -108,10 +108,9 @@ def _hue(img, shift: float):
     # torchvision's step: the shift truncated toward zero to whole hue levels, added modulo 256
     level = np.int32(shift * 255).astype(np.uint8)
     if img.mode == "RGB" and _native_hue():
-        src = np.asarray(img)
-        out = np.empty_like(src)
-        native.hue_shift(src, out, int(level))
-        return Image.fromarray(out, "RGB")
+        pixels = np.array(img)  # (a writable copy, shifted in place)
+        native.hue_shift(pixels, pixels, int(level))
+        return Image.fromarray(pixels, "RGB")
     h, s, v = img.convert("HSV").split()
     h = Image.fromarray(np.asarray(h, dtype=np.uint8) + level, "L")
     return Image.merge("HSV", (h, s, v)).convert("RGB")
