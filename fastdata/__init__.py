@@ -29,13 +29,19 @@ def _command() -> str:
 
 def _needs_no_torch() -> bool:
     """Whether this process is the `fastdata` command (or `python -m fastdata`) given `run`, or
-    asked for its help page alone (or given nothing). `fastdata run`'s launcher starts the command
-    and waits for it, and needs neither torch nor the loader, whose import would be most of what
-    `fastdata run` adds to a command's start (its command's processes import them as any other
-    process does); the help page only lists the commands (`fastdata.cli.COMMANDS`), and torch's
-    import would be most of its time."""
+    one of fastdata's commands asked for a help page (or `fastdata` given nothing). `fastdata
+    run`'s launcher starts the command and waits for it, and needs neither torch nor the loader,
+    whose import would be most of what `fastdata run` adds to a command's start (its command's
+    processes import them as any other process does); a help page is its command's parser alone
+    (each command module imports what needs torch where it runs, not at its import), and torch's
+    import would be most of its time. argparse answers -h or --help wherever it stands before a
+    `--`; --version prints torch's version."""
     args = getattr(_sys, "argv", [])[1:]
-    return (args[:1] == ["run"] or args in ([], ["-h"], ["--help"])) and _command() == "fastdata"
+    command = _command()
+    if command == "fastdata" and (args[:1] == ["run"] or not args):
+        return True
+    options = args[:args.index("--")] if "--" in args else args
+    return command in _COMMANDS and bool({"-h", "--help"} & set(options)) and "--version" not in options
 
 
 _COMMANDS = ("fastdata", "fastdata-demo", "fastdata-bench", "fastdata-profile", "fastdata-shard")

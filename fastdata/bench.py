@@ -43,7 +43,6 @@ from ._cli import Parser, Progress, add_debug, check_writable, positive_int, run
 from ._cores import usable_cores
 from ._optional import has, require_pillow
 from ._optional import missing as optional_missing
-from .profiling.report import environment, now_utc
 
 SOURCE = (320, 288)  # (w, h) of the decoded images the ops start from
 SCHEMA = "fastdata.bench.augment/1"  # --json's schema (bench.schema.json beside this module)
@@ -330,6 +329,8 @@ def augment(args: argparse.Namespace) -> dict:
             table[name][engine] = _time(one_pass, len(big), args.reps, sync) if one_pass is not None else None
             if shown is not None:
                 shown.update(i)
+    from .profiling.report import environment, now_utc
+
     report = {"schema": SCHEMA, "created": now_utc(), "environment": environment(),
               "machine": f"{platform.processor() or platform.machine()}, {usable_cores()} "
                          f"cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable
 
-from ._collate import batch_len
 from ._cores import usable_cores
 
 # A figure up to this factor over the ceiling still counts as a measurement. The ceiling is one
@@ -39,6 +38,8 @@ def ceiling(make_loader: Callable[[int], Iterable[Any]], batches: int = 8, cores
     cores = usable_cores() if cores is None else cores
     if cores < 1:
         raise ValueError(f"cores should be a positive integer, but got {cores!r}")
+    from ._collate import batch_len  # imports torch: `fastdata demo --help` imports this module without it
+
     loader = make_loader(0)
     seen, images, cpu = 0, 0, 0.0
     t = time.process_time()

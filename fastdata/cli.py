@@ -4,8 +4,10 @@ Each subcommand is a tool's own command, with the same flags and behaviour; the 
 stay as aliases: `fastdata profile` is `fastdata-profile`, `fastdata bench` `fastdata-bench`,
 `fastdata shard` `fastdata-shard`, `fastdata demo` `fastdata-demo`. A tool module gives
 `EXAMPLE` and `add_arguments(parser)`, which sets the parser's `run` default to the function that
-runs the parsed command; its line in `fastdata --help` is here (`COMMANDS`), so that page imports
-no tool (nor torch: `import fastdata` skips it for that page, see `fastdata/__init__.py`).
+runs the parsed command, and imports what needs torch where the command runs, not at its own
+import: a command's help page is its parser alone, and `import fastdata` skips torch for it (see
+`_needs_no_torch` in `fastdata/__init__.py`). Its line in `fastdata --help` is here (`COMMANDS`),
+so that page imports no tool.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ import numpy as np
 from ._cli import (CommandError, Parser, add_debug, natural_int, not_a_directory, positive_int, run_alone,
                    run_command)
 from ._cores import usable_cores
-from ._collate import batch_len
 from .ceiling import ceiling, within
 from .tunecache import cache_root
 
@@ -109,6 +108,8 @@ _HOW = ("each run a fresh loader, timed from before it is built to its last batc
 def _run(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[int, float]:
     """(images, seconds) of one run: a loader made by `make`, iterated for `epochs` epochs,
     timed from before it is built to its last batch. Its workers are gone when this returns."""
+    from ._collate import batch_len  # imports torch, which a help page does without
+
     images = 0
     t = time.perf_counter()
     loader = make()

@@ -79,7 +79,6 @@ import numpy as np
 
 from ._cli import Parser, add_debug, check_int, natural_int, not_a_directory, positive_int, run_alone, run_command
 from ._cores import usable_cores
-from ._tarwriter import END, Progress, refusal, sample_bytes, write_all
 from .errors import one_line
 from .image.read import MAX_FILE_BYTES, too_large
 from .sources.files import Samples, file_list, image_folder
@@ -190,6 +189,8 @@ def _split_into_shards(samples, max_count: int, max_size: int, order, skip: bool
     file is refused from its stat alone (it cannot be had; it is over MAX_FILE_BYTES, far below
     the 8 GiB a USTAR member holds), else None; such a file stops the run here, or with `skip`
     stays in the list, taking no bytes, for its shard's writer to report as skipped."""
+    from ._tarwriter import END, refusal, sample_bytes  # imports torch, which a help page does without
+
     shards: list[list[tuple]] = []
     current: list[tuple] = []
     current_bytes = len(END)
@@ -249,6 +250,8 @@ def _write(source: Any, pattern: Any, max_count: int, max_size: int | str, worke
                              "index's name")
         jobs = [(final, os.path.join(folder, f".{os.path.basename(final)}.{token}.tmp"), shard, on_error == "skip")
                 for final, shard in zip(finals, contents)]
+        from ._tarwriter import Progress, write_all
+
         report = Progress(progress, os.fspath(pattern), len(samples))
         report.show(force=True)
         try:

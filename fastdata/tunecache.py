@@ -30,8 +30,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ._cores import usable_cores
 from ._optional import has
 from ._pillow import pillow_info
@@ -50,6 +48,8 @@ def machine_key() -> str:
     says it is there but its device cannot be asked: a process forked after CUDA started, a GPU
     in exclusive mode that another job holds; every image loader computes this key, and must
     not fail for it)."""
+    import torch  # here, not at the module's import: `fastdata demo --help` reads cache_root without torch
+
     try:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     except Exception:
@@ -65,6 +65,8 @@ def versions() -> dict[str, Any]:
         ours = importlib.metadata.version("fastdata")
     except importlib.metadata.PackageNotFoundError:
         ours = None
+    import torch
+
     pillow = pillow_info()
     return {"fastdata": ours, "torch": torch.__version__,
             "pillow": {"version": pillow["version"], "simd": pillow["simd"]}, "python": platform.python_version()}

@@ -17,10 +17,13 @@ attributes. The tuned configs live in `fastdata.tunecache`, which the factory re
 this package.
 """
 
-from .cli import main
-from .measure import profile
-from .model import RateModel
-from .report import Report
-from .tune import tune
+from .. import _needs_no_torch
+
+if not _needs_no_torch():  # a help page of `fastdata profile` imports `cli` alone, without torch
+    from .cli import main
+    from .measure import profile
+    from .model import RateModel
+    from .report import Report
+    from .tune import tune
 
 __all__ = ["RateModel", "Report", "main", "profile", "tune"]

@@ -65,23 +65,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import _optional as optional
-from .. import factory
-from .._loader import resolve_workers
-from .. import transforms as T
 from .._cli import (CommandError, Parser, add_debug, check_writable, positive_float, positive_int, run_alone,
                      run_command, workers)
 from .._cores import usable_cores
-from ..sources import is_shard_source
 from ..errors import error_line
-from ..tunecache import check_keepable, clear_tunes, list_tunes, store_tune
-from .measure import profile
-from .report import Report
-from .tune import tune
+
+# What imports torch is imported by the function that uses it: a help page builds this parser
+# alone, without torch (see `_needs_no_torch` in fastdata/__init__.py).
+if TYPE_CHECKING:
+    from .report import Report
 
 
 def _import(module: str) -> Any:
@@ -93,6 +88,8 @@ def _import(module: str) -> Any:
 
 
 def _model_step(spec: str, device: str) -> Callable[[Any], None]:
+    import torch
+
     module, _, name = spec.partition(":")
     if not module or not name:
         raise CommandError(f"--model should be module:callable, but got {spec!r}")
@@ -128,6 +125,8 @@ def _model_step(spec: str, device: str) -> Callable[[Any], None]:
 
 def size_spec(text: str) -> int | list[tuple[int, int]]:
     """An argparse type: a size >= 1, or epoch:size steps separated by commas (a schedule)."""
+    from .. import transforms as T
+
     try:
         if ":" not in text:
             return positive_int(text)
@@ -140,6 +139,8 @@ def size_spec(text: str) -> int | list[tuple[int, int]]:
 
 
 def _transform(spec: str, size: int | list[tuple[int, int]]):
+    from .. import transforms as T
+
     if spec == "imagenet_eval" and not isinstance(size, int):
         raise CommandError(f"--size {size} is a schedule, which --transform imagenet_train takes, not imagenet_eval")
     if spec in ("imagenet_train", "imagenet_eval"):
@@ -186,6 +187,8 @@ def add_arguments(ap: Parser) -> None:
 
 def run(ap: Parser, args: argparse.Namespace) -> int:
     """The command on parsed arguments; its exit status."""
+    from ..tunecache import check_keepable
+
     if args.show_cache or args.clear_cache:
         return _cache(args)
     if args.source is None:
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
+    from ..tunecache import clear_tunes, list_tunes
+
     if args.clear_cache:
         print(f"removed {clear_tunes()} kept tune(s)")
         return 0
@@ -252,6 +257,8 @@ def _setup(args: argparse.Namespace) -> tuple[str, str, Any, Callable[[Any], Non
     """(device, source, transform, step) of the command line, made once for the profile and the
     tune. Everything that can be checked is checked before the source is made (the synthetic
     set takes a minute) or anything measured."""
+    import torch
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         kind = torch.device(device).type
@@ -270,6 +277,14 @@ def _setup(args: argparse.Namespace) -> tuple[str, str, Any, Callable[[Any], Non
 def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> dict[str, Any]:
     """Tunes, keeps the choice in the tune cache (and config.json with --out); returns the
     outcome for the report."""
+    import torch
+
+    from .. import factory
+    from .._loader import resolve_workers
+    from ..sources import is_shard_source
+    from ..tunecache import store_tune
+    from .tune import tune
+
     cores = usable_cores()
     backends = ["wds" if is_shard_source(source) else "pil"]
     placements = ["cpu"]
@@ -318,6 +333,9 @@ def _run_tune(args: argparse.Namespace, device: str, source: str, transform: Any
 
 
 def _run(args: argparse.Namespace, device: str, source: str, transform: Any, step) -> Report:
+    from .. import factory
+    from .measure import profile
+
     loader = factory.loader(source, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                              persistent_workers=args.workers != 0, transform=transform, device=device,
                              on_error=args.on_error)

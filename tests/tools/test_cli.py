@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -94,16 +95,25 @@ def test_top_help_lists_the_commands_and_the_exit_codes(capsys):
     assert "--debug" in codes
 
 
+def _without_torch(tmp_path: Path) -> dict[str, str]:
+    """The environment of a process in which `import torch` raises ImportError."""
+    (tmp_path / "sitecustomize.py").write_text("import sys; sys.modules['torch'] = None\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+
+
+def _console_script(name: str) -> Path:
+    script = Path(sys.executable).parent / name
+    if not script.exists():
+        pytest.skip(f"{name}'s console script is not installed beside {sys.executable}")
+    return script
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["-h"], []])
 def test_the_top_help_page_imports_no_torch(tmp_path, argv):
     """`fastdata --help` (and `fastdata` alone) answers without importing torch, which takes
     seconds: with torch unimportable, the page (or the missing command's one line) comes all the
     same; `fastdata --version`, which prints torch's version, still refuses in one line."""
-    script = Path(sys.executable).parent / "fastdata"
-    if not script.exists():
-        pytest.skip(f"fastdata's console script is not installed beside {sys.executable}")
-    (tmp_path / "sitecustomize.py").write_text("import sys; sys.modules['torch'] = None\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    script, env = _console_script("fastdata"), _without_torch(tmp_path)
     done = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=60, env=env)
     if argv:
         assert done.returncode == 0 and "    run       run a training command" in done.stdout, done.stderr
@@ -113,6 +123,32 @@ def test_the_top_help_page_imports_no_torch(tmp_path, argv):
                                                                "required: COMMAND"), done.stderr
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1 and "fastdata needs PyTorch, but it is not installed" in done.stderr
+
+
+@pytest.mark.parametrize("leaf", list(LEAVES))
+@pytest.mark.parametrize("form", ["fastdata", "alias", "-m fastdata"])
+def test_each_command_help_page_imports_no_torch(tmp_path, leaf, form):
+    """A command's help page is its parser alone: with torch unimportable, `fastdata profile
+    --help` (its alias `fastdata-profile --help`, `python -m fastdata profile -h`, and the other
+    commands alike) prints its page and example, exit 0, without the seconds torch's import
+    takes. The same command given --version (which prints torch's version), or a --help past
+    `--`, is no help page: it still needs torch, and refuses in one line."""
+    if form == "alias":
+        argv = [str(_console_script(f"fastdata-{leaf[0]}")), *ALIAS_ARGV[leaf]]
+    elif form == "fastdata":
+        argv = [str(_console_script("fastdata")), *leaf]
+    else:
+        argv = [sys.executable, "-m", "fastdata", *leaf]
+    env = _without_torch(tmp_path)
+    example = importlib.import_module(cli.COMMANDS[leaf[0]][0]).EXAMPLE
+    for flag in ("--help", "-h"):
+        done = subprocess.run([*argv, flag], capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert "\noptions:\n" in done.stdout and "--debug" in done.stdout, done.stdout
+        assert done.stdout.rstrip().endswith(example.splitlines()[-1]), done.stdout
+    for tail in (["--version"], ["--help", "--version"], ["--", "--help"]):
+        done = subprocess.run([*argv, *tail], capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 1 and "fastdata needs PyTorch, but it is not installed" in done.stderr, tail
 
 
 @pytest.mark.parametrize("leaf", list(LEAVES))
@@ -312,7 +348,8 @@ def test_a_torch_older_than_2_6_is_refused_in_one_line_at_import(version):
 def test_a_command_without_a_torch_it_can_use_says_so_in_one_line(tmp_path, torch_is, command):
     """The console scripts import the package before their own error handling: where `import
     fastdata` refuses (no torch, a torch older than 2.6) a command still answers in one line,
-    `COMMAND: error: ...`, exit 1, as its other errors are reported, with no traceback."""
+    `COMMAND: error: ...`, exit 1, as its other errors are reported, with no traceback, before
+    any work (making the synthetic set here). A help page needs no torch (the test above)."""
     script = Path(sys.executable).parent / command.split()[-1]
     if command.startswith("-m"):
         argv = [sys.executable, "-m", "fastdata"]
@@ -324,7 +361,8 @@ def test_a_command_without_a_torch_it_can_use_says_so_in_one_line(tmp_path, torc
         "import sys; sys.modules['torch'] = None\n" if torch_is == "missing" else
         f"import torch; torch.__version__ = {torch_is!r}\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([*argv, "synthetic", "--help"], capture_output=True, text=True, timeout=100, env=env)
+    job = [*([] if command == "fastdata-profile" else ["profile"]), "synthetic", "--step-ms", "100"]
+    done = subprocess.run([*argv, *job], capture_output=True, text=True, timeout=100, env=env)
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.splitlines()
     want = ("fastdata needs PyTorch, but it is not installed" if torch_is == "missing" else

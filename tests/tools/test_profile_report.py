@@ -1,5 +1,6 @@
 """report.json against its published schema, and the command's early, one-line errors."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,6 +16,9 @@ from fastdata import transforms as T
 from fastdata.errors import error_line
 
 jsonschema = pytest.importorskip("jsonschema")
+# the module, which `fastdata profile --tune` imports its search from when it runs (the package's
+# name `tune` is the function)
+_TUNE = importlib.import_module("fastdata.profiling.tune")
 SCHEMA = json.loads((Path(fastdata.__file__).parent / "profiling" / "report.schema.json").read_text())
 SMALL = T.Compose([T.Resize(16), T.CenterCrop(16)])
 
@@ -162,7 +166,7 @@ def test_a_tune_winner_is_the_first_change(folder, tmp_path, monkeypatch, capsys
     from fastdata.profiling import cli
 
     monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "tune", _tune_measuring(20000.0))  # above any rate of a 5 ms step of 8 images
+    monkeypatch.setattr(_TUNE, "tune", _tune_measuring(20000.0))  # above any rate of a 5 ms step of 8 images
     out = tmp_path / "out"
     assert cli.main([str(folder), "--step-ms", "5", "--steps", "3", "--batch-size", "8", "--size", "16", "--tune",
                      "--out", str(out), "--debug"]) == 0
@@ -190,8 +194,8 @@ def test_the_tune_tries_placement_gpu_only_where_the_batch_goes_to_a_gpu(folder,
     monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
     spaces = []
     measuring = _tune_measuring(20000.0)
-    monkeypatch.setattr(cli, "tune", lambda make, *, space, **kw: spaces.append(space) or measuring(make, space=space,
-                                                                                                    **kw))
+    monkeypatch.setattr(_TUNE, "tune", lambda make, *, space, **kw: spaces.append(space) or measuring(make, space=space,
+                                                                                                      **kw))
     assert cli.main([str(folder), "--step-ms", "5", "--steps", "3", "--batch-size", "8", "--transform",
                      "jittered:make", "--device", "cpu", "--tune"]) == 0
     [space] = spaces

@@ -380,10 +380,16 @@ def test_the_launcher_imports_neither_torch_nor_the_loader(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fastdata", "run", "--", "python", "train.py"])
     monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python3", *sys.argv])
     assert fastdata._needs_no_torch()
+    for argv in (["/venv/bin/fastdata", "profile", "--help"], ["/venv/bin/fastdata-shard", "src", "-h"]):
+        monkeypatch.setattr(sys, "argv", argv)  # a help page: its command's parser alone
+        monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python3", *argv])
+        assert fastdata._needs_no_torch(), argv
     for argv, orig in ((["/venv/bin/fastdata", "profile", "run"], None),  # another command
-                       (["/venv/bin/fastdata", "profile", "--help"], None),  # its page builds its parser
                        (["/venv/bin/fastdata", "--version"], None),  # it prints torch's version
+                       (["/venv/bin/fastdata-profile", "-h", "--version"], None),
+                       (["/venv/bin/fastdata", "profile", "--", "--help"], None),  # past `--`: no option
                        (["train.py", "run"], None),  # a script of another name
+                       (["train.py", "--help"], None),
                        (["-c", "run"], ["python", "-c", "import fastdata", "run"]),
                        (["-m", "run"], ["python", "-m", "fastdata.cli", "run"])):
         monkeypatch.setattr(sys, "argv", argv)
