@@ -8,8 +8,8 @@ tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizont
 flips, and on the PIL image RandomResizedCrop, RandomRotation, RandomAffine and
 RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
 after the geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment,
-AutoAugment, GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply
-of pixel ops, AugMix, the conversion, Normalize, RandomErasing); a multi-view wrapper's views
+AutoAugment, GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply,
+RandomChoice or RandomOrder of pixel ops, AugMix, the conversion, Normalize, RandomErasing); a multi-view wrapper's views
 (`_views`) each so. `_gather.gather` runs the geometry on a batch's rows at once, as
 torchvision's calls on each PIL image; the pixel ops then run on
 each row as the folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix and the
@@ -127,7 +127,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
         if cls in (T.Normalize, v2.Normalize, T.RandomErasing, v2.RandomErasing, T.ColorJitter, v2.ColorJitter,
                    T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
                    v2.AutoAugment, T.AugMix, v2.AugMix, T.GaussianBlur, v2.GaussianBlur, T.RandomApply,
-                   v2.RandomApply, *photometric):
+                   v2.RandomApply, T.RandomChoice, v2.RandomChoice, T.RandomOrder, v2.RandomOrder, *photometric):
             closed = closed or kind
             domain = "float" if scaled else "uint8" if tensor else "pil"
             pinned = pinned or ("" if cls in (T.Normalize, v2.Normalize) or _flip_commutes(op, domain) else kind)
@@ -171,7 +171,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                               "RandomPerspective, "
                               "ColorJitter, "
                               "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, GaussianBlur, RandomGrayscale "
-                              "and the other Random* photometric ops, RandomApply of pixel ops, the conversions, "
+                              "and the other Random* photometric ops, RandomApply, RandomChoice and RandomOrder of "
+                              "pixel ops, the conversions, "
                               "Normalize and RandomErasing there")
     return geometry, rest
 

@@ -7,7 +7,8 @@ self-supervised recipes' ops (SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied
 grayscale, a blur, a solarization) and the other Random* ops of one functional call:
 RandomGrayscale, RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize,
 RandomAdjustSharpness, RandomAutocontrast and RandomEqualize (`RandomCall`), GaussianBlur
-(`Blur`) and RandomApply of pixel ops (`Chance`). Their parameters are drawn per sample, and each
+(`Blur`), RandomApply, RandomChoice and RandomOrder of pixel ops (`Chance`, `Choice`, `Order`).
+Their parameters are drawn per sample, and each
 image is computed by torchvision's own functions with them (`F.rgb_to_grayscale`,
 `F.gaussian_blur`, ..., v1's for v1's op, v2's for v2's; on a uint8 tensor image, its tensor
 kernels, `TensorColorJitter` too): the draws are fastdata's, the pixels torchvision's.
@@ -15,8 +16,11 @@ kernels, `TensorColorJitter` too): the draws are fastdata's, the pixels torchvis
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..transforms import ops as fd
 from ._augmix import augmix
@@ -114,7 +118,38 @@ class Chance(fd.Op):
     ops: tuple
 
     def plan(self, u: Any, inner: list[list[dict]]) -> list[dict]:
-        return [{"apply": bool(x < self.p), "inner": [plan[i] for plan in inner]} for i, x in enumerate(u[:, 0])]
+        return [{"apply": bool(x < self.p), "order": list(range(len(self.ops))) if x < self.p else [],
+                 "inner": [plan[i] for plan in inner]} for i, x in enumerate(u[:, 0])]
+
+
+@dataclass(frozen=True)
+class Choice(fd.Op):
+    """torchvision's RandomChoice of pixel ops: one of `ops` per sample, op k with chance
+    `weights[k] / sum(weights)` (each with the parameters drawn for it, as `Chance`'s)."""
+
+    weights: tuple
+    ops: tuple
+
+    def plan(self, u: Any, inner: list[list[dict]]) -> list[dict]:
+        bounds = np.cumsum(self.weights) / sum(self.weights)
+        picks = np.minimum(np.searchsorted(bounds, u[:, 0], side="right"), len(self.ops) - 1)
+        return [{"order": [int(k)], "inner": [plan[i] for plan in inner]} for i, k in enumerate(picks)]
+
+
+@dataclass(frozen=True)
+class Order(fd.Op):
+    """torchvision's RandomOrder of pixel ops: all of `ops`, in an order drawn per sample, each
+    order as likely (the ranks of independent uniform draws)."""
+
+    ops: tuple
+
+    @property
+    def draws(self) -> int:
+        return len(self.ops)
+
+    def plan(self, u: Any, inner: list[list[dict]]) -> list[dict]:
+        orders = np.argsort(u[:, :len(self.ops)], axis=1, kind="stable")
+        return [{"order": order.tolist(), "inner": [plan[i] for plan in inner]} for i, order in enumerate(orders)]
 
 
 def _functional(v2: bool) -> Any:
@@ -170,6 +205,19 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
         return blur(op, domain)
     if cls in (T.RandomApply, v2.RandomApply):
         return Chance(float(op.p), tuple(pixel_op(one, domain, kind) for one in _opened(op.transforms)))
+    if cls in (T.RandomChoice, v2.RandomChoice, T.RandomOrder, v2.RandomOrder):
+        # each of its transforms one op, or a Compose of ops applied together (a RandomApply that always applies)
+        ops = tuple(Chance(1.0, tuple(pixel_op(one, domain, kind) for one in _opened(t.transforms)))
+                    if type(t) in (T.Compose, v2.Compose) else pixel_op(t, domain, kind) for t in op.transforms)
+        if not ops:
+            raise ValueError(f"{kind} of no transforms: torchvision raises; not lowered")
+        if cls in (T.RandomOrder, v2.RandomOrder):
+            return Order(ops)
+        weights = [1.0] * len(ops) if op.p is None else [float(w) for w in op.p]
+        if len(weights) != len(ops) or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"{kind} with weights {op.p!r}: fastdata lowers non-negative weights, one per "
+                             "transform, not all zero")
+        return Choice(tuple(weights), ops)
     augment = cls in (T.TrivialAugmentWide, v2.TrivialAugmentWide, T.RandAugment, v2.RandAugment, T.AutoAugment,
                       v2.AutoAugment)
     if cls in (T.ColorJitter, v2.ColorJitter):  # (torchvision keeps each range as [lo, hi], None for 0)
@@ -204,7 +252,7 @@ def flip_commutes(op: fd.Op) -> bool:
     inversion, autocontrast, equalization; a vertical flip, which commutes with a horizontal one),
     or a RandomApply of such ops. A sharpness adjustment or a blur sums neighbours in an order a
     flip reverses, which may round otherwise."""
-    if isinstance(op, Chance):
+    if isinstance(op, (Chance, Choice, Order)):
         return all(flip_commutes(one) for one in op.ops)
     if getattr(op, "tensor", False):  # (torch's float reductions too)
         return False

@@ -193,12 +193,13 @@ def pixel_ops_on(img, ops, params: list[dict]):
     array, a PIL image or a CHW uint8 tensor; each op gets the form it takes (a PIL image, or
     with `tensor` set, `fastdata.run`'s ops on the tensor image, the tensor torchvision's
     `pil_to_tensor` makes), converted only where the form changes; the result is in the last op's
-    form. An op holding ops (`fastdata.run`'s RandomApply) runs them in turn where it applied."""
+    form. An op holding ops (`fastdata.run`'s RandomApply, RandomChoice, RandomOrder) runs those
+    its plan names, in the plan's order."""
     from .ops import ColorJitter
 
     for op, p in zip(ops, params):
-        if isinstance(getattr(op, "ops", None), tuple):
-            img = pixel_ops_on(img, op.ops, p["inner"]) if p["apply"] else img
+        if isinstance(getattr(op, "ops", None), tuple):  # its ops in the order its plan drew (none, one, all)
+            img = pixel_ops_on(img, [op.ops[k] for k in p["order"]], [p["inner"][k] for k in p["order"]])
         elif getattr(op, "tensor", False):
             img = op.on_tensor(_form(img, tensor=True), p)
         elif callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)

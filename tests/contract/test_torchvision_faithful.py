@@ -43,7 +43,7 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
-from fastdata.run._pixels import CALLS, Blur, Chance, RandomCall, TensorColorJitter  # noqa: E402
+from fastdata.run._pixels import CALLS, Blur, Chance, Choice, Order, RandomCall, TensorColorJitter  # noqa: E402
 from fastdata.run._rotation import Affine, Perspective, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
@@ -333,6 +333,39 @@ def test_self_supervised_ops_draws(M):
         gray_hits = np.array([p["apply"] for p in plans[1]])
         assert_rate("RandomGrayscale where RandomApply applied", int(gray_hits[applied].sum()), int(applied.sum()), 0.3)
         assert abs(np.corrcoef(sigmas, inner_sigmas)[0, 1]) < 0.05
+
+
+@pytest.mark.parametrize("M", [T, v2], ids=["v1", "v2"])
+def test_random_choice_and_order_draws(M):
+    """RandomChoice picks op k at the rate of its weight (v1's weights as given, v2's normalized);
+    RandomOrder's six orders of three ops come equally often; the pick, the order and each held
+    op's parameters are drawn apart (a ColorJitter's factors as a bare one's)."""
+    choice, order = lower_transform(M.Compose([
+        M.RandomChoice([M.ColorJitter(0.4, 0.4, 0.4, 0.1), M.RandomGrayscale(1.0),
+                        M.Compose([M.RandomSolarize(100, 1.0), M.GaussianBlur(5)])], p=[2, 1, 1]),
+        M.RandomOrder([M.RandomAutocontrast(1.0), M.RandomPosterize(4, 1.0), M.RandomInvert(1.0)]),
+        T.PILToTensor()])).pixel_ops
+    assert isinstance(choice, Choice) and isinstance(order, Order) and isinstance(choice.ops[2], Chance)
+    assert [w / sum(choice.weights) for w in choice.weights] == [0.5, 0.25, 0.25] and choice.ops[2].p == 1.0
+    tv_factors = np.array([T.ColorJitter.get_params(*(getattr(T.ColorJitter(0.4, 0.4, 0.4, 0.1), k) for k in (
+        "brightness", "contrast", "saturation", "hue")))[1:] for _ in range(N)], np.float64)
+    for seed in (0, 1):
+        picks, orders = plan_pixels([choice, order], seed, 0, np.arange(N, dtype=np.int64))
+        picked = np.array([p["order"] for p in picks])
+        assert picked.shape == (N, 1)
+        for k, rate in enumerate((0.5, 0.25, 0.25)):
+            assert_rate(f"RandomChoice's op {k}, seed {seed}", int((picked[:, 0] == k).sum()), N, rate)
+        counts = {perm: 0 for perm in itertools.permutations(range(3))}
+        for p in orders:
+            counts[tuple(p["order"])] += 1
+        for perm, hits in counts.items():
+            assert_rate(f"RandomOrder's order {perm}, seed {seed}", hits, N, 1 / 6)
+        factors = np.array([[p["inner"][0][k] for k in ("brightness", "contrast", "saturation", "hue")] for p in picks])
+        for k, name in enumerate(("brightness", "contrast", "saturation", "hue")):
+            assert_same_distribution(f"ColorJitter {name} in a RandomChoice", tv_factors[:, k], factors[:, k])
+        first = np.array([p["order"][0] for p in orders])  # apart from the pick
+        assert_rate("RandomOrder's first op 0 where the pick was 0", int((first[picked[:, 0] == 0] == 0).sum()),
+                    int((picked[:, 0] == 0).sum()), 1 / 3)
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
@@ -713,7 +746,8 @@ def torchvision_magnitude(name: str, magnitude: float) -> float:
 
 def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, script: list | None = None):
     """torchvision's functional ops for fastdata's planned ColorJitter, TrivialAugmentWide,
-    RandomRotation, RandomAffine, RandomGrayscale, GaussianBlur and RandomApply parameters
+    RandomRotation, RandomAffine, RandomGrayscale, GaussianBlur, RandomApply, RandomChoice and
+    RandomOrder parameters
     (`_reference_op`), as the ops' `forward` apply them (`rotate`: the script's rotation or
     affine keywords; `script`: the script's op at each place, for RandomGrayscale and the other
     Random* ops of one call, run as they are with p of 1 where fastdata drew to apply one, else 0);
@@ -723,6 +757,9 @@ def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, s
         if kind == "chance":  # (RandomApply: its ops, each with its parameters, where it applied)
             inner = [one for t in script[k].transforms for one in getattr(t, "transforms", [t])] if script else None
             img = apply_pixel_ops(img, p[1], tables, rotate, inner) if p[0] else img
+        elif kind == "group":  # (RandomChoice, RandomOrder: the ops drawn, in the order drawn)
+            for j in p[0]:
+                img = apply_pixel_ops(img, [p[1][j]], tables, rotate, [script[k].transforms[j]] if script else None)
         elif kind == "forced":  # (torchvision's own forward, its chance forced to the draw)
             op = copy.copy(script[k])
             op.p = 1.0 if p else 0.0
@@ -745,10 +782,11 @@ def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, s
         elif kind == "affine":  # (the translation drawn as get_params draws it: test_random_affine_draws)
             op, p = p
             img = F.affine(img, p["angle"], op.move(p, img.size), p["scale"], list(p["shear"]), **rotate)
-        elif kind == "jitter":
-            for k in p["order"]:
-                name = ("brightness", "contrast", "saturation", "hue")[k]
-                img = _ADJUST[name](img, p[name])
+        elif kind == "jitter":  # (torchvision's forward skips a factor whose range is None)
+            for j in p["order"]:
+                name = ("brightness", "contrast", "saturation", "hue")[j]
+                if not (script and getattr(script[k], name) is None):
+                    img = _ADJUST[name](img, p[name])
         else:
             magnitude = torchvision_magnitude(p["op"], p["magnitude"]) if tables else p["magnitude"]
             img = _apply_op(img, p["op"], magnitude, NEAREST, None)
@@ -834,6 +872,11 @@ def _configs():
                  v2.RandomApply([v2.GaussianBlur(5)], p=0.5), v2.RandomSolarize(128, 0.3), v2.RandomVerticalFlip(0.5),
                  v2.RandomAutocontrast(0.3)]
     perspective = [T.RandomPerspective(0.5, p=0.6)]
+    choice = [T.RandomChoice([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(1.0),
+                              T.Compose([T.RandomSolarize(100, 1.0), T.GaussianBlur(5)])], p=[2, 1, 1]),
+              T.RandomOrder([T.RandomAutocontrast(0.7), T.ColorJitter(brightness=0.5), T.RandomPosterize(4, 0.5)])]
+    v2_choice = [v2.RandomOrder([v2.RandomEqualize(0.5), v2.RandomChoice([v2.ColorJitter(0.3, 0.3, 0.3, 0.05),
+                                                                          v2.RandomInvert(1.0)])])]
     v1_on_tensor = [T.ColorJitter(brightness=0.3, saturation=0.5), T.RandomSolarize(100, 0.4), T.RandomGrayscale(0.4)]
     return {
         "i: RRC bilinear + flip + ToTensor + Normalize": (
@@ -912,6 +955,13 @@ def _configs():
             v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), v2.RandomPerspective(
                 0.3, p=0.7, interpolation="bicubic", fill=7), T.ToTensor()]),
             _rrc_ref(BICUBIC, post=[T.ToTensor()]), levels_float, [T.ToTensor()]),
+        "xxiii: RRC bicubic + flip + RandomChoice of ColorJitter, a grayscale, a Compose; RandomOrder + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.RandomHorizontalFlip(), *choice,
+                       T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=choice), levels_u8, [T.PILToTensor()]),
+        "xxiv: v2 RRC bicubic + RandomOrder of RandomEqualize and a RandomChoice + ToTensor": (
+            v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), *v2_choice, T.ToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.ToTensor()], script=v2_choice), levels_float, [T.ToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -978,6 +1028,8 @@ def _reference_op(op, p) -> tuple:
     version, v1's or v2's, for GaussianBlur)."""
     if isinstance(op, Chance):
         return ("chance", (p["apply"], [_reference_op(one, q) for one, q in zip(op.ops, p["inner"])]))
+    if isinstance(op, (Choice, Order)):
+        return ("group", (p["order"], [_reference_op(one, q) for one, q in zip(op.ops, p["inner"])]))
     if isinstance(op, RandomCall):
         return ("forced", p["apply"])
     if isinstance(op, TensorColorJitter):
@@ -1063,6 +1115,8 @@ TOLERANCE = {
     "xx": (0.0, 0),
     "xxi": (0.0, 0),
     "xxii": (0.0, 0),
+    "xxiii": (0.0, 0),
+    "xxiv": (0.0, 0),
 }
 
 

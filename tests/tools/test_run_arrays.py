@@ -645,11 +645,11 @@ def _pil_op_served(monkeypatch, tv, roots, cifar, op, mnist: bool, tensor: bool 
     in turn in each batch)."""
     import torchvision.transforms as T
 
-    from fastdata.run._pixels import Blur, Chance, RandomCall
+    from fastdata.run._pixels import Blur, Chance, Choice, Order, RandomCall
     from fastdata.run._rotation import Affine, Perspective, Rotation
 
     drawn = []
-    for cls in (Rotation, Affine, Perspective, Blur, Chance, RandomCall):
+    for cls in (Rotation, Affine, Perspective, Blur, Chance, Choice, Order, RandomCall):
         def recorded(self, *args, plan=cls.plan):
             out = plan(self, *args)
             drawn.extend((self, p) for p in out)
@@ -765,6 +765,45 @@ def test_random_perspective_is_torchvisions_perspective_for_the_corners_drawn(ci
             img = (F if mnist else F2).perspective(img, start, end, **call)
         assert torch.equal(images[k], F.pil_to_tensor(img)), (version, k, p)
     _within("RandomPerspective", sum(p["apply"] for _, p in drawn), N, 0.6 if mnist else 0.5)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2 on the uint8 tensor"])
+def test_random_choice_and_order_are_torchvisions_for_the_draws(cifar, tv, roots, monkeypatch, version):
+    """RandomChoice and RandomOrder of pixel ops on CIFAR: each served image is torchvision's
+    functional ops of the image, the one op drawn (at its weight's rate), then the two of the
+    RandomOrder in the order drawn (each order half the time)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    import torchvision.transforms.v2 as v2
+    import torchvision.transforms.v2.functional as F2
+    from PIL import Image
+
+    from fastdata.run._pixels import Choice, Order
+
+    M, Fv = (T, F) if version == "v1" else (v2, F2)
+    tensor = version.endswith("tensor")
+    # (the images' green and blue ramps make the two orders differ; red, the index, keeps them apart)
+    op = M.Compose([M.RandomChoice([M.RandomInvert(1.0), M.RandomSolarize(100, 1.0), M.RandomAdjustSharpness(2, 1.0)],
+                                   p=[1, 1, 2]),
+                    M.RandomOrder([M.RandomSolarize(200, 1.0), M.RandomAutocontrast(1.0)])])
+    dataset, images, drawn = _pil_op_served(monkeypatch, tv, roots, cifar, op, False, tensor)
+    picks = [p["order"] for op, p in drawn if isinstance(op, Choice)]
+    orders = [p["order"] for op, p in drawn if isinstance(op, Order)]
+    assert len(picks) == len(orders) == N
+    chosen = (Fv.invert, lambda x: Fv.solarize(x, 100), lambda x: Fv.adjust_sharpness(x, 2))
+    ordered = (lambda x: Fv.solarize(x, 200), Fv.autocontrast)
+    for k in range(0, N, 3):
+        img = Image.fromarray(dataset.data[k])
+        img = F.pil_to_tensor(img) if tensor else img
+        (j,) = picks[k]
+        img = chosen[j](img)
+        for j in orders[k]:
+            img = ordered[j](img)
+        assert torch.equal(images[k], img if tensor else F.pil_to_tensor(img)), (version, k)
+    for j, rate in enumerate((0.25, 0.25, 0.5)):
+        _within(f"RandomChoice's op {j}", sum(p == [j] for p in picks), N, rate)
+    assert sum(p == [0, 1] for p in orders) < N
+    _within("RandomOrder's solarization first", sum(p == [0, 1] for p in orders), N, 0.5)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2", "v2 on the uint8 tensor"])

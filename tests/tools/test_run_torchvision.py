@@ -134,6 +134,14 @@ def _fallbacks(tv):
          "RandomPerspective on a tensor"),
         ("geometry in a RandomApply", lambda r: (ImageFolder(r, T.Compose([
             T.RandomApply([T.RandomResizedCrop(32)]), T.ToTensor()])), {}), "RandomResizedCrop in a RandomApply"),
+        ("geometry in a RandomChoice", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomChoice([T.ColorJitter(0.2), T.RandomCrop(8)]), T.ToTensor()])), {}), "RandomCrop in a RandomChoice"),
+        ("a RandomChoice of weights that are all zero", lambda r: (ImageFolder(r, T.Compose([
+            *train[:1], T.RandomChoice([T.ColorJitter(0.2), T.RandomGrayscale()], p=[0, 0]), *train[1:]])), {}),
+         "RandomChoice with weights [0, 0]"),
+        ("a Lambda in a RandomOrder", lambda r: (ImageFolder(r, T.Compose([
+            *train[:1], v2.RandomOrder([v2.ColorJitter(0.2), v2.Lambda(lambda x: x)]), *train[1:]])), {}),
+         "Lambda in a RandomOrder"),
         ("GaussianBlur on a float tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.GaussianBlur(3)])), {}),
          "GaussianBlur on a float tensor"),
         ("a crop after a vertical flip", lambda r: (ImageFolder(r, T.Compose([T.RandomVerticalFlip(), *train])), {}),
