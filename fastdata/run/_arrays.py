@@ -9,10 +9,10 @@ flips, and on the PIL image RandomResizedCrop, RandomRotation, RandomAffine and
 RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
 after the geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment,
 AutoAugment, GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply,
-RandomChoice or RandomOrder of pixel ops, AugMix, the conversion, Normalize, RandomErasing); a multi-view wrapper's views
-(`_views`) each so. `_gather.gather` runs the geometry on a batch's rows at once, as
-torchvision's calls on each PIL image; the pixel ops then run on
-each row as the folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix and the
+RandomChoice or RandomOrder of pixel ops, AugMix, the conversion, Normalize, RandomErasing); a
+multi-view wrapper's views (`_views`) each so. `_gather.gather` runs the geometry on a batch's
+rows at once, as torchvision's calls on each PIL image; the pixel ops then run on each row as
+the folders' do (`transforms.pil`: torchvision's own Pillow calls; AugMix and the
 ops on a tensor, its tensor kernels). The batch then takes the folders' way (`NativeFolder`'s
 collation, `Finish`'s lookup-table layout), so the values are torchvision's for the same crop
 offsets, flips and pixel-op parameters, drawn from a seed per batch as the folders' are, and per

@@ -135,7 +135,8 @@ def _fallbacks(tv):
         ("geometry in a RandomApply", lambda r: (ImageFolder(r, T.Compose([
             T.RandomApply([T.RandomResizedCrop(32)]), T.ToTensor()])), {}), "RandomResizedCrop in a RandomApply"),
         ("geometry in a RandomChoice", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomChoice([T.ColorJitter(0.2), T.RandomCrop(8)]), T.ToTensor()])), {}), "RandomCrop in a RandomChoice"),
+            T.RandomChoice([T.ColorJitter(0.2), T.RandomCrop(8)]), T.ToTensor()])), {}),
+         "RandomCrop in a RandomChoice"),
         ("a RandomChoice of weights that are all zero", lambda r: (ImageFolder(r, T.Compose([
             *train[:1], T.RandomChoice([T.ColorJitter(0.2), T.RandomGrayscale()], p=[0, 0]), *train[1:]])), {}),
          "RandomChoice with weights [0, 0]"),
