@@ -14,7 +14,8 @@ With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) afte
 fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
 RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe simclr`, SimCLR's
 ImageNet augmentation (one view); with `--recipe moco`, MoCo v1's augmentation in MoCo's
-`TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does).
+`TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does); with
+`--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own GaussianBlur class, the flip after it).
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -23,19 +24,22 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
-                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco}]
+                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,
+                                                           moco,moco_v2}]
                                                 [--ra-sampler]
 """
 
 import argparse
 import importlib.util
 import json
+import random
 import time
 from pathlib import Path
 
 import torch
 import torchvision
 import torchvision.transforms as transforms
+from PIL import ImageFilter
 
 ap = argparse.ArgumentParser()
 ap.add_argument("data")
@@ -45,7 +49,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                     "moco"],
+                                     "moco", "moco_v2"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -67,7 +71,29 @@ class TwoCropsTransform:  # MoCo's (moco/loader.py), as it is written there
         return [q, k]
 
 
-if args.recipe == "moco":  # MoCo v1's augmentation (main_moco.py without --aug-plus), two views of each image
+class GaussianBlur(object):  # MoCo v2's (moco/loader.py), as it is written there
+    """Gaussian blur augmentation in SimCLR https://arxiv.org/abs/2002.05709"""
+
+    def __init__(self, sigma=[.1, 2.]):
+        self.sigma = sigma
+
+    def __call__(self, x):
+        sigma = random.uniform(self.sigma[0], self.sigma[1])
+        x = x.filter(ImageFilter.GaussianBlur(radius=sigma))
+        return x
+
+
+if args.recipe == "moco_v2":  # MoCo v2's augmentation (main_moco.py --aug-plus), two views of each image
+    transform = TwoCropsTransform(transforms.Compose([
+        transforms.RandomResizedCrop(224, scale=(0.2, 1.)),
+        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([GaussianBlur([.1, 2.])], p=0.5),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize,
+    ]))
+elif args.recipe == "moco":  # MoCo v1's augmentation (main_moco.py without --aug-plus), two views of each image
     transform = TwoCropsTransform(transforms.Compose([
         transforms.RandomResizedCrop(224, scale=(0.2, 1.0)),
         transforms.RandomGrayscale(p=0.2),
@@ -146,7 +172,7 @@ for epoch in range(args.epochs):
         train_sampler.set_epoch(epoch)
     start, seen = time.perf_counter(), 0
     for images, target in train_loader:
-        views = images if args.recipe == "moco" else [images]  # (MoCo's: the query's and the key's)
+        views = images if args.recipe.startswith("moco") else [images]  # (MoCo's: the query's and the key's)
         views = [x.to(device, non_blocking=True) for x in views]
         target = target.to(device, non_blocking=True)
         if model is not None:

@@ -22,7 +22,9 @@ RandomApply([ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), RandomGrayscale(0.2) and
 RandomApply([GaussianBlur(23, (0.1, 2.0))], p=0.5) (..._simclr.json),
 with `--recipe moco` MoCo v1's (RandomResizedCrop(224, scale=(0.2, 1)), RandomGrayscale(0.2),
 ColorJitter(0.4, 0.4, 0.4, 0.4), flip, ToTensor, Normalize) in MoCo's TwoCropsTransform, two
-views of each image (..._moco.json; images/s counts images, not views);
+views of each image (..._moco.json; images/s counts images, not views), with `--recipe moco_v2`
+MoCo v2's (--aug-plus: RandomApply of ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale, RandomApply
+of MoCo's own GaussianBlur class, then the flip) in it (..._moco_v2.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
 With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
@@ -33,7 +35,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco}]
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco,moco_v2}]
                                           [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -58,7 +60,7 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                         "moco"],
+                                         "moco", "moco_v2"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")

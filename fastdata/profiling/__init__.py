@@ -17,9 +17,11 @@ attributes. The tuned configs live in `fastdata.tunecache`, which the factory re
 this package.
 """
 
-from .. import _needs_no_torch
+import sys as _sys
 
-if not _needs_no_torch():  # a help page of `fastdata profile` imports `cli` alone, without torch
+# `import fastdata` imported torch, unless this process is a help page's (`_needs_no_torch` in
+# fastdata/__init__.py), which imports `cli` alone
+if _sys.modules.get("torch") is not None:
     from .cli import main
     from .measure import profile
     from .model import RateModel

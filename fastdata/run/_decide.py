@@ -6,7 +6,8 @@ the worker count.
 num_workers: where the script left the default (0), a served loader gets "auto" only where that
 cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
 sample a function of its batch's seed and its place in it, in whatever process) without a
-target_transform (the script's code, which may count or cache what it sees), torch's default
+target_transform or an op of the script's in its transform (the script's code, which may count,
+cache or draw from Python's RNG in the process it runs in), torch's default
 samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
 without: the script's own draws between would change), workers started by fork (spawn or
 forkserver would run the script's main module again; they fork also where forkserver is only
@@ -90,7 +91,9 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         return (f"served natively: {shown} with {lowering.names} {how} by fastdata"
                 + (", its samples batched by the script's collate_fn" if own else "")
                 + ("; random parameters drawn by fastdata (torchvision's distributions, not the plain run's numbers)"
-                   if lowering.random else "")), lowering
+                   if lowering.random else "")
+                + (f"; {', '.join(dict.fromkeys(lowering.script_ops))} called as the script's own op"
+                   if lowering.script_ops else "")), lowering
     return "the script's collate_fn (no native collation)" if own else collation, None
 
 
@@ -104,6 +107,9 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     """Whether a natively served folder the script left at num_workers=0 may get workers without
     a change in any batch (see the module's docstring) and with room for them in /dev/shm, and if
     not, why not."""
+    if lowering.script_ops:
+        return False, (f"{lowering.script_ops[0]}, an op of the script's, which may keep state or draw from Python's "
+                       "RNG (in workers, it would do so there)")
     size = call.get("batch_size", 1)
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:  # torch's BatchSampler raises for it
         return False, f"batch_size={size!r}, which torch refuses"

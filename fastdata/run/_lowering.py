@@ -7,8 +7,9 @@ subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
 RandAugment, AutoAugment, RandomRotation, RandomAffine, GaussianBlur, RandomGrayscale,
-RandomVerticalFlip and the other Random* ops of one functional call, a RandomApply of them,
-AugMix) that run as Pillow and torchvision run them, the tensor steps after
+RandomVerticalFlip and the other Random* ops of one functional call, a RandomApply, RandomChoice
+or RandomOrder of them, AugMix, an op of the script's, a flip after ops it may not commute with)
+that run as Pillow, torchvision and the script run them, the tensor steps after
 the conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with
 the very torch operations torchvision runs, and RandomErasing on the tensor (`_erasing`: its
 rectangles drawn per sample, written over the laid-out batch). It gives the reason instead for
@@ -27,7 +28,7 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing
-from ._pixels import flip_commutes, interpolation, pixel_op
+from ._pixels import RandomCall, flip_commutes, interpolation, pixel_op, script_ops
 from ._views import views
 
 
@@ -63,6 +64,11 @@ class Lowering:
     @property
     def dtype(self) -> torch.dtype:
         return steps_dtype(self.steps)
+
+    @property
+    def script_ops(self) -> tuple[str, ...]:
+        """The names of the script's own ops it calls (`_pixels.ScriptOp`), its views' too."""
+        return tuple(name for view in self.views for name in view.script_ops) + tuple(script_ops(self.pixel_ops))
 
     @property
     def random(self) -> bool:
@@ -237,6 +243,8 @@ def lower_transform(transform: Any) -> Lowering:
     if transform is None:
         raise Unlowerable("no transform: the samples are PIL images, which fastdata does not lay out")
     ops = flatten(transform)
+    if len(ops) == 1 and ops[0] is transform and not type(transform).__module__.startswith("torchvision."):
+        raise _no_lowering(transform)  # the script's own transform as a whole (a wrapper fastdata does not read)
     names = ", ".join(type(op).__name__ for op in ops)
     geometry: list = []
     pixel: list = []
@@ -301,8 +309,12 @@ def lower_transform(transform: Any) -> Lowering:
                 geometry += [crop] if crop is not None else []
                 fixed, short_side = (fixed, short_side) if crop is None else (crop.size, None)
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
-                check_geometry(op)
-                geometry.append(fd.RandomHorizontalFlip(float(op.p)))
+                if pixel and not erasing and domain != "float" and not all(flip_commutes(one) for one in pixel):
+                    # after pixel ops it may not commute with (a blur): torchvision's flip of their image
+                    pixel.append(RandomCall(float(op.p), "hflip", (), cls is v2.RandomHorizontalFlip, domain != "pil"))
+                else:
+                    check_geometry(op)
+                    geometry.append(fd.RandomHorizontalFlip(float(op.p)))
             elif cls in to_tensor:
                 if domain != "pil" or steps:
                     raise Unlowerable(f"{kind} of a tensor: not lowered")

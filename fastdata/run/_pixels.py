@@ -11,12 +11,14 @@ RandomAdjustSharpness, RandomAutocontrast and RandomEqualize (`RandomCall`), Gau
 Their parameters are drawn per sample, and each
 image is computed by torchvision's own functions with them (`F.rgb_to_grayscale`,
 `F.gaussian_blur`, ..., v1's for v1's op, v2's for v2's; on a uint8 tensor image, its tensor
-kernels, `TensorColorJitter` too): the draws are fastdata's, the pixels torchvision's.
+kernels, `TensorColorJitter` too): the draws are fastdata's, the pixels torchvision's. An op
+of the script's on the PIL image there (`ScriptOp`) is called as it is, drawing its own.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +154,65 @@ class Order(fd.Op):
         return [{"order": order.tolist(), "inner": [plan[i] for plan in inner]} for i, order in enumerate(orders)]
 
 
+class NotAPixelOp(Exception):
+    """An op of the script's (`ScriptOp`) gave what fastdata does not lay out where torchvision's
+    pixel ops go: the batch is then the dataset's own samples."""
+
+
+# The script's ops seen to change an image (its size, mode or type) in this process: not lowered again
+_CHANGED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class ScriptOp(fd.Op):
+    """An op of the script's (a callable of no torchvision class, or a `Lambda`) on the PIL image
+    after the geometry, as MoCo v2's, SimSiam's and DINO's GaussianBlur and Solarization are:
+    called on each image in turn, as the script's Compose calls it, drawing what it draws itself
+    (from Python's or torch's RNG, in the process that fetches). Its result must be a PIL image
+    of the size and mode it was given; else `NotAPixelOp`, and the op is not lowered again in
+    this process."""
+
+    call: Any
+    draws = 1
+
+    def plan(self, u: Any) -> list[dict]:
+        return [{} for _ in range(len(u))]
+
+    def on_pillow(self, img: Any, p: dict) -> Any:
+        from PIL import Image
+
+        out = self.call(img)
+        if isinstance(out, Image.Image) and out.size == img.size and out.mode == img.mode:
+            return out
+        try:
+            _CHANGED.add(self.call)
+        except TypeError:  # (an object that takes no weak reference: the next batch tries it again)
+            pass
+        got = f"a {out.mode} image of {out.size}" if isinstance(out, Image.Image) else f"a {type(out).__name__}"
+        raise NotAPixelOp(f"{_named(self.call)} gave {got} for a {img.mode} image of {img.size}")
+
+
+def _changed(call: Any) -> bool:
+    try:
+        return call in _CHANGED
+    except TypeError:  # (one that takes no weak reference is never kept there)
+        return False
+
+
+def _named(call: Any) -> str:
+    return getattr(call, "__qualname__", type(call).__name__)
+
+
+def script_ops(ops: tuple) -> list[str]:
+    """The names of the script's ops (`ScriptOp`) among `ops` and the ops they hold."""
+    names = []
+    for op in ops:
+        if isinstance(op, ScriptOp):
+            names.append(_named(op.call))
+        names += script_ops(getattr(op, "ops", ()))
+    return names
+
+
 def _functional(v2: bool) -> Any:
     import torchvision.transforms.functional as F
     import torchvision.transforms.v2.functional as F2
@@ -238,6 +299,13 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
                 op.num_ops, op.magnitude, op.num_magnitude_bins, sampling)
         return (_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
             int(op.num_magnitude_bins), sampling)
+    # (a subclass of a torchvision transform is neither: it is refused as torchvision's own classes are read)
+    if domain == "pil" and callable(op) and (cls in (T.Lambda, v2.Lambda) or not any(
+            c.__module__.startswith("torchvision.") for c in cls.__mro__)):
+        if _changed(op):
+            raise ValueError(f"{_named(op)}, an op of the script's, changed an image's size or mode in a batch "
+                             "before: fastdata calls an op of the script's where torchvision's pixel ops go")
+        return ScriptOp(op)
     if within:
         raise ValueError(f"{kind} in a {within}: fastdata lowers a {within} of pixel ops on the PIL image "
                          "(ColorJitter, GaussianBlur, RandomGrayscale and torchvision's other Random* photometric "

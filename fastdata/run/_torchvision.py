@@ -22,7 +22,8 @@ may swap it or change an op's attribute between passes (progressive resizing, an
 and a worker holds the copy of the dataset it started with, as torch's own workers do. A
 transform that cannot be lowered then gives the dataset's own samples, collated as DataLoader
 collates them, and so does a batch holding a file fastdata does not read (missing, cut, a format
-or size past its own limits): its samples, warnings and errors are then the script's fetch's
+or size past its own limits) or one where an op of the script's changed an image's size or mode
+(`_pixels.ScriptOp`): its samples, warnings and errors are then the script's fetch's
 (Pillow's, open's); images of different sizes raise torch's stack error (a collate_fn of the
 script's is handed fastdata's samples only where they have one size). In workers fastdata
 added (the script asked for none), a fetch's error crosses as the batch (`Carried`) and is
@@ -51,6 +52,7 @@ from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
 from ._lowering import Lowering, folder, lower, samples_refused, steps_dtype
+from ._pixels import NotAPixelOp
 
 
 class Carried(Prepared):
@@ -222,12 +224,13 @@ class NativeFolder(Dataset):
             return [ds[i] for i in indices]  # torchvision's own samples, collated as DataLoader collates them
         try:
             return self._native(indices, lowering)
-        except FolderError:
+        except (FolderError, NotAPixelOp):
             pass
         # A file fastdata does not read (missing, cut, a format or a size past its limits, which
-        # Pillow may still read as the script set it up): the script's own fetch, whose samples,
-        # warnings and errors are then those of the script without fastdata run (outside the
-        # except clause: its error does not carry fastdata's as its context).
+        # Pillow may still read as the script set it up), or an op of the script's that changed an
+        # image's size or mode (not lowered again in this process): the script's own fetch, whose
+        # samples, warnings and errors are then those of the script without fastdata run (outside
+        # the except clause: its error does not carry fastdata's as its context).
         return [ds[i] for i in indices]
 
     def _native(self, indices: list[int], lowering: Lowering) -> Any:

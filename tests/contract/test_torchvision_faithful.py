@@ -43,7 +43,8 @@ import fastdata.transforms as fd  # noqa: E402
 from fastdata.run._lowering import lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
-from fastdata.run._pixels import CALLS, Blur, Chance, Choice, Order, RandomCall, TensorColorJitter  # noqa: E402
+from fastdata.run._pixels import (  # noqa: E402
+    CALLS, Blur, Chance, Choice, Order, RandomCall, ScriptOp, TensorColorJitter)
 from fastdata.run._rotation import Affine, Perspective, Rotation  # noqa: E402
 from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
@@ -747,7 +748,7 @@ def torchvision_magnitude(name: str, magnitude: float) -> float:
 def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, script: list | None = None):
     """torchvision's functional ops for fastdata's planned ColorJitter, TrivialAugmentWide,
     RandomRotation, RandomAffine, RandomGrayscale, GaussianBlur, RandomApply, RandomChoice and
-    RandomOrder parameters
+    RandomOrder parameters, an op of the script's called as it is
     (`_reference_op`), as the ops' `forward` apply them (`rotate`: the script's rotation or
     affine keywords; `script`: the script's op at each place, for RandomGrayscale and the other
     Random* ops of one call, run as they are with p of 1 where fastdata drew to apply one, else 0);
@@ -757,6 +758,8 @@ def apply_pixel_ops(img, pix, tables: bool = True, rotate: dict | None = None, s
         if kind == "chance":  # (RandomApply: its ops, each with its parameters, where it applied)
             inner = [one for t in script[k].transforms for one in getattr(t, "transforms", [t])] if script else None
             img = apply_pixel_ops(img, p[1], tables, rotate, inner) if p[0] else img
+        elif kind == "script":  # (an op of the script's: called as it is)
+            img = p(img)
         elif kind == "group":  # (RandomChoice, RandomOrder: the ops drawn, in the order drawn)
             for j in p[0]:
                 img = apply_pixel_ops(img, [p[1][j]], tables, rotate, [script[k].transforms[j]] if script else None)
@@ -820,6 +823,19 @@ def _rrc_ref(interp, pre=(), post=(), tensor=False, rotate=None, script=None, fl
     return ref
 
 
+class FixedBlur:
+    """MoCo v2's GaussianBlur (moco/loader.py), an op of the script's, its radius fixed so that the
+    reference repeats it (its draw from Python's RNG: test_run_torchvision.py)."""
+
+    def __init__(self, radius: float):
+        self.radius = radius
+
+    def __call__(self, x):
+        from PIL import ImageFilter
+
+        return x.filter(ImageFilter.GaussianBlur(radius=self.radius))
+
+
 class PresetTrain:
     """torchvision's references/classification/presets.py ClassificationPresetTrain, as it is
     made there by default (no auto-augment, no random erasing; PIL backend): its transform is
@@ -875,6 +891,8 @@ def _configs():
     choice = [T.RandomChoice([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(1.0),
                               T.Compose([T.RandomSolarize(100, 1.0), T.GaussianBlur(5)])], p=[2, 1, 1]),
               T.RandomOrder([T.RandomAutocontrast(0.7), T.ColorJitter(brightness=0.5), T.RandomPosterize(4, 0.5)])]
+    moco_v2 = [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(0.2),
+               T.RandomApply([FixedBlur(1.3)], p=0.5), T.RandomHorizontalFlip()]
     v2_choice = [v2.RandomOrder([v2.RandomEqualize(0.5), v2.RandomChoice([v2.ColorJitter(0.3, 0.3, 0.3, 0.05),
                                                                           v2.RandomInvert(1.0)])])]
     v1_on_tensor = [T.ColorJitter(brightness=0.3, saturation=0.5), T.RandomSolarize(100, 0.4), T.RandomGrayscale(0.4)]
@@ -962,6 +980,9 @@ def _configs():
         "xxiv: v2 RRC bicubic + RandomOrder of RandomEqualize and a RandomChoice + ToTensor": (
             v2.Compose([v2.RandomResizedCrop(224, interpolation=BICUBIC), *v2_choice, T.ToTensor()]),
             _rrc_ref(BICUBIC, post=[T.ToTensor()], script=v2_choice), levels_float, [T.ToTensor()]),
+        "xxv: MoCo v2's RRC bicubic, RandomApply(ColorJitter), RandomGrayscale, RandomApply(its own blur), flip": (
+            T.Compose([T.RandomResizedCrop(224, scale=(0.2, 1.0), interpolation=BICUBIC), *moco_v2, T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=moco_v2), levels_u8, [T.PILToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -1028,6 +1049,8 @@ def _reference_op(op, p) -> tuple:
     version, v1's or v2's, for GaussianBlur)."""
     if isinstance(op, Chance):
         return ("chance", (p["apply"], [_reference_op(one, q) for one, q in zip(op.ops, p["inner"])]))
+    if isinstance(op, ScriptOp):
+        return ("script", op.call)
     if isinstance(op, (Choice, Order)):
         return ("group", (p["order"], [_reference_op(one, q) for one, q in zip(op.ops, p["inner"])]))
     if isinstance(op, RandomCall):
@@ -1117,6 +1140,7 @@ TOLERANCE = {
     "xxii": (0.0, 0),
     "xxiii": (0.0, 0),
     "xxiv": (0.0, 0),
+    "xxv": (0.0, 0),
 }
 
 

@@ -140,16 +140,16 @@ def _fallbacks(tv):
         ("a RandomChoice of weights that are all zero", lambda r: (ImageFolder(r, T.Compose([
             *train[:1], T.RandomChoice([T.ColorJitter(0.2), T.RandomGrayscale()], p=[0, 0]), *train[1:]])), {}),
          "RandomChoice with weights [0, 0]"),
-        ("a Lambda in a RandomOrder", lambda r: (ImageFolder(r, T.Compose([
-            *train[:1], v2.RandomOrder([v2.ColorJitter(0.2), v2.Lambda(lambda x: x)]), *train[1:]])), {}),
-         "Lambda in a RandomOrder"),
+        ("an op with no lowering in a RandomOrder", lambda r: (ImageFolder(r, T.Compose([
+            *train[:1], v2.RandomOrder([v2.ColorJitter(0.2), v2.ElasticTransform()]), *train[1:]])), {}),
+         "ElasticTransform in a RandomOrder"),
         ("GaussianBlur on a float tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.GaussianBlur(3)])), {}),
          "GaussianBlur on a float tensor"),
         ("a crop after a vertical flip", lambda r: (ImageFolder(r, T.Compose([T.RandomVerticalFlip(), *train])), {}),
          "RandomResizedCrop after RandomVerticalFlip"),
-        ("a flip after a blur", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomResizedCrop(32), T.GaussianBlur(3), T.RandomHorizontalFlip(), T.ToTensor()])), {}),
-         "RandomHorizontalFlip after GaussianBlur"),
+        ("a flip after RandomErasing", lambda r: (ImageFolder(r, T.Compose([
+            *train, T.RandomErasing(), T.RandomHorizontalFlip()])), {}),
+         "RandomHorizontalFlip after RandomErasing"),
         ("a rotation before the crop", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10), *train])), {}),
          "RandomResizedCrop after RandomRotation"),
         ("a rotation with expand", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10, expand=True),
@@ -273,6 +273,94 @@ def test_served_natively_batches_as_torchvision_gives_them(tv, folder, kind, wor
             seen += labels.tolist()
         assert sorted(seen) == sorted(t + 100 for t in dataset.targets)
     loader._stop()
+
+
+class MocoBlur:
+    """MoCo v2's moco/loader.py GaussianBlur, as it is written there (SimSiam's is the same): a
+    radius drawn from Python's RNG, Pillow's blur. It records its draws."""
+
+    def __init__(self, sigma=(0.1, 2.0)):
+        self.sigma = sigma
+        self.drawn: list[float] = []
+
+    def __call__(self, x):
+        import random
+
+        from PIL import ImageFilter
+
+        sigma = random.uniform(self.sigma[0], self.sigma[1])
+        self.drawn.append(sigma)
+        return x.filter(ImageFilter.GaussianBlur(radius=sigma))
+
+
+def _moco_v2(T, blur):
+    """MoCo v2's augmentation (main_moco.py --aug-plus) at 40 px: the script's blur in a
+    RandomApply, and the flip after it."""
+    return T.Compose([T.RandomResizedCrop(40, scale=(0.2, 1.0)), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)],
+                      p=0.8), T.RandomGrayscale(p=0.2), T.RandomApply([blur], p=0.5), T.RandomHorizontalFlip(),
+                      *([T.ToImage(), T.ToDtype(torch.float32, scale=True)] if hasattr(T, "ToImage") else
+                        [T.ToTensor()]), T.Normalize(MEAN, STD)])
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_an_op_of_the_scripts_is_called_on_each_image_served_natively(tv, folder, v2):
+    """MoCo v2's augmentation, its GaussianBlur the script's own class: served natively, the blur
+    called on each image it applies to in turn, drawing from Python's RNG as in the script's own
+    fetch (the same draws after random.seed), the flip after it run on the image it made; the
+    script's num_workers kept (the op may keep state), and the summary says so. (Its pixels
+    against torchvision's: test_torchvision_faithful.py, configuration xxv.)"""
+    import random
+
+    import torchvision.transforms as T1
+    import torchvision.transforms.v2 as T2
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._decide import decide
+
+    blur = MocoBlur()
+    dataset = ImageFolder(str(folder), _moco_v2(T2 if v2 else T1, blur))
+    served, reason, workers, lowering = decide((dataset,), {"batch_size": 8, "shuffle": True})
+    assert served and lowering is not None and lowering.script_ops == ("MocoBlur",), reason
+    assert "MocoBlur called as the script's own op" in reason and workers is None, reason
+    assert "MocoBlur, an op of the script's, which may keep state" in reason, reason
+    loader = _served(dataset, batch_size=8, shuffle=True)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    random.seed(7)
+    seen = []
+    for images, labels in loader:
+        assert images.shape[1:] == (3, 40, 40) and images.dtype == torch.float32
+        seen += labels.tolist()
+    loader._stop()
+    assert sorted(seen) == sorted(dataset.targets)
+    n = len(blur.drawn)
+    assert 0.2 * len(seen) < n < 0.8 * len(seen)  # (p=0.5 of each image)
+    random.seed(7)
+    assert blur.drawn == [random.uniform(0.1, 2.0) for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_op_of_the_scripts_that_changes_an_image_gives_the_datasets_own_samples(tv, folder, workers):
+    """An op of the script's that gives another size (or mode, or type) than it got is no pixel
+    op: the batch where it does so is the dataset's own samples, as torchvision's fetch gives
+    them, and the op is not lowered again in that process (the reason says why)."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    def shrink(img):
+        return img.resize((16, 16))
+
+    dataset = ImageFolder(str(folder), T.Compose([T.RandomResizedCrop(32), shrink, T.PILToTensor()]))
+    assert rt.lower(dataset)[0] is not None  # (before it ran)
+    loader = _served(dataset, batch_size=4, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    batches = list(loader)
+    loader._stop()
+    assert [tuple(images.shape) for images, _ in batches] == [(4, 3, 16, 16)] * (len(dataset) // 4)
+    for images, labels in batches:
+        assert torch.equal(_class_of(images, False), labels)
+    if workers == 0:  # (workers learn it in their own process)
+        lowering, why = rt.lower(dataset)
+        assert lowering is None and "shrink, an op of the script's, changed an image's size or mode" in why, why
 
 
 @pytest.mark.parametrize("weights", ["ResNet50_Weights.IMAGENET1K_V2", "EfficientNet_B0_Weights.IMAGENET1K_V1"])
