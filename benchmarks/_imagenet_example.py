@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torchvision
 import torchvision.transforms as transforms
-from PIL import ImageFilter
+from PIL import Image, ImageFilter, ImageOps
 
 ap = argparse.ArgumentParser()
 ap.add_argument("data")
@@ -49,7 +49,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                     "moco", "moco_v2"],
+                                     "moco", "moco_v2", "dino"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -83,7 +83,92 @@ class GaussianBlur(object):  # MoCo v2's (moco/loader.py), as it is written ther
         return x
 
 
-if args.recipe == "moco_v2":  # MoCo v2's augmentation (main_moco.py --aug-plus), two views of each image
+class DinoGaussianBlur(object):  # DINO's (dino/utils.py GaussianBlur), as it is written there
+    """
+    Apply Gaussian Blur to the PIL image.
+    """
+    def __init__(self, p=0.5, radius_min=0.1, radius_max=2.):
+        self.prob = p
+        self.radius_min = radius_min
+        self.radius_max = radius_max
+
+    def __call__(self, img):
+        do_it = random.random() <= self.prob
+        if not do_it:
+            return img
+
+        return img.filter(
+            ImageFilter.GaussianBlur(
+                radius=random.uniform(self.radius_min, self.radius_max)
+            )
+        )
+
+
+class Solarization(object):  # DINO's (dino/utils.py), as it is written there
+    """
+    Apply Solarization to the PIL image.
+    """
+    def __init__(self, p):
+        self.p = p
+
+    def __call__(self, img):
+        if random.random() < self.p:
+            return ImageOps.solarize(img)
+        else:
+            return img
+
+
+class DataAugmentationDINO(object):  # DINO's (main_dino.py), as it is written there
+    def __init__(self, global_crops_scale, local_crops_scale, local_crops_number):
+        flip_and_color_jitter = transforms.Compose([
+            transforms.RandomHorizontalFlip(p=0.5),
+            transforms.RandomApply(
+                [transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)],
+                p=0.8
+            ),
+            transforms.RandomGrayscale(p=0.2),
+        ])
+        normalize = transforms.Compose([
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ])
+
+        # first global crop
+        self.global_transfo1 = transforms.Compose([
+            transforms.RandomResizedCrop(224, scale=global_crops_scale, interpolation=Image.BICUBIC),
+            flip_and_color_jitter,
+            DinoGaussianBlur(1.0),
+            normalize,
+        ])
+        # second global crop
+        self.global_transfo2 = transforms.Compose([
+            transforms.RandomResizedCrop(224, scale=global_crops_scale, interpolation=Image.BICUBIC),
+            flip_and_color_jitter,
+            DinoGaussianBlur(0.1),
+            Solarization(0.2),
+            normalize,
+        ])
+        # transformation for the local small crops
+        self.local_crops_number = local_crops_number
+        self.local_transfo = transforms.Compose([
+            transforms.RandomResizedCrop(96, scale=local_crops_scale, interpolation=Image.BICUBIC),
+            flip_and_color_jitter,
+            DinoGaussianBlur(p=0.5),
+            normalize,
+        ])
+
+    def __call__(self, image):
+        crops = []
+        crops.append(self.global_transfo1(image))
+        crops.append(self.global_transfo2(image))
+        for _ in range(self.local_crops_number):
+            crops.append(self.local_transfo(image))
+        return crops
+
+
+if args.recipe == "dino":  # DINO's multi-crop (main_dino.py's defaults): two global views and eight local ones
+    transform = DataAugmentationDINO((0.4, 1.), (0.05, 0.4), 8)
+elif args.recipe == "moco_v2":  # MoCo v2's augmentation (main_moco.py --aug-plus), two views of each image
     transform = TwoCropsTransform(transforms.Compose([
         transforms.RandomResizedCrop(224, scale=(0.2, 1.)),
         transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
@@ -172,7 +257,7 @@ for epoch in range(args.epochs):
         train_sampler.set_epoch(epoch)
     start, seen = time.perf_counter(), 0
     for images, target in train_loader:
-        views = images if args.recipe.startswith("moco") else [images]  # (MoCo's: the query's and the key's)
+        views = images if args.recipe in ("moco", "moco_v2", "dino") else [images]  # (each view of the image)
         views = [x.to(device, non_blocking=True) for x in views]
         target = target.to(device, non_blocking=True)
         if model is not None:

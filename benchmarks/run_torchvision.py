@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                         "moco", "moco_v2"],
+                                         "moco", "moco_v2", "dino"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")

@@ -149,13 +149,13 @@ class Decoder {
   }
 
   std::string decode(const ByteSpan& caller, const double* crop, bool flip, bool whole,
-                     bool use_index, const OutView& out, int64_t index) {
+                     bool use_index, Resize resize, const OutView& out, int64_t index) {
     // Everything below reads a private copy: the caller's buffer may be a bytearray, numpy
     // array or mmap that another thread rewrites while the GIL is released, and the walk,
     // libjpeg and the checkpoints' hash must all see the same bytes.
     copy_.assign(caller.data, caller.data + caller.size);
     const ByteSpan src{copy_.data(), copy_.size()};
-    std::string why = decode_copy(src, crop, flip, whole, use_index, out, index);
+    std::string why = decode_copy(src, crop, flip, whole, use_index, resize, out, index);
     trim();
     return why;
   }
@@ -179,7 +179,7 @@ class Decoder {
   }
 
   std::string decode_copy(const ByteSpan& src, const double* crop, bool flip, bool whole,
-                          bool use_index, const OutView& out, int64_t index) {
+                          bool use_index, Resize resize, const OutView& out, int64_t index) {
     std::string why = precheck(src);
     ImageStructure structure;
     // A decode reads only the rows the crop needs; the walk makes a file cut short an error
@@ -189,7 +189,9 @@ class Decoder {
     if (!fresh()) return "out of memory";
     const MemoryGrant grant(structure.scans > 1 ? coefficient_bytes(structure) : 0);
     try {
-      if (!decode_window(src, crop, out.height, out.width, whole, use_index)) return err_.message;
+      if (!decode_window(src, crop, out.height, out.width, whole, use_index, resize)) {
+        return err_.message;
+      }
     } catch (const std::bad_alloc&) {
       entropy_.detach(false);
       jpeg_abort_decompress(&cinfo_);  // safe in any state; readies cinfo_ for the next image
@@ -251,7 +253,7 @@ class Decoder {
   // input row used): the decoded window itself is never held whole. With `whole`, the rows
   // below the window are entropy-decoded as well (see below).
   bool decode_window(const ByteSpan& src, const double* crop, int out_h, int out_w, bool whole,
-                     bool use_index) {
+                     bool use_index, Resize resize) {
     if (setjmp(err_.jump)) {
       entropy_.detach(false);
       jpeg_abort_decompress(&cinfo_);
@@ -306,8 +308,8 @@ class Decoder {
     // The box in the scaled image's pixels: a scaled pixel j covers original pixels
     // [j * denom, (j + 1) * denom), so the box just divides (exactly: denom is a power of 2).
     const float s = 1.0f / float(denom);
-    compute_taps(sw, float(x) * s, float(x + w) * s, out_w, &htaps_);
-    compute_taps(sh, float(y) * s, float(y + h) * s, out_h, &vtaps_);
+    window_taps(sw, float(x) * s, float(x + w) * s, out_w, resize, &htaps_);
+    window_taps(sh, float(y) * s, float(y + h) * s, out_h, resize, &vtaps_);
 
     jpeg_start_decompress(&cinfo_);
     // One column more on each side than the taps read: fancy (smooth) chroma upsampling at the
@@ -444,14 +446,15 @@ size_t decoder_scratch_bytes() { return this_thread_decoder().scratch_bytes(); }
 
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
-                        std::vector<std::string>* errors, const uint8_t* whole, bool index) {
+                        std::vector<std::string>* errors, const uint8_t* whole, bool index,
+                        Resize resize) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
   parallel_for(n, threads, [&](int64_t i) {
     std::string& err = (*errors)[size_t(i)];
     try {
       err = this_thread_decoder().decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
-                                         whole == nullptr || whole[i] != 0, index, out, i);
+                                         whole == nullptr || whole[i] != 0, index, resize, out, i);
     } catch (const std::bad_alloc&) {  // the thread's decoder, or the decode's buffers
       err = "out of memory";
     }

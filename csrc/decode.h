@@ -1,6 +1,6 @@
 // Native JPEG decoding for image pipelines, over libjpeg-turbo's classic API: header reads, and
 // a crop-aware decode that reads only the crop window (DCT-scaled when the window is at least
-// twice the output) and resizes it as Pillow's `Image.resize(size, BILINEAR, box=...)` does,
+// twice the output) and resizes it as Pillow's `Image.resize(size, BILINEAR or BICUBIC, box=...)` does,
 // straight into a strided slot of the batch buffer. decode.cpp decodes (its Huffman decoding:
 // entropy.cpp), resample.cpp resizes; structure.cpp walks a file's container before any decode.
 // Raw pointers only: no Python, no torch, so it all runs with the GIL released.
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bytes.h"
+#include "resample.h"  // Resize
 
 namespace fastdata {
 
@@ -91,7 +92,8 @@ struct OutView {
 
 // For every i: decodes the window crops[4*i .. 4*i+3] = (x, y, w, h), in the original image's
 // pixels (fractions of one allowed), of srcs[i] as RGB, resizes it to out.height x out.width as
-// Pillow's bilinear resize with that box does, mirrors it left-right where flips[i] is nonzero,
+// Pillow's resize with that box and `resize.filter` (bilinear or bicubic) does (with
+// `resize.cut`, as its resize of the window cut out: torchvision's crop, then resize), mirrors it left-right where flips[i] is nonzero,
 // and writes it to out[i]. errors[i] is "" for a sample that decoded, else the reason (out[i] is
 // then left untouched): corrupt or truncated data, CMYK, a crop outside the image. Never throws,
 // never prints.
@@ -107,7 +109,7 @@ struct OutView {
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
-                        bool index = true);
+                        bool index = true, Resize resize = Resize());
 
 // printf into a std::string of at most 255 characters: the error messages of the native decoder
 // (structure.cpp).

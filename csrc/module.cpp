@@ -450,14 +450,18 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
           dt.code == uint8_t(nb::dlpack::dtype_code::Bool));
 }
 
-// decode_crop_resize(datas, crops, flips, out, threads, whole) -> [None or error message]:
-// out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear),
+// decode_crop_resize(datas, crops, flips, out, threads, whole, index, resample, crop_first) -> [None or error]:
+// out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear or bicubic),
 // mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
 // decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
 // decode may stop at the window's last row. index: entropy.cpp's decoder and its checkpoints
 // (else libjpeg's entropy decoder).
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
-                            int threads, std::optional<FlipArray> whole, bool index) {
+                            int threads, std::optional<FlipArray> whole, bool index,
+                            const std::string& resample, bool crop_first) {
+  if (resample != "bilinear" && resample != "bicubic") {
+    throw nb::value_error(("resample should be 'bilinear' or 'bicubic', not '" + resample + "'").c_str());
+  }
   const size_t n = nb::len(datas);
   if (crops.shape(0) != n || crops.shape(1) != 4) {
     shape_error("crops should have shape [" + std::to_string(n) + ", 4]", crops.ndim(), crops.shape_ptr());
@@ -496,7 +500,9 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   {
     nb::gil_scoped_release release;
     fastdata::decode_crop_resize(srcs, crop_values.data(), flip_values.data(), view, threads,
-                                 &errors, whole.has_value() ? whole_values.data() : nullptr, index);
+                                 &errors, whole.has_value() ? whole_values.data() : nullptr, index,
+                                 {resample == "bicubic" ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
+                                  crop_first});
   }
   nb::list result;
   for (const std::string& e : errors) {
@@ -589,9 +595,11 @@ NB_MODULE(_native, m) {
   m.attr("MAX_FILE_BYTES") = fastdata::kMaxFileBytes;
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
-        nb::arg("whole").none() = nb::none(), nb::arg("index") = true,
+        nb::arg("whole").none() = nb::none(), nb::arg("index") = true, nb::arg("resample") = "bilinear",
+        nb::arg("crop_first") = false,
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
-        "strides) as Pillow's bilinear resize with that box, mirrored where flips[i]; a "
+        "strides) as Pillow's resize with that box and filter ('bilinear' or 'bicubic') does "
+        "(crop_first: its resize of the crop cut out), mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
         "returns None or an error message per sample. GIL released.");
   m.def("open_index", &fastdata::open_index, nb::arg("path"), nb::arg("slots"), nb::arg("arena"),

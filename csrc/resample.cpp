@@ -1,4 +1,4 @@
-// Pillow-exact bilinear resampling of decoded rows (see resample.h): the filter taps in
+// Pillow-exact bilinear and bicubic resampling of decoded rows (see resample.h): the filter taps in
 // Pillow's fixed point, and the row kernels (generic C++, SSE4.1, AVX2) picked at run time.
 #include "resample.h"
 
@@ -22,6 +22,16 @@ constexpr int kPrecisionBits = 32 - 8 - 2;
 double triangle(double x) {
   x = std::fabs(x);
   return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+// Pillow's bicubic convolution kernel (a = -0.5), each expression in its order of operations
+// (this file is built with -ffp-contract=off: a fused multiply-add would round otherwise).
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
 }
 
 constexpr int kSplitBits = 11;
@@ -50,12 +60,13 @@ void split_weights(Taps* t, int out_size) {
 // and their difference is taken in float before widening, so that the scale, every filter
 // centre and so every weight come out as Pillow's: a pixel-exact match when the pixels going
 // in are the same. The filter support widens with the downscale factor (antialiasing) and stays
-// at one pixel when enlarging; each output pixel's weights are normalised to sum to one before
-// rounding to fixed point.
-void compute_taps(int in_size, float in0, float in1, int out_size, Taps* t) {
+// at the kernel's own when enlarging; each output pixel's weights are normalised to sum to one
+// before rounding to fixed point (the bicubic's negative lobes round away from zero, as Pillow's).
+void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t) {
+  const bool cubic = filter == Filter::kBicubic;
   const double scale = double(in1 - in0) / out_size;
   const double filterscale = std::max(scale, 1.0);
-  const double support = 1.0 * filterscale;  // the triangle's support is 1
+  const double support = (cubic ? 2.0 : 1.0) * filterscale;  // the kernel's own support: 1 or 2
   const int ksize = int(std::ceil(support)) * 2 + 1;
   t->ksize = ksize;
   t->start.resize(out_size);
@@ -76,7 +87,8 @@ void compute_taps(int in_size, float in0, float in1, int out_size, Taps* t) {
     const int n = std::max(0, std::min(xmax - xmin, ksize));
     double ww = 0.0;
     for (int x = 0; x < n; ++x) {
-      k[x] = triangle((x + xmin - center + 0.5) * ss);
+      const double at = (x + xmin - center + 0.5) * ss;
+      k[x] = cubic ? bicubic(at) : triangle(at);
       ww += k[x];
     }
     int32_t* w = &t->weights[size_t(xx) * ksize];
@@ -93,6 +105,16 @@ void compute_taps(int in_size, float in0, float in1, int out_size, Taps* t) {
     }
   }
   if (t->hi <= t->lo) t->lo = t->hi = 0;
+}
+
+void window_taps(int in_size, float in0, float in1, int out_size, Resize resize, Taps* t) {
+  if (!resize.cut) return compute_taps(in_size, in0, in1, out_size, resize.filter, t);
+  const int first = std::max(0, int(std::floor(in0)));
+  const int last = std::min(in_size, int(std::ceil(in1)));
+  compute_taps(last - first, in0 - float(first), in1 - float(first), out_size, resize.filter, t);
+  for (int& s : t->start) s += first;
+  t->lo += first;
+  t->hi += first;
 }
 
 namespace {

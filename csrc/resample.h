@@ -1,5 +1,5 @@
 // Pillow-exact resampling for the native decoder (decode.cpp): the taps of Pillow's separable
-// bilinear filter for a box of the input, in its fixed point, and the kernels that apply them
+// bilinear or bicubic filter for a box of the input, in its fixed point, and the kernels that apply them
 // to decoded RGBX rows, the same bytes whichever the CPU runs (generic C++, SSE4.1, AVX2).
 // Raw pointers only: no Python, no torch, no libjpeg.
 #pragma once
@@ -8,7 +8,18 @@
 
 namespace fastdata {
 
-// One axis of Pillow's separable resampling (BILINEAR): for output pixel i, input pixels
+// Pillow's resampling filters, as its Image.Resampling names them (the values are fastdata's).
+enum class Filter { kBilinear = 0, kBicubic = 1 };
+
+// How a window is resized: with `filter`, either in place, as Pillow's resize(box=) does (the
+// filter reads the pixels around the window too), or `cut` out first, as torchvision's crop then
+// resize does (the filter reads none outside it).
+struct Resize {
+  Filter filter = Filter::kBilinear;
+  bool cut = false;
+};
+
+// One axis of Pillow's separable resampling: for output pixel i, input pixels
 // start[i] .. start[i] + count[i] - 1 weighted by weights[i * ksize ...] in fixed point.
 struct Taps {
   int ksize = 0;
@@ -31,8 +42,13 @@ using HorizontalKernel = void (*)(const uint8_t* ra, const uint8_t* rb, int x0, 
 using VerticalKernel = void (*)(const uint8_t*, int64_t, const int32_t*, int, uint8_t*, int);
 
 // The taps for resampling input pixels [in0, in1) (C floats, as Pillow parses its box) of an
-// axis of in_size pixels to out_size pixels, as Pillow's Image.resize(BILINEAR, box=...) computes them.
-void compute_taps(int in_size, float in0, float in1, int out_size, Taps* t);
+// axis of in_size pixels to out_size pixels, as Pillow's Image.resize(filter, box=...) computes them.
+void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t);
+
+// compute_taps for the window [in0, in1) resized as `resize` says: cut out first, the taps are
+// those of the image of its whole pixels [floor(in0), ceil(in1)) alone, moved to their place (for
+// a window of whole pixels, exactly those of Pillow's resize of the crop).
+void window_taps(int in_size, float in0, float in1, int out_size, Resize resize, Taps* t);
 
 // Fills t->split and t->pairs, the weights in the form the SIMD horizontal kernels read.
 void split_weights(Taps* t, int out_size);

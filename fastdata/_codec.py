@@ -56,12 +56,15 @@ def _shape(x: Any) -> list[int]:
 
 def decode_crop_resize(
     datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None,
-    index: bool = True,
+    index: bool = True, resample: str = "bilinear", crop_first: bool = False,
 ) -> list[str | None]:
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
-    of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's bilinear
-    `resize` with the box (x, y, x + w, y + h) does, mirror it left-right where flips[i], and
-    write it into out[i].
+    of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's `resize` with
+    the box (x, y, x + w, y + h) and the `resample` filter ("bilinear" or "bicubic") does,
+    mirror it left-right where flips[i], and write it into out[i]. With `crop_first`, the
+    window is cut out before the resize, as torchvision crops then resizes: the filter reads no
+    pixel outside it (for a window of whole pixels decoded at full scale, Pillow's resize of the
+    crop exactly), where Pillow's resize(box=) reads the pixels around the box too.
 
     datas: bytes-like objects. crops: int or float array [N, 4]. flips: bool or uint8 array [N].
     out: uint8 tensor (or array) [N, 3, H, W] with any strides: contiguous, channels_last, or a
@@ -123,7 +126,10 @@ def decode_crop_resize(
     shape = _shape(out)
     if len(shape) != 4 or shape[0] != n or shape[1] != 3 or shape[2] < 1 or shape[3] < 1:
         raise ValueError(f"out should have shape [{n}, 3, H, W], but got {shape}")
-    return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index))
+    if resample not in ("bilinear", "bicubic"):
+        raise ValueError(f"resample should be 'bilinear' or 'bicubic', but got {resample!r}")
+    return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index), resample,
+                                   bool(crop_first))
 
 
 INDEX_SLOTS = 1 << 21
@@ -186,11 +192,12 @@ def index_stats() -> dict:
 
 
 def pillow_crop_resize(
-    data_bytes: bytes, crop: Sequence[float], flip: bool, size: tuple[int, int]
+    data_bytes: bytes, crop: Sequence[float], flip: bool, size: tuple[int, int], resample: str = "bilinear"
 ) -> np.ndarray:
     """The Pillow path `decode_crop_resize` reproduces, for one image: open, convert to RGB,
-    resize to `size` = (width, height) (Pillow's order) with BILINEAR and box = the crop
-    (x, y, w, h) as (x, y, x + w, y + h), mirror left-right if `flip`. Returns HWC uint8."""
+    resize to `size` = (width, height) (Pillow's order) with the `resample` filter
+    ("bilinear" or "bicubic") and box = the crop (x, y, w, h) as (x, y, x + w, y + h), mirror
+    left-right if `flip`. Returns HWC uint8."""
     from PIL import Image  # Pillow is not a dependency of the package, only of this path
 
     x, y, w, h = (float(v) for v in crop)
@@ -199,7 +206,7 @@ def pillow_crop_resize(
     # The enums came with Pillow 9.1 (whose plain constants warn); older Pillow-SIMD has neither.
     resampling = getattr(Image, "Resampling", Image)
     transpose = getattr(Image, "Transpose", Image)
-    img = img.resize(tuple(size), resampling.BILINEAR, box=(x, y, x + w, y + h))
+    img = img.resize(tuple(size), getattr(resampling, resample.upper()), box=(x, y, x + w, y + h))
     if flip:
         img = img.transpose(transpose.FLIP_LEFT_RIGHT)
     return np.asarray(img, dtype=np.uint8)

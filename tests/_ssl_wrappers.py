@@ -46,3 +46,23 @@ class ContrastiveTransformations:  # the Lightning tutorial's (SimCLR)
 
     def __call__(self, x):
         return [self.base_transforms(x) for _ in range(self.n_views)]
+
+
+class DataAugmentationDINO(object):  # DINO (main_dino.py): its __call__ as written there
+    """Two global crops, then `local_crops_number` local ones. DINO's own __init__ builds the
+    three transforms (224 and 96 px, its GaussianBlur and Solarization classes:
+    benchmarks/_imagenet_example.py --recipe dino writes it whole); here they are given."""
+
+    def __init__(self, global_transfo1, global_transfo2, local_transfo, local_crops_number):
+        self.global_transfo1 = global_transfo1
+        self.global_transfo2 = global_transfo2
+        self.local_crops_number = local_crops_number
+        self.local_transfo = local_transfo
+
+    def __call__(self, image):
+        crops = []
+        crops.append(self.global_transfo1(image))
+        crops.append(self.global_transfo2(image))
+        for _ in range(self.local_crops_number):
+            crops.append(self.local_transfo(image))
+        return crops

@@ -8,7 +8,9 @@
 //   [6] bit 0 flip; bits 1-2 layout: 0 NCHW, 1 NHWC, 2 padded HWC (4 bytes a pixel, padded
 //       rows and samples), 3 NCHW with its rows in reverse (a negative row stride, as a numpy
 //       view out[:, :, ::-1] has); bit 3 a batch of two (the sample again, mirrored the other
-//       way) on two threads; bit 4 the first sample stops at its window's last row (whole = 0)
+//       way) on two threads; bit 4 the first sample stops at its window's last row (whole = 0);
+//       bit 5 the bicubic filter (else bilinear), bit 6 the window cut out before the resize
+//       (crop_first), in every decode of the input
 //   [7] edge nudge: crop value k moves by {0, +1, -1, +2}[(b >> 2k) & 3], so that crops one
 //       pixel past the image (which must be refused) come up as often as crops flush with it
 // tests/robustness/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
@@ -96,6 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t flags = in.byte(), nudge = in.byte();
   const ByteSpan jpeg{size > 8 ? data + 8 : data, size > 8 ? size - 8 : 0};
   const bool flip = flags & 1, pair = flags & 8, partial = flags & 16;
+  const fastdata::Resize filter{flags & 32 ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
+                                bool(flags & 64)};
   const int layout = (flags >> 1) & 3;
 
   // The container walk (the decode runs it too; here also on PNGs, which the decode refuses).
@@ -129,14 +133,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<ByteSpan> srcs(size_t(n), jpeg);
   Out out(n, out_h, out_w, layout);
   std::vector<std::string> errors;
-  fastdata::decode_crop_resize(srcs, crop, flips, out.view, n, &errors, whole);
+  fastdata::decode_crop_resize(srcs, crop, flips, out.view, n, &errors, whole, true, filter);
   if (errors.size() != size_t(n)) fail("wrong number of results");
 
   // The reference: the same crop, one sample, plain NCHW, not flipped.
   Out ref(1, out_h, out_w, 0);
   std::vector<std::string> ref_errors;
   const uint8_t no_flip = 0;
-  fastdata::decode_crop_resize({jpeg}, crop, &no_flip, ref.view, 1, &ref_errors);
+  fastdata::decode_crop_resize({jpeg}, crop, &no_flip, ref.view, 1, &ref_errors, nullptr, true, filter);
   const bool ok = ref_errors[0].empty();
   if (!info_error.empty() && ok) fail("decoded a JPEG whose header jpeg_info refused:", info_error);
   if (ok && (!structure_error.empty() || structure.kind != fastdata::kImageJpeg)) {
@@ -186,7 +190,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     Out lib(1, out_h, out_w, 0);
     std::vector<std::string> lib_errors;
-    fastdata::decode_crop_resize({jpeg}, crop, &no_flip, lib.view, 1, &lib_errors, nullptr, false);
+    fastdata::decode_crop_resize({jpeg}, crop, &no_flip, lib.view, 1, &lib_errors, nullptr, false, filter);
     const bool lib_ok = lib_errors[0].empty();
     if (lib_ok && ok && lib.buf != ref.buf) fail("the checkpoint decoder and libjpeg's disagree on a pixel");
     if (!lib_ok && ok) fail("the checkpoint decoder decoded what libjpeg's refused:", lib_errors[0]);
@@ -200,7 +204,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ok) {
     Out again(1, out_h, out_w, 0);
     std::vector<std::string> again_errors;
-    fastdata::decode_crop_resize({jpeg}, crop, &no_flip, again.view, 1, &again_errors);
+    fastdata::decode_crop_resize({jpeg}, crop, &no_flip, again.view, 1, &again_errors, nullptr, true,
+                                 filter);
     if (!again_errors[0].empty()) fail("decoded whole, then failed:", again_errors[0]);
     if (again.buf != ref.buf) fail("a decode from the checkpoints changed a pixel value");
   }

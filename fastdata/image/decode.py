@@ -76,6 +76,17 @@ def working_pixels(geo) -> np.ndarray:
     return np.maximum(out_w * out_h, out_w * box_h)
 
 
+def vertical_first(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` (w, h) vertical pass first: those
+    whose height shrinks by more than twice the pixels their width does (found by comparing its
+    output with both orders of classic Pillow's passes). The native resampler runs the horizontal
+    pass first, as earlier Pillows do; the pass between is clipped to 0..255, so where the bicubic
+    filter overshoots (sharp edges) the order moves a pixel by up to ~20 levels. Such a bicubic
+    crop takes Pillow's path: the installed Pillow's own order, whichever it is."""
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    return (size[1] < h) & (h - size[1] > 2 * (w - size[0]))
+
+
 class BatchDecoder:
     """Checks and decodes batches into slots of this process's ring (picklable: it travels to
     the worker processes). `ids`: the number of sample ids, the size of `entropy`, the record
@@ -96,7 +107,7 @@ class BatchDecoder:
         self.rings = ProcessRings(slots, pin)
         self.entropy = EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
-        self.resample = "bilinear"  # the resize filter: "bilinear" (native or Pillow), "bicubic" or "nearest" (Pillow)
+        self.resample = "bilinear"  # the resize filter: "bilinear" or "bicubic" (native or Pillow), "nearest" (Pillow)
         self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.open_window)
         _codec.open_index()  # before the workers start: forked ones share it even in memory
 
@@ -285,13 +296,15 @@ class BatchDecoder:
     def _decode_boxes(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
-        # The native decoder's filter is the bilinear one; other filters are Pillow's. It takes
+        # The native decoder has Pillow's bilinear and bicubic filters; "nearest" is Pillow's. It takes
         # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
         # does, but with `crop_first` such a box, and any a Resize then crops cut, goes to
         # Pillow, which runs torchvision's steps (a resize of the whole image, then a crop of it).
-        native = native and self.resample == "bilinear"
+        native = native and self.resample in ("bilinear", "bicubic")
         takes = ((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) if self.crop_first \
             else np.ones(len(datas), bool)
+        if self.crop_first and self.resample == "bicubic":
+            takes &= ~vertical_first(geo.boxes, size)
         pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and takes[k])]
         if native:
             js = [k for k in range(len(datas)) if jpeg[k] and takes[k]]
@@ -303,7 +316,8 @@ class BatchDecoder:
                 out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
                 # Whole where the checkpoint index, keyed by the bytes, has not seen them decode
                 # whole: the index decides, not the record.
-                results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads)
+                results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
+                                                    resample=self.resample, crop_first=self.crop_first)
                 if out is not chw:
                     chw[js] = out
                 for k, err in zip(js, results):

@@ -18,6 +18,7 @@ anything else, and the loader falls back to the plain drop-in.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -153,9 +154,12 @@ def lower_views(transform: Any, lower_one: Any) -> Lowering:
             raise Unlowerable(f"{name}'s view {k + 1}: {e}") from None
     names = [f"({view.names})" for view in lowered]
     if len(set(names)) == 1:
-        names = [names[0]]
+        said = f"{len(lowered)} views of {names[0]}"
+    else:  # each run of views alike once: DINO's "(...), (...), 8 of (...)"
+        runs = [(nm, len(list(group))) for nm, group in itertools.groupby(names)]
+        said = f"{len(lowered)} views: " + ", ".join(nm if n == 1 else f"{n} of {nm}" for nm, n in runs)
     first = lowered[0]
-    return Lowering((), (), first.resample, (), f"{name}: {len(lowered)} views of {' and '.join(names)}",
+    return Lowering((), (), first.resample, (), f"{name}: {said}",
                     tv_image=any(v.tv_image for v in lowered), sized=all(v.sized for v in lowered),
                     channels=first.channels, in_memory=first.in_memory, views=tuple(lowered))
 

@@ -41,8 +41,19 @@ class _Repeated:  # SimCLR's ContrastiveLearningViewGenerator, the Lightning tut
         return [self.t(x) for i in range(self.n)]
 
 
-_SHAPES = (_Twice, _Pair, _Repeated)
+class _MultiCrop:  # DINO's DataAugmentationDINO: two global crops, then n local ones
+    def __call__(self, image):
+        crops = []
+        crops.append(self.g1(image))
+        crops.append(self.g2(image))
+        for _ in range(self.n):
+            crops.append(self.t(image))
+        return crops
+
+
+_SHAPES = (_Twice, _Pair, _Repeated, _MultiCrop)
 _SHAPE_FIELDS = ("co_code", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_exceptiontable")
+_BUILTIN = ("range", "append")  # `range` read as a global (the builtin), `append` the method of the list it made
 _FLAGS = 0xFFFF  # the code's own flags (above them: the __future__ imports of its module)
 
 
@@ -83,8 +94,8 @@ def views(transform: Any) -> list | None:
         names: dict[str, str] = {}
         if not _names(call.__code__, shape.__call__.__code__, names):
             continue
-        attrs = {ref: mine for ref, mine in names.items() if ref != "range"}
-        if names.get("range", "range") != "range" or len(set(attrs.values())) != len(attrs):
+        attrs = {ref: mine for ref, mine in names.items() if ref not in _BUILTIN}
+        if any(names.get(b, b) != b for b in _BUILTIN) or len(set(attrs.values())) != len(attrs):
             return None
         if "range" in names and call.__globals__.get("range", builtins.range) is not builtins.range:
             return None
@@ -96,5 +107,7 @@ def views(transform: Any) -> list | None:
         if shape is _Pair:
             return [got["t1"], got["t2"]]
         n = got["n"]
-        return [got["t"]] * n if type(n) is int and 1 <= n <= MAX_VIEWS else None
+        if type(n) is not int or not (0 if shape is _MultiCrop else 1) <= n <= MAX_VIEWS - 2 * (shape is _MultiCrop):
+            return None
+        return [got["g1"], got["g2"], *[got["t"]] * n] if shape is _MultiCrop else [got["t"]] * n
     return None

@@ -1,6 +1,7 @@
 """`fastdata run` serving the multi-view wrappers of self-supervised scripts (`fastdata.run._views`):
-MoCo's TwoCropsTransform (v1/v2 and v3), SimCLR's ContrastiveLearningViewGenerator and the
-Lightning tutorial's ContrastiveTransformations, each as its script writes it (tests/_ssl_wrappers.py),
+MoCo's TwoCropsTransform (v1/v2 and v3), SimCLR's ContrastiveLearningViewGenerator, the
+Lightning tutorial's ContrastiveTransformations and DINO's multi-crop DataAugmentationDINO, each as
+its script writes it (tests/_ssl_wrappers.py),
 over a torchvision image folder, CIFAR10 and STL10. Needs torchvision: .ci/run runs it in a virtualenv made
 as a user's. The views' pixels against torchvision's at the same draws:
 tests/contract/test_torchvision_faithful.py (test_two_views_are_each_torchvisions_at_their_draws).
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from _images import blue_folder, write_cifar10
-from _ssl_wrappers import (ContrastiveLearningViewGenerator, ContrastiveTransformations, TwoCropsTransform,
-                           TwoCropsTransformV3)
+from _ssl_wrappers import (ContrastiveLearningViewGenerator, ContrastiveTransformations, DataAugmentationDINO,
+                           TwoCropsTransform, TwoCropsTransformV3)
 from fastdata.run import _torchvision as rt
 from fastdata.run._layout import FolderViews
 from fastdata.run._views import MAX_VIEWS
@@ -75,11 +76,57 @@ def test_the_scripts_wrappers_are_read_as_their_views(folder, make, count):
     assert names[0] == "RandomResizedCrop, RandomGrayscale, ColorJitter, RandomHorizontalFlip, ToTensor, Normalize"
     if isinstance(wrapper, TwoCropsTransformV3):
         assert names[1] == "RandomResizedCrop, RandomSolarize, PILToTensor"
-        assert lowering.names == f"TwoCropsTransformV3: 2 views of ({names[0]}) and ({names[1]})"
+        assert lowering.names == f"TwoCropsTransformV3: 2 views: ({names[0]}), ({names[1]})"
     else:
         assert set(names) == {names[0]} and lowering.names == f"{type(wrapper).__name__}: {count} views of ({names[0]})"
     served, reason, _, _ = decide((ImageFolder(str(folder), wrapper),), {"batch_size": 8})
     assert served and f"served natively: ImageFolder with {lowering.names} decoded by fastdata" in reason, reason
+
+
+@pytest.mark.parametrize("local", [0, 3, MAX_VIEWS - 2])
+def test_dinos_multi_crop_is_read_as_its_views(folder, local):
+    """DataAugmentationDINO: its two global transforms, then its local one `local_crops_number`
+    times; the summary says each run of views alike once."""
+    from fastdata.run._decide import decide
+
+    g1, g2 = _augment(48), T.Compose([T.RandomResizedCrop(48), v2.RandomSolarize(128, 0.2), T.ToTensor()])
+    wrapper = DataAugmentationDINO(g1, g2, _augment(24), local)
+    lowering, why = rt.lower(ImageFolder(str(folder), wrapper))
+    assert why == "" and len(lowering.views) == 2 + local and lowering.random and lowering.sized
+    a, b = (f"({view.names})" for view in lowering.views[:2])
+    assert b == "(RandomResizedCrop, RandomSolarize, ToTensor)"
+    assert lowering.names == f"DataAugmentationDINO: {2 + local} views: {a}, {b}" + (f", {local} of {a}" if local > 1
+                                                                                      else f", {a}" * local)
+    assert [view.geometry[0].size for view in lowering.views] == [(48, 48)] * 2 + [(24, 24)] * local
+    served, reason, _, _ = decide((ImageFolder(str(folder), wrapper),), {"batch_size": 8})
+    assert served and f"served natively: ImageFolder with {lowering.names} decoded by fastdata" in reason, reason
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dinos_views_of_two_sizes_are_served_as_default_collate_gives_them(folder, workers):
+    """[the views' NCHW batches (two of 48 px, three of 24), labels], as default_collate gives
+    DINO's lists; each view a crop of the image its label names (the class read back from its
+    pixels), each drawn apart from the others; every sample once an epoch."""
+    crop = lambda size: T.Compose([T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),  # noqa: E731
+                                   T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    dataset = ImageFolder(str(folder), DataAugmentationDINO(crop(48), crop(48), crop(24), 3))
+    want = torch.utils.data.default_collate([dataset[i] for i in range(8)])
+    torch.manual_seed(0)
+    loader = _served(dataset, batch_size=8, shuffle=True, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    seen = []
+    for views, labels in loader:
+        assert type(views) is list and len(views) == 5 and labels.dtype == torch.int64
+        assert [tuple(x.shape[1:]) for x in views] == [tuple(y.shape[1:]) for y in want[0]] \
+            == [(3, 48, 48)] * 2 + [(3, 24, 24)] * 3
+        assert all(x.is_contiguous() and x.dtype == torch.float32 and len(x) == len(labels) for x in views)
+        assert all(torch.equal(_class_of(x), labels) for x in views)
+        for k in range(len(labels)):
+            assert not torch.equal(views[0][k], views[1][k])
+            assert not any(torch.equal(views[2][k], x[k]) for x in views[3:])
+        seen += labels.tolist()
+    assert sorted(seen) == sorted(dataset.targets)
+    loader._stop()
 
 
 def _others():
@@ -110,8 +157,20 @@ def _others():
         shadowed = types.FunctionType(cls.__call__.__code__, {**cls.__call__.__globals__, "range": lambda n: [0]})
         return type("Shadowed", (cls,), {"__call__": shadowed})
 
+    class DinoTupled(DataAugmentationDINO):
+        def __call__(self, image):
+            crops = []
+            crops.append(self.global_transfo1(image))
+            crops.append(self.global_transfo2(image))
+            for _ in range(self.local_crops_number):
+                crops.append(self.local_transfo(image))
+            return tuple(crops)
+
     return [
         (Rotated(_augment()), "Rotated has no faithful lowering"),
+        (DinoTupled(_augment(), _augment(), _augment(24), 2), "DinoTupled has no faithful lowering"),
+        (DataAugmentationDINO(_augment(), _augment(), _augment(24), MAX_VIEWS - 1), "has no faithful lowering"),
+        (DataAugmentationDINO(_augment(), _augment(), _augment(24), -1), "has no faithful lowering"),
         (Tupled(_augment()), "Tupled has no faithful lowering"),
         (Looked(_augment()), "Looked has no faithful lowering"),
         (Held(_augment()), "Held has no faithful lowering"),
@@ -126,11 +185,12 @@ def _others():
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(13))
 def test_other_wrappers_fall_back_with_their_reason(folder, case):
     """Code that is not one of the shapes (a rotated view, a tuple), attributes found another way
     (a __getattr__, a property), a `range` that is not the builtin, a view count that is not an
-    int from 1 to MAX_VIEWS, or a view that is not lowered: the drop-in runs the wrapper itself."""
+    int from 1 to MAX_VIEWS (DINO's two global crops counted), or a view that is not lowered: the
+    drop-in runs the wrapper itself."""
     wrapper, words = _others()[case]
     lowering, why = rt.lower(ImageFolder(str(folder), wrapper))
     assert lowering is None and words in why, why

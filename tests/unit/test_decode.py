@@ -123,11 +123,12 @@ def dct_denom(crop, out_hw) -> int:
     return next((d for d in (8, 4, 2) if w >= ow * d and h >= oh * d), 1)
 
 
-def native(datas, crops, flips, out_hw, threads=1):
+def native(datas, crops, flips, out_hw, threads=1, resample="bilinear"):
     """decode_crop_resize into a fresh NCHW batch; returns (errors, NHWC numpy)."""
     out = torch.zeros(len(datas), 3, *out_hw, dtype=torch.uint8)
     errors = _codec.decode_crop_resize(
-        datas, np.asarray(crops, np.float64).reshape(-1, 4), np.asarray(flips, bool), out, threads
+        datas, np.asarray(crops, np.float64).reshape(-1, 4), np.asarray(flips, bool), out, threads,
+        resample=resample,
     )
     return errors, out.permute(0, 2, 3, 1).numpy()
 
@@ -150,12 +151,24 @@ def random_crops(rng, size, n, area=(0.02, 1.0)):
     return crops
 
 
-def _coeffs(in_size, in0, in1, out_size):
-    """Classic Pillow's precompute_coeffs + normalize_coeffs_8bpc for BILINEAR."""
+def _bicubic(x):
+    """Pillow's bicubic_filter (a = -0.5), written as its C is."""
+    a = -0.5
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    if x < 2.0:
+        return (((x - 5) * x + 8) * x - 4) * a
+    return 0.0
+
+
+def _coeffs(in_size, in0, in1, out_size, resample="bilinear"):
+    """Classic Pillow's precompute_coeffs + normalize_coeffs_8bpc for BILINEAR or BICUBIC."""
+    kernel, reach = (_bicubic, 2.0) if resample == "bicubic" else (lambda x: max(0.0, 1.0 - abs(x)), 1.0)
     in0, in1 = np.float32(in0), np.float32(in1)
     scale = float(np.float32(in1 - in0)) / out_size
     filterscale = max(scale, 1.0)
-    support = filterscale
+    support = reach * filterscale
     ksize = int(math.ceil(support)) * 2 + 1
     idx = np.zeros((out_size, ksize), np.int64)
     wts = np.zeros((out_size, ksize), np.int64)
@@ -164,19 +177,23 @@ def _coeffs(in_size, in0, in1, out_size):
         xmin = max(int(center - support + 0.5), 0)
         n = min(int(center + support + 0.5), in_size) - xmin
         ss = 1.0 / filterscale
-        w = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * ss)) for x in range(n)]
-        total = sum(w)
+        w = [kernel((x + xmin - center + 0.5) * ss) for x in range(n)]
+        total = 0.0
+        for v in w:  # (summed in order, as C sums)
+            total += v
         idx[xx, :n] = np.arange(xmin, xmin + n)
-        wts[xx, :n] = [int(0.5 + (v / total if total else v) * (1 << 22)) for v in w]
+        # C's (int) truncates toward zero: 0.5 is added to positive weights, subtracted from negative
+        wts[xx, :n] = [int(v * (1 << 22) + (0.5 if v >= 0 else -0.5)) for v in
+                       (v / total if total else v for v in w)]
     return idx, wts
 
 
-def pillow_model(img: np.ndarray, box, size) -> np.ndarray:
-    """Classic Pillow `resize(size, BILINEAR, box)` of an HWC uint8 image: horizontal pass
-    first, 22-bit fixed-point weights, round half up, clip."""
+def pillow_model(img: np.ndarray, box, size, resample="bilinear") -> np.ndarray:
+    """Classic Pillow `resize(size, BILINEAR or BICUBIC, box)` of an HWC uint8 image: horizontal
+    pass first, 22-bit fixed-point weights, round half away from zero, clip."""
     (ow, oh), (x0, y0, x1, y1) = size, box
-    xi, xw = _coeffs(img.shape[1], x0, x1, ow)
-    yi, yw = _coeffs(img.shape[0], y0, y1, oh)
+    xi, xw = _coeffs(img.shape[1], x0, x1, ow, resample)
+    yi, yw = _coeffs(img.shape[0], y0, y1, oh, resample)
     tmp = (img.astype(np.int64)[:, xi, :] * xw[None, :, :, None]).sum(2) + (1 << 21)
     tmp = np.clip(tmp >> 22, 0, 255)
     out = (tmp[yi, :, :] * yw[:, :, None, None]).sum(1) + (1 << 21)
@@ -207,8 +224,9 @@ def test_jpeg_info_takes_any_bytes_like(images):
 # ---------------------------------------------------------------------------- against Pillow
 
 
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("name", list(_SPECS))
-def test_full_resolution_matches_pillow(images, name):
+def test_full_resolution_matches_pillow(images, name, resample):
     data, (W, H), _ = images[name]
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     cases = [
@@ -228,17 +246,18 @@ def test_full_resolution_matches_pillow(images, name):
     worst = (0.0, 0.0, 0)
     for i, (crop, (oh, ow)) in enumerate(cases):
         flip = i % 2 == 1
-        errors, got = native([data], [crop], [flip], (oh, ow))
+        errors, got = native([data], [crop], [flip], (oh, ow), resample=resample)
         assert errors == [None], (crop, errors)
-        want = _codec.pillow_crop_resize(data, crop, flip, (ow, oh))
+        want = _codec.pillow_crop_resize(data, crop, flip, (ow, oh), resample)
         mean, _, mx = diff_stats(got[0], want)
         assert mean <= FULL_RES_MEAN and mx <= FULL_RES_MAX, (name, crop, (oh, ow), mean, mx)
         worst = tuple(max(a, b) for a, b in zip(worst, (mean, 0.0, mx)))
-    print(f"{name}: full resolution, {len(cases)} crops, worst mean {worst[0]:.3f} max {worst[2]}")
+    print(f"{name} {resample}: full resolution, {len(cases)} crops, worst mean {worst[0]:.3f} max {worst[2]}")
 
 
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("name", ["1000x800_q95_420", "500x375_q80_422_progressive", "400x300_q85_gray"])
-def test_dct_scaled_matches_pillow(images, name):
+def test_dct_scaled_matches_pillow(images, name, resample):
     data, (W, H), _ = images[name]
     rng = np.random.default_rng(7)
     cases = [((0, 0, W, H), (H // 2, W // 2)), ((0, 0, W, H), (H // 4, W // 4))]
@@ -248,19 +267,20 @@ def test_dct_scaled_matches_pillow(images, name):
     assert {dct_denom(c, hw) for c, hw in cases} >= {2, 4}
     for i, (crop, (oh, ow)) in enumerate(cases):
         flip = i % 2 == 0
-        errors, got = native([data], [crop], [flip], (oh, ow))
+        errors, got = native([data], [crop], [flip], (oh, ow), resample=resample)
         assert errors == [None], (crop, errors)
-        want = _codec.pillow_crop_resize(data, crop, flip, (ow, oh))
+        want = _codec.pillow_crop_resize(data, crop, flip, (ow, oh), resample)
         mean, p999, mx = diff_stats(got[0], want)
-        print(f"{name} crop {crop} -> {ow}x{oh} (1/{dct_denom(crop, (oh, ow))}): "
+        print(f"{name} {resample} crop {crop} -> {ow}x{oh} (1/{dct_denom(crop, (oh, ow))}): "
               f"mean {mean:.3f} p99.9 {p999:.1f} max {mx}")
         assert mean <= SCALED_MEAN and p999 <= SCALED_P999 and mx <= SCALED_MAX, (crop, (oh, ow))
 
 
-def test_exactly_classic_pillow_resampling(images):
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_exactly_classic_pillow_resampling(images, resample):
     """A window decode equals the full decode of the image resampled by classic Pillow's
-    algorithm, bit for bit, at full resolution and at every DCT scale: the crop and skip
-    bookkeeping and the resampling are both exact."""
+    algorithm (its bilinear or bicubic filter), bit for bit, at full resolution and at every
+    DCT scale: the crop and skip bookkeeping and the resampling are both exact."""
     rng = np.random.default_rng(3)
     for name in ("500x375_q90_420", "333x500_q75_444", "500x375_q80_422_progressive",
                  "400x300_q85_gray", "1000x800_q95_420"):
@@ -279,13 +299,50 @@ def test_exactly_classic_pillow_resampling(images):
                 if dct_denom(crop, (oh, ow)) != d:
                     continue
                 flip = bool(rng.integers(0, 2))
-                errors, got = native([data], [crop], [flip], (oh, ow))
+                errors, got = native([data], [crop], [flip], (oh, ow), resample=resample)
                 assert errors == [None]
                 x, y = crop[0], crop[1]
-                want = pillow_model(full[0], (x / d, y / d, (x + w) / d, (y + h) / d), (ow, oh))
+                want = pillow_model(full[0], (x / d, y / d, (x + w) / d, (y + h) / d), (ow, oh), resample)
                 if flip:
                     want = want[:, ::-1]
                 assert np.array_equal(got[0], want), (name, d, crop, (oh, ow), flip)
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_crop_first_resizes_the_window_cut_out(images, resample):
+    """With crop_first, a window of whole pixels is resized as Pillow resizes the crop
+    (torchvision's crop, then resize), bit for bit against classic Pillow's algorithm: the filter
+    reads no pixel outside it, where resize(box=) does (the two differ at the window's edges).
+    A DCT-scaled window is the scaled image's whole pixels around it, cut out."""
+    rng = np.random.default_rng(4)
+    edges_differ = 0
+    for name in ("500x375_q90_420", "333x500_q75_444", "400x300_q85_gray", "1000x800_q95_420"):
+        data, (W, H), _ = images[name]
+        for d in (1, 2, 4) if name.startswith("1000") else (1,):
+            sw, sh = W // d, H // d
+            errors, full = native([data], [(0, 0, W, H)], [False], (sh, sw))
+            assert errors == [None]
+            for _ in range(8):
+                ow, oh = int(rng.integers(8, 200)), int(rng.integers(8, 200))
+                w = min(W, int(rng.integers(ow * d, ow * 2 * d)) if d > 1 else int(rng.integers(1, W + 1)))
+                h = min(H, int(rng.integers(oh * d, oh * 2 * d)) if d > 1 else int(rng.integers(1, H + 1)))
+                crop = (int(rng.integers(0, W - w + 1)), int(rng.integers(0, H - h + 1)), w, h)
+                if dct_denom(crop, (oh, ow)) != d:
+                    continue
+                out = torch.zeros(1, 3, oh, ow, dtype=torch.uint8)
+                assert _codec.decode_crop_resize([data], np.array([crop], np.float64), np.array([False]), out,
+                                                 resample=resample, crop_first=True) == [None]
+                got = out[0].permute(1, 2, 0).numpy()
+                x, y = crop[0], crop[1]
+                x0, y0 = math.floor(x / d), math.floor(y / d)
+                x1, y1 = min(sw, math.ceil((x + w) / d)), min(sh, math.ceil((y + h) / d))
+                cut = full[0][y0:y1, x0:x1]
+                want = pillow_model(cut, (x / d - x0, y / d - y0, (x + w) / d - x0, (y + h) / d - y0), (ow, oh),
+                                    resample)
+                assert np.array_equal(got, want), (name, d, crop, (oh, ow))
+                _, boxed = native([data], [crop], [False], (oh, ow), resample=resample)
+                edges_differ += not np.array_equal(boxed[0], got)
+    assert edges_differ  # (resize(box=) reads the pixels around the window: not the same)
 
 
 def test_flip_mirrors_exactly(images):
@@ -471,6 +528,11 @@ def test_argument_checks(images):
             _codec.decode_crop_resize([data], np.array([[0, 0, bad, 10]]), flip, out)
     with pytest.raises(TypeError, match="crops should be an int or float array, but got dtype complex128"):
         _codec.decode_crop_resize([data], crop.astype(complex), flip, out)
+    with pytest.raises(ValueError, match="resample should be 'bilinear' or 'bicubic', but got 'lanczos'"):
+        _codec.decode_crop_resize([data], crop, flip, out, resample="lanczos")
+    with pytest.raises(ValueError, match="resample should be 'bilinear' or 'bicubic', not 'nearest'"):
+        _codec._ext.decode_crop_resize([data], crop.astype(np.float64), flip.astype(np.uint8), out, 1, None, True,
+                                       "nearest")
     assert _codec.decode_crop_resize([], np.zeros((0, 4), np.int32), np.zeros(0, bool),
                                       torch.zeros(0, 3, 8, 8, dtype=torch.uint8)) == []
 
@@ -671,17 +733,19 @@ from fastdata import _codec
 z = np.load(sys.argv[1], allow_pickle=True)
 datas = [bytes(d) for d in z["datas"]]
 out = torch.zeros(len(datas), 3, 61, 77, dtype=torch.uint8)
-errors = _codec.decode_crop_resize(datas, z["crops"], z["flips"], out, 2)
+errors = _codec.decode_crop_resize(datas, z["crops"], z["flips"], out, 2, resample=sys.argv[3])
 assert errors == [None] * len(datas), errors
 last = torch.zeros_like(out).to(memory_format=torch.channels_last)
-assert _codec.decode_crop_resize(datas, z["crops"], z["flips"], last, 2) == errors
+assert _codec.decode_crop_resize(datas, z["crops"], z["flips"], last, 2, resample=sys.argv[3]) == errors
 np.save(sys.argv[2], np.stack([out.numpy(), last.numpy()]))
 """
 
 
-def test_simd_and_generic_kernels_agree(images, tmp_path):
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_simd_and_generic_kernels_agree(images, tmp_path, resample):
     """Every resampling kernel (AVX2, SSE4.1, plain C++) gives the same bytes, written planar
-    (NCHW) or interleaved (channels_last), mirrored or not."""
+    (NCHW) or interleaved (channels_last), mirrored or not, with either filter (the bicubic's
+    negative weights and its wider taps)."""
     rng = np.random.default_rng(5)
     datas, crops = [], []
     for name, (data, size, _) in images.items():
@@ -691,13 +755,13 @@ def test_simd_and_generic_kernels_agree(images, tmp_path):
     crops = np.array(crops, np.int32)
     flips = rng.integers(0, 2, len(datas)).astype(bool)
     out = torch.zeros(len(datas), 3, 61, 77, dtype=torch.uint8)
-    assert _codec.decode_crop_resize(datas, crops, flips, out, 2) == [None] * len(datas)
+    assert _codec.decode_crop_resize(datas, crops, flips, out, 2, resample=resample) == [None] * len(datas)
     inputs = tmp_path / "in.npz"
     np.savez(inputs, datas=np.array(datas, dtype=object), crops=crops, flips=flips)
     for cap in ("sse4.1", "none"):
         result = tmp_path / f"{cap}.npy"
         env = {**os.environ, "FASTDATA_DECODE_SIMD": cap, "OMP_NUM_THREADS": "1"}
-        subprocess.run([sys.executable, "-c", _SIMD_SCRIPT, str(inputs), str(result)],
+        subprocess.run([sys.executable, "-c", _SIMD_SCRIPT, str(inputs), str(result), resample],
                        env=env, check=True, timeout=120)
         assert np.array_equal(np.load(result), np.stack([out.numpy()] * 2)), cap
 
