@@ -38,7 +38,7 @@ def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int],
         if all(v.is_integer() for v in (x0, y0, x1, y1)):
             img = img.crop((int(x0), int(y0), int(x1), int(y1)))
             x0, y0, x1, y1 = 0.0, 0.0, float(img.size[0]), float(img.size[1])
-    elif img.format == "JPEG" and resample in ("bilinear", "bicubic"):
+    elif img.format == "JPEG" and resample == "bilinear":
         # A reduced-size DCT decode when the box is at least twice the output: Pillow picks
         # the largest of 1/2, 1/4, 1/8 that keeps the image at least the requested size.
         shrink = min((x1 - x0) / size[0], (y1 - y0) / size[1])
