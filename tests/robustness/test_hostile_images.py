@@ -717,10 +717,10 @@ def _decodes_by_file(monkeypatch, names_by_data: dict) -> list:
     calls = []
     real = _codec.decode_crop_resize
 
-    def recording(datas, crops, flips, out, threads=1, whole=None):
+    def recording(datas, crops, flips, out, threads=1, whole=None, **kw):
         flags = [1] * len(datas) if whole is None else [int(w) for w in whole]
         calls.append({names_by_data[bytes(d)]: w for d, w in zip(datas, flags)})
-        return real(datas, crops, flips, out, threads, whole=whole)
+        return real(datas, crops, flips, out, threads, whole=whole, **kw)
 
     monkeypatch.setattr(_codec, "decode_crop_resize", recording)
     return calls
