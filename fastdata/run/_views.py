@@ -106,8 +106,8 @@ def views(transform: Any) -> list | None:
             return [got["t"], got["t"]]
         if shape is _Pair:
             return [got["t1"], got["t2"]]
-        n = got["n"]
-        if type(n) is not int or not (0 if shape is _MultiCrop else 1) <= n <= MAX_VIEWS - 2 * (shape is _MultiCrop):
+        n, first = got["n"], [got["g1"], got["g2"]] if shape is _MultiCrop else []
+        if type(n) is not int or n < 0 or not 1 <= len(first) + n <= MAX_VIEWS:
             return None
-        return [got["g1"], got["g2"], *[got["t"]] * n] if shape is _MultiCrop else [got["t"]] * n
+        return first + [got["t"]] * n
     return None
