@@ -15,7 +15,9 @@ fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(
 RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe simclr`, SimCLR's
 ImageNet augmentation (one view); with `--recipe moco`, MoCo v1's augmentation in MoCo's
 `TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does); with
-`--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own GaussianBlur class, the flip after it).
+`--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own GaussianBlur class, the flip after it);
+with `--recipe deit`, DeiT's main.py `build_transform` (timm's `create_transform` with DeiT's defaults:
+bicubic, RandAugment rand-m9-mstd0.5-inc1, RandomErasing 0.25 'pixel'; timm must be installed).
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -25,7 +27,7 @@ The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,
-                                                           moco,moco_v2}]
+                                                           moco,moco_v2,dino,deit}]
                                                 [--ra-sampler]
 """
 
@@ -49,7 +51,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                     "moco", "moco_v2", "dino"],
+                                     "moco", "moco_v2", "dino", "deit"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -166,7 +168,20 @@ class DataAugmentationDINO(object):  # DINO's (main_dino.py), as it is written t
         return crops
 
 
-if args.recipe == "dino":  # DINO's multi-crop (main_dino.py's defaults): two global views and eight local ones
+if args.recipe == "deit":  # DeiT's main.py build_transform(is_train=True, args) with its defaults
+    from timm.data import create_transform
+
+    transform = create_transform(
+        input_size=224,
+        is_training=True,
+        color_jitter=0.3,
+        auto_augment='rand-m9-mstd0.5-inc1',
+        interpolation='bicubic',
+        re_prob=0.25,
+        re_mode='pixel',
+        re_count=1,
+    )
+elif args.recipe == "dino":  # DINO's multi-crop (main_dino.py's defaults): two global views and eight local ones
     transform = DataAugmentationDINO((0.4, 1.), (0.05, 0.4), 8)
 elif args.recipe == "moco_v2":  # MoCo v2's augmentation (main_moco.py --aug-plus), two views of each image
     transform = TwoCropsTransform(transforms.Compose([

@@ -24,7 +24,9 @@ with `--recipe moco` MoCo v1's (RandomResizedCrop(224, scale=(0.2, 1)), RandomGr
 ColorJitter(0.4, 0.4, 0.4, 0.4), flip, ToTensor, Normalize) in MoCo's TwoCropsTransform, two
 views of each image (..._moco.json; images/s counts images, not views), with `--recipe moco_v2`
 MoCo v2's (--aug-plus: RandomApply of ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale, RandomApply
-of MoCo's own GaussianBlur class, then the flip) in it (..._moco_v2.json);
+of MoCo's own GaussianBlur class, then the flip) in it (..._moco_v2.json), with `--recipe dino` DINO's
+multi-crop (..._dino.json), with `--recipe deit` DeiT's main.py transform, timm's `create_transform`
+(bicubic crop, flip, timm's RandAugment, ToTensor, Normalize, timm's RandomErasing; ..._deit.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
 With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
@@ -35,7 +37,8 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco,moco_v2}]
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco,moco_v2,
+                                                     dino,deit}]
                                           [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -60,7 +63,7 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                         "moco", "moco_v2", "dino"],
+                                         "moco", "moco_v2", "dino", "deit"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")

@@ -12,8 +12,9 @@ or RandomOrder of them, AugMix, an op of the script's, a flip after ops it may n
 that run as Pillow, torchvision and the script run them, the tensor steps after
 the conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with
 the very torch operations torchvision runs, and RandomErasing on the tensor (`_erasing`: its
-rectangles drawn per sample, written over the laid-out batch). It gives the reason instead for
-anything else, and the loader falls back to the plain drop-in.
+rectangles drawn per sample, written over the laid-out batch); timm's classes that
+`create_transform` adds as the torchvision ops that do the same (`_timm`). It gives the reason
+instead for anything else, and the loader falls back to the plain drop-in.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import torch
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
-from ._erasing import lowered as lowered_erasing
+from ._erasing import lowered as lowered_erasing, lowered_timm
 from ._pixels import RandomCall, flip_commutes, interpolation, pixel_op, script_ops
+from ._timm import is_erasing, translated
 from ._views import views
 
 
@@ -184,8 +186,7 @@ def flatten(transform: Any) -> list:
         return [op for t in transform.transforms for op in flatten(t)]
     presets = sys.modules.get("torchvision.transforms._presets")
     if presets is not None and type(transform) is presets.ImageClassification:
-        # a weights' transforms() (the model docs' evaluation): its forward is these v1 ops in turn
-        t = transform
+        t = transform  # a weights' transforms() (the model docs' evaluation): its forward is these v1 ops in turn
         return [T.Resize(t.resize_size, t.interpolation, antialias=t.antialias), T.CenterCrop(t.crop_size),
                 T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(t.mean, t.std)]
     inner = _wrapped(transform)
@@ -250,6 +251,10 @@ def lower_transform(transform: Any) -> Lowering:
     if len(ops) == 1 and ops[0] is transform and not type(transform).__module__.startswith("torchvision."):
         raise _no_lowering(transform)  # the script's own transform as a whole (a wrapper fastdata does not read)
     names = ", ".join(type(op).__name__ for op in ops)
+    try:  # timm's classes as the torchvision ops that do the same (`_timm`)
+        ops = [one for op in ops for one in translated(op)]
+    except ValueError as e:  # (its message is the reason)
+        raise Unlowerable(str(e)) from None
     geometry: list = []
     pixel: list = []
     pixel_names: list[str] = []  # the script's names of the pixel ops
@@ -342,9 +347,10 @@ def lower_transform(transform: Any) -> Lowering:
                     raise Unlowerable(f"{kind} of a {'PIL image' if domain == 'pil' else 'uint8 tensor'}: "
                                       "torchvision refuses it; not lowered")
                 steps.append(_normalize(op, steps_dtype(tuple(steps))))
-            elif cls in (T.RandomErasing, v2.RandomErasing):
+            elif cls in (T.RandomErasing, v2.RandomErasing) or is_erasing(op):
                 try:
-                    erasing.append(lowered_erasing(op, cls is v2.RandomErasing, domain, len(steps)))
+                    erasing.append(lowered_timm(op, domain, len(steps)) if is_erasing(op) else
+                                   lowered_erasing(op, cls is v2.RandomErasing, domain, len(steps)))
                 except ValueError as e:  # (its message is the reason)
                     raise Unlowerable(str(e)) from None
             else:  # (after the geometry: pixel ops)

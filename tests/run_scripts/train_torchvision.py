@@ -1,7 +1,7 @@
 """A training script's loop over a torchvision ImageFolder, as scripts write it; run plain or
 under `fastdata run` by tests/tools/test_run_torchvision.py.
 
-    python train_torchvision.py DATA OUT.json {v1,v2,eval,lambda} {WORKERS,default,generator} [EPOCHS]
+    python train_torchvision.py DATA OUT.json {v1,v2,eval,lambda,timm} {WORKERS,default,generator} [EPOCHS]
 
 Each image of class c has its blue channel at about 40 + 50c (tests/tools/test_run_torchvision.py
 makes them): the script reads each sample's class back from its pixels and counts the samples
@@ -26,7 +26,13 @@ transform = {
                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
     "eval": T.Compose([T.Resize(72), T.CenterCrop(64), T.PILToTensor()]),
     "lambda": T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.Lambda(lambda x: x * 2)]),
-}[kind]
+}.get(kind)
+if kind == "timm":
+    # timm's training transform, as DeiT's and ConvNeXt's main.py make theirs (without the colour ops,
+    # so that the class stays readable): RandomResizedCropAndInterpolation, flip, MaybeToTensor, Normalize
+    from timm.data import create_transform
+
+    transform = create_transform(64, is_training=True, color_jitter=None, interpolation="bicubic")
 dataset = torchvision.datasets.ImageFolder(data, transform)
 # "generator": the default count, the shuffle drawn from a generator of the script's
 given = {} if workers == "default" else {"generator": torch.Generator().manual_seed(0)} if workers == "generator" \
@@ -38,7 +44,7 @@ for epoch in range(epochs):
     for images, labels in loader:
         images = images.to("cpu", non_blocking=True)
         blue = images[:, 2].float()
-        if kind in ("v1", "v2"):
+        if kind in ("v1", "v2", "timm"):
             blue = blue * STD[2] + MEAN[2]
         elif kind == "lambda":
             blue = blue / 2

@@ -1,0 +1,295 @@
+"""`fastdata run` serving an ImageFolder whose transform timm's `create_transform` made, as
+DeiT's, ConvNeXt's and MAE's fine-tuning main.py make theirs (`fastdata.run._timm`).
+
+It builds transforms with timm itself, so it runs where timm is installed: .ci/run installs it
+in the virtualenv made as a user's (the registry's torch and torchvision) and runs this file there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from _images import blue_folder
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@pytest.fixture(scope="module")
+def timm():
+    pytest.importorskip("torchvision")
+    return pytest.importorskip("timm")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, timm):
+    return blue_folder(tmp_path_factory.mktemp("folder"))
+
+
+def _served(dataset, **kwargs):
+    from fastdata.run._hook import Served
+
+    return Served(dataset, **kwargs)
+
+
+def _class_of(images: torch.Tensor) -> torch.Tensor:
+    blue = (images[:, 2] * STD[2] + MEAN[2]) * 255
+    return ((blue.mean(dim=(1, 2)) - 55) / 50).round().long()
+
+
+def test_create_transforms_are_lowered_as_the_torchvision_ops_they_run(timm):
+    """timm's training and evaluation transforms read op by op: its crop as torchvision's
+    RandomResizedCrop with its filter, MaybeToTensor as ToTensor, its RandAugment called as the
+    script's op, its RandomErasing with its mode and count, the summary in timm's names."""
+    from timm.data import create_transform
+
+    import fastdata.transforms.ops as fd
+    from fastdata.run._lowering import lower_transform
+
+    lowering = lower_transform(create_transform(224, is_training=True))  # (bilinear, ColorJitter 0.4)
+    assert lowering.names == "RandomResizedCropAndInterpolation, RandomHorizontalFlip, ColorJitter, MaybeToTensor, " \
+                             "Normalize"
+    crop, flip = lowering.geometry
+    assert (type(crop), crop.size, crop.scale, crop.ratio) == (fd.RandomResizedCrop, (224, 224), (0.08, 1.0),
+                                                               (3 / 4, 4 / 3))
+    assert type(flip) is fd.RandomHorizontalFlip and lowering.resample == "bilinear"
+    assert [type(op) for op in lowering.pixel_ops] == [fd.ColorJitter] and lowering.pixel_ops[0].brightness == (0.6, 1.4)
+    assert lowering.steps[0] == ("to", None, "div") and lowering.steps[1][0] == "normalize"
+    assert np.allclose(lowering.steps[1][1], MEAN) and np.allclose(lowering.steps[1][2], STD)
+
+    deit = lower_transform(create_transform(224, is_training=True, color_jitter=0.3, interpolation="bicubic",
+                                            auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel"))
+    assert deit.resample == "bicubic" and deit.script_ops == ("RandAugment",) and deit.random
+    (erase,) = deit.erasing
+    assert (erase.p, erase.count, erase.value, erase.per_channel, erase.at) == (0.25, (1, 1), None, False, 2)
+    assert erase.scale == (0.02, 1 / 3) and erase.log_ratio == (math.log(0.3), math.log(1 / 0.3))
+    rand = lower_transform(create_transform(224, is_training=True, re_prob=0.5, re_mode="rand", re_count=3))
+    assert [(e.count, e.value, e.per_channel) for e in rand.erasing] == [((1, 3), None, True)]
+    const = lower_transform(create_transform(224, is_training=True, re_prob=0.5))
+    assert [(e.count, e.value) for e in const.erasing] == [((1, 1), (0.0,))]
+
+    uint8 = lower_transform(create_transform(224, is_training=True, use_prefetcher=True))  # (MaybePILToTensor)
+    assert uint8.steps == () and uint8.dtype == torch.uint8
+
+    evaluation = lower_transform(create_transform(224, is_training=False, interpolation="bicubic"))  # crop_pct 0.875
+    assert [type(op) for op in evaluation.geometry] == [fd.Resize, fd.CenterCrop]
+    assert evaluation.geometry[0].size == 256 and evaluation.resample == "bicubic" and not evaluation.random
+
+
+@pytest.mark.filterwarnings("ignore:range should be of kind")
+def test_what_fastdata_does_not_lower_of_timms_says_why(timm):
+    import torchvision.transforms as T
+    from timm.data import create_transform
+    from timm.data.random_erasing import RandomErasing
+    from timm.data.transforms import MaybePILToTensor, MaybeToTensor, ResizeKeepRatio, ToNumpy
+
+    from fastdata.run._lowering import Unlowerable, lower_transform
+
+    cases = [
+        (create_transform(224, is_training=True, interpolation="random"),
+         "RandomResizedCropAndInterpolation with interpolation 'random' (a filter drawn for each image)"),
+        (T.Compose([T.Resize(64), ToNumpy()]), "timm's ToNumpy has no faithful lowering"),
+        (T.Compose([ResizeKeepRatio(64), MaybeToTensor()]), "timm's ResizeKeepRatio has no faithful lowering"),
+        (T.Compose([T.Resize(64), MaybeToTensor(), RandomErasing(device="cuda")]), "on device 'cuda'"),
+        (T.Compose([T.Resize(64), MaybePILToTensor(), RandomErasing(device="cpu")]),
+         "of a uint8 tensor: timm erases the normalized float image"),
+        (T.Compose([T.Resize(64), MaybeToTensor(), RandomErasing(max_count=17, device="cpu")]),
+         "max_count 17: fastdata lowers at most 16"),
+        (T.Compose([T.Resize(64), MaybeToTensor(), MaybeToTensor()]), "ToTensor of a tensor"),
+    ]
+    for transform, words in cases:
+        with pytest.raises(Unlowerable) as e:
+            lower_transform(transform)
+        assert words in str(e.value) and "\n" not in str(e.value), (words, str(e.value))
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_timms_crop_is_torchvisions_resized_crop(timm, interpolation):
+    """For the box it draws, timm's RandomResizedCropAndInterpolation gives torchvision's
+    RandomResizedCrop's pixels for that box, bit for bit: the op fastdata lowers it as."""
+    import torchvision.transforms as T
+    from PIL import Image
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+
+    from fastdata.run._timm import translated
+
+    timms = RandomResizedCropAndInterpolation((40, 56), scale=(0.2, 1.0), interpolation=interpolation)
+    (tv,) = translated(timms)
+    assert type(tv) is T.RandomResizedCrop and tv.interpolation.value == interpolation
+    assert (tuple(tv.size), tv.scale, tv.ratio) == ((40, 56), (0.2, 1.0), (3 / 4, 4 / 3))
+    rng = np.random.default_rng(3)
+    img = Image.fromarray(rng.integers(0, 256, (90, 130, 3), dtype=np.uint8))
+    for box in [(0, 0, 90, 130), (7, 11, 33, 61), (50, 3, 40, 127)]:
+        timms.get_params = tv.get_params = lambda *a, box=box: box  # (the instance's, not the class's)
+        assert np.array_equal(np.asarray(timms(img)), np.asarray(tv(img))), box
+
+
+class _Drawn:
+    """Python's `random` as timm's `_erase` calls it, answering from fastdata's uniforms for
+    one sample (`u`, laid out as `_erasing.timm_rows` reads them): the p test, the count (none
+    drawn where it is fixed), then per rectangle its attempts' (area, log-aspect) pairs and its
+    top-left."""
+
+    def __init__(self, u: np.ndarray, fixed_count: bool) -> None:
+        from fastdata.run._erasing import _ATTEMPTS, _DRAWS
+
+        self.u, self.width, self.attempts = u, _DRAWS - 1, _ATTEMPTS
+        self.counted, self.slot, self.k, self.placed = fixed_count, 0, 0, 0
+
+    def random(self) -> float:
+        return float(self.u[0])
+
+    def randint(self, a: int, b: int) -> int:
+        if not self.counted:
+            self.counted, at = True, 1
+        else:
+            at = 2 + self.slot * self.width + 2 * self.attempts + self.placed
+            self.placed += 1
+            if self.placed == 2:
+                self.slot, self.k, self.placed = self.slot + 1, 0, 0
+        return a + min(int(self.u[at] * (b - a + 1)), b - a)
+
+    def uniform(self, a: float, b: float) -> float:
+        if self.k == 2 * self.attempts:  # every attempt failed: timm goes on with its next rectangle
+            self.slot, self.k = self.slot + 1, 0
+        value = a + (b - a) * float(self.u[2 + self.slot * self.width + self.k])
+        self.k += 1
+        return value
+
+
+@pytest.mark.parametrize("mode,counts", [("const", (1, 1)), ("rand", (1, 3)), ("pixel", (2, 2)), ("const", (1, 4))])
+def test_timms_erasing_rectangles_are_drawn_as_timm_draws_them(timm, monkeypatch, mode, counts):
+    """For the same uniforms, the rectangles fastdata draws are the ones timm's own `_erase`
+    writes, in its order: timm's op run with Python's RNG answering from those uniforms, each
+    rectangle it writes filled with its number, against fastdata's rows written the same way."""
+    import timm.data.random_erasing as tre
+
+    from fastdata.run._erasing import lowered_timm, timm_rows
+
+    op = tre.RandomErasing(0.7, min_area=0.05, max_area=0.6, mode=mode, min_count=counts[0], max_count=counts[1],
+                           device="cpu")
+    erase = lowered_timm(op, "float", 2)
+    n, h, w = 300, 23, 37
+    u = np.random.default_rng(1).random((n, erase.draws))
+    u[:5, 2:2 + 20] = 0.999  # (five samples whose first rectangle fits in no attempt)
+    rows = timm_rows(erase, u, h, w)
+    filled = []
+    monkeypatch.setattr(tre, "_get_pixels", lambda per_pixel, rand_color, size, dtype, device: torch.full(
+        (size[0], 1, 1), float(len(filled.append(size) or filled))))
+    erased = 0
+    for k in range(n):
+        filled.clear()
+        monkeypatch.setattr(tre, "random", _Drawn(u[k], counts[0] == counts[1]))
+        timms = torch.zeros(3, h, w)
+        op._erase(timms, 3, h, w, timms.dtype)
+        ours = torch.zeros(3, h, w)
+        mine = rows[rows[:, 0] == k]
+        for number, (_, i, j, hh, ww) in enumerate(mine.tolist(), 1):
+            ours[:, i:i + hh, j:j + ww] = number
+        assert len(mine) == sum(1 for size in filled if size[1] and size[2]), k
+        assert torch.equal(timms, ours), k
+        erased += len(mine) > 0
+    assert 0.5 * n < erased < 0.85 * n  # (p = 0.7)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_timm_transform_is_served_natively_with_its_labels(timm, folder, workers):
+    """timm's training transform (bicubic crop, flip, MaybeToTensor, Normalize) served natively:
+    torchvision's batch layout, each image's class read back from its pixels, every sample once
+    an epoch; DeiT's (timm's RandAugment and RandomErasing after it) served natively too."""
+    from timm.data import create_transform
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run import _torchvision as rt
+
+    dataset = ImageFolder(str(folder), create_transform(48, is_training=True, color_jitter=None,
+                                                        interpolation="bicubic"))
+    loader = _served(dataset, batch_size=10, shuffle=True, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    for epoch in range(2):
+        seen = []
+        for images, labels in loader:
+            assert images.dtype == torch.float32 and images.shape[1:] == (3, 48, 48) and images.is_contiguous()
+            assert torch.equal(_class_of(images), labels)
+            seen += labels.tolist()
+        assert sorted(seen) == sorted(dataset.targets)
+    loader._stop()
+
+    deit = ImageFolder(str(folder), create_transform(48, is_training=True, color_jitter=0.3, interpolation="bicubic",
+                                                     auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25,
+                                                     re_mode="pixel"))
+    loader = _served(deit, batch_size=10, shuffle=True, num_workers=workers)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    seen = []
+    for images, labels in loader:
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 48, 48)
+        seen += labels.tolist()
+    assert sorted(seen) == sorted(deit.targets)
+    loader._stop()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["const", "rand", "pixel"])
+def test_timms_erasing_served_natively(timm, folder, mode, workers):
+    """timm's RandomErasing after Normalize, served natively: each image is the one laid out
+    without it (a Resize to a fixed size: Pillow's pixels, torchvision's batch bit for bit) but
+    inside the rectangles it erased: zeros ('const'), one value per channel ('rand'), noise
+    ('pixel'); one or two of them, each under the image's sides."""
+    import torchvision.transforms as T
+    from timm.data.random_erasing import RandomErasing
+    from timm.data.transforms import MaybeToTensor
+    from torchvision.datasets import ImageFolder
+
+    def transform(p):
+        return T.Compose([T.Resize((40, 48)), MaybeToTensor(), T.Normalize(MEAN, STD),
+                          RandomErasing(p, mode=mode, max_count=2, device="cpu")])
+
+    loader = _served(ImageFolder(str(folder), transform(1.0)), batch_size=10, num_workers=workers)
+    want = list(torch.utils.data.DataLoader(ImageFolder(str(folder), transform(0.0)), batch_size=10))
+    batches = list(loader)
+    loader._stop()
+    assert len(batches) == len(want)
+    for (images, labels), (ref, ref_labels) in zip(batches, want):
+        assert torch.equal(labels, ref_labels) and images.shape == ref.shape
+        for k in range(len(images)):
+            changed = (images[k] != ref[k]).any(0)
+            ys, xs = torch.nonzero(changed, as_tuple=True)
+            assert len(ys), f"sample {k} not erased"
+            assert int(ys.max() - ys.min()) < 40 or int(xs.max() - xs.min()) < 48
+            inside = images[k][:, changed]
+            if mode == "const":
+                assert torch.equal(inside, torch.zeros_like(inside))
+            elif mode == "rand":  # (one value a channel in a rectangle; a second rectangle may hold others)
+                assert all(len(torch.unique(row)) <= 2 for row in inside)
+            else:
+                assert len(torch.unique(inside)) > inside.numel() // 2
+
+
+@pytest.mark.timeout(300)
+def test_an_unchanged_timm_script_under_fastdata_run(timm, folder, tmp_path):
+    """tests/run_scripts/train_torchvision.py with timm's transform, under `fastdata run`:
+    served natively (the summary says so), labels matching the images, the plain run's layout."""
+    runs = {}
+    for plain in (False, True):
+        out = tmp_path / f"{plain}.json"
+        command = [sys.executable, str(SCRIPTS / "train_torchvision.py"), str(folder), str(out), "timm", "2"]
+        if not plain:
+            command = [sys.executable, "-m", "fastdata", "run", "--", *command]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[plain] = json.loads(out.read_text()), proc.stderr
+    (got, err), (want, _) = runs[False], runs[True]
+    assert got["wrong"] == 0 and want["wrong"] == 0 and got["seen"] == want["seen"] == 2 * 48
+    assert got["layout"] == want["layout"]
+    assert "served natively: ImageFolder with RandomResizedCropAndInterpolation, RandomHorizontalFlip, " \
+           "MaybeToTensor, Normalize" in err, err
