@@ -250,8 +250,10 @@ class Decoder {
 
   // Decodes the rows and columns of the crop window that the resampling reads, and runs the
   // horizontal pass on each row as it arrives, into rows_ (one row of out_w RGBX pixels per
-  // input row used): the decoded window itself is never held whole. With `whole`, the rows
-  // below the window are entropy-decoded as well (see below).
+  // input row used): the decoded window itself is never held whole. With
+  // `resize.vertical_first`, rows_ holds the decoded rows themselves (row_bytes_ apart), for
+  // resample_columns to take the vertical pass first. With `whole`, the rows below the window
+  // are entropy-decoded as well (see below).
   bool decode_window(const ByteSpan& src, const double* crop, int out_h, int out_w, bool whole,
                      bool use_index, Resize resize) {
     if (setjmp(err_.jump)) {
@@ -334,8 +336,10 @@ class Decoder {
     // Two rows at a time, each padded: the horizontal kernels read `taps` taps (rounded up to
     // even) from every start.
     const size_t row_bytes = size_t(cw + htaps_.taps + 1) * 4;
+    vertical_first_ = resize.vertical_first;
+    row_bytes_ = row_bytes;
     row_.assign(2 * row_bytes, 0);
-    rows_.resize(size_t(rows) * out_w * 4);
+    rows_.resize(size_t(rows) * (vertical_first_ ? row_bytes : size_t(out_w) * 4));
     const HorizontalKernel horizontal = pick_horizontal(htaps_.taps);
     if (horizontal_needs_split()) split_weights(&htaps_, out_w);
     if (y0_ > 0 && jpeg_skip_scanlines(&cinfo_, JDIMENSION(y0_)) != JDIMENSION(y0_)) {
@@ -343,12 +347,15 @@ class Decoder {
     }
     for (int r = 0; r < rows; r += 2) {
       const int want = std::min(2, rows - r);
-      JSAMPROW p[2] = {row_.data(), row_.data() + row_bytes};
+      uint8_t* stored = rows_.data() + size_t(r) * row_bytes;  // (vertical first: the rows as decoded)
+      JSAMPROW p[2] = {vertical_first_ ? stored : row_.data(),
+                       vertical_first_ ? stored + row_bytes : row_.data() + row_bytes};
       for (int got = 0; got < want;) {
         const JDIMENSION n = jpeg_read_scanlines(&cinfo_, p + got, JDIMENSION(want - got));
         if (n == 0) return fail("Premature end of JPEG file (row %d of %d)", y0_ + r + got, sh);
         got += int(n);
       }
+      if (vertical_first_) continue;
       uint8_t* d = rows_.data() + size_t(r) * out_w * 4;
       horizontal(p[0], want == 2 ? p[1] : p[0], x0_, htaps_, d, want == 2 ? d + out_w * 4 : d,
                  out_w);
@@ -401,12 +408,38 @@ class Decoder {
     return fail("unsupported JPEG color space %s", space);
   }
 
-  // Vertical pass from rows_ into out[index], mirrored while written when `flip`.
+  // Vertical pass from rows_ into out[index], mirrored while written when `flip`; with
+  // vertical_first_, the vertical pass on the decoded rows, then the horizontal one, two output
+  // rows at a time.
   void resample_columns(const OutView& out, int64_t index, bool flip) {
     const int n = out.width * 4, ksize = vtaps_.ksize;
     const VerticalKernel vertical = pick_vertical();
-    line_.resize(size_t(n));
     uint8_t* base = out.data + index * out.batch_stride;
+    if (vertical_first_) {
+      // The decoded rows' used width, and the padded rows the horizontal kernel reads (row_bytes_
+      // each, the padding zero, as in decode_window).
+      const int used = int(row_bytes_ / 4) - htaps_.taps - 1;
+      const HorizontalKernel horizontal = pick_horizontal(htaps_.taps);
+      row_.assign(2 * row_bytes_, 0);
+      line_.resize(2 * size_t(n));
+      for (int yy = 0; yy < out.height; yy += 2) {
+        const int want = std::min(2, out.height - yy);
+        for (int k = 0; k < want; ++k) {
+          vertical(rows_.data() + size_t(vtaps_.start[yy + k] - y0_) * row_bytes_, int64_t(row_bytes_),
+                   &vtaps_.weights[size_t(yy + k) * ksize], vtaps_.count[yy + k],
+                   row_.data() + k * row_bytes_, used * 4);
+        }
+        const uint8_t* second = want == 2 ? row_.data() + row_bytes_ : row_.data();
+        horizontal(row_.data(), second, x0_, htaps_, line_.data(), want == 2 ? line_.data() + n : line_.data(),
+                   out.width);
+        for (int k = 0; k < want; ++k) {
+          write_line(line_.data() + k * n, out.width, base + (yy + k) * out.stride_h, out.stride_c,
+                     out.stride_w, flip);
+        }
+      }
+      return;
+    }
+    line_.resize(size_t(n));
     for (int yy = 0; yy < out.height; ++yy) {
       vertical(rows_.data() + size_t(vtaps_.start[yy] - y0_) * n, n,
                &vtaps_.weights[size_t(yy) * ksize], vtaps_.count[yy], line_.data(), n);
@@ -421,6 +454,8 @@ class Decoder {
   bool created_ = false, used_ = false;
   Taps htaps_, vtaps_;
   int x0_ = 0, y0_ = 0;  // the decoded window's first column and row, in scaled pixels
+  bool vertical_first_ = false;
+  size_t row_bytes_ = 0;  // a padded decoded row's bytes
   std::vector<uint8_t> copy_;  // the file being decoded (see decode)
   std::vector<uint8_t> row_, rows_, line_;
 };
@@ -447,14 +482,16 @@ size_t decoder_scratch_bytes() { return this_thread_decoder().scratch_bytes(); }
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole, bool index,
-                        Resize resize) {
+                        Resize resize, const uint8_t* vertical_first) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
   parallel_for(n, threads, [&](int64_t i) {
     std::string& err = (*errors)[size_t(i)];
+    Resize r = resize;
+    if (vertical_first != nullptr) r.vertical_first = vertical_first[i] != 0;
     try {
       err = this_thread_decoder().decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
-                                         whole == nullptr || whole[i] != 0, index, resize, out, i);
+                                         whole == nullptr || whole[i] != 0, index, r, out, i);
     } catch (const std::bad_alloc&) {  // the thread's decoder, or the decode's buffers
       err = "out of memory";
     }

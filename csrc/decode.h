@@ -106,10 +106,13 @@ struct OutView {
 // from the checkpoint before the window (the same pixels as libjpeg's decoder, which `index`
 // false keeps to, and its errors, a little stricter: entropy.h); bytes the index has are not
 // decoded whole again, and bytes it lacks are, whatever `whole` says.
+// Where vertical_first is not null, sample i takes the vertical pass first where
+// vertical_first[i] is nonzero (resize.vertical_first is then ignored).
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
-                        bool index = true, Resize resize = Resize());
+                        bool index = true, Resize resize = Resize(),
+                        const uint8_t* vertical_first = nullptr);
 
 // printf into a std::string of at most 255 characters: the error messages of the native decoder
 // (structure.cpp).

@@ -450,15 +450,18 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
           dt.code == uint8_t(nb::dlpack::dtype_code::Bool));
 }
 
-// decode_crop_resize(datas, crops, flips, out, threads, whole, index, resample, crop_first) -> [None or error]:
+// decode_crop_resize(datas, crops, flips, out, threads, whole, index, resample, crop_first,
+//                    vertical_first) -> [None or error]:
 // out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear or bicubic),
 // mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
 // decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
 // decode may stop at the window's last row. index: entropy.cpp's decoder and its checkpoints
-// (else libjpeg's entropy decoder).
+// (else libjpeg's entropy decoder). vertical_first: None or uint8/bool [N], nonzero where the
+// vertical pass comes first.
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
                             int threads, std::optional<FlipArray> whole, bool index,
-                            const std::string& resample, bool crop_first) {
+                            const std::string& resample, bool crop_first,
+                            std::optional<FlipArray> vertical_first) {
   if (resample != "bilinear" && resample != "bicubic") {
     throw nb::value_error(("resample should be 'bilinear' or 'bicubic', not '" + resample + "'").c_str());
   }
@@ -474,6 +477,10 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     shape_error("whole should be uint8 or bool with shape [" + std::to_string(n) + "]", whole->ndim(),
                 whole->shape_ptr());
   }
+  if (vertical_first.has_value() && !is_byte_vector(*vertical_first, n)) {
+    shape_error("vertical_first should be uint8 or bool with shape [" + std::to_string(n) + "]",
+                vertical_first->ndim(), vertical_first->shape_ptr());
+  }
   if (out.shape(0) != n || out.shape(1) != 3 || out.shape(2) < 1 || out.shape(3) < 1 ||
       out.shape(2) > (1 << 20) || out.shape(3) > (1 << 20)) {
     shape_error("out should have shape [" + std::to_string(n) + ", 3, H, W]", out.ndim(), out.shape_ptr());
@@ -482,7 +489,8 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   const std::vector<fastdata::ByteSpan> srcs = held.add_all(datas, n);
   // Copied out of their arrays, whatever their strides.
   std::vector<double> crop_values(4 * n);
-  std::vector<uint8_t> flip_values(n), whole_values(whole.has_value() ? n : 0);
+  std::vector<uint8_t> flip_values(n), whole_values(whole.has_value() ? n : 0),
+      vertical_values(vertical_first.has_value() ? n : 0);
   const double* c = crops.data();
   const uint8_t* f = static_cast<const uint8_t*>(flips.data());
   for (size_t i = 0; i < n; ++i) {
@@ -493,6 +501,10 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     const uint8_t* w = static_cast<const uint8_t*>(whole->data());
     for (size_t i = 0; i < n; ++i) whole_values[i] = w[i * whole->stride(0)] != 0;
   }
+  if (vertical_first.has_value()) {
+    const uint8_t* v = static_cast<const uint8_t*>(vertical_first->data());
+    for (size_t i = 0; i < n; ++i) vertical_values[i] = v[i * vertical_first->stride(0)] != 0;
+  }
   const fastdata::OutView view{out.data(),         out.stride(0),      out.stride(1),
                                out.stride(2),      out.stride(3),      int(out.shape(2)),
                                int(out.shape(3))};
@@ -502,7 +514,8 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     fastdata::decode_crop_resize(srcs, crop_values.data(), flip_values.data(), view, threads,
                                  &errors, whole.has_value() ? whole_values.data() : nullptr, index,
                                  {resample == "bicubic" ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
-                                  crop_first});
+                                  crop_first},
+                                 vertical_first.has_value() ? vertical_values.data() : nullptr);
   }
   nb::list result;
   for (const std::string& e : errors) {
@@ -596,10 +609,11 @@ NB_MODULE(_native, m) {
   m.def("decode_crop_resize", &decode_crop_resize, nb::arg("datas"), nb::arg("crops"),
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
         nb::arg("whole").none() = nb::none(), nb::arg("index") = true, nb::arg("resample") = "bilinear",
-        nb::arg("crop_first") = false,
+        nb::arg("crop_first") = false, nb::arg("vertical_first").none() = nb::none(),
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
         "strides) as Pillow's resize with that box and filter ('bilinear' or 'bicubic') does "
-        "(crop_first: its resize of the crop cut out), mirrored where flips[i]; a "
+        "(crop_first: its resize of the crop cut out; the vertical pass first where "
+        "vertical_first[i]), mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
         "returns None or an error message per sample. GIL released.");
   m.def("open_index", &fastdata::open_index, nb::arg("path"), nb::arg("slots"), nb::arg("arena"),

@@ -13,10 +13,13 @@ enum class Filter { kBilinear = 0, kBicubic = 1 };
 
 // How a window is resized: with `filter`, either in place, as Pillow's resize(box=) does (the
 // filter reads the pixels around the window too), or `cut` out first, as torchvision's crop then
-// resize does (the filter reads none outside it).
+// resize does (the filter reads none outside it); the horizontal pass first, as Pillow does, or
+// with `vertical_first` the vertical one, as Pillow 13 does for some sizes. Each pass rounds and
+// clips to 0..255, so where a bicubic filter overshoots the order changes a pixel.
 struct Resize {
   Filter filter = Filter::kBilinear;
   bool cut = false;
+  bool vertical_first = false;
 };
 
 // One axis of Pillow's separable resampling: for output pixel i, input pixels

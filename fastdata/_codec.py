@@ -56,7 +56,7 @@ def _shape(x: Any) -> list[int]:
 
 def decode_crop_resize(
     datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None,
-    index: bool = True, resample: str = "bilinear", crop_first: bool = False,
+    index: bool = True, resample: str = "bilinear", crop_first: bool = False, vertical_first: Any = None,
 ) -> list[str | None]:
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
     of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's `resize` with
@@ -64,7 +64,10 @@ def decode_crop_resize(
     mirror it left-right where flips[i], and write it into out[i]. With `crop_first`, the
     window is cut out before the resize, as torchvision crops then resizes: the filter reads no
     pixel outside it (for a window of whole pixels decoded at full scale, Pillow's resize of the
-    crop exactly), where Pillow's resize(box=) reads the pixels around the box too.
+    crop exactly), where Pillow's resize(box=) reads the pixels around the box too. Pillow's
+    two passes (each rounded and clipped to 0..255) go horizontal, then vertical; where
+    vertical_first[i] (None, or a bool or uint8 array [N]) the vertical pass comes first, as
+    Pillow 13 orders them for some sizes (`image.decode.pillow_order`).
 
     datas: bytes-like objects. crops: int or float array [N, 4]. flips: bool or uint8 array [N].
     out: uint8 tensor (or array) [N, 3, H, W] with any strides: contiguous, channels_last, or a
@@ -113,6 +116,11 @@ def decode_crop_resize(
         if whole.shape != (n,):
             raise ValueError(f"whole should have shape [{n}], but got {list(whole.shape)}")
         whole = np.ascontiguousarray(whole != 0, dtype=np.uint8)
+    if vertical_first is not None:
+        vertical_first = np.asarray(vertical_first)
+        if vertical_first.shape != (n,):
+            raise ValueError(f"vertical_first should have shape [{n}], but got {list(vertical_first.shape)}")
+        vertical_first = np.ascontiguousarray(vertical_first != 0, dtype=np.uint8)
     if isinstance(out, torch.Tensor):
         if out.dtype != torch.uint8:
             raise TypeError(f"out should have dtype torch.uint8, but got {out.dtype}")
@@ -129,7 +137,7 @@ def decode_crop_resize(
     if resample not in ("bilinear", "bicubic"):
         raise ValueError(f"resample should be 'bilinear' or 'bicubic', but got {resample!r}")
     return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index), resample,
-                                   bool(crop_first))
+                                   bool(crop_first), vertical_first)
 
 
 INDEX_SLOTS = 1 << 21

@@ -10,7 +10,7 @@
 //       view out[:, :, ::-1] has); bit 3 a batch of two (the sample again, mirrored the other
 //       way) on two threads; bit 4 the first sample stops at its window's last row (whole = 0);
 //       bit 5 the bicubic filter (else bilinear), bit 6 the window cut out before the resize
-//       (crop_first), in every decode of the input
+//       (crop_first), bit 7 the vertical pass first (vertical_first), in every decode of the input
 //   [7] edge nudge: crop value k moves by {0, +1, -1, +2}[(b >> 2k) & 3], so that crops one
 //       pixel past the image (which must be refused) come up as often as crops flush with it
 // tests/robustness/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
@@ -99,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ByteSpan jpeg{size > 8 ? data + 8 : data, size > 8 ? size - 8 : 0};
   const bool flip = flags & 1, pair = flags & 8, partial = flags & 16;
   const fastdata::Resize filter{flags & 32 ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
-                                bool(flags & 64)};
+                                bool(flags & 64), bool(flags & 128)};
   const int layout = (flags >> 1) & 3;
 
   // The container walk (the decode runs it too; here also on PNGs, which the decode refuses).

@@ -63,13 +63,14 @@ def images() -> dict[str, bytes]:
 
 # (out width - 1, out height - 1, crop x, y, w, h fractions, flags, nudge) for each seed: whole
 # image and small crops, each layout, flipped, paired on two threads, bicubic (flag 32), cut out
-# before the resize (flag 64), and edge nudges.
+# before the resize (flag 64), the vertical pass first (flag 128), and edge nudges.
 _HEADERS = [
     bytes([15, 11, 0, 0, 255, 255, 0, 0]),
     bytes([63, 63, 128, 64, 100, 180, 0b100011, 0]),
     bytes([6, 4, 255, 255, 30, 20, 0b0100, 0x55]),
     bytes([31, 2, 10, 200, 255, 40, 0b1100111, 0]),
     bytes([11, 12, 40, 40, 200, 200, 0b1001001, 0b10011001]),
+    bytes([40, 5, 20, 0, 120, 255, 0b11101010, 0]),
 ]
 
 

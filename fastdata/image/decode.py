@@ -68,9 +68,11 @@ class Checked:
 
 def working_pixels(geo) -> np.ndarray:
     """The pixels each sample's resize holds at once: its output, or the pass between (output
-    width x the crop box's height): Pillow's resize and the native one run the horizontal pass
-    first, over every row of the box. The header's limit bounds the decode, not these: a
-    1 x 4,000,000 image resized to 224 x 224 passes through 224 x 4,000,000."""
+    width x the crop box's height) where the horizontal pass runs first, over every row of the
+    box (the order of Pillow before 13 for every size, and the native one's but where
+    `pillow_order` says otherwise; the other order holds the box's rows, which the header's
+    limit bounds). The header's limit bounds the decode, not these: a 1 x 4,000,000 image
+    resized to 224 x 224 horizontal pass first passes through 224 x 4,000,000."""
     out_w, out_h = geo.sizes[:, 0], geo.sizes[:, 1]
     box_h = np.ceil(geo.boxes[:, 3] - geo.boxes[:, 1]).astype(np.int64)
     return np.maximum(out_w * out_h, out_w * box_h)
@@ -79,12 +81,40 @@ def working_pixels(geo) -> np.ndarray:
 def vertical_first(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` (w, h) vertical pass first: those
     whose height shrinks by more than twice the pixels their width does (found by comparing its
-    output with both orders of classic Pillow's passes). The native resampler runs the horizontal
-    pass first, as earlier Pillows do; the pass between is clipped to 0..255, so where the bicubic
-    filter overshoots (sharp edges) the order moves a pixel by up to ~20 levels. Such a bicubic
-    crop takes Pillow's path: the installed Pillow's own order, whichever it is."""
+    output with both orders of classic Pillow's passes on 496 sizes). Earlier Pillows run the
+    horizontal pass first for every size. The pass between is clipped to 0..255, so where the
+    bicubic filter overshoots (sharp edges) the order moves a pixel by up to ~20 levels."""
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     return (size[1] < h) & (h - size[1] > 2 * (w - size[0]))
+
+
+# (box w, h) -> output (w, h) around the edges of `vertical_first`'s rule: shrunk mostly in height,
+# at the equality (horizontal first), one past it, mostly in width, grown in width, grown in height
+_PROBES = (((40, 64), (36, 16)), ((40, 40), (30, 20)), ((40, 41), (30, 20)), ((64, 40), (16, 36)),
+           ((20, 60), (30, 20)), ((40, 30), (10, 50)))
+_ORDER: list[str] = []
+
+
+def pillow_order() -> str:
+    """How the installed Pillow orders the two passes of a bicubic resize, measured once per
+    process on noise (where the orders differ) at the sizes of `_PROBES`, each resized whole
+    against its two passes made as two one-axis resizes: "horizontal" (every size horizontal
+    pass first: Pillow before 13), "rule" (as `vertical_first` says: Pillow 13), or "other"
+    (neither: the native decoder cannot follow it, and its crops take Pillow's path)."""
+    if not _ORDER:
+        from PIL import Image
+
+        bicubic, horizontal, rule = Image.Resampling.BICUBIC, True, True
+        noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        for (w, h), (ow, oh) in _PROBES:
+            img = Image.fromarray(noise[:h, :w])
+            got = np.asarray(img.resize((ow, oh), bicubic))
+            across = np.array_equal(got, np.asarray(img.resize((ow, h), bicubic).resize((ow, oh), bicubic)))
+            down = np.array_equal(got, np.asarray(img.resize((w, oh), bicubic).resize((ow, oh), bicubic)))
+            horizontal &= across
+            rule &= down if vertical_first(np.array([[0, 0, w, h]]), (ow, oh))[0] else across
+        _ORDER.append("horizontal" if horizontal else "rule" if rule else "other")
+    return _ORDER[0]
 
 
 class BatchDecoder:
@@ -109,6 +139,9 @@ class BatchDecoder:
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
         self.resample = "bilinear"  # the resize filter: "bilinear" or "bicubic" (native or Pillow), "nearest" (Pillow)
         self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.open_window)
+        # with crop_first, the order of the resize's two passes: None, the installed Pillow's
+        # (`pillow_order`), or "horizontal" (horizontal pass first, as torch resizes a tensor)
+        self.order: str | None = None
         _codec.open_index()  # before the workers start: forked ones share it even in memory
 
     def __setstate__(self, state: dict) -> None:
@@ -303,8 +336,13 @@ class BatchDecoder:
         native = native and self.resample in ("bilinear", "bicubic")
         takes = ((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) if self.crop_first \
             else np.ones(len(datas), bool)
-        if self.crop_first and self.resample == "bicubic":
-            takes &= ~vertical_first(geo.boxes, size)
+        # Torchvision's steps resize in the installed Pillow's order of passes: the native decoder
+        # follows it where `pillow_order` knows it; else a bicubic crop, whose orders differ by up to
+        # ~20 levels (bilinear's by a rounding), takes Pillow's path.
+        order = (self.order or pillow_order()) if self.crop_first else "horizontal"
+        vertical = vertical_first(geo.boxes, size) if order == "rule" else None
+        if order == "other" and self.resample == "bicubic":
+            takes[:] = False
         pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and takes[k])]
         if native:
             js = [k for k in range(len(datas)) if jpeg[k] and takes[k]]
@@ -313,11 +351,14 @@ class BatchDecoder:
                 crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
                 threads = batch_threads(self.threads)
                 chw = target.permute(0, 3, 1, 2)
-                out = chw if len(js) == len(datas) else chw[js]  # (a copy when mixed: rare)
+                out = chw  # (when mixed, rare: decoded aside, then put in place)
+                if len(js) < len(datas):
+                    out = target.new_empty((len(js), *target.shape[1:])).permute(0, 3, 1, 2)
                 # Whole where the checkpoint index, keyed by the bytes, has not seen them decode
                 # whole: the index decides, not the record.
                 results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
-                                                    resample=self.resample, crop_first=self.crop_first)
+                                                    resample=self.resample, crop_first=self.crop_first,
+                                                    vertical_first=None if vertical is None else vertical[js])
                 if out is not chw:
                     chw[js] = out
                 for k, err in zip(js, results):

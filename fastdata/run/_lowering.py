@@ -30,7 +30,7 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing, lowered_timm
-from ._pixels import RandomCall, flip_commutes, interpolation, pixel_op, script_ops
+from ._pixels import RandomCall, _named, flip_commutes, interpolation, pixel_op, script_ops
 from ._timm import is_erasing, translated
 from ._views import views
 
@@ -63,6 +63,7 @@ class Lowering:
     in_memory: bool = False
     # a multi-view wrapper's (`_views`): each view's lowering, in order; this one's own ops are then empty
     views: tuple = ()
+    tensor_resize: bool = False  # its geometry resizes a tensor: torch's interpolation, horizontal pass first
 
     @property
     def dtype(self) -> torch.dtype:
@@ -115,9 +116,6 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
         return code is not None and code.co_name == name and code.co_filename == tv_folder.__file__ and \
             not hasattr(f, "__wrapped__")
 
-    def named(f: Any) -> str:
-        return getattr(f, "__qualname__", type(f).__name__)
-
     dataset = folder(dataset)
     if not isinstance(dataset, DatasetFolder):
         return None, ""
@@ -127,12 +125,12 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     loader = getattr(dataset, "loader", None)
     if not (torchvisions(loader, "pil_loader") or (torchvisions(loader, "default_loader") and
                                                    tv.get_image_backend() == "PIL")):
-        return None, f"{name} has its own image loader ({named(loader)})"
+        return None, f"{name} has its own image loader ({_named(loader)})"
     # default_loader calls the module's pil_loader by name: a script may have put its own there
     # (a grey or an EXIF-transposing loader), which only torchvision's own call follows
     if not torchvisions(loader, "pil_loader") and not torchvisions(tv_folder.pil_loader, "pil_loader"):
         return None, (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
-                      f"script's own ({named(tv_folder.pil_loader)})")
+                      f"script's own ({_named(tv_folder.pil_loader)})")
     image_file = sys.modules.get("PIL.ImageFile")  # imported by torchvision's loader's module
     if image_file is not None and getattr(image_file, "LOAD_TRUNCATED_IMAGES", False):
         return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "
@@ -260,7 +258,7 @@ def lower_transform(transform: Any) -> Lowering:
     pixel_names: list[str] = []  # the script's names of the pixel ops
     steps: list = []
     erasing: list = []
-    tv_image = False
+    tv_image = tensor_resize = False
     filters: set[str] = set()
     domain = "pil"  # then "uint8" or "float": what the next op gets
     # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
@@ -291,6 +289,7 @@ def lower_transform(transform: Any) -> Lowering:
             if cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
                 check_geometry(op)
                 filters.add(_filter(op, domain != "pil"))
+                tensor_resize = tensor_resize or domain != "pil"
                 size = _size(op.size)
                 geometry.append(fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)))
                 fixed, short_side = _size(size, pair=True), None
@@ -299,6 +298,7 @@ def lower_transform(transform: Any) -> Lowering:
                 if op.max_size is not None:
                     raise Unlowerable(f"{kind} with max_size: not lowered")
                 filters.add(_filter(op, domain != "pil"))
+                tensor_resize = tensor_resize or domain != "pil"
                 size = _size(op.size)
                 geometry.append(fd.Resize(size))
                 if isinstance(size, int):
@@ -370,7 +370,7 @@ def lower_transform(transform: Any) -> Lowering:
     if len(filters) > 1:
         raise Unlowerable(f"geometric ops with different interpolations ({', '.join(sorted(filters))}): not lowered")
     return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names,
-                    tuple(erasing), tv_image, fixed is not None)
+                    tuple(erasing), tv_image, fixed is not None, tensor_resize=tensor_resize)
 
 
 def _normalize(op: Any, dtype: torch.dtype) -> tuple:

@@ -142,6 +142,8 @@ class NativeFolder(Dataset):
         self.lowering = lowering
         self.decoder.geometry, self.decoder.pixel_ops = lowering.geometry, lowering.pixel_ops
         self.decoder.resample = lowering.resample
+        # (torch's interpolation of a tensor runs the horizontal pass first; Pillow, its own order)
+        self.decoder.order = "horizontal" if lowering.tensor_resize else None
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -120,6 +120,7 @@ def decode_case(data: bytes) -> bool:
     jpeg = data[8:]
     flip, pair, partial, layout = bool(flags & 1), bool(flags & 8), bool(flags & 16), (flags >> 1) & 3
     resample, crop_first = "bicubic" if flags & 32 else "bilinear", bool(flags & 64)
+    order = {"resample": resample, "crop_first": crop_first, "vertical_first": [bool(flags & 128)]}
 
     try:
         W, H, components = _codec.jpeg_info(jpeg)
@@ -141,18 +142,17 @@ def decode_case(data: bytes) -> bool:
     whole = np.array([not partial, True][:n])  # the first sample stops at its window's last row
     buf, view, origin = _out(n, out_h, out_w, layout)
     errors = _codec.decode_crop_resize([jpeg] * n, np.array([crop] * n), flips, view, threads=n, whole=whole,
-                                       resample=resample, crop_first=crop_first)
+                                       resample=resample, crop_first=crop_first,
+                                       vertical_first=[bool(flags & 128)] * n)
     _, ref, _ = _out(1, out_h, out_w, 0)
-    (ref_error,) = _codec.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), ref, threads=1,
-                                             resample=resample, crop_first=crop_first)
+    (ref_error,) = _codec.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), ref, threads=1, **order)
     ok = ref_error is None
     assert info_ok or not ok, "decoded a JPEG whose header jpeg_info refused"
     # The differential check: libjpeg's own Huffman decoder (index=False) on the same crop gives
     # the same pixels, or fails where the checkpoint decoder fails; it may decode what the
     # checkpoint decoder refuses only where that one is stricter by design (a bad Huffman code).
     _, lib, _ = _out(1, out_h, out_w, 0)
-    (lib_error,) = _codec.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), lib, index=False,
-                                             resample=resample, crop_first=crop_first)
+    (lib_error,) = _codec.decode_crop_resize([jpeg], np.array([crop]), np.array([False]), lib, index=False, **order)
     if ok:
         assert lib_error is None, f"the checkpoint decoder decoded what libjpeg's refused: {lib_error}"
         np.testing.assert_array_equal(lib, ref, "the checkpoint decoder and libjpeg's disagree on a pixel")
