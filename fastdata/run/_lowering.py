@@ -30,7 +30,7 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing, lowered_timm
-from ._pixels import RandomCall, _named, flip_commutes, interpolation, pixel_op, script_ops
+from ._pixels import RandomCall, flip_commutes, interpolation, named, pixel_op, script_ops
 from ._timm import is_erasing, translated
 from ._views import views
 
@@ -125,12 +125,12 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     loader = getattr(dataset, "loader", None)
     if not (torchvisions(loader, "pil_loader") or (torchvisions(loader, "default_loader") and
                                                    tv.get_image_backend() == "PIL")):
-        return None, f"{name} has its own image loader ({_named(loader)})"
+        return None, f"{name} has its own image loader ({named(loader)})"
     # default_loader calls the module's pil_loader by name: a script may have put its own there
     # (a grey or an EXIF-transposing loader), which only torchvision's own call follows
     if not torchvisions(loader, "pil_loader") and not torchvisions(tv_folder.pil_loader, "pil_loader"):
         return None, (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
-                      f"script's own ({_named(tv_folder.pil_loader)})")
+                      f"script's own ({named(tv_folder.pil_loader)})")
     image_file = sys.modules.get("PIL.ImageFile")  # imported by torchvision's loader's module
     if image_file is not None and getattr(image_file, "LOAD_TRUNCATED_IMAGES", False):
         return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "

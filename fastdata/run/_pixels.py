@@ -189,7 +189,7 @@ class ScriptOp(fd.Op):
         except TypeError:  # (an object that takes no weak reference: the next batch tries it again)
             pass
         got = f"a {out.mode} image of {out.size}" if isinstance(out, Image.Image) else f"a {type(out).__name__}"
-        raise NotAPixelOp(f"{_named(self.call)} gave {got} for a {img.mode} image of {img.size}")
+        raise NotAPixelOp(f"{named(self.call)} gave {got} for a {img.mode} image of {img.size}")
 
 
 def _changed(call: Any) -> bool:
@@ -199,7 +199,8 @@ def _changed(call: Any) -> bool:
         return False
 
 
-def _named(call: Any) -> str:
+def named(call: Any) -> str:
+    """How a summary names a callable of the script's: its qualified name, or its class's."""
     return getattr(call, "__qualname__", type(call).__name__)
 
 
@@ -208,7 +209,7 @@ def script_ops(ops: tuple) -> list[str]:
     names = []
     for op in ops:
         if isinstance(op, ScriptOp):
-            names.append(_named(op.call))
+            names.append(named(op.call))
         names += script_ops(getattr(op, "ops", ()))
     return names
 
@@ -303,7 +304,7 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     if domain == "pil" and callable(op) and (cls in (T.Lambda, v2.Lambda) or not any(
             c.__module__.startswith("torchvision.") for c in cls.__mro__)):
         if _changed(op):
-            raise ValueError(f"{_named(op)}, an op of the script's, changed an image's size or mode in a batch "
+            raise ValueError(f"{named(op)}, an op of the script's, changed an image's size or mode in a batch "
                              "before: fastdata calls an op of the script's where torchvision's pixel ops go")
         return ScriptOp(op)
     if within:
