@@ -416,11 +416,10 @@ class Decoder {
     const VerticalKernel vertical = pick_vertical();
     uint8_t* base = out.data + index * out.batch_stride;
     if (vertical_first_) {
-      // The decoded rows' used width, and the padded rows the horizontal kernel reads (row_bytes_
-      // each, the padding zero, as in decode_window).
+      // The decoded rows' used width; each vertical pass goes into a row of row_, padded as
+      // decode_window made it for the horizontal kernel (it decoded into rows_ instead).
       const int used = int(row_bytes_ / 4) - htaps_.taps - 1;
       const HorizontalKernel horizontal = pick_horizontal(htaps_.taps);
-      row_.assign(2 * row_bytes_, 0);
       line_.resize(2 * size_t(n));
       for (int yy = 0; yy < out.height; yy += 2) {
         const int want = std::min(2, out.height - yy);

@@ -16,6 +16,7 @@ on the rows in place. The `dali` backend runs `check` only, with the entropy che
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Hashable
@@ -68,11 +69,10 @@ class Checked:
 
 def working_pixels(geo) -> np.ndarray:
     """The pixels each sample's resize holds at once: its output, or the pass between (output
-    width x the crop box's height) where the horizontal pass runs first, over every row of the
-    box (the order of Pillow before 13 for every size, and the native one's but where
-    `pillow_order` says otherwise; the other order holds the box's rows, which the header's
-    limit bounds). The header's limit bounds the decode, not these: a 1 x 4,000,000 image
-    resized to 224 x 224 horizontal pass first passes through 224 x 4,000,000."""
+    width x the crop box's height) when the horizontal pass runs first, over every row of the
+    box (a vertical pass first holds the box's rows, which the header's limit bounds). The
+    header's limit bounds the decode, not these: a 1 x 4,000,000 image resized to 224 x 224
+    horizontal pass first passes through 224 x 4,000,000."""
     out_w, out_h = geo.sizes[:, 0], geo.sizes[:, 1]
     box_h = np.ceil(geo.boxes[:, 3] - geo.boxes[:, 1]).astype(np.int64)
     return np.maximum(out_w * out_h, out_w * box_h)
@@ -92,29 +92,27 @@ def vertical_first(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 # at the equality (horizontal first), one past it, mostly in width, grown in width, grown in height
 _PROBES = (((40, 64), (36, 16)), ((40, 40), (30, 20)), ((40, 41), (30, 20)), ((64, 40), (16, 36)),
            ((20, 60), (30, 20)), ((40, 30), (10, 50)))
-_ORDER: list[str] = []
 
 
+@functools.cache
 def pillow_order() -> str:
     """How the installed Pillow orders the two passes of a bicubic resize, measured once per
     process on noise (where the orders differ) at the sizes of `_PROBES`, each resized whole
     against its two passes made as two one-axis resizes: "horizontal" (every size horizontal
     pass first: Pillow before 13), "rule" (as `vertical_first` says: Pillow 13), or "other"
     (neither: the native decoder cannot follow it, and its crops take Pillow's path)."""
-    if not _ORDER:
-        from PIL import Image
+    from PIL import Image
 
-        bicubic, horizontal, rule = Image.Resampling.BICUBIC, True, True
-        noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-        for (w, h), (ow, oh) in _PROBES:
-            img = Image.fromarray(noise[:h, :w])
-            got = np.asarray(img.resize((ow, oh), bicubic))
-            across = np.array_equal(got, np.asarray(img.resize((ow, h), bicubic).resize((ow, oh), bicubic)))
-            down = np.array_equal(got, np.asarray(img.resize((w, oh), bicubic).resize((ow, oh), bicubic)))
-            horizontal &= across
-            rule &= down if vertical_first(np.array([[0, 0, w, h]]), (ow, oh))[0] else across
-        _ORDER.append("horizontal" if horizontal else "rule" if rule else "other")
-    return _ORDER[0]
+    bicubic, horizontal, rule = Image.Resampling.BICUBIC, True, True
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    for (w, h), (ow, oh) in _PROBES:
+        img = Image.fromarray(noise[:h, :w])
+        got = np.asarray(img.resize((ow, oh), bicubic))
+        across = np.array_equal(got, np.asarray(img.resize((ow, h), bicubic).resize((ow, oh), bicubic)))
+        down = np.array_equal(got, np.asarray(img.resize((w, oh), bicubic).resize((ow, oh), bicubic)))
+        horizontal &= across
+        rule &= down if vertical_first(np.array([[0, 0, w, h]]), (ow, oh))[0] else across
+    return "horizontal" if horizontal else "rule" if rule else "other"
 
 
 class BatchDecoder:

@@ -117,51 +117,48 @@ def _uniform(u: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return (u * np.float64(b - a) + np.float64(a)).astype(np.float32)
 
 
-def params(op: Erase, u: np.ndarray, img_h: int, img_w: int) -> tuple[np.ndarray, np.ndarray]:
-    """(bool [N]: the p test passed, int64 [N, 4]: (i, j, h, w)) from uniforms `u` [N, _DRAWS],
-    as torchvision's RandomErasing draws them: the first of 10 (area, log-aspect) attempts whose
-    `int(round(sqrt(...)))` sides are under the image's, then its top-left; (0, 0, img_h, img_w),
-    the image left as it is, where none is."""
-    n = len(u)
-    area = img_h * img_w * _uniform(u[:, 1:1 + 2 * _ATTEMPTS:2], *op.scale).astype(np.float64)
-    aspect = np.exp(_uniform(u[:, 2:2 + 2 * _ATTEMPTS:2], *op.log_ratio)).astype(np.float64)
+def _placed(area: np.ndarray, aspect: np.ndarray, u_top: np.ndarray, u_left: np.ndarray, img_h: int,
+            img_w: int) -> tuple[np.ndarray, ...]:
+    """(found, i, j, h, w), each [N]: of the (area, aspect) attempts [N, 10], the first whose
+    `int(round(sqrt(...)))` sides are under the image's, and its top-left as randint(0, img_h - h)
+    and randint(0, img_w - w) draw it from the uniforms u_top and u_left [N]; where none is, not
+    found and (0, 0, img_h, img_w), the image left as it is."""
     h, w = np.rint(np.sqrt(area * aspect)), np.rint(np.sqrt(area / aspect))  # (round half to even, as Python's)
     fits = (h < img_h) & (w < img_w)
-    first = fits.argmax(axis=1)
-    found = fits[np.arange(n), first]
-    h = np.where(found, h[np.arange(n), first], img_h).astype(np.int64)
-    w = np.where(found, w[np.arange(n), first], img_w).astype(np.int64)
-    span_i, span_j = img_h - h + 1, img_w - w + 1  # randint(0, span): min(int(u * span), span - 1)
-    i = np.minimum((u[:, -2] * span_i).astype(np.int64), span_i - 1)
-    j = np.minimum((u[:, -1] * span_j).astype(np.int64), span_j - 1)
-    rects = np.stack([np.where(found, i, 0), np.where(found, j, 0), h, w], axis=1)
-    return u[:, 0] < op.p, rects
+    pick = np.arange(len(fits)), fits.argmax(axis=1)
+    found = fits[pick]
+    h = np.where(found, h[pick], img_h).astype(np.int64)
+    w = np.where(found, w[pick], img_w).astype(np.int64)
+    span_i, span_j = img_h - h + 1, img_w - w + 1  # randint(0, span - 1): min(int(u * span), span - 1)
+    i = np.minimum((u_top * span_i).astype(np.int64), span_i - 1)
+    j = np.minimum((u_left * span_j).astype(np.int64), span_j - 1)
+    return found, np.where(found, i, 0), np.where(found, j, 0), h, w
+
+
+def params(op: Erase, u: np.ndarray, img_h: int, img_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bool [N]: the p test passed, int64 [N, 4]: (i, j, h, w)) from uniforms `u` [N, _DRAWS],
+    as torchvision's RandomErasing draws them (`_placed`, its uniforms torch's float32 ones)."""
+    area = img_h * img_w * _uniform(u[:, 1:1 + 2 * _ATTEMPTS:2], *op.scale).astype(np.float64)
+    aspect = np.exp(_uniform(u[:, 2:2 + 2 * _ATTEMPTS:2], *op.log_ratio)).astype(np.float64)
+    _, i, j, h, w = _placed(area, aspect, u[:, -2], u[:, -1], img_h, img_w)
+    return u[:, 0] < op.p, np.stack([i, j, h, w], axis=1)
 
 
 def timm_rows(op: Erase, u: np.ndarray, img_h: int, img_w: int) -> np.ndarray:
     """int64 [m, 5] rows of (sample, i, j, h, w) from uniforms `u` [N, op.draws], as timm's
     `_erase` draws them with Python's RNG: the p test (erased unless random() > p), the count,
-    then per rectangle the first of 10 (area / count, log-aspect) attempts whose `round`ed sides
-    are under the image's, and its top-left; in the order timm writes them (a later one over an
-    earlier), without those that erase nothing."""
+    then per rectangle `_placed` of 10 (area / count, log-aspect) attempts; in the order timm
+    writes them (a later one over an earlier), without those that erase nothing."""
     lo, hi = op.count
     count = lo + np.minimum((u[:, 1] * (hi - lo + 1)).astype(np.int64), hi - lo)  # randint(lo, hi)
     rows = []
     for slot in range(hi):
         v = u[:, 2 + slot * (_DRAWS - 1):2 + (slot + 1) * (_DRAWS - 1)]
         # (Python's uniform(a, b) is a + (b - a) * random(), in double)
-        target = op.scale[0] + (op.scale[1] - op.scale[0]) * v[:, 0:2 * _ATTEMPTS:2]
-        target = target * (img_h * img_w) / count[:, None]
+        area = (op.scale[0] + (op.scale[1] - op.scale[0]) * v[:, 0:2 * _ATTEMPTS:2]) * (img_h * img_w) / count[:, None]
         aspect = np.exp(op.log_ratio[0] + (op.log_ratio[1] - op.log_ratio[0]) * v[:, 1:2 * _ATTEMPTS:2])
-        h, w = np.rint(np.sqrt(target * aspect)), np.rint(np.sqrt(target / aspect))
-        fits = (w < img_w) & (h < img_h)
-        first = fits.argmax(axis=1)
-        pick = np.arange(len(u)), first
-        h, w = h[pick].astype(np.int64), w[pick].astype(np.int64)
-        span_i, span_j = img_h - h + 1, img_w - w + 1  # randint(0, span - 1)
-        i = np.minimum((v[:, -2] * span_i).astype(np.int64), span_i - 1)
-        j = np.minimum((v[:, -1] * span_j).astype(np.int64), span_j - 1)
-        keep = (u[:, 0] <= op.p) & (slot < count) & fits[pick] & (h > 0) & (w > 0)
+        found, i, j, h, w = _placed(area, aspect, v[:, -2], v[:, -1], img_h, img_w)
+        keep = (u[:, 0] <= op.p) & (slot < count) & found & (h > 0) & (w > 0)
         rows.append(np.stack([np.arange(len(u)), i, j, h, w], axis=1)[keep])
     rows = np.concatenate(rows)
     return rows[np.argsort(rows[:, 0], kind="stable")]
