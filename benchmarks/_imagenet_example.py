@@ -17,7 +17,10 @@ ImageNet augmentation (one view); with `--recipe moco`, MoCo v1's augmentation i
 `TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does); with
 `--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own GaussianBlur class, the flip after it);
 with `--recipe deit`, DeiT's main.py `build_transform` (timm's `create_transform` with DeiT's defaults:
-bicubic, RandAugment rand-m9-mstd0.5-inc1, RandomErasing 0.25 'pixel'; timm must be installed).
+bicubic, RandAugment rand-m9-mstd0.5-inc1, RandomErasing 0.25 'pixel'; timm must be installed);
+with `--recipe timm_train`, timm's train.py data path with its defaults: timm's `create_dataset`
+and `create_loader` (RandomResizedCropAndInterpolation 'random', flip, ColorJitter(0.4), uint8
+samples, timm's fast_collate, persistent workers, its prefetcher normalizing on the device).
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -27,7 +30,7 @@ The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,
-                                                           moco,moco_v2,dino,deit}]
+                                                           moco,moco_v2,dino,deit,timm_train}]
                                                 [--ra-sampler]
 """
 
@@ -51,7 +54,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                     "moco", "moco_v2", "dino", "deit"],
+                                     "moco", "moco_v2", "dino", "deit", "timm_train"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -168,7 +171,9 @@ class DataAugmentationDINO(object):  # DINO's (main_dino.py), as it is written t
         return crops
 
 
-if args.recipe == "deit":  # DeiT's main.py build_transform(is_train=True, args) with its defaults
+if args.recipe == "timm_train":  # made below, by timm
+    transform = None
+elif args.recipe == "deit":  # DeiT's main.py build_transform(is_train=True, args) with its defaults
     from timm.data import create_transform
 
     transform = create_transform(
@@ -236,29 +241,41 @@ else:
         normalize,
         transforms.RandomErasing(p=0.1),
     ])
-train_dataset = torchvision.datasets.ImageFolder(args.data, transform)
-if args.split:
-    train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
-                                                     generator=torch.Generator().manual_seed(42))
-if args.mixup:
-    import torchvision.transforms.v2 as v2
+if args.recipe == "timm_train":  # timm's train.py: create_dataset and create_loader with its defaults
+    from timm.data import create_dataset, create_loader
 
-    classes = len(train_dataset.classes)
-    mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes),
-                                    v2.CutMix(alpha=1.0, num_classes=classes)])
+    dataset_train = create_dataset('', root=args.data, split='train', is_training=True, batch_size=args.batch_size)
+    train_loader = create_loader(
+        dataset_train, input_size=(3, 224, 224), batch_size=args.batch_size, is_training=True, no_aug=False,
+        re_prob=0., re_mode='pixel', re_count=1, scale=[0.08, 1.0], ratio=[3. / 4., 4. / 3.], hflip=0.5, vflip=0.,
+        color_jitter=0.4, auto_augment=None, interpolation='random', mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225), num_workers=args.workers, distributed=False, collate_fn=None, pin_memory=False,
+        device=device, use_prefetcher=True, use_multi_epochs_loader=False, worker_seeding='all')
+    train_sampler = None
+else:
+    train_dataset = torchvision.datasets.ImageFolder(args.data, transform)
+    if args.split:
+        train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
+                                                         generator=torch.Generator().manual_seed(42))
+    if args.mixup:
+        import torchvision.transforms.v2 as v2
 
-    def mixup_collate(batch):
-        return mixup_cutmix(*torch.utils.data.default_collate(batch))
-train_sampler = None
-if args.ra_sampler:
-    spec = importlib.util.spec_from_file_location(
-        "train_samplers", Path(__file__).resolve().parents[1] / "tests" / "run_scripts" / "train_samplers.py")
-    samplers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(samplers)
-    train_sampler = samplers.RASampler(train_dataset, num_replicas=1, rank=0)
-train_loader = torch.utils.data.DataLoader(
-    train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None, num_workers=args.workers,
-    pin_memory=True, sampler=train_sampler, collate_fn=mixup_collate if args.mixup else None)
+        classes = len(train_dataset.classes)
+        mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes),
+                                        v2.CutMix(alpha=1.0, num_classes=classes)])
+
+        def mixup_collate(batch):
+            return mixup_cutmix(*torch.utils.data.default_collate(batch))
+    train_sampler = None
+    if args.ra_sampler:
+        spec = importlib.util.spec_from_file_location(
+            "train_samplers", Path(__file__).resolve().parents[1] / "tests" / "run_scripts" / "train_samplers.py")
+        samplers = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(samplers)
+        train_sampler = samplers.RASampler(train_dataset, num_replicas=1, rank=0)
+    train_loader = torch.utils.data.DataLoader(
+        train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None, num_workers=args.workers,
+        pin_memory=True, sampler=train_sampler, collate_fn=mixup_collate if args.mixup else None)
 
 model = None
 if args.arch != "none":

@@ -26,7 +26,10 @@ views of each image (..._moco.json; images/s counts images, not views), with `--
 MoCo v2's (--aug-plus: RandomApply of ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale, RandomApply
 of MoCo's own GaussianBlur class, then the flip) in it (..._moco_v2.json), with `--recipe dino` DINO's
 multi-crop (..._dino.json), with `--recipe deit` DeiT's main.py transform, timm's `create_transform`
-(bicubic crop, flip, timm's RandAugment, ToTensor, Normalize, timm's RandomErasing; ..._deit.json);
+(bicubic crop, flip, timm's RandAugment, ToTensor, Normalize, timm's RandomErasing; ..._deit.json),
+with `--recipe timm_train` timm's train.py data path with its defaults (timm's dataset and loader:
+a filter drawn per image, ColorJitter, fast_collate, persistent workers, its prefetcher;
+..._timm_train.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
 With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
@@ -38,7 +41,7 @@ sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco,moco_v2,
-                                                     dino,deit}]
+                                                     dino,deit,timm_train}]
                                           [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -63,7 +66,7 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                         "moco", "moco_v2", "dino", "deit"],
+                                         "moco", "moco_v2", "dino", "deit", "timm_train"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
@@ -94,7 +97,8 @@ def main() -> int:
             lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
             ratios[f"{part} vs {base}"] = {"ratio": statistics.median(fast) / statistics.median(slow),
                                             "ci95": [lo, hi]}
-    print(f"\n{args.images} images, batch 256, {args.workers} workers (fresh each epoch), {args.rounds} rounds ABBA, "
+    fresh = "persistent workers" if args.recipe == "timm_train" else "fresh each epoch"
+    print(f"\n{args.images} images, batch 256, {args.workers} workers ({fresh}), {args.rounds} rounds ABBA, "
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else ""))
@@ -110,7 +114,8 @@ def main() -> int:
         "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup,
         "ra_sampler": args.ra_sampler, "pillow": PIL.__version__,
         "torchvision": torchvision.__version__,
-        "regime": "fresh workers each epoch (the script's DataLoader default), files in the page cache",
+        "regime": ("persistent workers (timm's create_loader default)" if args.recipe == "timm_train" else
+                   "fresh workers each epoch (the script's DataLoader default)") + ", files in the page cache",
         "sides": sides, "ratios": ratios}, args.json)
     return 0
 

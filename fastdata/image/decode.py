@@ -32,6 +32,7 @@ from .._trace import trace_range
 from ..errors import error_line, one_line
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
+from ..transforms._random import uniforms
 from ..transforms.plan import plan_geometry, plan_pixels
 from .check import check_complete, check_rows
 from .read import Failures, Read
@@ -93,6 +94,17 @@ def vertical_first(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 _PROBES = (((40, 64), (36, 16)), ((40, 40), (30, 20)), ((40, 41), (30, 20)), ((64, 40), (16, 36)),
            ((20, 60), (30, 20)), ((40, 30), (10, 50)))
 
+_FILTER_STREAM = 1 << 22  # a drawn filter's uniforms: apart from the geometry's, the pixel ops' and the erasings'
+
+
+def drawn_filters(resample: str | tuple, seed: int, epoch: int, keys: np.ndarray) -> np.ndarray:
+    """Each sample's resize filter (names): `resample`, or for a tuple of them one drawn uniformly
+    per sample, a function of (seed, epoch, its draw key) as the other draws are."""
+    if isinstance(resample, str):
+        return np.full(len(keys), resample, dtype=object)
+    u = uniforms(seed, epoch, keys, _FILTER_STREAM, 1)[:, 0]
+    return np.array(resample, dtype=object)[(u * len(resample)).astype(np.int64)]
+
 
 @functools.cache
 def pillow_order() -> str:
@@ -135,7 +147,9 @@ class BatchDecoder:
         self.rings = ProcessRings(slots, pin)
         self.entropy = EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
-        self.resample = "bilinear"  # the resize filter: "bilinear" or "bicubic" (native or Pillow), "nearest" (Pillow)
+        # the resize filter: "bilinear" or "bicubic" (native or Pillow), "nearest" (Pillow); or a tuple
+        # of them, one drawn per sample (`drawn_filters`)
+        self.resample: str | tuple = "bilinear"
         self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.open_window)
         # with crop_first, the order of the resize's two passes: None, the installed Pillow's
         # (`pillow_order`), or "horizontal" (horizontal pass first, as torch resizes a tensor)
@@ -287,12 +301,13 @@ class BatchDecoder:
         """Decodes the checked samples `c` into `target` (uint8 [len, h, w, 3]) and runs the
         pixel ops on them; the rows of the samples that failed (recorded or raised through
         `self.fail`). `lap`, if given, gets the CPU clock after the decode and after the pixel ops."""
+        keys = c.index if c.keys is None else c.keys
+        filters = drawn_filters(self.resample, self.seed, epoch, keys)
         with trace_range("fastdata.decode"):
-            failed = self._decode_into(target, c.datas, c.jpeg, c.geo, c.paths, errors, _native_jpeg())
+            failed = self._decode_into(target, c.datas, c.jpeg, c.geo, c.paths, errors, _native_jpeg(), filters)
         if lap:
             lap(time.process_time())
         if self.pixel_ops:
-            keys = c.index if c.keys is None else c.keys
             plans = plan_pixels(self.pixel_ops, self.seed, epoch, keys, tuple(target.shape[1:3]))
             with trace_range("fastdata.cpu_transforms"):
                 for k in range(len(c.datas)):
@@ -302,10 +317,10 @@ class BatchDecoder:
             lap(time.process_time())
         return failed
 
-    def _decode_into(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
+    def _decode_into(self, target, datas, jpeg, geo, paths, errors, native, filters) -> set[int]:
         padded = np.flatnonzero(geo.padded())
         if not len(padded):
-            return self._decode_boxes(target, datas, jpeg, geo, paths, errors, native)
+            return self._decode_boxes(target, datas, jpeg, geo, paths, errors, native, filters)
         # A CenterCrop padded these: each box goes to its place in a zeroed output, one at a time
         # (places differ with the image's size). One with no place left (a crop of padding
         # only) is decoded to a pixel aside, so that a corrupt file fails as on any other crop.
@@ -314,24 +329,25 @@ class BatchDecoder:
         if len(rest):
             part = target[rest]  # (a copy, filled, then put back: rare)
             bad = self._decode_boxes(part, [datas[k] for k in rest], jpeg[rest], geo.take(rest),
-                                     [paths[k] for k in rest], errors, native)
+                                     [paths[k] for k in rest], errors, native, filters[rest])
             target[rest] = part
             failed = {int(rest[k]) for k in bad}
         for k, (x, y, w, h) in zip(padded.tolist(), geo.placements()[padded].tolist()):
             target[k].zero_()
             into = target[k:k + 1, y:y + h, x:x + w] if w and h else torch.empty((1, 1, 1, 3), dtype=torch.uint8)
-            if self._decode_boxes(into, [datas[k]], jpeg[[k]], geo.take([k]), [paths[k]], errors, native):
+            if self._decode_boxes(into, [datas[k]], jpeg[[k]], geo.take([k]), [paths[k]], errors, native,
+                                  filters[[k]]):
                 failed.add(k)
         return failed
 
-    def _decode_boxes(self, target, datas, jpeg, geo, paths, errors, native) -> set[int]:
+    def _decode_boxes(self, target, datas, jpeg, geo, paths, errors, native, filters) -> set[int]:
+        """Decodes each sample's box into its row of `target` with its filter (`filters`, names)."""
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
         # The native decoder has Pillow's bilinear and bicubic filters; "nearest" is Pillow's. It takes
         # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
         # does, but with `crop_first` such a box, and any a Resize then crops cut, goes to
         # Pillow, which runs torchvision's steps (a resize of the whole image, then a crop of it).
-        native = native and self.resample in ("bilinear", "bicubic")
         takes = ((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) if self.crop_first \
             else np.ones(len(datas), bool)
         # Torchvision's steps resize in the installed Pillow's order of passes: the native decoder
@@ -339,41 +355,39 @@ class BatchDecoder:
         # ~20 levels (bilinear's by a rounding), takes Pillow's path.
         order = (self.order or pillow_order()) if self.crop_first else "horizontal"
         vertical = vertical_first(geo.boxes, size) if order == "rule" else None
-        if order == "other" and self.resample == "bicubic":
-            takes[:] = False
-        pillow = [k for k in range(len(datas)) if not (native and jpeg[k] and takes[k])]
-        if native:
-            js = [k for k in range(len(datas)) if jpeg[k] and takes[k]]
-            if js:
-                boxes = geo.boxes[js]
-                crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
-                threads = batch_threads(self.threads)
-                chw = target.permute(0, 3, 1, 2)
-                out = chw  # (when mixed, rare: decoded aside, then put in place)
-                if len(js) < len(datas):
-                    out = target.new_empty((len(js), *target.shape[1:])).permute(0, 3, 1, 2)
-                # Whole where the checkpoint index, keyed by the bytes, has not seen them decode
-                # whole: the index decides, not the record.
-                results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out, threads,
-                                                    resample=self.resample, crop_first=self.crop_first,
-                                                    vertical_first=None if vertical is None else vertical[js])
-                if out is not chw:
-                    chw[js] = out
-                for k, err in zip(js, results):
-                    if err is None:
-                        continue
-                    if pillows(err):
-                        pillow.append(k)
-                    else:
-                        failed.add(k)
-                        self.fail(errors, paths[k], f"corrupt JPEG ({err})")
+        takes &= np.isin(filters, ("bilinear", "bicubic") if order != "other" else ("bilinear",)) & jpeg & native
+        pillow = np.flatnonzero(~takes).tolist()
+        chw = target.permute(0, 3, 1, 2)
+        for resample in dict.fromkeys(filters[takes].tolist()):  # one native call per filter
+            js = np.flatnonzero(takes & (filters == resample)).tolist()
+            boxes = geo.boxes[js]
+            crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+            out = chw  # (when mixed, rare but for drawn filters: decoded aside, then put in place)
+            if len(js) < len(datas):
+                out = target.new_empty((len(js), *target.shape[1:])).permute(0, 3, 1, 2)
+            # Whole where the checkpoint index, keyed by the bytes, has not seen them decode
+            # whole: the index decides, not the record.
+            results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out,
+                                                batch_threads(self.threads), resample=resample,
+                                                crop_first=self.crop_first,
+                                                vertical_first=None if vertical is None else vertical[js])
+            if out is not chw:
+                chw[js] = out
+            for k, err in zip(js, results):
+                if err is None:
+                    continue
+                if pillows(err):
+                    pillow.append(k)
+                else:
+                    failed.add(k)
+                    self.fail(errors, paths[k], f"corrupt JPEG ({err})")
         if pillow:  # (outside the handler below: a missing Pillow is no file's fault)
             require_pillow(f"to decode {one_line(str(paths[pillow[0]]))} (fastdata's own decoder takes JPEGs only)")
         for k in pillow:
             try:
                 resized = tuple(int(v) for v in geo.resized[k]) if self.crop_first and geo.resized[k, 0] >= 0 else None
                 target[k].numpy()[...] = pil_lowering.open_window(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
-                                                                  self.resample, self.crop_first, resized)
+                                                                  str(filters[k]), self.crop_first, resized)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
                 self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")

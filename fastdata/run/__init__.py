@@ -13,10 +13,10 @@ sampler or batch sampler, arguments torch's DataLoader does not take). A loader 
 at num_workers=0 gets num_workers='auto' only where workers cannot change a batch: a torchvision
 image folder fastdata decodes itself, torch's default samplers, fork, room in /dev/shm; any other
 Dataset keeps its 0 (only its own __getitem__ knows whether workers would change its samples).
-A torchvision image folder, CIFAR or MNIST whose transform fastdata lowers is served natively:
-decoded by fastdata, its pixels within the bounds docs/guide.md gives, its random ops drawn by
-fastdata from torchvision's distributions (so a seeded run's batches are not the plain run's; the
-summary says so).
+A torchvision image folder (or timm's dataset of one), CIFAR or MNIST whose transform fastdata
+lowers is served natively: decoded by fastdata, its pixels within the bounds docs/guide.md gives,
+its random ops drawn by fastdata from torchvision's distributions (so a seeded run's batches are
+not the plain run's; the summary says so).
 Where CUDA is, a served loader with workers copies each batch ahead to the GPU the script moves
 its batches to (`fastdata.run._copy`; --no-copy-ahead: not). At the end, one line per loader on
 stderr: where it was made, the dataset, native (served, fastdata making its samples), served or

@@ -34,7 +34,8 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS, apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._gather import Draws, gather
-from ._lowering import Lowering, Unlowerable, flatten, folder, lower, lower_transform, lower_views
+from ._folders import folder, lower
+from ._lowering import Lowering, Unlowerable, flatten, lower_transform, lower_views
 from ._pixels import CALLS, flip_commutes, interpolation, pixel_op
 from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder

@@ -32,7 +32,8 @@ import torch.utils.data.dataloader
 from torch.utils.data import IterableDataset
 
 from ._arrays import lower_any
-from ._lowering import Lowering, folder, samples_refused
+from ._folders import folder
+from ._lowering import Lowering, samples_refused
 from ._shm import shm_room
 from .._collate import collate as native_collate
 from .._workers import own_start_method

@@ -38,7 +38,7 @@ from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
 from ._decide import SIGNATURE, decide
 from ._arrays import NativeArrays, lower_any
-from ._lowering import folder
+from ._folders import folder
 from ._layout import Finish
 from ._torchvision import NativeFolder
 from .._collate import collate as native_collate

@@ -1,8 +1,6 @@
-"""`fastdata run`: which torchvision image folders are served natively, their transform in fastdata's ops.
+"""`fastdata run`: a served image folder's transform (`fastdata.run._folders`) in fastdata's ops.
 
-`lower(dataset)` takes a `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with
-torchvision's own image loader, or torch's `Subset` of one (what `random_split` gives: `folder`),
-and reads its transform op by op (torchvision's v1 and v2 classes, each its exact class: a
+`lower_transform` reads the transform op by op (torchvision's v1 and v2 classes, each its exact class: a
 subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
@@ -30,8 +28,8 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
 from ._crop import RandomCrop, fits, random_crop
 from ._erasing import lowered as lowered_erasing, lowered_timm
-from ._pixels import RandomCall, flip_commutes, interpolation, named, pixel_op, script_ops
-from ._timm import is_erasing, translated
+from ._pixels import RandomCall, flip_commutes, interpolation, pixel_op, script_ops
+from ._timm import FilterDrawn, is_erasing, translated
 from ._views import views
 
 
@@ -50,7 +48,7 @@ class Lowering:
 
     geometry: tuple  # fastdata geometric ops, in order
     pixel_ops: tuple  # after the geometry: ColorJitter, the auto-augment ops, Rotation, Affine, AugMix
-    resample: str  # the resize filter of every geometric op
+    resample: str | tuple  # the resize filter of every geometric op; a tuple: drawn per image from it
     steps: tuple  # tensor steps on each CHW image: ("to", dtype, scale) or ("normalize", mean, std)
     names: str  # the script's ops, for the run's summary
     erasing: tuple = ()  # _erasing.Erase per RandomErasing, in order (after the layout, each after its steps)
@@ -89,56 +87,6 @@ class Lowering:
 
 class Unlowerable(Exception):
     """Why a transform cannot be served natively (the run's summary says it)."""
-
-
-def folder(dataset: Any) -> Any:
-    """The dataset under any torch `Subset`s of it (of that exact class: a subclass's own
-    methods may do anything), whose samples they pick by index."""
-    while type(dataset) is torch.utils.data.Subset:
-        dataset = dataset.dataset
-    return dataset
-
-
-def lower(dataset: Any) -> tuple[Lowering | None, str]:
-    """(the lowering, "") when `dataset` (or the `folder` under its Subsets) is served natively;
-    (None, why not) otherwise, and (None, "") for a dataset that is not a torchvision image
-    folder at all."""
-    tv = sys.modules.get("torchvision")  # a script that made a torchvision dataset imported it; never here
-    if tv is None:
-        return None, ""
-    from torchvision.datasets import DatasetFolder
-    from torchvision.datasets import folder as tv_folder
-
-    def torchvisions(f: Any, name: str) -> bool:
-        # torchvision's own function, not one a script put in its place: its code is in
-        # torchvision's file (a functools.wraps wrapper takes its names, not its code)
-        code = getattr(f, "__code__", None)
-        return code is not None and code.co_name == name and code.co_filename == tv_folder.__file__ and \
-            not hasattr(f, "__wrapped__")
-
-    dataset = folder(dataset)
-    if not isinstance(dataset, DatasetFolder):
-        return None, ""
-    name = type(dataset).__name__
-    if type(dataset).__getitem__ is not DatasetFolder.__getitem__:
-        return None, f"{name} overrides __getitem__"
-    loader = getattr(dataset, "loader", None)
-    if not (torchvisions(loader, "pil_loader") or (torchvisions(loader, "default_loader") and
-                                                   tv.get_image_backend() == "PIL")):
-        return None, f"{name} has its own image loader ({named(loader)})"
-    # default_loader calls the module's pil_loader by name: a script may have put its own there
-    # (a grey or an EXIF-transposing loader), which only torchvision's own call follows
-    if not torchvisions(loader, "pil_loader") and not torchvisions(tv_folder.pil_loader, "pil_loader"):
-        return None, (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
-                      f"script's own ({named(tv_folder.pil_loader)})")
-    image_file = sys.modules.get("PIL.ImageFile")  # imported by torchvision's loader's module
-    if image_file is not None and getattr(image_file, "LOAD_TRUNCATED_IMAGES", False):
-        return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "
-                      "decoder refuses")
-    try:
-        return lower_views(dataset.transform, lower_transform), ""
-    except Unlowerable as e:
-        return None, str(e)
 
 
 def lower_views(transform: Any, lower_one: Any) -> Lowering:
@@ -286,9 +234,16 @@ def lower_transform(transform: Any) -> Lowering:
     try:
         for op in ops:
             kind, cls = type(op).__name__, type(op)
-            if cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
+            if cls in (T.RandomResizedCrop, v2.RandomResizedCrop) or cls is FilterDrawn:
                 check_geometry(op)
-                filters.add(_filter(op, domain != "pil"))
+                if cls is FilterDrawn:  # (timm's, its filter drawn per image: on a PIL image only)
+                    op, drawn = op.crop, op.filters
+                    if domain != "pil" or not set(drawn) <= {"bilinear", "bicubic"}:
+                        raise Unlowerable(f"RandomResizedCropAndInterpolation drawing its filter from {', '.join(drawn)} on a "
+                                          f"{'PIL image' if domain == 'pil' else 'tensor'}: not lowered")
+                    filters.add(drawn)
+                else:
+                    filters.add(_filter(op, domain != "pil"))
                 tensor_resize = tensor_resize or domain != "pil"
                 size = _size(op.size)
                 geometry.append(fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)))
@@ -368,7 +323,8 @@ def lower_transform(transform: Any) -> Lowering:
     if domain == "pil":
         raise Unlowerable("the transform gives PIL images, which fastdata does not lay out")
     if len(filters) > 1:
-        raise Unlowerable(f"geometric ops with different interpolations ({', '.join(sorted(filters))}): not lowered")
+        said = sorted(f if isinstance(f, str) else " or ".join(f) for f in filters)
+        raise Unlowerable(f"geometric ops with different interpolations ({', '.join(said)}): not lowered")
     return Lowering(tuple(geometry), tuple(pixel), filters.pop() if filters else "bilinear", tuple(steps), names,
                     tuple(erasing), tv_image, fixed is not None, tensor_resize=tensor_resize)
 

@@ -1,11 +1,21 @@
-"""`fastdata run` reading timm's transforms as torchvision's: what `timm.data.create_transform`
-builds (DeiT's, ConvNeXt's and MAE's fine-tuning main.py build theirs with it on an ImageFolder)
-is torchvision's ops but for a few of timm's own classes, which `translated` gives as the
-torchvision ops that do the same, so `_lowering` reads the rest as it reads torchvision's:
+"""`fastdata run` reading timm's datasets and transforms as torchvision's.
 
-- `RandomResizedCropAndInterpolation` with one interpolation: torchvision's RandomResizedCrop (the
-  same box distribution, drawn with Python's RNG there and torch's here, and the same
-  `F.resized_crop`); with 'random' (a filter drawn per image) it is not lowered.
+timm's `ImageDataset` on its `ReaderImageFolder` (what timm's train.py makes of a folder of class
+folders: `create_dataset`) reads an image folder as torchvision's ImageFolder does: a list of
+(path, class) pairs (`reader.samples`), each file opened by Pillow and converted to RGB, then the
+transform; `image_dataset` says whether one is read so. It skips a file Pillow cannot read to the
+next index where torchvision raises: a batch with a file fastdata does not read is the dataset's
+own fetch, so that skip and its warning are timm's.
+
+What `timm.data.create_transform` builds (timm's train.py, DeiT's, ConvNeXt's and MAE's
+fine-tuning main.py) is torchvision's ops but for a few of timm's own classes, which `translated`
+gives as the torchvision ops that do the same, so `_lowering` reads the rest as it reads
+torchvision's:
+
+- `RandomResizedCropAndInterpolation`: torchvision's RandomResizedCrop (the same box distribution,
+  drawn with Python's RNG there and torch's here, and the same `F.resized_crop`); with 'random'
+  (train.py's default: bilinear or bicubic, drawn per image), a `FilterDrawn` crop, whose filter
+  the decoder draws per image from the same choice.
 - `MaybeToTensor` on a PIL image: `F.to_tensor`, ToTensor's; `MaybePILToTensor`: PILToTensor's;
   timm's `ToTensor(dtype)`: PILToTensor, then a cast without scaling (v2's ToDtype, scale=False).
 - `RandomErasing` (timm.data.random_erasing): itself, which `_erasing.lowered_timm` reads.
@@ -21,11 +31,38 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 
 def _timms(op: Any, module: str, name: str) -> bool:
     return type(op) is getattr(sys.modules.get(f"timm.data.{module}"), name, None)
+
+
+@dataclass(frozen=True)
+class FilterDrawn:
+    """A RandomResizedCrop (`crop`, torchvision's) whose filter is drawn per image, uniformly
+    from `filters` (names), as timm's crop with interpolation 'random' draws it."""
+
+    crop: Any
+    filters: tuple[str, ...]
+
+
+def image_dataset(dataset: Any) -> str | None:
+    """For timm's ImageDataset: "" where it reads a folder as torchvision's ImageFolder does (see
+    the module's docstring), else why not; None for any other dataset."""
+    if not _timms(dataset, "dataset", "ImageDataset"):
+        return None
+    reader = getattr(dataset, "reader", None)
+    if not _timms(reader, "readers.reader_image_folder", "ReaderImageFolder"):
+        return f"ImageDataset with timm's {type(reader).__name__}: not lowered (fastdata reads an image folder)"
+    if getattr(dataset, "load_bytes", False):
+        return "ImageDataset with load_bytes=True: its samples are the files' bytes"
+    if getattr(dataset, "input_img_mode", None) != "RGB":
+        return f"ImageDataset with input_img_mode={dataset.input_img_mode!r}: fastdata decodes to RGB"
+    if getattr(dataset, "additional_features", None) is not None:
+        return "ImageDataset with additional_features: not lowered"
+    return ""
 
 
 def is_erasing(op: Any) -> bool:
@@ -44,11 +81,16 @@ def translated(op: Any) -> list:
 
     name = type(op).__name__
     if _timms(op, "transforms", "RandomResizedCropAndInterpolation"):
-        if isinstance(op.interpolation, (tuple, list)):
-            raise ValueError(f"{name} with interpolation 'random' (a filter drawn for each image): not lowered")
+        drawn = isinstance(op.interpolation, (tuple, list))
         with warnings.catch_warnings():  # (timm warned of a range out of order already)
             warnings.simplefilter("ignore")
-            return [T.RandomResizedCrop(op.size, scale=op.scale, ratio=op.ratio, interpolation=op.interpolation)]
+            crop = T.RandomResizedCrop(op.size, scale=op.scale, ratio=op.ratio,
+                                       interpolation=op.interpolation[0] if drawn else op.interpolation)
+        if drawn:
+            pil = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # (a mode as PIL's integer, as older timm gives it)
+            return [FilterDrawn(crop, tuple(pil.get(mode, str(mode)) if isinstance(mode, int) else
+                                            T.InterpolationMode(mode).value for mode in op.interpolation))]
+        return [crop]
     if _timms(op, "transforms", "MaybeToTensor"):
         return [T.ToTensor()]
     if _timms(op, "transforms", "MaybePILToTensor"):

@@ -1,10 +1,10 @@
-"""`fastdata run` serving torchvision's image folders natively: the decode, crop and resize of a
-`torchvision.datasets.ImageFolder` (or `DatasetFolder`) with torchvision's own image loader and a
-`Compose` of transforms fastdata can lower (`fastdata.run._lowering`: `lower`), done by
-fastdata's image pipeline.
+"""`fastdata run` serving image folders natively: the decode, crop and resize of a
+`torchvision.datasets.ImageFolder` (or `DatasetFolder`) with torchvision's own image loader, or
+timm's ImageDataset of a folder (`fastdata.run._folders`), and a `Compose` of transforms
+fastdata can lower (`fastdata.run._lowering`), done by fastdata's image pipeline.
 
 `NativeFolder` is the dataset the served loader's workers read: `__getitems__` (which torch's
-fetcher calls with a batch's indices) reads the files named by the dataset's own `samples` (holding
+fetcher calls with a batch's indices) reads the files named by the dataset's own list (holding
 at most `read.MAX_PART_BYTES` of their bytes at once, each part decoded before the next is read),
 decodes them (`image.decode.BatchDecoder`: JPEGs natively, other formats and CMYK with Pillow,
 as `convert("RGB")`, the conversion torchvision's loader makes) and returns a `Prepared` batch,
@@ -51,7 +51,8 @@ from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
-from ._lowering import Lowering, folder, lower, samples_refused, steps_dtype
+from ._folders import folder, listed, lower
+from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
 
 
@@ -155,18 +156,18 @@ class NativeFolder(Dataset):
         return {**self.__dict__, "_scratch": []}
 
     def list_for_workers(self) -> None:
-        """Called in the main process before workers start: the dataset's `samples` (a list of
-        (str, int) pairs, as DatasetFolder makes it) listed again as `Names` and an int64 array,
-        which workers read the batches' paths and targets from. A worker that read them from
+        """Called in the main process before workers start: the folder's list (`listed`: (str, int)
+        pairs, as DatasetFolder and timm's folder reader make it) listed again as `Names` and an
+        int64 array, which workers read the batches' paths and targets from. A worker that read them from
         the list would write the reference counts of its tuples, strings and ints, and so copy
         the pages they lie on: over an epoch, the whole list, into every worker (137 MB a worker
         at ImageNet's 1.28M samples: benchmarks/listing_memory.py). The listing is made again
         when the list is another or holds other items (compared by identity, so that an item
         replaced by an equal one of another type counts). A worker checks once, at its first
-        batch (after its worker_init_fn), that its `samples` is that list and holds those very
+        batch (after its worker_init_fn), that its list is that list and holds those very
         items (list equality, which passes identical items without touching them), and uses the
         listing only then, and while the list keeps its length."""
-        samples = getattr(folder(self.dataset), "samples", None)
+        samples = listed(folder(self.dataset))
         if type(samples) is not list:
             self._listing = self._kept = None
             return
@@ -194,21 +195,22 @@ class NativeFolder(Dataset):
 
     def _samples(self, ds: Any, indices: list) -> tuple[list[str], list]:
         """The paths and targets of the folder `ds`'s `indices`: from the listing in a worker
-        (`list_for_workers`), else from its `samples`, whose errors (an index out of range) are
+        (`list_for_workers`), else from its list (`listed`), whose errors (an index out of range) are
         the script's."""
         listing = self._listing
         if listing is not None and torch.utils.data.get_worker_info() is not None:
             samples, paths, targets = listing
             if not self._checked:  # (a worker_init_fn may have changed the list in place)
                 self._checked = True
-                if not (ds.samples is samples and self._kept == samples):
+                if not (listed(ds) is samples and self._kept == samples):
                     self._listing = None
-            if self._listing is not None and ds.samples is samples and len(samples) == len(paths):
+            if self._listing is not None and listed(ds) is samples and len(samples) == len(paths):
                 try:
                     return [paths[i] for i in indices], [targets[i] for i in indices]
                 except (IndexError, TypeError):
                     pass
-        samples = [ds.samples[i] for i in indices]
+        listing = listed(ds)
+        samples = [listing[i] for i in indices]
         return [path for path, _ in samples], [target for _, target in samples]
 
     def __getitems__(self, indices: list[int]) -> Any:

@@ -911,7 +911,7 @@ def test_a_batch_size_torch_refuses_gets_torchs_error(tv, folder, size):
         import enum
 
         from fastdata.run._decide import auto_workers
-        from fastdata.run._lowering import lower
+        from fastdata.run._folders import lower
 
         lowering = lower(dataset)[0]
         assert auto_workers({"dataset": dataset, "batch_size": enum.IntEnum("B", {"SIZE": 4}).SIZE}, lowering) == \
