@@ -88,7 +88,6 @@ def test_create_transforms_are_lowered_as_the_torchvision_ops_they_run(timm):
 @pytest.mark.filterwarnings("ignore:range should be of kind")
 def test_what_fastdata_does_not_lower_of_timms_says_why(timm):
     import torchvision.transforms as T
-    from timm.data import create_transform
     from timm.data.random_erasing import RandomErasing
     from timm.data.transforms import (MaybePILToTensor, MaybeToTensor, RandomResizedCropAndInterpolation,
                                       ResizeKeepRatio, ToNumpy)
