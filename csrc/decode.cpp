@@ -481,13 +481,14 @@ size_t decoder_scratch_bytes() { return this_thread_decoder().scratch_bytes(); }
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole, bool index,
-                        Resize resize, const uint8_t* vertical_first) {
+                        Resize resize, const uint8_t* vertical_first, const uint8_t* bicubic) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
   parallel_for(n, threads, [&](int64_t i) {
     std::string& err = (*errors)[size_t(i)];
     Resize r = resize;
     if (vertical_first != nullptr) r.vertical_first = vertical_first[i] != 0;
+    if (bicubic != nullptr) r.filter = bicubic[i] != 0 ? Filter::kBicubic : Filter::kBilinear;
     try {
       err = this_thread_decoder().decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
                                          whole == nullptr || whole[i] != 0, index, r, out, i);

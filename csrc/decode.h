@@ -107,12 +107,14 @@ struct OutView {
 // false keeps to, and its errors, a little stricter: entropy.h); bytes the index has are not
 // decoded whole again, and bytes it lacks are, whatever `whole` says.
 // Where vertical_first is not null, sample i takes the vertical pass first where
-// vertical_first[i] is nonzero (resize.vertical_first is then ignored).
+// vertical_first[i] is nonzero (resize.vertical_first is then ignored); where bicubic is not
+// null, sample i is resized bicubic where bicubic[i] is nonzero, else bilinear (resize.filter is
+// then ignored).
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
                         bool index = true, Resize resize = Resize(),
-                        const uint8_t* vertical_first = nullptr);
+                        const uint8_t* vertical_first = nullptr, const uint8_t* bicubic = nullptr);
 
 // printf into a std::string of at most 255 characters: the error messages of the native decoder
 // (structure.cpp).

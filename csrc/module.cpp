@@ -451,17 +451,18 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
 }
 
 // decode_crop_resize(datas, crops, flips, out, threads, whole, index, resample, crop_first,
-//                    vertical_first) -> [None or error]:
+//                    vertical_first, bicubic) -> [None or error]:
 // out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear or bicubic),
 // mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
 // decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
 // decode may stop at the window's last row. index: entropy.cpp's decoder and its checkpoints
 // (else libjpeg's entropy decoder). vertical_first: None or uint8/bool [N], nonzero where the
-// vertical pass comes first.
+// vertical pass comes first. bicubic: None (every sample `resample`) or uint8/bool [N], nonzero
+// where the sample is resized bicubic, else bilinear.
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
                             int threads, std::optional<FlipArray> whole, bool index,
                             const std::string& resample, bool crop_first,
-                            std::optional<FlipArray> vertical_first) {
+                            std::optional<FlipArray> vertical_first, std::optional<FlipArray> bicubic) {
   if (resample != "bilinear" && resample != "bicubic") {
     throw nb::value_error(("resample should be 'bilinear' or 'bicubic', not '" + resample + "'").c_str());
   }
@@ -481,6 +482,10 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     shape_error("vertical_first should be uint8 or bool with shape [" + std::to_string(n) + "]",
                 vertical_first->ndim(), vertical_first->shape_ptr());
   }
+  if (bicubic.has_value() && !is_byte_vector(*bicubic, n)) {
+    shape_error("bicubic should be uint8 or bool with shape [" + std::to_string(n) + "]", bicubic->ndim(),
+                bicubic->shape_ptr());
+  }
   if (out.shape(0) != n || out.shape(1) != 3 || out.shape(2) < 1 || out.shape(3) < 1 ||
       out.shape(2) > (1 << 20) || out.shape(3) > (1 << 20)) {
     shape_error("out should have shape [" + std::to_string(n) + ", 3, H, W]", out.ndim(), out.shape_ptr());
@@ -490,7 +495,7 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   // Copied out of their arrays, whatever their strides.
   std::vector<double> crop_values(4 * n);
   std::vector<uint8_t> flip_values(n), whole_values(whole.has_value() ? n : 0),
-      vertical_values(vertical_first.has_value() ? n : 0);
+      vertical_values(vertical_first.has_value() ? n : 0), bicubic_values(bicubic.has_value() ? n : 0);
   const double* c = crops.data();
   const uint8_t* f = static_cast<const uint8_t*>(flips.data());
   for (size_t i = 0; i < n; ++i) {
@@ -505,6 +510,10 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     const uint8_t* v = static_cast<const uint8_t*>(vertical_first->data());
     for (size_t i = 0; i < n; ++i) vertical_values[i] = v[i * vertical_first->stride(0)] != 0;
   }
+  if (bicubic.has_value()) {
+    const uint8_t* b = static_cast<const uint8_t*>(bicubic->data());
+    for (size_t i = 0; i < n; ++i) bicubic_values[i] = b[i * bicubic->stride(0)] != 0;
+  }
   const fastdata::OutView view{out.data(),         out.stride(0),      out.stride(1),
                                out.stride(2),      out.stride(3),      int(out.shape(2)),
                                int(out.shape(3))};
@@ -515,7 +524,8 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
                                  &errors, whole.has_value() ? whole_values.data() : nullptr, index,
                                  {resample == "bicubic" ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
                                   crop_first},
-                                 vertical_first.has_value() ? vertical_values.data() : nullptr);
+                                 vertical_first.has_value() ? vertical_values.data() : nullptr,
+                                 bicubic.has_value() ? bicubic_values.data() : nullptr);
   }
   nb::list result;
   for (const std::string& e : errors) {
@@ -610,8 +620,10 @@ NB_MODULE(_native, m) {
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
         nb::arg("whole").none() = nb::none(), nb::arg("index") = true, nb::arg("resample") = "bilinear",
         nb::arg("crop_first") = false, nb::arg("vertical_first").none() = nb::none(),
+        nb::arg("bicubic").none() = nb::none(),
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
-        "strides) as Pillow's resize with that box and filter ('bilinear' or 'bicubic') does "
+        "strides) as Pillow's resize with that box and filter ('bilinear' or 'bicubic'; bicubic where "
+        "bicubic[i], else bilinear, where that array is given) does "
         "(crop_first: its resize of the crop cut out; the vertical pass first where "
         "vertical_first[i]), mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "

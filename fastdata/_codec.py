@@ -56,12 +56,12 @@ def _shape(x: Any) -> list[int]:
 
 def decode_crop_resize(
     datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None,
-    index: bool = True, resample: str = "bilinear", crop_first: bool = False, vertical_first: Any = None,
+    index: bool = True, resample: Any = "bilinear", crop_first: bool = False, vertical_first: Any = None,
 ) -> list[str | None]:
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
     of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's `resize` with
-    the box (x, y, x + w, y + h) and the `resample` filter ("bilinear" or "bicubic") does,
-    mirror it left-right where flips[i], and write it into out[i]. With `crop_first`, the
+    the box (x, y, x + w, y + h) and the `resample` filter ("bilinear" or "bicubic", or a
+    sequence or array [N] of them, one a sample) does, mirror it left-right where flips[i], and write it into out[i]. With `crop_first`, the
     window is cut out before the resize, as torchvision crops then resizes: the filter reads no
     pixel outside it (for a window of whole pixels decoded at full scale, Pillow's resize of the
     crop exactly), where Pillow's resize(box=) reads the pixels around the box too. Pillow's
@@ -134,10 +134,20 @@ def decode_crop_resize(
     shape = _shape(out)
     if len(shape) != 4 or shape[0] != n or shape[1] != 3 or shape[2] < 1 or shape[3] < 1:
         raise ValueError(f"out should have shape [{n}, 3, H, W], but got {shape}")
+    bicubic = None
+    if not isinstance(resample, str):  # one a sample: bicubic where named so, else bilinear
+        filters = np.asarray(resample, dtype=object)
+        if filters.shape != (n,):
+            raise ValueError(f"resample should be a filter or have shape [{n}], but got {list(filters.shape)}")
+        odd = [f for f in filters.tolist() if f not in ("bilinear", "bicubic")]
+        if odd:
+            raise ValueError(f"resample should be 'bilinear' or 'bicubic', but got {odd[0]!r}")
+        bicubic = np.ascontiguousarray(filters == "bicubic", dtype=np.uint8)
+        resample = "bilinear"
     if resample not in ("bilinear", "bicubic"):
         raise ValueError(f"resample should be 'bilinear' or 'bicubic', but got {resample!r}")
     return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index), resample,
-                                   bool(crop_first), vertical_first)
+                                   bool(crop_first), vertical_first, bicubic)
 
 
 INDEX_SLOTS = 1 << 21

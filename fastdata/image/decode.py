@@ -357,18 +357,20 @@ class BatchDecoder:
         vertical = vertical_first(geo.boxes, size) if order == "rule" else None
         takes &= np.isin(filters, ("bilinear", "bicubic") if order != "other" else ("bilinear",)) & jpeg & native
         pillow = np.flatnonzero(~takes).tolist()
-        chw = target.permute(0, 3, 1, 2)
-        for resample in dict.fromkeys(filters[takes].tolist()):  # one native call per filter
-            js = np.flatnonzero(takes & (filters == resample)).tolist()
+        js = np.flatnonzero(takes).tolist()
+        if js:
             boxes = geo.boxes[js]
             crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
-            out = chw  # (when mixed, rare but for drawn filters: decoded aside, then put in place)
+            chw = target.permute(0, 3, 1, 2)
+            out = chw  # (when mixed, rare: decoded aside, then put in place)
             if len(js) < len(datas):
                 out = target.new_empty((len(js), *target.shape[1:])).permute(0, 3, 1, 2)
+            resample = filters[js]
             # Whole where the checkpoint index, keyed by the bytes, has not seen them decode
             # whole: the index decides, not the record.
             results = _codec.decode_crop_resize([datas[k] for k in js], crops, geo.flips[js], out,
-                                                batch_threads(self.threads), resample=resample,
+                                                batch_threads(self.threads),
+                                                resample=resample[0] if (resample == resample[0]).all() else resample,
                                                 crop_first=self.crop_first,
                                                 vertical_first=None if vertical is None else vertical[js])
             if out is not chw:

@@ -387,6 +387,27 @@ def test_vertical_first_takes_the_vertical_pass_first(images, resample):
                                   vertical_first=[True, False])
 
 
+def test_a_filter_per_sample(images):
+    """resample given per sample: each sample resized with its own filter, bit for bit the batch
+    decoded with that filter alone (and the two filters' pixels differ); a name that is neither
+    filter, or the wrong count, raises."""
+    data, (W, H), _ = images["500x375_q90_420"]
+    crops = np.array([(0, 0, W, H), (40, 30, 300, 200), (10, 5, 120, 240), (0, 0, W, H)], np.float64)
+    flips = np.array([False, True, False, True])
+    filters = ["bicubic", "bilinear", "bicubic", "bilinear"]
+    out = torch.zeros(4, 3, 50, 70, dtype=torch.uint8)
+    assert _codec.decode_crop_resize([data] * 4, crops, flips, out, resample=filters, crop_first=True) == [None] * 4
+    for resample in ("bilinear", "bicubic"):
+        alone = torch.zeros(4, 3, 50, 70, dtype=torch.uint8)
+        assert _codec.decode_crop_resize([data] * 4, crops, flips, alone, resample=resample, crop_first=True) == [None] * 4
+        for k, f in enumerate(filters):
+            assert torch.equal(out[k], alone[k]) == (f == resample), (k, f, resample)
+    with pytest.raises(ValueError, match="resample should be 'bilinear' or 'bicubic', but got 'nearest'"):
+        _codec.decode_crop_resize([data] * 4, crops, flips, out, resample=["bilinear", "nearest", "bicubic", "bicubic"])
+    with pytest.raises(ValueError, match=r"resample should be a filter or have shape \[4\], but got \[2\]"):
+        _codec.decode_crop_resize([data] * 4, crops, flips, out, resample=["bilinear", "bicubic"])
+
+
 def test_pillow_order_is_the_installed_pillows():
     """`pillow_order` tells Pillow 13's order (vertical pass first by `vertical_first`'s rule) from
     earlier Pillows' (Pillow-SIMD's too: horizontal first always), on probes where the two orders
