@@ -106,6 +106,34 @@ void by_chunks(const uint8_t* src, uint8_t* dst, int64_t n, Step step) {
   }
 }
 
+// ImagingBlend's values for m values of a plane, each with its base (the degenerate image's
+// value): base + alpha * (value - base) in float, truncated; outside 0..1 Pillow clips first
+// (t <= 0: 0, t >= 255: 255). Inside, t stays within 0..255, so one clamp serves both.
+FASTDATA_AVX2_CLONE void blend_level(const uint8_t* src, uint8_t* dst, int64_t m, int32_t level, float alpha) {
+  for (int64_t j = 0; j < m; ++j) {
+    float t = float(level) + alpha * float(int32_t(src[j]) - level);
+    t = t > 0.0f ? t : 0.0f;
+    t = t < 255.0f ? t : 255.0f;
+    dst[j] = uint8_t(int32_t(t));
+  }
+}
+
+FASTDATA_AVX2_CLONE void blend_plane(const int32_t* base, int32_t* plane, int m, float alpha) {
+  for (int j = 0; j < m; ++j) {
+    float t = float(base[j]) + alpha * float(plane[j] - base[j]);
+    t = t > 0.0f ? t : 0.0f;
+    t = t < 255.0f ? t : 255.0f;
+    plane[j] = int32_t(t);
+  }
+}
+
+// convert("L")'s level of m pixels, (R * w.r + G * w.g + B * w.b + half) >> w.shift.
+FASTDATA_AVX2_CLONE void luma_plane(const int32_t* r, const int32_t* g, const int32_t* b, int32_t* out, int m,
+                                    Luma w) {
+  const int32_t half = 1 << (w.shift - 1);
+  for (int j = 0; j < m; ++j) out[j] = (r[j] * w.r + g[j] * w.g + b[j] * w.b + half) >> w.shift;
+}
+
 }  // namespace
 
 void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
@@ -115,6 +143,29 @@ void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
     for (int j = 0; j < m; ++j) c.x[j] = (c.x[j] + shift) & 255;
     rgb_planes(c.x, c.y, c.z, c.o0, c.o1, c.o2, m);
     Chunk::join(c.o0, c.o1, c.o2, out, m);
+  });
+}
+
+void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma w) {
+  const int32_t half = 1 << (w.shift - 1);
+  int32_t level = 0;  // Brightness: black; Contrast: ImageStat's mean of "L" (sum / count, in double) + 0.5, truncated
+  if (kind == 1 && n > 0) {
+    int64_t sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* p = src + 3 * i;
+      sum += (p[0] * w.r + p[1] * w.g + p[2] * w.b + half) >> w.shift;
+    }
+    level = int32_t(double(sum) / double(n) + 0.5);
+  }
+  if (kind != 2) {  // every value blended with one level
+    blend_level(src, dst, 3 * n, level, alpha);
+    return;
+  }
+  by_chunks(src, dst, n, [&](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
+    Chunk::split(in, c.x, c.y, c.z, m);
+    luma_plane(c.x, c.y, c.z, c.o0, m, w);
+    for (int32_t* plane : {c.x, c.y, c.z}) blend_plane(c.o0, plane, m, alpha);
+    Chunk::join(c.x, c.y, c.z, out, m);
   });
 }
 

@@ -14,4 +14,15 @@ void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift);
 void rgb_to_hsv(const uint8_t* src, uint8_t* dst, int64_t n);
 void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n);
 
+// Pillow's ImageEnhance on an RGB image, `Image.blend(degenerate, image, alpha)` with ImagingBlend's
+// float arithmetic (interpolated between 0 and 1, else extrapolated and clipped, each value
+// truncated): kind 0 Brightness (degenerate black), 1 Contrast (grey at the image's mean "L"
+// level, rounded), 2 Color (each pixel's own "L" level). "L" is convert("L")'s ITU-R 601-2 in
+// fixed point: (R * luma.r + G * luma.g + B * luma.b + half) >> luma.shift, Pillow's weights
+// (16 bits) or Pillow-SIMD's (15). src and dst: n pixels of 3 uint8, contiguous (dst may be src).
+struct Luma {
+  int r = 19595, g = 38470, b = 7471, shift = 16;
+};
+void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma luma = Luma());
+
 }  // namespace fastdata

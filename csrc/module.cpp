@@ -2,12 +2,14 @@
 // and never links against libtorch, so the build needs no torch and fits every torch version.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -172,6 +174,20 @@ void hue_shift(AnyArray src, OutArray out, int shift) {
   nb::gil_scoped_release release;
   fastdata::hue_shift(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()),
                       int64_t(src.size() / 3), shift);
+}
+
+// enhance(src, out, kind, factor, luma): Pillow's ImageEnhance Brightness (0), Contrast (1) or
+// Color (2) of uint8 RGB pixels, enhance(factor), "L" with the weights luma = (r, g, b, shift) (color.h).
+void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int, 4> luma) {
+  color_arrays("enhance", src, out);
+  if (kind < 0 || kind > 2) throw nb::value_error("enhance takes kind 0 (Brightness), 1 (Contrast) or 2 (Color)");
+  const bool weights = luma[0] >= 0 && luma[1] >= 0 && luma[2] >= 0 && luma[3] >= 1 && luma[3] <= 16 &&
+                       int64_t(luma[0]) + luma[1] + luma[2] <= (int64_t(1) << luma[3]);
+  if (!weights) throw nb::value_error("enhance takes luma weights (r, g, b, shift) of sum at most 2^shift, shift 1 to 16");
+  nb::gil_scoped_release release;
+  fastdata::enhance(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()),
+                    int64_t(src.size() / 3), kind, float(factor),  // (Pillow's blend takes the factor as a float)
+                    {luma[0], luma[1], luma[2], luma[3]});
 }
 
 // convert_hsv(src, out, to_hsv): Pillow's RGB -> HSV (to_hsv) or HSV -> RGB conversion alone.
@@ -572,6 +588,11 @@ NB_MODULE(_native, m) {
   m.def("hue_shift", &hue_shift, nb::arg("src"), nb::arg("out"), nb::arg("shift"),
         "Pillow's hue shift of uint8 RGB pixels [..., 3] (RGB to HSV, hue + shift modulo 256, back), "
         "each pixel as Pillow's conversions give it; GIL released.");
+  m.def("enhance", &enhance, nb::arg("src"), nb::arg("out"), nb::arg("kind"), nb::arg("factor"),
+        nb::arg("luma") = std::array<int, 4>{19595, 38470, 7471, 16},
+        "Pillow's ImageEnhance Brightness (kind 0), Contrast (1) or Color (2) of uint8 RGB pixels [..., 3], "
+        "enhance(factor), each value as Pillow's blend gives it, \"L\" with the weights luma = (r, g, b, "
+        "shift); GIL released.");
   m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
         "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,

@@ -100,25 +100,82 @@ def _native_hue() -> bool:
 _NATIVE_HUE: bool | None = None
 
 
+# "L" as Pillow's convert("L") computes it, (R * r + G * g + B * b + half) >> shift: stock
+# Pillow's weights, then Pillow-SIMD's
+_LUMAS = ((19595, 38470, 7471, 16), (9798, 19235, 3735, 15))
+_ENHANCE_LUMA: tuple | None | bool = False  # not probed yet
+
+
+def _enhance_luma() -> tuple | None:
+    """The "L" weights (`_LUMAS`) with which the extension's `enhance` (csrc/color.cpp: ImageEnhance's
+    blends in one pass) gives this process's Pillow's Brightness, Contrast and Color, or None
+    (no extension, or a Pillow of other arithmetic: ColorJitter then takes Pillow's own steps).
+    Checked once, on 65,536 colours spread over the RGB cube, at factors inside and outside
+    0..1 (tests/unit/test_color_jitter.py checks all 2^24)."""
+    global _ENHANCE_LUMA
+    if _ENHANCE_LUMA is False:
+        _ENHANCE_LUMA = None
+        if native is not None and hasattr(native, "enhance"):
+            from PIL import Image, ImageEnhance
+
+            codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
+            cube = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
+            img, ours = Image.fromarray(cube), np.empty_like(cube)
+            wants = [(kind, f, np.asarray(cls(img).enhance(f))) for kind, cls in
+                     enumerate((ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)) for f in (0.37, 1.63)]
+            for luma in _LUMAS:
+                same = True
+                for kind, f, want in wants:
+                    native.enhance(cube, ours, kind, f, luma)
+                    same = same and np.array_equal(ours, want)
+                if same:
+                    _ENHANCE_LUMA = luma
+                    break
+    return _ENHANCE_LUMA
+
+
+def _hue_level(shift: float) -> int | None:
+    """torchvision's hue step: the shift truncated toward zero to whole hue levels, added
+    modulo 256 (None: no shift, the image unchanged)."""
+    return None if abs(shift) < 1e-9 else int(np.int32(shift * 255).astype(np.uint8))
+
+
 def _hue(img, shift: float):
     from PIL import Image
 
-    if abs(shift) < 1e-9:
+    level = _hue_level(shift)
+    if level is None:
         return img
-    # torchvision's step: the shift truncated toward zero to whole hue levels, added modulo 256
-    level = np.int32(shift * 255).astype(np.uint8)
     if img.mode == "RGB" and _native_hue():
         pixels = np.array(img)  # (a writable copy, shifted in place)
-        native.hue_shift(pixels, pixels, int(level))
+        native.hue_shift(pixels, pixels, level)
         return Image.fromarray(pixels, "RGB")
     h, s, v = img.convert("HSV").split()
-    h = Image.fromarray(np.asarray(h, dtype=np.uint8) + level, "L")
+    h = Image.fromarray(np.asarray(h, dtype=np.uint8) + np.uint8(level), "L")
     return Image.merge("HSV", (h, s, v)).convert("RGB")
 
 
 def color_jitter(img, p: dict):
+    """ColorJitter's ops in the plan's order, as torchvision runs them on a PIL image
+    (ImageEnhance's blends, the hue through HSV). `img`: an HWC uint8 array, a PIL image or a
+    CHW uint8 tensor (`_form`). Natively on its pixels where `_enhance_luma` (and for a hue
+    shift `_native_hue`) found this Pillow's arithmetic, the result an HWC array; else Pillow's
+    own steps, the result a PIL image."""
     from PIL import ImageEnhance
 
+    luma = _enhance_luma()
+    hue = 3 in p["order"] and _hue_level(p["hue"]) is not None
+    pixels = img.permute(1, 2, 0) if hasattr(img, "permute") else img  # (HWC)
+    rgb = img.mode == "RGB" if hasattr(img, "mode") else pixels.ndim == 3 and pixels.shape[2] == 3
+    if luma is not None and (not hue or _native_hue()) and rgb:
+        pixels = np.array(pixels, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
+        for k in p["order"]:
+            if k < 3:
+                native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma)
+            elif _hue_level(p["hue"]) is not None:
+                native.hue_shift(pixels, pixels, _hue_level(p["hue"]))
+        return pixels
+    img = _form(img, tensor=False)
     for k in p["order"]:
         if k == 0:
             img = ImageEnhance.Brightness(img).enhance(p["brightness"])
@@ -205,7 +262,7 @@ def pixel_ops_on(img, ops, params: list[dict]):
         elif callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)
             img = op.on_pillow(_form(img, tensor=False), p)
         elif isinstance(op, ColorJitter):
-            img = color_jitter(_form(img, tensor=False), p)
+            img = color_jitter(img, p)
         else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
             img = _form(img, tensor=False)
             for one in p.get("ops", (p,)):

@@ -1,7 +1,8 @@
-"""ColorJitter's hue on a PIL image as fastdata runs it natively (`fastdata.transforms.pil._hue`:
-csrc/color.cpp) against Pillow's own steps (an HSV image, its hue band moved, back to RGB), over
-every colour. CI runs this module with Pillow-SIMD (the main environment) and with stock Pillow
-(the torchvision environment, .ci/run)."""
+"""ColorJitter on a PIL image as fastdata runs it natively (`fastdata.transforms.pil.color_jitter`:
+csrc/color.cpp) against Pillow's own steps (ImageEnhance's Brightness, Contrast and Color; an HSV
+image, its hue band moved, back to RGB), over every colour. CI runs this module with Pillow-SIMD
+(the main environment) and with stock Pillow (the torchvision environment, .ci/run), whose
+convert("L") weights differ."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ def cube() -> np.ndarray:
 
 
 def _pillows(img, p: dict, monkeypatch) -> np.ndarray:
-    """P.color_jitter with Pillow's own steps (the hue through an HSV image)."""
+    """P.color_jitter with Pillow's own steps (ImageEnhance's, the hue through an HSV image)."""
     with monkeypatch.context() as m:
         m.setattr(P, "_NATIVE_HUE", False)
+        m.setattr(P, "_ENHANCE_LUMA", None)
         return np.asarray(P.color_jitter(img, p))
 
 
@@ -57,6 +59,24 @@ def test_the_hue_is_pillows_for_every_colour(cube, shift, monkeypatch):
 
 
 @needs_native
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", [0, 1, 2])
+def test_brightness_contrast_saturation_are_pillows_for_every_colour(cube, kind, monkeypatch):
+    """ImageEnhance's blends natively, with the "L" weights this Pillow's convert("L") uses:
+    every colour as Pillow gives it, interpolated (factor in 0..1) and extrapolated (clipped)."""
+    img = Image.fromarray(cube)
+    assert P._enhance_luma() in P._LUMAS, "the native enhance disagrees with this Pillow (or was not checked)"
+    name = ("brightness", "contrast", "saturation")[kind]
+    for factor in (0.2468, 0.999, 1.0, 1.5731):
+        p = {"order": [kind], name: factor}
+        ours, theirs = P.color_jitter(img, p), _pillows(img, p, monkeypatch)
+        assert isinstance(ours, np.ndarray) and ours.shape == theirs.shape == (4096, 4096, 3)
+        wrong = (ours != theirs).any(-1)
+        assert not wrong.any(), f"{wrong.sum()} colours differ at {name} {factor}, first {cube[wrong][:3].tolist()}"
+        assert (ours != cube).any(-1).mean() > 0.4 or factor == 1.0
+
+
+@needs_native
 def test_the_four_in_any_order_are_pillows_on_photos(monkeypatch):
     rng = np.random.default_rng(0)
     # smooth gradients with noise: the colours of photographs, not of the cube's order
@@ -76,6 +96,9 @@ def test_other_modes_and_no_shift_keep_pillows_steps():
     img = Image.fromarray(np.full((4, 4, 3), (200, 30, 10), np.uint8))
     assert P._hue(img, 0.0) is img
     assert P.color_jitter(grey, {"order": [0], "brightness": 0.5}).mode == "L"  # (ImageEnhance's, on L)
+    rgb = np.array(img)
+    out = P.color_jitter(rgb, {"order": [0, 2], "brightness": 0.5, "saturation": 1.5})
+    assert np.array_equal(rgb, np.array(img)) and out is not rgb  # (the image given is left as it is)
 
 
 @needs_native
@@ -89,3 +112,9 @@ def test_the_native_calls_refuse_what_they_do_not_take():
         native.hue_shift(np.zeros((4, 8, 3), np.uint8)[:, ::2], rgb, 3)
     with pytest.raises(ValueError, match="shift of 0 to 255"):
         native.hue_shift(rgb, np.empty_like(rgb), 256)
+    with pytest.raises(ValueError, match="kind 0"):
+        native.enhance(rgb, np.empty_like(rgb), 3, 0.5)
+    with pytest.raises(ValueError, match="luma weights"):
+        native.enhance(rgb, np.empty_like(rgb), 2, 0.5, (40000, 40000, 0, 16))
+    with pytest.raises(ValueError, match="contiguous"):
+        native.enhance(np.zeros((4, 8, 3), np.uint8)[:, ::2], rgb, 0, 0.5)
