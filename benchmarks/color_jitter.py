@@ -3,11 +3,13 @@ and `wds` CPU placement, `fastdata run`'s served torchvision ColorJitter), again
 torchvision's PIL functional takes (ImageEnhance's Brightness, Contrast and Color, the hue
 through an HSV image): the same pixels (checked once), timed interleaved in one process.
 
-fastdata's differs in the hue alone: one native pass with Pillow's conversions' arithmetic
-(`fastdata.transforms.pil._hue`, csrc/color.cpp). Images: 64 of the synthetic ImageNet-like set,
-resized to 224x224 RGB; ColorJitter(0.4, 0.4, 0.4, 0.1) (MoCo v2's and SimCLR's strengths'
-kind): factors uniform in [0.6, 1.4], hue in [-0.1, 0.1], the four in a random order per image;
-and the hue alone. One thread, warm (the images in memory).
+fastdata's runs natively (csrc/color.cpp): the hue in one pass with Pillow's conversions'
+arithmetic, brightness, contrast and saturation as ImageEnhance's blends with the installed
+Pillow's convert("L") weights (`fastdata.transforms.pil.color_jitter`). Images: 64 of the
+synthetic ImageNet-like set, resized to 224x224 RGB; ColorJitter(0.4, 0.4, 0.4, 0.1) (MoCo v2's
+and SimCLR's strengths' kind): factors uniform in [0.6, 1.4], hue in [-0.1, 0.1], the four in a
+random order per image; the three blends alone (timm's default ColorJitter(0.4)); and the hue
+alone. One thread, warm (the images in memory).
 
     OMP_NUM_THREADS=1 python benchmarks/color_jitter.py [--reps 9] [--json PATH]
 """
@@ -29,12 +31,13 @@ from fastdata.transforms import pil as P
 def torchvisions(img: Image.Image, p: dict) -> Image.Image:
     """torchvision.transforms.functional's PIL steps for ColorJitter with these factors: fastdata's
     own fallback, which takes them (tests/contract/test_torchvision_faithful.py holds it to
-    torchvision's `F.adjust_*`), with the native hue off."""
-    P._NATIVE_HUE = False
+    torchvision's `F.adjust_*`), with the native steps off."""
+    hue, luma = P._NATIVE_HUE, P._ENHANCE_LUMA
+    P._NATIVE_HUE, P._ENHANCE_LUMA = False, None
     try:
         return P.color_jitter(img, p)
     finally:
-        P._NATIVE_HUE = True
+        P._NATIVE_HUE, P._ENHANCE_LUMA = hue, luma
 
 
 def main() -> None:
@@ -43,8 +46,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if not P._native_hue():
-        sys.exit("fastdata's native extension is not built (or its hue disagrees with this Pillow): nothing to compare")
+    if not P._native_hue() or P._enhance_luma() is None:
+        sys.exit("fastdata's native extension is not built (or disagrees with this Pillow): nothing to compare")
 
     files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[: args.images]
     images = [Image.open(path).convert("RGB").resize((224, 224), Image.BILINEAR) for path, _ in files]
@@ -52,7 +55,7 @@ def main() -> None:
     plans = [{"order": list(rng.permutation(4)), "brightness": rng.uniform(0.6, 1.4),
               "contrast": rng.uniform(0.6, 1.4), "saturation": rng.uniform(0.6, 1.4),
               "hue": rng.uniform(-0.1, 0.1)} for _ in images]
-    cases = {"ColorJitter": None, "hue": [3]}
+    cases = {"ColorJitter": None, "three blends": [0, 1, 2], "hue": [3]}
 
     def timed(fn, order):
         def run() -> float:

@@ -159,9 +159,9 @@ def color_jitter(img, p: dict):
     """ColorJitter's ops in the plan's order, as torchvision runs them on a PIL image
     (ImageEnhance's blends, the hue through HSV). `img`: an HWC uint8 array, a PIL image or a
     CHW uint8 tensor (`_form`). Natively on its pixels where `_enhance_luma` (and for a hue
-    shift `_native_hue`) found this Pillow's arithmetic, the result an HWC array; else Pillow's
-    own steps, the result a PIL image."""
-    from PIL import ImageEnhance
+    shift `_native_hue`) found this Pillow's arithmetic, the result a PIL image for a PIL image,
+    else an HWC array; else Pillow's own steps, the result a PIL image."""
+    from PIL import Image, ImageEnhance
 
     luma = _enhance_luma()
     hue = 3 in p["order"] and _hue_level(p["hue"]) is not None
@@ -174,7 +174,7 @@ def color_jitter(img, p: dict):
                 native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma)
             elif _hue_level(p["hue"]) is not None:
                 native.hue_shift(pixels, pixels, _hue_level(p["hue"]))
-        return pixels
+        return Image.fromarray(pixels) if hasattr(img, "mode") else pixels
     img = _form(img, tensor=False)
     for k in p["order"]:
         if k == 0:

@@ -69,7 +69,7 @@ def test_brightness_contrast_saturation_are_pillows_for_every_colour(cube, kind,
     name = ("brightness", "contrast", "saturation")[kind]
     for factor in (0.2468, 0.999, 1.0, 1.5731):
         p = {"order": [kind], name: factor}
-        ours, theirs = P.color_jitter(img, p), _pillows(img, p, monkeypatch)
+        ours, theirs = P.color_jitter(cube, p), _pillows(img, p, monkeypatch)
         assert isinstance(ours, np.ndarray) and ours.shape == theirs.shape == (4096, 4096, 3)
         wrong = (ours != theirs).any(-1)
         assert not wrong.any(), f"{wrong.sum()} colours differ at {name} {factor}, first {cube[wrong][:3].tolist()}"
