@@ -61,8 +61,9 @@ def decode_crop_resize(
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
     of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's `resize` with
     the box (x, y, x + w, y + h) and the `resample` filter ("bilinear" or "bicubic", or a
-    sequence or array [N] of them, one a sample) does, mirror it left-right where flips[i], and write it into out[i]. With `crop_first`, the
-    window is cut out before the resize, as torchvision crops then resizes: the filter reads no
+    sequence or array [N] of them, one a sample) does, mirror it left-right where flips[i],
+    and write it into out[i]. With `crop_first`, the window is cut out before the resize, as
+    torchvision crops then resizes: the filter reads no
     pixel outside it (for a window of whole pixels decoded at full scale, Pillow's resize of the
     crop exactly), where Pillow's resize(box=) reads the pixels around the box too. Pillow's
     two passes (each rounded and clipped to 0..255) go horizontal, then vertical; where

@@ -1,7 +1,7 @@
 """`fastdata run`: a served image folder's transform (`fastdata.run._folders`) in fastdata's ops.
 
-`lower_transform` reads the transform op by op (torchvision's v1 and v2 classes, each its exact class: a
-subclass may do anything in its own methods) into fastdata's ops: the geometry
+`lower_transform` reads the transform op by op (torchvision's v1 and v2 classes, each its exact
+class: a subclass may do anything in its own methods) into fastdata's ops: the geometry
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
 RandAugment, AutoAugment, RandomRotation, RandomAffine, GaussianBlur, RandomGrayscale,
@@ -239,8 +239,9 @@ def lower_transform(transform: Any) -> Lowering:
                 if cls is FilterDrawn:  # (timm's, its filter drawn per image: on a PIL image only)
                     op, drawn = op.crop, op.filters
                     if domain != "pil" or not set(drawn) <= {"bilinear", "bicubic"}:
-                        raise Unlowerable(f"RandomResizedCropAndInterpolation drawing its filter from {', '.join(drawn)} on a "
-                                          f"{'PIL image' if domain == 'pil' else 'tensor'}: not lowered")
+                        raise Unlowerable(f"RandomResizedCropAndInterpolation drawing its filter from "
+                                          f"{', '.join(drawn)} on a {'PIL image' if domain == 'pil' else 'tensor'}: "
+                                          "not lowered")
                     filters.add(drawn)
                 else:
                     filters.add(_filter(op, domain != "pil"))

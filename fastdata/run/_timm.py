@@ -58,8 +58,9 @@ def image_dataset(dataset: Any) -> str | None:
         return f"ImageDataset with timm's {type(reader).__name__}: not lowered (fastdata reads an image folder)"
     if getattr(dataset, "load_bytes", False):
         return "ImageDataset with load_bytes=True: its samples are the files' bytes"
-    if getattr(dataset, "input_img_mode", None) != "RGB":
-        return f"ImageDataset with input_img_mode={dataset.input_img_mode!r}: fastdata decodes to RGB"
+    mode = getattr(dataset, "input_img_mode", None)
+    if mode != "RGB":
+        return f"ImageDataset with input_img_mode={mode!r}: fastdata decodes to RGB"
     if getattr(dataset, "additional_features", None) is not None:
         return "ImageDataset with additional_features: not lowered"
     return ""

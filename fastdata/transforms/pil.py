@@ -121,8 +121,8 @@ def _enhance_luma() -> tuple | None:
             codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
             cube = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
             img, ours = Image.fromarray(cube), np.empty_like(cube)
-            wants = [(kind, f, np.asarray(cls(img).enhance(f))) for kind, cls in
-                     enumerate((ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)) for f in (0.37, 1.63)]
+            classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
+            wants = [(kind, f, np.asarray(cls(img).enhance(f))) for kind, cls in enumerate(classes) for f in (0.37, 1.63)]
             for luma in _LUMAS:
                 same = True
                 for kind, f, want in wants:

@@ -42,8 +42,8 @@ if kind == "timm_train":
 
     dataset = create_dataset("", root=data, split="train", is_training=True)
     loader = create_loader(dataset, (3, 64, 64), 16, is_training=True, use_prefetcher=True, interpolation="random",
-                           color_jitter=None, mean=MEAN, std=STD, num_workers=1 if workers == "default" else int(workers),
-                           device=torch.device("cpu"))
+                           color_jitter=None, mean=MEAN, std=STD,
+                           num_workers=1 if workers == "default" else int(workers), device=torch.device("cpu"))
 else:
     dataset = torchvision.datasets.ImageFolder(data, transform)
     # "generator": the default count, the shuffle drawn from a generator of the script's
