@@ -115,8 +115,8 @@ def test_what_fastdata_does_not_lower_of_timms_says_why(timm):
 
 
 def test_what_fastdata_does_not_serve_of_timms_datasets_says_why(timm, folder):
-    """timm's ImageDataset of a folder is served unless its samples are not RGB images
-    (load_bytes, another mode); other readers and datasets are not image folders here."""
+    """timm's ImageDataset of a folder is served, its reader's list read as the samples, unless
+    its samples are not RGB images (load_bytes, another mode): then the reason, in one line."""
     from timm.data import create_dataset, create_transform
 
     from fastdata.run._folders import listed, lower
