@@ -106,25 +106,24 @@ void by_chunks(const uint8_t* src, uint8_t* dst, int64_t n, Step step) {
   }
 }
 
-// ImagingBlend's values for m values of a plane, each with its base (the degenerate image's
-// value): base + alpha * (value - base) in float, truncated; outside 0..1 Pillow clips first
-// (t <= 0: 0, t >= 255: 255). Inside, t stays within 0..255, so one clamp serves both.
-FASTDATA_AVX2_CLONE void blend_level(const uint8_t* src, uint8_t* dst, int64_t m, int32_t level, float alpha) {
-  for (int64_t j = 0; j < m; ++j) {
-    float t = float(level) + alpha * float(int32_t(src[j]) - level);
-    t = t > 0.0f ? t : 0.0f;
-    t = t < 255.0f ? t : 255.0f;
-    dst[j] = uint8_t(int32_t(t));
-  }
+// ImagingBlend's value of `value` over `base` (the degenerate image's): base + alpha * (value -
+// base) in float, truncated; outside 0..1 Pillow clips first (t <= 0: 0, t >= 255: 255). Inside,
+// t stays within 0..255, so one clamp serves both.
+inline int32_t blended(int32_t base, int32_t value, float alpha) {
+  float t = float(base) + alpha * float(value - base);
+  t = t > 0.0f ? t : 0.0f;
+  t = t < 255.0f ? t : 255.0f;
+  return int32_t(t);
 }
 
+// m values, each blended over one level (Brightness, Contrast).
+FASTDATA_AVX2_CLONE void blend_level(const uint8_t* src, uint8_t* dst, int64_t m, int32_t level, float alpha) {
+  for (int64_t j = 0; j < m; ++j) dst[j] = uint8_t(blended(level, src[j], alpha));
+}
+
+// m values of a plane, each blended over its own base (Color: the pixel's "L").
 FASTDATA_AVX2_CLONE void blend_plane(const int32_t* base, int32_t* plane, int m, float alpha) {
-  for (int j = 0; j < m; ++j) {
-    float t = float(base[j]) + alpha * float(plane[j] - base[j]);
-    t = t > 0.0f ? t : 0.0f;
-    t = t < 255.0f ? t : 255.0f;
-    plane[j] = int32_t(t);
-  }
+  for (int j = 0; j < m; ++j) plane[j] = blended(base[j], plane[j], alpha);
 }
 
 // convert("L")'s level of m pixels, (R * w.r + G * w.g + B * w.b + half) >> w.shift.
@@ -147,14 +146,14 @@ void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
 }
 
 void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma w) {
-  const int32_t half = 1 << (w.shift - 1);
   int32_t level = 0;  // Brightness: black; Contrast: ImageStat's mean of "L" (sum / count, in double) + 0.5, truncated
   if (kind == 1 && n > 0) {
     int64_t sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* p = src + 3 * i;
-      sum += (p[0] * w.r + p[1] * w.g + p[2] * w.b + half) >> w.shift;
-    }
+    by_chunks(src, dst, n, [&](Chunk& c, const uint8_t* in, uint8_t*, int m) {  // (dst untouched)
+      Chunk::split(in, c.x, c.y, c.z, m);
+      luma_plane(c.x, c.y, c.z, c.o0, m, w);
+      for (int j = 0; j < m; ++j) sum += c.o0[j];
+    });
     level = int32_t(double(sum) / double(n) + 0.5);
   }
   if (kind != 2) {  // every value blended with one level

@@ -87,10 +87,8 @@ def translated(op: Any) -> list:
             warnings.simplefilter("ignore")
             crop = T.RandomResizedCrop(op.size, scale=op.scale, ratio=op.ratio,
                                        interpolation=op.interpolation[0] if drawn else op.interpolation)
-        if drawn:
-            pil = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # (a mode as PIL's integer, as older timm gives it)
-            return [FilterDrawn(crop, tuple(pil.get(mode, str(mode)) if isinstance(mode, int) else
-                                            T.InterpolationMode(mode).value for mode in op.interpolation))]
+        if drawn:  # (timm's modes are torchvision's InterpolationMode)
+            return [FilterDrawn(crop, tuple(T.InterpolationMode(mode).value for mode in op.interpolation))]
         return [crop]
     if _timms(op, "transforms", "MaybeToTensor"):
         return [T.ToTensor()]

@@ -197,21 +197,20 @@ class NativeFolder(Dataset):
         """The paths and targets of the folder `ds`'s `indices`: from the listing in a worker
         (`list_for_workers`), else from its list (`listed`), whose errors (an index out of range) are
         the script's."""
-        listing = self._listing
-        if listing is not None and torch.utils.data.get_worker_info() is not None:
-            samples, paths, targets = listing
+        now = listed(ds)
+        if self._listing is not None and torch.utils.data.get_worker_info() is not None:
+            samples, paths, targets = self._listing
             if not self._checked:  # (a worker_init_fn may have changed the list in place)
                 self._checked = True
-                if not (listed(ds) is samples and self._kept == samples):
+                if not (now is samples and self._kept == samples):
                     self._listing = None
-            if self._listing is not None and listed(ds) is samples and len(samples) == len(paths):
+            if self._listing is not None and now is samples and len(samples) == len(paths):
                 try:
                     return [paths[i] for i in indices], [targets[i] for i in indices]
                 except (IndexError, TypeError):
                     pass
-        listing = listed(ds)
-        samples = [listing[i] for i in indices]
-        return [path for path, _ in samples], [target for _, target in samples]
+        picked = [now[i] for i in indices]
+        return [path for path, _ in picked], [target for _, target in picked]
 
     def __getitems__(self, indices: list[int]) -> Any:
         try:

@@ -71,6 +71,13 @@ def size_of(data: bytes) -> tuple[int, int]:
 # ---- pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment) on a PIL image, with
 # parameters from plan_pixels
 
+def _probe_colours() -> np.ndarray:
+    """The native colour ops' probe: every 256th colour of the RGB cube, each at an offset of its
+    own in its run of 256, as a 256 x 256 RGB image."""
+    codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
+    return np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
+
+
 def _native_hue() -> bool:
     """Whether ColorJitter's hue runs natively (`_hue`): where the extension is built and its hue
     shift (csrc/color.cpp, Pillow's conversions' arithmetic in one pass) gives this process's
@@ -84,9 +91,7 @@ def _native_hue() -> bool:
     if _NATIVE_HUE is None:
         from PIL import Image
 
-        # every 256th colour of the cube, each at an offset of its own in its run of 256
-        codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
-        cube = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
+        cube = _probe_colours()
         ours = np.empty_like(cube)
         same = True
         for mode, to_hsv in (("RGB", True), ("HSV", False)):
@@ -118,8 +123,7 @@ def _enhance_luma() -> tuple | None:
         if native is not None and hasattr(native, "enhance"):
             from PIL import Image, ImageEnhance
 
-            codes = np.arange(1 << 16, dtype=np.uint32) * 256 + (np.arange(1 << 16, dtype=np.uint32) * 97) % 256
-            cube = np.stack([codes >> 16, (codes >> 8) & 255, codes & 255], -1).astype(np.uint8).reshape(256, 256, 3)
+            cube = _probe_colours()
             img, ours = Image.fromarray(cube), np.empty_like(cube)
             classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
             wants = [(kind, f, np.asarray(cls(img).enhance(f))) for kind, cls in enumerate(classes) for f in (0.37, 1.63)]
@@ -164,16 +168,16 @@ def color_jitter(img, p: dict):
     from PIL import Image, ImageEnhance
 
     luma = _enhance_luma()
-    hue = 3 in p["order"] and _hue_level(p["hue"]) is not None
+    level = _hue_level(p["hue"]) if 3 in p["order"] else None
     pixels = img.permute(1, 2, 0) if hasattr(img, "permute") else img  # (HWC)
     rgb = img.mode == "RGB" if hasattr(img, "mode") else pixels.ndim == 3 and pixels.shape[2] == 3
-    if luma is not None and (not hue or _native_hue()) and rgb:
+    if luma is not None and (level is None or _native_hue()) and rgb:
         pixels = np.array(pixels, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
         for k in p["order"]:
             if k < 3:
                 native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma)
-            elif _hue_level(p["hue"]) is not None:
-                native.hue_shift(pixels, pixels, _hue_level(p["hue"]))
+            elif level is not None:
+                native.hue_shift(pixels, pixels, level)
         return Image.fromarray(pixels) if hasattr(img, "mode") else pixels
     img = _form(img, tensor=False)
     for k in p["order"]:
