@@ -18,6 +18,7 @@
 #include "bytes.h"
 #include "collate.h"
 #include "color.h"
+#include "geometry.h"
 #include "parallel.h"
 #include "read.h"
 #include "tar.h"
@@ -188,6 +189,39 @@ void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int
   fastdata::enhance(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()),
                     int64_t(src.size() / 3), kind, float(factor),  // (Pillow's blend takes the factor as a float)
                     {luma[0], luma[1], luma[2], luma[3]});
+}
+
+// affine(src, out, data, resample, fill): Pillow's Image.transform(size, AFFINE, data, resample,
+// fillcolor=fill) of uint8 pixels [H, W, C], C 1 ("L") or 3 ("RGB"), into out [H2, W2, C] (geometry.h).
+void affine(AnyArray src, OutArray out, std::array<double, 6> data, int resample, std::vector<int> fill) {
+  const bool shapes = src.ndim() == 3 && out.ndim() == 3 && src.shape(2) == out.shape(2) &&
+                      (src.shape(2) == 1 || src.shape(2) == 3) && src.dtype() == nb::dtype<uint8_t>() &&
+                      out.dtype() == nb::dtype<uint8_t>();
+  if (!shapes) throw nb::value_error("affine takes uint8 src [H, W, C] and out [H2, W2, C], C 1 or 3");
+  if (!contiguous(src) || !contiguous(out)) throw nb::value_error("affine takes contiguous arrays");
+  const int64_t limit = int64_t(1) << 30;  // (sizes as ints, as Pillow's)
+  for (int d = 0; d < 2; ++d) {
+    if (int64_t(src.shape(d)) >= limit || int64_t(out.shape(d)) >= limit) throw nb::value_error("affine: image too large");
+  }
+  if (resample != 0 && resample != 2 && resample != 3) {
+    throw nb::value_error("affine takes resample 0 (nearest), 2 (bilinear) or 3 (bicubic)");
+  }
+  const size_t c = src.shape(2);
+  bool byte_fill = fill.size() == c;
+  uint8_t fills[3] = {0, 0, 0};
+  for (size_t k = 0; byte_fill && k < c; ++k) {
+    byte_fill = fill[k] >= 0 && fill[k] <= 255;
+    fills[k] = uint8_t(byte_fill ? fill[k] : 0);
+  }
+  if (!byte_fill) throw nb::value_error("affine takes a fill of one value 0 to 255 a channel");
+  const auto* s = static_cast<const uint8_t*>(src.data());
+  auto* o = static_cast<uint8_t*>(out.data());
+  if (src.nbytes() && out.nbytes() && s < o + out.nbytes() && o < s + src.nbytes()) {
+    throw nb::value_error("affine takes an out that does not overlap src");
+  }
+  nb::gil_scoped_release release;
+  fastdata::affine(s, int(src.shape(1)), int(src.shape(0)), int(c), o, int(out.shape(1)), int(out.shape(0)),
+                   data.data(), resample, fills);
 }
 
 // convert_hsv(src, out, to_hsv): Pillow's RGB -> HSV (to_hsv) or HSV -> RGB conversion alone.
@@ -593,6 +627,9 @@ NB_MODULE(_native, m) {
         "Pillow's ImageEnhance Brightness (kind 0), Contrast (1) or Color (2) of uint8 RGB pixels [..., 3], "
         "enhance(factor), each value as Pillow's blend gives it, \"L\" with the weights luma = (r, g, b, "
         "shift); GIL released.");
+  m.def("affine", &affine, nb::arg("src"), nb::arg("out"), nb::arg("data"), nb::arg("resample"), nb::arg("fill"),
+        "Pillow's Image.transform(size, AFFINE, data, resample, fillcolor=fill) of uint8 pixels [H, W, C] (C 1 or 3) "
+        "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); GIL released.");
   m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
         "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,

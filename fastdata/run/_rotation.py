@@ -1,8 +1,9 @@
 """`fastdata run`'s RandomRotation, RandomAffine and RandomPerspective (torchvision's v1 and v2
 classes) on the PIL image: read from the script's op (`rotation`, `affine`, `perspective`;
 `pillow_geometry` takes any), the parameters drawn per sample, and each image transformed as
-torchvision transforms it: Pillow's rotate as `F.rotate` calls it (`Rotation.on_pillow`),
-torchvision's own `F.affine` (`Affine.on_pillow`) and `F.perspective` (`Perspective.on_pillow`).
+torchvision transforms it: Pillow's rotate as `F.rotate` calls it (`Rotation.on_pillow`, natively
+where `transforms.pil.rotate` can), torchvision's own `F.affine` (`Affine.on_pillow`) and
+`F.perspective` (`Perspective.on_pillow`).
 A folder's lowering runs them as pixel ops after the decoder's geometry (`_lowering`); an
 in-memory set's among its array ops (`_arrays`).
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..transforms import ops as fd
+from ..transforms.pil import rotate
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,7 @@ class Rotation(fd.Op):
         return [{"angle": float(a)} for a in (lo + (hi - lo) * u[:, 0]).astype("float32")]
 
     def on_pillow(self, img: Any, p: dict) -> Any:
-        fill = self.fill if len(img.getbands()) == 1 else (self.fill,) * len(img.getbands())
-        return img.rotate(p["angle"], self.resample, False, self.center, fillcolor=fill)
+        return rotate(img, p["angle"], self.resample, self.center, self.fill)
 
 
 def _pillow_mode(op: Any, tensor: bool) -> Any:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .pil import shear_coefficient
+from .pil import rotate_data, shear_coefficient
 
 # mean |this lowering - Pillow's| in uint8 levels, per op, over random magnitudes
 PARITY = {
@@ -278,17 +278,6 @@ def _warp(x: torch.Tensor, datas: Sequence[tuple], interpolation: str) -> torch.
     return warp(x, datas)
 
 
-def _rotate_data(angle: float, w: int, h: int) -> tuple:
-    """The AFFINE data Pillow's Image.rotate(angle) computes (counter-clockwise, about the
-    centre; the angle taken modulo 360, the matrix rounded to 15 decimals)."""
-    t = -math.radians(angle % 360.0)
-    m = [round(math.cos(t), 15), round(math.sin(t), 15), 0.0, round(-math.sin(t), 15), round(math.cos(t), 15), 0.0]
-    cx, cy = w / 2.0, h / 2.0
-    m[2] = m[0] * -cx + m[1] * -cy + 0.0 + cx
-    m[5] = m[3] * -cx + m[4] * -cy + 0.0 + cy
-    return tuple(m)
-
-
 def _rotate(x: torch.Tensor, angles: Sequence[float], interpolation: str) -> torch.Tensor:
     """Pillow's Image.rotate per sample: its exact turns first (0 and 180 degrees, and 90 and 270
     on a square image, which it transposes whatever the filter), the rest through the affine map."""
@@ -304,7 +293,7 @@ def _rotate(x: torch.Tensor, angles: Sequence[float], interpolation: str) -> tor
         elif angle != 0.0:
             warped.append(i)
     if warped:
-        out[warped] = _warp(x[warped], [_rotate_data(angles[i], w, h) for i in warped], interpolation)
+        out[warped] = _warp(x[warped], [rotate_data(angles[i], w, h) for i in warped], interpolation)
     return out
 
 

@@ -83,8 +83,7 @@ def _native_hue() -> bool:
     shift (csrc/color.cpp, Pillow's conversions' arithmetic in one pass) gives this process's
     Pillow's pixels: checked once, on 65,536 colours spread over the RGB cube and as many HSV
     triples, both conversions (tests/unit/test_color_jitter.py checks all 2^24 of each, and the
-    hue shift over every colour). Elsewhere the hue takes Pillow's own steps. (Brightness,
-    contrast and saturation stay ImageEnhance's blends: one fast pass each in Pillow.)"""
+    hue shift over every colour). Elsewhere the hue takes Pillow's own steps."""
     global _NATIVE_HUE
     if _NATIVE_HUE is None and native is None:
         _NATIVE_HUE = False
@@ -170,7 +169,7 @@ def color_jitter(img, p: dict):
     luma = _enhance_luma()
     level = _hue_level(p["hue"]) if 3 in p["order"] else None
     pixels = img.permute(1, 2, 0) if hasattr(img, "permute") else img  # (HWC)
-    rgb = img.mode == "RGB" if hasattr(img, "mode") else pixels.ndim == 3 and pixels.shape[2] == 3
+    rgb = img.mode == "RGB" if hasattr(img, "getbands") else pixels.ndim == 3 and pixels.shape[2] == 3
     if luma is not None and (level is None or _native_hue()) and rgb:
         pixels = np.array(pixels, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
         for k in p["order"]:
@@ -178,7 +177,7 @@ def color_jitter(img, p: dict):
                 native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma)
             elif level is not None:
                 native.hue_shift(pixels, pixels, level)
-        return Image.fromarray(pixels) if hasattr(img, "mode") else pixels
+        return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
     img = _form(img, tensor=False)
     for k in p["order"]:
         if k == 0:
@@ -202,31 +201,28 @@ def shear_coefficient(name: str, m: float) -> float:
 
 
 def trivial_augment(img, p: dict, interpolation: str = "nearest"):
-    """One TrivialAugmentWide or RandAugment op. Geometry convention (the GPU lowering follows
-    it): shear maps output (x, y) to input (x + m*y, y); translate moves content right/down by m
-    pixels; rotate turns counter-clockwise about the centre; fill 0."""
-    from PIL import Image, ImageEnhance, ImageOps
+    """One TrivialAugmentWide or RandAugment op, as torchvision runs it on a PIL image. `img`: an
+    HWC uint8 array, a PIL image or a CHW uint8 tensor; the geometry and the three blends run
+    natively on an RGB image's pixels where this Pillow's arithmetic was found (`affine`,
+    `enhance`), the result in the form given (an array for a tensor), the rest Pillow's own, the
+    result a PIL image. Geometry convention (the GPU lowering follows it): shear maps output
+    (x, y) to input (x + m*y, y); translate moves content right/down by m pixels; rotate turns
+    counter-clockwise about the centre; fill 0."""
+    from PIL import ImageEnhance, ImageOps
 
     name, m = p["op"], p["magnitude"]
-    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}.get(interpolation, Image.NEAREST)
-    if name == "ShearX":
-        return img.transform(img.size, Image.AFFINE, (1, shear_coefficient(name, m), 0, 0, 1, 0), resample,
-                             fillcolor=(0, 0, 0))
-    if name == "ShearY":
-        return img.transform(img.size, Image.AFFINE, (1, 0, 0, shear_coefficient(name, m), 1, 0), resample,
-                             fillcolor=(0, 0, 0))
-    if name == "TranslateX":
-        return img.transform(img.size, Image.AFFINE, (1, 0, -int(m), 0, 1, 0), resample, fillcolor=(0, 0, 0))
-    if name == "TranslateY":
-        return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, -int(m)), resample, fillcolor=(0, 0, 0))
+    resample = FILTERS.get(interpolation, 0)
+    img = img.permute(1, 2, 0).numpy() if hasattr(img, "permute") else img  # (a tensor as its HWC pixels)
+    geometry = {"ShearX": (1, shear_coefficient(name, m), 0, 0, 1, 0),
+                "ShearY": (1, 0, 0, shear_coefficient(name, m), 1, 0),
+                "TranslateX": (1, 0, -int(m), 0, 1, 0), "TranslateY": (1, 0, 0, 0, 1, -int(m))}
+    if name in geometry:
+        return affine(img, geometry[name], resample, 0)
     if name == "Rotate":
-        return img.rotate(m, resample=resample, fillcolor=(0, 0, 0))
-    if name == "Brightness":
-        return ImageEnhance.Brightness(img).enhance(1 + m)
-    if name == "Color":
-        return ImageEnhance.Color(img).enhance(1 + m)
-    if name == "Contrast":
-        return ImageEnhance.Contrast(img).enhance(1 + m)
+        return rotate(img, m, resample, None, 0)
+    if name in ("Brightness", "Contrast", "Color"):
+        return enhance(img, ("Brightness", "Contrast", "Color").index(name), 1 + m)
+    img = _form(img, tensor=False)
     if name == "Sharpness":
         return ImageEnhance.Sharpness(img).enhance(1 + m)
     if name == "Posterize":
@@ -240,6 +236,117 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
     if name == "Invert":
         return ImageOps.invert(img)
     return img
+
+
+def enhance(img, kind: int, factor: float):
+    """ImageEnhance's Brightness (kind 0), Contrast (1) or Color (2) of an HWC uint8 array or a PIL
+    image: natively on an RGB image's pixels where `_enhance_luma` found this Pillow's
+    arithmetic, in the form given; else ImageEnhance's, a PIL image."""
+    from PIL import Image, ImageEnhance
+
+    luma = _enhance_luma()
+    if luma is not None and _bands(img) == 3:
+        pixels = np.array(img, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
+        native.enhance(pixels, pixels, kind, factor, luma)
+        return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
+    classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
+    return classes[kind](_form(img, tensor=False)).enhance(factor)
+
+
+# ---- geometry: Pillow's affine transform (Image.transform, Image.rotate), natively where the
+# extension gives this Pillow's pixels
+
+def _bands(img) -> int:
+    """An HWC (or HW) uint8 array's channels, or a PIL image's: 3 for RGB, 1 for L, else 0 (what
+    the native ops do not take)."""
+    if hasattr(img, "getbands"):
+        return {"RGB": 3, "L": 1}.get(img.mode, 0)
+    shape = getattr(img, "shape", ())
+    ok = getattr(img, "dtype", None) == np.uint8 and (len(shape) == 2 or (len(shape) == 3 and shape[2] in (1, 3)))
+    return (1 if len(shape) == 2 else shape[2]) if ok else 0
+
+
+_AFFINE_PROBES = ((1, 0.3, 0, 0, 1, 0), (1, 0, 0, -0.25, 1, 0), (1, 0, -7, 0, 1, 5), (1.1, 0.2, -3.5, -0.15, 0.9, 4.25),
+                  (1, 0.01, 0, 0, 1000, -50480))  # (the last: nearest's doubles, past 16.16's range)
+_NATIVE_AFFINE: bool | None = None
+
+
+def _native_affine() -> bool:
+    """Whether the extension's `affine` (csrc/geometry.cpp: Pillow's Geometry.c arithmetic) gives
+    this process's Pillow's Image.transform(AFFINE): checked once on a 96 x 96 slice of the probe
+    colours, RGB and L, each filter, through shears, a translation, a rotation, a map of every
+    coefficient and one past the fixed-point range (tests/unit/test_geometry.py checks more)."""
+    global _NATIVE_AFFINE
+    if _NATIVE_AFFINE is None:
+        _NATIVE_AFFINE = False
+        if native is not None and hasattr(native, "affine"):
+            from PIL import Image
+
+            rgb = np.ascontiguousarray(_probe_colours()[:96, 16:112])
+            same = True
+            for pixels in (rgb, rgb[..., 1:2].copy()):
+                img = Image.fromarray(pixels if pixels.shape[2] == 3 else pixels[..., 0])
+                fill = [5, 6, 7][:pixels.shape[2]]
+                for data in _AFFINE_PROBES + (rotate_data(23.5, 96, 96),):
+                    for resample in (0, 2, 3):
+                        ours = np.empty_like(pixels)
+                        native.affine(pixels, ours, data, resample, fill)
+                        colour = tuple(fill) if len(fill) == 3 else fill[0]
+                        want = np.asarray(img.transform(img.size, Image.AFFINE, data, resample, fillcolor=colour))
+                        same = same and np.array_equal(ours.reshape(want.shape), want)
+            _NATIVE_AFFINE = bool(same)
+    return _NATIVE_AFFINE
+
+
+def affine(img, data: tuple, resample: int, fill: int):
+    """Pillow's img.transform(img.size, AFFINE, data, resample, fillcolor=fill) (resample: Pillow's
+    0 nearest, 2 bilinear, 3 bicubic; `fill` every channel's) of an HWC uint8 array or a PIL
+    image: natively on an RGB or L image's pixels where `_native_affine`, in the form given (but
+    a PIL image's nearest, which Pillow maps faster than the image's two conversions take); else
+    Pillow's, a PIL image."""
+    from PIL import Image
+
+    bands = _bands(img)
+    if bands and _native_affine() and not (resample == 0 and hasattr(img, "getbands")):
+        pixels = np.ascontiguousarray(np.asarray(img))
+        src = pixels.reshape(pixels.shape[0], pixels.shape[1], bands)
+        out = np.empty_like(src)
+        native.affine(src, out, tuple(float(v) for v in data), resample, [fill] * bands)
+        return Image.fromarray(out.reshape(pixels.shape)) if hasattr(img, "getbands") else out.reshape(pixels.shape)
+    img = _form(img, tensor=False)
+    colour = fill if len(img.getbands()) == 1 else (fill,) * len(img.getbands())
+    return img.transform(img.size, Image.AFFINE, data, resample, fillcolor=colour)
+
+
+def rotate_data(angle: float, w: int, h: int, center: tuple | None = None) -> tuple:
+    """The AFFINE data Pillow's Image.rotate(angle, center=center) computes for a w x h image
+    (counter-clockwise about the centre, or `center`; the angle taken modulo 360, the matrix
+    rounded to 15 decimals)."""
+    t = -math.radians(angle % 360.0)
+    m = [round(math.cos(t), 15), round(math.sin(t), 15), 0.0, round(-math.sin(t), 15), round(math.cos(t), 15), 0.0]
+    cx, cy = (w / 2.0, h / 2.0) if center is None else center
+    m[2] = m[0] * -cx + m[1] * -cy + 0.0 + cx
+    m[5] = m[3] * -cx + m[4] * -cy + 0.0 + cy
+    return tuple(m)
+
+
+def rotate(img, angle: float, resample: int, center: tuple | None, fill: int):
+    """Pillow's img.rotate(angle, resample, expand=False, center=center, fillcolor=fill) (`fill`
+    every channel's) of an HWC uint8 array or a PIL image, in `affine`'s forms: Pillow's exact
+    turns where it takes them (about the middle: 0 and 180 degrees, and 90 and 270 on a square
+    image, whatever the filter), else its affine map."""
+    angle = angle % 360.0
+    if center is None and (angle in (0.0, 180.0) or (angle in (90.0, 270.0) and _size(img)[0] == _size(img)[1])):
+        if hasattr(img, "getbands"):
+            return img.rotate(angle, resample)
+        return np.array(np.rot90(img, int(angle // 90)))  # (counter-clockwise, as Pillow's; a copy, as its)
+    w, h = _size(img)
+    return affine(img, rotate_data(angle, w, h, center), resample, fill)
+
+
+def _size(img) -> tuple[int, int]:
+    """(width, height) of an HWC array or a PIL image."""
+    return img.size if hasattr(img, "getbands") else (img.shape[1], img.shape[0])
 
 
 def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
@@ -268,7 +375,6 @@ def pixel_ops_on(img, ops, params: list[dict]):
         elif isinstance(op, ColorJitter):
             img = color_jitter(img, p)
         else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
-            img = _form(img, tensor=False)
             for one in p.get("ops", (p,)):
                 img = trivial_augment(img, one, op.interpolation)
     return img

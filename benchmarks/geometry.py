@@ -1,0 +1,100 @@
+"""The auto-augments' geometry (TrivialAugmentWide's and RandAugment's shears, translations and
+rotations) and RandomRotation on PIL images, as fastdata's Pillow lowering runs them
+(`fastdata.loader`'s CPU placement, `fastdata run`'s served torchvision ops), against the calls
+torchvision's PIL functional makes (Pillow's Image.transform and Image.rotate): the same pixels
+(checked once), timed interleaved in one process.
+
+fastdata's runs natively (csrc/geometry.cpp: Pillow's affine map and filters with its
+arithmetic; `fastdata.transforms.pil.affine` and `rotate`). Images: 64 of the synthetic
+ImageNet-like set, resized to 224x224 RGB; per image a shear in [-0.3, 0.3], a translation of up
+to 32 pixels, an angle in [-30, 30] degrees (the auto-augments' magnitudes' ranges), each with
+the nearest filter (torchvision's default there) and the bilinear one (its references' recipes);
+RandomRotation(15)'s bilinear and bicubic. One thread, warm (the images in memory).
+
+    OMP_NUM_THREADS=1 python benchmarks/geometry.py [--reps 9] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import _common
+import numpy as np
+from PIL import Image
+
+from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
+from fastdata.transforms import pil as P
+
+
+def torchvisions(fn):
+    """`fn` with the native geometry off: fastdata's fallback, Pillow's own calls as torchvision's
+    PIL functional makes them (tests/contract/test_torchvision_faithful.py holds it to
+    torchvision's `F.affine` and `F.rotate`)."""
+    def run(*args):
+        native = P._NATIVE_AFFINE
+        P._NATIVE_AFFINE = False
+        try:
+            return fn(*args)
+        finally:
+            P._NATIVE_AFFINE = native
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--images", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not P._native_affine():
+        sys.exit("fastdata's native extension is not built (or disagrees with this Pillow): nothing to compare")
+
+    files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[: args.images]
+    images = [Image.open(path).convert("RGB").resize((224, 224), Image.BILINEAR) for path, _ in files]
+    rng = np.random.default_rng(0)
+    draws = [{"ShearX": rng.uniform(-0.3, 0.3), "TranslateY": float(rng.integers(-32, 33)),
+              "Rotate": rng.uniform(-30, 30)} for _ in images]
+    cases = {f"{op} {f}": (lambda img, d, op=op, f=f: P.trivial_augment(img, {"op": op, "magnitude": d[op]}, f))
+             for op in ("ShearX", "TranslateY", "Rotate") for f in ("nearest", "bilinear")}
+    for f, resample in (("bilinear", 2), ("bicubic", 3)):
+        cases[f"RandomRotation {f}"] = lambda img, d, r=resample: P.rotate(img, d["Rotate"] / 2, r, None, 0)
+
+    def timed(fn):
+        def run() -> float:
+            t = time.perf_counter()
+            outs = [fn(img, d) for img, d in zip(images, draws)]
+            dt = time.perf_counter() - t
+            run.outs = outs
+            return dt
+        return run
+
+    runs = {}
+    for name, fn in cases.items():
+        runs[f"{name}: torchvision's calls"] = timed(torchvisions(fn))
+        runs[f"{name}: fastdata"] = timed(fn)
+    for fn in runs.values():  # warm-up, and the pixels compared once
+        fn()
+    for name in cases:
+        theirs, ours = runs[f"{name}: torchvision's calls"].outs, runs[f"{name}: fastdata"].outs
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(theirs, ours)), name
+    print(f"{len(images)} images of 224x224, {args.reps} interleaved rounds, one thread; pixels equal",
+          file=sys.stderr)
+    times = _common.interleaved(runs, args.reps)
+    rows = {}
+    print(f"{'op':<26}{'torchvision ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
+    for name in cases:
+        base, ours = times[f"{name}: torchvision's calls"], times[f"{name}: fastdata"]
+        ratio = _common.median(base) / _common.median(ours)
+        low, high = _common.ratio_ci(base, ours)
+        per = [_common.median(x) / len(images) * 1e3 for x in (base, ours)]
+        rows[name] = {"torchvision_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
+                      "interval": [low, high]}
+        print(f"{name:<26}{per[0]:>22.3f}{per[1]:>19.3f}{ratio:>9.2f}x  {low:.2f}-{high:.2f}")
+    _common.write("geometry", {"images": len(images), "reps": args.reps, "rows": rows,
+                               "pillow": Image.__version__}, args.json)
+
+
+if __name__ == "__main__":
+    main()

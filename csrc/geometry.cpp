@@ -1,0 +1,273 @@
+// Compiled with -ffp-contract=off: Pillow rounds each product and each sum of these expressions
+// on its own, which a fused multiply-add would not (CMakeLists.txt). Each expression below keeps
+// the order and the types of Pillow's (an int difference of two bytes scaled by a double, a
+// double sum left to right), so that the doubles, and so the bytes, are the same.
+#include "geometry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+// (target_clones needs the compiler's support, GCC 6 and Clang 14 on, and glibc's ifunc)
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define FASTDATA_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef FASTDATA_AVX2_CLONE
+#define FASTDATA_AVX2_CLONE
+#endif
+
+namespace fastdata {
+namespace {
+
+// Pillow's COORD (-1 below zero, else the integer part) and FLOOR; a value an int cannot hold,
+// where Pillow's cast is undefined, is held to the int's range: outside the image either way.
+inline int coord(double v) {
+  if (v < 0.0) return -1;
+  return v < 2147483647.0 ? int(v) : 2147483647;
+}
+
+inline int floor_int(double v) {
+  if (v < 0.0) {
+    if (!(v > -2147483648.0)) return -2147483647 - 1;
+    const int t = int(v);  // (toward zero: one above the floor where v is not whole)
+    return t - (double(t) > v);
+  }
+  return v < 2147483647.0 ? int(v) : 2147483647;
+}
+
+inline int clip(int v, int size) { return v < 0 ? 0 : (v < size ? v : size - 1); }
+
+struct Image {
+  const uint8_t* px;
+  int w, h, c;
+  const uint8_t* row(int y) const { return px + size_t(y) * size_t(w) * size_t(c); }
+};
+
+inline void copy_pixel(const Image& in, int xin, int yin, uint8_t* out) {
+  const uint8_t* p = in.row(yin) + size_t(xin) * size_t(in.c);
+  out[0] = p[0];
+  if (in.c == 3) {
+    out[1] = p[1];
+    out[2] = p[2];
+  }
+}
+
+// Nearest, no rotation or shear: a source column per output column and a row per row, each
+// stepped by repeated addition from the first pixel's centre.
+void nearest_scaled(const Image& in, uint8_t* out, int ow, int oh, const double* a) {
+  std::vector<int> xs(static_cast<size_t>(ow));
+  double xo = a[2] + a[0] * 0.5;
+  for (int x = 0; x < ow; ++x) {
+    xs[size_t(x)] = coord(xo);
+    xo += a[0];
+  }
+  double yo = a[5] + a[4] * 0.5;
+  for (int y = 0; y < oh; ++y, yo += a[4]) {
+    const int yin = coord(yo);
+    if (yin < 0 || yin >= in.h) continue;
+    for (int x = 0; x < ow; ++x) {
+      const int xin = xs[size_t(x)];
+      if (xin >= 0 && xin < in.w) copy_pixel(in, xin, yin, out + (size_t(y) * size_t(ow) + size_t(x)) * size_t(in.c));
+    }
+  }
+}
+
+bool fits_fixed(const double* a, int x, int y) {
+  return std::fabs(x * a[0] + y * a[1] + a[2]) < 32768.0 && std::fabs(x * a[3] + y * a[4] + a[5]) < 32768.0;
+}
+
+// 16.16 fixed point, rounded as Pillow rounds it. Sums wrap as 32-bit ints (the corners' check
+// keeps them in range; unsigned arithmetic keeps a wrap defined).
+inline uint32_t fix(double v) { return uint32_t(floor_int(v * 65536.0 + 0.5)); }
+
+void nearest_fixed(const Image& in, uint8_t* out, int ow, int oh, const double* a) {
+  const uint32_t a0 = fix(a[0]), a1 = fix(a[1]), a3 = fix(a[3]), a4 = fix(a[4]);
+  uint32_t a2 = fix(a[2] + a[0] * 0.5 + a[1] * 0.5), a5 = fix(a[5] + a[3] * 0.5 + a[4] * 0.5);
+  for (int y = 0; y < oh; ++y, a2 += a1, a5 += a4) {
+    uint32_t xx = a2, yy = a5;
+    uint8_t* o = out + size_t(y) * size_t(ow) * size_t(in.c);
+    for (int x = 0; x < ow; ++x, xx += a0, yy += a3, o += in.c) {
+      const int xin = int32_t(xx) >> 16;  // (an arithmetic shift, as the compilers Pillow is built with do)
+      if (xin < 0 || xin >= in.w) continue;
+      const int yin = int32_t(yy) >> 16;
+      if (yin >= 0 && yin < in.h) copy_pixel(in, xin, yin, o);
+    }
+  }
+}
+
+void nearest_stepped(const Image& in, uint8_t* out, int ow, int oh, const double* a) {
+  double xo = a[2] + a[1] * 0.5 + a[0] * 0.5, yo = a[5] + a[4] * 0.5 + a[3] * 0.5;
+  for (int y = 0; y < oh; ++y, xo += a[1], yo += a[4]) {
+    double xx = xo, yy = yo;
+    uint8_t* o = out + size_t(y) * size_t(ow) * size_t(in.c);
+    for (int x = 0; x < ow; ++x, xx += a[0], yy += a[3], o += in.c) {
+      const int xin = coord(xx);
+      if (xin < 0 || xin >= in.w) continue;
+      const int yin = coord(yy);
+      if (yin >= 0 && yin < in.h) copy_pixel(in, xin, yin, o);
+    }
+  }
+}
+
+// Pillow's cubic through four values at d in [0, 1): on bytes, its p's are int arithmetic (then
+// exact in a double); on the rows' doubles, double arithmetic in the same order.
+template <class T>
+inline double cubic(T v1, T v2, T v3, T v4, double d) {
+  const double p1 = v2;
+  const double p2 = -v1 + v3;
+  const double p3 = 2 * (v1 - v2) + v3 - v4;
+  const double p4 = -v1 + v2 - v3 + v4;
+  return p1 + d * (p2 + d * (p3 + d * p4));
+}
+
+// Bilinear, a row at a time in three passes, so that the arithmetic runs in vectors: each output
+// pixel's centre mapped and split into a whole source pixel and a fraction (`map_row`); the four
+// neighbours' bytes gathered into planes (scalar loads); the two horizontal and one vertical
+// steps of Pillow's filter (`blend_row`). A row whose next source row is outside the image takes
+// its own row twice: Pillow's v2 = v1.
+FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double yo, int ow, int w, int h,
+                                 double* __restrict dx, double* __restrict dy, int32_t* __restrict xi,
+                                 int32_t* __restrict yi, uint8_t* __restrict inside) {
+  for (int x = 0; x < ow; ++x) {
+    const double xo = (first + x) + 0.5;
+    double xin = a[0] * xo + a[1] * yo + a[2];
+    double yin = a[3] * xo + a[4] * yo + a[5];
+    const bool in = (xin >= 0.0) & (xin < w) & (yin >= 0.0) & (yin < h);
+    xin = in ? xin - 0.5 : 0.0;  // (in [-0.5, w - 0.5): its floor is an int)
+    yin = in ? yin - 0.5 : 0.0;
+    const int32_t tx = int32_t(xin), ty = int32_t(yin);  // toward zero, then down where that was up
+    const int32_t fx = tx - int32_t(double(tx) > xin), fy = ty - int32_t(double(ty) > yin);
+    dx[x] = xin - fx;
+    dy[x] = yin - fy;
+    xi[x] = fx;
+    yi[x] = fy;
+    inside[x] = in;
+  }
+}
+
+FASTDATA_AVX2_CLONE void blend_row(const int32_t* __restrict q00, const int32_t* __restrict q01,
+                                   const int32_t* __restrict q10, const int32_t* __restrict q11,
+                                   const double* __restrict dx, const double* __restrict dy, uint8_t* __restrict out,
+                                   int n) {
+  for (int i = 0; i < n; ++i) {
+    const double v1 = q00[i] + (q01[i] - q00[i]) * dx[i];
+    const double v2 = q10[i] + (q11[i] - q10[i]) * dx[i];
+    out[i] = uint8_t(int32_t(v1 + (v2 - v1) * dy[i]));  // (truncated, as Pillow's cast: the value is in [0, 255])
+  }
+}
+
+// The gather: each value's four neighbours and its pixel's fractions, channel by channel in the
+// row's order. A pixel outside the source gets its fill as all four at fractions 0: the blend
+// then gives the fill.
+template <int C>
+void gather_row(const Image& in, const uint8_t* fill, const double* dx, const double* dy, const int32_t* xi,
+                const int32_t* yi, const uint8_t* inside, int ow, int32_t* q, double* dxs, double* dys) {
+  const size_t n = size_t(ow) * C;
+  for (int x = 0; x < ow; ++x) {
+    const size_t i = size_t(x) * C;
+    if (!inside[x]) {
+      for (int b = 0; b < C; ++b) {
+        q[i + b] = q[n + i + b] = q[2 * n + i + b] = q[3 * n + i + b] = fill[b];
+        dxs[i + b] = dys[i + b] = 0.0;
+      }
+      continue;
+    }
+    const int x0 = clip(xi[x], in.w) * C, x1 = clip(xi[x] + 1, in.w) * C;
+    const int below = yi[x] + 1;
+    const uint8_t* r0 = in.row(clip(yi[x], in.h));
+    const uint8_t* r1 = below >= 0 && below < in.h ? in.row(below) : r0;
+    for (int b = 0; b < C; ++b) {
+      q[i + b] = r0[x0 + b];
+      q[n + i + b] = r0[x1 + b];
+      q[2 * n + i + b] = r1[x0 + b];
+      q[3 * n + i + b] = r1[x1 + b];
+      dxs[i + b] = dx[x];
+      dys[i + b] = dy[x];
+    }
+  }
+}
+
+// A strip of kStrip output columns at a time, top to bottom: the source pixels a strip reads lie
+// in a band a few times its width, which stays in the first-level cache row after row.
+constexpr int kStrip = 32;
+
+template <int C>
+void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
+  constexpr size_t n = kStrip, nc = n * C;
+  double dx[n], dy[n], dxs[nc], dys[nc];
+  int32_t xi[n], yi[n], q[4 * nc];
+  uint8_t inside[n];
+  for (int first = 0; first < ow; first += kStrip) {
+    const int width = std::min(kStrip, ow - first), values = width * C;
+    for (int y = 0; y < oh; ++y) {
+      map_row(a, first, y + 0.5, width, in.w, in.h, dx, dy, xi, yi, inside);
+      gather_row<C>(in, fill, dx, dy, xi, yi, inside, width, q, dxs, dys);
+      blend_row(q, q + values, q + 2 * values, q + 3 * values, dxs, dys,
+                out + (size_t(y) * size_t(ow) + size_t(first)) * C, values);
+    }
+  }
+}
+
+// Bicubic, pixel by pixel: each output pixel's centre mapped through the data, then Pillow's
+// filter at that point, band by band (four rows of four, then the column of the four results).
+void bicubic(const Image& in, uint8_t* out, int ow, int oh, const double* a) {
+  const int c = in.c;
+  for (int y = 0; y < oh; ++y) {
+    uint8_t* o = out + size_t(y) * size_t(ow) * size_t(c);
+    for (int x = 0; x < ow; ++x, o += c) {
+      const double xo = x + 0.5, yo = y + 0.5;
+      double xin = a[0] * xo + a[1] * yo + a[2];
+      double yin = a[3] * xo + a[4] * yo + a[5];
+      if (!(xin >= 0.0 && xin < in.w && yin >= 0.0 && yin < in.h)) continue;  // (Pillow's test, NaN outside too)
+      xin -= 0.5;
+      yin -= 0.5;
+      const int xi = floor_int(xin) - 1, yi = floor_int(yin) - 1;
+      const double dx = xin - (xi + 1), dy = yin - (yi + 1);
+      int xs[4];
+      for (int k = 0; k < 4; ++k) xs[k] = clip(xi + k, in.w) * c;
+      const uint8_t* rows[4] = {in.row(clip(yi, in.h)), nullptr, nullptr, nullptr};
+      for (int k = 1; k < 4; ++k) rows[k] = yi + k >= 0 && yi + k < in.h ? in.row(yi + k) : nullptr;
+      for (int b = 0; b < c; ++b) {
+        double v[4];
+        for (int k = 0; k < 4; ++k) {
+          const uint8_t* r = rows[k];
+          v[k] = r ? cubic<int>(r[xs[0] + b], r[xs[1] + b], r[xs[2] + b], r[xs[3] + b], dx) : v[k - 1];
+        }
+        const double s = cubic<double>(v[0], v[1], v[2], v[3], dy);
+        o[b] = s <= 0.0 ? 0 : (s >= 255.0 ? 255 : uint8_t(int(s)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void affine(const uint8_t* src, int w, int h, int channels, uint8_t* out, int ow, int oh, const double data[6],
+            int resample, const uint8_t* fill) {
+  const size_t n = size_t(ow) * size_t(oh);
+  if (n) {  // (every pixel the fill, then those inside the source written over)
+    std::memcpy(out, fill, size_t(channels));
+    for (size_t done = 1; done < n; done *= 2) {
+      std::memcpy(out + done * size_t(channels), out, std::min(done, n - done) * size_t(channels));
+    }
+  }
+  if (n == 0 || w <= 0 || h <= 0) return;
+  const Image in{src, w, h, channels};
+  if (resample == 2) {
+    (channels == 3 ? bilinear<3> : bilinear<1>)(in, out, ow, oh, data, fill);
+  } else if (resample == 3) {
+    bicubic(in, out, ow, oh, data);
+  } else if (data[1] == 0 && data[3] == 0) {
+    nearest_scaled(in, out, ow, oh, data);
+  } else if (fits_fixed(data, 0, 0) && fits_fixed(data, ow, oh) && fits_fixed(data, 0, oh) &&
+             fits_fixed(data, ow, 0)) {
+    nearest_fixed(in, out, ow, oh, data);
+  } else {
+    nearest_stepped(in, out, ow, oh, data);
+  }
+}
+
+}  // namespace fastdata

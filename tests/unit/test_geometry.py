@@ -1,0 +1,164 @@
+"""Pillow's affine transform as fastdata runs it natively (`fastdata.transforms.pil.affine` and
+`rotate`: csrc/geometry.cpp) against Pillow's own Image.transform and Image.rotate: shears,
+translations, rotations, scalings and maps of every coefficient, each filter, RGB and L, images of
+1 to 80 pixels a side. CI runs this module with Pillow-SIMD (the main environment) and with stock
+Pillow (the torchvision environment, .ci/run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdata._ext import native
+from fastdata.transforms import pil as P
+
+Image = pytest.importorskip("PIL.Image")
+needs_native = pytest.mark.skipif(native is None or not hasattr(native, "affine"),
+                                  reason="fastdata's native extension is not built")
+
+
+def _maps(rng, w: int, h: int) -> list[tuple]:
+    """AFFINE data of each kind the nearest filter takes its own path for (a scaling or a
+    translation: doubles stepped a column at a time; a shear or a rotation: 16.16 fixed point;
+    one whose corners pass +-32768: doubles again), and the filtered transforms' uses."""
+    s = rng.uniform(-0.6, 0.6)
+    return [
+        (1, s, 0, 0, 1, 0), (1, 0, 0, s, 1, 0),  # shears, as RandAugment's
+        (1, 0, float(rng.integers(-w, w + 1)), 0, 1, float(rng.integers(-h, h + 1))),  # a translation
+        (rng.uniform(0.3, 3), 0, rng.uniform(-5, 5), 0, rng.uniform(0.3, 3), rng.uniform(-5, 5)),  # a scaling
+        P.rotate_data(rng.uniform(-180, 180), w, h),
+        P.rotate_data(rng.uniform(-30, 30), w, h, (rng.uniform(0, w), rng.uniform(0, h))),
+        tuple(rng.normal(size=6) * [1, 1, w / 2, 1, 1, h / 2]),
+        (1, 0.01, 0, 0, 1000, -1000 * rng.uniform(40, 45)),  # nearest: past the fixed-point range
+    ]
+
+
+@needs_native
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bands", [3, 1])
+def test_the_transform_is_pillows_for_every_map_filter_and_size(bands):
+    rng = np.random.default_rng(bands)
+    moved = compared = 0
+    for trial in range(150):
+        h, w = (int(v) for v in rng.integers(1, 81, 2))
+        pixels = rng.integers(0, 256, (h, w, bands), dtype=np.uint8)
+        img = Image.fromarray(pixels if bands == 3 else pixels[..., 0])
+        ow, oh = (w, h) if trial % 3 else (int(v) for v in rng.integers(1, 81, 2))
+        fill = [int(v) for v in rng.integers(0, 256, bands)]
+        for data in _maps(rng, w, h):
+            for resample in (0, 2, 3):
+                want = np.asarray(img.transform((ow, oh), Image.AFFINE, data, resample,
+                                                fillcolor=tuple(fill) if bands == 3 else fill[0]))
+                out = np.empty((oh, ow, bands), np.uint8)
+                native.affine(pixels, out, data, resample, fill)
+                got = out if bands == 3 else out[..., 0]
+                assert np.array_equal(got, want), (trial, data, resample, (w, h), (ow, oh))
+                compared += 1
+                moved += bool((out != np.asarray(fill, np.uint8)).any())
+    assert compared == 150 * 8 * 3 and moved > compared * 0.6  # (most outputs hold source pixels, not the fill)
+
+
+def _photo(h: int, w: int, seed: int) -> np.ndarray:
+    """A photograph's colours: smooth gradients with noise."""
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 3 + seed, y * 2 + 40 * seed, (x + y)], -1) % 256
+    return np.clip(base + np.random.default_rng(seed).normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+
+
+@needs_native
+@pytest.mark.parametrize("size", [(64, 64), (48, 80)])
+def test_rotate_is_pillows_rotate_in_the_form_given(size):
+    """`rotate` of an array and of a PIL image: Pillow's img.rotate pixels, its exact turns (0, 90,
+    180, 270 about the middle) included, the array given left as it was."""
+    h, w = size
+    pixels = _photo(h, w, 3)
+    img = Image.fromarray(pixels)
+    for angle in (0.0, 90.0, 180.0, 270.0, -90.0, 360.0, 45.5, -30.25, 12.0):
+        for center in (None, (10, 20.5)):
+            for resample in (0, 2, 3):
+                for fill in (0, 9):
+                    want = np.asarray(img.rotate(angle, resample, False, center, fillcolor=(fill,) * 3))
+                    got = P.rotate(pixels, angle, resample, center, fill)
+                    assert isinstance(got, np.ndarray) and np.array_equal(got, want), (angle, center, resample)
+                    as_pil = P.rotate(img, angle, resample, center, fill)
+                    assert as_pil.mode == "RGB" and np.array_equal(np.asarray(as_pil), want)
+    assert np.array_equal(pixels, _photo(h, w, 3))
+
+
+@needs_native
+def test_auto_augment_ops_are_pillows_natively_and_in_any_form(monkeypatch):
+    """Each TrivialAugment op on an array, a PIL image and a CHW tensor gives the pixels of
+    Pillow's own steps (the native geometry and blends off); the geometry and the blends return
+    the form given (an array for a tensor)."""
+    torch = pytest.importorskip("torch")
+    pixels = _photo(40, 56, 5)
+    ops = {"ShearX": 0.3, "ShearY": -0.2, "TranslateX": 7.0, "TranslateY": -5.0, "Rotate": 21.5,
+           "Brightness": 0.4, "Color": -0.3, "Contrast": 0.5, "Sharpness": 0.6, "Posterize": 4,
+           "Solarize": 100.0, "AutoContrast": 0.0, "Equalize": 0.0, "Invert": 0.0, "Identity": 0.0}
+    native_forms = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast"}
+    for interpolation in ("nearest", "bilinear", "bicubic"):
+        for name, m in ops.items():
+            p = {"op": name, "magnitude": m}
+            with monkeypatch.context() as mp:
+                mp.setattr(P, "_NATIVE_AFFINE", False)
+                mp.setattr(P, "_ENHANCE_LUMA", None)
+                want = np.asarray(P.trivial_augment(Image.fromarray(pixels), p, interpolation))
+            for form in (pixels, Image.fromarray(pixels), torch.from_numpy(pixels).permute(2, 0, 1)):
+                got = P.trivial_augment(form, p, interpolation)
+                assert np.array_equal(np.asarray(got), want), (name, interpolation, type(form))
+                if name in native_forms:
+                    assert hasattr(got, "getbands") == hasattr(form, "getbands"), name
+            if name not in ("Identity", "AutoContrast", "Equalize"):
+                assert not np.array_equal(want, pixels), name  # (each op moves some pixel here)
+
+
+def test_a_pillow_of_other_arithmetic_keeps_pillows_own_steps(monkeypatch):
+    """Where the extension's transform disagrees with this Pillow (here, an extension whose
+    transform is off by one level), `affine` and `rotate` take Pillow's own calls."""
+
+    class Off:
+        def affine(self, src, out, data, resample, fill):
+            native.affine(src, out, data, resample, fill) if native is not None else out.fill(0)
+            out += 1
+
+    monkeypatch.setattr(P, "native", Off())
+    monkeypatch.setattr(P, "_NATIVE_AFFINE", None)
+    pixels = _photo(32, 32, 1)
+    img = Image.fromarray(pixels)
+    data = P.rotate_data(33.0, 32, 32)
+    assert not P._native_affine()
+    out = P.affine(pixels, data, 2, 0)
+    assert np.array_equal(np.asarray(out), np.asarray(img.transform((32, 32), Image.AFFINE, data, 2, fillcolor=(0, 0, 0))))
+
+
+def test_other_modes_take_pillows_own_transform():
+    rgba = Image.fromarray(np.full((8, 8, 4), 200, np.uint8), "RGBA")
+    out = P.affine(rgba, (1, 0.5, 0, 0, 1, 0), 2, 0)
+    assert out.mode == "RGBA"
+    assert np.array_equal(np.asarray(out), np.asarray(rgba.transform((8, 8), Image.AFFINE, (1, 0.5, 0, 0, 1, 0), 2,
+                                                                     fillcolor=(0, 0, 0, 0))))
+
+
+@needs_native
+def test_the_native_transform_refuses_what_it_does_not_take():
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    data = (1, 0, 0, 0, 1, 0)
+    with pytest.raises(ValueError, match="uint8 src"):
+        native.affine(rgb, np.zeros((4, 4, 1), np.uint8), data, 2, [0, 0, 0])
+    with pytest.raises(ValueError, match="uint8 src"):
+        native.affine(np.zeros((4, 4, 4), np.uint8), np.zeros((4, 4, 4), np.uint8), data, 2, [0] * 4)
+    with pytest.raises(ValueError, match="uint8 src"):
+        native.affine(rgb.astype(np.float32), rgb.astype(np.float32), data, 2, [0, 0, 0])
+    with pytest.raises(ValueError, match="contiguous"):
+        native.affine(np.zeros((4, 8, 3), np.uint8)[:, ::2], rgb, data, 2, [0, 0, 0])
+    with pytest.raises(ValueError, match="resample 0"):
+        native.affine(rgb, np.empty_like(rgb), data, 1, [0, 0, 0])
+    with pytest.raises(ValueError, match="fill"):
+        native.affine(rgb, np.empty_like(rgb), data, 2, [0, 0])
+    with pytest.raises(ValueError, match="fill"):
+        native.affine(rgb, np.empty_like(rgb), data, 2, [0, 256, 0])
+    with pytest.raises(ValueError, match="overlap"):
+        native.affine(rgb, rgb, data, 2, [0, 0, 0])
+    out = np.zeros((2, 2, 3), np.uint8)
+    native.affine(np.zeros((5, 5, 3), np.uint8), out, (1, 0, 5, 0, 1, 0), 3, [1, 2, 3])  # (all outside: the fill)
+    assert (out == [1, 2, 3]).all()
