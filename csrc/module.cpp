@@ -201,7 +201,9 @@ void affine(AnyArray src, OutArray out, std::array<double, 6> data, int resample
   if (!contiguous(src) || !contiguous(out)) throw nb::value_error("affine takes contiguous arrays");
   const int64_t limit = int64_t(1) << 30;  // (sizes as ints, as Pillow's)
   for (int d = 0; d < 2; ++d) {
-    if (int64_t(src.shape(d)) >= limit || int64_t(out.shape(d)) >= limit) throw nb::value_error("affine: image too large");
+    if (int64_t(src.shape(d)) >= limit || int64_t(out.shape(d)) >= limit) {
+      throw nb::value_error("affine takes images of under 2^30 pixels a side");
+    }
   }
   if (resample != 0 && resample != 2 && resample != 3) {
     throw nb::value_error("affine takes resample 0 (nearest), 2 (bilinear) or 3 (bicubic)");
@@ -629,7 +631,8 @@ NB_MODULE(_native, m) {
         "shift); GIL released.");
   m.def("affine", &affine, nb::arg("src"), nb::arg("out"), nb::arg("data"), nb::arg("resample"), nb::arg("fill"),
         "Pillow's Image.transform(size, AFFINE, data, resample, fillcolor=fill) of uint8 pixels [H, W, C] (C 1 or 3) "
-        "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); GIL released.");
+        "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); "
+        "GIL released.");
   m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
         "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,

@@ -91,7 +91,7 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             x = np.array(x)
             one = x.shape[3] == 1
             for k, p in enumerate(rotate.plan(draws.rng().random((n, getattr(rotate, "draws", 6))))):
-                img = Image.fromarray(x[k, :, :, 0] if one else x[k])
+                img = x[k] if getattr(rotate, "arrays", False) else Image.fromarray(x[k, :, :, 0] if one else x[k])
                 x[k] = np.asarray(rotate.on_pillow(img, p)).reshape(x[k].shape)
         else:  # flip
             flipped = draws.rng().random(n) < op[2]

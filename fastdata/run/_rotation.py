@@ -32,6 +32,8 @@ class Rotation(fd.Op):
         lo, hi = self.degrees
         return [{"angle": float(a)} for a in (lo + (hi - lo) * u[:, 0]).astype("float32")]
 
+    arrays = True  # (on_pillow takes an HWC uint8 array too, and gives one back: `transforms.pil.rotate`)
+
     def on_pillow(self, img: Any, p: dict) -> Any:
         return rotate(img, p["angle"], self.resample, self.center, self.fill)
 

@@ -352,16 +352,17 @@ def _size(img) -> tuple[int, int]:
 def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:
     """Runs the pixel ops on one HWC uint8 row in place (a row of the batch slot)."""
     out = pixel_ops_on(row, ops, params)
-    if out is not row:  # (a PIL image, or a CHW tensor: the one of the two with `permute`)
+    if out is not row:  # (an array, a PIL image, or a CHW tensor: the one with `permute`)
         row[...] = out.permute(1, 2, 0).numpy() if hasattr(out, "permute") else np.asarray(out)
 
 
 def pixel_ops_on(img, ops, params: list[dict]):
     """The image after the pixel ops, each with its sample's parameters. `img` is an HWC uint8
-    array, a PIL image or a CHW uint8 tensor; each op gets the form it takes (a PIL image, or
-    with `tensor` set, `fastdata.run`'s ops on the tensor image, the tensor torchvision's
-    `pil_to_tensor` makes), converted only where the form changes; the result is in the last op's
-    form. An op holding ops (`fastdata.run`'s RandomApply, RandomChoice, RandomOrder) runs those
+    array, a PIL image or a CHW uint8 tensor; each op gets the form it takes (a PIL image; the
+    array itself where the op takes one, ColorJitter, the auto-augments and `fastdata.run`'s ops
+    marked `arrays`; with `tensor` set, `fastdata.run`'s ops on the tensor image, the tensor
+    torchvision's `pil_to_tensor` makes), converted only where the form changes; the result is in
+    the last op's form. An op holding ops (`fastdata.run`'s RandomApply, RandomChoice, RandomOrder) runs those
     its plan names, in the plan's order."""
     from .ops import ColorJitter
 
@@ -371,7 +372,8 @@ def pixel_ops_on(img, ops, params: list[dict]):
         elif getattr(op, "tensor", False):
             img = op.on_tensor(_form(img, tensor=True), p)
         elif callable(getattr(op, "on_pillow", None)):  # an op that applies itself (`fastdata.run`'s)
-            img = op.on_pillow(_form(img, tensor=False), p)
+            img = op.on_pillow(img if getattr(op, "arrays", False) and isinstance(img, np.ndarray)
+                               else _form(img, tensor=False), p)
         elif isinstance(op, ColorJitter):
             img = color_jitter(img, p)
         else:  # TrivialAugment (one op), RandAugment or AutoAugment (its ops in turn)
@@ -390,7 +392,8 @@ def _form(img, tensor: bool):
             return img
         import torch
 
-        return torch.from_numpy(np.array(img)).permute(2, 0, 1)  # (np.array: a copy, as pil_to_tensor's)
+        pixels = np.array(img)  # (a copy, as pil_to_tensor's)
+        return torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1)  # (an L image: 1 x H x W)
     if isinstance(img, np.ndarray):
-        return Image.fromarray(img)
+        return Image.fromarray(img[:, :, 0] if img.ndim == 3 and img.shape[2] == 1 else img)  # (one channel: L)
     return Image.fromarray(img.permute(1, 2, 0).numpy()) if hasattr(img, "permute") else img

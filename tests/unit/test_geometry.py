@@ -85,6 +85,23 @@ def test_rotate_is_pillows_rotate_in_the_form_given(size):
     assert np.array_equal(pixels, _photo(h, w, 3))
 
 
+@pytest.mark.parametrize("native_on", [True, False])
+def test_one_channel_arrays_rotate_as_l_images(monkeypatch, native_on):
+    """An MNIST row (H x W x 1) through `rotate`, natively and by Pillow's own call: an L image's
+    rotate, its pixels in the row's shape."""
+    if native_on and (native is None or not hasattr(native, "affine")):
+        pytest.skip("fastdata's native extension is not built")
+    monkeypatch.setattr(P, "_NATIVE_AFFINE", None if native_on else False)
+    row = _photo(28, 28, 2)[:, :, 1:2].copy()
+    img = Image.fromarray(row[:, :, 0])
+    for angle in (12.5, -40.0, 90.0):
+        for resample in (0, 2, 3):
+            want = np.asarray(img.rotate(angle, resample, False, None, fillcolor=0))
+            got = np.asarray(P.rotate(row, angle, resample, None, 0))
+            assert np.array_equal(got.reshape(28, 28), want), (angle, resample)
+    assert P._native_affine() == native_on
+
+
 @needs_native
 def test_auto_augment_ops_are_pillows_natively_and_in_any_form(monkeypatch):
     """Each TrivialAugment op on an array, a PIL image and a CHW tensor gives the pixels of
@@ -128,7 +145,8 @@ def test_a_pillow_of_other_arithmetic_keeps_pillows_own_steps(monkeypatch):
     data = P.rotate_data(33.0, 32, 32)
     assert not P._native_affine()
     out = P.affine(pixels, data, 2, 0)
-    assert np.array_equal(np.asarray(out), np.asarray(img.transform((32, 32), Image.AFFINE, data, 2, fillcolor=(0, 0, 0))))
+    want = img.transform((32, 32), Image.AFFINE, data, 2, fillcolor=(0, 0, 0))
+    assert np.array_equal(np.asarray(out), np.asarray(want))
 
 
 def test_other_modes_take_pillows_own_transform():
