@@ -123,11 +123,12 @@ inline double cubic(T v1, T v2, T v3, T v4, double d) {
   return p1 + d * (p2 + d * (p3 + d * p4));
 }
 
-// Bilinear, a row at a time in three passes, so that the arithmetic runs in vectors: each output
-// pixel's centre mapped and split into a whole source pixel and a fraction (`map_row`); the four
-// neighbours' bytes gathered into planes (scalar loads); the two horizontal and one vertical
-// steps of Pillow's filter (`blend_row`). A row whose next source row is outside the image takes
-// its own row twice: Pillow's v2 = v1.
+// Bilinear, a row at a time in passes, so that the arithmetic runs in vectors: each output
+// pixel's centre mapped and split into a whole source pixel and a fraction (`map_row`); its four
+// neighbours gathered, each pixel's bytes packed in one word (`gather_row`, scalar loads); for
+// each channel, the two horizontal and one vertical steps of Pillow's filter on that channel's
+// byte of the words (`blend_row`); the channels interleaved into the output. A row whose next
+// source row is outside the image takes its own row twice: Pillow's v2 = v1.
 FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double yo, int ow, int w, int h,
                                  double* __restrict dx, double* __restrict dy, int32_t* __restrict xi,
                                  int32_t* __restrict yi, uint8_t* __restrict inside) {
@@ -136,7 +137,7 @@ FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double y
     double xin = a[0] * xo + a[1] * yo + a[2];
     double yin = a[3] * xo + a[4] * yo + a[5];
     const bool in = (xin >= 0.0) & (xin < w) & (yin >= 0.0) & (yin < h);
-    xin = in ? xin - 0.5 : 0.0;  // (in [-0.5, w - 0.5): its floor is an int)
+    xin = in ? xin - 0.5 : 0.0;  // (in [-0.5, w - 0.5): its floor is an int; outside, fractions 0)
     yin = in ? yin - 0.5 : 0.0;
     const int32_t tx = int32_t(xin), ty = int32_t(yin);  // toward zero, then down where that was up
     const int32_t fx = tx - int32_t(double(tx) > xin), fy = ty - int32_t(double(ty) > yin);
@@ -148,65 +149,78 @@ FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double y
   }
 }
 
-FASTDATA_AVX2_CLONE void blend_row(const int32_t* __restrict q00, const int32_t* __restrict q01,
-                                   const int32_t* __restrict q10, const int32_t* __restrict q11,
-                                   const double* __restrict dx, const double* __restrict dy, uint8_t* __restrict out,
-                                   int n) {
-  for (int i = 0; i < n; ++i) {
-    const double v1 = q00[i] + (q01[i] - q00[i]) * dx[i];
-    const double v2 = q10[i] + (q11[i] - q10[i]) * dx[i];
-    out[i] = uint8_t(int32_t(v1 + (v2 - v1) * dy[i]));  // (truncated, as Pillow's cast: the value is in [0, 255])
+// One channel (the byte at `shift`) of n pixels from their four neighbours' words.
+FASTDATA_AVX2_CLONE void blend_row(const uint32_t* __restrict p00, const uint32_t* __restrict p01,
+                                   const uint32_t* __restrict p10, const uint32_t* __restrict p11,
+                                   const double* __restrict dx, const double* __restrict dy, int shift,
+                                   int32_t* __restrict out, int n) {
+  for (int x = 0; x < n; ++x) {
+    const int32_t a = int32_t((p00[x] >> shift) & 255u), b = int32_t((p01[x] >> shift) & 255u);
+    const int32_t c = int32_t((p10[x] >> shift) & 255u), d = int32_t((p11[x] >> shift) & 255u);
+    const double v1 = a + (b - a) * dx[x];
+    const double v2 = c + (d - c) * dx[x];
+    out[x] = int32_t(v1 + (v2 - v1) * dy[x]);  // (truncated, as Pillow's cast: the value is in [0, 255])
   }
 }
 
-// The gather: each value's four neighbours and its pixel's fractions, channel by channel in the
-// row's order. A pixel outside the source gets its fill as all four at fractions 0: the blend
-// then gives the fill.
-template <int C>
-void gather_row(const Image& in, const uint8_t* fill, const double* dx, const double* dy, const int32_t* xi,
-                const int32_t* yi, const uint8_t* inside, int ow, int32_t* q, double* dxs, double* dys) {
-  const size_t n = size_t(ow) * C;
-  for (int x = 0; x < ow; ++x) {
-    const size_t i = size_t(x) * C;
+// A pixel's bytes in one word, channel k in bits 8k..8k+7 (a 4-byte load where the buffer goes on).
+inline uint32_t word(const uint8_t* p, int channels, const uint8_t* end) {
+  if (channels == 1) return p[0];
+  if (p + 4 <= end) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+  }
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16;
+}
+
+// The four neighbours' words of each pixel; a pixel outside the source gets the fill's word as
+// all four (its fractions are 0: the blend then gives the fill).
+void gather_row(const Image& in, uint32_t fill, const int32_t* xi, const int32_t* yi, const uint8_t* inside, int n,
+                uint32_t* p00, uint32_t* p01, uint32_t* p10, uint32_t* p11) {
+  const int c = in.c;
+  const uint8_t* end = in.px + size_t(in.w) * size_t(in.h) * size_t(c);
+  for (int x = 0; x < n; ++x) {
     if (!inside[x]) {
-      for (int b = 0; b < C; ++b) {
-        q[i + b] = q[n + i + b] = q[2 * n + i + b] = q[3 * n + i + b] = fill[b];
-        dxs[i + b] = dys[i + b] = 0.0;
-      }
+      p00[x] = p01[x] = p10[x] = p11[x] = fill;
       continue;
     }
-    const int x0 = clip(xi[x], in.w) * C, x1 = clip(xi[x] + 1, in.w) * C;
+    const int x0 = clip(xi[x], in.w) * c, x1 = clip(xi[x] + 1, in.w) * c;
     const int below = yi[x] + 1;
     const uint8_t* r0 = in.row(clip(yi[x], in.h));
     const uint8_t* r1 = below >= 0 && below < in.h ? in.row(below) : r0;
-    for (int b = 0; b < C; ++b) {
-      q[i + b] = r0[x0 + b];
-      q[n + i + b] = r0[x1 + b];
-      q[2 * n + i + b] = r1[x0 + b];
-      q[3 * n + i + b] = r1[x1 + b];
-      dxs[i + b] = dx[x];
-      dys[i + b] = dy[x];
-    }
+    p00[x] = word(r0 + x0, c, end);
+    p01[x] = word(r0 + x1, c, end);
+    p10[x] = word(r1 + x0, c, end);
+    p11[x] = word(r1 + x1, c, end);
   }
 }
 
 // A strip of kStrip output columns at a time, top to bottom: the source pixels a strip reads lie
 // in a band a few times its width, which stays in the first-level cache row after row.
-constexpr int kStrip = 32;
+constexpr int kStrip = 64;
 
-template <int C>
 void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
-  constexpr size_t n = kStrip, nc = n * C;
-  double dx[n], dy[n], dxs[nc], dys[nc];
-  int32_t xi[n], yi[n], q[4 * nc];
+  constexpr int n = kStrip;
+  const int c = in.c;
+  double dx[n], dy[n];
+  int32_t xi[n], yi[n], v[3][n];
+  uint32_t p[4][n];
   uint8_t inside[n];
+  const uint32_t fills = c == 1 ? fill[0] : uint32_t(fill[0]) | uint32_t(fill[1]) << 8 | uint32_t(fill[2]) << 16;
   for (int first = 0; first < ow; first += kStrip) {
-    const int width = std::min(kStrip, ow - first), values = width * C;
+    const int width = std::min(kStrip, ow - first);
     for (int y = 0; y < oh; ++y) {
       map_row(a, first, y + 0.5, width, in.w, in.h, dx, dy, xi, yi, inside);
-      gather_row<C>(in, fill, dx, dy, xi, yi, inside, width, q, dxs, dys);
-      blend_row(q, q + values, q + 2 * values, q + 3 * values, dxs, dys,
-                out + (size_t(y) * size_t(ow) + size_t(first)) * C, values);
+      gather_row(in, fills, xi, yi, inside, width, p[0], p[1], p[2], p[3]);
+      for (int k = 0; k < c; ++k) blend_row(p[0], p[1], p[2], p[3], dx, dy, 8 * k, v[k], width);
+      uint8_t* o = out + (size_t(y) * size_t(ow) + size_t(first)) * size_t(c);
+      for (int x = 0; x < width; ++x) {
+        for (int k = 0; k < c; ++k) o[x * c + k] = uint8_t(v[k][x]);
+      }
     }
   }
 }
@@ -231,11 +245,11 @@ void bicubic(const Image& in, uint8_t* out, int ow, int oh, const double* a) {
       const uint8_t* rows[4] = {in.row(clip(yi, in.h)), nullptr, nullptr, nullptr};
       for (int k = 1; k < 4; ++k) rows[k] = yi + k >= 0 && yi + k < in.h ? in.row(yi + k) : nullptr;
       for (int b = 0; b < c; ++b) {
-        double v[4];
-        for (int k = 0; k < 4; ++k) {
-          const uint8_t* r = rows[k];
-          v[k] = r ? cubic<int>(r[xs[0] + b], r[xs[1] + b], r[xs[2] + b], r[xs[3] + b], dx) : v[k - 1];
-        }
+        auto across = [&](const uint8_t* r) {
+          return cubic<int>(r[xs[0] + b], r[xs[1] + b], r[xs[2] + b], r[xs[3] + b], dx);
+        };
+        double v[4] = {across(rows[0]), 0.0, 0.0, 0.0};
+        for (int k = 1; k < 4; ++k) v[k] = rows[k] ? across(rows[k]) : v[k - 1];  // (a missing row: the one before)
         const double s = cubic<double>(v[0], v[1], v[2], v[3], dy);
         o[b] = s <= 0.0 ? 0 : (s >= 255.0 ? 255 : uint8_t(int(s)));
       }
@@ -257,7 +271,7 @@ void affine(const uint8_t* src, int w, int h, int channels, uint8_t* out, int ow
   if (n == 0 || w <= 0 || h <= 0) return;
   const Image in{src, w, h, channels};
   if (resample == 2) {
-    (channels == 3 ? bilinear<3> : bilinear<1>)(in, out, ow, oh, data, fill);
+    bilinear(in, out, ow, oh, data, fill);
   } else if (resample == 3) {
     bicubic(in, out, ow, oh, data);
   } else if (data[1] == 0 && data[3] == 0) {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..transforms import ops as fd
-from ..transforms.pil import rotate
+from ..transforms import pil
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Rotation(fd.Op):
     arrays = True  # (on_pillow takes an HWC uint8 array too, and gives one back: `transforms.pil.rotate`)
 
     def on_pillow(self, img: Any, p: dict) -> Any:
-        return rotate(img, p["angle"], self.resample, self.center, self.fill)
+        return pil.rotate(img, p["angle"], self.resample, self.center, self.fill)
 
 
 def _pillow_mode(op: Any, tensor: bool) -> Any:
@@ -103,10 +103,26 @@ class Affine(fd.Op):
         most = [float(share * side) for share, side in zip(self.translate, size)]
         return [int(round(float(np.float32(-m + 2 * m * x)))) for m, x in zip(most, p["translate"])]
 
+    arrays = True  # (on_pillow takes an HWC uint8 array too, and gives one back where it maps natively)
+
     def on_pillow(self, img: Any, p: dict) -> Any:
+        """torchvision's `F.affine` of the PIL image (or HWC array): its matrix, by its own
+        `_get_inverse_affine_matrix` from the arguments `F.affine` passes it, then Pillow's
+        transform as `transforms.pil.affine` runs it (natively where it can); where torchvision
+        has no such function or the fill is not one byte, `F.affine` itself."""
         import torchvision.transforms.functional as F
         from torchvision.transforms import InterpolationMode
 
+        w, h = (img.shape[1], img.shape[0]) if hasattr(img, "shape") else img.size
+        matrix = getattr(F, "_get_inverse_affine_matrix", None)
+        if matrix is not None and self.mode in pil.FILTERS and type(self.fill) is int and 0 <= self.fill <= 255:
+            center = [w * 0.5, h * 0.5] if self.center is None else list(self.center)
+            data = matrix(center, p["angle"], self.move(p, (w, h)), p["scale"], list(p["shear"]))
+            return pil.affine(img, data, pil.FILTERS[self.mode], self.fill)
+        if hasattr(img, "shape"):
+            from PIL import Image
+
+            img = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
         return F.affine(img, p["angle"], self.move(p, img.size), p["scale"], list(p["shear"]),
                         interpolation=InterpolationMode(self.mode), fill=self.fill,
                         center=None if self.center is None else list(self.center))

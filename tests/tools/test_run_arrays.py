@@ -736,6 +736,33 @@ def test_random_affine_is_torchvisions_affine_for_the_parameters_drawn(cifar, tv
     _uniform_angles(drawn, *((-10, 10) if mnist else (-20, 5)))
 
 
+def test_lowered_random_affine_maps_rows_and_images_as_f_affine(tv):
+    """The lowered RandomAffine's map of an HWC row (1 or 3 channels: what the in-memory sets'
+    gather hands it) and of a PIL image: `F.affine`'s pixels, each filter, in the form given."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    from fastdata.run._rotation import affine
+    from fastdata.transforms.pil import _native_affine as native_maps
+
+    rng = np.random.default_rng(0)
+    for mode in (T.InterpolationMode.NEAREST, T.InterpolationMode.BILINEAR, T.InterpolationMode.BICUBIC):
+        op = T.RandomAffine(25, translate=(0.2, 0.1), scale=(0.7, 1.3), shear=(-10, 10, -5, 5), interpolation=mode,
+                            fill=7)
+        lowered = affine(op, tensor=False)
+        for p, channels in zip(lowered.plan(rng.random((6, 6))), (1, 3) * 3):
+            row = rng.integers(0, 256, (30, 26, channels), dtype=np.uint8)
+            img = Image.fromarray(row[:, :, 0] if channels == 1 else row)
+            want = np.asarray(F.affine(img, p["angle"], lowered.move(p, img.size), p["scale"], list(p["shear"]),
+                                       interpolation=mode, fill=7)).reshape(row.shape)
+            assert not np.array_equal(want, row)
+            got = lowered.on_pillow(row, p)
+            assert np.array_equal(np.asarray(got).reshape(row.shape), want), (mode, p)
+            assert isinstance(got, np.ndarray) or not native_maps()
+            assert np.array_equal(np.asarray(lowered.on_pillow(img, p)).reshape(row.shape), want), (mode, p)
+
+
 @pytest.mark.parametrize("version", ["MNIST v1 bilinear", "v2 nearest with a fill"])
 def test_random_perspective_is_torchvisions_perspective_for_the_corners_drawn(cifar, tv, roots, monkeypatch,
                                                                               version):
