@@ -5,7 +5,7 @@ torchvision's PIL functional makes (Pillow's Image.transform and Image.rotate): 
 (checked once), timed interleaved in one process.
 
 fastdata's runs natively (csrc/geometry.cpp: Pillow's affine map and filters with its
-arithmetic; `fastdata.transforms.pil.affine` and `rotate`). Images: 64 of the synthetic
+arithmetic; `fastdata.transforms.geometry.affine` and `rotate`). Images: 64 of the synthetic
 ImageNet-like set, resized to 224x224 RGB; per image a shear in [-0.3, 0.3], a translation of up
 to 32 pixels, an angle in [-30, 30] degrees (the auto-augments' magnitudes' ranges), each with
 the nearest filter (torchvision's default there) and the bilinear one (its references' recipes);
@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
+from fastdata.transforms import geometry as G
 from fastdata.transforms import pil as P
 
 
@@ -33,12 +34,12 @@ def torchvisions(fn):
     PIL functional makes them (tests/contract/test_torchvision_faithful.py holds it to
     torchvision's `F.affine` and `F.rotate`)."""
     def run(*args):
-        native = P._NATIVE_AFFINE
-        P._NATIVE_AFFINE = False
+        native = G._NATIVE_AFFINE
+        G._NATIVE_AFFINE = False
         try:
             return fn(*args)
         finally:
-            P._NATIVE_AFFINE = native
+            G._NATIVE_AFFINE = native
     return run
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if not P._native_affine():
+    if not G._native_affine():
         sys.exit("fastdata's native extension is not built (or disagrees with this Pillow): nothing to compare")
 
     files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[: args.images]
@@ -59,7 +60,7 @@ def main() -> None:
     cases = {f"{op} {f}": (lambda img, d, op=op, f=f: P.trivial_augment(img, {"op": op, "magnitude": d[op]}, f))
              for op in ("ShearX", "TranslateY", "Rotate") for f in ("nearest", "bilinear")}
     for f, resample in (("bilinear", 2), ("bicubic", 3)):
-        cases[f"RandomRotation {f}"] = lambda img, d, r=resample: P.rotate(img, d["Rotate"] / 2, r, None, 0)
+        cases[f"RandomRotation {f}"] = lambda img, d, r=resample: G.rotate(img, d["Rotate"] / 2, r, None, 0)
 
     def timed(fn):
         def run() -> float:

@@ -2,7 +2,7 @@
 classes) on the PIL image: read from the script's op (`rotation`, `affine`, `perspective`;
 `pillow_geometry` takes any), the parameters drawn per sample, and each image transformed as
 torchvision transforms it: Pillow's rotate as `F.rotate` calls it (`Rotation.on_pillow`, natively
-where `transforms.pil.rotate` can), torchvision's own `F.affine` (`Affine.on_pillow`) and
+where `transforms.geometry.rotate` can), torchvision's own `F.affine` (`Affine.on_pillow`) and
 `F.perspective` (`Perspective.on_pillow`).
 A folder's lowering runs them as pixel ops after the decoder's geometry (`_lowering`); an
 in-memory set's among its array ops (`_arrays`).
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..transforms import ops as fd
-from ..transforms import pil
+from ..transforms import geometry, pil
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,10 @@ class Rotation(fd.Op):
         lo, hi = self.degrees
         return [{"angle": float(a)} for a in (lo + (hi - lo) * u[:, 0]).astype("float32")]
 
-    arrays = True  # (on_pillow takes an HWC uint8 array too, and gives one back: `transforms.pil.rotate`)
+    arrays = True  # (on_pillow takes an HWC uint8 array too, and gives one back: `transforms.geometry.rotate`)
 
     def on_pillow(self, img: Any, p: dict) -> Any:
-        return pil.rotate(img, p["angle"], self.resample, self.center, self.fill)
+        return geometry.rotate(img, p["angle"], self.resample, self.center, self.fill)
 
 
 def _pillow_mode(op: Any, tensor: bool) -> Any:
@@ -108,7 +108,7 @@ class Affine(fd.Op):
     def on_pillow(self, img: Any, p: dict) -> Any:
         """torchvision's `F.affine` of the PIL image (or HWC array): its matrix, by its own
         `_get_inverse_affine_matrix` from the arguments `F.affine` passes it, then Pillow's
-        transform as `transforms.pil.affine` runs it (natively where it can); where torchvision
+        transform as `transforms.geometry.affine` runs it (natively where it can); where torchvision
         has no such function or the fill is not one byte, `F.affine` itself."""
         import torchvision.transforms.functional as F
         from torchvision.transforms import InterpolationMode
@@ -118,7 +118,7 @@ class Affine(fd.Op):
         if matrix is not None and self.mode in pil.FILTERS and type(self.fill) is int and 0 <= self.fill <= 255:
             center = [w * 0.5, h * 0.5] if self.center is None else list(self.center)
             data = matrix(center, p["angle"], self.move(p, (w, h)), p["scale"], list(p["shear"]))
-            return pil.affine(img, data, pil.FILTERS[self.mode], self.fill)
+            return geometry.affine(img, data, pil.FILTERS[self.mode], self.fill)
         if hasattr(img, "shape"):
             from PIL import Image
 

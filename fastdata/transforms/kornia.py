@@ -21,7 +21,8 @@ from typing import Sequence
 
 import torch
 
-from .pil import rotate_data, shear_coefficient
+from .geometry import rotate_data
+from .pil import shear_coefficient
 
 # mean |this lowering - Pillow's| in uint8 levels, per op, over random magnitudes
 PARITY = {

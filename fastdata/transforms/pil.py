@@ -14,6 +14,7 @@ import numpy as np
 
 from .._ext import native
 from .._pillow import open_image
+from .geometry import affine, bands, rotate
 
 
 def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
@@ -222,6 +223,8 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
         return rotate(img, m, resample, None, 0)
     if name in ("Brightness", "Contrast", "Color"):
         return enhance(img, ("Brightness", "Contrast", "Color").index(name), 1 + m)
+    if name in _LUT_OPS and isinstance(img, np.ndarray) and bands(img) and _native_luts():
+        return table_op(img, name, m)
     img = _form(img, tensor=False)
     if name == "Sharpness":
         return ImageEnhance.Sharpness(img).enhance(1 + m)
@@ -245,7 +248,7 @@ def enhance(img, kind: int, factor: float):
     from PIL import Image, ImageEnhance
 
     luma = _enhance_luma()
-    if luma is not None and _bands(img) == 3:
+    if luma is not None and bands(img) == 3:
         pixels = np.array(img, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
         native.enhance(pixels, pixels, kind, factor, luma)
         return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
@@ -253,100 +256,68 @@ def enhance(img, kind: int, factor: float):
     return classes[kind](_form(img, tensor=False)).enhance(factor)
 
 
-# ---- geometry: Pillow's affine transform (Image.transform, Image.rotate), natively where the
-# extension gives this Pillow's pixels
-
-def _bands(img) -> int:
-    """An HWC (or HW) uint8 array's channels, or a PIL image's: 3 for RGB, 1 for L, else 0 (what
-    the native ops do not take)."""
-    if hasattr(img, "getbands"):
-        return {"RGB": 3, "L": 1}.get(img.mode, 0)
-    shape = getattr(img, "shape", ())
-    ok = getattr(img, "dtype", None) == np.uint8 and (len(shape) == 2 or (len(shape) == 3 and shape[2] in (1, 3)))
-    return (1 if len(shape) == 2 else shape[2]) if ok else 0
+# ImageOps' table ops as torchvision's PIL functional calls them, on an array's pixels
+_LUT_OPS = ("Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+_NATIVE_LUTS: bool | None = None
 
 
-_AFFINE_PROBES = ((1, 0.3, 0, 0, 1, 0), (1, 0, 0, -0.25, 1, 0), (1, 0, -7, 0, 1, 5), (1.1, 0.2, -3.5, -0.15, 0.9, 4.25),
-                  (1, 0.01, 0, 0, 1000, -50480))  # (the last: nearest's doubles, past 16.16's range)
-_NATIVE_AFFINE: bool | None = None
+def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
+    """ImageOps' posterize(bits m), solarize(threshold m), autocontrast(), equalize() or invert()
+    of an HWC (or HW) uint8 array: each band's table computed as ImageOps computes it (the
+    autocontrast's from the band's extremes, the equalize's from its histogram, both in Python's
+    arithmetic; Pillow's point clips a table's values to 0..255), applied by the extension's
+    lookup. A new array of the same shape; Pillow's error for a posterize of other than 1-8 bits."""
+    from PIL import ImageOps
+
+    x = np.arange(256, dtype=np.int64)
+    src = np.ascontiguousarray(pixels).reshape(-1, pixels.shape[2] if pixels.ndim == 3 else 1)
+    tables = []
+    for band in src.T:
+        if name == "Posterize":
+            if not 1 <= int(m) <= 8:
+                ImageOps.posterize(_form(pixels, tensor=False), int(m))  # (raises Pillow's ValueError)
+            table = x & ~(2 ** (8 - int(m)) - 1)
+        elif name == "Solarize":
+            table = np.where(x < m, x, 255 - x)
+        elif name == "Invert":
+            table = 255 - x
+        elif name == "AutoContrast":
+            lo, hi = int(band.min()), int(band.max())  # (the first and last bins of its histogram)
+            scale = 255.0 / (hi - lo) if hi > lo else 0.0
+            table = np.trunc(x * scale + -lo * scale) if hi > lo else x  # (int(): toward zero)
+        else:  # Equalize
+            h = np.bincount(band, minlength=256)
+            counts = h[h > 0]
+            step = (int(counts.sum()) - int(counts[-1])) // 255 if len(counts) > 1 else 0
+            table = (step // 2 + np.concatenate(([0], np.cumsum(h)[:-1]))) // step if step else x
+        tables.append(np.clip(table, 0, 255))
+    out = np.empty_like(src)
+    native.lookup_values(src[:, :, None], np.stack(tables).astype(np.uint8), out[:, :, None])
+    return out.reshape(pixels.shape)
 
 
-def _native_affine() -> bool:
-    """Whether the extension's `affine` (csrc/geometry.cpp: Pillow's Geometry.c arithmetic) gives
-    this process's Pillow's Image.transform(AFFINE): checked once on a 96 x 96 slice of the probe
-    colours, RGB and L, each filter, through shears, a translation, a rotation, a map of every
-    coefficient and one past the fixed-point range (tests/unit/test_geometry.py checks more)."""
-    global _NATIVE_AFFINE
-    if _NATIVE_AFFINE is None:
-        _NATIVE_AFFINE = False
-        if native is not None and hasattr(native, "affine"):
-            from PIL import Image
+def _native_luts() -> bool:
+    """Whether `table_op` gives this process's ImageOps' pixels: checked once on 64 x 64 noise and
+    a three-level image (where equalize's table passes 255), RGB and L, each op."""
+    global _NATIVE_LUTS
+    if _NATIVE_LUTS is None:
+        _NATIVE_LUTS = False
+        if native is not None and hasattr(native, "lookup_values"):
+            from PIL import Image, ImageOps
 
-            rgb = np.ascontiguousarray(_probe_colours()[:96, 16:112])
+            noise = np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+            levels = np.where(noise < 250, 90, np.where(noise < 254, 20, 200)).astype(np.uint8)
+            ops = {"Posterize": (lambda im: ImageOps.posterize(im, 3), 3),
+                   "Solarize": (lambda im: ImageOps.solarize(im, 99.5), 99.5),
+                   "AutoContrast": (ImageOps.autocontrast, 0), "Equalize": (ImageOps.equalize, 0),
+                   "Invert": (ImageOps.invert, 0)}
             same = True
-            for pixels in (rgb, rgb[..., 1:2].copy()):
-                img = Image.fromarray(pixels if pixels.shape[2] == 3 else pixels[..., 0])
-                fill = [5, 6, 7][:pixels.shape[2]]
-                for data in _AFFINE_PROBES + (rotate_data(23.5, 96, 96),):
-                    for resample in (0, 2, 3):
-                        ours = np.empty_like(pixels)
-                        native.affine(pixels, ours, data, resample, fill)
-                        colour = tuple(fill) if len(fill) == 3 else fill[0]
-                        want = np.asarray(img.transform(img.size, Image.AFFINE, data, resample, fillcolor=colour))
-                        same = same and np.array_equal(ours.reshape(want.shape), want)
-            _NATIVE_AFFINE = bool(same)
-    return _NATIVE_AFFINE
-
-
-def affine(img, data: tuple, resample: int, fill: int):
-    """Pillow's img.transform(img.size, AFFINE, data, resample, fillcolor=fill) (resample: Pillow's
-    0 nearest, 2 bilinear, 3 bicubic; `fill` every channel's) of an HWC uint8 array or a PIL
-    image: natively on an RGB or L image's pixels where `_native_affine`, in the form given (but
-    a PIL image's nearest, which Pillow maps faster than the image's two conversions take); else
-    Pillow's, a PIL image."""
-    from PIL import Image
-
-    bands = _bands(img)
-    if bands and _native_affine() and not (resample == 0 and hasattr(img, "getbands")):
-        pixels = np.ascontiguousarray(np.asarray(img))
-        src = pixels.reshape(pixels.shape[0], pixels.shape[1], bands)
-        out = np.empty_like(src)
-        native.affine(src, out, tuple(float(v) for v in data), resample, [fill] * bands)
-        return Image.fromarray(out.reshape(pixels.shape)) if hasattr(img, "getbands") else out.reshape(pixels.shape)
-    img = _form(img, tensor=False)
-    colour = fill if len(img.getbands()) == 1 else (fill,) * len(img.getbands())
-    return img.transform(img.size, Image.AFFINE, data, resample, fillcolor=colour)
-
-
-def rotate_data(angle: float, w: int, h: int, center: tuple | None = None) -> tuple:
-    """The AFFINE data Pillow's Image.rotate(angle, center=center) computes for a w x h image
-    (counter-clockwise about the centre, or `center`; the angle taken modulo 360, the matrix
-    rounded to 15 decimals)."""
-    t = -math.radians(angle % 360.0)
-    m = [round(math.cos(t), 15), round(math.sin(t), 15), 0.0, round(-math.sin(t), 15), round(math.cos(t), 15), 0.0]
-    cx, cy = (w / 2.0, h / 2.0) if center is None else center
-    m[2] = m[0] * -cx + m[1] * -cy + 0.0 + cx
-    m[5] = m[3] * -cx + m[4] * -cy + 0.0 + cy
-    return tuple(m)
-
-
-def rotate(img, angle: float, resample: int, center: tuple | None, fill: int):
-    """Pillow's img.rotate(angle, resample, expand=False, center=center, fillcolor=fill) (`fill`
-    every channel's) of an HWC uint8 array or a PIL image, in `affine`'s forms: Pillow's exact
-    turns where it takes them (about the middle: 0 and 180 degrees, and 90 and 270 on a square
-    image, whatever the filter), else its affine map."""
-    angle = angle % 360.0
-    if center is None and (angle in (0.0, 180.0) or (angle in (90.0, 270.0) and _size(img)[0] == _size(img)[1])):
-        if hasattr(img, "getbands"):
-            return img.rotate(angle, resample)
-        return np.array(np.rot90(img, int(angle // 90)))  # (counter-clockwise, as Pillow's; a copy, as its)
-    w, h = _size(img)
-    return affine(img, rotate_data(angle, w, h, center), resample, fill)
-
-
-def _size(img) -> tuple[int, int]:
-    """(width, height) of an HWC array or a PIL image."""
-    return img.size if hasattr(img, "getbands") else (img.shape[1], img.shape[0])
+            for pixels in (noise, levels, noise[:, :, 0], levels[:, :, 0]):
+                img = Image.fromarray(np.ascontiguousarray(pixels))
+                for name, (theirs, m) in ops.items():
+                    same = same and np.array_equal(table_op(pixels, name, m), np.asarray(theirs(img)))
+            _NATIVE_LUTS = bool(same)
+    return _NATIVE_LUTS
 
 
 def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:

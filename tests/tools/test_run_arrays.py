@@ -744,7 +744,7 @@ def test_lowered_random_affine_maps_rows_and_images_as_f_affine(tv):
     from PIL import Image
 
     from fastdata.run._rotation import affine
-    from fastdata.transforms.pil import _native_affine as native_maps
+    from fastdata.transforms.geometry import _native_affine as native_maps
 
     rng = np.random.default_rng(0)
     for mode in (T.InterpolationMode.NEAREST, T.InterpolationMode.BILINEAR, T.InterpolationMode.BICUBIC):

@@ -1,5 +1,5 @@
-"""Pillow's affine transform as fastdata runs it natively (`fastdata.transforms.pil.affine` and
-`rotate`: csrc/geometry.cpp) against Pillow's own Image.transform and Image.rotate: shears,
+"""Pillow's affine transform as fastdata runs it natively (`fastdata.transforms.geometry.affine`
+and `rotate`: csrc/geometry.cpp) against Pillow's own Image.transform and Image.rotate: shears,
 translations, rotations, scalings and maps of every coefficient, each filter, RGB and L, images of
 1 to 80 pixels a side. CI runs this module with Pillow-SIMD (the main environment) and with stock
 Pillow (the torchvision environment, .ci/run)."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fastdata._ext import native
-from fastdata.transforms import pil as P
+from fastdata.transforms import geometry as G
 
 Image = pytest.importorskip("PIL.Image")
 needs_native = pytest.mark.skipif(native is None or not hasattr(native, "affine"),
@@ -26,8 +26,8 @@ def _maps(rng, w: int, h: int) -> list[tuple]:
         (1, s, 0, 0, 1, 0), (1, 0, 0, s, 1, 0),  # shears, as RandAugment's
         (1, 0, float(rng.integers(-w, w + 1)), 0, 1, float(rng.integers(-h, h + 1))),  # a translation
         (rng.uniform(0.3, 3), 0, rng.uniform(-5, 5), 0, rng.uniform(0.3, 3), rng.uniform(-5, 5)),  # a scaling
-        P.rotate_data(rng.uniform(-180, 180), w, h),
-        P.rotate_data(rng.uniform(-30, 30), w, h, (rng.uniform(0, w), rng.uniform(0, h))),
+        G.rotate_data(rng.uniform(-180, 180), w, h),
+        G.rotate_data(rng.uniform(-30, 30), w, h, (rng.uniform(0, w), rng.uniform(0, h))),
         tuple(rng.normal(size=6) * [1, 1, w / 2, 1, 1, h / 2]),
         (1, 0.01, 0, 0, 1000, -1000 * rng.uniform(40, 45)),  # nearest: past the fixed-point range
     ]
@@ -78,9 +78,9 @@ def test_rotate_is_pillows_rotate_in_the_form_given(size):
             for resample in (0, 2, 3):
                 for fill in (0, 9):
                     want = np.asarray(img.rotate(angle, resample, False, center, fillcolor=(fill,) * 3))
-                    got = P.rotate(pixels, angle, resample, center, fill)
+                    got = G.rotate(pixels, angle, resample, center, fill)
                     assert isinstance(got, np.ndarray) and np.array_equal(got, want), (angle, center, resample)
-                    as_pil = P.rotate(img, angle, resample, center, fill)
+                    as_pil = G.rotate(img, angle, resample, center, fill)
                     assert as_pil.mode == "RGB" and np.array_equal(np.asarray(as_pil), want)
     assert np.array_equal(pixels, _photo(h, w, 3))
 
@@ -91,42 +91,15 @@ def test_one_channel_arrays_rotate_as_l_images(monkeypatch, native_on):
     rotate, its pixels in the row's shape."""
     if native_on and (native is None or not hasattr(native, "affine")):
         pytest.skip("fastdata's native extension is not built")
-    monkeypatch.setattr(P, "_NATIVE_AFFINE", None if native_on else False)
+    monkeypatch.setattr(G, "_NATIVE_AFFINE", None if native_on else False)
     row = _photo(28, 28, 2)[:, :, 1:2].copy()
     img = Image.fromarray(row[:, :, 0])
     for angle in (12.5, -40.0, 90.0):
         for resample in (0, 2, 3):
             want = np.asarray(img.rotate(angle, resample, False, None, fillcolor=0))
-            got = np.asarray(P.rotate(row, angle, resample, None, 0))
+            got = np.asarray(G.rotate(row, angle, resample, None, 0))
             assert np.array_equal(got.reshape(28, 28), want), (angle, resample)
-    assert P._native_affine() == native_on
-
-
-@needs_native
-def test_auto_augment_ops_are_pillows_natively_and_in_any_form(monkeypatch):
-    """Each TrivialAugment op on an array, a PIL image and a CHW tensor gives the pixels of
-    Pillow's own steps (the native geometry and blends off); the geometry and the blends return
-    the form given (an array for a tensor)."""
-    torch = pytest.importorskip("torch")
-    pixels = _photo(40, 56, 5)
-    ops = {"ShearX": 0.3, "ShearY": -0.2, "TranslateX": 7.0, "TranslateY": -5.0, "Rotate": 21.5,
-           "Brightness": 0.4, "Color": -0.3, "Contrast": 0.5, "Sharpness": 0.6, "Posterize": 4,
-           "Solarize": 100.0, "AutoContrast": 0.0, "Equalize": 0.0, "Invert": 0.0, "Identity": 0.0}
-    native_forms = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast"}
-    for interpolation in ("nearest", "bilinear", "bicubic"):
-        for name, m in ops.items():
-            p = {"op": name, "magnitude": m}
-            with monkeypatch.context() as mp:
-                mp.setattr(P, "_NATIVE_AFFINE", False)
-                mp.setattr(P, "_ENHANCE_LUMA", None)
-                want = np.asarray(P.trivial_augment(Image.fromarray(pixels), p, interpolation))
-            for form in (pixels, Image.fromarray(pixels), torch.from_numpy(pixels).permute(2, 0, 1)):
-                got = P.trivial_augment(form, p, interpolation)
-                assert np.array_equal(np.asarray(got), want), (name, interpolation, type(form))
-                if name in native_forms:
-                    assert hasattr(got, "getbands") == hasattr(form, "getbands"), name
-            if name not in ("Identity", "AutoContrast", "Equalize"):
-                assert not np.array_equal(want, pixels), name  # (each op moves some pixel here)
+    assert G._native_affine() == native_on
 
 
 def test_a_pillow_of_other_arithmetic_keeps_pillows_own_steps(monkeypatch):
@@ -138,20 +111,20 @@ def test_a_pillow_of_other_arithmetic_keeps_pillows_own_steps(monkeypatch):
             native.affine(src, out, data, resample, fill) if native is not None else out.fill(0)
             out += 1
 
-    monkeypatch.setattr(P, "native", Off())
-    monkeypatch.setattr(P, "_NATIVE_AFFINE", None)
+    monkeypatch.setattr(G, "native", Off())
+    monkeypatch.setattr(G, "_NATIVE_AFFINE", None)
     pixels = _photo(32, 32, 1)
     img = Image.fromarray(pixels)
-    data = P.rotate_data(33.0, 32, 32)
-    assert not P._native_affine()
-    out = P.affine(pixels, data, 2, 0)
+    data = G.rotate_data(33.0, 32, 32)
+    assert not G._native_affine()
+    out = G.affine(pixels, data, 2, 0)
     want = img.transform((32, 32), Image.AFFINE, data, 2, fillcolor=(0, 0, 0))
     assert np.array_equal(np.asarray(out), np.asarray(want))
 
 
 def test_other_modes_take_pillows_own_transform():
     rgba = Image.fromarray(np.full((8, 8, 4), 200, np.uint8), "RGBA")
-    out = P.affine(rgba, (1, 0.5, 0, 0, 1, 0), 2, 0)
+    out = G.affine(rgba, (1, 0.5, 0, 0, 1, 0), 2, 0)
     assert out.mode == "RGBA"
     assert np.array_equal(np.asarray(out), np.asarray(rgba.transform((8, 8), Image.AFFINE, (1, 0.5, 0, 0, 1, 0), 2,
                                                                      fillcolor=(0, 0, 0, 0))))
