@@ -13,6 +13,7 @@
 #include "color.h"
 
 #include <algorithm>
+#include <vector>
 
 // (target_clones needs the compiler's support, GCC 6 and Clang 14 on, and glibc's ifunc)
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
@@ -133,7 +134,40 @@ FASTDATA_AVX2_CLONE void luma_plane(const int32_t* r, const int32_t* g, const in
   for (int j = 0; j < m; ++j) out[j] = (r[j] * w.r + g[j] * w.g + b[j] * w.b + half) >> w.shift;
 }
 
+// One row of SMOOTH's pass over values i in [begin, end) of interleaved pixels (d values a pixel).
+FASTDATA_AVX2_CLONE void smooth_row(const uint8_t* __restrict up, const uint8_t* __restrict mid,
+                                    const uint8_t* __restrict down, uint8_t* __restrict out, int begin, int end,
+                                    int d) {
+  const float side = 1.0f / 13.0f, centre = 5.0f / 13.0f;
+  for (int i = begin; i < end; ++i) {
+    float ss = 0.5f;
+    ss += float(down[i - d]) * side + float(down[i]) * side + float(down[i + d]) * side;
+    ss += float(mid[i - d]) * side + float(mid[i]) * centre + float(mid[i + d]) * side;
+    ss += float(up[i - d]) * side + float(up[i]) * side + float(up[i + d]) * side;
+    ss = ss > 0.0f ? ss : 0.0f;
+    out[i] = uint8_t(int32_t(ss < 255.0f ? ss : 255.0f));
+  }
+}
+
+// n values blended over their own bases (Sharpness: the smoothed image's).
+FASTDATA_AVX2_CLONE void blend_values(const uint8_t* __restrict base, const uint8_t* src, uint8_t* dst, int64_t n,
+                                      float alpha) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = uint8_t(blended(base[j], src[j], alpha));
+}
+
 }  // namespace
+
+void sharpness(const uint8_t* src, uint8_t* dst, int w, int h, float alpha) {
+  const int64_t row = int64_t(w) * 3, n = row * h;
+  std::vector<uint8_t> smooth(src, src + n);  // (the border, and a small image, as they are)
+  if (w >= 3 && h >= 3) {
+    for (int y = 1; y < h - 1; ++y) {
+      smooth_row(src + (y - 1) * row, src + y * row, src + (y + 1) * row, smooth.data() + y * row, 3,
+                 int(row) - 3, 3);
+    }
+  }
+  blend_values(smooth.data(), src, dst, n, alpha);
+}
 
 void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
   by_chunks(src, dst, n, [shift](Chunk& c, const uint8_t* in, uint8_t* out, int m) {

@@ -25,4 +25,11 @@ struct Luma {
 };
 void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma luma = Luma());
 
+// Pillow's ImageEnhance.Sharpness on an RGB image of w x h pixels: the blend over the image's
+// filter(SMOOTH), Filter.c's 3x3 pass in float (the kernel 1 1 1 / 1 5 1 / 1 1 1 each divided by
+// 13 as a float, 0.5 first, then the rows below, at and above each pixel, each row's three
+// products summed left to right; clipped, truncated; the border pixels, and an image under 3
+// pixels a side, kept). dst may be src.
+void sharpness(const uint8_t* src, uint8_t* dst, int w, int h, float alpha);
+
 }  // namespace fastdata

@@ -177,11 +177,23 @@ void hue_shift(AnyArray src, OutArray out, int shift) {
                       int64_t(src.size() / 3), shift);
 }
 
-// enhance(src, out, kind, factor, luma): Pillow's ImageEnhance Brightness (0), Contrast (1) or
-// Color (2) of uint8 RGB pixels, enhance(factor), "L" with the weights luma = (r, g, b, shift) (color.h).
+// enhance(src, out, kind, factor, luma): Pillow's ImageEnhance Brightness (0), Contrast (1), Color
+// (2) or Sharpness (3, of an image [H, W, 3]) of uint8 RGB pixels, enhance(factor), "L" with the
+// weights luma = (r, g, b, shift) (color.h).
 void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int, 4> luma) {
   color_arrays("enhance", src, out);
-  if (kind < 0 || kind > 2) throw nb::value_error("enhance takes kind 0 (Brightness), 1 (Contrast) or 2 (Color)");
+  if (kind < 0 || kind > 3) {
+    throw nb::value_error("enhance takes kind 0 (Brightness), 1 (Contrast), 2 (Color) or 3 (Sharpness)");
+  }
+  if (kind == 3) {  // (a filter over rows: the image's shape, [H, W, 3])
+    if (src.ndim() != 3 || src.shape(0) >= (size_t(1) << 30) || src.shape(1) >= (size_t(1) << 30)) {
+      throw nb::value_error("enhance's Sharpness takes an image [H, W, 3] of under 2^30 pixels a side");
+    }
+    nb::gil_scoped_release release;
+    fastdata::sharpness(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()),
+                        int(src.shape(1)), int(src.shape(0)), float(factor));
+    return;
+  }
   const bool weights = luma[0] >= 0 && luma[1] >= 0 && luma[2] >= 0 && luma[3] >= 1 && luma[3] <= 16 &&
                        int64_t(luma[0]) + luma[1] + luma[2] <= (int64_t(1) << luma[3]);
   if (!weights) throw nb::value_error("enhance takes luma weights (r, g, b, shift) of sum at most 2^shift, shift 1 to 16");
@@ -626,7 +638,8 @@ NB_MODULE(_native, m) {
         "each pixel as Pillow's conversions give it; GIL released.");
   m.def("enhance", &enhance, nb::arg("src"), nb::arg("out"), nb::arg("kind"), nb::arg("factor"),
         nb::arg("luma") = std::array<int, 4>{19595, 38470, 7471, 16},
-        "Pillow's ImageEnhance Brightness (kind 0), Contrast (1) or Color (2) of uint8 RGB pixels [..., 3], "
+        "Pillow's ImageEnhance Brightness (kind 0), Contrast (1), Color (2) or Sharpness (3: of an image "
+        "[H, W, 3]) of uint8 RGB pixels [..., 3], "
         "enhance(factor), each value as Pillow's blend gives it, \"L\" with the weights luma = (r, g, b, "
         "shift); GIL released.");
   m.def("affine", &affine, nb::arg("src"), nb::arg("out"), nb::arg("data"), nb::arg("resample"), nb::arg("fill"),

@@ -202,14 +202,14 @@ def shear_coefficient(name: str, m: float) -> float:
 
 
 def trivial_augment(img, p: dict, interpolation: str = "nearest"):
-    """One TrivialAugmentWide or RandAugment op, as torchvision runs it on a PIL image. `img`: an
-    HWC uint8 array, a PIL image or a CHW uint8 tensor; the geometry and the three blends run
-    natively on an RGB image's pixels where this Pillow's arithmetic was found (`affine`,
-    `enhance`), the result in the form given (an array for a tensor), the rest Pillow's own, the
-    result a PIL image. Geometry convention (the GPU lowering follows it): shear maps output
+    """One TrivialAugmentWide, RandAugment or AutoAugment op, as torchvision runs it on a PIL image.
+    `img`: an HWC uint8 array, a PIL image or a CHW uint8 tensor; the geometry and ImageEnhance's
+    four run natively on an RGB image's pixels where this Pillow's arithmetic was found (`affine`,
+    `enhance`), ImageOps' table ops on an array's (`table_op`), the result in the form given (an
+    array for a tensor); the rest Pillow's own, the result a PIL image. Geometry convention (the GPU lowering follows it): shear maps output
     (x, y) to input (x + m*y, y); translate moves content right/down by m pixels; rotate turns
     counter-clockwise about the centre; fill 0."""
-    from PIL import ImageEnhance, ImageOps
+    from PIL import ImageOps
 
     name, m = p["op"], p["magnitude"]
     resample = FILTERS.get(interpolation, 0)
@@ -221,13 +221,11 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
         return affine(img, geometry[name], resample, 0)
     if name == "Rotate":
         return rotate(img, m, resample, None, 0)
-    if name in ("Brightness", "Contrast", "Color"):
-        return enhance(img, ("Brightness", "Contrast", "Color").index(name), 1 + m)
+    if name in ("Brightness", "Contrast", "Color", "Sharpness"):
+        return enhance(img, ("Brightness", "Contrast", "Color", "Sharpness").index(name), 1 + m)
     if name in _LUT_OPS and isinstance(img, np.ndarray) and bands(img) and _native_luts():
         return table_op(img, name, m)
     img = _form(img, tensor=False)
-    if name == "Sharpness":
-        return ImageEnhance.Sharpness(img).enhance(1 + m)
     if name == "Posterize":
         return ImageOps.posterize(img, int(m))
     if name == "Solarize":
@@ -242,18 +240,41 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
 
 
 def enhance(img, kind: int, factor: float):
-    """ImageEnhance's Brightness (kind 0), Contrast (1) or Color (2) of an HWC uint8 array or a PIL
-    image: natively on an RGB image's pixels where `_enhance_luma` found this Pillow's
-    arithmetic, in the form given; else ImageEnhance's, a PIL image."""
+    """ImageEnhance's Brightness (kind 0), Contrast (1), Color (2) or Sharpness (3) of an HWC uint8
+    array or a PIL image: natively on an RGB image's pixels where this Pillow's arithmetic was
+    found (`_enhance_luma`, `_native_sharpness`), in the form given; else ImageEnhance's, a PIL
+    image."""
     from PIL import Image, ImageEnhance
 
     luma = _enhance_luma()
-    if luma is not None and bands(img) == 3:
+    if bands(img) == 3 and (_native_sharpness() if kind == 3 else luma is not None):
         pixels = np.array(img, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
-        native.enhance(pixels, pixels, kind, factor, luma)
+        native.enhance(pixels, pixels, kind, factor, luma or _LUMAS[0])
         return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
-    classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
+    classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color, ImageEnhance.Sharpness)
     return classes[kind](_form(img, tensor=False)).enhance(factor)
+
+
+_NATIVE_SHARPNESS: bool | None = None
+
+
+def _native_sharpness() -> bool:
+    """Whether the extension's Sharpness (csrc/color.cpp: Filter.c's SMOOTH pass, ImagingBlend's
+    blend) gives this process's Pillow's ImageEnhance.Sharpness: checked once on the probe
+    colours, at factors inside and outside 0..1 (tests/unit/test_auto_augment.py checks more)."""
+    global _NATIVE_SHARPNESS
+    if _NATIVE_SHARPNESS is None:
+        _NATIVE_SHARPNESS = False
+        if native is not None and "Sharpness" in (native.enhance.__doc__ or ""):
+            from PIL import Image, ImageEnhance
+
+            cube = _probe_colours()
+            ours, sharpness, same = np.empty_like(cube), ImageEnhance.Sharpness(Image.fromarray(cube)), True
+            for factor in (0.37, 1.63):
+                native.enhance(cube, ours, 3, factor)
+                same = same and np.array_equal(ours, np.asarray(sharpness.enhance(factor)))
+            _NATIVE_SHARPNESS = same
+    return _NATIVE_SHARPNESS
 
 
 # ImageOps' table ops as torchvision's PIL functional calls them, on an array's pixels

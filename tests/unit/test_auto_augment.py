@@ -1,6 +1,6 @@
 """TrivialAugmentWide's, RandAugment's and AutoAugment's ops as fastdata runs them on the CPU
 (`fastdata.transforms.pil.trivial_augment`): natively (the geometry through
-`transforms.geometry`, the blends through the native enhance, ImageOps' table ops through
+`transforms.geometry`, ImageEnhance's four through the native enhance, ImageOps' table ops through
 `table_op`) against Pillow's own calls, in each form an op gets (an HWC array, a PIL image, a CHW
 tensor). CI runs this module with Pillow-SIMD (the main environment) and with stock Pillow (the
 torchvision environment, .ci/run)."""
@@ -16,6 +16,7 @@ from fastdata.transforms import pil as P
 
 Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
+ImageEnhance = pytest.importorskip("PIL.ImageEnhance")
 needs_native = pytest.mark.skipif(native is None or not hasattr(native, "affine"),
                                   reason="fastdata's native extension is not built")
 
@@ -38,7 +39,7 @@ def test_auto_augment_ops_are_pillows_natively_and_in_any_form(monkeypatch):
            "Brightness": 0.4, "Color": -0.3, "Contrast": 0.5, "Sharpness": 0.6, "Posterize": 4,
            "Solarize": 100.0, "AutoContrast": 0.0, "Equalize": 0.0, "Invert": 0.0, "Identity": 0.0}
     native_forms = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-                    "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert"}
+                    "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert"}
     for interpolation in ("nearest", "bilinear", "bicubic"):
         for name, m in ops.items():
             p = {"op": name, "magnitude": m}
@@ -46,6 +47,7 @@ def test_auto_augment_ops_are_pillows_natively_and_in_any_form(monkeypatch):
                 mp.setattr(G, "_NATIVE_AFFINE", False)
                 mp.setattr(P, "_ENHANCE_LUMA", None)
                 mp.setattr(P, "_NATIVE_LUTS", False)
+                mp.setattr(P, "_NATIVE_SHARPNESS", False)
                 want = np.asarray(P.trivial_augment(Image.fromarray(pixels), p, interpolation))
             for form in (pixels, Image.fromarray(pixels), torch.from_numpy(pixels).permute(2, 0, 1)):
                 got = P.trivial_augment(form, p, interpolation)
@@ -80,3 +82,24 @@ def test_the_table_ops_are_imageops_for_every_image_kind(channels):
             got = P.table_op(pixels, name, m)
             assert got.shape == pixels.shape and np.array_equal(got, want), (name, m, pixels.shape)
             assert np.array_equal(P.trivial_augment(pixels, {"op": name, "magnitude": m}), want)
+
+
+@needs_native
+def test_sharpness_is_imageenhances_at_every_size_and_factor():
+    """ImageEnhance.Sharpness (its SMOOTH filter, then the blend) natively: images of 1 to 40 pixels
+    a side (under 3: Pillow keeps the image as its own smoothing), factors inside and outside
+    0..1; the image given left as it was."""
+    assert P._native_sharpness()
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        h, w = (int(v) for v in rng.integers(1, 41, 2))
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8) if trial % 2 else _photo(h, w, trial)
+        img, before = Image.fromarray(pixels), pixels.copy()
+        for factor in (-0.5, 0.05, 0.9, 1.0, 1.45, 2.0):
+            want = np.asarray(ImageEnhance.Sharpness(img).enhance(factor))
+            got = P.enhance(pixels, 3, factor)
+            assert isinstance(got, np.ndarray) and np.array_equal(got, want), ((h, w), factor)
+            assert np.array_equal(np.asarray(P.enhance(img, 3, factor)), want)
+        assert np.array_equal(pixels, before)
+    with pytest.raises(ValueError, match="Sharpness takes an image"):
+        native.enhance(np.zeros((4, 3), np.uint8), np.zeros((4, 3), np.uint8), 3, 0.5)

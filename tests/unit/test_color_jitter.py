@@ -113,7 +113,7 @@ def test_the_native_calls_refuse_what_they_do_not_take():
     with pytest.raises(ValueError, match="shift of 0 to 255"):
         native.hue_shift(rgb, np.empty_like(rgb), 256)
     with pytest.raises(ValueError, match="kind 0"):
-        native.enhance(rgb, np.empty_like(rgb), 3, 0.5)
+        native.enhance(rgb, np.empty_like(rgb), 4, 0.5)
     with pytest.raises(ValueError, match="luma weights"):
         native.enhance(rgb, np.empty_like(rgb), 2, 0.5, (40000, 40000, 0, 16))
     with pytest.raises(ValueError, match="contiguous"):
