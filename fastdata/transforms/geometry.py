@@ -107,8 +107,6 @@ def _size(img) -> tuple[int, int]:
     return img.size if hasattr(img, "getbands") else (img.shape[1], img.shape[0])
 
 
-
-
 def _image(img):
     """An HWC uint8 array as a PIL image (one channel: L); a PIL image as it is."""
     from PIL import Image

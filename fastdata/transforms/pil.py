@@ -206,9 +206,9 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
     `img`: an HWC uint8 array, a PIL image or a CHW uint8 tensor; the geometry and ImageEnhance's
     four run natively on an RGB image's pixels where this Pillow's arithmetic was found (`affine`,
     `enhance`), ImageOps' table ops on an array's (`table_op`), the result in the form given (an
-    array for a tensor); the rest Pillow's own, the result a PIL image. Geometry convention (the GPU lowering follows it): shear maps output
-    (x, y) to input (x + m*y, y); translate moves content right/down by m pixels; rotate turns
-    counter-clockwise about the centre; fill 0."""
+    array for a tensor); the rest Pillow's own, the result a PIL image. Geometry convention (the
+    GPU lowering follows it): shear maps output (x, y) to input (x + m*y, y); translate moves
+    content right/down by m pixels; rotate turns counter-clockwise about the centre; fill 0."""
     from PIL import ImageOps
 
     name, m = p["op"], p["magnitude"]
@@ -265,7 +265,7 @@ def _native_sharpness() -> bool:
     global _NATIVE_SHARPNESS
     if _NATIVE_SHARPNESS is None:
         _NATIVE_SHARPNESS = False
-        if native is not None and "Sharpness" in (native.enhance.__doc__ or ""):
+        if native is not None and hasattr(native, "enhance"):
             from PIL import Image, ImageEnhance
 
             cube = _probe_colours()
@@ -287,16 +287,17 @@ def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
     of an HWC (or HW) uint8 array: each band's table computed as ImageOps computes it (the
     autocontrast's from the band's extremes, the equalize's from its histogram, both in Python's
     arithmetic; Pillow's point clips a table's values to 0..255), applied by the extension's
-    lookup. A new array of the same shape; Pillow's error for a posterize of other than 1-8 bits."""
+    lookup. A new array of the same shape; a posterize of other than 1-8 bits is Pillow's own call
+    (an error from Pillow 13 on)."""
     from PIL import ImageOps
 
     x = np.arange(256, dtype=np.int64)
     src = np.ascontiguousarray(pixels).reshape(-1, pixels.shape[2] if pixels.ndim == 3 else 1)
+    if name == "Posterize" and not 1 <= int(m) <= 8:
+        return np.asarray(ImageOps.posterize(_form(pixels, tensor=False), int(m))).reshape(pixels.shape)  # (its error)
     tables = []
     for band in src.T:
         if name == "Posterize":
-            if not 1 <= int(m) <= 8:
-                ImageOps.posterize(_form(pixels, tensor=False), int(m))  # (raises Pillow's ValueError)
             table = x & ~(2 ** (8 - int(m)) - 1)
         elif name == "Solarize":
             table = np.where(x < m, x, 255 - x)
