@@ -15,15 +15,7 @@
 #include <algorithm>
 #include <vector>
 
-// (target_clones needs the compiler's support, GCC 6 and Clang 14 on, and glibc's ifunc)
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define FASTDATA_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef FASTDATA_AVX2_CLONE
-#define FASTDATA_AVX2_CLONE
-#endif
+#include "clones.h"
 
 namespace fastdata {
 namespace {

@@ -1,7 +1,9 @@
-// Compiled with -ffp-contract=off: Pillow rounds each product and each sum of these expressions
-// on its own, which a fused multiply-add would not (CMakeLists.txt). Each expression below keeps
-// the order and the types of Pillow's (an int difference of two bytes scaled by a double, a
-// double sum left to right), so that the doubles, and so the bytes, are the same.
+// Compiled with -ffp-contract=off (Pillow rounds each product and each sum of these expressions
+// on its own, which a fused multiply-add would not) and -fno-trapping-math (no FP exception is
+// ever read; it lets the compiler turn the selects into vector blends): CMakeLists.txt. Each
+// expression below keeps the order and the types of Pillow's (an int difference of two bytes
+// scaled by a double, a double sum left to right), so that the doubles, and so the bytes, are
+// the same.
 #include "geometry.h"
 
 #include <algorithm>
@@ -9,15 +11,7 @@
 #include <cstring>
 #include <vector>
 
-// (target_clones needs the compiler's support, GCC 6 and Clang 14 on, and glibc's ifunc)
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define FASTDATA_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef FASTDATA_AVX2_CLONE
-#define FASTDATA_AVX2_CLONE
-#endif
+#include "clones.h"
 
 namespace fastdata {
 namespace {
