@@ -70,6 +70,7 @@ def _photo(h: int, w: int, seed: int) -> np.ndarray:
 def test_rotate_is_pillows_rotate_in_the_form_given(size):
     """`rotate` of an array and of a PIL image: Pillow's img.rotate pixels, its exact turns (0, 90,
     180, 270 about the middle) included, the array given left as it was."""
+    assert G._native_affine(), "the native transform disagrees with this Pillow (or was not checked)"
     h, w = size
     pixels = _photo(h, w, 3)
     img = Image.fromarray(pixels)
