@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
@@ -142,6 +143,46 @@ def ratio_ci(baseline: list[float], candidate: list[float], resamples: int = 200
         for _ in range(resamples)
     )
     return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def image_ops(cases: dict[str, Callable], baseline: Callable[[Callable], Callable], images: list, params: list,
+              reps: int) -> dict[str, dict]:
+    """Per-image ops against their baselines, interleaved in one process: each case `fn(image,
+    param)` over the images, and `baseline(fn)` (the same op by the baseline's steps) alike; the
+    outputs compared once (equal pixels, else AssertionError), then `reps` interleaved rounds.
+    Prints a table (ms an image each side, the ratio, its 95% interval); returns its rows."""
+    def timed(fn: Callable) -> Callable[[], float]:
+        def run() -> float:
+            t = time.perf_counter()
+            outs = [fn(img, p) for img, p in zip(images, params)]
+            dt = time.perf_counter() - t
+            run.outs = outs
+            return dt
+        return run
+
+    runs = {}
+    for name, fn in cases.items():
+        runs[f"{name}: torchvision's"] = timed(baseline(fn))
+        runs[f"{name}: fastdata"] = timed(fn)
+    for fn in runs.values():  # warm-up, and the pixels compared once
+        fn()
+    for name in cases:
+        theirs, ours = runs[f"{name}: torchvision's"].outs, runs[f"{name}: fastdata"].outs
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(theirs, ours)), name
+    print(f"{len(images)} images, {reps} interleaved rounds, one thread; pixels equal", file=sys.stderr)
+    times = interleaved(runs, reps)
+    width = max(len(name) for name in cases) + 2
+    rows = {}
+    print(f"{'op':<{width}}{'torchvision ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
+    for name in cases:
+        base, ours = times[f"{name}: torchvision's"], times[f"{name}: fastdata"]
+        ratio = median(base) / median(ours)
+        low, high = ratio_ci(base, ours)
+        per = [median(x) / len(images) * 1e3 for x in (base, ours)]
+        rows[name] = {"torchvision_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
+                      "interval": [low, high]}
+        print(f"{name:<{width}}{per[0]:>22.3f}{per[1]:>19.3f}{ratio:>9.2f}x  {low:.2f}-{high:.2f}")
+    return rows
 
 
 def write(name: str, report: dict, path: str | None = None) -> Path:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import _common
 import numpy as np
@@ -28,16 +27,18 @@ from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
 from fastdata.transforms import pil as P
 
 
-def torchvisions(img: Image.Image, p: dict) -> Image.Image:
-    """torchvision.transforms.functional's PIL steps for ColorJitter with these factors: fastdata's
-    own fallback, which takes them (tests/contract/test_torchvision_faithful.py holds it to
-    torchvision's `F.adjust_*`), with the native steps off."""
-    hue, luma = P._NATIVE_HUE, P._ENHANCE_LUMA
-    P._NATIVE_HUE, P._ENHANCE_LUMA = False, None
-    try:
-        return P.color_jitter(img, p)
-    finally:
-        P._NATIVE_HUE, P._ENHANCE_LUMA = hue, luma
+def torchvisions(fn):
+    """`fn` with the native steps off: fastdata's fallback, torchvision.transforms.functional's PIL
+    steps for ColorJitter (tests/contract/test_torchvision_faithful.py holds it to torchvision's
+    `F.adjust_*`)."""
+    def run(*args):
+        hue, luma = P._NATIVE_HUE, P._ENHANCE_LUMA
+        P._NATIVE_HUE, P._ENHANCE_LUMA = False, None
+        try:
+            return fn(*args)
+        finally:
+            P._NATIVE_HUE, P._ENHANCE_LUMA = hue, luma
+    return run
 
 
 def main() -> None:
@@ -55,39 +56,9 @@ def main() -> None:
     plans = [{"order": list(rng.permutation(4)), "brightness": rng.uniform(0.6, 1.4),
               "contrast": rng.uniform(0.6, 1.4), "saturation": rng.uniform(0.6, 1.4),
               "hue": rng.uniform(-0.1, 0.1)} for _ in images]
-    cases = {"ColorJitter": None, "three blends": [0, 1, 2], "hue": [3]}
-
-    def timed(fn, order):
-        def run() -> float:
-            t = time.perf_counter()
-            outs = [fn(img, p if order is None else {**p, "order": order}) for img, p in zip(images, plans)]
-            dt = time.perf_counter() - t
-            run.outs = outs
-            return dt
-        return run
-
-    runs = {}
-    for name, order in cases.items():
-        runs[f"{name}: torchvision's steps"] = timed(torchvisions, order)
-        runs[f"{name}: fastdata"] = timed(P.color_jitter, order)
-    for fn in runs.values():  # warm-up, and the pixels compared once
-        fn()
-    for name in cases:
-        theirs, ours = runs[f"{name}: torchvision's steps"].outs, runs[f"{name}: fastdata"].outs
-        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(theirs, ours)), name
-    print(f"{len(images)} images of 224x224, {args.reps} interleaved rounds, one thread; pixels equal",
-          file=sys.stderr)
-    times = _common.interleaved(runs, args.reps)
-    rows = {}
-    print(f"{'op':<14}{'torchvision ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
-    for name in cases:
-        base, ours = times[f"{name}: torchvision's steps"], times[f"{name}: fastdata"]
-        ratio = _common.median(base) / _common.median(ours)
-        low, high = _common.ratio_ci(base, ours)
-        per = [_common.median(x) / len(images) * 1e3 for x in (base, ours)]
-        rows[name] = {"torchvision_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
-                      "interval": [low, high]}
-        print(f"{name:<14}{per[0]:>22.3f}{per[1]:>19.3f}{ratio:>9.2f}x  {low:.2f}-{high:.2f}")
+    cases = {name: (lambda img, p, order=order: P.color_jitter(img, p if order is None else {**p, "order": order}))
+             for name, order in (("ColorJitter", None), ("three blends", [0, 1, 2]), ("hue", [3]))}
+    rows = _common.image_ops(cases, torchvisions, images, plans, args.reps)
     _common.write("color_jitter", {"images": len(images), "reps": args.reps, "rows": rows,
                                    "pillow": Image.__version__}, args.json)
 

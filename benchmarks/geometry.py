@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import _common
 import numpy as np
@@ -62,37 +61,7 @@ def main() -> None:
     for f, resample in (("bilinear", 2), ("bicubic", 3)):
         cases[f"RandomRotation {f}"] = lambda img, d, r=resample: G.rotate(img, d["Rotate"] / 2, r, None, 0)
 
-    def timed(fn):
-        def run() -> float:
-            t = time.perf_counter()
-            outs = [fn(img, d) for img, d in zip(images, draws)]
-            dt = time.perf_counter() - t
-            run.outs = outs
-            return dt
-        return run
-
-    runs = {}
-    for name, fn in cases.items():
-        runs[f"{name}: torchvision's calls"] = timed(torchvisions(fn))
-        runs[f"{name}: fastdata"] = timed(fn)
-    for fn in runs.values():  # warm-up, and the pixels compared once
-        fn()
-    for name in cases:
-        theirs, ours = runs[f"{name}: torchvision's calls"].outs, runs[f"{name}: fastdata"].outs
-        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(theirs, ours)), name
-    print(f"{len(images)} images of 224x224, {args.reps} interleaved rounds, one thread; pixels equal",
-          file=sys.stderr)
-    times = _common.interleaved(runs, args.reps)
-    rows = {}
-    print(f"{'op':<26}{'torchvision ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
-    for name in cases:
-        base, ours = times[f"{name}: torchvision's calls"], times[f"{name}: fastdata"]
-        ratio = _common.median(base) / _common.median(ours)
-        low, high = _common.ratio_ci(base, ours)
-        per = [_common.median(x) / len(images) * 1e3 for x in (base, ours)]
-        rows[name] = {"torchvision_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
-                      "interval": [low, high]}
-        print(f"{name:<26}{per[0]:>22.3f}{per[1]:>19.3f}{ratio:>9.2f}x  {low:.2f}-{high:.2f}")
+    rows = _common.image_ops(cases, torchvisions, images, draws, args.reps)
     _common.write("geometry", {"images": len(images), "reps": args.reps, "rows": rows,
                                "pillow": Image.__version__}, args.json)
 

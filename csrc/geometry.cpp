@@ -38,6 +38,7 @@ struct Image {
   const uint8_t* px;
   int w, h, c;
   const uint8_t* row(int y) const { return px + size_t(y) * size_t(w) * size_t(c); }
+  const uint8_t* end() const { return row(h); }
 };
 
 inline void copy_pixel(const Image& in, int xin, int yin, uint8_t* out) {
@@ -117,12 +118,10 @@ inline double cubic(T v1, T v2, T v3, T v4, double d) {
   return p1 + d * (p2 + d * (p3 + d * p4));
 }
 
-// Bilinear, a row at a time in passes, so that the arithmetic runs in vectors: each output
-// pixel's centre mapped and split into a whole source pixel and a fraction (`map_row`); its four
-// neighbours gathered, each pixel's bytes packed in one word (`gather_row`, scalar loads); for
-// each channel, the two horizontal and one vertical steps of Pillow's filter on that channel's
-// byte of the words (`blend_row`); the channels interleaved into the output. A row whose next
-// source row is outside the image takes its own row twice: Pillow's v2 = v1.
+constexpr int kStrip = 64;  // (output columns a pass: `by_strips`)
+
+// Each output pixel's centre of a row mapped through the data and split into a whole source
+// pixel and a fraction, as the filters' heads do it (in vectors).
 FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double yo, int ow, int w, int h,
                                  double* __restrict dx, double* __restrict dy, int32_t* __restrict xi,
                                  int32_t* __restrict yi, uint8_t* __restrict inside) {
@@ -143,14 +142,13 @@ FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double y
   }
 }
 
-// One channel (the byte at `shift`) of n pixels from their four neighbours' words.
-FASTDATA_AVX2_CLONE void blend_row(const uint32_t* __restrict p00, const uint32_t* __restrict p01,
-                                   const uint32_t* __restrict p10, const uint32_t* __restrict p11,
-                                   const double* __restrict dx, const double* __restrict dy, int shift,
-                                   int32_t* __restrict out, int n) {
+// Bilinear's filter, one channel (the byte at `shift`) of n pixels from their four neighbours'
+// words: the two horizontal steps and the vertical one.
+FASTDATA_AVX2_CLONE void blend_row(const uint32_t (*__restrict p)[kStrip], const double* __restrict dx,
+                                   const double* __restrict dy, int shift, int32_t* __restrict out, int n) {
   for (int x = 0; x < n; ++x) {
-    const int32_t a = int32_t((p00[x] >> shift) & 255u), b = int32_t((p01[x] >> shift) & 255u);
-    const int32_t c = int32_t((p10[x] >> shift) & 255u), d = int32_t((p11[x] >> shift) & 255u);
+    const int32_t a = int32_t((p[0][x] >> shift) & 255u), b = int32_t((p[1][x] >> shift) & 255u);
+    const int32_t c = int32_t((p[2][x] >> shift) & 255u), d = int32_t((p[3][x] >> shift) & 255u);
     const double v1 = a + (b - a) * dx[x];
     const double v2 = c + (d - c) * dx[x];
     out[x] = int32_t(v1 + (v2 - v1) * dy[x]);  // (truncated, as Pillow's cast: the value is in [0, 255])
@@ -171,46 +169,35 @@ inline uint32_t word(const uint8_t* p, int channels, const uint8_t* end) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16;
 }
 
-// The four neighbours' words of each pixel; a pixel outside the source gets the fill's word as
-// all four (its fractions are 0: the blend then gives the fill).
-void gather_row(const Image& in, uint32_t fill, const int32_t* xi, const int32_t* yi, const uint8_t* inside, int n,
-                uint32_t* p00, uint32_t* p01, uint32_t* p10, uint32_t* p11) {
-  const int c = in.c;
-  const uint8_t* end = in.px + size_t(in.w) * size_t(in.h) * size_t(c);
-  for (int x = 0; x < n; ++x) {
-    if (!inside[x]) {
-      p00[x] = p01[x] = p10[x] = p11[x] = fill;
-      continue;
-    }
-    const int x0 = clip(xi[x], in.w) * c, x1 = clip(xi[x] + 1, in.w) * c;
-    const int below = yi[x] + 1;
-    const uint8_t* r0 = in.row(clip(yi[x], in.h));
-    const uint8_t* r1 = below >= 0 && below < in.h ? in.row(below) : r0;
-    p00[x] = word(r0 + x0, c, end);
-    p01[x] = word(r0 + x1, c, end);
-    p10[x] = word(r1 + x0, c, end);
-    p11[x] = word(r1 + x1, c, end);
-  }
-}
-
-// A strip of kStrip output columns at a time, top to bottom: the source pixels a strip reads lie
-// in a band a few times its width, which stays in the first-level cache row after row.
-constexpr int kStrip = 64;
-
-void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
+// The filtered maps, a row at a time in passes so that the arithmetic runs in vectors, a strip
+// of kStrip output columns at a time, top to bottom (the source pixels a strip reads lie in a
+// band a few times its width, which stays in the first-level cache row after row): each output
+// pixel's centre mapped (`map_row`); its neighbours' words gathered (`gather(xi, yi, x, words)`,
+// scalar loads; a pixel outside the source gets the fill's word as each, at fractions 0, so that
+// the filter gives the fill); per channel the filter on that channel's byte of the words
+// (`filter`); the channels interleaved.
+template <int kWords, typename Gather, typename Filter>
+void by_strips(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill, Gather gather,
+               Filter filter) {
   constexpr int n = kStrip;
   const int c = in.c;
   double dx[n], dy[n];
   int32_t xi[n], yi[n], v[3][n];
-  uint32_t p[4][n];
+  uint32_t words[kWords][n];
   uint8_t inside[n];
   const uint32_t fills = c == 1 ? fill[0] : uint32_t(fill[0]) | uint32_t(fill[1]) << 8 | uint32_t(fill[2]) << 16;
   for (int first = 0; first < ow; first += kStrip) {
     const int width = std::min(kStrip, ow - first);
     for (int y = 0; y < oh; ++y) {
       map_row(a, first, y + 0.5, width, in.w, in.h, dx, dy, xi, yi, inside);
-      gather_row(in, fills, xi, yi, inside, width, p[0], p[1], p[2], p[3]);
-      for (int k = 0; k < c; ++k) blend_row(p[0], p[1], p[2], p[3], dx, dy, 8 * k, v[k], width);
+      for (int x = 0; x < width; ++x) {
+        if (inside[x]) {
+          gather(xi[x], yi[x], x, words);
+        } else {
+          for (int j = 0; j < kWords; ++j) words[j][x] = fills;
+        }
+      }
+      for (int k = 0; k < c; ++k) filter(words, dx, dy, 8 * k, v[k], width);
       uint8_t* o = out + (size_t(y) * size_t(ow) + size_t(first)) * size_t(c);
       for (int x = 0; x < width; ++x) {
         for (int k = 0; k < c; ++k) o[x * c + k] = uint8_t(v[k][x]);
@@ -219,9 +206,23 @@ void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, co
   }
 }
 
-// Bicubic in the same passes: sixteen neighbours' words a pixel (four rows of four, the rows
-// and columns clipped to the image, a row below it repeating the one before: Pillow's v = v
-// before), then per channel Pillow's cubic across each row and down the four results, clipped.
+// Bilinear: the four neighbours (a row below the image repeats the pixel's own: Pillow's v2 = v1).
+void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
+  const int c = in.c;
+  by_strips<4>(in, out, ow, oh, a, fill, [&](int xi, int yi, int x, uint32_t (*words)[kStrip]) {
+    const int x0 = clip(xi, in.w) * c, x1 = clip(xi + 1, in.w) * c;
+    const uint8_t* r0 = in.row(clip(yi, in.h));
+    const uint8_t* r1 = yi + 1 >= 0 && yi + 1 < in.h ? in.row(yi + 1) : r0;
+    words[0][x] = word(r0 + x0, c, in.end());
+    words[1][x] = word(r0 + x1, c, in.end());
+    words[2][x] = word(r1 + x0, c, in.end());
+    words[3][x] = word(r1 + x1, c, in.end());
+  }, blend_row);
+}
+
+// Bicubic: sixteen neighbours, four rows of four (rows and columns clipped to the image, a row
+// below it repeating the one before: Pillow's v = v before), Pillow's cubic across each row and
+// down the four results, clipped.
 FASTDATA_AVX2_CLONE void cubic_row(const uint32_t (*__restrict p)[kStrip], const double* __restrict dx,
                                    const double* __restrict dy, int shift, int32_t* __restrict out, int n) {
   for (int x = 0; x < n; ++x) {
@@ -237,37 +238,15 @@ FASTDATA_AVX2_CLONE void cubic_row(const uint32_t (*__restrict p)[kStrip], const
 }
 
 void bicubic(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
-  constexpr int n = kStrip;
   const int c = in.c;
-  const uint8_t* end = in.px + size_t(in.w) * size_t(in.h) * size_t(c);
-  double dx[n], dy[n];
-  int32_t xi[n], yi[n], v[3][n];
-  uint32_t p[16][n];
-  uint8_t inside[n];
-  const uint32_t fills = c == 1 ? fill[0] : uint32_t(fill[0]) | uint32_t(fill[1]) << 8 | uint32_t(fill[2]) << 16;
-  for (int first = 0; first < ow; first += kStrip) {
-    const int width = std::min(kStrip, ow - first);
-    for (int y = 0; y < oh; ++y) {
-      map_row(a, first, y + 0.5, width, in.w, in.h, dx, dy, xi, yi, inside);
-      for (int x = 0; x < width; ++x) {
-        if (!inside[x]) {
-          for (int j = 0; j < 16; ++j) p[j][x] = fills;
-          continue;
-        }
-        const int top = yi[x] - 1, left = xi[x] - 1;
-        const uint8_t* rows[4] = {in.row(clip(top, in.h)), nullptr, nullptr, nullptr};
-        for (int k = 1; k < 4; ++k) rows[k] = top + k >= 0 && top + k < in.h ? in.row(top + k) : rows[k - 1];
-        for (int k = 0; k < 4; ++k) {
-          for (int j = 0; j < 4; ++j) p[4 * k + j][x] = word(rows[k] + clip(left + j, in.w) * c, c, end);
-        }
-      }
-      for (int k = 0; k < c; ++k) cubic_row(p, dx, dy, 8 * k, v[k], width);
-      uint8_t* o = out + (size_t(y) * size_t(ow) + size_t(first)) * size_t(c);
-      for (int x = 0; x < width; ++x) {
-        for (int k = 0; k < c; ++k) o[x * c + k] = uint8_t(v[k][x]);
-      }
+  by_strips<16>(in, out, ow, oh, a, fill, [&](int xi, int yi, int x, uint32_t (*words)[kStrip]) {
+    const int top = yi - 1, left = xi - 1;
+    const uint8_t* rows[4] = {in.row(clip(top, in.h)), nullptr, nullptr, nullptr};
+    for (int k = 1; k < 4; ++k) rows[k] = top + k >= 0 && top + k < in.h ? in.row(top + k) : rows[k - 1];
+    for (int k = 0; k < 4; ++k) {
+      for (int j = 0; j < 4; ++j) words[4 * k + j][x] = word(rows[k] + clip(left + j, in.w) * c, c, in.end());
     }
-  }
+  }, cubic_row);
 }
 
 }  // namespace
@@ -275,19 +254,23 @@ void bicubic(const Image& in, uint8_t* out, int ow, int oh, const double* a, con
 void affine(const uint8_t* src, int w, int h, int channels, uint8_t* out, int ow, int oh, const double data[6],
             int resample, const uint8_t* fill) {
   const size_t n = size_t(ow) * size_t(oh);
-  if (n) {  // (every pixel the fill, then those inside the source written over)
+  const Image in{src, w, h, channels};
+  if (n && w > 0 && h > 0 && resample == 2) {  // (the filtered maps write every pixel, the fill too)
+    bilinear(in, out, ow, oh, data, fill);
+    return;
+  }
+  if (n && w > 0 && h > 0 && resample == 3) {
+    bicubic(in, out, ow, oh, data, fill);
+    return;
+  }
+  if (n) {  // (nearest: every pixel the fill, then those inside the source written over)
     std::memcpy(out, fill, size_t(channels));
     for (size_t done = 1; done < n; done *= 2) {
       std::memcpy(out + done * size_t(channels), out, std::min(done, n - done) * size_t(channels));
     }
   }
-  if (n == 0 || w <= 0 || h <= 0) return;
-  const Image in{src, w, h, channels};
-  if (resample == 2) {
-    bilinear(in, out, ow, oh, data, fill);
-  } else if (resample == 3) {
-    bicubic(in, out, ow, oh, data, fill);
-  } else if (data[1] == 0 && data[3] == 0) {
+  if (n == 0 || w <= 0 || h <= 0 || resample != 0) return;
+  if (data[1] == 0 && data[3] == 0) {
     nearest_scaled(in, out, ow, oh, data);
   } else if (fits_fixed(data, 0, 0) && fits_fixed(data, ow, oh) && fits_fixed(data, 0, oh) &&
              fits_fixed(data, ow, 0)) {

@@ -119,10 +119,7 @@ class Affine(fd.Op):
             center = [w * 0.5, h * 0.5] if self.center is None else list(self.center)
             data = matrix(center, p["angle"], self.move(p, (w, h)), p["scale"], list(p["shear"]))
             return geometry.affine(img, data, pil.FILTERS[self.mode], self.fill)
-        if hasattr(img, "shape"):
-            from PIL import Image
-
-            img = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
+        img = geometry.as_image(img)
         return F.affine(img, p["angle"], self.move(p, img.size), p["scale"], list(p["shear"]),
                         interpolation=InterpolationMode(self.mode), fill=self.fill,
                         center=None if self.center is None else list(self.center))

@@ -71,7 +71,7 @@ def affine(img, data: tuple, resample: int, fill: int):
         out = np.empty_like(src)
         native.affine(src, out, tuple(float(v) for v in data), resample, [fill] * channels)
         return Image.fromarray(out.reshape(pixels.shape)) if hasattr(img, "getbands") else out.reshape(pixels.shape)
-    img = _image(img)
+    img = as_image(img)
     colour = fill if len(img.getbands()) == 1 else (fill,) * len(img.getbands())
     return img.transform(img.size, Image.AFFINE, data, resample, fillcolor=colour)
 
@@ -94,21 +94,16 @@ def rotate(img, angle: float, resample: int, center: tuple | None, fill: int):
     turns where it takes them (about the middle: 0 and 180 degrees, and 90 and 270 on a square
     image, whatever the filter), else its affine map."""
     angle = angle % 360.0
-    if center is None and (angle in (0.0, 180.0) or (angle in (90.0, 270.0) and _size(img)[0] == _size(img)[1])):
+    w, h = img.size if hasattr(img, "getbands") else (img.shape[1], img.shape[0])
+    if center is None and (angle in (0.0, 180.0) or (angle in (90.0, 270.0) and w == h)):
         if hasattr(img, "getbands"):
             return img.rotate(angle, resample)
         return np.array(np.rot90(img, int(angle // 90)))  # (counter-clockwise, as Pillow's; a copy, as its)
-    w, h = _size(img)
     return affine(img, rotate_data(angle, w, h, center), resample, fill)
 
 
-def _size(img) -> tuple[int, int]:
-    """(width, height) of an HWC array or a PIL image."""
-    return img.size if hasattr(img, "getbands") else (img.shape[1], img.shape[0])
-
-
-def _image(img):
-    """An HWC uint8 array as a PIL image (one channel: L); a PIL image as it is."""
+def as_image(img):
+    """An HWC (or HW) uint8 array as a PIL image (one channel: L); a PIL image as it is."""
     from PIL import Image
 
     if isinstance(img, np.ndarray):

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._ext import native
 from .._pillow import open_image
-from .geometry import affine, bands, rotate
+from .geometry import affine, as_image, bands, rotate
 
 
 def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
@@ -214,11 +214,11 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
     name, m = p["op"], p["magnitude"]
     resample = FILTERS.get(interpolation, 0)
     img = img.permute(1, 2, 0).numpy() if hasattr(img, "permute") else img  # (a tensor as its HWC pixels)
-    geometry = {"ShearX": (1, shear_coefficient(name, m), 0, 0, 1, 0),
-                "ShearY": (1, 0, 0, shear_coefficient(name, m), 1, 0),
-                "TranslateX": (1, 0, -int(m), 0, 1, 0), "TranslateY": (1, 0, 0, 0, 1, -int(m))}
-    if name in geometry:
-        return affine(img, geometry[name], resample, 0)
+    if name in ("ShearX", "ShearY"):
+        s = shear_coefficient(name, m)
+        return affine(img, (1, s, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, s, 1, 0), resample, 0)
+    if name in ("TranslateX", "TranslateY"):
+        return affine(img, (1, 0, -int(m), 0, 1, 0) if name == "TranslateX" else (1, 0, 0, 0, 1, -int(m)), resample, 0)
     if name == "Rotate":
         return rotate(img, m, resample, None, 0)
     if name in ("Brightness", "Contrast", "Color", "Sharpness"):
@@ -355,8 +355,8 @@ def pixel_ops_on(img, ops, params: list[dict]):
     array itself where the op takes one, ColorJitter, the auto-augments and `fastdata.run`'s ops
     marked `arrays`; with `tensor` set, `fastdata.run`'s ops on the tensor image, the tensor
     torchvision's `pil_to_tensor` makes), converted only where the form changes; the result is in
-    the last op's form. An op holding ops (`fastdata.run`'s RandomApply, RandomChoice, RandomOrder) runs those
-    its plan names, in the plan's order."""
+    the last op's form. An op holding ops (`fastdata.run`'s RandomApply, RandomChoice,
+    RandomOrder) runs those its plan names, in the plan's order."""
     from .ops import ColorJitter
 
     for op, p in zip(ops, params):
@@ -378,8 +378,6 @@ def pixel_ops_on(img, ops, params: list[dict]):
 def _form(img, tensor: bool):
     """`img` (an HWC uint8 array, a PIL image or a CHW uint8 tensor) as a CHW tensor (`tensor`)
     or a PIL image, both lossless."""
-    from PIL import Image
-
     if tensor:
         if hasattr(img, "permute"):
             return img
@@ -387,6 +385,4 @@ def _form(img, tensor: bool):
 
         pixels = np.array(img)  # (a copy, as pil_to_tensor's)
         return torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1)  # (an L image: 1 x H x W)
-    if isinstance(img, np.ndarray):
-        return Image.fromarray(img[:, :, 0] if img.ndim == 3 and img.shape[2] == 1 else img)  # (one channel: L)
-    return Image.fromarray(img.permute(1, 2, 0).numpy()) if hasattr(img, "permute") else img
+    return as_image(img.permute(1, 2, 0).numpy() if hasattr(img, "permute") else img)
