@@ -142,40 +142,76 @@ FASTDATA_AVX2_CLONE void map_row(const double* __restrict a, int first, double y
   }
 }
 
-// Bilinear's filter, one channel (the byte at `shift`) of n pixels from their four neighbours'
-// words: the two horizontal steps and the vertical one.
-FASTDATA_AVX2_CLONE void blend_row(const uint32_t (*__restrict p)[kStrip], const double* __restrict dx,
-                                   const double* __restrict dy, int shift, int32_t* __restrict out, int n) {
+// Which of a filter's two steps a row needs. Where every fraction across the row (dx) is 0,
+// Pillow's horizontal step gives each source row's own pixel exactly (a + (b - a) * 0, and the
+// cubic's p1 + 0 * (...)), and where every fraction down (dy) is 0 its vertical step gives the
+// pixel's own row: then the other step alone runs, on the neighbours it reads (a shear or a
+// translation along one axis maps every row so: four of the auto-augments' five maps).
+enum class Pass { kBoth, kAcross, kDown };
+
+inline bool all_zero(const double* d, int n) {
   for (int x = 0; x < n; ++x) {
-    const int32_t a = int32_t((p[0][x] >> shift) & 255u), b = int32_t((p[1][x] >> shift) & 255u);
-    const int32_t c = int32_t((p[2][x] >> shift) & 255u), d = int32_t((p[3][x] >> shift) & 255u);
+    if (d[x] != 0.0) return false;
+  }
+  return true;
+}
+
+inline int32_t byte_of(uint32_t word, int shift) { return int32_t((word >> shift) & 255u); }
+
+// Bilinear's filter, one channel (the byte at `shift`) of n pixels from their neighbours' words:
+// the two horizontal steps and the vertical one; one step of two words for a row of one pass.
+FASTDATA_AVX2_CLONE void blend_row(const uint32_t (*__restrict p)[kStrip], const double* __restrict dx,
+                                   const double* __restrict dy, int shift, int32_t* __restrict out, int n, Pass pass) {
+  if (pass != Pass::kBoth) {
+    const double* __restrict d = pass == Pass::kAcross ? dx : dy;
+    for (int x = 0; x < n; ++x) {
+      const int32_t a = byte_of(p[0][x], shift), b = byte_of(p[1][x], shift);
+      out[x] = int32_t(a + (b - a) * d[x]);
+    }
+    return;
+  }
+  for (int x = 0; x < n; ++x) {
+    const int32_t a = byte_of(p[0][x], shift), b = byte_of(p[1][x], shift);
+    const int32_t c = byte_of(p[2][x], shift), d = byte_of(p[3][x], shift);
     const double v1 = a + (b - a) * dx[x];
     const double v2 = c + (d - c) * dx[x];
     out[x] = int32_t(v1 + (v2 - v1) * dy[x]);  // (truncated, as Pillow's cast: the value is in [0, 255])
   }
 }
 
+// Four bytes from p as a word, the first in the low bits.
+inline uint32_t load_word(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap32(v);
+#endif
+  return v;
+}
+
 // A pixel's bytes in one word, channel k in bits 8k..8k+7 (a 4-byte load where the buffer goes on).
 inline uint32_t word(const uint8_t* p, int channels, const uint8_t* end) {
   if (channels == 1) return p[0];
-  if (p + 4 <= end) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-  }
+  if (p + 4 <= end) return load_word(p);
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16;
+}
+
+// A block of RGB pixels, kRows rows of kCols from p (none clipped, the block's last pixel
+// followed by another byte of the buffer), into words[kCols * row + col][x].
+template <int kRows, int kCols>
+inline void block_words(const uint8_t* p, size_t stride, int x, uint32_t (*words)[kStrip]) {
+  for (int k = 0; k < kRows; ++k, p += stride) {
+    for (int j = 0; j < kCols; ++j) words[kCols * k + j][x] = load_word(p + 3 * j);
+  }
 }
 
 // The filtered maps, a row at a time in passes so that the arithmetic runs in vectors, a strip
 // of kStrip output columns at a time, top to bottom (the source pixels a strip reads lie in a
 // band a few times its width, which stays in the first-level cache row after row): each output
-// pixel's centre mapped (`map_row`); its neighbours' words gathered (`gather(xi, yi, x, words)`,
-// scalar loads; a pixel outside the source gets the fill's word as each, at fractions 0, so that
-// the filter gives the fill); per channel the filter on that channel's byte of the words
-// (`filter`); the channels interleaved.
+// pixel's centre mapped (`map_row`); the steps the row needs (`Pass`); its neighbours' words
+// gathered (`gather(xi, yi, x, words, pass)`, scalar loads; a pixel outside the source gets the
+// fill's word as each, at fractions 0, so that the filter gives the fill); per channel the
+// filter on that channel's byte of the words (`filter`); the channels interleaved.
 template <int kWords, typename Gather, typename Filter>
 void by_strips(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill, Gather gather,
                Filter filter) {
@@ -190,14 +226,15 @@ void by_strips(const Image& in, uint8_t* out, int ow, int oh, const double* a, c
     const int width = std::min(kStrip, ow - first);
     for (int y = 0; y < oh; ++y) {
       map_row(a, first, y + 0.5, width, in.w, in.h, dx, dy, xi, yi, inside);
+      const Pass pass = all_zero(dy, width) ? Pass::kAcross : all_zero(dx, width) ? Pass::kDown : Pass::kBoth;
       for (int x = 0; x < width; ++x) {
         if (inside[x]) {
-          gather(xi[x], yi[x], x, words);
+          gather(xi[x], yi[x], x, words, pass);
         } else {
           for (int j = 0; j < kWords; ++j) words[j][x] = fills;
         }
       }
-      for (int k = 0; k < c; ++k) filter(words, dx, dy, 8 * k, v[k], width);
+      for (int k = 0; k < c; ++k) filter(words, dx, dy, 8 * k, v[k], width, pass);
       uint8_t* o = out + (size_t(y) * size_t(ow) + size_t(first)) * size_t(c);
       for (int x = 0; x < width; ++x) {
         for (int k = 0; k < c; ++k) o[x * c + k] = uint8_t(v[k][x]);
@@ -206,47 +243,93 @@ void by_strips(const Image& in, uint8_t* out, int ow, int oh, const double* a, c
   }
 }
 
-// Bilinear: the four neighbours (a row below the image repeats the pixel's own: Pillow's v2 = v1).
+// Bilinear: the four neighbours (a row below the image repeats the pixel's own: Pillow's v2 =
+// v1); across, the pixel's row's two; down, its column's two.
 void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
   const int c = in.c;
-  by_strips<4>(in, out, ow, oh, a, fill, [&](int xi, int yi, int x, uint32_t (*words)[kStrip]) {
+  const size_t stride = size_t(in.w) * size_t(c);
+  auto gather = [&](int xi, int yi, int x, uint32_t (*words)[kStrip], Pass pass) {
+    const bool rows = yi >= 0 && yi + (pass == Pass::kAcross ? 0 : 1) < in.h;
+    const bool cols = xi >= 0 && xi + (pass == Pass::kDown ? 1 : 2) < in.w;
+    if (c == 3 && rows && cols) {  // (no clipping, a byte to spare: the fast path)
+      const uint8_t* p = in.row(yi) + size_t(xi) * 3;
+      if (pass == Pass::kBoth) block_words<2, 2>(p, stride, x, words);
+      if (pass == Pass::kAcross) block_words<1, 2>(p, stride, x, words);
+      if (pass == Pass::kDown) block_words<2, 1>(p, stride, x, words);
+      return;
+    }
     const int x0 = clip(xi, in.w) * c, x1 = clip(xi + 1, in.w) * c;
     const uint8_t* r0 = in.row(clip(yi, in.h));
     const uint8_t* r1 = yi + 1 >= 0 && yi + 1 < in.h ? in.row(yi + 1) : r0;
     words[0][x] = word(r0 + x0, c, in.end());
+    if (pass == Pass::kDown) {
+      words[1][x] = word(r1 + x0, c, in.end());
+      return;
+    }
     words[1][x] = word(r0 + x1, c, in.end());
-    words[2][x] = word(r1 + x0, c, in.end());
-    words[3][x] = word(r1 + x1, c, in.end());
-  }, blend_row);
+    if (pass == Pass::kBoth) {
+      words[2][x] = word(r1 + x0, c, in.end());
+      words[3][x] = word(r1 + x1, c, in.end());
+    }
+  };
+  by_strips<4>(in, out, ow, oh, a, fill, gather, blend_row);
 }
 
 // Bicubic: sixteen neighbours, four rows of four (rows and columns clipped to the image, a row
 // below it repeating the one before: Pillow's v = v before), Pillow's cubic across each row and
-// down the four results, clipped.
+// down the four results, clipped; across, the pixel's row's four; down, its column's four.
 FASTDATA_AVX2_CLONE void cubic_row(const uint32_t (*__restrict p)[kStrip], const double* __restrict dx,
-                                   const double* __restrict dy, int shift, int32_t* __restrict out, int n) {
-  for (int x = 0; x < n; ++x) {
-    double h[4];
-    for (int k = 0; k < 4; ++k) {
-      const int32_t a = int32_t((p[4 * k][x] >> shift) & 255u), b = int32_t((p[4 * k + 1][x] >> shift) & 255u);
-      const int32_t c = int32_t((p[4 * k + 2][x] >> shift) & 255u), d = int32_t((p[4 * k + 3][x] >> shift) & 255u);
-      h[k] = cubic<int32_t>(a, b, c, d, dx[x]);
+                                   const double* __restrict dy, int shift, int32_t* __restrict out, int n, Pass pass) {
+  auto clipped = [](double s) { return s <= 0.0 ? 0 : (s >= 255.0 ? 255 : int32_t(s)); };
+  if (pass == Pass::kAcross) {
+    for (int x = 0; x < n; ++x) {
+      out[x] = clipped(cubic<int32_t>(byte_of(p[0][x], shift), byte_of(p[1][x], shift), byte_of(p[2][x], shift),
+                                      byte_of(p[3][x], shift), dx[x]));
     }
-    const double s = cubic<double>(h[0], h[1], h[2], h[3], dy[x]);
-    out[x] = s <= 0.0 ? 0 : (s >= 255.0 ? 255 : int32_t(s));
+  } else if (pass == Pass::kDown) {
+    for (int x = 0; x < n; ++x) {
+      out[x] = clipped(cubic<double>(byte_of(p[0][x], shift), byte_of(p[1][x], shift), byte_of(p[2][x], shift),
+                                     byte_of(p[3][x], shift), dy[x]));
+    }
+  } else {
+    for (int x = 0; x < n; ++x) {
+      double h[4];
+      for (int k = 0; k < 4; ++k) {
+        h[k] = cubic<int32_t>(byte_of(p[4 * k][x], shift), byte_of(p[4 * k + 1][x], shift),
+                              byte_of(p[4 * k + 2][x], shift), byte_of(p[4 * k + 3][x], shift), dx[x]);
+      }
+      out[x] = clipped(cubic<double>(h[0], h[1], h[2], h[3], dy[x]));
+    }
   }
 }
 
 void bicubic(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
   const int c = in.c;
-  by_strips<16>(in, out, ow, oh, a, fill, [&](int xi, int yi, int x, uint32_t (*words)[kStrip]) {
-    const int top = yi - 1, left = xi - 1;
-    const uint8_t* rows[4] = {in.row(clip(top, in.h)), nullptr, nullptr, nullptr};
-    for (int k = 1; k < 4; ++k) rows[k] = top + k >= 0 && top + k < in.h ? in.row(top + k) : rows[k - 1];
-    for (int k = 0; k < 4; ++k) {
-      for (int j = 0; j < 4; ++j) words[4 * k + j][x] = word(rows[k] + clip(left + j, in.w) * c, c, in.end());
+  const size_t stride = size_t(in.w) * size_t(c);
+  auto gather = [&](int xi, int yi, int x, uint32_t (*words)[kStrip], Pass pass) {
+    const int top = pass == Pass::kAcross ? yi : yi - 1, left = pass == Pass::kDown ? xi : xi - 1;
+    const bool rows = top >= 0 && top + (pass == Pass::kAcross ? 0 : 3) < in.h;
+    const bool cols = left >= 0 && left + (pass == Pass::kDown ? 1 : 4) < in.w;
+    if (c == 3 && rows && cols) {  // (no clipping, a byte to spare: the fast path)
+      const uint8_t* p = in.row(top) + size_t(left) * 3;
+      if (pass == Pass::kBoth) block_words<4, 4>(p, stride, x, words);
+      if (pass == Pass::kAcross) block_words<1, 4>(p, stride, x, words);
+      if (pass == Pass::kDown) block_words<4, 1>(p, stride, x, words);
+      return;
     }
-  }, cubic_row);
+    const uint8_t* rows4[4] = {in.row(clip(yi - 1, in.h)), nullptr, nullptr, nullptr};
+    for (int k = 1; k < 4; ++k) rows4[k] = yi - 1 + k >= 0 && yi - 1 + k < in.h ? in.row(yi - 1 + k) : rows4[k - 1];
+    if (pass == Pass::kAcross) {
+      for (int j = 0; j < 4; ++j) words[j][x] = word(rows4[1] + clip(xi - 1 + j, in.w) * c, c, in.end());
+    } else if (pass == Pass::kDown) {
+      for (int k = 0; k < 4; ++k) words[k][x] = word(rows4[k] + clip(xi, in.w) * c, c, in.end());
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        for (int j = 0; j < 4; ++j) words[4 * k + j][x] = word(rows4[k] + clip(xi - 1 + j, in.w) * c, c, in.end());
+      }
+    }
+  };
+  by_strips<16>(in, out, ow, oh, a, fill, gather, cubic_row);
 }
 
 }  // namespace

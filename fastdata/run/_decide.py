@@ -7,8 +7,8 @@ num_workers: where the script left the default (0), a served loader gets "auto" 
 cannot change a batch: a torchvision image folder served natively (fastdata decodes it, each
 sample a function of its batch's seed and its place in it, in whatever process) without a
 target_transform or an op of the script's in its transform (the script's code, which may count,
-cache or draw from Python's RNG in the process it runs in), torch's default
-samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
+cache or draw from Python's RNG in the process it runs in) or timm's RandAugment or AutoAugment
+(which draw from Python's and NumPy's there), torch's default samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
 without: the script's own draws between would change), workers started by fork (spawn or
 forkserver would run the script's main module again; they fork also where forkserver is only
 the platform's default, Linux from Python 3.14: `fastdata._workers.own_start_method`; a start
@@ -111,6 +111,9 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     if lowering.script_ops:
         return False, (f"{lowering.script_ops[0]}, an op of the script's, which may keep state or draw from Python's "
                        "RNG (in workers, it would do so there)")
+    if lowering.own_draws:
+        return False, (f"timm's {lowering.own_draws[0]}, which draws from Python's and NumPy's RNGs (in workers, it "
+                       "would draw there)")
     size = call.get("batch_size", 1)
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:  # torch's BatchSampler raises for it
         return False, f"batch_size={size!r}, which torch refuses"

@@ -73,6 +73,13 @@ class Lowering:
         return tuple(name for view in self.views for name in view.script_ops) + tuple(script_ops(self.pixel_ops))
 
     @property
+    def own_draws(self) -> tuple[str, ...]:
+        """The names of its ops that draw from the RNGs of the process that fetches: the script's
+        own ops, timm's auto-augments (`_timm.TimmAugment`); its views' too."""
+        return tuple(name for view in self.views for name in view.own_draws) + tuple(
+            script_ops(self.pixel_ops, drawing=True))
+
+    @property
     def random(self) -> bool:
         """Whether the transform has a random op. torchvision's draw from torch's RNG whatever
         their parameters (a flip with p=1 too); the others draw nothing."""

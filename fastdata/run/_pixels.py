@@ -27,6 +27,7 @@ import numpy as np
 from ..transforms import ops as fd
 from ._augmix import augmix
 from ._rotation import pillow_geometry
+from ._timm import timm_augment
 
 
 class _TrivialAugmentV2(fd.TrivialAugment):
@@ -204,13 +205,15 @@ def named(call: Any) -> str:
     return getattr(call, "__qualname__", type(call).__name__)
 
 
-def script_ops(ops: tuple) -> list[str]:
-    """The names of the script's ops (`ScriptOp`) among `ops` and the ops they hold."""
+def script_ops(ops: tuple, drawing: bool = False) -> list[str]:
+    """The names of the script's ops (`ScriptOp`) among `ops` and the ops they hold; with
+    `drawing`, of every op there that draws from the RNGs of the process that fetches (timm's
+    auto-augments too)."""
     names = []
     for op in ops:
-        if isinstance(op, ScriptOp):
+        if isinstance(op, ScriptOp) or (drawing and getattr(op, "process_rng", False)):
             names.append(named(op.call))
-        names += script_ops(getattr(op, "ops", ()))
+        names += script_ops(getattr(op, "ops", ()), drawing)
     return names
 
 
@@ -300,6 +303,9 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
                 op.num_ops, op.magnitude, op.num_magnitude_bins, sampling)
         return (_TrivialAugmentV2 if cls is v2.TrivialAugmentWide else fd.TrivialAugment)(
             int(op.num_magnitude_bins), sampling)
+    timms = timm_augment(op) if domain == "pil" else None  # (timm's RandAugment, AutoAugment: `_timm`)
+    if timms is not None:
+        return timms
     # (a subclass of a torchvision transform is neither: it is refused as torchvision's own classes are read)
     if domain == "pil" and callable(op) and (cls in (T.Lambda, v2.Lambda) or not any(
             c.__module__.startswith("torchvision.") for c in cls.__mro__)):

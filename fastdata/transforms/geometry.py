@@ -56,23 +56,27 @@ def _native_affine() -> bool:
     return _NATIVE_AFFINE
 
 
-def affine(img, data: tuple, resample: int, fill: int):
+def affine(img, data: tuple, resample: int, fill):
     """Pillow's img.transform(img.size, AFFINE, data, resample, fillcolor=fill) (resample: Pillow's
-    0 nearest, 2 bilinear, 3 bicubic; `fill` every channel's) of an HWC uint8 array or a PIL
-    image: natively on an RGB or L image's pixels where `_native_affine`, in the form given (but
-    a PIL image's nearest, which Pillow maps faster than the image's two conversions take); else
-    Pillow's, a PIL image."""
+    0 nearest, 2 bilinear, 3 bicubic; `fill` an int for every channel, or a colour, a value a
+    channel) of an HWC uint8 array or a PIL image: natively on an RGB or L image's pixels where
+    `_native_affine`, in the form given (but a PIL image's nearest, which Pillow maps faster than
+    the image's two conversions take); else Pillow's, a PIL image (its error for another filter)."""
     from PIL import Image
 
     channels = bands(img)
-    if channels and _native_affine() and not (resample == 0 and hasattr(img, "getbands")):
+    fills = list(fill) if isinstance(fill, (tuple, list)) else [fill] * channels
+    native_fill = len(fills) == channels and all(type(v) is int and 0 <= v <= 255 for v in fills)
+    if (channels and native_fill and resample in (0, 2, 3) and _native_affine()
+            and not (resample == 0 and hasattr(img, "getbands"))):
         pixels = np.ascontiguousarray(np.asarray(img))
         src = pixels.reshape(pixels.shape[0], pixels.shape[1], channels)
         out = np.empty_like(src)
-        native.affine(src, out, tuple(float(v) for v in data), resample, [fill] * channels)
+        native.affine(src, out, tuple(float(v) for v in data), int(resample), fills)
         return Image.fromarray(out.reshape(pixels.shape)) if hasattr(img, "getbands") else out.reshape(pixels.shape)
     img = as_image(img)
-    colour = fill if len(img.getbands()) == 1 else (fill,) * len(img.getbands())
+    colour = tuple(fill) if isinstance(fill, (tuple, list)) else fill if len(img.getbands()) == 1 else \
+        (fill,) * len(img.getbands())
     return img.transform(img.size, Image.AFFINE, data, resample, fillcolor=colour)
 
 
@@ -88,9 +92,9 @@ def rotate_data(angle: float, w: int, h: int, center: tuple | None = None) -> tu
     return tuple(m)
 
 
-def rotate(img, angle: float, resample: int, center: tuple | None, fill: int):
+def rotate(img, angle: float, resample: int, center: tuple | None, fill):
     """Pillow's img.rotate(angle, resample, expand=False, center=center, fillcolor=fill) (`fill`
-    every channel's) of an HWC uint8 array or a PIL image, in `affine`'s forms: Pillow's exact
+    as `affine`'s) of an HWC uint8 array or a PIL image, in `affine`'s forms: Pillow's exact
     turns where it takes them (about the middle: 0 and 180 degrees, and 90 and 270 on a square
     image, whatever the filter), else its affine map."""
     angle = angle % 360.0

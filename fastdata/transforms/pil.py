@@ -223,7 +223,7 @@ def trivial_augment(img, p: dict, interpolation: str = "nearest"):
         return rotate(img, m, resample, None, 0)
     if name in ("Brightness", "Contrast", "Color", "Sharpness"):
         return enhance(img, ("Brightness", "Contrast", "Color", "Sharpness").index(name), 1 + m)
-    if name in _LUT_OPS and isinstance(img, np.ndarray) and bands(img) and _native_luts():
+    if name in _LUT_OPS and isinstance(img, np.ndarray) and bands(img) and native_tables():
         return table_op(img, name, m)
     img = _form(img, tensor=False)
     if name == "Posterize":
@@ -283,8 +283,9 @@ _NATIVE_LUTS: bool | None = None
 
 
 def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
-    """ImageOps' posterize(bits m), solarize(threshold m), autocontrast(), equalize() or invert()
-    of an HWC (or HW) uint8 array: each band's table computed as ImageOps computes it (the
+    """ImageOps' posterize(bits m), solarize(threshold m), autocontrast(), equalize() or invert(),
+    or timm's solarize_add (m: add, threshold; its table given to Pillow's point), of an HWC (or
+    HW) uint8 array: each band's table computed as ImageOps computes it (the
     autocontrast's from the band's extremes, the equalize's from its histogram, both in Python's
     arithmetic; Pillow's point clips a table's values to 0..255), applied by the extension's
     lookup. A new array of the same shape; a posterize of other than 1-8 bits is Pillow's own call
@@ -303,6 +304,8 @@ def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
             table = np.where(x < m, x, 255 - x)
         elif name == "Invert":
             table = 255 - x
+        elif name == "SolarizeAdd":  # (timm's: m = (add, threshold))
+            table = np.where(x < m[1], np.minimum(255, x + m[0]), x)
         elif name == "AutoContrast":
             lo, hi = int(band.min()), int(band.max())  # (the first and last bins of its histogram)
             scale = 255.0 / (hi - lo) if hi > lo else 0.0
@@ -318,7 +321,7 @@ def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
     return out.reshape(pixels.shape)
 
 
-def _native_luts() -> bool:
+def native_tables() -> bool:
     """Whether `table_op` gives this process's ImageOps' pixels: checked once on 64 x 64 noise and
     a three-level image (where equalize's table passes 255), RGB and L, each op."""
     global _NATIVE_LUTS

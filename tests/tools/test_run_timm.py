@@ -48,8 +48,8 @@ def _class_of(images: torch.Tensor) -> torch.Tensor:
 
 def test_create_transforms_are_lowered_as_the_torchvision_ops_they_run(timm):
     """timm's training and evaluation transforms read op by op: its crop as torchvision's
-    RandomResizedCrop with its filter, MaybeToTensor as ToTensor, its RandAugment called as the
-    script's op, its RandomErasing with its mode and count, the summary in timm's names."""
+    RandomResizedCrop with its filter, MaybeToTensor as ToTensor, its RandAugment as fastdata's
+    TimmAugment (drawing from the process's RNGs), its RandomErasing with its mode and count, the summary in timm's names."""
     from timm.data import create_transform
 
     import fastdata.transforms.ops as fd
@@ -68,7 +68,8 @@ def test_create_transforms_are_lowered_as_the_torchvision_ops_they_run(timm):
 
     deit = lower_transform(create_transform(224, is_training=True, color_jitter=0.3, interpolation="bicubic",
                                             auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel"))
-    assert deit.resample == "bicubic" and deit.script_ops == ("RandAugment",) and deit.random
+    assert deit.resample == "bicubic" and deit.script_ops == () and deit.own_draws == ("RandAugment",) and deit.random
+    assert [type(op).__name__ for op in deit.pixel_ops] == ["TimmAugment"]
     (erase,) = deit.erasing
     assert (erase.p, erase.count, erase.value, erase.per_channel, erase.at) == (0.25, (1, 1), None, False, 2)
     assert erase.scale == (0.02, 1 / 3) and erase.log_ratio == (math.log(0.3), math.log(1 / 0.3))
@@ -83,6 +84,137 @@ def test_create_transforms_are_lowered_as_the_torchvision_ops_they_run(timm):
     evaluation = lower_transform(create_transform(224, is_training=False, interpolation="bicubic"))  # crop_pct 0.875
     assert [type(op) for op in evaluation.geometry] == [fd.Resize, fd.CenterCrop]
     assert evaluation.geometry[0].size == 256 and evaluation.resample == "bicubic" and not evaluation.random
+
+
+def _noise(rng, h, w):
+    return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _outcome(call, img):
+    """What a call gives: its pixels, or its error's type and message; then Python's RNG state."""
+    import random
+
+    try:
+        out = np.asarray(call(img))
+    except Exception as e:
+        out = f"{type(e).__name__}: {e}"
+    return out, random.getstate()
+
+
+def _same_outcome(a, b) -> bool:
+    (x, state_x), (y, state_y) = a, b
+    if isinstance(x, str) or isinstance(y, str):
+        return x == y and state_x == state_y
+    return x.shape == y.shape and np.array_equal(x, y) and state_x == state_y
+
+
+def test_timms_pixel_functions_are_timms(timm):
+    """fastdata's twin of each of timm.data.auto_augment's pixel functions, on an array, against
+    timm's own on the PIL image: over images of 1 to 40 px, each function's arguments through
+    its levels at magnitudes 0 to 10 (both signs), drawn and fixed filters, timm's fills and none:
+    the same pixels (or the same error: Pillow 13 refuses timm's posterize to 0 bits), the same
+    draws from Python's RNG; on a PIL image too."""
+    import random
+
+    import timm.data.auto_augment as aa
+    from PIL import Image
+
+    from fastdata.run import _timm
+
+    rng = np.random.default_rng(0)
+    names = {fn.__name__: name for name, fn in aa.NAME_TO_OP.items()}  # (a function: one of its op names)
+    assert set(_timm._FUNCTIONS) <= set(names)
+    kwargs_cases = [{"fillcolor": (128, 128, 128), "resample": (Image.BILINEAR, Image.BICUBIC)},
+                    {"fillcolor": (124, 116, 104), "resample": Image.BICUBIC},
+                    {"fillcolor": (3, 250, 77), "resample": Image.BILINEAR}, {"resample": Image.NEAREST}]
+    checked = 0
+    for name, ours in _timm._FUNCTIONS.items():
+        theirs, level = getattr(aa, name), aa.LEVEL_TO_ARG[names[name]]
+        for k in range(12):
+            pixels = _noise(rng, int(rng.integers(1, 41)), int(rng.integers(1, 41)))
+            magnitude = float(rng.uniform(0, 10)) if k > 1 else 10.0 * k
+            seed = int(rng.integers(1 << 30))
+            random.seed(seed)
+            args = level(magnitude, {"translate_const": 100}) if level else ()
+            kwargs = kwargs_cases[k % len(kwargs_cases)]
+            state = random.getstate()
+            want = _outcome(lambda img: theirs(img, *args, **kwargs), Image.fromarray(pixels))
+            for form in (pixels, Image.fromarray(pixels)):
+                random.setstate(state)
+                got = _outcome(lambda img: ours(img, *args, **kwargs), form)
+                assert _same_outcome(got, want), (name, args, kwargs, pixels.shape)
+                checked += 1
+    assert checked == 2 * 12 * len(_timm._FUNCTIONS)
+
+
+@pytest.mark.parametrize("policy", ["rand-m9-mstd0.5-inc1", "rand-m7-n3-mstd101", "rand-m9-mstd0.5-inc1-mmax12",
+                                    "original", "v0r", "3a"])
+def test_timms_auto_augments_run_as_timm_draws_them(timm, policy):
+    """timm's RandAugment (DeiT's, uniform magnitudes, past 10, the 3-Augment's weighted choice
+    with its blur and desaturation) and AutoAugment (its original and v0r policies), lowered:
+    with the same seeds of Python's and NumPy's RNGs, each image the one timm's own op gives
+    (or its error) and the RNGs left where timm's leave them, over 40 images."""
+    import random
+
+    from PIL import Image
+    from timm.data.auto_augment import auto_augment_transform, rand_augment_transform
+
+    from fastdata.run._pixels import pixel_op
+    from fastdata.run._timm import TimmAugment
+
+    hparams = {"translate_const": 100, "img_mean": (124, 116, 104)}
+    if policy == "3a":
+        op = rand_augment_transform("rand-m10-n1-t3a", hparams)  # (weighted: its choice without replacement)
+    elif policy.startswith("rand"):
+        op = rand_augment_transform(policy, hparams)
+    else:
+        op = auto_augment_transform(policy, hparams)
+    lowered = pixel_op(op, "pil")
+    assert type(lowered) is TimmAugment and lowered.call is not op
+    rng = np.random.default_rng(1)
+    for k in range(40):
+        pixels = _noise(rng, int(rng.integers(8, 48)), int(rng.integers(8, 48)))
+        outcomes = []
+        for call, img in ((op, Image.fromarray(pixels)), (lambda a: lowered.on_pillow(a, {}), pixels)):
+            random.seed(k)
+            np.random.seed(k)
+            outcomes.append((_outcome(call, img), np.random.get_state()[1].copy()))
+        (got, got_np), (want, want_np) = outcomes[1], outcomes[0]
+        assert _same_outcome(got, want) and np.array_equal(got_np, want_np), (policy, k)
+
+
+def test_timms_ops_fastdata_does_not_twin_are_timms_own_calls(timm, monkeypatch):
+    """An AugmentOp whose function is not timm's own (the script set it), or whose twin was not
+    found the same (a sabotaged twin), is timm's own function on the PIL image; AugMixAugment,
+    which mixes PIL images itself, stays the script's own op."""
+    import random
+
+    from PIL import Image
+    from timm.data.auto_augment import augment_and_mix_transform, rand_augment_transform
+
+    from fastdata.run import _timm
+    from fastdata.run._pixels import ScriptOp, pixel_op
+
+    def darker(img, *args, **kwargs):
+        return img.point(lambda v: v // 2)
+
+    op = rand_augment_transform("rand-m9-n2-p1.0", {"translate_const": 100})
+    op.ops[0].aug_fn = darker  # (AutoContrast's slot)
+    monkeypatch.setitem(_timm._FUNCTIONS, "shear_x", lambda img, *a, **kw: np.zeros_like(img))
+    monkeypatch.setattr(_timm, "_SAME", {})
+    lowered = pixel_op(op, "pil")
+    twins = {one.name: one.aug_fn for one in lowered.call.ops}
+    assert twins["AutoContrast"].func is _timm._on_image and twins["AutoContrast"].args == (darker,)
+    assert twins["ShearX"].args[0].__name__ == "shear_x" and twins["Equalize"] is _timm._FUNCTIONS["equalize"]
+    pixels = _noise(np.random.default_rng(2), 24, 30)
+    for k in range(20):
+        outcomes = []
+        for call, img in ((op, Image.fromarray(pixels)), (lambda a: lowered.on_pillow(a, {}), pixels)):
+            random.seed(k)
+            np.random.seed(k)
+            outcomes.append(_outcome(call, img))
+        assert _same_outcome(*outcomes), k
+    assert type(pixel_op(augment_and_mix_transform("augmix-m3", {}), "pil")) is ScriptOp
 
 
 @pytest.mark.filterwarnings("ignore:range should be of kind")

@@ -64,7 +64,7 @@ def test_the_table_ops_are_imageops_for_every_image_kind(channels):
     """posterize (1-8 bits), solarize (whole and fractional thresholds), autocontrast (flat
     bands, one level, full range) and equalize (few levels: its table passing 255, which Pillow
     clips; one level; noise) of arrays as ImageOps gives them for the PIL image."""
-    assert P._native_luts()
+    assert P.native_tables()
     rng = np.random.default_rng(channels)
     images = [rng.integers(0, 256, (17, 23, 3), dtype=np.uint8), _photo(30, 20, 4),
               np.full((5, 6, 3), 77, np.uint8), rng.choice(np.array([3, 90, 250], np.uint8), (40, 9, 3)),

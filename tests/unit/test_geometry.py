@@ -20,11 +20,15 @@ needs_native = pytest.mark.skipif(native is None or not hasattr(native, "affine"
 def _maps(rng, w: int, h: int) -> list[tuple]:
     """AFFINE data of each kind the nearest filter takes its own path for (a scaling or a
     translation: doubles stepped a column at a time; a shear or a rotation: 16.16 fixed point;
-    one whose corners pass +-32768: doubles again), and the filtered transforms' uses."""
+    one whose corners pass +-32768: doubles again), and the filtered transforms' uses: their rows
+    of one step (every fraction across or down 0: shears, translations) and of both."""
     s = rng.uniform(-0.6, 0.6)
     return [
         (1, s, 0, 0, 1, 0), (1, 0, 0, s, 1, 0),  # shears, as RandAugment's
         (1, 0, float(rng.integers(-w, w + 1)), 0, 1, float(rng.integers(-h, h + 1))),  # a translation
+        # along one axis by a fraction of a pixel (timm's TranslateXRel and YRel): one filter step
+        (1, 0, rng.uniform(-w / 2, w / 2), 0, 1, 0), (1, 0, 0, 0, 1, rng.uniform(-h / 2, h / 2)),
+        (rng.uniform(0.3, 3), 0, rng.uniform(-5, 5), 0, 2, 0.5),  # a scaling whose rows map to whole rows
         (rng.uniform(0.3, 3), 0, rng.uniform(-5, 5), 0, rng.uniform(0.3, 3), rng.uniform(-5, 5)),  # a scaling
         G.rotate_data(rng.uniform(-180, 180), w, h),
         G.rotate_data(rng.uniform(-30, 30), w, h, (rng.uniform(0, w), rng.uniform(0, h))),
@@ -55,7 +59,7 @@ def test_the_transform_is_pillows_for_every_map_filter_and_size(bands):
                 assert np.array_equal(got, want), (trial, data, resample, (w, h), (ow, oh))
                 compared += 1
                 moved += bool((out != np.asarray(fill, np.uint8)).any())
-    assert compared == 150 * 8 * 3 and moved > compared * 0.6  # (most outputs hold source pixels, not the fill)
+    assert compared == 150 * 11 * 3 and moved > compared * 0.6  # (most outputs hold source pixels, not the fill)
 
 
 def _photo(h: int, w: int, seed: int) -> np.ndarray:
@@ -84,6 +88,33 @@ def test_rotate_is_pillows_rotate_in_the_form_given(size):
                     as_pil = G.rotate(img, angle, resample, center, fill)
                     assert as_pil.mode == "RGB" and np.array_equal(np.asarray(as_pil), want)
     assert np.array_equal(pixels, _photo(h, w, 3))
+
+
+@needs_native
+def test_a_fill_colour_is_pillows_fillcolor():
+    """A fill given as a colour (timm's image mean), natively on an RGB array and a PIL image:
+    Pillow's fillcolor; one Pillow does not take natively (an L image's colour, a float, a
+    filter the native maps lack) is Pillow's own call, its error too."""
+    assert G._native_affine(), "the native transform disagrees with this Pillow (or was not checked)"
+    pixels = _photo(30, 41, 4)
+    img = Image.fromarray(pixels)
+    data = (1, 0.3, -9.5, 0.1, 1, 6)
+    for resample in (0, 2, 3):
+        for fill in ((124, 116, 104), [3, 250, 77]):
+            want = np.asarray(img.transform(img.size, Image.AFFINE, data, resample, fillcolor=tuple(fill)))
+            got = G.affine(pixels, data, resample, fill)
+            assert isinstance(got, np.ndarray) and np.array_equal(got, want), (resample, fill)
+            assert np.array_equal(np.asarray(G.affine(img, data, resample, fill)), want)
+            rotated = np.asarray(img.rotate(21.5, resample, fillcolor=tuple(fill)))
+            assert np.array_equal(G.rotate(pixels, 21.5, resample, None, tuple(fill)), rotated)
+    gray = Image.fromarray(pixels[:, :, 0])
+    want = np.asarray(gray.transform(gray.size, Image.AFFINE, data, 2, fillcolor=7))
+    assert np.array_equal(np.asarray(G.affine(pixels[:, :, 0], data, 2, (7,))), want)
+    with pytest.raises(ValueError) as theirs:
+        img.transform(img.size, Image.AFFINE, data, Image.LANCZOS)
+    with pytest.raises(ValueError) as ours:
+        G.affine(pixels, data, Image.LANCZOS, 0)
+    assert str(ours.value) == str(theirs.value)
 
 
 @pytest.mark.parametrize("native_on", [True, False])
