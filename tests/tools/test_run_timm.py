@@ -404,11 +404,13 @@ def test_timms_erasing_rectangles_are_drawn_as_timm_draws_them(timm, monkeypatch
 def test_a_timm_transform_is_served_natively_with_its_labels(timm, folder, workers):
     """timm's training transform (bicubic crop, flip, MaybeToTensor, Normalize) served natively:
     torchvision's batch layout, each image's class read back from its pixels, every sample once
-    an epoch; DeiT's (timm's RandAugment and RandomErasing after it) served natively too."""
+    an epoch; DeiT's (timm's RandAugment and RandomErasing after it) served natively too, its
+    RandAugment keeping the script's worker count (it draws from the process's RNGs)."""
     from timm.data import create_transform
     from torchvision.datasets import ImageFolder
 
     from fastdata.run import _torchvision as rt
+    from fastdata.run._decide import decide
 
     dataset = ImageFolder(str(folder), create_transform(48, is_training=True, color_jitter=None,
                                                         interpolation="bicubic"))
@@ -429,6 +431,9 @@ def test_a_timm_transform_is_served_natively_with_its_labels(timm, folder, worke
                                                      auto_augment="rand-m9-inc1", re_prob=0.25, re_mode="pixel"))
     loader = _served(deit, batch_size=10, shuffle=True, num_workers=workers)
     assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    served, reason, added, _ = decide((deit,), {"batch_size": 10})  # (a script that left num_workers at 0)
+    assert served and added is None, reason
+    assert "timm's RandAugment, which draws from Python's and NumPy's RNGs (in workers" in reason, reason
     seen = []
     for images, labels in loader:
         assert images.dtype == torch.float32 and images.shape[1:] == (3, 48, 48)
