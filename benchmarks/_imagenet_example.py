@@ -20,7 +20,10 @@ with `--recipe deit`, DeiT's main.py `build_transform` (timm's `create_transform
 bicubic, RandAugment rand-m9-mstd0.5-inc1, RandomErasing 0.25 'pixel'; timm must be installed);
 with `--recipe timm_train`, timm's train.py data path with its defaults: timm's `create_dataset`
 and `create_loader` (RandomResizedCropAndInterpolation 'random', flip, ColorJitter(0.4), uint8
-samples, timm's fast_collate, persistent workers, its prefetcher normalizing on the device).
+samples, timm's fast_collate, persistent workers, its prefetcher normalizing on the device);
+with `--recipe timm_deit`, the same with DeiT's augmentation as train.py's flags give it (`--aa
+rand-m9-mstd0.5-inc1 --reprob 0.25 --mixup 0.8 --cutmix 1.0 --smoothing 0.1`: timm's RandAugment
+in place of the ColorJitter, its FastCollateMixup as the collate_fn, the erasing in its prefetcher).
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -30,7 +33,8 @@ The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,
-                                                           moco,moco_v2,dino,deit,timm_train}]
+                                                           moco,moco_v2,dino,deit,timm_train,
+                                                           timm_deit}]
                                                 [--ra-sampler]
 """
 
@@ -54,7 +58,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                     "moco", "moco_v2", "dino", "deit", "timm_train"],
+                                     "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -171,7 +175,7 @@ class DataAugmentationDINO(object):  # DINO's (main_dino.py), as it is written t
         return crops
 
 
-if args.recipe == "timm_train":  # made below, by timm
+if args.recipe in ("timm_train", "timm_deit"):  # made below, by timm
     transform = None
 elif args.recipe == "deit":  # DeiT's main.py build_transform(is_train=True, args) with its defaults
     from timm.data import create_transform
@@ -241,16 +245,21 @@ else:
         normalize,
         transforms.RandomErasing(p=0.1),
     ])
-if args.recipe == "timm_train":  # timm's train.py: create_dataset and create_loader with its defaults
-    from timm.data import create_dataset, create_loader
+if args.recipe in ("timm_train", "timm_deit"):  # timm's train.py: create_dataset and create_loader, its defaults
+    from timm.data import FastCollateMixup, create_dataset, create_loader
 
+    deit = args.recipe == "timm_deit"  # (train.py with --aa rand-m9-mstd0.5-inc1 --reprob 0.25 --mixup 0.8 ...)
     dataset_train = create_dataset('', root=args.data, split='train', is_training=True, batch_size=args.batch_size)
+    collate_fn = FastCollateMixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode='batch',
+                                  label_smoothing=0.1, num_classes=len(dataset_train.reader.class_to_idx)) \
+        if deit else None
     train_loader = create_loader(
         dataset_train, input_size=(3, 224, 224), batch_size=args.batch_size, is_training=True, no_aug=False,
-        re_prob=0., re_mode='pixel', re_count=1, scale=[0.08, 1.0], ratio=[3. / 4., 4. / 3.], hflip=0.5, vflip=0.,
-        color_jitter=0.4, auto_augment=None, interpolation='random', mean=(0.485, 0.456, 0.406),
-        std=(0.229, 0.224, 0.225), num_workers=args.workers, distributed=False, collate_fn=None, pin_memory=False,
-        device=device, use_prefetcher=True, use_multi_epochs_loader=False, worker_seeding='all')
+        re_prob=0.25 if deit else 0., re_mode='pixel', re_count=1, scale=[0.08, 1.0], ratio=[3. / 4., 4. / 3.],
+        hflip=0.5, vflip=0., color_jitter=0.4, auto_augment='rand-m9-mstd0.5-inc1' if deit else None,
+        interpolation='random', mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), num_workers=args.workers,
+        distributed=False, collate_fn=collate_fn, pin_memory=False, device=device, use_prefetcher=True,
+        use_multi_epochs_loader=False, worker_seeding='all')
     train_sampler = None
 else:
     train_dataset = torchvision.datasets.ImageFolder(args.data, transform)

@@ -29,7 +29,8 @@ multi-crop (..._dino.json), with `--recipe deit` DeiT's main.py transform, timm'
 (bicubic crop, flip, timm's RandAugment, ToTensor, Normalize, timm's RandomErasing; ..._deit.json),
 with `--recipe timm_train` timm's train.py data path with its defaults (timm's dataset and loader:
 a filter drawn per image, ColorJitter, fast_collate, persistent workers, its prefetcher;
-..._timm_train.json);
+..._timm_train.json), with `--recipe timm_deit` that path with DeiT's augmentation flags (timm's
+RandAugment, its FastCollateMixup collate_fn, RandomErasing in its prefetcher; ..._timm_deit.json);
 with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
 (`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
 With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
@@ -41,7 +42,7 @@ sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco,moco_v2,
-                                                     dino,deit,timm_train}]
+                                                     dino,deit,timm_train,timm_deit}]
                                           [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -66,7 +67,7 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
-                                         "moco", "moco_v2", "dino", "deit", "timm_train"],
+                                         "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
@@ -97,7 +98,7 @@ def main() -> int:
             lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
             ratios[f"{part} vs {base}"] = {"ratio": statistics.median(fast) / statistics.median(slow),
                                             "ci95": [lo, hi]}
-    fresh = "persistent workers" if args.recipe == "timm_train" else "fresh each epoch"
+    fresh = "persistent workers" if args.recipe.startswith("timm_") else "fresh each epoch"
     print(f"\n{args.images} images, batch 256, {args.workers} workers ({fresh}), {args.rounds} rounds ABBA, "
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + f", recipe {args.recipe}"
@@ -114,7 +115,7 @@ def main() -> int:
         "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup,
         "ra_sampler": args.ra_sampler, "pillow": PIL.__version__,
         "torchvision": torchvision.__version__,
-        "regime": ("persistent workers (timm's create_loader default)" if args.recipe == "timm_train" else
+        "regime": ("persistent workers (timm's create_loader default)" if args.recipe.startswith("timm_") else
                    "fresh workers each epoch (the script's DataLoader default)") + ", files in the page cache",
         "sides": sides, "ratios": ratios}, args.json)
     return 0
