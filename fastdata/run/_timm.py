@@ -172,11 +172,11 @@ def _on_image(function: Any, img: Any, *args: Any, **kwargs: Any) -> Any:
     return function(geometry.as_image(img), *args, **kwargs)
 
 
-# timm.data.auto_augment's pixel functions (timm 0.4 to 1.0), by name, on an HWC uint8 array or a
-# PIL image: timm's arguments, its draws (a geometric op's filter, where its kwargs give a list:
-# Python's random.choice, as timm's `_check_args_tf`) and its pixels and errors (Pillow's
-# transform, rotate, ImageOps and ImageEnhance calls, as `transforms.pil` and `transforms.geometry`
-# give them), in the form given where native.
+# timm.data.auto_augment's pixel functions (as timm 1.0 writes them: `_same` checks the installed
+# timm's), by name, on an HWC uint8 array or a PIL image: timm's arguments, its draws (a geometric
+# op's filter, where its kwargs give a list: Python's random.choice, as timm's `_check_args_tf`)
+# and its pixels and errors (Pillow's transform, rotate, ImageOps and ImageEnhance calls, as
+# `transforms.pil` and `transforms.geometry` give them), in the form given where native.
 
 def _filter(kwargs: dict) -> Any:
     resample = kwargs.get("resample", 3)  # (timm's default: bicubic)
