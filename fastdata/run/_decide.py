@@ -8,8 +8,9 @@ cannot change a batch: a torchvision image folder served natively (fastdata deco
 sample a function of its batch's seed and its place in it, in whatever process) without a
 target_transform or an op of the script's in its transform (the script's code, which may count,
 cache or draw from Python's RNG in the process it runs in) or timm's RandAugment or AutoAugment
-(which draw from Python's and NumPy's there), torch's default samplers, no shuffle from torch's RNG (torch draws it at iter() with workers, at the first next()
-without: the script's own draws between would change), workers started by fork (spawn or
+(which draw from Python's and NumPy's there), torch's default samplers, no shuffle from torch's
+RNG (torch draws it at iter() with workers, at the first next() without: the script's own draws
+between would change), workers started by fork (spawn or
 forkserver would run the script's main module again; they fork also where forkserver is only
 the platform's default, Linux from Python 3.14: `fastdata._workers.own_start_method`; a start
 method, a transform fastdata does not serve, or a target_transform or collate_fn of the script's

@@ -279,7 +279,7 @@ def _native_sharpness() -> bool:
 
 # ImageOps' table ops as torchvision's PIL functional calls them, on an array's pixels
 _LUT_OPS = ("Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
-_NATIVE_LUTS: bool | None = None
+_NATIVE_TABLES: bool | None = None
 
 
 def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
@@ -324,9 +324,9 @@ def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
 def native_tables() -> bool:
     """Whether `table_op` gives this process's ImageOps' pixels: checked once on 64 x 64 noise and
     a three-level image (where equalize's table passes 255), RGB and L, each op."""
-    global _NATIVE_LUTS
-    if _NATIVE_LUTS is None:
-        _NATIVE_LUTS = False
+    global _NATIVE_TABLES
+    if _NATIVE_TABLES is None:
+        _NATIVE_TABLES = False
         if native is not None and hasattr(native, "lookup_values"):
             from PIL import Image, ImageOps
 
@@ -341,8 +341,8 @@ def native_tables() -> bool:
                 img = Image.fromarray(np.ascontiguousarray(pixels))
                 for name, (theirs, m) in ops.items():
                     same = same and np.array_equal(table_op(pixels, name, m), np.asarray(theirs(img)))
-            _NATIVE_LUTS = bool(same)
-    return _NATIVE_LUTS
+            _NATIVE_TABLES = bool(same)
+    return _NATIVE_TABLES
 
 
 def apply_pixel_ops(row: np.ndarray, ops, params: list[dict]) -> None:

@@ -46,7 +46,7 @@ def test_auto_augment_ops_are_pillows_natively_and_in_any_form(monkeypatch):
             with monkeypatch.context() as mp:
                 mp.setattr(G, "_NATIVE_AFFINE", False)
                 mp.setattr(P, "_ENHANCE_LUMA", None)
-                mp.setattr(P, "_NATIVE_LUTS", False)
+                mp.setattr(P, "_NATIVE_TABLES", False)
                 mp.setattr(P, "_NATIVE_SHARPNESS", False)
                 want = np.asarray(P.trivial_augment(Image.fromarray(pixels), p, interpolation))
             for form in (pixels, Image.fromarray(pixels), torch.from_numpy(pixels).permute(2, 0, 1)):
