@@ -302,6 +302,49 @@ def _moco_v2(T, blur):
                         [T.ToTensor()]), T.Normalize(MEAN, STD)])
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("v2", [False, True])
+def test_gaussian_blur_with_denormals_flushed_is_torchvisions(tv, v2, monkeypatch):
+    """fastdata's GaussianBlur (`_pixels.Blur`, denormals flushed to zero while torchvision's
+    blur runs) against torchvision's own call with them kept: the same pixels for sigmas across
+    SimCLR's range (both ends of each band where a tap of the kernel falls below float32's normal
+    range), kernels of 23, 9 and 3 taps, on noise, a photo-like image, a dark one with sparse
+    bright pixels and a black one, as PIL images and uint8 tensors; the flush on while it runs
+    and off after, as it was."""
+    import torchvision.transforms.functional as F1
+    import torchvision.transforms.v2.functional as F2
+    from PIL import Image
+
+    from fastdata.run._pixels import Blur
+
+    F = F2 if v2 else F1
+    rng = np.random.default_rng(5)
+    y, x = np.mgrid[0:40, 0:44]
+    photo = np.stack([x * 5, y * 6, (x + y) * 3], -1).astype(np.uint8)
+    sparse = np.zeros((40, 44, 3), np.uint8)
+    sparse[rng.integers(0, 40, 30), rng.integers(0, 44, 30)] = rng.integers(1, 256, (30, 3))
+    images = [rng.integers(0, 256, (40, 44, 3), dtype=np.uint8), photo, sparse, np.zeros((40, 44, 3), np.uint8)]
+    # each tap r of a kernel falls below 2^-126 for sigma in about (r / 14.35, r / 13.2): both ends of each band
+    edges = [r / d for r in range(1, 12) for d in (14.4, 14.3, 13.25, 13.15)]
+    sigmas = sorted(set(np.float32(s).item() for s in [*edges, *np.linspace(0.1, 2.0, 20)] if 0.05 < s <= 2.0))
+    compared = 0
+    for kernel in (23, 9, 3):
+        for pixels in images:
+            for sigma in sigmas[::3] if kernel != 23 else sigmas:
+                img = Image.fromarray(pixels) if compared % 2 else torch.from_numpy(pixels).permute(2, 0, 1)
+                ours = Blur((kernel, kernel), (0.1, 2.0), v2, tensor=not compared % 2).on_pillow(img, {"sigma": sigma})
+                want = F.gaussian_blur(img, [kernel, kernel], [sigma, sigma])
+                assert np.array_equal(np.asarray(ours), np.asarray(want)), (kernel, sigma, compared)
+                compared += 1
+    assert compared == len(images) * (len(sigmas) + 2 * len(sigmas[::3])) > 400
+    assert (torch.tensor([1e-39]) * 1.0).item() != 0.0  # (put back: denormals kept)
+
+    seen = []
+    monkeypatch.setattr(F, "gaussian_blur", lambda img, k, s: seen.append((torch.tensor([1e-39]) * 1.0).item()) or img)
+    Blur((3, 3), (0.1, 2.0), v2).on_pillow(Image.fromarray(photo), {"sigma": 0.5})
+    assert seen == [0.0] and (torch.tensor([1e-39]) * 1.0).item() != 0.0  # (flushed while it ran)
+
+
 @pytest.mark.parametrize("v2", [False, True])
 def test_an_op_of_the_scripts_is_called_on_each_image_served_natively(tv, folder, v2):
     """MoCo v2's augmentation, its GaussianBlur the script's own class: served natively, the blur
