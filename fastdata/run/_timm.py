@@ -29,11 +29,11 @@ DeiT's `rand-m9-mstd0.5-inc1`, train.py's `--aa`) run as `TimmAugment`: timm's o
 process that fetches, as the script's op draws them) on a copy of the op whose AugmentOps compute
 their pixels with `_FUNCTIONS`, fastdata's twins of timm.data.auto_augment's pixel functions (on
 the decoded array: Pillow's arithmetic, natively where this Pillow's was found, `transforms.pil`
-and `transforms.geometry`), each checked once a process against timm's own (`_same`); a function
-that is not timm's, or not found the same, or one fastdata has no twin of (the blurs), is timm's
-own call on the PIL image. Its AugMixAugment, which mixes PIL images itself, is called as the
-script's own op (`_pixels`). Only timm's exact classes are read: a subclass's own methods may do
-anything.
+and `transforms.geometry`), each checked once a process against timm's own (`_same`); one not
+found the same, or one fastdata has no twin of (the blurs), is timm's own call on the PIL image.
+Such an op with a function of the script's, and timm's AugMixAugment, which mixes PIL images
+itself, are called as the script's own ops (`_pixels`). Only timm's exact classes are read: a
+subclass's own methods may do anything.
 """
 
 from __future__ import annotations
@@ -157,14 +157,17 @@ def timm_augment(op: Any) -> TimmAugment | None:
 
 def _ours(op: Any, module: Any) -> Any:
     """A copy of timm's AugmentOp `op` computing its pixels with fastdata's twin of its function
-    (`_FUNCTIONS`) where that is timm's own and was found the same, else calling its function on
-    the PIL image; None for an op of another class."""
-    if type(op) is not getattr(module, "AugmentOp", None) or not callable(getattr(op, "aug_fn", None)):
+    (`_FUNCTIONS`) where one was found the same, else calling timm's function on the PIL image;
+    None for an op of another class or a function that is not one of timm's (the script's, which
+    may change the image's size: the op is then the script's own, `_pixels.ScriptOp`)."""
+    function = getattr(op, "aug_fn", None)
+    name = getattr(function, "__name__", "")
+    if type(op) is not getattr(module, "AugmentOp", None) or function is None or \
+            getattr(module, name, None) is not function:
         return None
-    name = getattr(op.aug_fn, "__name__", "")
     twin = copy.copy(op)
-    own = name in _FUNCTIONS and getattr(module, name, None) is op.aug_fn and _same(name, op.aug_fn)
-    twin.aug_fn = _FUNCTIONS[name] if own else functools.partial(_on_image, op.aug_fn)
+    twin.aug_fn = _FUNCTIONS[name] if name in _FUNCTIONS and _same(name, function) else functools.partial(
+        _on_image, function)
     return twin
 
 
