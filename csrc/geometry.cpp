@@ -205,6 +205,24 @@ inline void block_words(const uint8_t* p, size_t stride, int x, uint32_t (*words
   }
 }
 
+// Both gathers' fast path: an RGB pixel's kSide x kSide neighbours (across, its row's kSide;
+// down, its column's kSide), loaded as words where none is clipped and the block's last pixel
+// is followed by another byte of the buffer; false where they are not.
+template <int kSide>
+inline bool unclipped_words(const Image& in, int xi, int yi, int x, uint32_t (*words)[kStrip], Pass pass) {
+  constexpr int back = kSide / 2 - 1;  // (the neighbours before the pixel's own, each way)
+  const int top = pass == Pass::kAcross ? yi : yi - back, left = pass == Pass::kDown ? xi : xi - back;
+  const bool rows = top >= 0 && top + (pass == Pass::kAcross ? 0 : kSide - 1) < in.h;
+  const bool cols = left >= 0 && left + (pass == Pass::kDown ? 1 : kSide) < in.w;
+  if (in.c != 3 || !rows || !cols) return false;
+  const uint8_t* p = in.row(top) + size_t(left) * 3;
+  const size_t stride = size_t(in.w) * 3;
+  if (pass == Pass::kBoth) block_words<kSide, kSide>(p, stride, x, words);
+  if (pass == Pass::kAcross) block_words<1, kSide>(p, stride, x, words);
+  if (pass == Pass::kDown) block_words<kSide, 1>(p, stride, x, words);
+  return true;
+}
+
 // The filtered maps, a row at a time in passes so that the arithmetic runs in vectors, a strip
 // of kStrip output columns at a time, top to bottom (the source pixels a strip reads lie in a
 // band a few times its width, which stays in the first-level cache row after row): each output
@@ -247,17 +265,8 @@ void by_strips(const Image& in, uint8_t* out, int ow, int oh, const double* a, c
 // v1); across, the pixel's row's two; down, its column's two.
 void bilinear(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
   const int c = in.c;
-  const size_t stride = size_t(in.w) * size_t(c);
   auto gather = [&](int xi, int yi, int x, uint32_t (*words)[kStrip], Pass pass) {
-    const bool rows = yi >= 0 && yi + (pass == Pass::kAcross ? 0 : 1) < in.h;
-    const bool cols = xi >= 0 && xi + (pass == Pass::kDown ? 1 : 2) < in.w;
-    if (c == 3 && rows && cols) {  // (no clipping, a byte to spare: the fast path)
-      const uint8_t* p = in.row(yi) + size_t(xi) * 3;
-      if (pass == Pass::kBoth) block_words<2, 2>(p, stride, x, words);
-      if (pass == Pass::kAcross) block_words<1, 2>(p, stride, x, words);
-      if (pass == Pass::kDown) block_words<2, 1>(p, stride, x, words);
-      return;
-    }
+    if (unclipped_words<2>(in, xi, yi, x, words, pass)) return;
     const int x0 = clip(xi, in.w) * c, x1 = clip(xi + 1, in.w) * c;
     const uint8_t* r0 = in.row(clip(yi, in.h));
     const uint8_t* r1 = yi + 1 >= 0 && yi + 1 < in.h ? in.row(yi + 1) : r0;
@@ -305,18 +314,8 @@ FASTDATA_AVX2_CLONE void cubic_row(const uint32_t (*__restrict p)[kStrip], const
 
 void bicubic(const Image& in, uint8_t* out, int ow, int oh, const double* a, const uint8_t* fill) {
   const int c = in.c;
-  const size_t stride = size_t(in.w) * size_t(c);
   auto gather = [&](int xi, int yi, int x, uint32_t (*words)[kStrip], Pass pass) {
-    const int top = pass == Pass::kAcross ? yi : yi - 1, left = pass == Pass::kDown ? xi : xi - 1;
-    const bool rows = top >= 0 && top + (pass == Pass::kAcross ? 0 : 3) < in.h;
-    const bool cols = left >= 0 && left + (pass == Pass::kDown ? 1 : 4) < in.w;
-    if (c == 3 && rows && cols) {  // (no clipping, a byte to spare: the fast path)
-      const uint8_t* p = in.row(top) + size_t(left) * 3;
-      if (pass == Pass::kBoth) block_words<4, 4>(p, stride, x, words);
-      if (pass == Pass::kAcross) block_words<1, 4>(p, stride, x, words);
-      if (pass == Pass::kDown) block_words<4, 1>(p, stride, x, words);
-      return;
-    }
+    if (unclipped_words<4>(in, xi, yi, x, words, pass)) return;
     const uint8_t* rows4[4] = {in.row(clip(yi - 1, in.h)), nullptr, nullptr, nullptr};
     for (int k = 1; k < 4; ++k) rows4[k] = yi - 1 + k >= 0 && yi - 1 + k < in.h ? in.row(yi - 1 + k) : rows4[k - 1];
     if (pass == Pass::kAcross) {
