@@ -12,7 +12,8 @@ Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the ref
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
 fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
-RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe simclr`, SimCLR's
+RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe eval`, the example's
+validation loader (Resize(256), CenterCrop(224), ToTensor, Normalize; not shuffled); with `--recipe simclr`, SimCLR's
 ImageNet augmentation (one view); with `--recipe moco`, MoCo v1's augmentation in MoCo's
 `TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does); with
 `--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own GaussianBlur class, the flip after it);
@@ -32,7 +33,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
-                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,
+                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,simclr,
                                                            moco,moco_v2,dino,deit,timm_train,
                                                            timm_deit}]
                                                 [--ra-sampler]
@@ -57,7 +58,7 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval", "simclr",
                                      "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
@@ -221,6 +222,13 @@ elif args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in t
         transforms.ToTensor(),
         normalize,
     ])
+elif args.recipe == "eval":  # the example's val_loader transform
+    transform = transforms.Compose([
+        transforms.Resize(256),
+        transforms.CenterCrop(224),
+        transforms.ToTensor(),
+        normalize,
+    ])
 elif args.recipe in ("imagenet", "rotate", "affine", "crop"):
     transform = transforms.Compose([
         *([transforms.Resize(256), transforms.RandomCrop(224)] if args.recipe == "crop" else
@@ -283,7 +291,8 @@ else:
         spec.loader.exec_module(samplers)
         train_sampler = samplers.RASampler(train_dataset, num_replicas=1, rank=0)
     train_loader = torch.utils.data.DataLoader(
-        train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None, num_workers=args.workers,
+        train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None and args.recipe != "eval",
+        num_workers=args.workers,
         pin_memory=True, sampler=train_sampler, collate_fn=mixup_collate if args.mixup else None)
 
 model = None

@@ -17,6 +17,7 @@ preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_w
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
 with `--recipe affine` with RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1)) there (..._affine.json),
 with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json),
+with `--recipe eval` the example's validation loader (Resize(256), CenterCrop(224), not shuffled; ..._eval.json),
 with `--recipe simclr` SimCLR's ImageNet augmentation, one view: after the crop and flip,
 RandomApply([ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), RandomGrayscale(0.2) and
 RandomApply([GaussianBlur(23, (0.1, 2.0))], p=0.5) (..._simclr.json),
@@ -41,7 +42,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,simclr,moco,moco_v2,
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,simclr,moco,moco_v2,
                                                      dino,deit,timm_train,timm_deit}]
                                           [--mixup]
                                           [--ra-sampler] [--json PATH]
@@ -66,7 +67,7 @@ def main() -> int:
     ap.add_argument("--arch", default="none", help="the script's model (resnet18 on a GPU); none: the copy only")
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
-    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "simclr",
+    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval", "simclr",
                                          "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")

@@ -284,15 +284,24 @@ class Decoder {
     // box in the original image): the resampling takes its edges as they are, as Pillow's
     // resize(box=) does. (Written so that NaN fails every test.)
     const double x = crop[0], y = crop[1], w = crop[2], h = crop[3];
-    if (!(w > 0 && h > 0 && x >= 0 && y >= 0 && x + w <= double(W) && y + h <= double(H))) {
+    const bool resized = resize.whole_w > 0 && resize.whole_h > 0;
+    if (resized) {
+      if (!(x >= 0 && y >= 0 && x == std::floor(x) && y == std::floor(y) && w == out_w && h == out_h &&
+            x + w <= resize.whole_w && y + h <= resize.whole_h)) {
+        return fail("crop (%g, %g, %g, %g) not whole pixels of the image resized to %dx%d", x, y, w, h,
+                    resize.whole_w, resize.whole_h);
+      }
+    } else if (!(w > 0 && h > 0 && x >= 0 && y >= 0 && x + w <= double(W) && y + h <= double(H))) {
       return fail("crop (%g, %g, %g, %g) outside the %lldx%lld image", x, y, w, h, (long long)W,
                   (long long)H);
     }
     // DCT scaling: the IDCT itself shrinks by 2, 4 or 8, the cheapest way to drop pixels the
     // resize would average away anyway. Taken only while the scaled window still has at least
-    // the output's pixels, so the resize never enlarges what it was handed.
+    // the output's pixels, so the resize never enlarges what it was handed. A whole resize is
+    // made at full scale, as Pillow's resize of the whole decode is.
     int denom = 1;
     for (int d : {8, 4, 2}) {
+      if (resized) break;
       if (w >= double(out_w) * d && h >= double(out_h) * d) {
         denom = d;
         break;
@@ -309,9 +318,15 @@ class Decoder {
 
     // The box in the scaled image's pixels: a scaled pixel j covers original pixels
     // [j * denom, (j + 1) * denom), so the box just divides (exactly: denom is a power of 2).
+    // A whole resize's window: the taps of the whole image's resize, for the window's pixels.
     const float s = 1.0f / float(denom);
-    window_taps(sw, float(x) * s, float(x + w) * s, out_w, resize, &htaps_);
-    window_taps(sh, float(y) * s, float(y + h) * s, out_h, resize, &vtaps_);
+    if (resized) {
+      compute_taps(sw, 0.0f, float(sw), out_w, resize.filter, &htaps_, resize.whole_w, int(x));
+      compute_taps(sh, 0.0f, float(sh), out_h, resize.filter, &vtaps_, resize.whole_h, int(y));
+    } else {
+      window_taps(sw, float(x) * s, float(x + w) * s, out_w, resize, &htaps_);
+      window_taps(sh, float(y) * s, float(y + h) * s, out_h, resize, &vtaps_);
+    }
 
     jpeg_start_decompress(&cinfo_);
     // One column more on each side than the taps read: fancy (smooth) chroma upsampling at the
@@ -481,7 +496,8 @@ size_t decoder_scratch_bytes() { return this_thread_decoder().scratch_bytes(); }
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole, bool index,
-                        Resize resize, const uint8_t* vertical_first, const uint8_t* bicubic) {
+                        Resize resize, const uint8_t* vertical_first, const uint8_t* bicubic,
+                        const int64_t* resized) {
   const int64_t n = int64_t(srcs.size());
   errors->assign(size_t(n), std::string());
   parallel_for(n, threads, [&](int64_t i) {
@@ -489,6 +505,10 @@ void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
     Resize r = resize;
     if (vertical_first != nullptr) r.vertical_first = vertical_first[i] != 0;
     if (bicubic != nullptr) r.filter = bicubic[i] != 0 ? Filter::kBicubic : Filter::kBilinear;
+    if (resized != nullptr && resized[2 * i] > 0 && resized[2 * i + 1] > 0) {
+      r.whole_w = int(std::min<int64_t>(resized[2 * i], INT32_MAX));
+      r.whole_h = int(std::min<int64_t>(resized[2 * i + 1], INT32_MAX));
+    }
     try {
       err = this_thread_decoder().decode(srcs[size_t(i)], crops + 4 * i, flips[i] != 0,
                                          whole == nullptr || whole[i] != 0, index, r, out, i);

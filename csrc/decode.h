@@ -109,12 +109,15 @@ struct OutView {
 // Where vertical_first is not null, sample i takes the vertical pass first where
 // vertical_first[i] is nonzero (resize.vertical_first is then ignored); where bicubic is not
 // null, sample i is resized bicubic where bicubic[i] is nonzero, else bilinear (resize.filter is
-// then ignored).
+// then ignored). Where resized is not null and resized[2*i], resized[2*i+1] are both > 0, sample
+// i's whole image is resized to that width and height and its crop is the window (x, y) of it,
+// of out's size, in whole pixels (resize.whole_w and whole_h: torchvision's Resize, then a crop).
 void decode_crop_resize(const std::vector<ByteSpan>& srcs, const double* crops,
                         const uint8_t* flips, const OutView& out, int threads,
                         std::vector<std::string>* errors, const uint8_t* whole = nullptr,
                         bool index = true, Resize resize = Resize(),
-                        const uint8_t* vertical_first = nullptr, const uint8_t* bicubic = nullptr);
+                        const uint8_t* vertical_first = nullptr, const uint8_t* bicubic = nullptr,
+                        const int64_t* resized = nullptr);
 
 // printf into a std::string of at most 255 characters: the error messages of the native decoder
 // (structure.cpp).

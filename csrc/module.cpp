@@ -505,6 +505,7 @@ nb::list inspect_batch(nb::sequence datas, bool jpeg_headers, int threads) {
 using CropArray = nb::ndarray<const double, nb::ndim<2>, nb::device::cpu>;
 using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu>;
 using ImageBatch = nb::ndarray<uint8_t, nb::ndim<4>, nb::device::cpu>;
+using SizeArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::device::cpu>;
 
 // Whether `a` is [n] of uint8 or bool.
 bool is_byte_vector(const FlipArray& a, size_t n) {
@@ -515,18 +516,20 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
 }
 
 // decode_crop_resize(datas, crops, flips, out, threads, whole, index, resample, crop_first,
-//                    vertical_first, bicubic) -> [None or error]:
+//                    vertical_first, bicubic, resized) -> [None or error]:
 // out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear or bicubic),
 // mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
 // decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
 // decode may stop at the window's last row. index: entropy.cpp's decoder and its checkpoints
 // (else libjpeg's entropy decoder). vertical_first: None or uint8/bool [N], nonzero where the
 // vertical pass comes first. bicubic: None (every sample `resample`) or uint8/bool [N], nonzero
-// where the sample is resized bicubic, else bilinear.
+// where the sample is resized bicubic, else bilinear. resized: None or int64 [N, 2], (w, h) > 0
+// where the whole image is resized to that size and the crop is a window of it (decode.h).
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
                             int threads, std::optional<FlipArray> whole, bool index,
                             const std::string& resample, bool crop_first,
-                            std::optional<FlipArray> vertical_first, std::optional<FlipArray> bicubic) {
+                            std::optional<FlipArray> vertical_first, std::optional<FlipArray> bicubic,
+                            std::optional<SizeArray> resized) {
   if (resample != "bilinear" && resample != "bicubic") {
     throw nb::value_error(("resample should be 'bilinear' or 'bicubic', not '" + resample + "'").c_str());
   }
@@ -549,6 +552,9 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
   if (bicubic.has_value() && !is_byte_vector(*bicubic, n)) {
     shape_error("bicubic should be uint8 or bool with shape [" + std::to_string(n) + "]", bicubic->ndim(),
                 bicubic->shape_ptr());
+  }
+  if (resized.has_value() && (resized->shape(0) != n || resized->shape(1) != 2)) {
+    shape_error("resized should have shape [" + std::to_string(n) + ", 2]", resized->ndim(), resized->shape_ptr());
   }
   if (out.shape(0) != n || out.shape(1) != 3 || out.shape(2) < 1 || out.shape(3) < 1 ||
       out.shape(2) > (1 << 20) || out.shape(3) > (1 << 20)) {
@@ -578,6 +584,13 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     const uint8_t* b = static_cast<const uint8_t*>(bicubic->data());
     for (size_t i = 0; i < n; ++i) bicubic_values[i] = b[i * bicubic->stride(0)] != 0;
   }
+  std::vector<int64_t> resized_values(resized.has_value() ? 2 * n : 0);
+  if (resized.has_value()) {
+    const int64_t* r = resized->data();
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < 2; ++j) resized_values[2 * i + j] = r[i * resized->stride(0) + j * resized->stride(1)];
+    }
+  }
   const fastdata::OutView view{out.data(),         out.stride(0),      out.stride(1),
                                out.stride(2),      out.stride(3),      int(out.shape(2)),
                                int(out.shape(3))};
@@ -589,7 +602,8 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
                                  {resample == "bicubic" ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
                                   crop_first},
                                  vertical_first.has_value() ? vertical_values.data() : nullptr,
-                                 bicubic.has_value() ? bicubic_values.data() : nullptr);
+                                 bicubic.has_value() ? bicubic_values.data() : nullptr,
+                                 resized.has_value() ? resized_values.data() : nullptr);
   }
   nb::list result;
   for (const std::string& e : errors) {
@@ -694,12 +708,13 @@ NB_MODULE(_native, m) {
         nb::arg("flips"), nb::arg("out"), nb::arg("threads") = 1,
         nb::arg("whole").none() = nb::none(), nb::arg("index") = true, nb::arg("resample") = "bilinear",
         nb::arg("crop_first") = false, nb::arg("vertical_first").none() = nb::none(),
-        nb::arg("bicubic").none() = nb::none(),
+        nb::arg("bicubic").none() = nb::none(), nb::arg("resized").none() = nb::none(),
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
         "strides) as Pillow's resize with that box and filter ('bilinear' or 'bicubic'; bicubic where "
         "bicubic[i], else bilinear, where that array is given) does "
         "(crop_first: its resize of the crop cut out; the vertical pass first where "
-        "vertical_first[i]), mirrored where flips[i]; a "
+        "vertical_first[i]; where resized[i] is a size, the window (x, y) of out's size of the "
+        "whole image resized to it), mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
         "returns None or an error message per sample. GIL released.");
   m.def("open_index", &fastdata::open_index, nb::arg("path"), nb::arg("slots"), nb::arg("arena"),

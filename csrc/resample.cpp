@@ -62,9 +62,10 @@ void split_weights(Taps* t, int out_size) {
 // in are the same. The filter support widens with the downscale factor (antialiasing) and stays
 // at the kernel's own when enlarging; each output pixel's weights are normalised to sum to one
 // before rounding to fixed point (the bicubic's negative lobes round away from zero, as Pillow's).
-void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t) {
+void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t, int of,
+                  int first) {
   const bool cubic = filter == Filter::kBicubic;
-  const double scale = double(in1 - in0) / out_size;
+  const double scale = double(in1 - in0) / (of > 0 ? of : out_size);
   const double filterscale = std::max(scale, 1.0);
   const double support = (cubic ? 2.0 : 1.0) * filterscale;  // the kernel's own support: 1 or 2
   const int ksize = int(std::ceil(support)) * 2 + 1;
@@ -79,7 +80,7 @@ void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter
   t->hi = 0;
   t->taps = 0;
   for (int xx = 0; xx < out_size; ++xx) {
-    const double center = in0 + (xx + 0.5) * scale;
+    const double center = in0 + (double(first) + xx + 0.5) * scale;
     int xmin = int(center - support + 0.5);  // truncation toward zero, as Pillow's cast
     if (xmin < 0) xmin = 0;
     int xmax = int(center + support + 0.5);

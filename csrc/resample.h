@@ -15,11 +15,14 @@ enum class Filter { kBilinear = 0, kBicubic = 1 };
 // filter reads the pixels around the window too), or `cut` out first, as torchvision's crop then
 // resize does (the filter reads none outside it); the horizontal pass first, as Pillow does, or
 // with `vertical_first` the vertical one, as Pillow 13 does for some sizes. Each pass rounds and
-// clips to 0..255, so where a bicubic filter overshoots the order changes a pixel.
+// clips to 0..255, so where a bicubic filter overshoots the order changes a pixel. With `whole_w`
+// and `whole_h` (both > 0), the window is whole pixels of the whole image resized to that size,
+// as torchvision's Resize, then a crop, makes it (`cut` is then ignored).
 struct Resize {
   Filter filter = Filter::kBilinear;
   bool cut = false;
   bool vertical_first = false;
+  int whole_w = 0, whole_h = 0;
 };
 
 // One axis of Pillow's separable resampling: for output pixel i, input pixels
@@ -46,7 +49,10 @@ using VerticalKernel = void (*)(const uint8_t*, int64_t, const int32_t*, int, ui
 
 // The taps for resampling input pixels [in0, in1) (C floats, as Pillow parses its box) of an
 // axis of in_size pixels to out_size pixels, as Pillow's Image.resize(filter, box=...) computes them.
-void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t);
+// With `of` > 0, the taps of output pixels first .. first + out_size - 1 of a resize to `of`
+// pixels: only the window's, so its cost is the window's whatever size it is cut from.
+void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t, int of = 0,
+                  int first = 0);
 
 // compute_taps for the window [in0, in1) resized as `resize` says: cut out first, the taps are
 // those of the image of its whole pixels [floor(in0), ceil(in1)) alone, moved to their place (for

@@ -57,6 +57,7 @@ def _shape(x: Any) -> list[int]:
 def decode_crop_resize(
     datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None,
     index: bool = True, resample: Any = "bilinear", crop_first: bool = False, vertical_first: Any = None,
+    resized: Any = None,
 ) -> list[str | None]:
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
     of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's `resize` with
@@ -68,7 +69,11 @@ def decode_crop_resize(
     crop exactly), where Pillow's resize(box=) reads the pixels around the box too. Pillow's
     two passes (each rounded and clipped to 0..255) go horizontal, then vertical; where
     vertical_first[i] (None, or a bool or uint8 array [N]) the vertical pass comes first, as
-    Pillow 13 orders them for some sizes (`image.decode.pillow_order`).
+    Pillow 13 orders them for some sizes (`image.decode.pillow_order`). Where resized[i] (None, or
+    an int array [N, 2]) is a size (w, h), both > 0, torchvision's Resize, then a crop: the whole
+    image is resized to it (at full scale, the filter reading the pixels around the window) and
+    crops[i] must be the window (x, y, W, H) of out's size, in whole pixels of that resize; only
+    the window's pixels are computed. Rows of -1 take the crop as above.
 
     datas: bytes-like objects. crops: int or float array [N, 4]. flips: bool or uint8 array [N].
     out: uint8 tensor (or array) [N, 3, H, W] with any strides: contiguous, channels_last, or a
@@ -122,6 +127,11 @@ def decode_crop_resize(
         if vertical_first.shape != (n,):
             raise ValueError(f"vertical_first should have shape [{n}], but got {list(vertical_first.shape)}")
         vertical_first = np.ascontiguousarray(vertical_first != 0, dtype=np.uint8)
+    if resized is not None:
+        resized = np.asarray(resized)
+        if resized.shape != (n, 2) or not np.issubdtype(resized.dtype, np.integer):
+            raise ValueError(f"resized should be an int array of shape [{n}, 2], but got {resized.dtype} {list(resized.shape)}")
+        resized = np.ascontiguousarray(np.clip(resized, -1, 2 ** 31 - 1), dtype=np.int64)
     if isinstance(out, torch.Tensor):
         if out.dtype != torch.uint8:
             raise TypeError(f"out should have dtype torch.uint8, but got {out.dtype}")
@@ -148,7 +158,7 @@ def decode_crop_resize(
     if resample not in ("bilinear", "bicubic"):
         raise ValueError(f"resample should be 'bilinear' or 'bicubic', but got {resample!r}")
     return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index), resample,
-                                   bool(crop_first), vertical_first, bicubic)
+                                   bool(crop_first), vertical_first, bicubic, resized)
 
 
 INDEX_SLOTS = 1 << 21

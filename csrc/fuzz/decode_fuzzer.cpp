@@ -13,6 +13,11 @@
 //       (crop_first), bit 7 the vertical pass first (vertical_first), in every decode of the input
 //   [7] edge nudge: crop value k moves by {0, +1, -1, +2}[(b >> 2k) & 3], so that crops one
 //       pixel past the image (which must be refused) come up as often as crops flush with it
+// Each input also decodes a window of the whole image resized (torchvision's Resize, then a
+// crop): to (out w + [4] % 64, out h + [5] % 64), at ([2], [3]) as fractions of the room left,
+// nudged by [7]'s first two fields. It must decode where the reference does and its window lies
+// in the resize, fail otherwise with a message and its output untouched, keep grayscale grey,
+// and give libjpeg's Huffman decoder's pixels.
 // tests/robustness/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
 //
 // What fails the run, beside ASan/UBSan reports and crashes:
@@ -196,6 +201,47 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!lib_ok && ok) fail("the checkpoint decoder decoded what libjpeg's refused:", lib_errors[0]);
     if (lib_ok && !ok && ref_errors[0].find("bad Huffman code") == std::string::npos) {
       fail("libjpeg's decoder decoded what the checkpoint decoder refused:", ref_errors[0]);
+    }
+  }
+
+  // A window of the whole image's resize.
+  {
+    const int64_t rw = out_w + fw % 64, rh = out_h + fh % 64;
+    const int64_t rx = fx * (rw - out_w) / 255 + kNudge[nudge & 3];
+    const int64_t ry = fy * (rh - out_h) / 255 + kNudge[(nudge >> 2) & 3];
+    const double window[4] = {double(rx), double(ry), double(out_w), double(out_h)};
+    const int64_t sizes[2] = {rw, rh};
+    const bool inside = rx >= 0 && ry >= 0 && rx + out_w <= rw && ry + out_h <= rh;
+    Out resized(1, out_h, out_w, 0), lib(1, out_h, out_w, 0);
+    std::vector<std::string> resized_errors, lib_errors;
+    fastdata::decode_crop_resize({jpeg}, window, &no_flip, resized.view, 1, &resized_errors, nullptr, true,
+                                 filter, nullptr, nullptr, sizes);
+    const std::string& e = resized_errors[0];
+    // (Whether the file decodes is the reference's answer where its crop lies in the image.)
+    const bool crop_inside = crop64[2] > 0 && crop64[3] > 0 && crop64[0] >= 0 && crop64[1] >= 0 &&
+                             crop64[0] + crop64[2] <= W && crop64[1] + crop64[3] <= H;
+    if (e.empty() && !inside) fail("decoded a window outside the whole resize");
+    if (crop_inside && e.empty() != (ok && inside)) {
+      fail("a window of the whole resize decoded where the crop did not, or not where it did:", e);
+    }
+    if (!e.empty()) {
+      for (uint8_t v : resized.buf) {
+        if (v != kSentinel) fail("a failed window's output was written:", e);
+      }
+    } else {
+      for (int y = 0; y < out_h; ++y) {
+        for (int x = 0; x < out_w; ++x) {
+          if (info.components == 1 && (resized.at(0, 1, y, x) != resized.at(0, 0, y, x) ||
+                                       resized.at(0, 2, y, x) != resized.at(0, 0, y, x))) {
+            fail("grayscale came out in color (a window of the whole resize)");
+          }
+        }
+      }
+      fastdata::decode_crop_resize({jpeg}, window, &no_flip, lib.view, 1, &lib_errors, nullptr, false, filter,
+                                   nullptr, nullptr, sizes);
+      if (!lib_errors[0].empty() || lib.buf != resized.buf) {
+        fail("libjpeg's decoder disagrees on a window of the whole resize:", lib_errors[0]);
+      }
     }
   }
 

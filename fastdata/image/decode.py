@@ -79,14 +79,16 @@ def working_pixels(geo) -> np.ndarray:
     return np.maximum(out_w * out_h, out_w * box_h)
 
 
-def vertical_first(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` (w, h) vertical pass first: those
+def vertical_first(boxes: np.ndarray, size: Any) -> np.ndarray:
+    """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` ((w, h), or one a crop: [N, 2])
+    vertical pass first: those
     whose height shrinks by more than twice the pixels their width does (found by comparing its
     output with both orders of classic Pillow's passes on 496 sizes). Earlier Pillows run the
     horizontal pass first for every size. The pass between is clipped to 0..255, so where the
     bicubic filter overshoots (sharp edges) the order moves a pixel by up to ~20 levels."""
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    return (size[1] < h) & (h - size[1] > 2 * (w - size[0]))
+    size = np.asarray(size)
+    return (size[..., 1] < h) & (h - size[..., 1] > 2 * (w - size[..., 0]))
 
 
 # (box w, h) -> output (w, h) around the edges of `vertical_first`'s rule: shrunk mostly in height,
@@ -346,21 +348,31 @@ class BatchDecoder:
         size = (target.shape[2], target.shape[1])
         # The native decoder has Pillow's bilinear and bicubic filters; "nearest" is Pillow's. It takes
         # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
-        # does, but with `crop_first` such a box, and any a Resize then crops cut, goes to
-        # Pillow, which runs torchvision's steps (a resize of the whole image, then a crop of it).
-        takes = ((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) if self.crop_first \
+        # does. With `crop_first`, torchvision's steps: a box a Resize then crops cut is a window
+        # of the whole image's resize (`of_resize`: one inside it), a box of whole pixels is cut,
+        # then resized; any other box (a crop, then a Resize) goes to Pillow.
+        resized = geo.resized
+        of_resize = (resized[:, 0] >= 0) & (resized[:, 2] >= 0) & (resized[:, 3] >= 0) & \
+            (resized[:, 2] + size[0] <= resized[:, 0]) & (resized[:, 3] + size[1] <= resized[:, 1]) & self.crop_first
+        takes = (((geo.boxes == np.round(geo.boxes)).all(axis=1) & (resized[:, 0] < 0)) | of_resize) if self.crop_first \
             else np.ones(len(datas), bool)
         # Torchvision's steps resize in the installed Pillow's order of passes: the native decoder
         # follows it where `pillow_order` knows it; else a bicubic crop, whose orders differ by up to
         # ~20 levels (bilinear's by a rounding), takes Pillow's path.
         order = (self.order or pillow_order()) if self.crop_first else "horizontal"
-        vertical = vertical_first(geo.boxes, size) if order == "rule" else None
+        vertical = None
+        if order == "rule":  # (a whole resize's order is that of the whole image's)
+            whole_boxes = np.concatenate([np.zeros_like(geo.source), geo.source], axis=1)
+            vertical = np.where(of_resize, vertical_first(whole_boxes, resized[:, :2]), vertical_first(geo.boxes, size))
         takes &= np.isin(filters, ("bilinear", "bicubic") if order != "other" else ("bilinear",)) & jpeg & native
         pillow = np.flatnonzero(~takes).tolist()
         js = np.flatnonzero(takes).tolist()
         if js:
             boxes = geo.boxes[js]
             crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+            windows = of_resize[js]
+            crops[windows] = np.concatenate([resized[js][windows, 2:], np.broadcast_to(size, (int(windows.sum()), 2))],
+                                            axis=1)
             chw = target.permute(0, 3, 1, 2)
             out = chw  # (when mixed, rare: decoded aside, then put in place)
             if len(js) < len(datas):
@@ -372,7 +384,8 @@ class BatchDecoder:
                                                 batch_threads(self.threads),
                                                 resample=resample[0] if (resample == resample[0]).all() else resample,
                                                 crop_first=self.crop_first,
-                                                vertical_first=None if vertical is None else vertical[js])
+                                                vertical_first=None if vertical is None else vertical[js],
+                                                resized=np.where(windows[:, None], resized[js, :2], -1))
             if out is not chw:
                 chw[js] = out
             for k, err in zip(js, results):
@@ -387,9 +400,9 @@ class BatchDecoder:
             require_pillow(f"to decode {one_line(str(paths[pillow[0]]))} (fastdata's own decoder takes JPEGs only)")
         for k in pillow:
             try:
-                resized = tuple(int(v) for v in geo.resized[k]) if self.crop_first and geo.resized[k, 0] >= 0 else None
+                window = tuple(int(v) for v in resized[k]) if self.crop_first and resized[k, 0] >= 0 else None
                 target[k].numpy()[...] = pil_lowering.open_window(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
-                                                                  str(filters[k]), self.crop_first, resized)
+                                                                  str(filters[k]), self.crop_first, window)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 failed.add(k)
                 self.fail(errors, paths[k], f"cannot decode ({error_line(e)})")

@@ -18,13 +18,14 @@ from .geometry import affine, as_image, bands, rotate
 
 
 def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int], resample: str = "bilinear",
-                crop_first: bool = False, resized: tuple[int, int] | None = None) -> np.ndarray:
+                crop_first: bool = False, resized: tuple[int, int, int, int] | None = None) -> np.ndarray:
     """HWC uint8 RGB of `data` cropped to `box` (x0, y0, x1, y1 in source pixels), resized to
     `size` (w, h) with the `resample` filter ("bilinear", "bicubic": antialiased when
     shrinking, as Pillow's are; "nearest"), mirrored if `flip`. With `crop_first`, torchvision's
     steps, with no reduced-size decode: the whole decode, then the whole image resized to
-    `resized` (w, h) and the box's whole pixels of it cropped (a Resize, then crops), or a box of
-    whole pixels cropped before the resize (whose filter then sees only the crop)."""
+    `resized` (w, h, x, y: `Geometry.resized`) and the window at (x, y) of it cropped (a Resize,
+    then crops), or a box of whole pixels cropped before the resize (whose filter then sees
+    only the crop)."""
     from PIL import Image
 
     img = open_image(data)
@@ -32,9 +33,8 @@ def open_window(data: bytes, box: np.ndarray, flip: bool, size: tuple[int, int],
     if crop_first:
         img = img.convert("RGB")
         if resized is not None:
-            sx, sy = resized[0] / img.size[0], resized[1] / img.size[1]
-            left, top = round(x0 * sx), round(y0 * sy)
-            img = img.resize(tuple(resized), FILTERS[resample]).crop((left, top, left + size[0], top + size[1]))
+            left, top = resized[2:]
+            img = img.resize(tuple(resized[:2]), FILTERS[resample]).crop((left, top, left + size[0], top + size[1]))
             return np.asarray(img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img)
         if all(v.is_integer() for v in (x0, y0, x1, y1)):
             img = img.crop((int(x0), int(y0), int(x1), int(y1)))

@@ -32,9 +32,11 @@ class Geometry:
     flips: np.ndarray  # bool [N]
     sizes: np.ndarray  # int64 [N, 2]: output (w, h)
     inner: np.ndarray  # float64 [N, 4]: x0, y0, x1, y1 in output pixels, where the box lands (zeros around it)
-    # int64 [N, 2]: where the box is a crop of the whole image resized (a Resize, then crops), that
-    # resize's (w, h), which torchvision's steps make before they crop; else -1
+    # int64 [N, 4]: where the box is a crop of the whole image resized (a Resize, then crops), that
+    # resize's (w, h), which torchvision's steps make before they crop, and the box's corner
+    # (x, y) in whole pixels of it; else -1
     resized: np.ndarray
+    source: np.ndarray  # int64 [N, 2]: the image's (w, h)
 
     def placements(self) -> np.ndarray:
         """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
@@ -45,7 +47,8 @@ class Geometry:
 
     def take(self, rows) -> "Geometry":
         """The geometry of the samples `rows` (indices), in their order."""
-        return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows])
+        return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows],
+                        self.source[rows])
 
     def padded(self) -> np.ndarray:
         """bool [N]: the samples whose box does not fill their output."""
@@ -109,7 +112,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     box = np.stack([np.zeros(n), np.zeros(n), W.astype(np.float64), H.astype(np.float64)], axis=1)
     inner = box.copy()  # where the box lies in the current image: all of it until a CenterCrop pads
     flip = np.zeros(n, dtype=bool)
-    resized = np.full((n, 2), -1, np.int64)
+    resized = np.full((n, 4), -1, np.int64)
     whole = True  # nothing cropped or resized yet: a Resize now resizes the whole image
 
     def crop(left, top, w, h):
@@ -146,7 +149,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             W, H = new_w, new_h
         elif isinstance(op, Resize):
             new_w, new_h = _resize_to(op.size_at(epoch), W, H)
-            resized[:] = np.stack([new_w, new_h], axis=1) if whole else -1  # after a crop or a resize: not one step
+            resized[:, :2] = np.stack([new_w, new_h], axis=1) if whole else -1  # after a crop or a resize: not one step
             whole = False
             resize(new_w, new_h)
             W, H = new_w, new_h
@@ -174,7 +177,10 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     # Boxes with fractions of a pixel reach the decoders as they are: a rounding error in the
     # mapping must not put an edge past the image, which a decoder refuses.
     np.clip(box, 0.0, source, out=box)
-    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized)
+    at = resized[:, 0] >= 0  # (the box's mapping is exact but for rounding: its corner is whole pixels)
+    resized[at, 2] = np.rint(box[at, 0] * (resized[at, 0] / source[at, 0]))
+    resized[at, 3] = np.rint(box[at, 1] * (resized[at, 1] / source[at, 1]))
+    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized, source[:, :2].astype(np.int64))
 
 
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter

@@ -168,10 +168,17 @@ def test_random_crop_draws(W, H):
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
-def test_a_resize_then_a_random_crop_is_torchvisions_steps_bit_for_bit(folder, version):
+def test_a_resize_then_a_random_crop_is_torchvisions_steps_bit_for_bit(folder, version, monkeypatch):
     """Resize(256), RandomCrop(224), a flip, as served: torchvision's resize, then its crop at the
     offsets fastdata drew (uniforms of the crop's own stream), then the flip: the same values,
-    over two batches of every file (JPEG, PNG, grey, CMYK, GIF, 16-bit)."""
+    over two batches of every file (JPEG, PNG, grey, CMYK, GIF, 16-bit). The native decoder
+    makes the window of the whole resize of each JPEG but the CMYK one; Pillow the others."""
+    from fastdata.transforms import pil as fd_pil
+
+    by_pillow = []
+    open_window = fd_pil.open_window
+    monkeypatch.setattr(fd_pil, "open_window", lambda data, *a: by_pillow.append(Image.open(io.BytesIO(data)))
+                        or open_window(data, *a))
     M = T if version == "v1" else v2
     ds = ImageFolder(str(folder), T.Compose([M.Resize(256), M.RandomCrop(224), M.RandomHorizontalFlip(),
                                              T.PILToTensor()]), is_valid_file=_valid)
@@ -189,6 +196,8 @@ def test_a_resize_then_a_random_crop_is_torchvisions_steps_bit_for_bit(folder, v
             want = F.pil_to_tensor(F.hflip(img) if flip[k, 0] < 0.5 else img)
             assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
     assert len(offsets) > len(idx)
+    assert sorted(im.format + (" CMYK" if im.mode == "CMYK" else "") for im in by_pillow) == \
+        sorted(["GIF", "JPEG CMYK", "PNG", "PNG"] * 2)
 
 
 # ----------------------------------------------------------------- b. RandomHorizontalFlip

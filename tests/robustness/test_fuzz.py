@@ -178,6 +178,30 @@ def decode_case(data: bytes) -> bool:
             want = ref[0][:, :, ::-1] if flips[i] else ref[0]
             np.testing.assert_array_equal(view[i], want, "layout, flip or the decode's end changed a pixel value")
     assert (buf[~in_view] == SENTINEL).all(), "a byte outside the output view was written"
+
+    # A window of the whole image's resize (decode_fuzzer.cpp says how the input picks it).
+    rw, rh = out_w + fw % 64, out_h + fh % 64
+    rx = fx * (rw - out_w) // 255 + (0, 1, -1, 2)[nudge & 3]
+    ry = fy * (rh - out_h) // 255 + (0, 1, -1, 2)[(nudge >> 2) & 3]
+    inside = rx >= 0 and ry >= 0 and rx + out_w <= rw and ry + out_h <= rh
+    window, sizes = np.array([[rx, ry, out_w, out_h]]), np.array([[rw, rh]])
+    _, resized, _ = _out(1, out_h, out_w, 0)
+    (error,) = _codec.decode_crop_resize([jpeg], window, np.array([False]), resized, resized=sizes, **order)
+    crop_inside = crop[2] > 0 and crop[3] > 0 and crop[0] >= 0 and crop[1] >= 0 and crop[0] + crop[2] <= W \
+        and crop[1] + crop[3] <= H  # (then whether the file decodes is the reference's answer)
+    assert error is not None or inside, "decoded a window outside the whole resize"
+    assert not crop_inside or (error is None) == (ok and inside), \
+        f"a window of the whole resize decoded where the crop did not, or not where it did: {error}"
+    if error is not None:
+        assert error and (resized == SENTINEL).all(), f"a failed window's output was written ({error})"
+    else:
+        if components == 1:
+            assert (resized[0] == resized[0][:1]).all(), "grayscale came out in color (a window of the whole resize)"
+        _, lib, _ = _out(1, out_h, out_w, 0)
+        (lib_error,) = _codec.decode_crop_resize([jpeg], window, np.array([False]), lib, index=False, resized=sizes,
+                                                 **order)
+        assert lib_error is None, lib_error
+        np.testing.assert_array_equal(lib, resized, "libjpeg's decoder disagrees on a window of the whole resize")
     return ok
 
 

@@ -352,6 +352,65 @@ def test_crop_first_resizes_the_window_cut_out(images, resample):
 
 
 @pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_a_window_of_the_whole_images_resize(images, resample):
+    """With `resized`, torchvision's Resize, then a crop: the window (x, y) of the whole image
+    resized to (w, h) at full scale, bit for bit against classic Pillow's algorithm resizing the
+    whole decode, then cropped; shrunk and enlarged, one axis kept, either order of passes,
+    flipped or not, the samples of one batch with resizes and windows of their own, and rows of
+    -1 taking their crop as usual."""
+    rng = np.random.default_rng(12)
+    for name in ("500x375_q90_420", "333x500_q75_444", "400x300_q85_gray", "500x375_q80_422_progressive",
+                 "64x48_q85_420"):
+        data, (W, H), _ = images[name]
+        errors, full = native([data], [(0, 0, W, H)], [False], (H, W))
+        assert errors == [None]
+        for rw, rh in ((int(W * 256 / H) if W > H else 256, 256 if W > H else int(H * 256 / W)), (W, int(H * 0.6)),
+                       (int(rng.integers(20, 2 * W)), int(rng.integers(20, 2 * H)))):
+            ow, oh = int(rng.integers(1, min(rw, 160) + 1)), int(rng.integers(1, min(rh, 160) + 1))
+            corners = [(int(rng.integers(0, rw - ow + 1)), int(rng.integers(0, rh - oh + 1))) for _ in range(3)]
+            crops = np.array([(x, y, ow, oh) for x, y in corners] + [(0, 0, W, H)], np.float64)
+            flips, vertical = np.array([False, True, True, False]), np.array([False, False, True, False])
+            resized = np.array([(rw, rh)] * 3 + [(-1, -1)])
+            out = torch.zeros(4, 3, oh, ow, dtype=torch.uint8)
+            assert _codec.decode_crop_resize([data] * 4, crops, flips, out, resample=resample, crop_first=True,
+                                             vertical_first=vertical, resized=resized) == [None] * 4
+            got = out.permute(0, 2, 3, 1).numpy()
+            for k, (x, y) in enumerate(corners):
+                want = pillow_model(full[0], (0, 0, W, H), (rw, rh), resample, vertical_first=bool(vertical[k]))
+                want = want[y:y + oh, x:x + ow]
+                assert np.array_equal(got[k], want[:, ::-1] if flips[k] else want), (name, (rw, rh), (x, y, ow, oh), k)
+            alone = torch.zeros(1, 3, oh, ow, dtype=torch.uint8)
+            assert _codec.decode_crop_resize([data], crops[3:], flips[3:], alone, resample=resample, crop_first=True,
+                                             vertical_first=vertical[3:]) == [None]
+            assert torch.equal(out[3], alone[0]), name
+
+
+def test_a_window_of_a_resize_is_checked_and_costs_the_windows_pixels(images):
+    """A window of a whole resize must be whole pixels of out's size inside it, else the sample
+    fails with the reason (out untouched); the taps are the window's alone, so a resize of a
+    500x375 image to a billion pixels a side decodes a 4x4 window of it at once (each output
+    pixel its source pixel, so far enlarged)."""
+    data, (W, H), _ = images["500x375_q90_420"]
+    _, full = native([data], [(0, 0, W, H)], [False], (H, W))
+    for crop, size in (((250, 0, 8, 8), (256, 256)), ((0.5, 0, 8, 8), (341, 256)), ((0, 0, 8, 9), (341, 256)),
+                       ((-1, 0, 8, 8), (341, 256))):
+        out = torch.full((1, 3, 8, 8), 7, dtype=torch.uint8)
+        errors = _codec.decode_crop_resize([data], np.array([crop], np.float64), [False], out, resized=[size])
+        assert errors[0] == (f"crop ({', '.join(f'{v:g}' for v in crop)}) not whole pixels of the image resized to "
+                             f"{size[0]}x{size[1]}"), errors
+        assert (out == 7).all()
+    big = 10 ** 9
+    out = torch.zeros(1, 3, 4, 4, dtype=torch.uint8)
+    x, y = int(123.5 * big / W), int(77.5 * big / H)  # (on the centres of source pixels (123, 77))
+    assert _codec.decode_crop_resize([data], np.array([(x, y, 4, 4)], np.float64), [False], out,
+                                     resized=[(big, big)]) == [None]
+    source = full[0][77, 123]
+    assert (out[0].permute(1, 2, 0).int() - torch.from_numpy(source).int()).abs().max() <= 1
+    with pytest.raises(ValueError, match=r"resized should be an int array of shape \[1, 2\]"):
+        _codec.decode_crop_resize([data], np.array([(0, 0, 4, 4)], np.float64), [False], out, resized=[(1.5, 2.0)])
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
 def test_vertical_first_takes_the_vertical_pass_first(images, resample):
     """With vertical_first, the window is resized vertical pass first, bit for bit against
     classic Pillow's algorithm in that order, for resize(box=) and for the window cut out, flipped
@@ -422,7 +481,7 @@ def test_pillow_order_is_the_installed_pillows():
         assert not np.array_equal(pillow_model(img, (0, 0, w, h), (ow, oh), "bicubic"),
                                   pillow_model(img, (0, 0, w, h), (ow, oh), "bicubic", vertical_first=True))
     rules = decode.vertical_first(np.array([[0, 0, *box] for box, _ in decode._PROBES]),
-                                  np.array([size for _, size in decode._PROBES]).T)
+                                  np.array([size for _, size in decode._PROBES]))
     assert rules.any() and not rules.all()
     assert decode.pillow_order() == ("rule" if int(PIL.__version__.split(".")[0]) >= 13 else "horizontal")
 
