@@ -68,17 +68,6 @@ class Checked:
         return (int(self.geo.sizes[0][0]), int(self.geo.sizes[0][1])) if len(self.datas) else self.empty_size
 
 
-def working_pixels(geo) -> np.ndarray:
-    """The pixels each sample's resize holds at once: its output, or the pass between (output
-    width x the crop box's height) when the horizontal pass runs first, over every row of the
-    box (a vertical pass first holds the box's rows, which the header's limit bounds). The
-    header's limit bounds the decode, not these: a 1 x 4,000,000 image resized to 224 x 224
-    horizontal pass first passes through 224 x 4,000,000."""
-    out_w, out_h = geo.sizes[:, 0], geo.sizes[:, 1]
-    box_h = np.ceil(geo.boxes[:, 3] - geo.boxes[:, 1]).astype(np.int64)
-    return np.maximum(out_w * out_h, out_w * box_h)
-
-
 def vertical_first(boxes: np.ndarray, size: Any) -> np.ndarray:
     """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` ((w, h), or one a crop: [N, 2])
     vertical pass first: those
@@ -196,7 +185,7 @@ class BatchDecoder:
         keys = draws if draws is not None else self.draw_keys(index, like[2] if like else 0)
         sel = index[ok]
         geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
-        work = working_pixels(geo)
+        work = geo.working_pixels()
         if (work > _structure.MAX_IMAGE_PIXELS).any():  # a sliver of an image resized to a size its header did not give
             keep = []
             for j, pixels in enumerate(work):
@@ -349,30 +338,24 @@ class BatchDecoder:
         # The native decoder has Pillow's bilinear and bicubic filters; "nearest" is Pillow's. It takes
         # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
         # does. With `crop_first`, torchvision's steps: a box a Resize then crops cut is a window
-        # of the whole image's resize (`of_resize`: one inside it), a box of whole pixels is cut,
-        # then resized; any other box (a crop, then a Resize) goes to Pillow.
-        resized = geo.resized
-        of_resize = (resized[:, 0] >= 0) & (resized[:, 2] >= 0) & (resized[:, 3] >= 0) & \
-            (resized[:, 2] + size[0] <= resized[:, 0]) & (resized[:, 3] + size[1] <= resized[:, 1]) & self.crop_first
-        takes = (((geo.boxes == np.round(geo.boxes)).all(axis=1) & (resized[:, 0] < 0)) | of_resize) if self.crop_first \
-            else np.ones(len(datas), bool)
+        # of the whole image's resize, a box of whole pixels is cut, then resized; any other box
+        # (a crop of a resized crop) goes to Pillow.
+        windows = geo.in_resize(size) if self.crop_first else np.zeros(len(datas), bool)
+        takes = (((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) | windows) \
+            if self.crop_first else np.ones(len(datas), bool)
         # Torchvision's steps resize in the installed Pillow's order of passes: the native decoder
         # follows it where `pillow_order` knows it; else a bicubic crop, whose orders differ by up to
         # ~20 levels (bilinear's by a rounding), takes Pillow's path.
         order = (self.order or pillow_order()) if self.crop_first else "horizontal"
         vertical = None
-        if order == "rule":  # (a whole resize's order is that of the whole image's)
-            whole_boxes = np.concatenate([np.zeros_like(geo.source), geo.source], axis=1)
-            vertical = np.where(of_resize, vertical_first(whole_boxes, resized[:, :2]), vertical_first(geo.boxes, size))
+        if order == "rule":  # (a window's order is its whole image's resize's)
+            whole = np.concatenate([np.zeros_like(geo.source), geo.source], axis=1)
+            vertical = np.where(windows, vertical_first(whole, geo.resized[:, :2]), vertical_first(geo.boxes, size))
         takes &= np.isin(filters, ("bilinear", "bicubic") if order != "other" else ("bilinear",)) & jpeg & native
         pillow = np.flatnonzero(~takes).tolist()
         js = np.flatnonzero(takes).tolist()
         if js:
-            boxes = geo.boxes[js]
-            crops = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
-            windows = of_resize[js]
-            crops[windows] = np.concatenate([resized[js][windows, 2:], np.broadcast_to(size, (int(windows.sum()), 2))],
-                                            axis=1)
+            crops = geo.crops(size, windows)[js]
             chw = target.permute(0, 3, 1, 2)
             out = chw  # (when mixed, rare: decoded aside, then put in place)
             if len(js) < len(datas):
@@ -385,7 +368,7 @@ class BatchDecoder:
                                                 resample=resample[0] if (resample == resample[0]).all() else resample,
                                                 crop_first=self.crop_first,
                                                 vertical_first=None if vertical is None else vertical[js],
-                                                resized=np.where(windows[:, None], resized[js, :2], -1))
+                                                resized=np.where(windows[js, None], geo.resized[js, :2], -1))
             if out is not chw:
                 chw[js] = out
             for k, err in zip(js, results):
@@ -400,7 +383,7 @@ class BatchDecoder:
             require_pillow(f"to decode {one_line(str(paths[pillow[0]]))} (fastdata's own decoder takes JPEGs only)")
         for k in pillow:
             try:
-                window = tuple(int(v) for v in resized[k]) if self.crop_first and resized[k, 0] >= 0 else None
+                window = tuple(int(v) for v in geo.resized[k]) if self.crop_first and geo.resized[k, 0] >= 0 else None
                 target[k].numpy()[...] = pil_lowering.open_window(datas[k], geo.boxes[k], bool(geo.flips[k]), size,
                                                                   str(filters[k]), self.crop_first, window)
             except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ...

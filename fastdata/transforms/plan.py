@@ -45,6 +45,30 @@ class Geometry:
         r = np.rint(self.inner).astype(np.int64)
         return np.stack([r[:, 0], r[:, 1], np.maximum(0, r[:, 2] - r[:, 0]), np.maximum(0, r[:, 3] - r[:, 1])], axis=1)
 
+    def in_resize(self, size: tuple[int, int]) -> np.ndarray:
+        """bool [N]: the boxes that are a window of `size` (w, h) inside their whole image's resize."""
+        r = self.resized
+        return (r[:, 0] >= 0) & (r[:, 2] >= 0) & (r[:, 3] >= 0) & (r[:, 2] + size[0] <= r[:, 0]) & \
+            (r[:, 3] + size[1] <= r[:, 1])
+
+    def crops(self, size: tuple[int, int], windows: np.ndarray) -> np.ndarray:
+        """float64 [N, 4] of (x, y, w, h): each box in source pixels, or where `windows`, its window
+        of `size` (w, h) in whole pixels of the whole image's resize."""
+        crops = np.concatenate([self.boxes[:, :2], self.boxes[:, 2:] - self.boxes[:, :2]], axis=1)
+        crops[windows] = np.concatenate([self.resized[windows, 2:], np.broadcast_to(size, (int(windows.sum()), 2))],
+                                        axis=1)
+        return crops
+
+    def working_pixels(self) -> np.ndarray:
+        """The pixels each sample's resize holds at once: its output, or the pass between (output
+        width x the crop box's height) when the horizontal pass runs first, over every row of the
+        box (a vertical pass first holds the box's rows, which the header's limit bounds). The
+        header's limit bounds the decode, not these: a 1 x 4,000,000 image resized to 224 x 224
+        horizontal pass first passes through 224 x 4,000,000."""
+        out_w, out_h = self.sizes[:, 0], self.sizes[:, 1]
+        box_h = np.ceil(self.boxes[:, 3] - self.boxes[:, 1]).astype(np.int64)
+        return np.maximum(out_w * out_h, out_w * box_h)
+
     def take(self, rows) -> "Geometry":
         """The geometry of the samples `rows` (indices), in their order."""
         return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows],
