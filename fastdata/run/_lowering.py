@@ -5,8 +5,9 @@ class: a subclass may do anything in its own methods) into fastdata's ops: the g
 (RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
 RandAugment, AutoAugment, RandomRotation, RandomAffine, GaussianBlur, RandomGrayscale,
-RandomVerticalFlip and the other Random* ops of one functional call, a RandomApply, RandomChoice
-or RandomOrder of them, AugMix, an op of the script's, a flip after ops it may not commute with)
+RandomVerticalFlip and the other Random* ops of one functional call, Grayscale to 3 channels, a
+RandomApply, RandomChoice or RandomOrder of them, AugMix, an op of the script's, a flip after ops
+it may not commute with)
 that run as Pillow, torchvision and the script run them, the tensor steps after
 the conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with
 the very torch operations torchvision runs, and RandomErasing on the tensor (`_erasing`: its

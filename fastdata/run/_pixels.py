@@ -6,7 +6,8 @@ RandomAffine and RandomPerspective (`_rotation`), AugMix (`_augmix`), and, here,
 self-supervised recipes' ops (SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a
 grayscale, a blur, a solarization) and the other Random* ops of one functional call:
 RandomGrayscale, RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize,
-RandomAdjustSharpness, RandomAutocontrast and RandomEqualize (`RandomCall`), GaussianBlur
+RandomAdjustSharpness, RandomAutocontrast and RandomEqualize, and Grayscale to 3 channels, a
+RandomGrayscale that always applies (`RandomCall`), GaussianBlur
 (`Blur`), RandomApply, RandomChoice and RandomOrder of pixel ops (`Chance`, `Choice`, `Order`).
 Their parameters are drawn per sample, and each
 image is computed by torchvision's own functions with them (`F.rgb_to_grayscale`,
@@ -296,6 +297,11 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
         return augmix(op, domain)
     if kind in CALLS and cls in (getattr(T, kind), getattr(v2, kind)):
         return random_call(op, domain)
+    if cls in (T.Grayscale, v2.Grayscale):  # (RandomGrayscale's call, always)
+        if op.num_output_channels != 3:
+            raise ValueError(f"{kind} to {op.num_output_channels} channel: fastdata's batches hold 3 channels; it "
+                             f"lowers {kind}(num_output_channels=3)")
+        return RandomCall(1.0, "rgb_to_grayscale", (3,), _version(op, domain), tensor)
     if cls in (T.GaussianBlur, v2.GaussianBlur):
         return blur(op, domain)
     if cls in (T.RandomApply, v2.RandomApply):

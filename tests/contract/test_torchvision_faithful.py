@@ -41,7 +41,7 @@ from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 
 import fastdata.transforms as fd  # noqa: E402
-from fastdata.run._lowering import lower_transform  # noqa: E402
+from fastdata.run._lowering import Unlowerable, lower_transform  # noqa: E402
 from fastdata.run._layout import Finish  # noqa: E402
 from fastdata.run._crop import RandomCrop  # noqa: E402
 from fastdata.run._pixels import (  # noqa: E402
@@ -390,6 +390,21 @@ def test_random_photometric_ops_read_and_rates(name):
         assert op == RandomCall(0.35, CALLS[name][0], args + ((3,) if name == "RandomGrayscale" else ()), M is v2)
         (plan,) = plan_pixels([op], 3, 0, np.arange(N, dtype=np.int64))
         assert_rate(f"{name} ({M.__name__})", sum(p["apply"] for p in plan), N, 0.35)
+
+
+def test_grayscale_to_three_channels_is_rgb_to_grayscale_always():
+    """Grayscale(num_output_channels=3), v1 and v2, on the PIL image or the uint8 tensor: the call
+    RandomGrayscale makes, on every sample; to one channel, refused with the reason (fastdata's
+    batches hold 3 channels)."""
+    for M in (T, v2):
+        (op,) = lower_transform(M.Compose([M.Resize((64, 64)), M.Grayscale(3), T.PILToTensor()])).pixel_ops
+        assert op == RandomCall(1.0, "rgb_to_grayscale", (3,), M is v2)
+        (plan,) = plan_pixels([op], 3, 0, np.arange(N, dtype=np.int64))
+        assert all(p["apply"] for p in plan)
+        (op,) = lower_transform(M.Compose([M.Resize((64, 64)), M.PILToTensor(), M.Grayscale(3)])).pixel_ops
+        assert op == RandomCall(1.0, "rgb_to_grayscale", (3,), M is v2, tensor=True)
+        with pytest.raises(Unlowerable, match=r"Grayscale to 1 channel: fastdata's batches hold 3 channels"):
+            lower_transform(M.Compose([M.Resize((64, 64)), M.Grayscale(), T.PILToTensor()]))
 
 
 # ----------------------------------------------------------------- d. TrivialAugmentWide
@@ -906,6 +921,7 @@ def _configs():
     v2_choice = [v2.RandomOrder([v2.RandomEqualize(0.5), v2.RandomChoice([v2.ColorJitter(0.3, 0.3, 0.3, 0.05),
                                                                           v2.RandomInvert(1.0)])])]
     v1_on_tensor = [T.ColorJitter(brightness=0.3, saturation=0.5), T.RandomSolarize(100, 0.4), T.RandomGrayscale(0.4)]
+    gray = [v2.Grayscale(num_output_channels=3), T.ColorJitter(0.4, 0.4, 0.4)]
     return {
         "i: RRC bilinear + flip + ToTensor + Normalize": (
             T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *tail]),
@@ -993,6 +1009,12 @@ def _configs():
         "xxv: MoCo v2's RRC bicubic, RandomApply(ColorJitter), RandomGrayscale, RandomApply(its own blur), flip": (
             T.Compose([T.RandomResizedCrop(224, scale=(0.2, 1.0), interpolation=BICUBIC), *moco_v2, T.PILToTensor()]),
             _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=moco_v2), levels_u8, [T.PILToTensor()]),
+        "xxvi: a fine-tuning's Resize((224, 224)), Grayscale(3), ToTensor, Normalize": (
+            T.Compose([T.Resize((224, 224)), T.Grayscale(num_output_channels=3), *tail]), None, levels_norm, tail),
+        "xxvii: RRC bicubic + flip + Grayscale(3) (v2) + ColorJitter + PILToTensor": (
+            T.Compose([T.RandomResizedCrop(224, interpolation=BICUBIC), T.RandomHorizontalFlip(), *gray,
+                       T.PILToTensor()]),
+            _rrc_ref(BICUBIC, post=[T.PILToTensor()], script=gray), levels_u8, [T.PILToTensor()]),
         "viii: the references' train preset (v1), through its object": (
             PresetTrain(224), _rrc_ref(BILINEAR, post=PresetTrain(224).transforms.transforms[2:]), levels_norm,
             PresetTrain(224).transforms.transforms[2:]),
@@ -1076,7 +1098,7 @@ def _reference_op(op, p) -> tuple:
     return ("jitter" if isinstance(op, fd.ColorJitter) else "rotate" if isinstance(op, Rotation) else "trivial", p)
 
 
-NATIVE_DECODE = {"i", "ii", "v", "vi", "vii", "viii"}
+NATIVE_DECODE = {"i", "ii", "iv", "v", "vi", "vii", "viii", "ix", "xxvi"}
 """The configurations served as users get them, JPEG crops decoded natively; the others' JPEGs
 are decoded by Pillow (`pillow_decode`), as for a file the native decoder does not take, so
 that their ops and draws are checked to the level."""
@@ -1126,9 +1148,10 @@ def _compare(folder, name, target_transform=None) -> torch.Tensor:
 # (mean abs, max abs) in uint8 levels, served vs torchvision, as measured on this set (38
 # samples, 5.7M values a configuration) with torch 2.13, torchvision 0.28 and stock Pillow 13,
 # set with a margin of about 20%. Where Pillow decodes (nearest, a box of a fraction of a pixel,
-# a Resize then a CenterCrop, PNG, GIF, CMYK, 16-bit; and every JPEG of the configurations
-# outside NATIVE_DECODE), the served pixels are torchvision's steps exactly; what the others
-# (bilinear and bicubic JPEG crops, decoded natively) are made of:
+# PNG, GIF, CMYK, 16-bit; and every JPEG of the configurations outside NATIVE_DECODE), and where
+# the native decoder makes a window of a Resize (iv, ix, xxvi), the served pixels are
+# torchvision's steps exactly; what the others (bilinear and bicubic JPEG crops, decoded
+# natively) are made of:
 # - the 1000 px JPEG decoded at a reduced DCT scale, its box being at least twice the output;
 # - vi: torch's antialiased interpolation of the tensor, which the native resampler takes as
 #   Pillow's arithmetic (the order of Pillow's passes, Pillow 13's included, it follows exactly:
@@ -1138,6 +1161,7 @@ def _compare(folder, name, target_transform=None) -> torch.Tensor:
 #   (test_pixel_ops_on_served_images).
 # measured:  i 0.024/21  ii 0.029/24  iii 0/0  iv 0/0  v 0.024/21  vi 0.038/21  vii 0.033/42  x 0/0  xi 0/0
 # xii 0/0  xiii 0/0  xiv 0/0  xv 0/0  xvi 0/0  xvii 0/0  xviii 0/0  xix 0/0  xx 0/0  xxi 0/0  xxii 0/0
+# xxvi 0/0  xxvii 0/0
 # (viii is i's pipeline, ix iv's, each called through a preset object; x and xi rotate with
 # Pillow's rotate, as torchvision does, xii and xiii with torchvision's F.affine, xxi and xxii its
 # F.perspective, xiv to xx blur, grey, flip, jitter and solarize with torchvision's functional ops,
@@ -1168,6 +1192,8 @@ TOLERANCE = {
     "xxiii": (0.0, 0),
     "xxiv": (0.0, 0),
     "xxv": (0.0, 0),
+    "xxvi": (0.0, 0),
+    "xxvii": (0.0, 0),
 }
 
 
