@@ -13,18 +13,20 @@ Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the ref
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
 fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
 RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe eval`, the example's
-validation loader (Resize(256), CenterCrop(224), ToTensor, Normalize; not shuffled); with `--recipe simclr`, SimCLR's
-ImageNet augmentation (one view); with `--recipe moco`, MoCo v1's augmentation in MoCo's
-`TwoCropsTransform` (two views of each image, the loop moving both, as main_moco.py does); with
-`--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own GaussianBlur class, the flip after it);
-with `--recipe deit`, DeiT's main.py `build_transform` (timm's `create_transform` with DeiT's defaults:
-bicubic, RandAugment rand-m9-mstd0.5-inc1, RandomErasing 0.25 'pixel'; timm must be installed);
-with `--recipe timm_train`, timm's train.py data path with its defaults: timm's `create_dataset`
-and `create_loader` (RandomResizedCropAndInterpolation 'random', flip, ColorJitter(0.4), uint8
-samples, timm's fast_collate, persistent workers, its prefetcher normalizing on the device);
-with `--recipe timm_deit`, the same with DeiT's augmentation as train.py's flags give it (`--aa
-rand-m9-mstd0.5-inc1 --reprob 0.25 --mixup 0.8 --cutmix 1.0 --smoothing 0.1`: timm's RandAugment
-in place of the ColorJitter, its FastCollateMixup as the collate_fn, the erasing in its prefetcher).
+validation loader (Resize(256), CenterCrop(224), ToTensor, Normalize; not shuffled); with `--recipe
+tiny`, a Tiny ImageNet script's (its 64x64 images: RandomCrop(64, padding=4), flip, ToTensor,
+Normalize); with `--recipe simclr`, SimCLR's ImageNet augmentation (one view); with `--recipe moco`,
+MoCo v1's augmentation in MoCo's `TwoCropsTransform` (two views of each image, the loop moving both,
+as main_moco.py does); with `--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own
+GaussianBlur class, the flip after it); with `--recipe deit`, DeiT's main.py `build_transform`
+(timm's `create_transform` with DeiT's defaults: bicubic, RandAugment rand-m9-mstd0.5-inc1,
+RandomErasing 0.25 'pixel'; timm must be installed); with `--recipe timm_train`, timm's train.py
+data path with its defaults: timm's `create_dataset` and `create_loader`
+(RandomResizedCropAndInterpolation 'random', flip, ColorJitter(0.4), uint8 samples, timm's
+fast_collate, persistent workers, its prefetcher normalizing on the device); with `--recipe
+timm_deit`, the same with DeiT's augmentation as train.py's flags give it (`--aa
+rand-m9-mstd0.5-inc1 --reprob 0.25 --mixup 0.8 --cutmix 1.0 --smoothing 0.1`: timm's RandAugment in
+place of the ColorJitter, its FastCollateMixup as the collate_fn, the erasing in its prefetcher).
 With `--ra-sampler` the loader's sampler is the references' `--ra-sampler` one (repeated
 augmentation: each index three times, shuffled by seed + epoch; one replica here), as their
 ResNet-50 and ViT recipes train (tests/run_scripts/train_samplers.py writes it as they do).
@@ -33,8 +35,8 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
-                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,simclr,
-                                                           moco,moco_v2,dino,deit,timm_train,
+                                                [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
+                                                           simclr,moco,moco_v2,dino,deit,timm_train,
                                                            timm_deit}]
                                                 [--ra-sampler]
 """
@@ -58,8 +60,8 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval", "simclr",
-                                     "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval", "tiny",
+                                     "simclr", "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -219,6 +221,13 @@ elif args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in t
         transforms.RandomApply([transforms.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8),
         transforms.RandomGrayscale(p=0.2),
         transforms.RandomApply([transforms.GaussianBlur(23, sigma=(0.1, 2.0))], p=0.5),
+        transforms.ToTensor(),
+        normalize,
+    ])
+elif args.recipe == "tiny":  # a Tiny ImageNet script's, on 64x64 images
+    transform = transforms.Compose([
+        transforms.RandomCrop(64, padding=4),
+        transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         normalize,
     ])

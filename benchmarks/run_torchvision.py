@@ -18,6 +18,8 @@ with `--recipe rotate` the example's with RandomRotation(15) after the flip (...
 with `--recipe affine` with RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1)) there (..._affine.json),
 with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json),
 with `--recipe eval` the example's validation loader (Resize(256), CenterCrop(224), not shuffled; ..._eval.json),
+with `--recipe tiny` a Tiny ImageNet script's (the set's images made 64x64 JPEGs: RandomCrop(64, padding=4), flip,
+ToTensor, Normalize; ..._tiny.json),
 with `--recipe simclr` SimCLR's ImageNet augmentation, one view: after the crop and flip,
 RandomApply([ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), RandomGrayscale(0.2) and
 RandomApply([GaussianBlur(23, (0.1, 2.0))], p=0.5) (..._simclr.json),
@@ -42,8 +44,8 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,simclr,moco,moco_v2,
-                                                     dino,deit,timm_train,timm_deit}]
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,simclr,
+                                                     moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -60,6 +62,19 @@ import _common
 HERE = Path(__file__).resolve().parent
 
 
+def _tiny(root: Path) -> Path:
+    """The set's images as 64x64 JPEGs (Tiny ImageNet's size) in a folder beside it, made once."""
+    from PIL import Image
+
+    tiny = root.with_name(root.name + "-64")
+    for path in sorted(root.glob("*/*.JPEG")):
+        out = tiny / path.parent.name / path.name
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            Image.open(path).convert("RGB").resize((64, 64), Image.Resampling.BICUBIC).save(out, quality=90)
+    return tiny
+
+
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=4)
     ap.set_defaults(epochs=3)
@@ -67,8 +82,9 @@ def main() -> int:
     ap.add_argument("--arch", default="none", help="the script's model (resnet18 on a GPU); none: the copy only")
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
-    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval", "simclr",
-                                         "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
+    ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
+                                         "tiny", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
+                                         "timm_deit"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
@@ -82,6 +98,8 @@ def main() -> int:
     from fastdata.synthetic import make_imagenet_like
 
     root = make_imagenet_like(args.root, args.images, 10)
+    if args.recipe == "tiny":
+        root = _tiny(root)
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
               *(["--split"] if args.split else []), *(["--mixup"] if args.mixup else []),

@@ -186,16 +186,21 @@ class BatchDecoder:
         sel = index[ok]
         geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
         work = geo.working_pixels()
-        if (work > _structure.MAX_IMAGE_PIXELS).any():  # a sliver of an image resized to a size its header did not give
+        # a sliver of an image resized to a size its header did not give; an image smaller than a crop
+        if (work > _structure.MAX_IMAGE_PIXELS).any() or geo.refused.any():
             keep = []
             for j, pixels in enumerate(work):
-                if pixels <= _structure.MAX_IMAGE_PIXELS:
-                    keep.append(j)
-                    continue
                 w, h = sizes[j]
                 ow, oh = geo.sizes[j]
-                self.fail(errors, paths[ok[j]], f"the transform resizes its {w}x{h} pixels to {ow}x{oh}, which takes "
-                          f"{pixels} pixels, over the limit of {_structure.MAX_IMAGE_PIXELS} (an image of that shape?)")
+                if geo.refused[j]:
+                    self.fail(errors, paths[ok[j]], f"its {w}x{h} pixels are fewer than the transform's crop takes "
+                              "(torchvision's RandomCrop raises)")
+                elif pixels > _structure.MAX_IMAGE_PIXELS:
+                    self.fail(errors, paths[ok[j]], f"the transform resizes its {w}x{h} pixels to {ow}x{oh}, which "
+                              f"takes {pixels} pixels, over the limit of {_structure.MAX_IMAGE_PIXELS} (an image of "
+                              "that shape?)")
+                else:
+                    keep.append(j)
             ok, sizes, jpeg = [ok[j] for j in keep], sizes[keep], jpeg[keep]
             sel = index[ok]
             geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
@@ -312,23 +317,26 @@ class BatchDecoder:
         padded = np.flatnonzero(geo.padded())
         if not len(padded):
             return self._decode_boxes(target, datas, jpeg, geo, paths, errors, native, filters)
-        # A CenterCrop padded these: each box goes to its place in a zeroed output, one at a time
-        # (places differ with the image's size). One with no place left (a crop of padding
-        # only) is decoded to a pixel aside, so that a corrupt file fails as on any other crop.
+        # A CenterCrop or a RandomCrop's padding padded these: each box goes to its place in a
+        # zeroed output, decoded with the others of its size (the places differ with the image's
+        # size and the crop's offset) aside, then put there. One with no place left (a crop of
+        # padding only) is decoded to a pixel, so that a corrupt file fails as on any other crop.
+        places = geo.placements()
+        wh = np.where((places[padded, 2:] > 0).all(axis=1, keepdims=True), places[padded, 2:], 1)
         rest = np.setdiff1d(np.arange(len(datas)), padded)
+        groups = [(rest, None)] if len(rest) else []
+        groups += [(padded[(wh == (w, h)).all(axis=1)], (h, w)) for w, h in np.unique(wh, axis=0).tolist()]
         failed: set[int] = set()
-        if len(rest):
-            part = target[rest]  # (a copy, filled, then put back: rare)
-            bad = self._decode_boxes(part, [datas[k] for k in rest], jpeg[rest], geo.take(rest),
-                                     [paths[k] for k in rest], errors, native, filters[rest])
-            target[rest] = part
-            failed = {int(rest[k]) for k in bad}
-        for k, (x, y, w, h) in zip(padded.tolist(), geo.placements()[padded].tolist()):
-            target[k].zero_()
-            into = target[k:k + 1, y:y + h, x:x + w] if w and h else torch.empty((1, 1, 1, 3), dtype=torch.uint8)
-            if self._decode_boxes(into, [datas[k]], jpeg[[k]], geo.take([k]), [paths[k]], errors, native,
-                                  filters[[k]]):
-                failed.add(k)
+        for ks, hw in groups:  # (the unpadded ones: a copy, filled, then put back)
+            part = target[ks] if hw is None else torch.empty((len(ks), *hw, 3), dtype=torch.uint8)
+            bad = self._decode_boxes(part, [datas[k] for k in ks], jpeg[ks], geo.take(ks), [paths[k] for k in ks],
+                                     errors, native, filters[ks])
+            failed |= {int(ks[j]) for j in bad}
+            if hw is None:
+                target[ks] = part
+            for j, (k, (x, y, w, h)) in enumerate(zip(ks.tolist(), places[ks].tolist()) if hw else ()):
+                target[k].zero_()
+                target[k, y:y + h, x:x + w] = part[j] if w and h else 0
         return failed
 
     def _decode_boxes(self, target, datas, jpeg, geo, paths, errors, native, filters) -> set[int]:

@@ -1,11 +1,14 @@
-"""`fastdata run`'s RandomCrop (torchvision's v1 and v2 classes) of a folder's images: read from
-the script's op (`random_crop`) where every image is known to be at least the crop's size (a
-Resize or a crop before it says so), and folded into the decoder's one box per sample as a
-CenterCrop is (`transforms.plan`: an op with a `window`), at offsets drawn per sample.
+"""`fastdata run`'s RandomCrop (torchvision's v1 and v2 classes) of a folder's images, folded into
+the decoder's one box per sample as a CenterCrop is (`transforms.plan`: an op with a `window`), at
+offsets drawn per sample. Its padding (constant, with a fill of 0) is the box reaching past the
+image, whose part outside is the zeros a padded sample is decoded into; an image smaller than the
+crop after the padding, on which torchvision raises, is refused (`refuses`), so that its batch is
+the script's own fetch, which raises there.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,18 +19,38 @@ from ..transforms import ops as fd
 
 @dataclass(frozen=True)
 class RandomCrop(fd.Op):
-    """torchvision's RandomCrop without padding: an (h, w) window at offsets uniform over
-    [0, H - h] and [0, W - w], as its `get_params` draws them with torch.randint."""
+    """torchvision's RandomCrop: the image padded by `padding` (left, top, right, bottom), then,
+    with `pad_if_needed`, on both sides of an axis by what it lacks of the crop; then an (h, w)
+    window at offsets uniform over [0, H - h] and [0, W - w] of the padded image, as its
+    `get_params` draws them with torch.randint."""
 
     size: tuple[int, int]
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    pad_if_needed: bool = False
     geometric = True
 
-    def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
-        """(left, top, w, h) per image of sizes (W, H), from two uniforms an image."""
+    def _padded(self, W: np.ndarray, H: np.ndarray) -> tuple:
+        """(the padded width and height, the padding before the image on each axis)."""
         h, w = self.size
-        top = np.floor(u[:, 0] * (H - h + 1)).astype(np.int64)
-        left = np.floor(u[:, 1] * (W - w + 1)).astype(np.int64)
-        return left, top, np.full_like(W, w), np.full_like(H, h)
+        left, top, right, bottom = self.padding
+        W, H = W + left + right, H + top + bottom
+        more_x = np.maximum(w - W, 0) if self.pad_if_needed else np.zeros_like(W)
+        more_y = np.maximum(h - H, 0) if self.pad_if_needed else np.zeros_like(H)
+        return W + 2 * more_x, H + 2 * more_y, left + more_x, top + more_y
+
+    def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
+        """(left, top, w, h) per image of sizes (W, H), from two uniforms an image: in the image's
+        own coordinates, past its edges where the padding is cut."""
+        h, w = self.size
+        PW, PH, before_x, before_y = self._padded(W, H)
+        top = np.floor(u[:, 0] * np.maximum(PH - h + 1, 1)).astype(np.int64)
+        left = np.floor(u[:, 1] * np.maximum(PW - w + 1, 1)).astype(np.int64)
+        return left - before_x, top - before_y, np.full_like(W, w), np.full_like(H, h)
+
+    def refuses(self, W: np.ndarray, H: np.ndarray) -> np.ndarray:
+        """bool [N]: the images of sizes (W, H) smaller than the crop once padded (torchvision raises)."""
+        PW, PH, _, _ = self._padded(W, H)
+        return (PW < self.size[1]) | (PH < self.size[0])
 
 
 def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) -> bool:
@@ -37,16 +60,27 @@ def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) 
         short_side is not None and max(h, w) <= short_side)
 
 
-def random_crop(op: Any, fixed: tuple[int, int] | None, short_side: int | None) -> RandomCrop | None:
-    """RandomCrop's lowering for images of (h, w) `fixed` or of shorter side `short_side` (None:
-    not known) so far; None where it is the image's own size (torchvision then draws nothing and
-    crops nothing); ValueError, saying why, where there is none: with padding or pad_if_needed,
-    or where an image may be smaller than the crop (torchvision raises there)."""
+def random_crop(op: Any, fixed: tuple[int, int] | None) -> RandomCrop | None:
+    """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far; None where it
+    is the image's own size and pads nothing (torchvision then draws nothing and crops nothing);
+    ValueError, saying why, where there is none: padding other than constant zeros."""
+    import torchvision.transforms.v2 as v2
+
     kind = type(op).__name__
-    if op.padding or op.pad_if_needed:
-        raise ValueError(f"{kind} with padding or pad_if_needed: fastdata lowers a folder's RandomCrop without padding")
     h, w = int(op.size[0]), int(op.size[1])  # (torchvision holds it as (h, w), an int given or not)
-    if not fits(h, w, fixed, short_side):
-        raise ValueError(f"{kind} of images not known to be at least {h}x{w} (torchvision raises on a smaller one): "
-                         "fastdata lowers it after a Resize or crop that makes them so")
-    return None if fixed == (h, w) else RandomCrop((h, w))
+    fill = op.fill
+    zeros = (type(fill) in (int, float) and fill == 0) or (type(fill) in (list, tuple) and all(v == 0 for v in fill))
+    if (op.padding or op.pad_if_needed) and (op.padding_mode != "constant" or not zeros):
+        raise ValueError(f"{kind} with padding_mode {op.padding_mode!r} and fill {fill!r}: fastdata lowers a "
+                         "folder's RandomCrop padded with zeros (constant, fill 0)")
+    padding = (0, 0, 0, 0)
+    if op.padding and type(op) is v2.RandomCrop:  # (v2 keeps it as left, right, top, bottom)
+        padding = (op.padding[0], op.padding[2], op.padding[1], op.padding[3])
+    elif op.padding:
+        p = [op.padding] if isinstance(op.padding, int) else [operator.index(x) for x in op.padding]
+        padding = tuple(p * 4 if len(p) == 1 else p * 2 if len(p) == 2 else p)
+    if len(padding) != 4 or min(padding) < 0:
+        raise ValueError(f"{kind} with padding {op.padding!r}: not lowered")
+    if fixed == (h, w) and not any(padding):
+        return None
+    return RandomCrop((h, w), tuple(int(v) for v in padding), bool(op.pad_if_needed))

@@ -278,8 +278,11 @@ def lower_transform(transform: Any) -> Lowering:
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)
                 check_geometry(op)
-                crop = random_crop(op, fixed, short_side)
+                crop = random_crop(op, fixed)
                 geometry += [crop] if crop is not None else []
+                if crop is not None and (any(crop.padding) or crop.pad_if_needed and not fits(*crop.size, fixed,
+                                                                                                 short_side)):
+                    padding = padding or kind  # (its window may reach past the image)
                 fixed, short_side = (fixed, short_side) if crop is None else (crop.size, None)
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
                 if pixel and not erasing and domain != "float" and not all(flip_commutes(one) for one in pixel):

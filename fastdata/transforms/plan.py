@@ -37,6 +37,8 @@ class Geometry:
     # (x, y) in whole pixels of it; else -1
     resized: np.ndarray
     source: np.ndarray  # int64 [N, 2]: the image's (w, h)
+    # bool [N]: the samples the transform raises on (an op's `refuses`: a RandomCrop larger than the image)
+    refused: np.ndarray
 
     def placements(self) -> np.ndarray:
         """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
@@ -72,7 +74,7 @@ class Geometry:
     def take(self, rows) -> "Geometry":
         """The geometry of the samples `rows` (indices), in their order."""
         return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows],
-                        self.source[rows])
+                        self.source[rows], self.refused[rows])
 
     def padded(self) -> np.ndarray:
         """bool [N]: the samples whose box does not fill their output."""
@@ -138,6 +140,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     flip = np.zeros(n, dtype=bool)
     resized = np.full((n, 4), -1, np.int64)
     whole = True  # nothing cropped or resized yet: a Resize now resizes the whole image
+    refused = np.zeros(n, dtype=bool)
 
     def crop(left, top, w, h):
         # A crop in the current image's coordinates, which may reach past it into padding: the
@@ -188,6 +191,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             whole = False
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
         elif callable(getattr(op, "window", None)):  # a crop that draws its own window (`fastdata.run`'s RandomCrop)
+            refused |= op.refuses(W, H)
             left, top, w, h = op.window(uniforms(seed, epoch, indices, stream, 2), W, H)
             crop(left, top, w, h)
             whole = False
@@ -204,7 +208,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     at = resized[:, 0] >= 0  # (the box's mapping is exact but for rounding: its corner is whole pixels)
     resized[at, 2] = np.rint(box[at, 0] * (resized[at, 0] / source[at, 0]))
     resized[at, 3] = np.rint(box[at, 1] * (resized[at, 1] / source[at, 1]))
-    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized, source[:, :2].astype(np.int64))
+    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized, source[:, :2].astype(np.int64), refused)
 
 
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter

@@ -47,7 +47,7 @@ from fastdata.run._crop import RandomCrop  # noqa: E402
 from fastdata.run._pixels import (  # noqa: E402
     CALLS, Blur, Chance, Choice, Order, RandomCall, ScriptOp, TensorColorJitter)
 from fastdata.run._rotation import Affine, Perspective, Rotation  # noqa: E402
-from fastdata.run._torchvision import NativeFolder, lower  # noqa: E402
+from fastdata.run._torchvision import FolderError, NativeFolder, lower  # noqa: E402
 from fastdata.transforms import pil as fd_pil  # noqa: E402
 from fastdata.transforms._random import uniforms  # noqa: E402
 from _ssl_wrappers import TwoCropsTransformV3  # noqa: E402  (MoCo v3's, as its script writes it)
@@ -198,6 +198,67 @@ def test_a_resize_then_a_random_crop_is_torchvisions_steps_bit_for_bit(folder, v
     assert len(offsets) > len(idx)
     assert sorted(im.format + (" CMYK" if im.mode == "CMYK" else "") for im in by_pillow) == \
         sorted(["GIF", "JPEG CMYK", "PNG", "PNG"] * 2)
+
+
+_PADDED_CROPS = {  # the geometry before the flip; (left, top, right, bottom) of the RandomCrop's padding
+    "v1 padding 16 after Resize(256)": (lambda: [T.Resize(256), T.RandomCrop(224, padding=16)], (16, 16, 16, 16)),
+    "v2 padding (3, 5, 7, 9)": (lambda: [v2.Resize(240), v2.RandomCrop(224, padding=(3, 5, 7, 9))], (3, 5, 7, 9)),
+    "v1 pad_if_needed after Resize(200)": (lambda: [T.Resize(200), T.RandomCrop(224, pad_if_needed=True, fill=(0, 0, 0))],
+                                           (0, 0, 0, 0)),
+    "v1 raw images, padding (40, 60)": (lambda: [T.RandomCrop(224, padding=(40, 60))], (40, 60, 40, 60)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PADDED_CROPS))
+def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
+    """RandomCrop with padding (constant zeros) or pad_if_needed, v1 and v2, after a Resize or on
+    the images as they are, then a flip, as served: torchvision's steps (its resize, its pad, its
+    crop at the offsets fastdata drew over the padded image, the flip): the same values over every
+    file, the zeros of the padding included where a window reaches past the image."""
+    ops, (left, top, right, bottom) = _PADDED_CROPS[name]
+    ds = ImageFolder(str(folder), T.Compose([*ops(), T.RandomHorizontalFlip(), T.PILToTensor()]), is_valid_file=_valid)
+    idx = list(range(len(ds)))
+    (images, _), _, decoder = serve(ds, idx, 3)
+    assert any(isinstance(op, RandomCrop) for op in decoder.geometry)
+    stream = next(k for k, op in enumerate(decoder.geometry) if isinstance(op, RandomCrop))
+    crop, flip = (uniforms(decoder.seed, 0, np.arange(len(idx)), s, n) for s, n in ((stream, 2), (len(decoder.geometry) - 1, 1)))
+    padded = 0
+    for k in idx:
+        img = pil_loader(ds.samples[k][0])
+        for op in ops()[:stream]:
+            img = op(img)
+        op = ops()[stream]
+        img = F.pad(img, [left, top, right, bottom], fill=0)
+        if op.pad_if_needed and img.size[0] < op.size[1]:
+            img = F.pad(img, [op.size[1] - img.size[0], 0])
+        if op.pad_if_needed and img.size[1] < op.size[0]:
+            img = F.pad(img, [0, op.size[0] - img.size[1]])
+        y, x = (int(np.floor(crop[k, j] * (side - op.size[j] + 1))) for j, side in enumerate(img.size[::-1]))
+        img = F.crop(img, y, x, *op.size)
+        for rest in ops()[stream + 1:]:
+            img = rest(img)
+        want = F.pil_to_tensor(F.hflip(img) if flip[k, 0] < 0.5 else img)
+        assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
+        padded += bool((want == 0).all(0).any())
+    assert padded  # (some windows reached into the padding)
+
+
+def test_a_random_crop_larger_than_an_image_is_the_scripts_own_error(tmp_path):
+    """A RandomCrop larger than an image once padded (torchvision raises there): the sample is
+    refused, naming the file, and the batch is the script's own fetch, which raises torchvision's
+    error; a batch of images it fits is served."""
+    for k, (w, h) in enumerate([(120, 90), (60, 40)]):
+        (tmp_path / "c").mkdir(exist_ok=True)
+        Image.fromarray(_content(np.random.default_rng(k), w, h)).save(tmp_path / "c" / f"{k}.jpg")
+    ds = ImageFolder(str(tmp_path), T.Compose([T.RandomCrop(64, padding=2), T.PILToTensor()]))
+    lowering, why = lower(ds)
+    assert why == ""
+    nf = NativeFolder(ds, lowering)
+    assert tuple(nf.__getitems__([0]).collate_into(None)[0].shape) == (1, 64, 64, 3)
+    with pytest.raises(FolderError, match=r"cannot read .*1\.jpg: its 60x40 pixels are fewer than the transform's crop"):
+        nf._native([1], lowering)
+    with pytest.raises(ValueError, match=r"Required crop size \(64, 64\) is larger than input image size \(44, 64\)"):
+        nf.__getitems__([0, 1])
 
 
 # ----------------------------------------------------------------- b. RandomHorizontalFlip

@@ -198,10 +198,11 @@ def _fallbacks(tv):
         ("a v1 interpolation named by a string", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation="bilinear"), T.ToTensor()])), {}),
          "a string: torchvision's v1 ops raise"),
-        ("RandomCrop with padding", lambda r: (ImageFolder(r, T.Compose([
-            T.Resize(40), T.RandomCrop(32, padding=4), T.ToTensor()])), {}), "without padding"),
-        ("RandomCrop of images of any size", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomCrop(32), T.ToTensor()])), {}), "not known to be at least 32x32"),
+        ("RandomCrop with reflected padding", lambda r: (ImageFolder(r, T.Compose([
+            T.Resize(40), T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()])), {}),
+         "padded with zeros (constant, fill 0)"),
+        ("RandomCrop padded with a colour", lambda r: (ImageFolder(r, T.Compose([
+            v2.RandomCrop(32, pad_if_needed=True, fill=7), T.ToTensor()])), {}), "fill 7"),
         ("AugMix on a float tensor", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.ToTensor(), T.AugMix()])), {}), "AugMix on a float tensor"),
         ("AugMix with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
@@ -216,7 +217,7 @@ BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a s
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
              "TrivialAugmentWide nearest-exact", "RandAugment with a fill",
-             "AugMix with a fill per type", "RandomCrop with padding", "RandomCrop of images of any size")
+             "AugMix with a fill per type", "RandomCrop with reflected padding", "RandomCrop padded with a colour")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
