@@ -130,7 +130,8 @@ def decode_crop_resize(
     if resized is not None:
         resized = np.asarray(resized)
         if resized.shape != (n, 2) or not np.issubdtype(resized.dtype, np.integer):
-            raise ValueError(f"resized should be an int array of shape [{n}, 2], but got {resized.dtype} {list(resized.shape)}")
+            raise ValueError(f"resized should be an int array of shape [{n}, 2], but got {resized.dtype} "
+                             f"{list(resized.shape)}")
         resized = np.ascontiguousarray(np.clip(resized, -1, 2 ** 31 - 1), dtype=np.int64)
     if isinstance(out, torch.Tensor):
         if out.dtype != torch.uint8:

@@ -70,9 +70,8 @@ class Checked:
 
 def vertical_first(boxes: np.ndarray, size: Any) -> np.ndarray:
     """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` ((w, h), or one a crop: [N, 2])
-    vertical pass first: those
-    whose height shrinks by more than twice the pixels their width does (found by comparing its
-    output with both orders of classic Pillow's passes on 496 sizes). Earlier Pillows run the
+    vertical pass first: those whose height shrinks by more than twice the pixels their width does
+    (found by comparing its output with both orders of classic Pillow's passes on 496 sizes). Earlier Pillows run the
     horizontal pass first for every size. The pass between is clipped to 0..255, so where the
     bicubic filter overshoots (sharp edges) the order moves a pixel by up to ~20 levels."""
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
@@ -327,14 +326,15 @@ class BatchDecoder:
         groups = [(rest, None)] if len(rest) else []
         groups += [(padded[(wh == (w, h)).all(axis=1)], (h, w)) for w, h in np.unique(wh, axis=0).tolist()]
         failed: set[int] = set()
-        for ks, hw in groups:  # (the unpadded ones: a copy, filled, then put back)
+        for ks, hw in groups:
             part = target[ks] if hw is None else torch.empty((len(ks), *hw, 3), dtype=torch.uint8)
             bad = self._decode_boxes(part, [datas[k] for k in ks], jpeg[ks], geo.take(ks), [paths[k] for k in ks],
                                      errors, native, filters[ks])
             failed |= {int(ks[j]) for j in bad}
-            if hw is None:
+            if hw is None:  # (the unpadded ones: a copy, filled, then put back)
                 target[ks] = part
-            for j, (k, (x, y, w, h)) in enumerate(zip(ks.tolist(), places[ks].tolist()) if hw else ()):
+                continue
+            for j, (k, (x, y, w, h)) in enumerate(zip(ks.tolist(), places[ks].tolist())):
                 target[k].zero_()
                 target[k, y:y + h, x:x + w] = part[j] if w and h else 0
         return failed
