@@ -444,6 +444,28 @@ def test_a_timm_transform_is_served_natively_with_its_labels(timm, folder, worke
     loader._stop()
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"interpolation": "bicubic", "crop_pct": 0.95}, {"crop_mode": "squash"}])
+def test_timms_eval_transform_is_served_as_timms_pixels(timm, folder, kwargs):
+    """timm's evaluation transform (its Resize of the shorter side or of both, then CenterCrop,
+    MaybeToTensor, Normalize) on its ImageDataset, served natively: the native decoder makes the
+    window of the whole image's resize, so each batch is the plain run's, bit for bit."""
+    from timm.data import create_dataset, create_transform
+
+    from fastdata.run import _torchvision as rt
+
+    dataset = create_dataset("", root=str(folder), split="validation")
+    dataset.transform = create_transform(48, is_training=False, **kwargs)
+    loader = _served(dataset, batch_size=8, shuffle=False, num_workers=0)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    done = 0
+    for images, labels in loader:
+        want = torch.stack([dataset[done + k][0] for k in range(len(labels))])
+        assert torch.equal(images, want), (kwargs, done, float((images - want).abs().max()))
+        done += len(labels)
+    assert done == len(dataset)
+    loader._stop()
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_timms_image_dataset_is_served_natively_with_its_labels(timm, folder, workers):
     """timm's train.py data path: create_dataset's ImageDataset of the folder with the transform
