@@ -37,6 +37,7 @@ from ._gather import Draws, gather
 from ._folders import folder, lower
 from ._lowering import Lowering, Unlowerable, flatten, lower_transform, lower_views
 from ._pixels import CALLS, flip_commutes, interpolation, pixel_op
+from ._crop import padding_of
 from ._rotation import pillow_geometry
 from ._torchvision import FolderError, NativeFolder
 
@@ -141,20 +142,20 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             raise Unlowerable(f"{kind} after {pinned if cls in flips else closed}: not lowered for an in-memory "
                               "dataset")
         if cls is v2.RandomCrop:  # one pad: the padding (kept as left, right, top, bottom) and the shortfall
-            pad = (op.padding[0], op.padding[2], op.padding[1], op.padding[3]) if op.padding else (0, 0, 0, 0)
+            pad = _padding(op)
             if any(pad) or op.pad_if_needed:
                 geometry.append(("pad", pad, *_fill(op, scaled), tensor, tuple(op.size) if op.pad_if_needed else None))
             geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
         elif cls is T.RandomCrop:  # the padding, then the shortfall, padded apart
             if op.padding is not None:
-                geometry.append(("pad", _ltrb(op.padding), *_fill(op, scaled), tensor, None))
+                geometry.append(("pad", _padding(op), *_fill(op, scaled), tensor, None))
             if op.pad_if_needed:
                 geometry.append(("pad", (0, 0, 0, 0), *_fill(op, scaled), tensor, tuple(op.size)))
             geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
         elif cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
             geometry.append(("resized", *_resized_crop(op, tensor)))
         elif cls in (T.Pad, v2.Pad):
-            geometry.append(("pad", _ltrb(op.padding), *_fill(op, scaled), tensor, None))
+            geometry.append(("pad", _padding(op), *_fill(op, scaled), tensor, None))
         elif cls in (T.CenterCrop, v2.CenterCrop):
             size = list(op.size) if isinstance(op.size, (list, tuple)) else [op.size]
             geometry.append(("center", (int(size[0]), int(size[-1]))))
@@ -205,16 +206,12 @@ def _flip_commutes(op: Any, domain: str) -> bool:
     return lowered is not None and flip_commutes(lowered)
 
 
-def _ltrb(padding: Any) -> tuple[int, int, int, int]:
-    """torchvision's padding (an int, or 1, 2 or 4 of them) as (left, top, right, bottom)."""
-    p = [padding] if isinstance(padding, int) else [operator.index(x) for x in padding]
-    if len(p) == 1:
-        p = p * 4
-    elif len(p) == 2:
-        p = p * 2
-    if len(p) != 4 or min(p) < 0:
-        raise Unlowerable(f"padding {padding!r}: fastdata lowers 1, 2 or 4 sizes of at least 0")
-    return tuple(p)  # type: ignore[return-value]
+def _padding(op: Any) -> tuple[int, int, int, int]:
+    """`padding_of`, its ValueError the reason the dataset is not lowered."""
+    try:
+        return padding_of(op)
+    except ValueError as e:
+        raise Unlowerable(str(e)) from None
 
 
 def _fill(op: Any, scaled: bool) -> tuple[int, str]:

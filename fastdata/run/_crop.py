@@ -53,6 +53,24 @@ class RandomCrop(fd.Op):
         return (PW < self.size[1]) | (PH < self.size[0])
 
 
+def padding_of(op: Any) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of torchvision's RandomCrop's or Pad's padding: an int, or 1, 2 or
+    4 of them (v2's RandomCrop keeps it as left, right, top, bottom); zeros for none. ValueError,
+    saying why, for any other form."""
+    import torchvision.transforms.v2 as v2
+
+    padding = op.padding
+    if not padding:
+        return (0, 0, 0, 0)
+    if type(op) is v2.RandomCrop:
+        return (padding[0], padding[2], padding[1], padding[3])
+    p = [padding] if isinstance(padding, int) else [operator.index(x) for x in padding]
+    p = p * 4 if len(p) == 1 else p * 2 if len(p) == 2 else p
+    if len(p) != 4 or min(p) < 0:
+        raise ValueError(f"padding {padding!r}: fastdata lowers 1, 2 or 4 sizes of at least 0")
+    return tuple(p)  # type: ignore[return-value]
+
+
 def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) -> bool:
     """Whether every image, of (h, w) `fixed` or of shorter side `short_side` (None: not known),
     is at least h x w."""
@@ -64,8 +82,6 @@ def random_crop(op: Any, fixed: tuple[int, int] | None) -> RandomCrop | None:
     """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far; None where it
     is the image's own size and pads nothing (torchvision then draws nothing and crops nothing);
     ValueError, saying why, where there is none: padding other than constant zeros."""
-    import torchvision.transforms.v2 as v2
-
     kind = type(op).__name__
     h, w = int(op.size[0]), int(op.size[1])  # (torchvision holds it as (h, w), an int given or not)
     fill = op.fill
@@ -73,14 +89,7 @@ def random_crop(op: Any, fixed: tuple[int, int] | None) -> RandomCrop | None:
     if (op.padding or op.pad_if_needed) and (op.padding_mode != "constant" or not zeros):
         raise ValueError(f"{kind} with padding_mode {op.padding_mode!r} and fill {fill!r}: fastdata lowers a "
                          "folder's RandomCrop padded with zeros (constant, fill 0)")
-    padding = (0, 0, 0, 0)
-    if op.padding and type(op) is v2.RandomCrop:  # (v2 keeps it as left, right, top, bottom)
-        padding = (op.padding[0], op.padding[2], op.padding[1], op.padding[3])
-    elif op.padding:
-        p = [op.padding] if isinstance(op.padding, int) else [operator.index(x) for x in op.padding]
-        padding = tuple(p * 4 if len(p) == 1 else p * 2 if len(p) == 2 else p)
-    if len(padding) != 4 or min(padding) < 0:
-        raise ValueError(f"{kind} with padding {op.padding!r}: not lowered")
+    padding = padding_of(op)
     if fixed == (h, w) and not any(padding):
         return None
-    return RandomCrop((h, w), tuple(int(v) for v in padding), bool(op.pad_if_needed))
+    return RandomCrop((h, w), padding, bool(op.pad_if_needed))
