@@ -290,8 +290,10 @@ else:
         mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes),
                                         v2.CutMix(alpha=1.0, num_classes=classes)])
 
-        def mixup_collate(batch):
-            return mixup_cutmix(*torch.utils.data.default_collate(batch))
+        from torch.utils.data.dataloader import default_collate
+
+        def mixup_collate(batch):  # (the references' collate_fn)
+            return mixup_cutmix(*default_collate(batch))
     train_sampler = None
     if args.ra_sampler:
         spec = importlib.util.spec_from_file_location(

@@ -34,8 +34,9 @@ with `--recipe timm_train` timm's train.py data path with its defaults (timm's d
 a filter drawn per image, ColorJitter, fast_collate, persistent workers, its prefetcher;
 ..._timm_train.json), with `--recipe timm_deit` that path with DeiT's augmentation flags (timm's
 RandAugment, its FastCollateMixup collate_fn, RandomErasing in its prefetcher; ..._timm_deit.json);
-with `--mixup` the loader's collate_fn is a script's own, the references' MixUp/CutMix one
-(`..._mixup.json`): `fastdata run` decodes natively and hands the collate_fn the samples.
+with `--mixup` the loader's collate_fn is the references' MixUp/CutMix one (`--use-v2`:
+`mixup_cutmix(*default_collate(batch))`, a v2 RandomChoice of MixUp and CutMix; `..._mixup.json`),
+which `fastdata run` collates and mixes natively.
 With `--ra-sampler` its sampler is the references' repeated-augmentation one, a sampler of the
 script's (`..._ra_sampler.json`).
 

@@ -279,4 +279,26 @@ void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8
   });
 }
 
+void mix_rolled(float* x, int64_t n, int64_t per, float a, float b, int threads) {
+  if (n == 0 || per == 0) return;
+  // Spans of the samples' values, each blended down the whole batch: a span of sample i-1 is
+  // still as laid out when sample i reads it, and the last sample's is kept before sample n-1
+  // overwrites it, for sample 0.
+  constexpr int64_t kSpan = 4096;
+  const int64_t spans = (per + kSpan - 1) / kSpan;
+  parallel_for(spans, threads_for_bytes(n * per * int64_t(sizeof(float)), threads), [&](int64_t k) {
+    const int64_t j0 = k * kSpan, len = std::min(kSpan, per - j0);
+    float last[kSpan];
+    std::copy(x + (n - 1) * per + j0, x + (n - 1) * per + j0 + len, last);
+    for (int64_t i = n - 1; i >= 0; --i) {
+      float* cur = x + i * per + j0;
+      const float* prev = i ? x + (i - 1) * per + j0 : last;
+      for (int64_t j = 0; j < len; ++j) {
+        const float p = prev[j] * a, q = cur[j] * b;
+        cur[j] = p + q;
+      }
+    }
+  });
+}
+
 }  // namespace fastdata

@@ -33,4 +33,10 @@ void lookup_planes(const uint8_t* src, int64_t n, int64_t hw, int c, const uint8
 void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, const uint8_t* lut, int64_t itemsize,
                    uint8_t* dst, int threads);
 
+// MixUp's blend of a batch with itself rolled by one sample, in place: x[i] = x[i-1] * a + x[i] * b
+// for n samples of `per` float values each (x[-1]: the last sample, as it was), each product and
+// the sum rounded to float as torchvision's `x.roll(1, 0).mul_(a).add_(x.mul(b))` rounds them
+// (so the file is built without fused multiply-adds). On up to `threads` threads.
+void mix_rolled(float* x, int64_t n, int64_t per, float a, float b, int threads);
+
 }  // namespace fastdata

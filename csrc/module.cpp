@@ -260,6 +260,17 @@ void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
   fastdata::lookup_planes(a.src, n, hw, c, a.lut, a.itemsize, a.out, threads);
 }
 
+// mix_rolled(x, lam, threads): MixUp's blend (collate.h) of contiguous float32 x [N, ...] in place,
+// with a = 1 - lam and b = lam each taken as a float, as torch's multiply by a Python number takes it.
+void mix_rolled(nb::ndarray<float, nb::c_contig, nb::device::cpu> x, double lam, int threads) {
+  if (x.ndim() < 1) shape_error("mix_rolled takes float32 x [N, ...]", x.ndim(), x.shape_ptr());
+  const int64_t n = int64_t(x.shape(0)), per = n ? int64_t(x.size()) / n : 0;
+  const float a = float(1.0 - lam), b = float(lam);
+  float* data = x.data();
+  nb::gil_scoped_release release;
+  fastdata::mix_rolled(data, n, per, a, b, threads);
+}
+
 // lookup_values(src, lut, out, threads): out[o, ch, i] = lut[ch, src[o, ch, i]] for contiguous
 // src (uint8 [O, C, I]), lut ([C, 256]) and out ([O, C, I], lut's dtype).
 void lookup_values(AnyArray src, AnyArray lut, OutArray out, int threads) {
@@ -665,6 +676,10 @@ NB_MODULE(_native, m) {
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
         "out [N, C, H, W] of lut's dtype; GIL released.");
+  m.def("mix_rolled", &mix_rolled, nb::arg("x").noconvert(), nb::arg("lam"), nb::arg("threads") = 1,
+        "MixUp's blend in place: x[i] = x[i-1] * float(1 - lam) + x[i] * float(lam) for contiguous float32 x "
+        "[N, ...] (x[-1] the last sample as it was), each value as torchvision's roll, mul_ and add_ give it; "
+        "GIL released.");
   m.def("lookup_values", &lookup_values, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[o, c, i] = lut[c, src[o, c, i]] for contiguous uint8 src [O, C, I], lut [C, 256], "
         "out [O, C, I] of lut's dtype; GIL released.");

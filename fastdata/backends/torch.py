@@ -94,10 +94,7 @@ class TorchCore(DataLoader, LoaderCore):
                    persistent_workers=False, multiprocessing_context=None)
         if workers:
             own.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers)
-        collate_fn = self.collate_fn
-        if collate_fn is native_collate:
-            pin = bool(self.pin_memory) and torch.accelerator.is_available()
-            collate_fn = RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
+        collate_fn = self._working_collate()
         self._index: Resumable | None = None
         dataset, index = self.dataset, dict(batch_size=self.batch_size, drop_last=self.drop_last)
         # (a pass of a sampler that is not replayable keeps its indices not yet handed out: at
@@ -113,6 +110,13 @@ class TorchCore(DataLoader, LoaderCore):
         if workers and self.persistent_workers:
             end_at_exit(self._loader)
         self._built = self._settings()
+
+    def _working_collate(self) -> Any:
+        """The working DataLoader's collate_fn: the loader's, or for native collation a `RingCollate`."""
+        if self.collate_fn is not native_collate:
+            return self.collate_fn
+        pin = bool(self.pin_memory) and torch.accelerator.is_available()
+        return RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
 
     def _settings(self) -> tuple:
         """What the working DataLoader is built from that a script may set after construction (torch

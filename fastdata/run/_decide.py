@@ -35,6 +35,7 @@ from torch.utils.data import IterableDataset
 from ._arrays import lower_any
 from ._folders import folder
 from ._lowering import Lowering, samples_refused
+from ._mixup import mixing_of
 from ._shm import shm_room
 from .._collate import collate as native_collate
 from .._workers import own_start_method
@@ -84,19 +85,28 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         return f"{collation}; not served natively: {why}", None
     if lowering is not None and call.get("batch_size", 1) is None:
         return f"{collation}; not served natively: batch_size=None (samples one by one)", None
-    refused = samples_refused(lowering) if lowering is not None and own else ""
+    mixing = mixing_of(call.get("collate_fn"), lowering, call.get("dataset")) if own else None
+    refused = samples_refused(lowering) if lowering is not None and own and mixing is None else ""
     if refused:
         return f"{collation}; not served natively: {refused}", None
     if lowering is not None:
         shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
         how = "run on its arrays" if lowering.in_memory else "decoded"
         return (f"served natively: {shown} with {lowering.names} {how} by fastdata"
-                + (", its samples batched by the script's collate_fn" if own else "")
+                + (f", natively collated and mixed as the script's collate_fn mixes ({_named(mixing)})"
+                   if mixing is not None else ", its samples batched by the script's collate_fn" if own else "")
                 + ("; random parameters drawn by fastdata (torchvision's distributions, not the plain run's numbers)"
                    if lowering.random else "")
                 + (f"; {', '.join(dict.fromkeys(lowering.script_ops))} called as the script's own op"
                    if lowering.script_ops else "")), lowering
     return "the script's collate_fn (no native collation)" if own else collation, None
+
+
+def _named(mixing: Any) -> str:
+    """"RandomChoice(MixUp, CutMix)", "MixUp", ...: the mixing op of a collate_fn (`mixing_of`)."""
+    ops = getattr(mixing, "transforms", None)
+    name = type(mixing).__name__
+    return f"{name}({', '.join(type(op).__name__ for op in ops)})" if ops is not None else name
 
 
 def _scripts_collate(call: dict) -> bool:

@@ -40,6 +40,7 @@ from ._decide import SIGNATURE, decide
 from ._arrays import NativeArrays, lower_any
 from ._folders import folder
 from ._layout import Finish
+from ._mixup import MixCollate, mixing_of
 from ._torchvision import NativeFolder
 from .._collate import collate as native_collate
 from .._stall import wait_forever
@@ -164,9 +165,19 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         if not self.timeout:
             self._loader.timeout = 0  # the script's timeout=0, as torch's: a wait as long as it takes
         lowering = self._fastdata_lowering
-        self._fastdata_finish = None if lowering is None or self.collate_fn is not native_collate else Finish(
+        native = self.collate_fn is native_collate or self._fastdata_mixing is not None
+        self._fastdata_finish = None if lowering is None or not native else Finish(
             lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
             forks=self.num_workers > 0)
+
+    def _working_collate(self) -> Any:
+        # A collate_fn of the script's that mixes (`_mixup`): natively collated, mixed as it mixes
+        mixing = self._fastdata_mixing = mixing_of(self.collate_fn, getattr(self, "_fastdata_lowering", None),
+                                                  self.dataset)
+        if mixing is None:
+            return TorchCore._working_collate(self)
+        pin = bool(self.pin_memory) and torch.accelerator.is_available()
+        return MixCollate((self.prefetch_factor or 2) + 2, pin, self.collate_fn, mixing)
 
     def _fetched_from(self, dataset: Any) -> Any:
         lowering = getattr(self, "_fastdata_lowering", None)
@@ -174,7 +185,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         added = getattr(self, "_fastdata_added", 0)
         carry = added is True or (self.num_workers > 0 and self.num_workers == added)
         # (a collate_fn of the script's batches the samples: they are laid out where they are fetched)
-        samples = self.collate_fn is not native_collate
+        samples = self.collate_fn is not native_collate and self._fastdata_mixing is None
         if lowering is None:
             return dataset
         return (NativeArrays if lowering.in_memory else NativeFolder)(dataset, lowering, carry=carry, samples=samples)

@@ -3,7 +3,8 @@
 (`FolderBatch`), written into NCHW of the dtype the transform ends in through the transform's
 tensor steps (`Layout`), as torchvision's own operations compute them: natively through a
 lookup table of 256 values a channel (`lay_out`), in the main process (`Finish`), or where a
-collate_fn of the script's gets the samples, where they are fetched.
+collate_fn of the script's gets the samples, where they are fetched; then the script's MixUp or
+CutMix where its collate_fn mixes (`fastdata.run._mixup`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Layout:
     steps: tuple
     erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
     seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
+    # the script's MixUp or CutMix drawn for the batch (`_mixup`): ("mixup", lam), ("cutmix", (x1, y1, x2, y2))
+    mixed: tuple = ()
 
 
 class FolderBatch(Prepared):
@@ -120,6 +123,22 @@ def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dic
             apply_steps(out[k], images[k], steps)
     if layout.erased:
         erase(out, steps, layout.erased, layout.seed, apply_steps)
+    if layout.mixed:
+        mix(out, layout.mixed)
+
+
+def mix(out: torch.Tensor, mixed: tuple) -> None:
+    """torchvision's MixUp (`x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam))`) or CutMix (the box of
+    the sample before, the first sample's from the last) of the batch `out`, in place, bit for bit."""
+    kind, value = mixed
+    if kind == "cutmix":
+        x1, y1, x2, y2 = value
+        box = out[..., y1:y2, x1:x2]
+        box.copy_(box.roll(1, 0))
+    elif _ext is not None and out.dtype == torch.float32 and out.is_contiguous():
+        _ext.mix_rolled(out, value, default_threads())
+    else:
+        out.copy_(out.roll(1, 0).mul_(1.0 - value).add_(out.mul(value)))
 
 
 class Finish:
@@ -150,4 +169,6 @@ class Finish:
                 outs.append(handle)
         finally:
             ring.end()
+        if layouts[0].mixed:  # (the script's MixUp or CutMix gives a tuple)
+            return (outs[0], batch[1])
         return [outs if views else outs[0], batch[1]]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from fastdata.run import _layout
 from fastdata.run import _torchvision as rt
@@ -72,6 +73,32 @@ def test_lookup_planes_refuses_what_it_cannot_lay_out():
         native.lookup_planes(src, torch.zeros(3, 256), torch.zeros(2, 3, 4, 4, dtype=torch.float64), 1)
     with pytest.raises(ValueError, match="contiguous"):
         native.lookup_planes(src, torch.zeros(3, 256), torch.zeros(2, 4, 4, 3).permute(0, 3, 1, 2), 1)
+
+
+@pytest.mark.skipif(native is None, reason="no native extension")
+def test_mix_rolled_is_torchvisions_mixup_bit_for_bit():
+    """MixUp's blend in place against torchvision's `x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam))`:
+    batches of 1 to 5, values of every scale, lambdas from Beta(0.2, 0.2) and uniform; and the
+    layout's fallback (torch's operations) the same."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        n = 1 + trial % 5
+        x = torch.randn((n, 3, 9, 11), generator=g) * 10 ** (trial % 7 - 3)
+        lam = float(torch.rand((), generator=g)) if trial % 2 else float(torch.distributions.Beta(0.2, 0.2).sample())
+        want = x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam))
+        got = x.clone()
+        native.mix_rolled(got, lam, 2)
+        assert torch.equal(got, want), (n, lam)
+        fallback = x.double().clone()  # (not float32: torch's operations)
+        _layout.mix(fallback, ("mixup", lam))
+        assert torch.equal(fallback, x.double().roll(1, 0).mul_(1.0 - lam).add_(x.double().mul(lam)))
+    big = torch.randn((3, 3, 300, 300), generator=g)  # (spans over several threads)
+    got = big.clone()
+    native.mix_rolled(got, 0.3, 2)
+    assert torch.equal(got, big.roll(1, 0).mul_(0.7).add_(big.mul(0.3)))
+    for other in (torch.zeros((2, 3), dtype=torch.float64), torch.zeros((3, 2)).t()):  # (never a converted copy)
+        with pytest.raises(TypeError):
+            native.mix_rolled(other, 0.5, 1)
 
 
 def test_not_a_torchvision_dataset_is_left_alone():
@@ -495,6 +522,111 @@ def test_a_collate_fn_of_the_scripts_gets_torchvisions_own_samples_where_fastdat
     assert "its samples are tv_tensors.Image" in decide((images,), {"batch_size": 8, "collate_fn": collate})[1]
     list(_served(images, batch_size=8, collate_fn=collate))
     assert kinds == {tv_tensors.Image}
+
+
+def _mixing(classes: int):
+    """The references' and torchvision's docs' MixUp or CutMix, one drawn a batch (v2)."""
+    import torchvision.transforms.v2 as v2
+
+    return v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes), v2.CutMix(alpha=1.0, num_classes=classes)])
+
+
+_MIXING = None  # a module's own, as the docs' script holds it
+
+
+def _mixed_by_name(batch):
+    return _MIXING(*default_collate(batch))
+
+
+def _mixing_collates(mixing):
+    """The collate_fn shapes the module `_mixup` recognizes: a def or lambda, the op a global or a closure's."""
+    global _MIXING
+    _MIXING = mixing
+
+    def by_cell(batch):
+        return mixing(*default_collate(batch))
+
+    return {"def, by name": _mixed_by_name, "def, a closure's": by_cell,
+            "lambda, a closure's": lambda batch: mixing(*default_collate(batch)),
+            "lambda, torch.utils.data's": lambda batch: mixing(*torch.utils.data.default_collate(batch))}
+
+
+def test_a_collate_fn_that_mixes_gives_torchvisions_batches_bit_for_bit(tv, folder):
+    """The natively collated batch, mixed in two halves (draws and labels where the collate_fn
+    runs, the images after the layout), equals the script's MixUp or CutMix of default_collate's
+    batch of the same samples, drawn from the same torch RNG state: images (RandomErasing's
+    rectangles in them too) and labels, bit for bit, both ops drawn."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._mixup import MixCollate
+
+    dataset = ImageFolder(str(folder), T.Compose([
+        T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD),
+        T.RandomErasing(p=0.5, value="random")]))
+    lowering = rt.lower(dataset)[0]
+    mixing = _mixing(len(dataset.classes))
+    collate = _mixing_collates(mixing)["def, a closure's"]
+    finish = _layout.Finish(lowering, slots=2, pin=False, forks=False)
+    kinds = set()
+    for seed in range(8):
+        indices = [(7 * seed + 5 * k) % len(dataset) for k in range(9)]
+        torch.manual_seed(seed)
+        crossed = MixCollate(2, False, collate, mixing)(rt.NativeFolder(dataset, lowering).__getitems__(indices))
+        kinds.add(crossed[2].mixed[0])
+        images, labels = got = finish(crossed)
+        torch.manual_seed(seed)
+        want = collate(rt.NativeFolder(dataset, lowering, samples=True).__getitems__(indices))
+        assert type(got) is tuple and type(want) is tuple
+        assert images.dtype == want[0].dtype and torch.equal(images, want[0]), crossed[2].mixed
+        assert labels.dtype == want[1].dtype and torch.equal(labels, want[1])
+    assert kinds == {"mixup", "cutmix"}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_fn_that_mixes_is_collated_natively(tv, folder, workers):
+    """The docs' `collate_fn(batch): return cutmix_or_mixup(*default_collate(batch))`, in each
+    shape, is served with native collation (no samples handed to it) and num_workers as the
+    script set it: each batch a tuple of mixed images and soft labels, whose weights are those
+    of the classes in its pixels (the blue channel encodes the class). A collate_fn of other
+    code, or a mixing op fastdata does not run, gets torchvision's samples."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run._decide import decide
+
+    dataset = ImageFolder(str(folder), T.Compose([T.RandomResizedCrop(48, scale=(0.5, 1.0)), T.ToTensor()]))
+    classes = len(dataset.classes)
+    blue = 255 * torch.tensor([55.0 + 50 * c for c in range(classes)])  # (the class's mean blue, in [0, 255])
+    mixing = _mixing(classes)
+    for shape, collate in _mixing_collates(mixing).items():
+        served, reason, added, _ = decide((dataset,), {"batch_size": 8, "collate_fn": collate})
+        assert served and added is None and "mixed as the script's collate_fn mixes (RandomChoice(MixUp, CutMix))" \
+            in reason, (shape, reason)
+        loader = _served(dataset, batch_size=8, num_workers=workers, collate_fn=collate, shuffle=True)
+        assert loader._fastdata_mixing is mixing and loader._fastdata_finish is not None, shape
+        batches = list(loader)
+        assert len(batches) == 6
+        for images, labels in batches:
+            assert images.shape == (8, 3, 48, 48) and labels.shape == (8, classes)
+            assert torch.allclose(labels.sum(1), torch.ones(8))
+            assert torch.allclose(images[:, 2].mean(dim=(1, 2)) * 255, (labels @ blue) / 255, atol=8), shape
+        loader._stop()
+
+    def unpacked(batch):
+        images, labels = default_collate(batch)
+        return mixing(images, labels)
+
+    own = v2.MixUp(num_classes=classes, labels_getter=lambda inputs: inputs[1])
+    for other in (unpacked, lambda batch: own(*default_collate(batch)),
+                  lambda batch: T.RandomChoice([own])(*default_collate(batch))):
+        assert "its samples batched by the script's collate_fn" in decide(
+            (dataset,), {"batch_size": 8, "collate_fn": other})[1]
+        loader = _served(dataset, batch_size=8, num_workers=workers, collate_fn=other)
+        assert loader._fastdata_mixing is None and loader._fastdata_finish is None
+        assert all(images.shape == (8, 3, 48, 48) for images, _ in loader)
+        loader._stop()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
