@@ -4,9 +4,9 @@ RandomChoice of them, on a natively served batch.
 
 `mixing_of` recognizes that function by its code: its bytecode is that of the same expression
 compiled here (`_SHAPES`: a def or a lambda, `mixing` a global or a closure's variable, torch's
-`default_collate` a global or `torch.utils.data.default_collate`), so it computes nothing else; `mixing` is read when the loader is
-built, as a worker reads it when it starts. Any other collate_fn of the script's gets
-torchvision's samples, as before.
+`default_collate` a global or `torch.utils.data.default_collate`), so it computes nothing else.
+`mixing` is read when the loader is built and again at each batch, as the function reads it.
+Any other collate_fn of the script's gets torchvision's samples.
 
 The batch is then collated natively and mixed in two halves (`MixCollate`). Where the script's
 collate_fn runs (a worker, or the training process without workers), its draws come from
@@ -104,11 +104,18 @@ def _mixes(mixing: Any) -> bool:
     except Exception:  # (no torchvision, or one that does not import)
         return False
     ops = list(mixing.transforms) if type(mixing) is v2.RandomChoice else [mixing]
-    default = v2.MixUp(num_classes=1)._labels_getter
     return bool(ops) and all(
         type(op) in (v2.MixUp, v2.CutMix) and type(op.num_classes) is int and op.num_classes > 0
-        and getattr(op, "_labels_getter", None) is default and hasattr(op, "_mixup_label")
+        and getattr(op, "_labels_getter", None) is _default_labels() and hasattr(op, "_mixup_label")
         and (hasattr(op, "make_params") or hasattr(op, "_get_params")) for op in ops)
+
+
+@functools.lru_cache(maxsize=1)
+def _default_labels() -> Any:
+    """The labels_getter v2's MixUp and CutMix hold for labels_getter="default"."""
+    from torchvision.transforms import v2
+
+    return v2.MixUp(num_classes=1)._labels_getter
 
 
 def mixing_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) -> Any:
@@ -151,18 +158,23 @@ class MixCollate(RingCollate):
     def _collate(self, batch: Any) -> Any:
         if type(batch) is not FolderBatch:
             return RingCollate._collate(self, batch) if isinstance(batch, Prepared) else self.fn(batch)
+        # the op the function reads now, as it reads it at each call (a script may bind another between passes)
+        mixing = _applied(self.fn)
+        mixing = self.mixing if mixing is None else mixing
         n, h, w, c = batch.images.shape
         labels = torch.utils.data.default_collate(batch.targets)  # (default_collate's batch of them, as torch's)
-        if not all(type(t) is int for t in batch.targets):  # (labels of the dataset's other than class indices)
+        if not (all(type(t) is int for t in batch.targets) and (mixing is self.mixing or _mixes(mixing))):
+            # the op itself on the laid-out batch: labels of the dataset's other than class
+            # indices, or an op bound since that fastdata does not run
             images = torch.empty((n, c, h, w), dtype=steps_dtype(batch.steps))
             lay_out(batch.images, Layout(batch.steps, batch.erased, batch.seed), images, self._tables)
-            return self.mixing(images, labels)
+            return mixing(images, labels)
         ring = self.rings.ring()
         try:
             handle, layout = batch.crossed(ring)
         finally:
             ring.end()
-        op, params = draw(self.mixing, (n, c, h, w))
+        op, params = draw(mixing, (n, c, h, w))
         if "box" in params:  # CutMix
             return [handle, op._mixup_label(labels, lam=params["lam_adjusted"]),
                     replace(layout, mixed=("cutmix", tuple(params["box"])))]

@@ -581,6 +581,20 @@ def test_a_collate_fn_that_mixes_gives_torchvisions_batches_bit_for_bit(tv, fold
         assert images.dtype == want[0].dtype and torch.equal(images, want[0]), crossed[2].mixed
         assert labels.dtype == want[1].dtype and torch.equal(labels, want[1])
     assert kinds == {"mixup", "cutmix"}
+    # The op the function reads at each batch: another bound since (fastdata's mixing; torchvision's own op)
+    global _MIXING
+    import torchvision.transforms.v2 as v2
+
+    classes = len(dataset.classes)
+    for bound in (v2.CutMix(alpha=0.5, num_classes=classes),
+                  v2.MixUp(alpha=3.0, num_classes=classes, labels_getter=lambda inputs: inputs[1])):
+        _MIXING = bound
+        torch.manual_seed(9)
+        got = finish(MixCollate(2, False, _mixed_by_name, mixing)(rt.NativeFolder(dataset, lowering).__getitems__(
+            list(range(9)))))
+        torch.manual_seed(9)
+        want = _mixed_by_name(rt.NativeFolder(dataset, lowering, samples=True).__getitems__(list(range(9))))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), bound
 
 
 @pytest.mark.parametrize("workers", [0, 2])
