@@ -321,8 +321,8 @@ class Decoder {
     // A whole resize's window: the taps of the whole image's resize, for the window's pixels.
     const float s = 1.0f / float(denom);
     if (resized) {
-      compute_taps(sw, 0.0f, float(sw), out_w, resize.filter, &htaps_, resize.whole_w, int(x));
-      compute_taps(sh, 0.0f, float(sh), out_h, resize.filter, &vtaps_, resize.whole_h, int(y));
+      compute_taps(sw, 0.0f, float(sw), out_w, resize.filter, &htaps_, resize.whole_w, int(x), resize.int16_weights);
+      compute_taps(sh, 0.0f, float(sh), out_h, resize.filter, &vtaps_, resize.whole_h, int(y), resize.int16_weights);
     } else {
       window_taps(sw, float(x) * s, float(x + w) * s, out_w, resize, &htaps_);
       window_taps(sh, float(y) * s, float(y + h) * s, out_h, resize, &vtaps_);
@@ -440,7 +440,7 @@ class Decoder {
         const int want = std::min(2, out.height - yy);
         for (int k = 0; k < want; ++k) {
           vertical(rows_.data() + size_t(vtaps_.start[yy + k] - y0_) * row_bytes_, int64_t(row_bytes_),
-                   &vtaps_.weights[size_t(yy + k) * ksize], vtaps_.count[yy + k],
+                   &vtaps_.weights[size_t(yy + k) * ksize], vtaps_.count[yy + k], vtaps_.precision,
                    row_.data() + k * row_bytes_, used * 4);
         }
         const uint8_t* second = want == 2 ? row_.data() + row_bytes_ : row_.data();
@@ -456,7 +456,7 @@ class Decoder {
     line_.resize(size_t(n));
     for (int yy = 0; yy < out.height; ++yy) {
       vertical(rows_.data() + size_t(vtaps_.start[yy] - y0_) * n, n,
-               &vtaps_.weights[size_t(yy) * ksize], vtaps_.count[yy], line_.data(), n);
+               &vtaps_.weights[size_t(yy) * ksize], vtaps_.count[yy], vtaps_.precision, line_.data(), n);
       write_line(line_.data(), out.width, base + yy * out.stride_h, out.stride_c, out.stride_w,
                  flip);
     }

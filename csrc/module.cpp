@@ -527,7 +527,7 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
 }
 
 // decode_crop_resize(datas, crops, flips, out, threads, whole, index, resample, crop_first,
-//                    vertical_first, bicubic, resized) -> [None or error]:
+//                    vertical_first, bicubic, resized, weights) -> [None or error]:
 // out[i] = the crop (x, y, w, h) of JPEG datas[i], resized to out's H x W (Pillow's bilinear or bicubic),
 // mirrored where flips[i]. out is [N, 3, H, W] uint8 with any strides; GIL released while
 // decoding. whole: None (every file entropy-decoded to its end) or uint8/bool [N], 0 where the
@@ -536,13 +536,17 @@ bool is_byte_vector(const FlipArray& a, size_t n) {
 // vertical pass comes first. bicubic: None (every sample `resample`) or uint8/bool [N], nonzero
 // where the sample is resized bicubic, else bilinear. resized: None or int64 [N, 2], (w, h) > 0
 // where the whole image is resized to that size and the crop is a window of it (decode.h).
+// weights: "pillow" (classic Pillow's) or "pillow-simd" (Pillow-SIMD's: resample.h).
 nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips, ImageBatch out,
                             int threads, std::optional<FlipArray> whole, bool index,
                             const std::string& resample, bool crop_first,
                             std::optional<FlipArray> vertical_first, std::optional<FlipArray> bicubic,
-                            std::optional<SizeArray> resized) {
+                            std::optional<SizeArray> resized, const std::string& weights) {
   if (resample != "bilinear" && resample != "bicubic") {
     throw nb::value_error(("resample should be 'bilinear' or 'bicubic', not '" + resample + "'").c_str());
+  }
+  if (weights != "pillow" && weights != "pillow-simd") {
+    throw nb::value_error(("weights should be 'pillow' or 'pillow-simd', not '" + weights + "'").c_str());
   }
   const size_t n = nb::len(datas);
   if (crops.shape(0) != n || crops.shape(1) != 4) {
@@ -611,7 +615,7 @@ nb::list decode_crop_resize(nb::sequence datas, CropArray crops, FlipArray flips
     fastdata::decode_crop_resize(srcs, crop_values.data(), flip_values.data(), view, threads,
                                  &errors, whole.has_value() ? whole_values.data() : nullptr, index,
                                  {resample == "bicubic" ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear,
-                                  crop_first},
+                                  crop_first, false, 0, 0, weights == "pillow-simd"},
                                  vertical_first.has_value() ? vertical_values.data() : nullptr,
                                  bicubic.has_value() ? bicubic_values.data() : nullptr,
                                  resized.has_value() ? resized_values.data() : nullptr);
@@ -724,6 +728,7 @@ NB_MODULE(_native, m) {
         nb::arg("whole").none() = nb::none(), nb::arg("index") = true, nb::arg("resample") = "bilinear",
         nb::arg("crop_first") = false, nb::arg("vertical_first").none() = nb::none(),
         nb::arg("bicubic").none() = nb::none(), nb::arg("resized").none() = nb::none(),
+        nb::arg("weights") = "pillow",
         "Decode crop (x, y, w, h) of each JPEG, resize it into out[i] ([N, 3, H, W] uint8, any "
         "strides) as Pillow's resize with that box and filter ('bilinear' or 'bicubic'; bicubic where "
         "bicubic[i], else bilinear, where that array is given) does "
@@ -731,6 +736,7 @@ NB_MODULE(_native, m) {
         "vertical_first[i]; where resized[i] is a size, the window (x, y) of out's size of the "
         "whole image resized to it), mirrored where flips[i]; a "
         "baseline JPEG's rows below the window are entropy-decoded too unless whole[i] is 0; "
+        "weights 'pillow' (classic Pillow's 22-bit) or 'pillow-simd' (Pillow-SIMD's 16-bit); "
         "returns None or an error message per sample. GIL released.");
   m.def("open_index", &fastdata::open_index, nb::arg("path"), nb::arg("slots"), nb::arg("arena"),
         nb::arg("max_checkpoints"),

@@ -56,6 +56,42 @@ void split_weights(Taps* t, int out_size) {
   }
 }
 
+namespace {
+
+// One output pixel's filter at `center`: its first input pixel (*xmin) and count, and its
+// weights in k, normalised to sum to one, as Pillow's precompute_coeffs computes them.
+int pixel_weights(int in_size, double center, double support, double ss, bool cubic, int ksize, double* k,
+                  int* xmin_out) {
+  int xmin = int(center - support + 0.5);  // truncation toward zero, as Pillow's cast
+  if (xmin < 0) xmin = 0;
+  int xmax = int(center + support + 0.5);
+  if (xmax > in_size) xmax = in_size;
+  const int n = std::max(0, std::min(xmax - xmin, ksize));
+  double ww = 0.0;
+  for (int x = 0; x < n; ++x) {
+    const double at = (x + xmin - center + 0.5) * ss;
+    k[x] = cubic ? bicubic(at) : triangle(at);
+    ww += k[x];
+  }
+  if (ww != 0.0) {
+    for (int x = 0; x < n; ++x) k[x] /= ww;
+  }
+  *xmin_out = xmin;
+  return n;
+}
+
+// Pillow-SIMD's fraction bits for a pass whose largest weight is `most`: the most, up to 22,
+// with which the next would bring that weight to 2^15 (its weights are int16).
+int int16_precision(double most) {
+  int p = 0;
+  for (; p < kPrecisionBits; ++p) {
+    if (int(0.5 + most * double(1 << (p + 1))) >= (1 << 15)) break;
+  }
+  return p;
+}
+
+}  // namespace
+
 // The box edges arrive as C floats, as they do in Pillow (its resize parses the box with "f"),
 // and their difference is taken in float before widening, so that the scale, every filter
 // centre and so every weight come out as Pillow's: a pixel-exact match when the pixels going
@@ -63,40 +99,29 @@ void split_weights(Taps* t, int out_size) {
 // at the kernel's own when enlarging; each output pixel's weights are normalised to sum to one
 // before rounding to fixed point (the bicubic's negative lobes round away from zero, as Pillow's).
 void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t, int of,
-                  int first) {
+                  int first, bool int16_weights) {
   const bool cubic = filter == Filter::kBicubic;
-  const double scale = double(in1 - in0) / (of > 0 ? of : out_size);
+  const int whole = of > 0 ? of : out_size;
+  const double scale = double(in1 - in0) / whole;
   const double filterscale = std::max(scale, 1.0);
   const double support = (cubic ? 2.0 : 1.0) * filterscale;  // the kernel's own support: 1 or 2
   const int ksize = int(std::ceil(support)) * 2 + 1;
+  const double ss = 1.0 / filterscale;
   t->ksize = ksize;
   t->start.resize(out_size);
   t->count.resize(out_size);
   t->weights.assign(size_t(out_size) * ksize, 0);
-  t->scratch.resize(ksize);
-  double* k = t->scratch.data();
-  const double ss = 1.0 / filterscale;
+  t->scratch.assign(size_t(out_size + 1) * ksize, 0.0);
   t->lo = in_size;
   t->hi = 0;
   t->taps = 0;
+  double most = 0.0;  // the pass's largest weight (Pillow-SIMD's precision)
   for (int xx = 0; xx < out_size; ++xx) {
-    const double center = in0 + (double(first) + xx + 0.5) * scale;
-    int xmin = int(center - support + 0.5);  // truncation toward zero, as Pillow's cast
-    if (xmin < 0) xmin = 0;
-    int xmax = int(center + support + 0.5);
-    if (xmax > in_size) xmax = in_size;
-    const int n = std::max(0, std::min(xmax - xmin, ksize));
-    double ww = 0.0;
-    for (int x = 0; x < n; ++x) {
-      const double at = (x + xmin - center + 0.5) * ss;
-      k[x] = cubic ? bicubic(at) : triangle(at);
-      ww += k[x];
-    }
-    int32_t* w = &t->weights[size_t(xx) * ksize];
-    for (int x = 0; x < n; ++x) {
-      const double v = (ww != 0.0 ? k[x] / ww : k[x]) * (1 << kPrecisionBits);
-      w[x] = int32_t(v < 0 ? v - 0.5 : v + 0.5);
-    }
+    double* k = &t->scratch[size_t(xx) * ksize];
+    int xmin = 0;
+    const int n = pixel_weights(in_size, in0 + (double(first) + xx + 0.5) * scale, support, ss, cubic, ksize, k,
+                                &xmin);
+    for (int x = 0; x < n; ++x) most = std::max(most, k[x]);
     t->start[xx] = xmin;
     t->count[xx] = n;
     t->taps = std::max(t->taps, n);
@@ -105,14 +130,35 @@ void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter
       t->hi = std::max(t->hi, xmin + n);
     }
   }
+  if (int16_weights && of > 0) {  // the whole resize's pixels outside the window weigh in too
+    double* k = &t->scratch[size_t(out_size) * ksize];
+    for (int xx = 0; xx < of; ++xx) {
+      if (xx == first) xx += out_size;
+      if (xx >= of) break;
+      int xmin = 0;
+      const int n = pixel_weights(in_size, in0 + (xx + 0.5) * scale, support, ss, cubic, ksize, k, &xmin);
+      for (int x = 0; x < n; ++x) most = std::max(most, k[x]);
+    }
+  }
+  t->precision = int16_weights ? int16_precision(most) : kPrecisionBits;
+  const double unit = double(1 << t->precision);
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double* k = &t->scratch[size_t(xx) * ksize];
+    int32_t* w = &t->weights[size_t(xx) * ksize];
+    for (int x = 0; x < t->count[xx]; ++x) {
+      const double v = k[x] * unit;
+      w[x] = int32_t(v < 0 ? v - 0.5 : v + 0.5);
+    }
+  }
   if (t->hi <= t->lo) t->lo = t->hi = 0;
 }
 
 void window_taps(int in_size, float in0, float in1, int out_size, Resize resize, Taps* t) {
-  if (!resize.cut) return compute_taps(in_size, in0, in1, out_size, resize.filter, t);
+  if (!resize.cut) return compute_taps(in_size, in0, in1, out_size, resize.filter, t, 0, 0, resize.int16_weights);
   const int first = std::max(0, int(std::floor(in0)));
   const int last = std::min(in_size, int(std::ceil(in1)));
-  compute_taps(last - first, in0 - float(first), in1 - float(first), out_size, resize.filter, t);
+  compute_taps(last - first, in0 - float(first), in1 - float(first), out_size, resize.filter, t, 0, 0,
+               resize.int16_weights);
   for (int& s : t->start) s += first;
   t->lo += first;
   t->hi += first;
@@ -120,8 +166,8 @@ void window_taps(int in_size, float in0, float in1, int out_size, Resize resize,
 
 namespace {
 
-inline uint8_t clip8(int32_t v) {
-  v >>= kPrecisionBits;
+inline uint8_t clip8(int32_t v, int precision) {
+  v >>= precision;
   return uint8_t(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
@@ -144,15 +190,15 @@ void horizontal_generic(const uint8_t* row, int x0, const Taps& t, uint8_t* dst,
   for (int xx = 0; xx < out_w; ++xx) {
     const uint8_t* p = row + size_t(t.start[xx] - x0) * 4;
     const int32_t* w = &t.weights[size_t(xx) * ksize];
-    int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+    int32_t s0 = 1 << (t.precision - 1), s1 = s0, s2 = s0;
     for (int x = 0; x < taps; ++x, p += 4) {
       s0 += p[0] * w[x];
       s1 += p[1] * w[x];
       s2 += p[2] * w[x];
     }
-    dst[4 * xx + 0] = clip8(s0);
-    dst[4 * xx + 1] = clip8(s1);
-    dst[4 * xx + 2] = clip8(s2);
+    dst[4 * xx + 0] = clip8(s0, t.precision);
+    dst[4 * xx + 1] = clip8(s1, t.precision);
+    dst[4 * xx + 2] = clip8(s2, t.precision);
     dst[4 * xx + 3] = 0;
   }
 }
@@ -166,12 +212,12 @@ void horizontal2_generic(const uint8_t* ra, const uint8_t* rb, int x0, const Tap
 
 // Vertical pass for one output row: line[j] = clip(sum over k < taps of
 // rows[k * row_stride + j] * w[k]) for j < n.
-void vertical_generic(const uint8_t* rows, int64_t row_stride, const int32_t* w, int taps,
+void vertical_generic(const uint8_t* rows, int64_t row_stride, const int32_t* w, int taps, int precision,
                       uint8_t* line, int n) {
   for (int j = 0; j < n; ++j) {
-    int32_t s = 1 << (kPrecisionBits - 1);
+    int32_t s = 1 << (precision - 1);
     for (int k = 0; k < taps; ++k) s += rows[k * row_stride + j] * w[k];
-    line[j] = clip8(s);
+    line[j] = clip8(s, precision);
   }
 }
 
@@ -187,7 +233,8 @@ __attribute__((target("sse4.1"))) void horizontal_sse41(const uint8_t* row, int 
                                                          const Taps& t, uint8_t* dst,
                                                          int out_w) {
   const int pairs = P > 0 ? P : t.pairs;
-  const __m128i half = _mm_set1_epi32(1 << (kPrecisionBits - 1));
+  const __m128i half = _mm_set1_epi32(1 << (t.precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(t.precision);
   const __m128i to_pairs = _mm_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
   const __m128i* w = reinterpret_cast<const __m128i*>(t.split.data());
   for (int xx = 0; xx < out_w; ++xx, w += 2 * pairs) {
@@ -201,7 +248,7 @@ __attribute__((target("sse4.1"))) void horizontal_sse41(const uint8_t* row, int 
     }
     __m128i acc = _mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(hi, kSplitBits), lo), half);
     // Shift, then saturate to int16 and to uint8: clip8's clamp to 0..255, four lanes at once.
-    acc = _mm_srai_epi32(acc, kPrecisionBits);
+    acc = _mm_sra_epi32(acc, shift);
     acc = _mm_packus_epi16(_mm_packs_epi32(acc, acc), acc);
     const int32_t out = _mm_cvtsi128_si32(acc) & 0x00FFFFFF;
     std::memcpy(dst + 4 * xx, &out, 4);
@@ -222,7 +269,8 @@ __attribute__((target("avx2"))) void horizontal2_avx2(const uint8_t* ra, const u
                                                        int x0, const Taps& t, uint8_t* da,
                                                        uint8_t* db, int out_w) {
   const int pairs = P > 0 ? P : t.pairs;
-  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+  const __m256i half = _mm256_set1_epi32(1 << (t.precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(t.precision);
   const __m256i to_pairs =
       _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,  //
                        0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
@@ -245,7 +293,7 @@ __attribute__((target("avx2"))) void horizontal2_avx2(const uint8_t* ra, const u
     }
     __m256i acc =
         _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, kSplitBits), lo), half);
-    acc = _mm256_srai_epi32(acc, kPrecisionBits);
+    acc = _mm256_sra_epi32(acc, shift);
     acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);  // per 128-bit lane
     const int32_t a = _mm256_extract_epi32(acc, 0) & 0x00FFFFFF;
     const int32_t b = _mm256_extract_epi32(acc, 4) & 0x00FFFFFF;
@@ -256,9 +304,10 @@ __attribute__((target("avx2"))) void horizontal2_avx2(const uint8_t* ra, const u
 
 // 16 values at a time, the accumulators kept in registers across the taps.
 __attribute__((target("sse4.1"))) void vertical_sse41(const uint8_t* rows, int64_t row_stride,
-                                                      const int32_t* w, int taps, uint8_t* line,
-                                                      int n) {
-  const __m128i half = _mm_set1_epi32(1 << (kPrecisionBits - 1));
+                                                      const int32_t* w, int taps, int precision,
+                                                      uint8_t* line, int n) {
+  const __m128i half = _mm_set1_epi32(1 << (precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(precision);
   int j = 0;
   for (; j + 16 <= n; j += 16) {
     __m128i a0 = half, a1 = half, a2 = half, a3 = half;
@@ -271,22 +320,23 @@ __attribute__((target("sse4.1"))) void vertical_sse41(const uint8_t* rows, int64
       a2 = _mm_add_epi32(a2, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), wk));
       a3 = _mm_add_epi32(a3, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 12)), wk));
     }
-    a0 = _mm_srai_epi32(a0, kPrecisionBits);
-    a1 = _mm_srai_epi32(a1, kPrecisionBits);
-    a2 = _mm_srai_epi32(a2, kPrecisionBits);
-    a3 = _mm_srai_epi32(a3, kPrecisionBits);
+    a0 = _mm_sra_epi32(a0, shift);
+    a1 = _mm_sra_epi32(a1, shift);
+    a2 = _mm_sra_epi32(a2, shift);
+    a3 = _mm_sra_epi32(a3, shift);
     const __m128i packed =
         _mm_packus_epi16(_mm_packs_epi32(a0, a1), _mm_packs_epi32(a2, a3));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(line + j), packed);
   }
-  if (j < n) vertical_generic(rows + j, row_stride, w, taps, line + j, n - j);
+  if (j < n) vertical_generic(rows + j, row_stride, w, taps, precision, line + j, n - j);
 }
 
 // vertical_sse41 with 32 values at a time.
 __attribute__((target("avx2"))) void vertical_avx2(const uint8_t* rows, int64_t row_stride,
-                                                   const int32_t* w, int taps, uint8_t* line,
-                                                   int n) {
-  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+                                                   const int32_t* w, int taps, int precision,
+                                                   uint8_t* line, int n) {
+  const __m256i half = _mm256_set1_epi32(1 << (precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(precision);
   // packs/packus work within 128-bit lanes; this puts the 4-byte groups back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int j = 0;
@@ -304,16 +354,16 @@ __attribute__((target("avx2"))) void vertical_avx2(const uint8_t* rows, int64_t 
       a3 = _mm256_add_epi32(
           a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v1, 8)), wk));
     }
-    a0 = _mm256_srai_epi32(a0, kPrecisionBits);
-    a1 = _mm256_srai_epi32(a1, kPrecisionBits);
-    a2 = _mm256_srai_epi32(a2, kPrecisionBits);
-    a3 = _mm256_srai_epi32(a3, kPrecisionBits);
+    a0 = _mm256_sra_epi32(a0, shift);
+    a1 = _mm256_sra_epi32(a1, shift);
+    a2 = _mm256_sra_epi32(a2, shift);
+    a3 = _mm256_sra_epi32(a3, shift);
     const __m256i packed =
         _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(line + j),
                         _mm256_permutevar8x32_epi32(packed, order));
   }
-  if (j < n) vertical_sse41(rows + j, row_stride, w, taps, line + j, n - j);
+  if (j < n) vertical_sse41(rows + j, row_stride, w, taps, precision, line + j, n - j);
 }
 #endif
 

@@ -18,17 +18,21 @@ enum class Filter { kBilinear = 0, kBicubic = 1 };
 // clips to 0..255, so where a bicubic filter overshoots the order changes a pixel. With `whole_w`
 // and `whole_h` (both > 0), the window is whole pixels of the whole image resized to that size,
 // as torchvision's Resize, then a crop, makes it (`cut` is then ignored).
+// With `int16_weights`, each pass's weights are Pillow-SIMD's: 16-bit, at the most fraction bits
+// (up to 22) that keep the pass's largest weight under 2^15, where classic Pillow's have 22.
 struct Resize {
   Filter filter = Filter::kBilinear;
   bool cut = false;
   bool vertical_first = false;
   int whole_w = 0, whole_h = 0;
+  bool int16_weights = false;
 };
 
 // One axis of Pillow's separable resampling: for output pixel i, input pixels
 // start[i] .. start[i] + count[i] - 1 weighted by weights[i * ksize ...] in fixed point.
 struct Taps {
   int ksize = 0;
+  int precision = 22;  // the weights' fraction bits: a sum of taps is shifted right by it
   std::vector<int> start, count;
   std::vector<int32_t> weights;
   std::vector<double> scratch;
@@ -42,17 +46,20 @@ struct Taps {
 };
 
 // A horizontal kernel resamples two decoded RGBX rows per call (ra into da, rb into db; rb may be
-// ra); a vertical kernel sums `taps` rows `row_stride` bytes apart with weights w into a line.
+// ra); a vertical kernel sums `taps` rows `row_stride` bytes apart with weights w of `precision`
+// fraction bits into a line.
 using HorizontalKernel = void (*)(const uint8_t* ra, const uint8_t* rb, int x0, const Taps&,
                                   uint8_t* da, uint8_t* db, int out_w);
-using VerticalKernel = void (*)(const uint8_t*, int64_t, const int32_t*, int, uint8_t*, int);
+using VerticalKernel = void (*)(const uint8_t*, int64_t, const int32_t*, int, int, uint8_t*, int);
 
 // The taps for resampling input pixels [in0, in1) (C floats, as Pillow parses its box) of an
 // axis of in_size pixels to out_size pixels, as Pillow's Image.resize(filter, box=...) computes them.
 // With `of` > 0, the taps of output pixels first .. first + out_size - 1 of a resize to `of`
-// pixels: only the window's, so its cost is the window's whatever size it is cut from.
+// pixels: only the window's, so its cost is the window's whatever size it is cut from (with
+// `int16_weights`, Pillow-SIMD's, the largest weight of all `of` pixels sets the precision: a
+// pass over all of them, `of` times the taps).
 void compute_taps(int in_size, float in0, float in1, int out_size, Filter filter, Taps* t, int of = 0,
-                  int first = 0);
+                  int first = 0, bool int16_weights = false);
 
 // compute_taps for the window [in0, in1) resized as `resize` says: cut out first, the taps are
 // those of the image of its whole pixels [floor(in0), ceil(in1)) alone, moved to their place (for

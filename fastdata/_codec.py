@@ -57,7 +57,7 @@ def _shape(x: Any) -> list[int]:
 def decode_crop_resize(
     datas: Sequence[Any], crops: Any, flips: Any, out: Any, threads: int = 1, whole: Any = None,
     index: bool = True, resample: Any = "bilinear", crop_first: bool = False, vertical_first: Any = None,
-    resized: Any = None,
+    resized: Any = None, weights: str = "pillow",
 ) -> list[str | None]:
     """For each i: decode the window crops[i] = (x, y, w, h) (original image pixels, fractions
     of one allowed) of JPEG datas[i] as RGB, resize it to out's H x W as Pillow's `resize` with
@@ -74,6 +74,10 @@ def decode_crop_resize(
     image is resized to it (at full scale, the filter reading the pixels around the window) and
     crops[i] must be the window (x, y, W, H) of out's size, in whole pixels of that resize; only
     the window's pixels are computed. Rows of -1 take the crop as above.
+
+    weights: the fixed-point filter weights, "pillow" (classic Pillow's, 22 fraction bits) or
+    "pillow-simd" (Pillow-SIMD's: 16-bit, at the most fraction bits that keep each pass's largest
+    weight under 2^15; a window of a whole resize computes that pass's weights whole).
 
     datas: bytes-like objects. crops: int or float array [N, 4]. flips: bool or uint8 array [N].
     out: uint8 tensor (or array) [N, 3, H, W] with any strides: contiguous, channels_last, or a
@@ -158,8 +162,10 @@ def decode_crop_resize(
         resample = "bilinear"
     if resample not in ("bilinear", "bicubic"):
         raise ValueError(f"resample should be 'bilinear' or 'bicubic', but got {resample!r}")
+    if weights not in ("pillow", "pillow-simd"):
+        raise ValueError(f"weights should be 'pillow' or 'pillow-simd', but got {weights!r}")
     return _ext.decode_crop_resize(datas, crops, flips, out, max(1, int(threads)), whole, bool(index), resample,
-                                   bool(crop_first), vertical_first, bicubic, resized)
+                                   bool(crop_first), vertical_first, bicubic, resized, weights)
 
 
 INDEX_SLOTS = 1 << 21

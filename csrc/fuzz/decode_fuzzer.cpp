@@ -17,7 +17,7 @@
 // crop): to (out w + [4] % 64, out h + [5] % 64), at ([2], [3]) as fractions of the room left,
 // nudged by [7]'s first two fields. It must decode where the reference does and its window lies
 // in the resize, fail otherwise with a message and its output untouched, keep grayscale grey,
-// and give libjpeg's Huffman decoder's pixels.
+// and give libjpeg's Huffman decoder's pixels; with Pillow-SIMD's weights, decode as it does.
 // tests/robustness/test_fuzz.py (`decode_case`) reads the same layout to replay inputs through Python.
 //
 // What fails the run, beside ASan/UBSan reports and crashes:
@@ -241,6 +241,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                    nullptr, nullptr, sizes);
       if (!lib_errors[0].empty() || lib.buf != resized.buf) {
         fail("libjpeg's decoder disagrees on a window of the whole resize:", lib_errors[0]);
+      }
+    }
+    // Pillow-SIMD's weights (16-bit, set by the whole resize's largest): the same answer, grey kept grey.
+    fastdata::Resize simd = filter;
+    simd.int16_weights = true;
+    Out simd_out(1, out_h, out_w, 0);
+    std::vector<std::string> simd_errors;
+    fastdata::decode_crop_resize({jpeg}, window, &no_flip, simd_out.view, 1, &simd_errors, nullptr, true, simd,
+                                 nullptr, nullptr, sizes);
+    if (simd_errors[0].empty() != e.empty()) fail("Pillow-SIMD's weights decoded otherwise:", simd_errors[0]);
+    for (int y = 0; y < out_h; ++y) {
+      for (int x = 0; x < out_w; ++x) {
+        const uint8_t r = simd_out.at(0, 0, y, x), g = simd_out.at(0, 1, y, x), b = simd_out.at(0, 2, y, x);
+        if (!e.empty() && (r != kSentinel || g != kSentinel || b != kSentinel)) {
+          fail("a failed window's output was written (Pillow-SIMD's weights)");
+        }
+        if (e.empty() && info.components == 1 && (g != r || b != r)) fail("grayscale came out in color (Pillow-SIMD's)");
       }
     }
   }

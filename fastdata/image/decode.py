@@ -6,12 +6,11 @@ plans every sample's geometry at once (`transforms.plan`): the same checks on ev
 before any decode. `BatchDecoder.decode` then decodes each image straight into its row of a
 slot of this process's ring (`fastdata._buffers`): JPEGs with the native crop-aware decoder
 (only the crop window, at a reduced DCT scale when it is at least twice the output; a file's
-rows below the window are entropy-decoded too until its bytes have once decoded whole without
-error, which the checkpoint index keeps, `_codec.open_index`; from then on each window row is
-Huffman-decoded from the checkpoint before it), the rest with Pillow (Pillow-SIMD when
-installed); then the CPU pixel ops (ColorJitter, TrivialAugment, RandAugment, AutoAugment) run
-on the rows in place. The `dali` backend runs `check` only, with the entropy check of
-`record.EntropyCheck`: DALI decodes.
+rows below the window are entropy-decoded too until its bytes have once decoded whole, which
+the checkpoint index keeps, `_codec.open_index`, and then each window row is Huffman-decoded
+from the checkpoint before it), the rest with Pillow; then the CPU pixel ops (ColorJitter,
+TrivialAugment, RandAugment, AutoAugment) run on the rows in place. The `dali` backend runs
+`check` only, with the entropy check of `record.EntropyCheck`: DALI decodes.
 """
 
 from __future__ import annotations
@@ -71,9 +70,8 @@ class Checked:
 def vertical_first(boxes: np.ndarray, size: Any) -> np.ndarray:
     """Which crops (x0, y0, x1, y1) Pillow 13 resizes to `size` ((w, h), or one a crop: [N, 2])
     vertical pass first: those whose height shrinks by more than twice the pixels their width does
-    (found by comparing its output with both orders of classic Pillow's passes on 496 sizes). Earlier Pillows run the
-    horizontal pass first for every size. The pass between is clipped to 0..255, so where the
-    bicubic filter overshoots (sharp edges) the order moves a pixel by up to ~20 levels."""
+    (found against both orders of classic Pillow's passes on 496 sizes; earlier Pillows: none). The
+    pass between is clipped, so where bicubic overshoots the order moves a pixel up to ~20 levels."""
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     size = np.asarray(size)
     return (size[..., 1] < h) & (h - size[..., 1] > 2 * (w - size[..., 0]))
@@ -141,9 +139,10 @@ class BatchDecoder:
         # of them, one drawn per sample (`drawn_filters`)
         self.resample: str | tuple = "bilinear"
         self.crop_first = False  # Pillow's path as torchvision's steps (see transforms.pil.open_window)
-        # with crop_first, the order of the resize's two passes: None, the installed Pillow's
-        # (`pillow_order`), or "horizontal" (horizontal pass first, as torch resizes a tensor)
+        # with crop_first, the order of the resize's two passes: None, the installed Pillow's (`pillow_order`),
+        # or "horizontal" (as torch resizes a tensor); weights: classic Pillow's or "pillow-simd" (`_codec`)
         self.order: str | None = None
+        self.weights = "pillow"
         _codec.open_index()  # before the workers start: forked ones share it even in memory
 
     def __setstate__(self, state: dict) -> None:
@@ -343,17 +342,17 @@ class BatchDecoder:
         """Decodes each sample's box into its row of `target` with its filter (`filters`, names)."""
         failed: set[int] = set()
         size = (target.shape[2], target.shape[1])
-        # The native decoder has Pillow's bilinear and bicubic filters; "nearest" is Pillow's. It takes
-        # a box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=)
-        # does. With `crop_first`, torchvision's steps: a box a Resize then crops cut is a window
-        # of the whole image's resize, a box of whole pixels is cut, then resized; any other box
-        # (a crop of a resized crop) goes to Pillow.
+        # The native decoder has Pillow's bilinear and bicubic filters; "nearest" is Pillow's. It takes a
+        # box with fractions of a pixel (a resize before a crop) as Pillow's resize(box=) does. With
+        # `crop_first`, torchvision's steps: a box a Resize then crops cut is a window of the whole image's
+        # resize, a box of whole pixels is cut, then resized; any other box goes to Pillow.
         windows = geo.in_resize(size) if self.crop_first else np.zeros(len(datas), bool)
+        if self.weights == "pillow-simd":  # (weights set by the whole resize's: a vast one is Pillow's)
+            windows &= (geo.resized[:, :2] <= 1 << 16).all(axis=1)
         takes = (((geo.boxes == np.round(geo.boxes)).all(axis=1) & (geo.resized[:, 0] < 0)) | windows) \
             if self.crop_first else np.ones(len(datas), bool)
-        # Torchvision's steps resize in the installed Pillow's order of passes: the native decoder
-        # follows it where `pillow_order` knows it; else a bicubic crop, whose orders differ by up to
-        # ~20 levels (bilinear's by a rounding), takes Pillow's path.
+        # Torchvision's steps resize in the installed Pillow's order of passes: the native decoder follows
+        # it where `pillow_order` knows it; else a bicubic crop (orders ~20 levels apart) is Pillow's.
         order = (self.order or pillow_order()) if self.crop_first else "horizontal"
         vertical = None
         if order == "rule":  # (a window's order is its whole image's resize's)
@@ -376,7 +375,8 @@ class BatchDecoder:
                                                 resample=resample[0] if (resample == resample[0]).all() else resample,
                                                 crop_first=self.crop_first,
                                                 vertical_first=None if vertical is None else vertical[js],
-                                                resized=np.where(windows[js, None], geo.resized[js, :2], -1))
+                                                resized=np.where(windows[js, None], geo.resized[js, :2], -1),
+                                                weights=self.weights)
             if out is not chw:
                 chw[js] = out
             for k, err in zip(js, results):

@@ -44,6 +44,7 @@ from torch.utils.data import Dataset
 
 from .._collate import Prepared
 from .._cores import batch_threads
+from .._pillow import pillow_info
 from ..backends.torch_iter import Raised
 from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
@@ -134,6 +135,8 @@ class NativeFolder(Dataset):
     def _decoder(self, dataset: Any) -> Any:  # (made before any worker forks: its record of whole files is shared)
         decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
         decoder.crop_first = True
+        # torchvision's resize is the installed Pillow's: Pillow-SIMD rounds its weights to 16 bits
+        decoder.weights = "pillow-simd" if pillow_info()["simd"] else "pillow"
         return decoder
 
     def _lowered(self, dataset: Any) -> Lowering | None:  # (the transform as this process holds it now)

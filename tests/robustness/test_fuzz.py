@@ -202,6 +202,12 @@ def decode_case(data: bytes) -> bool:
                                                  **order)
         assert lib_error is None, lib_error
         np.testing.assert_array_equal(lib, resized, "libjpeg's decoder disagrees on a window of the whole resize")
+    _, simd, _ = _out(1, out_h, out_w, 0)  # Pillow-SIMD's weights: the same answer, grey kept grey
+    (simd_error,) = _codec.decode_crop_resize([jpeg], window, np.array([False]), simd, resized=sizes,
+                                              weights="pillow-simd", **order)
+    assert (simd_error is None) == (error is None), f"Pillow-SIMD's weights decoded otherwise: {simd_error}"
+    assert simd_error is None or (simd == SENTINEL).all(), "a failed window's output was written (Pillow-SIMD's)"
+    assert simd_error is not None or components != 1 or (simd[0] == simd[0][:1]).all(), "grayscale in color"
     return ok
 
 

@@ -162,8 +162,10 @@ def _bicubic(x):
     return 0.0
 
 
-def _coeffs(in_size, in0, in1, out_size, resample="bilinear"):
-    """Classic Pillow's precompute_coeffs + normalize_coeffs_8bpc for BILINEAR or BICUBIC."""
+def _coeffs(in_size, in0, in1, out_size, resample="bilinear", simd=False):
+    """Classic Pillow's precompute_coeffs + normalize_coeffs_8bpc for BILINEAR or BICUBIC: the
+    taps, their weights and the weights' fraction bits (22; with `simd`, Pillow-SIMD's int16
+    weights: the most bits, up to 22, with which the next would bring the largest weight to 2^15)."""
     kernel, reach = (_bicubic, 2.0) if resample == "bicubic" else (lambda x: max(0.0, 1.0 - abs(x)), 1.0)
     in0, in1 = np.float32(in0), np.float32(in1)
     scale = float(np.float32(in1 - in0)) / out_size
@@ -171,7 +173,7 @@ def _coeffs(in_size, in0, in1, out_size, resample="bilinear"):
     support = reach * filterscale
     ksize = int(math.ceil(support)) * 2 + 1
     idx = np.zeros((out_size, ksize), np.int64)
-    wts = np.zeros((out_size, ksize), np.int64)
+    pre = np.zeros((out_size, ksize))
     for xx in range(out_size):
         center = float(in0) + (xx + 0.5) * scale
         xmin = max(int(center - support + 0.5), 0)
@@ -182,25 +184,29 @@ def _coeffs(in_size, in0, in1, out_size, resample="bilinear"):
         for v in w:  # (summed in order, as C sums)
             total += v
         idx[xx, :n] = np.arange(xmin, xmin + n)
-        # C's (int) truncates toward zero: 0.5 is added to positive weights, subtracted from negative
-        wts[xx, :n] = [int(v * (1 << 22) + (0.5 if v >= 0 else -0.5)) for v in
-                       (v / total if total else v for v in w)]
-    return idx, wts
+        pre[xx, :n] = [v / total if total else v for v in w]
+    bits = 22
+    if simd:
+        bits = next((p for p in range(22) if int(0.5 + pre.max() * (1 << (p + 1))) >= 1 << 15), 22)
+    # C's (int) truncates toward zero: 0.5 is added to positive weights, subtracted from negative
+    wts = np.array([[int(v * (1 << bits) + (0.5 if v >= 0 else -0.5)) for v in row] for row in pre], np.int64)
+    return idx, wts, bits
 
 
-def pillow_model(img: np.ndarray, box, size, resample="bilinear", vertical_first=False) -> np.ndarray:
+def pillow_model(img: np.ndarray, box, size, resample="bilinear", vertical_first=False, simd=False) -> np.ndarray:
     """Classic Pillow `resize(size, BILINEAR or BICUBIC, box)` of an HWC uint8 image: horizontal
     pass first (with `vertical_first`, the vertical one, as Pillow 13 orders some sizes), 22-bit
-    fixed-point weights, each pass rounded half away from zero and clipped."""
+    fixed-point weights (with `simd`, Pillow-SIMD's int16 ones: `_coeffs`), each pass rounded half
+    away from zero and clipped."""
     (ow, oh), (x0, y0, x1, y1) = size, box
-    xi, xw = _coeffs(img.shape[1], x0, x1, ow, resample)
-    yi, yw = _coeffs(img.shape[0], y0, y1, oh, resample)
+    xi, xw, xbits = _coeffs(img.shape[1], x0, x1, ow, resample, simd)
+    yi, yw, ybits = _coeffs(img.shape[0], y0, y1, oh, resample, simd)
 
     def across(a):
-        return np.clip(((a[:, xi, :] * xw[None, :, :, None]).sum(2) + (1 << 21)) >> 22, 0, 255)
+        return np.clip(((a[:, xi, :] * xw[None, :, :, None]).sum(2) + (1 << (xbits - 1))) >> xbits, 0, 255)
 
     def down(a):
-        return np.clip(((a[yi, :, :] * yw[:, :, None, None]).sum(1) + (1 << 21)) >> 22, 0, 255)
+        return np.clip(((a[yi, :, :] * yw[:, :, None, None]).sum(1) + (1 << (ybits - 1))) >> ybits, 0, 255)
 
     a = img.astype(np.int64)
     return (across(down(a)) if vertical_first else down(across(a))).astype(np.uint8)
@@ -383,6 +389,80 @@ def test_a_window_of_the_whole_images_resize(images, resample):
             assert _codec.decode_crop_resize([data], crops[3:], flips[3:], alone, resample=resample, crop_first=True,
                                              vertical_first=vertical[3:]) == [None]
             assert torch.equal(out[3], alone[0]), name
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_pillow_simds_weights(images, resample):
+    """weights="pillow-simd": Pillow-SIMD's int16 weights, at the fraction bits its pass's largest
+    weight allows, bit for bit against the model of its algorithm (`pillow_model(simd=True)`):
+    a box resized in place, a window cut out first (either order of passes), and a window of the
+    whole image's resize, whose pass is the whole resize's (its weights outside the window set
+    the bits too). Classic Pillow's weights give other pixels on most of them."""
+    rng = np.random.default_rng(21)
+    differ = cases = 0
+    for name in ("500x375_q90_420", "333x500_q75_444", "400x300_q85_gray", "64x48_q85_420"):
+        data, (W, H), _ = images[name]
+        errors, full = native([data], [(0, 0, W, H)], [False], (H, W))
+        assert errors == [None]
+        for _ in range(6):
+            ow, oh = int(rng.integers(8, min(160, W) + 1)), int(rng.integers(8, min(160, H) + 1))
+            w, h = min(W, int(rng.integers(ow // 2 + 1, 2 * ow))), min(H, int(rng.integers(oh // 2 + 1, 2 * oh)))
+            x, y = int(rng.integers(0, W - w + 1)), int(rng.integers(0, H - h + 1))
+            rw, rh = int(rng.integers(ow, 2 * W)), int(rng.integers(oh, 2 * H))
+            wx, wy = int(rng.integers(0, rw - ow + 1)), int(rng.integers(0, rh - oh + 1))
+            vertical = bool(rng.integers(0, 2))
+            wants = [pillow_model(full[0], (x, y, x + w, y + h), (ow, oh), resample, vertical, simd=True),
+                     pillow_model(full[0][y:y + h, x:x + w], (0, 0, w, h), (ow, oh), resample, vertical, simd=True),
+                     pillow_model(full[0], (0, 0, W, H), (rw, rh), resample, vertical, simd=True)[wy:wy + oh,
+                                                                                                  wx:wx + ow]]
+            for k, (crop_first, resized) in enumerate(((False, (-1, -1)), (True, (-1, -1)), (True, (rw, rh)))):
+                crop = (wx, wy, ow, oh) if k == 2 else (x, y, w, h)
+                outs = []
+                for weights in ("pillow-simd", "pillow"):
+                    out = torch.zeros(1, 3, oh, ow, dtype=torch.uint8)
+                    assert _codec.decode_crop_resize([data], np.array([crop], np.float64), [False], out,
+                                                     resample=resample, crop_first=crop_first, vertical_first=[vertical],
+                                                     resized=[resized], weights=weights) == [None]
+                    outs.append(out[0].permute(1, 2, 0).numpy())
+                assert np.array_equal(outs[0], wants[k]), (name, k, crop, (ow, oh), (rw, rh))
+                differ += not np.array_equal(outs[0], outs[1])
+                cases += 1
+    assert differ > cases // 2, (differ, cases)
+    with pytest.raises(ValueError, match="weights should be 'pillow' or 'pillow-simd', but got 'simd'"):
+        _codec.decode_crop_resize([data], np.array([(0, 0, 8, 8)], np.float64), [False],
+                                  torch.zeros(1, 3, 8, 8, dtype=torch.uint8), weights="simd")
+
+
+def test_pillow_simds_weights_are_the_installed_pillow_simds():
+    """Where Pillow-SIMD is the Pillow running (fastdata's install builds it): the model of its
+    weights (`pillow_model(simd=True)`) is its resize on noise, boxes and sizes drawn at random,
+    bilinear and bicubic, and the native decoder's crop of a JPEG is its crop and resize of the
+    same file (torchvision's steps), bit for bit."""
+    from fastdata._pillow import pillow_info
+
+    if not pillow_info()["simd"]:
+        pytest.skip("the Pillow running is not Pillow-SIMD")
+    rng = np.random.default_rng(22)
+    for t in range(40):
+        H, W = int(rng.integers(20, 160)), int(rng.integers(20, 160))
+        img = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+        x0, y0 = float(rng.uniform(0, W / 2)), float(rng.uniform(0, H / 2))
+        box = (x0, y0, float(rng.uniform(x0 + 1, W)), float(rng.uniform(y0 + 1, H)))
+        size, resample = (int(rng.integers(8, 120)), int(rng.integers(8, 120))), ("bilinear", "bicubic")[t % 2]
+        got = np.asarray(Image.fromarray(img).resize(size, getattr(Image.Resampling, resample.upper()), box=box))
+        assert np.array_equal(got, pillow_model(img, box, size, resample, simd=True)), (box, size, resample)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (180, 240, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    for crop, (ow, oh), resample in (((10, 20, 200, 150), (96, 80), "bilinear"), ((0, 0, 240, 180), (224, 224), "bicubic"),
+                                     ((33, 7, 61, 170), (40, 120), "bicubic")):
+        x, y, w, h = crop
+        want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").crop((x, y, x + w, y + h)).resize(
+            (ow, oh), getattr(Image.Resampling, resample.upper())))
+        out = torch.zeros(1, 3, oh, ow, dtype=torch.uint8)
+        assert _codec.decode_crop_resize([data], np.array([crop], np.float64), [False], out, resample=resample,
+                                         crop_first=True, weights="pillow-simd") == [None]
+        assert np.array_equal(out[0].permute(1, 2, 0).numpy(), want), crop
 
 
 def test_a_window_of_a_resize_is_checked_and_costs_the_windows_pixels(images):
