@@ -171,14 +171,34 @@ void hue_shift(const uint8_t* src, uint8_t* dst, int64_t n, int shift) {
   });
 }
 
-void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma w) {
+namespace {
+
+// Calls step(first, count, weights) over the n pixels in runs that share their "L" weights: all
+// of them, or (Pillow-SIMD's, lanes > 0) each row's whole groups of lanes with `w`, then its last
+// width % lanes pixels with Pillow's own weights (see Luma).
+template <typename Step>
+void by_weights(int64_t n, int64_t width, Luma w, Step step) {
+  if (w.lanes <= 0 || width <= 0 || width % w.lanes == 0) return step(int64_t(0), n, w);
+  const int64_t tail = width % w.lanes, head = width - tail;
+  for (int64_t row = 0; row < n; row += width) {
+    const int64_t in_row = std::min(width, n - row);
+    if (head > 0) step(row, std::min(head, in_row), w);
+    if (in_row > head) step(row + head, in_row - head, Luma());
+  }
+}
+
+}  // namespace
+
+void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma w, int64_t width) {
   int32_t level = 0;  // Brightness: black; Contrast: ImageStat's mean of "L" (sum / count, in double) + 0.5, truncated
   if (kind == 1 && n > 0) {
     int64_t sum = 0;
-    by_chunks(src, dst, n, [&](Chunk& c, const uint8_t* in, uint8_t*, int m) {  // (dst untouched)
-      Chunk::split(in, c.x, c.y, c.z, m);
-      luma_plane(c.x, c.y, c.z, c.o0, m, w);
-      for (int j = 0; j < m; ++j) sum += c.o0[j];
+    by_weights(n, width, w, [&](int64_t first, int64_t count, Luma weights) {
+      by_chunks(src + 3 * first, dst + 3 * first, count, [&](Chunk& c, const uint8_t* in, uint8_t*, int m) {
+        Chunk::split(in, c.x, c.y, c.z, m);  // (dst untouched)
+        luma_plane(c.x, c.y, c.z, c.o0, m, weights);
+        for (int j = 0; j < m; ++j) sum += c.o0[j];
+      });
     });
     level = int32_t(double(sum) / double(n) + 0.5);
   }
@@ -186,11 +206,13 @@ void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha,
     blend_level(src, dst, 3 * n, level, alpha);
     return;
   }
-  by_chunks(src, dst, n, [&](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
-    Chunk::split(in, c.x, c.y, c.z, m);
-    luma_plane(c.x, c.y, c.z, c.o0, m, w);
-    for (int32_t* plane : {c.x, c.y, c.z}) blend_plane(c.o0, plane, m, alpha);
-    Chunk::join(c.x, c.y, c.z, out, m);
+  by_weights(n, width, w, [&](int64_t first, int64_t count, Luma weights) {
+    by_chunks(src + 3 * first, dst + 3 * first, count, [&](Chunk& c, const uint8_t* in, uint8_t* out, int m) {
+      Chunk::split(in, c.x, c.y, c.z, m);
+      luma_plane(c.x, c.y, c.z, c.o0, m, weights);
+      for (int32_t* plane : {c.x, c.y, c.z}) blend_plane(c.o0, plane, m, alpha);
+      Chunk::join(c.x, c.y, c.z, out, m);
+    });
   });
 }
 

@@ -19,11 +19,16 @@ void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n);
 // truncated): kind 0 Brightness (degenerate black), 1 Contrast (grey at the image's mean "L"
 // level, rounded), 2 Color (each pixel's own "L" level). "L" is convert("L")'s ITU-R 601-2 in
 // fixed point: (R * luma.r + G * luma.g + B * luma.b + half) >> luma.shift, Pillow's weights
-// (16 bits) or Pillow-SIMD's (15). src and dst: n pixels of 3 uint8, contiguous (dst may be src).
+// (16 bits) or Pillow-SIMD's (15). Pillow-SIMD converts `lanes` (4) pixels at a time and leaves
+// the last width % lanes pixels of each row to its C code, with Pillow's weights: with lanes > 0,
+// those pixels of each row of `width` take Pillow's weights here too. src and dst: n pixels of 3
+// uint8, rows of `width` (0: one row), contiguous (dst may be src).
 struct Luma {
   int r = 19595, g = 38470, b = 7471, shift = 16;
+  int lanes = 0;
 };
-void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma luma = Luma());
+void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha, Luma luma = Luma(),
+             int64_t width = 0);
 
 // Pillow's ImageEnhance.Sharpness on an RGB image of w x h pixels: the blend over the image's
 // filter(SMOOTH), Filter.c's 3x3 pass in float (the kernel 1 1 1 / 1 5 1 / 1 1 1 each divided by

@@ -177,10 +177,11 @@ void hue_shift(AnyArray src, OutArray out, int shift) {
                       int64_t(src.size() / 3), shift);
 }
 
-// enhance(src, out, kind, factor, luma): Pillow's ImageEnhance Brightness (0), Contrast (1), Color
-// (2) or Sharpness (3, of an image [H, W, 3]) of uint8 RGB pixels, enhance(factor), "L" with the
-// weights luma = (r, g, b, shift) (color.h).
-void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int, 4> luma) {
+// enhance(src, out, kind, factor, luma, lanes): Pillow's ImageEnhance Brightness (0), Contrast (1),
+// Color (2) or Sharpness (3, of an image [H, W, 3]) of uint8 RGB pixels, enhance(factor), "L" with
+// the weights luma = (r, g, b, shift), Pillow's own past each row's whole groups of `lanes`
+// (Pillow-SIMD's conversion; rows: src's [..., W, 3], else one) (color.h).
+void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int, 4> luma, int lanes) {
   color_arrays("enhance", src, out);
   if (kind < 0 || kind > 3) {
     throw nb::value_error("enhance takes kind 0 (Brightness), 1 (Contrast), 2 (Color) or 3 (Sharpness)");
@@ -197,10 +198,12 @@ void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int
   const bool weights = luma[0] >= 0 && luma[1] >= 0 && luma[2] >= 0 && luma[3] >= 1 && luma[3] <= 16 &&
                        int64_t(luma[0]) + luma[1] + luma[2] <= (int64_t(1) << luma[3]);
   if (!weights) throw nb::value_error("enhance takes luma weights (r, g, b, shift) of sum at most 2^shift, shift 1 to 16");
+  if (lanes < 0 || lanes > 64) throw nb::value_error("enhance takes lanes 0 to 64");
+  const int64_t width = src.ndim() >= 3 ? int64_t(src.shape(src.ndim() - 2)) : 0;  // (rows of pixels [..., W, 3])
   nb::gil_scoped_release release;
   fastdata::enhance(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()),
                     int64_t(src.size() / 3), kind, float(factor),  // (Pillow's blend takes the factor as a float)
-                    {luma[0], luma[1], luma[2], luma[3]});
+                    {luma[0], luma[1], luma[2], luma[3], lanes}, width);
 }
 
 // affine(src, out, data, resample, fill): Pillow's Image.transform(size, AFFINE, data, resample,
@@ -666,11 +669,12 @@ NB_MODULE(_native, m) {
         "Pillow's hue shift of uint8 RGB pixels [..., 3] (RGB to HSV, hue + shift modulo 256, back), "
         "each pixel as Pillow's conversions give it; GIL released.");
   m.def("enhance", &enhance, nb::arg("src"), nb::arg("out"), nb::arg("kind"), nb::arg("factor"),
-        nb::arg("luma") = std::array<int, 4>{19595, 38470, 7471, 16},
+        nb::arg("luma") = std::array<int, 4>{19595, 38470, 7471, 16}, nb::arg("lanes") = 0,
         "Pillow's ImageEnhance Brightness (kind 0), Contrast (1), Color (2) or Sharpness (3: of an image "
         "[H, W, 3]) of uint8 RGB pixels [..., 3], "
         "enhance(factor), each value as Pillow's blend gives it, \"L\" with the weights luma = (r, g, b, "
-        "shift); GIL released.");
+        "shift), with lanes > 0 Pillow's own for the last W % lanes pixels of each row (Pillow-SIMD's); "
+        "GIL released.");
   m.def("affine", &affine, nb::arg("src"), nb::arg("out"), nb::arg("data"), nb::arg("resample"), nb::arg("fill"),
         "Pillow's Image.transform(size, AFFINE, data, resample, fillcolor=fill) of uint8 pixels [H, W, C] (C 1 or 3) "
         "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); "

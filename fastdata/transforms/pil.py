@@ -105,9 +105,10 @@ def _native_hue() -> bool:
 _NATIVE_HUE: bool | None = None
 
 
-# "L" as Pillow's convert("L") computes it, (R * r + G * g + B * b + half) >> shift: stock
-# Pillow's weights, then Pillow-SIMD's
-_LUMAS = ((19595, 38470, 7471, 16), (9798, 19235, 3735, 15))
+# "L" as Pillow's convert("L") computes it, (R * r + G * g + B * b + half) >> shift, and the
+# pixels a row's SIMD lanes take at a time (each row's last width % lanes pixels take stock
+# Pillow's weights): stock Pillow's, then Pillow-SIMD's
+_LUMAS = ((19595, 38470, 7471, 16, 0), (9798, 19235, 3735, 15, 4))
 _ENHANCE_LUMA: tuple | None | bool = False  # not probed yet
 
 
@@ -115,8 +116,9 @@ def _enhance_luma() -> tuple | None:
     """The "L" weights (`_LUMAS`) with which the extension's `enhance` (csrc/color.cpp: ImageEnhance's
     blends in one pass) gives this process's Pillow's Brightness, Contrast and Color, or None
     (no extension, or a Pillow of other arithmetic: ColorJitter then takes Pillow's own steps).
-    Checked once, on 65,536 colours spread over the RGB cube, at factors inside and outside
-    0..1 (tests/unit/test_color_jitter.py checks all 2^24)."""
+    Checked once, on 65,536 colours spread over the RGB cube in rows of 256, and those whose "L"
+    the two weights give otherwise in rows of one pixel (past any SIMD lane), at factors inside
+    and outside 0..1 (tests/unit/test_color_jitter.py checks all 2^24)."""
     global _ENHANCE_LUMA
     if _ENHANCE_LUMA is False:
         _ENHANCE_LUMA = None
@@ -124,13 +126,17 @@ def _enhance_luma() -> tuple | None:
             from PIL import Image, ImageEnhance
 
             cube = _probe_colours()
-            img, ours = Image.fromarray(cube), np.empty_like(cube)
+            rgb = cube.reshape(-1, 3).astype(np.int64)
+            odd = (rgb @ _LUMAS[1][:3] + (1 << 14)) >> 15 != (rgb @ _LUMAS[0][:3] + (1 << 15)) >> 16
+            cubes = [cube, np.ascontiguousarray(cube.reshape(-1, 3)[odd][:, None])]  # (rows of one pixel)
             classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
-            wants = [(kind, f, np.asarray(cls(img).enhance(f))) for kind, cls in enumerate(classes) for f in (0.37, 1.63)]
+            wants = [(cube, kind, f, np.asarray(cls(Image.fromarray(cube)).enhance(f))) for cube in cubes
+                     for kind, cls in enumerate(classes) for f in (0.37, 1.63)]
             for luma in _LUMAS:
                 same = True
-                for kind, f, want in wants:
-                    native.enhance(cube, ours, kind, f, luma)
+                for cube, kind, f, want in wants:
+                    ours = np.empty_like(cube)
+                    native.enhance(cube, ours, kind, f, luma[:4], luma[4])
                     same = same and np.array_equal(ours, want)
                 if same:
                     _ENHANCE_LUMA = luma
@@ -175,7 +181,7 @@ def color_jitter(img, p: dict):
         pixels = np.array(pixels, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
         for k in p["order"]:
             if k < 3:
-                native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma)
+                native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma[:4], luma[4])
             elif level is not None:
                 native.hue_shift(pixels, pixels, level)
         return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
@@ -249,7 +255,8 @@ def enhance(img, kind: int, factor: float):
     luma = _enhance_luma()
     if bands(img) == 3 and (_native_sharpness() if kind == 3 else luma is not None):
         pixels = np.array(img, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
-        native.enhance(pixels, pixels, kind, factor, luma or _LUMAS[0])
+        weights = luma or _LUMAS[0]  # (Sharpness takes no "L")
+        native.enhance(pixels, pixels, kind, factor, weights[:4], weights[4])
         return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
     classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color, ImageEnhance.Sharpness)
     return classes[kind](_form(img, tensor=False)).enhance(factor)

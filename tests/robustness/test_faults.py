@@ -228,7 +228,10 @@ def test_a_next_after_a_dead_worker_goes_on_with_the_rest_of_the_epoch(clean):
     before = _children()
     it = iter(fastdata.loader(Slow(), batch_size=4, num_workers=2))
     got = [next(it)]
-    os.kill(min(_children() - before), signal.SIGKILL)
+    try:
+        os.kill(min(_children() - before), signal.SIGKILL)
+    except RuntimeError as e:  # (torch's SIGCHLD handler raises wherever this thread is when the worker dies:
+        assert "killed by signal" in str(e), e  # here too, on a busy machine; the pass then raises once more)
     errors = 0
     while errors < 3:
         try:

@@ -77,6 +77,25 @@ def test_brightness_contrast_saturation_are_pillows_for_every_colour(cube, kind,
 
 
 @needs_native
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 8, 29, 31])
+def test_rows_of_every_width_are_pillows(width, monkeypatch):
+    """Brightness, contrast and saturation on images whose rows end past a whole group of 4
+    pixels: Pillow-SIMD converts to "L" 4 pixels at a time and each row's last width % 4 with
+    stock Pillow's weights, so the native "L" takes those there too. The colours are those whose
+    "L" the two sets of weights give otherwise (every such colour of a sample of the cube)."""
+    rng = np.random.default_rng(width)
+    rgb = rng.integers(0, 256, (1 << 20, 3)).astype(np.int64)
+    simd = (rgb @ np.array([9798, 19235, 3735]) + (1 << 14)) >> 15
+    stock = (rgb @ np.array([19595, 38470, 7471]) + (1 << 15)) >> 16
+    odd = rgb[simd != stock].astype(np.uint8)
+    assert len(odd) > 500
+    img = Image.fromarray(odd[:(len(odd) // width) * width].reshape(-1, width, 3))
+    for k, name in enumerate(("brightness", "contrast", "saturation")):
+        p = {"order": [k], name: 0.37}
+        assert np.array_equal(np.asarray(P.color_jitter(img, p)), _pillows(img, p, monkeypatch)), (width, name)
+
+
+@needs_native
 def test_the_four_in_any_order_are_pillows_on_photos(monkeypatch):
     rng = np.random.default_rng(0)
     # smooth gradients with noise: the colours of photographs, not of the cube's order
