@@ -115,8 +115,13 @@ class TorchCore(DataLoader, LoaderCore):
         """The working DataLoader's collate_fn: the loader's, or for native collation a `RingCollate`."""
         if self.collate_fn is not native_collate:
             return self.collate_fn
-        pin = bool(self.pin_memory) and torch.accelerator.is_available()
-        return RingCollate(slots=(self.prefetch_factor or 2) + 2, pin=pin)
+        slots, pin = self._ring_settings()
+        return RingCollate(slots=slots, pin=pin)
+
+    def _ring_settings(self) -> tuple[int, bool]:
+        """(slots, pinned) of the reused batch rings: the batches in flight, and pinned where an
+        accelerator is and the loader pins memory."""
+        return (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available()
 
     def _settings(self) -> tuple:
         """What the working DataLoader is built from that a script may set after construction (torch

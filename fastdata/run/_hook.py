@@ -167,8 +167,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         lowering = self._fastdata_lowering
         native = self.collate_fn is native_collate or self._fastdata_mixing is not None
         self._fastdata_finish = None if lowering is None or not native else Finish(
-            lowering, (self.prefetch_factor or 2) + 2, bool(self.pin_memory) and torch.accelerator.is_available(),
-            forks=self.num_workers > 0)
+            lowering, *self._ring_settings(), forks=self.num_workers > 0)
 
     def _working_collate(self) -> Any:
         # A collate_fn of the script's that mixes (`_mixup`): natively collated, mixed as it mixes
@@ -176,8 +175,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
                                                   self.dataset)
         if mixing is None:
             return TorchCore._working_collate(self)
-        pin = bool(self.pin_memory) and torch.accelerator.is_available()
-        return MixCollate((self.prefetch_factor or 2) + 2, pin, self.collate_fn, mixing)
+        return MixCollate(*self._ring_settings(), self.collate_fn, mixing)
 
     def _fetched_from(self, dataset: Any) -> Any:
         lowering = getattr(self, "_fastdata_lowering", None)

@@ -105,11 +105,14 @@ def _native_hue() -> bool:
 _NATIVE_HUE: bool | None = None
 
 
-# "L" as Pillow's convert("L") computes it, (R * r + G * g + B * b + half) >> shift, and the
-# pixels a row's SIMD lanes take at a time (each row's last width % lanes pixels take stock
-# Pillow's weights): stock Pillow's, then Pillow-SIMD's
+# "L" as convert("L") computes it, (R * r + G * g + B * b + half) >> shift, and the pixels its SIMD lanes
+# take at a time (a row's last width % lanes take stock weights): stock Pillow's, then Pillow-SIMD's
 _LUMAS = ((19595, 38470, 7471, 16, 0), (9798, 19235, 3735, 15, 4))
 _ENHANCE_LUMA: tuple | None | bool = False  # not probed yet
+
+
+def _native_enhance(src: np.ndarray, out: np.ndarray, kind: int, factor: float, luma: tuple) -> None:
+    native.enhance(src, out, kind, factor, luma[:4], luma[4])  # (one of `_LUMAS`: its weights, then its lanes)
 
 
 def _enhance_luma() -> tuple | None:
@@ -136,7 +139,7 @@ def _enhance_luma() -> tuple | None:
                 same = True
                 for cube, kind, f, want in wants:
                     ours = np.empty_like(cube)
-                    native.enhance(cube, ours, kind, f, luma[:4], luma[4])
+                    _native_enhance(cube, ours, kind, f, luma)
                     same = same and np.array_equal(ours, want)
                 if same:
                     _ENHANCE_LUMA = luma
@@ -181,7 +184,7 @@ def color_jitter(img, p: dict):
         pixels = np.array(pixels, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
         for k in p["order"]:
             if k < 3:
-                native.enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma[:4], luma[4])
+                _native_enhance(pixels, pixels, k, p[("brightness", "contrast", "saturation")[k]], luma)
             elif level is not None:
                 native.hue_shift(pixels, pixels, level)
         return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
@@ -255,8 +258,7 @@ def enhance(img, kind: int, factor: float):
     luma = _enhance_luma()
     if bands(img) == 3 and (_native_sharpness() if kind == 3 else luma is not None):
         pixels = np.array(img, dtype=np.uint8, order="C")  # (a copy: the image given is left as it is)
-        weights = luma or _LUMAS[0]  # (Sharpness takes no "L")
-        native.enhance(pixels, pixels, kind, factor, weights[:4], weights[4])
+        _native_enhance(pixels, pixels, kind, factor, luma or _LUMAS[0])  # (Sharpness takes no "L")
         return Image.fromarray(pixels) if hasattr(img, "getbands") else pixels
     classes = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color, ImageEnhance.Sharpness)
     return classes[kind](_form(img, tensor=False)).enhance(factor)
