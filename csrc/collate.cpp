@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 namespace fastdata {
 namespace {
@@ -190,25 +189,11 @@ void copy_one(const uint8_t* src, const int64_t* sstrides, uint8_t* dst, const i
 void collate(const std::vector<ArrayView>& srcs, int ndim, const int64_t* shape, int64_t itemsize,
              uint8_t* dst, int64_t dst_batch_stride, const int64_t* dst_strides, int threads) {
   const int64_t n = int64_t(srcs.size());
-  auto work = [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      copy_one(srcs[i].data, srcs[i].strides, dst + i * dst_batch_stride, dst_strides, ndim,
-               shape, itemsize);
-    }
-  };
   int64_t sample_bytes = itemsize;
   for (int d = 0; d < ndim; ++d) sample_bytes *= shape[d];
-  int t = int(std::min<int64_t>(threads_for_bytes(n * sample_bytes, threads), std::max<int64_t>(1, n)));
-  if (t == 1) {
-    work(0, n);
-    return;
-  }
-  // Threads are started per call: their start is small beside a batch big enough to split.
-  std::vector<std::thread> pool;
-  pool.reserve(t - 1);
-  for (int k = 1; k < t; ++k) pool.emplace_back(work, n * k / t, n * (k + 1) / t);
-  work(0, n / t);
-  for (auto& th : pool) th.join();
+  parallel_for(n, threads_for_bytes(n * sample_bytes, threads), [&](int64_t i) {
+    copy_one(srcs[i].data, srcs[i].strides, dst + i * dst_batch_stride, dst_strides, ndim, shape, itemsize);
+  });
 }
 
 namespace {

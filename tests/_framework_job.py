@@ -329,5 +329,27 @@ def leave_process_group() -> None:
         sys.stderr.flush()
         os._exit(0)
 
+
+def _leave_spawned_rank() -> None:
+    """In a rank that ddp_spawn started (this file imported as the spawned process's main
+    module, before its target is unpickled): the rank leaves as `leave_process_group` does once
+    its function has returned (its records written, rank 0's results put in Lightning's
+    SimpleQueue, which writes before it returns). A rank whose function failed exits as torch's
+    `_wrap` has it exit (its error written to the file the parent reads, then exit code 1)."""
+    import importlib
+
+    spawn = importlib.import_module("torch.multiprocessing.spawn")  # (the package's `spawn` is its function)
+    wrap = spawn._wrap
+
+    def wrapped(*args, **kwargs):
+        wrap(*args, **kwargs)
+        leave_process_group()
+
+    spawn._wrap = wrapped
+
+
+if __name__ == "__mp_main__":
+    _leave_spawned_rank()
+
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
