@@ -27,7 +27,7 @@ from typing import Any
 import torch.multiprocessing
 
 from ._memory import killed_why, oom_kills
-from ._torch_internals import iterator_workers, kill_iterator_workers
+from ._torch_internals import iterator_workers, kill_iterator_workers, rewatch_workers, unregister_workers
 
 STALL_ENV = "FASTDATA_STALL_TIMEOUT"
 _STALL_DEFAULT = 600.0
@@ -78,14 +78,18 @@ class Watchdog:
     turns what DataLoader raises into the timeout error.
 
     DataLoader learns that a worker died from its SIGCHLD handler, which raises in the main
-    thread at whatever line runs there. Raised where it is lost (a finalizer the garbage
-    collector runs, whose errors Python only prints), the consumer would wait for the dead
-    worker's batch until the stall limit. So while the main thread has waited a second for a
-    batch and a worker has died, this thread sends it SIGCHLD again, once a second.
+    thread at whatever line runs there, once: it then forgets the pass's workers. Raised outside
+    the pass (in the training step, which a script may catch and go on reading) or where it is
+    lost (a finalizer the garbage collector runs, whose errors Python only prints), the
+    consumer would wait for the dead worker's batch until the stall limit. So while the main
+    thread has waited a second for a batch and a worker has died, this thread puts the workers
+    back on the handler's watch and sends it SIGCHLD again, once a second (DataLoader's own
+    check, with timeout=0, comes every 5 s).
     """
 
     it: Any = None
     killed: list[int] | None = None  # the workers this killed, once it has
+    _rewatched = False  # whether this put the workers back on DataLoader's SIGCHLD watch
     _oom_before: int | None = None
 
     def __init__(self, it: Any, timeout: float) -> None:
@@ -116,12 +120,16 @@ class Watchdog:
                 kill_workers(self.it, self.killed)
                 return
             elif self._main and now - since >= 1.0 and _a_worker_died(self.it):
+                self._rewatched = rewatch_workers(self.it) or self._rewatched
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGCHLD)
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
+        # (a pass dropped in a reference cycle ends where the collector runs: maybe this very thread)
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if self._rewatched:  # off the watch again, as after the handler's raise: the shutdown's kills must not raise
+            unregister_workers(self.it)
 
     def error(self, error: BaseException) -> BaseException | None:
         """For an error out of the DataLoader iterator: the error to raise instead, or None to

@@ -184,6 +184,21 @@ def end_live_iterator(loader: Any) -> None:
         loader._iterator = None
 
 
+def rewatch_workers(it: Any) -> bool:
+    """Puts the workers of DataLoader iterator `it` back on DataLoader's SIGCHLD watch, while it
+    has not shut down. Its handler forgets all of an iterator's workers once it has raised for
+    one (so that the shutdown's kills do not raise again): where that raise came outside the
+    pass (in the training step) and the consumer reads on, nothing would tell it of the dead
+    worker until its timeout. Whether it did."""
+    if not getattr(it, "_worker_pids_set", False) or getattr(it, "_shutdown", True):
+        return False
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._remove_worker_pids(id(it))
+    signal_handling._set_worker_pids(id(it), tuple(w.pid for w in iterator_workers(it)))
+    return True
+
+
 def unregister_workers(it: Any) -> None:
     """Takes `it`'s workers off DataLoader's SIGCHLD watch, as its own shutdown does first: a
     worker killed after that is not reported as "killed by signal" in whatever thread runs."""

@@ -137,6 +137,51 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+        for pid in _child_pids():
+            _SEEN_AFTER.setdefault(pid, item.nodeid)
+
+
+# Child pid -> the first test after which it was seen alive: a failing test's report says which
+# test left the processes it finds, and what each is doing.
+_SEEN_AFTER: dict[int, str] = {}
+
+
+def _child_pids() -> list[int]:
+    """This process's children, read from /proc (not multiprocessing's `active_children`, which
+    reaps those that ended: a test may yet read their exit through `waitid`)."""
+    pids = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += map(int, f.read().split())
+    except OSError:
+        pass
+    return pids
+
+
+def _child_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    keys = ("Name", "State", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    return " ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys) + f" wchan={wchan} command: {command}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report lists the child processes alive at its end: the test whose end
+    first saw each, and its state."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and (pids := _child_pids()):
+        lines = [f"pid {pid}: seen after {_SEEN_AFTER.get(pid, 'this test')}; {_child_state(pid)}" for pid in pids]
+        report.sections.append(("live child processes", "\n".join(lines)))
 
 
 def pytest_runtest_setup(item):
