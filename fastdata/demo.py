@@ -111,6 +111,7 @@ def _run(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[int, float]:
     from ._collate import batch_len  # imports torch, which a help page does without
 
     images = 0
+    before = {p.pid for p in multiprocessing.active_children()}
     t = time.perf_counter()
     loader = make()
     for _ in range(epochs):
@@ -119,16 +120,17 @@ def _run(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[int, float]:
             images += batch_len(batch)
     seconds = time.perf_counter() - t
     del loader
-    _await_no_workers()
+    _await_no_workers(before)
     return images, seconds
 
 
-def _await_no_workers(limit: float = 30.0) -> None:
-    """Waits until no worker process of this process is alive (a pass over non-persistent
-    workers shuts them down at its end; this checks it), so nothing of one run overlaps the
-    next run's timed window."""
+def _await_no_workers(before: set[int], limit: float = 30.0) -> None:
+    """Waits until no child process of this process that was not alive `before` a run is alive
+    (a pass over non-persistent workers shuts them down at its end; this checks it), so nothing
+    of one run overlaps the next run's timed window. (Children the caller had before, a pool of
+    its own, are not the run's.)"""
     deadline = time.monotonic() + limit
-    while multiprocessing.active_children():  # it also reaps those that ended
+    while {p.pid for p in multiprocessing.active_children()} - before:  # it also reaps those that ended
         if time.monotonic() > deadline:
             raise RuntimeError(f"worker processes still alive {limit:.0f} s after a run ended")
         time.sleep(0.01)

@@ -9,7 +9,6 @@ import logging
 import os
 import pickle
 import re
-import time
 import warnings
 
 import numpy as np
@@ -451,20 +450,17 @@ def test_same_size_images_need_no_transform(tmp_path):
     assert x[:, 0, 0, 0].tolist() == [0, 10, 20, 30, 40] and y.tolist() == [0] * 5
 
 
-def test_early_exit_leaves_no_worker(folder):
-    import gc
+def test_early_exit_leaves_no_worker(folder, h):
     import multiprocessing
 
+    before = {p.pid for p in multiprocessing.active_children()}
     loader = fastdata.loader(str(folder), batch_size=4, transform=_train(), num_workers=2)
     it = iter(loader)
     x, _ = next(it)
     kept = x.clone()
+    assert len({p.pid for p in multiprocessing.active_children()} - before) == 2  # its workers
     del it
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not multiprocessing.active_children()
+    assert not h.new_children(before)
     assert torch.equal(x, kept)  # the batch held across the shutdown is intact
 
 
