@@ -1073,11 +1073,40 @@ class _DiesInWorker(torch.utils.data.Dataset):
         return torch.full((4,), i)
 
 
-def test_a_dead_worker_ends_in_an_error_not_a_hang():
+def test_a_dead_worker_ends_in_an_error_not_a_hang(h):
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
     loader = fastdata.loader(_DiesInWorker(), batch_size=4, num_workers=2, timeout=60)
     with pytest.raises(RuntimeError, match="exited unexpectedly|worker"):
         for _ in loader:
             pass
+    assert not h.new_children(before)  # the other worker too is gone
+
+
+def test_a_shutdown_cut_short_by_an_error_leaves_no_worker(monkeypatch, h):
+    """DataLoader's SIGCHLD handler raises wherever the main thread is. Raised inside a pass's
+    shutdown before it tells the workers to end, they would wait for their next index as long
+    as this process lives (DataLoader's iterator, kept here, does not end them): the pass's end
+    kills them."""
+    import multiprocessing
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as Iter
+
+    real, kept = Iter._shutdown_workers, []
+
+    def cut_short(self):
+        monkeypatch.setattr(Iter, "_shutdown_workers", real)
+        kept.append(self)
+        raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly with exit code 3")
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    it = iter(fastdata.loader(TupleDS(40), batch_size=4, num_workers=2))
+    next(it)
+    monkeypatch.setattr(Iter, "_shutdown_workers", cut_short)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        it.close()
+    assert kept and not h.new_children(before)
 
 
 class Busy(Dataset):
