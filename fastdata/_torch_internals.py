@@ -109,14 +109,23 @@ def iterator_workers(it: Any) -> tuple:
 
 def iterator_shutdown(it: Any) -> None:
     """DataLoader iterator `it`'s own shutdown of its workers (idempotent; nothing for a
-    single-process iterator), which cannot wait on a lock a dead worker held."""
+    single-process iterator), which cannot wait on a lock a dead worker held, and after which
+    no worker is left alive."""
     if hasattr(it, "_shutdown_workers"):
         if not getattr(it, "_shutdown", True) and any((w.exitcode or 0) < 0 for w in iterator_workers(it)) \
                 and not _done_event_free(it):
             # A worker died by a signal (the out-of-memory killer, a kill -9) holding the pool's
             # shared lock: the others cannot exit gracefully, so the pool is killed whole.
             kill_iterator_workers(it)
-        it._shutdown_workers()
+        try:
+            it._shutdown_workers()
+        finally:
+            # DataLoader's SIGCHLD handler raises wherever this thread is; raised inside the
+            # shutdown before it told a worker to end, that worker would wait for its next
+            # index as long as this process lives. One still alive here is killed (not at the
+            # interpreter's exit, whose shutdown leaves them to multiprocessing's: `python_exiting`).
+            if torch.utils.data._utils.python_exit_status is False and any(w.is_alive() for w in iterator_workers(it)):
+                kill_iterator_workers(it)
 
 
 def ask_workers_to_end(it: Any) -> tuple:

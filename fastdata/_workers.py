@@ -30,7 +30,7 @@ import torch.utils.data
 from ._buffers import unsent
 from ._stall import unlink_orphans
 from ._torch_internals import (ExceptionWrapper, ask_workers_to_end, end_live_iterator, iterator_shutdown,
-                               iterator_workers, kill_iterator_workers, live_iterator, mark_fetches)
+                               iterator_workers, live_iterator, mark_fetches)
 
 _threaded: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -215,14 +215,7 @@ def pass_end(it: Any, rings: Any, persistent: bool) -> Callable[[], None]:
             return
         live = ref()
         if live is not None:
-            try:
-                iterator_shutdown(live)
-            finally:
-                # DataLoader's SIGCHLD handler raises wherever this thread is; raised inside the
-                # shutdown before it told a worker to end, that worker would wait for its next
-                # index as long as this process lives. One still alive here is killed.
-                if not getattr(live, "_shutdown", True) or any(w.is_alive() for w in iterator_workers(live)):
-                    kill_iterator_workers(live)
+            iterator_shutdown(live)
             # A worker that died by a signal (killed from outside, or terminated by the
             # shutdown for not exiting in time) may have left a shared-memory name.
             unlink_orphans([w.pid for w in iterator_workers(live) if w.exitcode not in (None, 0)])
