@@ -232,4 +232,86 @@ void hsv_to_rgb(const uint8_t* src, uint8_t* dst, int64_t n) {
   });
 }
 
+namespace {
+
+inline uint8_t clamp_truncated(float t) {
+  t = t > 0.0f ? t : 0.0f;
+  return uint8_t(int32_t(t < 255.0f ? t : 255.0f));
+}
+
+// _blend's r * a + q * b, each product and the sum rounded to float.
+inline float blended(float a, float b, float r, float q) {
+  const float x = r * a, y = q * b;
+  return x + y;
+}
+
+// The grayscale of n pixels, (0.2989 r + 0.587 g) + 0.114 b, each step rounded, truncated.
+FASTDATA_AVX2_CLONE void gray_plane(const uint8_t* __restrict r, const uint8_t* __restrict g,
+                                    const uint8_t* __restrict b, uint8_t* __restrict out, int64_t n) {
+  const float wr = 0.2989f, wg = 0.587f, wb = 0.114f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float x = wr * float(r[j]), y = wg * float(g[j]), z = wb * float(b[j]);
+    const float s = x + y;
+    out[j] = uint8_t(int32_t(s + z));
+  }
+}
+
+// n values blended with their own degenerates.
+FASTDATA_AVX2_CLONE void blend_planes(const uint8_t* __restrict a, const uint8_t* __restrict b,
+                                      uint8_t* __restrict out, int64_t n, float r, float q) {
+  for (int64_t j = 0; j < n; ++j) out[j] = clamp_truncated(blended(float(a[j]), float(b[j]), r, q));
+}
+
+// One row of a plane smoothed by 1 1 1 / 1 5 1 / 1 1 1 over 13, rounded, for x in [1, w - 1).
+FASTDATA_AVX2_CLONE void smoothed_row(const uint8_t* __restrict up, const uint8_t* __restrict mid,
+                                      const uint8_t* __restrict down, uint8_t* __restrict out, int w) {
+  for (int x = 1; x < w - 1; ++x) {
+    const int32_t s = up[x - 1] + up[x] + up[x + 1] + mid[x - 1] + 5 * mid[x] + mid[x + 1] + down[x - 1] +
+                      down[x] + down[x + 1];
+    out[x] = uint8_t((s + 6) / 13);
+  }
+}
+
+}  // namespace
+
+void tensor_enhance(const uint8_t* src, uint8_t* dst, int c, int h, int w, int kind, double factor) {
+  const int64_t plane = int64_t(h) * w, n = plane * c;
+  const float r = float(factor), q = float(1.0 - factor);
+  std::vector<uint8_t> other;
+  if (kind == 0) {  // with black: r * value (+ q * 0 changes nothing)
+    for (int64_t j = 0; j < n; ++j) dst[j] = clamp_truncated(r * float(src[j]));
+    return;
+  }
+  if (kind == 1 || kind == 2) {
+    other.resize(size_t(plane));
+    if (c == 3) {
+      gray_plane(src, src + plane, src + 2 * plane, other.data(), plane);
+    } else {
+      std::copy(src, src + plane, other.begin());
+    }
+  }
+  if (kind == 1) {  // with the grayscale's mean, float(sum) / float(count): a table of the 256 values
+    int64_t sum = 0;
+    for (uint8_t v : other) sum += v;
+    const float mean = float(sum) / float(plane);
+    uint8_t table[256];
+    for (int v = 0; v < 256; ++v) table[v] = clamp_truncated(blended(float(v), mean, r, q));
+    for (int64_t j = 0; j < n; ++j) dst[j] = table[src[j]];
+    return;
+  }
+  if (kind == 2) {  // with each pixel's grayscale
+    for (int k = 0; k < c; ++k) blend_planes(src + k * plane, other.data(), dst + k * plane, plane, r, q);
+    return;
+  }
+  other.resize(size_t(w));  // Sharpness: a row of the smoothed plane, its border the image's
+  for (int k = 0; k < c; ++k) {
+    for (int y = 0; y < h; ++y) {
+      const uint8_t* row = src + k * plane + int64_t(y) * w;
+      std::copy(row, row + w, other.begin());
+      if (y > 0 && y < h - 1) smoothed_row(row - w, row, row + w, other.data(), w);
+      blend_planes(row, other.data(), dst + k * plane + int64_t(y) * w, w, r, q);
+    }
+  }
+}
+
 }  // namespace fastdata

@@ -37,4 +37,17 @@ void enhance(const uint8_t* src, uint8_t* dst, int64_t n, int kind, float alpha,
 // pixels a side, kept). dst may be src.
 void sharpness(const uint8_t* src, uint8_t* dst, int w, int h, float alpha);
 
+// torchvision's tensor kernels (transforms._functional_tensor's, v1) of Brightness (kind 0),
+// Contrast (1), Color (2: adjust_saturation, C = 3) and Sharpness (3: H and W at least 3) on a
+// uint8 image [C, H, W] (C 1 or 3), each value as torch's float32 operations give it: _blend's
+// ratio * image + (1 - ratio) * degenerate, each product and the sum rounded (ratio and 1 - ratio
+// computed in double, each rounded to float), clamped to 0..255, truncated. The degenerate:
+// black; the mean of the image's grayscale (the grayscale truncated; float(sum) / float(count),
+// the sum exact while H x W x 255 is under 2^24, which the caller checks); each pixel's
+// grayscale, (0.2989 r + 0.587 g) + 0.114 b, each step rounded, truncated; the image smoothed by
+// the 3x3 kernel 1 1 1 / 1 5 1 / 1 1 1 over 13 and rounded (conv2d's sum of 13ths is never within
+// float32's error of a half, so this is (S + 6) / 13 in integers), its border the image's own.
+// Brightness is v2's kernel too (image * ratio). dst apart from src.
+void tensor_enhance(const uint8_t* src, uint8_t* dst, int c, int h, int w, int kind, double factor);
+
 }  // namespace fastdata

@@ -206,6 +206,31 @@ void enhance(AnyArray src, OutArray out, int kind, double factor, std::array<int
                     {luma[0], luma[1], luma[2], luma[3], lanes}, width);
 }
 
+// tensor_enhance(src, out, kind, factor): torchvision's Brightness (0), Contrast (1), Color (2) or
+// Sharpness (3) tensor kernel (v1's) of a uint8 image [C, H, W] into out (color.h).
+void tensor_enhance(AnyArray src, OutArray out, int kind, double factor) {
+  bool same = src.ndim() == 3 && out.ndim() == 3 && src.dtype() == nb::dtype<uint8_t>() &&
+              out.dtype() == nb::dtype<uint8_t>();
+  for (size_t d = 0; same && d < 3; ++d) same = src.shape(d) == out.shape(d) && src.shape(d) < (size_t(1) << 30);
+  const int c = same ? int(src.shape(0)) : 0, h = same ? int(src.shape(1)) : 0, w = same ? int(src.shape(2)) : 0;
+  if (!same || !(c == 1 || c == 3) || (kind == 2 && c != 3) || (kind == 3 && (h < 3 || w < 3))) {
+    throw nb::value_error("tensor_enhance takes uint8 src and out of one shape [C, H, W], C 1 or 3 (Color: 3; "
+                          "Sharpness: H and W at least 3), each side under 2^30");
+  }
+  if (!contiguous(src) || !contiguous(out)) throw nb::value_error("tensor_enhance takes contiguous arrays");
+  if (kind < 0 || kind > 3) {
+    throw nb::value_error("tensor_enhance takes kind 0 (Brightness), 1 (Contrast), 2 (Color) or 3 (Sharpness)");
+  }
+  if (kind == 1 && int64_t(h) * w * 255 >= (int64_t(1) << 24)) {
+    throw nb::value_error("tensor_enhance's Contrast takes an image of H x W x 255 under 2^24 (its sum exact)");
+  }
+  if (!(factor >= 0.0)) throw nb::value_error("tensor_enhance takes a factor >= 0");
+  if (src.data() == out.data()) throw nb::value_error("tensor_enhance takes an out apart from src");
+  nb::gil_scoped_release release;
+  fastdata::tensor_enhance(static_cast<const uint8_t*>(src.data()), static_cast<uint8_t*>(out.data()), c, h, w,
+                           kind, factor);
+}
+
 // affine(src, out, data, resample, fill): Pillow's Image.transform(size, AFFINE, data, resample,
 // fillcolor=fill) of uint8 pixels [H, W, C], C 1 ("L") or 3 ("RGB"), into out [H2, W2, C] (geometry.h).
 void affine(AnyArray src, OutArray out, std::array<double, 6> data, int resample, std::vector<int> fill) {
@@ -675,6 +700,10 @@ NB_MODULE(_native, m) {
         "enhance(factor), each value as Pillow's blend gives it, \"L\" with the weights luma = (r, g, b, "
         "shift), with lanes > 0 Pillow's own for the last W % lanes pixels of each row (Pillow-SIMD's); "
         "GIL released.");
+  m.def("tensor_enhance", &tensor_enhance, nb::arg("src"), nb::arg("out"), nb::arg("kind"), nb::arg("factor"),
+        "torchvision's adjust_brightness (kind 0), adjust_contrast (1), adjust_saturation (2) or adjust_sharpness (3) "
+        "tensor kernel (transforms.functional's) of a uint8 image [C, H, W] into out, each value as torch's float32 "
+        "operations give it; GIL released.");
   m.def("affine", &affine, nb::arg("src"), nb::arg("out"), nb::arg("data"), nb::arg("resample"), nb::arg("fill"),
         "Pillow's Image.transform(size, AFFINE, data, resample, fillcolor=fill) of uint8 pixels [H, W, C] (C 1 or 3) "
         "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); "

@@ -8,9 +8,12 @@ they come, in the very calls and order of the op's class, from a generator of th
 seeded from the sample's draws (`plan`): each sample a function of its batch's seed and its
 place, as fastdata's other pixel ops, and the training process's RNG untouched by the threads
 that decode. The same seed in torch's global RNG gives torchvision's own op the same image
-(`tests/contract/test_torchvision_faithful.py`). The ops are torchvision's own
-(`autoaugment._apply_op`, v2's `_apply_image_or_video_transform`): no library gives AugMix's
-chains with a generator, and a copy of its ops would drift from the torchvision that runs.
+(`tests/contract/test_torchvision_faithful.py`). Each op is fastdata's twin of torchvision's
+kernel where it has one (`_kernels`: the enhance and table ops, the translations; each checked
+once a process against the torchvision that runs), else torchvision's own call
+(`autoaugment._apply_op`, v2's `_apply_image_or_video_transform`: the rotation, the shears, and
+v2's blends). The chains and their mixing are written here: no library gives AugMix's chains
+with a generator.
 A folder's lowering runs it as a pixel op after the decoder's geometry (`_lowering`), before
 the layout's tensor steps (on a uint8 image, the same values as after the conversion).
 """
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 
 from ..transforms import ops as fd
+from ._kernels import twin
 
 
 @functools.lru_cache(maxsize=8)
@@ -64,8 +68,6 @@ class AugMix(fd.Op):
 
     def mix(self, tv: Any, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """torchvision's `forward` on one CHW uint8 image, its draws from `g`."""
-        from torchvision.transforms.autoaugment import _apply_op
-
         height, width = image.shape[-2:]
         if self.v2:
             space = tv._AUGMENTATION_SPACE if tv.all_ops else tv._PARTIAL_AUGMENTATION_SPACE
@@ -90,8 +92,7 @@ class AugMix(fd.Op):
                         magnitude = float(magnitudes[int(torch.randint(tv.severity, (), generator=g))])
                         if signed and torch.rand((), generator=g) <= 0.5:
                             magnitude *= -1
-                    aug = tv._apply_image_or_video_transform(aug, name, magnitude, interpolation=tv.interpolation,
-                                                             fill=tv._fill)
+                    aug = self.apply(tv, aug, name, magnitude)
                 else:
                     name = names[int(torch.randint(len(names), (1,), generator=g).item())]
                     magnitudes, signed = space[name]
@@ -99,10 +100,23 @@ class AugMix(fd.Op):
                                                                generator=g)].item()) if magnitudes.ndim > 0 else 0.0
                     if signed and torch.randint(2, (1,), generator=g):
                         magnitude *= -1.0
-                    # (v1 hands a PIL image's fill to its tensor kernels as the op holds it)
-                    aug = _apply_op(aug, name, magnitude, interpolation=tv.interpolation, fill=tv.fill)
+                    aug = self.apply(tv, aug, name, magnitude)
             mix.add_(weights[:, i].reshape(dims) * aug)
         return mix.reshape(image.shape).to(dtype=image.dtype)
+
+    def apply(self, tv: Any, batch: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
+        """One op of a chain on the image [1, C, H, W]: fastdata's twin of torchvision's kernel
+        where there is one (`_kernels`), else torchvision's call."""
+        ours = twin(self.v2, name, magnitude, batch[0], tv.interpolation, self.fill) if len(batch) == 1 else None
+        if ours is not None:
+            return ours[None]
+        if self.v2:
+            return tv._apply_image_or_video_transform(batch, name, magnitude, interpolation=tv.interpolation,
+                                                      fill=tv._fill)
+        from torchvision.transforms.autoaugment import _apply_op
+
+        # (v1 hands a PIL image's fill to its tensor kernels as the op holds it)
+        return _apply_op(batch, name, magnitude, interpolation=tv.interpolation, fill=tv.fill)
 
 
 def augmix(op: Any, domain: str) -> AugMix:
