@@ -224,7 +224,7 @@ def test_a_twin_that_disagrees_with_torchvision_is_not_used(monkeypatch, tv):
 def test_augmix_chains_run_the_twins(v2, monkeypatch, tv):
     """AugMix as fastdata lowers it calls torchvision only for the ops without a twin (v1: Rotate,
     ShearX, ShearY; v2: those and Contrast, Color, Sharpness), and its image is torchvision's
-    own AugMix's for the same seed."""
+    own AugMix's for the same seed, on an image laid out as a PIL image's tensor is."""
     T = tv[0]
     import torchvision.transforms.autoaugment as A
     import torchvision.transforms.v2 as V
@@ -235,7 +235,8 @@ def test_augmix_chains_run_the_twins(v2, monkeypatch, tv):
     ours = augmix(op, "uint8")
     tv = _torchvisions(v2, op.severity, op.mixture_width, op.chain_depth, op.alpha, op.all_ops, op.interpolation,
                        op.fill)
-    img = torch.from_numpy(np.random.default_rng(6).integers(0, 256, (3, 40, 48), dtype=np.uint8))
+    # (laid out as pil_to_tensor gives it, channels last, of a size whose values do not fill whole vector lanes)
+    img = torch.from_numpy(np.random.default_rng(6).integers(0, 256, (37, 53, 3), dtype=np.uint8)).permute(2, 0, 1)
     assert all(K._agrees(v2, name) for name in NAMES if K._supported(v2, name))  # (its probes call torchvision)
     called = []
     for seed in range(40):
