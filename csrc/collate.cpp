@@ -286,4 +286,15 @@ void mix_rolled(float* x, int64_t n, int64_t per, float a, float b, int threads)
   });
 }
 
+void mix_add(float* acc, const uint8_t* src, int64_t n, float w, bool first) {
+  if (first) {
+    for (int64_t j = 0; j < n; ++j) acc[j] = w * float(src[j]);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = w * float(src[j]);
+    acc[j] = acc[j] + p;
+  }
+}
+
 }  // namespace fastdata

@@ -39,4 +39,8 @@ void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, cons
 // (so the file is built without fused multiply-adds). On up to `threads` threads.
 void mix_rolled(float* x, int64_t n, int64_t per, float a, float b, int threads);
 
+// AugMix's mixing of n values: acc[j] = w * src[j] (first) or acc[j] + w * src[j], the product
+// and the sum each rounded to float as torch's `w * image` and `mix.add_(...)` round them.
+void mix_add(float* acc, const uint8_t* src, int64_t n, float w, bool first);
+
 }  // namespace fastdata

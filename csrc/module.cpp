@@ -288,6 +288,15 @@ void lookup_planes(AnyArray src, AnyArray lut, OutArray out, int threads) {
   fastdata::lookup_planes(a.src, n, hw, c, a.lut, a.itemsize, a.out, threads);
 }
 
+// mix_add(acc, src, weight, first): AugMix's mixing (collate.h) of uint8 src into float32 acc, both
+// contiguous of one size.
+void mix_add(nb::ndarray<float, nb::c_contig, nb::device::cpu> acc,
+             nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> src, double weight, bool first) {
+  if (acc.size() != src.size()) throw nb::value_error("mix_add takes float32 acc and uint8 src of one size");
+  nb::gil_scoped_release release;
+  fastdata::mix_add(acc.data(), src.data(), int64_t(acc.size()), float(weight), first);
+}
+
 // mix_rolled(x, lam, threads): MixUp's blend (collate.h) of contiguous float32 x [N, ...] in place,
 // with a = 1 - lam and b = lam each taken as a float, as torch's multiply by a Python number takes it.
 void mix_rolled(nb::ndarray<float, nb::c_contig, nb::device::cpu> x, double lam, int threads) {
@@ -713,6 +722,10 @@ NB_MODULE(_native, m) {
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[i, c, y, x] = lut[c, src[i, y, x, c]] for contiguous uint8 src [N, H, W, C], lut [C, 256], "
         "out [N, C, H, W] of lut's dtype; GIL released.");
+  m.def("mix_add", &mix_add, nb::arg("acc").noconvert(), nb::arg("src").noconvert(), nb::arg("weight"),
+        nb::arg("first"),
+        "AugMix's mixing: acc = float(weight) * src (first) or acc + float(weight) * src, for contiguous float32 acc "
+        "and uint8 src of one size, each product and sum as torch's mul and add_ round them; GIL released.");
   m.def("mix_rolled", &mix_rolled, nb::arg("x").noconvert(), nb::arg("lam"), nb::arg("threads") = 1,
         "MixUp's blend in place: x[i] = x[i-1] * float(1 - lam) + x[i] * float(lam) for contiguous float32 x "
         "[N, ...] (x[-1] the last sample as it was), each value as torchvision's roll, mul_ and add_ give it; "

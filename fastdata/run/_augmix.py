@@ -24,8 +24,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from .._ext import native
 from ..transforms import ops as fd
 from ._kernels import twin
 
@@ -79,7 +81,13 @@ class AugMix(fd.Op):
         m = torch._sample_dirichlet(torch.tensor([tv.alpha, tv.alpha]).expand(dims[0], -1), generator=g)
         weights = torch._sample_dirichlet(torch.tensor([tv.alpha] * tv.mixture_width).expand(dims[0], -1),
                                           generator=g) * m[:, 1].reshape([dims[0], -1])
-        mix = m[:, 0].reshape(dims) * batch
+        # The mixing: natively for one image (`mix_add`: each product and sum rounded as torch's),
+        # else torch's operations
+        acc = np.empty(batch.numel(), np.float32) if len(batch) == 1 and hasattr(native, "mix_add") else None
+        if acc is not None:
+            native.mix_add(acc, _values(batch), float(m[0, 0]), True)
+        else:
+            mix = m[:, 0].reshape(dims) * batch
         for i in range(tv.mixture_width):
             aug = batch
             depth = tv.chain_depth if tv.chain_depth > 0 else int(torch.randint(1, 4, (1,), generator=g).item())
@@ -101,7 +109,12 @@ class AugMix(fd.Op):
                     if signed and torch.randint(2, (1,), generator=g):
                         magnitude *= -1.0
                     aug = self.apply(tv, aug, name, magnitude)
-            mix.add_(weights[:, i].reshape(dims) * aug)
+            if acc is not None:
+                native.mix_add(acc, _values(aug), float(weights[0, i]), False)
+            else:
+                mix.add_(weights[:, i].reshape(dims) * aug)
+        if acc is not None:  # (truncated to bytes, laid out as the image, as torch's mix would be)
+            return torch.empty_like(image).copy_(torch.from_numpy(acc.astype(np.uint8)).view(image.shape))
         return mix.reshape(image.shape).to(dtype=image.dtype)
 
     def apply(self, tv: Any, batch: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
@@ -117,6 +130,11 @@ class AugMix(fd.Op):
 
         # (v1 hands a PIL image's fill to its tensor kernels as the op holds it)
         return _apply_op(batch, name, magnitude, interpolation=tv.interpolation, fill=tv.fill)
+
+
+def _values(image: torch.Tensor) -> np.ndarray:
+    """A uint8 image's values in [..., C, H, W] order, contiguous (a copy where it is laid out otherwise)."""
+    return image.contiguous().view(-1).numpy()
 
 
 def augmix(op: Any, domain: str) -> AugMix:

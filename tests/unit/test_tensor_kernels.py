@@ -109,6 +109,27 @@ def test_the_enhance_twins_are_torchvisions_kernels(kind, tv):
 
 
 @needs_native
+def test_the_extensions_mixing_takes_torchs_steps():
+    """`mix_add` gives the values of torch's `w * image` and `mix.add_(...)` (stated in NumPy's
+    float32: each product and sum rounded), over every byte and weights of all sizes; it refuses
+    arrays of two sizes."""
+    rng = np.random.default_rng(10)
+    images = [np.arange(256, dtype=np.uint8)] + [rng.integers(0, 256, 1001, dtype=np.uint8) for _ in range(4)]
+    weights = [np.float32(w) for w in rng.dirichlet([1.0] * 5)]
+    acc, want = np.empty(256, np.float32), np.float32(weights[0]) * images[0].astype(np.float32)
+    native.mix_add(acc, images[0], float(weights[0]), True)
+    assert np.array_equal(acc, want)
+    acc, want = np.resize(acc, 1001), weights[0] * images[1].astype(np.float32)
+    native.mix_add(acc, images[1], float(weights[0]), True)
+    for w, img in zip(weights[1:], images[2:]):
+        native.mix_add(acc, img, float(w), False)
+        want = want + w * img.astype(np.float32)
+    assert np.array_equal(acc, want)
+    with pytest.raises(ValueError, match="of one size"):
+        native.mix_add(acc, images[0], 0.5, False)
+
+
+@needs_native
 def test_the_enhance_twin_refuses_what_it_cannot_give():
     """The extension refuses, saying why, a Contrast whose sum would not be exact, a Color of one
     channel, a Sharpness under 3 pixels a side, a negative factor and an out that is the src."""
@@ -224,7 +245,8 @@ def test_a_twin_that_disagrees_with_torchvision_is_not_used(monkeypatch, tv):
 def test_augmix_chains_run_the_twins(v2, monkeypatch, tv):
     """AugMix as fastdata lowers it calls torchvision only for the ops without a twin (v1: Rotate,
     ShearX, ShearY; v2: those and Contrast, Color, Sharpness), and its image is torchvision's
-    own AugMix's for the same seed, on an image laid out as a PIL image's tensor is."""
+    own AugMix's for the same seed, laid out as it, on an image laid out as a PIL image's tensor is
+    (its chains mixed natively: `mix_add`)."""
     T = tv[0]
     import torchvision.transforms.autoaugment as A
     import torchvision.transforms.v2 as V
@@ -252,7 +274,7 @@ def test_augmix_chains_run_the_twins(v2, monkeypatch, tv):
                 mp.setattr(A, "_apply_op",
                            lambda image, name, *a, **k: called.append(name) or theirs(image, name, *a, **k))
             got = ours.mix(tv, img, torch.Generator().manual_seed(seed))
-        assert torch.equal(got, want), f"seed {seed}"
+        assert torch.equal(got, want) and got.stride() == want.stride(), f"seed {seed}"
     left = {"Rotate", "ShearX", "ShearY"} | ({"Contrast", "Color", "Sharpness"} if v2 else set())
     others = sorted({name for name in called if name not in left})
     assert not others and left & set(called), f"torchvision's call ran for {others}"
