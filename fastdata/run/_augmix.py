@@ -12,8 +12,9 @@ that decode. The same seed in torch's global RNG gives torchvision's own op the 
 kernel where it has one (`_kernels`: the enhance and table ops, the translations; each checked
 once a process against the torchvision that runs), else torchvision's own call
 (`autoaugment._apply_op`, v2's `_apply_image_or_video_transform`: the rotation, the shears, and
-v2's blends). The chains and their mixing are written here: no library gives AugMix's chains
-with a generator.
+v2's blends). The chains are written here, no library giving AugMix's chains with a generator,
+and mixed by the extension's `mix_add` (each product and sum rounded as torch's operations round
+them), the result laid out as torchvision's.
 A folder's lowering runs it as a pixel op after the decoder's geometry (`_lowering`), before
 the layout's tensor steps (on a uint8 image, the same values as after the conversion).
 """
