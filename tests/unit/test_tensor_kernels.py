@@ -111,8 +111,8 @@ def test_the_enhance_twins_are_torchvisions_kernels(kind, tv):
 @needs_native
 def test_the_extensions_mixing_takes_torchs_steps():
     """`mix_add` gives the values of torch's `w * image` and `mix.add_(...)` (stated in NumPy's
-    float32: each product and sum rounded), over every byte and weights of all sizes; it refuses
-    arrays of two sizes."""
+    float32: each product and sum rounded), over every byte value, with Dirichlet weights as
+    AugMix draws them; it refuses arrays of two sizes."""
     rng = np.random.default_rng(10)
     images = [np.arange(256, dtype=np.uint8)] + [rng.integers(0, 256, 1001, dtype=np.uint8) for _ in range(4)]
     weights = [np.float32(w) for w in rng.dirichlet([1.0] * 5)]
