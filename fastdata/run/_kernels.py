@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .._ext import native
+from ..transforms import pil
 
 _ENHANCE = {"Brightness": 0, "Contrast": 1, "Color": 2, "Sharpness": 3}
 _TABLES = ("Posterize", "Solarize", "AutoContrast", "Equalize")
@@ -49,12 +50,12 @@ def _supported(v2: bool, name: str) -> bool:
 
 def _compute(v2: bool, name: str, magnitude: float, image: torch.Tensor, interpolation: Any,
              fill: Any) -> torch.Tensor | None:
-    from torchvision.transforms import InterpolationMode
-
     if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] not in (1, 3) or image.numel() == 0:
         return None
     c, h, w = image.shape
     if name in ("TranslateX", "TranslateY"):
+        from torchvision.transforms import InterpolationMode
+
         if v2 and isinstance(interpolation, str) and interpolation in ("nearest", "bilinear"):
             interpolation = InterpolationMode(interpolation)  # (v2 takes the mode's name too)
         if fill is not None or interpolation not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
@@ -90,75 +91,72 @@ def _shifted(image: torch.Tensor, by: int, dim: int) -> torch.Tensor:
 def _tables(v2: bool, name: str, magnitude: float, planes: np.ndarray) -> np.ndarray | None:
     """Each channel's table of the 256 values (uint8 [C, 256]) for a table op, or None where
     torchvision's own call runs (a Posterize of other than 1 to 8 bits, a Solarize threshold over
-    255: its error or its image)."""
-    x = _VALUES
+    255: its error or its image). Posterize's and Equalize's are ImageOps' (`pil.band_tables`:
+    the same integer steps); Solarize's and AutoContrast's compare and scale in float32."""
     if name == "Posterize":
-        bits = int(magnitude)
-        if not 1 <= bits <= 8:
-            return None
-        table = x & (0xFF << (8 - bits)) & 0xFF  # (v1's img & -(2 ** (8 - bits)), v2's mask: alike for 1 to 8)
-        return np.broadcast_to(table.astype(np.uint8), (len(planes), 256)).copy()
+        return pil.band_tables(planes, name, int(magnitude)) if 1 <= int(magnitude) <= 8 else None
+    if name == "Equalize":
+        return pil.band_tables(planes, name, 0)
+    x = _VALUES
     if name == "Solarize":  # (v2's threshold: 255 times the magnitude; each compared with it in float32)
         threshold = 255 * magnitude if v2 else magnitude
         if threshold > 255:
             return None
         table = np.where(x.astype(np.float32) >= np.float32(threshold), 255 - x, x)
         return np.broadcast_to(table.astype(np.uint8), (len(planes), 256)).copy()
-    if name == "AutoContrast":
-        lo, hi = planes.min(axis=1).astype(np.float32), planes.max(axis=1).astype(np.float32)
-        same = hi == lo
-        lo = np.where(same, np.float32(0), lo)[:, None]
-        values = x.astype(np.float32)[None]
-        if v2:  # (value - min) / ((max - min) * (1 / 255))
-            inv = np.where(same, np.float32(1), (hi - lo[:, 0]) * np.float32(1.0 / 255))[:, None]
-            out = (values - lo) / inv
-        else:  # (value - min) * (255 / (max - min)), the division a reciprocal times 255 (Tensor.__rtruediv__)
-            with np.errstate(divide="ignore"):
-                scale = np.where(same, np.float32(1), np.float32(1) / (hi - lo[:, 0]) * np.float32(255))[:, None]
-            out = (values - lo) * scale
-        return np.clip(out, 0, 255).astype(np.uint8)
-    # Equalize: each band's histogram, its step from the pixels outside its last bin
-    tables = []
-    for band in planes:
-        hist = np.bincount(band, minlength=256)
-        step = (band.size - int(hist[np.flatnonzero(hist)[-1]])) // 255
-        if step == 0:
-            tables.append(x)
-            continue
-        tables.append(np.concatenate(([0], (np.cumsum(hist)[:-1] + step // 2) // step)).clip(0, 255))
-    return np.stack(tables).astype(np.uint8)
+    # AutoContrast
+    lo, hi = planes.min(axis=1).astype(np.float32), planes.max(axis=1).astype(np.float32)
+    same = hi == lo
+    lo = np.where(same, np.float32(0), lo)[:, None]
+    values = x.astype(np.float32)[None]
+    if v2:  # (value - min) / ((max - min) * (1 / 255))
+        inv = np.where(same, np.float32(1), (hi - lo[:, 0]) * np.float32(1.0 / 255))[:, None]
+        out = (values - lo) / inv
+    else:  # (value - min) * (255 / (max - min)), the division a reciprocal times 255 (Tensor.__rtruediv__)
+        with np.errstate(divide="ignore"):
+            scale = np.where(same, np.float32(1), np.float32(1) / (hi - lo[:, 0]) * np.float32(255))[:, None]
+        out = (values - lo) * scale
+    return np.clip(out, 0, 255).astype(np.uint8)
 
 
 @functools.lru_cache(maxsize=None)
 def _agrees(v2: bool, name: str) -> bool:
-    """Whether the twin of op `name` gives torchvision's call's image on probe images (noise, a
-    few levels, a flat one, channels of narrower ranges; RGB and one channel; odd sizes; for
-    AutoContrast, a channel of each range 0..d) at magnitudes of AugMix's tables, signed, and past
-    them; a translation with either interpolation. About 10 ms, once a process."""
+    """Whether the twin of op `name` gives torchvision's call's image on the probe images
+    (`_probes`) at magnitudes of AugMix's tables, signed, and past them; a translation with either
+    interpolation. A few milliseconds an op, once a process."""
     from torchvision.transforms import InterpolationMode
 
-    rng = np.random.default_rng(7)
-    noise = rng.integers(0, 256, (3, 23, 29), dtype=np.uint8)
-    levels = (rng.integers(0, 5, (3, 17, 31)) * 60 + 7).astype(np.uint8)
-    flat = np.full((3, 9, 11), 90, dtype=np.uint8)
-    ranged = np.stack([rng.integers(lo, hi, (19, 21)) for lo, hi in ((3, 250), (31, 200), (77, 91))]).astype(np.uint8)
-    images = [noise, levels, flat, ranged, noise[:1], ranged[1:2], noise.transpose(1, 2, 0).copy().transpose(2, 0, 1)]
-    if name == "AutoContrast":  # (its table depends on each channel's max - min alone: all of them)
-        ramps = np.minimum(_VALUES[None, :], np.arange(1, 256)[:, None]).astype(np.uint8)
-        images += [ramps[k:k + 3, None] for k in range(0, 255, 3)]
+    images = _probes(name == "AutoContrast")
     f32 = [float(np.float32(m)) for m in (0.2, 0.4, 0.6, 0.9)]  # (v2's Solarize magnitudes, from its float32 table)
     magnitudes = {"Posterize": (1.0, 3.0, 4.0, 8.0),
                   "Solarize": (0.0, *f32, 1.0) if v2 else (0.0, 51.0, 128.0, 204.0, 229.5, 255.0),
                   "TranslateX": (0.0, 3.0, -7.9, 40.0), "TranslateY": (2.0, -5.0, -30.0),
                   "AutoContrast": (0.0,), "Equalize": (0.0,)}
     modes = (InterpolationMode.BILINEAR, InterpolationMode.NEAREST) if name.startswith("Translate") else (None,)
-    for image in map(torch.from_numpy, images):
+    for image in images:
         for m in magnitudes.get(name, (0.0, 0.09, -0.18, 0.27, -0.63, 0.9, -0.9, 1.5)):
             for interpolation in modes:
                 ours = _compute(v2, name, m, image, interpolation, None)
                 if ours is not None and not torch.equal(ours, _torchvisions(v2, name, m, image, interpolation)):
                     return False
     return True
+
+
+@functools.lru_cache(maxsize=2)
+def _probes(spans: bool) -> tuple[torch.Tensor, ...]:
+    """The probe images: noise, a few levels, a flat one, channels of narrower ranges, one channel,
+    one laid out as a PIL image's tensor; with `spans`, a channel of each range 0..d too (an
+    AutoContrast table depends on each channel's max - min alone)."""
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, (3, 23, 29), dtype=np.uint8)
+    levels = (rng.integers(0, 5, (3, 17, 31)) * 60 + 7).astype(np.uint8)
+    flat = np.full((3, 9, 11), 90, dtype=np.uint8)
+    ranged = np.stack([rng.integers(lo, hi, (19, 21)) for lo, hi in ((3, 250), (31, 200), (77, 91))]).astype(np.uint8)
+    images = [noise, levels, flat, ranged, noise[:1], ranged[1:2], noise.transpose(1, 2, 0).copy().transpose(2, 0, 1)]
+    if spans:
+        ramps = np.minimum(_VALUES[None, :], np.arange(1, 256)[:, None]).astype(np.uint8)
+        images += [ramps[k:k + 3, None] for k in range(0, 255, 3)]
+    return tuple(map(torch.from_numpy, images))
 
 
 def _torchvisions(v2: bool, name: str, magnitude: float, image: torch.Tensor, interpolation: Any) -> torch.Tensor:

@@ -292,21 +292,26 @@ _NATIVE_TABLES: bool | None = None
 
 
 def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
-    """ImageOps' posterize(bits m), solarize(threshold m), autocontrast(), equalize() or invert(),
-    or timm's solarize_add (m: add, threshold; its table given to Pillow's point), of an HWC (or
-    HW) uint8 array: each band's table computed as ImageOps computes it (the
-    autocontrast's from the band's extremes, the equalize's from its histogram, both in Python's
-    arithmetic; Pillow's point clips a table's values to 0..255), applied by the extension's
-    lookup. A new array of the same shape; a posterize of other than 1-8 bits is Pillow's own call
-    (an error from Pillow 13 on)."""
+    """ImageOps' posterize(bits m), solarize(threshold m), autocontrast(), equalize(), invert() or timm's
+    solarize_add (m: add, threshold) of an HWC (or HW) uint8 array by `band_tables` and the
+    extension's lookup, a new array; a posterize of other than 1-8 bits is Pillow's (its error)."""
     from PIL import ImageOps
 
-    x = np.arange(256, dtype=np.int64)
     src = np.ascontiguousarray(pixels).reshape(-1, pixels.shape[2] if pixels.ndim == 3 else 1)
     if name == "Posterize" and not 1 <= int(m) <= 8:
-        return np.asarray(ImageOps.posterize(_form(pixels, tensor=False), int(m))).reshape(pixels.shape)  # (its error)
+        return np.asarray(ImageOps.posterize(_form(pixels, tensor=False), int(m))).reshape(pixels.shape)
+    out = np.empty_like(src)
+    native.lookup_values(src[:, :, None], band_tables(src.T, name, m), out[:, :, None])
+    return out.reshape(pixels.shape)
+
+
+def band_tables(bands: np.ndarray, name: str, m) -> np.ndarray:
+    """`table_op`'s tables (uint8 [C, 256]; Posterize: 1-8 bits) for uint8 bands [C, N], as ImageOps
+    computes them in Python's arithmetic (Pillow's point clips to 0..255); torchvision's tensor
+    kernels' Posterize and Equalize alike (`fastdata.run._kernels`)."""
+    x = np.arange(256, dtype=np.int64)
     tables = []
-    for band in src.T:
+    for band in bands:
         if name == "Posterize":
             table = x & ~(2 ** (8 - int(m)) - 1)
         elif name == "Solarize":
@@ -317,17 +322,13 @@ def table_op(pixels: np.ndarray, name: str, m) -> np.ndarray:
             table = np.where(x < m[1], np.minimum(255, x + m[0]), x)
         elif name == "AutoContrast":
             lo, hi = int(band.min()), int(band.max())  # (the first and last bins of its histogram)
-            scale = 255.0 / (hi - lo) if hi > lo else 0.0
-            table = np.trunc(x * scale + -lo * scale) if hi > lo else x  # (int(): toward zero)
+            table = np.trunc(x * (scale := 255.0 / (hi - lo)) + -lo * scale) if hi > lo else x  # (int(): toward zero)
         else:  # Equalize
             h = np.bincount(band, minlength=256)
-            counts = h[h > 0]
-            step = (int(counts.sum()) - int(counts[-1])) // 255 if len(counts) > 1 else 0
+            step = (band.size - int(h[h > 0][-1:].sum())) // 255  # (the pixels outside its last bin; one bin: 0)
             table = (step // 2 + np.concatenate(([0], np.cumsum(h)[:-1]))) // step if step else x
         tables.append(np.clip(table, 0, 255))
-    out = np.empty_like(src)
-    native.lookup_values(src[:, :, None], np.stack(tables).astype(np.uint8), out[:, :, None])
-    return out.reshape(pixels.shape)
+    return np.stack(tables).astype(np.uint8)
 
 
 def native_tables() -> bool:
@@ -341,10 +342,9 @@ def native_tables() -> bool:
 
             noise = np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)
             levels = np.where(noise < 250, 90, np.where(noise < 254, 20, 200)).astype(np.uint8)
-            ops = {"Posterize": (lambda im: ImageOps.posterize(im, 3), 3),
+            ops = {"Posterize": (lambda im: ImageOps.posterize(im, 3), 3), "Invert": (ImageOps.invert, 0),
                    "Solarize": (lambda im: ImageOps.solarize(im, 99.5), 99.5),
-                   "AutoContrast": (ImageOps.autocontrast, 0), "Equalize": (ImageOps.equalize, 0),
-                   "Invert": (ImageOps.invert, 0)}
+                   "AutoContrast": (ImageOps.autocontrast, 0), "Equalize": (ImageOps.equalize, 0)}
             same = True
             for pixels in (noise, levels, noise[:, :, 0], levels[:, :, 0]):
                 img = Image.fromarray(np.ascontiguousarray(pixels))
