@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "blur.h"
 #include "bytes.h"
 #include "collate.h"
 #include "color.h"
@@ -264,6 +265,33 @@ void affine(AnyArray src, OutArray out, std::array<double, 6> data, int resample
   nb::gil_scoped_release release;
   fastdata::affine(s, int(src.shape(1)), int(src.shape(0)), int(c), o, int(out.shape(1)), int(out.shape(0)),
                    data.data(), resample, fills);
+}
+
+// gaussian_blur(src, out, xradius, yradius): Pillow's Image.gaussian_blur((xradius, yradius)) of
+// uint8 pixels [H, W, C], C 1 ("L") or 3 ("RGB"), into out of the same shape (blur.h); the radii
+// taken as Pillow's C call takes them (floats). False, out untouched, where a box radius is past
+// what Pillow's sums hold (or not a number): the caller then calls Pillow.
+bool gaussian_blur(AnyArray src, OutArray out, double xradius, double yradius) {
+  const bool shapes = src.ndim() == 3 && out.ndim() == 3 && (src.shape(2) == 1 || src.shape(2) == 3) &&
+                      src.dtype() == nb::dtype<uint8_t>() && out.dtype() == nb::dtype<uint8_t>() &&
+                      src.shape(0) == out.shape(0) && src.shape(1) == out.shape(1) && src.shape(2) == out.shape(2);
+  if (!shapes) throw nb::value_error("gaussian_blur takes uint8 src and out [H, W, C] of one shape, C 1 or 3");
+  if (!contiguous(src) || !contiguous(out)) throw nb::value_error("gaussian_blur takes contiguous arrays");
+  if (int64_t(src.shape(0)) >= (int64_t(1) << 30) || int64_t(src.shape(1)) >= (int64_t(1) << 30)) {
+    throw nb::value_error("gaussian_blur takes images of under 2^30 pixels a side");
+  }
+  const auto* s = static_cast<const uint8_t*>(src.data());
+  auto* o = static_cast<uint8_t*>(out.data());
+  if (src.nbytes() && s < o + out.nbytes() && o < s + src.nbytes()) {
+    throw nb::value_error("gaussian_blur takes an out that does not overlap src");
+  }
+  constexpr int kPasses = 3;  // (Image.gaussian_blur's default, which ImageFilter.GaussianBlur takes)
+  const float bx = fastdata::gaussian_box_radius(float(xradius), kPasses);
+  const float by = fastdata::gaussian_box_radius(float(yradius), kPasses);
+  if (!fastdata::box_radius_ok(bx) || !fastdata::box_radius_ok(by)) return false;
+  nb::gil_scoped_release release;
+  fastdata::box_blur(s, o, int(src.shape(0)), int(src.shape(1)), int(src.shape(2)), bx, by, kPasses);
+  return true;
 }
 
 // convert_hsv(src, out, to_hsv): Pillow's RGB -> HSV (to_hsv) or HSV -> RGB conversion alone.
@@ -717,6 +745,10 @@ NB_MODULE(_native, m) {
         "Pillow's Image.transform(size, AFFINE, data, resample, fillcolor=fill) of uint8 pixels [H, W, C] (C 1 or 3) "
         "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); "
         "GIL released.");
+  m.def("gaussian_blur", &gaussian_blur, nb::arg("src"), nb::arg("out"), nb::arg("xradius"), nb::arg("yradius"),
+        "Pillow's Image.gaussian_blur((xradius, yradius)) (ImageFilter.GaussianBlur's) of uint8 pixels [H, W, C] "
+        "(C 1 or 3) into out, each value as Pillow's BoxBlur.c gives it; False, out untouched, for a radius past "
+        "what Pillow's sums hold; GIL released.");
   m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
         "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,

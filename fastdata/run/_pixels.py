@@ -28,6 +28,7 @@ import numpy as np
 
 from ..transforms import ops as fd
 from ._augmix import augmix
+from ._blur import served, withdrawn
 from ._rotation import pillow_geometry
 from ._timm import timm_augment
 
@@ -213,7 +214,10 @@ class ScriptOp(fd.Op):
     def on_pillow(self, img: Any, p: dict) -> Any:
         from PIL import Image
 
-        out = self.call(img)
+        try:
+            out = self.call(served(img))  # (its GaussianBlur native: `_blur`)
+        finally:
+            withdrawn(img)
         if isinstance(out, Image.Image) and out.size == img.size and out.mode == img.mode:
             return out
         try:
