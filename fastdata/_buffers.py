@@ -242,15 +242,14 @@ class BufferRing:
 
     def _new_storage(self, nbytes: int) -> torch.UntypedStorage:
         try:
-            if self.shared:
+            # Pages mapped shared, too, for a process that forks workers while it holds the ring:
+            # a fork makes its private pages copy-on-write while a child lives, and each slot's
+            # first write after a fork (fresh workers every epoch) would copy it whole. Made
+            # shared, not shared after (`share_memory_` copies the storage into new pages).
+            if self.shared or (self.forks and not self.pin):
                 return new_shared_storage(nbytes)
             storage = torch.UntypedStorage(nbytes)
-            if self.pin:
-                return storage.pin_memory()
-            # Pages mapped shared, for a process that forks workers while it holds the ring: a
-            # fork makes its private pages copy-on-write while a child lives, and each slot's
-            # first write after a fork (fresh workers every epoch) would copy it whole.
-            return storage.share_memory_() if self.forks else storage
+            return storage.pin_memory() if self.pin else storage
         except RuntimeError as e:
             raise shared_memory_error(e, nbytes) from None
 

@@ -173,6 +173,26 @@ def test_full_ring_falls_back_to_fresh_buffers():
     assert ring.begin()
 
 
+@pytest.mark.parametrize("forks", [False, True])
+def test_a_ring_of_a_process_that_forks_is_made_in_shared_memory(forks, monkeypatch):
+    """A main-process ring of a process that forks workers holds its slots in shared pages (no
+    copy-on-write after a fork), made there at once: `share_memory_`, which copies a storage into
+    new pages, is never called. Without forks the slots are private."""
+    def copied(self):
+        raise AssertionError("share_memory_ copies the storage")
+
+    monkeypatch.setattr(torch.UntypedStorage, "share_memory_", copied)
+    ring = BufferRing(slots=2, shared=False, forks=forks)
+    for k in range(4):
+        assert ring.begin()
+        target, held = ring.alloc((3, 1000 * (k + 1)), torch.float32)  # (larger each time: the slot grows)
+        target.copy_(torch.arange(3000 * (k + 1), dtype=torch.float32).view(3, -1) + k)
+        ring.end()
+        assert [storage.is_shared() for storage in ring.storages if storage is not None] == [forks] * min(k + 1, 2)
+        assert torch.equal(held, torch.arange(3000 * (k + 1), dtype=torch.float32).view(3, -1) + k)
+        del target, held
+
+
 @native
 @pytest.mark.parametrize("view", sorted(VIEWS))
 def test_raw_address_path_equals_fallback(view):
