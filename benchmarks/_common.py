@@ -146,11 +146,12 @@ def ratio_ci(baseline: list[float], candidate: list[float], resamples: int = 200
 
 
 def image_ops(cases: dict[str, Callable], baseline: Callable[[Callable], Callable], images: list, params: list,
-              reps: int) -> dict[str, dict]:
+              reps: int, baseline_name: str = "torchvision") -> dict[str, dict]:
     """Per-image ops against their baselines, interleaved in one process: each case `fn(image,
-    param)` over the images, and `baseline(fn)` (the same op by the baseline's steps) alike; the
-    outputs compared once (equal pixels, else AssertionError), then `reps` interleaved rounds.
-    Prints a table (ms an image each side, the ratio, its 95% interval); returns its rows."""
+    param)` over the images, and `baseline(fn)` (the same op by the baseline's steps: the calls
+    `baseline_name` makes) alike; the outputs compared once (equal pixels, else AssertionError),
+    then `reps` interleaved rounds. Prints a table (ms an image each side, the ratio, its 95%
+    interval); returns its rows."""
     def timed(fn: Callable) -> Callable[[], float]:
         def run() -> float:
             t = time.perf_counter()
@@ -173,13 +174,13 @@ def image_ops(cases: dict[str, Callable], baseline: Callable[[Callable], Callabl
     times = interleaved(runs, reps)
     width = max(len(name) for name in cases) + 2
     rows = {}
-    print(f"{'op':<{width}}{'torchvision ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
+    print(f"{'op':<{width}}{baseline_name + ' ms/image':>22}{'fastdata ms/image':>19}{'speed-up':>10}  95% interval")
     for name in cases:
         base, ours = times[f"{name}: torchvision's"], times[f"{name}: fastdata"]
         ratio = median(base) / median(ours)
         low, high = ratio_ci(base, ours)
         per = [median(x) / len(images) * 1e3 for x in (base, ours)]
-        rows[name] = {"torchvision_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
+        rows[name] = {f"{baseline_name.lower()}_ms_per_image": per[0], "fastdata_ms_per_image": per[1], "ratio": ratio,
                       "interval": [low, high]}
         print(f"{name:<{width}}{per[0]:>22.3f}{per[1]:>19.3f}{ratio:>9.2f}x  {low:.2f}-{high:.2f}")
     return rows

@@ -270,7 +270,8 @@ void affine(AnyArray src, OutArray out, std::array<double, 6> data, int resample
 // gaussian_blur(src, out, xradius, yradius): Pillow's Image.gaussian_blur((xradius, yradius)) of
 // uint8 pixels [H, W, C], C 1 ("L") or 3 ("RGB"), into out of the same shape (blur.h); the radii
 // taken as Pillow's C call takes them (floats). False, out untouched, where a box radius is past
-// what Pillow's sums hold (or not a number): the caller then calls Pillow.
+// what Pillow's sums hold (or not a number) or where one axis alone is blurred: the caller then
+// calls Pillow.
 bool gaussian_blur(AnyArray src, OutArray out, double xradius, double yradius) {
   const bool shapes = src.ndim() == 3 && out.ndim() == 3 && (src.shape(2) == 1 || src.shape(2) == 3) &&
                       src.dtype() == nb::dtype<uint8_t>() && out.dtype() == nb::dtype<uint8_t>() &&
@@ -289,6 +290,7 @@ bool gaussian_blur(AnyArray src, OutArray out, double xradius, double yradius) {
   const float bx = fastdata::gaussian_box_radius(float(xradius), kPasses);
   const float by = fastdata::gaussian_box_radius(float(yradius), kPasses);
   if (!fastdata::box_radius_ok(bx) || !fastdata::box_radius_ok(by)) return false;
+  if ((bx == 0) != (by == 0)) return false;  // (one axis alone: Pillow-SIMD's RGB is white there, not Pillow's)
   nb::gil_scoped_release release;
   fastdata::box_blur(s, o, int(src.shape(0)), int(src.shape(1)), int(src.shape(2)), bx, by, kPasses);
   return true;
@@ -748,7 +750,7 @@ NB_MODULE(_native, m) {
   m.def("gaussian_blur", &gaussian_blur, nb::arg("src"), nb::arg("out"), nb::arg("xradius"), nb::arg("yradius"),
         "Pillow's Image.gaussian_blur((xradius, yradius)) (ImageFilter.GaussianBlur's) of uint8 pixels [H, W, C] "
         "(C 1 or 3) into out, each value as Pillow's BoxBlur.c gives it; False, out untouched, for a radius past "
-        "what Pillow's sums hold; GIL released.");
+        "what Pillow's sums hold or a blur along one axis alone; GIL released.");
   m.def("convert_hsv", &convert_hsv, nb::arg("src"), nb::arg("out"), nb::arg("to_hsv"),
         "Pillow's RGB to HSV (to_hsv) or HSV to RGB conversion of uint8 pixels [..., 3]; GIL released.");
   m.def("lookup_planes", &lookup_planes, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,

@@ -275,18 +275,21 @@ class BufferRing:
         self._slot = None
         self.claimed = None
 
-    def alloc(self, shape: Sequence[int], dtype: torch.dtype):
-        """A (tensor to collate into, handle for the user) pair in the claimed slot, or None."""
+    def alloc(self, shape: Sequence[int], dtype: torch.dtype, reserve: int = 0):
+        """A (tensor to collate into, handle for the user) pair in the claimed slot, or None;
+        `reserve`: see `new_batch`."""
         s = self._slot
         if s is None or self._leaf >= MAX_LEAVES:
             return None
         itemsize = dtype.itemsize
         nbytes = math.prod(shape) * itemsize
         start = -(-self._offset // _ALIGN) * _ALIGN
+        # (a reserve, at the first leaf: the leaves each start aligned, up to _ALIGN - 1 bytes apart)
+        reserved = reserve + MAX_LEAVES * _ALIGN if reserve and self._leaf == 0 else 0
         storage = self.storages[s]
-        if storage is None or storage.nbytes() < start + nbytes:
+        if storage is None or storage.nbytes() < max(start + nbytes, reserved):
             old = 0 if storage is None else storage.nbytes()
-            storage = self._new_storage(max(2 * old, start + nbytes))
+            storage = self._new_storage(max(start + nbytes, reserved) if reserved else max(2 * old, start + nbytes))
             self.storages[s] = storage
         leaf = self._leaf
         self._offset, self._leaf = start + nbytes, leaf + 1
@@ -297,14 +300,18 @@ class BufferRing:
         return target, leased_tensor(storage, start, shape, dtype, self.flags, s, leaf)
 
 
-def new_batch(ring: BufferRing | None, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+def new_batch(ring: BufferRing | None, shape: Sequence[int], dtype: torch.dtype,
+              reserve: int = 0) -> tuple[torch.Tensor, Any]:
     """(buffer to write a batch into, what the batch holds): a slot of `ring` (claimed at the
     batch's first buffer) when one is free, else a fresh buffer: in a worker, straight into
-    shared memory as default_collate does, so it crosses to the main process without a copy."""
+    shared memory as default_collate does, so it crosses to the main process without a copy.
+    `reserve`, at a batch's first buffer: the bytes of all its buffers, for a slot made that
+    large at once (grown a buffer at a time, a slot's first pages would be written only in its
+    second batch, and the larger storages made on the way dropped)."""
     if ring is not None:
         if ring.claimed is None:
             ring.begin()
-        got = ring.alloc(shape, dtype)
+        got = ring.alloc(shape, dtype, reserve)
         if got is not None:
             return got
     from torch.utils.data import get_worker_info

@@ -53,8 +53,8 @@ def blurred(img: Any, f: Any) -> Any:
         return None
     xy = (f.radius, f.radius) if isinstance(f.radius, (int, float)) else f.radius
     numbers = isinstance(xy, (tuple, list)) and len(xy) == 2 and all(isinstance(v, (int, float)) for v in xy)
-    if not numbers or min(xy) < 0 or (0 in xy and xy[0] != xy[1]):
-        return None  # (a negative radius; one axis alone, where Pillow-SIMD's RGB is white: Pillow's call)
+    if not numbers or min(xy) < 0:  # (a negative radius: whatever Pillow does with it is Pillow's)
+        return None
     pixels = np.asarray(img)
     pixels = pixels.reshape(*pixels.shape[:2], -1)
     out = np.empty_like(pixels)

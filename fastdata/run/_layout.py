@@ -160,11 +160,13 @@ class Finish:
         views = type(batch[2]) is Views
         images, layouts = (batch[0], batch[2]) if views else ([batch[0]], [batch[2]])
         ring = self.rings.ring()
+        dtypes = [steps_dtype(layout.steps) for layout in layouts]
+        reserve = sum(x.numel() * dtype.itemsize for x, dtype in zip(images, dtypes))  # (the views' outputs)
         try:
             outs = []
-            for x, layout in zip(images, layouts):
+            for x, layout, dtype in zip(images, layouts, dtypes):
                 n, h, w, c = x.shape
-                out, handle = new_batch(ring, (n, c, h, w), steps_dtype(layout.steps))
+                out, handle = new_batch(ring, (n, c, h, w), dtype, reserve)
                 lay_out(x, layout, out, self._tables)
                 outs.append(handle)
         finally:

@@ -107,6 +107,7 @@ def test_a_served_image_leaves_to_pillow_what_the_blur_does_not_take():
                    (rgb, ImageFilter.GaussianBlur(1e9)), (rgb, ImageFilter.GaussianBlur(np.float32(2))),
                    (rgb, ImageFilter.GaussianBlur("2")), (rgb, ImageFilter.GaussianBlur((1, 2, 3))),
                    (rgb, ImageFilter.GaussianBlur((0, 2.5))), (rgb, ImageFilter.GaussianBlur((1.2, 0))),
+                   (rgb, ImageFilter.GaussianBlur((1e-30, 2.5))),  # (a float32 square of 0: one axis alone)
                    (Image.fromarray(rng.integers(0, 256, (1, 23, 3), dtype=np.uint8)), ImageFilter.GaussianBlur(2)),
                    (rgb.convert("RGBA"), ImageFilter.GaussianBlur(2)), (rgb, "not a filter")):
         assert blurred(img, f) is None

@@ -1,5 +1,6 @@
 """Native collation against the Python fallback and against torch's default_collate."""
 
+import math
 import os
 
 import numpy as np
@@ -191,6 +192,31 @@ def test_a_ring_of_a_process_that_forks_is_made_in_shared_memory(forks, monkeypa
         assert [storage.is_shared() for storage in ring.storages if storage is not None] == [forks] * min(k + 1, 2)
         assert torch.equal(held, torch.arange(3000 * (k + 1), dtype=torch.float32).view(3, -1) + k)
         del target, held
+
+
+def test_a_batch_that_reserves_its_bytes_gets_one_storage_made_once():
+    """With `reserve` (the bytes of all a batch's buffers, as `fastdata run`'s views give it) the
+    slot is made that large at its first buffer: every buffer of the batch in that one storage,
+    and the next batch in that slot in it again; without, the slot grows buffer by buffer."""
+    from fastdata._buffers import new_batch
+
+    shapes = [(4, 3, 32, 32), (4, 3, 32, 32), (4, 3, 16, 16), (4, 3, 16, 16)]
+    total = sum(math.prod(shape) * 4 for shape in shapes)
+    for reserve in (total, 0):
+        ring = BufferRing(slots=1, shared=False, forks=True)
+        made = []
+        for batch in range(2):
+            held = []
+            for k, shape in enumerate(shapes):
+                target, handle = new_batch(ring, shape, torch.float32, reserve)
+                target.fill_(10 * batch + k)
+                held.append(handle)
+                made.append(ring.storages[0])
+            ring.end()
+            assert [float(h.flatten()[0]) for h in held] == [10 * batch + k for k in range(len(shapes))]
+            del target, handle, held
+        distinct = len({id(storage) for storage in made})
+        assert (distinct == 1) if reserve else (distinct > 1), (reserve, distinct)
 
 
 @native
