@@ -30,7 +30,8 @@ process that fetches, as the script's op draws them) on a copy of the op whose A
 their pixels with `_FUNCTIONS`, fastdata's twins of timm.data.auto_augment's pixel functions (on
 the decoded array: Pillow's arithmetic, natively where this Pillow's was found, `transforms.pil`
 and `transforms.geometry`), each checked once a process against timm's own (`_same`); one not
-found the same, or one fastdata has no twin of (the blurs), is timm's own call on the PIL image.
+found the same, or one fastdata has no twin of (the blurs), is timm's own call on the PIL image
+(whose Pillow GaussianBlur, the blurs', is computed natively there: `_blur`).
 Such an op with a function of the script's, and timm's AugMixAugment, which mixes PIL images
 itself, are called as the script's own ops (`_pixels`). Only timm's exact classes are read: a
 subclass's own methods may do anything.
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..transforms import geometry, ops as fd, pil
+from ._blur import served, withdrawn
 
 
 def _timms(op: Any, module: str, name: str) -> bool:
@@ -172,7 +174,11 @@ def _ours(op: Any, module: Any) -> Any:
 
 
 def _on_image(function: Any, img: Any, *args: Any, **kwargs: Any) -> Any:
-    return function(geometry.as_image(img), *args, **kwargs)
+    image = served(geometry.as_image(img))  # (timm's blurs' GaussianBlur native: `_blur`)
+    try:
+        return function(image, *args, **kwargs)
+    finally:
+        withdrawn(image)
 
 
 # timm.data.auto_augment's pixel functions (as timm 1.0 writes them: `_same` checks the installed

@@ -149,18 +149,24 @@ def test_timms_pixel_functions_are_timms(timm):
 
 @pytest.mark.parametrize("policy", ["rand-m9-mstd0.5-inc1", "rand-m7-n3-mstd101", "rand-m9-mstd0.5-inc1-mmax12",
                                     "original", "v0r", "3a"])
-def test_timms_auto_augments_run_as_timm_draws_them(timm, policy):
+def test_timms_auto_augments_run_as_timm_draws_them(timm, policy, monkeypatch):
     """timm's RandAugment (DeiT's, uniform magnitudes, past 10, the 3-Augment's weighted choice
-    with its blur and desaturation) and AutoAugment (its original and v0r policies), lowered:
-    with the same seeds of Python's and NumPy's RNGs, each image the one timm's own op gives
-    (or its error) and the RNGs left where timm's leave them, over 40 images."""
+    with its blur, computed natively, and desaturation) and AutoAugment (its original and v0r
+    policies), lowered: with the same seeds of Python's and NumPy's RNGs, each image the one
+    timm's own op gives (or its error) and the RNGs left where timm's leave them, over 40 images."""
     import random
 
     from PIL import Image
     from timm.data.auto_augment import auto_augment_transform, rand_augment_transform
 
+    from fastdata.run import _blur
     from fastdata.run._pixels import pixel_op
     from fastdata.run._timm import TimmAugment
+
+    native_blur = _blur._agrees()  # (its probe first, uncounted)
+    blurs = []
+    blurred = _blur.blurred
+    monkeypatch.setattr(_blur, "blurred", lambda img, f: blurs.append(f) or blurred(img, f))
 
     hparams = {"translate_const": 100, "img_mean": (124, 116, 104)}
     if policy == "3a":
@@ -181,6 +187,7 @@ def test_timms_auto_augments_run_as_timm_draws_them(timm, policy):
             outcomes.append((_outcome(call, img), np.random.get_state()[1].copy()))
         (got, got_np), (want, want_np) = outcomes[1], outcomes[0]
         assert _same_outcome(got, want) and np.array_equal(got_np, want_np), (policy, k)
+    assert (len(blurs) > 3) == (policy == "3a" and native_blur), len(blurs)  # (its blurs: the native one's)
 
 
 def test_timms_ops_fastdata_does_not_twin_are_timms_own_calls(timm, monkeypatch):
