@@ -6,7 +6,8 @@ image: the blur computed natively (csrc/blur.cpp: Pillow's BoxBlur.c, value for 
 Images: 64 of the synthetic ImageNet-like set, resized to 224x224 RGB (MoCo v2's crops, DINO's
 global ones) and to 96x96 (DINO's local crops); per image a radius uniform in [0.1, 2.0] (those
 scripts' draws). One thread, warm (the images in memory). Stock Pillow and Pillow-SIMD each run
-their own blur: run it under both (PYTHONPATH=<folder with Pillow-SIMD's PIL>).
+their own blur: run it under both (PYTHONPATH=<folder with Pillow-SIMD's PIL>). `fastdata run` serves
+the native blur under stock Pillow only: Pillow-SIMD's own is as fast.
 
     OMP_NUM_THREADS=1 python benchmarks/blur.py [--reps 9] [--json PATH]
 """

@@ -163,7 +163,7 @@ def test_timms_auto_augments_run_as_timm_draws_them(timm, policy, monkeypatch):
     from fastdata.run._pixels import pixel_op
     from fastdata.run._timm import TimmAugment
 
-    native_blur = _blur._agrees()  # (its probe first, uncounted)
+    native_blur = _blur._agrees() and not _blur._simd()  # (its probe first, uncounted; stock Pillow's blur only)
     blurs = []
     blurred = _blur.blurred
     monkeypatch.setattr(_blur, "blurred", lambda img, f: blurs.append(f) or blurred(img, f))

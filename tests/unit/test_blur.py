@@ -121,3 +121,23 @@ def test_a_served_image_leaves_to_pillow_what_the_blur_does_not_take():
             assert got.mode == want.mode and got.tobytes() == want.tobytes(), f
         withdrawn(img)
         assert "filter" not in vars(img) and img.filter.__func__ is Image.Image.filter
+
+
+@needs_native
+@pytest.mark.parametrize("simd", [False, True])
+def test_the_blur_is_served_under_stock_pillow_only(simd, monkeypatch):
+    """Under stock Pillow an image's GaussianBlur is the native one (Pillow's pixels); under
+    Pillow-SIMD, whose own blur is as fast, Pillow's call."""
+    from PIL import Image, ImageFilter
+
+    from fastdata.run import _blur
+
+    monkeypatch.setattr(_blur, "_simd", lambda: simd)
+    calls = []
+    blurred = _blur.blurred
+    monkeypatch.setattr(_blur, "blurred", lambda img, f: calls.append(f) or blurred(img, f))
+    img = Image.fromarray(np.random.default_rng(4).integers(0, 256, (33, 45, 3), dtype=np.uint8))
+    got = _blur.served(img).filter(ImageFilter.GaussianBlur(1.6))
+    _blur.withdrawn(img)
+    assert got.tobytes() == img.filter(ImageFilter.GaussianBlur(1.6)).tobytes()
+    assert len(calls) == (0 if simd else 1)
