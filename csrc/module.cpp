@@ -290,7 +290,7 @@ bool gaussian_blur(AnyArray src, OutArray out, double xradius, double yradius) {
   const float bx = fastdata::gaussian_box_radius(float(xradius), kPasses);
   const float by = fastdata::gaussian_box_radius(float(yradius), kPasses);
   if (!fastdata::box_radius_ok(bx) || !fastdata::box_radius_ok(by)) return false;
-  if ((bx == 0) != (by == 0)) return false;  // (one axis alone: Pillow-SIMD's RGB is white there, not Pillow's)
+  if ((bx == 0) != (by == 0)) return false;  // (one axis alone: Pillow-SIMD's red band is 255s there)
   nb::gil_scoped_release release;
   fastdata::box_blur(s, o, int(src.shape(0)), int(src.shape(1)), int(src.shape(2)), bx, by, kPasses);
   return true;

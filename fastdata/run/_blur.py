@@ -2,15 +2,16 @@
 
 MoCo v2's, SimSiam's and DINO's GaussianBlur classes are the script's own ops (`_pixels.ScriptOp`),
 called as they are on the PIL image after the geometry: they draw their radius from Python's RNG
-and call `img.filter(ImageFilter.GaussianBlur(radius))`. `served` gives such an op an image whose
-`filter` computes that blur with the extension's `gaussian_blur` (csrc/blur.cpp: Pillow's
-BoxBlur.c, value for value) and calls Pillow's own `Image.filter` for anything else: another
-filter, a subclass of GaussianBlur (its `filter` may differ), a mode other than RGB or L, an image
-one pixel wide or high (where Pillow-SIMD's boxes read past a line's end), a radius that is not a
-number, a negative one, a blur along one axis alone (Pillow-SIMD's gives white), or a radius that
-Pillow's sums do not hold. The op, its draws and what it does with the result are
-the script's. The native blur is used under stock Pillow (Pillow-SIMD's own is as fast), and only
-where it gave this process's Pillow's pixels on the probe images (`_agrees`, once a process).
+and call `img.filter(ImageFilter.GaussianBlur(radius))`; timm's blur ops do the same (`_timm`).
+`served` gives such an op an image whose `filter` computes that blur with the extension's
+`gaussian_blur` (csrc/blur.cpp: Pillow's BoxBlur.c, value for value) and calls Pillow's own
+`Image.filter` for anything else: another filter, a subclass of GaussianBlur (its `filter` may
+differ), a mode other than RGB or L, an image one pixel wide or high (where Pillow-SIMD's boxes
+read past a line's end), a radius that is not a number, a negative one, a blur along one axis
+alone (Pillow-SIMD's red band is 255s there), or a radius that Pillow's sums do not hold. The op,
+its draws and what it does with the result are the script's. The native blur is used under stock
+Pillow (Pillow-SIMD's own is as fast), and only where it gave this process's Pillow's pixels on
+the probe images (`_agrees`, once a process).
 """
 
 from __future__ import annotations
