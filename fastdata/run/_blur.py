@@ -29,8 +29,7 @@ from ..transforms.geometry import as_image
 def served(img: Any) -> Any:
     """`img` (a PIL image), its `filter` serving GaussianBlur natively under stock Pillow where
     `_agrees`; as it is otherwise. (Pillow-SIMD's own blur is as fast as the native one with
-    its conversions: benchmarks/blur.py, 0.43 against 0.48 ms a 224 px image; stock Pillow's
-    takes 0.99.)"""
+    its conversions, stock Pillow's twice as slow: benchmarks/blur.py.)"""
     if img.mode in ("RGB", "L") and not _simd() and _agrees():
         img.filter = functools.partial(_filter, img)
     return img
