@@ -42,7 +42,7 @@ from ._folders import folder
 from ._layout import Finish
 from ._mixup import MixCollate, mixing_of
 from ._torchvision import NativeFolder
-from .._collate import collate as native_collate
+from .._collate import RingCollate, collate as native_collate
 from .._stall import wait_forever
 from .._workers import own_start_method, start_method
 from ..backends.torch import TorchCore
@@ -168,6 +168,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         native = self.collate_fn is native_collate or self._fastdata_mixing is not None
         self._fastdata_finish = None if lowering is None or not native else Finish(
             lowering, *self._ring_settings(), forks=self.num_workers > 0)
+        working = self._loader
+        if type(working.dataset) is NativeFolder and isinstance(working.collate_fn, RingCollate):
+            working.dataset.rings = working.collate_fn.rings  # (its batches decoded into the collation's slots)
 
     def _working_collate(self) -> Any:
         # A collate_fn of the script's that mixes (`_mixup`): natively collated, mixed as it mixes

@@ -63,21 +63,26 @@ class Layout:
 
 
 class FolderBatch(Prepared):
-    """A decoded batch (uint8 NHWC, in the process's scratch), its targets and `Layout`. It
-    crosses to the main process as uint8 (a quarter of float32's bytes and shared pages), where
-    `Finish` lays it out in the transform's dtype."""
+    """A decoded batch (uint8 NHWC: in a slot of the collation's ring, `handle` as the slot hands
+    it on; else in the process's scratch), its targets and `Layout`. It crosses to the main
+    process as uint8 (a quarter of float32's bytes and shared pages), where `Finish` lays it out
+    in the transform's dtype."""
 
-    def __init__(self, images: torch.Tensor, targets: list, steps: tuple, erased: tuple = (), seed: int = 0) -> None:
+    def __init__(self, images: torch.Tensor, targets: list, steps: tuple, erased: tuple = (), seed: int = 0,
+                 handle: Any = None) -> None:
         self.images, self.targets, self.steps = images, targets, steps
-        self.erased, self.seed = erased, seed
+        self.erased, self.seed, self.handle = erased, seed, handle
 
     def __len__(self) -> int:
         return len(self.images)
 
     def crossed(self, ring: Any) -> tuple[Any, "Layout"]:
-        """(the images copied into a slot of `ring`, their `Layout`)."""
-        out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
-        out.copy_(self.images)
+        """(the images as a slot of `ring` hands them on, copied there from scratch if they were
+        not decoded there, their `Layout`)."""
+        handle = self.handle
+        if handle is None:
+            out, handle = new_batch(ring, tuple(self.images.shape), torch.uint8)
+            out.copy_(self.images)
         return handle, Layout(self.steps, self.erased, self.seed)
 
     def collate_into(self, ring: Any) -> Any:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .._buffers import new_batch, unsent
 from .._collate import Prepared
 from .._cores import batch_threads
 from .._pillow import pillow_info
@@ -127,6 +128,9 @@ class NativeFolder(Dataset):
         self.decoder = self._decoder(dataset)
         self._use(lowering)
         self._scratch: list[torch.Tensor] = []  # a view's decoded images (`_images`)
+        # The loader's collate_fn's rings (`_hook`), where it is fastdata's: a batch's images are
+        # decoded straight into the slot the collation then hands on (`_images`)
+        self.rings: Any = None
         # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
         self._listing: tuple[list, Names, array.array] | None = None
         self._kept: list | None = None  # the samples' items the listing was made of
@@ -245,6 +249,24 @@ class NativeFolder(Dataset):
         index = np.asarray(indices, dtype=np.int64)  # (the record of files that decoded whole: the folder's ids)
         views = lowering.views or (lowering,)  # (a multi-view wrapper's: each view decodes the files again)
         images: list = [None] * len(views)
+        handles: list = [None] * len(views)  # (each view's images as the collation hands them on: `_images`)
+        ring = None if self.samples or self.rings is None else self.rings.ring()
+        try:
+            seeds = self._decoded(paths, index, views, images, handles, ring)
+            if ds.target_transform is not None:
+                targets = [ds.target_transform(t) for t in targets]
+            return self._joined([self._batch(x, targets, view, seed, handle) for x, view, seed, handle
+                                 in zip(images, views, seeds, handles)], targets, lowering)
+        except BaseException:
+            if ring is not None:  # (no batch: the slot's leaves it took are free again, the claim ended)
+                unsent(handles)
+                ring.end()
+            raise
+
+    def _decoded(self, paths: list, index: np.ndarray, views: tuple, images: list, handles: list,
+                 ring: Any) -> list[int]:
+        """Decodes each view's images of the files at `paths` into `images` (`_images`' buffers,
+        as the collation hands them on in `handles`); returns the seed each view drew."""
         seeds, likes, done = [0] * len(views), [None] * len(views), 0
         while done < len(paths):
             # The files in parts of at most read.MAX_PART_BYTES (one but for batches of large
@@ -265,16 +287,13 @@ class NativeFolder(Dataset):
                                        errors, like=like)
                 if images[v] is None:
                     w, h = c.size
-                    images[v] = self._images(v, len(paths), h, w)
+                    images[v], handles[v] = self._images(v, len(paths), h, w, ring, len(views) == 1)
                 likes[v] = (paths[0], c.size, done + n) if like is None else (*like[:2], done + n)
                 self.decoder.fill(images[v][done:done + n], c, 0, errors)
                 del c
             del part  # its bytes go before the next part's are read
             done += n
-        if ds.target_transform is not None:
-            targets = [ds.target_transform(t) for t in targets]
-        return self._joined([self._batch(x, targets, view, seed) for x, view, seed in zip(images, views, seeds)],
-                            targets, lowering)
+        return seeds
 
     def _joined(self, batches: list, targets: list, lowering: Lowering) -> Any:
         """The batch of a lowering's views (`_batch` each): the one view's batch as it is; a
@@ -285,9 +304,9 @@ class NativeFolder(Dataset):
             return [([b[k][0] for b in batches], target) for k, target in enumerate(targets)]
         return FolderViews(batches, targets)
 
-    def _batch(self, images: torch.Tensor, targets: list, lowering: Lowering, seed: int) -> Any:
-        """The batch of uint8 NHWC `images` (drawn from `seed`) and `targets` (the dataset's,
-        through its target_transform)."""
+    def _batch(self, images: torch.Tensor, targets: list, lowering: Lowering, seed: int, handle: Any = None) -> Any:
+        """The batch of uint8 NHWC `images` (drawn from `seed`; `handle`: as a slot hands them on)
+        and `targets` (the dataset's, through its target_transform)."""
         # RandomErasing's rectangles, drawn here as numbers (keyed as `FolderDecoder.draw_keys`);
         # the main process writes them over the laid-out batch
         erased = draw(lowering.erasing, seed, np.arange(len(images)), *images.shape[1:3]) if lowering.erasing else ()
@@ -301,7 +320,7 @@ class NativeFolder(Dataset):
             if erased:
                 erase(outs, lowering.steps, erased, seed, apply_steps)
             return list(zip(outs, targets))
-        return FolderBatch(images, targets, lowering.steps, erased, seed if erased else 0)
+        return FolderBatch(images, targets, lowering.steps, erased, seed if erased else 0, handle)
 
     def _read(self, paths: list[str]) -> list:
         """The first files of `paths` whose sizes add up to at most MAX_PART_BYTES (at least one);
@@ -313,13 +332,19 @@ class NativeFolder(Dataset):
                 self.decoder.fail([], path, data)
         return datas[:n]
 
-    def _images(self, view: int, n: int, h: int, w: int) -> torch.Tensor:
-        """uint8 [n, h, w, 3] in this process's scratch for the view (reused: the batch is laid
-        out in the collate function's buffers right after it is decoded, in this process)."""
+    def _images(self, view: int, n: int, h: int, w: int, ring: Any, alone: bool) -> tuple[torch.Tensor, Any]:
+        """(uint8 [n, h, w, 3] to decode the view into, how the collation hands it on): with
+        `ring` (the collate function's, in this process), the buffer of a slot of it that the
+        collation then hands on as it is, no copy (the slot made large enough for the labels too
+        where the view is `alone`); else this process's scratch for the view, None (reused: the
+        collation copies the batch into its buffers right after it is decoded, in this process)."""
+        if ring is not None:
+            shape = (n, h, w, 3)
+            return new_batch(ring, shape, torch.uint8, reserve=n * h * w * 3 + 16 * n if alone else 0)
         need = n * h * w * 3
         scratch = self._scratch
         while len(scratch) <= view:
             scratch.append(torch.empty(0, dtype=torch.uint8))
         if scratch[view].numel() < need:
             scratch[view] = torch.empty(need, dtype=torch.uint8)
-        return scratch[view][:need].view(n, h, w, 3)
+        return scratch[view][:need].view(n, h, w, 3), None

@@ -590,8 +590,10 @@ def test_a_collate_fn_that_mixes_gives_torchvisions_batches_bit_for_bit(tv, fold
                   v2.MixUp(alpha=3.0, num_classes=classes, labels_getter=lambda inputs: inputs[1])):
         _MIXING = bound
         torch.manual_seed(9)
-        got = finish(MixCollate(2, False, _mixed_by_name, mixing)(rt.NativeFolder(dataset, lowering).__getitems__(
-            list(range(9)))))
+        mixer, served = MixCollate(2, False, _mixed_by_name, mixing), rt.NativeFolder(dataset, lowering)
+        served.rings = mixer.rings  # (decoded into the collation's slot, as `_hook` connects them)
+        got = finish(mixer(served.__getitems__(list(range(9)))))
+        assert mixer.rings.ring().claimed is None
         torch.manual_seed(9)
         want = _mixed_by_name(rt.NativeFolder(dataset, lowering, samples=True).__getitems__(list(range(9))))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), bound
@@ -934,6 +936,57 @@ def test_a_file_fastdata_does_not_read_is_the_scripts_own_fetch(tv, tmp_path, wh
         assert g[0] == w[0] and (torch.equal(g[1], w[1]) if type(g[0]) is list else g[1] == w[1]), (g, w)
     errors = [g for g in got if type(g[0]) is not list]
     assert len(errors) == (0 if what == "a TGA named .jpg" else 1)
+    loader._stop()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_batch_is_decoded_into_the_collations_slot_and_a_failed_one_frees_it(tv, tmp_path, shared,
+                                                                                    monkeypatch):
+    """The served folder decodes a batch straight into a slot of the collate function's ring,
+    which the collation hands on as it is (no copy; the images and labels right). A fetch that
+    fails after it took the slot (an op of the script's that changed an image, found as the
+    batch is filled) ends the claim and frees the leaves it took, in the training process's
+    ring and in a worker's (shared) alike; its batch is the script's own fetch, and the next
+    batch takes a slot again."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from fastdata._buffers import BufferRing, WorkerRings
+
+    root = blue_folder(tmp_path / "data", per_class=4, classes=2)
+    dataset = ImageFolder(str(root), T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+    loader = _served(dataset, batch_size=4)
+    working = loader._loader
+    assert type(working.dataset) is rt.NativeFolder and working.dataset.rings is working.collate_fn.rings
+    if shared:  # (a worker's ring: its leaves are records the training process rebuilds, freed only by flags)
+        record = WorkerRings()
+        ring = BufferRing(slots=2, shared=True, token=record.token, worker=0)
+        monkeypatch.setattr(working.collate_fn.rings, "ring", lambda: ring)
+    else:
+        ring = working.collate_fn.rings.ring()
+    batch = working.dataset.__getitems__([0, 1, 4, 5])
+    assert type(batch) is _layout.FolderBatch and batch.handle is not None and ring.claimed
+    images, labels, layout = working.collate_fn(batch)
+    assert ring.claimed is None and getattr(labels, "tensor", labels).tolist() == [0, 0, 1, 1]  # (a worker's: by value)
+    if not shared:
+        assert images.data_ptr() == batch.images.data_ptr()  # handed on, not copied
+        assert torch.equal(images[:, :, :, 2].float().mean((1, 2)).div(50).round(), torch.tensor([1.0, 1.0, 2.0, 2.0]))
+    held = ring.flags.array.copy()
+    decoder = working.dataset.decoder
+
+    def changed(*args, **kwargs):  # (as an op of the script's that changes an image's size raises, in the fill)
+        raise rt.NotAPixelOp("an op of the script's gave another size")
+
+    monkeypatch.setattr(decoder, "fill", changed)
+    fallback = working.dataset.__getitems__([1, 2, 6, 7])  # (the script's own fetch)
+    assert type(fallback) is list and ring.claimed is None
+    assert (ring.flags.array == held).all()  # the leaves the failed fetch took are free again
+    monkeypatch.undo()
+    if shared:
+        monkeypatch.setattr(working.collate_fn.rings, "ring", lambda: ring)
+    again = working.dataset.__getitems__([0, 1, 2, 3])
+    assert type(again) is _layout.FolderBatch and again.handle is not None and ring.claimed
+    working.collate_fn(again)
     loader._stop()
 
 
