@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -49,8 +50,9 @@ print(len(checked))
 
 
 def _compare(env=None) -> int:
+    # (run from the temporary folder: a checkout's folder first on the path would shadow the installed fastdata)
     out = subprocess.run([sys.executable, "-c", COMPARE, repr(SIZES), repr(RADII), "5"], env=env, timeout=240,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=tempfile.gettempdir())
     assert out.returncode == 0, out.stderr[-3000:]
     return int(out.stdout.split()[-1])
 
