@@ -275,6 +275,12 @@ class BufferRing:
         self._slot = None
         self.claimed = None
 
+    def drop(self, leaves: list) -> None:
+        """Ends the claim of a batch that will not be sent, its slot's `leaves` (`SlotLeaf`s,
+        as `new_batch` gave them) free again (`unsent`)."""
+        unsent(leaves)
+        self.end()
+
     def alloc(self, shape: Sequence[int], dtype: torch.dtype, reserve: int = 0):
         """A (tensor to collate into, handle for the user) pair in the claimed slot, or None;
         `reserve`: see `new_batch`."""

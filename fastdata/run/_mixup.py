@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from .._buffers import unsent
 from .._collate import Prepared, RingCollate
 from ._folders import folder
 from ._layout import FolderBatch, Layout, lay_out
@@ -169,8 +168,7 @@ class MixCollate(RingCollate):
             # indices, or an op bound since that fastdata does not run
             images = torch.empty((n, c, h, w), dtype=steps_dtype(batch.steps))
             lay_out(batch.images, Layout(batch.steps, batch.erased, batch.seed), images, self._tables)
-            unsent([batch.handle])  # (a slot it was decoded into, `NativeFolder._images`: free again)
-            self.rings.ring().end()
+            self.rings.ring().drop([batch.handle])  # (a slot it was decoded into, `NativeFolder._images`: free again)
             return mixing(images, labels)
         ring = self.rings.ring()
         try:

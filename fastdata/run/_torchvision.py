@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._buffers import new_batch, unsent
+from .._buffers import new_batch
 from .._collate import Prepared
 from .._cores import batch_threads
 from .._pillow import pillow_info
@@ -259,8 +259,7 @@ class NativeFolder(Dataset):
                                  in zip(images, views, seeds, handles)], targets, lowering)
         except BaseException:
             if ring is not None:  # (no batch: the slot's leaves it took are free again, the claim ended)
-                unsent(handles)
-                ring.end()
+                ring.drop(handles)
             raise
 
     def _decoded(self, paths: list, index: np.ndarray, views: tuple, images: list, handles: list,
@@ -339,8 +338,7 @@ class NativeFolder(Dataset):
         where the view is `alone`); else this process's scratch for the view, None (reused: the
         collation copies the batch into its buffers right after it is decoded, in this process)."""
         if ring is not None:
-            shape = (n, h, w, 3)
-            return new_batch(ring, shape, torch.uint8, reserve=n * h * w * 3 + 16 * n if alone else 0)
+            return new_batch(ring, (n, h, w, 3), torch.uint8, reserve=n * h * w * 3 + 16 * n if alone else 0)
         need = n * h * w * 3
         scratch = self._scratch
         while len(scratch) <= view:
