@@ -1,7 +1,9 @@
 #include "collate.h"
+#include "clones.h"
 #include "parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace fastdata {
@@ -242,6 +244,26 @@ void lookup_rows(const uint8_t* src, int64_t r0, int64_t r1, int c, int64_t inne
   }
 }
 
+
+// One span of a pair of samples (u: sample i's values, v: sample j's), blended from the values as
+// they were: u = rint(u * ai + v * bi) where `bu`, v = rint(v * aj + u * bj) where `bv`; each
+// product and the sum rounded to float, then to the nearest integer, ties to even (torch.round).
+// The caller keeps each weight in [0, 1], so every result lies in [0, 255].
+template <bool BU, bool BV>
+FASTDATA_AVX2_CLONE void blend_span(uint8_t* u, uint8_t* v, int64_t len, float ai, float bi, float aj, float bj) {
+  for (int64_t t = 0; t < len; ++t) {
+    const float x = float(u[t]), y = float(v[t]);
+    if (BU) {
+      const float p = x * ai, q = y * bi;
+      u[t] = uint8_t(std::nearbyint(p + q));
+    }
+    if (BV) {
+      const float p = y * aj, q = x * bj;
+      v[t] = uint8_t(std::nearbyint(p + q));
+    }
+  }
+}
+
 }  // namespace
 
 void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, const uint8_t* lut, int64_t itemsize,
@@ -282,6 +304,26 @@ void mix_rolled(float* x, int64_t n, int64_t per, float a, float b, int threads)
         const float p = prev[j] * a, q = cur[j] * b;
         cur[j] = p + q;
       }
+    }
+  });
+}
+
+void mix_reversed(uint8_t* x, int64_t n, int64_t per, const float* a, const float* b, const uint8_t* blend,
+                  int threads) {
+  const int64_t pairs = n / 2;
+  if (pairs == 0 || per == 0) return;
+  constexpr int64_t kSpan = 1 << 16;
+  const int64_t spans = (per + kSpan - 1) / kSpan;
+  parallel_for(pairs * spans, threads_for_bytes(n * per, threads), [&](int64_t k) {
+    const int64_t i = k / spans, j = n - 1 - i, t0 = (k % spans) * kSpan, len = std::min(kSpan, per - t0);
+    uint8_t* u = x + i * per + t0;
+    uint8_t* v = x + j * per + t0;
+    if (blend[i] && blend[j]) {
+      blend_span<true, true>(u, v, len, a[i], b[i], a[j], b[j]);
+    } else if (blend[i]) {
+      blend_span<true, false>(u, v, len, a[i], b[i], 0.f, 0.f);
+    } else if (blend[j]) {
+      blend_span<false, true>(u, v, len, 0.f, 0.f, a[j], b[j]);
     }
   });
 }

@@ -39,6 +39,15 @@ void lookup_values(const uint8_t* src, int64_t outer, int c, int64_t inner, cons
 // (so the file is built without fused multiply-adds). On up to `threads` threads.
 void mix_rolled(float* x, int64_t n, int64_t per, float a, float b, int threads);
 
+// timm's FastCollateMixup blend, in place on n samples of `per` uint8 values: for each pair
+// (i, j = n - 1 - i), i < j, from the values as they were, x_i = rint(x_i * a[i] + x_j * b[i])
+// where blend[i] and x_j = rint(x_j * a[j] + x_i * b[j]) where blend[j]: each product and the
+// sum rounded to float, ties to even, as timm's `(x.float() * lam + y.float() * (1 - lam))`,
+// `torch.round` and `.byte()` give them. Weights in [0, 1] (the caller's check). On up to
+// `threads` threads.
+void mix_reversed(uint8_t* x, int64_t n, int64_t per, const float* a, const float* b, const uint8_t* blend,
+                  int threads);
+
 // AugMix's mixing of n values: acc[j] = w * src[j] (first) or acc[j] + w * src[j], the product
 // and the sum each rounded to float as torch's `w * image` and `mix.add_(...)` round them.
 void mix_add(float* acc, const uint8_t* src, int64_t n, float w, bool first);

@@ -338,6 +338,25 @@ void mix_rolled(nb::ndarray<float, nb::c_contig, nb::device::cpu> x, double lam,
   fastdata::mix_rolled(data, n, per, a, b, threads);
 }
 
+// mix_reversed(x, a, b, blend, threads): timm's FastCollateMixup blend (collate.h) of contiguous
+// uint8 x [N, ...] in place, with float32 a, b and uint8 blend, each [N]; each weight in [0, 1].
+void mix_reversed(nb::ndarray<uint8_t, nb::c_contig, nb::device::cpu> x,
+                  nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> a,
+                  nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> b,
+                  nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> blend, int threads) {
+  if (x.ndim() < 1) shape_error("mix_reversed takes uint8 x [N, ...]", x.ndim(), x.shape_ptr());
+  const int64_t n = int64_t(x.shape(0)), per = n ? int64_t(x.size()) / n : 0;
+  if (int64_t(a.shape(0)) != n || int64_t(b.shape(0)) != n || int64_t(blend.shape(0)) != n)
+    throw nb::value_error("mix_reversed takes a, b and blend of x's N values each");
+  for (int64_t i = 0; i < n; ++i) {
+    if (blend.data()[i] && !(a.data()[i] >= 0.f && a.data()[i] <= 1.f && b.data()[i] >= 0.f && b.data()[i] <= 1.f))
+      throw nb::value_error("mix_reversed takes weights in [0, 1]");
+  }
+  uint8_t* data = x.data();
+  nb::gil_scoped_release release;
+  fastdata::mix_reversed(data, n, per, a.data(), b.data(), blend.data(), threads);
+}
+
 // lookup_values(src, lut, out, threads): out[o, ch, i] = lut[ch, src[o, ch, i]] for contiguous
 // src (uint8 [O, C, I]), lut ([C, 256]) and out ([O, C, I], lut's dtype).
 void lookup_values(AnyArray src, AnyArray lut, OutArray out, int threads) {
@@ -764,6 +783,12 @@ NB_MODULE(_native, m) {
         "MixUp's blend in place: x[i] = x[i-1] * float(1 - lam) + x[i] * float(lam) for contiguous float32 x "
         "[N, ...] (x[-1] the last sample as it was), each value as torchvision's roll, mul_ and add_ give it; "
         "GIL released.");
+  m.def("mix_reversed", &mix_reversed, nb::arg("x").noconvert(), nb::arg("a").noconvert(), nb::arg("b").noconvert(),
+        nb::arg("blend").noconvert(), nb::arg("threads") = 1,
+        "timm's FastCollateMixup blend in place: for each pair (i, j = N-1-i), x[i] = rint(x[i] * a[i] + x[j] * b[i]) "
+        "where blend[i], x[j] = rint(x[j] * a[j] + x[i] * b[j]) where blend[j], from the values as they were, for "
+        "contiguous uint8 x [N, ...], float32 a, b, uint8 blend [N], weights in [0, 1]; each value as torch's float "
+        "mul, add and round give it; GIL released.");
   m.def("lookup_values", &lookup_values, nb::arg("src"), nb::arg("lut"), nb::arg("out"), nb::arg("threads") = 1,
         "out[o, c, i] = lut[c, src[o, c, i]] for contiguous uint8 src [O, C, I], lut [C, 256], "
         "out [O, C, I] of lut's dtype; GIL released.");

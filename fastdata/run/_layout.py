@@ -58,7 +58,8 @@ class Layout:
     steps: tuple
     erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
     seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
-    # the script's MixUp or CutMix drawn for the batch (`_mixup`): ("mixup", lam), ("cutmix", (x1, y1, x2, y2))
+    # the script's MixUp or CutMix drawn for the batch (`_mixup`): ("mixup", lam), ("cutmix", (x1, y1, x2, y2));
+    # ("timm",): timm's FastCollateMixup, done where the batch was fetched (`_timm_mixup`)
     mixed: tuple = ()
 
 
@@ -128,7 +129,7 @@ def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dic
             apply_steps(out[k], images[k], steps)
     if layout.erased:
         erase(out, steps, layout.erased, layout.seed, apply_steps)
-    if layout.mixed:
+    if layout.mixed and layout.mixed[0] != "timm":
         mix(out, layout.mixed)
 
 

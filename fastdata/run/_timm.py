@@ -89,6 +89,11 @@ def is_erasing(op: Any) -> bool:
     return _timms(op, "random_erasing", "RandomErasing")
 
 
+def is_fast_mixup(op: Any) -> bool:
+    """Whether `op` is timm's FastCollateMixup (`_timm_mixup`)."""
+    return _timms(op, "mixup", "FastCollateMixup")
+
+
 def translated(op: Any) -> list:
     """torchvision's ops that do what `op` does when it is one of timm's classes above, else
     [op]; ValueError, saying why, for one of timm's that fastdata does not lower."""

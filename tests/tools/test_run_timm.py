@@ -566,3 +566,86 @@ def test_an_unchanged_timm_script_under_fastdata_run(timm, folder, tmp_path, kin
     assert got["wrong"] == 0 and want["wrong"] == 0 and got["seen"] == want["seen"] == 2 * 48
     assert got["layout"] == want["layout"]
     assert summary in err, err
+
+
+def _mixup(timm, mode, **kwargs):
+    from timm.data import FastCollateMixup
+
+    return FastCollateMixup(**{"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 0.9, "switch_prob": 0.5,
+                               "mode": mode, "label_smoothing": 0.1, "num_classes": 4, **kwargs})
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+def test_timms_fast_collate_mixup_mixes_as_its_own_call(timm, mode, native, monkeypatch):
+    """fastdata's FastCollateMixup (`_timm_mixup._collated`, natively and without the extension)
+    on a slot's NHWC noise gives timm's own call's images and targets byte for byte, for the
+    same NumPy draws: blends, boxes, a box per sample ('elem'), the alphas and minmax set apart;
+    its check of timm (`_agrees`) passes and leaves NumPy's RNG as it was."""
+    from fastdata.run import _timm_mixup as tm
+
+    if not native:
+        monkeypatch.setattr(tm, "_ext", None)
+    rng = np.random.default_rng(1)
+    pixels = torch.from_numpy(rng.integers(0, 256, (16, 20, 24, 3), dtype=np.uint8))
+    targets = [int(t) for t in rng.integers(0, 4, 16)]
+    kinds = {}
+    for kwargs in ({}, {"cutmix_alpha": 0.0}, {"mixup_alpha": 0.0}, {"cutmix_minmax": (0.2, 0.8)},
+                   {"correct_lam": False, "prob": 1.0}):
+        op = _mixup(timm, mode, **kwargs)
+        np.random.seed(5)
+        state = np.random.get_state()
+        assert tm._agrees(op)
+        assert np.random.get_state()[1].tolist() == state[1].tolist()
+        for seed in range(25):
+            np.random.seed(seed)
+            want_images, want_targets = op([(x.permute(2, 0, 1).clone(), t) for x, t in zip(pixels, targets)])
+            np.random.seed(seed)
+            images = pixels.clone()
+            _, got_targets = tm._collated(op, images.permute(0, 3, 1, 2), targets)
+            assert torch.equal(images.permute(0, 3, 1, 2), want_images), (kwargs, seed)
+            assert got_targets.dtype == want_targets.dtype and torch.equal(got_targets, want_targets), (kwargs, seed)
+            changed = (want_images != pixels.permute(0, 3, 1, 2)).flatten(1).any(1)
+            kinds.update(dict.fromkeys(changed.tolist(), True))
+    assert kinds == {True: True, False: True}  # (samples mixed, and samples left as they were)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["batch", "elem", "half"])
+def test_timms_fast_collate_mixup_is_served_as_timms_own_loader(timm, folder, mode, workers, monkeypatch):
+    """A loader with timm's FastCollateMixup as its collate_fn (train.py's with --mixup and
+    --cutmix) on a fixed-size transform that ends in timm's MaybePILToTensor: served natively,
+    mixed where the batches are fetched, each batch and its targets those of torch's loader with
+    the same seeds, byte for byte ('half': the op's own call on fastdata's samples)."""
+    import torchvision.transforms as T
+    from timm.data.transforms import MaybePILToTensor
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.run import _decide, _timm_mixup as tm
+
+    def seeded(_):
+        np.random.seed(torch.initial_seed() % 2**32)
+
+    mixed = []
+    mix = tm._mix
+    monkeypatch.setattr(tm, "_mix", lambda images, rows: (mixed.append(tuple(images.shape)), mix(images, rows)))
+    dataset = ImageFolder(str(folder), T.Compose([T.Resize((40, 48)), MaybePILToTensor()]))
+    loaders = [cls(dataset, batch_size=10, shuffle=True, num_workers=workers, collate_fn=_mixup(timm, mode),
+                   worker_init_fn=seeded, generator=torch.Generator().manual_seed(3))
+               for cls in (_served, torch.utils.data.DataLoader)]
+    assert "mixed as the script's collate_fn mixes (FastCollateMixup)" in _decide.decide(
+        (dataset,), {"collate_fn": _mixup(timm, mode), "batch_size": 10, "num_workers": workers})[1]
+    for epoch in range(2):
+        np.random.seed(epoch)
+        got = list(loaders[0])
+        np.random.seed(epoch)
+        want = list(loaders[1])
+        assert len(got) == len(want) == 5
+        for (images, target), (ref, ref_target) in zip(got, want):
+            assert type(images) is torch.Tensor and images.dtype == torch.uint8 and torch.equal(images, ref)
+            assert torch.equal(target, ref_target)
+    assert isinstance(loaders[0]._loader.collate_fn, tm.FastMixCollate)
+    if workers == 0:
+        batches = [(10, 3, 40, 48)] * 4 + [(8, 3, 40, 48)]  # (48 images; the check of timm's call mixes 8 of 6x5)
+        assert [shape for shape in mixed if shape[2:] == (40, 48)] == ([] if mode == "half" else batches * 2)
+    loaders[0]._stop()

@@ -130,6 +130,35 @@ def test_the_extensions_mixing_takes_torchs_steps():
 
 
 @needs_native
+def test_the_extensions_reversed_blend_takes_torchs_steps():
+    """`mix_reversed` (timm's FastCollateMixup blend) gives torch's `(x.float() * a + y.float() * b)`,
+    `torch.round` and `.byte()` of each sample and the one at the batch's other end, as they
+    were: over every byte value, ties to even (a weight of one half), both samples of a pair or
+    one, weights 0 and 1; a sample not blended is left; it refuses a weight out of [0, 1]."""
+    rng = np.random.default_rng(11)
+    n = 8
+    x = rng.integers(0, 256, (n, 3, 17, 23), dtype=np.uint8)
+    x[0, 0, 0, :] = x[n - 1, 0, 0, :] = 1
+    x[0, 0, 0, 0] = 2  # (2 * 0.5 + 1 * 0.5 = 1.5: ties to even, 2)
+    x[1].flat[:256] = np.arange(256)
+    a = np.array([0.5, 0.3, 1.0, 0.0, 0.7, 0.25, 0.9, 0.5], np.float32)
+    b = (1 - a).astype(np.float32)
+    blend = np.array([1, 1, 1, 1, 0, 1, 0, 1], np.uint8)
+    got = x.copy()
+    native.mix_reversed(got, a, b, blend)
+    t = torch.from_numpy(x)
+    for i in range(n):
+        if not blend[i]:
+            assert np.array_equal(got[i], x[i])
+            continue
+        mixed = t[i].float() * float(a[i]) + t[n - 1 - i].float() * float(b[i])
+        assert np.array_equal(got[i], torch.round(mixed).byte().numpy()), i
+    assert got[0, 0, 0, 0] == 2
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        native.mix_reversed(x.copy(), a + 0.6, b, blend)
+
+
+@needs_native
 def test_the_enhance_twin_refuses_what_it_cannot_give():
     """The extension refuses, saying why, a Contrast whose sum would not be exact, a Color of one
     channel, a Sharpness under 3 pixels a side, a negative factor and an out that is the src."""
