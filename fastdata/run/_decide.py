@@ -26,6 +26,7 @@ would change; so does a collate_fn of the script's, which workers would run.
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any
 
 import torch
@@ -93,7 +94,7 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
         shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
         how = "run on its arrays" if lowering.in_memory else "decoded"
         return (f"served natively: {shown} with {lowering.names} {how} by fastdata"
-                + (f", natively collated and mixed as the script's collate_fn mixes ({_named(mixing)})"
+                + (f", natively {_named(mixing)}"
                    if mixing is not None else ", its samples batched by the script's collate_fn" if own else "")
                 + ("; random parameters drawn by fastdata (torchvision's distributions, not the plain run's numbers)"
                    if lowering.random else "")
@@ -103,10 +104,15 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
 
 
 def _named(mixing: Any) -> str:
-    """"RandomChoice(MixUp, CutMix)", "MixUp", ...: the mixing op of a collate_fn (`mixing_of`)."""
+    """How the summary says a collate_fn of the script's (`mixing_of`) is run: "collated and mixed
+    as the script's collate_fn mixes (RandomChoice(MixUp, CutMix))", ..., "collated as the
+    script's collate_fn collates (fast_collate)" (timm's, a function)."""
+    if isinstance(mixing, types.FunctionType):
+        return f"collated as the script's collate_fn collates ({mixing.__name__})"
     ops = getattr(mixing, "transforms", None)
     name = type(mixing).__name__
-    return f"{name}({', '.join(type(op).__name__ for op in ops)})" if ops is not None else name
+    name = f"{name}({', '.join(type(op).__name__ for op in ops)})" if ops is not None else name
+    return f"collated and mixed as the script's collate_fn mixes ({name})"
 
 
 def _scripts_collate(call: dict) -> bool:

@@ -41,8 +41,8 @@ from ._arrays import NativeArrays, lower_any
 from ._folders import folder
 from ._layout import Finish
 from ._mixup import MixCollate, mixing_of
-from ._timm import is_fast_mixup
-from ._timm_mixup import FastMixCollate
+from ._timm import is_timm_collate
+from ._timm_collate import TimmCollate
 from ._torchvision import NativeFolder
 from .._collate import RingCollate, collate as native_collate
 from .._stall import wait_forever
@@ -180,8 +180,8 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
                                                   self.dataset)
         if mixing is None:
             return TorchCore._working_collate(self)
-        if is_fast_mixup(mixing):
-            return FastMixCollate(*self._ring_settings(), self.collate_fn)
+        if is_timm_collate(mixing):
+            return TimmCollate(*self._ring_settings(), self.collate_fn)
         return MixCollate(*self._ring_settings(), self.collate_fn, mixing)
 
     def _fetched_from(self, dataset: Any) -> Any:

@@ -33,7 +33,7 @@ from .._collate import Prepared, RingCollate
 from ._folders import folder
 from ._layout import FolderBatch, Layout, lay_out
 from ._lowering import Lowering, steps_dtype
-from ._timm_mixup import fast_mixup_of
+from ._timm_collate import timm_collate_of
 
 # The function's shapes that are `mixing(*default_collate(batch))`, compiled by this Python:
 # default_collate by its name or as torch.utils.data's, `mixing` a global or a closure's variable
@@ -123,10 +123,10 @@ def mixing_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) -> Any:
     """The script's MixUp, CutMix or RandomChoice of them where `collate_fn` applies it to
     default_collate's batch (see the module) and a natively served batch of `lowering` can be
     mixed as it: one view, a floating-point image, the dataset's own targets (no
-    target_transform); or timm's FastCollateMixup where `_timm_mixup` serves it; else None."""
-    fast = fast_mixup_of(collate_fn, lowering, dataset)
-    if fast is not None:
-        return fast
+    target_transform); or timm's fast_collate or FastCollateMixup where `_timm_collate` serves it; else None."""
+    timms = timm_collate_of(collate_fn, lowering, dataset)
+    if timms is not None:
+        return timms
     if lowering is None or lowering.views or not steps_dtype(lowering.steps).is_floating_point:
         return None
     if getattr(folder(dataset), "target_transform", None) is not None:

@@ -90,8 +90,14 @@ def is_erasing(op: Any) -> bool:
 
 
 def is_fast_mixup(op: Any) -> bool:
-    """Whether `op` is timm's FastCollateMixup (`_timm_mixup`)."""
+    """Whether `op` is timm's FastCollateMixup (`_timm_collate`)."""
     return _timms(op, "mixup", "FastCollateMixup")
+
+
+def is_timm_collate(fn: Any) -> bool:
+    """Whether `fn` is timm's fast_collate or FastCollateMixup (`_timm_collate`)."""
+    found = getattr(sys.modules.get("timm.data.loader"), "fast_collate", None)
+    return (found is not None and fn is found) or is_fast_mixup(fn)
 
 
 def translated(op: Any) -> list:

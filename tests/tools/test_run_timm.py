@@ -547,7 +547,8 @@ def test_timms_erasing_served_natively(timm, folder, mode, workers):
     ("timm", "served natively: ImageFolder with RandomResizedCropAndInterpolation, RandomHorizontalFlip, "
              "MaybeToTensor, Normalize"),
     ("timm_train", "served natively: ImageDataset with RandomResizedCropAndInterpolation, RandomHorizontalFlip, "
-                   "MaybePILToTensor decoded by fastdata, its samples batched by the script's collate_fn")])
+                   "MaybePILToTensor decoded by fastdata, natively collated as the script's collate_fn collates "
+                   "(fast_collate)")])
 def test_an_unchanged_timm_script_under_fastdata_run(timm, folder, tmp_path, kind, summary):
     """tests/run_scripts/train_torchvision.py with timm's transform on an ImageFolder, and with
     timm's train.py data path (its dataset, loader and prefetcher), under `fastdata run`: served
@@ -578,11 +579,11 @@ def _mixup(timm, mode, **kwargs):
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
 def test_timms_fast_collate_mixup_mixes_as_its_own_call(timm, mode, native, monkeypatch):
-    """fastdata's FastCollateMixup (`_timm_mixup._collated`, natively and without the extension)
+    """fastdata's FastCollateMixup (`_timm_collate._collated`, natively and without the extension)
     on a slot's NHWC noise gives timm's own call's images and targets byte for byte, for the
     same NumPy draws: blends, boxes, a box per sample ('elem'), the alphas and minmax set apart;
     its check of timm (`_agrees`) passes and leaves NumPy's RNG as it was."""
-    from fastdata.run import _timm_mixup as tm
+    from fastdata.run import _timm_collate as tm
 
     if not native:
         monkeypatch.setattr(tm, "_ext", None)
@@ -611,41 +612,48 @@ def test_timms_fast_collate_mixup_mixes_as_its_own_call(timm, mode, native, monk
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("mode", ["batch", "elem", "half"])
-def test_timms_fast_collate_mixup_is_served_as_timms_own_loader(timm, folder, mode, workers, monkeypatch):
+@pytest.mark.parametrize("mode", ["batch", "elem", "half", "fast_collate"])
+def test_timms_collate_fns_are_served_as_timms_own_loader(timm, folder, mode, workers, monkeypatch):
     """A loader with timm's FastCollateMixup as its collate_fn (train.py's with --mixup and
-    --cutmix) on a fixed-size transform that ends in timm's MaybePILToTensor: served natively,
-    mixed where the batches are fetched, each batch and its targets those of torch's loader with
-    the same seeds, byte for byte ('half': the op's own call on fastdata's samples)."""
+    --cutmix), or its fast_collate (train.py's default), on a fixed-size transform that ends in
+    timm's MaybePILToTensor: served natively, collated (and mixed) where the batches are fetched,
+    each batch and its targets those of torch's loader with the same seeds, byte for byte, as a
+    tuple ('half': the op's own call on fastdata's samples); the run's summary says so."""
     import torchvision.transforms as T
+    from timm.data.loader import fast_collate
     from timm.data.transforms import MaybePILToTensor
     from torchvision.datasets import ImageFolder
 
-    from fastdata.run import _decide, _timm_mixup as tm
+    from fastdata.run import _decide, _timm_collate as tc
 
     def seeded(_):
         np.random.seed(torch.initial_seed() % 2**32)
 
+    def collate_fn():
+        return fast_collate if mode == "fast_collate" else _mixup(timm, mode)
+
     mixed = []
-    mix = tm._mix
-    monkeypatch.setattr(tm, "_mix", lambda images, rows: (mixed.append(tuple(images.shape)), mix(images, rows)))
+    mix = tc._mix
+    monkeypatch.setattr(tc, "_mix", lambda images, rows: (mixed.append(tuple(images.shape)), mix(images, rows)))
     dataset = ImageFolder(str(folder), T.Compose([T.Resize((40, 48)), MaybePILToTensor()]))
-    loaders = [cls(dataset, batch_size=10, shuffle=True, num_workers=workers, collate_fn=_mixup(timm, mode),
+    loaders = [cls(dataset, batch_size=10, shuffle=True, num_workers=workers, collate_fn=collate_fn(),
                    worker_init_fn=seeded, generator=torch.Generator().manual_seed(3))
                for cls in (_served, torch.utils.data.DataLoader)]
-    assert "mixed as the script's collate_fn mixes (FastCollateMixup)" in _decide.decide(
-        (dataset,), {"collate_fn": _mixup(timm, mode), "batch_size": 10, "num_workers": workers})[1]
+    said = ("collated as the script's collate_fn collates (fast_collate)" if mode == "fast_collate" else
+            "collated and mixed as the script's collate_fn mixes (FastCollateMixup)")
+    assert said in _decide.decide((dataset,), {"collate_fn": collate_fn(), "batch_size": 10, "num_workers": workers})[1]
     for epoch in range(2):
         np.random.seed(epoch)
         got = list(loaders[0])
         np.random.seed(epoch)
         want = list(loaders[1])
         assert len(got) == len(want) == 5
-        for (images, target), (ref, ref_target) in zip(got, want):
-            assert type(images) is torch.Tensor and images.dtype == torch.uint8 and torch.equal(images, ref)
-            assert torch.equal(target, ref_target)
-    assert isinstance(loaders[0]._loader.collate_fn, tm.FastMixCollate)
+        for (images, target), (ref, ref_target), batch in zip(got, want, got):
+            assert type(batch) is tuple and type(images) is torch.Tensor and images.dtype == torch.uint8
+            assert torch.equal(images, ref) and target.dtype == ref_target.dtype and torch.equal(target, ref_target)
+    assert isinstance(loaders[0]._loader.collate_fn, tc.TimmCollate)
     if workers == 0:
         batches = [(10, 3, 40, 48)] * 4 + [(8, 3, 40, 48)]  # (48 images; the check of timm's call mixes 8 of 6x5)
-        assert [shape for shape in mixed if shape[2:] == (40, 48)] == ([] if mode == "half" else batches * 2)
+        native = mode in ("batch", "elem")
+        assert [shape for shape in mixed if shape[2:] == (40, 48)] == (batches * 2 if native else [])
     loaders[0]._stop()

@@ -1,23 +1,26 @@
-"""`fastdata run`'s timm FastCollateMixup: the collate_fn timm's train.py gives its loader for
---mixup and --cutmix (`timm.data.mixup.FastCollateMixup`, that class exactly), on a natively
-served batch of uint8 images.
+"""`fastdata run`'s timm collate_fns, on a natively served batch of uint8 images: the ones timm's
+train.py gives its loader, `timm.data.loader.fast_collate` (its default: the samples stacked,
+the targets collated) and, for --mixup and --cutmix, `timm.data.mixup.FastCollateMixup` (that
+class exactly). Both give a tuple, (uint8 images [N, C, H, W], targets); `TimmCollate` gives
+what they give, the batch decoded into the collation's slot (NHWC) and laid out in the training
+process as a plain batch is.
 
 timm's own call collates the samples into uint8 [N, C, H, W], sample i mixed with sample
 N-1-i as it was: blended, `(x_i.float() * lam + x_j.float() * (1 - lam))` rounded half to even
 and made bytes, or with sample j's CutMix box over it. Its Mixup draws from NumPy's RNG of the
 process that collates: `_params_per_batch` ('batch' mode), `_params_per_elem` per sample
 ('elem') or per pair ('pair'), then `cutmix_bbox_and_lam` per box; the targets are
-`mixup_target`'s. `FastMixCollate` makes those very calls of the op and its module, in its order,
+`mixup_target`'s. `TimmCollate` makes those very calls of the op and its module, in its order,
 so the draws and targets are timm's; only the pixels are fastdata's: the batch was decoded into
 the collation's slot (NHWC) and is mixed there in place, where the script's collate_fn ran (in
 the workers), each blended value natively (`mix_reversed`: as torch's float products, sum and
-round give it), the boxes copied. The mixed uint8 crosses to the training process as a plain
-batch does, and is laid out there (NCHW).
+round give it), the boxes copied.
 
 Once a process and mode, `_agrees` checks this against the op's own call, on a small batch for
 a few seeds (NumPy's RNG state kept): a timm whose FastCollateMixup computes anything else gets
 its own call on the samples. So do 'half' mode (half the batch out), a batch of odd size (timm's
-assertion), targets other than class indices, and a batch of the dataset's own samples.
+assertion), targets other than class indices (either function), and a batch of the dataset's
+own samples.
 """
 
 from __future__ import annotations
@@ -35,18 +38,19 @@ from .._ext import native as _ext
 from ._folders import folder
 from ._layout import FolderBatch
 from ._lowering import Lowering
-from ._timm import is_fast_mixup
+from ._timm import is_fast_mixup, is_timm_collate
 
 _MODES = ("batch", "pair", "elem")
 
 
-def fast_mixup_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) -> Any:
-    """The script's collate_fn where it is timm's FastCollateMixup and a natively served batch of
-    `lowering` is what it collates: one view of uint8 images with no tensor step or erasing after
-    the conversion (timm's MaybePILToTensor, PILToTensor), the dataset's own targets; else None."""
+def timm_collate_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) -> Any:
+    """The script's collate_fn where it is timm's fast_collate or FastCollateMixup and a natively
+    served batch of `lowering` is what it collates: one view of uint8 images with no tensor step
+    or erasing after the conversion (timm's MaybePILToTensor, PILToTensor), the dataset's own
+    targets; else None."""
     if lowering is None or lowering.views or lowering.steps or lowering.erasing or lowering.tv_image:
         return None
-    if not is_fast_mixup(collate_fn) or getattr(folder(dataset), "target_transform", None) is not None:
+    if not is_timm_collate(collate_fn) or getattr(folder(dataset), "target_transform", None) is not None:
         return None
     return collate_fn
 
@@ -161,10 +165,11 @@ def _agrees(op: Any) -> bool:
     return _checked[key]
 
 
-class FastMixCollate(RingCollate):
-    """The working loader's collate_fn for timm's FastCollateMixup (`fast_mixup_of`): a natively
-    decoded batch mixed in its slot, where it was decoded, as the op's call mixes it (see the
-    module); the dataset's own samples (a fetch fastdata fell back on) go to the op itself."""
+class TimmCollate(RingCollate):
+    """The working loader's collate_fn for timm's fast_collate and FastCollateMixup
+    (`timm_collate_of`): a natively decoded batch in its slot, where it was decoded, mixed there
+    as the op's call mixes it (see the module); the dataset's own samples (a fetch fastdata fell
+    back on) go to the script's function itself."""
 
     def __init__(self, slots: int, pin: bool, fn: Any) -> None:
         RingCollate.__init__(self, slots, pin)
@@ -174,13 +179,18 @@ class FastMixCollate(RingCollate):
         if type(batch) is not FolderBatch:
             return RingCollate._collate(self, batch) if isinstance(batch, Prepared) else self.fn(batch)
         op, n = self.fn, len(batch)
-        if not (n % 2 == 0 and op.mode in _MODES and all(type(t) is int for t in batch.targets) and _agrees(op)):
-            # the op's own call on the samples, as timm's PILToTensor gives them (a view of HWC pixels)
+        mixes = is_fast_mixup(op)
+        if not (all(type(t) is int for t in batch.targets)
+                and (not mixes or (n % 2 == 0 and op.mode in _MODES and _agrees(op)))):
+            # the function's own call on the samples, as timm's PILToTensor gives them (a view of HWC pixels)
             samples = [(x.clone().permute(2, 0, 1), t) for x, t in zip(batch.images, batch.targets)]
             self.rings.ring().drop([batch.handle])  # (a slot it was decoded into: free again)
             return op(samples)
         try:
-            _, target = _collated(op, batch.images.permute(0, 3, 1, 2), batch.targets)
+            if mixes:
+                _, target = _collated(op, batch.images.permute(0, 3, 1, 2), batch.targets)
+            else:
+                target = torch.utils.data.default_collate(batch.targets)  # (fast_collate's: class indices, int64)
         except BaseException:
             self.rings.ring().drop([batch.handle])
             raise
