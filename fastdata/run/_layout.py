@@ -59,7 +59,7 @@ class Layout:
     erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
     seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
     # the script's MixUp or CutMix drawn for the batch (`_mixup`): ("mixup", lam), ("cutmix", (x1, y1, x2, y2));
-    # ("timm",): timm's FastCollateMixup, collated where it was fetched (`_timm_collate`): a tuple
+    # ("timm",): timm's fast_collate or FastCollateMixup, run where it was fetched (`_timm_collate`): a tuple
     mixed: tuple = ()
 
 

@@ -123,7 +123,8 @@ def mixing_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) -> Any:
     """The script's MixUp, CutMix or RandomChoice of them where `collate_fn` applies it to
     default_collate's batch (see the module) and a natively served batch of `lowering` can be
     mixed as it: one view, a floating-point image, the dataset's own targets (no
-    target_transform); or timm's fast_collate or FastCollateMixup where `_timm_collate` serves it; else None."""
+    target_transform); or timm's fast_collate or FastCollateMixup where `_timm_collate` serves
+    it; else None."""
     timms = timm_collate_of(collate_fn, lowering, dataset)
     if timms is not None:
         return timms
