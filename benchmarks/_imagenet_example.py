@@ -8,7 +8,9 @@ With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's referen
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
 TrivialAugmentWide, RandAugment or AugMix (bilinear, severity 3), PILToTensor, ConvertImageDtype(float),
-Normalize, RandomErasing(0.1). With `--mixup` the loader's collate_fn is the references' for
+Normalize, RandomErasing(0.1); with `--backend tensor` too, the preset's tensor backend
+(PILToTensor first: the crop, the flip and the auto-augment on the uint8 tensor, torchvision's
+tensor kernels). With `--mixup` the loader's collate_fn is the references' for
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
 fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
@@ -65,6 +67,7 @@ ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rot
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
+ap.add_argument("--backend", choices=["pil", "tensor"], default="pil")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -253,11 +256,13 @@ else:
     augment = {"ta_wide": lambda: transforms.TrivialAugmentWide(interpolation=bilinear),
                "ra": lambda: transforms.RandAugment(interpolation=bilinear, magnitude=9),
                "augmix": lambda: transforms.AugMix(interpolation=bilinear, severity=3)}[args.recipe]()
+    tensor = args.backend == "tensor"  # (the preset's --backend)
     transform = transforms.Compose([
+        *([transforms.PILToTensor()] if tensor else []),
         transforms.RandomResizedCrop(224, interpolation=bilinear, antialias=True),
         transforms.RandomHorizontalFlip(0.5),
         augment,
-        transforms.PILToTensor(),
+        *([] if tensor else [transforms.PILToTensor()]),
         transforms.ConvertImageDtype(torch.float),
         normalize,
         transforms.RandomErasing(p=0.1),

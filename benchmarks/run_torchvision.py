@@ -34,6 +34,7 @@ with `--recipe timm_train` timm's train.py data path with its defaults (timm's d
 a filter drawn per image, ColorJitter, fast_collate, persistent workers, its prefetcher;
 ..._timm_train.json), with `--recipe timm_deit` that path with DeiT's augmentation flags (timm's
 RandAugment, its FastCollateMixup collate_fn, RandomErasing in its prefetcher; ..._timm_deit.json);
+with `--backend tensor` (ta_wide, ra, augmix) the preset's tensor backend, PILToTensor first (..._tensor.json);
 with `--mixup` the loader's collate_fn is the references' MixUp/CutMix one (`--use-v2`:
 `mixup_cutmix(*default_collate(batch))`, a v2 RandomChoice of MixUp and CutMix; `..._mixup.json`),
 which `fastdata run` collates and mixes natively.
@@ -47,7 +48,7 @@ sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,simclr,
                                                      moco,moco_v2,dino,deit,timm_train,timm_deit}]
-                                          [--mixup]
+                                          [--backend {pil,tensor}] [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
 
@@ -90,7 +91,11 @@ def main() -> int:
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
     ap.add_argument("--ra-sampler", action="store_true", help="the references' repeated-augmentation sampler")
+    ap.add_argument("--backend", choices=["pil", "tensor"], default="pil",
+                    help="the references' preset backend (ta_wide, ra, augmix): tensor puts PILToTensor first")
     args = ap.parse_args()
+    if args.backend == "tensor" and args.recipe not in ("ta_wide", "ra", "augmix"):
+        ap.error("--backend tensor is the references' preset's: --recipe ta_wide, ra or augmix")
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
     import PIL
@@ -104,7 +109,7 @@ def main() -> int:
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
               *(["--split"] if args.split else []), *(["--mixup"] if args.mixup else []),
-              *(["--ra-sampler"] if args.ra_sampler else [])]
+              *(["--ra-sampler"] if args.ra_sampler else []), "--backend", args.backend]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
     commands = {"plain": script, "fastdata run": [fastdata_cli, "run", "--", *script]}
     if args.simd_pil:
@@ -122,18 +127,19 @@ def main() -> int:
     print(f"\n{args.images} images, batch 256, {args.workers} workers ({fresh}), {args.rounds} rounds ABBA, "
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + f", recipe {args.recipe}"
-          + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else ""))
+          + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")
+          + (", the tensor backend" if args.backend == "tensor" else ""))
     for name, s in sides.items():
         print(f"  {name:<20} epoch 1 {s['epoch_1_median']:7.0f} img/s   epochs 2+ {s['epochs_2_on_median']:7.0f} img/s")
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") \
         + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
-        + ("_ra_sampler" if args.ra_sampler else "")
+        + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "")
     _common.write(stem, {
         "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
         "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup,
-        "ra_sampler": args.ra_sampler, "pillow": PIL.__version__,
+        "ra_sampler": args.ra_sampler, "backend": args.backend, "pillow": PIL.__version__,
         "torchvision": torchvision.__version__,
         "regime": ("persistent workers (timm's create_loader default)" if args.recipe.startswith("timm_") else
                    "fresh workers each epoch (the script's DataLoader default)") + ", files in the page cache",

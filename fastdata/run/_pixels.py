@@ -1,8 +1,9 @@
 """`fastdata run`'s pixel ops: what runs on each image after the decoder's geometry.
 
 `pixel_op` reads one of torchvision's (v1 and v2 classes, each its exact class) into fastdata's
-op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them), RandomRotation,
-RandomAffine and RandomPerspective (`_rotation`), AugMix (`_augmix`), and, here, the
+op: ColorJitter and the auto-augments (`transforms.ops`, run as Pillow runs them; on a tensor
+image, `_tensor_augment`), RandomRotation, RandomAffine and RandomPerspective (`_rotation`),
+AugMix (`_augmix`), and, here, the
 self-supervised recipes' ops (SimCLR's, BYOL's, MoCo v2's: a ColorJitter applied with a chance, a
 grayscale, a blur, a solarization) and the other Random* ops of one functional call:
 RandomGrayscale, RandomVerticalFlip, RandomInvert, RandomPosterize, RandomSolarize,
@@ -31,6 +32,7 @@ from ._augmix import augmix
 from ._blur import served, withdrawn
 from ._rotation import pillow_geometry
 from ._timm import timm_augment
+from ._tensor_augment import tensor_augment
 
 
 class _TrivialAugmentV2(fd.TrivialAugment):
@@ -328,8 +330,8 @@ def pixel_op(op: Any, domain: str, within: str = "") -> fd.Op | None:
     if cls in (T.ColorJitter, v2.ColorJitter):  # (torchvision keeps each range as [lo, hi], None for 0)
         ranges = [tuple(r) if r is not None else 0.0 for r in (op.brightness, op.contrast, op.saturation, op.hue)]
         return TensorColorJitter(*ranges, v2=_version(op, domain)) if tensor else fd.ColorJitter(*ranges)
-    if augment and tensor:
-        raise ValueError(f"{kind} on a tensor image: fastdata lowers it as Pillow computes it")
+    if augment and tensor:  # (torchvision's tensor kernels: `_tensor_augment`)
+        return tensor_augment(op, domain)
     if augment:
         sampling = interpolation(op).value
         if sampling not in ("nearest", "bilinear", "bicubic") or op.fill not in (None, 0, [0], (0,)):

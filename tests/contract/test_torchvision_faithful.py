@@ -1460,6 +1460,55 @@ def test_augmix_on_served_images(folder, where):
     assert len(seeds) == 2 * len(idx)
 
 
+_TENSOR_AUGMENTS = {
+    "v1 TrivialAugmentWide": lambda: T.TrivialAugmentWide(),
+    "v1 RandAugment 3 ops, magnitude 14, bilinear, fill": lambda: T.RandAugment(
+        3, 14, interpolation=BILINEAR, fill=[10, 20, 30]),
+    "v1 AutoAugment SVHN, fill 7": lambda: T.AutoAugment(T.AutoAugmentPolicy.SVHN, fill=7),
+    "v1 AutoAugment ImageNet": lambda: T.AutoAugment(),
+    "v2 TrivialAugmentWide, 11 bins": lambda: v2.TrivialAugmentWide(num_magnitude_bins=11),
+    "v2 RandAugment, bilinear": lambda: v2.RandAugment(interpolation=BILINEAR),
+    "v2 AutoAugment CIFAR10, fill 9": lambda: v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10, fill=9)}
+
+
+@pytest.mark.parametrize("name", list(_TENSOR_AUGMENTS))
+def test_tensor_auto_augments_are_torchvisions_own_for_the_same_seed(name):
+    """TrivialAugmentWide, RandAugment and AutoAugment on a uint8 tensor image as fastdata lowers
+    them (`fastdata.run._tensor_augment`), given a seed, give the image torchvision's own op gives
+    from torch's RNG seeded so, bit for bit: the same draws in the same order and torchvision's
+    tensor kernels (fastdata's twins where they agree), on a non-square image; most seeds change it."""
+    op = _TENSOR_AUGMENTS[name]()
+    (ours,) = lower_transform(T.Compose([T.PILToTensor(), op])).pixel_ops
+    img = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)).permute(2, 0, 1)
+    differ = changed = 0
+    for seed in range(40):
+        torch.manual_seed(seed)
+        want = op(img)
+        got = ours.on_tensor(img, {"seed": seed})
+        differ += not torch.equal(want, got)
+        changed += not torch.equal(got, img)
+    assert differ == 0, f"{differ} of 40 seeds give another image"
+    assert changed >= 20
+
+
+@pytest.mark.parametrize("kind", ["TrivialAugmentWide", "RandAugment"])
+def test_tensor_auto_augments_on_served_images(folder, kind):
+    """An auto-augment on the uint8 tensor (after the crop, the flip and PILToTensor) served:
+    torchvision's own op on the image fastdata decoded, each sample's seed from fastdata's draws,
+    over two batches; the seeds differ from sample to sample and from batch to batch."""
+    geometry = [T.RandomResizedCrop(224, interpolation=BILINEAR), T.RandomHorizontalFlip()]
+    op = getattr(T, kind)(interpolation=BILINEAR)
+    seeds = set()
+    for seed, pre, post, idx, d1 in with_and_without(folder, geometry, [T.PILToTensor(), op], range(2)):
+        (plan,) = plan_pixels(d1.pixel_ops, d1.seed, 0, idx, (224, 224))
+        for k in range(len(idx)):
+            seeds.add(plan[k]["seed"])
+            torch.manual_seed(plan[k]["seed"])
+            want = op(pre[k])
+            assert torch.equal(post[k], want), f"seed {seed}, sample {k}: {int((post[k] != want).sum())} values differ"
+    assert len(seeds) == 2 * len(idx)
+
+
 @pytest.mark.parametrize("config", ["i", "ii"])
 def test_native_crops_are_torchvisions(folder, config):
     """A JPEG crop decoded natively at full scale is cut out before its resize, as torchvision

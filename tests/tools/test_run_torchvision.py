@@ -188,9 +188,9 @@ def _fallbacks(tv):
          "gives PIL images"),
         ("ColorJitter on a float tensor", lambda r: (ImageFolder(r, T.Compose([*train, T.ColorJitter(0.4)])), {}),
          "ColorJitter on a float tensor"),
-        ("TrivialAugmentWide on a tensor", lambda r: (ImageFolder(r, T.Compose([
-            T.RandomResizedCrop(32), T.PILToTensor(), T.TrivialAugmentWide()])), {}),
-         "TrivialAugmentWide on a tensor image"),
+        ("TrivialAugmentWide on a float tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomResizedCrop(32), T.ToTensor(), T.TrivialAugmentWide()])), {}),
+         "TrivialAugmentWide on a float tensor"),
         ("geometry after a pixel op", lambda r: (ImageFolder(r, T.Compose([T.ColorJitter(0.4), *train])), {}),
          "RandomResizedCrop after ColorJitter"),
         ("a resize after a crop that may pad", lambda r: (ImageFolder(r, T.Compose([
