@@ -145,6 +145,26 @@ def ratio_ci(baseline: list[float], candidate: list[float], resamples: int = 200
     return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
+def image_ops_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every per-image op benchmark (`image_ops`) takes: --reps, --images, --json."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--images", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    return ap
+
+
+def photos(n: int) -> list:
+    """The first `n` images of the synthetic ImageNet-like set (`fastdata.synthetic`, made once
+    under its default root), as RGB PIL images."""
+    from PIL import Image
+
+    from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
+
+    files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[:n]
+    return [Image.open(path).convert("RGB") for path, _ in files]
+
+
 def image_ops(cases: dict[str, Callable], baseline: Callable[[Callable], Callable], images: list, params: list,
               reps: int, baseline_name: str = "torchvision") -> dict[str, dict]:
     """Per-image ops against their baselines, interleaved in one process: each case `fn(image,

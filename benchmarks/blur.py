@@ -14,7 +14,6 @@ the native blur under stock Pillow only: Pillow-SIMD's own is as fast.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import _common
@@ -23,7 +22,6 @@ from PIL import Image, ImageFilter
 
 from fastdata._pillow import pillow_info
 from fastdata.run import _blur
-from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
 
 
 def pillows(fn):
@@ -32,16 +30,11 @@ def pillows(fn):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--images", type=int, default=64)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = _common.image_ops_parser(__doc__).parse_args()
     if not _blur._agrees():
         sys.exit("fastdata's native extension is not built (or disagrees with this Pillow): nothing to compare")
 
-    files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[: args.images]
-    photos = [Image.open(path).convert("RGB") for path, _ in files]
+    photos = _common.photos(args.images)
     radii = np.random.default_rng(0).uniform(0.1, 2.0, len(photos)).tolist()
     rows = {}
     for side in (224, 96):

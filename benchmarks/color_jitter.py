@@ -16,14 +16,12 @@ alone. One thread, warm (the images in memory).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import _common
 import numpy as np
 from PIL import Image
 
-from fastdata.synthetic import default_root, make_file_list, make_imagenet_like
 from fastdata.transforms import pil as P
 
 
@@ -42,16 +40,11 @@ def torchvisions(fn):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--images", type=int, default=64)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = _common.image_ops_parser(__doc__).parse_args()
     if not P._native_hue() or P._enhance_luma() is None:
         sys.exit("fastdata's native extension is not built (or disagrees with this Pillow): nothing to compare")
 
-    files = make_file_list(make_imagenet_like(default_root(), n_images=2000))[: args.images]
-    images = [Image.open(path).convert("RGB").resize((224, 224), Image.BILINEAR) for path, _ in files]
+    images = [photo.resize((224, 224), Image.BILINEAR) for photo in _common.photos(args.images)]
     rng = np.random.default_rng(0)
     plans = [{"order": list(rng.permutation(4)), "brightness": rng.uniform(0.6, 1.4),
               "contrast": rng.uniform(0.6, 1.4), "saturation": rng.uniform(0.6, 1.4),

@@ -248,18 +248,26 @@ void lookup_rows(const uint8_t* src, int64_t r0, int64_t r1, int c, int64_t inne
 // One span of a pair of samples (u: sample i's values, v: sample j's), blended from the values as
 // they were: u = rint(u * ai + v * bi) where `bu`, v = rint(v * aj + u * bj) where `bv`; each
 // product and the sum rounded to float, then to the nearest integer, ties to even (torch.round).
-// The caller keeps each weight in [0, 1], so every result lies in [0, 255].
-template <bool BU, bool BV>
-FASTDATA_AVX2_CLONE void blend_span(uint8_t* u, uint8_t* v, int64_t len, float ai, float bi, float aj, float bj) {
-  for (int64_t t = 0; t < len; ++t) {
-    const float x = float(u[t]), y = float(v[t]);
-    if (BU) {
-      const float p = x * ai, q = y * bi;
+// The caller keeps each weight in [0, 1], so every result lies in [0, 255]. (A loop per case, each
+// vectorised; not a template: Clang's target_clones takes none.)
+FASTDATA_AVX2_CLONE void blend_span(uint8_t* u, uint8_t* v, int64_t len, float ai, float bi, float aj, float bj,
+                                    bool bu, bool bv) {
+  if (bu && bv) {
+    for (int64_t t = 0; t < len; ++t) {
+      const float x = float(u[t]), y = float(v[t]);
+      const float p = x * ai, q = y * bi, r = y * aj, s = x * bj;
+      u[t] = uint8_t(std::nearbyint(p + q));
+      v[t] = uint8_t(std::nearbyint(r + s));
+    }
+  } else if (bu) {
+    for (int64_t t = 0; t < len; ++t) {
+      const float p = float(u[t]) * ai, q = float(v[t]) * bi;
       u[t] = uint8_t(std::nearbyint(p + q));
     }
-    if (BV) {
-      const float p = y * aj, q = x * bj;
-      v[t] = uint8_t(std::nearbyint(p + q));
+  } else if (bv) {
+    for (int64_t t = 0; t < len; ++t) {
+      const float r = float(v[t]) * aj, s = float(u[t]) * bj;
+      v[t] = uint8_t(std::nearbyint(r + s));
     }
   }
 }
@@ -318,13 +326,7 @@ void mix_reversed(uint8_t* x, int64_t n, int64_t per, const float* a, const floa
     const int64_t i = k / spans, j = n - 1 - i, t0 = (k % spans) * kSpan, len = std::min(kSpan, per - t0);
     uint8_t* u = x + i * per + t0;
     uint8_t* v = x + j * per + t0;
-    if (blend[i] && blend[j]) {
-      blend_span<true, true>(u, v, len, a[i], b[i], a[j], b[j]);
-    } else if (blend[i]) {
-      blend_span<true, false>(u, v, len, a[i], b[i], 0.f, 0.f);
-    } else if (blend[j]) {
-      blend_span<false, true>(u, v, len, 0.f, 0.f, a[j], b[j]);
-    }
+    blend_span(u, v, len, a[i], b[i], a[j], b[j], blend[i] != 0, blend[j] != 0);
   });
 }
 
