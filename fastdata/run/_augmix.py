@@ -30,7 +30,7 @@ import torch
 
 from .._ext import native
 from ..transforms import ops as fd
-from ._kernels import twin
+from ._kernels import run_op
 
 
 @functools.lru_cache(maxsize=8)
@@ -101,7 +101,7 @@ class AugMix(fd.Op):
                         magnitude = float(magnitudes[int(torch.randint(tv.severity, (), generator=g))])
                         if signed and torch.rand((), generator=g) <= 0.5:
                             magnitude *= -1
-                    aug = self.apply(tv, aug, name, magnitude)
+                    aug = run_op(self.v2, tv, aug, name, magnitude, tv.fill)
                 else:
                     name = names[int(torch.randint(len(names), (1,), generator=g).item())]
                     magnitudes, signed = space[name]
@@ -109,7 +109,7 @@ class AugMix(fd.Op):
                                                                generator=g)].item()) if magnitudes.ndim > 0 else 0.0
                     if signed and torch.randint(2, (1,), generator=g):
                         magnitude *= -1.0
-                    aug = self.apply(tv, aug, name, magnitude)
+                    aug = run_op(self.v2, tv, aug, name, magnitude, tv.fill)
             if acc is not None:
                 native.mix_add(acc, _values(aug), float(weights[0, i]), False)
             else:
@@ -117,21 +117,6 @@ class AugMix(fd.Op):
         if acc is not None:  # (truncated to bytes, laid out as the image, as torch's mix would be)
             return torch.empty_like(image).copy_(torch.from_numpy(acc.astype(np.uint8)).view(image.shape))
         return mix.reshape(image.shape).to(dtype=image.dtype)
-
-    def apply(self, tv: Any, batch: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
-        """One op of a chain on the image [1, C, H, W]: fastdata's twin of torchvision's kernel
-        where there is one (`_kernels`), else torchvision's call."""
-        ours = twin(self.v2, name, magnitude, batch[0], tv.interpolation, self.fill) if len(batch) == 1 else None
-        if ours is not None:
-            return ours[None]
-        if self.v2:
-            return tv._apply_image_or_video_transform(batch, name, magnitude, interpolation=tv.interpolation,
-                                                      fill=tv._fill)
-        from torchvision.transforms.autoaugment import _apply_op
-
-        # (v1 hands a PIL image's fill to its tensor kernels as the op holds it)
-        return _apply_op(batch, name, magnitude, interpolation=tv.interpolation, fill=tv.fill)
-
 
 def _values(image: torch.Tensor) -> np.ndarray:
     """A uint8 image's values in [..., C, H, W] order, contiguous (a copy where it is laid out otherwise)."""

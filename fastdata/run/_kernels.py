@@ -42,6 +42,23 @@ def twin(v2: bool, name: str, magnitude: float, image: torch.Tensor, interpolati
     return _compute(v2, name, magnitude, image, interpolation, fill)
 
 
+def run_op(v2: bool, tv: Any, image: torch.Tensor, name: str, magnitude: float, v1_fill: Any) -> torch.Tensor:
+    """Op `name` of torchvision's AugMix or auto-augment `tv` on the uint8 `image` ([C, H, W], or
+    [1, C, H, W]): by fastdata's twin where there is one (`twin`), else by torchvision's call as
+    the op's forward makes it (v2's `_apply_image_or_video_transform` with the op's fill; v1's
+    `_apply_op` with `v1_fill`, the fill its forward hands its kernels)."""
+    one = image[0] if image.ndim == 4 and len(image) == 1 else image
+    ours = twin(v2, name, magnitude, one, tv.interpolation, tv.fill)
+    if ours is not None:
+        return ours if one is image else ours[None]
+    if v2:
+        return tv._apply_image_or_video_transform(image, name, magnitude, interpolation=tv.interpolation,
+                                                  fill=tv._fill)
+    from torchvision.transforms.autoaugment import _apply_op
+
+    return _apply_op(image, name, magnitude, interpolation=tv.interpolation, fill=v1_fill)
+
+
 def _supported(v2: bool, name: str) -> bool:
     if native is None or not hasattr(native, "tensor_enhance"):
         return False

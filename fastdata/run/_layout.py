@@ -58,9 +58,10 @@ class Layout:
     steps: tuple
     erased: tuple = ()  # per RandomErasing, (its _erasing.Erase, its rectangles: `_erasing.draw`'s bytes)
     seed: int = 0  # the batch's seed, which RandomErasing's noise (value='random') is drawn from
-    # the script's MixUp or CutMix drawn for the batch (`_mixup`): ("mixup", lam), ("cutmix", (x1, y1, x2, y2));
-    # ("timm",): timm's fast_collate or FastCollateMixup, run where it was fetched (`_timm_collate`): a tuple
+    # the script's MixUp or CutMix drawn for the batch (`_mixup`): ("mixup", lam), ("cutmix", (x1, y1, x2, y2))
     mixed: tuple = ()
+    # whether the script's collate_fn gives a tuple (torchvision's MixUp and CutMix; timm's, `_timm_collate`)
+    tupled: bool = False
 
 
 class FolderBatch(Prepared):
@@ -129,7 +130,7 @@ def lay_out(images: torch.Tensor, layout: Layout, out: torch.Tensor, tables: dic
             apply_steps(out[k], images[k], steps)
     if layout.erased:
         erase(out, steps, layout.erased, layout.seed, apply_steps)
-    if layout.mixed and layout.mixed[0] != "timm":
+    if layout.mixed:
         mix(out, layout.mixed)
 
 
@@ -177,6 +178,6 @@ class Finish:
                 outs.append(handle)
         finally:
             ring.end()
-        if layouts[0].mixed:  # (the script's MixUp or CutMix gives a tuple)
+        if layouts[0].tupled:
             return (outs[0], batch[1])
         return [outs if views else outs[0], batch[1]]

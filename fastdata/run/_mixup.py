@@ -183,5 +183,6 @@ class MixCollate(RingCollate):
         op, params = draw(mixing, (n, c, h, w))
         if "box" in params:  # CutMix
             return [handle, op._mixup_label(labels, lam=params["lam_adjusted"]),
-                    replace(layout, mixed=("cutmix", tuple(params["box"])))]
-        return [handle, op._mixup_label(labels, lam=params["lam"]), replace(layout, mixed=("mixup", params["lam"]))]
+                    replace(layout, mixed=("cutmix", tuple(params["box"])), tupled=True)]
+        return [handle, op._mixup_label(labels, lam=params["lam"]),
+                replace(layout, mixed=("mixup", params["lam"]), tupled=True)]

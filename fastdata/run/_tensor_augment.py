@@ -24,9 +24,7 @@ from typing import Any
 import torch
 
 from ..transforms import ops as fd
-from ._kernels import twin
-
-_KINDS = ("TrivialAugmentWide", "RandAugment", "AutoAugment")
+from ._kernels import run_op
 
 
 @functools.lru_cache(maxsize=8)
@@ -88,7 +86,7 @@ class TensorAugment(fd.Op):
                     magnitude = float(magnitudes[index].item()) if index is not None else 0.0
                     if signed and signs[i] == 0:
                         magnitude *= -1.0
-                    img = self._apply(tv, img, name, magnitude, fill)
+                    img = run_op(self.v2, tv, img, name, magnitude, fill)
             return img
         rand = self.kind == "RandAugment"
         meta = tv._augmentation_space(tv.num_magnitude_bins, (height, width)) if rand else \
@@ -105,7 +103,7 @@ class TensorAugment(fd.Op):
                                                            generator=g)].item())
             if signed and torch.randint(2, (1,), generator=g):
                 magnitude *= -1.0
-            img = self._apply(tv, img, name, magnitude, fill)
+            img = run_op(self.v2, tv, img, name, magnitude, fill)
         return img
 
     def _v2_op(self, tv: Any, img: torch.Tensor, name: str, index: int | None, space: dict,
@@ -120,20 +118,7 @@ class TensorAugment(fd.Op):
             magnitude = float(magnitudes[index])
             if signed and torch.rand((), generator=g) <= 0.5:
                 magnitude *= -1
-        return self._apply(tv, img, name, magnitude, None)
-
-    def _apply(self, tv: Any, img: torch.Tensor, name: str, magnitude: float, fill: Any) -> torch.Tensor:
-        """One op: fastdata's twin of torchvision's kernel where there is one (`_kernels`), else
-        torchvision's call (v1's with the forward's `fill`)."""
-        ours = twin(self.v2, name, magnitude, img, tv.interpolation, dict(self.params)["fill"])
-        if ours is not None:
-            return ours
-        if self.v2:
-            return tv._apply_image_or_video_transform(img, name, magnitude, interpolation=tv.interpolation,
-                                                      fill=tv._fill)
-        from torchvision.transforms.autoaugment import _apply_op
-
-        return _apply_op(img, name, magnitude, interpolation=tv.interpolation, fill=fill)
+        return run_op(self.v2, tv, img, name, magnitude, None)
 
 
 def tensor_augment(op: Any, domain: str) -> TensorAugment:

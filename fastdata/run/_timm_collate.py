@@ -199,4 +199,4 @@ class TimmCollate(RingCollate):
             handle, layout = batch.crossed(ring)
         finally:
             ring.end()
-        return [handle, target, replace(layout, mixed=("timm",))]
+        return [handle, target, replace(layout, tupled=True)]
