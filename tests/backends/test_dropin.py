@@ -970,13 +970,14 @@ def test_a_pass_left_half_read_at_exit_ends_quietly(tmp_path):
     plain, run = [sys.executable], [sys.executable, "-m", "fastdata", "run", "--", sys.executable]
     # (a natively served torchvision dataset under fastdata run: tests/tools/test_run_arrays.py)
     for kind, launch in (("torch", plain), ("drop-in", plain), ("images", plain), ("torch", run)):
+        before = set(os.listdir("/dev/shm"))  # a name left by an earlier process that had this pid is not the script's
         done = subprocess.run([*launch, str(script), kind, str(tmp_path / "set")], capture_output=True, text=True,
                               timeout=100, env=dict(os.environ, OMP_NUM_THREADS="1"))
         assert done.returncode == 0 and done.stdout.startswith("pid"), (kind, done.stderr[-2000:])
         err = done.stderr if launch is plain else done.stderr.split("fastdata run: 1 DataLoader(s)")[0]
         assert err == "", (kind, launch, done.stderr[-2000:])
         pid = done.stdout.split()[1]
-        assert not [n for n in os.listdir("/dev/shm") if pid in n], kind
+        assert not [n for n in set(os.listdir("/dev/shm")) - before if f"_{pid}_" in n], kind
 
 
 def test_a_generator_that_is_no_generator_fails_at_iter_as_dataloaders_does():
