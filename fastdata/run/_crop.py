@@ -1,9 +1,9 @@
-"""`fastdata run`'s RandomCrop (torchvision's v1 and v2 classes) of a folder's images, folded into
-the decoder's one box per sample as a CenterCrop is (`transforms.plan`: an op with a `window`), at
-offsets drawn per sample. Its padding (constant, with a fill of 0) is the box reaching past the
-image, whose part outside is the zeros a padded sample is decoded into; an image smaller than the
-crop after the padding, on which torchvision raises, is refused (`refuses`), so that its batch is
-the script's own fetch, which raises there.
+"""`fastdata run`'s RandomCrop and Pad (torchvision's v1 and v2 classes) of a folder's images,
+folded into the decoder's one box per sample as a CenterCrop is (`transforms.plan`: an op with a
+`window`), a RandomCrop's at offsets drawn per sample. Padding (constant, with a fill of 0) is the
+box reaching past the image, whose part outside is the zeros a padded sample is decoded into; an
+image smaller than the crop after the padding, on which torchvision raises, is refused
+(`refuses`), so that its batch is the script's own fetch, which raises there.
 """
 
 from __future__ import annotations
@@ -53,6 +53,22 @@ class RandomCrop(fd.Op):
         return (PW < self.size[1]) | (PH < self.size[0])
 
 
+@dataclass(frozen=True)
+class Pad(fd.Op):
+    """torchvision's Pad with constant zeros: the window reaching `padding` (left, top, right,
+    bottom) past each edge of the image."""
+
+    padding: tuple[int, int, int, int]
+    geometric = True
+
+    def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
+        left, top, right, bottom = self.padding
+        return np.full_like(W, -left), np.full_like(H, -top), W + left + right, H + top + bottom
+
+    def refuses(self, W: np.ndarray, H: np.ndarray) -> np.ndarray:
+        return np.zeros(len(W), dtype=bool)
+
+
 def padding_of(op: Any) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of torchvision's RandomCrop's or Pad's padding: an int, or 1, 2 or
     4 of them (v2's RandomCrop keeps it as left, right, top, bottom); zeros for none. ValueError,
@@ -78,17 +94,29 @@ def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) 
         short_side is not None and max(h, w) <= short_side)
 
 
+def _zeros(op: Any) -> None:
+    """ValueError, saying why, unless `op` pads with constant zeros."""
+    fill = op.fill
+    zeros = (type(fill) in (int, float) and fill == 0) or (type(fill) in (list, tuple) and all(v == 0 for v in fill))
+    if op.padding_mode != "constant" or not zeros:
+        raise ValueError(f"{type(op).__name__} with padding_mode {op.padding_mode!r} and fill {fill!r}: fastdata "
+                         f"lowers a folder's {type(op).__name__} padded with zeros (constant, fill 0)")
+
+
+def pad(op: Any) -> Pad | None:
+    """Pad's lowering; None where it pads nothing; ValueError, saying why, where there is none."""
+    _zeros(op)
+    padding = padding_of(op)
+    return Pad(padding) if any(padding) else None
+
+
 def random_crop(op: Any, fixed: tuple[int, int] | None) -> RandomCrop | None:
     """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far; None where it
     is the image's own size and pads nothing (torchvision then draws nothing and crops nothing);
     ValueError, saying why, where there is none: padding other than constant zeros."""
-    kind = type(op).__name__
     h, w = int(op.size[0]), int(op.size[1])  # (torchvision holds it as (h, w), an int given or not)
-    fill = op.fill
-    zeros = (type(fill) in (int, float) and fill == 0) or (type(fill) in (list, tuple) and all(v == 0 for v in fill))
-    if (op.padding or op.pad_if_needed) and (op.padding_mode != "constant" or not zeros):
-        raise ValueError(f"{kind} with padding_mode {op.padding_mode!r} and fill {fill!r}: fastdata lowers a "
-                         "folder's RandomCrop padded with zeros (constant, fill 0)")
+    if op.padding or op.pad_if_needed:
+        _zeros(op)
     padding = padding_of(op)
     if fixed == (h, w) and not any(padding):
         return None

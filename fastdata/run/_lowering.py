@@ -2,7 +2,7 @@
 
 `lower_transform` reads the transform op by op (torchvision's v1 and v2 classes, each its exact
 class: a subclass may do anything in its own methods) into fastdata's ops: the geometry
-(RandomResizedCrop, Resize, CenterCrop, RandomCrop: `_crop`, RandomHorizontalFlip) that the
+(RandomResizedCrop, Resize, CenterCrop, RandomCrop and Pad: `_crop`, RandomHorizontalFlip) that the
 decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugmentWide,
 RandAugment, AutoAugment, RandomRotation, RandomAffine, GaussianBlur, RandomGrayscale,
 RandomVerticalFlip and the other Random* ops of one functional call, Grayscale to 3 channels, a
@@ -27,7 +27,7 @@ import torch
 
 from ..transforms import ops as fd
 from ..transforms.pil import FILTERS
-from ._crop import RandomCrop, fits, random_crop
+from ._crop import RandomCrop, fits, pad, random_crop
 from ._erasing import lowered as lowered_erasing, lowered_timm
 from ._pixels import RandomCall, flip_commutes, interpolation, pixel_op, script_ops
 from ._timm import FilterDrawn, is_erasing, translated
@@ -220,15 +220,15 @@ def lower_transform(transform: Any) -> Lowering:
     # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
     fixed: tuple[int, int] | None = None
     short_side: int | None = None
-    padding: str | None = None  # a CenterCrop that may pad a smaller image (then no resize may follow)
+    padding: str | None = None  # what may have padded the image (then no resize may follow)
     to_tensor = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor))  # v2's (deprecated): the same conversion
     pure = getattr(v2, "ToPureTensor", None)  # torchvision 0.16 on
 
     def check_geometry(op: Any) -> None:
-        if padding and not isinstance(op, (T.CenterCrop, v2.CenterCrop, T.RandomHorizontalFlip,
-                                           v2.RandomHorizontalFlip)):
-            raise Unlowerable(f"{type(op).__name__} after {padding} on images of sizes not known to fit it: "
-                              "torchvision blends the padding's edge into the resize")
+        if padding and not isinstance(op, (T.CenterCrop, v2.CenterCrop, T.RandomCrop, v2.RandomCrop, T.Pad, v2.Pad,
+                                           T.RandomHorizontalFlip, v2.RandomHorizontalFlip)):
+            raise Unlowerable(f"{type(op).__name__} after {padding}: torchvision blends the padding's edge into the "
+                              "resize")
         # (a horizontal flip after pixel ops that commute with it: the decoder's may come first)
         if pixel and not (type(op) in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip) and all(
                 flip_commutes(one) for one in pixel)):
@@ -273,7 +273,8 @@ def lower_transform(transform: Any) -> Lowering:
                 check_geometry(op)
                 h, w = _size(op.size, pair=True)
                 # torchvision pads an image smaller than the crop with zeros, as fastdata's decoders do
-                padding = padding or (None if fits(h, w, fixed, short_side) else kind)
+                padding = padding or (None if fits(h, w, fixed, short_side) else f"{kind} on images of sizes not "
+                                      "known to fit it")
                 geometry.append(fd.CenterCrop((h, w)))
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)
@@ -282,8 +283,18 @@ def lower_transform(transform: Any) -> Lowering:
                 geometry += [crop] if crop is not None else []
                 if crop is not None and (any(crop.padding) or crop.pad_if_needed and not fits(*crop.size, fixed,
                                                                                                  short_side)):
-                    padding = padding or kind  # (its window may reach past the image)
+                    padding = padding or (f"{kind}'s padding" if any(crop.padding) else f"{kind} on images of "
+                                          "sizes not known to fit it")  # (its window may reach past the image)
                 fixed, short_side = (fixed, short_side) if crop is None else (crop.size, None)
+            elif cls in (T.Pad, v2.Pad):
+                check_geometry(op)
+                padded = pad(op)  # (a ValueError says why not)
+                if padded is not None:
+                    geometry.append(padded)
+                    padding = padding or kind
+                    left, top, right, bottom = padded.padding
+                    fixed = None if fixed is None else (fixed[0] + top + bottom, fixed[1] + left + right)
+                    short_side = None
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
                 if pixel and not erasing and domain != "float" and not all(flip_commutes(one) for one in pixel):
                     # after pixel ops it may not commute with (a blur): torchvision's flip of their image

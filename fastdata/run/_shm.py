@@ -23,7 +23,7 @@ import torch
 
 from .._loader import resolve_workers
 from ..transforms import ops as fd
-from ._crop import RandomCrop
+from ._crop import Pad, RandomCrop
 from ._folders import folder, listed
 
 _SLOTS = 2 + 2  # a ring's slots: prefetch_factor + 2, at DataLoader's 2 (auto_workers: the script set none)
@@ -72,9 +72,9 @@ def shm_room(call: dict, lowering: Any) -> str:
 
 def image_size(geometry: tuple, dataset: Any) -> tuple[int, int] | None:
     """(h, w) of a batch's images out of fastdata's `geometry` ops: the last crop or resize to a
-    size, through any later resize of the shorter side; without one, from the size of the
-    dataset's first file (a batch's images have one size, or the script's own collation fails).
-    None where that file's size cannot be read."""
+    size, through any later resize of the shorter side or padding; without one, from the size of
+    the dataset's first file (a batch's images have one size, or the script's own collation
+    fails). None where that file's size cannot be read."""
     fixed = [k for k, op in enumerate(geometry) if isinstance(op, (fd.RandomResizedCrop, fd.CenterCrop, fd.Resize,
                                                                     RandomCrop)) and not isinstance(op.size, int)]
     size = tuple(geometry[fixed[-1]].size) if fixed else _first_size(folder(dataset))
@@ -82,6 +82,9 @@ def image_size(geometry: tuple, dataset: Any) -> tuple[int, int] | None:
         if isinstance(op, fd.Resize) and size is not None:  # the shorter side to op.size, as torchvision's
             (h, w), short = size, op.size
             size = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)
+        elif isinstance(op, Pad) and size is not None:
+            left, top, right, bottom = op.padding
+            size = (size[0] + top + bottom, size[1] + left + right)
     return size
 
 

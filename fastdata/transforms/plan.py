@@ -1,12 +1,12 @@
 """Compiles a pipeline's per-sample geometry into what a decoder applies in one pass.
 
-RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip (and an op with a `window`: a crop
-that draws its own offsets, `fastdata run`'s RandomCrop), in any order, fold into one box in the
-source image's coordinates, one output size and one flip per sample: the native decoder then
-decodes only the box (and at a reduced DCT scale when it is at least twice the output), and
-Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image pads it with
-zeros, as torchvision's does: the box then lands on a part of the output (`inner`), and the rest
-is zeros. Vectorised over the batch. An op whose size follows a schedule (`schedule.py`) gives
+RandomResizedCrop, Resize, CenterCrop and RandomHorizontalFlip (and an op with a `window` of its
+own: `fastdata run`'s RandomCrop, which draws its offsets, and Pad), in any order, fold into one
+box in the source image's coordinates, one output size and one flip per sample: the native
+decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
+output), and Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image
+pads it with zeros, as torchvision's does, and so does a window past its edges: the box then
+lands on a part of the output (`inner`), and the rest is zeros. Vectorised over the batch. An op whose size follows a schedule (`schedule.py`) gives
 the epoch's size; its random draws do not depend on the size, so the crop boxes are those of a
 fixed-size pipeline.
 """
@@ -190,7 +190,7 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
             crop(left, top, cw, ch)
             whole = False
             W, H = np.full(n, cw, np.int64), np.full(n, ch, np.int64)
-        elif callable(getattr(op, "window", None)):  # a crop that draws its own window (`fastdata.run`'s RandomCrop)
+        elif callable(getattr(op, "window", None)):  # a window of its own (`fastdata.run`'s RandomCrop, Pad)
             refused |= op.refuses(W, H)
             left, top, w, h = op.window(uniforms(seed, epoch, indices, stream, 2), W, H)
             crop(left, top, w, h)

@@ -206,6 +206,8 @@ _PADDED_CROPS = {  # the geometry before the flip; (left, top, right, bottom) of
     "v1 pad_if_needed after Resize(200)": (
         lambda: [T.Resize(200), T.RandomCrop(224, pad_if_needed=True, fill=(0, 0, 0))], (0, 0, 0, 0)),
     "v1 raw images, padding (40, 60)": (lambda: [T.RandomCrop(224, padding=(40, 60))], (40, 60, 40, 60)),
+    "v1 Pad (40, 60) first": (lambda: [T.Pad((40, 60)), T.RandomCrop(224)], (0, 0, 0, 0)),
+    "v2 Pad 4 after Resize(240)": (lambda: [v2.Resize(240), v2.Pad(4), v2.RandomCrop(224)], (0, 0, 0, 0)),
 }
 
 
@@ -242,6 +244,33 @@ def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
         assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
         padded += bool((want == 0).all(0).any())
     assert padded  # (some windows reached into the padding)
+
+
+_PADS = {  # torchvision's transforms, each giving 224 x 224 images
+    "v1 Pad 16 after Resize((192, 192))": lambda: [T.Resize((192, 192)), T.Pad(16), T.PILToTensor()],
+    "v2 Pad (3, 5, 7, 9) of a tensor image": lambda: [v2.Resize((210, 214)), v2.ToImage(), v2.Pad([3, 5, 7, 9]),
+                                                      v2.ToPureTensor()],
+    "v1 Pad (2, 6) after a CenterCrop that pads": lambda: [T.Resize(100), T.CenterCrop((212, 220)), T.Pad([2, 6]),
+                                                           T.PILToTensor()],
+    # (Pad(0) pads nothing; the contrast's mean is over the padding too, which it lifts off zero)
+    "v1 Pad 12, a ColorJitter of the padded image": lambda: [T.Resize((200, 200)), T.Pad(0), T.Pad(12),
+                                                             T.ColorJitter(contrast=(0.5, 0.5)), T.PILToTensor()],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PADS))
+def test_a_pad_is_torchvisions_bit_for_bit(folder, name):
+    """Pad (constant zeros), v1 and v2, of a PIL or tensor image, after a resize or a CenterCrop
+    that pads, and before a pixel op: a served batch is torchvision's transform's output, every
+    value, over every file (the zeros around the image included)."""
+    ds = ImageFolder(str(folder), T.Compose(_PADS[name]()), is_valid_file=_valid)
+    idx = list(range(len(ds)))
+    (images, _), _, decoder = serve(ds, idx, 3)
+    assert type(decoder.geometry[-1]).__name__ == "Pad"
+    for k in idx:
+        want = ds.transform(pil_loader(ds.samples[k][0]))
+        assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
+        assert (want[:, :2] == 0).all() != ("ColorJitter" in name)
 
 
 def test_a_random_crop_larger_than_an_image_is_the_scripts_own_error(tmp_path):

@@ -915,8 +915,9 @@ def test_a_target_transform_keeps_the_scripts_zero_workers(tmp_path, monkeypatch
 def test_dev_shm_room_is_shared_and_sized_by_the_images(tmp_path, monkeypatch):
     """Two folders that each fit in /dev/shm alone but not together: the second keeps its 0 (a
     loader made anew over the first counts the first's share once). The images' size comes from
-    the transform, else the first file (12x8 here), else no workers are added."""
+    the transform (its padding too), else the first file (12x8 here), else no workers are added."""
     from fastdata.run import _shm
+    from fastdata.run._crop import Pad
     from fastdata.run._torchvision import Lowering
     from fastdata.transforms import ops as fd
 
@@ -933,6 +934,8 @@ def test_dev_shm_room_is_shared_and_sized_by_the_images(tmp_path, monkeypatch):
     assert _shm.image_size((fd.Resize(16),), first) == (16, 24)  # the shorter side (8 of 12x8) to 16
     assert _shm.image_size((fd.Resize(256), fd.CenterCrop(224)), object()) == (224, 224)  # no file read
     assert _shm.image_size((), first) == (8, 12)
+    assert _shm.image_size((Pad((1, 2, 3, 4)), fd.Resize(16)), first) == (16, 18)  # (14, 16), then 14 to 16
+    assert _shm.image_size((fd.CenterCrop(224), Pad((1, 2, 3, 4))), object()) == (230, 228)
     first.samples = []
     assert _shm.image_size((fd.Resize(16),), first) is None
     unknown = Lowering((fd.Resize(16),), (), "bilinear", (("to", None, "div"),), "Resize, ToTensor")

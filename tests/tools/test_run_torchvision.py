@@ -230,6 +230,14 @@ def _fallbacks(tv):
          "padded with zeros (constant, fill 0)"),
         ("RandomCrop padded with a colour", lambda r: (ImageFolder(r, T.Compose([
             v2.RandomCrop(32, pad_if_needed=True, fill=7), T.ToTensor()])), {}), "fill 7"),
+        ("Pad reflected", lambda r: (ImageFolder(r, T.Compose([T.Resize(32), T.Pad(2, padding_mode="reflect"),
+                                                             T.ToTensor()])), {}), "Pad padded with zeros"),
+        ("Pad with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
+            v2.Resize(32), v2.Pad(2, fill={tv_tensors.Image: 0}), v2.ToImage()])), {}), "fill {"),
+        ("a resize after a Pad", lambda r: (ImageFolder(r, T.Compose([T.Pad(4), T.Resize(32), T.ToTensor()])), {}),
+         "Resize after Pad: torchvision blends"),
+        ("a Pad of a float tensor", lambda r: (ImageFolder(r, T.Compose([T.Resize((32, 32)), T.ToTensor(),
+                                                                          T.Pad(2)])), {}), "Pad on a float tensor"),
         ("AugMix on a float tensor", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.ToTensor(), T.AugMix()])), {}), "AugMix on a float tensor"),
         ("AugMix with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
