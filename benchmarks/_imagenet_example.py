@@ -17,7 +17,8 @@ fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(
 RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe eval`, the example's
 validation loader (Resize(256), CenterCrop(224), ToTensor, Normalize; not shuffled); with `--recipe
 tiny`, a Tiny ImageNet script's (its 64x64 images: RandomCrop(64, padding=4), flip, ToTensor,
-Normalize); with `--recipe simclr`, SimCLR's ImageNet augmentation (one view); with `--recipe moco`,
+Normalize); with `--recipe tiny_pad`, the same written as Pad(4), then RandomCrop(64); with `--recipe
+simclr`, SimCLR's ImageNet augmentation (one view); with `--recipe moco`,
 MoCo v1's augmentation in MoCo's `TwoCropsTransform` (two views of each image, the loop moving both,
 as main_moco.py does); with `--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own
 GaussianBlur class, the flip after it); with `--recipe deit`, DeiT's main.py `build_transform`
@@ -38,7 +39,7 @@ The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
-                                                           simclr,moco,moco_v2,dino,deit,timm_train,
+                                                           tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
                                                            timm_deit}]
                                                 [--ra-sampler]
 """
@@ -62,8 +63,9 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
-ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval", "tiny",
-                                     "simclr", "moco", "moco_v2", "dino", "deit", "timm_train", "timm_deit"],
+ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
+                                     "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
+                                     "timm_deit"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -227,9 +229,10 @@ elif args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in t
         transforms.ToTensor(),
         normalize,
     ])
-elif args.recipe == "tiny":  # a Tiny ImageNet script's, on 64x64 images
+elif args.recipe in ("tiny", "tiny_pad"):  # a Tiny ImageNet script's, on 64x64 images
     transform = transforms.Compose([
-        transforms.RandomCrop(64, padding=4),
+        *([transforms.Pad(4), transforms.RandomCrop(64)] if args.recipe == "tiny_pad" else
+          [transforms.RandomCrop(64, padding=4)]),
         transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         normalize,

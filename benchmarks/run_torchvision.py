@@ -19,7 +19,7 @@ with `--recipe affine` with RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1
 with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json),
 with `--recipe eval` the example's validation loader (Resize(256), CenterCrop(224), not shuffled; ..._eval.json),
 with `--recipe tiny` a Tiny ImageNet script's (the set's images made 64x64 JPEGs: RandomCrop(64, padding=4), flip,
-ToTensor, Normalize; ..._tiny.json),
+ToTensor, Normalize; ..._tiny.json; `--recipe tiny_pad` writes the crop Pad(4), RandomCrop(64), ..._tiny_pad.json),
 with `--recipe simclr` SimCLR's ImageNet augmentation, one view: after the crop and flip,
 RandomApply([ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), RandomGrayscale(0.2) and
 RandomApply([GaussianBlur(23, (0.1, 2.0))], p=0.5) (..._simclr.json),
@@ -46,8 +46,8 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
-                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,simclr,
-                                                     moco,moco_v2,dino,deit,timm_train,timm_deit}]
+                                          [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
+                                                     simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
-                                         "tiny", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
+                                         "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
@@ -104,7 +104,7 @@ def main() -> int:
     from fastdata.synthetic import make_imagenet_like
 
     root = make_imagenet_like(args.root, args.images, 10)
-    if args.recipe == "tiny":
+    if args.recipe.startswith("tiny"):
         root = _tiny(root)
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
