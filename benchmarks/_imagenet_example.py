@@ -17,7 +17,8 @@ fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(
 RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe eval`, the example's
 validation loader (Resize(256), CenterCrop(224), ToTensor, Normalize; not shuffled); with `--recipe
 tiny`, a Tiny ImageNet script's (its 64x64 images: RandomCrop(64, padding=4), flip, ToTensor,
-Normalize); with `--recipe tiny_pad`, the same written as Pad(4), then RandomCrop(64); with `--recipe
+Normalize); with `--recipe tiny_pad`, the same written as Pad(4), then RandomCrop(64) (either
+padded in `--padding-mode`, constant by default); with `--recipe
 simclr`, SimCLR's ImageNet augmentation (one view); with `--recipe moco`,
 MoCo v1's augmentation in MoCo's `TwoCropsTransform` (two views of each image, the loop moving both,
 as main_moco.py does); with `--recipe moco_v2`, MoCo v2's (main_moco.py --aug-plus: its own
@@ -70,6 +71,7 @@ ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rot
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
 ap.add_argument("--backend", choices=["pil", "tensor"], default="pil")
+ap.add_argument("--padding-mode", default="constant")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -231,8 +233,8 @@ elif args.recipe == "simclr":  # SimCLR's ImageNet augmentation (one view), in t
     ])
 elif args.recipe in ("tiny", "tiny_pad"):  # a Tiny ImageNet script's, on 64x64 images
     transform = transforms.Compose([
-        *([transforms.Pad(4), transforms.RandomCrop(64)] if args.recipe == "tiny_pad" else
-          [transforms.RandomCrop(64, padding=4)]),
+        *([transforms.Pad(4, padding_mode=args.padding_mode), transforms.RandomCrop(64)] if args.recipe == "tiny_pad"
+          else [transforms.RandomCrop(64, padding=4, padding_mode=args.padding_mode)]),
         transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         normalize,

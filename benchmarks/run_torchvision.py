@@ -19,7 +19,8 @@ with `--recipe affine` with RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1
 with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json),
 with `--recipe eval` the example's validation loader (Resize(256), CenterCrop(224), not shuffled; ..._eval.json),
 with `--recipe tiny` a Tiny ImageNet script's (the set's images made 64x64 JPEGs: RandomCrop(64, padding=4), flip,
-ToTensor, Normalize; ..._tiny.json; `--recipe tiny_pad` writes the crop Pad(4), RandomCrop(64), ..._tiny_pad.json),
+ToTensor, Normalize; ..._tiny.json; `--recipe tiny_pad` writes the crop Pad(4), RandomCrop(64), ..._tiny_pad.json;
+`--padding-mode reflect` pads as NumPy reflects, ..._tiny_reflect.json),
 with `--recipe simclr` SimCLR's ImageNet augmentation, one view: after the crop and flip,
 RandomApply([ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), RandomGrayscale(0.2) and
 RandomApply([GaussianBlur(23, (0.1, 2.0))], p=0.5) (..._simclr.json),
@@ -48,7 +49,7 @@ sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
-                                          [--backend {pil,tensor}] [--mixup]
+                                          [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
 
@@ -91,11 +92,15 @@ def main() -> int:
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")
     ap.add_argument("--ra-sampler", action="store_true", help="the references' repeated-augmentation sampler")
+    ap.add_argument("--padding-mode", choices=["constant", "edge", "reflect", "symmetric"], default="constant",
+                    help="the tiny recipes' padding_mode")
     ap.add_argument("--backend", choices=["pil", "tensor"], default="pil",
                     help="the references' preset backend (ta_wide, ra, augmix): tensor puts PILToTensor first")
     args = ap.parse_args()
     if args.backend == "tensor" and args.recipe not in ("ta_wide", "ra", "augmix"):
         ap.error("--backend tensor is the references' preset's: --recipe ta_wide, ra or augmix")
+    if args.padding_mode != "constant" and not args.recipe.startswith("tiny"):
+        ap.error("--padding-mode is the tiny recipes': --recipe tiny or tiny_pad")
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
     import PIL
@@ -109,7 +114,8 @@ def main() -> int:
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
               *(["--split"] if args.split else []), *(["--mixup"] if args.mixup else []),
-              *(["--ra-sampler"] if args.ra_sampler else []), "--backend", args.backend]
+              *(["--ra-sampler"] if args.ra_sampler else []), "--backend", args.backend,
+              "--padding-mode", args.padding_mode]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
     commands = {"plain": script, "fastdata run": [fastdata_cli, "run", "--", *script]}
     if args.simd_pil:
@@ -128,18 +134,21 @@ def main() -> int:
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")
-          + (", the tensor backend" if args.backend == "tensor" else ""))
+          + (", the tensor backend" if args.backend == "tensor" else "")
+          + (f", padding_mode {args.padding_mode}" if args.padding_mode != "constant" else ""))
     for name, s in sides.items():
         print(f"  {name:<20} epoch 1 {s['epoch_1_median']:7.0f} img/s   epochs 2+ {s['epochs_2_on_median']:7.0f} img/s")
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") \
         + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
-        + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "")
+        + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "") \
+        + ("" if args.padding_mode == "constant" else f"_{args.padding_mode}")
     _common.write(stem, {
         "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
         "arch": args.arch, "split": args.split, "recipe": args.recipe, "mixup": args.mixup,
-        "ra_sampler": args.ra_sampler, "backend": args.backend, "pillow": PIL.__version__,
+        "ra_sampler": args.ra_sampler, "backend": args.backend, "padding_mode": args.padding_mode,
+        "pillow": PIL.__version__,
         "torchvision": torchvision.__version__,
         "regime": ("persistent workers (timm's create_loader default)" if args.recipe.startswith("timm_") else
                    "fresh workers each epoch (the script's DataLoader default)") + ", files in the page cache",

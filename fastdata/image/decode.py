@@ -32,7 +32,7 @@ from ..errors import error_line, one_line
 from ..transforms import Compose
 from ..transforms import pil as pil_lowering
 from ..transforms._random import uniforms
-from ..transforms.plan import plan_geometry, plan_pixels
+from ..transforms.plan import pad_around, plan_geometry, plan_pixels
 from .check import check_complete, check_rows
 from .read import Failures, Read
 from .record import EntropyCheck, pillows
@@ -130,10 +130,8 @@ class BatchDecoder:
         self.pixel_ops = cpu_pixel_ops
         if cpu_pixel_ops:
             require_pillow(f"to run {', '.join(type(op).__name__ for op in cpu_pixel_ops)} on the CPU")
-        self.seed = seed
-        self.fail = fail
-        self.rings = ProcessRings(slots, pin)
-        self.entropy = EntropyCheck(ids, key)
+        self.seed, self.fail = seed, fail
+        self.rings, self.entropy = ProcessRings(slots, pin), EntropyCheck(ids, key)
         self.threads: int | None = None  # native decode threads a batch; None: 1 in a worker, else the usable cores
         # the resize filter: "bilinear" or "bicubic" (native or Pillow), "nearest" (Pillow); or a tuple
         # of them, one drawn per sample (`drawn_filters`)
@@ -178,8 +176,7 @@ class BatchDecoder:
             ok.append(j)
             sizes.append((w, h))
             jpeg.append(is_jpeg)
-        sizes = np.array(sizes, dtype=np.int64).reshape(-1, 2)
-        jpeg = np.array(jpeg, dtype=bool)
+        sizes, jpeg = np.array(sizes, dtype=np.int64).reshape(-1, 2), np.array(jpeg, dtype=bool)
         keys = draws if draws is not None else self.draw_keys(index, like[2] if like else 0)
         sel = index[ok]
         geo = plan_geometry(self.geometry, self.seed, epoch, keys[ok], sizes[:, 0], sizes[:, 1])
@@ -188,8 +185,7 @@ class BatchDecoder:
         if (work > _structure.MAX_IMAGE_PIXELS).any() or geo.refused.any():
             keep = []
             for j, pixels in enumerate(work):
-                w, h = sizes[j]
-                ow, oh = geo.sizes[j]
+                (w, h), (ow, oh) = sizes[j], geo.sizes[j]
                 if geo.refused[j]:
                     self.fail(errors, paths[ok[j]], f"its {w}x{h} pixels are fewer than the transform's crop takes "
                               "(torchvision's RandomCrop raises)")
@@ -315,10 +311,10 @@ class BatchDecoder:
         padded = np.flatnonzero(geo.padded())
         if not len(padded):
             return self._decode_boxes(target, datas, jpeg, geo, paths, errors, native, filters)
-        # A CenterCrop or a RandomCrop's padding padded these: each box goes to its place in a
-        # zeroed output, decoded with the others of its size (the places differ with the image's
-        # size and the crop's offset) aside, then put there. One with no place left (a crop of
-        # padding only) is decoded to a pixel, so that a corrupt file fails as on any other crop.
+        # A CenterCrop or a padding padded these: each box goes to its place in a zeroed output (then
+        # padded as NumPy pads in `geo.mode`), decoded aside with the others of its size, then put
+        # there. One with no place left (a crop of padding only) is decoded to a pixel, so that a
+        # corrupt file fails as on any other crop.
         places = geo.placements()
         wh = np.where((places[padded, 2:] > 0).all(axis=1, keepdims=True), places[padded, 2:], 1)
         rest = np.setdiff1d(np.arange(len(datas)), padded)
@@ -336,6 +332,10 @@ class BatchDecoder:
             for j, (k, (x, y, w, h)) in enumerate(zip(ks.tolist(), places[ks].tolist())):
                 target[k].zero_()
                 target[k, y:y + h, x:x + w] = part[j] if w and h else 0
+                if geo.mode != "constant" and k not in failed and not pad_around(target[k].numpy(), (x, y, w, h),
+                                                                                  geo.mode):
+                    failed.add(k)  # (then torchvision's pad: NumPy's, which may reflect more than once)
+                    self.fail(errors, paths[k], f"its crop shows too little of it to pad in mode {geo.mode} from")
         return failed
 
     def _decode_boxes(self, target, datas, jpeg, geo, paths, errors, native, filters) -> set[int]:

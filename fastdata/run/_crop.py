@@ -1,9 +1,11 @@
 """`fastdata run`'s RandomCrop and Pad (torchvision's v1 and v2 classes) of a folder's images,
 folded into the decoder's one box per sample as a CenterCrop is (`transforms.plan`: an op with a
-`window`), a RandomCrop's at offsets drawn per sample. Padding (constant, with a fill of 0) is the
-box reaching past the image, whose part outside is the zeros a padded sample is decoded into; an
-image smaller than the crop after the padding, on which torchvision raises, is refused
-(`refuses`), so that its batch is the script's own fetch, which raises there.
+`window`), a RandomCrop's at offsets drawn per sample. Padding is the box reaching past the image,
+whose part outside is the zeros a padded sample is decoded into (constant, with a fill of 0), or,
+on the PIL image, those zeros overwritten by the decoded pixels NumPy's pad would copy there
+(`mode` edge, reflect or symmetric: `image.decode`). An image smaller than the crop after the
+padding, on which torchvision raises, is refused (`refuses`), so that its batch is the script's
+own fetch, which raises there.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class RandomCrop(fd.Op):
     size: tuple[int, int]
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     pad_if_needed: bool = False
+    mode: str = "constant"  # torchvision's padding_mode (constant: with zeros)
     geometric = True
 
     def _padded(self, W: np.ndarray, H: np.ndarray) -> tuple:
@@ -59,6 +62,7 @@ class Pad(fd.Op):
     bottom) past each edge of the image."""
 
     padding: tuple[int, int, int, int]
+    mode: str = "constant"
     geometric = True
 
     def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
@@ -94,30 +98,40 @@ def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) 
         short_side is not None and max(h, w) <= short_side)
 
 
-def _zeros(op: Any) -> None:
-    """ValueError, saying why, unless `op` pads with constant zeros."""
-    fill = op.fill
+MODES = ("edge", "reflect", "symmetric")  # the padding modes other than constant that fastdata lowers
+
+
+def _mode(op: Any, tensor: bool) -> str:
+    """`op`'s padding mode: constant with zeros, or on a PIL image one of `MODES`; ValueError,
+    saying why, for any other."""
+    fill, mode, kind = op.fill, op.padding_mode, type(op).__name__
     zeros = (type(fill) in (int, float) and fill == 0) or (type(fill) in (list, tuple) and all(v == 0 for v in fill))
-    if op.padding_mode != "constant" or not zeros:
-        raise ValueError(f"{type(op).__name__} with padding_mode {op.padding_mode!r} and fill {fill!r}: fastdata "
-                         f"lowers a folder's {type(op).__name__} padded with zeros (constant, fill 0)")
+    if (mode == "constant" and zeros) or (mode in MODES and not tensor):
+        return mode
+    raise ValueError(f"{kind} with padding_mode {mode!r} and fill {fill!r}{' on a tensor' if tensor else ''}: "
+                     f"fastdata lowers a folder's {kind} padded with zeros (constant, fill 0), or on the PIL image "
+                     "edge, reflect or symmetric")
 
 
-def pad(op: Any) -> Pad | None:
-    """Pad's lowering; None where it pads nothing; ValueError, saying why, where there is none."""
-    _zeros(op)
+def pad(op: Any, tensor: bool) -> Pad | None:
+    """Pad's lowering (of a uint8 tensor image with `tensor`); None where it pads nothing;
+    ValueError, saying why, where there is none."""
+    mode = _mode(op, tensor)
     padding = padding_of(op)
-    return Pad(padding) if any(padding) else None
+    return Pad(padding, mode) if any(padding) else None
 
 
-def random_crop(op: Any, fixed: tuple[int, int] | None) -> RandomCrop | None:
-    """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far; None where it
-    is the image's own size and pads nothing (torchvision then draws nothing and crops nothing);
-    ValueError, saying why, where there is none: padding other than constant zeros."""
+def random_crop(op: Any, fixed: tuple[int, int] | None, tensor: bool) -> RandomCrop | None:
+    """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far (of a uint8
+    tensor image with `tensor`); None where it is the image's own size and pads nothing
+    (torchvision then draws nothing and crops nothing); ValueError, saying why, where there is
+    none: padding `_mode` refuses, pad_if_needed in a mode other than constant (v1 pads twice)."""
     h, w = int(op.size[0]), int(op.size[1])  # (torchvision holds it as (h, w), an int given or not)
-    if op.padding or op.pad_if_needed:
-        _zeros(op)
+    mode = _mode(op, tensor) if op.padding or op.pad_if_needed else "constant"
+    if op.pad_if_needed and mode != "constant":
+        raise ValueError(f"{type(op).__name__} with pad_if_needed and padding_mode {mode!r}: fastdata lowers "
+                         "pad_if_needed with zeros")
     padding = padding_of(op)
     if fixed == (h, w) and not any(padding):
         return None
-    return RandomCrop((h, w), padding, bool(op.pad_if_needed))
+    return RandomCrop((h, w), padding, bool(op.pad_if_needed), mode if any(padding) else "constant")

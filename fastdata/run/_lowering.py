@@ -221,6 +221,7 @@ def lower_transform(transform: Any) -> Lowering:
     fixed: tuple[int, int] | None = None
     short_side: int | None = None
     padding: str | None = None  # what may have padded the image (then no resize may follow)
+    modal: str | None = None  # what padded it in a mode other than constant (then nothing else may pad)
     to_tensor = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor))  # v2's (deprecated): the same conversion
     pure = getattr(v2, "ToPureTensor", None)  # torchvision 0.16 on
 
@@ -236,8 +237,20 @@ def lower_transform(transform: Any) -> Lowering:
                               "geometry first")
         if erasing:
             raise Unlowerable(f"{type(op).__name__} after RandomErasing: fastdata erases the laid-out batch")
+        if modal and isinstance(op, (T.CenterCrop, v2.CenterCrop)) and not fits(*_size(op.size, True), fixed,
+                                                                                  short_side):
+            raise Unlowerable(f"{type(op).__name__} after {modal} on images of sizes not known to fit it: fastdata "
+                              "pads an image once where it pads in a mode other than constant")
         if domain == "float":
             raise Unlowerable(f"{type(op).__name__} on a float tensor: fastdata resizes uint8 images")
+
+    def pads(what: str, mode: str) -> None:  # an op's padding, `what` it is for the reasons
+        nonlocal padding, modal
+        if modal or (padding and mode != "constant"):
+            raise Unlowerable(f"{what} after {modal or padding}: fastdata pads an image once where it pads in a "
+                              "mode other than constant")
+        padding = padding or what
+        modal = f"{what} ({mode})" if mode != "constant" else None
 
     try:
         for op in ops:
@@ -279,19 +292,19 @@ def lower_transform(transform: Any) -> Lowering:
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)
                 check_geometry(op)
-                crop = random_crop(op, fixed)
+                crop = random_crop(op, fixed, domain != "pil")
                 geometry += [crop] if crop is not None else []
                 if crop is not None and (any(crop.padding) or crop.pad_if_needed and not fits(*crop.size, fixed,
                                                                                                  short_side)):
-                    padding = padding or (f"{kind}'s padding" if any(crop.padding) else f"{kind} on images of "
-                                          "sizes not known to fit it")  # (its window may reach past the image)
+                    pads(f"{kind}'s padding" if any(crop.padding) else f"{kind} on images of sizes not known to fit "
+                         "it", crop.mode)  # (its window may reach past the image)
                 fixed, short_side = (fixed, short_side) if crop is None else (crop.size, None)
             elif cls in (T.Pad, v2.Pad):
                 check_geometry(op)
-                padded = pad(op)  # (a ValueError says why not)
+                padded = pad(op, domain != "pil")  # (a ValueError says why not)
                 if padded is not None:
+                    pads(kind, padded.mode)
                     geometry.append(padded)
-                    padding = padding or kind
                     left, top, right, bottom = padded.padding
                     fixed = None if fixed is None else (fixed[0] + top + bottom, fixed[1] + left + right)
                     short_side = None

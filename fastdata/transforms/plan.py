@@ -39,6 +39,9 @@ class Geometry:
     source: np.ndarray  # int64 [N, 2]: the image's (w, h)
     # bool [N]: the samples the transform raises on (an op's `refuses`: a RandomCrop larger than the image)
     refused: np.ndarray
+    # what fills the output around the box: zeros ("constant"), or NumPy's pad of the box's pixels
+    # in that mode ("edge", "reflect", "symmetric": a window's padding, `fastdata.run._crop`)
+    mode: str = "constant"
 
     def placements(self) -> np.ndarray:
         """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
@@ -74,7 +77,7 @@ class Geometry:
     def take(self, rows) -> "Geometry":
         """The geometry of the samples `rows` (indices), in their order."""
         return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows],
-                        self.source[rows], self.refused[rows])
+                        self.source[rows], self.refused[rows], self.mode)
 
     def padded(self) -> np.ndarray:
         """bool [N]: the samples whose box does not fill their output."""
@@ -208,7 +211,34 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     at = resized[:, 0] >= 0  # (the box's mapping is exact but for rounding: its corner is whole pixels)
     resized[at, 2] = np.rint(box[at, 0] * (resized[at, 0] / source[at, 0]))
     resized[at, 3] = np.rint(box[at, 1] * (resized[at, 1] / source[at, 1]))
-    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized, source[:, :2].astype(np.int64), refused)
+    mode = next((op.mode for op in ops if getattr(op, "mode", "constant") != "constant"), "constant")
+    return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized, source[:, :2].astype(np.int64), refused,
+                    mode)
+
+
+def pad_around(image: np.ndarray, place: tuple[int, int, int, int], mode: str) -> bool:
+    """Fills an HWC `image` around the box placed at (x, y, w, h) as NumPy's pad in `mode` (edge,
+    reflect, symmetric: the pixels torchvision's pad of a PIL image puts there) fills it; False,
+    filling nothing, where a pixel it would copy is not in the box (a window showing a sliver of
+    its image, which NumPy reflects more than once)."""
+    x, y, w, h = place
+    rows, cols = _pad_source(image.shape[0], y, h, mode), _pad_source(image.shape[1], x, w, mode)
+    if rows is None or cols is None:
+        return False
+    image[:] = image[rows[:, None], cols[None, :]]
+    return True
+
+
+def _pad_source(size: int, start: int, n: int, mode: str) -> np.ndarray | None:
+    """Per index of an axis of `size`, the one in [start, start + n) whose pixel pads it in
+    `mode`; None where one falls outside."""
+    at, end = np.arange(size), start + n - 1
+    if mode == "edge":
+        source = np.clip(at, start, end)
+    else:  # (symmetric repeats the edge pixel, reflect does not)
+        s = int(mode == "symmetric")
+        source = np.where(at < start, 2 * start - s - at, np.where(at > end, 2 * end + s - at, at))
+    return source if n > 0 and ((source >= start) & (source <= end)).all() else None
 
 
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter

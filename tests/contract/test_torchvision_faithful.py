@@ -208,16 +208,28 @@ _PADDED_CROPS = {  # the geometry before the flip; (left, top, right, bottom) of
     "v1 raw images, padding (40, 60)": (lambda: [T.RandomCrop(224, padding=(40, 60))], (40, 60, 40, 60)),
     "v1 Pad (40, 60) first": (lambda: [T.Pad((40, 60)), T.RandomCrop(224)], (0, 0, 0, 0)),
     "v2 Pad 4 after Resize(240)": (lambda: [v2.Resize(240), v2.Pad(4), v2.RandomCrop(224)], (0, 0, 0, 0)),
+    # padding in NumPy's modes (on the PIL image): the window's padding copied from its pixels
+    "v1 reflect padding 16 after Resize(256)": (
+        lambda: [T.Resize(256), T.RandomCrop(224, padding=16, padding_mode="reflect")], (16, 16, 16, 16)),
+    "v2 symmetric padding (3, 5, 7, 9)": (
+        lambda: [v2.Resize(240), v2.RandomCrop(224, padding=(3, 5, 7, 9), padding_mode="symmetric")], (3, 5, 7, 9)),
+    "v1 raw images, edge padding (40, 60)": (
+        lambda: [T.RandomCrop(224, padding=(40, 60), padding_mode="edge")], (40, 60, 40, 60)),
+    "v2 Pad 30 reflected first": (
+        lambda: [v2.Pad(30, padding_mode="reflect"), v2.RandomCrop(224)], (0, 0, 0, 0), (30, 30, 30, 30)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_PADDED_CROPS))
 def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
-    """RandomCrop with padding (constant zeros) or pad_if_needed, v1 and v2, after a Resize or on
-    the images as they are, then a flip, as served: torchvision's steps (its resize, its pad, its
-    crop at the offsets fastdata drew over the padded image, the flip): the same values over every
-    file, the zeros of the padding included where a window reaches past the image."""
-    ops, (left, top, right, bottom) = _PADDED_CROPS[name]
+    """RandomCrop with padding (constant zeros, or edge, reflect or symmetric) or pad_if_needed, or
+    after a Pad, v1 and v2, after a Resize or on the images as they are, then a flip, as served:
+    torchvision's steps (its resize, its pad, its crop at the offsets fastdata drew over the padded
+    image, the flip): the same values over every file, the padding included where a window
+    reaches past the image."""
+    ops, (left, top, right, bottom), *around = _PADDED_CROPS[name]
+    mode = next((op.padding_mode for op in ops() if getattr(op, "padding_mode", "constant") != "constant"), "constant")
+    around = around[0] if around else (left, top, right, bottom)  # (the padding about the image the crop sees)
     ds = ImageFolder(str(folder), T.Compose([*ops(), T.RandomHorizontalFlip(), T.PILToTensor()]), is_valid_file=_valid)
     idx = list(range(len(ds)))
     (images, _), _, decoder = serve(ds, idx, 3)
@@ -231,18 +243,20 @@ def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
         for op in ops()[:stream]:
             img = op(img)
         op = ops()[stream]
-        img = F.pad(img, [left, top, right, bottom], fill=0)
+        img = F.pad(img, [left, top, right, bottom], fill=0, padding_mode=mode)
         if op.pad_if_needed and img.size[0] < op.size[1]:
             img = F.pad(img, [op.size[1] - img.size[0], 0])
         if op.pad_if_needed and img.size[1] < op.size[0]:
             img = F.pad(img, [0, op.size[0] - img.size[1]])
         y, x = (int(np.floor(crop[k, j] * (side - op.size[j] + 1))) for j, side in enumerate(img.size[::-1]))
+        (h, w), (l, t, r, b), (W, H) = op.size, around, img.size
+        reached = x < l or y < t or x + w > W - r or y + h > H - b  # (the window past the image, into its padding)
         img = F.crop(img, y, x, *op.size)
         for rest in ops()[stream + 1:]:
             img = rest(img)
         want = F.pil_to_tensor(F.hflip(img) if flip[k, 0] < 0.5 else img)
         assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
-        padded += bool((want == 0).all(0).any())
+        padded += bool((want == 0).all(0).any()) if mode == "constant" else reached
     assert padded  # (some windows reached into the padding)
 
 
@@ -289,6 +303,38 @@ def test_a_random_crop_larger_than_an_image_is_the_scripts_own_error(tmp_path):
         nf._native([1], lowering)
     with pytest.raises(ValueError, match=r"Required crop size \(64, 64\) is larger than input image size \(44, 64\)"):
         nf.__getitems__([0, 1])
+
+
+def test_a_reflection_the_window_does_not_show_is_the_scripts_own_fetch(tmp_path):
+    """A reflect padding whose window shows fewer of the image's columns than it reflects (a
+    10x10 image, RandomCrop(8, padding=6): NumPy reflects the 2 it may show, and again): that
+    sample is refused, naming the file and why, and its batch is the script's own fetch, which is
+    torchvision's padding; a window that shows enough is served."""
+    (tmp_path / "c").mkdir()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 10, 3), dtype=np.uint8)).save(tmp_path / "c" / "0.png")
+    ds = ImageFolder(str(tmp_path), T.Compose([T.RandomCrop(8, padding=6, padding_mode="reflect"), T.PILToTensor()]))
+    lowering, why = lower(ds)
+    assert why == ""
+    nf, seen = NativeFolder(ds, lowering), {"served": 0, "refused": 0}
+    for seed in range(40):  # (the offsets drawn per batch: some windows show enough, some do not)
+        torch.manual_seed(seed)
+        try:
+            nf._native([0], lowering)
+            seen["served"] += 1
+        except FolderError as e:
+            assert "0.png: its crop shows too little of it to pad in mode reflect from" in str(e)
+            seen["refused"] += 1
+    assert seen["served"] and seen["refused"], seen
+    img = F.pil_to_tensor(pil_loader(str(tmp_path / "c" / "0.png")))
+    padded = torch.from_numpy(np.pad(img.numpy(), ((0, 0), (6, 6), (6, 6)), mode="reflect"))
+    kinds = set()
+    for seed in range(40):  # (every batch a window of the padded image, torchvision's samples or fastdata's)
+        torch.manual_seed(seed)
+        out = nf.__getitems__([0])
+        kinds.add(type(out).__name__)
+        got = out[0][0] if isinstance(out, list) else out.collate_into(None)[0][0].permute(2, 0, 1)
+        assert any(torch.equal(got, padded[:, y:y + 8, x:x + 8]) for y in range(15) for x in range(15))
+    assert kinds == {"list", "FolderBatch"}
 
 
 # ----------------------------------------------------------------- b. RandomHorizontalFlip

@@ -225,13 +225,22 @@ def _fallbacks(tv):
         ("a v1 interpolation named by a string", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.TrivialAugmentWide(interpolation="bilinear"), T.ToTensor()])), {}),
          "a string: torchvision's v1 ops raise"),
-        ("RandomCrop with reflected padding", lambda r: (ImageFolder(r, T.Compose([
-            T.Resize(40), T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()])), {}),
-         "padded with zeros (constant, fill 0)"),
+        ("RandomCrop with reflected padding of a tensor", lambda r: (ImageFolder(r, v2.Compose([
+            v2.ToImage(), v2.Resize(40), v2.RandomCrop(32, padding=4, padding_mode="reflect"), v2.ToPureTensor()])),
+            {}), "'reflect' and fill 0 on a tensor"),
+        ("RandomCrop reflected after a Pad", lambda r: (ImageFolder(r, T.Compose([
+            T.Resize(40), T.Pad(2), T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()])), {}),
+         "RandomCrop's padding after Pad: fastdata pads an image once"),
+        ("a CenterCrop that may pad after a reflection", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomCrop(32, padding=4, padding_mode="symmetric"), T.CenterCrop(48), T.ToTensor()])), {}),
+         "CenterCrop after RandomCrop's padding (symmetric)"),
+        ("pad_if_needed reflected", lambda r: (ImageFolder(r, T.Compose([
+            T.RandomCrop(32, pad_if_needed=True, padding_mode="reflect"), T.ToTensor()])), {}),
+         "pad_if_needed and padding_mode 'reflect'"),
         ("RandomCrop padded with a colour", lambda r: (ImageFolder(r, T.Compose([
             v2.RandomCrop(32, pad_if_needed=True, fill=7), T.ToTensor()])), {}), "fill 7"),
-        ("Pad reflected", lambda r: (ImageFolder(r, T.Compose([T.Resize(32), T.Pad(2, padding_mode="reflect"),
-                                                             T.ToTensor()])), {}), "Pad padded with zeros"),
+        ("Pad with a fill", lambda r: (ImageFolder(r, T.Compose([T.Resize(32), T.Pad(2, fill=(9, 9, 9)),
+                                                               T.ToTensor()])), {}), "Pad padded with zeros"),
         ("Pad with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
             v2.Resize(32), v2.Pad(2, fill={tv_tensors.Image: 0}), v2.ToImage()])), {}), "fill {"),
         ("a resize after a Pad", lambda r: (ImageFolder(r, T.Compose([T.Pad(4), T.Resize(32), T.ToTensor()])), {}),
@@ -252,7 +261,8 @@ BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a s
              "ColorJitter on a tensor", "geometry after a pixel op", "two interpolations", "a resize of a float tensor",
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
              "TrivialAugmentWide nearest-exact", "RandAugment with a fill",
-             "AugMix with a fill per type", "RandomCrop with reflected padding", "RandomCrop padded with a colour")
+             "AugMix with a fill per type", "RandomCrop with reflected padding of a tensor",
+             "RandomCrop padded with a colour")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
