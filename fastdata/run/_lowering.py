@@ -351,6 +351,9 @@ def lower_transform(transform: Any) -> Lowering:
                     raise Unlowerable(str(e)) from None
                 if lowered is None:
                     raise _no_lowering(op)
+                if erasing:  # (torchvision's op would change the erased rectangles too)
+                    raise Unlowerable(f"{kind} after RandomErasing: fastdata erases the laid-out batch, after the "
+                                      "pixel ops")
                 pixel.append(lowered)
             if len(pixel) > len(pixel_names):
                 pixel_names.append(kind)

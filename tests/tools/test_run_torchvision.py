@@ -177,6 +177,9 @@ def _fallbacks(tv):
         ("a flip after RandomErasing", lambda r: (ImageFolder(r, T.Compose([
             *train, T.RandomErasing(), T.RandomHorizontalFlip()])), {}),
          "RandomHorizontalFlip after RandomErasing"),
+        ("a pixel op after RandomErasing", lambda r: (ImageFolder(r, v2.Compose([
+            v2.RandomResizedCrop(32), v2.ToImage(), v2.RandomErasing(), v2.ColorJitter(0.4),
+            v2.ToDtype(torch.float32, scale=True)])), {}), "ColorJitter after RandomErasing"),
         ("a rotation before the crop", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10), *train])), {}),
          "RandomResizedCrop after RandomRotation"),
         ("a rotation with expand", lambda r: (ImageFolder(r, T.Compose([T.RandomRotation(10, expand=True),
