@@ -223,6 +223,10 @@ def lower_transform(transform: Any) -> Lowering:
     padding: str | None = None  # what may have padded the image (then no resize may follow)
     modal: str | None = None  # what padded it in a mode other than constant (then nothing else may pad)
     to_tensor = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor))  # v2's (deprecated): the same conversion
+    # the geometry that only moves pixels (padding with zeros at most): on a float tensor, the same
+    # moves of the uint8 image before the tensor steps (each step per value; zeros pad before a Normalize)
+    moves = (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, T.RandomHorizontalFlip,
+             v2.RandomHorizontalFlip)
     pure = getattr(v2, "ToPureTensor", None)  # torchvision 0.16 on
 
     def check_geometry(op: Any) -> None:
@@ -237,15 +241,14 @@ def lower_transform(transform: Any) -> Lowering:
                               "geometry first")
         if erasing:
             raise Unlowerable(f"{type(op).__name__} after RandomErasing: fastdata erases the laid-out batch")
-        if modal and isinstance(op, (T.CenterCrop, v2.CenterCrop)) and not fits(*_size(op.size, True), fixed,
-                                                                                  short_side):
-            raise Unlowerable(f"{type(op).__name__} after {modal} on images of sizes not known to fit it: fastdata "
-                              "pads an image once where it pads in a mode other than constant")
-        if domain == "float":
+        if domain == "float" and not isinstance(op, moves):
             raise Unlowerable(f"{type(op).__name__} on a float tensor: fastdata resizes uint8 images")
 
     def pads(what: str, mode: str) -> None:  # an op's padding, `what` it is for the reasons
         nonlocal padding, modal
+        if domain == "float" and any(step[0] == "normalize" for step in steps):
+            raise Unlowerable(f"{what} of a normalized tensor: fastdata pads with zeros before the tensor steps, "
+                              "torchvision after them")
         if modal or (padding and mode != "constant"):
             raise Unlowerable(f"{what} after {modal or padding}: fastdata pads an image once where it pads in a "
                               "mode other than constant")
@@ -286,8 +289,8 @@ def lower_transform(transform: Any) -> Lowering:
                 check_geometry(op)
                 h, w = _size(op.size, pair=True)
                 # torchvision pads an image smaller than the crop with zeros, as fastdata's decoders do
-                padding = padding or (None if fits(h, w, fixed, short_side) else f"{kind} on images of sizes not "
-                                      "known to fit it")
+                if not fits(h, w, fixed, short_side):
+                    pads(f"{kind} on images of sizes not known to fit it", "constant")
                 geometry.append(fd.CenterCrop((h, w)))
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)
@@ -309,7 +312,7 @@ def lower_transform(transform: Any) -> Lowering:
                     fixed = None if fixed is None else (fixed[0] + top + bottom, fixed[1] + left + right)
                     short_side = None
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
-                if pixel and not erasing and domain != "float" and not all(flip_commutes(one) for one in pixel):
+                if pixel and not erasing and not all(flip_commutes(one) for one in pixel):
                     # after pixel ops it may not commute with (a blur): torchvision's flip of their image
                     pixel.append(RandomCall(float(op.p), "hflip", (), cls is v2.RandomHorizontalFlip, domain != "pil"))
                 else:

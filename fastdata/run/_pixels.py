@@ -273,9 +273,9 @@ def _version(op: Any, domain: str) -> bool:
 
 
 def random_call(op: Any, domain: str) -> RandomCall:
-    """The lowering of one of `CALLS`' ops; ValueError, saying why, where there is none."""
+    """The lowering of one of `CALLS`' ops (a vflip of a float tensor: the uint8 image's); ValueError, saying why."""
     call, names, constant = CALLS[type(op).__name__]
-    v2 = _version(op, domain)
+    v2 = _version(op, "uint8" if call == "vflip" else domain)
     return RandomCall(float(op.p), call, tuple(getattr(op, name) for name in names) + constant, v2, domain != "pil")
 
 

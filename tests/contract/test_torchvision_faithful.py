@@ -305,13 +305,60 @@ def test_a_random_crop_larger_than_an_image_is_the_scripts_own_error(tmp_path):
         nf.__getitems__([0, 1])
 
 
+_MOVES = {  # torchvision's transforms moving the pixels of a float tensor, each giving 224 x 224 images
+    "v1 CenterCrop of a normalized tensor": lambda: [T.Resize((230, 240)), T.ToTensor(),
+                                                     T.Normalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.25]), T.CenterCrop(224)],
+    "v1 Pad, then CenterCrop that pads, then Normalize": lambda: [
+        T.Resize((200, 230)), T.ToTensor(), T.Pad([3, 5]), T.CenterCrop(224), T.Normalize([0.5] * 3, [0.2] * 3)],
+    "v2 flips of a float64 tensor": lambda: [
+        v2.Resize((224, 224)), v2.ToImage(), v2.ToDtype(torch.float64, scale=True), v2.RandomHorizontalFlip(p=1.0),
+        v2.RandomVerticalFlip(p=1.0), v2.Normalize([0.5] * 3, [0.2] * 3), v2.ToPureTensor()],
+    "v1 a flip after a blur, of a float tensor": lambda: [
+        T.Resize((224, 224)), T.GaussianBlur(5, sigma=(1.5, 1.5)), T.ToTensor(), T.RandomHorizontalFlip(p=1.0)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MOVES))
+def test_geometry_that_moves_a_float_tensors_pixels_is_torchvisions_bit_for_bit(folder, name):
+    """CenterCrop, Pad and the flips of a float tensor (before or after a Normalize; the padding's
+    zeros before one) are served as the same moves of the uint8 image before the tensor steps:
+    every value torchvision's transform gives, over every file."""
+    ds = ImageFolder(str(folder), T.Compose(_MOVES[name]()), is_valid_file=_valid)
+    idx = list(range(len(ds)))
+    (images, _), _, _ = serve(ds, idx, 3)
+    for k in idx:
+        want = ds.transform(pil_loader(ds.samples[k][0]))
+        assert images.dtype == want.dtype and torch.equal(images[k], want), ds.samples[k][0]
+
+
+def test_a_random_crop_of_a_float_tensor_is_a_window_of_torchvisions(tmp_path):
+    """RandomCrop with zero padding of a float tensor (ToTensor first): each sample served is a
+    window of torchvision's padded tensor, windows at different offsets among the batches."""
+    (tmp_path / "c").mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "c" / "0.png")
+    ds = ImageFolder(str(tmp_path), T.Compose([T.ToTensor(), T.RandomCrop(16, padding=3)]))
+    lowering, why = lower(ds)
+    assert why == ""
+    padded = F.pad(T.ToTensor()(pil_loader(str(tmp_path / "c" / "0.png"))), [3])
+    nf, offsets = NativeFolder(ds, lowering), set()
+    for seed in range(30):
+        torch.manual_seed(seed)
+        got = Finish(lowering, slots=2, pin=False, forks=False)(nf.__getitems__([0]).collate_into(None))[0][0]
+        at = [(y, x) for y in range(11) for x in range(15) if torch.equal(got, padded[:, y:y + 16, x:x + 16])]
+        assert at, seed
+        offsets.add(at[0])
+    assert len(offsets) > 10
+
+
 def test_a_reflection_the_window_does_not_show_is_the_scripts_own_fetch(tmp_path):
     """A reflect padding whose window shows fewer of the image's columns than it reflects (a
     10x10 image, RandomCrop(8, padding=6): NumPy reflects the 2 it may show, and again): that
     sample is refused, naming the file and why, and its batch is the script's own fetch, which is
     torchvision's padding; a window that shows enough is served."""
     (tmp_path / "c").mkdir()
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 10, 3), dtype=np.uint8)).save(tmp_path / "c" / "0.png")
+    noise = np.random.default_rng(0).integers(0, 256, (10, 10, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "c" / "0.png")
     ds = ImageFolder(str(tmp_path), T.Compose([T.RandomCrop(8, padding=6, padding_mode="reflect"), T.PILToTensor()]))
     lowering, why = lower(ds)
     assert why == ""

@@ -236,7 +236,7 @@ def _fallbacks(tv):
          "RandomCrop's padding after Pad: fastdata pads an image once"),
         ("a CenterCrop that may pad after a reflection", lambda r: (ImageFolder(r, T.Compose([
             T.RandomCrop(32, padding=4, padding_mode="symmetric"), T.CenterCrop(48), T.ToTensor()])), {}),
-         "CenterCrop after RandomCrop's padding (symmetric)"),
+         "CenterCrop on images of sizes not known to fit it after RandomCrop's padding (symmetric)"),
         ("pad_if_needed reflected", lambda r: (ImageFolder(r, T.Compose([
             T.RandomCrop(32, pad_if_needed=True, padding_mode="reflect"), T.ToTensor()])), {}),
          "pad_if_needed and padding_mode 'reflect'"),
@@ -248,8 +248,8 @@ def _fallbacks(tv):
             v2.Resize(32), v2.Pad(2, fill={tv_tensors.Image: 0}), v2.ToImage()])), {}), "fill {"),
         ("a resize after a Pad", lambda r: (ImageFolder(r, T.Compose([T.Pad(4), T.Resize(32), T.ToTensor()])), {}),
          "Resize after Pad: torchvision blends"),
-        ("a Pad of a float tensor", lambda r: (ImageFolder(r, T.Compose([T.Resize((32, 32)), T.ToTensor(),
-                                                                          T.Pad(2)])), {}), "Pad on a float tensor"),
+        ("a Pad of a normalized tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.Resize((32, 32)), T.ToTensor(), T.Normalize(MEAN, STD), T.Pad(2)])), {}), "Pad of a normalized tensor"),
         ("AugMix on a float tensor", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.ToTensor(), T.AugMix()])), {}), "AugMix on a float tensor"),
         ("AugMix with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
