@@ -58,8 +58,8 @@ class RandomCrop(fd.Op):
 
 @dataclass(frozen=True)
 class Pad(fd.Op):
-    """torchvision's Pad with constant zeros: the window reaching `padding` (left, top, right,
-    bottom) past each edge of the image."""
+    """torchvision's Pad: the window reaching `padding` (left, top, right, bottom) past each edge
+    of the image, padded in `mode`."""
 
     padding: tuple[int, int, int, int]
     mode: str = "constant"

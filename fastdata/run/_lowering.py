@@ -247,7 +247,7 @@ def lower_transform(transform: Any) -> Lowering:
     def pads(what: str, mode: str) -> None:  # an op's padding, `what` it is for the reasons
         nonlocal padding, modal
         if domain == "float" and any(step[0] == "normalize" for step in steps):
-            raise Unlowerable(f"{what} of a normalized tensor: fastdata pads with zeros before the tensor steps, "
+            raise Unlowerable(f"{what} after Normalize: fastdata pads with zeros before the tensor steps, "
                               "torchvision after them")
         if modal or (padding and mode != "constant"):
             raise Unlowerable(f"{what} after {modal or padding}: fastdata pads an image once where it pads in a "

@@ -6,9 +6,10 @@ box in the source image's coordinates, one output size and one flip per sample: 
 decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
 output), and Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image
 pads it with zeros, as torchvision's does, and so does a window past its edges: the box then
-lands on a part of the output (`inner`), and the rest is zeros. Vectorised over the batch. An op whose size follows a schedule (`schedule.py`) gives
-the epoch's size; its random draws do not depend on the size, so the crop boxes are those of a
-fixed-size pipeline.
+lands on a part of the output (`inner`), and the rest is zeros (or `pad_around`'s copies of the
+box's pixels). Vectorised over the batch. An op whose size follows a schedule (`schedule.py`)
+gives the epoch's size; its random draws do not depend on the size, so the crop boxes are those
+of a fixed-size pipeline.
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def _fallbacks(tv):
         ("a resize after a Pad", lambda r: (ImageFolder(r, T.Compose([T.Pad(4), T.Resize(32), T.ToTensor()])), {}),
          "Resize after Pad: torchvision blends"),
         ("a Pad of a normalized tensor", lambda r: (ImageFolder(r, T.Compose([
-            T.Resize((32, 32)), T.ToTensor(), T.Normalize(MEAN, STD), T.Pad(2)])), {}), "Pad of a normalized tensor"),
+            T.Resize((32, 32)), T.ToTensor(), T.Normalize(MEAN, STD), T.Pad(2)])), {}), "Pad after Normalize"),
         ("AugMix on a float tensor", lambda r: (ImageFolder(r, T.Compose([
             T.RandomResizedCrop(32), T.ToTensor(), T.AugMix()])), {}), "AugMix on a float tensor"),
         ("AugMix with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
