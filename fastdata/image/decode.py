@@ -312,9 +312,9 @@ class BatchDecoder:
         if not len(padded):
             return self._decode_boxes(target, datas, jpeg, geo, paths, errors, native, filters)
         # A CenterCrop or a padding padded these: each box goes to its place in a zeroed output (then
-        # padded as NumPy pads in `geo.mode`), decoded aside with the others of its size, then put
-        # there. One with no place left (a crop of padding only) is decoded to a pixel, so that a
-        # corrupt file fails as on any other crop.
+        # filled: `pad_around`), decoded aside with the others of its size, then put there. One with
+        # no place left (a crop of padding only) is decoded to a pixel, so that a corrupt file fails
+        # as on any other crop.
         places = geo.placements()
         wh = np.where((places[padded, 2:] > 0).all(axis=1, keepdims=True), places[padded, 2:], 1)
         rest = np.setdiff1d(np.arange(len(datas)), padded)
@@ -332,8 +332,8 @@ class BatchDecoder:
             for j, (k, (x, y, w, h)) in enumerate(zip(ks.tolist(), places[ks].tolist())):
                 target[k].zero_()
                 target[k, y:y + h, x:x + w] = part[j] if w and h else 0
-                if geo.mode != "constant" and k not in failed and not pad_around(target[k].numpy(), (x, y, w, h),
-                                                                                  geo.mode):
+                if geo.fills and k not in failed and not pad_around(target[k].numpy(), (x, y, w, h), geo.mode,
+                                                                    geo.fill):
                     failed.add(k)  # (then torchvision's pad: NumPy's, which may reflect more than once)
                     self.fail(errors, paths[k], f"its crop shows too little of it to pad in mode {geo.mode} from")
         return failed

@@ -1,9 +1,9 @@
 """`fastdata run`'s RandomCrop and Pad (torchvision's v1 and v2 classes) of a folder's images,
 folded into the decoder's one box per sample as a CenterCrop is (`transforms.plan`: an op with a
 `window`), a RandomCrop's at offsets drawn per sample. Padding is the box reaching past the image,
-whose part outside is the zeros a padded sample is decoded into (constant, with a fill of 0), or,
-on the PIL image, those zeros overwritten by the decoded pixels NumPy's pad would copy there
-(`mode` edge, reflect or symmetric: `image.decode`). An image smaller than the crop after the
+whose part outside is the zeros a padded sample is decoded into (constant, with a fill of 0), or
+those zeros overwritten by the fill, or on the PIL image by the decoded pixels NumPy's pad would
+copy there (`mode` edge, reflect or symmetric: `transforms.plan.pad_around`). An image smaller than the crop after the
 padding, on which torchvision raises, is refused (`refuses`), so that its batch is the script's
 own fetch, which raises there.
 """
@@ -29,7 +29,8 @@ class RandomCrop(fd.Op):
     size: tuple[int, int]
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     pad_if_needed: bool = False
-    mode: str = "constant"  # torchvision's padding_mode (constant: with zeros)
+    mode: str = "constant"  # torchvision's padding_mode
+    fill: tuple[int, int, int] = (0, 0, 0)  # a constant padding's
     geometric = True
 
     def _padded(self, W: np.ndarray, H: np.ndarray) -> tuple:
@@ -63,6 +64,7 @@ class Pad(fd.Op):
 
     padding: tuple[int, int, int, int]
     mode: str = "constant"
+    fill: tuple[int, int, int] = (0, 0, 0)
     geometric = True
 
     def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
@@ -101,37 +103,49 @@ def fits(h: int, w: int, fixed: tuple[int, int] | None, short_side: int | None) 
 MODES = ("edge", "reflect", "symmetric")  # the padding modes other than constant that fastdata lowers
 
 
-def _mode(op: Any, tensor: bool) -> str:
-    """`op`'s padding mode: constant with zeros, or on a PIL image one of `MODES`; ValueError,
-    saying why, for any other."""
+def _fill(fill: Any, domain: str) -> tuple[int, int, int] | None:
+    """A constant padding's fill as a channel's uint8 values: ints from 0 to 255 (a list of 1 or 3
+    on the PIL image only: torchvision's v1 refuses one for a tensor), 0 only on a float tensor
+    (whose values are the uint8 image's after the tensor steps); None for any other."""
+    values = list(fill) if type(fill) in (list, tuple) and domain == "pil" else [fill]
+    if len(values) not in (1, 3) or not all(type(v) is int or (type(v) is float and v.is_integer()) for v in values):
+        return None
+    rgb = tuple(int(v) for v in values) * (3 // len(values))
+    return rgb if all(0 <= v <= 255 for v in rgb) and not (domain == "float" and any(rgb)) else None  # type: ignore
+
+
+def _mode(op: Any, domain: str) -> tuple[str, tuple[int, int, int]]:
+    """`op`'s padding mode and fill on images of `domain`: constant with a fill `_fill` takes, or
+    on the PIL image one of `MODES`; ValueError, saying why, for any other."""
     fill, mode, kind = op.fill, op.padding_mode, type(op).__name__
-    zeros = (type(fill) in (int, float) and fill == 0) or (type(fill) in (list, tuple) and all(v == 0 for v in fill))
-    if (mode == "constant" and zeros) or (mode in MODES and not tensor):
-        return mode
-    raise ValueError(f"{kind} with padding_mode {mode!r} and fill {fill!r}{' on a tensor' if tensor else ''}: "
-                     f"fastdata lowers a folder's {kind} padded with zeros (constant, fill 0), or on the PIL image "
-                     "edge, reflect or symmetric")
+    rgb = _fill(fill, domain) if mode == "constant" else (0, 0, 0)
+    if rgb is not None and (mode == "constant" or (mode in MODES and domain == "pil")):
+        return mode, rgb
+    where = {"pil": "", "uint8": " on a tensor", "float": " on a float tensor"}[domain]
+    raise ValueError(f"{kind} with padding_mode {mode!r} and fill {fill!r}{where}: fastdata lowers a folder's {kind} "
+                     "constant with a fill of ints from 0 to 255 (one; on the PIL image 3 too; on a float tensor 0), "
+                     "or on the PIL image edge, reflect or symmetric")
 
 
-def pad(op: Any, tensor: bool) -> Pad | None:
-    """Pad's lowering (of a uint8 tensor image with `tensor`); None where it pads nothing;
-    ValueError, saying why, where there is none."""
-    mode = _mode(op, tensor)
+def pad(op: Any, domain: str) -> Pad | None:
+    """Pad's lowering on images of `domain`; None where it pads nothing; ValueError, saying why,
+    where there is none."""
+    mode, fill = _mode(op, domain)
     padding = padding_of(op)
-    return Pad(padding, mode) if any(padding) else None
+    return Pad(padding, mode, fill) if any(padding) else None
 
 
-def random_crop(op: Any, fixed: tuple[int, int] | None, tensor: bool) -> RandomCrop | None:
-    """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far (of a uint8
-    tensor image with `tensor`); None where it is the image's own size and pads nothing
-    (torchvision then draws nothing and crops nothing); ValueError, saying why, where there is
-    none: padding `_mode` refuses, pad_if_needed in a mode other than constant (v1 pads twice)."""
+def random_crop(op: Any, fixed: tuple[int, int] | None, domain: str) -> RandomCrop | None:
+    """RandomCrop's lowering for images of (h, w) `fixed` (None: not known) so far, of `domain`;
+    None where it is the image's own size and pads nothing (torchvision then draws nothing and
+    crops nothing); ValueError, saying why, where there is none: padding `_mode` refuses,
+    pad_if_needed in a mode other than constant (v1 pads twice)."""
     h, w = int(op.size[0]), int(op.size[1])  # (torchvision holds it as (h, w), an int given or not)
-    mode = _mode(op, tensor) if op.padding or op.pad_if_needed else "constant"
+    mode, fill = _mode(op, domain) if op.padding or op.pad_if_needed else ("constant", (0, 0, 0))
     if op.pad_if_needed and mode != "constant":
         raise ValueError(f"{type(op).__name__} with pad_if_needed and padding_mode {mode!r}: fastdata lowers "
-                         "pad_if_needed with zeros")
+                         "pad_if_needed constant")
     padding = padding_of(op)
     if fixed == (h, w) and not any(padding):
         return None
-    return RandomCrop((h, w), padding, bool(op.pad_if_needed), mode if any(padding) else "constant")
+    return RandomCrop((h, w), padding, bool(op.pad_if_needed), mode, fill)

@@ -244,16 +244,17 @@ def lower_transform(transform: Any) -> Lowering:
         if domain == "float" and not isinstance(op, moves):
             raise Unlowerable(f"{type(op).__name__} on a float tensor: fastdata resizes uint8 images")
 
-    def pads(what: str, mode: str) -> None:  # an op's padding, `what` it is for the reasons
+    def pads(what: str, op: Any = None) -> None:  # `what` pads: an op with a mode and fill (a CenterCrop: None)
         nonlocal padding, modal
+        how = "" if op is None or (op.mode == "constant" and not any(op.fill)) else \
+            op.mode if op.mode != "constant" else f"fill {op.fill}"  # (other than with zeros)
         if domain == "float" and any(step[0] == "normalize" for step in steps):
             raise Unlowerable(f"{what} after Normalize: fastdata pads with zeros before the tensor steps, "
                               "torchvision after them")
-        if modal or (padding and mode != "constant"):
-            raise Unlowerable(f"{what} after {modal or padding}: fastdata pads an image once where it pads in a "
-                              "mode other than constant")
-        padding = padding or what
-        modal = f"{what} ({mode})" if mode != "constant" else None
+        if modal or (padding and how):
+            raise Unlowerable(f"{what} after {modal or padding}: fastdata pads an image once where it pads other "
+                              "than with zeros")
+        padding, modal = padding or what, f"{what} ({how})" if how else None
 
     try:
         for op in ops:
@@ -290,23 +291,23 @@ def lower_transform(transform: Any) -> Lowering:
                 h, w = _size(op.size, pair=True)
                 # torchvision pads an image smaller than the crop with zeros, as fastdata's decoders do
                 if not fits(h, w, fixed, short_side):
-                    pads(f"{kind} on images of sizes not known to fit it", "constant")
+                    pads(f"{kind} on images of sizes not known to fit it")
                 geometry.append(fd.CenterCrop((h, w)))
                 fixed, short_side = (h, w), None
             elif cls in (T.RandomCrop, v2.RandomCrop):  # (a ValueError from random_crop says why not)
                 check_geometry(op)
-                crop = random_crop(op, fixed, domain != "pil")
+                crop = random_crop(op, fixed, domain)
                 geometry += [crop] if crop is not None else []
                 if crop is not None and (any(crop.padding) or crop.pad_if_needed and not fits(*crop.size, fixed,
                                                                                                  short_side)):
                     pads(f"{kind}'s padding" if any(crop.padding) else f"{kind} on images of sizes not known to fit "
-                         "it", crop.mode)  # (its window may reach past the image)
+                         "it", crop)  # (its window may reach past the image)
                 fixed, short_side = (fixed, short_side) if crop is None else (crop.size, None)
             elif cls in (T.Pad, v2.Pad):
                 check_geometry(op)
-                padded = pad(op, domain != "pil")  # (a ValueError says why not)
+                padded = pad(op, domain)  # (a ValueError says why not)
                 if padded is not None:
-                    pads(kind, padded.mode)
+                    pads(kind, padded)
                     geometry.append(padded)
                     left, top, right, bottom = padded.padding
                     fixed = None if fixed is None else (fixed[0] + top + bottom, fixed[1] + left + right)

@@ -40,9 +40,15 @@ class Geometry:
     source: np.ndarray  # int64 [N, 2]: the image's (w, h)
     # bool [N]: the samples the transform raises on (an op's `refuses`: a RandomCrop larger than the image)
     refused: np.ndarray
-    # what fills the output around the box: zeros ("constant"), or NumPy's pad of the box's pixels
-    # in that mode ("edge", "reflect", "symmetric": a window's padding, `fastdata.run._crop`)
+    # what fills the output around the box (a window's padding, `fastdata.run._crop`): `fill`
+    # ("constant"), or NumPy's pad of the box's pixels in that mode ("edge", "reflect", "symmetric")
     mode: str = "constant"
+    fill: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def fills(self) -> bool:
+        """Whether the output around the box is other than zeros (`pad_around` fills it)."""
+        return self.mode != "constant" or any(self.fill)
 
     def placements(self) -> np.ndarray:
         """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
@@ -78,7 +84,7 @@ class Geometry:
     def take(self, rows) -> "Geometry":
         """The geometry of the samples `rows` (indices), in their order."""
         return Geometry(self.boxes[rows], self.flips[rows], self.sizes[rows], self.inner[rows], self.resized[rows],
-                        self.source[rows], self.refused[rows], self.mode)
+                        self.source[rows], self.refused[rows], self.mode, self.fill)
 
     def padded(self) -> np.ndarray:
         """bool [N]: the samples whose box does not fill their output."""
@@ -212,17 +218,22 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
     at = resized[:, 0] >= 0  # (the box's mapping is exact but for rounding: its corner is whole pixels)
     resized[at, 2] = np.rint(box[at, 0] * (resized[at, 0] / source[at, 0]))
     resized[at, 3] = np.rint(box[at, 1] * (resized[at, 1] / source[at, 1]))
-    mode = next((op.mode for op in ops if getattr(op, "mode", "constant") != "constant"), "constant")
+    pads = [op for op in ops if getattr(op, "mode", "constant") != "constant" or any(getattr(op, "fill", ()))]
     return Geometry(box, flip, np.stack([W, H], axis=1), inner, resized, source[:, :2].astype(np.int64), refused,
-                    mode)
+                    *((pads[0].mode, pads[0].fill) if pads else ()))
 
 
-def pad_around(image: np.ndarray, place: tuple[int, int, int, int], mode: str) -> bool:
-    """Fills an HWC `image` around the box placed at (x, y, w, h) as NumPy's pad in `mode` (edge,
-    reflect, symmetric: the pixels torchvision's pad of a PIL image puts there) fills it; False,
-    filling nothing, where a pixel it would copy is not in the box (a window showing a sliver of
-    its image, which NumPy reflects more than once)."""
+def pad_around(image: np.ndarray, place: tuple[int, int, int, int], mode: str, fill: tuple = (0, 0, 0)) -> bool:
+    """Fills an HWC `image` around the box placed at (x, y, w, h) with `fill` (mode "constant"),
+    or as NumPy's pad in `mode` (edge, reflect, symmetric: the pixels torchvision's pad of a PIL
+    image puts there) fills it; False, filling nothing, where a pixel it would copy is not in the
+    box (a window showing a sliver of its image, which NumPy reflects more than once)."""
     x, y, w, h = place
+    if mode == "constant":
+        box = image[y:y + h, x:x + w].copy()
+        image[:] = np.asarray(fill, image.dtype)
+        image[y:y + h, x:x + w] = box
+        return True
     rows, cols = _pad_source(image.shape[0], y, h, mode), _pad_source(image.shape[1], x, w, mode)
     if rows is None or cols is None:
         return False

@@ -217,6 +217,11 @@ _PADDED_CROPS = {  # the geometry before the flip; (left, top, right, bottom) of
         lambda: [T.RandomCrop(224, padding=(40, 60), padding_mode="edge")], (40, 60, 40, 60)),
     "v2 Pad 30 reflected first": (
         lambda: [v2.Pad(30, padding_mode="reflect"), v2.RandomCrop(224)], (0, 0, 0, 0), (30, 30, 30, 30)),
+    # a constant fill other than 0
+    "v1 padding 16 filled (124, 116, 104)": (
+        lambda: [T.Resize(256), T.RandomCrop(224, padding=16, fill=(124, 116, 104))], (16, 16, 16, 16)),
+    "v2 pad_if_needed filled 255.0 after Resize(200)": (
+        lambda: [v2.Resize(200), v2.RandomCrop(224, pad_if_needed=True, fill=255.0)], (0, 0, 0, 0), (12, 12, 12, 12)),
 }
 
 
@@ -229,6 +234,7 @@ def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
     reaches past the image."""
     ops, (left, top, right, bottom), *around = _PADDED_CROPS[name]
     mode = next((op.padding_mode for op in ops() if getattr(op, "padding_mode", "constant") != "constant"), "constant")
+    fill = next((op.fill for op in ops() if getattr(op, "fill", 0) not in (0, (0, 0, 0))), 0)
     around = around[0] if around else (left, top, right, bottom)  # (the padding about the image the crop sees)
     ds = ImageFolder(str(folder), T.Compose([*ops(), T.RandomHorizontalFlip(), T.PILToTensor()]), is_valid_file=_valid)
     idx = list(range(len(ds)))
@@ -243,11 +249,11 @@ def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
         for op in ops()[:stream]:
             img = op(img)
         op = ops()[stream]
-        img = F.pad(img, [left, top, right, bottom], fill=0, padding_mode=mode)
+        img = F.pad(img, [left, top, right, bottom], fill=fill, padding_mode=mode)
         if op.pad_if_needed and img.size[0] < op.size[1]:
-            img = F.pad(img, [op.size[1] - img.size[0], 0])
+            img = F.pad(img, [op.size[1] - img.size[0], 0], fill=fill)
         if op.pad_if_needed and img.size[1] < op.size[0]:
-            img = F.pad(img, [0, op.size[0] - img.size[1]])
+            img = F.pad(img, [0, op.size[0] - img.size[1]], fill=fill)
         y, x = (int(np.floor(crop[k, j] * (side - op.size[j] + 1))) for j, side in enumerate(img.size[::-1]))
         (h, w), (l, t, r, b), (W, H) = op.size, around, img.size
         reached = x < l or y < t or x + w > W - r or y + h > H - b  # (the window past the image, into its padding)
@@ -256,7 +262,7 @@ def test_a_padded_random_crop_is_torchvisions_steps_bit_for_bit(folder, name):
             img = rest(img)
         want = F.pil_to_tensor(F.hflip(img) if flip[k, 0] < 0.5 else img)
         assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
-        padded += bool((want == 0).all(0).any()) if mode == "constant" else reached
+        padded += bool((want == 0).all(0).any()) if mode == "constant" and not fill else reached
     assert padded  # (some windows reached into the padding)
 
 
@@ -269,14 +275,16 @@ _PADS = {  # torchvision's transforms, each giving 224 x 224 images
     # (Pad(0) pads nothing; the contrast's mean is over the padding too, which it lifts off zero)
     "v1 Pad 12, a ColorJitter of the padded image": lambda: [T.Resize((200, 200)), T.Pad(0), T.Pad(12),
                                                              T.ColorJitter(contrast=(0.5, 0.5)), T.PILToTensor()],
+    "v1 Pad 8 filled (10, 200, 90)": lambda: [T.Resize((208, 208)), T.Pad(8, fill=[10, 200, 90]), T.PILToTensor()],
+    "v2 Pad 2 filled 77 of a tensor image": lambda: [v2.Resize((220, 220)), v2.PILToTensor(), v2.Pad(2, fill=77)],
 }
 
 
 @pytest.mark.parametrize("name", sorted(_PADS))
 def test_a_pad_is_torchvisions_bit_for_bit(folder, name):
-    """Pad (constant zeros), v1 and v2, of a PIL or tensor image, after a resize or a CenterCrop
-    that pads, and before a pixel op: a served batch is torchvision's transform's output, every
-    value, over every file (the zeros around the image included)."""
+    """Pad (constant: zeros or a fill), v1 and v2, of a PIL or tensor image, after a resize or a
+    CenterCrop that pads, and before a pixel op: a served batch is torchvision's transform's
+    output, every value, over every file (the padding around the image included)."""
     ds = ImageFolder(str(folder), T.Compose(_PADS[name]()), is_valid_file=_valid)
     idx = list(range(len(ds)))
     (images, _), _, decoder = serve(ds, idx, 3)
@@ -284,7 +292,7 @@ def test_a_pad_is_torchvisions_bit_for_bit(folder, name):
     for k in idx:
         want = ds.transform(pil_loader(ds.samples[k][0]))
         assert torch.equal(images[k], want), f"{ds.samples[k][0]}: {int((images[k] != want).sum())} values differ"
-        assert (want[:, :2] == 0).all() != ("ColorJitter" in name)
+        assert (want[:, :2] == want[:, :1, :1]).all()  # (rows of padding, one value a channel)
 
 
 def test_a_random_crop_larger_than_an_image_is_the_scripts_own_error(tmp_path):

@@ -240,10 +240,14 @@ def _fallbacks(tv):
         ("pad_if_needed reflected", lambda r: (ImageFolder(r, T.Compose([
             T.RandomCrop(32, pad_if_needed=True, padding_mode="reflect"), T.ToTensor()])), {}),
          "pad_if_needed and padding_mode 'reflect'"),
-        ("RandomCrop padded with a colour", lambda r: (ImageFolder(r, T.Compose([
-            v2.RandomCrop(32, pad_if_needed=True, fill=7), T.ToTensor()])), {}), "fill 7"),
-        ("Pad with a fill", lambda r: (ImageFolder(r, T.Compose([T.Resize(32), T.Pad(2, fill=(9, 9, 9)),
-                                                               T.ToTensor()])), {}), "Pad padded with zeros"),
+        ("RandomCrop padded with a fraction", lambda r: (ImageFolder(r, T.Compose([
+            v2.RandomCrop(32, pad_if_needed=True, fill=7.5), T.ToTensor()])), {}), "fill 7.5"),
+        ("Pad with a fill of a float tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.Resize((32, 32)), T.ToTensor(), T.Pad(2, fill=1)])), {}), "fill 1 on a float tensor"),
+        ("Pad with a fill per channel of a tensor", lambda r: (ImageFolder(r, T.Compose([
+            T.Resize((32, 32)), T.PILToTensor(), T.Pad(2, fill=(9, 9, 9))])), {}), "fill (9, 9, 9) on a tensor"),
+        ("a CenterCrop that may pad after a fill", lambda r: (ImageFolder(r, T.Compose([
+            T.Pad(2, fill=9), T.CenterCrop(48), T.ToTensor()])), {}), "after Pad (fill (9, 9, 9))"),
         ("Pad with a fill per type", lambda r: (ImageFolder(r, v2.Compose([
             v2.Resize(32), v2.Pad(2, fill={tv_tensors.Image: 0}), v2.ToImage()])), {}), "fill {"),
         ("a resize after a Pad", lambda r: (ImageFolder(r, T.Compose([T.Pad(4), T.Resize(32), T.ToTensor()])), {}),
@@ -265,7 +269,7 @@ BATCHABLE = ("a custom image loader", "a Lambda", "an op with no lowering", "a s
              "an unantialiased tensor resize", "a dtype per type", "two dtype conversions",
              "TrivialAugmentWide nearest-exact", "RandAugment with a fill",
              "AugMix with a fill per type", "RandomCrop with reflected padding of a tensor",
-             "RandomCrop padded with a colour")
+             "RandomCrop padded with a fraction")
 
 
 def test_every_fall_back_is_served_by_the_drop_in_and_names_its_reason(tv, folder):
