@@ -311,16 +311,16 @@ class BatchDecoder:
         padded = np.flatnonzero(geo.padded())
         if not len(padded):
             return self._decode_boxes(target, datas, jpeg, geo, paths, errors, native, filters)
-        # A CenterCrop or a padding padded these: each box goes to its place in a zeroed output (then
-        # filled: `pad_around`), decoded aside with the others of its size, then put there. One with
-        # no place left (a crop of padding only) is decoded to a pixel, so that a corrupt file fails
-        # as on any other crop.
+        # A CenterCrop or a padding padded these: each box goes to its place in an output of the
+        # padding's fill (zeros but for a window's fill; copied pixels: `pad_around`), decoded aside
+        # with the others of its size, then put there. One with no place left (a crop of padding
+        # only) is decoded to a pixel, so that a corrupt file fails as on any other crop.
         places = geo.placements()
         wh = np.where((places[padded, 2:] > 0).all(axis=1, keepdims=True), places[padded, 2:], 1)
         rest = np.setdiff1d(np.arange(len(datas)), padded)
         groups = [(rest, None)] if len(rest) else []
         groups += [(padded[(wh == (w, h)).all(axis=1)], (h, w)) for w, h in np.unique(wh, axis=0).tolist()]
-        failed: set[int] = set()
+        failed, fill = set(), torch.tensor(geo.fill, dtype=torch.uint8)
         for ks, hw in groups:
             part = target[ks] if hw is None else torch.empty((len(ks), *hw, 3), dtype=torch.uint8)
             bad = self._decode_boxes(part, [datas[k] for k in ks], jpeg[ks], geo.take(ks), [paths[k] for k in ks],
@@ -330,10 +330,10 @@ class BatchDecoder:
                 target[ks] = part
                 continue
             for j, (k, (x, y, w, h)) in enumerate(zip(ks.tolist(), places[ks].tolist())):
-                target[k].zero_()
+                target[k] = fill
                 target[k, y:y + h, x:x + w] = part[j] if w and h else 0
-                if geo.fills and k not in failed and not pad_around(target[k].numpy(), (x, y, w, h), geo.mode,
-                                                                    geo.fill):
+                if geo.mode != "constant" and k not in failed and not pad_around(target[k].numpy(), (x, y, w, h),
+                                                                                  geo.mode):
                     failed.add(k)  # (then torchvision's pad: NumPy's, which may reflect more than once)
                     self.fail(errors, paths[k], f"its crop shows too little of it to pad in mode {geo.mode} from")
         return failed

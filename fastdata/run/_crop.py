@@ -67,9 +67,14 @@ class Pad(fd.Op):
     fill: tuple[int, int, int] = (0, 0, 0)
     geometric = True
 
-    def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
+    def padded_size(self, h: Any, w: Any) -> tuple:
+        """(h, w) of an image of (h, w) once padded (ints, or arrays of them)."""
         left, top, right, bottom = self.padding
-        return np.full_like(W, -left), np.full_like(H, -top), W + left + right, H + top + bottom
+        return h + top + bottom, w + left + right
+
+    def window(self, u: np.ndarray, W: np.ndarray, H: np.ndarray) -> tuple:
+        PH, PW = self.padded_size(H, W)
+        return np.full_like(W, -self.padding[0]), np.full_like(H, -self.padding[1]), PW, PH
 
     def refuses(self, W: np.ndarray, H: np.ndarray) -> np.ndarray:
         return np.zeros(len(W), dtype=bool)

@@ -223,15 +223,15 @@ def lower_transform(transform: Any) -> Lowering:
     padding: str | None = None  # what may have padded the image (then no resize may follow)
     modal: str | None = None  # what padded it in a mode other than constant (then nothing else may pad)
     to_tensor = (T.ToTensor, getattr(v2, "ToTensor", T.ToTensor))  # v2's (deprecated): the same conversion
-    # the geometry that only moves pixels (padding with zeros at most): on a float tensor, the same
-    # moves of the uint8 image before the tensor steps (each step per value; zeros pad before a Normalize)
+    # the geometry that only moves pixels (and pads): after a padding (no resize blends its edge), and
+    # on a float tensor, the same moves of the uint8 image before the tensor steps (each step per
+    # value; zeros pad before a Normalize)
     moves = (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, T.RandomHorizontalFlip,
              v2.RandomHorizontalFlip)
     pure = getattr(v2, "ToPureTensor", None)  # torchvision 0.16 on
 
     def check_geometry(op: Any) -> None:
-        if padding and not isinstance(op, (T.CenterCrop, v2.CenterCrop, T.RandomCrop, v2.RandomCrop, T.Pad, v2.Pad,
-                                           T.RandomHorizontalFlip, v2.RandomHorizontalFlip)):
+        if padding and not isinstance(op, moves):
             raise Unlowerable(f"{type(op).__name__} after {padding}: torchvision blends the padding's edge into the "
                               "resize")
         # (a horizontal flip after pixel ops that commute with it: the decoder's may come first)
@@ -309,8 +309,7 @@ def lower_transform(transform: Any) -> Lowering:
                 if padded is not None:
                     pads(kind, padded)
                     geometry.append(padded)
-                    left, top, right, bottom = padded.padding
-                    fixed = None if fixed is None else (fixed[0] + top + bottom, fixed[1] + left + right)
+                    fixed = None if fixed is None else padded.padded_size(*fixed)
                     short_side = None
             elif cls in (T.RandomHorizontalFlip, v2.RandomHorizontalFlip):
                 if pixel and not erasing and not all(flip_commutes(one) for one in pixel):

@@ -83,8 +83,7 @@ def image_size(geometry: tuple, dataset: Any) -> tuple[int, int] | None:
             (h, w), short = size, op.size
             size = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)
         elif isinstance(op, Pad) and size is not None:
-            left, top, right, bottom = op.padding
-            size = (size[0] + top + bottom, size[1] + left + right)
+            size = op.padded_size(*size)
     return size
 
 

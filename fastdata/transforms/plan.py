@@ -6,10 +6,10 @@ box in the source image's coordinates, one output size and one flip per sample: 
 decoder then decodes only the box (and at a reduced DCT scale when it is at least twice the
 output), and Pillow does it as one `resize(size, box=...)`. A CenterCrop larger than the image
 pads it with zeros, as torchvision's does, and so does a window past its edges: the box then
-lands on a part of the output (`inner`), and the rest is zeros (or `pad_around`'s copies of the
-box's pixels). Vectorised over the batch. An op whose size follows a schedule (`schedule.py`)
-gives the epoch's size; its random draws do not depend on the size, so the crop boxes are those
-of a fixed-size pipeline.
+lands on a part of the output (`inner`), and the rest is zeros (or a window's fill, or
+`pad_around`'s copies of the box's pixels). Vectorised over the batch. An op whose size follows
+a schedule (`schedule.py`) gives the epoch's size; its random draws do not depend on the size,
+so the crop boxes are those of a fixed-size pipeline.
 """
 
 from __future__ import annotations
@@ -44,11 +44,6 @@ class Geometry:
     # ("constant"), or NumPy's pad of the box's pixels in that mode ("edge", "reflect", "symmetric")
     mode: str = "constant"
     fill: tuple[int, int, int] = (0, 0, 0)
-
-    @property
-    def fills(self) -> bool:
-        """Whether the output around the box is other than zeros (`pad_around` fills it)."""
-        return self.mode != "constant" or any(self.fill)
 
     def placements(self) -> np.ndarray:
         """Where each box lands in its output, in whole pixels: int64 [N, 4] of (x, y, w, h),
@@ -223,17 +218,12 @@ def plan_geometry(ops: Sequence[Op], seed: int, epoch: int, indices: np.ndarray,
                     *((pads[0].mode, pads[0].fill) if pads else ()))
 
 
-def pad_around(image: np.ndarray, place: tuple[int, int, int, int], mode: str, fill: tuple = (0, 0, 0)) -> bool:
-    """Fills an HWC `image` around the box placed at (x, y, w, h) with `fill` (mode "constant"),
-    or as NumPy's pad in `mode` (edge, reflect, symmetric: the pixels torchvision's pad of a PIL
-    image puts there) fills it; False, filling nothing, where a pixel it would copy is not in the
-    box (a window showing a sliver of its image, which NumPy reflects more than once)."""
+def pad_around(image: np.ndarray, place: tuple[int, int, int, int], mode: str) -> bool:
+    """Fills an HWC `image` around the box placed at (x, y, w, h) as NumPy's pad in `mode` (edge,
+    reflect, symmetric: the pixels torchvision's pad of a PIL image puts there) fills it; False,
+    filling nothing, where a pixel it would copy is not in the box (a window showing a sliver of
+    its image, which NumPy reflects more than once)."""
     x, y, w, h = place
-    if mode == "constant":
-        box = image[y:y + h, x:x + w].copy()
-        image[:] = np.asarray(fill, image.dtype)
-        image[y:y + h, x:x + w] = box
-        return True
     rows, cols = _pad_source(image.shape[0], y, h, mode), _pad_source(image.shape[1], x, w, mode)
     if rows is None or cols is None:
         return False
