@@ -3,7 +3,9 @@ shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, N
 `DataLoader(shuffle=True, batch_size=256, num_workers=..., pin_memory=True)`, a fresh iterator
 (fresh workers) each epoch. `run_torchvision.py` times it plain and under `fastdata run`.
 
-With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`.
+With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`; with
+`--join` on two folders joined (`train + extra`, a ConcatDataset: here the folder's even and odd
+files, each an ImageFolder of its own).
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -38,7 +40,7 @@ With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, chan
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
-    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--mixup]
+    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
                                                            timm_deit}]
@@ -64,6 +66,7 @@ ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
+ap.add_argument("--join", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -290,6 +293,12 @@ if args.recipe in ("timm_train", "timm_deit"):  # timm's train.py: create_datase
     train_sampler = None
 else:
     train_dataset = torchvision.datasets.ImageFolder(args.data, transform)
+    if args.join:
+        def odd(path):  # every other file of each class (the set puts file i in class i % 10)
+            return int(Path(path).stem) // 10 % 2 == 1
+
+        train_dataset = torchvision.datasets.ImageFolder(args.data, transform, is_valid_file=lambda p: not odd(p)) \
+            + torchvision.datasets.ImageFolder(args.data, transform, is_valid_file=odd)
     if args.split:
         train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
                                                          generator=torch.Generator().manual_seed(42))

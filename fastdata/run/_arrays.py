@@ -247,7 +247,7 @@ class NativeArrays(NativeFolder):
 
     def _native(self, indices: list[int], lowering: Lowering) -> Any:
         self._use(lowering)
-        ds, picked = self._picked(indices)
+        (ds,), _, picked = self._picked(indices)
         try:
             rows, targets = _rows(ds, picked)
         except Exception as e:  # (its own fetch raises the script's error, where it raises)

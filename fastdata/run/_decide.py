@@ -34,7 +34,7 @@ import torch.utils.data.dataloader
 from torch.utils.data import IterableDataset
 
 from ._arrays import lower_any
-from ._folders import folder
+from ._folders import leaves, target_transformed
 from ._lowering import Lowering, samples_refused
 from ._mixup import mixing_of
 from ._shm import shm_room
@@ -91,7 +91,7 @@ def _collation(call: dict) -> tuple[str, Lowering | None]:
     if refused:
         return f"{collation}; not served natively: {refused}", None
     if lowering is not None:
-        shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], folder(call["dataset"]))))
+        shown = " of ".join(dict.fromkeys(type(d).__name__ for d in (call["dataset"], *leaves(call["dataset"]))))
         how = "run on its arrays" if lowering.in_memory else "decoded"
         return (f"served natively: {shown} with {lowering.names} {how} by fastdata"
                 + (f", natively {_named(mixing)}"
@@ -141,7 +141,7 @@ def auto_workers(call: dict, lowering: Lowering) -> tuple[bool, str]:
     given = [k for k in _WORKER_KEYWORDS if call.get(k) not in (None, False)]
     if given:
         return False, f"{given[0]} is set, which means something else with workers"
-    if getattr(folder(call.get("dataset")), "target_transform", None) is not None:
+    if target_transformed(call.get("dataset")):
         return False, "a target_transform of the script's, which may keep state (in workers, it would keep it there)"
     method = own_start_method()
     if method != "fork":

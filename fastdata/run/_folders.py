@@ -2,14 +2,16 @@
 
 A `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with torchvision's own image loader, or
 timm's `ImageDataset` on its folder reader (`_timm.image_dataset`), or torch's `Subset` of either
-(what `random_split` gives: `folder`): a list of (path, class) pairs (`listed`), each file opened
-by Pillow and converted to RGB, then the transform, which `_lowering` lowers. Any other dataset is
-not an image folder here; one of those that reads its files otherwise gives the reason, and the
-loader falls back to the plain drop-in.
+(what `random_split` gives: `folder`), or a `ConcatDataset` joining such folders (what `a + b`
+gives: `leaves`), each with a transform that lowers the same: a list of (path, class) pairs
+(`listed`), each file opened by Pillow and converted to RGB, then the transform, which `_lowering`
+lowers. Any other dataset is not an image folder here; one of those that reads its files
+otherwise gives the reason, and the loader falls back to the plain drop-in.
 """
 
 from __future__ import annotations
 
+import bisect
 import sys
 from typing import Any
 
@@ -28,6 +30,47 @@ def folder(dataset: Any) -> Any:
     return dataset
 
 
+def leaves(dataset: Any) -> list:
+    """The datasets that torch's `Subset`s and `ConcatDataset`s (of those exact classes) of
+    `dataset` pick their samples from, each once, in order: `[folder(dataset)]` but for a join."""
+    found: list = []
+    joins = [dataset]
+    while joins:
+        ds = folder(joins.pop())
+        if type(ds) is torch.utils.data.ConcatDataset:
+            joins += reversed(ds.datasets)
+        elif all(ds is not seen for seen in found):
+            found.append(ds)
+    return found
+
+
+def locate(dataset: Any, indices: list) -> list[tuple[Any, int]]:
+    """(the dataset of `leaves`, the index there) of each of `indices` into `dataset`, read as
+    torch's Subset and ConcatDataset read them; an index they would refuse raises IndexError."""
+    located = []
+    for i in indices:
+        ds = dataset
+        while True:
+            if type(ds) is torch.utils.data.Subset:
+                ds, i = ds.dataset, ds.indices[i]
+            elif type(ds) is torch.utils.data.ConcatDataset:
+                n = len(ds)
+                if not -n <= i < n:
+                    raise IndexError(i)
+                i = i + n if i < 0 else i
+                k = bisect.bisect_right(ds.cumulative_sizes, i)
+                ds, i = ds.datasets[k], i - (ds.cumulative_sizes[k - 1] if k else 0)
+            else:
+                break
+        located.append((ds, i))
+    return located
+
+
+def target_transformed(dataset: Any) -> bool:
+    """Whether a dataset of `leaves(dataset)` has a target_transform (the script's code)."""
+    return any(getattr(ds, "target_transform", None) is not None for ds in leaves(dataset))
+
+
 def listed(dataset: Any) -> Any:
     """An image folder's list of (path, class) pairs: a torchvision folder's `samples`, timm's
     ImageDataset's reader's (None where there is none)."""
@@ -36,27 +79,38 @@ def listed(dataset: Any) -> Any:
 
 
 def lower(dataset: Any) -> tuple[Lowering | None, str]:
-    """(the lowering, "") when `dataset` (or the `folder` under its Subsets) is served natively;
-    (None, why not) otherwise, and (None, "") for a dataset that is not an image folder at all."""
+    """(the lowering, "") when `dataset` (or the `folder` under its Subsets, or each of the
+    `leaves` a join of them picks from) is served natively; (None, why not) otherwise, and
+    (None, "") for a dataset that is not an image folder at all."""
     tv = sys.modules.get("torchvision")  # a script that made a torchvision (or timm) dataset imported it
     if tv is None:
         return None, ""
-    dataset = folder(dataset)
-    why = image_dataset(dataset)
-    if why is None:
-        why = _torchvisions(dataset, tv)
-        if why is None:
-            return None, ""
+    found = leaves(dataset)
+    whys = [image_dataset(ds) for ds in found]
+    whys = [_torchvisions(ds, tv) if why is None else why for ds, why in zip(found, whys)]
+    if all(why is None for why in whys):
+        return None, ""
+    if None in whys:
+        other = found[whys.index(None)]
+        return None, f"{type(folder(dataset)).__name__} joins a {type(other).__name__}, which is not an image folder"
+    why = next((why for why in whys if why), "")
     if why:
         return None, why
     image_file = sys.modules.get("PIL.ImageFile")  # imported by the loader's module
     if image_file is not None and getattr(image_file, "LOAD_TRUNCATED_IMAGES", False):
         return None, ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: Pillow loads a truncated file, which fastdata's "
                       "decoder refuses")
+    lowerings: list = []
     try:
-        return lower_views(dataset.transform, lower_transform), ""
+        for ds in found:  # (each transform once: the datasets of a join mostly share one)
+            if all(ds.transform is not seen for seen, _ in lowerings):
+                lowerings.append((ds.transform, lower_views(ds.transform, lower_transform)))
     except Unlowerable as e:
         return None, str(e)
+    if any(lowering != lowerings[0][1] for _, lowering in lowerings):
+        return None, (f"{type(folder(dataset)).__name__} joins image folders whose transforms differ: fastdata lowers "
+                      "one transform a loader")
+    return lowerings[0][1], ""
 
 
 def _torchvisions(dataset: Any, tv: Any) -> str | None:

@@ -38,7 +38,7 @@ from ._copy import CopyAhead, install as install_copy
 from ._profile import TimedPass, Timing
 from ._decide import SIGNATURE, decide
 from ._arrays import NativeArrays, lower_any
-from ._folders import folder
+from ._folders import target_transformed
 from ._layout import Finish
 from ._mixup import MixCollate, mixing_of
 from ._timm import is_timm_collate
@@ -221,7 +221,7 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
             return f"they would start by {method}, which runs the script's main module again"
         if lower_any(self.dataset)[0] is None:
             return "its dataset's transform is no longer one fastdata serves (its draws and state would move to them)"
-        if getattr(folder(self.dataset), "target_transform", None) is not None:
+        if target_transformed(self.dataset):
             return "its dataset has a target_transform now, the script's code (its state would move to them)"
         if self.collate_fn is not native_collate:
             return "it has a collate_fn of the script's now (its state and draws would move to them)"

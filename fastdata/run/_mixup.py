@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .._collate import Prepared, RingCollate
-from ._folders import folder
+from ._folders import target_transformed
 from ._layout import FolderBatch, Layout, lay_out
 from ._lowering import Lowering, steps_dtype
 from ._timm_collate import timm_collate_of
@@ -130,7 +130,7 @@ def mixing_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) -> Any:
         return timms
     if lowering is None or lowering.views or not steps_dtype(lowering.steps).is_floating_point:
         return None
-    if getattr(folder(dataset), "target_transform", None) is not None:
+    if target_transformed(dataset):
         return None
     mixing = _applied(collate_fn)
     return mixing if mixing is not None and _mixes(mixing) else None

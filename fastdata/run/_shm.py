@@ -24,7 +24,7 @@ import torch
 from .._loader import resolve_workers
 from ..transforms import ops as fd
 from ._crop import Pad, RandomCrop
-from ._folders import folder, listed
+from ._folders import leaves, listed
 
 _SLOTS = 2 + 2  # a ring's slots: prefetch_factor + 2, at DataLoader's 2 (auto_workers: the script set none)
 _held: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # dataset -> its workers' bytes
@@ -77,7 +77,7 @@ def image_size(geometry: tuple, dataset: Any) -> tuple[int, int] | None:
     fails). None where that file's size cannot be read."""
     fixed = [k for k, op in enumerate(geometry) if isinstance(op, (fd.RandomResizedCrop, fd.CenterCrop, fd.Resize,
                                                                     RandomCrop)) and not isinstance(op.size, int)]
-    size = tuple(geometry[fixed[-1]].size) if fixed else _first_size(folder(dataset))
+    size = tuple(geometry[fixed[-1]].size) if fixed else _first_size(leaves(dataset)[0])
     for op in geometry[fixed[-1] + 1 if fixed else 0:]:
         if isinstance(op, fd.Resize) and size is not None:  # the shorter side to op.size, as torchvision's
             (h, w), short = size, op.size

@@ -35,7 +35,7 @@ import torch
 
 from .._collate import Prepared, RingCollate, default_threads
 from .._ext import native as _ext
-from ._folders import folder
+from ._folders import target_transformed
 from ._layout import FolderBatch
 from ._lowering import Lowering
 from ._timm import is_fast_mixup, is_timm_collate
@@ -50,7 +50,7 @@ def timm_collate_of(collate_fn: Any, lowering: Lowering | None, dataset: Any) ->
     targets; else None."""
     if lowering is None or lowering.views or lowering.steps or lowering.erasing or lowering.tv_image:
         return None
-    if not is_timm_collate(collate_fn) or getattr(folder(dataset), "target_transform", None) is not None:
+    if not is_timm_collate(collate_fn) or target_transformed(dataset):
         return None
     return collate_fn
 

@@ -53,7 +53,7 @@ from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
-from ._folders import folder, listed, lower
+from ._folders import leaves, listed, locate, lower
 from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
 
@@ -131,13 +131,13 @@ class NativeFolder(Dataset):
         # The loader's collate_fn's rings (`_hook`), where it is fastdata's: a batch's images are
         # decoded straight into the slot the collation then hands on (`_images`)
         self.rings: Any = None
-        # The dataset's samples as workers read them (`list_for_workers`): the list, its paths and targets
-        self._listing: tuple[list, Names, array.array] | None = None
-        self._kept: list | None = None  # the samples' items the listing was made of
-        self._checked = False  # (a worker) its samples compared with `_kept`, once its worker_init_fn ran
+        # Each folder's samples (one a folder of `leaves(dataset)`) as workers read them
+        # (`list_for_workers`): the list, its paths and targets, the items it was made of
+        self._listings: list[tuple[list, Names, array.array, list] | None] = []
+        self._checked: list[bool] = []  # (a worker) a folder's samples compared with its items, once
 
     def _decoder(self, dataset: Any) -> Any:  # (made before any worker forks: its record of whole files is shared)
-        decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=len(folder(dataset)))
+        decoder = FolderDecoder(None, 0, Raise(), slots=1, pin=False, ids=sum(map(len, leaves(dataset))))
         decoder.crop_first = True
         # torchvision's resize is the installed Pillow's: Pillow-SIMD rounds its weights to 16 bits
         decoder.weights = "pillow-simd" if pillow_info()["simd"] else "pillow"
@@ -163,55 +163,50 @@ class NativeFolder(Dataset):
         return {**self.__dict__, "_scratch": []}
 
     def list_for_workers(self) -> None:
-        """Called in the main process before workers start: the folder's list (`listed`: (str, int)
-        pairs, as DatasetFolder and timm's folder reader make it) listed again as `Names` and an
-        int64 array, which workers read the batches' paths and targets from. A worker that read them from
-        the list would write the reference counts of its tuples, strings and ints, and so copy
-        the pages they lie on: over an epoch, the whole list, into every worker (137 MB a worker
-        at ImageNet's 1.28M samples: benchmarks/listing_memory.py). The listing is made again
-        when the list is another or holds other items (compared by identity, so that an item
-        replaced by an equal one of another type counts). A worker checks once, at its first
-        batch (after its worker_init_fn), that its list is that list and holds those very
-        items (list equality, which passes identical items without touching them), and uses the
-        listing only then, and while the list keeps its length."""
-        samples = listed(folder(self.dataset))
-        if type(samples) is not list:
-            self._listing = self._kept = None
-            return
-        kept = self._kept
-        if self._listing is not None and self._listing[0] is samples and kept is not None and \
-                len(kept) == len(samples) and all(map(operator.is_, kept, samples)):
-            return
-        self._listing = self._kept = None
-        if not all(type(s) is tuple and len(s) == 2 and type(s[0]) is str and type(s[1]) is int for s in samples):
-            return
+        """Called in the main process before workers start: each folder's list (`listed`: (str,
+        int) pairs, as DatasetFolder and timm's folder reader make it) listed again as `Names`
+        and an int64 array, which workers read the batches' paths and targets from. A worker that
+        read them from the list would write the reference counts of its tuples, strings and ints,
+        and so copy the pages they lie on: over an epoch, the whole list, into every worker (137
+        MB a worker at ImageNet's 1.28M samples: benchmarks/listing_memory.py). A listing is made
+        again when the list is another or holds other items (compared by identity, so that an
+        item replaced by an equal one of another type counts). A worker checks once, at its
+        first batch from a folder (after its worker_init_fn), that the folder's list is that list
+        and holds those very items (list equality, which passes identical items without
+        touching them), and uses the listing only then, and while the list keeps its length."""
+        had = self._listings
+        self._listings = [_listing(listed(ds), had[k] if k < len(had) else None)
+                          for k, ds in enumerate(leaves(self.dataset))]
+        self._checked = [False] * len(self._listings)
+
+    def _picked(self, indices: list[int]) -> tuple[list, list[int], list[int]]:
+        """(the folders `leaves` finds under the dataset's Subsets and ConcatDatasets, the folder
+        of each of `indices` as its number there, the index into that folder), each Subset's
+        `indices` and each join's sizes read as their `__getitems__` read them (an index they
+        refuse: FolderError, and the batch is the script's own fetch, which raises their error)."""
+        found = leaves(self.dataset)
         try:
-            targets = array.array("q", [target for _, target in samples])
-        except OverflowError:  # a target past int64: read from the list
-            return
-        self._listing, self._kept = (samples, Names([path for path, _ in samples]), targets), list(samples)
+            located = locate(self.dataset, indices)
+        except (IndexError, TypeError, ValueError) as e:
+            raise FolderError(f"an index the dataset refuses ({type(e).__name__})") from None
+        if len(found) == 1:
+            return found, [0] * len(located), [i for _, i in located]
+        number = {id(ds): k for k, ds in enumerate(found)}
+        return found, [number[id(ds)] for ds, _ in located], [i for _, i in located]
 
-    def _picked(self, indices: list[int]) -> tuple[Any, list]:
-        """The image folder under the dataset's Subsets, and `indices` as its own: each Subset's
-        `indices` read as its `__getitems__` reads them (its errors: an index out of range)."""
-        ds = self.dataset
-        while type(ds) is torch.utils.data.Subset:
-            indices = [ds.indices[i] for i in indices]
-            ds = ds.dataset
-        return ds, indices
-
-    def _samples(self, ds: Any, indices: list) -> tuple[list[str], list]:
-        """The paths and targets of the folder `ds`'s `indices`: from the listing in a worker
-        (`list_for_workers`), else from its list (`listed`), whose errors (an index out of range) are
-        the script's."""
+    def _samples(self, k: int, ds: Any, indices: list) -> tuple[list[str], list]:
+        """The paths and targets of the folder `ds`'s `indices` (`ds` the dataset's `k`th folder):
+        from its listing in a worker (`list_for_workers`), else from its list (`listed`), whose
+        errors (an index out of range) are the script's."""
         now = listed(ds)
-        if self._listing is not None and torch.utils.data.get_worker_info() is not None:
-            samples, paths, targets = self._listing
-            if not self._checked:  # (a worker_init_fn may have changed the list in place)
-                self._checked = True
-                if not (now is samples and self._kept == samples):
-                    self._listing = None
-            if self._listing is not None and now is samples and len(samples) == len(paths):
+        listing = self._listings[k] if k < len(self._listings) else None
+        if listing is not None and torch.utils.data.get_worker_info() is not None:
+            samples, paths, targets, kept = listing
+            if not self._checked[k]:  # (a worker_init_fn may have changed the list in place)
+                self._checked[k] = True
+                if not (now is samples and kept == samples):
+                    self._listings[k] = listing = None
+            if listing is not None and now is samples and len(samples) == len(paths):
                 try:
                     return [paths[i] for i in indices], [targets[i] for i in indices]
                 except (IndexError, TypeError):
@@ -244,17 +239,29 @@ class NativeFolder(Dataset):
         return [ds[i] for i in indices]
 
     def _native(self, indices: list[int], lowering: Lowering) -> Any:
-        ds, indices = self._picked(indices)
-        paths, targets = self._samples(ds, indices)
-        index = np.asarray(indices, dtype=np.int64)  # (the record of files that decoded whole: the folder's ids)
+        found, numbers, indices = self._picked(indices)
+        if len(found) == 1:
+            paths, targets = self._samples(0, found[0], indices)
+            index = np.asarray(indices, dtype=np.int64)  # (the record of files that decoded whole: the folder's ids)
+        else:  # a join: each folder's samples, back in the batch's order; its ids after the folders before it
+            paths, targets, ids = [""] * len(indices), [None] * len(indices), [0] * len(indices)
+            base = 0
+            for k, ds in enumerate(found):
+                rows = [j for j, number in enumerate(numbers) if number == k]
+                got = self._samples(k, ds, [indices[j] for j in rows]) if rows else ([], [])
+                for j, path, target in zip(rows, *got):
+                    paths[j], targets[j], ids[j] = path, target, base + indices[j]
+                base += len(ds)
+            index = np.asarray(ids, dtype=np.int64)
         views = lowering.views or (lowering,)  # (a multi-view wrapper's: each view decodes the files again)
         images: list = [None] * len(views)
         handles: list = [None] * len(views)  # (each view's images as the collation hands them on: `_images`)
         ring = None if self.samples or self.rings is None else self.rings.ring()
         try:
             seeds = self._decoded(paths, index, views, images, handles, ring)
-            if ds.target_transform is not None:
-                targets = [ds.target_transform(t) for t in targets]
+            if any(ds.target_transform is not None for ds in found):
+                targets = [t if found[k].target_transform is None else found[k].target_transform(t)
+                           for k, t in zip(numbers, targets)]
             return self._joined([self._batch(x, targets, view, seed, handle) for x, view, seed, handle
                                  in zip(images, views, seeds, handles)], targets, lowering)
         except BaseException:
@@ -346,3 +353,20 @@ class NativeFolder(Dataset):
         if scratch[view].numel() < need:
             scratch[view] = torch.empty(need, dtype=torch.uint8)
         return scratch[view][:need].view(n, h, w, 3), None
+
+
+def _listing(samples: Any, had: tuple | None) -> tuple[list, Names, array.array, list] | None:
+    """A folder's listing (`NativeFolder.list_for_workers`) of its list `samples`: `had` where
+    that was made of this list and its very items; None where the list is not (str, int) pairs."""
+    if type(samples) is not list:
+        return None
+    if had is not None and had[0] is samples and len(had[3]) == len(samples) and all(map(operator.is_, had[3],
+                                                                                        samples)):
+        return had
+    if not all(type(s) is tuple and len(s) == 2 and type(s[0]) is str and type(s[1]) is int for s in samples):
+        return None
+    try:
+        targets = array.array("q", [target for _, target in samples])
+    except OverflowError:  # a target past int64: read from the list
+        return None
+    return samples, Names([path for path, _ in samples]), targets, list(samples)

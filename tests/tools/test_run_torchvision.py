@@ -745,6 +745,53 @@ def test_a_subset_of_a_folder_is_served_natively(tv, folder, workers):
     assert part_given == given and part_why.split("; ", 1)[1] == why.split("; ", 1)[1], (why, part_why)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_join_of_folders_is_served_natively(tv, folder, tmp_path, workers):
+    """A ConcatDataset of image folders (`train + extra`, with a Subset of one, a join of a
+    join, random_split's Subset of a join) whose transforms lower the same is served natively:
+    each index picked as the join's own __getitem__ picks it, the batches torchvision's own (a
+    deterministic transform, bit for bit; each folder's labels through its own target_transform),
+    and an index the join refuses raises its error. Folders whose transforms differ, or a join
+    with a dataset that is not an image folder, fall back, saying why."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    from fastdata.run._decide import _collation
+
+    other = blue_folder(tmp_path / "other", per_class=5, classes=3, seed=1)
+    a = ImageFolder(str(folder), T.Compose([T.Resize((20, 16)), T.ToTensor()]))
+    b = ImageFolder(str(other), T.Compose([T.Resize((20, 16)), T.ToTensor()]), target_transform=lambda t: t + 10)
+    part = Subset(a, list(range(len(a)))[::-3])
+    split, _ = torch.utils.data.random_split(a + b, [0.6, 0.4], generator=torch.Generator().manual_seed(0))
+    for join, shown in ((a + b, "ConcatDataset of ImageFolder"), (ConcatDataset([b, part]), "ConcatDataset of "
+                        "ImageFolder"), (a + b + part, "ConcatDataset of ImageFolder"), (split, "Subset of ImageFolder")):
+        assert f"served natively: {shown} with Resize, ToTensor" in _collation({"dataset": join})[0]
+        loader = _served(join, batch_size=7, shuffle=True, num_workers=workers,
+                         generator=torch.Generator().manual_seed(1))
+        assert isinstance(loader._loader.dataset, rt.NativeFolder)
+        want = list(torch.utils.data.DataLoader(join, batch_size=7, shuffle=True,
+                                                generator=torch.Generator().manual_seed(1)))
+        got = list(loader)
+        assert len(got) == len(want) and sum(len(labels) for _, labels in got) == len(join)
+        for (x, lx), (y, ly) in zip(got, want):
+            assert torch.equal(x, y) and torch.equal(lx, ly) and torch.equal(_class_of(x, False), lx % 10)
+        assert {t for _, labels in got for t in labels.tolist()} >= {0, 10}  # (both folders in the batches)
+        loader._stop()
+    for index, error in ((len(a + b), IndexError), (-len(a + b) - 1, ValueError)):
+        loader = _served(a + b, batch_size=2, num_workers=workers, sampler=[0, index])
+        with pytest.raises(error):
+            list(loader)
+        loader._stop()
+    differs = ImageFolder(str(other), T.Compose([T.Resize((24, 16)), T.ToTensor()]))
+    for join, why in ((a + differs, "ConcatDataset joins image folders whose transforms differ"),
+                      (a + TensorDataset(torch.zeros(3, 3, 20, 16), torch.zeros(3)),
+                       "ConcatDataset joins a TensorDataset, which is not an image folder")):
+        lowering, reason = rt.lower(join)
+        assert lowering is None and why in reason, reason
+        assert why in _collation({"dataset": join})[0]
+
+
 def test_a_loader_rebuilt_from_a_served_ones_attributes_is_served_natively(tv, folder):
     """Code that rebuilds a loader from a served one's attributes passes collate_fn=loader.collate_fn,
     fastdata's own collate: the rebuilt loader is served natively too, with the same batches."""
