@@ -227,20 +227,28 @@ def pad_around(image: np.ndarray, place: tuple[int, int, int, int], mode: str) -
     rows, cols = _pad_source(image.shape[0], y, h, mode), _pad_source(image.shape[1], x, w, mode)
     if rows is None or cols is None:
         return False
-    image[:] = image[rows[:, None], cols[None, :]]
+    # NumPy pads one axis, then the next from the padded rows: the bands above and below the box
+    # first, then the columns beside it, full height (their corners from those bands)
+    top, bottom, left, right = rows[:y], rows[y + h:], cols[:x], cols[x + w:]
+    image[:y, x:x + w], image[y + h:, x:x + w] = image[top, x:x + w], image[bottom, x:x + w]
+    image[:, :x], image[:, x + w:] = image[:, left], image[:, right]
     return True
 
 
+@functools.lru_cache(maxsize=256)
 def _pad_source(size: int, start: int, n: int, mode: str) -> np.ndarray | None:
     """Per index of an axis of `size`, the one in [start, start + n) whose pixel pads it in
-    `mode`; None where one falls outside."""
+    `mode`; None where one falls outside. (Read-only: the same array for each window alike.)"""
     at, end = np.arange(size), start + n - 1
     if mode == "edge":
         source = np.clip(at, start, end)
     else:  # (symmetric repeats the edge pixel, reflect does not)
         s = int(mode == "symmetric")
         source = np.where(at < start, 2 * start - s - at, np.where(at > end, 2 * end + s - at, at))
-    return source if n > 0 and ((source >= start) & (source <= end)).all() else None
+    if not (n > 0 and ((source >= start) & (source <= end)).all()):
+        return None
+    source.flags.writeable = False
+    return source
 
 
 # Pixel ops draw from their own streams, apart from the geometry's, so adding a ColorJitter
