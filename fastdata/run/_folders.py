@@ -33,13 +33,13 @@ def folder(dataset: Any) -> Any:
 def leaves(dataset: Any) -> list:
     """The datasets that torch's `Subset`s and `ConcatDataset`s (of those exact classes) of
     `dataset` pick their samples from, each once, in order: `[folder(dataset)]` but for a join."""
-    found: list = []
-    joins = [dataset]
+    found, seen, joins = [], set(), [dataset]
     while joins:
         ds = folder(joins.pop())
         if type(ds) is torch.utils.data.ConcatDataset:
             joins += reversed(ds.datasets)
-        elif all(ds is not seen for seen in found):
+        elif id(ds) not in seen:  # (each is held by the join while this runs: ids are not reused)
+            seen.add(id(ds))
             found.append(ds)
     return found
 
@@ -102,15 +102,26 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
                       "decoder refuses")
     lowerings: list = []
     try:
+        seen = set()
         for ds in found:  # (each transform once: the datasets of a join mostly share one)
-            if all(ds.transform is not seen for seen, _ in lowerings):
+            if id(ds.transform) not in seen:
+                seen.add(id(ds.transform))
                 lowerings.append((ds.transform, lower_views(ds.transform, lower_transform)))
     except Unlowerable as e:
         return None, str(e)
-    if any(lowering != lowerings[0][1] for _, lowering in lowerings):
+    if not all(_alike(lowering, lowerings[0][1]) for _, lowering in lowerings):
         return None, (f"{type(folder(dataset)).__name__} joins image folders whose transforms differ: fastdata lowers "
                       "one transform a loader")
     return lowerings[0][1], ""
+
+
+def _alike(one: Lowering, other: Lowering) -> bool:
+    """Whether two lowerings are equal; False where comparing them raises (an op of the script's
+    they hold may compare as it likes)."""
+    try:
+        return bool(one == other)
+    except Exception:
+        return False
 
 
 def _torchvisions(dataset: Any, tv: Any) -> str | None:

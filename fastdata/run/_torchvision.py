@@ -245,13 +245,13 @@ class NativeFolder(Dataset):
             index = np.asarray(indices, dtype=np.int64)  # (the record of files that decoded whole: the folder's ids)
         else:  # a join: each folder's samples, back in the batch's order; its ids after the folders before it
             paths, targets, ids = [""] * len(indices), [None] * len(indices), [0] * len(indices)
-            base = 0
-            for k, ds in enumerate(found):
-                rows = [j for j, number in enumerate(numbers) if number == k]
-                got = self._samples(k, ds, [indices[j] for j in rows]) if rows else ([], [])
-                for j, path, target in zip(rows, *got):
-                    paths[j], targets[j], ids[j] = path, target, base + indices[j]
-                base += len(ds)
+            rows: dict[int, list[int]] = {}
+            for j, k in enumerate(numbers):
+                rows.setdefault(k, []).append(j)
+            bases = np.cumsum([0] + [len(ds) for ds in found]).tolist()
+            for k, picked in rows.items():
+                for j, path, target in zip(picked, *self._samples(k, found[k], [indices[j] for j in picked])):
+                    paths[j], targets[j], ids[j] = path, target, bases[k] + indices[j]
             index = np.asarray(ids, dtype=np.int64)
         views = lowering.views or (lowering,)  # (a multi-view wrapper's: each view decodes the files again)
         images: list = [None] * len(views)

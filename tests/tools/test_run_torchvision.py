@@ -783,8 +783,21 @@ def test_a_join_of_folders_is_served_natively(tv, folder, tmp_path, workers):
         with pytest.raises(error):
             list(loader)
         loader._stop()
+    class Same:  # an op of the script's that compares as no op should
+        def __call__(self, image):
+            return image
+
+        def __eq__(self, other):
+            raise RuntimeError("not comparable")
+
+        __hash__ = object.__hash__
+
     differs = ImageFolder(str(other), T.Compose([T.Resize((24, 16)), T.ToTensor()]))
+    own, own_too = (ImageFolder(str(root), T.Compose([T.Resize((20, 16)), Same(), T.ToTensor()])) for root in (folder,
+                                                                                                             other))
+    assert rt.lower(own)[1] == "" and rt.lower(own + own)[1] == ""  # (one transform: never compared)
     for join, why in ((a + differs, "ConcatDataset joins image folders whose transforms differ"),
+                      (own + own_too, "ConcatDataset joins image folders whose transforms differ"),
                       (a + TensorDataset(torch.zeros(3, 3, 20, 16), torch.zeros(3)),
                        "ConcatDataset joins a TensorDataset, which is not an image folder")):
         lowering, reason = rt.lower(join)
