@@ -5,7 +5,8 @@ shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, N
 
 With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`; with
 `--join` on two folders joined (`train + extra`, a ConcatDataset: here the folder's even and odd
-files, each an ImageFolder of its own).
+files, each an ImageFolder of its own); with `--wrap` on the 90% split given its transform by the
+script's own Dataset class (`TransformedSubset`, the common answer for a split's own transforms).
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -40,7 +41,8 @@ With `--arch resnet18` on a CUDA device it trains the model (bf16 autocast, chan
 as the step; with `--arch none` (the default without a GPU) the step is the copy to the device.
 The last line printed is JSON: images/s of each epoch.
 
-    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--mixup]
+    python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
+                                                [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
                                                            timm_deit}]
@@ -67,6 +69,7 @@ ap.add_argument("--batch-size", type=int, default=256)
 ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
+ap.add_argument("--wrap", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -91,6 +94,21 @@ class TwoCropsTransform:  # MoCo's (moco/loader.py), as it is written there
         q = self.base_transform(x)
         k = self.base_transform(x)
         return [q, k]
+
+
+class TransformedSubset(torch.utils.data.Dataset):  # a split's own transform, as scripts write it
+    def __init__(self, subset, transform=None):
+        self.subset = subset
+        self.transform = transform
+
+    def __getitem__(self, index):
+        x, y = self.subset[index]
+        if self.transform:
+            x = self.transform(x)
+        return x, y
+
+    def __len__(self):
+        return len(self.subset)
 
 
 class GaussianBlur(object):  # MoCo v2's (moco/loader.py), as it is written there
@@ -292,16 +310,18 @@ if args.recipe in ("timm_train", "timm_deit"):  # timm's train.py: create_datase
         use_multi_epochs_loader=False, worker_seeding='all')
     train_sampler = None
 else:
-    train_dataset = torchvision.datasets.ImageFolder(args.data, transform)
+    train_dataset = torchvision.datasets.ImageFolder(args.data, None if args.wrap else transform)
     if args.join:
         def odd(path):  # every other file of each class (the set puts file i in class i % 10)
             return int(Path(path).stem) // 10 % 2 == 1
 
         train_dataset = torchvision.datasets.ImageFolder(args.data, transform, is_valid_file=lambda p: not odd(p)) \
             + torchvision.datasets.ImageFolder(args.data, transform, is_valid_file=odd)
-    if args.split:
+    if args.split or args.wrap:
         train_dataset, _ = torch.utils.data.random_split(train_dataset, [0.9, 0.1],
                                                          generator=torch.Generator().manual_seed(42))
+    if args.wrap:
+        train_dataset = TransformedSubset(train_dataset, transform)
     if args.mixup:
         import torchvision.transforms.v2 as v2
 

@@ -13,7 +13,9 @@ rounds so drift on a shared machine hits both alike:
 With `--split` the script trains on a `random_split` of the folder (90%), a tutorial's split: a
 `Subset` of the ImageFolder, which `fastdata run` serves natively too (run_torchvision_split.json);
 with `--join` on two ImageFolders joined, `train + extra` (the folder's even and odd files), a
-`ConcatDataset`, served natively too (run_torchvision_join.json).
+`ConcatDataset`, served natively too (run_torchvision_join.json); with `--wrap` on the 90% split
+given its transform by the script's own Dataset class, as scripts give a split's parts their own
+transforms, served natively too (run_torchvision_wrap.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
@@ -48,7 +50,8 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 (.ci/run makes one). Prints each side's images/s (epoch 1, with the workers' start and first
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
-    OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3] [--split] [--join]
+    OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
+                                          [--split] [--join] [--wrap]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -88,6 +91,8 @@ def main() -> int:
     ap.add_argument("--simd-pil", default=None, metavar="DIR", help="a folder whose PIL is Pillow-SIMD")
     ap.add_argument("--split", action="store_true", help="train on a random_split of the folder (90%%)")
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
+    ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
+                    "own Dataset class")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit"],
@@ -117,6 +122,7 @@ def main() -> int:
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
               *(["--split"] if args.split else []), *(["--join"] if args.join else []),
+              *(["--wrap"] if args.wrap else []),
               *(["--mixup"] if args.mixup else []),
               *(["--ra-sampler"] if args.ra_sampler else []), "--backend", args.backend,
               "--padding-mode", args.padding_mode]
@@ -137,6 +143,7 @@ def main() -> int:
     print(f"\n{args.images} images, batch 256, {args.workers} workers ({fresh}), {args.rounds} rounds ABBA, "
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + (", two folders joined" if args.join else "")
+          + (", the 90% split in the script's wrapper" if args.wrap else "")
           + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")
           + (", the tensor backend" if args.backend == "tensor" else "")
@@ -146,12 +153,14 @@ def main() -> int:
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") + ("_join" if args.join else "") \
+        + ("_wrap" if args.wrap else "") \
         + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
         + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "") \
         + ("" if args.padding_mode == "constant" else f"_{args.padding_mode}")
     _common.write(stem, {
         "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
-        "arch": args.arch, "split": args.split, "join": args.join, "recipe": args.recipe, "mixup": args.mixup,
+        "arch": args.arch, "split": args.split, "join": args.join, "wrap": args.wrap, "recipe": args.recipe,
+        "mixup": args.mixup,
         "ra_sampler": args.ra_sampler, "backend": args.backend, "padding_mode": args.padding_mode,
         "pillow": PIL.__version__,
         "torchvision": torchvision.__version__,

@@ -3,10 +3,11 @@
 A `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with torchvision's own image loader, or
 timm's `ImageDataset` on its folder reader (`_timm.image_dataset`), or torch's `Subset` of either
 (what `random_split` gives: `folder`), or a `ConcatDataset` joining such folders (what `a + b`
-gives: `leaves`), each with a transform that lowers the same: a list of (path, class) pairs
-(`listed`), each file opened by Pillow and converted to RGB, then the transform, which `_lowering`
-lowers. Any other dataset is not an image folder here; one of those that reads its files
-otherwise gives the reason, and the loader falls back to the plain drop-in.
+gives: `leaves`), or a script's wrapper giving one's images its transform (`_wrapped`: a
+random_split's part with a transform of its own), each with a transform that lowers the same: a
+list of (path, class) pairs (`listed`), each file opened by Pillow and converted to RGB, then the
+transform, which `_lowering` lowers. Any other dataset is not an image folder here; one of those
+that reads its files otherwise gives the reason, and the loader falls back to the plain drop-in.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from ._lowering import Lowering, Unlowerable, lower_transform, lower_views
 from ._pixels import named
 from ._timm import image_dataset
+from ._wrapped import wrapped
 
 
 def folder(dataset: Any) -> Any:
@@ -32,26 +34,46 @@ def folder(dataset: Any) -> Any:
 
 def leaves(dataset: Any) -> list:
     """The datasets that torch's `Subset`s and `ConcatDataset`s (of those exact classes) of
-    `dataset` pick their samples from, each once, in order: `[folder(dataset)]` but for a join."""
-    found, seen, joins = [], set(), [dataset]
+    `dataset`, and a script's wrapper (`wrapped`), pick their samples from, each once, in order:
+    `[folder(dataset)]` but for a join or a wrapper."""
+    found = {id(ds): ds for ds, _ in _reached(dataset)}
+    return list(found.values())
+
+
+def _reached(dataset: Any) -> list[tuple[Any, Any]]:
+    """(a dataset of `leaves`, the script's wrapper that gives its images a transform, or None)
+    for each way down to one, each once, in order. A wrapper under a wrapper is a dataset of its own."""
+    found, seen, joins, joined = [], set(), [(dataset, None)], set()
     while joins:
-        ds = folder(joins.pop())
+        ds, wrapper = joins.pop()
+        ds = folder(ds)
+        inner = wrapped(ds) if wrapper is None else None
         if type(ds) is torch.utils.data.ConcatDataset:
-            joins += reversed(ds.datasets)
-        elif id(ds) not in seen:  # (each is held by the join while this runs: ids are not reused)
-            seen.add(id(ds))
-            found.append(ds)
+            if (id(ds), id(wrapper)) not in joined:  # (a join that holds itself: each once)
+                joined.add((id(ds), id(wrapper)))
+                joins += [(d, wrapper) for d in reversed(ds.datasets)]
+        elif inner is not None:
+            joins.append((inner[0], ds))
+        elif (id(ds), id(wrapper)) not in seen:  # (each held by the dataset while this runs: ids are not reused)
+            seen.add((id(ds), id(wrapper)))
+            found.append((ds, wrapper))
     return found
 
 
 def locate(dataset: Any, indices: list) -> list[tuple[Any, int]]:
     """(the dataset of `leaves`, the index there) of each of `indices` into `dataset`, read as
-    torch's Subset and ConcatDataset read them; an index they would refuse raises IndexError."""
-    located = []
+    torch's Subset and ConcatDataset and the script's wrapper read them; an index they would
+    refuse raises IndexError."""
+    located, inner = [], {}
     for i in indices:
-        ds = dataset
+        ds, wrapper = dataset, None
         while True:
-            if type(ds) is torch.utils.data.Subset:
+            key = (id(ds), wrapper is None)
+            if key not in inner:
+                inner[key] = wrapped(ds) if wrapper is None else None
+            if inner[key] is not None:  # (its __getitem__ passes the index on as it is)
+                ds, wrapper = inner[key][0], ds
+            elif type(ds) is torch.utils.data.Subset:
                 ds, i = ds.dataset, ds.indices[i]
             elif type(ds) is torch.utils.data.ConcatDataset:
                 n = len(ds)
@@ -85,7 +107,8 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     tv = sys.modules.get("torchvision")  # a script that made a torchvision (or timm) dataset imported it
     if tv is None:
         return None, ""
-    found = leaves(dataset)
+    reached = _reached(dataset)
+    found = list({id(ds): ds for ds, _ in reached}.values())
     whys = [image_dataset(ds) for ds in found]
     whys = [_torchvisions(ds, tv) if why is None else why for ds, why in zip(found, whys)]
     if all(why is None for why in whys):
@@ -103,10 +126,16 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     lowerings: list = []
     try:
         seen = set()
-        for ds in found:  # (each transform once: the datasets of a join mostly share one)
-            if id(ds.transform) not in seen:
-                seen.add(id(ds.transform))
-                lowerings.append((ds.transform, lower_views(ds.transform, lower_transform)))
+        for ds, wrapper in reached:  # (each transform once: the datasets of a join mostly share one)
+            transform = ds.transform
+            if wrapper is not None:
+                if transform is not None:
+                    return None, (f"{type(wrapper).__name__} gives its transform to a {type(ds).__name__} that has "
+                                  "one of its own")
+                transform = wrapped(wrapper)[1]
+            if id(transform) not in seen:
+                seen.add(id(transform))
+                lowerings.append((transform, lower_views(transform, lower_transform)))
     except Unlowerable as e:
         return None, str(e)
     if not all(_alike(lowering, lowerings[0][1]) for _, lowering in lowerings):

@@ -50,11 +50,13 @@ def _pillow_mode(op: Any, tensor: bool) -> Any:
     mode = op.interpolation
     if isinstance(mode, str) and isinstance(op, v2.Transform):
         mode = InterpolationMode(mode)
-    if tensor or getattr(op, "expand", False) or type(op.fill) is not int or not 0 <= op.fill <= 255 or mode not in (
-            InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC):
-        expand = ", with expand" if hasattr(op, "expand") else ""
-        raise ValueError(f"{type(op).__name__} on a tensor{expand}, a fill other than one int or interpolation "
-                         f"{mode}: fastdata lowers it on the PIL image, nearest, bilinear or bicubic")
+    filters = (InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)
+    why = ("on a tensor" if tensor else "with expand" if getattr(op, "expand", False) else
+           f"with fill {op.fill!r}" if type(op.fill) is not int or not 0 <= op.fill <= 255 else
+           f"with interpolation {mode}" if mode not in filters else "")
+    if why:
+        raise ValueError(f"{type(op).__name__} {why}: fastdata lowers it on the PIL image, with one int fill from 0 "
+                         "to 255, nearest, bilinear or bicubic" + (", without expand" if hasattr(op, "expand") else ""))
     return mode
 
 

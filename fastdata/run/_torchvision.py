@@ -114,9 +114,9 @@ class FolderDecoder(BatchDecoder):
 
 class NativeFolder(Dataset):
     """The dataset a natively served loader's workers read: the script's torchvision folder
-    (`dataset`, or a Subset of one: `_lowering.folder`), decoded by fastdata per batch
-    (`__getitems__`) as its transform is lowered at that batch; a single index is the script's
-    own `dataset[index]`. A batch is a `FolderBatch`, which the loader's collation and `Finish`
+    (`dataset`, or the Subsets, joins and script's wrappers of folders `_folders.leaves` reads
+    through), decoded by fastdata per batch (`__getitems__`) as its transform is lowered at that
+    batch; a single index is the script's own `dataset[index]`. A batch is a `FolderBatch`, which the loader's collation and `Finish`
     lay out; with `samples` (the script's collate_fn batches them) it is laid out where it is
     fetched, as torchvision's samples: a list of (image, target), each image a CHW tensor."""
 
@@ -192,7 +192,10 @@ class NativeFolder(Dataset):
         if len(found) == 1:
             return found, [0] * len(located), [i for _, i in located]
         number = {id(ds): k for k, ds in enumerate(found)}
-        return found, [number[id(ds)] for ds, _ in located], [i for _, i in located]
+        numbers = [number.get(id(ds)) for ds, _ in located]
+        if None in numbers:  # (a dataset the join reaches that its leaves do not list: one changed meanwhile)
+            raise FolderError("the dataset changed while its batch was picked")
+        return found, numbers, [i for _, i in located]
 
     def _samples(self, k: int, ds: Any, indices: list) -> tuple[list[str], list]:
         """The paths and targets of the folder `ds`'s `indices` (`ds` the dataset's `k`th folder):

@@ -16,6 +16,7 @@ count an int from 1 to `MAX_VIEWS`. Any other code is a transform fastdata canno
 from __future__ import annotations
 
 import builtins
+import inspect
 import types
 from typing import Any
 
@@ -54,10 +55,13 @@ class _MultiCrop:  # DINO's DataAugmentationDINO: two global crops, then n local
 _SHAPES = (_Twice, _Pair, _Repeated, _MultiCrop)
 _SHAPE_FIELDS = ("co_code", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_exceptiontable")
 _BUILTIN = ("range", "append")  # `range` read as a global (the builtin), `append` the method of the list it made
-_FLAGS = 0xFFFF  # the code's own flags (above them: the __future__ imports of its module)
+# The code's own flags (above them: the __future__ imports of its module), but CO_NESTED, which
+# only says it was defined in a function (a class a script's main() defines; free variables are
+# compared apart)
+_FLAGS = 0xFFFF & ~inspect.CO_NESTED
 
 
-def _names(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
+def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
     """Whether `code` has `ref`'s shape (the same instructions, arguments and constants, its
     nested code alike), adding to `names` each of `ref`'s global and attribute names with the
     one `code` has in its place."""
@@ -69,7 +73,7 @@ def _names(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
         return False
     for mine, theirs in zip(code.co_consts, ref.co_consts):
         if isinstance(theirs, types.CodeType):
-            if not (isinstance(mine, types.CodeType) and _names(mine, theirs, names)):
+            if not (isinstance(mine, types.CodeType) and same_shape(mine, theirs, names)):
                 return False
         elif type(mine) is not type(theirs) or mine != theirs:
             return False
@@ -92,7 +96,7 @@ def views(transform: Any) -> list | None:
         return None
     for shape in _SHAPES:
         names: dict[str, str] = {}
-        if not _names(call.__code__, shape.__call__.__code__, names):
+        if not same_shape(call.__code__, shape.__call__.__code__, names):
             continue
         attrs = {ref: mine for ref, mine in names.items() if ref not in _BUILTIN}
         if any(names.get(b, b) != b for b in _BUILTIN) or len(set(attrs.values())) != len(attrs):

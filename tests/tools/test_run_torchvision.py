@@ -805,6 +805,100 @@ def test_a_join_of_folders_is_served_natively(tv, folder, tmp_path, workers):
         assert why in _collation({"dataset": join})[0]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_scripts_wrapper_giving_a_split_its_transform_is_served_natively(tv, folder, workers):
+    """A script's Dataset that gives random_split's parts transforms of their own, written as
+    scripts write it (`x, y = self.subset[index]`, then the transform, `if self.transform:`, `is
+    not None`, or inline; any names), over a Subset of an ImageFolder without a transform, is
+    served natively: the batches torchvision's own (bit for bit; the labels the folder's, through
+    its target_transform), each part with its own transform, a transform changed between passes
+    followed. A wrapper with other code, one whose transform is a property or may answer its own
+    truth, or one over a folder with a transform of its own, is not read."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+    from torch.utils.data import Dataset
+
+    from fastdata.run._decide import _collation
+
+    class Split(Dataset):  # (defined in a function, as a script's main() may)
+        def __init__(self, subset, transform=None):
+            self.subset, self.transform = subset, transform
+
+        def __getitem__(self, index):
+            x, y = self.subset[index]
+            if self.transform:
+                x = self.transform(x)
+            return x, y
+
+        def __len__(self):
+            return len(self.subset)
+
+    class NotNone(Split):
+        def __getitem__(self, idx):
+            image, label = self.subset[idx]
+            if self.transform is not None:
+                image = self.transform(image)
+            return image, label
+
+    class Inline:
+        def __init__(self, data, tf):
+            self.data, self.tf = data, tf
+
+        def __getitem__(self, i):
+            img, target = self.data[i]
+            return self.tf(img), target
+
+        def __len__(self):
+            return len(self.data)
+
+    class More(Split):
+        def __getitem__(self, index):
+            x, y = self.subset[index]
+            if self.transform:
+                x = self.transform(x)
+            return x, y + 1
+
+    class Property(Split):
+        transform = property(lambda self: T.Compose([T.Resize((20, 16)), T.ToTensor()]))
+
+        def __init__(self, subset):
+            self.subset = subset
+
+    class Sized(T.Compose):
+        def __len__(self):
+            return 0
+
+    base = ImageFolder(str(folder), target_transform=lambda t: t * 3)
+    train, val = torch.utils.data.random_split(base, [0.75, 0.25], generator=torch.Generator().manual_seed(0))
+    sized = T.Compose([T.Resize((20, 16)), T.ToTensor()])
+    cropped = T.Compose([T.Resize((24, 24)), T.CenterCrop((20, 16)), T.PILToTensor()])
+    for wrapper in (Split(train, sized), NotNone(val, cropped), Inline(train, cropped), Split(base, sized)):
+        assert f"served natively: {type(wrapper).__name__} of ImageFolder" in _collation({"dataset": wrapper})[0]
+        loader = _served(wrapper, batch_size=7, shuffle=True, num_workers=workers,
+                         generator=torch.Generator().manual_seed(1))
+        assert isinstance(loader._loader.dataset, rt.NativeFolder)
+        plain = torch.utils.data.DataLoader(wrapper, batch_size=7, shuffle=True,
+                                            generator=torch.Generator().manual_seed(1))
+        for _ in range(2):
+            want, got = list(plain), list(loader)
+            assert len(got) == len(want) and sum(len(labels) for _, labels in got) == len(wrapper)
+            for (a, la), (b, lb) in zip(got, want):
+                assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(_class_of(a, False) * 3, la)
+            if isinstance(wrapper, Inline):
+                wrapper.tf = sized  # (the next pass lowers the transform as it is then)
+            else:
+                wrapper.transform = cropped if wrapper.transform is sized else sized
+        loader._stop()
+    assert rt.lower(Split(val, None)) == (None, "")  # (its samples PIL images: not an image folder's)
+    for wrapper in (More(train, sized), Property(train), Split(train, Sized([T.Resize((20, 16)), T.ToTensor()]))):
+        assert rt.lower(wrapper) == (None, ""), type(wrapper).__name__
+        assert "served natively" not in _collation({"dataset": wrapper})[0]
+    own = ImageFolder(str(folder), T.ToTensor())
+    assert rt.lower(Split(own, sized)) == (None, "Split gives its transform to a ImageFolder that has one of its own")
+    lowering, why = rt.lower(Split(train, sized) + Split(val, cropped))
+    assert lowering is None and "joins image folders whose transforms differ" in why
+
+
 def test_a_loader_rebuilt_from_a_served_ones_attributes_is_served_natively(tv, folder):
     """Code that rebuilds a loader from a served one's attributes passes collate_fn=loader.collate_fn,
     fastdata's own collate: the rebuilt loader is served natively too, with the same batches."""
