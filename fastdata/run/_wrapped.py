@@ -46,10 +46,17 @@ class _IfNotNone:
 class _Always:
     def __getitem__(self, index):
         x, y = self.subset[index]
+        x = self.transform(x)
+        return x, y
+
+
+class _Inline:
+    def __getitem__(self, index):
+        x, y = self.subset[index]
         return self.transform(x), y
 
 
-_SHAPES = (_IfTransform, _IfNotNone, _Always)
+_SHAPES = (_IfTransform, _IfNotNone, _Always, _Inline)
 
 
 def wrapped(dataset: Any) -> tuple[Any, Any] | None:

@@ -809,7 +809,7 @@ def test_a_join_of_folders_is_served_natively(tv, folder, tmp_path, workers):
 def test_a_scripts_wrapper_giving_a_split_its_transform_is_served_natively(tv, folder, workers):
     """A script's Dataset that gives random_split's parts transforms of their own, written as
     scripts write it (`x, y = self.subset[index]`, then the transform, `if self.transform:`, `is
-    not None`, or inline; any names), over a Subset of an ImageFolder without a transform, is
+    not None`, always, or inline; any names), over a Subset of an ImageFolder without a transform, is
     served natively: the batches torchvision's own (bit for bit; the labels the folder's, through
     its target_transform), each part with its own transform, a transform changed between passes
     followed. A wrapper with other code, one whose transform is a property or may answer its own
@@ -851,6 +851,12 @@ def test_a_scripts_wrapper_giving_a_split_its_transform_is_served_natively(tv, f
         def __len__(self):
             return len(self.data)
 
+    class Always(Split):
+        def __getitem__(self, k):
+            sample, target = self.subset[k]
+            sample = self.transform(sample)
+            return sample, target
+
     class More(Split):
         def __getitem__(self, index):
             x, y = self.subset[index]
@@ -872,7 +878,8 @@ def test_a_scripts_wrapper_giving_a_split_its_transform_is_served_natively(tv, f
     train, val = torch.utils.data.random_split(base, [0.75, 0.25], generator=torch.Generator().manual_seed(0))
     sized = T.Compose([T.Resize((20, 16)), T.ToTensor()])
     cropped = T.Compose([T.Resize((24, 24)), T.CenterCrop((20, 16)), T.PILToTensor()])
-    for wrapper in (Split(train, sized), NotNone(val, cropped), Inline(train, cropped), Split(base, sized)):
+    for wrapper in (Split(train, sized), NotNone(val, cropped), Inline(train, cropped), Always(val, sized),
+                    Split(base, sized)):
         assert f"served natively: {type(wrapper).__name__} of ImageFolder" in _collation({"dataset": wrapper})[0]
         loader = _served(wrapper, batch_size=7, shuffle=True, num_workers=workers,
                          generator=torch.Generator().manual_seed(1))
