@@ -34,7 +34,8 @@ from ..transforms import ops as fd
 from ..transforms.pil import FILTERS, apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._gather import Draws, gather
-from ._folders import folder, lower
+from ._folders import lower, sources
+from ._wrapped import wrapped
 from ._lowering import Lowering, Unlowerable, flatten, lower_transform, lower_views
 from ._pixels import CALLS, flip_commutes, interpolation, pixel_op
 from ._crop import padding_of
@@ -69,15 +70,23 @@ def _kind(dataset: Any) -> tuple[str | None, str]:
 def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
     """(the lowering, "") when `dataset` (or the dataset under its Subsets) is an in-memory one
     served natively; (None, why not) for one that is not; (None, "") for any other dataset."""
-    ds = folder(dataset)
+    found = sources(dataset)
+    if len(found) != 1:
+        return None, ""
+    (ds, wrapper), = found
     kind, why = _kind(ds)
     if kind is None:
         return None, why
     channels = 1 if kind == "mnist" else 3
-    if ds.transform is None:
+    transform = ds.transform
+    if wrapper is not None:  # (a script's class giving its images a transform: `_wrapped`)
+        if transform is not None:
+            return None, f"{type(wrapper).__name__} gives its transform to a {type(ds).__name__} that has one of its own"
+        transform = wrapped(wrapper)[1]
+    if transform is None:
         return None, "no transform: the samples are PIL images, which fastdata does not lay out"
     try:
-        return lower_views(ds.transform, lambda transform: _lower_rows(transform, channels, type(ds).__name__)), ""
+        return lower_views(transform, lambda transform: _lower_rows(transform, channels, type(ds).__name__)), ""
     except Unlowerable as e:
         return None, str(e)
     except (ValueError, TypeError) as e:  # a parameter fastdata does not read

@@ -36,11 +36,11 @@ def leaves(dataset: Any) -> list:
     """The datasets that torch's `Subset`s and `ConcatDataset`s (of those exact classes) of
     `dataset`, and a script's wrapper (`wrapped`), pick their samples from, each once, in order:
     `[folder(dataset)]` but for a join or a wrapper."""
-    found = {id(ds): ds for ds, _ in _reached(dataset)}
+    found = {id(ds): ds for ds, _ in sources(dataset)}
     return list(found.values())
 
 
-def _reached(dataset: Any) -> list[tuple[Any, Any]]:
+def sources(dataset: Any) -> list[tuple[Any, Any]]:
     """(a dataset of `leaves`, the script's wrapper that gives its images a transform, or None)
     for each way down to one, each once, in order. A wrapper under a wrapper is a dataset of its own."""
     found, seen, joins, joined = [], set(), [(dataset, None)], set()
@@ -107,7 +107,7 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     tv = sys.modules.get("torchvision")  # a script that made a torchvision (or timm) dataset imported it
     if tv is None:
         return None, ""
-    reached = _reached(dataset)
+    reached = sources(dataset)
     found = list({id(ds): ds for ds, _ in reached}.values())
     whys = [image_dataset(ds) for ds in found]
     whys = [_torchvisions(ds, tv) if why is None else why for ds, why in zip(found, whys)]

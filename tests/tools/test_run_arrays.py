@@ -312,6 +312,42 @@ def test_a_subset_and_a_collate_fn_of_the_scripts_get_natively_served_samples(ci
         loader._stop()
 
 
+class _Split(torch.utils.data.Dataset):  # a script's class giving a split's part its transform
+    def __init__(self, subset, transform=None):
+        self.subset = subset
+        self.transform = transform
+
+    def __getitem__(self, index):
+        x, y = self.subset[index]
+        if self.transform:
+            x = self.transform(x)
+        return x, y
+
+    def __len__(self):
+        return len(self.subset)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_scripts_wrapper_giving_a_split_of_cifar_its_transform_is_served_natively(cifar, tv, workers):
+    """CIFAR10 without a transform, random_split, each part given its transform by the script's
+    own Dataset class (`_wrapped`'s shapes): served natively, torchvision's batches bit for bit;
+    a CIFAR10 with a transform of its own under the wrapper is not served, saying why."""
+    import torchvision.transforms as T
+
+    from fastdata.run._arrays import NativeArrays, lower_arrays
+
+    train, val = torch.utils.data.random_split(cifar(None), [0.8, 0.2], generator=torch.Generator().manual_seed(0))
+    pipelines = _deterministic(tv)
+    for wrapper in (_Split(train, pipelines["v1 pad, flip, center crop, normalize"]),
+                    _Split(val, pipelines["v1 ConvertImageDtype to float64"])):
+        plain, got, loader = _both(wrapper, batch_size=16, num_workers=workers)
+        assert isinstance(loader._loader.dataset, NativeArrays)
+        _same(plain, got)
+        loader._stop()
+    owned = _Split(cifar(T.ToTensor()), T.ToTensor())
+    assert lower_arrays(owned) == (None, "_Split gives its transform to a CIFAR10 that has one of its own")
+
+
 def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
     """Each case the in-memory path does not take: the loader is served by the drop-in, its
     batches the script's own (torchvision's samples), and the reason names what was not lowered."""
