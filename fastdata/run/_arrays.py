@@ -81,7 +81,8 @@ def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
     transform = ds.transform
     if wrapper is not None:  # (a script's class giving its images a transform: `_wrapped`)
         if transform is not None:
-            return None, f"{type(wrapper).__name__} gives its transform to a {type(ds).__name__} that has one of its own"
+            return None, (f"the {type(ds).__name__} under {type(wrapper).__name__} has a transform of its own: fastdata "
+                          "lowers one transform an image")
         transform = wrapped(wrapper)[1]
     if transform is None:
         return None, "no transform: the samples are PIL images, which fastdata does not lay out"

@@ -130,8 +130,8 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
             transform = ds.transform
             if wrapper is not None:
                 if transform is not None:
-                    return None, (f"{type(wrapper).__name__} gives its transform to a {type(ds).__name__} that has "
-                                  "one of its own")
+                    return None, (f"the {type(ds).__name__} under {type(wrapper).__name__} has a transform of its "
+                                  "own: fastdata lowers one transform an image")
                 transform = wrapped(wrapper)[1]
             if id(transform) not in seen:
                 seen.add(id(transform))

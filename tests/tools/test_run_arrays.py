@@ -345,7 +345,8 @@ def test_a_scripts_wrapper_giving_a_split_of_cifar_its_transform_is_served_nativ
         _same(plain, got)
         loader._stop()
     owned = _Split(cifar(T.ToTensor()), T.ToTensor())
-    assert lower_arrays(owned) == (None, "_Split gives its transform to a CIFAR10 that has one of its own")
+    assert lower_arrays(owned) == (None, "the CIFAR10 under _Split has a transform of its own: fastdata lowers one "
+                                        "transform an image")
 
 
 def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):

@@ -901,7 +901,8 @@ def test_a_scripts_wrapper_giving_a_split_its_transform_is_served_natively(tv, f
         assert rt.lower(wrapper) == (None, ""), type(wrapper).__name__
         assert "served natively" not in _collation({"dataset": wrapper})[0]
     own = ImageFolder(str(folder), T.ToTensor())
-    assert rt.lower(Split(own, sized)) == (None, "Split gives its transform to a ImageFolder that has one of its own")
+    why = "the ImageFolder under Split has a transform of its own: fastdata lowers one transform an image"
+    assert rt.lower(Split(own, sized)) == (None, why)
     lowering, why = rt.lower(Split(train, sized) + Split(val, cropped))
     assert lowering is None and "joins image folders whose transforms differ" in why
 
