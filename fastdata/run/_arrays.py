@@ -68,8 +68,9 @@ def _kind(dataset: Any) -> tuple[str | None, str]:
 
 
 def lower_arrays(dataset: Any) -> tuple[Lowering | None, str]:
-    """(the lowering, "") when `dataset` (or the dataset under its Subsets) is an in-memory one
-    served natively; (None, why not) for one that is not; (None, "") for any other dataset."""
+    """(the lowering, "") when `dataset` (or the one dataset under its Subsets, joins and a
+    script's wrapper: `_folders.sources`) is an in-memory one served natively; (None, why not)
+    for one that is not; (None, "") for any other dataset."""
     found = sources(dataset)
     if len(found) != 1:
         return None, ""

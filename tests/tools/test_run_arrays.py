@@ -330,7 +330,8 @@ class _Split(torch.utils.data.Dataset):  # a script's class giving a split's par
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_scripts_wrapper_giving_a_split_of_cifar_its_transform_is_served_natively(cifar, tv, workers):
     """CIFAR10 without a transform, random_split, each part given its transform by the script's
-    own Dataset class (`_wrapped`'s shapes): served natively, torchvision's batches bit for bit;
+    own Dataset class (`_wrapped`'s shapes), and a join of one CIFAR10 with itself: served
+    natively, torchvision's batches bit for bit;
     a CIFAR10 with a transform of its own under the wrapper is not served, saying why."""
     import torchvision.transforms as T
 
@@ -338,8 +339,10 @@ def test_a_scripts_wrapper_giving_a_split_of_cifar_its_transform_is_served_nativ
 
     train, val = torch.utils.data.random_split(cifar(None), [0.8, 0.2], generator=torch.Generator().manual_seed(0))
     pipelines = _deterministic(tv)
+    twice = cifar(pipelines["v1 pad, flip, center crop, normalize"])
     for wrapper in (_Split(train, pipelines["v1 pad, flip, center crop, normalize"]),
-                    _Split(val, pipelines["v1 ConvertImageDtype to float64"])):
+                    _Split(val, pipelines["v1 ConvertImageDtype to float64"]),
+                    twice + twice):  # (a join of one dataset: its rows, as the join indexes them)
         plain, got, loader = _both(wrapper, batch_size=16, num_workers=workers)
         assert isinstance(loader._loader.dataset, NativeArrays)
         _same(plain, got)
