@@ -83,35 +83,47 @@ def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
     return True
 
 
-def views(transform: Any) -> list | None:
-    """The transforms a multi-view wrapper calls, one per view in order; None for any other transform."""
-    cls = type(transform)
-    call = getattr(cls, "__call__", None)
-    if type(call) is not types.FunctionType or call.__defaults__ or call.__kwdefaults__ or call.__closure__:
+def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = ()) -> tuple[type, dict, Any] | None:
+    """(the one of `shapes` whose `method` the class of `obj` has, instruction for instruction,
+    the values of its attributes in `obj` keyed by the shape's names for them, the method); None
+    where none is, or where the method has defaults or a closure, the class its own attribute
+    lookup, or an attribute is not plainly in the instance (a property, a class attribute).
+    `builtin`: names the method reads that must be themselves (a builtin, a method of a local)."""
+    cls = type(obj)
+    func = getattr(cls, method, None)
+    if type(func) is not types.FunctionType or func.__defaults__ or func.__kwdefaults__ or func.__closure__:
         return None
     if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
         return None
-    own = getattr(transform, "__dict__", None)
+    own = getattr(obj, "__dict__", None)
     if type(own) is not dict:
         return None
-    for shape in _SHAPES:
+    for shape in shapes:
         names: dict[str, str] = {}
-        if not same_shape(call.__code__, shape.__call__.__code__, names):
+        if not same_shape(func.__code__, getattr(shape, method).__code__, names):
             continue
-        attrs = {ref: mine for ref, mine in names.items() if ref not in _BUILTIN}
-        if any(names.get(b, b) != b for b in _BUILTIN) or len(set(attrs.values())) != len(attrs):
-            return None
-        if "range" in names and call.__globals__.get("range", builtins.range) is not builtins.range:
+        attrs = {ref: mine for ref, mine in names.items() if ref not in builtin}
+        if any(names.get(b, b) != b for b in builtin) or len(set(attrs.values())) != len(attrs):
             return None
         if any(mine not in own or any(mine in vars(c) for c in cls.__mro__) for mine in attrs.values()):
             return None
-        got = {ref: own[mine] for ref, mine in attrs.items()}
-        if shape is _Twice:
-            return [got["t"], got["t"]]
-        if shape is _Pair:
-            return [got["t1"], got["t2"]]
-        n, first = got["n"], [got["g1"], got["g2"]] if shape is _MultiCrop else []
-        if type(n) is not int or n < 0 or not 1 <= len(first) + n <= MAX_VIEWS:
-            return None
-        return first + [got["t"]] * n
+        return shape, {ref: own[mine] for ref, mine in attrs.items()}, func
     return None
+
+
+def views(transform: Any) -> list | None:
+    """The transforms a multi-view wrapper calls, one per view in order; None for any other transform."""
+    read = read_shape(transform, "__call__", _SHAPES, _BUILTIN)
+    if read is None:
+        return None
+    shape, got, call = read
+    if shape is _Repeated and call.__globals__.get("range", builtins.range) is not builtins.range:
+        return None
+    if shape is _Twice:
+        return [got["t"], got["t"]]
+    if shape is _Pair:
+        return [got["t1"], got["t2"]]
+    n, first = got["n"], [got["g1"], got["g2"]] if shape is _MultiCrop else []
+    if type(n) is not int or n < 0 or not 1 <= len(first) + n <= MAX_VIEWS:
+        return None
+    return first + [got["t"]] * n

@@ -21,10 +21,9 @@ dataset fastdata cannot see into, served by the plain drop-in.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
-from ._views import same_shape
+from ._views import read_shape
 
 
 class _IfTransform:
@@ -62,28 +61,15 @@ _SHAPES = (_IfTransform, _IfNotNone, _Always, _Inline)
 def wrapped(dataset: Any) -> tuple[Any, Any] | None:
     """(the dataset it wraps, the transform it gives each image) for a wrapper of `_SHAPES`
     whose transform is not None; None for any other dataset."""
-    cls = type(dataset)
-    get = getattr(cls, "__getitem__", None)
-    if type(get) is not types.FunctionType or get.__defaults__ or get.__kwdefaults__ or get.__closure__:
+    if hasattr(type(dataset), "__getitems__"):
         return None
-    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__") or \
-            hasattr(cls, "__getitems__"):
+    read = read_shape(dataset, "__getitem__", _SHAPES)
+    if read is None:
         return None
-    own = getattr(dataset, "__dict__", None)
-    if type(own) is not dict:
+    shape, got, _ = read
+    transform = got["transform"]
+    # (`if self.transform:` asks the transform's truth: only where that cannot run its code)
+    if transform is None or shape is _IfTransform and any(hasattr(type(transform), m) for m in ("__bool__",
+                                                                                                "__len__")):
         return None
-    for shape in _SHAPES:
-        names: dict[str, str] = {}
-        if not same_shape(get.__code__, shape.__getitem__.__code__, names):
-            continue
-        inner, transform = names["subset"], names["transform"]
-        if inner == transform or any(name not in own or any(name in vars(c) for c in cls.__mro__)
-                                     for name in (inner, transform)):
-            return None
-        transform = own[transform]
-        # (`if self.transform:` asks the transform's truth: only where that cannot run its code)
-        if transform is None or shape is _IfTransform and any(hasattr(type(transform), m) for m in ("__bool__",
-                                                                                                    "__len__")):
-            return None
-        return own[inner], transform
-    return None
+    return got["subset"], transform
