@@ -6,7 +6,10 @@ shape: `ImageFolder` + RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, N
 With `--split` it trains on 90% of the folder, as tutorials split one with `random_split`; with
 `--join` on two folders joined (`train + extra`, a ConcatDataset: here the folder's even and odd
 files, each an ImageFolder of its own); with `--wrap` on the 90% split given its transform by the
-script's own Dataset class (`TransformedSubset`, the common answer for a split's own transforms).
+script's own Dataset class (`TransformedSubset`, the common answer for a split's own transforms);
+with `--files` on the folder's files listed in a CSV file (path, label), read back by the script's
+own Dataset class, which opens each path with Pillow (`ImageFiles`, as scripts with a CSV of their
+images write it).
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -42,6 +45,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
+                                                [--files]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -50,6 +54,7 @@ The last line printed is JSON: images/s of each epoch.
 """
 
 import argparse
+import csv
 import importlib.util
 import json
 import random
@@ -70,6 +75,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
+ap.add_argument("--files", action="store_true")
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -109,6 +115,25 @@ class TransformedSubset(torch.utils.data.Dataset):  # a split's own transform, a
 
     def __len__(self):
         return len(self.subset)
+
+
+class ImageFiles(torch.utils.data.Dataset):  # a CSV of image files, as scripts write it
+    def __init__(self, csv_file, transform=None):
+        with open(csv_file) as f:
+            rows = list(csv.reader(f))
+        self.image_paths = [path for path, _ in rows]
+        self.labels = [int(label) for _, label in rows]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.image_paths)
+
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
 
 
 class GaussianBlur(object):  # MoCo v2's (moco/loader.py), as it is written there
@@ -322,6 +347,11 @@ else:
                                                          generator=torch.Generator().manual_seed(42))
     if args.wrap:
         train_dataset = TransformedSubset(train_dataset, transform)
+    if args.files:  # the same files and labels, listed in a CSV file beside the folder
+        listing = Path(args.data).with_suffix(".csv")
+        with open(listing, "w", newline="") as f:
+            csv.writer(f).writerows(train_dataset.samples)
+        train_dataset = ImageFiles(listing, transform)
     if args.mixup:
         import torchvision.transforms.v2 as v2
 

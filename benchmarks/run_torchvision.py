@@ -15,7 +15,9 @@ With `--split` the script trains on a `random_split` of the folder (90%), a tuto
 with `--join` on two ImageFolders joined, `train + extra` (the folder's even and odd files), a
 `ConcatDataset`, served natively too (run_torchvision_join.json); with `--wrap` on the 90% split
 given its transform by the script's own Dataset class, as scripts give a split's parts their own
-transforms, served natively too (run_torchvision_wrap.json).
+transforms, served natively too (run_torchvision_wrap.json); with `--files` on the folder's files
+listed in a CSV file, each opened by the script's own Dataset class with Pillow, as scripts with a
+CSV of their images write it, served natively too (run_torchvision_files.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
@@ -93,6 +95,8 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
+    ap.add_argument("--files", action="store_true", help="train on the folder's files listed in a CSV file, read by "
+                    "the script's own Dataset class")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit"],
@@ -122,7 +126,7 @@ def main() -> int:
     script = [sys.executable, str(HERE / "_imagenet_example.py"), str(root), "--epochs", str(args.epochs),
               "--workers", str(args.workers), "--arch", args.arch, "--recipe", args.recipe,
               *(["--split"] if args.split else []), *(["--join"] if args.join else []),
-              *(["--wrap"] if args.wrap else []),
+              *(["--wrap"] if args.wrap else []), *(["--files"] if args.files else []),
               *(["--mixup"] if args.mixup else []),
               *(["--ra-sampler"] if args.ra_sampler else []), "--backend", args.backend,
               "--padding-mode", args.padding_mode]
@@ -144,6 +148,7 @@ def main() -> int:
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + (", two folders joined" if args.join else "")
           + (", the 90% split in the script's wrapper" if args.wrap else "")
+          + (", its files listed in a CSV file, read by the script's Dataset" if args.files else "")
           + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")
           + (", the tensor backend" if args.backend == "tensor" else "")
@@ -153,13 +158,14 @@ def main() -> int:
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") + ("_join" if args.join else "") \
-        + ("_wrap" if args.wrap else "") \
+        + ("_wrap" if args.wrap else "") + ("_files" if args.files else "") \
         + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
         + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "") \
         + ("" if args.padding_mode == "constant" else f"_{args.padding_mode}")
     _common.write(stem, {
         "images": args.images, "batch": 256, "workers": args.workers, "epochs": args.epochs, "rounds": args.rounds,
-        "arch": args.arch, "split": args.split, "join": args.join, "wrap": args.wrap, "recipe": args.recipe,
+        "arch": args.arch, "split": args.split, "join": args.join, "wrap": args.wrap, "files": args.files,
+        "recipe": args.recipe,
         "mixup": args.mixup,
         "ra_sampler": args.ra_sampler, "backend": args.backend, "padding_mode": args.padding_mode,
         "pillow": PIL.__version__,

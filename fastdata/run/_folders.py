@@ -4,9 +4,10 @@ A `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with torchvision's own
 timm's `ImageDataset` on its folder reader (`_timm.image_dataset`), or torch's `Subset` of either
 (what `random_split` gives: `folder`), or a `ConcatDataset` joining such folders (what `a + b`
 gives: `leaves`), or a script's wrapper giving one's images its transform (`_wrapped`: a
-random_split's part with a transform of its own), each with a transform that lowers the same: a
-list of (path, class) pairs (`listed`), each file opened by Pillow and converted to RGB, then the
-transform, which `_lowering` lowers. Any other dataset is not an image folder here; one of those
+random_split's part with a transform of its own), or a script's own Dataset that opens each file
+by its path (`_filelist`), each with a transform that lowers the same: a list of (path, class)
+pairs (`listed`; a script's file list, its own expressions: `samples_of`), each file opened by
+Pillow and converted to RGB, then the transform, which `_lowering` lowers. Any other dataset is not an image folder here; one of those
 that reads its files otherwise gives the reason, and the loader falls back to the plain drop-in.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ._filelist import file_list
 from ._lowering import Lowering, Unlowerable, lower_transform, lower_views
 from ._pixels import named
 from ._timm import image_dataset
@@ -90,14 +92,38 @@ def locate(dataset: Any, indices: list) -> list[tuple[Any, int]]:
 
 def target_transformed(dataset: Any) -> bool:
     """Whether a dataset of `leaves(dataset)` has a target_transform (the script's code)."""
-    return any(getattr(ds, "target_transform", None) is not None for ds in leaves(dataset))
+    return any(target_transform_of(ds) is not None for ds in leaves(dataset))
+
+
+def target_transform_of(dataset: Any) -> Any:
+    """The target_transform an image folder gives its labels (a script's file list: none)."""
+    return None if file_list(dataset) is not None else getattr(dataset, "target_transform", None)
+
+
+def transform_of(dataset: Any) -> Any:
+    """The transform an image folder gives its images (a script's file list: the one its code calls)."""
+    files = file_list(dataset)
+    return dataset.transform if files is None else files.transform
 
 
 def listed(dataset: Any) -> Any:
     """An image folder's list of (path, class) pairs: a torchvision folder's `samples`, timm's
-    ImageDataset's reader's (None where there is none)."""
+    ImageDataset's reader's (None where there is none, and for a script's file list)."""
+    if file_list(dataset) is not None:
+        return None
     holder = dataset.reader if image_dataset(dataset) is not None else dataset
     return getattr(holder, "samples", None)
+
+
+def samples_of(dataset: Any, indices: list) -> tuple[list[str], list]:
+    """(the paths, the classes) of an image folder's `indices`: from its list (whose errors, an
+    index out of range, are the script's), or as a script's file list's code names them."""
+    files = file_list(dataset)
+    if files is not None:
+        return files.samples(indices)
+    now = listed(dataset)
+    picked = [now[i] for i in indices]
+    return [path for path, _ in picked], [target for _, target in picked]
 
 
 def lower(dataset: Any) -> tuple[Lowering | None, str]:
@@ -111,6 +137,7 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     found = list({id(ds): ds for ds, _ in reached}.values())
     whys = [image_dataset(ds) for ds in found]
     whys = [_torchvisions(ds, tv) if why is None else why for ds, why in zip(found, whys)]
+    whys = [_files(ds) if why is None else why for ds, why in zip(found, whys)]
     if all(why is None for why in whys):
         return None, ""
     if None in whys:
@@ -127,7 +154,7 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     try:
         seen = set()
         for ds, wrapper in reached:  # (each transform once: the datasets of a join mostly share one)
-            transform = ds.transform
+            transform = transform_of(ds)
             if wrapper is not None:
                 if transform is not None:
                     return None, (f"the {type(ds).__name__} under {type(wrapper).__name__} has a transform of its "
@@ -151,6 +178,12 @@ def _alike(one: Lowering, other: Lowering) -> bool:
         return bool(one == other)
     except Exception:
         return False
+
+
+def _files(dataset: Any) -> str | None:
+    """For a script's file list: "" where it is served natively, else why not; None for any other dataset."""
+    files = file_list(dataset)
+    return None if files is None else files.why
 
 
 def _torchvisions(dataset: Any, tv: Any) -> str | None:

@@ -24,7 +24,7 @@ import torch
 from .._loader import resolve_workers
 from ..transforms import ops as fd
 from ._crop import Pad, RandomCrop
-from ._folders import leaves, listed
+from ._folders import leaves, samples_of
 
 _SLOTS = 2 + 2  # a ring's slots: prefetch_factor + 2, at DataLoader's 2 (auto_workers: the script set none)
 _held: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # dataset -> its workers' bytes
@@ -91,7 +91,7 @@ def _first_size(dataset: Any) -> tuple[int, int] | None:
     try:
         from PIL import Image
 
-        with Image.open(listed(dataset)[0][0]) as image:
+        with Image.open(samples_of(dataset, [0])[0][0]) as image:
             return image.size[::-1]
     except Exception:  # a probe: no samples, no Pillow, a file Pillow cannot open: the size is unknown
         return None

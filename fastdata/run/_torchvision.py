@@ -53,7 +53,8 @@ from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
-from ._folders import leaves, listed, locate, lower
+from ._filelist import file_list
+from ._folders import leaves, listed, locate, lower, samples_of, target_transform_of
 from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
 
@@ -200,7 +201,13 @@ class NativeFolder(Dataset):
     def _samples(self, k: int, ds: Any, indices: list) -> tuple[list[str], list]:
         """The paths and targets of the folder `ds`'s `indices` (`ds` the dataset's `k`th folder):
         from its listing in a worker (`list_for_workers`), else from its list (`listed`), whose
-        errors (an index out of range) are the script's."""
+        errors (an index out of range) are the script's; a script's file list's as its code names
+        them (an error there: FolderError, and the batch is the script's own fetch)."""
+        if file_list(ds) is not None:
+            try:
+                return samples_of(ds, indices)
+            except Exception as e:
+                raise FolderError(f"{type(ds).__name__}'s samples: {type(e).__name__}") from None
         now = listed(ds)
         listing = self._listings[k] if k < len(self._listings) else None
         if listing is not None and torch.utils.data.get_worker_info() is not None:
@@ -214,8 +221,7 @@ class NativeFolder(Dataset):
                     return [paths[i] for i in indices], [targets[i] for i in indices]
                 except (IndexError, TypeError):
                     pass
-        picked = [now[i] for i in indices]
-        return [path for path, _ in picked], [target for _, target in picked]
+        return samples_of(ds, indices)
 
     def __getitems__(self, indices: list[int]) -> Any:
         try:
@@ -262,9 +268,9 @@ class NativeFolder(Dataset):
         ring = None if self.samples or self.rings is None else self.rings.ring()
         try:
             seeds = self._decoded(paths, index, views, images, handles, ring)
-            if any(ds.target_transform is not None for ds in found):
-                targets = [t if found[k].target_transform is None else found[k].target_transform(t)
-                           for k, t in zip(numbers, targets)]
+            given = [target_transform_of(ds) for ds in found]
+            if any(t is not None for t in given):
+                targets = [t if given[k] is None else given[k](t) for k, t in zip(numbers, targets)]
             return self._joined([self._batch(x, targets, view, seed, handle) for x, view, seed, handle
                                  in zip(images, views, seeds, handles)], targets, lowering)
         except BaseException:

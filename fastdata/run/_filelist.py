@@ -1,0 +1,183 @@
+"""`fastdata run`: a script's own Dataset that opens each image by its path with Pillow.
+
+Scripts whose images are listed in a CSV file, or gathered with glob, write a small Dataset
+class for them, the same few lines in each:
+
+    def __getitem__(self, idx):
+        image = Image.open(self.paths[idx]).convert("RGB")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+Such a dataset is read as an image folder (`file_list`): each sample the file at the path its
+code names, opened by Pillow and converted to RGB (as torchvision's folders open theirs), through
+its transform, with the label its code names. It is read by its code, not its name, as `_views`
+reads a multi-view wrapper: its `__getitem__` must be one of the shapes `_written` writes out,
+instruction for instruction in the running interpreter's bytecode (the names of its attributes
+and locals free; `Image` Pillow's module, `os` Python's), its class without `__getitems__`,
+`__getattr__` or `__getattribute__` of its own, its attributes plainly in the instance. The
+shapes: the path `self.paths[i]`, `os.path.join(self.root, self.paths[i])` or a pandas frame's
+`self.frame.iloc[i, 0]` (joined to a root or not), bound to a local first or not; the label
+`self.labels[i]` (with a frame, `self.frame.iloc[i, 1]`) before or after the image, after the
+transform or in the return; or both from `path, label = self.samples[i]`; the transform under
+`if self.transform:` or `if self.transform is not None:`, always, or in the return. The lists
+must be lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame), whose
+indexing changes nothing: fastdata then evaluates the same expressions on them (`FileList.samples`,
+code written from the same parts as the shape's, without the open and the transform) and gets
+the paths and labels the script's code would. Any other code is a dataset fastdata cannot see
+into, served by the plain drop-in.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import sys
+import types
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ._views import read_shape
+
+# (the path, the label that goes with it)
+_PATHS = (("self.paths[i]", "self.labels[i]"),
+          ("os.path.join(self.root, self.paths[i])", "self.labels[i]"),
+          ("self.frame.iloc[i, 0]", "self.frame.iloc[i, 1]"),
+          ("os.path.join(self.root, self.frame.iloc[i, 0])", "self.frame.iloc[i, 1]"))
+_PAIRS = ("p", "os.path.join(self.root, p)")  # the path of `p, y = self.samples[i]`
+_GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
+           "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
+           "always": ["x = self.transform(x)"],
+           "inline": []}
+# Names the shapes read that must be spelled as written: the modules, and their attributes' names
+_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc")
+_LISTS = (list, tuple, np.ndarray, torch.Tensor)
+
+
+class Shape:
+    """One shape of `__getitem__` (its code in the class's `__getitem__`), with `pick`, the
+    same statements but the open and the transform: (path, label) of an index."""
+
+    guard: str
+    pick: Callable
+
+
+def _shape(head: list[str], guard: str, tail: list[str], label: str) -> type:
+    """The Shape of the statements `head` (the open among them), then the transform as `guard`
+    puts it, then `tail`, then the return of the image and `label`."""
+    opened = next(s for s in head if s.startswith("x = Image.open("))
+    path = opened[len("x = Image.open("):-len('.convert("RGB")') - 1]
+    image = "self.transform(x)" if guard == "inline" else "x"
+    body = head + _GUARDS[guard] + tail + [f"return {image}, {label}"]
+    picked = [s for s in head if s is not opened] + tail + [f"return {path}, {label}"]
+    get, pick = (types.FunctionType(_compiled(statements), {"os": os}) for statements in (body, picked))
+    return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard})
+
+
+def _compiled(statements: list[str]) -> types.CodeType:
+    """The code of a method of `statements` in a module that imports Pillow's `Image` and `os`
+    (the compiler reads an attribute of an imported module as such, not as a method), not run."""
+    source = "from PIL import Image\nimport os\ndef f(self, i):\n" + "".join(f"    {s}\n" for s in statements)
+    module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
+    return next(c for c in module.co_consts if isinstance(c, types.CodeType))
+
+
+@functools.lru_cache(maxsize=1)
+def _written() -> dict[bytes, tuple[type, ...]]:
+    """Every shape, keyed by its code's bytes (the running interpreter's compiler writes them)."""
+    shapes = []
+    for guard in _GUARDS:
+        for path, label in _PATHS:
+            for bound in (False, True):
+                head = [f"p = {path}"] if bound else []
+                head.append(f'x = Image.open({"p" if bound else path}).convert("RGB")')
+                bind = f"y = {label}"
+                for at in range(len(head) + 1):  # the label bound before, between or after them
+                    shapes.append(_shape(head[:at] + [bind] + head[at:], guard, [], "y"))
+                shapes.append(_shape(head, guard, [], label))  # the label in the return
+                if guard != "inline":
+                    shapes.append(_shape(head, guard, [bind], "y"))  # the label bound after the transform
+        for path in _PAIRS:
+            shapes.append(_shape(["p, y = self.samples[i]", f'x = Image.open({path}).convert("RGB")'], guard, [], "y"))
+    written: dict[bytes, list[type]] = {}
+    for shape in shapes:
+        written.setdefault(shape.__getitem__.__code__.co_code, []).append(shape)
+    return {code: tuple(found) for code, found in written.items()}
+
+
+class FileList:
+    """A script's file-list dataset as `file_list` reads it: `transform`, the one its
+    `__getitem__` gives each image; `samples(indices)`, their paths and labels."""
+
+    def __init__(self, shape: type, values: dict, why: str) -> None:
+        self.shape, self.values, self.why = shape, values, why
+        self.transform = values["transform"]
+
+    def samples(self, indices: list) -> tuple[list[str], list]:
+        """(the paths, the labels) the dataset's code gives `indices`; raises what evaluating
+        it raises, or TypeError for a path that is not a str or a pathlib path."""
+        picked = [self.shape.pick(self._view, i) for i in indices]
+        paths = []
+        for path, _ in picked:
+            if isinstance(path, pathlib.PurePath):
+                path = os.fspath(path)
+            if not isinstance(path, str):
+                raise TypeError(f"a path of type {type(path).__name__}")
+            paths.append(str(path))
+        return paths, [label for _, label in picked]
+
+    @functools.cached_property
+    def _view(self) -> Any:
+        return types.SimpleNamespace(**self.values)
+
+
+def file_list(dataset: Any) -> FileList | None:
+    """The reading of a dataset whose `__getitem__` is one of the shapes; None for any other. Its
+    `why` says why it is not served natively ("" where it is)."""
+    cls = type(dataset)
+    code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
+    if code is None or hasattr(cls, "__getitems__"):
+        return None
+    shapes = _written().get(code.co_code)
+    read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
+    if read is None:
+        return None
+    shape, got, func = read
+    image = sys.modules.get("PIL.Image")
+    scope = func.__globals__
+    if image is None or scope.get("Image") is not image or ("os" in func.__code__.co_names and scope.get("os") is not os):
+        return None
+    if not (_pillows(image.open) and _pillows(image.Image.convert)):
+        return None
+    return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+
+
+def _pillows(f: Any) -> bool:
+    """Whether `f` is Pillow's own function (not one a script put in its place)."""
+    code = getattr(f, "__code__", None)
+    return code is not None and code.co_filename == getattr(sys.modules.get("PIL.Image"), "__file__", None) and \
+        not hasattr(f, "__wrapped__")
+
+
+def _refused(name: str, shape: type, got: dict) -> str:
+    """Why a dataset of `shape` with attributes `got` is not served natively ("" where it is)."""
+    pandas = sys.modules.get("pandas")
+    series = (pandas.Series,) if pandas is not None else ()
+    for key, value in got.items():
+        if key in ("paths", "labels", "samples") and not (type(value) in _LISTS + series):
+            return f"{name} reads its {key} from a {type(value).__name__}, whose indexing fastdata does not read"
+        if key == "frame" and (pandas is None or type(value) is not pandas.DataFrame):
+            return f"{name} reads its samples from a {type(value).__name__}, not a pandas DataFrame"
+        if key == "root" and not isinstance(value, (str, pathlib.PurePath)):
+            return f"{name} joins its paths to a {type(value).__name__}, not a str or a path"
+    transform = got["transform"]
+    if transform is None and shape.guard in ("always", "inline"):
+        return f"{name} calls its transform, which is None"
+    # (`if self.transform:` asks the transform's truth: only where that cannot run its code)
+    if shape.guard == "if" and transform is not None and any(hasattr(type(transform), m) for m in ("__bool__", "__len__")):
+        return f"{name} asks its transform's truth, which is {type(transform).__name__}'s own code"
+    return ""

@@ -1,0 +1,343 @@
+"""`fastdata run` serving a script's own Dataset that opens its image files by path with Pillow
+(`fastdata.run._filelist`): read by its code, decoded by fastdata, the batches torchvision's.
+
+It builds transforms with torchvision, so it runs where torchvision is installed (.ci/run's
+virtualenv made as a user's, which has pandas too for the CSV frame's shape). The datasets are
+written here as scripts write them, at module level (their `Image` and `os` the modules imported
+above, as a script's are).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from fastdata.run import _torchvision as rt
+from _images import blue_folder
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
+
+
+@pytest.fixture(scope="module")
+def tv():
+    return pytest.importorskip("torchvision")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, tv):
+    return blue_folder(tmp_path_factory.mktemp("files"))
+
+
+def _listing(folder: Path) -> tuple[list[str], list[int]]:
+    """The folder's files and their classes (class c in the folder class{c})."""
+    paths = sorted(str(p) for p in folder.rglob("*.jpg"))
+    return paths, [int(Path(p).parent.name[len("class"):]) for p in paths]
+
+
+def _class_of(images: torch.Tensor) -> torch.Tensor:
+    """Each image's class, read from its blue channel (about 55 + 50c: `blue_folder`)."""
+    blue = images[:, 2].float() * (255 if images.is_floating_point() else 1)
+    return ((blue.mean(dim=(1, 2)) - 55) / 50).round().long()
+
+
+def _served(dataset, **kwargs):
+    from fastdata.run._hook import Served
+
+    return Served(dataset, **kwargs)
+
+
+def _transforms():
+    import torchvision.transforms as T
+
+    return (T.Compose([T.Resize((20, 16)), T.ToTensor()]),
+            T.Compose([T.Resize((24, 24)), T.CenterCrop((20, 16)), T.PILToTensor()]))
+
+
+class Files(Dataset):  # a list of paths and one of labels
+    def __init__(self, paths, labels, transform=None):
+        self.image_paths, self.labels, self.transform = paths, labels, transform
+
+    def __len__(self):
+        return len(self.image_paths)
+
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Rooted(Dataset):  # names under a root, the label first, the path bound to a local
+    def __init__(self, root, names, targets, transform=None):
+        self.root, self.names, self.targets, self.tf = root, names, targets, transform
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, index):
+        target = self.targets[index]
+        img_path = os.path.join(self.root, self.names[index])
+        img = Image.open(img_path).convert('RGB')
+        if self.tf is not None:
+            img = self.tf(img)
+        return img, target
+
+
+class Pairs(Dataset):  # (path, label) pairs, the transform in the return
+    def __init__(self, samples, transform):
+        self.samples, self.transform = samples, transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, y = self.samples[i]
+        x = Image.open(path).convert("RGB")
+        return self.transform(x), y
+
+
+class Late(Files):  # the label read after the transform, always applied
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        image = self.transform(image)
+        label = self.labels[idx]
+        return image, label
+
+
+class Frame(Dataset):  # the PyTorch tutorial's CustomImageDataset, opening its files with Pillow
+    def __init__(self, img_labels, img_dir, transform=None):
+        self.img_labels, self.img_dir, self.transform = img_labels, img_dir, transform
+
+    def __len__(self):
+        return len(self.img_labels)
+
+    def __getitem__(self, idx):
+        img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx, 0])
+        image = Image.open(img_path).convert("RGB")
+        label = self.img_labels.iloc[idx, 1]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class More(Files):  # its own arithmetic on the label
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        label = self.labels[idx] + 1
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Grey(Files):  # another conversion
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx]).convert("L")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Batched(Files):  # its own batch fetch
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class Split(Dataset):  # a split's part given its transform, as scripts write it
+    def __init__(self, subset, transform=None):
+        self.subset, self.transform = subset, transform
+
+    def __len__(self):
+        return len(self.subset)
+
+    def __getitem__(self, index):
+        x, y = self.subset[index]
+        if self.transform:
+            x = self.transform(x)
+        return x, y
+
+
+# A script whose `Image` is its own, not Pillow's module (bound after the import)
+OWN_IMAGE = """
+import types
+from PIL import Image
+Image = types.SimpleNamespace(open=lambda path: None)
+
+class Own:
+    def __init__(self, paths, labels, transform):
+        self.paths, self.labels, self.transform = paths, labels, transform
+
+    def __getitem__(self, idx):
+        image = Image.open(self.paths[idx]).convert("RGB")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+"""
+
+
+class Property(Files):
+    transform = property(lambda self: _transforms()[0])
+
+    def __init__(self, paths, labels):
+        self.image_paths, self.labels = paths, labels
+
+
+def _same_batches(dataset, workers: int, swap=None) -> None:
+    """The served loader's batches (native) are DataLoader's bit for bit over two passes, the
+    labels those of the images' content; `swap(dataset)` between them (the next pass follows)."""
+    loader = _served(dataset, batch_size=7, shuffle=True, num_workers=workers,
+                     generator=torch.Generator().manual_seed(1))
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    plain = torch.utils.data.DataLoader(dataset, batch_size=7, shuffle=True,
+                                        generator=torch.Generator().manual_seed(1))
+    try:
+        for _ in range(2):
+            want, got = list(plain), list(loader)
+            assert len(got) == len(want) and sum(len(labels) for _, labels in got) == len(dataset)
+            for (a, la), (b, lb) in zip(got, want):
+                assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(_class_of(a), la)
+            if swap is not None:
+                swap(dataset)
+    finally:
+        loader._stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
+    """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
+    written as scripts write it (paths and labels in lists, names joined to a root, (path, label)
+    pairs; the label before or after the image or the transform; `if self.transform:`, `is not
+    None`, always, inline; any names), is served natively: the batches torchvision's own, bit for
+    bit, the labels its code's, a transform swapped between passes followed."""
+    from fastdata.run._decide import _collation
+
+    paths, labels = _listing(folder)
+    sized, cropped = _transforms()
+
+    def swap(ds):
+        name = "tf" if isinstance(ds, Rooted) else "transform"
+        setattr(ds, name, cropped if getattr(ds, name) is sized else sized)
+
+    names = [os.path.relpath(p, folder) for p in paths]
+    for dataset in (Files(paths, labels, sized), Rooted(str(folder), names, labels, cropped),
+                    Pairs(list(zip(paths, labels)), sized),
+                    Late([pathlib.Path(p) for p in paths], np.array(labels), cropped),
+                    Rooted(folder, names, torch.tensor(labels), sized)):
+        assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
+        _same_batches(dataset, workers, swap)
+
+
+@pytest.mark.timeout(300)
+def test_the_tutorials_csv_frame_dataset_is_served_natively(tv, folder):
+    """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
+    names joined to its folder), opening its files with Pillow: served natively, its labels the
+    frame's numpy integers collated as DataLoader collates them."""
+    from fastdata.run._decide import _collation
+
+    pd = pytest.importorskip("pandas")
+    paths, labels = _listing(folder)
+    frame = pd.DataFrame({"file": [os.path.relpath(p, folder) for p in paths], "label": labels})
+    sized, _ = _transforms()
+    dataset = Frame(frame, str(folder), sized)
+    assert "served natively: Frame with" in _collation({"dataset": dataset})[0]
+    _same_batches(dataset, 2)
+
+
+@pytest.mark.timeout(300)
+def test_a_file_list_split_wrapped_or_joined_is_served_natively(tv, folder):
+    """A file list under random_split, under the script's wrapper that gives a split's part its
+    transform (the file list's own None), and two file lists joined: served natively, the
+    batches DataLoader's bit for bit."""
+    paths, labels = _listing(folder)
+    sized, cropped = _transforms()
+    train, val = torch.utils.data.random_split(Files(paths, labels), [0.75, 0.25],
+                                               generator=torch.Generator().manual_seed(0))
+    half = len(paths) // 2
+    for dataset in (torch.utils.data.random_split(Files(paths, labels, sized), [0.5, 0.5])[0], Split(train, sized),
+                    Split(val, cropped), Files(paths[:half], labels[:half], sized) + Pairs(
+                        list(zip(paths[half:], labels[half:])), sized)):
+        _same_batches(dataset, 2)
+
+
+def test_a_file_list_that_does_more_is_not_read(tv, folder):
+    """Code that does more than open, convert to RGB, transform and return (arithmetic on the
+    label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
+    is not Pillow's) is a dataset fastdata cannot see into; one it reads but cannot serve (paths
+    in a dict, a None transform it calls, a transform whose truth is its own code) says why."""
+    from fastdata.run._decide import _collation
+
+    paths, labels = _listing(folder)
+    sized, _ = _transforms()
+    for dataset in (More(paths, labels, sized), Grey(paths, labels, sized), Batched(paths, labels, sized),
+                    Property(paths, labels)):
+        assert rt.lower(dataset) == (None, ""), type(dataset).__name__
+        assert "served natively" not in _collation({"dataset": dataset})[0]
+    for own in (False, True):  # (the same code with Pillow's Image is read)
+        scope: dict = {}
+        exec(compile(OWN_IMAGE if own else OWN_IMAGE.replace("Image = types", "_ = types"), "<script>", "exec"), scope)
+        assert (rt.lower(scope["Own"](paths, labels, sized))[0] is None) == own
+
+    class Sized(type(sized)):
+        def __len__(self):
+            return 0
+
+    import torchvision.transforms as T
+    for dataset, why in ((Files(dict(enumerate(paths)), labels, sized), "Files reads its paths from a dict"),
+                         (Late(paths, labels, None), "Late calls its transform, which is None"),
+                         (Files(paths, labels, Sized([T.ToTensor()])), "Files asks its transform's truth")):
+        lowering, reason = rt.lower(dataset)
+        assert lowering is None and reason.startswith(why), reason
+        assert why in _collation({"dataset": dataset})[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_file_it_cannot_read_makes_the_batch_the_scripts_own_fetch(tv, folder, tmp_path):
+    """A missing file raises the script's own error (Pillow's FileNotFoundError), as without
+    fastdata; paths fastdata does not take (bytes, which Pillow opens) give the script's own
+    samples, the same batches."""
+    paths, labels = _listing(folder)
+    sized, _ = _transforms()
+    missing = Files(paths[:5] + [str(tmp_path / "gone.jpg")], labels[:6], sized)
+    loader = _served(missing, batch_size=6)
+    with pytest.raises(FileNotFoundError, match="gone.jpg"):
+        next(iter(loader))
+    loader._stop()
+    raw = Files([os.fsencode(p) for p in paths], labels, sized)
+    loader = _served(raw, batch_size=8)
+    for (a, la), (b, lb) in zip(loader, torch.utils.data.DataLoader(raw, batch_size=8), strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader._stop()
+
+
+@pytest.mark.timeout(300)
+def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path):
+    """tests/run_scripts/train_csv.py, a script that lists its images in a CSV file and reads
+    them with its own Dataset, unchanged under `fastdata run`: served natively (the summary says
+    so), every label its image's, the batches laid out as the plain script's."""
+    runs = {}
+    for plain in (True, False):
+        out = tmp_path / f"out{plain}.json"
+        command = [sys.executable, str(SCRIPTS / "train_csv.py"), str(folder), str(out)]
+        if not plain:
+            command = [sys.executable, "-m", "fastdata", "run", "--", *command]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[plain] = json.loads(out.read_text()), proc.stderr
+    (plain, _), (got, err) = runs[True], runs[False]
+    assert "served natively: ImageCsv with RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize" in err, err
+    assert got["wrong"] == plain["wrong"] == 0 and got["seen"] == plain["seen"] == 2 * 48
+    assert got["layout"] == plain["layout"]
