@@ -17,11 +17,13 @@ reads a multi-view wrapper: its `__getitem__` must be one of the shapes `_writte
 instruction for instruction in the running interpreter's bytecode (the names of its attributes
 and locals free; `Image` Pillow's module, `os` Python's), its class without `__getitems__`,
 `__getattr__` or `__getattribute__` of its own, its attributes plainly in the instance. The
-shapes: the path `self.paths[i]`, `os.path.join(self.root, self.paths[i])` or a pandas frame's
-`self.frame.iloc[i, 0]` (joined to a root or not), bound to a local first or not; the label
-`self.labels[i]` (with a frame, `self.frame.iloc[i, 1]`) before or after the image, after the
-transform or in the return; or both from `path, label = self.samples[i]`; the transform under
-`if self.transform:` or `if self.transform is not None:`, always, or in the return. The lists
+shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of
+its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`,
+`r["path"]` of `r = self.frame.iloc[i]`), joined to a root with `os.path.join` or not, bound to a
+local first or not; the label from a list of its own (`self.labels[i]`) or the same frame
+(`self.frame.iloc[i, 1]`, ...), before or after the image, after the transform or in the return;
+or both from `path, label = self.samples[i]`; the transform under `if self.transform:` or `if
+self.transform is not None:`, always, or in the return. The lists
 must be lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame), whose
 indexing changes nothing: fastdata then evaluates the same expressions on them (`FileList.samples`,
 code written from the same parts as the shape's, without the open and the transform) and gets
@@ -32,6 +34,7 @@ into, served by the plain drop-in.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import pathlib
 import sys
@@ -43,24 +46,29 @@ import torch
 
 from ._views import read_shape
 
-# (the path, the label that goes with it)
-_PATHS = (("self.paths[i]", "self.labels[i]"),
-          ("os.path.join(self.root, self.paths[i])", "self.labels[i]"),
-          ("self.frame.iloc[i, 0]", "self.frame.iloc[i, 1]"),
-          ("os.path.join(self.root, self.frame.iloc[i, 0])", "self.frame.iloc[i, 1]"))
+# Where a sample's path and label come from: (statements before them, the path, the label). A
+# frame's columns are named by the script ({P}, {L}: any str, `COLUMNS`), but for `iloc`'s 0 and 1.
+_SOURCES = (((), "self.paths[i]", "self.labels[i]"),
+            ((), "self.frame.iloc[i, 0]", "self.frame.iloc[i, 1]"),
+            ((), "self.frame.iloc[i][{P}]", "self.frame.iloc[i][{L}]"),
+            ((), "self.frame.loc[i, {P}]", "self.frame.loc[i, {L}]"),
+            ((), "self.frame[{P}][i]", "self.frame[{L}][i]"),
+            (("r = self.frame.iloc[i]",), "r[{P}]", "r[{L}]"))
 _PAIRS = ("p", "os.path.join(self.root, p)")  # the path of `p, y = self.samples[i]`
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
            "inline": []}
+COLUMNS = {"P": "\0path column", "L": "\0label column"}  # (`_views.same_shape` reads a "\0" str as the script's)
 # Names the shapes read that must be spelled as written: the modules, and their attributes' names
-_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc")
+_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc")
 _LISTS = (list, tuple, np.ndarray, torch.Tensor)
 
 
 class Shape:
-    """One shape of `__getitem__` (its code in the class's `__getitem__`), with `pick`, the
-    same statements but the open and the transform: (path, label) of an index."""
+    """One shape of `__getitem__` (its code in the class's `__getitem__`), with `pick(self, i,
+    P, L)`, the same statements but the open and the transform, the columns given: (path,
+    label) of an index."""
 
     guard: str
     pick: Callable
@@ -74,14 +82,17 @@ def _shape(head: list[str], guard: str, tail: list[str], label: str) -> type:
     image = "self.transform(x)" if guard == "inline" else "x"
     body = head + _GUARDS[guard] + tail + [f"return {image}, {label}"]
     picked = [s for s in head if s is not opened] + tail + [f"return {path}, {label}"]
-    get, pick = (types.FunctionType(_compiled(statements), {"os": os}) for statements in (body, picked))
+    get = types.FunctionType(_compiled(body, "", {k: repr(v) for k, v in COLUMNS.items()}), {})
+    pick = types.FunctionType(_compiled(picked, ", P, L", {k: k for k in COLUMNS}), {"os": os})
     return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard})
 
 
-def _compiled(statements: list[str]) -> types.CodeType:
-    """The code of a method of `statements` in a module that imports Pillow's `Image` and `os`
-    (the compiler reads an attribute of an imported module as such, not as a method), not run."""
-    source = "from PIL import Image\nimport os\ndef f(self, i):\n" + "".join(f"    {s}\n" for s in statements)
+def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
+    """The code of a method `(self, i{more})` of `statements` (the columns written as `columns`)
+    in a module that imports Pillow's `Image` and `os` (the compiler reads an attribute of an
+    imported module as such, not as a method), not run."""
+    source = f"from PIL import Image\nimport os\ndef f(self, i{more}):\n" + \
+        "".join(f"    {s.format(**columns)}\n" for s in statements)
     module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
     return next(c for c in module.co_consts if isinstance(c, types.CodeType))
 
@@ -91,12 +102,13 @@ def _written() -> dict[bytes, tuple[type, ...]]:
     """Every shape, keyed by its code's bytes (the running interpreter's compiler writes them)."""
     shapes = []
     for guard in _GUARDS:
-        for path, label in _PATHS:
-            for bound in (False, True):
-                head = [f"p = {path}"] if bound else []
-                head.append(f'x = Image.open({"p" if bound else path}).convert("RGB")')
+        for before, path, label in _SOURCES:
+            for joined, bound in itertools.product((False, True), (False, True)):
+                path_at = f"os.path.join(self.root, {path})" if joined else path
+                head = [*before, *([f"p = {path_at}"] if bound else [])]
+                head.append(f'x = Image.open({"p" if bound else path_at}).convert("RGB")')
                 bind = f"y = {label}"
-                for at in range(len(head) + 1):  # the label bound before, between or after them
+                for at in range(len(before), len(head) + 1):  # the label bound before, between or after them
                     shapes.append(_shape(head[:at] + [bind] + head[at:], guard, [], "y"))
                 shapes.append(_shape(head, guard, [], label))  # the label in the return
                 if guard != "inline":
@@ -120,7 +132,8 @@ class FileList:
     def samples(self, indices: list) -> tuple[list[str], list]:
         """(the paths, the labels) the dataset's code gives `indices`; raises what evaluating
         it raises, or TypeError for a path that is not a str or a pathlib path."""
-        picked = [self.shape.pick(self._view, i) for i in indices]
+        pick, view, columns = self.shape.pick, self._view, [self.values.get(v) for v in COLUMNS.values()]
+        picked = [pick(view, i, *columns) for i in indices]
         paths = []
         for path, _ in picked:
             if isinstance(path, pathlib.PurePath):
@@ -132,7 +145,7 @@ class FileList:
 
     @functools.cached_property
     def _view(self) -> Any:
-        return types.SimpleNamespace(**self.values)
+        return types.SimpleNamespace(**{k: v for k, v in self.values.items() if k not in COLUMNS.values()})
 
 
 def file_list(dataset: Any) -> FileList | None:
@@ -140,8 +153,8 @@ def file_list(dataset: Any) -> FileList | None:
     `why` says why it is not served natively ("" where it is)."""
     cls = type(dataset)
     code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
-    if code is None or hasattr(cls, "__getitems__"):
-        return None
+    if code is None or hasattr(cls, "__getitems__") or not {"open", "convert"} <= set(code.co_names):
+        return None  # (the shapes' names: the shapes are written out only for a dataset that may be one)
     shapes = _written().get(code.co_code)
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:

@@ -64,7 +64,8 @@ _FLAGS = 0xFFFF & ~inspect.CO_NESTED
 def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
     """Whether `code` has `ref`'s shape (the same instructions, arguments and constants, its
     nested code alike), adding to `names` each of `ref`'s global and attribute names with the
-    one `code` has in its place."""
+    one `code` has in its place, and each of its str constants that begin with "\\0" (a name the
+    script chooses, a column's) with the str `code` has there."""
     if any(getattr(code, f, None) != getattr(ref, f, None) for f in _SHAPE_FIELDS) or \
             code.co_flags & _FLAGS != ref.co_flags & _FLAGS:
         return False
@@ -74,6 +75,9 @@ def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
     for mine, theirs in zip(code.co_consts, ref.co_consts):
         if isinstance(theirs, types.CodeType):
             if not (isinstance(mine, types.CodeType) and same_shape(mine, theirs, names)):
+                return False
+        elif isinstance(theirs, str) and theirs.startswith("\0"):
+            if type(mine) is not str or names.setdefault(theirs, mine) != mine:
                 return False
         elif type(mine) is not type(theirs) or mine != theirs:
             return False
@@ -85,7 +89,8 @@ def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
 
 def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = ()) -> tuple[type, dict, Any] | None:
     """(the one of `shapes` whose `method` the class of `obj` has, instruction for instruction,
-    the values of its attributes in `obj` keyed by the shape's names for them, the method); None
+    the values of its attributes in `obj` keyed by the shape's names for them, and its free
+    constants (`same_shape`) keyed by the shape's, the method); None
     where none is, or where the method has defaults or a closure, the class its own attribute
     lookup, or an attribute is not plainly in the instance (a property, a class attribute).
     `builtin`: names the method reads that must be themselves (a builtin, a method of a local)."""
@@ -102,12 +107,13 @@ def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = ()) -> tup
         names: dict[str, str] = {}
         if not same_shape(func.__code__, getattr(shape, method).__code__, names):
             continue
-        attrs = {ref: mine for ref, mine in names.items() if ref not in builtin}
+        attrs = {ref: mine for ref, mine in names.items() if ref not in builtin and not ref.startswith("\0")}
         if any(names.get(b, b) != b for b in builtin) or len(set(attrs.values())) != len(attrs):
             return None
         if any(mine not in own or any(mine in vars(c) for c in cls.__mro__) for mine in attrs.values()):
             return None
-        return shape, {ref: own[mine] for ref, mine in attrs.items()}, func
+        consts = {ref: mine for ref, mine in names.items() if ref.startswith("\0")}
+        return shape, {**{ref: own[mine] for ref, mine in attrs.items()}, **consts}, func
     return None
 
 

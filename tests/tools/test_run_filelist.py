@@ -131,6 +131,41 @@ class Frame(Dataset):  # the PyTorch tutorial's CustomImageDataset, opening its 
         return image, label
 
 
+class Rows(Frame):  # a frame's row by position, then its columns by name
+    def __getitem__(self, idx):
+        img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx]["file"])
+        label = self.img_labels.iloc[idx]["label"]
+        image = Image.open(img_path).convert("RGB")
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Row(Frame):  # the row bound to a local
+    def __getitem__(self, idx):
+        row = self.img_labels.iloc[idx]
+        image = Image.open(os.path.join(self.img_dir, row["file"])).convert("RGB")
+        label = row["label"]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+
+class Loc(Frame):  # the frame's rows by their labels
+    def __getitem__(self, idx):
+        path = os.path.join(self.img_dir, self.img_labels.loc[idx, "file"])
+        image = Image.open(path).convert("RGB")
+        image = self.transform(image)
+        return image, self.img_labels.loc[idx, "label"]
+
+
+class Columns(Frame):  # a column, then its row
+    def __getitem__(self, idx):
+        image = Image.open(os.path.join(self.img_dir, self.img_labels["file"][idx])).convert("RGB")
+        label = self.img_labels["label"][idx]
+        return self.transform(image), label
+
+
 class More(Files):  # its own arithmetic on the label
     def __getitem__(self, idx):
         image = Image.open(self.image_paths[idx]).convert("RGB")
@@ -241,19 +276,23 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
 
 
 @pytest.mark.timeout(300)
-def test_the_tutorials_csv_frame_dataset_is_served_natively(tv, folder):
+def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
-    names joined to its folder), opening its files with Pillow: served natively, its labels the
-    frame's numpy integers collated as DataLoader collates them."""
+    names joined to its folder), opening its files with Pillow, and the frames scripts index by
+    their columns' names (a row's, a row bound first, `loc`, a column's): served natively, the
+    labels the frame's numpy integers collated as DataLoader collates them."""
     from fastdata.run._decide import _collation
 
     pd = pytest.importorskip("pandas")
     paths, labels = _listing(folder)
     frame = pd.DataFrame({"file": [os.path.relpath(p, folder) for p in paths], "label": labels})
     sized, _ = _transforms()
-    dataset = Frame(frame, str(folder), sized)
-    assert "served natively: Frame with" in _collation({"dataset": dataset})[0]
-    _same_batches(dataset, 2)
+    for cls in (Frame, Rows, Row, Loc, Columns):  # (and the frames scripts index by column names)
+        dataset = cls(frame, str(folder), sized)
+        assert f"served natively: {cls.__name__} with" in _collation({"dataset": dataset})[0]
+        _same_batches(dataset, 2)
+    shuffled = frame.sample(frac=1.0, random_state=0)  # (its index no longer its rows' order: loc reads labels)
+    _same_batches(Loc(shuffled, str(folder), sized), 0)
 
 
 @pytest.mark.timeout(300)
