@@ -21,7 +21,9 @@ shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, o
 its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`,
 `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with `os.path.join` or not, bound to a
 local first or not; the label from a list of its own (`self.labels[i]`) or the same frame
-(`self.frame.iloc[i, 1]`, ...), before or after the image, after the transform or in the return;
+(`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
+return (`torch.tensor(y)`, `torch.tensor(y, dtype=torch.long)`, `int(y)`: `_LABELS`), before or
+after the image, after the transform or in the return;
 or both from `path, label = self.samples[i]`; the transform under `if self.transform:` or `if
 self.transform is not None:`, always, or in the return. The lists
 must be lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame), whose
@@ -33,6 +35,7 @@ into, served by the plain drop-in.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import itertools
 import os
@@ -59,9 +62,12 @@ _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
            "inline": []}
+# How the label is returned (`_written`'s families): as the list or frame gives it, or made a tensor or an int
+_LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dtype=torch.long)", "int": "int({})"}
+_NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"}, "int": {"int"}}
 COLUMNS = {"P": "\0path column", "L": "\0label column"}  # (`_views.same_shape` reads a "\0" str as the script's)
 # Names the shapes read that must be spelled as written: the modules, and their attributes' names
-_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc")
+_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int")
 _LISTS = (list, tuple, np.ndarray, torch.Tensor)
 
 
@@ -83,23 +89,26 @@ def _shape(head: list[str], guard: str, tail: list[str], label: str) -> type:
     body = head + _GUARDS[guard] + tail + [f"return {image}, {label}"]
     picked = [s for s in head if s is not opened] + tail + [f"return {path}, {label}"]
     get = types.FunctionType(_compiled(body, "", {k: repr(v) for k, v in COLUMNS.items()}), {})
-    pick = types.FunctionType(_compiled(picked, ", P, L", {k: k for k in COLUMNS}), {"os": os})
+    pick = types.FunctionType(_compiled(picked, ", P, L", {k: k for k in COLUMNS}),
+                              {"os": os, "torch": torch, "__builtins__": builtins})
     return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard})
 
 
 def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
     """The code of a method `(self, i{more})` of `statements` (the columns written as `columns`)
-    in a module that imports Pillow's `Image` and `os` (the compiler reads an attribute of an
-    imported module as such, not as a method), not run."""
-    source = f"from PIL import Image\nimport os\ndef f(self, i{more}):\n" + \
+    in a module that imports Pillow's `Image`, `os` and `torch` (the compiler reads an attribute
+    of an imported module as such, not as a method), not run."""
+    source = f"from PIL import Image\nimport os\nimport torch\ndef f(self, i{more}):\n" + \
         "".join(f"    {s.format(**columns)}\n" for s in statements)
     module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
     return next(c for c in module.co_consts if isinstance(c, types.CodeType))
 
 
-@functools.lru_cache(maxsize=1)
-def _written() -> dict[bytes, tuple[type, ...]]:
-    """Every shape, keyed by its code's bytes (the running interpreter's compiler writes them)."""
+@functools.lru_cache(maxsize=None)
+def _written(family: str) -> dict[bytes, tuple[type, ...]]:
+    """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
+    or in the return), keyed by its code's bytes (the running interpreter's compiler writes them)."""
+    made = _LABELS[family].format
     shapes = []
     for guard in _GUARDS:
         for before, path, label in _SOURCES:
@@ -107,14 +116,16 @@ def _written() -> dict[bytes, tuple[type, ...]]:
                 path_at = f"os.path.join(self.root, {path})" if joined else path
                 head = [*before, *([f"p = {path_at}"] if bound else [])]
                 head.append(f'x = Image.open({"p" if bound else path_at}).convert("RGB")')
-                bind = f"y = {label}"
-                for at in range(len(before), len(head) + 1):  # the label bound before, between or after them
-                    shapes.append(_shape(head[:at] + [bind] + head[at:], guard, [], "y"))
-                shapes.append(_shape(head, guard, [], label))  # the label in the return
-                if guard != "inline":
-                    shapes.append(_shape(head, guard, [bind], "y"))  # the label bound after the transform
+                for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
+                    bind = f"y = {bind}"
+                    for at in range(len(before), len(head) + 1):  # the label bound before, between or after them
+                        shapes.append(_shape(head[:at] + [bind] + head[at:], guard, [], returned))
+                    if guard != "inline":  # the label bound after the transform
+                        shapes.append(_shape(head, guard, [bind], returned))
+                shapes.append(_shape(head, guard, [], made(label)))  # the label in the return
         for path in _PAIRS:
-            shapes.append(_shape(["p, y = self.samples[i]", f'x = Image.open({path}).convert("RGB")'], guard, [], "y"))
+            shapes.append(_shape(["p, y = self.samples[i]", f'x = Image.open({path}).convert("RGB")'], guard, [],
+                                 made("y")))
     written: dict[bytes, list[type]] = {}
     for shape in shapes:
         written.setdefault(shape.__getitem__.__code__.co_code, []).append(shape)
@@ -155,14 +166,18 @@ def file_list(dataset: Any) -> FileList | None:
     code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
     if code is None or hasattr(cls, "__getitems__") or not {"open", "convert"} <= set(code.co_names):
         return None  # (the shapes' names: the shapes are written out only for a dataset that may be one)
-    shapes = _written().get(code.co_code)
+    names = set(code.co_names)
+    shapes = tuple(shape for family, needs in _NEEDS.items() if needs <= names
+                   for shape in _written(family).get(code.co_code, ()))
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None
     shape, got, func = read
     image = sys.modules.get("PIL.Image")
-    scope = func.__globals__
-    if image is None or scope.get("Image") is not image or ("os" in func.__code__.co_names and scope.get("os") is not os):
+    scope, names = func.__globals__, func.__code__.co_names
+    if image is None or scope.get("Image") is not image or ("os" in names and scope.get("os") is not os) or \
+            ("torch" in names and scope.get("torch") is not torch) or \
+            ("int" in names and scope.get("int", func.__builtins__.get("int")) is not int):
         return None
     if not (_pillows(image.open) and _pillows(image.Image.convert)):
         return None

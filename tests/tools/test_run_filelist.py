@@ -115,6 +115,31 @@ class Late(Files):  # the label read after the transform, always applied
         return image, label
 
 
+class Tensors(Files):  # the label made a tensor in the return
+    def __getitem__(self, idx):
+        img_path = self.image_paths[idx]
+        image = Image.open(img_path).convert("RGB")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, torch.tensor(label)
+
+
+class Longs(Files):  # the label made a tensor of int64 where it is bound
+    def __getitem__(self, idx):
+        label = torch.tensor(self.labels[idx], dtype=torch.long)
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+
+class Ints(Files):  # the label made an int
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        return self.transform(image), int(self.labels[idx])
+
+
 class Frame(Dataset):  # the PyTorch tutorial's CustomImageDataset, opening its files with Pillow
     def __init__(self, img_labels, img_dir, transform=None):
         self.img_labels, self.img_dir, self.transform = img_labels, img_dir, transform
@@ -254,8 +279,8 @@ def _same_batches(dataset, workers: int, swap=None) -> None:
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (paths and labels in lists, names joined to a root, (path, label)
-    pairs; the label before or after the image or the transform; `if self.transform:`, `is not
-    None`, always, inline; any names), is served natively: the batches torchvision's own, bit for
+    pairs; the label before or after the image or the transform, as it is or made a tensor or an
+    int; `if self.transform:`, `is not None`, always, inline; any names), is served natively: the batches torchvision's own, bit for
     bit, the labels its code's, a transform swapped between passes followed."""
     from fastdata.run._decide import _collation
 
@@ -270,7 +295,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     for dataset in (Files(paths, labels, sized), Rooted(str(folder), names, labels, cropped),
                     Pairs(list(zip(paths, labels)), sized),
                     Late([pathlib.Path(p) for p in paths], np.array(labels), cropped),
-                    Rooted(folder, names, torch.tensor(labels), sized)):
+                    Rooted(folder, names, torch.tensor(labels), sized), Tensors(paths, labels, cropped),
+                    Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
