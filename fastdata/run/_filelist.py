@@ -11,8 +11,10 @@ class for them, the same few lines in each:
         return image, label
 
 Such a dataset is read as an image folder (`file_list`): each sample the file at the path its
-code names, opened by Pillow and converted to RGB (as torchvision's folders open theirs), through
-its transform, with the label its code names. It is read by its code, not its name, as `_views`
+code names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
+statement or two), or opened as it is (fastdata decodes a batch of those only where each file
+opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), through its transform,
+with the label its code names. It is read by its code, not its name, as `_views`
 reads a multi-view wrapper: its `__getitem__` must be one of the shapes `_written` writes out,
 instruction for instruction in the running interpreter's bytecode (the names of its attributes
 and locals free; `Image` Pillow's module, `os` Python's), its class without `__getitems__`,
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import io
 import itertools
 import os
 import pathlib
@@ -65,6 +68,9 @@ _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
 # How the label is returned (`_written`'s families): as the list or frame gives it, or made a tensor or an int
 _LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dtype=torch.long)", "int": "int({})"}
 _NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"}, "int": {"int"}}
+# How the image is opened (`_written`'s families): converted to RGB, in one statement or two, or not
+_OPENS = {"convert": 'x = Image.open({}).convert("RGB")', "convert_after": 'x = Image.open({})\nx = x.convert("RGB")',
+          "plain": "x = Image.open({})"}
 COLUMNS = {"P": "\0path column", "L": "\0label column"}  # (`_views.same_shape` reads a "\0" str as the script's)
 # Names the shapes read that must be spelled as written: the modules, and their attributes' names
 _FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int")
@@ -74,24 +80,24 @@ _LISTS = (list, tuple, np.ndarray, torch.Tensor)
 class Shape:
     """One shape of `__getitem__` (its code in the class's `__getitem__`), with `pick(self, i,
     P, L)`, the same statements but the open and the transform, the columns given: (path,
-    label) of an index."""
+    label) of an index; `converts`: whether it converts the image to RGB."""
 
     guard: str
+    converts: bool
     pick: Callable
 
 
-def _shape(head: list[str], guard: str, tail: list[str], label: str) -> type:
-    """The Shape of the statements `head` (the open among them), then the transform as `guard`
-    puts it, then `tail`, then the return of the image and `label`."""
-    opened = next(s for s in head if s.startswith("x = Image.open("))
-    path = opened[len("x = Image.open("):-len('.convert("RGB")') - 1]
+def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str, path: str) -> type:
+    """The Shape of the statements `head` (`opened` among them, which opens `path`), then the
+    transform as `guard` puts it, then `tail`, then the return of the image and `label`."""
     image = "self.transform(x)" if guard == "inline" else "x"
     body = head + _GUARDS[guard] + tail + [f"return {image}, {label}"]
     picked = [s for s in head if s is not opened] + tail + [f"return {path}, {label}"]
     get = types.FunctionType(_compiled(body, "", {k: repr(v) for k, v in COLUMNS.items()}), {})
     pick = types.FunctionType(_compiled(picked, ", P, L", {k: k for k in COLUMNS}),
                               {"os": os, "torch": torch, "__builtins__": builtins})
-    return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard})
+    return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard,
+                                    "converts": "convert" in opened})
 
 
 def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
@@ -99,33 +105,34 @@ def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType
     in a module that imports Pillow's `Image`, `os` and `torch` (the compiler reads an attribute
     of an imported module as such, not as a method), not run."""
     source = f"from PIL import Image\nimport os\nimport torch\ndef f(self, i{more}):\n" + \
-        "".join(f"    {s.format(**columns)}\n" for s in statements)
+        "".join(f"    {line}\n" for s in statements for line in s.format(**columns).split("\n"))
     module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
     return next(c for c in module.co_consts if isinstance(c, types.CodeType))
 
 
 @functools.lru_cache(maxsize=None)
-def _written(family: str) -> dict[bytes, tuple[type, ...]]:
+def _written(family: str, opens: str) -> dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
-    or in the return), keyed by its code's bytes (the running interpreter's compiler writes them)."""
-    made = _LABELS[family].format
+    or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
+    (the running interpreter's compiler writes them)."""
+    made, open_ = _LABELS[family].format, _OPENS[opens].format
     shapes = []
     for guard in _GUARDS:
         for before, path, label in _SOURCES:
             for joined, bound in itertools.product((False, True), (False, True)):
                 path_at = f"os.path.join(self.root, {path})" if joined else path
-                head = [*before, *([f"p = {path_at}"] if bound else [])]
-                head.append(f'x = Image.open({"p" if bound else path_at}).convert("RGB")')
+                opened = open_("p" if bound else path_at)
+                head = [*before, *([f"p = {path_at}"] if bound else []), opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
                     bind = f"y = {bind}"
                     for at in range(len(before), len(head) + 1):  # the label bound before, between or after them
-                        shapes.append(_shape(head[:at] + [bind] + head[at:], guard, [], returned))
+                        shapes.append(_shape(head[:at] + [bind] + head[at:], opened, guard, [], returned, path_at))
                     if guard != "inline":  # the label bound after the transform
-                        shapes.append(_shape(head, guard, [bind], returned))
-                shapes.append(_shape(head, guard, [], made(label)))  # the label in the return
+                        shapes.append(_shape(head, opened, guard, [bind], returned, path_at))
+                shapes.append(_shape(head, opened, guard, [], made(label), path_at))  # the label in the return
         for path in _PAIRS:
-            shapes.append(_shape(["p, y = self.samples[i]", f'x = Image.open({path}).convert("RGB")'], guard, [],
-                                 made("y")))
+            opened = open_(path)
+            shapes.append(_shape(["p, y = self.samples[i]", opened], opened, guard, [], made("y"), path))
     written: dict[bytes, list[type]] = {}
     for shape in shapes:
         written.setdefault(shape.__getitem__.__code__.co_code, []).append(shape)
@@ -164,11 +171,12 @@ def file_list(dataset: Any) -> FileList | None:
     `why` says why it is not served natively ("" where it is)."""
     cls = type(dataset)
     code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
-    if code is None or hasattr(cls, "__getitems__") or not {"open", "convert"} <= set(code.co_names):
+    if code is None or hasattr(cls, "__getitems__") or not {"Image", "open"} <= set(code.co_names):
         return None  # (the shapes' names: the shapes are written out only for a dataset that may be one)
     names = set(code.co_names)
     shapes = tuple(shape for family, needs in _NEEDS.items() if needs <= names
-                   for shape in _written(family).get(code.co_code, ()))
+                   for opens in (("convert", "convert_after") if "convert" in names else ("plain",))
+                   for shape in _written(family, opens).get(code.co_code, ()))
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None
@@ -182,6 +190,30 @@ def file_list(dataset: Any) -> FileList | None:
     if not (_pillows(image.open) and _pillows(image.Image.convert)):
         return None
     return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+
+
+def first_not_rgb(datas: list) -> int | None:
+    """The first of `datas` (files' bytes) that Pillow opens in a mode other than RGB (a grey or
+    CMYK JPEG, a PNG with alpha or a palette) or cannot open; None where each opens as RGB. A
+    JPEG opens as RGB where it has 3 components (Pillow's JPEG plugin), read from its header
+    natively where the extension is built."""
+    from .._codec import AVAILABLE, jpeg_info_batch
+
+    infos = jpeg_info_batch(datas) if AVAILABLE else [None] * len(datas)
+    for k, (data, info) in enumerate(zip(datas, infos)):
+        if info is not None:
+            if info[2] != 3:
+                return k
+            continue
+        try:
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as image:  # (the header only)
+                if image.mode != "RGB":
+                    return k
+        except Exception:  # (Pillow cannot open it: the script's own fetch raises its error)
+            return k
+    return None
 
 
 def _pillows(f: Any) -> bool:

@@ -100,6 +100,13 @@ def target_transform_of(dataset: Any) -> Any:
     return None if file_list(dataset) is not None else getattr(dataset, "target_transform", None)
 
 
+def converted(dataset: Any) -> bool:
+    """Whether an image folder converts each image to RGB (torchvision's loader does; a script's
+    file list may open it as it is)."""
+    files = file_list(dataset)
+    return files is None or files.shape.converts
+
+
 def transform_of(dataset: Any) -> Any:
     """The transform an image folder gives its images (a script's file list: the one its code calls)."""
     files = file_list(dataset)

@@ -53,8 +53,8 @@ from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
-from ._filelist import file_list
-from ._folders import leaves, listed, locate, lower, samples_of, target_transform_of
+from ._filelist import file_list, first_not_rgb
+from ._folders import converted, leaves, listed, locate, lower, samples_of, target_transform_of
 from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
 
@@ -266,8 +266,10 @@ class NativeFolder(Dataset):
         images: list = [None] * len(views)
         handles: list = [None] * len(views)  # (each view's images as the collation hands them on: `_images`)
         ring = None if self.samples or self.rings is None else self.rings.ring()
+        as_is = [k for k, ds in enumerate(found) if not converted(ds)]  # (each must open as RGB: `_decoded`)
+        rgb = [k in as_is for k in numbers] if as_is else None
         try:
-            seeds = self._decoded(paths, index, views, images, handles, ring)
+            seeds = self._decoded(paths, index, views, images, handles, ring, rgb)
             given = [target_transform_of(ds) for ds in found]
             if any(t is not None for t in given):
                 targets = [t if given[k] is None else given[k](t) for k, t in zip(numbers, targets)]
@@ -279,9 +281,11 @@ class NativeFolder(Dataset):
             raise
 
     def _decoded(self, paths: list, index: np.ndarray, views: tuple, images: list, handles: list,
-                 ring: Any) -> list[int]:
+                 ring: Any, rgb: list[bool] | None = None) -> list[int]:
         """Decodes each view's images of the files at `paths` into `images` (`_images`' buffers,
-        as the collation hands them on in `handles`); returns the seed each view drew."""
+        as the collation hands them on in `handles`); returns the seed each view drew. Where
+        `rgb[j]` (a file list's opened as it is), the file must open in mode RGB (fastdata
+        decodes each as RGB), else FolderError: the batch is the script's own fetch."""
         seeds, likes, done = [0] * len(views), [None] * len(views), 0
         while done < len(paths):
             # The files in parts of at most read.MAX_PART_BYTES (one but for batches of large
@@ -289,6 +293,10 @@ class NativeFolder(Dataset):
             # error raises, so the batch has a row for each index.
             part = self._read(paths[done:])
             n = len(part)
+            odd = None if rgb is None else first_not_rgb([d for d, r in zip(part, rgb[done:done + n]) if r])
+            if odd is not None:
+                raise FolderError(f"{[p for p, r in zip(paths[done:], rgb[done:done + n]) if r][odd]} does not open "
+                                  "in mode RGB, and its dataset does not convert it")
             for v, view in enumerate(views):
                 self._use(view)
                 if view.random and not done:

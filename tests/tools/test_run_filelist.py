@@ -140,6 +140,24 @@ class Ints(Files):  # the label made an int
         return self.transform(image), int(self.labels[idx])
 
 
+class AsIs(Files):  # the image as the file opens (RGB for these JPEGs)
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx])
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Converted(Files):  # converted in a statement of its own
+    def __getitem__(self, idx):
+        image = Image.open(self.image_paths[idx])
+        image = image.convert("RGB")
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self.labels[idx]
+
+
 class Frame(Dataset):  # the PyTorch tutorial's CustomImageDataset, opening its files with Pillow
     def __init__(self, img_labels, img_dir, transform=None):
         self.img_labels, self.img_dir, self.transform = img_labels, img_dir, transform
@@ -278,7 +296,8 @@ def _same_batches(dataset, workers: int, swap=None) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
-    written as scripts write it (paths and labels in lists, names joined to a root, (path, label)
+    written as scripts write it (converting it in one statement or two, or opening an RGB file as
+    it is; paths and labels in lists, names joined to a root, (path, label)
     pairs; the label before or after the image or the transform, as it is or made a tensor or an
     int; `if self.transform:`, `is not None`, always, inline; any names), is served natively: the batches torchvision's own, bit for
     bit, the labels its code's, a transform swapped between passes followed."""
@@ -296,7 +315,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Pairs(list(zip(paths, labels)), sized),
                     Late([pathlib.Path(p) for p in paths], np.array(labels), cropped),
                     Rooted(folder, names, torch.tensor(labels), sized), Tensors(paths, labels, cropped),
-                    Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped)):
+                    Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped),
+                    AsIs(paths, labels, sized), Converted(paths, labels, cropped)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -366,6 +386,35 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
         assert why in _collation({"dataset": dataset})[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["L", "RGBA"])
+def test_a_file_opened_as_it_is_in_another_mode_makes_the_batch_the_scripts_own_fetch(tv, tmp_path, mode):
+    """A file list that opens its files as they are (no conversion) gets each batch decoded by
+    fastdata only where every file opens as RGB: a grey JPEG or a PNG with alpha among them
+    makes the batch the script's own fetch (its images as the files open them: 1 or 4 channels,
+    the batches DataLoader's); the RGB batches beside them are fastdata's."""
+    import torchvision.transforms as T
+
+    paths, labels = [], []
+    for k in range(12):
+        odd = k >= 8  # (the last batch of 4: the files in `mode`)
+        rgb = np.full((30 + k, 40, 3), (10 * k, 100, 55 + 50 * (k % 4)), np.uint8)
+        image = Image.fromarray(rgb)
+        if odd:
+            image = image.convert(mode)
+        paths.append(str(tmp_path / f"{k:02d}.{'png' if odd and mode == 'RGBA' else 'jpg'}"))
+        image.save(paths[-1])
+        labels.append(k % 4)
+    dataset = AsIs(paths, labels, T.Compose([T.Resize((20, 16)), T.PILToTensor()]))
+    loader = _served(dataset, batch_size=4)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    got, want = list(loader), list(torch.utils.data.DataLoader(dataset, batch_size=4))
+    assert [a.shape[1] for a, _ in got] == [3, 3, len(mode)]
+    for (a, la), (b, lb) in zip(got, want, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader._stop()
 
 
 @pytest.mark.timeout(120)
