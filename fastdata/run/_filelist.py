@@ -65,59 +65,71 @@ _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
            "inline": []}
+# A target_transform after the transform (the PyTorch tutorial's CustomImageDataset), as its guard puts it
+_TARGETS = {"": [], "if": ["if self.target_transform:", "    y = self.target_transform(y)"],
+            "not_none": ["if self.target_transform is not None:", "    y = self.target_transform(y)"]}
 # How the label is returned (`_written`'s families): as the list or frame gives it, or made a tensor or an int
 _LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dtype=torch.long)", "int": "int({})"}
 _NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"}, "int": {"int"}}
-# How the image is opened (`_written`'s families): converted to RGB, in one statement or two, or not
+# How the image is opened (`_written`'s families): by Pillow, converted to RGB (in one statement or
+# two) or as it is; or read as a uint8 tensor by torchvision.io (as the file is, or made RGB)
 _OPENS = {"convert": 'x = Image.open({}).convert("RGB")', "convert_after": 'x = Image.open({})\nx = x.convert("RGB")',
-          "plain": "x = Image.open({})"}
+          "plain": "x = Image.open({})", "read": "x = read_image({})",
+          "read_rgb": "x = read_image({}, ImageReadMode.RGB)"}
 COLUMNS = {"P": "\0path column", "L": "\0label column"}  # (`_views.same_shape` reads a "\0" str as the script's)
 # Names the shapes read that must be spelled as written: the modules, and their attributes' names
-_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int")
+_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int",
+          "read_image", "ImageReadMode", "RGB")
 _LISTS = (list, tuple, np.ndarray, torch.Tensor)
 
 
 class Shape:
     """One shape of `__getitem__` (its code in the class's `__getitem__`), with `pick(self, i,
     P, L)`, the same statements but the open and the transform, the columns given: (path,
-    label) of an index; `converts`: whether it converts the image to RGB."""
+    label) of an index; `opens`: how it opens the image (a key of `_OPENS`); `target`: how its
+    target_transform is guarded ("" without one)."""
 
     guard: str
-    converts: bool
+    opens: str
+    target: str
     pick: Callable
 
 
-def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str, path: str) -> type:
+def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str, path: str, opens: str,
+           target: str) -> type:
     """The Shape of the statements `head` (`opened` among them, which opens `path`), then the
-    transform as `guard` puts it, then `tail`, then the return of the image and `label`."""
+    transform as `guard` puts it and the target_transform as `target` does, then `tail`, then
+    the return of the image and `label`."""
     image = "self.transform(x)" if guard == "inline" else "x"
-    body = head + _GUARDS[guard] + tail + [f"return {image}, {label}"]
+    body = head + _GUARDS[guard] + _TARGETS[target] + tail + [f"return {image}, {label}"]
     picked = [s for s in head if s is not opened] + tail + [f"return {path}, {label}"]
     get = types.FunctionType(_compiled(body, "", {k: repr(v) for k, v in COLUMNS.items()}), {})
     pick = types.FunctionType(_compiled(picked, ", P, L", {k: k for k in COLUMNS}),
                               {"os": os, "torch": torch, "__builtins__": builtins})
-    return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard,
-                                    "converts": "convert" in opened})
+    return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard, "opens": opens,
+                                    "target": target})
 
 
 def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
     """The code of a method `(self, i{more})` of `statements` (the columns written as `columns`)
-    in a module that imports Pillow's `Image`, `os` and `torch` (the compiler reads an attribute
-    of an imported module as such, not as a method), not run."""
-    source = f"from PIL import Image\nimport os\nimport torch\ndef f(self, i{more}):\n" + \
+    in a module that imports Pillow's `Image`, `os`, `torch` and torchvision.io's names (the
+    compiler reads an attribute of an imported module as such, not as a method), not run."""
+    source = "from PIL import Image\nimport os\nimport torch\nfrom torchvision.io import ImageReadMode, read_image\n" \
+        f"def f(self, i{more}):\n" + \
         "".join(f"    {line}\n" for s in statements for line in s.format(**columns).split("\n"))
     module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
     return next(c for c in module.co_consts if isinstance(c, types.CodeType))
 
 
 @functools.lru_cache(maxsize=None)
-def _written(family: str, opens: str) -> dict[bytes, tuple[type, ...]]:
+def _written(family: str, opens: str, target: str = "") -> dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
-    (the running interpreter's compiler writes them)."""
+    (the running interpreter's compiler writes them). With a `target` guard, those that bind the
+    label before the transform and return it as it is (the family ""), the target_transform after it."""
     made, open_ = _LABELS[family].format, _OPENS[opens].format
     shapes = []
-    for guard in _GUARDS:
+    for guard in [g for g in _GUARDS if not (target and g == "inline")]:
         for before, path, label in _SOURCES:
             for joined, bound in itertools.product((False, True), (False, True)):
                 path_at = f"os.path.join(self.root, {path})" if joined else path
@@ -126,13 +138,16 @@ def _written(family: str, opens: str) -> dict[bytes, tuple[type, ...]]:
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
                     bind = f"y = {bind}"
                     for at in range(len(before), len(head) + 1):  # the label bound before, between or after them
-                        shapes.append(_shape(head[:at] + [bind] + head[at:], opened, guard, [], returned, path_at))
-                    if guard != "inline":  # the label bound after the transform
-                        shapes.append(_shape(head, opened, guard, [bind], returned, path_at))
-                shapes.append(_shape(head, opened, guard, [], made(label), path_at))  # the label in the return
+                        shapes.append(_shape(head[:at] + [bind] + head[at:], opened, guard, [], returned, path_at,
+                                             opens, target))
+                    if guard != "inline" and not target:  # the label bound after the transform
+                        shapes.append(_shape(head, opened, guard, [bind], returned, path_at, opens, target))
+                if not target:  # the label in the return
+                    shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
         for path in _PAIRS:
             opened = open_(path)
-            shapes.append(_shape(["p, y = self.samples[i]", opened], opened, guard, [], made("y"), path))
+            shapes.append(_shape(["p, y = self.samples[i]", opened], opened, guard, [], made("y"), path, opens,
+                                 target))
     written: dict[bytes, list[type]] = {}
     for shape in shapes:
         written.setdefault(shape.__getitem__.__code__.co_code, []).append(shape)
@@ -141,11 +156,12 @@ def _written(family: str, opens: str) -> dict[bytes, tuple[type, ...]]:
 
 class FileList:
     """A script's file-list dataset as `file_list` reads it: `transform`, the one its
-    `__getitem__` gives each image; `samples(indices)`, their paths and labels."""
+    `__getitem__` gives each image, `target_transform` (None without one) each label;
+    `samples(indices)`, their paths and labels (before the target_transform)."""
 
     def __init__(self, shape: type, values: dict, why: str) -> None:
         self.shape, self.values, self.why = shape, values, why
-        self.transform = values["transform"]
+        self.transform, self.target_transform = values["transform"], values.get("target_transform")
 
     def samples(self, indices: list) -> tuple[list[str], list]:
         """(the paths, the labels) the dataset's code gives `indices`; raises what evaluating
@@ -171,32 +187,43 @@ def file_list(dataset: Any) -> FileList | None:
     `why` says why it is not served natively ("" where it is)."""
     cls = type(dataset)
     code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
-    if code is None or hasattr(cls, "__getitems__") or not {"Image", "open"} <= set(code.co_names):
-        return None  # (the shapes' names: the shapes are written out only for a dataset that may be one)
-    names = set(code.co_names)
-    shapes = tuple(shape for family, needs in _NEEDS.items() if needs <= names
-                   for opens in (("convert", "convert_after") if "convert" in names else ("plain",))
-                   for shape in _written(family, opens).get(code.co_code, ()))
+    names = set(getattr(code, "co_names", ()))
+    opens = ("read_rgb",) if "ImageReadMode" in names else ("read",) if "read_image" in names else \
+        ("convert", "convert_after") if "convert" in names else ("plain",) if {"Image", "open"} <= names else ()
+    if code is None or hasattr(cls, "__getitems__") or not opens:
+        return None  # (the shapes are written out only for a dataset that may be one: by the names they read)
+    shapes = tuple(shape for family, needs in _NEEDS.items() if needs <= names for way in opens
+                   for shape in _written(family, way).get(code.co_code, ())) or \
+        tuple(shape for target in ("if", "not_none") for way in opens  # (written only where no other is)
+              for shape in _written("", way, target).get(code.co_code, ()))
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None
     shape, got, func = read
-    image = sys.modules.get("PIL.Image")
     scope, names = func.__globals__, func.__code__.co_names
-    if image is None or scope.get("Image") is not image or ("os" in names and scope.get("os") is not os) or \
-            ("torch" in names and scope.get("torch") is not torch) or \
+    if ("os" in names and scope.get("os") is not os) or ("torch" in names and scope.get("torch") is not torch) or \
             ("int" in names and scope.get("int", func.__builtins__.get("int")) is not int):
         return None
-    if not (_pillows(image.open) and _pillows(image.Image.convert)):
-        return None
+    if shape.opens.startswith("read"):
+        io_ = sys.modules.get("torchvision.io")
+        if io_ is None or any(scope.get(name) is not getattr(io_, name, None) for name in ("read_image",
+                                                                                          "ImageReadMode")
+                              if name in names):
+            return None
+    else:
+        image = sys.modules.get("PIL.Image")
+        if image is None or scope.get("Image") is not image or not (_pillows(image.open) and
+                                                                    _pillows(image.Image.convert)):
+            return None
     return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
 
 
-def first_not_rgb(datas: list) -> int | None:
+def first_not_rgb(datas: list, jpeg: bool = False) -> int | None:
     """The first of `datas` (files' bytes) that Pillow opens in a mode other than RGB (a grey or
-    CMYK JPEG, a PNG with alpha or a palette) or cannot open; None where each opens as RGB. A
-    JPEG opens as RGB where it has 3 components (Pillow's JPEG plugin), read from its header
-    natively where the extension is built."""
+    CMYK JPEG, a PNG with alpha or a palette) or cannot open (with `jpeg`, also any file but a
+    JPEG: torchvision.io reads other formats in ways of its own, a 16-bit PNG as uint16); None
+    where each opens as RGB. A JPEG opens as RGB where it has 3 components (Pillow's JPEG plugin;
+    torchvision.io reads it as 3 channels), read from its header natively where the extension is built."""
     from .._codec import AVAILABLE, jpeg_info_batch
 
     infos = jpeg_info_batch(datas) if AVAILABLE else [None] * len(datas)
@@ -209,7 +236,7 @@ def first_not_rgb(datas: list) -> int | None:
             from PIL import Image
 
             with Image.open(io.BytesIO(data)) as image:  # (the header only)
-                if image.mode != "RGB":
+                if image.mode != "RGB" or (jpeg and (AVAILABLE or image.format != "JPEG")):
                     return k
         except Exception:  # (Pillow cannot open it: the script's own fetch raises its error)
             return k
@@ -238,6 +265,8 @@ def _refused(name: str, shape: type, got: dict) -> str:
     if transform is None and shape.guard in ("always", "inline"):
         return f"{name} calls its transform, which is None"
     # (`if self.transform:` asks the transform's truth: only where that cannot run its code)
-    if shape.guard == "if" and transform is not None and any(hasattr(type(transform), m) for m in ("__bool__", "__len__")):
-        return f"{name} asks its transform's truth, which is {type(transform).__name__}'s own code"
+    for key, guard in (("transform", shape.guard), ("target_transform", shape.target)):
+        if guard == "if" and got.get(key) is not None and any(hasattr(type(got[key]), m) for m in ("__bool__",
+                                                                                                 "__len__")):
+            return f"{name} asks its {key}'s truth, which is {type(got[key]).__name__}'s own code"
     return ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import sys
+from functools import partial
 from typing import Any
 
 import torch
@@ -96,15 +97,20 @@ def target_transformed(dataset: Any) -> bool:
 
 
 def target_transform_of(dataset: Any) -> Any:
-    """The target_transform an image folder gives its labels (a script's file list: none)."""
-    return None if file_list(dataset) is not None else getattr(dataset, "target_transform", None)
-
-
-def converted(dataset: Any) -> bool:
-    """Whether an image folder converts each image to RGB (torchvision's loader does; a script's
-    file list may open it as it is)."""
+    """The target_transform an image folder gives its labels (a script's file list: the one its code calls, or none)."""
     files = file_list(dataset)
-    return files is None or files.shape.converts
+    return getattr(dataset, "target_transform", None) if files is None else files.target_transform
+
+
+def must_open(dataset: Any) -> str | None:
+    """How each file of an image folder must open for fastdata, which decodes it as RGB, to give
+    its image: None where it converts each to RGB (torchvision's loader does); "rgb", in mode RGB
+    (a script's file list that opens them as they are); "jpeg", as a JPEG of 3 components (one
+    that reads them with torchvision.io, as uint8 tensors)."""
+    files = file_list(dataset)
+    if files is None or files.shape.opens.startswith("convert"):
+        return None
+    return "jpeg" if files.shape.opens.startswith("read") else "rgb"
 
 
 def transform_of(dataset: Any) -> Any:
@@ -169,7 +175,9 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
                 transform = wrapped(wrapper)[1]
             if id(transform) not in seen:
                 seen.add(id(transform))
-                lowerings.append((transform, lower_views(transform, lower_transform)))
+                read = must_open(ds) == "jpeg"  # (its images uint8 tensors)
+                lowerings.append((transform, lower_views(transform, partial(lower_transform, start="uint8") if read
+                                                         else lower_transform)))
     except Unlowerable as e:
         return None, str(e)
     if not all(_alike(lowering, lowerings[0][1]) for _, lowering in lowerings):

@@ -194,13 +194,15 @@ def _size(size: Any, pair: bool = False) -> Any:
     return (size, size) if pair else size
 
 
-def lower_transform(transform: Any) -> Lowering:
-    """The lowering of a torchvision transform; raises Unlowerable, saying why, where there is none."""
+def lower_transform(transform: Any, start: str = "pil") -> Lowering:
+    """The lowering of a torchvision transform of a PIL image (`start` "uint8": of a uint8 tensor,
+    as torchvision.io reads a file); raises Unlowerable, saying why, where there is none."""
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
     if transform is None:
-        raise Unlowerable("no transform: the samples are PIL images, which fastdata does not lay out")
+        raise Unlowerable(f"no transform: the samples are {'PIL images' if start == 'pil' else 'uint8 tensors'}, "
+                          "which fastdata does not lay out")
     ops = flatten(transform)
     if len(ops) == 1 and ops[0] is transform and not type(transform).__module__.startswith("torchvision."):
         raise _no_lowering(transform)  # the script's own transform as a whole (a wrapper fastdata does not read)
@@ -216,7 +218,7 @@ def lower_transform(transform: Any) -> Lowering:
     erasing: list = []
     tv_image = tensor_resize = False
     filters: set[str] = set()
-    domain = "pil"  # then "uint8" or "float": what the next op gets
+    domain = start  # "pil", then "uint8" or "float": what the next op gets
     # the (h, w) every image has after the geometry so far, when it is fixed (for CenterCrop)
     fixed: tuple[int, int] | None = None
     short_side: int | None = None
@@ -325,7 +327,7 @@ def lower_transform(transform: Any) -> Lowering:
                 domain = "float"
             elif cls in (T.PILToTensor, v2.PILToTensor, v2.ToImage):
                 tv_image = cls is v2.ToImage
-                if domain != "pil":
+                if domain != "pil" and not (tv_image and domain == "uint8"):  # (ToImage wraps a uint8 tensor)
                     raise Unlowerable(f"{kind} of a tensor: not lowered")
                 domain = "uint8"
             elif cls is T.ConvertImageDtype:

@@ -54,7 +54,7 @@ from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
 from ._filelist import file_list, first_not_rgb
-from ._folders import converted, leaves, listed, locate, lower, samples_of, target_transform_of
+from ._folders import leaves, listed, locate, lower, must_open, samples_of, target_transform_of
 from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
 
@@ -266,8 +266,8 @@ class NativeFolder(Dataset):
         images: list = [None] * len(views)
         handles: list = [None] * len(views)  # (each view's images as the collation hands them on: `_images`)
         ring = None if self.samples or self.rings is None else self.rings.ring()
-        as_is = [k for k, ds in enumerate(found) if not converted(ds)]  # (each must open as RGB: `_decoded`)
-        rgb = [k in as_is for k in numbers] if as_is else None
+        must = [must_open(ds) for ds in found]  # (how each file must open: `_decoded`)
+        rgb = [must[k] for k in numbers] if any(must) else None
         try:
             seeds = self._decoded(paths, index, views, images, handles, ring, rgb)
             given = [target_transform_of(ds) for ds in found]
@@ -281,11 +281,11 @@ class NativeFolder(Dataset):
             raise
 
     def _decoded(self, paths: list, index: np.ndarray, views: tuple, images: list, handles: list,
-                 ring: Any, rgb: list[bool] | None = None) -> list[int]:
+                 ring: Any, rgb: list | None = None) -> list[int]:
         """Decodes each view's images of the files at `paths` into `images` (`_images`' buffers,
         as the collation hands them on in `handles`); returns the seed each view drew. Where
-        `rgb[j]` (a file list's opened as it is), the file must open in mode RGB (fastdata
-        decodes each as RGB), else FolderError: the batch is the script's own fetch."""
+        `rgb[j]` ("rgb" or "jpeg": `_folders.must_open`), the file must open so (fastdata decodes
+        each as RGB), else FolderError: the batch is the script's own fetch."""
         seeds, likes, done = [0] * len(views), [None] * len(views), 0
         while done < len(paths):
             # The files in parts of at most read.MAX_PART_BYTES (one but for batches of large
@@ -293,10 +293,12 @@ class NativeFolder(Dataset):
             # error raises, so the batch has a row for each index.
             part = self._read(paths[done:])
             n = len(part)
-            odd = None if rgb is None else first_not_rgb([d for d, r in zip(part, rgb[done:done + n]) if r])
-            if odd is not None:
-                raise FolderError(f"{[p for p, r in zip(paths[done:], rgb[done:done + n]) if r][odd]} does not open "
-                                  "in mode RGB, and its dataset does not convert it")
+            for kind in ("rgb", "jpeg") if rgb is not None else ():
+                rows = [j for j in range(n) if rgb[done + j] == kind]
+                odd = first_not_rgb([part[j] for j in rows], kind == "jpeg") if rows else None
+                if odd is not None:
+                    raise FolderError(f"{paths[done + rows[odd]]} does not open as its dataset's others must "
+                                      f"({kind}), and the dataset does not convert it")
             for v, view in enumerate(views):
                 self._use(view)
                 if view.random and not done:

@@ -23,6 +23,11 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from fastdata.run import _torchvision as rt
+
+try:  # (the datasets that read their files with torchvision.io; the tests that make them skip without it)
+    from torchvision.io import ImageReadMode, read_image
+except ImportError:
+    pass
 from _images import blue_folder
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -158,6 +163,22 @@ class Converted(Files):  # converted in a statement of its own
         return image, self.labels[idx]
 
 
+class Read(Files):  # torchvision.io's uint8 tensor of each file
+    def __getitem__(self, idx):
+        image = read_image(self.image_paths[idx])
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class ReadRGB(Files):
+    def __getitem__(self, idx):
+        img_path = self.image_paths[idx]
+        image = read_image(img_path, ImageReadMode.RGB)
+        return self.transform(image), self.labels[idx]
+
+
 class Frame(Dataset):  # the PyTorch tutorial's CustomImageDataset, opening its files with Pillow
     def __init__(self, img_labels, img_dir, transform=None):
         self.img_labels, self.img_dir, self.transform = img_labels, img_dir, transform
@@ -171,6 +192,27 @@ class Frame(Dataset):  # the PyTorch tutorial's CustomImageDataset, opening its 
         label = self.img_labels.iloc[idx, 1]
         if self.transform:
             image = self.transform(image)
+        return image, label
+
+
+class CustomImageDataset(Dataset):  # the PyTorch tutorial's ("Datasets & DataLoaders"), as it is written there
+    def __init__(self, img_labels, img_dir, transform=None, target_transform=None):
+        self.img_labels = img_labels
+        self.img_dir = img_dir
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __len__(self):
+        return len(self.img_labels)
+
+    def __getitem__(self, idx):
+        img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx, 0])
+        image = read_image(img_path)
+        label = self.img_labels.iloc[idx, 1]
+        if self.transform:
+            image = self.transform(image)
+        if self.target_transform:
+            label = self.target_transform(label)
         return image, label
 
 
@@ -272,8 +314,9 @@ class Property(Files):
         self.image_paths, self.labels = paths, labels
 
 
-def _same_batches(dataset, workers: int, swap=None) -> None:
-    """The served loader's batches (native) are DataLoader's bit for bit over two passes, the
+def _same_batches(dataset, workers: int, swap=None, levels: int = 0) -> None:
+    """The served loader's batches (native) are DataLoader's bit for bit (within `levels` of
+    uint8, for a resize of a tensor: torch's arithmetic, not Pillow's) over two passes, the
     labels those of the images' content; `swap(dataset)` between them (the next pass follows)."""
     loader = _served(dataset, batch_size=7, shuffle=True, num_workers=workers,
                      generator=torch.Generator().manual_seed(1))
@@ -285,7 +328,9 @@ def _same_batches(dataset, workers: int, swap=None) -> None:
             want, got = list(plain), list(loader)
             assert len(got) == len(want) and sum(len(labels) for _, labels in got) == len(dataset)
             for (a, la), (b, lb) in zip(got, want):
-                assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(_class_of(a), la)
+                assert torch.equal(la, lb) and torch.equal(_class_of(a), la) and a.dtype == b.dtype
+                scale = 255 if a.is_floating_point() else 1
+                assert torch.equal(a, b) if not levels else (a.double() - b.double()).abs().max() * scale <= levels
             if swap is not None:
                 swap(dataset)
     finally:
@@ -322,11 +367,51 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
 
 
 @pytest.mark.timeout(300)
+def test_a_file_list_read_with_torchvision_io_is_served_natively(tv, folder, tmp_path):
+    """A file list that reads each file with torchvision.io's read_image (as it is, or made RGB),
+    its transform on the uint8 tensor (v1 or v2; ToImage first or not), is served natively: the
+    batches torchvision's bit for bit (a resize of the tensor within 2 levels: torch's arithmetic,
+    not Pillow's, as for a folder's tensor). A grey JPEG among its files (read_image gives it one
+    channel) makes its batch the script's own fetch."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    from fastdata.run._decide import _collation
+
+    paths, labels = _listing(folder)
+    tensors = (T.Compose([T.CenterCrop(40), T.RandomHorizontalFlip(1.0), T.ConvertImageDtype(torch.float32)]),
+               v2.Compose([v2.ToImage(), v2.RandomResizedCrop((20, 16), antialias=True), v2.RandomHorizontalFlip(),
+                           v2.ToDtype(torch.float32, scale=True)]),
+               v2.Compose([v2.Resize(24), v2.CenterCrop(20)]))
+    for dataset, levels in ((Read(paths, labels, tensors[0]), 0), (ReadRGB(paths, labels, tensors[2]), 2)):
+        assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
+        _same_batches(dataset, 2, levels=levels)
+    random = Read(paths, labels, tensors[1])  # (random draws: fastdata's own, not the plain run's)
+    loader = _served(random, batch_size=7, num_workers=2)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder)
+    for images, got in loader:
+        assert images.shape[1:] == (3, 20, 16) and images.dtype == torch.float32
+        assert torch.equal(_class_of(images), got)
+    loader._stop()
+    greys = [str(tmp_path / f"grey{k}.jpg") for k in (2, 3)]  # (the second batch's: one channel each)
+    for k, grey in zip((2, 3), greys):
+        Image.open(paths[k]).convert("L").save(grey)
+    mixed = Read(paths[:2] + greys, labels[:4], tensors[0])
+    loader = _served(mixed, batch_size=2)
+    got, want = list(loader), list(torch.utils.data.DataLoader(mixed, batch_size=2))
+    assert [a.shape[1] for a, _ in got] == [3, 1]
+    for (a, la), (b, lb) in zip(got, want, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader._stop()
+
+
+@pytest.mark.timeout(300)
 def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
     names joined to its folder), opening its files with Pillow, and the frames scripts index by
-    their columns' names (a row's, a row bound first, `loc`, a column's): served natively, the
-    labels the frame's numpy integers collated as DataLoader collates them."""
+    their columns' names (a row's, a row bound first, `loc`, a column's), and the tutorial's own
+    (read_image, a target_transform): served natively, the labels the frame's numpy integers (or
+    the target_transform's) collated as DataLoader collates them."""
     from fastdata.run._decide import _collation
 
     pd = pytest.importorskip("pandas")
@@ -339,6 +424,13 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
         _same_batches(dataset, 2)
     shuffled = frame.sample(frac=1.0, random_state=0)  # (its index no longer its rows' order: loc reads labels)
     _same_batches(Loc(shuffled, str(folder), sized), 0)
+    import torchvision.transforms.v2 as v2
+
+    cropped = v2.Compose([v2.CenterCrop(40), v2.ToDtype(torch.float32, scale=True)])
+    for target in (None, torch.tensor):  # (its target_transform applied as its code applies it)
+        tutorial = CustomImageDataset(frame, str(folder), cropped, target)
+        assert "served natively: CustomImageDataset with" in _collation({"dataset": tutorial})[0]
+        _same_batches(tutorial, 2)
 
 
 @pytest.mark.timeout(300)
