@@ -9,7 +9,9 @@ files, each an ImageFolder of its own); with `--wrap` on the 90% split given its
 script's own Dataset class (`TransformedSubset`, the common answer for a split's own transforms);
 with `--files` on the folder's files listed in a CSV file (path, label), read back by the script's
 own Dataset class, which opens each path with Pillow (`ImageFiles`, as scripts with a CSV of their
-images write it).
+images write it); with `--files read`, which reads each with torchvision.io's `read_image`, as the
+PyTorch tutorial's CustomImageDataset does (`TensorFiles`), the transform v2's on the uint8 tensor
+(RandomResizedCrop(224) antialiased, flip, ToDtype(float32, scale), Normalize).
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -45,7 +47,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files]
+                                                [--files [{pil,read}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -65,6 +67,7 @@ import torch
 import torchvision
 import torchvision.transforms as transforms
 from PIL import Image, ImageFilter, ImageOps
+from torchvision.io import read_image
 
 ap = argparse.ArgumentParser()
 ap.add_argument("data")
@@ -75,7 +78,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", action="store_true")
+ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -130,6 +133,16 @@ class ImageFiles(torch.utils.data.Dataset):  # a CSV of image files, as scripts 
 
     def __getitem__(self, idx):
         image = Image.open(self.image_paths[idx]).convert("RGB")
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class TensorFiles(ImageFiles):  # the same, read as uint8 tensors
+    def __getitem__(self, idx):
+        img_path = self.image_paths[idx]
+        image = read_image(img_path)
         label = self.labels[idx]
         if self.transform:
             image = self.transform(image)
@@ -351,7 +364,12 @@ else:
         listing = Path(args.data).with_suffix(".csv")
         with open(listing, "w", newline="") as f:
             csv.writer(f).writerows(train_dataset.samples)
-        train_dataset = ImageFiles(listing, transform)
+        if args.files == "read":
+            import torchvision.transforms.v2 as v2
+
+            transform = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                                    v2.ToDtype(torch.float32, scale=True), v2.Normalize(normalize.mean, normalize.std)])
+        train_dataset = (TensorFiles if args.files == "read" else ImageFiles)(listing, transform)
     if args.mixup:
         import torchvision.transforms.v2 as v2
 
