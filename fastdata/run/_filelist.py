@@ -1,4 +1,4 @@
-"""`fastdata run`: a script's own Dataset that opens each image by its path with Pillow.
+"""`fastdata run`: a script's own Dataset that opens each image by its path (Pillow, torchvision.io).
 
 Scripts whose images are listed in a CSV file, or gathered with glob, write a small Dataset
 class for them, the same few lines in each:
@@ -13,11 +13,16 @@ class for them, the same few lines in each:
 Such a dataset is read as an image folder (`file_list`): each sample the file at the path its
 code names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
 statement or two), or opened as it is (fastdata decodes a batch of those only where each file
-opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), through its transform,
-with the label its code names. It is read by its code, not its name, as `_views`
-reads a multi-view wrapper: its `__getitem__` must be one of the shapes `_written` writes out,
-instruction for instruction in the running interpreter's bytecode (the names of its attributes
-and locals free; `Image` Pillow's module, `os` Python's), its class without `__getitems__`,
+opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), or read as a uint8
+tensor by torchvision.io's `read_image` (a batch fastdata's only where each file is a JPEG of 3
+components; its transform lowered on the tensor), through its transform, with the label its code
+names (through a target_transform where the code applies one after the transform, as the PyTorch
+tutorial's CustomImageDataset does).
+
+It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
+must be one of the shapes `_written` writes out, instruction for instruction in the running
+interpreter's bytecode (the names of its attributes and locals free; `Image` Pillow's module,
+`read_image` torchvision.io's, `os` and `torch` themselves), its class without `__getitems__`,
 `__getattr__` or `__getattribute__` of its own, its attributes plainly in the instance. The
 shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of
 its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`,
@@ -25,14 +30,13 @@ its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.fra
 local first or not; the label from a list of its own (`self.labels[i]`) or the same frame
 (`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
 return (`torch.tensor(y)`, `torch.tensor(y, dtype=torch.long)`, `int(y)`: `_LABELS`), before or
-after the image, after the transform or in the return;
-or both from `path, label = self.samples[i]`; the transform under `if self.transform:` or `if
-self.transform is not None:`, always, or in the return. The lists
-must be lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame), whose
-indexing changes nothing: fastdata then evaluates the same expressions on them (`FileList.samples`,
-code written from the same parts as the shape's, without the open and the transform) and gets
-the paths and labels the script's code would. Any other code is a dataset fastdata cannot see
-into, served by the plain drop-in.
+after the image, after the transform or in the return; or both from `path, label =
+self.samples[i]`; the transform under `if self.transform:` or `if self.transform is not None:`,
+always, or in the return. The lists must be lists, tuples, numpy arrays, tensors or pandas Series
+(a frame a DataFrame), whose indexing changes nothing: fastdata then evaluates the same
+expressions on them (`FileList.samples`: code written from the same parts as the shape's, without
+the open and the transforms) and gets the paths and labels the script's code would. Any other
+code is a dataset fastdata cannot see into, served by the plain drop-in.
 """
 
 from __future__ import annotations
