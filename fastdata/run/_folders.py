@@ -7,7 +7,8 @@ gives: `leaves`), or a script's wrapper giving one's images its transform (`_wra
 random_split's part with a transform of its own), or a script's own Dataset that opens each file
 by its path (`_filelist`), each with a transform that lowers the same: a list of (path, class)
 pairs (`listed`; a script's file list, its own expressions: `samples_of`), each file opened by
-Pillow and converted to RGB, then the transform, which `_lowering` lowers. Any other dataset is not an image folder here; one of those
+Pillow and converted to RGB (a file list's as its code opens it: `must_open`), then the
+transform, which `_lowering` lowers. Any other dataset is not an image folder here; one of those
 that reads its files otherwise gives the reason, and the loader falls back to the plain drop-in.
 """
 
@@ -173,9 +174,9 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
                     return None, (f"the {type(ds).__name__} under {type(wrapper).__name__} has a transform of its "
                                   "own: fastdata lowers one transform an image")
                 transform = wrapped(wrapper)[1]
-            if id(transform) not in seen:
-                seen.add(id(transform))
-                read = must_open(ds) == "jpeg"  # (its images uint8 tensors)
+            read = must_open(ds) == "jpeg"  # (its images uint8 tensors)
+            if (id(transform), read) not in seen:
+                seen.add((id(transform), read))
                 lowerings.append((transform, lower_views(transform, partial(lower_transform, start="uint8") if read
                                                          else lower_transform)))
     except Unlowerable as e:

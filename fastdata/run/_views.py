@@ -109,9 +109,9 @@ def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = ()) -> tup
             continue
         attrs = {ref: mine for ref, mine in names.items() if ref not in builtin and not ref.startswith("\0")}
         if any(names.get(b, b) != b for b in builtin) or len(set(attrs.values())) != len(attrs):
-            return None
+            continue  # (another shape of the same instructions may read these names)
         if any(mine not in own or any(mine in vars(c) for c in cls.__mro__) for mine in attrs.values()):
-            return None
+            continue
         consts = {ref: mine for ref, mine in names.items() if ref.startswith("\0")}
         return shape, {**{ref: own[mine] for ref, mine in attrs.items()}, **consts}, func
     return None

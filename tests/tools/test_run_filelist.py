@@ -453,7 +453,8 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
     is not Pillow's) is a dataset fastdata cannot see into; one it reads but cannot serve (paths
-    in a dict, a None transform it calls, a transform whose truth is its own code) says why."""
+    in a dict, a None transform it calls, a transform whose truth is its own code, a join of one
+    that opens PIL images and one that reads tensors through one transform) says why."""
     from fastdata.run._decide import _collation
 
     paths, labels = _listing(folder)
@@ -472,6 +473,12 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
             return 0
 
     import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    # one transform of a PIL image in one list, of a tensor in the other: two lowerings (Pillow's resize, torch's)
+    shared = v2.Compose([v2.Resize((20, 16)), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    lowering, reason = rt.lower(Files(paths, labels, shared) + Read(paths, labels, shared))
+    assert lowering is None and "joins image folders whose transforms differ" in reason, reason
     for dataset, why in ((Files(dict(enumerate(paths)), labels, sized), "Files reads its paths from a dict"),
                          (Late(paths, labels, None), "Late calls its transform, which is None"),
                          (Files(paths, labels, Sized([T.ToTensor()])), "Files asks its transform's truth")):
