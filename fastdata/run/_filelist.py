@@ -170,7 +170,9 @@ class FileList:
     def samples(self, indices: list) -> tuple[list[str], list]:
         """(the paths, the labels) the dataset's code gives `indices`; raises what evaluating
         it raises, or TypeError for a path that is not a str or a pathlib path."""
-        pick, view, columns = self.shape.pick, self._view, [self.values.get(v) for v in COLUMNS.values()]
+        # (the attributes where the shape's code reads them: `self.paths` of the namespace)
+        view = types.SimpleNamespace(**{k: v for k, v in self.values.items() if k not in COLUMNS.values()})
+        pick, columns = self.shape.pick, [self.values.get(v) for v in COLUMNS.values()]
         picked = [pick(view, i, *columns) for i in indices]
         paths = []
         for path, _ in picked:
@@ -180,10 +182,6 @@ class FileList:
                 raise TypeError(f"a path of type {type(path).__name__}")
             paths.append(str(path))
         return paths, [label for _, label in picked]
-
-    @functools.cached_property
-    def _view(self) -> Any:
-        return types.SimpleNamespace(**{k: v for k, v in self.values.items() if k not in COLUMNS.values()})
 
 
 def file_list(dataset: Any) -> FileList | None:
