@@ -27,7 +27,7 @@ interpreter's bytecode (the names of its attributes and locals free; `Image` Pil
 shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of
 its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`,
 `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with `os.path.join` or not, bound to a
-local first or not; the label from a list of its own (`self.labels[i]`) or the same frame
+local first or not (or its name bound, then joined); the label from a list of its own (`self.labels[i]`) or the same frame
 (`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
 return (`torch.tensor(y)`, `torch.tensor(y, dtype=torch.long)`, `int(y)`: `_LABELS`), before or
 after the image, after the transform or in the return; or both from `path, label =
@@ -44,7 +44,6 @@ from __future__ import annotations
 import builtins
 import functools
 import io
-import itertools
 import os
 import pathlib
 import sys
@@ -135,10 +134,13 @@ def _written(family: str, opens: str, target: str = "") -> dict[bytes, tuple[typ
     shapes = []
     for guard in [g for g in _GUARDS if not (target and g == "inline")]:
         for before, path, label in _SOURCES:
-            for joined, bound in itertools.product((False, True), (False, True)):
-                path_at = f"os.path.join(self.root, {path})" if joined else path
-                opened = open_("p" if bound else path_at)
-                head = [*before, *([f"p = {path_at}"] if bound else []), opened]
+            joined = f"os.path.join(self.root, {path})"
+            # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
+            # root, in the open, bound first, or its name bound, then joined)
+            for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([], joined), ([f"p = {joined}"], "p"),
+                                   ([f"n = {path}", "p = os.path.join(self.root, n)"], "p")):
+                opened = open_(path_at)
+                head = [*before, *binds, opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
                     bind = f"y = {bind}"
                     for at in range(len(before), len(head) + 1):  # the label bound before, between or after them

@@ -99,6 +99,17 @@ class Rooted(Dataset):  # names under a root, the label first, the path bound to
         return img, target
 
 
+class Named(Rooted):  # the file's name bound, then joined to the root
+    def __getitem__(self, index):
+        img_name = self.names[index]
+        img_path = os.path.join(self.root, img_name)
+        image = Image.open(img_path).convert("RGB")
+        label = self.targets[index]
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
 class Pairs(Dataset):  # (path, label) pairs, the transform in the return
     def __init__(self, samples, transform):
         self.samples, self.transform = samples, transform
@@ -342,7 +353,8 @@ def _same_batches(dataset, workers: int, swap=None, levels: int = 0) -> None:
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
-    it is; paths and labels in lists, names joined to a root, (path, label)
+    it is; paths and labels in lists, names joined to a root (in the open, bound first, or bound,
+    then joined), (path, label)
     pairs; the label before or after the image or the transform, as it is or made a tensor or an
     int; `if self.transform:`, `is not None`, always, inline; any names), is served natively: the batches torchvision's own, bit for
     bit, the labels its code's, a transform swapped between passes followed."""
@@ -361,7 +373,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Late([pathlib.Path(p) for p in paths], np.array(labels), cropped),
                     Rooted(folder, names, torch.tensor(labels), sized), Tensors(paths, labels, cropped),
                     Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped),
-                    AsIs(paths, labels, sized), Converted(paths, labels, cropped)):
+                    AsIs(paths, labels, sized), Converted(paths, labels, cropped),
+                    Named(str(folder), names, labels, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
