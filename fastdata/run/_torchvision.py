@@ -203,9 +203,10 @@ class NativeFolder(Dataset):
         from its listing in a worker (`list_for_workers`), else from its list (`listed`), whose
         errors (an index out of range) are the script's; a script's file list's as its code names
         them (an error there: FolderError, and the batch is the script's own fetch)."""
-        if file_list(ds) is not None:
+        files = file_list(ds)  # (read once: `samples_of` would read the class again)
+        if files is not None:
             try:
-                return samples_of(ds, indices)
+                return files.samples(indices)
             except Exception as e:
                 raise FolderError(f"{type(ds).__name__}'s samples: {type(e).__name__}") from None
         now = listed(ds)
