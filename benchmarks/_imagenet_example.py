@@ -11,7 +11,9 @@ with `--files` on the folder's files listed in a CSV file (path, label), read ba
 own Dataset class, which opens each path with Pillow (`ImageFiles`, as scripts with a CSV of their
 images write it); with `--files read`, which reads each with torchvision.io's `read_image`, as the
 PyTorch tutorial's CustomImageDataset does (`TensorFiles`), the transform v2's on the uint8 tensor
-(RandomResizedCrop(224) antialiased, flip, ToDtype(float32, scale), Normalize).
+(RandomResizedCrop(224) antialiased, flip, ToDtype(float32, scale), Normalize); with `--files
+food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
+download lays out its images (hard links), as fine-tuning scripts train on it.
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -47,7 +49,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files [{pil,read}]]
+                                                [--files [{pil,read,food101}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -59,6 +61,7 @@ import argparse
 import csv
 import importlib.util
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -78,7 +81,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read"])
+ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "food101"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -360,7 +363,19 @@ else:
                                                          generator=torch.Generator().manual_seed(42))
     if args.wrap:
         train_dataset = TransformedSubset(train_dataset, transform)
-    if args.files:  # the same files and labels, listed in a CSV file beside the folder
+    if args.files == "food101":  # the same files as Food101's download lays them out, beside the folder
+        food = Path(args.data).with_name(Path(args.data).name + "-food101")
+        meta = {}
+        for path, _ in train_dataset.samples:
+            name = f"{Path(path).parent.name}/{Path(path).stem}"
+            meta.setdefault(Path(path).parent.name, []).append(name)
+            if not (food / "food-101" / "images" / f"{name}.jpg").exists():
+                (food / "food-101" / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, food / "food-101" / "images" / f"{name}.jpg")
+        (food / "food-101" / "meta").mkdir(exist_ok=True)
+        (food / "food-101" / "meta" / "train.json").write_text(json.dumps(meta))
+        train_dataset = torchvision.datasets.Food101(food, transform=transform)
+    elif args.files:  # the same files and labels, listed in a CSV file beside the folder
         listing = Path(args.data).with_suffix(".csv")
         with open(listing, "w", newline="") as f:
             csv.writer(f).writerows(train_dataset.samples)

@@ -19,7 +19,9 @@ transforms, served natively too (run_torchvision_wrap.json); with `--files` on t
 listed in a CSV file, each opened by the script's own Dataset class with Pillow, as scripts with a
 CSV of their images write it, served natively too (run_torchvision_files.json); with `--files read`
 each read with torchvision.io's read_image, as the PyTorch tutorial's CustomImageDataset reads them,
-the transform v2's on the tensor (run_torchvision_files_read.json).
+the transform v2's on the tensor (run_torchvision_files_read.json); with `--files food101`, by
+torchvision's own Food101 dataset, the files laid out as its download lays them out
+(run_torchvision_files_food101.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
@@ -55,7 +57,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
-                                          [--split] [--join] [--wrap]
+                                          [--split] [--join] [--wrap] [--files [{pil,read,food101}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -97,9 +99,10 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
-    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read"],
+    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "food101"],
                     help="train on the folder's files listed in a CSV file, read by the script's own Dataset class "
-                    "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor)")
+                    "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor); "
+                    "food101: laid out as Food101's download, read by torchvision's Food101")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit"],
@@ -151,7 +154,8 @@ def main() -> int:
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + (", two folders joined" if args.join else "")
           + (", the 90% split in the script's wrapper" if args.wrap else "")
-          + (f", its files listed in a CSV file, read by the script's Dataset ({args.files})" if args.files else "")
+          + (", torchvision's Food101 over its files" if args.files == "food101" else
+             f", its files listed in a CSV file, read by the script's Dataset ({args.files})" if args.files else "")
           + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")
           + (", the tensor backend" if args.backend == "tensor" else "")
@@ -161,7 +165,7 @@ def main() -> int:
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") + ("_join" if args.join else "") \
-        + ("_wrap" if args.wrap else "") + ("_files" if args.files == "pil" else "_files_read" if args.files else "") \
+        + ("_wrap" if args.wrap else "") + ("_files" if args.files == "pil" else f"_files_{args.files}" if args.files else "") \
         + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
         + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "") \
         + ("" if args.padding_mode == "constant" else f"_{args.padding_mode}")

@@ -53,6 +53,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ._pixels import named
 from ._views import read_shape
 
 # Where a sample's path and label come from: (statements before them, the path, the label). A
@@ -63,7 +64,9 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
             ((), "self.frame.loc[i, {P}]", "self.frame.loc[i, {L}]"),
             ((), "self.frame[{P}][i]", "self.frame[{L}][i]"),
             (("r = self.frame.iloc[i]",), "r[{P}]", "r[{L}]"))
-_PAIRS = ("p", "os.path.join(self.root, p)")  # the path of `p, y = self.samples[i]`
+# A sample's path and label bound together (torchvision's own datasets bind them so), and the path opened
+_PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
+_PAIRS = ("p", "os.path.join(self.root, p)")
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
@@ -72,17 +75,29 @@ _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
 _TARGETS = {"": [], "if": ["if self.target_transform:", "    y = self.target_transform(y)"],
             "not_none": ["if self.target_transform is not None:", "    y = self.target_transform(y)"]}
 # How the label is returned (`_written`'s families): as the list or frame gives it, or made a tensor or an int
-_LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dtype=torch.long)", "int": "int({})"}
-_NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"}, "int": {"int"}}
+_LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dtype=torch.long)",
+           "int64": "torch.tensor({}, dtype=torch.int64)", "int": "int({})"}
+_NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"},
+          "int64": {"torch", "tensor", "int64"}, "int": {"int"}}
+# What may come first (`_written`'s `leads`): a docstring (its text the script's), and the PyTorch
+# tutorial's line that makes a tensor index a list
+_LEADS = {"doc": '"""\\0doc"""', "index": "if torch.is_tensor(i):\n    i = i.tolist()"}
 # How the image is opened (`_written`'s families): by Pillow, converted to RGB (in one statement or
-# two) or as it is; or read as a uint8 tensor by torchvision.io (as the file is, or made RGB)
+# two, `Image` or `PIL.Image`; or by torchvision's own loader, which converts it) or as it is; or
+# read as a uint8 tensor by torchvision.io (as the file is, or made RGB)
 _OPENS = {"convert": 'x = Image.open({}).convert("RGB")', "convert_after": 'x = Image.open({})\nx = x.convert("RGB")',
+          "pil": 'x = PIL.Image.open({}).convert("RGB")', "loader": "x = self.loader({})",
           "plain": "x = Image.open({})", "read": "x = read_image({})",
           "read_rgb": "x = read_image({}, ImageReadMode.RGB)"}
+# Which of them a class may open by, from the names its code reads (the first that it reads all of)
+_CHOICES = (({"ImageReadMode"}, ("read_rgb",)), ({"read_image"}, ("read",)), ({"PIL", "convert"}, ("pil",)),
+            ({"convert"}, ("convert", "convert_after")), ({"Image", "open"}, ("plain",)), ({"loader"}, ("loader",)))
+# How each file must open for fastdata, which decodes it as RGB, to give the image (`FileList.must_open`)
+_MUST = {"plain": "rgb", "read": "jpeg", "read_rgb": "jpeg"}
 COLUMNS = {"P": "\0path column", "L": "\0label column"}  # (`_views.same_shape` reads a "\0" str as the script's)
 # Names the shapes read that must be spelled as written: the modules, and their attributes' names
-_FIXED = ("Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int",
-          "read_image", "ImageReadMode", "RGB")
+_FIXED = ("PIL", "Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int64",
+          "int", "is_tensor", "tolist", "read_image", "ImageReadMode", "RGB")
 _LISTS = (list, tuple, np.ndarray, torch.Tensor)
 
 
@@ -115,9 +130,10 @@ def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str
 
 def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
     """The code of a method `(self, i{more})` of `statements` (the columns written as `columns`)
-    in a module that imports Pillow's `Image`, `os`, `torch` and torchvision.io's names (the
+    in a module that imports `PIL`, Pillow's `Image`, `os`, `torch` and torchvision.io's names (the
     compiler reads an attribute of an imported module as such, not as a method), not run."""
-    source = "from PIL import Image\nimport os\nimport torch\nfrom torchvision.io import ImageReadMode, read_image\n" \
+    source = "import PIL.Image\nfrom PIL import Image\nimport os\nimport torch\n" \
+        "from torchvision.io import ImageReadMode, read_image\n" \
         f"def f(self, i{more}):\n" + \
         "".join(f"    {line}\n" for s in statements for line in s.format(**columns).split("\n"))
     module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
@@ -125,19 +141,23 @@ def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType
 
 
 @functools.lru_cache(maxsize=None)
-def _written(family: str, opens: str, target: str = "") -> dict[bytes, tuple[type, ...]]:
+def _written(family: str, opens: str, target: str = "", leads: tuple = ()) -> dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
-    (the running interpreter's compiler writes them). With a `target` guard, those that bind the
-    label before the transform and return it as it is (the family ""), the target_transform after it."""
+    (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`.
+    With a `target` guard, those that bind the label before the transform and return it as it is
+    (the family ""), the target_transform after it."""
     made, open_ = _LABELS[family].format, _OPENS[opens].format
+    lead = [_LEADS[k] for k in leads]
     shapes = []
     for guard in [g for g in _GUARDS if not (target and g == "inline")]:
         for before, path, label in _SOURCES:
+            before = (*lead, *before)
             joined = f"os.path.join(self.root, {path})"
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
-            # root, in the open, bound first, or its name bound, then joined)
-            for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([], joined), ([f"p = {joined}"], "p"),
+            # root, in the open, bound first (to the image's own name or another), or its name bound, then joined)
+            for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x"), ([], joined),
+                                   ([f"p = {joined}"], "p"), ([f"x = {joined}"], "x"),
                                    ([f"n = {path}", "p = os.path.join(self.root, n)"], "p")):
                 opened = open_(path_at)
                 head = [*before, *binds, opened]
@@ -150,10 +170,10 @@ def _written(family: str, opens: str, target: str = "") -> dict[bytes, tuple[typ
                         shapes.append(_shape(head, opened, guard, [bind], returned, path_at, opens, target))
                 if not target:  # the label in the return
                     shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
-        for path in _PAIRS:
-            opened = open_(path)
-            shapes.append(_shape(["p, y = self.samples[i]", opened], opened, guard, [], made("y"), path, opens,
-                                 target))
+        for pair in _PAIRED:
+            for path in _PAIRS:
+                opened = open_(path)
+                shapes.append(_shape([*lead, pair, opened], opened, guard, [], made("y"), path, opens, target))
     written: dict[bytes, list[type]] = {}
     for shape in shapes:
         written.setdefault(shape.__getitem__.__code__.co_code, []).append(shape)
@@ -163,17 +183,20 @@ def _written(family: str, opens: str, target: str = "") -> dict[bytes, tuple[typ
 class FileList:
     """A script's file-list dataset as `file_list` reads it: `transform`, the one its
     `__getitem__` gives each image, `target_transform` (None without one) each label;
-    `samples(indices)`, their paths and labels (before the target_transform)."""
+    `samples(indices)`, their paths and labels (before the target_transform); `must_open`, how
+    each file must open for fastdata to give its image: None where the code converts it to RGB;
+    "rgb", in mode RGB (opened as it is); "jpeg", as a JPEG of 3 components (read by torchvision.io)."""
 
     def __init__(self, shape: type, values: dict, why: str) -> None:
         self.shape, self.values, self.why = shape, values, why
         self.transform, self.target_transform = values["transform"], values.get("target_transform")
+        self.must_open = _MUST.get(shape.opens)
 
     def samples(self, indices: list) -> tuple[list[str], list]:
         """(the paths, the labels) the dataset's code gives `indices`; raises what evaluating
         it raises, or TypeError for a path that is not a str or a pathlib path."""
         # (the attributes where the shape's code reads them: `self.paths` of the namespace)
-        view = types.SimpleNamespace(**{k: v for k, v in self.values.items() if k not in COLUMNS.values()})
+        view = types.SimpleNamespace(**{k: v for k, v in self.values.items() if not k.startswith("\0")})
         pick, columns = self.shape.pick, [self.values.get(v) for v in COLUMNS.values()]
         picked = [pick(view, i, *columns) for i in indices]
         paths = []
@@ -192,14 +215,19 @@ def file_list(dataset: Any) -> FileList | None:
     cls = type(dataset)
     code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
     names = set(getattr(code, "co_names", ()))
-    opens = ("read_rgb",) if "ImageReadMode" in names else ("read",) if "read_image" in names else \
-        ("convert", "convert_after") if "convert" in names else ("plain",) if {"Image", "open"} <= names else ()
+    opens = next((ways for needs, ways in _CHOICES if needs <= names), ())
     if code is None or hasattr(cls, "__getitems__") or not opens:
         return None  # (the shapes are written out only for a dataset that may be one: by the names they read)
+    folder = sys.modules.get("torchvision.datasets.folder")
+    if folder is not None and isinstance(dataset, folder.DatasetFolder):
+        return None  # (a torchvision folder, whose `samples` the workers read from a listing: `_folders`)
+    # (a function's first constant is its docstring, or None without one)
+    leads = (("doc",) if code.co_consts and type(code.co_consts[0]) is str else ()) + \
+        (("index",) if "is_tensor" in names else ())
     shapes = tuple(shape for family, needs in _NEEDS.items() if needs <= names for way in opens
-                   for shape in _written(family, way).get(code.co_code, ())) or \
+                   for shape in _written(family, way, "", leads).get(code.co_code, ())) or \
         tuple(shape for target in ("if", "not_none") for way in opens  # (written only where no other is)
-              for shape in _written("", way, target).get(code.co_code, ()))
+              for shape in _written("", way, target, leads).get(code.co_code, ()))
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None
@@ -214,12 +242,41 @@ def file_list(dataset: Any) -> FileList | None:
                                                                                           "ImageReadMode")
                               if name in names):
             return None
-    else:
+    elif shape.opens != "loader":  # (the loader's own checks: `_refused`)
         image = sys.modules.get("PIL.Image")
-        if image is None or scope.get("Image") is not image or not (_pillows(image.open) and
-                                                                    _pillows(image.Image.convert)):
+        pil = scope.get("PIL") if shape.opens == "pil" else None
+        if image is None or (scope.get("Image") if pil is None else getattr(pil, "Image", None)) is not image or \
+                (pil is not None and pil is not sys.modules.get("PIL")) or \
+                not (_pillows(image.open) and _pillows(image.Image.convert)):
             return None
     return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+
+
+def loader_refused(loader: Any, name: str) -> str:
+    """Why a dataset named `name` that opens its files with `loader` is not served natively: ""
+    where that is torchvision's own `pil_loader`, or its `default_loader` with the image backend
+    PIL (each opens the file with Pillow and converts it to RGB)."""
+    folder = sys.modules.get("torchvision.datasets.folder")
+    if folder is None:
+        return f"{name} has its own image loader ({named(loader)})"
+
+    def own(f: Any, function: str) -> bool:
+        # torchvision's own function, not one a script put in its place: its code is in
+        # torchvision's file (a functools.wraps wrapper takes its names, not its code)
+        code = getattr(f, "__code__", None)
+        return code is not None and code.co_name == function and code.co_filename == folder.__file__ and \
+            not hasattr(f, "__wrapped__")
+
+    backend = getattr(sys.modules.get("torchvision"), "get_image_backend", lambda: None)()
+    if not (own(loader, "pil_loader") or (own(loader, "default_loader") and backend == "PIL")):
+        return f"{name} has its own image loader ({named(loader)})"
+    # default_loader calls the module's pil_loader by name: a script may have put its own there
+    # (a grey or an EXIF-transposing loader), which only torchvision's own call follows
+    if not own(loader, "pil_loader") and not own(folder.pil_loader, "pil_loader"):
+        return (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
+                f"script's own ({named(folder.pil_loader)})")
+    return ""
+
 
 
 def first_not_rgb(datas: list, jpeg: bool = False) -> int | None:
@@ -265,6 +322,8 @@ def _refused(name: str, shape: type, got: dict) -> str:
             return f"{name} reads its samples from a {type(value).__name__}, not a pandas DataFrame"
         if key == "root" and not isinstance(value, (str, pathlib.PurePath)):
             return f"{name} joins its paths to a {type(value).__name__}, not a str or a path"
+    if shape.opens == "loader" and loader_refused(got["loader"], name):
+        return loader_refused(got["loader"], name)
     transform = got["transform"]
     if transform is None and shape.guard in ("always", "inline"):
         return f"{name} calls its transform, which is None"

@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from ._filelist import file_list
+from ._filelist import file_list, loader_refused
 from ._lowering import Lowering, Unlowerable, lower_transform, lower_views
-from ._pixels import named
 from ._timm import image_dataset
 from ._wrapped import wrapped
 
@@ -109,9 +108,7 @@ def must_open(dataset: Any) -> str | None:
     (a script's file list that opens them as they are); "jpeg", as a JPEG of 3 components (one
     that reads them with torchvision.io, as uint8 tensors)."""
     files = file_list(dataset)
-    if files is None or files.shape.opens.startswith("convert"):
-        return None
-    return "jpeg" if files.shape.opens.startswith("read") else "rgb"
+    return None if files is None else files.must_open
 
 
 def transform_of(dataset: Any) -> Any:
@@ -144,13 +141,12 @@ def lower(dataset: Any) -> tuple[Lowering | None, str]:
     """(the lowering, "") when `dataset` (or the `folder` under its Subsets, or each of the
     `leaves` a join of them picks from) is served natively; (None, why not) otherwise, and
     (None, "") for a dataset that is not an image folder at all."""
-    tv = sys.modules.get("torchvision")  # a script that made a torchvision (or timm) dataset imported it
-    if tv is None:
+    if "torchvision" not in sys.modules:  # (a script that made a torchvision (or timm) dataset imported it)
         return None, ""
     reached = sources(dataset)
     found = list({id(ds): ds for ds, _ in reached}.values())
     whys = [image_dataset(ds) for ds in found]
-    whys = [_torchvisions(ds, tv) if why is None else why for ds, why in zip(found, whys)]
+    whys = [_torchvisions(ds) if why is None else why for ds, why in zip(found, whys)]
     whys = [_files(ds) if why is None else why for ds, why in zip(found, whys)]
     if all(why is None for why in whys):
         return None, ""
@@ -202,30 +198,14 @@ def _files(dataset: Any) -> str | None:
     return None if files is None else files.why
 
 
-def _torchvisions(dataset: Any, tv: Any) -> str | None:
+def _torchvisions(dataset: Any) -> str | None:
     """For a torchvision folder: "" where it reads its files with torchvision's own loader, else
     why not; None for any other dataset."""
     from torchvision.datasets import DatasetFolder
-    from torchvision.datasets import folder as tv_folder
-
-    def own(f: Any, name: str) -> bool:
-        # torchvision's own function, not one a script put in its place: its code is in
-        # torchvision's file (a functools.wraps wrapper takes its names, not its code)
-        code = getattr(f, "__code__", None)
-        return code is not None and code.co_name == name and code.co_filename == tv_folder.__file__ and \
-            not hasattr(f, "__wrapped__")
 
     if not isinstance(dataset, DatasetFolder):
         return None
     name = type(dataset).__name__
     if type(dataset).__getitem__ is not DatasetFolder.__getitem__:
         return f"{name} overrides __getitem__"
-    loader = getattr(dataset, "loader", None)
-    if not (own(loader, "pil_loader") or (own(loader, "default_loader") and tv.get_image_backend() == "PIL")):
-        return f"{name} has its own image loader ({named(loader)})"
-    # default_loader calls the module's pil_loader by name: a script may have put its own there
-    # (a grey or an EXIF-transposing loader), which only torchvision's own call follows
-    if not own(loader, "pil_loader") and not own(tv_folder.pil_loader, "pil_loader"):
-        return (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
-                f"script's own ({named(tv_folder.pil_loader)})")
-    return ""
+    return loader_refused(getattr(dataset, "loader", None), name)

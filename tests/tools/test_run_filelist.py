@@ -174,6 +174,27 @@ class Converted(Files):  # converted in a statement of its own
         return image, self.labels[idx]
 
 
+class Documented(Files):  # a docstring, the PyTorch tutorial's line for a tensor index, a label of int64
+    def __getitem__(self, idx):
+        """One image and its class."""
+        if torch.is_tensor(idx):
+            idx = idx.tolist()
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        if self.transform:
+            image = self.transform(image)
+        return image, torch.tensor(self.labels[idx], dtype=torch.int64)
+
+
+class Rebound(Rooted):  # the path bound to the name the image is bound to next
+    def __getitem__(self, index):
+        sample = os.path.join(self.root, self.names[index])
+        sample = Image.open(sample).convert("RGB")
+        target = self.targets[index]
+        if self.tf:
+            sample = self.tf(sample)
+        return sample, target
+
+
 class Read(Files):  # torchvision.io's uint8 tensor of each file
     def __getitem__(self, idx):
         image = read_image(self.image_paths[idx])
@@ -325,10 +346,11 @@ class Property(Files):
         self.image_paths, self.labels = paths, labels
 
 
-def _same_batches(dataset, workers: int, swap=None, levels: int = 0) -> None:
+def _same_batches(dataset, workers: int, swap=None, levels: int = 0, offset: int = 0) -> None:
     """The served loader's batches (native) are DataLoader's bit for bit (within `levels` of
     uint8, for a resize of a tensor: torch's arithmetic, not Pillow's) over two passes, the
-    labels those of the images' content; `swap(dataset)` between them (the next pass follows)."""
+    labels those of the images' content (plus `offset`: a target_transform's); `swap(dataset)`
+    between them (the next pass follows)."""
     loader = _served(dataset, batch_size=7, shuffle=True, num_workers=workers,
                      generator=torch.Generator().manual_seed(1))
     assert isinstance(loader._loader.dataset, rt.NativeFolder)
@@ -339,7 +361,7 @@ def _same_batches(dataset, workers: int, swap=None, levels: int = 0) -> None:
             want, got = list(plain), list(loader)
             assert len(got) == len(want) and sum(len(labels) for _, labels in got) == len(dataset)
             for (a, la), (b, lb) in zip(got, want):
-                assert torch.equal(la, lb) and torch.equal(_class_of(a), la) and a.dtype == b.dtype
+                assert torch.equal(la, lb) and torch.equal(_class_of(a) + offset, la) and a.dtype == b.dtype
                 scale = 255 if a.is_floating_point() else 1
                 assert torch.equal(a, b) if not levels else (a.double() - b.double()).abs().max() * scale <= levels
             if swap is not None:
@@ -354,10 +376,11 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
     it is; paths and labels in lists, names joined to a root (in the open, bound first, or bound,
-    then joined), (path, label)
-    pairs; the label before or after the image or the transform, as it is or made a tensor or an
-    int; `if self.transform:`, `is not None`, always, inline; any names), is served natively: the batches torchvision's own, bit for
-    bit, the labels its code's, a transform swapped between passes followed."""
+    then joined; bound to the image's own name), (path, label) pairs; the label before or after
+    the image or the transform, as it is or made a tensor (of int64) or an int; `if
+    self.transform:`, `is not None`, always, inline; a docstring first, the tutorial's line for a
+    tensor index; any names), is served natively: the batches torchvision's own, bit for bit, the
+    labels its code's, a transform swapped between passes followed."""
     from fastdata.run._decide import _collation
 
     paths, labels = _listing(folder)
@@ -374,7 +397,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Rooted(folder, names, torch.tensor(labels), sized), Tensors(paths, labels, cropped),
                     Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped),
                     AsIs(paths, labels, sized), Converted(paths, labels, cropped),
-                    Named(str(folder), names, labels, sized)):
+                    Named(str(folder), names, labels, sized), Documented(paths, labels, cropped),
+                    Rebound(str(folder), names, labels, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -460,6 +484,55 @@ def test_a_file_list_split_wrapped_or_joined_is_served_natively(tv, folder):
                     Split(val, cropped), Files(paths[:half], labels[:half], sized) + Pairs(
                         list(zip(paths[half:], labels[half:])), sized)):
         _same_batches(dataset, 2)
+
+
+def _torchvision_datasets(folder: Path, root: Path) -> dict:
+    """torchvision's own datasets that list their files, laid out under `root` as each expects its
+    download, from `folder`'s images (class c the c-th class of each)."""
+    from torchvision.datasets import DTD, GTSRB, Food101, Imagenette
+
+    paths, labels = _listing(folder)
+    for path, label in zip(paths, labels):
+        name = Path(path).stem
+        wnid = sorted(Imagenette._WNID_TO_CLASS)[label]
+        for at in (root / "food-101" / "images" / f"class{label}" / f"{name}.jpg",
+                   root / "dtd" / "dtd" / "images" / f"class{label}" / f"{name}.jpg",
+                   root / "imagenette2" / "train" / wnid / f"{name}.jpeg"):
+            at.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, at)
+        at = root / "gtsrb" / "GTSRB" / "Training" / f"{label:05d}" / f"{name}.ppm"
+        at.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(path).save(at)
+    (root / "food-101" / "meta").mkdir()
+    listing = {f"class{c}": [f"class{c}/{Path(p).stem}" for p, y in zip(paths, labels) if y == c]
+               for c in sorted(set(labels))}
+    (root / "food-101" / "meta" / "train.json").write_text(json.dumps(listing))
+    (root / "dtd" / "dtd" / "labels").mkdir()
+    (root / "dtd" / "dtd" / "labels" / "train1.txt").write_text(
+        "".join(f"class{y}/{Path(p).name}\n" for p, y in zip(paths, labels)))
+    return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB}
+
+
+@pytest.mark.timeout(300)
+def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path):
+    """torchvision's own datasets that list their files (Food101, DTD, Imagenette and GTSRB here;
+    Flowers102, FGVCAircraft, SUN397, StanfordCars and RenderedSST2 read theirs as Food101 and
+    Imagenette do) are read as file lists: served natively with torchvision's own loader, the
+    batches DataLoader's bit for bit, their target_transform applied; one given a loader of the
+    script's (torchvision.io's decode_image) is not, saying why."""
+    from torchvision.io import decode_image
+
+    from fastdata.run._decide import _collation
+
+    sized, cropped = _transforms()
+    made = _torchvision_datasets(folder, tmp_path)
+    for name, cls in made.items():
+        dataset = cls(str(tmp_path), transform=sized)
+        assert len(dataset) == 48 and f"served natively: {name} with" in _collation({"dataset": dataset})[0]
+        _same_batches(dataset, 2)
+        _same_batches(cls(tmp_path, transform=cropped, target_transform=lambda y: y + 10), 0, offset=10)
+    lowering, reason = rt.lower(made["Food101"](str(tmp_path), transform=sized, loader=decode_image))
+    assert lowering is None and reason == "Food101 has its own image loader (decode_image)", reason
 
 
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
