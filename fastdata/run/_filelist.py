@@ -12,7 +12,8 @@ class for them, the same few lines in each:
 
 Such a dataset is read as an image folder (`file_list`): each sample the file at the path its
 code names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
-statement or two), or opened as it is (fastdata decodes a batch of those only where each file
+statement or two; or by torchvision's own loader, as torchvision's Food101, DTD, Flowers102 and
+others open theirs: `loader_refused`), or opened as it is (fastdata decodes a batch of those only where each file
 opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), or read as a uint8
 tensor by torchvision.io's `read_image` (a batch fastdata's only where each file is a JPEG of 3
 components; its transform lowered on the tensor), through its transform, with the label its code
@@ -21,17 +22,19 @@ tutorial's CustomImageDataset does).
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_written` writes out, instruction for instruction in the running
-interpreter's bytecode (the names of its attributes and locals free; `Image` Pillow's module,
-`read_image` torchvision.io's, `os` and `torch` themselves), its class without `__getitems__`,
+interpreter's bytecode (the names of its attributes and locals free; `Image` Pillow's module
+(or `PIL.Image`), `read_image` torchvision.io's, `os` and `torch` themselves), its class without `__getitems__`,
 `__getattr__` or `__getattribute__` of its own, its attributes plainly in the instance. The
 shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of
 its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`,
 `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with `os.path.join` or not, bound to a
-local first or not (or its name bound, then joined); the label from a list of its own (`self.labels[i]`) or the same frame
-(`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
-return (`torch.tensor(y)`, `torch.tensor(y, dtype=torch.long)`, `int(y)`: `_LABELS`), before or
-after the image, after the transform or in the return; or both from `path, label =
-self.samples[i]`; the transform under `if self.transform:` or `if self.transform is not None:`,
+local first or not (the image's own or another; or its name bound, then joined); the label from a
+list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`, ...), as it is or
+made a tensor or an int where it is bound or in the return (`torch.tensor(y)`, with `dtype=
+torch.long` or `torch.int64`, `int(y)`: `_LABELS`), before or after the image, after the transform
+or in the return; or both from `path, label = self.samples[i]` or `= self.paths[i],
+self.labels[i]` (`_PAIRED`); a docstring and the PyTorch tutorial's `if torch.is_tensor(i): i =
+i.tolist()` first or not (`_LEADS`); the transform under `if self.transform:` or `if self.transform is not None:`,
 always, or in the return. The lists must be lists, tuples, numpy arrays, tensors or pandas Series
 (a frame a DataFrame), whose indexing changes nothing: fastdata then evaluates the same
 expressions on them (`FileList.samples`: code written from the same parts as the shape's, without
@@ -79,6 +82,7 @@ _LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dty
            "int64": "torch.tensor({}, dtype=torch.int64)", "int": "int({})"}
 _NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"},
           "int64": {"torch", "tensor", "int64"}, "int": {"int"}}
+_MADE = {"tensor", "long", "int64", "int"}  # (the names that tell the families apart)
 # What may come first (`_written`'s `leads`): a docstring (its text the script's), and the PyTorch
 # tutorial's line that makes a tensor index a list
 _LEADS = {"doc": '"""\\0doc"""', "index": "if torch.is_tensor(i):\n    i = i.tolist()"}
@@ -102,15 +106,15 @@ _LISTS = (list, tuple, np.ndarray, torch.Tensor)
 
 
 class Shape:
-    """One shape of `__getitem__` (its code in the class's `__getitem__`), with `pick(self, i,
-    P, L)`, the same statements but the open and the transform, the columns given: (path,
-    label) of an index; `opens`: how it opens the image (a key of `_OPENS`); `target`: how its
-    target_transform is guarded ("" without one)."""
+    """One shape of `__getitem__` (its code in the class's `__getitem__`), with `picked`, the
+    same statements but the open and the transform, which `_pick` makes a function `(self, i,
+    P, L)` of, the columns given: (path, label) of an index; `opens`: how it opens the image (a
+    key of `_OPENS`); `target`: how its target_transform is guarded ("" without one)."""
 
     guard: str
     opens: str
     target: str
-    pick: Callable
+    picked: tuple
 
 
 def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str, path: str, opens: str,
@@ -120,12 +124,18 @@ def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str
     the return of the image and `label`."""
     image = "self.transform(x)" if guard == "inline" else "x"
     body = head + _GUARDS[guard] + _TARGETS[target] + tail + [f"return {image}, {label}"]
-    picked = [s for s in head if s is not opened] + tail + [f"return {path}, {label}"]
+    picked = (*[s for s in head if s is not opened], *tail, f"return {path}, {label}")
     get = types.FunctionType(_compiled(body, "", {k: repr(v) for k, v in COLUMNS.items()}), {})
-    pick = types.FunctionType(_compiled(picked, ", P, L", {k: k for k in COLUMNS}),
-                              {"os": os, "torch": torch, "__builtins__": builtins})
-    return type("Shape", (Shape,), {"__getitem__": get, "pick": staticmethod(pick), "guard": guard, "opens": opens,
+    return type("Shape", (Shape,), {"__getitem__": get, "picked": picked, "guard": guard, "opens": opens,
                                     "target": target})
+
+
+@functools.lru_cache(maxsize=None)
+def _pick(picked: tuple) -> Callable:
+    """The function `(self, i, P, L)` of a shape's `picked` statements (compiled for the shape a
+    dataset has only)."""
+    return types.FunctionType(_compiled(list(picked), ", P, L", {k: k for k in COLUMNS}),
+                              {"os": os, "torch": torch, "__builtins__": builtins})
 
 
 def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
@@ -197,7 +207,7 @@ class FileList:
         it raises, or TypeError for a path that is not a str or a pathlib path."""
         # (the attributes where the shape's code reads them: `self.paths` of the namespace)
         view = types.SimpleNamespace(**{k: v for k, v in self.values.items() if not k.startswith("\0")})
-        pick, columns = self.shape.pick, [self.values.get(v) for v in COLUMNS.values()]
+        pick, columns = _pick(self.shape.picked), [self.values.get(v) for v in COLUMNS.values()]
         picked = [pick(view, i, *columns) for i in indices]
         paths = []
         for path, _ in picked:
@@ -224,10 +234,14 @@ def file_list(dataset: Any) -> FileList | None:
     # (a function's first constant is its docstring, or None without one)
     leads = (("doc",) if code.co_consts and type(code.co_consts[0]) is str else ()) + \
         (("index",) if "is_tensor" in names else ())
-    shapes = tuple(shape for family, needs in _NEEDS.items() if needs <= names for way in opens
-                   for shape in _written(family, way, "", leads).get(code.co_code, ())) or \
-        tuple(shape for target in ("if", "not_none") for way in opens  # (written only where no other is)
-              for shape in _written("", way, target, leads).get(code.co_code, ()))
+    # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
+    # the ways it may open, and the target_transform's guards, written one after another until one has its code)
+    made = names & _MADE
+    family = next((f for f, needs in _NEEDS.items() if needs & _MADE == made), None)
+    tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
+                                                    opens if family == ""]
+    shapes = next((found for f, way, target in tries if family is not None
+                   for found in [_written(f, way, target, leads).get(code.co_code, ())] if found), ())
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None
