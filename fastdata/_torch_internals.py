@@ -26,6 +26,7 @@ from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 __all__ = ["ExceptionWrapper", "torch_collate", "collate_tensor_fn", "default_collate_fn_map", "profiler_enabled",
+           "collate_error_in_process",
            "new_shared_storage", "new_shared_tensor", "auto_collation", "share_length_warning", "driven_dataloader",
            "live_iterator", "iterator_workers", "iterator_shutdown", "kill_iterator_workers", "end_live_iterator",
            "ask_workers_to_end",
@@ -40,6 +41,7 @@ ITERATOR_ATTRIBUTES = ("_workers", "_shutdown_workers", "_worker_pids_set", "_wo
                        "_sampler_iter", "_pin_memory", "_pin_memory_device", "_workers_status", "_persistent_workers",
                        "_mark_worker_as_unavailable")
 OTHER_NAMES = ("_new_shared", "_typed_storage", "_profiler_enabled", "_remove_worker_pids", "_utils", "_shutdown",
+               "_worker_info",
                "_SingleProcessDataLoaderIter", "_MapDatasetFetcher", "_IterableDatasetFetcher", "_version")
 
 
@@ -71,6 +73,22 @@ def new_shared_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tenso
 
 
 # ----------------------------------------------------------------- a DataLoader and its iterator
+
+def collate_error_in_process(batch: Any) -> Exception | None:
+    """The error torch's default_collate raises for `batch` in the training process, where it
+    stacks tensors in place (a worker's stacks them into shared memory sized from the samples,
+    which raises its own error first for samples of different sizes); None where it collates."""
+    from torch.utils.data._utils import worker
+
+    info, worker._worker_info = worker._worker_info, None  # (get_worker_info() then says: no worker)
+    try:
+        torch_collate(batch, collate_fn_map=default_collate_fn_map)
+    except Exception as e:
+        return e
+    finally:
+        worker._worker_info = info
+    return None
+
 
 def auto_collation(loader: Any) -> bool:
     """Whether DataLoader `loader` batches (a batch sampler), rather than handing out samples."""

@@ -39,7 +39,7 @@ from ._profile import TimedPass, Timing
 from ._decide import SIGNATURE, decide
 from ._arrays import NativeArrays, lower_any
 from ._folders import target_transformed
-from ._layout import Finish
+from ._layout import CarryingCollate, Finish
 from ._mixup import MixCollate, mixing_of
 from ._timm import is_timm_collate
 from ._timm_collate import TimmCollate
@@ -179,21 +179,27 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         mixing = self._fastdata_mixing = mixing_of(self.collate_fn, getattr(self, "_fastdata_lowering", None),
                                                   self.dataset)
         if mixing is None:
-            return TorchCore._working_collate(self)
+            collate = TorchCore._working_collate(self)
+            return CarryingCollate(*self._ring_settings()) if type(collate) is RingCollate and self._carries() \
+                else collate
         if is_timm_collate(mixing):
             return TimmCollate(*self._ring_settings(), self.collate_fn)
         return MixCollate(*self._ring_settings(), self.collate_fn, mixing)
 
     def _fetched_from(self, dataset: Any) -> Any:
         lowering = getattr(self, "_fastdata_lowering", None)
-        # A fetch's error crosses unwrapped from workers fastdata gave, not from the script's own.
-        added = getattr(self, "_fastdata_added", 0)
-        carry = added is True or (self.num_workers > 0 and self.num_workers == added)
+        carry = self._carries()
         # (a collate_fn of the script's batches the samples: they are laid out where they are fetched)
         samples = self.collate_fn is not native_collate and self._fastdata_mixing is None
         if lowering is None:
             return dataset
         return (NativeArrays if lowering.in_memory else NativeFolder)(dataset, lowering, carry=carry, samples=samples)
+
+    def _carries(self) -> bool:
+        """Whether a batch's error crosses unwrapped from its workers: from workers fastdata gave,
+        not from the script's own."""
+        added = getattr(self, "_fastdata_added", 0)
+        return added is True or (self.num_workers > 0 and self.num_workers == added)
 
     def _to_device(self, it: Any, timed: bool) -> Any:
         finish = getattr(self, "_fastdata_finish", None)

@@ -4,19 +4,25 @@
 tensor steps (`Layout`), as torchvision's own operations compute them: natively through a
 lookup table of 256 values a channel (`lay_out`), in the main process (`Finish`), or where a
 collate_fn of the script's gets the samples, where they are fetched; then the script's MixUp or
-CutMix where its collate_fn mixes (`fastdata.run._mixup`).
+CutMix where its collate_fn mixes (`fastdata.run._mixup`). In workers fastdata added (the script
+asked for none), a batch's error crosses as the batch, to be raised in the main process as the
+script's own process raises it (`Carried`, `CarryingCollate`).
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 from .._buffers import ProcessRings, new_batch
-from .._collate import Prepared, collate_leaves, default_threads
+from .._collate import Prepared, RingCollate, collate_leaves, default_threads
 from .._ext import native as _ext
+from .._torch_internals import collate_error_in_process
+from ..backends.torch_iter import Raised
 from ._erasing import erase
 from ._lowering import Lowering, steps_dtype
 
@@ -181,3 +187,46 @@ class Finish:
         if layouts[0].tupled:
             return (outs[0], batch[1])
         return [outs if views else outs[0], batch[1]]
+
+
+class Carried(Prepared):
+    """The error of a batch's fetch in a worker fastdata added, crossing to the main process as
+    the batch: collated, it is the `Raised` that the loader's pass raises there, the error
+    itself (as the script's own process raised it), and the pass goes on with the next batch."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        return 0
+
+    def collate_into(self, ring: Any) -> Any:
+        return Raised(self.error)
+
+
+class CarryingCollate(RingCollate):
+    """The loader's collate_fn (fastdata's collation) in workers fastdata added: a batch of
+    samples it cannot collate crosses as the error the script's own process raises for it (the
+    `Raised` the pass raises there), not as torch's worker re-raises it ("Caught ... in
+    DataLoader worker process k", and for samples of different sizes another error: a worker
+    stacks into shared memory sized from the samples, and resizing it raises first)."""
+
+    def _collate(self, batch: Any) -> Any:
+        try:
+            return RingCollate._collate(self, batch)
+        except Exception:
+            if get_worker_info() is None or isinstance(batch, Prepared):
+                raise
+            error = collate_error_in_process(batch)
+            if error is None or not picklable(error):  # (one that cannot cross as it is: torch's worker re-raises it)
+                raise
+        return Raised(error)
+
+
+def picklable(error: BaseException) -> bool:
+    """Whether `error` crosses to another process as it is."""
+    try:
+        pickle.dumps(error)
+        return True
+    except Exception:  # an attribute or argument pickle cannot take
+        return False

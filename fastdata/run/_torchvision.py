@@ -26,16 +26,16 @@ or size past its own limits) or one where an op of the script's changed an image
 (`_pixels.ScriptOp`): its samples, warnings and errors are then the script's fetch's
 (Pillow's, open's); images of different sizes raise torch's stack error (a collate_fn of the
 script's is handed fastdata's samples only where they have one size). In workers fastdata
-added (the script asked for none), a fetch's error crosses as the batch (`Carried`) and is
-raised in the main process as the script's own process would have raised it, where torch would
-re-raise it with its message rewritten ("Caught ... in DataLoader worker process k").
+added (the script asked for none), a fetch's error crosses as the batch (`Carried`), and so does
+the collation's error for the script's own samples (`CarryingCollate`), each raised in the main
+process as the script's own process would have raised it, where torch would re-raise it with its
+message rewritten ("Caught ... in DataLoader worker process k").
 """
 
 from __future__ import annotations
 
 import array
 import operator
-import pickle
 from typing import Any
 
 import numpy as np
@@ -43,43 +43,18 @@ import torch
 from torch.utils.data import Dataset
 
 from .._buffers import new_batch
-from .._collate import Prepared
 from .._cores import batch_threads
 from .._pillow import pillow_info
-from ..backends.torch_iter import Raised
 from ..errors import DataError, one_line
 from ..image.decode import BatchDecoder
 from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
-from ._layout import FolderBatch, FolderViews, Layout, apply_steps, lay_out
+from ._layout import Carried, FolderBatch, FolderViews, Layout, apply_steps, lay_out, picklable
 from ._filelist import file_list, first_not_rgb
 from ._folders import leaves, listed, locate, lower, must_open, samples_of, target_transform_of
 from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
-
-
-class Carried(Prepared):
-    """The error of a batch's fetch in a worker fastdata added, crossing to the main process as
-    the batch: collated, it is the `Raised` that the loader's pass raises there, the error
-    itself (as the script's own process raised it), and the pass goes on with the next batch."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def __len__(self) -> int:
-        return 0
-
-    def collate_into(self, ring: Any) -> Any:
-        return Raised(self.error)
-
-
-def _picklable(error: BaseException) -> bool:
-    try:
-        pickle.dumps(error)
-        return True
-    except Exception:  # an attribute or argument pickle cannot take
-        return False
 
 
 class FolderError(DataError):
@@ -228,7 +203,7 @@ class NativeFolder(Dataset):
         try:
             return self._fetch(indices)
         except Exception as e:
-            if not (self.carry and _picklable(e)):  # (one that cannot cross as it is: torch's worker re-raises it)
+            if not (self.carry and picklable(e)):  # (one that cannot cross as it is: torch's worker re-raises it)
                 raise
             return Carried(e)
 

@@ -603,6 +603,43 @@ def test_a_file_opened_as_it_is_in_another_mode_makes_the_batch_the_scripts_own_
 
 
 @pytest.mark.timeout(120)
+def test_the_scripts_own_fetch_that_does_not_collate_raises_the_scripts_error(tv, tmp_path):
+    """A batch that is the script's own fetch (a grey JPEG among RGB ones, opened as it is) whose
+    samples do not collate (1 channel beside 3) raises, in workers fastdata added, what the
+    script's own process raises (torch's stack error; not "Trying to resize storage ..." in
+    "Caught RuntimeError in DataLoader worker process k"), and the pass goes on after it; in
+    workers the script asked for, torch's worker error, as without fastdata."""
+    import torchvision.transforms as T
+
+    paths = []
+    for k in range(12):
+        image = Image.fromarray(np.full((24, 20, 3), (10 * k, 100, 55 + 50 * (k % 4)), np.uint8))
+        paths.append(str(tmp_path / f"{k:02d}.jpg"))
+        (image.convert("L") if k == 5 else image).save(paths[-1])  # (the second batch's: one channel)
+    dataset = AsIs(paths, [k % 4 for k in range(12)], T.Compose([T.Resize((20, 16)), T.PILToTensor()]))
+
+    def steps(loader):
+        out, it = [], iter(loader)
+        for _ in range(len(loader)):
+            try:
+                out.append(next(it)[1].tolist())
+            except Exception as e:  # the error, and the pass goes on
+                out.append((type(e), str(e)))
+        with pytest.raises(StopIteration):
+            next(it)
+        return out
+
+    added = _served(dataset, batch_size=4)
+    assert isinstance(added._loader.dataset, rt.NativeFolder) and added.num_workers >= 1
+    got, want = steps(added), steps(torch.utils.data.DataLoader(dataset, batch_size=4))
+    added._stop()
+    assert got == want and got[1][0] is RuntimeError and "stack expects each tensor" in got[1][1], got
+    script = _served(dataset, batch_size=4, num_workers=2)
+    assert "in DataLoader worker process" in steps(script)[1][1]
+    script._stop()
+
+
+@pytest.mark.timeout(120)
 def test_a_file_it_cannot_read_makes_the_batch_the_scripts_own_fetch(tv, folder, tmp_path):
     """A missing file raises the script's own error (Pillow's FileNotFoundError), as without
     fastdata; paths fastdata does not take (bytes, which Pillow opens) give the script's own

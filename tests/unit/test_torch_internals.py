@@ -55,9 +55,37 @@ def test_every_private_name_is_on_this_torch():
     before = internals.write_count(t)
     t[1:].add_(1)
     assert internals.write_count(t) > before  # a write through a view counts too
-    from torch.utils.data._utils import signal_handling
+    from torch.utils.data._utils import signal_handling, worker
 
-    assert callable(signal_handling._remove_worker_pids)
+    assert callable(signal_handling._remove_worker_pids) and hasattr(worker, "_worker_info")
+
+
+class _Collated(torch.utils.data.Dataset):
+    """Samples 0-3 of shape [3], sample 4 of shape [2]: the batches 0-1 and 2-3 collate, 4-5 do not."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.full((2 if i == 4 else 3,), float(i))
+
+    def __getitems__(self, indices):  # (each batch's error as the training process's collation raises it)
+        from torch.utils.data import get_worker_info
+
+        samples = [self[i] for i in indices]
+        assert get_worker_info() is not None
+        error = internals.collate_error_in_process(samples)
+        assert get_worker_info() is not None  # (the worker's own again)
+        return [(s, repr(error)) for s in samples]
+
+
+def test_the_collate_error_in_process_is_the_training_processs():
+    """In a worker (whose own collation stacks into shared memory it sizes from the samples:
+    "Trying to resize storage ..." for these), the error the training process's collation
+    raises for a batch: torch's stack error, None where the batch collates."""
+    loader = DataLoader(_Collated(), batch_size=2, num_workers=1, collate_fn=lambda batch: batch)
+    errors = [batch[0][1] for batch in loader]
+    assert errors[:2] == ["None", "None"] and errors[2].startswith("RuntimeError('stack expects each tensor"), errors
 
 
 @pytest.mark.skipif(not _optional.has("dali"), reason="DALI is not installed")
