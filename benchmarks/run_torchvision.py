@@ -165,7 +165,8 @@ def main() -> int:
     for name, r in ratios.items():
         print(f"  fastdata run / {name:<34} {r['ratio']:.2f}x  (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})")
     stem = "run_torchvision" + ("_split" if args.split else "") + ("_join" if args.join else "") \
-        + ("_wrap" if args.wrap else "") + ("_files" if args.files == "pil" else f"_files_{args.files}" if args.files else "") \
+        + ("_wrap" if args.wrap else "") \
+        + ("_files" if args.files == "pil" else f"_files_{args.files}" if args.files else "") \
         + ("" if args.recipe == "imagenet" else f"_{args.recipe}") + ("_mixup" if args.mixup else "") \
         + ("_ra_sampler" if args.ra_sampler else "") + ("_tensor" if args.backend == "tensor" else "") \
         + ("" if args.padding_mode == "constant" else f"_{args.padding_mode}")

@@ -10,36 +10,37 @@ class for them, the same few lines in each:
             image = self.transform(image)
         return image, label
 
-Such a dataset is read as an image folder (`file_list`): each sample the file at the path its
-code names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
+Such a dataset is read as an image folder (`file_list`): each sample the file at the path its code
+names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
 statement or two; or by torchvision's own loader, as torchvision's Food101, DTD, Flowers102 and
-others open theirs: `loader_refused`), or opened as it is (fastdata decodes a batch of those only where each file
-opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), or read as a uint8
-tensor by torchvision.io's `read_image` (a batch fastdata's only where each file is a JPEG of 3
-components; its transform lowered on the tensor), through its transform, with the label its code
-names (through a target_transform where the code applies one after the transform, as the PyTorch
-tutorial's CustomImageDataset does).
+others open theirs: `loader_refused`), or opened as it is (fastdata decodes a batch of those only
+where each file opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), or read
+as a uint8 tensor by torchvision.io's `read_image` (a batch fastdata's only where each file is a
+JPEG of 3 components; its transform lowered on the tensor), through its transform, with the label
+its code names (through a target_transform where the code applies one after the transform, as the
+PyTorch tutorial's CustomImageDataset does).
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_written` writes out, instruction for instruction in the running
-interpreter's bytecode (the names of its attributes and locals free; `Image` Pillow's module
-(or `PIL.Image`), `read_image` torchvision.io's, `os` and `torch` themselves), its class without `__getitems__`,
-`__getattr__` or `__getattribute__` of its own, its attributes plainly in the instance. The
-shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of
-its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`,
-`r["path"]` of `r = self.frame.iloc[i]`), joined to a root with `os.path.join` or not, bound to a
-local first or not (the image's own or another; or its name bound, then joined); the label from a
-list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`, ...), as it is or
-made a tensor or an int where it is bound or in the return (`torch.tensor(y)`, with `dtype=
-torch.long` or `torch.int64`, `int(y)`: `_LABELS`), before or after the image, after the transform
-or in the return; or both from `path, label = self.samples[i]` or `= self.paths[i],
-self.labels[i]` (`_PAIRED`); a docstring and the PyTorch tutorial's `if torch.is_tensor(i): i =
-i.tolist()` first or not (`_LEADS`); the transform under `if self.transform:` or `if self.transform is not None:`,
-always, or in the return. The lists must be lists, tuples, numpy arrays, tensors or pandas Series
-(a frame a DataFrame), whose indexing changes nothing: fastdata then evaluates the same
-expressions on them (`FileList.samples`: code written from the same parts as the shape's, without
-the open and the transforms) and gets the paths and labels the script's code would. Any other
-code is a dataset fastdata cannot see into, served by the plain drop-in.
+interpreter's bytecode (the names of its attributes and locals free; `Image` Pillow's module (or
+`PIL.Image`), `read_image` torchvision.io's, `os` and `torch` themselves), its class without
+`__getitems__`, `__getattr__` or `__getattribute__` of its own, its attributes plainly in the
+instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by
+the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
+`self.frame["path"][i]`, `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with
+`os.path.join` or not, bound to a local first or not (the image's own or another; or its name
+bound, then joined); the label from a list of its own (`self.labels[i]`) or the same frame
+(`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
+return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`: `_LABELS`), before
+or after the image, after the transform or in the return; or both from `path, label =
+self.samples[i]` or `= self.paths[i], self.labels[i]` (`_PAIRED`); a docstring and the PyTorch
+tutorial's `if torch.is_tensor(i): i = i.tolist()` first or not (`_LEADS`); the transform under `if
+self.transform:` or `if self.transform is not None:`, always, or in the return. The lists must be
+lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame), whose indexing changes
+nothing: fastdata then evaluates the same expressions on them (`FileList.samples`: code written
+from the same parts as the shape's, without the open and the transforms) and gets the paths and
+labels the script's code would. Any other code is a dataset fastdata cannot see into, served by the
+plain drop-in.
 """
 
 from __future__ import annotations
@@ -231,8 +232,7 @@ def file_list(dataset: Any) -> FileList | None:
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is not None and isinstance(dataset, folder.DatasetFolder):
         return None  # (a torchvision folder, whose `samples` the workers read from a listing: `_folders`)
-    # (a function's first constant is its docstring, or None without one)
-    leads = (("doc",) if code.co_consts and type(code.co_consts[0]) is str else ()) + \
+    leads = (("doc",) if cls.__getitem__.__doc__ is not None else ()) + \
         (("index",) if "is_tensor" in names else ())
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
@@ -292,7 +292,6 @@ def loader_refused(loader: Any, name: str) -> str:
     return ""
 
 
-
 def first_not_rgb(datas: list, jpeg: bool = False) -> int | None:
     """The first of `datas` (files' bytes) that Pillow opens in a mode other than RGB (a grey or
     CMYK JPEG, a PNG with alpha or a palette) or cannot open (with `jpeg`, also any file but a
@@ -336,8 +335,9 @@ def _refused(name: str, shape: type, got: dict) -> str:
             return f"{name} reads its samples from a {type(value).__name__}, not a pandas DataFrame"
         if key == "root" and not isinstance(value, (str, pathlib.PurePath)):
             return f"{name} joins its paths to a {type(value).__name__}, not a str or a path"
-    if shape.opens == "loader" and loader_refused(got["loader"], name):
-        return loader_refused(got["loader"], name)
+    why = loader_refused(got["loader"], name) if shape.opens == "loader" else ""
+    if why:
+        return why
     transform = got["transform"]
     if transform is None and shape.guard in ("always", "inline"):
         return f"{name} calls its transform, which is None"
