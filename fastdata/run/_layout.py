@@ -205,19 +205,20 @@ class Carried(Prepared):
 
 
 class CarryingCollate(RingCollate):
-    """The loader's collate_fn (fastdata's collation) in workers fastdata added: a batch of
-    samples it cannot collate crosses as the error the script's own process raises for it (the
-    `Raised` the pass raises there), not as torch's worker re-raises it ("Caught ... in
-    DataLoader worker process k", and for samples of different sizes another error: a worker
-    stacks into shared memory sized from the samples, and resizing it raises first)."""
+    """The loader's collate_fn (fastdata's collation) in workers fastdata added: a batch it
+    cannot collate crosses as the error the script's own process raises for it (the `Raised`
+    the pass raises there), not as torch's worker re-raises it ("Caught ... in DataLoader worker
+    process k", and for samples of different sizes another error: a worker stacks into shared
+    memory sized from the samples, and resizing it raises first). A batch fastdata built
+    (`Prepared`) raises where torch's collate refuses its labels (None ones): the same error."""
 
     def _collate(self, batch: Any) -> Any:
         try:
             return RingCollate._collate(self, batch)
-        except Exception:
-            if get_worker_info() is None or isinstance(batch, Prepared):
+        except Exception as e:
+            if get_worker_info() is None:
                 raise
-            error = collate_error_in_process(batch)
+            error = e if isinstance(batch, Prepared) else collate_error_in_process(batch)
             if error is None or not picklable(error):  # (one that cannot cross as it is: torch's worker re-raises it)
                 raise
         return Raised(error)
