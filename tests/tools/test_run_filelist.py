@@ -29,6 +29,7 @@ try:  # (the datasets that read their files with torchvision.io; the tests that 
 except ImportError:
     pass
 from _images import blue_folder
+from _passes import steps
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 
@@ -622,27 +623,13 @@ def test_a_batch_that_does_not_collate_raises_the_scripts_error(tv, tmp_path, ba
     labels = [k % 4 if batch != "fastdata's" or k // 4 != 1 else None for k in range(12)]  # (the second batch's)
     dataset = AsIs(paths, labels, T.Compose([T.Resize((20, 16)), T.PILToTensor()]))
 
-    def steps(loader):
-        out, it = [], iter(loader)
-        for _ in range(len(loader)):
-            try:
-                out.append(next(it)[1].tolist())
-            except Exception as e:  # the error, and the pass goes on
-                out.append((type(e), str(e)))
-        with pytest.raises(StopIteration):
-            next(it)
-        return out
-
     added = _served(dataset, batch_size=4)
     assert isinstance(added._loader.dataset, rt.NativeFolder) and added.num_workers >= 1
     got, want = steps(added), steps(torch.utils.data.DataLoader(dataset, batch_size=4))
-    added._stop()
     assert got == want and type(got[1]) is tuple and type(got[0]) is type(got[2]) is list, got
     assert "stack expects each tensor" in got[1][1] if batch != "fastdata's" else \
         got[1][0] is TypeError and "found <class 'NoneType'>" in got[1][1]
-    script = _served(dataset, batch_size=4, num_workers=2)
-    assert "in DataLoader worker process" in steps(script)[1][1]
-    script._stop()
+    assert "in DataLoader worker process" in steps(_served(dataset, batch_size=4, num_workers=2))[1][1]
 
 
 @pytest.mark.timeout(120)

@@ -23,6 +23,7 @@ from fastdata.run import _layout
 from fastdata.run import _torchvision as rt
 from fastdata._ext import native
 from _images import blue_folder
+from _passes import steps
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -1440,18 +1441,6 @@ def test_workers_fastdata_added_raise_the_fetchs_own_error(tv, tmp_path, error):
     dataset = ImageFolder(str(_truncated_folder(tmp_path / "data")), T.Compose([resize, T.PILToTensor()]))
     if error == "images of different sizes":
         dataset.samples = dataset.imgs = [s for s in dataset.samples if not s[0].endswith("class1/002.jpg")]
-
-    def steps(loader):
-        out, it = [], iter(loader)
-        for _ in range(len(loader)):
-            try:
-                out.append(next(it)[1].tolist())
-            except Exception as e:  # the error, and the pass goes on
-                out.append((type(e), str(e)))
-        with pytest.raises(StopIteration):
-            next(it)
-        loader._stop()
-        return out
 
     added = _served(dataset, batch_size=4)
     assert isinstance(added._loader.dataset, rt.NativeFolder) and added.num_workers >= 1
