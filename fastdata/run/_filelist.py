@@ -28,7 +28,7 @@ interpreter's bytecode (the names of its attributes and locals free; `Image` Pil
 instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by
 the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
 `self.frame["path"][i]`, `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with
-`os.path.join` or not, bound to a local first or not (the image's own or another; or its name
+`os.path.join` or pathlib's `/` or not, bound to a local first or not (the image's own or another; or its name
 bound, then joined); the label from a list of its own (`self.labels[i]`) or the same frame
 (`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
 return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`: `_LABELS`), before
@@ -46,6 +46,7 @@ plain drop-in.
 from __future__ import annotations
 
 import builtins
+import dis
 import functools
 import io
 import os
@@ -68,9 +69,11 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
             ((), "self.frame.loc[i, {P}]", "self.frame.loc[i, {L}]"),
             ((), "self.frame[{P}][i]", "self.frame[{L}][i]"),
             (("r = self.frame.iloc[i]",), "r[{P}]", "r[{L}]"))
-# A sample's path and label bound together (torchvision's own datasets bind them so), and the path opened
+# A sample's path and label bound together (torchvision's own datasets bind them so), the path opened as it
+# is or joined to a root
 _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
-_PAIRS = ("p", "os.path.join(self.root, p)")
+# How a path is joined to a root (`_written`'s `join`): with os.path.join, or pathlib's `/` (a class whose code divides)
+_JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}"}
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
@@ -152,24 +155,26 @@ def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType
 
 
 @functools.lru_cache(maxsize=None)
-def _written(family: str, opens: str, target: str = "", leads: tuple = ()) -> dict[bytes, tuple[type, ...]]:
+def _written(family: str, opens: str, target: str = "", leads: tuple = (), join: str = "os") -> \
+        dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
-    (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`.
+    (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`, a
+    path joined to a root as `_JOINS[join]` joins it.
     With a `target` guard, those that bind the label before the transform and return it as it is
     (the family ""), the target_transform after it."""
-    made, open_ = _LABELS[family].format, _OPENS[opens].format
+    made, open_, join_ = _LABELS[family].format, _OPENS[opens].format, _JOINS[join].format
     lead = [_LEADS[k] for k in leads]
     shapes = []
     for guard in [g for g in _GUARDS if not (target and g == "inline")]:
         for before, path, label in _SOURCES:
             before = (*lead, *before)
-            joined = f"os.path.join(self.root, {path})"
+            joined = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
             # root, in the open, bound first (to the image's own name or another), or its name bound, then joined)
             for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x"), ([], joined),
                                    ([f"p = {joined}"], "p"), ([f"x = {joined}"], "x"),
-                                   ([f"n = {path}", "p = os.path.join(self.root, n)"], "p")):
+                                   ([f"n = {path}", f"p = {join_('n')}"], "p")):
                 opened = open_(path_at)
                 head = [*before, *binds, opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
@@ -182,7 +187,7 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = ()) -> di
                 if not target:  # the label in the return
                     shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
         for pair in _PAIRED:
-            for path in _PAIRS:
+            for path in ("p", join_("p")):
                 opened = open_(path)
                 shapes.append(_shape([*lead, pair, opened], opened, guard, [], made("y"), path, opens, target))
     written: dict[bytes, list[type]] = {}
@@ -234,6 +239,8 @@ def file_list(dataset: Any) -> FileList | None:
         return None  # (a torchvision folder, whose `samples` the workers read from a listing: `_folders`)
     leads = (("doc",) if cls.__getitem__.__doc__ is not None else ()) + \
         (("index",) if "is_tensor" in names else ())
+    join = "slash" if any(ins.opname == "BINARY_TRUE_DIVIDE" or (ins.opname == "BINARY_OP" and ins.argrepr == "/")
+                          for ins in dis.get_instructions(code)) else "os"
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
     made = names & _MADE
@@ -241,7 +248,7 @@ def file_list(dataset: Any) -> FileList | None:
     tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
                                                     opens if family == ""]
     shapes = next((found for f, way, target in tries if family is not None
-                   for found in [_written(f, way, target, leads).get(code.co_code, ())] if found), ())
+                   for found in [_written(f, way, target, leads, join).get(code.co_code, ())] if found), ())
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None

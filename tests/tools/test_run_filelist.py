@@ -196,6 +196,14 @@ class Rebound(Rooted):  # the path bound to the name the image is bound to next
         return sample, target
 
 
+class Slashed(Rooted):  # names under a pathlib root, joined with `/`
+    def __getitem__(self, index):
+        image = Image.open(self.root / self.names[index]).convert("RGB")
+        if self.tf:
+            image = self.tf(image)
+        return image, self.targets[index]
+
+
 class Read(Files):  # torchvision.io's uint8 tensor of each file
     def __getitem__(self, idx):
         image = read_image(self.image_paths[idx])
@@ -376,8 +384,9 @@ def _same_batches(dataset, workers: int, swap=None, levels: int = 0, offset: int
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
-    it is; paths and labels in lists, names joined to a root (in the open, bound first, or bound,
-    then joined; bound to the image's own name), (path, label) pairs; the label before or after
+    it is; paths and labels in lists, names joined to a root with os.path.join or pathlib's `/`
+    (in the open, bound first, or bound, then joined; bound to the image's own name), (path,
+    label) pairs; the label before or after
     the image or the transform, as it is or made a tensor (of int64) or an int; `if
     self.transform:`, `is not None`, always, inline; a docstring first, the tutorial's line for a
     tensor index; any names), is served natively: the batches torchvision's own, bit for bit, the
@@ -399,7 +408,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped),
                     AsIs(paths, labels, sized), Converted(paths, labels, cropped),
                     Named(str(folder), names, labels, sized), Documented(paths, labels, cropped),
-                    Rebound(str(folder), names, labels, sized)):
+                    Rebound(str(folder), names, labels, sized), Slashed(folder, names, labels, cropped)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
