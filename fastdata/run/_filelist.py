@@ -28,11 +28,11 @@ interpreter's bytecode (the names of its attributes and locals free; `Image` Pil
 instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by
 the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
 `self.frame["path"][i]`, `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with
-`os.path.join` or pathlib's `/` or not, bound to a local first or not (the image's own or another; or its name
-bound, then joined); the label from a list of its own (`self.labels[i]`) or the same frame
-(`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in the
-return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`: `_LABELS`), before
-or after the image, after the transform or in the return; or both from `path, label =
+`os.path.join` or pathlib's `/` or not, bound to a local first or not (the image's own or another;
+or its name bound, then joined); the label from a list of its own (`self.labels[i]`) or the same
+frame (`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in
+the return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`: `_LABELS`),
+before or after the image, after the transform or in the return; or both from `path, label =
 self.samples[i]` or `= self.paths[i], self.labels[i]` (`_PAIRED`); a docstring and the PyTorch
 tutorial's `if torch.is_tensor(i): i = i.tolist()` first or not (`_LEADS`); the transform under `if
 self.transform:` or `if self.transform is not None:`, always, or in the return. The lists must be
