@@ -230,25 +230,12 @@ def file_list(dataset: Any) -> FileList | None:
     `why` says why it is not served natively ("" where it is)."""
     cls = type(dataset)
     code = getattr(getattr(cls, "__getitem__", None), "__code__", None)
-    names = set(getattr(code, "co_names", ()))
-    opens = next((ways for needs, ways in _CHOICES if needs <= names), ())
-    if code is None or hasattr(cls, "__getitems__") or not opens:
-        return None  # (the shapes are written out only for a dataset that may be one: by the names they read)
+    if code is None or hasattr(cls, "__getitems__"):
+        return None
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is not None and isinstance(dataset, folder.DatasetFolder):
         return None  # (a torchvision folder, whose `samples` the workers read from a listing: `_folders`)
-    leads = (("doc",) if cls.__getitem__.__doc__ is not None else ()) + \
-        (("index",) if "is_tensor" in names else ())
-    join = "slash" if any(ins.opname == "BINARY_TRUE_DIVIDE" or (ins.opname == "BINARY_OP" and ins.argrepr == "/")
-                          for ins in dis.get_instructions(code)) else "os"
-    # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
-    # the ways it may open, and the target_transform's guards, written one after another until one has its code)
-    made = names & _MADE
-    family = next((f for f, needs in _NEEDS.items() if needs & _MADE == made), None)
-    tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
-                                                    opens if family == ""]
-    shapes = next((found for f, way, target in tries if family is not None
-                   for found in [_written(f, way, target, leads, join).get(code.co_code, ())] if found), ())
+    shapes = _shapes(code, cls.__getitem__.__doc__ is not None)
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
         return None
@@ -271,6 +258,29 @@ def file_list(dataset: Any) -> FileList | None:
                 not (_pillows(image.open) and _pillows(image.Image.convert)):
             return None
     return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+
+
+@functools.lru_cache(maxsize=256)
+def _shapes(code: types.CodeType, doc: bool) -> tuple:
+    """The shapes whose code `code` is (a `__getitem__`'s, with a docstring or not): read from
+    its code once (each batch reads its class again, to follow a swapped transform)."""
+    names = set(code.co_names)
+    opens = next((ways for needs, ways in _CHOICES if needs <= names), ())
+    if not opens:
+        return ()  # (the shapes are written out only for a dataset that may be one: by the names they read)
+    leads = (("doc",) if doc else ()) + (("index",) if "is_tensor" in names else ())
+    join = "slash" if any(ins.opname == "BINARY_TRUE_DIVIDE" or (ins.opname == "BINARY_OP" and ins.argrepr == "/")
+                          for ins in dis.get_instructions(code)) else "os"
+    # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
+    # the ways it may open, and the target_transform's guards, written one after another until one has its code)
+    made = names & _MADE
+    family = next((f for f, needs in _NEEDS.items() if needs & _MADE == made), None)
+    if family is None:
+        return ()
+    tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
+                                                    opens if family == ""]
+    return next((found for f, way, target in tries
+                 for found in [_written(f, way, target, leads, join).get(code.co_code, ())] if found), ())
 
 
 def loader_refused(loader: Any, name: str) -> str:

@@ -179,9 +179,9 @@ class Served(DataLoader[_GENERIC] if _GENERIC else DataLoader, TorchCore):
         mixing = self._fastdata_mixing = mixing_of(self.collate_fn, getattr(self, "_fastdata_lowering", None),
                                                   self.dataset)
         if mixing is None:
-            collate = TorchCore._working_collate(self)
-            return CarryingCollate(*self._ring_settings()) if type(collate) is RingCollate and self._carries() \
-                else collate
+            if self.collate_fn is native_collate and self._carries():  # (fastdata's collation in workers it gave)
+                return CarryingCollate(*self._ring_settings())
+            return TorchCore._working_collate(self)
         if is_timm_collate(mixing):
             return TimmCollate(*self._ring_settings(), self.collate_fn)
         return MixCollate(*self._ring_settings(), self.collate_fn, mixing)
