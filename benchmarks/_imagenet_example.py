@@ -12,6 +12,9 @@ own Dataset class, which opens each path with Pillow (`ImageFiles`, as scripts w
 images write it); with `--files read`, which reads each with torchvision.io's `read_image`, as the
 PyTorch tutorial's CustomImageDataset does (`TensorFiles`), the transform v2's on the uint8 tensor
 (RandomResizedCrop(224) antialiased, flip, ToDtype(float32, scale), Normalize); with `--files
+named`, a CSV of each file's stem and its class's name, the script's class making the path in an
+f-string, opening it as torchvision's pil_loader does (`with open(...)`) and mapping the class's
+name to its number by a dict (`NamedFiles`, as Kaggle scripts write theirs); with `--files
 food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
 download lays out its images (hard links), as fine-tuning scripts train on it.
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
@@ -49,7 +52,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files [{pil,read,food101}]]
+                                                [--files [{pil,read,named,food101}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -81,7 +84,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "food101"])
+ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -150,6 +153,29 @@ class TensorFiles(ImageFiles):  # the same, read as uint8 tensors
         if self.transform:
             image = self.transform(image)
         return image, label
+
+
+class NamedFiles(torch.utils.data.Dataset):  # a CSV of file stems and class names, as Kaggle scripts write it
+    def __init__(self, root, csv_file, transform=None):
+        with open(csv_file) as f:
+            rows = list(csv.reader(f))
+        self.root = root
+        self.ids = [stem for stem, _ in rows]
+        self.names = [name for _, name in rows]
+        self.class_to_idx = {name: k for k, name in enumerate(sorted(set(self.names)))}
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, idx):
+        label = self.class_to_idx[self.names[idx]]
+        with open(f"{self.root}/{self.ids[idx]}.JPEG", "rb") as f:
+            img = Image.open(f)
+            img = img.convert("RGB")
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, label
 
 
 class GaussianBlur(object):  # MoCo v2's (moco/loader.py), as it is written there
@@ -378,13 +404,18 @@ else:
     elif args.files:  # the same files and labels, listed in a CSV file beside the folder
         listing = Path(args.data).with_suffix(".csv")
         with open(listing, "w", newline="") as f:
-            csv.writer(f).writerows(train_dataset.samples)
+            if args.files == "named":  # (each file's stem under the folder, its class's name)
+                csv.writer(f).writerows((os.path.splitext(os.path.relpath(path, args.data))[0],
+                                         train_dataset.classes[y]) for path, y in train_dataset.samples)
+            else:
+                csv.writer(f).writerows(train_dataset.samples)
         if args.files == "read":
             import torchvision.transforms.v2 as v2
 
             transform = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
                                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(normalize.mean, normalize.std)])
-        train_dataset = (TensorFiles if args.files == "read" else ImageFiles)(listing, transform)
+        train_dataset = NamedFiles(args.data, listing, transform) if args.files == "named" else \
+            (TensorFiles if args.files == "read" else ImageFiles)(listing, transform)
     if args.mixup:
         import torchvision.transforms.v2 as v2
 

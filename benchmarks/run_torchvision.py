@@ -19,7 +19,9 @@ transforms, served natively too (run_torchvision_wrap.json); with `--files` on t
 listed in a CSV file, each opened by the script's own Dataset class with Pillow, as scripts with a
 CSV of their images write it, served natively too (run_torchvision_files.json); with `--files read`
 each read with torchvision.io's read_image, as the PyTorch tutorial's CustomImageDataset reads them,
-the transform v2's on the tensor (run_torchvision_files_read.json); with `--files food101`, by
+the transform v2's on the tensor (run_torchvision_files_read.json); with `--files named`, each
+named by an f-string of its stem, opened as torchvision's pil_loader opens it and its class's name
+mapped to its number by a dict (run_torchvision_files_named.json); with `--files food101`, by
 torchvision's own Food101 dataset, the files laid out as its download lays them out
 (run_torchvision_files_food101.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
@@ -57,7 +59,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
-                                          [--split] [--join] [--wrap] [--files [{pil,read,food101}]]
+                                          [--split] [--join] [--wrap] [--files [{pil,read,named,food101}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -99,9 +101,10 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
-    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "food101"],
+    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101"],
                     help="train on the folder's files listed in a CSV file, read by the script's own Dataset class "
-                    "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor); "
+                    "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor; "
+                    "named: by an f-string of its stem, opened within `with open`, its class's name mapped by a dict); "
                     "food101: laid out as Food101's download, read by torchvision's Food101")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",

@@ -73,7 +73,10 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
 # is or joined to a root
 _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
 # How a path is joined to a root (`_written`'s `join`): with os.path.join, or pathlib's `/` (a class whose code divides)
-_JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}"}
+# (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; its braces
+# doubled twice, for `_written`'s format, then `_compiled`'s)
+_JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}",
+          "text": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}"', "text_after": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}{{T}}"'}
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
@@ -97,12 +100,21 @@ _OPENS = {"convert": 'x = Image.open({}).convert("RGB")', "convert_after": 'x = 
           "pil": 'x = PIL.Image.open({}).convert("RGB")', "loader": "x = self.loader({})",
           "plain": "x = Image.open({})", "read": "x = read_image({})",
           "read_rgb": "x = read_image({}, ImageReadMode.RGB)"}
-# Which of them a class may open by, from the names its code reads (the first that it reads all of)
+# (torchvision's pil_loader written in: the file opened by Python, then by Pillow within it)
+_OPENS.update({k: 'with open({}, "rb") as f:\n    ' + v for k, v in (
+    ("with", 'x = Image.open(f).convert("RGB")'), ("with_after", 'x = Image.open(f)\n    x = x.convert("RGB")'),
+    ("with_two", 'g = Image.open(f)\n    x = g.convert("RGB")'))})
+# Which of them a class may open by, from the names its code reads and what it does (`_features`: the
+# first that it has all of)
 _CHOICES = (({"ImageReadMode"}, ("read_rgb",)), ({"read_image"}, ("read",)), ({"PIL", "convert"}, ("pil",)),
-            ({"convert"}, ("convert", "convert_after")), ({"Image", "open"}, ("plain",)), ({"loader"}, ("loader",)))
+            ({"convert", "\0with"}, ("with", "with_after", "with_two")), ({"convert"}, ("convert", "convert_after")),
+            ({"Image", "open"}, ("plain",)), ({"loader"}, ("loader",)))
 # How each file must open for fastdata, which decodes it as RGB, to give the image (`FileList.must_open`)
 _MUST = {"plain": "rgb", "read": "jpeg", "read_rgb": "jpeg"}
-COLUMNS = {"P": "\0path column", "L": "\0label column"}  # (`_views.same_shape` reads a "\0" str as the script's)
+# The shapes' free constants (`_views.same_shape` reads a "\0" str as the script's): a frame's
+# columns' names, and the text an f-string puts before and after a path's name (`_TEXTS`)
+COLUMNS = {"P": "\0path column", "L": "\0label column", "S": "\0text", "T": "\0text after"}
+_TEXTS = ("S", "T")
 # Names the shapes read that must be spelled as written: the modules, and their attributes' names
 _FIXED = ("PIL", "Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int64",
           "int", "is_tensor", "tolist", "read_image", "ImageReadMode", "RGB")
@@ -129,38 +141,48 @@ def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str
     image = "self.transform(x)" if guard == "inline" else "x"
     body = head + _GUARDS[guard] + _TARGETS[target] + tail + [f"return {image}, {label}"]
     picked = (*[s for s in head if s is not opened], *tail, f"return {path}, {label}")
-    get = types.FunctionType(_compiled(body, "", {k: repr(v) for k, v in COLUMNS.items()}), {})
+    get = types.FunctionType(_compiled(body, free=True), {})
     return type("Shape", (Shape,), {"__getitem__": get, "picked": picked, "guard": guard, "opens": opens,
                                     "target": target})
 
 
 @functools.lru_cache(maxsize=None)
 def _pick(picked: tuple) -> Callable:
-    """The function `(self, i, P, L)` of a shape's `picked` statements (compiled for the shape a
-    dataset has only)."""
-    return types.FunctionType(_compiled(list(picked), ", P, L", {k: k for k in COLUMNS}),
+    """The function `(self, i, P, L, S, T)` of a shape's `picked` statements, given the script's
+    free constants (`COLUMNS`; compiled for the shape a dataset has only)."""
+    return types.FunctionType(_compiled(list(picked), free=False),
                               {"os": os, "torch": torch, "__builtins__": builtins})
 
 
-def _compiled(statements: list[str], more: str, columns: dict) -> types.CodeType:
-    """The code of a method `(self, i{more})` of `statements` (the columns written as `columns`)
-    in a module that imports `PIL`, Pillow's `Image`, `os`, `torch` and torchvision.io's names (the
-    compiler reads an attribute of an imported module as such, not as a method), not run."""
+def _compiled(statements: list[str], free: bool) -> types.CodeType:
+    """The code of a method `(self, i)` of `statements` whose `COLUMNS` are its free constants,
+    or (not `free`) `(self, i, P, L, S, T)`, that reads them from its arguments, in a module that
+    imports `PIL`, Pillow's `Image`, `os`, `torch` and torchvision.io's names (the compiler reads an
+    attribute of an imported module as such, not as a method), not run."""
+    # (the free constants written as plain marks, then put in the code's constants: a backslash,
+    # as in "\\0", may not stand in an f-string's braces before Python 3.12)
+    marks = {f"fastdata.{k}": v for k, v in COLUMNS.items()}
+    if free:
+        columns = {k: f"fastdata.{k}" if k in _TEXTS else repr(f"fastdata.{k}") for k in COLUMNS}
+    else:
+        columns = {k: "{%s}" % k if k in _TEXTS else k for k in COLUMNS}
     source = "import PIL.Image\nfrom PIL import Image\nimport os\nimport torch\n" \
         "from torchvision.io import ImageReadMode, read_image\n" \
-        f"def f(self, i{more}):\n" + \
+        f"def f(self, i{'' if free else ', ' + ', '.join(COLUMNS)}):\n" + \
         "".join(f"    {line}\n" for s in statements for line in s.format(**columns).split("\n"))
     module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
-    return next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    return code.replace(co_consts=tuple(marks.get(c, c) if type(c) is str else c for c in code.co_consts))
 
 
 @functools.lru_cache(maxsize=None)
-def _written(family: str, opens: str, target: str = "", leads: tuple = (), join: str = "os") -> \
-        dict[bytes, tuple[type, ...]]:
+def _written(family: str, opens: str, target: str = "", leads: tuple = (), join: str = "os",
+             mapped: bool = False) -> dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
     (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`, a
-    path joined to a root as `_JOINS[join]` joins it.
+    path joined to a root as `_JOINS[join]` joins it; `mapped`: the label the one a mapping of the
+    script's gives the list's or frame's (`self.mapping[self.labels[i]]`: a dict of class names).
     With a `target` guard, those that bind the label before the transform and return it as it is
     (the family ""), the target_transform after it."""
     made, open_, join_ = _LABELS[family].format, _OPENS[opens].format, _JOINS[join].format
@@ -168,7 +190,7 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
     shapes = []
     for guard in [g for g in _GUARDS if not (target and g == "inline")]:
         for before, path, label in _SOURCES:
-            before = (*lead, *before)
+            before, label = (*lead, *before), f"self.mapping[{label}]" if mapped else label
             joined = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
             # root, in the open, bound first (to the image's own name or another), or its name bound, then joined)
@@ -186,7 +208,7 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
                         shapes.append(_shape(head, opened, guard, [bind], returned, path_at, opens, target))
                 if not target:  # the label in the return
                     shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
-        for pair in _PAIRED:
+        for pair in _PAIRED * (not mapped):
             for path in ("p", join_("p")):
                 opened = open_(path)
                 shapes.append(_shape([*lead, pair, opened], opened, guard, [], made("y"), path, opens, target))
@@ -242,7 +264,8 @@ def file_list(dataset: Any) -> FileList | None:
     shape, got, func = read
     scope, names = func.__globals__, func.__code__.co_names
     if ("os" in names and scope.get("os") is not os) or ("torch" in names and scope.get("torch") is not torch) or \
-            ("int" in names and scope.get("int", func.__builtins__.get("int")) is not int):
+            any(scope.get(n, func.__builtins__.get(n)) is not getattr(builtins, n) for n in ("int", "open")
+                if n in names):  # ("open" the builtin where a with statement opens the file)
         return None
     if shape.opens.startswith("read"):
         io_ = sys.modules.get("torchvision.io")
@@ -264,13 +287,12 @@ def file_list(dataset: Any) -> FileList | None:
 def _shapes(code: types.CodeType, doc: bool) -> tuple:
     """The shapes whose code `code` is (a `__getitem__`'s, with a docstring or not): read from
     its code once (each batch reads its class again, to follow a swapped transform)."""
-    names = set(code.co_names)
+    names = _features(code)
     opens = next((ways for needs, ways in _CHOICES if needs <= names), ())
     if not opens:
         return ()  # (the shapes are written out only for a dataset that may be one: by the names they read)
     leads = (("doc",) if doc else ()) + (("index",) if "is_tensor" in names else ())
-    join = "slash" if any(ins.opname == "BINARY_TRUE_DIVIDE" or (ins.opname == "BINARY_OP" and ins.argrepr == "/")
-                          for ins in dis.get_instructions(code)) else "os"
+    joins = ("slash",) if "\0/" in names else ("text", "text_after") if "\0f" in names else ("os",)
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
     made = names & _MADE
@@ -279,8 +301,26 @@ def _shapes(code: types.CodeType, doc: bool) -> tuple:
         return ()
     tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
                                                     opens if family == ""]
-    return next((found for f, way, target in tries
-                 for found in [_written(f, way, target, leads, join).get(code.co_code, ())] if found), ())
+    maps = (True, False) if "\0[][]" in names else (False,)
+    return next((found for mapped in maps for join in joins for f, way, target in tries
+                 for found in [_written(f, way, target, leads, join, mapped).get(code.co_code, ())] if found), ())
+
+
+def _features(code: types.CodeType) -> set[str]:
+    """The names `code` reads, and marks (each a "\\0" str) of what it does that tells shapes
+    apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "with", it has a with
+    statement; "[][]", it indexes by what it has just indexed (a mapping's label of a list's:
+    `self.mapping[self.labels[i]]`)."""
+    features, last = set(code.co_names), ""
+    for ins in dis.get_instructions(code):
+        op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BEFORE_WITH": "with", "SETUP_WITH": "with",
+              "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
+        if op in ("/", "f", "with", "[]"):
+            features.add("\0" + op)
+        if op == last == "[]":
+            features.add("\0[][]")
+        last = op
+    return features
 
 
 def loader_refused(loader: Any, name: str) -> str:
@@ -348,6 +388,8 @@ def _refused(name: str, shape: type, got: dict) -> str:
     for key, value in got.items():
         if key in ("paths", "labels", "samples") and not (type(value) in _LISTS + series):
             return f"{name} reads its {key} from a {type(value).__name__}, whose indexing fastdata does not read"
+        if key == "mapping" and type(value) not in _LISTS + (dict,):
+            return f"{name} maps its labels with a {type(value).__name__}, whose indexing fastdata does not read"
         if key == "frame" and (pandas is None or type(value) is not pandas.DataFrame):
             return f"{name} reads its samples from a {type(value).__name__}, not a pandas DataFrame"
         if key == "root" and not isinstance(value, (str, pathlib.PurePath)):

@@ -204,6 +204,49 @@ class Slashed(Rooted):  # names under a pathlib root, joined with `/`
         return image, self.targets[index]
 
 
+class Mapped(Files):  # class names in the list, mapped to their numbers by a dict
+    def __init__(self, paths, names, class_to_idx, transform=None):
+        super().__init__(paths, names, transform)
+        self.class_to_idx = class_to_idx
+
+    def __getitem__(self, idx):
+        label = self.class_to_idx[self.labels[idx]]
+        image = Image.open(self.image_paths[idx]).convert("RGB")
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Opened(Pairs):  # torchvision's pil_loader written in: the file opened first, then by Pillow
+    def __getitem__(self, index):
+        path, target = self.samples[index]
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            img = img.convert("RGB")
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, target
+
+
+class OpenedMapped(Mapped):  # the same, Pillow's image bound to another name, the mapped label a tensor
+    def __getitem__(self, idx):
+        with open(self.image_paths[idx], 'rb') as f:
+            img = Image.open(f)
+            sample = img.convert('RGB')
+        if self.transform:
+            sample = self.transform(sample)
+        return sample, torch.tensor(self.class_to_idx[self.labels[idx]])
+
+
+class Texted(Rooted):  # names under a root, joined in an f-string
+    def __getitem__(self, index):
+        img_path = f"{self.root}/{self.names[index]}"
+        image = Image.open(img_path).convert("RGB")
+        if self.tf:
+            image = self.tf(image)
+        return image, self.targets[index]
+
+
 class Read(Files):  # torchvision.io's uint8 tensor of each file
     def __getitem__(self, idx):
         image = read_image(self.image_paths[idx])
@@ -290,6 +333,25 @@ class Columns(Frame):  # a column, then its row
         image = Image.open(os.path.join(self.img_dir, self.img_labels["file"][idx])).convert("RGB")
         label = self.img_labels["label"][idx]
         return self.transform(image), label
+
+
+class Classes(Frame):  # the frame's class names, mapped to their numbers by a dict
+    def __getitem__(self, idx):
+        img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx, 0])
+        image = Image.open(img_path).convert("RGB")
+        label = self.class_to_idx[self.img_labels.iloc[idx, 1]]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Stems(Frame):  # the frame's names without their extension, made paths in an f-string
+    def __getitem__(self, idx):
+        image = Image.open(f"{self.img_dir}/{self.img_labels.iloc[idx]['stem']}.jpg").convert("RGB")
+        label = self.img_labels.iloc[idx]["label"]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
 
 
 class More(Files):  # its own arithmetic on the label
@@ -384,13 +446,14 @@ def _same_batches(dataset, workers: int, swap=None, levels: int = 0, offset: int
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
-    it is; paths and labels in lists, names joined to a root with os.path.join or pathlib's `/`
-    (in the open, bound first, or bound, then joined; bound to the image's own name), (path,
-    label) pairs; the label before or after
-    the image or the transform, as it is or made a tensor (of int64) or an int; `if
-    self.transform:`, `is not None`, always, inline; a docstring first, the tutorial's line for a
-    tensor index; any names), is served natively: the batches torchvision's own, bit for bit, the
-    labels its code's, a transform swapped between passes followed."""
+    it is; paths and labels in lists, names joined to a root with os.path.join, pathlib's `/` or
+    an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
+    (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
+    written in); the label before or after the image or the transform, as it is, mapped by a dict
+    of class names (or a tuple) or made a tensor (of int64) or an int; `if self.transform:`, `is
+    not None`, always, inline; a docstring first, the tutorial's line for a tensor index; any
+    names), is served natively: the batches torchvision's own, bit for bit, the labels its
+    code's, a transform swapped between passes followed."""
     from fastdata.run._decide import _collation
 
     paths, labels = _listing(folder)
@@ -401,6 +464,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
         setattr(ds, name, cropped if getattr(ds, name) is sized else sized)
 
     names = [os.path.relpath(p, folder) for p in paths]
+    classes = {f"class{c}": c for c in set(labels)}
     for dataset in (Files(paths, labels, sized), Rooted(str(folder), names, labels, cropped),
                     Pairs(list(zip(paths, labels)), sized),
                     Late([pathlib.Path(p) for p in paths], np.array(labels), cropped),
@@ -408,7 +472,10 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Longs(paths, np.array(labels, dtype=np.int32), sized), Ints(paths, np.array(labels), cropped),
                     AsIs(paths, labels, sized), Converted(paths, labels, cropped),
                     Named(str(folder), names, labels, sized), Documented(paths, labels, cropped),
-                    Rebound(str(folder), names, labels, sized), Slashed(folder, names, labels, cropped)):
+                    Rebound(str(folder), names, labels, sized), Slashed(folder, names, labels, cropped),
+                    Mapped(paths, [f"class{y}" for y in labels], classes, sized),
+                    Texted(str(folder), names, labels, cropped),
+                    Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -456,7 +523,8 @@ def test_a_file_list_read_with_torchvision_io_is_served_natively(tv, folder, tmp
 def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
     names joined to its folder), opening its files with Pillow, and the frames scripts index by
-    their columns' names (a row's, a row bound first, `loc`, a column's), and the tutorial's own
+    their columns' names (a row's, a row bound first, `loc`, a column's, its names' stems made
+    paths in an f-string) or hold class names in (mapped by a dict), and the tutorial's own
     (read_image, a target_transform): served natively, the labels the frame's numpy integers (or
     the target_transform's) collated as DataLoader collates them."""
     from fastdata.run._decide import _collation
@@ -469,6 +537,13 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
         dataset = cls(frame, str(folder), sized)
         assert f"served natively: {cls.__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, 2)
+    stems = Stems(frame.assign(stem=[os.path.splitext(name)[0] for name in frame["file"]]), str(folder), sized)
+    assert "served natively: Stems with" in _collation({"dataset": stems})[0]
+    _same_batches(stems, 0)
+    named = Classes(frame.assign(label=[f"class{y}" for y in labels]), str(folder), sized)
+    named.class_to_idx = {f"class{y}": y for y in labels}
+    assert "served natively: Classes with" in _collation({"dataset": named})[0]
+    _same_batches(named, 0)
     shuffled = frame.sample(frac=1.0, random_state=0)  # (its index no longer its rows' order: loc reads labels)
     _same_batches(Loc(shuffled, str(folder), sized), 0)
     import torchvision.transforms.v2 as v2
@@ -549,8 +624,11 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
     is not Pillow's) is a dataset fastdata cannot see into; one it reads but cannot serve (paths
-    in a dict, a None transform it calls, a transform whose truth is its own code, a join of one
-    that opens PIL images and one that reads tensors through one transform) says why."""
+    in a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform
+    whose truth is its own code, a join of one that opens PIL images and one that reads tensors
+    through one transform) says why."""
+    from collections import UserDict
+
     from fastdata.run._decide import _collation
 
     paths, labels = _listing(folder)
@@ -576,6 +654,8 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     lowering, reason = rt.lower(Files(paths, labels, shared) + Read(paths, labels, shared))
     assert lowering is None and "joins image folders whose transforms differ" in reason, reason
     for dataset, why in ((Files(dict(enumerate(paths)), labels, sized), "Files reads its paths from a dict"),
+                         (Mapped(paths, labels, UserDict({y: y for y in labels}), sized),
+                          "Mapped maps its labels with a UserDict"),
                          (Late(paths, labels, None), "Late calls its transform, which is None"),
                          (Files(paths, labels, Sized([T.ToTensor()])), "Files asks its transform's truth")):
         lowering, reason = rt.lower(dataset)
@@ -644,13 +724,18 @@ def test_a_batch_that_does_not_collate_raises_the_scripts_error(tv, tmp_path, ba
 @pytest.mark.timeout(120)
 def test_a_file_it_cannot_read_makes_the_batch_the_scripts_own_fetch(tv, folder, tmp_path):
     """A missing file raises the script's own error (Pillow's FileNotFoundError), as without
-    fastdata; paths fastdata does not take (bytes, which Pillow opens) give the script's own
+    fastdata, and so does a label its mapping lacks (KeyError); paths fastdata does not take (bytes, which Pillow opens) give the script's own
     samples, the same batches."""
     paths, labels = _listing(folder)
     sized, _ = _transforms()
     missing = Files(paths[:5] + [str(tmp_path / "gone.jpg")], labels[:6], sized)
     loader = _served(missing, batch_size=6)
     with pytest.raises(FileNotFoundError, match="gone.jpg"):
+        next(iter(loader))
+    loader._stop()
+    unmapped = Mapped(paths[:6], ["class0"] * 5 + ["class9"], {"class0": 0}, sized)
+    loader = _served(unmapped, batch_size=6)
+    with pytest.raises(KeyError, match="class9"):
         next(iter(loader))
     loader._stop()
     raw = Files([os.fsencode(p) for p in paths], labels, sized)
