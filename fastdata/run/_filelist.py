@@ -12,35 +12,36 @@ class for them, the same few lines in each:
 
 Such a dataset is read as an image folder (`file_list`): each sample the file at the path its code
 names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
-statement or two; or by torchvision's own loader, as torchvision's Food101, DTD, Flowers102 and
-others open theirs: `loader_refused`), or opened as it is (fastdata decodes a batch of those only
-where each file opens as RGB: `first_not_rgb`; else the batch is the script's own fetch), or read
-as a uint8 tensor by torchvision.io's `read_image` (a batch fastdata's only where each file is a
-JPEG of 3 components; its transform lowered on the tensor), through its transform, with the label
-its code names (through a target_transform where the code applies one after the transform, as the
-PyTorch tutorial's CustomImageDataset does).
+statement or two, within `with open(path, "rb")` or not; or by torchvision's own loader, as
+torchvision's Food101, DTD, Flowers102 and others open theirs: `loader_refused`), or opened as it
+is (fastdata decodes a batch of those only where each file opens as RGB: `_folders.first_not_rgb`; else the
+batch is the script's own fetch), or read as a uint8 tensor by torchvision.io's `read_image` (a
+batch fastdata's only where each file is a JPEG of 3 components; its transform lowered on the
+tensor), through its transform, with the label its code names (through a target_transform where the
+code applies one after the transform, as the PyTorch tutorial's CustomImageDataset does).
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_written` writes out, instruction for instruction in the running
 interpreter's bytecode (the names of its attributes and locals free; `Image` Pillow's module (or
-`PIL.Image`), `read_image` torchvision.io's, `os` and `torch` themselves), its class without
-`__getitems__`, `__getattr__` or `__getattribute__` of its own, its attributes plainly in the
-instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by
-the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
+`PIL.Image`), `read_image` torchvision.io's, `os`, `torch` and `open` themselves), its class
+without `__getitems__`, `__getattr__` or `__getattribute__` of its own, its attributes plainly in
+the instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or
+by the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
 `self.frame["path"][i]`, `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with
-`os.path.join` or pathlib's `/` or not, bound to a local first or not (the image's own or another;
-or its name bound, then joined); the label from a list of its own (`self.labels[i]`) or the same
-frame (`self.frame.iloc[i, 1]`, ...), as it is or made a tensor or an int where it is bound or in
-the return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`: `_LABELS`),
-before or after the image, after the transform or in the return; or both from `path, label =
-self.samples[i]` or `= self.paths[i], self.labels[i]` (`_PAIRED`); a docstring and the PyTorch
-tutorial's `if torch.is_tensor(i): i = i.tolist()` first or not (`_LEADS`); the transform under `if
-self.transform:` or `if self.transform is not None:`, always, or in the return. The lists must be
-lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame), whose indexing changes
-nothing: fastdata then evaluates the same expressions on them (`FileList.samples`: code written
-from the same parts as the shape's, without the open and the transforms) and gets the paths and
-labels the script's code would. Any other code is a dataset fastdata cannot see into, served by the
-plain drop-in.
+`os.path.join`, pathlib's `/` or an f-string (`f"{self.root}/{name}.jpg"`, its text free) or not,
+bound to a local first or not (the image's own or another; or its name bound, then joined); the
+label from a list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`, ...),
+or a mapping's for it (`self.mapping[self.labels[i]]`), as it is or made a tensor or an int where
+it is bound or in the return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`,
+`int(y)`: `_LABELS`), before or after the image, after the transform or in the return; or both from
+`path, label = self.samples[i]` or `= self.paths[i], self.labels[i]` (`_PAIRED`); a docstring and
+the PyTorch tutorial's `if torch.is_tensor(i): i = i.tolist()` first or not (`_LEADS`); the
+transform under `if self.transform:` or `if self.transform is not None:`, always, or in the return.
+The lists must be lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame; a
+mapping a dict too), whose indexing changes nothing: fastdata then evaluates the same expressions
+on them (`FileList.samples`: code written from the same parts as the shape's, without the open and
+the transforms) and gets the paths and labels the script's code would. Any other code is a dataset
+fastdata cannot see into, served by the plain drop-in.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from __future__ import annotations
 import builtins
 import dis
 import functools
-import io
 import os
 import pathlib
 import sys
@@ -347,31 +347,6 @@ def loader_refused(loader: Any, name: str) -> str:
         return (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
                 f"script's own ({named(folder.pil_loader)})")
     return ""
-
-
-def first_not_rgb(datas: list, jpeg: bool = False) -> int | None:
-    """The first of `datas` (files' bytes) that Pillow opens in a mode other than RGB (a grey or
-    CMYK JPEG, a PNG with alpha or a palette) or cannot open (with `jpeg`, also any file but a
-    JPEG: torchvision.io reads other formats in ways of its own, a 16-bit PNG as uint16); None
-    where each opens as RGB. A JPEG opens as RGB where it has 3 components (Pillow's JPEG plugin;
-    torchvision.io reads it as 3 channels), read from its header natively where the extension is built."""
-    from .._codec import AVAILABLE, jpeg_info_batch
-
-    infos = jpeg_info_batch(datas) if AVAILABLE else [None] * len(datas)
-    for k, (data, info) in enumerate(zip(datas, infos)):
-        if info is not None:
-            if info[2] != 3:
-                return k
-            continue
-        try:
-            from PIL import Image
-
-            with Image.open(io.BytesIO(data)) as image:  # (the header only)
-                if image.mode != "RGB" or (jpeg and (AVAILABLE or image.format != "JPEG")):
-                    return k
-        except Exception:  # (Pillow cannot open it: the script's own fetch raises its error)
-            return k
-    return None
 
 
 def _pillows(f: Any) -> bool:

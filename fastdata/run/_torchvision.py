@@ -51,8 +51,8 @@ from ..image.read import MAX_PART_BYTES, Failures, read_files
 from ..sources import Names
 from ._erasing import draw, erase
 from ._layout import Carried, FolderBatch, FolderViews, Layout, apply_steps, lay_out, picklable
-from ._filelist import file_list, first_not_rgb
-from ._folders import leaves, listed, locate, lower, must_open, samples_of, target_transform_of
+from ._filelist import file_list
+from ._folders import first_not_rgb, leaves, listed, locate, lower, must_open, samples_of, target_transform_of
 from ._lowering import Lowering, samples_refused, steps_dtype
 from ._pixels import NotAPixelOp
 
