@@ -14,11 +14,12 @@ Such a dataset is read as an image folder (`file_list`): each sample the file at
 names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
 statement or two, within `with open(path, "rb")` or not; or by torchvision's own loader, as
 torchvision's Food101, DTD, Flowers102 and others open theirs: `loader_refused`), or opened as it
-is (fastdata decodes a batch of those only where each file opens as RGB: `_folders.first_not_rgb`; else the
-batch is the script's own fetch), or read as a uint8 tensor by torchvision.io's `read_image` (a
-batch fastdata's only where each file is a JPEG of 3 components; its transform lowered on the
-tensor), through its transform, with the label its code names (through a target_transform where the
-code applies one after the transform, as the PyTorch tutorial's CustomImageDataset does).
+is (fastdata decodes a batch of those only where each file opens as RGB: `_folders.first_not_rgb`;
+else the batch is the script's own fetch), or read as a uint8 tensor by torchvision.io's
+`read_image` (a batch fastdata's only where each file is a JPEG of 3 components; its transform
+lowered on the tensor), through its transform, with the label its code names (through a
+target_transform where the code applies one after the transform, as the PyTorch tutorial's
+CustomImageDataset does).
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_written` writes out, instruction for instruction in the running
@@ -74,7 +75,7 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
 _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
 # How a path is joined to a root (`_written`'s `join`): with os.path.join, or pathlib's `/` (a class whose code divides)
 # (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; its braces
-# doubled twice, for `_written`'s format, then `_compiled`'s)
+# doubled twice: `_written` formats the path in, then `_compiled` the free constants)
 _JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}",
           "text": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}"', "text_after": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}{{T}}"'}
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
@@ -181,8 +182,8 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
     (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`, a
-    path joined to a root as `_JOINS[join]` joins it; `mapped`: the label the one a mapping of the
-    script's gives the list's or frame's (`self.mapping[self.labels[i]]`: a dict of class names).
+    path joined to a root as `_JOINS[join]` joins it; `mapped`: the label looked up in a mapping
+    of the script's (`self.mapping[self.labels[i]]`: a dict of class names).
     With a `target` guard, those that bind the label before the transform and return it as it is
     (the family ""), the target_transform after it."""
     made, open_, join_ = _LABELS[family].format, _OPENS[opens].format, _JOINS[join].format
@@ -208,7 +209,7 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
                         shapes.append(_shape(head, opened, guard, [bind], returned, path_at, opens, target))
                 if not target:  # the label in the return
                     shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
-        for pair in _PAIRED * (not mapped):
+        for pair in () if mapped else _PAIRED:
             for path in ("p", join_("p")):
                 opened = open_(path)
                 shapes.append(_shape([*lead, pair, opened], opened, guard, [], made("y"), path, opens, target))

@@ -4,12 +4,13 @@ A `torchvision.datasets.ImageFolder` (or `DatasetFolder`) with torchvision's own
 timm's `ImageDataset` on its folder reader (`_timm.image_dataset`), or torch's `Subset` of either
 (what `random_split` gives: `folder`), or a `ConcatDataset` joining such folders (what `a + b`
 gives: `leaves`), or a script's wrapper giving one's images its transform (`_wrapped`: a
-random_split's part with a transform of its own), or a script's own Dataset that opens each file
-by its path (`_filelist`), each with a transform that lowers the same: a list of (path, class)
-pairs (`listed`; a script's file list, its own expressions: `samples_of`), each file opened by
-Pillow and converted to RGB (a file list's as its code opens it: `must_open`; whether a batch's
-files open so: `first_not_rgb`), then the transform, which `_lowering` lowers. Any other dataset is not an image folder here; one of those
-that reads its files otherwise gives the reason, and the loader falls back to the plain drop-in.
+random_split's part with a transform of its own), or a script's own Dataset that opens each file by
+its path (`_filelist`), each with a transform that lowers the same: a list of (path, class) pairs
+(`listed`; a script's file list, its own expressions: `samples_of`), each file opened by Pillow and
+converted to RGB (a file list's as its code opens it: `must_open`; whether a batch's files open so:
+`first_not_rgb`), then the transform, which `_lowering` lowers. Any other dataset is not an image
+folder here; one of those that reads its files otherwise gives the reason, and the loader falls
+back to the plain drop-in.
 """
 
 from __future__ import annotations
@@ -214,10 +215,11 @@ def _torchvisions(dataset: Any) -> str | None:
 
 def first_not_rgb(datas: list, jpeg: bool = False) -> int | None:
     """The first of `datas` (files' bytes) that Pillow opens in a mode other than RGB (a grey or
-    CMYK JPEG, a PNG with alpha or a palette) or cannot open (with `jpeg`, also any file but a
-    JPEG: torchvision.io reads other formats in ways of its own, a 16-bit PNG as uint16); None
-    where each opens as RGB. A JPEG opens as RGB where it has 3 components (Pillow's JPEG plugin;
-    torchvision.io reads it as 3 channels), read from its header natively where the extension is built."""
+    CMYK JPEG, a PNG with alpha or a palette) or cannot open (with `jpeg`, also any file but a JPEG:
+    torchvision.io reads other formats in ways of its own, a 16-bit PNG as uint16); None where each
+    opens as RGB. A JPEG opens as RGB where it has 3 components (Pillow's JPEG plugin;
+    torchvision.io reads it as 3 channels), read from its header natively where the extension is
+    built."""
     from .._codec import AVAILABLE, jpeg_info_batch
 
     infos = jpeg_info_batch(datas) if AVAILABLE else [None] * len(datas)
