@@ -29,20 +29,21 @@ without `__getitems__`, `__getattr__` or `__getattribute__` of its own, its attr
 the instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or
 by the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
 `self.frame["path"][i]`, `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with
-`os.path.join`, pathlib's `/` or an f-string (`f"{self.root}/{name}.jpg"`, its text free) or not,
-bound to a local first or not (the image's own or another; or its name bound, then joined); the
-label from a list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`, ...),
-or a mapping's for it (`self.mapping[self.labels[i]]`), as it is or made a tensor or an int where
-it is bound or in the return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`,
-`int(y)`: `_LABELS`), before or after the image, after the transform or in the return; or both from
-`path, label = self.samples[i]` or `= self.paths[i], self.labels[i]` (`_PAIRED`); a docstring and
-the PyTorch tutorial's `if torch.is_tensor(i): i = i.tolist()` first or not (`_LEADS`); the
-transform under `if self.transform:` or `if self.transform is not None:`, always, or in the return.
-The lists must be lists, tuples, numpy arrays, tensors or pandas Series (a frame a DataFrame; a
-mapping a dict too), whose indexing changes nothing: fastdata then evaluates the same expressions
-on them (`FileList.samples`: code written from the same parts as the shape's, without the open and
-the transforms) and gets the paths and labels the script's code would. Any other code is a dataset
-fastdata cannot see into, served by the plain drop-in.
+`os.path.join` (an extension added or not), pathlib's `/` or an f-string
+(`f"{self.root}/{name}.jpg"`, its text free) or not, bound to a local first or not (the image's own
+or another; or its name bound, then joined); the label from a list of its own (`self.labels[i]`) or
+the same frame (`self.frame.iloc[i, 1]`, ...), or a mapping's for it
+(`self.mapping[self.labels[i]]`), as it is or made a tensor or an int where it is bound or in the
+return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`,
+`torch.tensor(int(y))`: `_LABELS`), before or after the image, after the transform or in the
+return; or both from `path, label = self.samples[i]` or `= self.paths[i], self.labels[i]`
+(`_PAIRED`); a docstring and the PyTorch tutorial's `if torch.is_tensor(i): i = i.tolist()` first
+or not (`_LEADS`); the transform under `if self.transform:` or `if self.transform is not None:`,
+always, or in the return. The lists must be lists, tuples, numpy arrays, tensors or pandas Series
+(a frame a DataFrame; a mapping a dict too), whose indexing changes nothing: fastdata then
+evaluates the same expressions on them (`FileList.samples`: code written from the same parts as the
+shape's, without the open and the transforms) and gets the paths and labels the script's code
+would. Any other code is a dataset fastdata cannot see into, served by the plain drop-in.
 """
 
 from __future__ import annotations
@@ -74,10 +75,12 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
 # is or joined to a root
 _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
 # How a path is joined to a root (`_written`'s `join`): with os.path.join, or pathlib's `/` (a class whose code divides)
-# (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; its braces
-# doubled twice: `_written` formats the path in, then `_compiled` the free constants)
+# (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; or with an extension added:
+# `os.path.join(self.root, name + ".jpg")`, the text an f-string too, which compiles to the str where it is free;
+# the braces doubled twice: `_written` formats the path in, then `_compiled` the free constants)
 _JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}",
-          "text": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}"', "text_after": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}{{T}}"'}
+          "text": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}"', "text_after": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}{{T}}"',
+          "os_text": 'os.path.join(self.root, {} + f"{{S}}")', "text_os": 'os.path.join(self.root, {}) + f"{{S}}"'}
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
@@ -87,9 +90,9 @@ _TARGETS = {"": [], "if": ["if self.target_transform:", "    y = self.target_tra
             "not_none": ["if self.target_transform is not None:", "    y = self.target_transform(y)"]}
 # How the label is returned (`_written`'s families): as the list or frame gives it, or made a tensor or an int
 _LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dtype=torch.long)",
-           "int64": "torch.tensor({}, dtype=torch.int64)", "int": "int({})"}
+           "int64": "torch.tensor({}, dtype=torch.int64)", "int": "int({})", "int_tensor": "torch.tensor(int({}))"}
 _NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"},
-          "int64": {"torch", "tensor", "int64"}, "int": {"int"}}
+          "int64": {"torch", "tensor", "int64"}, "int": {"int"}, "int_tensor": {"torch", "tensor", "int"}}
 _MADE = {"tensor", "long", "int64", "int"}  # (the names that tell the families apart)
 # What may come first (`_written`'s `leads`): a docstring (its text the script's), and the PyTorch
 # tutorial's line that makes a tensor index a list
@@ -293,7 +296,8 @@ def _shapes(code: types.CodeType, doc: bool) -> tuple:
     if not opens:
         return ()  # (the shapes are written out only for a dataset that may be one: by the names they read)
     leads = (("doc",) if doc else ()) + (("index",) if "is_tensor" in names else ())
-    joins = ("slash",) if "\0/" in names else ("text", "text_after") if "\0f" in names else ("os",)
+    joins = ("slash",) if "\0/" in names else ("text", "text_after") if "\0f" in names else \
+        ("os_text", "text_os") if "\0+" in names else ("os",)
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
     made = names & _MADE
@@ -309,14 +313,14 @@ def _shapes(code: types.CodeType, doc: bool) -> tuple:
 
 def _features(code: types.CodeType) -> set[str]:
     """The names `code` reads, and marks (each a "\\0" str) of what it does that tells shapes
-    apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "with", it has a with
-    statement; "[][]", it indexes by what it has just indexed (a mapping's label of a list's:
-    `self.mapping[self.labels[i]]`)."""
+    apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds; "with", it
+    has a with statement; "[][]", it indexes by what it has just indexed (a mapping's label of a
+    list's: `self.mapping[self.labels[i]]`)."""
     features, last = set(code.co_names), ""
     for ins in dis.get_instructions(code):
-        op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BEFORE_WITH": "with", "SETUP_WITH": "with",
-              "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
-        if op in ("/", "f", "with", "[]"):
+        op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BINARY_ADD": "+", "BEFORE_WITH": "with",
+              "SETUP_WITH": "with", "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
+        if op in ("/", "f", "+", "with", "[]"):
             features.add("\0" + op)
         if op == last == "[]":
             features.add("\0[][]")

@@ -247,6 +247,16 @@ class Texted(Rooted):  # names under a root, joined in an f-string
         return image, self.targets[index]
 
 
+class Suffixed(Rooted):  # names without their extension under a root, the extension added
+    def __getitem__(self, index):
+        img_path = os.path.join(self.root, self.names[index] + ".jpg")
+        image = Image.open(img_path).convert("RGB")
+        label = self.targets[index]
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
 class Read(Files):  # torchvision.io's uint8 tensor of each file
     def __getitem__(self, idx):
         image = read_image(self.image_paths[idx])
@@ -333,6 +343,16 @@ class Columns(Frame):  # a column, then its row
         image = Image.open(os.path.join(self.img_dir, self.img_labels["file"][idx])).convert("RGB")
         label = self.img_labels["label"][idx]
         return self.transform(image), label
+
+
+class Annotated(Frame):  # the label made an int, then a tensor (a much-copied video tutorial's)
+    def __getitem__(self, index):
+        img_path = os.path.join(self.img_dir, self.img_labels.iloc[index, 0])
+        image = Image.open(img_path).convert("RGB")
+        y_label = torch.tensor(int(self.img_labels.iloc[index, 1]))
+        if self.transform:
+            image = self.transform(image)
+        return (image, y_label)
 
 
 class Classes(Frame):  # the frame's class names, mapped to their numbers by a dict
@@ -446,8 +466,8 @@ def _same_batches(dataset, workers: int, swap=None, levels: int = 0, offset: int
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
-    it is; paths and labels in lists, names joined to a root with os.path.join, pathlib's `/` or
-    an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
+    it is; paths and labels in lists, names joined to a root with os.path.join (an extension
+    added or not), pathlib's `/` or an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
     (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
     written in); the label before or after the image or the transform, as it is, mapped by a dict
     of class names (or a tuple) or made a tensor (of int64) or an int; `if self.transform:`, `is
@@ -475,6 +495,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Rebound(str(folder), names, labels, sized), Slashed(folder, names, labels, cropped),
                     Mapped(paths, [f"class{y}" for y in labels], classes, sized),
                     Texted(str(folder), names, labels, cropped),
+                    Suffixed(folder, [os.path.splitext(name)[0] for name in names], labels, sized),
                     Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
@@ -524,7 +545,7 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
     names joined to its folder), opening its files with Pillow, and the frames scripts index by
     their columns' names (a row's, a row bound first, `loc`, a column's, its names' stems made
-    paths in an f-string) or hold class names in (mapped by a dict), and the tutorial's own
+    paths in an f-string; a label made an int, then a tensor) or hold class names in (mapped by a dict), and the tutorial's own
     (read_image, a target_transform): served natively, the labels the frame's numpy integers (or
     the target_transform's) collated as DataLoader collates them."""
     from fastdata.run._decide import _collation
@@ -533,7 +554,7 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     paths, labels = _listing(folder)
     frame = pd.DataFrame({"file": [os.path.relpath(p, folder) for p in paths], "label": labels})
     sized, _ = _transforms()
-    for cls in (Frame, Rows, Row, Loc, Columns):  # (and the frames scripts index by column names)
+    for cls in (Frame, Rows, Row, Loc, Columns, Annotated):  # (and the frames scripts index by column names)
         dataset = cls(frame, str(folder), sized)
         assert f"served natively: {cls.__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, 2)
