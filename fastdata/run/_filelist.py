@@ -29,10 +29,10 @@ without `__getitems__`, `__getattr__` or `__getattribute__` of its own, its attr
 the instance. The shapes: the path `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or
 by the name of its column: `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`,
 `self.frame["path"][i]`, `r["path"]` of `r = self.frame.iloc[i]`), joined to a root with
-`os.path.join` (an extension added or not), pathlib's `/` or an f-string
-(`f"{self.root}/{name}.jpg"`, its text free) or not, bound to a local first or not (the image's own
-or another; or its name bound, then joined); the label from a list of its own (`self.labels[i]`) or
-the same frame (`self.frame.iloc[i, 1]`, ...), or a mapping's for it
+`os.path.join` (an extension added to the name or the joined path, or not), pathlib's `/` or an
+f-string (`f"{self.root}/{name}.jpg"`, its text free) or not, bound to a local first or not (the
+image's own or another; or its name bound, then joined); the label from a list of its own
+(`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`, ...), or a mapping's for it
 (`self.mapping[self.labels[i]]`), as it is or made a tensor or an int where it is bound or in the
 return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`, `int(y)`,
 `torch.tensor(int(y))`: `_LABELS`), before or after the image, after the transform or in the
@@ -197,10 +197,12 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
             before, label = (*lead, *before), f"self.mapping[{label}]" if mapped else label
             joined = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
-            # root, in the open, bound first (to the image's own name or another), or its name bound, then joined)
+            # root, in the open, bound first (to the image's own name or another), or its name bound, then joined;
+            # or joined and bound, the extension added in the open)
+            suffixed = [([f"p = {_JOINS['os'].format(path)}"], 'p + f"{S}"')] if join == "text_os" else []
             for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x"), ([], joined),
                                    ([f"p = {joined}"], "p"), ([f"x = {joined}"], "x"),
-                                   ([f"n = {path}", f"p = {join_('n')}"], "p")):
+                                   ([f"n = {path}", f"p = {join_('n')}"], "p"), *suffixed):
                 opened = open_(path_at)
                 head = [*before, *binds, opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):

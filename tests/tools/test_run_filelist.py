@@ -257,6 +257,16 @@ class Suffixed(Rooted):  # names without their extension under a root, the exten
         return image, label
 
 
+class Extended(Suffixed):  # the joined name bound, its extension added in the open, opened as it is
+    def __getitem__(self, index):
+        img_name = os.path.join(self.root, self.names[index])
+        image = Image.open(img_name + ".jpg")
+        label = self.targets[index]
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
 class Read(Files):  # torchvision.io's uint8 tensor of each file
     def __getitem__(self, idx):
         image = read_image(self.image_paths[idx])
@@ -467,7 +477,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
     it is; paths and labels in lists, names joined to a root with os.path.join (an extension
-    added or not), pathlib's `/` or an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
+    added to the name or to the joined path, in the open or not), pathlib's `/` or an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
     (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
     written in); the label before or after the image or the transform, as it is, mapped by a dict
     of class names (or a tuple) or made a tensor (of int64) or an int; `if self.transform:`, `is
@@ -496,6 +506,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Mapped(paths, [f"class{y}" for y in labels], classes, sized),
                     Texted(str(folder), names, labels, cropped),
                     Suffixed(folder, [os.path.splitext(name)[0] for name in names], labels, sized),
+                    Extended(str(folder), [os.path.splitext(name)[0] for name in names], labels, cropped),
                     Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
