@@ -315,18 +315,18 @@ def _shapes(code: types.CodeType, doc: bool) -> tuple:
 
 def _features(code: types.CodeType) -> set[str]:
     """The names `code` reads, and marks (each a "\\0" str) of what it does that tells shapes
-    apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds; "with", it
-    has a with statement; "[][]", it indexes by what it has just indexed (a mapping's label of a
-    list's: `self.mapping[self.labels[i]]`)."""
-    features, last = set(code.co_names), ""
+    apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds a str
+    constant (an extension); "with", it has a with statement; "[][]", it indexes by what it has
+    just indexed (a mapping's label of a list's: `self.mapping[self.labels[i]]`)."""
+    features, last, text = set(code.co_names), "", False
     for ins in dis.get_instructions(code):
         op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BINARY_ADD": "+", "BEFORE_WITH": "with",
               "SETUP_WITH": "with", "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
-        if op in ("/", "f", "+", "with", "[]"):
+        if op in ("/", "f", "with", "[]") or (op == "+" and text):
             features.add("\0" + op)
         if op == last == "[]":
             features.add("\0[][]")
-        last = op
+        last, text = op, ins.opname == "LOAD_CONST" and type(ins.argval) is str
     return features
 
 
