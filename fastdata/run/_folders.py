@@ -28,6 +28,10 @@ from ._lowering import Lowering, Unlowerable, lower_transform, lower_views
 from ._timm import image_dataset
 from ._wrapped import wrapped
 
+# How a dataset's `__getitem__` may open its images by path (the names its code reads), for `_unread`
+_READERS = (("Image.open", {"Image", "open"}), ("read_image", {"read_image"}), ("decode_image", {"decode_image"}),
+            ("imread", {"imread"}))
+
 
 def folder(dataset: Any) -> Any:
     """The dataset under any torch `Subset`s of it (of that exact class: a subclass's own
@@ -195,9 +199,20 @@ def _alike(one: Lowering, other: Lowering) -> bool:
 
 
 def _files(dataset: Any) -> str | None:
-    """For a script's file list: "" where it is served natively, else why not; None for any other dataset."""
+    """For a script's file list: "" where it is served natively, else why not (one it does not
+    read as such, that opens its images by path: `_unread`); None for any other dataset."""
     files = file_list(dataset)
-    return None if files is None else files.why
+    return (_unread(dataset) or None) if files is None else files.why
+
+
+def _unread(dataset: Any) -> str:
+    """Why a dataset that `file_list` does not read is served by the drop-in, where its
+    `__getitem__` opens images by path (Pillow's, torchvision.io's, OpenCV's or scikit-image's
+    calls), so that the summary tells the script's author; "" for any other dataset."""
+    code = getattr(getattr(type(dataset), "__getitem__", None), "__code__", None)
+    calls = [call for call, needs in _READERS if code is not None and needs <= set(code.co_names)]
+    return (f"{type(dataset).__name__}'s __getitem__ opens its images ({', '.join(calls)}), but not as a file list "
+            "fastdata reads (docs/guide.md lists them)") if calls else ""
 
 
 def _torchvisions(dataset: Any) -> str | None:

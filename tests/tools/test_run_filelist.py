@@ -655,7 +655,8 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
-    is not Pillow's) is a dataset fastdata cannot see into; one it reads but cannot serve (paths
+    is not Pillow's) is a dataset fastdata cannot see into, which the summary says opens its
+    images but is not read as a file list; one it reads but cannot serve (paths
     in a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform
     whose truth is its own code, a join of one that opens PIL images and one that reads tensors
     through one transform) says why."""
@@ -667,8 +668,10 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     sized, _ = _transforms()
     for dataset in (More(paths, labels, sized), Grey(paths, labels, sized), Batched(paths, labels, sized),
                     Property(paths, labels)):
-        assert rt.lower(dataset) == (None, ""), type(dataset).__name__
-        assert "served natively" not in _collation({"dataset": dataset})[0]
+        why = f"{type(dataset).__name__}'s __getitem__ opens its images (Image.open), but not as a file list"
+        lowering, reason = rt.lower(dataset)
+        assert lowering is None and reason.startswith(why), reason
+        assert _collation({"dataset": dataset})[0].startswith(f"native collation; not served natively: {why}")
     for own in (False, True):  # (the same code with Pillow's Image is read)
         scope: dict = {}
         exec(compile(OWN_IMAGE if own else OWN_IMAGE.replace("Image = types", "_ = types"), "<script>", "exec"), scope)
