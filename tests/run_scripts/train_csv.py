@@ -1,13 +1,15 @@
 """A training script whose images are listed in a CSV file, read by its own Dataset class as
 such scripts write it; run plain or under `fastdata run` by tests/tools/test_run_filelist.py.
 
-    python train_csv.py DATA OUT.json
+    python train_csv.py DATA OUT.json [--accelerate]
 
 It lists DATA's JPEGs (an ImageFolder's layout, class c in the folder class{c}) in a CSV file
 of (path, label) rows, reads them back with the csv module and trains two epochs on them with
 the ImageNet example's transform. Each image of class c has its blue channel at about 40 + 50c:
 the script reads each sample's class back from its pixels and counts the samples whose label
-disagrees. OUT gets the sample count, that count and the batches' layout.
+disagrees. OUT gets the sample count, that count and the batches' layout. With --accelerate it
+trains on the loader Hugging Face Accelerate's `prepare` gives for it (on the CPU), as scripts
+written for Accelerate do.
 """
 
 import csv
@@ -49,6 +51,10 @@ def main():
     transform = T.Compose([T.RandomResizedCrop(64, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
                            T.Normalize(MEAN, STD)])
     loader = DataLoader(ImageCsv("images.csv", transform), batch_size=16, shuffle=True, num_workers=2)
+    if "--accelerate" in sys.argv:
+        from accelerate import Accelerator
+
+        loader = Accelerator(cpu=True).prepare(loader)
     seen, wrong, layout = 0, 0, None
     for epoch in range(2):
         for images, labels in loader:

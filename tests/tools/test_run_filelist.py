@@ -781,14 +781,20 @@ def test_a_file_it_cannot_read_makes_the_batch_the_scripts_own_fetch(tv, folder,
 
 
 @pytest.mark.timeout(300)
-def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path):
+@pytest.mark.parametrize("prepared", [False, True])
+def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, prepared):
     """tests/run_scripts/train_csv.py, a script that lists its images in a CSV file and reads
     them with its own Dataset, unchanged under `fastdata run`: served natively (the summary says
-    so), every label its image's, the batches laid out as the plain script's."""
+    so), every label its image's, the batches laid out as the plain script's; so too where it
+    trains on the loader Hugging Face Accelerate's `prepare` makes from its own (the loader
+    Accelerate makes within its own is served)."""
+    if prepared:
+        pytest.importorskip("accelerate")
     runs = {}
     for plain in (True, False):
         out = tmp_path / f"out{plain}.json"
-        command = [sys.executable, str(SCRIPTS / "train_csv.py"), str(folder), str(out)]
+        command = [sys.executable, str(SCRIPTS / "train_csv.py"), str(folder), str(out),
+                   *(["--accelerate"] if prepared else [])]
         if not plain:
             command = [sys.executable, "-m", "fastdata", "run", "--", *command]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
@@ -797,5 +803,7 @@ def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path):
         runs[plain] = json.loads(out.read_text()), proc.stderr
     (plain, _), (got, err) = runs[True], runs[False]
     assert "served natively: ImageCsv with RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize" in err, err
+    if prepared:  # (the script's loader, and the one Accelerate makes from it, made where the script calls prepare)
+        assert "2 DataLoader(s): 2 served by fastdata (2 natively), 0 torch's own" in err, err
     assert got["wrong"] == plain["wrong"] == 0 and got["seen"] == plain["seen"] == 2 * 48
     assert got["layout"] == plain["layout"]
