@@ -16,7 +16,8 @@ named`, a CSV of each file's stem and its class's name, the script's class makin
 f-string, opening it as torchvision's pil_loader does (`with open(...)`) and mapping the class's
 name to its number by a dict (`NamedFiles`, as Kaggle scripts write theirs); with `--files
 food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
-download lays out its images (hard links), as fine-tuning scripts train on it.
+download lays out its images (hard links), as fine-tuning scripts train on it; with `--files pets`,
+torchvision's `OxfordIIITPet` over them so.
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -52,7 +53,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files [{pil,read,named,food101}]]
+                                                [--files [{pil,read,named,food101,pets}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -84,7 +85,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101"])
+ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101", "pets"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -389,7 +390,19 @@ else:
                                                          generator=torch.Generator().manual_seed(42))
     if args.wrap:
         train_dataset = TransformedSubset(train_dataset, transform)
-    if args.files == "food101":  # the same files as Food101's download lays them out, beside the folder
+    if args.files == "pets":  # the same files as OxfordIIITPet's download lays them out, beside the folder
+        pets = Path(args.data).with_name(Path(args.data).name + "-pets") / "oxford-iiit-pet"
+        rows = []
+        for path, y in train_dataset.samples:
+            image_id = f"{train_dataset.classes[y]}_{Path(path).stem}"  # (its class: the id's part before the last _)
+            rows.append(f"{image_id} {y + 1} {y % 2 + 1} 1\n")
+            if not (pets / "images" / f"{image_id}.jpg").exists():
+                (pets / "images").mkdir(parents=True, exist_ok=True)
+                os.link(path, pets / "images" / f"{image_id}.jpg")
+        (pets / "annotations").mkdir(exist_ok=True)
+        (pets / "annotations" / "trainval.txt").write_text("".join(rows))
+        train_dataset = torchvision.datasets.OxfordIIITPet(pets.parent, transform=transform)
+    elif args.files == "food101":  # the same files as Food101's download lays them out, beside the folder
         food = Path(args.data).with_name(Path(args.data).name + "-food101")
         meta = {}
         for path, _ in train_dataset.samples:

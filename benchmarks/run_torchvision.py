@@ -23,7 +23,8 @@ the transform v2's on the tensor (run_torchvision_files_read.json); with `--file
 named by an f-string of its stem, opened as torchvision's pil_loader opens it and its class's name
 mapped to its number by a dict (run_torchvision_files_named.json); with `--files food101`, by
 torchvision's own Food101 dataset, the files laid out as its download lays them out
-(run_torchvision_files_food101.json).
+(run_torchvision_files_food101.json); with `--files pets`, by torchvision's OxfordIIITPet so
+(run_torchvision_files_pets.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
@@ -59,7 +60,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
-                                          [--split] [--join] [--wrap] [--files [{pil,read,named,food101}]]
+                                          [--split] [--join] [--wrap] [--files [{pil,read,named,food101,pets}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -101,11 +102,11 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
-    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101"],
+    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101", "pets"],
                     help="train on the folder's files listed in a CSV file, read by the script's own Dataset class "
                     "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor; "
                     "named: by an f-string of its stem, opened within `with open`, its class's name mapped by a dict); "
-                    "food101: laid out as Food101's download, read by torchvision's Food101")
+                    "food101, pets: laid out as Food101's (OxfordIIITPet's) download, read by torchvision's class)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit"],
@@ -157,7 +158,8 @@ def main() -> int:
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + (", two folders joined" if args.join else "")
           + (", the 90% split in the script's wrapper" if args.wrap else "")
-          + (", torchvision's Food101 over its files" if args.files == "food101" else
+          + (f", torchvision's {'Food101' if args.files == 'food101' else 'OxfordIIITPet'} over its files"
+             if args.files in ("food101", "pets") else
              f", its files listed in a CSV file, read by the script's Dataset ({args.files})" if args.files else "")
           + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._fileshapes import COLUMNS, pick, shapes_of
+from ._fileshapes import COLUMNS, Shape, pick, shapes_of
 from ._pixels import named
 from ._views import read_shape
 
@@ -96,6 +96,9 @@ def file_list(dataset: Any) -> FileList | None:
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is not None and isinstance(dataset, folder.DatasetFolder):
         return None  # (a torchvision folder, whose `samples` the workers read from a listing: `_folders`)
+    pets = sys.modules.get("torchvision.datasets.oxford_iiit_pet")
+    if pets is not None and isinstance(dataset, pets.OxfordIIITPet):
+        return _pets(dataset, pets)
     shapes = shapes_of(code, cls.__getitem__.__doc__ is not None)
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
@@ -120,6 +123,27 @@ def file_list(dataset: Any) -> FileList | None:
                 not (_pillows(image.open) and _pillows(image.Image.convert)):
             return None
     return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+
+
+def _pets(dataset: Any, module: Any) -> FileList | None:
+    """torchvision's OxfordIIITPet, whose `__getitem__` (its own: no shape, a loop over the target
+    types) opens `self._images[i]` with Pillow, converts it to RGB and gives the target of its one
+    target type ("category" or "binary-category": a list's), then calls `self.transforms`, the
+    StandardTransform of its transform and target_transform, read as a file list; None for its
+    other targets (a segmentation) or a `__getitem__` of the script's."""
+    code, image = type(dataset).__getitem__.__code__, sys.modules.get("PIL.Image")
+    labels = {("category",): "_labels", ("binary-category",): "_bin_labels"}.get(tuple(dataset._target_types))
+    if labels is None or (code.co_filename, code.co_name) != (module.__file__, "__getitem__") or \
+            module.Image is not image or not (_pillows(image.open) and _pillows(image.Image.convert)):
+        return None
+    shape = type("Shape", (Shape,), {"picked": (f"return self._images[i], self.{labels}[i]",), "opens": "convert",
+                                     "guard": "not_none", "target": "not_none"})  # (as StandardTransform calls them)
+    joint, standard = dataset.transforms, sys.modules["torchvision.datasets.vision"].StandardTransform
+    values = {"_images": dataset._images, labels: getattr(dataset, labels),
+              "transform": getattr(joint, "transform", None), "target_transform": getattr(joint, "target_transform", None)}
+    why = "" if joint is None or type(joint) is standard else \
+        f"OxfordIIITPet is given transforms of the script's ({named(joint)})"
+    return FileList(shape, values, why or _refused("OxfordIIITPet", shape, values))
 
 
 def loader_refused(loader: Any, name: str) -> str:

@@ -606,7 +606,7 @@ def test_a_file_list_split_wrapped_or_joined_is_served_natively(tv, folder):
 def _torchvision_datasets(folder: Path, root: Path) -> dict:
     """torchvision's own datasets that list their files, laid out under `root` as each expects its
     download, from `folder`'s images (class c the c-th class of each)."""
-    from torchvision.datasets import DTD, GTSRB, Food101, Imagenette
+    from torchvision.datasets import DTD, GTSRB, Food101, Imagenette, OxfordIIITPet
 
     paths, labels = _listing(folder)
     for path, label in zip(paths, labels):
@@ -614,7 +614,8 @@ def _torchvision_datasets(folder: Path, root: Path) -> dict:
         wnid = sorted(Imagenette._WNID_TO_CLASS)[label]
         for at in (root / "food-101" / "images" / f"class{label}" / f"{name}.jpg",
                    root / "dtd" / "dtd" / "images" / f"class{label}" / f"{name}.jpg",
-                   root / "imagenette2" / "train" / wnid / f"{name}.jpeg"):
+                   root / "imagenette2" / "train" / wnid / f"{name}.jpeg",
+                   root / "oxford-iiit-pet" / "images" / f"class{label}_{name}.jpg"):
             at.parent.mkdir(parents=True, exist_ok=True)
             os.link(path, at)
         at = root / "gtsrb" / "GTSRB" / "Training" / f"{label:05d}" / f"{name}.ppm"
@@ -627,16 +628,21 @@ def _torchvision_datasets(folder: Path, root: Path) -> dict:
     (root / "dtd" / "dtd" / "labels").mkdir()
     (root / "dtd" / "dtd" / "labels" / "train1.txt").write_text(
         "".join(f"class{y}/{Path(p).name}\n" for p, y in zip(paths, labels)))
-    return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB}
+    (root / "oxford-iiit-pet" / "annotations").mkdir()  # (each image's id, class, species and breed, from 1)
+    (root / "oxford-iiit-pet" / "annotations" / "trainval.txt").write_text(
+        "".join(f"class{y}_{Path(p).stem} {y + 1} {y % 2 + 1} 1\n" for p, y in zip(paths, labels)))
+    return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB, "OxfordIIITPet": OxfordIIITPet}
 
 
 @pytest.mark.timeout(300)
 def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path):
-    """torchvision's own datasets that list their files (Food101, DTD, Imagenette and GTSRB here;
-    Flowers102, FGVCAircraft, SUN397, StanfordCars and RenderedSST2 read theirs as Food101 and
-    Imagenette do) are read as file lists: served natively with torchvision's own loader, the
-    batches DataLoader's bit for bit, their target_transform applied; one given a loader of the
-    script's (torchvision.io's decode_image) is not, saying why."""
+    """torchvision's own datasets that list their files (Food101, DTD, Imagenette, GTSRB and
+    OxfordIIITPet here; Flowers102, FGVCAircraft, SUN397, StanfordCars and RenderedSST2 read theirs
+    as Food101 and Imagenette do) are read as file lists: served natively with torchvision's own
+    loader, the batches DataLoader's bit for bit, their target_transform applied; one given a
+    loader of the script's (torchvision.io's decode_image), or joint transforms of the script's
+    (OxfordIIITPet's `transforms`), is not, saying why, and OxfordIIITPet with a segmentation
+    target is not read."""
     from torchvision.io import decode_image
 
     from fastdata.run._decide import _collation
@@ -650,6 +656,15 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
         _same_batches(cls(tmp_path, transform=cropped, target_transform=lambda y: y + 10), 0, offset=10)
     lowering, reason = rt.lower(made["Food101"](str(tmp_path), transform=sized, loader=decode_image))
     assert lowering is None and reason == "Food101 has its own image loader (decode_image)", reason
+
+    def joint(image, target):
+        return sized(image), target
+
+    lowering, reason = rt.lower(made["OxfordIIITPet"](str(tmp_path), transforms=joint))
+    assert lowering is None and reason.startswith("OxfordIIITPet is given transforms of the script's (") and \
+        reason.endswith(".joint)"), reason
+    lowering, reason = rt.lower(made["OxfordIIITPet"](str(tmp_path), target_types="segmentation", transform=sized))
+    assert lowering is None and "OxfordIIITPet's __getitem__ opens its images (Image.open), but not as" in reason
 
 
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
