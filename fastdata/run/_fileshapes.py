@@ -90,9 +90,10 @@ _TEXTS = ("S", "T")
 
 class Shape:
     """One shape of `__getitem__` (its code in the class's `__getitem__`), with `picked`, the
-    same statements but the open and the transform, which `pick` makes a function `(self, i,
-    P, L)` of, the columns given: (path, label) of an index; `opens`: how it opens the image (a
-    key of `_OPENS`); `target`: how its target_transform is guarded ("" without one)."""
+    same statements but the open and the transform, which `pick` makes a function `(self, i, P,
+    L, S, T)` of, the free constants given: (path, label) of an index; `opens`: how it opens the
+    image (a key of `_OPENS`); `guard`: how its transform is called (of `_GUARDS`); `target`: how
+    its target_transform is guarded ("" without one)."""
 
     guard: str
     opens: str
