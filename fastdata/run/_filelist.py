@@ -131,15 +131,16 @@ def _pets(dataset: Any, module: Any) -> FileList | None:
     target type ("category" or "binary-category": a list's), then calls `self.transforms`, the
     StandardTransform of its transform and target_transform, read as a file list; None for its
     other targets (a segmentation) or a `__getitem__` of the script's."""
-    code, image = type(dataset).__getitem__.__code__, sys.modules.get("PIL.Image")
-    labels = {("category",): "_labels", ("binary-category",): "_bin_labels"}.get(tuple(dataset._target_types))
-    if labels is None or (code.co_filename, code.co_name) != (module.__file__, "__getitem__") or \
+    code, image, own = type(dataset).__getitem__.__code__, sys.modules.get("PIL.Image"), vars(dataset)
+    labels = {("category",): "_labels", ("binary-category",): "_bin_labels"}.get(tuple(own.get("_target_types", ())))
+    if labels is None or not {"_images", labels, "transforms"} <= own.keys() or \
+            (code.co_filename, code.co_name) != (module.__file__, "__getitem__") or \
             module.Image is not image or not (_pillows(image.open) and _pillows(image.Image.convert)):
         return None
     shape = type("Shape", (Shape,), {"picked": (f"return self._images[i], self.{labels}[i]",), "opens": "convert",
                                      "guard": "not_none", "target": "not_none"})  # (as StandardTransform calls them)
-    joint, standard = dataset.transforms, sys.modules["torchvision.datasets.vision"].StandardTransform
-    values = {"_images": dataset._images, labels: getattr(dataset, labels),
+    joint, standard = own["transforms"], sys.modules["torchvision.datasets.vision"].StandardTransform
+    values = {"_images": own["_images"], labels: own[labels],  # (torchvision's attributes, in the instance)
               "transform": getattr(joint, "transform", None), "target_transform": getattr(joint, "target_transform", None)}
     why = "" if joint is None or type(joint) is standard else \
         f"OxfordIIITPet is given transforms of the script's ({named(joint)})"
