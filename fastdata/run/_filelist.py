@@ -55,6 +55,12 @@ _MUST = {"plain": "rgb", "read": "jpeg", "read_rgb": "jpeg"}
 _FIXED = ("PIL", "Image", "open", "convert", "os", "path", "join", "iloc", "loc", "torch", "tensor", "long", "int64",
           "int", "is_tensor", "tolist", "read_image", "ImageReadMode", "RGB")
 _LISTS = (list, tuple, np.ndarray, torch.Tensor)
+# OxfordIIITPet's samples by its target types (`_pets`): its images and the list of that target's labels, its
+# transform and target_transform called as its StandardTransform calls them
+_PETS = {(target,): type("Shape", (Shape,), {"picked": (f"return self._images[i], self.{labels}[i]",),
+                                             "labels": labels, "opens": "convert", "guard": "not_none",
+                                             "target": "not_none"})
+         for target, labels in (("category", "_labels"), ("binary-category", "_bin_labels"))}
 
 
 class FileList:
@@ -98,7 +104,7 @@ def file_list(dataset: Any) -> FileList | None:
         return None  # (a torchvision folder, whose `samples` the workers read from a listing: `_folders`)
     pets = sys.modules.get("torchvision.datasets.oxford_iiit_pet")
     if pets is not None and isinstance(dataset, pets.OxfordIIITPet):
-        return _pets(dataset, pets)
+        return _pets(dataset, pets, code)
     shapes = shapes_of(code, cls.__getitem__.__doc__ is not None)
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:
@@ -116,29 +122,25 @@ def file_list(dataset: Any) -> FileList | None:
                               if name in names):
             return None
     elif shape.opens != "loader":  # (the loader's own checks: `_refused`)
-        image = sys.modules.get("PIL.Image")
         pil = scope.get("PIL") if shape.opens == "pil" else None
-        if image is None or (scope.get("Image") if pil is None else getattr(pil, "Image", None)) is not image or \
-                (pil is not None and pil is not sys.modules.get("PIL")) or \
-                not (_pillows(image.open) and _pillows(image.Image.convert)):
+        if not _pillows_image(scope.get("Image") if pil is None else getattr(pil, "Image", None)) or \
+                (pil is not None and pil is not sys.modules.get("PIL")):
             return None
     return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
 
 
-def _pets(dataset: Any, module: Any) -> FileList | None:
+def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:
     """torchvision's OxfordIIITPet, whose `__getitem__` (its own: no shape, a loop over the target
     types) opens `self._images[i]` with Pillow, converts it to RGB and gives the target of its one
     target type ("category" or "binary-category": a list's), then calls `self.transforms`, the
     StandardTransform of its transform and target_transform, read as a file list; None for its
-    other targets (a segmentation) or a `__getitem__` of the script's."""
-    code, image, own = type(dataset).__getitem__.__code__, sys.modules.get("PIL.Image"), vars(dataset)
-    labels = {("category",): "_labels", ("binary-category",): "_bin_labels"}.get(tuple(own.get("_target_types", ())))
-    if labels is None or not {"_images", labels, "transforms"} <= own.keys() or \
-            (code.co_filename, code.co_name) != (module.__file__, "__getitem__") or \
-            module.Image is not image or not (_pillows(image.open) and _pillows(image.Image.convert)):
+    other targets (a segmentation) or a `__getitem__` of the script's (its `code`)."""
+    own = vars(dataset)
+    shape = _PETS.get(tuple(own.get("_target_types", ())))
+    if shape is None or not {"_images", shape.labels, "transforms"} <= own.keys() or \
+            (code.co_filename, code.co_name) != (module.__file__, "__getitem__") or not _pillows_image(module.Image):
         return None
-    shape = type("Shape", (Shape,), {"picked": (f"return self._images[i], self.{labels}[i]",), "opens": "convert",
-                                     "guard": "not_none", "target": "not_none"})  # (as StandardTransform calls them)
+    labels = shape.labels
     joint, standard = own["transforms"], sys.modules["torchvision.datasets.vision"].StandardTransform
     values = {"_images": own["_images"], labels: own[labels],  # (torchvision's attributes, in the instance)
               "transform": getattr(joint, "transform", None), "target_transform": getattr(joint, "target_transform", None)}
@@ -171,6 +173,12 @@ def loader_refused(loader: Any, name: str) -> str:
         return (f"torchvision.datasets.folder.pil_loader, which {name}'s default_loader calls, is the "
                 f"script's own ({named(folder.pil_loader)})")
     return ""
+
+
+def _pillows_image(module: Any) -> bool:
+    """Whether `module` is Pillow's Image module, its `open` and `Image.convert` Pillow's own."""
+    image = sys.modules.get("PIL.Image")
+    return image is not None and module is image and _pillows(image.open) and _pillows(image.Image.convert)
 
 
 def _pillows(f: Any) -> bool:
