@@ -15,7 +15,9 @@ PyTorch tutorial's CustomImageDataset does (`TensorFiles`), the transform v2's o
 named`, a CSV of each file's stem and its class's name, the script's class making the path in an
 f-string, opening it as torchvision's pil_loader does (`with open(...)`) and mapping the class's
 name to its number by a dict (`NamedFiles`, as Kaggle scripts write theirs); with `--files
-food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
+derived`, the files linked into one folder, each named by its class first (`3_00000012.JPEG`),
+globbed, the class derived from the name by the script's own line (`LabelledByName`, as scripts
+for Kaggle's dogs and cats derive theirs); with `--files food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
 download lays out its images (hard links), as fine-tuning scripts train on it; with `--files pets`,
 torchvision's `OxfordIIITPet` over them so.
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
@@ -53,7 +55,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files [{pil,read,named,food101,pets}]]
+                                                [--files [{pil,read,named,derived,food101,pets}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -63,6 +65,7 @@ The last line printed is JSON: images/s of each epoch.
 
 import argparse
 import csv
+import glob
 import importlib.util
 import json
 import os
@@ -85,7 +88,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "food101", "pets"])
+ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "food101", "pets"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -175,6 +178,23 @@ class NamedFiles(torch.utils.data.Dataset):  # a CSV of file stems and class nam
             img = Image.open(f)
             img = img.convert("RGB")
         if self.transform is not None:
+            img = self.transform(img)
+        return img, label
+
+
+class LabelledByName(torch.utils.data.Dataset):  # files whose class is in their name, as Kaggle's dogs and cats are
+    def __init__(self, file_list, transform=None):
+        self.file_list = file_list
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.file_list)
+
+    def __getitem__(self, idx):
+        img_path = self.file_list[idx]
+        img = Image.open(img_path).convert("RGB")
+        label = int(os.path.basename(img_path).split("_")[0])
+        if self.transform:
             img = self.transform(img)
         return img, label
 
@@ -414,6 +434,13 @@ else:
         (food / "food-101" / "meta").mkdir(exist_ok=True)
         (food / "food-101" / "meta" / "train.json").write_text(json.dumps(meta))
         train_dataset = torchvision.datasets.Food101(food, transform=transform)
+    elif args.files == "derived":  # the same files in one folder beside it, each named by its class first, globbed
+        flat = Path(args.data).with_name(Path(args.data).name + "-flat")
+        flat.mkdir(exist_ok=True)
+        for path, y in train_dataset.samples:
+            if not (flat / f"{y}_{Path(path).name}").exists():
+                os.link(path, flat / f"{y}_{Path(path).name}")
+        train_dataset = LabelledByName(sorted(glob.glob(os.path.join(flat, "*.JPEG"))), transform)
     elif args.files:  # the same files and labels, listed in a CSV file beside the folder
         listing = Path(args.data).with_suffix(".csv")
         with open(listing, "w", newline="") as f:

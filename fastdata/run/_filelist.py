@@ -19,7 +19,8 @@ else the batch is the script's own fetch), or read as a uint8 tensor by torchvis
 `read_image` (a batch fastdata's only where each file is a JPEG of 3 components; its transform
 lowered on the tensor), through its transform, with the label its code names (through a
 target_transform where the code applies one after the transform, as the PyTorch tutorial's
-CustomImageDataset does).
+CustomImageDataset does), or with a label its code derives from the name or the path
+(`_pathlabels`: read as a list's, computed by its own statements).
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_fileshapes.shapes_of` gives, instruction for instruction in the running
@@ -45,7 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._fileshapes import COLUMNS, Shape, pick, shapes_of
+from ._fileshapes import COLUMNS, MADE, Shape, pick, shapes_of
+from ._pathlabels import LABELS, UNREAD, PathLabel, path_label
 from ._pixels import named
 from ._views import read_shape
 
@@ -70,8 +72,10 @@ class FileList:
     each file must open for fastdata to give its image: None where the code converts it to RGB;
     "rgb", in mode RGB (opened as it is); "jpeg", as a JPEG of 3 components (read by torchvision.io)."""
 
-    def __init__(self, shape: type, values: dict, why: str) -> None:
+    def __init__(self, shape: type, values: dict, why: str, derived: PathLabel | None = None,
+                 elements: Any = None) -> None:
         self.shape, self.values, self.why = shape, values, why
+        self.derived, self.elements = derived, elements  # (a label derived from the path: `_pathlabels`)
         self.transform, self.target_transform = values["transform"], values.get("target_transform")
         self.must_open = _MUST.get(shape.opens)
 
@@ -89,7 +93,10 @@ class FileList:
             if not isinstance(path, str):
                 raise TypeError(f"a path of type {type(path).__name__}")
             paths.append(str(path))
-        return paths, [label for _, label in picked]
+        if self.derived is None:
+            return paths, [label for _, label in picked]
+        sources = [path for path, _ in picked] if self.elements is None else [self.elements[i] for i in indices]
+        return paths, self.derived.labels(sources)
 
 
 def file_list(dataset: Any) -> FileList | None:
@@ -105,14 +112,20 @@ def file_list(dataset: Any) -> FileList | None:
     pets = sys.modules.get("torchvision.datasets.oxford_iiit_pet")
     if pets is not None and isinstance(dataset, pets.OxfordIIITPet):
         return _pets(dataset, pets, code)
-    shapes = shapes_of(code, cls.__getitem__.__doc__ is not None)
-    read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
-    if read is None:
-        return None
+    doc = cls.__getitem__.__doc__ is not None
+    shapes, derived = shapes_of(code, doc), None
+    if not shapes:  # (a label its code derives from the path: read as a list's, computed by its own statements)
+        scope = getattr(cls.__getitem__, "__globals__", {})
+        derived = path_label(code, tuple(n for n in code.co_names if isinstance(scope.get(n), types.ModuleType)))
+        shapes = shapes_of(derived.code, doc) if derived is not None else ()
+    read = read_shape(dataset, "__getitem__", shapes, _FIXED, derived and derived.code,
+                      derived and {LABELS: UNREAD}) if shapes else None
+    if read is None or (derived is not None and (MADE & set(derived.code.co_names) or "labels" not in read[1])):
+        return None  # (a derived label returned as its statements give it, by a shape of a list of labels)
     shape, got, func = read
     scope, names = func.__globals__, func.__code__.co_names
     if ("os" in names and scope.get("os") is not os) or ("torch" in names and scope.get("torch") is not torch) or \
-            any(scope.get(n, func.__builtins__.get(n)) is not getattr(builtins, n) for n in ("int", "open")
+            any(scope.get(n, func.__builtins__.get(n)) is not getattr(builtins, n) for n in ("int", "len", "open")
                 if n in names):  # ("open" the builtin where a with statement opens the file)
         return None
     if shape.opens.startswith("read"):
@@ -126,7 +139,13 @@ def file_list(dataset: Any) -> FileList | None:
         if not _pillows_image(scope.get("Image") if pil is None else getattr(pil, "Image", None)) or \
                 (pil is not None and pil is not sys.modules.get("PIL")):
             return None
-    return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+    if derived is None:
+        return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
+    elements = vars(dataset).get(derived.attribute) if derived.source == "element" else None
+    if derived.source == "element" and got.get("paths") is not elements:
+        return None  # (the str the label is derived from is the list's own)
+    why = _refused(type(dataset).__name__, shape, {k: v for k, v in got.items() if k != "labels"})
+    return FileList(shape, got, why, derived, elements)
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:

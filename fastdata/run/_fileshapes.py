@@ -62,7 +62,7 @@ _LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dty
            "int64": "torch.tensor({}, dtype=torch.int64)", "int": "int({})", "int_tensor": "torch.tensor(int({}))"}
 _NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"},
           "int64": {"torch", "tensor", "int64"}, "int": {"int"}, "int_tensor": {"torch", "tensor", "int"}}
-_MADE = {"tensor", "long", "int64", "int"}  # (the names that tell the families apart)
+MADE = {"tensor", "long", "int64", "int"}  # (the names that tell the families apart)
 # What may come first (`_written`'s `leads`): a docstring (its text the script's), and the PyTorch
 # tutorial's line that makes a tensor index a list
 _LEADS = {"doc": '"""\\0doc"""', "index": "if torch.is_tensor(i):\n    i = i.tolist()"}
@@ -201,8 +201,8 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
         ("os_text", "text_os") if "\0+" in names else ("os",)
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
-    made = names & _MADE
-    family = next((f for f, needs in _NEEDS.items() if needs & _MADE == made), None)
+    made = names & MADE
+    family = next((f for f, needs in _NEEDS.items() if needs & MADE == made), None)
     if family is None:
         return ()
     tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in

@@ -87,13 +87,16 @@ def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:
     return True
 
 
-def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = ()) -> tuple[type, dict, Any] | None:
+def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = (), code: types.CodeType | None = None,
+               extra: dict | None = None) -> tuple[type, dict, Any] | None:
     """(the one of `shapes` whose `method` the class of `obj` has, instruction for instruction,
     the values of its attributes in `obj` keyed by the shape's names for them, and its free
     constants (`same_shape`) keyed by the shape's, the method); None
     where none is, or where the method has defaults or a closure, the class its own attribute
     lookup, or an attribute is not plainly in the instance (a property, a class attribute).
-    `builtin`: names the method reads that must be themselves (a builtin, a method of a local)."""
+    `builtin`: names the method reads that must be themselves (a builtin, a method of a local);
+    `code`: the code to read in place of the method's (one made from it), `extra` the attributes
+    that code reads beside the instance's."""
     cls = type(obj)
     func = getattr(cls, method, None)
     if type(func) is not types.FunctionType or func.__defaults__ or func.__kwdefaults__ or func.__closure__:
@@ -103,9 +106,10 @@ def read_shape(obj: Any, method: str, shapes: tuple, builtin: tuple = ()) -> tup
     own = getattr(obj, "__dict__", None)
     if type(own) is not dict:
         return None
+    own = {**own, **extra} if extra else own
     for shape in shapes:
         names: dict[str, str] = {}
-        if not same_shape(func.__code__, getattr(shape, method).__code__, names):
+        if not same_shape(code or func.__code__, getattr(shape, method).__code__, names):
             continue
         attrs = {ref: mine for ref, mine in names.items() if ref not in builtin and not ref.startswith("\0")}
         if any(names.get(b, b) != b for b in builtin) or len(set(attrs.values())) != len(attrs):

@@ -1,7 +1,7 @@
 """A training script whose images are listed in a CSV file, read by its own Dataset class as
 such scripts write it; run plain or under `fastdata run` by tests/tools/test_run_filelist.py.
 
-    python train_csv.py DATA OUT.json [--accelerate]
+    python train_csv.py DATA OUT.json [--accelerate | --derived]
 
 It lists DATA's JPEGs (an ImageFolder's layout, class c in the folder class{c}) in a CSV file
 of (path, label) rows, reads them back with the csv module and trains two epochs on them with
@@ -9,11 +9,14 @@ the ImageNet example's transform. Each image of class c has its blue channel at 
 the script reads each sample's class back from its pixels and counts the samples whose label
 disagrees. OUT gets the sample count, that count and the batches' layout. With --accelerate it
 trains on the loader Hugging Face Accelerate's `prepare` gives for it (on the CPU), as scripts
-written for Accelerate do.
+written for Accelerate do. With --derived it lists no labels: its Dataset (`ByName`) globs the
+files and derives each label from the path, as scripts for Kaggle's dogs and cats do.
 """
 
 import csv
+import glob
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,13 +47,32 @@ class ImageCsv(Dataset):
         return image, label
 
 
+class ByName(Dataset):
+    def __init__(self, root, transform=None):
+        self.files = sorted(glob.glob(os.path.join(root, "*", "*.jpg")))
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, idx):
+        path = self.files[idx]
+        image = Image.open(path).convert("RGB")
+        label = os.path.basename(os.path.dirname(path))
+        label = int(label[len("class"):]) if label.startswith("class") else -1
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
 def main():
     data, out = Path(sys.argv[1]), sys.argv[2]
     with open("images.csv", "w", newline="") as f:
         csv.writer(f).writerows([str(p), p.parent.name[len("class"):]] for p in sorted(data.rglob("*.jpg")))
     transform = T.Compose([T.RandomResizedCrop(64, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
                            T.Normalize(MEAN, STD)])
-    loader = DataLoader(ImageCsv("images.csv", transform), batch_size=16, shuffle=True, num_workers=2)
+    dataset = ByName(data, transform) if "--derived" in sys.argv else ImageCsv("images.csv", transform)
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2)
     if "--accelerate" in sys.argv:
         from accelerate import Accelerator
 

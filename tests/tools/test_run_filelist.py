@@ -384,6 +384,46 @@ class Stems(Frame):  # the frame's names without their extension, made paths in 
         return image, label
 
 
+class Derived(Rooted):  # the label derived from the name the list gives (Kaggle's dogs and cats keep theirs so)
+    def __getitem__(self, index):
+        img_name = self.names[index]
+        img_path = os.path.join(self.root, img_name)
+        label = int(img_name.split("/")[0].lower()[len("class"):])
+        image = Image.open(img_path).convert("RGB")
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
+class Chained(Rooted):  # derived from the path it opens, by an if chain
+    def __getitem__(self, index):
+        img_path = os.path.join(self.root, self.names[index])
+        img = Image.open(img_path).convert("RGB")
+        label = os.path.basename(os.path.dirname(img_path))
+        if label == "class0":
+            label = 0
+        elif label == "class1" or label.endswith("1"):
+            label = 1
+        else:
+            label = 2 if "class2" in label else 3
+        if self.tf is not None:
+            img = self.tf(img)
+        return img, label
+
+
+CLASSES = {f"class{c}": c for c in range(4)}
+
+
+class Looked(Derived):  # derived through a global of the script's, which fastdata does not read
+    def __getitem__(self, index):
+        img_name = self.names[index]
+        label = CLASSES[img_name.split("/")[0]]
+        image = Image.open(os.path.join(self.root, img_name)).convert("RGB")
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
 class More(Files):  # its own arithmetic on the label
     def __getitem__(self, idx):
         image = Image.open(self.image_paths[idx]).convert("RGB")
@@ -480,7 +520,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     added to the name or to the joined path, in the open or not), pathlib's `/` or an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
     (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
     written in); the label before or after the image or the transform, as it is, mapped by a dict
-    of class names (or a tuple) or made a tensor (of int64) or an int; `if self.transform:`, `is
+    of class names (or a tuple) or made a tensor (of int64) or an int, or derived from the name
+    or the path by its own statements; `if self.transform:`, `is
     not None`, always, inline; a docstring first, the tutorial's line for a tensor index; any
     names), is served natively: the batches torchvision's own, bit for bit, the labels its
     code's, a transform swapped between passes followed."""
@@ -507,7 +548,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Texted(str(folder), names, labels, cropped),
                     Suffixed(folder, [os.path.splitext(name)[0] for name in names], labels, sized),
                     Extended(str(folder), [os.path.splitext(name)[0] for name in names], labels, cropped),
-                    Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized)):
+                    Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized),
+                    Derived(str(folder), names, None, cropped), Chained(str(folder), names, None, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -670,7 +712,7 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
-    is not Pillow's) is a dataset fastdata cannot see into, which the summary says opens its
+    is not Pillow's, a label derived through a global of the script's) is a dataset fastdata cannot see into, which the summary says opens its
     images but is not read as a file list; one it reads but cannot serve (paths
     in a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform
     whose truth is its own code, a join of one that opens PIL images and one that reads tensors
@@ -681,8 +723,9 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
 
     paths, labels = _listing(folder)
     sized, _ = _transforms()
+    names = [os.path.relpath(p, folder) for p in paths]
     for dataset in (More(paths, labels, sized), Grey(paths, labels, sized), Batched(paths, labels, sized),
-                    Property(paths, labels)):
+                    Property(paths, labels), Looked(str(folder), names, None, sized)):
         why = f"{type(dataset).__name__}'s __getitem__ opens its images (Image.open), but not as a file list"
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
@@ -711,6 +754,63 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
         assert why in _collation({"dataset": dataset})[0]
+
+
+DERIVED = """
+import os
+from PIL import Image
+
+class Derived:
+    def __init__(self, names, transform):
+        self.names, self.transform = names, transform
+
+    def __getitem__(self, idx):
+        name = self.names[idx]
+        label = {label}
+        image = Image.open(name).convert("RGB")
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_scripts(tmp_path):
+    """A label derived from the name is read where its statements do only str operations,
+    indexing by constants, comparisons, conditionals, `int`, `len` and `os.path`'s functions on the name
+    (`_pathlabels._pure`), computing what the script's code computes; not where they call
+    anything else (the name's `os` itself, a builtin, a method that is no str's), read a second
+    local or a global, or where the class's code is not what its source file says (edited since)."""
+    import linecache
+
+    from fastdata.run._pathlabels import path_label
+
+    def read(label: str, source: str | None = None):
+        text = DERIVED.replace("{label}", label)
+        filename = str(tmp_path / f"script{abs(hash((label, source)))}.py")
+        Path(filename).write_text(text if source is None else DERIVED.replace("{label}", source))
+        linecache.checkcache(filename)
+        scope: dict = {}
+        exec(compile(text, filename, "exec"), scope)
+        code = scope["Derived"].__getitem__.__code__
+        return path_label(code, ("os", "Image"))
+
+    for label, name, want in (('1 if "dog" in name else 0', "a/dog.1.jpg", 1),
+                              ('0 if name.lower().startswith("cat") else 1', "Cat.2.jpg", 0),
+                              ('int(os.path.splitext(os.path.basename(name))[0].split("_")[-1])', "x/a_17.png", 17),
+                              ('name.split("/")[-1].split(".")[0] == "dog"', "p/dog.3.jpg", True),
+                              ('name.rpartition("/")[0][-3:] not in ("cat", "cow")', "p/cat/4.jpg", False)):
+        derived = read(label)
+        assert derived is not None and derived.source == "element", label
+        assert derived.labels([name]) == [eval(label, {"os": os}, {"name": name})] == [want], label
+    for label in ('os.replace(name, "x")', "hash(name) % 2", "sum(name)", "len", "name.format(1)", 'name + "x"',
+                  "CLASSES[name]", "self.names.index(name)", "idx % 2", "name.encode()[0]",
+                  "[c for c in name][0]", 'getattr(name, "lower")()', "name[idx]"):
+        assert read(label) is None, label
+    # (a code equal to one read before is read from the cache: this one is the first of its constants)
+    assert read('2 if "dog" in name else 0', source='2 if "cat" in name else 0') is None
+    with pytest.raises(TypeError, match="a label's source of type Text"):
+        read('1 if "dog" in name else 0').labels([type("Text", (str,), {})("dog")])
 
 
 @pytest.mark.timeout(120)
@@ -796,20 +896,22 @@ def test_a_file_it_cannot_read_makes_the_batch_the_scripts_own_fetch(tv, folder,
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("prepared", [False, True])
-def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, prepared):
+@pytest.mark.parametrize("form", ["csv", "prepared", "derived"])
+def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, form):
     """tests/run_scripts/train_csv.py, a script that lists its images in a CSV file and reads
     them with its own Dataset, unchanged under `fastdata run`: served natively (the summary says
     so), every label its image's, the batches laid out as the plain script's; so too where it
     trains on the loader Hugging Face Accelerate's `prepare` makes from its own (the loader
-    Accelerate makes within its own is served)."""
+    Accelerate makes within its own is served), and where its Dataset derives each label from
+    the path (its workers read the script's source too)."""
+    prepared = form == "prepared"
     if prepared:
         pytest.importorskip("accelerate")
     runs = {}
     for plain in (True, False):
         out = tmp_path / f"out{plain}.json"
         command = [sys.executable, str(SCRIPTS / "train_csv.py"), str(folder), str(out),
-                   *(["--accelerate"] if prepared else [])]
+                   *({"prepared": ["--accelerate"], "derived": ["--derived"]}.get(form, []))]
         if not plain:
             command = [sys.executable, "-m", "fastdata", "run", "--", *command]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
@@ -817,7 +919,8 @@ def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, prepar
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[plain] = json.loads(out.read_text()), proc.stderr
     (plain, _), (got, err) = runs[True], runs[False]
-    assert "served natively: ImageCsv with RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize" in err, err
+    name = "ByName" if form == "derived" else "ImageCsv"
+    assert f"served natively: {name} with RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize" in err, err
     if prepared:  # (the script's loader, and the one Accelerate makes from it, made where the script calls prepare)
         assert "2 DataLoader(s): 2 served by fastdata (2 natively), 0 torch's own" in err, err
     assert got["wrong"] == plain["wrong"] == 0 and got["seen"] == plain["seen"] == 2 * 48
