@@ -73,9 +73,10 @@ class FileList:
     "rgb", in mode RGB (opened as it is); "jpeg", as a JPEG of 3 components (read by torchvision.io)."""
 
     def __init__(self, shape: type, values: dict, why: str, derived: PathLabel | None = None,
-                 elements: Any = None) -> None:
+                 own: dict | None = None) -> None:
         self.shape, self.values, self.why = shape, values, why
-        self.derived, self.elements = derived, elements  # (a label derived from the path: `_pathlabels`)
+        # (a label derived from the path: `_pathlabels`; `own`, the attributes its statements read)
+        self.derived, self.own = derived, own
         self.transform, self.target_transform = values["transform"], values.get("target_transform")
         self.must_open = _MUST.get(shape.opens)
 
@@ -95,8 +96,9 @@ class FileList:
             paths.append(str(path))
         if self.derived is None:
             return paths, [label for _, label in picked]
-        sources = [path for path, _ in picked] if self.elements is None else [self.elements[i] for i in indices]
-        return paths, self.derived.labels(sources)
+        sources = [path for path, _ in picked] if self.derived.source == "path" else \
+            [self.own[self.derived.attribute][i] for i in indices]
+        return paths, self.derived.labels(sources, self.own)
 
 
 def file_list(dataset: Any) -> FileList | None:
@@ -141,11 +143,12 @@ def file_list(dataset: Any) -> FileList | None:
             return None
     if derived is None:
         return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
-    elements = vars(dataset).get(derived.attribute) if derived.source == "element" else None
-    if derived.source == "element" and got.get("paths") is not elements:
-        return None  # (the str the label is derived from is the list's own)
-    why = _refused(type(dataset).__name__, shape, {k: v for k, v in got.items() if k != "labels"})
-    return FileList(shape, got, why, derived, elements)
+    own, name = vars(dataset), type(dataset).__name__
+    if (derived.source == "element" and got.get("paths") is not own.get(derived.attribute)) or \
+            any(t not in own or any(t in vars(c) for c in cls.__mro__) for t in derived.tables):
+        return None  # (the str the label is derived from the list's own; its tables plainly in the instance)
+    why = _refused(name, shape, {k: v for k, v in got.items() if k != "labels"}) or derived.refused(name, own)
+    return FileList(shape, got, why, derived, {k: own[k] for k in (derived.attribute, *derived.tables) if k})
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:

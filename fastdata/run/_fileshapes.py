@@ -5,7 +5,8 @@ The shapes (each opens the image at a path as `_OPENS` does, then transforms it)
 `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`, `r["path"]` of
 `r = self.frame.iloc[i]`), joined to a root with `os.path.join` (an extension added to the name or
 the joined path, or not), pathlib's `/` or an f-string (`f"{self.root}/{name}.jpg"`, its text free)
-or not, bound to a local first or not (the image's own or another; or its name bound, then joined);
+or not, bound to a local first or not (the image's own or another; or its name bound, then joined, the path
+bound or not);
 the label from a list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`,
 ...), or a mapping's for it (`self.mapping[self.labels[i]]`), as it is or made a tensor or an int
 where it is bound or in the return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`,
@@ -73,14 +74,16 @@ _OPENS = {"convert": 'x = Image.open({}).convert("RGB")', "convert_after": 'x = 
           "pil": 'x = PIL.Image.open({}).convert("RGB")', "loader": "x = self.loader({})",
           "plain": "x = Image.open({})", "read": "x = read_image({})",
           "read_rgb": "x = read_image({}, ImageReadMode.RGB)"}
-# (torchvision's pil_loader written in: the file opened by Python, then by Pillow within it)
+# (torchvision's pil_loader written in: the file opened by Python, then by Pillow within it; or Pillow's
+# image as a context, converted within it)
 _OPENS.update({k: 'with open({}, "rb") as f:\n    ' + v for k, v in (
     ("with", 'x = Image.open(f).convert("RGB")'), ("with_after", 'x = Image.open(f)\n    x = x.convert("RGB")'),
     ("with_two", 'g = Image.open(f)\n    x = g.convert("RGB")'))})
+_OPENS["with_image"] = 'with Image.open({}) as g:\n    x = g.convert("RGB")'
 # Which of them a class may open by, from the names its code reads and what it does (`_features`: the
 # first that it has all of)
 _CHOICES = (({"ImageReadMode"}, ("read_rgb",)), ({"read_image"}, ("read",)), ({"PIL", "convert"}, ("pil",)),
-            ({"convert", "\0with"}, ("with", "with_after", "with_two")), ({"convert"}, ("convert", "convert_after")),
+            ({"convert", "\0with"}, ("with", "with_after", "with_two", "with_image")), ({"convert"}, ("convert", "convert_after")),
             ({"Image", "open"}, ("plain",)), ({"loader"}, ("loader",)))
 # The shapes' free constants (`_views.same_shape` reads a "\0" str as the script's): a frame's
 # columns' names, and the text an f-string puts before and after a path's name (`_TEXTS`)
@@ -161,12 +164,14 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
             before, label = (*lead, *before), f"self.mapping[{label}]" if mapped else label
             joined = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
-            # root, in the open, bound first (to the image's own name or another), or its name bound, then joined;
+            # root, in the open, bound first (to the image's own name or another), or its name bound, then joined
+            # (and bound, or in the open);
             # or joined and bound, the extension added in the open)
             suffixed = [([f"p = {_JOINS['os'].format(path)}"], 'p + f"{S}"')] if join == "text_os" else []
             for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x"), ([], joined),
                                    ([f"p = {joined}"], "p"), ([f"x = {joined}"], "x"),
-                                   ([f"n = {path}", f"p = {join_('n')}"], "p"), *suffixed):
+                                   ([f"n = {path}", f"p = {join_('n')}"], "p"), ([f"n = {path}"], join_("n")),
+                                   *suffixed):
                 opened = open_(path_at)
                 head = [*before, *binds, opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):

@@ -13,8 +13,10 @@ which must compile to the very code the class runs (`_same`). The label's statem
 consecutive, each binding the label only, from the label itself, one other local (the name as
 the list gives it, `q = self.names[idx]`, or the path the code opens) and constants, by what
 `_pure` allows alone: str methods, indexing and slicing, comparisons, `in`, conditional
-expressions, `int`, `len` and `os.path`'s functions of a str. Those run nothing of the script's
-and finish in time bounded by the path's length. The function is then read with those
+expressions, `int`, `len` and `os.path`'s functions of a str, and lookups in a dict, list or tuple
+of strs and ints of the instance's (`self.class_to_idx[name.split("_")[0]]`, `self.classes.index(
+...)`: `PathLabel.refused`). Those run nothing of the script's and finish in time bounded by the
+path's length and the table's. The function is then read with those
 statements as one, `label = self.<LABELS>[idx]` (`PathLabel.code`), by the shapes of a file list
 with a list of labels (`_fileshapes`), and fastdata computes each label by the script's own
 statements (`PathLabel.labels`) from the same str, which must be a str.
@@ -53,20 +55,32 @@ UNREAD = _Unread()
 
 class PathLabel:
     """A `__getitem__` whose label its code derives from a str: `code`, its code with the label's
-    statements made `label = self.<LABELS>[idx]`; `label_of(str)`, the label they give; `source`,
-    which str: "element", the list's own (`q = self.<attribute>[idx]`), or "path", the one the code
-    opens."""
+    statements made `label = self.<LABELS>[idx]`; `label_of(str, tables)`, the label they give;
+    `source`, which str: "element", the list's own (`q = self.<attribute>[idx]`), or "path", the
+    one the code opens; `tables`, the attributes of the instance it looks labels up in."""
 
-    def __init__(self, code: types.CodeType, label_of: Callable, source: str, attribute: str) -> None:
-        self.code, self.label_of, self.source, self.attribute = code, label_of, source, attribute
+    def __init__(self, code: types.CodeType, label_of: Callable, source: str, attribute: str, tables: tuple) -> None:
+        self.code, self.label_of, self.source, self.attribute, self.tables = code, label_of, source, attribute, tables
 
-    def labels(self, sources: list) -> list:
-        """The labels of `sources` (the strs the script's statements read); TypeError for any that
-        is not a str, whose methods could be the script's own code."""
+    def refused(self, name: str, own: dict) -> str:
+        """Why a dataset named `name`, its attributes `own`, is not served natively: its tables must
+        be dicts, lists or tuples of strs and ints, whose lookup runs no code of the script's."""
+        for table in self.tables:
+            value = own[table]
+            keys = value if type(value) in (list, tuple, dict) else None
+            if keys is None or not all(type(k) in (str, int) for k in keys):
+                return f"{name} derives its labels through its {table}, a {type(value).__name__}" + \
+                    ("" if keys is None else " of other keys") + ", whose lookup fastdata does not read"
+        return ""
+
+    def labels(self, sources: list, own: dict) -> list:
+        """The labels of `sources` (the strs the script's statements read), its tables those of
+        `own`; TypeError for a source that is not a str, whose methods could be the script's code."""
         for s in sources:
             if type(s) is not str and type(s) is not np.str_:
                 raise TypeError(f"a label's source of type {type(s).__name__}")
-        return [self.label_of(s) for s in sources]
+        view = types.SimpleNamespace(**{t: own[t] for t in self.tables})
+        return [self.label_of(s, view) for s in sources]
 
 
 @functools.lru_cache(maxsize=256)
@@ -96,10 +110,10 @@ def path_label(code: types.CodeType, imported: tuple) -> PathLabel | None:
     if not at or at != list(range(at[0], at[-1] + 1)):
         return None
     statements = body[at[0]:at[-1] + 1]
-    read = {n for s in statements for n in _read(s, label)}
-    if None in read or len(read - {label, *_CALLED}) != 1:
+    read = {n for s in statements for n in _read(s, label, self_)}
+    if None in read or len(read - {label, self_, *_CALLED}) != 1:
         return None
-    (q,) = read - {label, *_CALLED}
+    (q,) = read - {label, self_, *_CALLED}
     if q in (self_, index):
         return None
     binds = [s for s in ast.walk(func) if isinstance(s, ast.Name) and s.id == q and isinstance(s.ctx, ast.Store)]
@@ -121,13 +135,14 @@ def path_label(code: types.CodeType, imported: tuple) -> PathLabel | None:
                                           ast.Name(index, ast.Load()), ast.Load()))
     rewritten = _compiled(ast.FunctionDef(func.name, func.args, body[:at[0]] + [made] + body[at[-1] + 1:], [],
                                           None, None, **_type_params()), imported)
-    of = ast.FunctionDef("label_of", ast.arguments([], [ast.arg(q)], None, [], [], None, []),
+    tables = tuple(sorted({t for s in statements for n in ast.walk(s) for t in [_table(n, self_)] if t is not None}))
+    of = ast.FunctionDef("label_of", ast.arguments([], [ast.arg(q), ast.arg(self_)], None, [], [], None, []),
                          statements + [ast.Return(ast.Name(label, ast.Load()))], [], None, None, **_type_params())
     scope = {"os": os, "int": int, "len": len, "__builtins__": {}}
     code_of = _compiled(of, ())
     if rewritten is None or code_of is None:
         return None
-    return PathLabel(rewritten, types.FunctionType(code_of, scope), source, attribute)
+    return PathLabel(rewritten, types.FunctionType(code_of, scope), source, attribute, tables)
 
 
 def _type_params() -> dict:
@@ -173,15 +188,15 @@ def _stored(statement: ast.stmt) -> set[str]:
     return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
 
 
-def _read(statement: ast.stmt, label: str) -> set:
+def _read(statement: ast.stmt, label: str, self_: str) -> set:
     """The names a label statement reads (None among them where it is not one: it binds another
     name, or does more than `_pure` allows)."""
     if isinstance(statement, ast.Assign):
         ok = len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name) and \
-            statement.targets[0].id == label and _pure(statement.value)
+            statement.targets[0].id == label and _pure(statement.value, self_)
         return _loaded(statement.value) if ok else {None}
-    if isinstance(statement, ast.If) and _pure(statement.test):
-        inner = [_read(s, label) for s in statement.body + statement.orelse]
+    if isinstance(statement, ast.If) and _pure(statement.test, self_):
+        inner = [_read(s, label, self_) for s in statement.body + statement.orelse]
         return set().union(_loaded(statement.test), *inner)
     return {None}
 
@@ -190,36 +205,45 @@ def _loaded(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _pure(node: ast.AST) -> bool:
-    """Whether the expression `node` does only what a label statement may (see the module)."""
+def _table(node: ast.AST, self_: str) -> str | None:
+    """The attribute's name where `node` is `self.<attribute>` (a table a label is looked up in)."""
+    return node.attr if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+        node.value.id == self_ else None
+
+
+def _pure(node: ast.AST, self_: str) -> bool:
+    """Whether the expression `node` does only what a label statement may (see the module); `self_`:
+    the name of the instance, whose attributes it may only look a label up in (`self.classes[name]`,
+    `self.classes.index(name)`)."""
     if isinstance(node, ast.Constant):
         return type(node.value) in (str, int, bool, float, type(None))
-    if isinstance(node, ast.Name):  # (`_CALLED` only where they are called as below)
-        return isinstance(node.ctx, ast.Load) and node.id not in _CALLED
+    if isinstance(node, ast.Name):  # (`_CALLED` only where they are called, the instance's tables as below)
+        return isinstance(node.ctx, ast.Load) and node.id not in _CALLED and node.id != self_
     if isinstance(node, (ast.Tuple, ast.List)):
-        return all(_pure(e) for e in node.elts)
+        return all(_pure(e, self_) for e in node.elts)
     if isinstance(node, ast.Compare):
-        return all(isinstance(op, _COMPARED) for op in node.ops) and _pure(node.left) and \
-            all(_pure(c) for c in node.comparators)
+        return all(isinstance(op, _COMPARED) for op in node.ops) and _pure(node.left, self_) and \
+            all(_pure(c, self_) for c in node.comparators)
     if isinstance(node, ast.IfExp):
-        return _pure(node.test) and _pure(node.body) and _pure(node.orelse)
+        return _pure(node.test, self_) and _pure(node.body, self_) and _pure(node.orelse, self_)
     if isinstance(node, ast.BoolOp):
-        return all(_pure(v) for v in node.values)
+        return all(_pure(v, self_) for v in node.values)
     if isinstance(node, ast.UnaryOp):
-        return isinstance(node.op, (ast.Not, ast.USub)) and _pure(node.operand)
+        return isinstance(node.op, (ast.Not, ast.USub)) and _pure(node.operand, self_)
     if isinstance(node, ast.Subscript):
-        return _pure(node.value) and _pure(node.slice)
+        return (_table(node.value, self_) is not None or _pure(node.value, self_)) and _pure(node.slice, self_)
     if isinstance(node, ast.Slice):
-        return all(p is None or _pure(p) for p in (node.lower, node.upper, node.step))
+        return all(p is None or _pure(p, self_) for p in (node.lower, node.upper, node.step))
     if isinstance(node, ast.Call):
         f, args = node.func, node.args + [k.value for k in node.keywords]
-        if not all(_pure(a) for a in args) or any(isinstance(a, ast.Starred) for a in node.args) or \
-                any(k.arg is None for k in node.keywords):
+        if not all(_pure(a, self_) for a in args) or any(k.arg is None for k in node.keywords):
             return False
         if isinstance(f, ast.Name):
             return f.id in ("int", "len") and len(node.args) == 1 and not node.keywords
         if isinstance(f, ast.Attribute) and f.attr in _OS_PATH and isinstance(f.value, ast.Attribute) and \
                 f.value.attr == "path" and isinstance(f.value.value, ast.Name) and f.value.value.id == "os":
             return len(node.args) == 1 and not node.keywords
-        return isinstance(f, ast.Attribute) and f.attr in _STR_METHODS and _pure(f.value)
+        if isinstance(f, ast.Attribute) and f.attr == "index" and _table(f.value, self_) is not None:
+            return len(node.args) == 1 and not node.keywords
+        return isinstance(f, ast.Attribute) and f.attr in _STR_METHODS and _pure(f.value, self_)
     return False

@@ -411,6 +411,38 @@ class Chained(Rooted):  # derived from the path it opens, by an if chain
         return img, label
 
 
+class Tabled(Rooted):  # its folder's name looked up in a dict of the instance's, Pillow's image a context
+    def __getitem__(self, index):
+        img_path = os.path.join(self.root, self.names[index])
+        with Image.open(img_path) as img:
+            image = img.convert("RGB")
+        label = self.targets[img_path.split("/")[-2]]
+        if self.tf is not None:
+            image = self.tf(image)
+        return image, label
+
+
+class Indexed(Rooted):  # its class's place in a list of the instance's
+    def __getitem__(self, index):
+        img_name = self.names[index]
+        label = self.targets.index(img_name.split("/")[0])
+        image = Image.open(os.path.join(self.root, img_name)).convert("RGB")
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
+class Contexted(Files):  # Pillow's image opened as a context, converted within it
+    def __getitem__(self, idx):
+        img_path = self.image_paths[idx]
+        with Image.open(img_path) as img:
+            image = img.convert("RGB")
+        if self.transform is not None:
+            image = self.transform(image)
+        label = self.labels[idx]
+        return image, label
+
+
 CLASSES = {f"class{c}": c for c in range(4)}
 
 
@@ -462,6 +494,10 @@ class Split(Dataset):  # a split's part given its transform, as scripts write it
 
 
 # A script whose `Image` is its own, not Pillow's module (bound after the import)
+class Text(str):  # a str of the script's own, whose comparisons could be its code
+    pass
+
+
 OWN_IMAGE = """
 import types
 from PIL import Image
@@ -519,9 +555,9 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     it is; paths and labels in lists, names joined to a root with os.path.join (an extension
     added to the name or to the joined path, in the open or not), pathlib's `/` or an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
     (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
-    written in); the label before or after the image or the transform, as it is, mapped by a dict
+    written in, or Pillow's image opened as a context); the label before or after the image or the transform, as it is, mapped by a dict
     of class names (or a tuple) or made a tensor (of int64) or an int, or derived from the name
-    or the path by its own statements; `if self.transform:`, `is
+    or the path by its own statements (through a dict or a list of its own or not); `if self.transform:`, `is
     not None`, always, inline; a docstring first, the tutorial's line for a tensor index; any
     names), is served natively: the batches torchvision's own, bit for bit, the labels its
     code's, a transform swapped between passes followed."""
@@ -549,7 +585,9 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Suffixed(folder, [os.path.splitext(name)[0] for name in names], labels, sized),
                     Extended(str(folder), [os.path.splitext(name)[0] for name in names], labels, cropped),
                     Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized),
-                    Derived(str(folder), names, None, cropped), Chained(str(folder), names, None, sized)):
+                    Derived(str(folder), names, None, cropped), Chained(str(folder), names, None, sized),
+                    Tabled(str(folder), names, classes, cropped), Indexed(str(folder), names, sorted(classes), sized),
+                    Contexted(paths, labels, cropped)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -715,9 +753,10 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     is not Pillow's, a label derived through a global of the script's) is a dataset fastdata cannot see into, which the summary says opens its
     images but is not read as a file list; one it reads but cannot serve (paths
     in a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform
-    whose truth is its own code, a join of one that opens PIL images and one that reads tensors
+    whose truth is its own code, a label derived through a dict subclass or a list of str
+    subclasses, whose lookup may run the script's code, a join of one that opens PIL images and one that reads tensors
     through one transform) says why."""
-    from collections import UserDict
+    from collections import OrderedDict, UserDict
 
     from fastdata.run._decide import _collation
 
@@ -750,7 +789,11 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
                          (Mapped(paths, labels, UserDict({y: y for y in labels}), sized),
                           "Mapped maps its labels with a UserDict"),
                          (Late(paths, labels, None), "Late calls its transform, which is None"),
-                         (Files(paths, labels, Sized([T.ToTensor()])), "Files asks its transform's truth")):
+                         (Files(paths, labels, Sized([T.ToTensor()])), "Files asks its transform's truth"),
+                         (Tabled(str(folder), names, OrderedDict(CLASSES), sized),
+                          "Tabled derives its labels through its targets, a OrderedDict, whose lookup"),
+                         (Indexed(str(folder), names, [Text(c) for c in CLASSES], sized),
+                          "Indexed derives its labels through its targets, a list of other keys")):
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
         assert why in _collation({"dataset": dataset})[0]
@@ -778,7 +821,8 @@ class Derived:
 def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_scripts(tmp_path):
     """A label derived from the name is read where its statements do only str operations,
     indexing by constants, comparisons, conditionals, `int`, `len` and `os.path`'s functions on the name
-    (`_pathlabels._pure`), computing what the script's code computes; not where they call
+    (`_pathlabels._pure`), and lookups in the instance's tables, computing what the script's code
+    computes; not where they call
     anything else (the name's `os` itself, a builtin, a method that is no str's), read a second
     local or a global, or where the class's code is not what its source file says (edited since)."""
     import linecache
@@ -802,15 +846,17 @@ def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_sc
                               ('name.rpartition("/")[0][-3:] not in ("cat", "cow")', "p/cat/4.jpg", False)):
         derived = read(label)
         assert derived is not None and derived.source == "element", label
-        assert derived.labels([name]) == [eval(label, {"os": os}, {"name": name})] == [want], label
+        assert derived.labels([name], {}) == [eval(label, {"os": os}, {"name": name})] == [want], label
     for label in ('os.replace(name, "x")', "hash(name) % 2", "sum(name)", "len", "name.format(1)", 'name + "x"',
-                  "CLASSES[name]", "self.names.index(name)", "idx % 2", "name.encode()[0]",
+                  "CLASSES[name]", "self.names.count(name)", "self.transform(name)", "idx % 2", "name.encode()[0]",
                   "[c for c in name][0]", 'getattr(name, "lower")()', "name[idx]"):
         assert read(label) is None, label
+    derived = read('self.names.index(name.split("/")[0])')  # (a list of the instance's, read as it is)
+    assert derived.tables == ("names",) and derived.labels(["dog/1.jpg"], {"names": ["cat", "dog"]}) == [1]
     # (a code equal to one read before is read from the cache: this one is the first of its constants)
     assert read('2 if "dog" in name else 0', source='2 if "cat" in name else 0') is None
     with pytest.raises(TypeError, match="a label's source of type Text"):
-        read('1 if "dog" in name else 0').labels([type("Text", (str,), {})("dog")])
+        read('1 if "dog" in name else 0').labels([type("Text", (str,), {})("dog")], {})
 
 
 @pytest.mark.timeout(120)
