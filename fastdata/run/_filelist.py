@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._fileshapes import COLUMNS, MADE, Shape, pick, shapes_of
+from ._fileshapes import COLUMNS, Shape, pick, shapes_of
 from ._pathlabels import LABELS, UNREAD, PathLabel, path_label
 from ._pixels import named
 from ._views import read_shape
@@ -86,6 +86,12 @@ class FileList:
         # (the attributes where the shape's code reads them: `self.paths` of the namespace)
         view = types.SimpleNamespace(**{k: v for k, v in self.values.items() if not k.startswith("\0")})
         get, columns = pick(self.shape.picked), [self.values.get(v) for v in COLUMNS.values()]
+        if self.derived is not None:  # (the labels its own statements derive, where the shape reads its list's)
+            if self.derived.source == "path":
+                sources = [pick(self.shape.path_only)(view, i, *columns)[0] for i in indices]
+            else:
+                sources = [self.own[self.derived.attribute][i] for i in indices]
+            view.labels = dict(zip(indices, self.derived.labels(sources, self.own)))
         picked = [get(view, i, *columns) for i in indices]
         paths = []
         for path, _ in picked:
@@ -94,11 +100,7 @@ class FileList:
             if not isinstance(path, str):
                 raise TypeError(f"a path of type {type(path).__name__}")
             paths.append(str(path))
-        if self.derived is None:
-            return paths, [label for _, label in picked]
-        sources = [path for path, _ in picked] if self.derived.source == "path" else \
-            [self.own[self.derived.attribute][i] for i in indices]
-        return paths, self.derived.labels(sources, self.own)
+        return paths, [label for _, label in picked]
 
 
 def file_list(dataset: Any) -> FileList | None:
@@ -122,8 +124,8 @@ def file_list(dataset: Any) -> FileList | None:
         shapes = shapes_of(derived.code, doc) if derived is not None else ()
     read = read_shape(dataset, "__getitem__", shapes, _FIXED, derived and derived.code,
                       derived and {LABELS: UNREAD}) if shapes else None
-    if read is None or (derived is not None and (MADE & set(derived.code.co_names) or "labels" not in read[1])):
-        return None  # (a derived label returned as its statements give it, by a shape of a list of labels)
+    if read is None or (derived is not None and "labels" not in read[1]):
+        return None  # (a derived label read as a list's, by a shape of a list of labels)
     shape, got, func = read
     scope, names = func.__globals__, func.__code__.co_names
     if ("os" in names and scope.get("os") is not os) or ("torch" in names and scope.get("torch") is not torch) or \

@@ -63,7 +63,7 @@ _LABELS = {"": "{}", "tensor": "torch.tensor({})", "long": "torch.tensor({}, dty
            "int64": "torch.tensor({}, dtype=torch.int64)", "int": "int({})", "int_tensor": "torch.tensor(int({}))"}
 _NEEDS = {"": set(), "tensor": {"torch", "tensor"}, "long": {"torch", "tensor", "long"},
           "int64": {"torch", "tensor", "int64"}, "int": {"int"}, "int_tensor": {"torch", "tensor", "int"}}
-MADE = {"tensor", "long", "int64", "int"}  # (the names that tell the families apart)
+_MADE = {"tensor", "long", "int64", "int"}  # (the names that tell the families apart)
 # What may come first (`_written`'s `leads`): a docstring (its text the script's), and the PyTorch
 # tutorial's line that makes a tensor index a list
 _LEADS = {"doc": '"""\\0doc"""', "index": "if torch.is_tensor(i):\n    i = i.tolist()"}
@@ -94,7 +94,8 @@ _TEXTS = ("S", "T")
 class Shape:
     """One shape of `__getitem__` (its code in the class's `__getitem__`), with `picked`, the
     same statements but the open and the transform, which `pick` makes a function `(self, i, P,
-    L, S, T)` of, the free constants given: (path, label) of an index; `opens`: how it opens the
+    L, S, T)` of, the free constants given: (path, label) of an index (`path_only`: those but the
+    label's, (path, None)); `opens`: how it opens the
     image (a key of `_OPENS`); `guard`: how its transform is called (of `_GUARDS`); `target`: how
     its target_transform is guarded ("" without one)."""
 
@@ -102,6 +103,7 @@ class Shape:
     opens: str
     target: str
     picked: tuple
+    path_only: tuple
 
 
 def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str, path: str, opens: str,
@@ -112,9 +114,10 @@ def _shape(head: list[str], opened: str, guard: str, tail: list[str], label: str
     image = "self.transform(x)" if guard == "inline" else "x"
     body = head + _GUARDS[guard] + _TARGETS[target] + tail + [f"return {image}, {label}"]
     picked = (*[s for s in head if s is not opened], *tail, f"return {path}, {label}")
+    path_only = (*[s for s in head if s is not opened and not s.startswith("y = ")], f"return {path}, None")
     get = types.FunctionType(_compiled(body, free=True), {})
-    return type("Shape", (Shape,), {"__getitem__": get, "picked": picked, "guard": guard, "opens": opens,
-                                    "target": target})
+    return type("Shape", (Shape,), {"__getitem__": get, "picked": picked, "path_only": path_only, "guard": guard,
+                                    "opens": opens, "target": target})
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,8 +209,8 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
         ("os_text", "text_os") if "\0+" in names else ("os",)
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
-    made = names & MADE
-    family = next((f for f, needs in _NEEDS.items() if needs & MADE == made), None)
+    made = names & _MADE
+    family = next((f for f, needs in _NEEDS.items() if needs & _MADE == made), None)
     if family is None:
         return ()
     tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in

@@ -102,10 +102,14 @@ def path_label(code: types.CodeType, imported: tuple) -> PathLabel | None:
     self_, index = (a.arg for a in func.args.args)
     body = func.body
     last = body[-1]
-    if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple) and len(last.value.elts) == 2 and
-            isinstance(last.value.elts[1], ast.Name)):
+    if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple) and len(last.value.elts) == 2):
         return None
-    label = last.value.elts[1].id
+    # (the label: the local the return's second item reads, as it is or made a tensor or an int there)
+    local = set().union(*(_stored(s) for s in body))
+    returned = {n.id for n in ast.walk(last.value.elts[1]) if isinstance(n, ast.Name)} & local
+    if len(returned) != 1:
+        return None
+    (label,) = returned
     at = [k for k, s in enumerate(body) if label in _stored(s)]
     if not at or at != list(range(at[0], at[-1] + 1)):
         return None

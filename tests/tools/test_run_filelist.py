@@ -411,7 +411,7 @@ class Chained(Rooted):  # derived from the path it opens, by an if chain
         return img, label
 
 
-class Tabled(Rooted):  # its folder's name looked up in a dict of the instance's, Pillow's image a context
+class Tabled(Rooted):  # its folder's name looked up in a dict of the instance's, made a tensor; Pillow's image a context
     def __getitem__(self, index):
         img_path = os.path.join(self.root, self.names[index])
         with Image.open(img_path) as img:
@@ -419,7 +419,7 @@ class Tabled(Rooted):  # its folder's name looked up in a dict of the instance's
         label = self.targets[img_path.split("/")[-2]]
         if self.tf is not None:
             image = self.tf(image)
-        return image, label
+        return image, torch.tensor(label)
 
 
 class Indexed(Rooted):  # its class's place in a list of the instance's
