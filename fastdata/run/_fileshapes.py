@@ -47,10 +47,12 @@ _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
 # How a path is joined to a root (`_written`'s `join`): with os.path.join, or pathlib's `/` (a class whose code divides)
 # (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; or with an extension added:
 # `os.path.join(self.root, name + ".jpg")`, the text an f-string too, which compiles to the str where it is free;
-# the braces doubled twice: `_written` formats the path in, then `_compiled` the free constants)
+# the braces doubled twice: `_written` formats the path in, then `_compiled` the free constants; or added to a root,
+# to a text, or to a root and a text: `self.root + name`, `"./data/" + name`, `self.root + "/" + name`)
 _JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}",
           "text": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}"', "text_after": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}{{T}}"',
-          "os_text": 'os.path.join(self.root, {} + f"{{S}}")', "text_os": 'os.path.join(self.root, {}) + f"{{S}}"'}
+          "os_text": 'os.path.join(self.root, {} + f"{{S}}")', "text_os": 'os.path.join(self.root, {}) + f"{{S}}"',
+          "plus": "self.root + {}", "plus_text": 'f"{{S}}" + {}', "plus_slash": 'self.root + f"{{S}}" + {}'}
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
@@ -168,13 +170,13 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
             joined = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
             # root, in the open, bound first (to the image's own name or another), or its name bound, then joined
-            # (and bound, or in the open);
+            # (and bound, to its own name or another, or in the open);
             # or joined and bound, the extension added in the open)
             suffixed = [([f"p = {_JOINS['os'].format(path)}"], 'p + f"{S}"')] if join == "text_os" else []
             for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x"), ([], joined),
                                    ([f"p = {joined}"], "p"), ([f"x = {joined}"], "x"),
                                    ([f"n = {path}", f"p = {join_('n')}"], "p"), ([f"n = {path}"], join_("n")),
-                                   *suffixed):
+                                   ([f"p = {path}", f"p = {join_('p')}"], "p"), *suffixed):
                 opened = open_(path_at)
                 head = [*before, *binds, opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
@@ -207,6 +209,7 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
     leads = (("doc",) if doc else ()) + (("index",) if "is_tensor" in names else ())
     joins = ("slash",) if "\0/" in names else ("text", "text_after") if "\0f" in names else \
         ("os_text", "text_os") if "\0+" in names else ("os",)
+    joins += ("plus", "plus_text", "plus_slash") if "\0++" in names else ()
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
     made = names & _MADE
@@ -223,15 +226,18 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
 def _features(code: types.CodeType) -> set[str]:
     """The names `code` reads, and marks (each a "\\0" str) of what it does that tells shapes
     apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds a str
-    constant (an extension); "with", it has a with statement; "[][]", it indexes by what it has
+    constant (an extension); "++", it adds (but a number); "with", it has a with statement; "[][]", it indexes by what it has
     just indexed (a mapping's label of a list's: `self.mapping[self.labels[i]]`)."""
-    features, last, text = set(code.co_names), "", False
+    features, last, text, number = set(code.co_names), "", False, False
     for ins in dis.get_instructions(code):
         op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BINARY_ADD": "+", "BEFORE_WITH": "with",
               "SETUP_WITH": "with", "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
         if op in ("/", "f", "with", "[]") or (op == "+" and text):
             features.add("\0" + op)
+        if op == "+" and not number:  # (an add of a number, as to a label, joins no path)
+            features.add("\0++")
         if op == last == "[]":
             features.add("\0[][]")
         last, text = op, ins.opname == "LOAD_CONST" and type(ins.argval) is str
+        number = ins.opname in ("LOAD_CONST", "LOAD_SMALL_INT") and type(ins.argval) in (int, float)
     return features

@@ -432,6 +432,34 @@ class Indexed(Rooted):  # its class's place in a list of the instance's
         return image, label
 
 
+class Added(Rooted):  # names added to a root that ends in "/", the path bound to the name's own local
+    def __getitem__(self, index):
+        img_path = self.names[index]
+        img_path = self.root + img_path
+        image = Image.open(img_path).convert("RGB")
+        label = self.targets[index]
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
+class Prefixed(Rooted):  # a text before each name (here the first "/" of an absolute path), or a root and a "/"
+    def __getitem__(self, index):
+        image = Image.open("/" + self.names[index]).convert("RGB")
+        if self.tf is not None:
+            image = self.tf(image)
+        return image, self.targets[index]
+
+
+class Sep(Rooted):
+    def __getitem__(self, index):
+        path = self.root + "/" + self.names[index]
+        image = Image.open(path).convert("RGB")
+        if self.tf is not None:
+            image = self.tf(image)
+        return image, self.targets[index]
+
+
 class Contexted(Files):  # Pillow's image opened as a context, converted within it
     def __getitem__(self, idx):
         img_path = self.image_paths[idx]
@@ -553,7 +581,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
     it is; paths and labels in lists, names joined to a root with os.path.join (an extension
-    added to the name or to the joined path, in the open or not), pathlib's `/` or an f-string (in the open, bound first, or bound, then joined; bound to the image's own name),
+    added to the name or to the joined path, in the open or not), pathlib's `/`, an f-string or
+    `+` (to a root, a text or both) (in the open, bound first, or bound, then joined; bound to the image's or the name's own local),
     (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
     written in, or Pillow's image opened as a context); the label before or after the image or the transform, as it is, mapped by a dict
     of class names (or a tuple) or made a tensor (of int64) or an int, or derived from the name
@@ -587,7 +616,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Opened(list(zip(paths, labels)), cropped), OpenedMapped(paths, [3 - y for y in labels], (3, 2, 1, 0), sized),
                     Derived(str(folder), names, None, cropped), Chained(str(folder), names, None, sized),
                     Tabled(str(folder), names, classes, cropped), Indexed(str(folder), names, sorted(classes), sized),
-                    Contexted(paths, labels, cropped)):
+                    Contexted(paths, labels, cropped), Added(f"{folder}/", names, labels, sized),
+                    Prefixed(None, [p[1:] for p in paths], labels, cropped), Sep(str(folder), names, labels, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
