@@ -3,7 +3,7 @@
 The shapes (each opens the image at a path as `_OPENS` does, then transforms it): the path
 `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of its column:
 `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`, `r["path"]` of
-`r = self.frame.iloc[i]`), joined to a root with `os.path.join` (an extension added to the name or
+`r = self.frame.iloc[i]`, or its attribute `r.path`), joined to a root with `os.path.join` (an extension added to the name or
 the joined path, or not), pathlib's `/` or an f-string (`f"{self.root}/{name}.jpg"`, its text free)
 or not, bound to a local first or not (the image's own or another; or its name bound, then joined, the path
 bound or not);
@@ -24,6 +24,7 @@ statements but the open and the transforms, which give a sample's path and label
 
 from __future__ import annotations
 
+import ast
 import builtins
 import dis
 import functools
@@ -41,6 +42,9 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
             ((), "self.frame.loc[i, {P}]", "self.frame.loc[i, {L}]"),
             ((), "self.frame[{P}][i]", "self.frame[{L}][i]"),
             (("r = self.frame.iloc[i]",), "r[{P}]", "r[{L}]"))
+# (and a row's columns read as its attributes, `r.path` (a class whose code reads an attribute of a row: `_features`'
+# "."), their names free too)
+_ROWS = (((), "self.frame.iloc[i].{AP}", "self.frame.iloc[i].{AL}"), (("r = self.frame.iloc[i]",), "r.{AP}", "r.{AL}"))
 # A sample's path and label bound together (torchvision's own datasets bind them so), the path opened as it
 # is or joined to a root
 _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
@@ -136,8 +140,10 @@ def _compiled(statements: list[str], free: bool) -> types.CodeType:
     imports `PIL`, Pillow's `Image`, `os`, `torch` and torchvision.io's names (the compiler reads an
     attribute of an imported module as such, not as a method), not run."""
     # (the free constants written as plain marks, then put in the code's constants: a backslash,
-    # as in "\\0", may not stand in an f-string's braces before Python 3.12)
+    # as in "\\0", may not stand in an f-string's braces before Python 3.12; a row's attributes
+    # `fastdata_P`, put in its names, or read by `getattr(r, P)` where not free)
     marks = {f"fastdata.{k}": v for k, v in COLUMNS.items()}
+    named = {f"fastdata_{k}": COLUMNS[k] for k in ("P", "L")}
     if free:
         columns = {k: f"fastdata.{k}" if k in _TEXTS else repr(f"fastdata.{k}") for k in COLUMNS}
     else:
@@ -145,27 +151,41 @@ def _compiled(statements: list[str], free: bool) -> types.CodeType:
     source = "import PIL.Image\nfrom PIL import Image\nimport os\nimport torch\n" \
         "from torchvision.io import ImageReadMode, read_image\n" \
         f"def f(self, i{'' if free else ', ' + ', '.join(COLUMNS)}):\n" + \
-        "".join(f"    {line}\n" for s in statements for line in s.format(**columns).split("\n"))
-    module = compile(source, "<fastdata shape>", "exec", dont_inherit=True)
+        "".join(f"    {line}\n" for s in statements
+                for line in s.format(**columns, AP="fastdata_P", AL="fastdata_L").split("\n"))
+    tree = source if free else ast.fix_missing_locations(_Attributes().visit(ast.parse(source)))
+    module = compile(tree, "<fastdata shape>", "exec", dont_inherit=True)
     code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
-    return code.replace(co_consts=tuple(marks.get(c, c) if type(c) is str else c for c in code.co_consts))
+    return code.replace(co_consts=tuple(marks.get(c, c) if type(c) is str else c for c in code.co_consts),
+                        co_names=tuple(named.get(n, n) for n in code.co_names))
+
+
+class _Attributes(ast.NodeTransformer):
+    """A row's attribute `r.fastdata_P` made `getattr(r, P)`, its name the argument `P`."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        node = self.generic_visit(node)
+        if node.attr not in ("fastdata_P", "fastdata_L"):
+            return node
+        return ast.Call(ast.Name("getattr", ast.Load()), [node.value, ast.Name(node.attr[-1], ast.Load())], [])
 
 
 @functools.lru_cache(maxsize=None)
 def _written(family: str, opens: str, target: str = "", leads: tuple = (), join: str = "os",
-             mapped: bool = False) -> dict[bytes, tuple[type, ...]]:
+             mapped: bool = False, rows: bool = False) -> dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
     (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`, a
     path joined to a root as `_JOINS[join]` joins it; `mapped`: the label looked up in a mapping
-    of the script's (`self.mapping[self.labels[i]]`: a dict of class names).
+    of the script's (`self.mapping[self.labels[i]]`: a dict of class names); `rows`: a frame's
+    row's columns read as its attributes too (`_ROWS`).
     With a `target` guard, those that bind the label before the transform and return it as it is
     (the family ""), the target_transform after it."""
     made, open_, join_ = _LABELS[family].format, _OPENS[opens].format, _JOINS[join].format
     lead = [_LEADS[k] for k in leads]
     shapes = []
     for guard in [g for g in _GUARDS if not (target and g == "inline")]:
-        for before, path, label in _SOURCES:
+        for before, path, label in _SOURCES + (_ROWS if rows else ()):
             before, label = (*lead, *before), f"self.mapping[{label}]" if mapped else label
             joined = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
@@ -218,18 +238,22 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
         return ()
     tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
                                                     opens if family == ""]
-    maps = (True, False) if "\0[][]" in names else (False,)
+    maps, rows = (True, False) if "\0[][]" in names else (False,), "\0." in names
     return next((found for mapped in maps for join in joins for f, way, target in tries
-                 for found in [_written(f, way, target, leads, join, mapped).get(code.co_code, ())] if found), ())
+                 for found in [_written(f, way, target, leads, join, mapped, rows).get(code.co_code, ())] if found),
+                ())
 
 
 def _features(code: types.CodeType) -> set[str]:
     """The names `code` reads, and marks (each a "\\0" str) of what it does that tells shapes
     apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds a str
     constant (an extension); "++", it adds (but a number); "with", it has a with statement; "[][]", it indexes by what it has
-    just indexed (a mapping's label of a list's: `self.mapping[self.labels[i]]`)."""
-    features, last, text, number = set(code.co_names), "", False, False
+    just indexed (a mapping's label of a list's: `self.mapping[self.labels[i]]`); ".", it reads an
+    attribute of what it has just indexed or of a local (a row's column: `r.path`)."""
+    features, last, text, number, local = set(code.co_names), "", False, False, False
     for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_ATTR" and (last == "[]" or local) and ins.argval not in ("convert", "tolist"):
+            features.add("\0.")  # (an attribute of what it has just indexed, or of a local but `self`)
         op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BINARY_ADD": "+", "BEFORE_WITH": "with",
               "SETUP_WITH": "with", "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
         if op in ("/", "f", "with", "[]") or (op == "+" and text):
@@ -240,4 +264,5 @@ def _features(code: types.CodeType) -> set[str]:
             features.add("\0[][]")
         last, text = op, ins.opname == "LOAD_CONST" and type(ins.argval) is str
         number = ins.opname in ("LOAD_CONST", "LOAD_SMALL_INT") and type(ins.argval) in (int, float)
+        local = ins.opname == "LOAD_FAST" and ins.arg != 0
     return features

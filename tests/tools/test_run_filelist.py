@@ -340,6 +340,26 @@ class Row(Frame):  # the row bound to a local
         return image, label
 
 
+class Attributes(Frame):  # the row's columns read as its attributes
+    def __getitem__(self, idx):
+        row = self.img_labels.iloc[idx]
+        image = Image.open(os.path.join(self.img_dir, row.file)).convert("RGB")
+        label = row.label
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+
+class Attribute(Frame):  # so, of the row not bound, the label made a tensor
+    def __getitem__(self, idx):
+        img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx].file)
+        image = Image.open(img_path).convert("RGB")
+        label = torch.tensor(self.img_labels.iloc[idx].label)
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
 class Loc(Frame):  # the frame's rows by their labels
     def __getitem__(self, idx):
         path = os.path.join(self.img_dir, self.img_labels.loc[idx, "file"])
@@ -666,7 +686,7 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
     names joined to its folder), opening its files with Pillow, and the frames scripts index by
     their columns' names (a row's, a row bound first, `loc`, a column's, its names' stems made
-    paths in an f-string; a label made an int, then a tensor) or hold class names in (mapped by a dict), and the tutorial's own
+    paths in an f-string; a label made an int, then a tensor; a row's columns as its attributes) or hold class names in (mapped by a dict), and the tutorial's own
     (read_image, a target_transform): served natively, the labels the frame's numpy integers (or
     the target_transform's) collated as DataLoader collates them."""
     from fastdata.run._decide import _collation
@@ -675,7 +695,7 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     paths, labels = _listing(folder)
     frame = pd.DataFrame({"file": [os.path.relpath(p, folder) for p in paths], "label": labels})
     sized, _ = _transforms()
-    for cls in (Frame, Rows, Row, Loc, Columns, Annotated):  # (and the frames scripts index by column names)
+    for cls in (Frame, Rows, Row, Loc, Columns, Annotated, Attributes, Attribute):  # (and by column names)
         dataset = cls(frame, str(folder), sized)
         assert f"served natively: {cls.__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, 2)
