@@ -223,7 +223,7 @@ def _refused(name: str, shape: type, got: dict) -> str:
             return f"{name} maps its labels with a {type(value).__name__}, whose indexing fastdata does not read"
         if key == "frame" and (pandas is None or type(value) is not pandas.DataFrame):
             return f"{name} reads its samples from a {type(value).__name__}, not a pandas DataFrame"
-        if key == "root" and not isinstance(value, (str, pathlib.PurePath)):
+        if key in ("root", "folder") and not isinstance(value, (str, pathlib.PurePath)):
             return f"{name} joins its paths to a {type(value).__name__}, not a str or a path"
     why = loader_refused(got["loader"], name) if shape.opens == "loader" else ""
     if why:

@@ -52,11 +52,13 @@ _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
 # (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; or with an extension added:
 # `os.path.join(self.root, name + ".jpg")`, the text an f-string too, which compiles to the str where it is free;
 # the braces doubled twice: `_written` formats the path in, then `_compiled` the free constants; or added to a root,
-# to a text, or to a root and a text: `self.root + name`, `"./data/" + name`, `self.root + "/" + name`)
+# to a text, or to a root and a text: `self.root + name`, `"./data/" + name`, `self.root + "/" + name`; or joined
+# to a root and a folder under it, a text or another attribute: `os.path.join(self.root, "images", name)`)
 _JOINS = {"os": "os.path.join(self.root, {})", "slash": "self.root / {}",
           "text": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}"', "text_after": 'f"{{{{self.root}}}}{{S}}{{{{{}}}}}{{T}}"',
           "os_text": 'os.path.join(self.root, {} + f"{{S}}")', "text_os": 'os.path.join(self.root, {}) + f"{{S}}"',
-          "plus": "self.root + {}", "plus_text": 'f"{{S}}" + {}', "plus_slash": 'self.root + f"{{S}}" + {}'}
+          "plus": "self.root + {}", "plus_text": 'f"{{S}}" + {}', "plus_slash": 'self.root + f"{{S}}" + {}',
+          "os_three": 'os.path.join(self.root, f"{{S}}", {})', "os_folder": "os.path.join(self.root, self.folder, {})"}
 _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
@@ -230,6 +232,7 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
     joins = ("slash",) if "\0/" in names else ("text", "text_after") if "\0f" in names else \
         ("os_text", "text_os") if "\0+" in names else ("os",)
     joins += ("plus", "plus_text", "plus_slash") if "\0++" in names else ()
+    joins += ("os_three", "os_folder") if "\0join3" in names else ()
     # (a shape reads the names its code reads, no more: the label's family is the one of the label names it reads;
     # the ways it may open, and the target_transform's guards, written one after another until one has its code)
     made = names & _MADE
@@ -249,11 +252,15 @@ def _features(code: types.CodeType) -> set[str]:
     apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds a str
     constant (an extension); "++", it adds (but a number); "with", it has a with statement; "[][]", it indexes by what it has
     just indexed (a mapping's label of a list's: `self.mapping[self.labels[i]]`); ".", it reads an
-    attribute of what it has just indexed or of a local (a row's column: `r.path`)."""
-    features, last, text, number, local = set(code.co_names), "", False, False, False
+    attribute of what it has just indexed or of a local (a row's column: `r.path`); "join3", it
+    calls something of three arguments after it reads `join` (a root, a folder and a name)."""
+    features, last, text, number, local, joining = set(code.co_names), "", False, False, False, False
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_ATTR" and (last == "[]" or local) and ins.argval not in ("convert", "tolist"):
             features.add("\0.")  # (an attribute of what it has just indexed, or of a local but `self`)
+        joining = joining or (ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval == "join")
+        if joining and ins.opname in ("CALL", "CALL_METHOD", "CALL_FUNCTION") and ins.arg == 3:
+            features.add("\0join3")  # (a call of 3 arguments after `join` is read: `os.path.join(root, folder, name)`)
         op = {"BINARY_SUBSCR": "[]", "BINARY_TRUE_DIVIDE": "/", "BINARY_ADD": "+", "BEFORE_WITH": "with",
               "SETUP_WITH": "with", "BUILD_STRING": "f", "BINARY_OP": ins.argrepr}.get(ins.opname, "")
         if op in ("/", "f", "with", "[]") or (op == "+" and text):

@@ -480,6 +480,28 @@ class Sep(Rooted):
         return image, self.targets[index]
 
 
+class Under(Rooted):  # names under a folder (a text) under the root
+    def __getitem__(self, index):
+        img_path = os.path.join(self.root, ".", self.names[index])
+        image = Image.open(img_path).convert("RGB")
+        label = self.targets[index]
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
+class Splits(Rooted):  # names under the split's folder under the root
+    def __init__(self, root, split, names, targets, transform=None):
+        super().__init__(root, names, targets, transform)
+        self.split = split
+
+    def __getitem__(self, index):
+        image = Image.open(os.path.join(self.root, self.split, self.names[index])).convert("RGB")
+        if self.tf is not None:
+            image = self.tf(image)
+        return image, self.targets[index]
+
+
 class Contexted(Files):  # Pillow's image opened as a context, converted within it
     def __getitem__(self, idx):
         img_path = self.image_paths[idx]
@@ -602,7 +624,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
     it is; paths and labels in lists, names joined to a root with os.path.join (an extension
     added to the name or to the joined path, in the open or not), pathlib's `/`, an f-string or
-    `+` (to a root, a text or both) (in the open, bound first, or bound, then joined; bound to the image's or the name's own local),
+    `+` (to a root, a text or both), or under a folder (a text or an attribute) (in the open, bound first, or bound, then joined; bound to the image's or the name's own local),
     (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
     written in, or Pillow's image opened as a context); the label before or after the image or the transform, as it is, mapped by a dict
     of class names (or a tuple) or made a tensor (of int64) or an int, or derived from the name
@@ -637,7 +659,8 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Derived(str(folder), names, None, cropped), Chained(str(folder), names, None, sized),
                     Tabled(str(folder), names, classes, cropped), Indexed(str(folder), names, sorted(classes), sized),
                     Contexted(paths, labels, cropped), Added(f"{folder}/", names, labels, sized),
-                    Prefixed(None, [p[1:] for p in paths], labels, cropped), Sep(str(folder), names, labels, sized)):
+                    Prefixed(None, [p[1:] for p in paths], labels, cropped), Sep(str(folder), names, labels, sized),
+                    Under(str(folder), names, labels, cropped), Splits(folder.parent, folder.name, names, labels, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
