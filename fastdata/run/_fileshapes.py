@@ -3,11 +3,11 @@
 The shapes (each opens the image at a path as `_OPENS` does, then transforms it): the path
 `self.paths[i]` or a pandas frame's (`self.frame.iloc[i, 0]`, or by the name of its column:
 `self.frame.iloc[i]["path"]`, `self.frame.loc[i, "path"]`, `self.frame["path"][i]`, `r["path"]` of
-`r = self.frame.iloc[i]`, or its attribute `r.path`), joined to a root with `os.path.join` (an extension added to the name or
-the joined path, or not), pathlib's `/` or an f-string (`f"{self.root}/{name}.jpg"`, its text free)
-or not, bound to a local first or not (the image's own or another; or its name bound, then joined, the path
-bound or not);
-the label from a list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`,
+`r = self.frame.iloc[i]`, or its attribute `r.path`), joined to a root with `os.path.join` (under a
+folder of it or not; an extension added to the name or the joined path, or not), pathlib's `/`, an
+f-string (`f"{self.root}/{name}.jpg"`, its text free) or `+` (`self.root + name`) or not, bound to a
+local first or not (the image's own or another; or its name bound, then joined, the path bound or
+not); the label from a list of its own (`self.labels[i]`) or the same frame (`self.frame.iloc[i, 1]`,
 ...), or a mapping's for it (`self.mapping[self.labels[i]]`), as it is or made a tensor or an int
 where it is bound or in the return (`torch.tensor(y)`, with `dtype=torch.long` or `torch.int64`,
 `int(y)`, `torch.tensor(int(y))`: `_LABELS`), before or after the image, after the transform or in
@@ -91,8 +91,8 @@ _OPENS["with_image"] = 'with Image.open({}) as g:\n    x = g.convert("RGB")'
 # Which of them a class may open by, from the names its code reads and what it does (`_features`: the
 # first that it has all of)
 _CHOICES = (({"ImageReadMode"}, ("read_rgb",)), ({"read_image"}, ("read",)), ({"PIL", "convert"}, ("pil",)),
-            ({"convert", "\0with"}, ("with", "with_after", "with_two", "with_image")), ({"convert"}, ("convert", "convert_after")),
-            ({"Image", "open"}, ("plain",)), ({"loader"}, ("loader",)))
+            ({"convert", "\0with"}, ("with", "with_after", "with_two", "with_image")),
+            ({"convert"}, ("convert", "convert_after")), ({"Image", "open"}, ("plain",)), ({"loader"}, ("loader",)))
 # The shapes' free constants (`_views.same_shape` reads a "\0" str as the script's): a frame's
 # columns' names, and the text an f-string puts before and after a path's name (`_TEXTS`)
 COLUMNS = {"P": "\0path column", "L": "\0label column", "S": "\0text", "T": "\0text after"}
@@ -250,10 +250,11 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
 def _features(code: types.CodeType) -> set[str]:
     """The names `code` reads, and marks (each a "\\0" str) of what it does that tells shapes
     apart: "/", it divides (pathlib's `/`); "f", it builds an f-string; "+", it adds a str
-    constant (an extension); "++", it adds (but a number); "with", it has a with statement; "[][]", it indexes by what it has
-    just indexed (a mapping's label of a list's: `self.mapping[self.labels[i]]`); ".", it reads an
-    attribute of what it has just indexed or of a local (a row's column: `r.path`); "join3", it
-    calls something of three arguments after it reads `join` (a root, a folder and a name)."""
+    constant (an extension); "++", it adds (but a number); "with", it has a with statement;
+    "[][]", it indexes by what it has just indexed (a mapping's label of a list's:
+    `self.mapping[self.labels[i]]`); ".", it reads an attribute of what it has just indexed or of
+    a local (a row's column: `r.path`); "join3", it calls something of three arguments after it
+    reads `join` (a root, a folder and a name)."""
     features, last, text, number, local, joining = set(code.co_names), "", False, False, False, False
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_ATTR" and (last == "[]" or local) and ins.argval not in ("convert", "tolist"):

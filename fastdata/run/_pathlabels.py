@@ -16,10 +16,11 @@ the list gives it, `q = self.names[idx]`, or the path the code opens) and consta
 expressions, `int`, `len` and `os.path`'s functions of a str, and lookups in a dict, list or tuple
 of strs and ints of the instance's (`self.class_to_idx[name.split("_")[0]]`, `self.classes.index(
 ...)`: `PathLabel.refused`). Those run nothing of the script's and finish in time bounded by the
-path's length and the table's. The function is then read with those
-statements as one, `label = self.<LABELS>[idx]` (`PathLabel.code`), by the shapes of a file list
-with a list of labels (`_fileshapes`), and fastdata computes each label by the script's own
-statements (`PathLabel.labels`) from the same str, which must be a str.
+path's length and the table's. The function is then read with those statements as one, `label =
+self.<LABELS>[idx]` (`PathLabel.code`), by the shapes of a file list with a list of labels
+(`_fileshapes`; the label then made a tensor or an int as a list's may be), and fastdata computes
+each label by the script's own statements (`PathLabel.labels`) from the same str, which must be a
+str.
 """
 
 from __future__ import annotations

@@ -463,7 +463,7 @@ class Added(Rooted):  # names added to a root that ends in "/", the path bound t
         return image, label
 
 
-class Prefixed(Rooted):  # a text before each name (here the first "/" of an absolute path), or a root and a "/"
+class Prefixed(Rooted):  # a text before each name (here the first "/" of an absolute path)
     def __getitem__(self, index):
         image = Image.open("/" + self.names[index]).convert("RGB")
         if self.tf is not None:
@@ -471,7 +471,7 @@ class Prefixed(Rooted):  # a text before each name (here the first "/" of an abs
         return image, self.targets[index]
 
 
-class Sep(Rooted):
+class Sep(Rooted):  # a root, a "/" and the name
     def __getitem__(self, index):
         path = self.root + "/" + self.names[index]
         image = Image.open(path).convert("RGB")
@@ -563,11 +563,11 @@ class Split(Dataset):  # a split's part given its transform, as scripts write it
         return x, y
 
 
-# A script whose `Image` is its own, not Pillow's module (bound after the import)
 class Text(str):  # a str of the script's own, whose comparisons could be its code
     pass
 
 
+# A script whose `Image` is its own, not Pillow's module (bound after the import)
 OWN_IMAGE = """
 import types
 from PIL import Image
@@ -622,14 +622,15 @@ def _same_batches(dataset, workers: int, swap=None, levels: int = 0, offset: int
 def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     """A script's own Dataset that opens each file by its path with Pillow and converts it to RGB,
     written as scripts write it (converting it in one statement or two, or opening an RGB file as
-    it is; paths and labels in lists, names joined to a root with os.path.join (an extension
-    added to the name or to the joined path, in the open or not), pathlib's `/`, an f-string or
-    `+` (to a root, a text or both), or under a folder (a text or an attribute) (in the open, bound first, or bound, then joined; bound to the image's or the name's own local),
-    (path, label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader
-    written in, or Pillow's image opened as a context); the label before or after the image or the transform, as it is, mapped by a dict
-    of class names (or a tuple) or made a tensor (of int64) or an int, or derived from the name
-    or the path by its own statements (through a dict or a list of its own or not); `if self.transform:`, `is
-    not None`, always, inline; a docstring first, the tutorial's line for a tensor index; any
+    it is; paths and labels in lists, names joined to a root with os.path.join (under a folder of
+    it, a text or an attribute, or not; an extension added to the name or to the joined path, in
+    the open or not), pathlib's `/`, an f-string or `+` (to a root, a text or both) (in the open,
+    bound first, or bound, then joined; bound to the image's or the name's own local), (path,
+    label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader written
+    in), or Pillow's image opened as a context; the label before or after the image or the
+    transform, as it is, mapped by a dict of class names (or a tuple) or made a tensor (of int64)
+    or an int, or derived from the name or the path by its own statements (through a dict or a
+    list of its own or not); `if self.transform:`, `is not None`, always, inline; a docstring first, the tutorial's line for a tensor index; any
     names), is served natively: the batches torchvision's own, bit for bit, the labels its
     code's, a transform swapped between passes followed."""
     from fastdata.run._decide import _collation
@@ -709,7 +710,8 @@ def test_a_csv_frame_dataset_is_served_natively(tv, folder):
     """The PyTorch tutorial's CustomImageDataset (a pandas frame of file names and labels, the
     names joined to its folder), opening its files with Pillow, and the frames scripts index by
     their columns' names (a row's, a row bound first, `loc`, a column's, its names' stems made
-    paths in an f-string; a label made an int, then a tensor; a row's columns as its attributes) or hold class names in (mapped by a dict), and the tutorial's own
+    paths in an f-string; a label made an int, then a tensor; a row's columns as its attributes)
+    or hold class names in (mapped by a dict), and the tutorial's own
     (read_image, a target_transform): served natively, the labels the frame's numpy integers (or
     the target_transform's) collated as DataLoader collates them."""
     from fastdata.run._decide import _collation
@@ -823,12 +825,12 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
-    is not Pillow's, a label derived through a global of the script's) is a dataset fastdata cannot see into, which the summary says opens its
-    images but is not read as a file list; one it reads but cannot serve (paths
-    in a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform
-    whose truth is its own code, a label derived through a dict subclass or a list of str
-    subclasses, whose lookup may run the script's code, a join of one that opens PIL images and one that reads tensors
-    through one transform) says why."""
+    is not Pillow's, a label derived through a global of the script's) is a dataset fastdata
+    cannot see into, which the summary says opens its images but is not read as a file list; one
+    it reads but cannot serve (paths in a dict, labels mapped by a Mapping of the script's, a None
+    transform it calls, a transform whose truth is its own code, a label derived through a dict
+    subclass or a list of str subclasses, whose lookup may run the script's code, a join of one
+    that opens PIL images and one that reads tensors through one transform) says why."""
     from collections import OrderedDict, UserDict
 
     from fastdata.run._decide import _collation
@@ -893,11 +895,11 @@ class Derived:
 @pytest.mark.timeout(60)
 def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_scripts(tmp_path):
     """A label derived from the name is read where its statements do only str operations,
-    indexing by constants, comparisons, conditionals, `int`, `len` and `os.path`'s functions on the name
+    indexing, comparisons, conditionals, `int`, `len` and `os.path`'s functions on the name
     (`_pathlabels._pure`), and lookups in the instance's tables, computing what the script's code
-    computes; not where they call
-    anything else (the name's `os` itself, a builtin, a method that is no str's), read a second
-    local or a global, or where the class's code is not what its source file says (edited since)."""
+    computes; not where they call anything else (the name's `os` itself, a builtin, a method that
+    is no str's), read a second local or a global, or where the class's code is not what its
+    source file says (edited since); a source that is not a str is refused when labels are made."""
     import linecache
 
     from fastdata.run._pathlabels import path_label
