@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ._fileshapes import COLUMNS, Shape, pick, shapes_of
-from ._pathlabels import LABELS, UNREAD, PathLabel, path_label
+from ._pathlabels import LABELS, PathLabel, path_label
 from ._pixels import named
 from ._views import read_shape
 
@@ -122,8 +122,9 @@ def file_list(dataset: Any) -> FileList | None:
         scope = getattr(cls.__getitem__, "__globals__", {})
         derived = path_label(code, tuple(n for n in code.co_names if isinstance(scope.get(n), types.ModuleType)))
         shapes = shapes_of(derived.code, doc) if derived is not None else ()
-    read = read_shape(dataset, "__getitem__", shapes, _FIXED, derived and derived.code,
-                      derived and {LABELS: UNREAD}) if shapes else None
+    # (a derived label's list is no attribute of the instance: `FileList.samples` puts the labels there)
+    made, extra = (derived.code, {LABELS: None}) if derived is not None else (None, None)
+    read = read_shape(dataset, "__getitem__", shapes, _FIXED, made, extra) if shapes else None
     if read is None or (derived is not None and "labels" not in read[1]):
         return None  # (a derived label read as a list's, by a shape of a list of labels)
     shape, got, func = read

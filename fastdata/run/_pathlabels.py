@@ -44,16 +44,6 @@ _COMPARED = (ast.In, ast.NotIn, ast.Eq, ast.NotEq)
 _CALLED = ("os", "int", "len")  # (names a label statement may call: `os.path`'s functions, the builtins)
 
 
-class _Unread:
-    """The list of labels the rewritten code reads (`LABELS`): each None, computed after (`PathLabel.labels`)."""
-
-    def __getitem__(self, index: int) -> None:
-        return None
-
-
-UNREAD = _Unread()
-
-
 class PathLabel:
     """A `__getitem__` whose label its code derives from a str: `code`, its code with the label's
     statements made `label = self.<LABELS>[idx]`; `label_of(str, tables)`, the label they give;
