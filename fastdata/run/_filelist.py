@@ -20,7 +20,9 @@ else the batch is the script's own fetch), or read as a uint8 tensor by torchvis
 lowered on the tensor), through its transform, with the label its code names (through a
 target_transform where the code applies one after the transform, as the PyTorch tutorial's
 CustomImageDataset does), or with a label its code derives from the name or the path
-(`_pathlabels`: read as a list's, computed by its own statements).
+(read as a list's, computed by its own statements). A `__getitem__` that is no shape is read again
+from its source (`_itemsource`): a label derived, a method of the class's it calls inlined, a
+return under the transform's condition folded, then read by the same shapes.
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_fileshapes.shapes_of` gives, instruction for instruction in the running
@@ -37,6 +39,7 @@ is a dataset fastdata cannot see into, served by the plain drop-in.
 from __future__ import annotations
 
 import builtins
+import inspect
 import os
 import pathlib
 import sys
@@ -47,7 +50,7 @@ import numpy as np
 import torch
 
 from ._fileshapes import COLUMNS, Shape, pick, shapes_of
-from ._pathlabels import LABELS, PathLabel, path_label
+from ._itemsource import LABELS, ItemSource, item_source
 from ._pixels import named
 from ._views import read_shape
 
@@ -72,10 +75,10 @@ class FileList:
     each file must open for fastdata to give its image: None where the code converts it to RGB;
     "rgb", in mode RGB (opened as it is); "jpeg", as a JPEG of 3 components (read by torchvision.io)."""
 
-    def __init__(self, shape: type, values: dict, why: str, derived: PathLabel | None = None,
+    def __init__(self, shape: type, values: dict, why: str, derived: ItemSource | None = None,
                  own: dict | None = None) -> None:
         self.shape, self.values, self.why = shape, values, why
-        # (a label derived from the path: `_pathlabels`; `own`, the attributes its statements read)
+        # (a label derived from the path: `_itemsource`; `own`, the attributes its statements read)
         self.derived, self.own = derived, own
         self.transform, self.target_transform = values["transform"], values.get("target_transform")
         self.must_open = _MUST.get(shape.opens)
@@ -116,22 +119,26 @@ def file_list(dataset: Any) -> FileList | None:
     pets = sys.modules.get("torchvision.datasets.oxford_iiit_pet")
     if pets is not None and isinstance(dataset, pets.OxfordIIITPet):
         return _pets(dataset, pets, code)
-    doc = cls.__getitem__.__doc__ is not None
-    shapes, derived = shapes_of(code, doc), None
-    if not shapes:  # (a label its code derives from the path: read as a list's, computed by its own statements)
+    doc, names, derived = cls.__getitem__.__doc__ is not None, code.co_names, None
+    shapes = shapes_of(code, doc)
+    read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
+    if read is None:  # (its source read: a method inlined, a return folded, a label its statements derive)
         scope = getattr(cls.__getitem__, "__globals__", {})
-        derived = path_label(code, tuple(n for n in code.co_names if isinstance(scope.get(n), types.ModuleType)))
+        helpers = _methods(dataset, code, scope)
+        names = tuple(dict.fromkeys([*code.co_names, *(n for _, c in helpers for n in c.co_names)]))
+        derived = item_source(code, tuple(n for n in names if isinstance(scope.get(n), types.ModuleType)), helpers)
         shapes = shapes_of(derived.code, doc) if derived is not None else ()
-    # (a derived label's list is no attribute of the instance: `FileList.samples` puts the labels there)
-    made, extra = (derived.code, {LABELS: None}) if derived is not None else (None, None)
-    read = read_shape(dataset, "__getitem__", shapes, _FIXED, made, extra) if shapes else None
-    if read is None or (derived is not None and "labels" not in read[1]):
-        return None  # (a derived label read as a list's, by a shape of a list of labels)
+        # (a derived label's list is no attribute of the instance: `FileList.samples` puts the labels there)
+        extra = {LABELS: None} if derived is not None and derived.label_of is not None else None
+        read = read_shape(dataset, "__getitem__", shapes, _FIXED, derived.code, extra) if shapes else None
+        if read is None or (extra is not None and "labels" not in read[1]):
+            return None  # (a derived label read as a list's, by a shape of a list of labels)
     shape, got, func = read
-    scope, names = func.__globals__, func.__code__.co_names
+    scope = func.__globals__
     if ("os" in names and scope.get("os") is not os) or ("torch" in names and scope.get("torch") is not torch) or \
-            any(scope.get(n, func.__builtins__.get(n)) is not getattr(builtins, n) for n in ("int", "len", "open")
-                if n in names):  # ("open" the builtin where a with statement opens the file)
+            ("Path" in names and scope.get("Path") is not pathlib.Path) or \
+            any(scope.get(n, func.__builtins__.get(n)) is not getattr(builtins, n)
+                for n in ("int", "len", "open", "str") if n in names):  # ("open" where a with statement opens the file)
         return None
     if shape.opens.startswith("read"):
         io_ = sys.modules.get("torchvision.io")
@@ -144,7 +151,7 @@ def file_list(dataset: Any) -> FileList | None:
         if not _pillows_image(scope.get("Image") if pil is None else getattr(pil, "Image", None)) or \
                 (pil is not None and pil is not sys.modules.get("PIL")):
             return None
-    if derived is None:
+    if derived is None or derived.label_of is None:
         return FileList(shape, got, _refused(type(dataset).__name__, shape, got))
     own, name = vars(dataset), type(dataset).__name__
     if (derived.source == "element" and got.get("paths") is not own.get(derived.attribute)) or \
@@ -152,6 +159,16 @@ def file_list(dataset: Any) -> FileList | None:
         return None  # (the str the label is derived from the list's own; its tables plainly in the instance)
     why = _refused(name, shape, {k: v for k, v in got.items() if k != "labels"}) or derived.refused(name, own)
     return FileList(shape, got, why, derived, {k: own[k] for k in (derived.attribute, *derived.tables) if k})
+
+
+def _methods(dataset: Any, code: types.CodeType, scope: dict) -> tuple:
+    """(name, code) of each method of the dataset's class, of the same module, that its
+    `__getitem__` of `code` may call on the instance (a name it reads): plain functions without
+    defaults or a closure, which the instance does not shadow."""
+    cls, own = type(dataset), getattr(dataset, "__dict__", {})
+    return tuple((n, f.__code__) for n in dict.fromkeys(code.co_names) for f in [inspect.getattr_static(cls, n, None)]
+                 if type(f) is types.FunctionType and f.__globals__ is scope and n not in own and
+                 not f.__defaults__ and not f.__kwdefaults__ and f.__closure__ is None)
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:

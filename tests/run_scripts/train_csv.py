@@ -1,7 +1,7 @@
 """A training script whose images are listed in a CSV file, read by its own Dataset class as
 such scripts write it; run plain or under `fastdata run` by tests/tools/test_run_filelist.py.
 
-    python train_csv.py DATA OUT.json [--accelerate | --derived]
+    python train_csv.py DATA OUT.json [--accelerate | --derived | --course]
 
 It lists DATA's JPEGs (an ImageFolder's layout, class c in the folder class{c}) in a CSV file
 of (path, label) rows, reads them back with the csv module and trains two epochs on them with
@@ -10,7 +10,9 @@ the script reads each sample's class back from its pixels and counts the samples
 disagrees. OUT gets the sample count, that count and the batches' layout. With --accelerate it
 trains on the loader Hugging Face Accelerate's `prepare` gives for it (on the CPU), as scripts
 written for Accelerate do. With --derived it lists no labels: its Dataset (`ByName`) globs the
-files and derives each label from the path, as scripts for Kaggle's dogs and cats do.
+files and derives each label from the path, as scripts for Kaggle's dogs and cats do. With --course
+its Dataset (`ImageFolderCustom`) is written as a much-copied PyTorch course writes it: a method of
+its own opens each image, the label is its folder's, the transform applied in the return.
 """
 
 import csv
@@ -65,13 +67,40 @@ class ByName(Dataset):
         return image, label
 
 
+class ImageFolderCustom(Dataset):
+    def __init__(self, targ_dir, transform=None):
+        self.paths = sorted(Path(targ_dir).glob("*/*.jpg"))
+        self.transform = transform
+        self.classes = sorted(entry.name for entry in os.scandir(targ_dir) if entry.is_dir())
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    def load_image(self, index: int) -> Image.Image:
+        "Opens an image via a path and returns it."
+        image_path = self.paths[index]
+        return Image.open(image_path)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        "Returns one sample of data, data and label (X, y)."
+        img = self.load_image(index)
+        class_name = self.paths[index].parent.name  # expects path in data_folder/class_name/image.jpeg
+        class_idx = self.class_to_idx[class_name]
+        if self.transform:
+            return self.transform(img), class_idx
+        else:
+            return img, class_idx
+
+
 def main():
     data, out = Path(sys.argv[1]), sys.argv[2]
     with open("images.csv", "w", newline="") as f:
         csv.writer(f).writerows([str(p), p.parent.name[len("class"):]] for p in sorted(data.rglob("*.jpg")))
     transform = T.Compose([T.RandomResizedCrop(64, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
                            T.Normalize(MEAN, STD)])
-    dataset = ByName(data, transform) if "--derived" in sys.argv else ImageCsv("images.csv", transform)
+    dataset = ByName(data, transform) if "--derived" in sys.argv else ImageFolderCustom(data, transform) \
+        if "--course" in sys.argv else ImageCsv("images.csv", transform)
     loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2)
     if "--accelerate" in sys.argv:
         from accelerate import Accelerator

@@ -513,6 +513,71 @@ class Contexted(Files):  # Pillow's image opened as a context, converted within 
         return image, label
 
 
+
+def find_classes(directory):  # (the course's own helper, at module level as it writes it)
+    classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+    return classes, {name: i for i, name in enumerate(classes)}
+
+
+class ImageFolderCustom(Dataset):  # a PyTorch course's, much copied: a method opens the image, the label its folder's
+    def __init__(self, targ_dir: str, transform=None) -> None:
+        self.paths = sorted(pathlib.Path(targ_dir).glob("*/*.jpg"))
+        self.transform = transform
+        self.classes, self.class_to_idx = find_classes(targ_dir)
+
+    def load_image(self, index: int) -> Image.Image:
+        "Opens an image via a path and returns it."
+        image_path = self.paths[index]
+        return Image.open(image_path)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        "Returns one sample of data, data and label (X, y)."
+        img = self.load_image(index)
+        class_name = self.paths[index].parent.name  # expects path in data_folder/class_name/image.jpeg
+        class_idx = self.class_to_idx[class_name]
+
+        # Transform if necessary
+        if self.transform:
+            return self.transform(img), class_idx  # return data, label (X, y)
+        else:
+            return img, class_idx  # return data, label (X, y)
+
+
+class Parented(Rooted):  # pathlib paths, the label their folder's looked up in a dict
+    def __getitem__(self, index):
+        path = self.names[index]
+        image = Image.open(path).convert("RGB")
+        label = self.targets[path.parent.name]
+        if self.tf is not None:
+            image = self.tf(image)
+        return image, label
+
+
+class Pathed(Rooted):  # strs made paths for their folder's name, its place in a list
+    def __getitem__(self, index):
+        img_path = os.path.join(self.root, self.names[index])
+        label = self.targets.index(Path(img_path).parent.name)
+        image = Image.open(img_path).convert("RGB")
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
+class Loaded(Files):  # a method of its own that opens and converts the image, the label a list's, returned in the if
+    def _load(self, i):
+        return Image.open(self.image_paths[i]).convert("RGB")
+
+    def __getitem__(self, idx):
+        image = self._load(idx)
+        label = self.labels[idx]
+        if self.transform is not None:
+            return self.transform(image), label
+        return image, label
+
+
 CLASSES = {f"class{c}": c for c in range(4)}
 
 
@@ -661,7 +726,10 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Tabled(str(folder), names, classes, cropped), Indexed(str(folder), names, sorted(classes), sized),
                     Contexted(paths, labels, cropped), Added(f"{folder}/", names, labels, sized),
                     Prefixed(None, [p[1:] for p in paths], labels, cropped), Sep(str(folder), names, labels, sized),
-                    Under(str(folder), names, labels, cropped), Splits(folder.parent, folder.name, names, labels, sized)):
+                    Under(str(folder), names, labels, cropped), Splits(folder.parent, folder.name, names, labels, sized),
+                    ImageFolderCustom(str(folder), cropped),
+                    Parented(None, [Path(p) for p in paths], classes, sized),
+                    Pathed(str(folder), names, sorted(classes), cropped), Loaded(paths, labels, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -826,10 +894,11 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
     is not Pillow's, a label derived through a global of the script's) is a dataset fastdata
-    cannot see into, which the summary says opens its images but is not read as a file list; one
-    it reads but cannot serve (paths in a dict, labels mapped by a Mapping of the script's, a None
-    transform it calls, a transform whose truth is its own code, a label derived through a dict
-    subclass or a list of str subclasses, whose lookup may run the script's code, a join of one
+    cannot see into, which the summary says opens its images but is not read as a file list (and a
+    method it calls that the instance shadows is not read); one it reads but cannot serve (paths in
+    a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform whose
+    truth is its own code, a label derived through a dict subclass, a list of str subclasses or a
+    dict of lists, whose lookup or label may run the script's code, a join of one
     that opens PIL images and one that reads tensors through one transform) says why."""
     from collections import OrderedDict, UserDict
 
@@ -844,6 +913,9 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
         assert _collation({"dataset": dataset})[0].startswith(f"native collation; not served natively: {why}")
+    shadowed = ImageFolderCustom(str(folder), sized)  # (its method the instance's own: not the class's code read)
+    shadowed.load_image = lambda index: Image.open(shadowed.paths[index]).convert("L")
+    assert rt.lower(shadowed)[0] is None and rt.lower(ImageFolderCustom(str(folder), sized))[0] is not None
     for own in (False, True):  # (the same code with Pillow's Image is read)
         scope: dict = {}
         exec(compile(OWN_IMAGE if own else OWN_IMAGE.replace("Image = types", "_ = types"), "<script>", "exec"), scope)
@@ -868,7 +940,9 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
                          (Tabled(str(folder), names, OrderedDict(CLASSES), sized),
                           "Tabled derives its labels through its targets, a OrderedDict, whose lookup"),
                          (Indexed(str(folder), names, [Text(c) for c in CLASSES], sized),
-                          "Indexed derives its labels through its targets, a list of other keys")):
+                          "Indexed derives its labels through its targets, a list of other keys"),
+                         (Parented(None, [Path(p) for p in paths], {k: [v] for k, v in CLASSES.items()}, sized),
+                          "Parented derives its labels through its targets, a dict of other values")):
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
         assert why in _collation({"dataset": dataset})[0]
@@ -876,6 +950,7 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
 
 DERIVED = """
 import os
+from pathlib import Path
 from PIL import Image
 
 class Derived:
@@ -895,14 +970,15 @@ class Derived:
 @pytest.mark.timeout(60)
 def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_scripts(tmp_path):
     """A label derived from the name is read where its statements do only str operations,
-    indexing, comparisons, conditionals, `int`, `len` and `os.path`'s functions on the name
-    (`_pathlabels._pure`), and lookups in the instance's tables, computing what the script's code
-    computes; not where they call anything else (the name's `os` itself, a builtin, a method that
-    is no str's), read a second local or a global, or where the class's code is not what its
-    source file says (edited since); a source that is not a str is refused when labels are made."""
+    pathlib's attributes, indexing, comparisons, conditionals, `int`, `len`, `str`, `Path` and
+    `os.path`'s functions on the name (`_itemsource._pure`), and lookups in the instance's tables,
+    computing what the script's code computes; not where they call anything else (the name's `os`
+    itself, a builtin, a method that is no str's or a path's attribute), read a second local or a
+    global, or where the class's code is not what its source file says (edited since); a source
+    that is neither a str nor one of pathlib's paths is refused when labels are made."""
     import linecache
 
-    from fastdata.run._pathlabels import path_label
+    from fastdata.run._itemsource import item_source
 
     def read(label: str, source: str | None = None):
         text = DERIVED.replace("{label}", label)
@@ -912,19 +988,25 @@ def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_sc
         scope: dict = {}
         exec(compile(text, filename, "exec"), scope)
         code = scope["Derived"].__getitem__.__code__
-        return path_label(code, ("os", "Image"))
+        return item_source(code, ("os", "Image"))
 
     for label, name, want in (('1 if "dog" in name else 0', "a/dog.1.jpg", 1),
                               ('0 if name.lower().startswith("cat") else 1', "Cat.2.jpg", 0),
                               ('int(os.path.splitext(os.path.basename(name))[0].split("_")[-1])', "x/a_17.png", 17),
                               ('name.split("/")[-1].split(".")[0] == "dog"', "p/dog.3.jpg", True),
-                              ('name.rpartition("/")[0][-3:] not in ("cat", "cow")', "p/cat/4.jpg", False)):
+                              ('name.rpartition("/")[0][-3:] not in ("cat", "cow")', "p/cat/4.jpg", False),
+                              ("name.parent.name", Path("a/dog/1.jpg"), "dog"),
+                              ('int(name.stem.split("_")[-1])', pathlib.PurePosixPath("x/a_17.png"), 17),
+                              ('str(name).split("/")[-2]', Path("p/cat/4.jpg"), "cat"),
+                              ('Path(name).suffix == ".png"', "x/a.png", True),
+                              ("name.parents[1].parts[-1]", Path("s/cat/4/1.jpg"), "cat")):
         derived = read(label)
         assert derived is not None and derived.source == "element", label
-        assert derived.labels([name], {}) == [eval(label, {"os": os}, {"name": name})] == [want], label
+        assert derived.labels([name], {}) == [eval(label, {"os": os, "Path": Path}, {"name": name})] == [want], label
     for label in ('os.replace(name, "x")', "hash(name) % 2", "sum(name)", "len", "name.format(1)", 'name + "x"',
                   "CLASSES[name]", "self.names.count(name)", "self.transform(name)", "idx % 2", "name.encode()[0]",
-                  "[c for c in name][0]", 'getattr(name, "lower")()', "name[idx]"):
+                  "[c for c in name][0]", 'getattr(name, "lower")()', "name[idx]", 'name.with_suffix(".x").name',
+                  "name.open()", "name.__class__", "self.parent", 'str(name, "ascii")', "Path", "name.absolute"):
         assert read(label) is None, label
     derived = read('self.names.index(name.split("/")[0])')  # (a list of the instance's, read as it is)
     assert derived.tables == ("names",) and derived.labels(["dog/1.jpg"], {"names": ["cat", "dog"]}) == [1]
@@ -932,6 +1014,63 @@ def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_sc
     assert read('2 if "dog" in name else 0', source='2 if "cat" in name else 0') is None
     with pytest.raises(TypeError, match="a label's source of type Text"):
         read('1 if "dog" in name else 0').labels([type("Text", (str,), {})("dog")], {})
+    with pytest.raises(TypeError, match="a label's source of type Mine"):  # (a path class of the script's)
+        read("name.parent.name").labels([type("Mine", (type(Path()),), {})("a/b")], {})
+    with pytest.raises(AttributeError):  # (pathlib's attribute of a str: the script's own fetch then raises it too)
+        read("name.parent.name").labels(["a/b.jpg"], {})
+
+
+INLINED = """
+from PIL import Image
+
+class Course:
+    def __init__(self, paths, table, transform):
+        self.paths, self.table, self.transform = paths, table, transform
+
+    def load(self, i):
+        {load}
+
+    def __getitem__(self, index):
+        img = self.load(index)
+        name = self.paths[index].parent.name
+        label = self.table[name]
+        if self.transform:
+            return self.transform(img), label
+        else:
+            return img, label
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_method_the_getitem_calls_is_read_in_its_place_only_where_that_is_the_same(tmp_path):
+    """`img = self.load(index)` is read as the method's statements, its arguments named as the
+    caller's, where its only return is its last statement and it binds neither its arguments nor a
+    name of the caller's, nor reads a local of the caller's (in its place, those would be other
+    names); the return under the transform's condition is read as one return."""
+    import linecache
+
+    from fastdata.run._itemsource import item_source
+
+    def read(load: str):
+        text = INLINED.replace("{load}", load)
+        filename = str(tmp_path / f"script{abs(hash(load))}.py")
+        Path(filename).write_text(text)
+        linecache.checkcache(filename)
+        scope: dict = {}
+        exec(compile(text, filename, "exec"), scope)
+        cls = scope["Course"]
+        return item_source(cls.__getitem__.__code__, ("Image",), (("load", cls.load.__code__),))
+
+    for load in ("return Image.open(self.paths[i])", '"""Its image."""\n        p = self.paths[i]\n        return Image.open(p)'):
+        read_ = read(load)
+        assert read_ is not None and (read_.source, read_.attribute, read_.tables) == ("element", "paths", ("table",))
+        assert "load" not in read_.code.co_names and read_.code.co_names.count("transform") == 1
+        assert read_.labels([Path("a/dog/1.jpg")], {"table": {"dog": 3}}) == [3]
+    for load in ("i = i + 1\n        return Image.open(self.paths[i])",
+                 "if i < 0:\n            return None\n        return Image.open(self.paths[i])",
+                 "img = Image.open(self.paths[i])\n        return img", "return Image.open(name)",
+                 "Image.open(self.paths[i])"):
+        assert read(load) is None, load
 
 
 @pytest.mark.timeout(120)
@@ -1017,14 +1156,15 @@ def test_a_file_it_cannot_read_makes_the_batch_the_scripts_own_fetch(tv, folder,
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", ["csv", "prepared", "derived"])
+@pytest.mark.parametrize("form", ["csv", "prepared", "derived", "course"])
 def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, form):
     """tests/run_scripts/train_csv.py, a script that lists its images in a CSV file and reads
     them with its own Dataset, unchanged under `fastdata run`: served natively (the summary says
     so), every label its image's, the batches laid out as the plain script's; so too where it
     trains on the loader Hugging Face Accelerate's `prepare` makes from its own (the loader
     Accelerate makes within its own is served), and where its Dataset derives each label from
-    the path (its workers read the script's source too)."""
+    the path or opens its images in a method of its own (its workers read the script's source
+    too)."""
     prepared = form == "prepared"
     if prepared:
         pytest.importorskip("accelerate")
@@ -1032,7 +1172,7 @@ def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, form):
     for plain in (True, False):
         out = tmp_path / f"out{plain}.json"
         command = [sys.executable, str(SCRIPTS / "train_csv.py"), str(folder), str(out),
-                   *({"prepared": ["--accelerate"], "derived": ["--derived"]}.get(form, []))]
+                   *({"prepared": ["--accelerate"], "derived": ["--derived"], "course": ["--course"]}.get(form, []))]
         if not plain:
             command = [sys.executable, "-m", "fastdata", "run", "--", *command]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
@@ -1040,7 +1180,7 @@ def test_an_unchanged_csv_script_under_fastdata_run(tv, folder, tmp_path, form):
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[plain] = json.loads(out.read_text()), proc.stderr
     (plain, _), (got, err) = runs[True], runs[False]
-    name = "ByName" if form == "derived" else "ImageCsv"
+    name = {"derived": "ByName", "course": "ImageFolderCustom"}.get(form, "ImageCsv")
     assert f"served natively: {name} with RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize" in err, err
     if prepared:  # (the script's loader, and the one Accelerate makes from it, made where the script calls prepare)
         assert "2 DataLoader(s): 2 served by fastdata (2 natively), 0 torch's own" in err, err
