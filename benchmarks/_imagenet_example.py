@@ -17,7 +17,9 @@ f-string, opening it as torchvision's pil_loader does (`with open(...)`) and map
 name to its number by a dict (`NamedFiles`, as Kaggle scripts write theirs); with `--files
 derived`, the files linked into one folder, each named by its class first (`3_00000012.JPEG`),
 globbed, the class derived from the name by the script's own line (`LabelledByName`, as scripts
-for Kaggle's dogs and cats derive theirs); with `--files food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
+for Kaggle's dogs and cats derive theirs); with `--files course`, the folder's files globbed by a
+PyTorch course's much-copied `ImageFolderCustom`, which opens each in a method of its own, takes
+the class from its folder's name and applies the transform in its return; with `--files food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
 download lays out its images (hard links), as fine-tuning scripts train on it; with `--files pets`,
 torchvision's `OxfordIIITPet` over them so.
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
@@ -55,7 +57,7 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files [{pil,read,named,derived,food101,pets}]]
+                                                [--files [{pil,read,named,derived,course,food101,pets}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -88,7 +90,7 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "food101", "pets"])
+ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "course", "food101", "pets"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -197,6 +199,32 @@ class LabelledByName(torch.utils.data.Dataset):  # files whose class is in their
         if self.transform:
             img = self.transform(img)
         return img, label
+
+
+class ImageFolderCustom(torch.utils.data.Dataset):  # a PyTorch course's, as it writes it (its glob's extension ours)
+    def __init__(self, targ_dir, transform=None):
+        self.paths = list(Path(targ_dir).glob("*/*.JPEG"))
+        self.transform = transform
+        self.classes = sorted(entry.name for entry in os.scandir(targ_dir) if entry.is_dir())
+        self.class_to_idx = {cls_name: i for i, cls_name in enumerate(self.classes)}
+
+    def load_image(self, index: int) -> Image.Image:
+        "Opens an image via a path and returns it."
+        image_path = self.paths[index]
+        return Image.open(image_path)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        "Returns one sample of data, data and label (X, y)."
+        img = self.load_image(index)
+        class_name = self.paths[index].parent.name  # expects path in data_folder/class_name/image.jpeg
+        class_idx = self.class_to_idx[class_name]
+        if self.transform:
+            return self.transform(img), class_idx
+        else:
+            return img, class_idx
 
 
 class GaussianBlur(object):  # MoCo v2's (moco/loader.py), as it is written there
@@ -434,6 +462,8 @@ else:
         (food / "food-101" / "meta").mkdir(exist_ok=True)
         (food / "food-101" / "meta" / "train.json").write_text(json.dumps(meta))
         train_dataset = torchvision.datasets.Food101(food, transform=transform)
+    elif args.files == "course":  # the folder's files, globbed by the course's class
+        train_dataset = ImageFolderCustom(args.data, transform)
     elif args.files == "derived":  # the same files in one folder beside it, each named by its class first, globbed
         flat = Path(args.data).with_name(Path(args.data).name + "-flat")
         flat.mkdir(exist_ok=True)

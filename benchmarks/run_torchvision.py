@@ -23,7 +23,9 @@ the transform v2's on the tensor (run_torchvision_files_read.json); with `--file
 named by an f-string of its stem, opened as torchvision's pil_loader opens it and its class's name
 mapped to its number by a dict (run_torchvision_files_named.json); with `--files derived`, globbed
 in one folder, each file named by its class first, the class derived from the name by the script's
-own line (run_torchvision_files_derived.json); with `--files food101`, by
+own line (run_torchvision_files_derived.json); with `--files course`, by a PyTorch course's
+ImageFolderCustom (a method of its own opens each file, the class its folder's, the transform in the
+return: run_torchvision_files_course.json); with `--files food101`, by
 torchvision's own Food101 dataset, the files laid out as its download lays them out
 (run_torchvision_files_food101.json); with `--files pets`, by torchvision's OxfordIIITPet so
 (run_torchvision_files_pets.json).
@@ -62,7 +64,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
-                                          [--split] [--join] [--wrap] [--files [{pil,read,named,derived,food101,pets}]]
+                                          [--split] [--join] [--wrap] [--files [{pil,read,named,derived,course,food101,pets}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -104,11 +106,12 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
-    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "food101", "pets"],
+    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "course", "food101", "pets"],
                     help="train on the folder's files listed in a CSV file, read by the script's own Dataset class "
                     "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor; "
                     "named: by an f-string of its stem, opened within `with open`, its class's name mapped by a dict; "
-                    "derived: globbed in one folder, the class derived from each file's name by the script's line); "
+                    "derived: globbed in one folder, the class derived from each file's name by the script's line; "
+                    "course: globbed by a PyTorch course's ImageFolderCustom); "
                     "food101, pets: laid out as Food101's (OxfordIIITPet's) download, read by torchvision's class)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
@@ -164,6 +167,7 @@ def main() -> int:
           + (f", torchvision's {'Food101' if args.files == 'food101' else 'OxfordIIITPet'} over its files"
              if args.files in ("food101", "pets") else
              ", its files globbed in one folder, the class derived from each name" if args.files == "derived" else
+             ", its files globbed by the course's ImageFolderCustom" if args.files == "course" else
              f", its files listed in a CSV file, read by the script's Dataset ({args.files})" if args.files else "")
           + f", recipe {args.recipe}"
           + (", MixUp/CutMix collate_fn" if args.mixup else "") + (", RASampler" if args.ra_sampler else "")
