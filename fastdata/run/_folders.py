@@ -16,6 +16,7 @@ back to the plain drop-in.
 from __future__ import annotations
 
 import bisect
+import inspect
 import io
 import sys
 from functools import partial
@@ -208,9 +209,14 @@ def _files(dataset: Any) -> str | None:
 def _unread(dataset: Any) -> str:
     """Why a dataset that `file_list` does not read is served by the drop-in, where its
     `__getitem__` opens images by path (Pillow's, torchvision.io's, OpenCV's or scikit-image's
-    calls), so that the summary tells the script's author; "" for any other dataset."""
+    calls, in it or in a method of the class's it calls), so that the summary tells the script's
+    author; "" for any other dataset."""
     code = getattr(getattr(type(dataset), "__getitem__", None), "__code__", None)
-    calls = [call for call, needs in _READERS if code is not None and needs <= set(code.co_names)]
+    names = set(code.co_names) if code is not None else set()
+    for name in list(names):  # (a method of the class's that it calls: `img = self.load_image(index)`)
+        names.update(getattr(getattr(inspect.getattr_static(type(dataset), name, None), "__code__", None),
+                             "co_names", ()))
+    calls = [call for call, needs in _READERS if needs <= names]
     return (f"{type(dataset).__name__}'s __getitem__ opens its images ({', '.join(calls)}), but not as a file list "
             "fastdata reads (docs/guide.md lists them)") if calls else ""
 

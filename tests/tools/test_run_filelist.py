@@ -578,6 +578,11 @@ class Loaded(Files):  # a method of its own that opens and converts the image, t
         return image, label
 
 
+class GreyLoaded(Loaded):  # another conversion, in its method
+    def _load(self, i):
+        return Image.open(self.image_paths[i]).convert("L")
+
+
 CLASSES = {f"class{c}": c for c in range(4)}
 
 
@@ -893,7 +898,8 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
-    is not Pillow's, a label derived through a global of the script's) is a dataset fastdata
+    is not Pillow's, a label derived through a global of the script's, another conversion in a
+    method it calls) is a dataset fastdata
     cannot see into, which the summary says opens its images but is not read as a file list (and a
     method it calls that the instance shadows is not read); one it reads but cannot serve (paths in
     a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform whose
@@ -908,7 +914,7 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     sized, _ = _transforms()
     names = [os.path.relpath(p, folder) for p in paths]
     for dataset in (More(paths, labels, sized), Grey(paths, labels, sized), Batched(paths, labels, sized),
-                    Property(paths, labels), Looked(str(folder), names, None, sized)):
+                    Property(paths, labels), Looked(str(folder), names, None, sized), GreyLoaded(paths, labels, sized)):
         why = f"{type(dataset).__name__}'s __getitem__ opens its images (Image.open), but not as a file list"
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
