@@ -39,7 +39,6 @@ is a dataset fastdata cannot see into, served by the plain drop-in.
 from __future__ import annotations
 
 import builtins
-import inspect
 import os
 import pathlib
 import sys
@@ -165,10 +164,10 @@ def _methods(dataset: Any, code: types.CodeType, scope: dict) -> tuple:
     """(name, code) of each method of the dataset's class, of the same module, that its
     `__getitem__` of `code` may call on the instance (a name it reads): plain functions without
     defaults or a closure, which the instance does not shadow."""
-    cls, own = type(dataset), getattr(dataset, "__dict__", {})
-    return tuple((n, f.__code__) for n in dict.fromkeys(code.co_names) for f in [inspect.getattr_static(cls, n, None)]
-                 if type(f) is types.FunctionType and f.__globals__ is scope and n not in own and
-                 not f.__defaults__ and not f.__kwdefaults__ and f.__closure__ is None)
+    mro, own = type(dataset).__mro__, getattr(dataset, "__dict__", {})
+    found = ((n, next((vars(c)[n] for c in mro if n in vars(c)), None)) for n in dict.fromkeys(code.co_names))
+    return tuple((n, f.__code__) for n, f in found if type(f) is types.FunctionType and f.__globals__ is scope and
+                 n not in own and not f.__defaults__ and not f.__kwdefaults__ and f.__closure__ is None)
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:
