@@ -1,10 +1,8 @@
 """`fastdata run`: a file list's `__getitem__` read from its source (`_filelist`), where no bytecode
 shape of `_fileshapes` is its code.
 
-Scripts for a set whose class is in each file's name or its folder's keep no list of labels: their
-`__getitem__` derives the label from the name or the path, in lines of their own. A much-copied
-PyTorch course's ImageFolderCustom also opens its image in a method of its own, and returns under
-a condition:
+Scripts whose class is in each file's name or folder derive the label in lines of their own; a
+much-copied PyTorch course's ImageFolderCustom also opens its image in a method, returning under a condition:
 
     img = self.load_image(index)           # image_path = self.paths[index]; return Image.open(image_path)
     class_name = self.paths[index].parent.name
@@ -22,9 +20,9 @@ under the transform's condition as `if self.transform: x = self.transform(x)` an
 they read, from one str or path (the list's element, `q = self.names[idx]` or read in place, or
 the path the code opens) and constants, by what `_pure` allows alone: str methods, pathlib's
 attributes of a path (`name`, `parent`, ...), indexing, comparisons, `in`, conditional expressions,
-`int`, `len`, `str`, `Path`, `os.path`'s functions, and lookups in a dict, list or tuple of strs
-and ints of the instance's (`ItemSource.refused`). Those run nothing of the script's and finish in
-time bounded by the path's length and the table's. The function is then read with those
+`int`, `len`, `str`, `Path`, `os.path`'s functions, and lookups in plain tables of the instance's
+(`ItemSource.refused`): they run nothing of the script's, in time bounded by the path's length and
+the table's. The function is then read with those
 statements as one, `label = self.<LABELS>[idx]` (`ItemSource.code`), by the shapes of a file list
 with a list of labels, and fastdata computes each label by the script's own statements
 (`ItemSource.labels`) from the same str or path, which must be exactly a str or pathlib's own.
@@ -78,7 +76,8 @@ class ItemSource:
             value = own[table]
             keys = value if type(value) in (list, tuple, dict) else None
             other = keys is not None and not all(type(k) in (str, int) for k in keys)
-            values = type(value) is dict and not all(_plain(v) for v in value.values())
+            values = type(value) is dict and not all(type(v) in (str, int, float, bool) or (  # (or numpy's numbers)
+                isinstance(v, np.generic) and type(v).__module__ == "numpy") for v in value.values())
             if keys is None or other or values:
                 return f"{name} derives its labels through its {table}, a {type(value).__name__}" + \
                     (" of other keys" if other else " of other values" if values else "") + \
@@ -96,12 +95,6 @@ class ItemSource:
         return [self.label_of(s, view) for s in sources]
 
 
-def _plain(value: object) -> bool:
-    """Whether `value` is a str, a bool or a number of Python's or numpy's own."""
-    return type(value) in (str, int, float, bool) or (isinstance(value, np.generic) and
-                                                       type(value).__module__ == "numpy")
-
-
 @functools.lru_cache(maxsize=256)
 def item_source(code: types.CodeType, imported: tuple, helpers: tuple = ()) -> ItemSource | None:
     """The reading of a `__getitem__` of `code` from its source (see the module); None where its
@@ -109,20 +102,25 @@ def item_source(code: types.CodeType, imported: tuple, helpers: tuple = ()) -> I
     (no method inlined, no return folded, no label derived). `imported`: the names of its globals
     that are modules (each compiled as imported: the compiler calls a method of an imported name by
     another instruction); `helpers`: (name, code) of each method of the class's it may call."""
+    try:
+        return _reading(code, imported, helpers)
+    except RecursionError:  # (a tree deeper than these functions may walk, though Python ran it)
+        return None
+
+
+def _reading(code: types.CodeType, imported: tuple, helpers: tuple) -> ItemSource | None:
     func = _source(code, imported)
     if func is None:
         return None
     self_, index = (a.arg for a in func.args.args)
     methods = {name: f for name, c in helpers for f in [_source(c, imported)] if f is not None}
     body = _inlined(func.body, self_, index, methods, set(code.co_varnames))
-    body = _folded(body) if body is not None else None
     if body is None:
         return None
+    body = _folded(body)
     derived = _derived(func, body, imported)
-    if derived is not None:
+    if derived is not None or body == func.body:
         return derived
-    if body == func.body:
-        return None
     rewritten = _compiled(_function(func.name, func.args, body), imported)
     return None if rewritten is None else ItemSource(rewritten, None, "", "", ())
 
@@ -157,12 +155,11 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
     elements = _Elements(self_, index)
     statements = [elements.visit(copy.deepcopy(s)) for s in body[lo:hi + 1]]
     read = {n for s in statements for n in _read(s, bound, self_)}
-    if None in read or len(read - {*bound, self_, *_CALLED}) != 1 or len(elements.attributes) > 1 or \
+    free = read - {*bound, self_, *_CALLED}
+    if None in read or len(free) != 1 or index in free or len(elements.attributes) > 1 or \
             any(isinstance(n, ast.Name) and n.id == _ELEMENT for s in body for n in ast.walk(s)):  # (a name of its own)
         return None
-    (q,) = read - {*bound, self_, *_CALLED}
-    if q in (self_, index):
-        return None
+    (q,) = free
     attribute = next(iter(elements.attributes), "")
     if q == _ELEMENT:  # (an element of the list the code reads elsewhere too: a label list's own is no derived label)
         source = "element"

@@ -1016,6 +1016,7 @@ def test_a_derived_label_is_read_only_where_its_statements_run_nothing_of_the_sc
         assert read(label) is None, label
     derived = read('self.names.index(name.split("/")[0])')  # (a list of the instance's, read as it is)
     assert derived.tables == ("names",) and derived.labels(["dog/1.jpg"], {"names": ["cat", "dog"]}) == [1]
+    assert read("name" + ".lower()" * 300) is None  # (deeper than the reading may walk, though Python runs it)
     # (a code equal to one read before is read from the cache: this one is the first of its constants)
     assert read('2 if "dog" in name else 0', source='2 if "cat" in name else 0') is None
     with pytest.raises(TypeError, match="a label's source of type Text"):
