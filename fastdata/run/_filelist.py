@@ -21,8 +21,9 @@ lowered on the tensor), through its transform, with the label its code names (th
 target_transform where the code applies one after the transform, as the PyTorch tutorial's
 CustomImageDataset does), or with a label its code derives from the name or the path
 (read as a list's, computed by its own statements). A `__getitem__` that is no shape is read again
-from its source (`_itemsource`): a label derived, a method of the class's it calls inlined, a
-return under the transform's condition folded, then read by the same shapes.
+from its source (`_itemsource`): a label derived, a method of the class's or a function of the
+script's it calls read in its place, torchvision's own loader called by name as `self.loader`, a
+return under the transform's condition as one (`_inline`), then read by the same shapes.
 
 It is read by its code, not its name, as `_views` reads a multi-view wrapper: its `__getitem__`
 must be one of the shapes `_fileshapes.shapes_of` gives, instruction for instruction in the running
@@ -49,6 +50,7 @@ import numpy as np
 import torch
 
 from ._fileshapes import COLUMNS, Shape, pick, shapes_of
+from ._inline import LOADER
 from ._itemsource import LABELS, ItemSource, item_source
 from ._pixels import named
 from ._views import read_shape
@@ -123,14 +125,17 @@ def file_list(dataset: Any) -> FileList | None:
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
     if read is None:  # (its source read: a method inlined, a return folded, a label its statements derive)
         scope = getattr(cls.__getitem__, "__globals__", {})
-        helpers = _methods(dataset, code, scope)
-        names = tuple(dict.fromkeys([*code.co_names, *(n for _, c in helpers for n in c.co_names)]))
-        derived = item_source(code, tuple(n for n in names if isinstance(scope.get(n), types.ModuleType)), helpers)
+        methods, functions, loaders = _helpers(dataset, code, scope)
+        names = tuple(dict.fromkeys([*code.co_names, *(n for _, c in methods + functions for n in c.co_names)]))
+        derived = item_source(code, tuple(n for n in names if isinstance(scope.get(n), types.ModuleType)), methods,
+                              functions, loaders)
         shapes = shapes_of(derived.code, doc) if derived is not None else ()
-        # (a derived label's list is no attribute of the instance: `FileList.samples` puts the labels there)
-        extra = {LABELS: None} if derived is not None and derived.label_of is not None else None
+        # (a derived label's list is no attribute of the instance: `FileList.samples` puts the labels there;
+        # nor is torchvision's loader called by name)
+        labelled = derived is not None and derived.label_of is not None
+        extra = {**({LABELS: None} if labelled else {}), **({LOADER: scope[loaders[0]]} if loaders else {})}
         read = read_shape(dataset, "__getitem__", shapes, _FIXED, derived.code, extra) if shapes else None
-        if read is None or (extra is not None and "labels" not in read[1]):
+        if read is None or (labelled and "labels" not in read[1]):
             return None  # (a derived label read as a list's, by a shape of a list of labels)
     shape, got, func = read
     scope = func.__globals__
@@ -160,14 +165,24 @@ def file_list(dataset: Any) -> FileList | None:
     return FileList(shape, got, why, derived, {k: own[k] for k in (derived.attribute, *derived.tables) if k})
 
 
-def _methods(dataset: Any, code: types.CodeType, scope: dict) -> tuple:
-    """(name, code) of each method of the dataset's class, of the same module, that its
-    `__getitem__` of `code` may call on the instance (a name it reads): plain functions without
-    defaults or a closure, which the instance does not shadow."""
-    mro, own = type(dataset).__mro__, getattr(dataset, "__dict__", {})
-    found = ((n, next((vars(c)[n] for c in mro if n in vars(c)), None)) for n in dict.fromkeys(code.co_names))
-    return tuple((n, f.__code__) for n, f in found if type(f) is types.FunctionType and f.__globals__ is scope and
-                 n not in own and not f.__defaults__ and not f.__kwdefaults__ and f.__closure__ is None)
+def _helpers(dataset: Any, code: types.CodeType, scope: dict) -> tuple[tuple, tuple, tuple]:
+    """What the dataset's `__getitem__` of `code`, of the module of globals `scope`, may call by
+    a name it reads (`_inline`): (name, code) of each method of its class's and each function of
+    the module's (plain functions of that module without defaults or a closure; a method the
+    instance does not shadow), and the name of its global that is torchvision's own `pil_loader`
+    or `default_loader` (one or none)."""
+    mro, own, names = type(dataset).__mro__, getattr(dataset, "__dict__", {}), dict.fromkeys(code.co_names)
+
+    def plain(f: Any) -> bool:
+        return type(f) is types.FunctionType and f.__globals__ is scope and not f.__defaults__ and \
+            not f.__kwdefaults__ and f.__closure__ is None
+
+    found = ((n, next((vars(c)[n] for c in mro if n in vars(c)), None)) for n in names if n not in own)
+    folder = sys.modules.get("torchvision.datasets.folder")
+    loaders = [n for n in names if folder is not None and any(scope.get(n) is f for f in (folder.pil_loader,
+                                                                                       folder.default_loader))]
+    return tuple((n, f.__code__) for n, f in found if plain(f)), \
+        tuple((n, scope[n].__code__) for n in names if plain(scope.get(n))), tuple(loaders) if len(loaders) == 1 else ()
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:

@@ -34,6 +34,8 @@ from typing import Callable
 
 import torch
 
+from ._inline import LOADER
+
 # Where a sample's path and label come from: (statements before them, the path, the label). A
 # frame's columns are named by the script ({P}, {L}: any str, `COLUMNS`), but for `iloc`'s 0 and 1.
 _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
@@ -256,6 +258,7 @@ def _features(code: types.CodeType) -> set[str]:
     a local (a row's column: `r.path`); "join3", it calls something of three arguments after it
     reads `join` (a root, a folder and a name)."""
     features, last, text, number, local, joining = set(code.co_names), "", False, False, False, False
+    features |= {"loader"} if LOADER in features else set()  # (torchvision's loader called by name: `_inline`)
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_ATTR" and (last == "[]" or local) and ins.argval not in ("convert", "tolist"):
             features.add("\0.")  # (an attribute of what it has just indexed, or of a local but `self`)

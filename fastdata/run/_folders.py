@@ -209,13 +209,14 @@ def _files(dataset: Any) -> str | None:
 def _unread(dataset: Any) -> str:
     """Why a dataset that `file_list` does not read is served by the drop-in, where its
     `__getitem__` opens images by path (Pillow's, torchvision.io's, OpenCV's or scikit-image's
-    calls, in it or in a method of the class's it calls), so that the summary tells the script's
+    calls, in it or in a method or function it calls), so that the summary tells the script's
     author; "" for any other dataset."""
-    code = getattr(getattr(type(dataset), "__getitem__", None), "__code__", None)
+    getitem = getattr(type(dataset), "__getitem__", None)
+    code, scope = getattr(getitem, "__code__", None), getattr(getitem, "__globals__", {})
     names = set(code.co_names) if code is not None else set()
-    for name in list(names):  # (a method of the class's that it calls: `img = self.load_image(index)`)
-        names.update(getattr(getattr(inspect.getattr_static(type(dataset), name, None), "__code__", None),
-                             "co_names", ()))
+    for name in list(names):  # (a method of the class's or a function it calls: `img = self.load_image(index)`)
+        for f in (inspect.getattr_static(type(dataset), name, None), scope.get(name)):
+            names.update(getattr(getattr(f, "__code__", None), "co_names", ()))
     calls = [call for call, needs in _READERS if needs <= names]
     return (f"{type(dataset).__name__}'s __getitem__ opens its images ({', '.join(calls)}), but not as a file list "
             "fastdata reads (docs/guide.md lists them)") if calls else ""

@@ -13,16 +13,15 @@ much-copied PyTorch course's ImageFolderCustom also opens its image in a method,
         return img, class_idx
 
 No bytecode shape can list such lines, so they are read from the source (`ast`), which must
-compile to the very code the class runs (`_same`), as must each method of the class's it calls.
-Such a call `x = self.<method>(<index>)` is read as the method's statements (`_inlined`); a return
-under the transform's condition as `if self.transform: x = self.transform(x)` and one return
-(`_folded`). The label's statements must be consecutive, each binding the label or a local only
-they read, from one str or path (the list's element, `q = self.names[idx]` or read in place, or
-the path the code opens) and constants, by what `_pure` allows alone: str methods, pathlib's
-attributes of a path (`name`, `parent`, ...), indexing, comparisons, `in`, conditional expressions,
-`int`, `len`, `str`, `Path`, `os.path`'s functions, and lookups in plain tables of the instance's
-(`ItemSource.refused`): they run nothing of the script's, in time bounded by the path's length and
-the table's. The function is then read with those
+compile to the very code the class runs (`_same`), as must each method of the class's and function
+of its module's it calls, read in its place (`_inline`: so is a return under the transform's
+condition, as `if self.transform: x = self.transform(x)` and one return). The label's statements
+must be consecutive, each binding the label or a local only they read, from one str or path (the
+list's element, `q = self.names[idx]` or read in place, or the path the code opens) and constants,
+by what `_pure` allows alone: str methods, pathlib's attributes of a path (`name`, `parent`, ...),
+indexing, comparisons, `in`, conditional expressions, `int`, `len`, `str`, `Path`, `os.path`'s
+functions, and lookups in plain tables of the instance's (`ItemSource.refused`): they run nothing
+of the script's, in time bounded by the path's length and the table's. The function is then read with those
 statements as one, `label = self.<LABELS>[idx]` (`ItemSource.code`), by the shapes of a file list
 with a list of labels, and fastdata computes each label by the script's own statements
 (`ItemSource.labels`) from the same str or path, which must be exactly a str or pathlib's own.
@@ -41,6 +40,8 @@ import types
 from typing import Callable
 
 import numpy as np
+
+from ._inline import attribute_of, folded, inlined, stored
 
 LABELS = "\0derived labels"  # (the attribute the rewritten code reads its labels from: no script's name)
 _STR_METHODS = frozenset({"split", "rsplit", "lower", "upper", "casefold", "strip", "lstrip", "rstrip", "startswith",
@@ -96,28 +97,33 @@ class ItemSource:
 
 
 @functools.lru_cache(maxsize=256)
-def item_source(code: types.CodeType, imported: tuple, helpers: tuple = ()) -> ItemSource | None:
+def item_source(code: types.CodeType, imported: tuple, methods: tuple = (), functions: tuple = (),
+                loaders: tuple = ()) -> ItemSource | None:
     """The reading of a `__getitem__` of `code` from its source (see the module); None where its
     source cannot be read or does not compile to `code`, or where it is no different from `code`
-    (no method inlined, no return folded, no label derived). `imported`: the names of its globals
-    that are modules (each compiled as imported: the compiler calls a method of an imported name by
-    another instruction); `helpers`: (name, code) of each method of the class's it may call."""
+    (no helper read in its place, no return folded, no label derived). `imported`: the names of its
+    globals that are modules (each compiled as imported: the compiler calls a method of an imported
+    name by another instruction); `methods`, `functions`: (name, code) of each method of the
+    class's and function of its module's it may call; `loaders`: the names of its globals that are
+    torchvision's loaders (`_inline`)."""
     try:
-        return _reading(code, imported, helpers)
+        return _reading(code, imported, methods, functions, loaders)
     except RecursionError:  # (a tree deeper than these functions may walk, though Python ran it)
         return None
 
 
-def _reading(code: types.CodeType, imported: tuple, helpers: tuple) -> ItemSource | None:
-    func = _source(code, imported)
+def _reading(code: types.CodeType, imported: tuple, methods: tuple, functions: tuple,
+             loaders: tuple) -> ItemSource | None:
+    func = _source(code, imported, 2)
     if func is None:
         return None
     self_, index = (a.arg for a in func.args.args)
-    methods = {name: f for name, c in helpers for f in [_source(c, imported)] if f is not None}
-    body = _inlined(func.body, self_, index, methods, set(code.co_varnames))
+    trees = [{name: f for name, c in found for f in [_source(c, imported, arity)] if f is not None}
+             for found, arity in ((methods, 2), (functions, 1))]
+    body = inlined(func.body, self_, index, *trees, loaders, set(code.co_varnames))
     if body is None:
         return None
-    body = _folded(body)
+    body = folded(body)
     derived = _derived(func, body, imported)
     if derived is not None or body == func.body:
         return derived
@@ -133,12 +139,12 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
     if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple) and len(last.value.elts) == 2):
         return None
     # (the label: the local the return's second item reads, as it is or made a tensor or an int there)
-    local = set().union(*(_stored(s) for s in body))
+    local = set().union(*(stored(s) for s in body))
     returned = {n.id for n in ast.walk(last.value.elts[1]) if isinstance(n, ast.Name)} & local
     if len(returned) != 1:
         return None
     (label,) = returned
-    at = [k for k, s in enumerate(body) if label in _stored(s)]
+    at = [k for k, s in enumerate(body) if label in stored(s)]
     if not at or at != list(range(at[0], at[-1] + 1)):
         return None
     lo, hi = at[0], at[-1]
@@ -150,7 +156,7 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
         if t in elsewhere or t not in {n.id for s in body[lo:hi + 1] for n in ast.walk(s) if isinstance(n, ast.Name)}:
             break
         lo -= 1
-    bound = set().union(*(_stored(s) for s in body[lo:hi + 1]))
+    bound = set().union(*(stored(s) for s in body[lo:hi + 1]))
     # (the list's element read where it is used, `self.paths[index].parent.name`: read as a local's)
     elements = _Elements(self_, index)
     statements = [elements.visit(copy.deepcopy(s)) for s in body[lo:hi + 1]]
@@ -163,7 +169,7 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
     attribute = next(iter(elements.attributes), "")
     if q == _ELEMENT:  # (an element of the list the code reads elsewhere too: a label list's own is no derived label)
         source = "element"
-        if not any(isinstance(n, ast.Subscript) and _table(n.value, self_) == attribute and
+        if not any(isinstance(n, ast.Subscript) and attribute_of(n.value, self_) == attribute and
                    isinstance(n.slice, ast.Name) and n.slice.id == index
                    for s in body[:lo] + body[hi + 1:] for n in ast.walk(s)):
             return None
@@ -185,7 +191,8 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
     made = ast.parse(f"{label} = {self_}.labels[{index}]").body[0]
     made.value.value.attr = LABELS  # (an attribute no script can name)
     rewritten = _compiled(_function(func.name, func.args, body[:lo] + [made] + body[hi + 1:]), imported)
-    tables = tuple(sorted({t for s in statements for n in ast.walk(s) for t in [_table(n, self_)] if t is not None}))
+    tables = tuple(sorted({t for s in statements for n in ast.walk(s)
+                           for t in [attribute_of(n, self_)] if t is not None}))
     of = _function("label_of", ast.arguments([], [ast.arg(q), ast.arg(self_)], None, [], [], None, []),
                    statements + [ast.Return(ast.Name(label, ast.Load()))])
     scope = {"os": os, "int": int, "len": len, "str": str, "Path": pathlib.Path, "__builtins__": {}}
@@ -195,83 +202,19 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
     return ItemSource(rewritten, types.FunctionType(code_of, scope), source, attribute, tables)
 
 
-def _source(code: types.CodeType, imported: tuple) -> ast.FunctionDef | None:
-    """The tree of the method of `code` (its arguments the instance and an index), read from its
-    source; None where that cannot be read or does not compile to `code`."""
+def _source(code: types.CodeType, imported: tuple, arity: int) -> ast.FunctionDef | None:
+    """The tree of the function of `code` (of `arity` arguments: a method's the instance and one),
+    read from its source; None where that cannot be read or does not compile to `code`."""
     try:  # (any failure to read the source, a file gone or a parse too deep, leaves the dataset unread)
         tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
     except Exception:
         return None
     func = tree.body[0] if len(tree.body) == 1 else None
-    if not isinstance(func, ast.FunctionDef) or func.name != code.co_name or len(func.args.args) != 2 or \
+    if not isinstance(func, ast.FunctionDef) or func.name != code.co_name or len(func.args.args) != arity or \
             func.args.posonlyargs or func.args.kwonlyargs or func.args.vararg or func.args.kwarg:
         return None
     compiled = _compiled(func, imported)
     return func if compiled is not None and _same(compiled, code) else None
-
-
-def _inlined(body: list, self_: str, index: str, methods: dict, locals_: set) -> list | None:
-    """`body` with each `x = self.<method>(<index>)` of `methods` (trees of the class's methods of the
-    instance and an index) made the method's statements, its return bound to `x`, its arguments
-    named as the caller's; None where a method may not be so made: it returns elsewhere than at its
-    end, binds its arguments or a name the caller has, or reads one of the caller's `locals_`."""
-    taken = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name)}
-    out = []
-    for s in body:
-        call = s.value if isinstance(s, ast.Assign) and len(s.targets) == 1 and \
-            isinstance(s.targets[0], ast.Name) else None
-        if not (isinstance(call, ast.Call) and _table(call.func, self_) in methods and not call.keywords and
-                len(call.args) == 1 and isinstance(call.args[0], ast.Name) and call.args[0].id == index):
-            out.append(s)
-            continue
-        method = methods[call.func.attr]
-        statements = method.body[1:] if ast.get_docstring(method, clean=False) is not None else method.body
-        if not statements or not isinstance(statements[-1], ast.Return) or statements[-1].value is None:
-            return None
-        inner, mine = statements[:-1], [a.arg for a in method.args.args]
-        nodes = [n for x in statements for n in ast.walk(x)]  # (a generator's yield, or a return within, refused)
-        if any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)) for n in nodes) or \
-                any(isinstance(n, ast.Return) for x in inner for n in ast.walk(x)) or \
-                set().union(*(_stored(x) for x in inner)) & ({*mine} | taken) or \
-                ({n.id for n in nodes if isinstance(n, ast.Name)} - {*mine}) & (locals_ | {self_, index}):
-            return None
-        renames = dict(zip(mine, (self_, index)))
-        out += [_renamed(x, renames) for x in inner]
-        out.append(ast.Assign(targets=s.targets, value=_renamed(statements[-1].value, renames)))
-    return out
-
-
-def _folded(body: list) -> list:
-    """`body` with a transform applied in a return under a condition, `if self.transform: return
-    self.transform(x), y` then (or else) `return x, y`, made `if self.transform: x =
-    self.transform(x)` and `return x, y`: the same calls in the same order, the same result
-    (where `y` does not read `x`)."""
-    last = body[-1] if body else None
-    if isinstance(last, ast.If) and len(last.body) == 1 and len(last.orelse) == 1:
-        cond, plain, head = last, last.orelse[0], body[:-1]
-    elif len(body) > 1 and isinstance(body[-2], ast.If) and len(body[-2].body) == 1 and not body[-2].orelse:
-        cond, plain, head = body[-2], last, body[:-2]
-    else:
-        return body
-    done = cond.body[0]
-    if not all(isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple) and len(r.value.elts) == 2
-               for r in (done, plain)):
-        return body
-    (made, y1), (x, y2) = done.value.elts, plain.value.elts
-    if not (isinstance(x, ast.Name) and isinstance(made, ast.Call) and not made.keywords and len(made.args) == 1 and
-            isinstance(made.args[0], ast.Name) and made.args[0].id == x.id and ast.dump(y1) == ast.dump(y2) and
-            x.id not in {n.id for n in ast.walk(y1) if isinstance(n, ast.Name)}):
-        return body
-    return head + [ast.If(cond.test, [ast.Assign(targets=[ast.Name(x.id, ast.Store())], value=made)], []), plain]
-
-
-def _renamed(node: ast.AST, names: dict) -> ast.AST:
-    """A copy of `node`, its names renamed by `names` (a method's arguments named as its caller's)."""
-    node = copy.deepcopy(node)
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name):
-            n.id = names.get(n.id, n.id)
-    return node
 
 
 class _Elements(ast.NodeTransformer):
@@ -281,7 +224,7 @@ class _Elements(ast.NodeTransformer):
         self.self_, self.index, self.attributes = self_, index, set()
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
-        attribute = _table(node.value, self.self_)
+        attribute = attribute_of(node.value, self.self_)
         if attribute is not None and isinstance(node.slice, ast.Name) and node.slice.id == self.index and \
                 isinstance(node.ctx, ast.Load):
             self.attributes.add(attribute)
@@ -329,11 +272,6 @@ def _opens(node: ast.AST, q: str, self_: str) -> bool:
         (isinstance(f, ast.Attribute) and (f.attr == "open" or (isinstance(f.value, ast.Name) and f.value.id == self_)))
 
 
-def _stored(statement: ast.stmt) -> set[str]:
-    """The names `statement` binds."""
-    return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
-
-
 def _read(statement: ast.stmt, bound: set, self_: str) -> set:
     """The names a label statement reads (None among them where it is not one: it binds a name not
     `bound`, or does more than `_pure` allows)."""
@@ -349,12 +287,6 @@ def _read(statement: ast.stmt, bound: set, self_: str) -> set:
 
 def _loaded(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-
-def _table(node: ast.AST, self_: str) -> str | None:
-    """The attribute's name where `node` is `self.<attribute>` (a table a label is looked up in)."""
-    return node.attr if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-        node.value.id == self_ else None
 
 
 def _pure(node: ast.AST, self_: str) -> bool:
@@ -379,7 +311,7 @@ def _pure(node: ast.AST, self_: str) -> bool:
     if isinstance(node, ast.UnaryOp):
         return isinstance(node.op, (ast.Not, ast.USub)) and _pure(node.operand, self_)
     if isinstance(node, ast.Subscript):
-        return (_table(node.value, self_) is not None or _pure(node.value, self_)) and _pure(node.slice, self_)
+        return (attribute_of(node.value, self_) is not None or _pure(node.value, self_)) and _pure(node.slice, self_)
     if isinstance(node, ast.Slice):
         return all(p is None or _pure(p, self_) for p in (node.lower, node.upper, node.step))
     if isinstance(node, ast.Call):
@@ -391,7 +323,7 @@ def _pure(node: ast.AST, self_: str) -> bool:
         if isinstance(f, ast.Attribute) and f.attr in _OS_PATH and isinstance(f.value, ast.Attribute) and \
                 f.value.attr == "path" and isinstance(f.value.value, ast.Name) and f.value.value.id == "os":
             return len(node.args) == 1 and not node.keywords
-        if isinstance(f, ast.Attribute) and f.attr == "index" and _table(f.value, self_) is not None:
+        if isinstance(f, ast.Attribute) and f.attr == "index" and attribute_of(f.value, self_) is not None:
             return len(node.args) == 1 and not node.keywords
         return isinstance(f, ast.Attribute) and f.attr in _STR_METHODS and _pure(f.value, self_)
     return False

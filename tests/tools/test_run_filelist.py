@@ -24,7 +24,8 @@ from torch.utils.data import Dataset
 
 from fastdata.run import _torchvision as rt
 
-try:  # (the datasets that read their files with torchvision.io; the tests that make them skip without it)
+try:  # (the datasets that read their files with torchvision; the tests that make them skip without it)
+    from torchvision.datasets.folder import default_loader
     from torchvision.io import ImageReadMode, read_image
 except ImportError:
     pass
@@ -583,6 +584,41 @@ class GreyLoaded(Loaded):  # another conversion, in its method
         return Image.open(self.image_paths[i]).convert("L")
 
 
+def pil_loader(path):  # torchvision's, copied into the script as scripts copy it
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        return img.convert("RGB")
+
+
+class Copied(Pairs):  # opens each file with its copy of torchvision's pil_loader
+    def __getitem__(self, i):
+        path, y = self.samples[i]
+        x = pil_loader(path)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, y
+
+
+class Imported(Files):  # torchvision's own default_loader imported by name, given the path read in place
+    def __getitem__(self, idx):
+        image = default_loader(self.image_paths[idx])
+        label = self.labels[idx]
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+class Helped(Rooted):  # a method of its own given the joined path
+    def load(self, path):
+        return Image.open(path).convert("RGB")
+
+    def __getitem__(self, index):
+        img = self.load(os.path.join(self.root, self.names[index]))
+        if self.tf is not None:
+            img = self.tf(img)
+        return img, self.targets[index]
+
+
 CLASSES = {f"class{c}": c for c in range(4)}
 
 
@@ -697,10 +733,14 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     the open or not), pathlib's `/`, an f-string or `+` (to a root, a text or both) (in the open,
     bound first, or bound, then joined; bound to the image's or the name's own local), (path,
     label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader written
-    in), or Pillow's image opened as a context; the label before or after the image or the
+    in), or Pillow's image opened as a context, in `__getitem__` or in a method of the class's or a
+    function of the script's it calls (given the index, a path or an expression; a copy of
+    torchvision's pil_loader), or by torchvision's own default_loader imported by name; the label
+    (a folder's name looked up, from pathlib paths or made paths) before or after the image or the
     transform, as it is, mapped by a dict of class names (or a tuple) or made a tensor (of int64)
     or an int, or derived from the name or the path by its own statements (through a dict or a
-    list of its own or not); `if self.transform:`, `is not None`, always, inline; a docstring first, the tutorial's line for a tensor index; any
+    list of its own or not); `if self.transform:`, `is not None`, always, inline (or returned under
+    the condition); a docstring first, the tutorial's line for a tensor index; any
     names), is served natively: the batches torchvision's own, bit for bit, the labels its
     code's, a transform swapped between passes followed."""
     from fastdata.run._decide import _collation
@@ -734,7 +774,9 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Under(str(folder), names, labels, cropped), Splits(folder.parent, folder.name, names, labels, sized),
                     ImageFolderCustom(str(folder), cropped),
                     Parented(None, [Path(p) for p in paths], classes, sized),
-                    Pathed(str(folder), names, sorted(classes), cropped), Loaded(paths, labels, sized)):
+                    Pathed(str(folder), names, sorted(classes), cropped), Loaded(paths, labels, sized),
+                    Copied(list(zip(paths, labels)), cropped), Imported(paths, labels, sized),
+                    Helped(str(folder), names, labels, cropped)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -1068,7 +1110,8 @@ def test_a_method_the_getitem_calls_is_read_in_its_place_only_where_that_is_the_
         cls = scope["Course"]
         return item_source(cls.__getitem__.__code__, ("Image",), (("load", cls.load.__code__),))
 
-    for load in ("return Image.open(self.paths[i])", '"""Its image."""\n        p = self.paths[i]\n        return Image.open(p)'):
+    for load in ("return Image.open(self.paths[i])",
+                 '"""Its image."""\n        p = self.paths[i]\n        return Image.open(p)'):
         read_ = read(load)
         assert read_ is not None and (read_.source, read_.attribute, read_.tables) == ("element", "paths", ("table",))
         assert "load" not in read_.code.co_names and read_.code.co_names.count("transform") == 1
