@@ -608,6 +608,19 @@ class Imported(Files):  # torchvision's own default_loader imported by name, giv
         return image, label
 
 
+class Labelled(Rooted):  # its label from a method of its own given the path, derived from the folder's name
+    def label_of(self, path):
+        return self.targets[os.path.basename(os.path.dirname(path))]
+
+    def __getitem__(self, index):
+        path = os.path.join(self.root, self.names[index])
+        image = Image.open(path).convert("RGB")
+        label = self.label_of(path)
+        if self.tf:
+            image = self.tf(image)
+        return image, label
+
+
 class Helped(Rooted):  # a method of its own given the joined path
     def load(self, path):
         return Image.open(path).convert("RGB")
@@ -776,7 +789,7 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Parented(None, [Path(p) for p in paths], classes, sized),
                     Pathed(str(folder), names, sorted(classes), cropped), Loaded(paths, labels, sized),
                     Copied(list(zip(paths, labels)), cropped), Imported(paths, labels, sized),
-                    Helped(str(folder), names, labels, cropped)):
+                    Helped(str(folder), names, labels, cropped), Labelled(str(folder), names, classes, sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
