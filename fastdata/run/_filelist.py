@@ -123,7 +123,7 @@ def file_list(dataset: Any) -> FileList | None:
     doc, names, derived = cls.__getitem__.__doc__ is not None, code.co_names, None
     shapes = shapes_of(code, doc)
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
-    if read is None:  # (its source read: a method inlined, a return folded, a label its statements derive)
+    if read is None:  # (its source read: its helpers read in their place, a return folded, a label derived)
         scope = getattr(cls.__getitem__, "__globals__", {})
         methods, functions, loaders = _helpers(dataset, code, scope)
         names = tuple(dict.fromkeys([*code.co_names, *(n for _, c in methods + functions for n in c.co_names)]))
@@ -181,8 +181,9 @@ def _helpers(dataset: Any, code: types.CodeType, scope: dict) -> tuple[tuple, tu
     folder = sys.modules.get("torchvision.datasets.folder")
     loaders = [n for n in names if folder is not None and any(scope.get(n) is f for f in (folder.pil_loader,
                                                                                        folder.default_loader))]
-    return tuple((n, f.__code__) for n, f in found if plain(f)), \
-        tuple((n, scope[n].__code__) for n in names if plain(scope.get(n))), tuple(loaders) if len(loaders) == 1 else ()
+    return (tuple((n, f.__code__) for n, f in found if plain(f)),
+            tuple((n, scope[n].__code__) for n in names if plain(scope.get(n))),
+            tuple(loaders) if len(loaders) == 1 else ())
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:

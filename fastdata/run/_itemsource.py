@@ -58,8 +58,8 @@ _ELEMENT = "fastdata_element"  # (the name a list's element read in place takes 
 
 
 class ItemSource:
-    """A `__getitem__` as its source reads: `code`, its code with the methods it calls inlined, a
-    return under a condition folded, and a label its statements derive made `label =
+    """A `__getitem__` as its source reads: `code`, its code with the helpers it calls read in their
+    place, a return under a condition folded, and a label its statements derive made `label =
     self.<LABELS>[idx]`; `label_of(str, tables)`, the label they give (None where the label is a
     list's); `source`, which str: "element", the list's own (`q = self.<attribute>[idx]`, or that
     element read in place), or "path", the one the code opens; `tables`, the attributes of the
