@@ -514,7 +514,6 @@ class Contexted(Files):  # Pillow's image opened as a context, converted within 
         return image, label
 
 
-
 def find_classes(directory):  # (the course's own helper, at module level as it writes it)
     classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
     return classes, {name: i for i, name in enumerate(classes)}
