@@ -122,12 +122,15 @@ def file_list(dataset: Any) -> FileList | None:
         return _pets(dataset, pets, code)
     doc, names, derived = cls.__getitem__.__doc__ is not None, code.co_names, None
     shapes = shapes_of(code, doc)
+    scope = getattr(cls.__getitem__, "__globals__", {})
     read = read_shape(dataset, "__getitem__", shapes, _FIXED) if shapes else None
-    if read is None:  # (its source read: its helpers read in their place, a return folded, a label derived)
-        scope = getattr(cls.__getitem__, "__globals__", {})
-        methods, functions, loaders = _helpers(dataset, code, scope)
-        names = tuple(dict.fromkeys([*code.co_names, *(n for _, c in methods + functions for n in c.co_names)]))
-        derived = item_source(code, tuple(n for n in names if isinstance(scope.get(n), types.ModuleType)), methods,
+    # (a loader of the script's own is read in its place from the source; where it cannot be, `_refused` names it)
+    own_loader = read is not None and read[0].opens == "loader" and _plain(read[1]["loader"], scope)
+    if read is None or own_loader:  # (its source read: its helpers in their place, a return folded, a label derived)
+        first = read
+        held, functions, loaders = _helpers(dataset, code, scope)
+        names = tuple(dict.fromkeys([*code.co_names, *(n for h in held + functions for n in h[1].co_names)]))
+        derived = item_source(code, tuple(n for n in names if isinstance(scope.get(n), types.ModuleType)), held,
                               functions, loaders)
         shapes = shapes_of(derived.code, doc) if derived is not None else ()
         # (a derived label's list is no attribute of the instance: `FileList.samples` puts the labels there;
@@ -135,10 +138,11 @@ def file_list(dataset: Any) -> FileList | None:
         labelled = derived is not None and derived.label_of is not None
         extra = {**({LABELS: None} if labelled else {}), **({LOADER: scope[loaders[0]]} if loaders else {})}
         read = read_shape(dataset, "__getitem__", shapes, _FIXED, derived.code, extra) if shapes else None
-        if read is None or (labelled and "labels" not in read[1]):
-            return None  # (a derived label read as a list's, by a shape of a list of labels)
+        if read is None or (labelled and "labels" not in read[1]):  # (a derived label read as a list's)
+            if first is None:
+                return None
+            read, derived, names = first, None, code.co_names
     shape, got, func = read
-    scope = func.__globals__
     if ("os" in names and scope.get("os") is not os) or ("torch" in names and scope.get("torch") is not torch) or \
             ("Path" in names and scope.get("Path") is not pathlib.Path) or \
             any(scope.get(n, func.__builtins__.get(n)) is not getattr(builtins, n)
@@ -167,23 +171,25 @@ def file_list(dataset: Any) -> FileList | None:
 
 def _helpers(dataset: Any, code: types.CodeType, scope: dict) -> tuple[tuple, tuple, tuple]:
     """What the dataset's `__getitem__` of `code`, of the module of globals `scope`, may call by
-    a name it reads (`_inline`): (name, code) of each method of its class's and each function of
-    the module's (plain functions of that module without defaults or a closure; a method the
-    instance does not shadow), and the name of its global that is torchvision's own `pil_loader`
-    or `default_loader` (one or none)."""
+    a name it reads (`_inline`): (name, code, True) of each method of its class's (one the instance
+    does not shadow) and (name, code, False) of each function the instance holds; (name, code) of
+    each function of the module's; the name of its global that is torchvision's own `pil_loader`
+    or `default_loader` (one or none). Each a plain function of that module (`_plain`)."""
     mro, own, names = type(dataset).__mro__, getattr(dataset, "__dict__", {}), dict.fromkeys(code.co_names)
-
-    def plain(f: Any) -> bool:
-        return type(f) is types.FunctionType and f.__globals__ is scope and not f.__defaults__ and \
-            not f.__kwdefaults__ and f.__closure__ is None
-
     found = ((n, next((vars(c)[n] for c in mro if n in vars(c)), None)) for n in names if n not in own)
     folder = sys.modules.get("torchvision.datasets.folder")
     loaders = [n for n in names if folder is not None and any(scope.get(n) is f for f in (folder.pil_loader,
                                                                                        folder.default_loader))]
-    return (tuple((n, f.__code__) for n, f in found if plain(f)),
-            tuple((n, scope[n].__code__) for n in names if plain(scope.get(n))),
+    return (tuple((n, f.__code__, True) for n, f in found if _plain(f, scope)) +
+            tuple((n, own[n].__code__, False) for n in names if n in own and _plain(own[n], scope)),
+            tuple((n, scope[n].__code__) for n in names if _plain(scope.get(n), scope)),
             tuple(loaders) if len(loaders) == 1 else ())
+
+
+def _plain(f: Any, scope: dict) -> bool:
+    """Whether `f` is a plain function of the module of globals `scope` (no defaults, no closure)."""
+    return type(f) is types.FunctionType and f.__globals__ is scope and not f.__defaults__ and \
+        not f.__kwdefaults__ and f.__closure__ is None
 
 
 def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:

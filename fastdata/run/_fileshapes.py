@@ -48,7 +48,7 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
 # "."), their names free too)
 _ROWS = (((), "self.frame.iloc[i].{AP}", "self.frame.iloc[i].{AL}"), (("r = self.frame.iloc[i]",), "r.{AP}", "r.{AL}"))
 # A sample's path and label bound together (torchvision's own datasets bind them so), the path opened as it
-# is or joined to a root
+# is or joined to a root (in the open, or bound first)
 _PAIRED = ("p, y = self.samples[i]", "p, y = self.paths[i], self.labels[i]")
 # How a path is joined to a root (`_written`'s `join`): with os.path.join, or pathlib's `/` (a class whose code divides)
 # (or in an f-string: `f"{self.root}/{name}"`, `f"{self.root}/images/{name}.jpg"`; or with an extension added:
@@ -212,10 +212,12 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
                         shapes.append(_shape(head, opened, guard, [bind], returned, path_at, opens, target))
                 if not target:  # the label in the return
                     shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
-        for pair in () if mapped else _PAIRED:
-            for path in ("p", join_("p")):
+        for pair in () if mapped else _PAIRED:  # (the path as it is or joined, in the open or bound first)
+            for binds, path in (([], "p"), ([], join_("p")), ([f"q = {join_('p')}"], "q"),
+                                ([f"x = {join_('p')}"], "x")):
                 opened = open_(path)
-                shapes.append(_shape([*lead, pair, opened], opened, guard, [], made("y"), path, opens, target))
+                shapes.append(_shape([*lead, pair, *binds, opened], opened, guard, [], made("y"), path, opens,
+                                     target))
     written: dict[bytes, list[type]] = {}
     for shape in shapes:
         written.setdefault(shape.__getitem__.__code__.co_code, []).append(shape)

@@ -4,14 +4,15 @@ as one return, so that the shapes of `_fileshapes` may read them.
 
 Scripts open their images in a helper of their own: a method of the class's (`img =
 self.load_image(index)`, as a much-copied PyTorch course's ImageFolderCustom does), or a function of
-the script's module, often torchvision's pil_loader copied in:
+the script's module, called by name or held by the instance (`self.loader = loader`, its default a
+function of the script's), often torchvision's pil_loader copied in:
 
     def pil_loader(path):
         with open(path, "rb") as f:
             img = Image.open(f)
             return img.convert("RGB")
 
-Such a call of one argument bound to a local (`x = self.<method>(a)`, `x = <function>(a)`) is read
+Such a call of one argument bound to a local (`x = self.<helper>(a)`, `x = <function>(a)`) is read
 as the helper's statements (`inlined`), its return bound to `x` (within the `with` where a return
 ends the `with` that ends the helper: the same calls in the same order); the helper's argument
 named as the caller's local where the caller passes one, else bound to its own name first. The
@@ -30,13 +31,14 @@ import copy
 LOADER = "\0loader"  # (the attribute the reading reads torchvision's loader from: no script's name)
 
 
-def inlined(body: list, self_: str, index: str, methods: dict, functions: dict, loaders: tuple,
+def inlined(body: list, self_: str, index: str, held: dict, functions: dict, loaders: tuple,
             locals_: set) -> list | None:
     """`body` (of a `__getitem__` of the instance `self_` and the index `index`, its locals
-    `locals_`) with each call of `methods` (trees of the class's methods: the instance and one
-    argument) or `functions` (trees of the module's functions of one argument) bound to a local
-    read in its place, and each call of `loaders` (names of torchvision's loaders) read as
-    `self.<LOADER>(p)`; None where a helper may not be so read (see the module)."""
+    `locals_`) with each call bound to a local of `held` (name: (the tree, whether it takes the
+    instance) of each method of the class's, or function of one argument the instance holds) or
+    of `functions` (trees of the module's functions of one argument) read in its place, and each
+    call of `loaders` (names of torchvision's loaders) read as `self.<LOADER>(p)`; None where a
+    helper may not be so read (see the module)."""
     taken = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name)}
     out = []
     for s in body:
@@ -46,17 +48,16 @@ def inlined(body: list, self_: str, index: str, methods: dict, functions: dict, 
                 not isinstance(call.args[0], ast.Starred)):
             out.append(s)
             continue
-        f, helper, made = call.func, None, None
+        f, helper, method, made = call.func, None, False, None
         if isinstance(f, ast.Name) and f.id in loaders and f.id not in locals_:
             made = [ast.Assign(targets=s.targets, value=ast.Call(
                 ast.Attribute(ast.Name(self_, ast.Load()), LOADER, ast.Load()), call.args, []))]
         elif isinstance(f, ast.Name) and f.id not in locals_:
             helper = functions.get(f.id)
         elif attribute_of(f, self_) is not None:
-            helper = methods.get(f.attr)
+            helper, method = held.get(f.attr, (None, False))
         if helper is not None:
-            made = _made(helper, call.args[0], s.targets[0], self_, taken, locals_ | {self_, index},
-                         isinstance(f, ast.Attribute))
+            made = _made(helper, call.args[0], s.targets[0], self_, taken, locals_ | {self_, index}, method)
             if made is None:
                 return None
         out += made if made is not None else [s]
@@ -77,7 +78,7 @@ def _made(helper: ast.FunctionDef, arg: ast.expr, target: ast.Name, self_: str, 
     if not isinstance(end, ast.Return) or end.value is None or \
             [n for n in nodes if isinstance(n, ast.Return)] != [end] or \
             any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)) for n in nodes) or \
-            set().union(*(stored(x) for x in statements)) & ({*params} | taken) or \
+            set().union(*(stored(x) for x in statements)) & ({*params} | taken | locals_) or \
             ({n.id for n in nodes if isinstance(n, ast.Name)} - {*params}) & locals_:
         return None
     names = {params[0]: self_} if method else {}

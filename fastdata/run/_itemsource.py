@@ -97,30 +97,31 @@ class ItemSource:
 
 
 @functools.lru_cache(maxsize=256)
-def item_source(code: types.CodeType, imported: tuple, methods: tuple = (), functions: tuple = (),
+def item_source(code: types.CodeType, imported: tuple, held: tuple = (), functions: tuple = (),
                 loaders: tuple = ()) -> ItemSource | None:
     """The reading of a `__getitem__` of `code` from its source (see the module); None where its
     source cannot be read or does not compile to `code`, or where it is no different from `code`
     (no helper read in its place, no return folded, no label derived). `imported`: the names of its
     globals that are modules (each compiled as imported: the compiler calls a method of an imported
-    name by another instruction); `methods`, `functions`: (name, code) of each method of the
-    class's and function of its module's it may call; `loaders`: the names of its globals that are
-    torchvision's loaders (`_inline`)."""
+    name by another instruction); `held`: (name, code, whether it takes the instance) of each
+    method of the class's and function of its module's the instance holds, `functions`: (name,
+    code) of each function of its module's, that it may call; `loaders`: the names of its globals
+    that are torchvision's loaders (`_inline`)."""
     try:
-        return _reading(code, imported, methods, functions, loaders)
+        return _reading(code, imported, held, functions, loaders)
     except RecursionError:  # (a tree deeper than these functions may walk, though Python ran it)
         return None
 
 
-def _reading(code: types.CodeType, imported: tuple, methods: tuple, functions: tuple,
+def _reading(code: types.CodeType, imported: tuple, held: tuple, functions: tuple,
              loaders: tuple) -> ItemSource | None:
     func = _source(code, imported, 2)
     if func is None:
         return None
     self_, index = (a.arg for a in func.args.args)
-    trees = [{name: f for name, c in found for f in [_source(c, imported, arity)] if f is not None}
-             for found, arity in ((methods, 2), (functions, 1))]
-    body = inlined(func.body, self_, index, *trees, loaders, set(code.co_varnames))
+    held = {name: (f, method) for name, c, method in held for f in [_source(c, imported, 1 + method)] if f is not None}
+    functions = {name: f for name, c in functions for f in [_source(c, imported, 1)] if f is not None}
+    body = inlined(func.body, self_, index, held, functions, loaders, set(code.co_varnames))
     if body is None:
         return None
     body = folded(body)

@@ -607,6 +607,51 @@ class Imported(Files):  # torchvision's own default_loader imported by name, giv
         return image, label
 
 
+def image_loader(path):  # the script's own loader, a much-copied file-list Dataset's default
+    return Image.open(path).convert("RGB")
+
+
+class Joined(Dataset):  # (name, label) pairs under a root, the joined path bound first
+    def __init__(self, root, samples, transform):
+        self.root, self.samples, self.transform = root, samples, transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, idx):
+        name, label = self.samples[idx]
+        img_path = os.path.join(self.root, name)
+        image = Image.open(img_path).convert("RGB")
+        if self.transform:
+            image = self.transform(image)
+        return image, label
+
+
+def grey_loader(path):
+    return Image.open(path).convert("L")
+
+
+class Filelist(Dataset):  # that Dataset: (name, label) pairs under a root, opened by the loader it holds
+    def __init__(self, root, flist, transform=None, target_transform=None, loader=image_loader):
+        self.root = root
+        self.imlist = flist
+        self.transform = transform
+        self.target_transform = target_transform
+        self.loader = loader
+
+    def __getitem__(self, index):
+        impath, target = self.imlist[index]
+        img = self.loader(os.path.join(self.root, impath))
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+    def __len__(self):
+        return len(self.imlist)
+
+
 class Labelled(Rooted):  # its label from a method of its own given the path, derived from the folder's name
     def label_of(self, path):
         return self.targets[os.path.basename(os.path.dirname(path))]
@@ -744,9 +789,9 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
     it, a text or an attribute, or not; an extension added to the name or to the joined path, in
     the open or not), pathlib's `/`, an f-string or `+` (to a root, a text or both) (in the open,
     bound first, or bound, then joined; bound to the image's or the name's own local), (path,
-    label) pairs; opened by Pillow or first by Python's `open` (torchvision's pil_loader written
+    label) pairs (the path joined to a root or not, in the open or bound first); opened by Pillow or first by Python's `open` (torchvision's pil_loader written
     in), or Pillow's image opened as a context, in `__getitem__` or in a method of the class's or a
-    function of the script's it calls (given the index, a path or an expression; a copy of
+    function of the script's it calls or holds (given the index, a path or an expression; a copy of
     torchvision's pil_loader), or by torchvision's own default_loader imported by name; the label
     (a folder's name looked up, from pathlib paths or made paths) before or after the image or the
     transform, as it is, mapped by a dict of class names (or a tuple) or made a tensor (of int64)
@@ -788,7 +833,9 @@ def test_a_scripts_file_list_is_served_natively(tv, folder, workers):
                     Parented(None, [Path(p) for p in paths], classes, sized),
                     Pathed(str(folder), names, sorted(classes), cropped), Loaded(paths, labels, sized),
                     Copied(list(zip(paths, labels)), cropped), Imported(paths, labels, sized),
-                    Helped(str(folder), names, labels, cropped), Labelled(str(folder), names, classes, sized)):
+                    Helped(str(folder), names, labels, cropped), Labelled(str(folder), names, classes, sized),
+                    Filelist(str(folder), list(zip(names, labels)), cropped),
+                    Joined(str(folder), list(zip(names, labels)), sized)):
         assert f"served natively: {type(dataset).__name__} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, workers, swap)
 
@@ -958,7 +1005,8 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
     method it calls that the instance shadows is not read); one it reads but cannot serve (paths in
     a dict, labels mapped by a Mapping of the script's, a None transform it calls, a transform whose
     truth is its own code, a label derived through a dict subclass, a list of str subclasses or a
-    dict of lists, whose lookup or label may run the script's code, a join of one
+    dict of lists, whose lookup or label may run the script's code, a loader of the script's own
+    that converts otherwise, a join of one
     that opens PIL images and one that reads tensors through one transform) says why."""
     from collections import OrderedDict, UserDict
 
@@ -1002,7 +1050,9 @@ def test_a_file_list_that_does_more_is_not_read(tv, folder):
                          (Indexed(str(folder), names, [Text(c) for c in CLASSES], sized),
                           "Indexed derives its labels through its targets, a list of other keys"),
                          (Parented(None, [Path(p) for p in paths], {k: [v] for k, v in CLASSES.items()}, sized),
-                          "Parented derives its labels through its targets, a dict of other values")):
+                          "Parented derives its labels through its targets, a dict of other values"),
+                         (Filelist(str(folder), list(zip(names, labels)), sized, loader=grey_loader),
+                          "Filelist has its own image loader (")):
         lowering, reason = rt.lower(dataset)
         assert lowering is None and reason.startswith(why), reason
         assert why in _collation({"dataset": dataset})[0]
@@ -1120,7 +1170,7 @@ def test_a_method_the_getitem_calls_is_read_in_its_place_only_where_that_is_the_
         scope: dict = {}
         exec(compile(text, filename, "exec"), scope)
         cls = scope["Course"]
-        return item_source(cls.__getitem__.__code__, ("Image",), (("load", cls.load.__code__),))
+        return item_source(cls.__getitem__.__code__, ("Image",), (("load", cls.load.__code__, True),))
 
     for load in ("return Image.open(self.paths[i])",
                  '"""Its image."""\n        p = self.paths[i]\n        return Image.open(p)'):
