@@ -90,11 +90,10 @@ def _made(helper: ast.FunctionDef, arg: ast.expr, target: ast.Name, self_: str, 
     else:  # (anything else bound to the helper's own name first)
         head = [ast.Assign(targets=[ast.Name(params[-1], ast.Store())], value=arg)]
     bound = ast.Assign(targets=[target], value=_renamed(end.value, names))
-    if within is None:
-        return head + [_renamed(x, names) for x in statements[:-1]] + [bound]
-    inner = _renamed(within, names)
-    inner.body = [_renamed(x, names) for x in within.body[:-1]] + [bound]
-    return head + [_renamed(x, names) for x in statements[:-1]] + [inner]
+    last = bound if within is None else _renamed(within, names)
+    if within is not None:
+        last.body[-1] = bound  # (the return that ends the with, bound within it)
+    return head + [_renamed(x, names) for x in statements[:-1]] + [last]
 
 
 def folded(body: list) -> list:

@@ -170,9 +170,7 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
     attribute = next(iter(elements.attributes), "")
     if q == _ELEMENT:  # (an element of the list the code reads elsewhere too: a label list's own is no derived label)
         source = "element"
-        if not any(isinstance(n, ast.Subscript) and attribute_of(n.value, self_) == attribute and
-                   isinstance(n.slice, ast.Name) and n.slice.id == index
-                   for s in body[:lo] + body[hi + 1:] for n in ast.walk(s)):
+        if not any(_element(n, self_, index) == attribute for s in body[:lo] + body[hi + 1:] for n in ast.walk(s)):
             return None
     else:
         binds = [s for s in ast.walk(func) if isinstance(s, ast.Name) and s.id == q and isinstance(s.ctx, ast.Store)]
@@ -180,11 +178,9 @@ def _derived(func: ast.FunctionDef, body: list, imported: tuple) -> ItemSource |
                  isinstance(s.targets[0], ast.Name) and s.targets[0].id == q]
         if len(binds) != 1 or len(first) != 1 or attribute:
             return None
-        value = first[0].value
-        if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute) and \
-                isinstance(value.value.value, ast.Name) and value.value.value.id == self_ and \
-                isinstance(value.slice, ast.Name) and value.slice.id == index:
-            source, attribute = "element", value.value.attr
+        attribute = _element(first[0].value, self_, index) or ""
+        if attribute:
+            source = "element"
         elif any(_opens(c, q, self_) for s in body for c in ast.walk(s)):
             source = "path"
         else:
@@ -225,12 +221,17 @@ class _Elements(ast.NodeTransformer):
         self.self_, self.index, self.attributes = self_, index, set()
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
-        attribute = attribute_of(node.value, self.self_)
-        if attribute is not None and isinstance(node.slice, ast.Name) and node.slice.id == self.index and \
-                isinstance(node.ctx, ast.Load):
+        attribute = _element(node, self.self_, self.index)
+        if attribute is not None:
             self.attributes.add(attribute)
             return ast.Name(_ELEMENT, ast.Load())
         return self.generic_visit(node)
+
+
+def _element(node: ast.AST, self_: str, index: str) -> str | None:
+    """The attribute's name where `node` reads `self.<attribute>[index]` (a list's element)."""
+    return attribute_of(node.value, self_) if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and \
+        isinstance(node.slice, ast.Name) and node.slice.id == index else None
 
 
 def _function(name: str, args: ast.arguments, body: list) -> ast.FunctionDef:
