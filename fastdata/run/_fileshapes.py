@@ -18,8 +18,11 @@ always, or in the return.
 
 `shapes_of` gives the shapes a class's `__getitem__` may be, from the names its code reads and what
 it does (`_features`), each written out (`_written`) by the running interpreter's compiler, so that
-its bytecode is compared instruction for instruction (`_views.same_shape`); `pick`, a shape's
-statements but the open and the transforms, which give a sample's path and label.
+its bytecode is compared instruction for instruction (`_views.same_shape`): only those whose parts
+need nothing the code has not (a frame's `iloc`, os.path's `join`, a conditional jump): a shape
+that reads a name or makes a jump the code does not cannot be its, and each one written out is a
+compile (`benchmarks/run_reading.py`); `pick`, a shape's statements but the open and the
+transforms, which give a sample's path and label.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ _SOURCES = (((), "self.paths[i]", "self.labels[i]"),
             ((), "self.frame.loc[i, {P}]", "self.frame.loc[i, {L}]"),
             ((), "self.frame[{P}][i]", "self.frame[{L}][i]"),
             (("r = self.frame.iloc[i]",), "r[{P}]", "r[{L}]"))
+# What each of them needs of the code it could be (`_features`: the fixed name it reads, or a str constant it indexes
+# by)
+_SOURCE_NEEDS = ("", "iloc", "iloc", "loc", "\0[s]", "iloc")
 # (and a row's columns read as its attributes, `r.path` (a class whose code reads an attribute of a row: `_features`'
 # "."), their names free too)
 _ROWS = (((), "self.frame.iloc[i].{AP}", "self.frame.iloc[i].{AL}"), (("r = self.frame.iloc[i]",), "r.{AP}", "r.{AL}"))
@@ -65,6 +71,8 @@ _GUARDS = {"if": ["if self.transform:", "    x = self.transform(x)"],
            "not_none": ["if self.transform is not None:", "    x = self.transform(x)"],
            "always": ["x = self.transform(x)"],
            "inline": []}
+# What a guard needs of the code it could be (`_features`): a conditional jump; one on None
+_GUARD_NEEDS = {"if": {"\0if"}, "not_none": {"\0if", "\0none"}, "always": set(), "inline": set()}
 # A target_transform after the transform (the PyTorch tutorial's CustomImageDataset), as its guard puts it
 _TARGETS = {"": [], "if": ["if self.target_transform:", "    y = self.target_transform(y)"],
             "not_none": ["if self.target_transform is not None:", "    y = self.target_transform(y)"]}
@@ -99,6 +107,11 @@ _CHOICES = (({"ImageReadMode"}, ("read_rgb",)), ({"read_image"}, ("read",)), ({"
 # columns' names, and the text an f-string puts before and after a path's name (`_TEXTS`)
 COLUMNS = {"P": "\0path column", "L": "\0label column", "S": "\0text", "T": "\0text after"}
 _TEXTS = ("S", "T")
+# What shapes' parts may need of a code (`_written`'s `has`: every one where all shapes are written out): `iloc`
+# or `loc` read, a str constant indexed by, a conditional jump, one on None, a join's names (`_JOIN_NEEDS`)
+EVERY = frozenset({"iloc", "loc", "\0[s]", "\0if", "\0none", "\0joined"})
+_OS = frozenset({"os", "path", "join"})
+_JOIN_NEEDS = {"os": _OS, "os_text": _OS, "text_os": _OS, "os_three": _OS, "os_folder": _OS}
 
 
 class Shape:
@@ -176,7 +189,7 @@ class _Attributes(ast.NodeTransformer):
 
 @functools.lru_cache(maxsize=None)
 def _written(family: str, opens: str, target: str = "", leads: tuple = (), join: str = "os",
-             mapped: bool = False, rows: bool = False) -> dict[bytes, tuple[type, ...]]:
+             mapped: bool = False, rows: bool = False, has: frozenset = EVERY) -> dict[bytes, tuple[type, ...]]:
     """Every shape whose label is returned as `_LABELS[family]` makes it (made where it is bound,
     or in the return) and whose image is opened as `_OPENS[opens]`, keyed by its code's bytes
     (the running interpreter's compiler writes them), its first statements `_LEADS`' `leads`, a
@@ -184,23 +197,27 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
     of the script's (`self.mapping[self.labels[i]]`: a dict of class names); `rows`: a frame's
     row's columns read as its attributes too (`_ROWS`).
     With a `target` guard, those that bind the label before the transform and return it as it is
-    (the family ""), the target_transform after it."""
+    (the family ""), the target_transform after it. Only the shapes whose parts' needs are all in `has`
+    (`_features`' marks and names the code has: a source's `_SOURCE_NEEDS`, a guard's `_GUARD_NEEDS`, a
+    join's "\\0joined"): a shape whose part needs what a code lacks cannot be that code's."""
     made, open_, join_ = _LABELS[family].format, _OPENS[opens].format, _JOINS[join].format
     lead = [_LEADS[k] for k in leads]
     shapes = []
-    for guard in [g for g in _GUARDS if not (target and g == "inline")]:
-        for before, path, label in _SOURCES + (_ROWS if rows else ()):
+    sources = [source for source, needs in zip(_SOURCES, _SOURCE_NEEDS) if not needs or needs in has]
+    joined = "\0joined" in has
+    for guard in [g for g in _GUARDS if not (target and g == "inline") and _GUARD_NEEDS[g] <= has]:
+        for before, path, label in sources + list(_ROWS if rows else ()):
             before, label = (*lead, *before), f"self.mapping[{label}]" if mapped else label
-            joined = join_(path)
+            whole = join_(path)
             # (the statements that bind what is opened, and what is opened: the path as it is or joined to a
             # root, in the open, bound first (to the image's own name or another), or its name bound, then joined
             # (and bound, to its own name or another, or in the open);
             # or joined and bound, the extension added in the open)
             suffixed = [([f"p = {_JOINS['os'].format(path)}"], 'p + f"{S}"')] if join == "text_os" else []
-            for binds, path_at in (([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x"), ([], joined),
-                                   ([f"p = {joined}"], "p"), ([f"x = {joined}"], "x"),
-                                   ([f"n = {path}", f"p = {join_('n')}"], "p"), ([f"n = {path}"], join_("n")),
-                                   ([f"p = {path}", f"p = {join_('p')}"], "p"), *suffixed):
+            plain = [([], path), ([f"p = {path}"], "p"), ([f"x = {path}"], "x")]
+            for binds, path_at in plain + ([([], whole), ([f"p = {whole}"], "p"), ([f"x = {whole}"], "x"),
+                                            ([f"n = {path}", f"p = {join_('n')}"], "p"), ([f"n = {path}"], join_("n")),
+                                            ([f"p = {path}", f"p = {join_('p')}"], "p"), *suffixed] if joined else []):
                 opened = open_(path_at)
                 head = [*before, *binds, opened]
                 for bind, returned in dict.fromkeys([(made(label), "y"), (label, made("y"))]):
@@ -213,8 +230,8 @@ def _written(family: str, opens: str, target: str = "", leads: tuple = (), join:
                 if not target:  # the label in the return
                     shapes.append(_shape(head, opened, guard, [], made(label), path_at, opens, target))
         for pair in () if mapped else _PAIRED:  # (the path as it is or joined, in the open or bound first)
-            for binds, path in (([], "p"), ([], join_("p")), ([f"q = {join_('p')}"], "q"),
-                                ([f"x = {join_('p')}"], "x")):
+            for binds, path in [([], "p")] + ([([], join_("p")), ([f"q = {join_('p')}"], "q"),
+                                               ([f"x = {join_('p')}"], "x")] if joined else []):
                 opened = open_(path)
                 shapes.append(_shape([*lead, pair, *binds, opened], opened, guard, [], made("y"), path, opens,
                                      target))
@@ -243,12 +260,16 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
     family = next((f for f, needs in _NEEDS.items() if needs & _MADE == made), None)
     if family is None:
         return ()
+    # (only the shapes whose parts' needs the code has are written out: `_written`'s `has`)
+    has = frozenset(names & EVERY)
     tries = [(family, way, "") for way in opens] + [("", way, target) for target in ("if", "not_none") for way in
-                                                    opens if family == ""]
-    maps, rows = (True, False) if "\0[][]" in names else (False,), "\0." in names
-    return next((found for mapped in maps for join in joins for f, way, target in tries
-                 for found in [_written(f, way, target, leads, join, mapped, rows).get(code.co_code, ())] if found),
-                ())
+                                                    opens if family == "" and _GUARD_NEEDS[target] <= has]
+    maps, rows = (True, False) if "\0[][]" in names else (False,), "\0." in names and "iloc" in names
+    return next((found for mapped in maps for join in joins
+                 for joined in [has | ({"\0joined"} if _JOIN_NEEDS.get(join, frozenset()) <= names else set())]
+                 for f, way, target in tries
+                 for found in [_written(f, way, target, leads, join, mapped, rows, joined).get(code.co_code, ())]
+                 if found), ())
 
 
 def _features(code: types.CodeType) -> set[str]:
@@ -258,7 +279,8 @@ def _features(code: types.CodeType) -> set[str]:
     "[][]", it indexes by what it has just indexed (a mapping's label of a list's:
     `self.mapping[self.labels[i]]`); ".", it reads an attribute of what it has just indexed or of
     a local (a row's column: `r.path`); "join3", it calls something of three arguments after it
-    reads `join` (a root, a folder and a name)."""
+    reads `join` (a root, a folder and a name); "[s]", it indexes by a str constant (a frame's
+    column); "if", it jumps on a condition (an `if`, a `with`'s exit); "none", it tests for None."""
     features, last, text, number, local, joining = set(code.co_names), "", False, False, False, False
     features |= {"loader"} if LOADER in features else set()  # (torchvision's loader called by name: `_inline`)
     for ins in dis.get_instructions(code):
@@ -275,6 +297,12 @@ def _features(code: types.CodeType) -> set[str]:
             features.add("\0++")
         if op == last == "[]":
             features.add("\0[][]")
+        if op == "[]" and text:
+            features.add("\0[s]")
+        if "_IF_" in ins.opname:
+            features.add("\0if")
+        if ins.opname == "IS_OP" or "NONE" in ins.opname:
+            features.add("\0none")
         last, text = op, ins.opname == "LOAD_CONST" and type(ins.argval) is str
         number = ins.opname in ("LOAD_CONST", "LOAD_SMALL_INT") and type(ins.argval) in (int, float)
         local = ins.opname == "LOAD_FAST" and ins.arg != 0
