@@ -14,14 +14,17 @@
   + its `ContrastiveTransformations(contrast_transforms, n_views=2)` (flip, RandomResizedCrop(96),
   RandomApply(ColorJitter(0.5, 0.5, 0.5, 0.1), p=0.8), RandomGrayscale(0.2), GaussianBlur(9),
   ToTensor, Normalize((0.5,), (0.5,))), `DataLoader(batch_size=256, shuffle=True, drop_last=True,
-  pin_memory=True, num_workers=os.cpu_count())`; the loop moves both views.
+  pin_memory=True, num_workers=os.cpu_count())`; the loop moves both views;
+- `--dataset svhn`: an SVHN recipe: `SVHN(split="train")` + RandomCrop(32, padding=4) (no flip: digits),
+  ToTensor, Normalize(SVHN's mean and std), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`.
 A fresh iterator each epoch; the step is the copy to the device (the tutorial's: its training
 step). `run_cifar.py` times it plain
 and under `fastdata run`. The files are synthetic (`run_cifar.py` writes them in the datasets'
-own formats), so CIFAR's md5 check of them is the one line added. The last line printed is
+own formats), so CIFAR's (STL10's, SVHN's) md5 check of them is the one line added. The last line printed is
 JSON: images/s of each epoch.
 
-    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10}] [--epochs 3]
+    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn}]
+                                             [--epochs 3]
                                              [--workers N]
 """
 
@@ -36,7 +39,7 @@ import torchvision.transforms as transforms
 
 ap = argparse.ArgumentParser()
 ap.add_argument("root")
-ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10"], default="cifar10")
+ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn"], default="cifar10")
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--workers", type=int, default=None,
                 help="the recipe's: 2 for CIFAR-10 and the tutorial, 4 for CIFAR-100, 0 for MNIST")
@@ -120,6 +123,16 @@ elif args.dataset == "stl10":
                                           transform=ContrastiveTransformations(contrast_transforms, n_views=2))
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=256, shuffle=True, drop_last=True, pin_memory=True,
                                               num_workers=os.cpu_count() if args.workers is None else args.workers)
+elif args.dataset == "svhn":
+    torchvision.datasets.SVHN._check_integrity = lambda self: True  # (synthetic files: not SVHN's md5)
+    transform_train = transforms.Compose([
+        transforms.RandomCrop(32, padding=4),
+        transforms.ToTensor(),
+        transforms.Normalize((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    ])
+    trainset = torchvision.datasets.SVHN(root=args.root, split="train", download=False, transform=transform_train)
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=128, shuffle=True,
+                                              num_workers=2 if args.workers is None else args.workers)
 else:
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
     trainset = torchvision.datasets.MNIST(args.root, train=True, download=False, transform=transform)

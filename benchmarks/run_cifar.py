@@ -1,4 +1,4 @@
-"""An unchanged CIFAR-10 or MNIST training script, plain and under `fastdata run`, paired.
+"""An unchanged CIFAR-10, MNIST, STL10 or SVHN training script, plain and under `fastdata run`, paired.
 
 The script is `_cifar_example.py`: the CIFAR-10 recipe (RandomCrop(32, padding=4), flip,
 ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch), weiaicunzai's CIFAR-100
@@ -8,18 +8,20 @@ Classifier" on CIFAR-10 (ToTensor, Normalize; batch 4, shuffle, 2 workers, and i
 step: there the main process's cost per batch from the workers is most of the loader's) or the
 Lightning tutorial's SimCLR on STL10's unlabeled split (two views of each image, each through
 flip, RandomResizedCrop(96), RandomApply(ColorJitter), RandomGrayscale, GaussianBlur(9), ToTensor,
-Normalize; batch 256, a worker a core), on synthetic files
-written here in the datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors;
-the datasets hold them in memory). `fastdata run` serves them natively (`fastdata.run._arrays`):
-the crop and flip on a batch's rows at once instead of a PIL image per sample. Candidates run
-each in its own process, in ABBA rounds so drift on a shared machine hits both alike.
+Normalize; batch 256, a worker a core) or an SVHN recipe (RandomCrop(32, padding=4), ToTensor,
+Normalize; batch 128, 2 workers fresh each epoch), on synthetic files written here in the
+datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors, STL10's binary, SVHN's
+MATLAB file, which needs scipy as SVHN does; the datasets hold them in memory). `fastdata run`
+serves them natively (`fastdata.run._arrays`): the crop and flip on a batch's rows at once
+instead of a PIL image per sample. Candidates run each in its own process, in ABBA rounds so
+drift on a shared machine hits both alike.
 
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
 bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json,
-run_tutorial.json, run_stl10.json).
+run_tutorial.json, run_stl10.json, run_svhn.json).
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist,tutorial,stl10}]
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn}]
                                                      [--images 50000]
                                                      [--rounds 3] [--epochs 3] [--workers N] [--json PATH]
 """
@@ -98,12 +100,26 @@ def write_stl10(root: Path, images: int) -> None:
     (d / f"{images}.made").touch()
 
 
+def write_svhn(root: Path, images: int) -> None:
+    """SVHN's training split (`train_32x32.mat`: X of 32x32x3xN uint8, y of N labels 1-10, 10 for 0)."""
+    import scipy.io
+
+    if (root / f"svhn-{images}.made").exists():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    scipy.io.savemat(root / "train_32x32.mat", {"X": rng.integers(0, 256, (32, 32, 3, images), dtype=np.uint8),
+                                                "y": rng.integers(1, 11, (images, 1), dtype=np.uint8)})
+    (root / f"svhn-{images}.made").touch()
+
+
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=3)
     ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
-    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10"], default="cifar10")
+    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn"],
+                    default="cifar10")
     ap.add_argument("--workers", type=int, default=None,
-                    help="the recipe's: 2 for CIFAR-10 and the tutorial, 4 for CIFAR-100, 0 for MNIST, "
+                    help="the recipe's: 2 for CIFAR-10, the tutorial and SVHN, 4 for CIFAR-100, 0 for MNIST, "
                          "the cores for STL10")
     args = ap.parse_args()
     if args.epochs < 2:
@@ -113,9 +129,9 @@ def main() -> int:
 
     root = Path(args.root)
     {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist,
-     "tutorial": write_cifar, "stl10": write_stl10}[args.dataset](root, args.images)
-    workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0,
-                                                             "tutorial": 2, "stl10": os.cpu_count()}[args.dataset]
+     "tutorial": write_cifar, "stl10": write_stl10, "svhn": write_svhn}[args.dataset](root, args.images)
+    workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0, "tutorial": 2,
+                                                             "stl10": os.cpu_count(), "svhn": 2}[args.dataset]
     script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
               "--epochs", str(args.epochs), "--workers", str(workers)]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))

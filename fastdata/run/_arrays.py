@@ -1,6 +1,6 @@
 """`fastdata run` serving torchvision's in-memory datasets natively: CIFAR10 and CIFAR100 (their
-`data`, uint8 NHWC in a numpy array), STL10 (uint8 NCHW) and MNIST, FashionMNIST, KMNIST and
-EMNIST (uint8 NHW in a tensor), whose `__getitem__` makes a PIL image of one row and runs the
+`data`, uint8 NHWC in a numpy array), STL10 and SVHN (uint8 NCHW) and MNIST, FashionMNIST, KMNIST
+and EMNIST (uint8 NHW in a tensor), whose `__getitem__` makes a PIL image of one row and runs the
 transform on it, sample by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
 `lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
@@ -53,15 +53,15 @@ def lower_any(dataset: Any) -> tuple[Lowering | None, str]:
 
 
 def _kind(dataset: Any) -> tuple[str | None, str]:
-    """("cifar", "mnist" or "stl", "") for the torchvision datasets whose `__getitem__` is
-    CIFAR10's, MNIST's or STL10's own; (None, why) for one of theirs that has its own (QMNIST, a script's subclass);
-    else (None, "")."""
+    """("cifar", "mnist" or "chw", "") for the torchvision datasets whose `__getitem__` is
+    CIFAR10's, MNIST's, STL10's or SVHN's own; (None, why) for one of theirs that has its own (QMNIST, a script's
+    subclass); else (None, "")."""
     if "torchvision" not in sys.modules:  # a script that made a torchvision dataset imported it; never here
         return None, ""
-    from torchvision.datasets import CIFAR10, MNIST, STL10
+    from torchvision.datasets import CIFAR10, MNIST, STL10, SVHN
 
     get = getattr(type(dataset), "__getitem__", None)
-    for base, kind in ((CIFAR10, "cifar"), (MNIST, "mnist"), (STL10, "stl")):
+    for base, kind in ((CIFAR10, "cifar"), (MNIST, "mnist"), (STL10, "chw"), (SVHN, "chw")):
         if isinstance(dataset, base):
             return (kind, "") if get is base.__getitem__ else (None, f"{type(dataset).__name__} overrides __getitem__")
     return None, ""
@@ -242,7 +242,7 @@ def _fill(op: Any, scaled: bool) -> tuple[int, str]:
 
 class NativeArrays(NativeFolder):
     """The dataset a natively served in-memory dataset's loader reads: the script's (or a Subset
-    of it), its batches gathered from its `data` and `targets` (STL10's `labels`) as they are at
+    of it), its batches gathered from its `data` and `targets` (STL10's and SVHN's `labels`) as they are at
     that batch (`gather`); a single index is the script's own `dataset[index]`. A batch whose rows are not
     what its class's `__getitem__` reads as it does (data of another type or shape, an index out
     of range) is the script's own fetch."""
@@ -289,22 +289,22 @@ class NativeArrays(NativeFolder):
 
 def _rows(ds: Any, indices: list) -> tuple[np.ndarray, list]:
     """(uint8 NHWC, targets) of the in-memory dataset `ds`'s `indices`, as its `__getitem__`
-    reads them: CIFAR10's `data[i]` (an HWC array, an RGB image) and `targets[i]`; STL10's
-    `data[i]` (a CHW array) and `int(labels[i])`; MNIST's `data[i]` (an HW tensor, an L image)
+    reads them: CIFAR10's `data[i]` (an HWC array, an RGB image) and `targets[i]`; STL10's and
+    SVHN's `data[i]` (a CHW array) and `int(labels[i])`; MNIST's `data[i]` (an HW tensor, an L image)
     and `int(targets[i])`. Raises where that would read otherwise."""
     kind = _kind(ds)[0]
     data = ds.data
-    targets = ds.labels if kind == "stl" else ds.targets
+    targets = ds.labels if kind == "chw" else ds.targets
     index = np.asarray([operator.index(i) for i in indices], dtype=np.int64)
     if kind == "cifar":
         if not (type(data) is np.ndarray and data.dtype == np.uint8 and data.ndim == 4 and data.shape[3] == 3):
             raise TypeError("CIFAR data that is not uint8 NHWC")
         n = len(data)
-    elif kind == "stl":
+    elif kind == "chw":
         if not (type(data) is np.ndarray and data.dtype == np.uint8 and data.ndim == 4 and data.shape[1] == 3):
-            raise TypeError("STL10 data that is not uint8 NCHW")
+            raise TypeError(f"{type(ds).__name__} data that is not uint8 NCHW")
         if targets is None:
-            raise TypeError("STL10 without labels (its targets are None)")
+            raise TypeError(f"{type(ds).__name__} without labels (its targets are None)")
         n = len(data)
     else:
         if not (type(data) is torch.Tensor and data.dtype == torch.uint8 and data.dim() == 3 and data.device.type == "cpu"):
@@ -313,7 +313,7 @@ def _rows(ds: Any, indices: list) -> tuple[np.ndarray, list]:
     if len(index) and (index.min() < -n or index.max() >= n):
         raise IndexError("an index out of range")
     rows = data[index]
-    if kind == "stl":
+    if kind == "chw":
         return rows.transpose(0, 2, 3, 1), [int(targets[i]) for i in indices]
     if kind == "mnist":
         rows = rows[..., None]

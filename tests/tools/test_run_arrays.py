@@ -1,5 +1,5 @@
 """`fastdata run` serving torchvision's in-memory datasets natively (`fastdata.run._arrays`):
-CIFAR10/100 and the MNIST family, their geometry run on a batch's rows at once.
+CIFAR10/100, SVHN and the MNIST family, their geometry run on a batch's rows at once.
 
 The datasets are torchvision's own classes over files these tests write (CIFAR's pickled
 batches, with its md5 check stubbed; MNIST's processed tensors, which it reads as they are), so
@@ -74,16 +74,18 @@ def natively_only():
     fastdata did not serve natively fails the test (in forked workers too)."""
     import torchvision.datasets.cifar as C
     import torchvision.datasets.mnist as M
+    import torchvision.datasets.svhn as S
 
     def refuse(*args, **kwargs):
         raise AssertionError("the dataset's own __getitem__ ran")
 
-    saved = C.Image, M._Image_fromarray
+    saved = C.Image, M._Image_fromarray, S.Image
     C.Image, M._Image_fromarray = types.SimpleNamespace(fromarray=refuse), refuse
+    S.Image = C.Image
     try:
         yield
     finally:
-        C.Image, M._Image_fromarray = saved
+        C.Image, M._Image_fromarray, S.Image = saved
 
 
 def _both(dataset, **kwargs):
@@ -165,6 +167,56 @@ def test_mnist_is_served_natively_bit_for_bit(tv, roots, workers):
             assert got[0][0].shape[1] == 1
             _same(plain, got)
             loader._stop()
+
+
+@pytest.fixture
+def svhn(tv, cifar):
+    """torchvision's SVHN over CIFAR's test images and labels, its arrays as its `__init__` lays out
+    scipy's load of `train_32x32.mat` (X of H, W, C, N made N, C, H, W by a transposed view; the
+    labels an int64 vector): made without the file, whose reading needs scipy."""
+    def make(transform, target_transform=None):
+        images = cifar(None)
+        ds = tv.datasets.SVHN.__new__(tv.datasets.SVHN)
+        tv.datasets.VisionDataset.__init__(ds, "svhn", transform=transform, target_transform=target_transform)
+        ds.split, ds.labels = "train", np.asarray(images.targets, dtype=np.int64)
+        ds.data = np.transpose(np.ascontiguousarray(images.data.transpose(1, 2, 3, 0)), (3, 2, 0, 1))
+        return ds
+    return make
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_svhn_is_served_natively_bit_for_bit_where_nothing_is_drawn(svhn, tv, workers):
+    for what, transform in _deterministic(tv).items():
+        dataset = svhn(transform, target_transform=lambda t: t + 100)
+        assert not dataset.data.flags.c_contiguous
+        plain, got, loader = _both(dataset, batch_size=64, num_workers=workers)
+        assert loader._fastdata_lowering is not None and loader._fastdata_lowering.in_memory, what
+        _same(plain, got)
+        loader._stop()
+
+
+def test_svhns_random_crop_is_torchvisions_pixels_for_the_offsets_drawn(svhn, tv):
+    """An SVHN recipe (RandomCrop(32, padding=4), no flip for digits, ToTensor, Normalize): each
+    served image is torchvision's crop of its own image at the offsets read back from its pixels,
+    its label its own, every image once an epoch."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    normalize = T.Normalize(CIFAR_MEAN, CIFAR_STD)
+    dataset = svhn(T.Compose([T.RandomCrop(32, padding=4), T.ToTensor(), normalize]))
+    loader = _served(dataset, batch_size=50, shuffle=True, num_workers=2)
+    with natively_only():
+        batches = list(loader)
+    seen, offsets = [], set()
+    for images, labels in batches:
+        for k, (index, top, left, flipped) in enumerate(_drawn(_uint8_of(images), 4)):
+            img = F.crop(F.pad(Image.fromarray(np.transpose(dataset.data[index - 1], (1, 2, 0))), 4), top, left, 32, 32)
+            assert not flipped and torch.equal(images[k], normalize(F.to_tensor(img)))
+            assert labels[k] == (index - 1) % 10
+            seen.append(index - 1), offsets.add((top, left))
+    assert sorted(seen) == list(range(N)) and len(offsets) > 40
+    loader._stop()
 
 
 def _drawn(images: torch.Tensor, pad: int) -> list[tuple[int, int, int, bool]]:
