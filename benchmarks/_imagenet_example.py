@@ -21,7 +21,8 @@ for Kaggle's dogs and cats derive theirs); with `--files course`, the folder's f
 PyTorch course's much-copied `ImageFolderCustom`, which opens each in a method of its own, takes
 the class from its folder's name and applies the transform in its return; with `--files food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
 download lays out its images (hard links), as fine-tuning scripts train on it; with `--files pets`,
-torchvision's `OxfordIIITPet` over them so.
+torchvision's `OxfordIIITPet` over them so; with `--files places365`, torchvision's `Places365` over
+them so (its lists' md5 check, of files written here, the one line added).
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -57,7 +58,8 @@ as the step; with `--arch none` (the default without a GPU) the step is the copy
 The last line printed is JSON: images/s of each epoch.
 
     python benchmarks/_imagenet_example.py DATA [--epochs 3] [--workers 2] [--arch none] [--split] [--join] [--wrap]
-                                                [--files [{pil,read,named,derived,course,food101,pets}]]
+                                                [--files [{pil,read,named,derived,course,food101,pets,
+                                                           places365}]]
                                                 [--mixup]
                                                 [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,
                                                            tiny_pad,simclr,moco,moco_v2,dino,deit,timm_train,
@@ -90,7 +92,8 @@ ap.add_argument("--arch", default="none")
 ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
-ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "course", "food101", "pets"])
+ap.add_argument("--files", nargs="?", const="pil",
+                choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit"],
@@ -462,6 +465,20 @@ else:
         (food / "food-101" / "meta").mkdir(exist_ok=True)
         (food / "food-101" / "meta" / "train.json").write_text(json.dumps(meta))
         train_dataset = torchvision.datasets.Food101(food, transform=transform)
+    elif args.files == "places365":  # the same files as Places365's download lays them out, beside the folder
+        places = Path(args.data).with_name(Path(args.data).name + "-places365")
+        rows = []
+        for path, y in train_dataset.samples:
+            name = f"/{Path(path).parent.name}/{Path(path).name}"
+            rows.append(f"{name} {y}\n")
+            if not (places / "data_large_standard" / name[1:]).exists():
+                (places / "data_large_standard" / name[1:]).parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, places / "data_large_standard" / name[1:])
+        (places / "categories_places365.txt").write_text("".join(f"/c/{c} {y}\n"
+                                                                  for y, c in enumerate(train_dataset.classes)))
+        (places / "places365_train_standard.txt").write_text("".join(rows))
+        torchvision.datasets.Places365._check_integrity = lambda self, *args: True  # (synthetic lists: not its md5)
+        train_dataset = torchvision.datasets.Places365(places, transform=transform)
     elif args.files == "course":  # the folder's files, globbed by the course's class
         train_dataset = ImageFolderCustom(args.data, transform)
     elif args.files == "derived":  # the same files in one folder beside it, each named by its class first, globbed

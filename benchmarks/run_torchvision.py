@@ -28,7 +28,8 @@ ImageFolderCustom (a method of its own opens each file, the class its folder's, 
 return: run_torchvision_files_course.json); with `--files food101`, by
 torchvision's own Food101 dataset, the files laid out as its download lays them out
 (run_torchvision_files_food101.json); with `--files pets`, by torchvision's OxfordIIITPet so
-(run_torchvision_files_pets.json).
+(run_torchvision_files_pets.json); with `--files places365`, by torchvision's Places365 so
+(run_torchvision_files_places365.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
@@ -64,7 +65,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
-                                          [--split] [--join] [--wrap] [--files [{pil,read,named,derived,course,food101,pets}]]
+                                          [--split] [--join] [--wrap] [--files [{pil,...,pets,places365}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -106,13 +107,15 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="train on two ImageFolders joined (its even and odd files)")
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
-    ap.add_argument("--files", nargs="?", const="pil", choices=["pil", "read", "named", "derived", "course", "food101", "pets"],
+    ap.add_argument("--files", nargs="?", const="pil",
+                    choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365"],
                     help="train on the folder's files listed in a CSV file, read by the script's own Dataset class "
                     "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor; "
                     "named: by an f-string of its stem, opened within `with open`, its class's name mapped by a dict; "
                     "derived: globbed in one folder, the class derived from each file's name by the script's line; "
                     "course: globbed by a PyTorch course's ImageFolderCustom); "
-                    "food101, pets: laid out as Food101's (OxfordIIITPet's) download, read by torchvision's class)")
+                    "food101, pets, places365: laid out as Food101's (OxfordIIITPet's, Places365's) download, read "
+                    "by torchvision's class)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit"],
@@ -164,8 +167,8 @@ def main() -> int:
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + (", two folders joined" if args.join else "")
           + (", the 90% split in the script's wrapper" if args.wrap else "")
-          + (f", torchvision's {'Food101' if args.files == 'food101' else 'OxfordIIITPet'} over its files"
-             if args.files in ("food101", "pets") else
+          + (f", torchvision's {dict(food101='Food101', pets='OxfordIIITPet', places365='Places365')[args.files]}"
+             " over its files" if args.files in ("food101", "pets", "places365") else
              ", its files globbed in one folder, the class derived from each name" if args.files == "derived" else
              ", its files globbed by the course's ImageFolderCustom" if args.files == "course" else
              f", its files listed in a CSV file, read by the script's Dataset ({args.files})" if args.files else "")

@@ -67,6 +67,9 @@ _PETS = {(target,): type("Shape", (Shape,), {"picked": (f"return self._images[i]
                                              "labels": labels, "opens": "convert", "guard": "not_none",
                                              "target": "not_none"})
          for target, labels in (("category", "_labels"), ("binary-category", "_bin_labels"))}
+# Places365's (`_places`): its (path, class) pairs `imgs`, each opened by its loader, called as OxfordIIITPet's are
+_PLACES = type("Shape", (Shape,), {"picked": ("p, y = self.samples[i]", "return p, y"), "opens": "loader",
+                                   "guard": "not_none", "target": "not_none"})
 
 
 class FileList:
@@ -120,6 +123,9 @@ def file_list(dataset: Any) -> FileList | None:
     pets = sys.modules.get("torchvision.datasets.oxford_iiit_pet")
     if pets is not None and isinstance(dataset, pets.OxfordIIITPet):
         return _pets(dataset, pets, code)
+    places = sys.modules.get("torchvision.datasets.places365")
+    if places is not None and isinstance(dataset, places.Places365):  # (its own __getitem__ opens `self.loader(p)`)
+        return _joint(dataset, places, code, _PLACES, {"samples": "imgs", "loader": "loader"})
     doc, names, derived = cls.__getitem__.__doc__ is not None, code.co_names, None
     shapes = shapes_of(code, doc)
     scope = getattr(cls.__getitem__, "__globals__", {})
@@ -198,18 +204,30 @@ def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:
     target type ("category" or "binary-category": a list's), then calls `self.transforms`, the
     StandardTransform of its transform and target_transform, read as a file list; None for its
     other targets (a segmentation) or a `__getitem__` of the script's (its `code`)."""
-    own = vars(dataset)
-    shape = _PETS.get(tuple(own.get("_target_types", ())))
-    if shape is None or not {"_images", shape.labels, "transforms"} <= own.keys() or \
-            (code.co_filename, code.co_name) != (module.__file__, "__getitem__") or not _pillows_image(module.Image):
+    shape = _PETS.get(tuple(vars(dataset).get("_target_types", ())))
+    if shape is None or not _pillows_image(module.Image):
         return None
-    labels = shape.labels
+    return _joint(dataset, module, code, shape, {"_images": "_images", shape.labels: shape.labels})
+
+
+def _joint(dataset: Any, module: Any, code: Any, shape: type, names: dict) -> FileList | None:
+    """torchvision's dataset of `module` whose own `__getitem__` (its `code`) reads a sample as
+    `shape` does from its attributes (`names`: the shape's name of each) and calls `self.transforms`,
+    the StandardTransform of its transform and target_transform, read as a file list; None where
+    the `__getitem__` is the script's or an attribute is not in the instance (torchvision's own put
+    them there)."""
+    own = vars(dataset)
+    if not {*names.values(), "transforms"} <= own.keys() or \
+            (code.co_filename, code.co_name) != (module.__file__, "__getitem__"):
+        return None
     joint, standard = own["transforms"], sys.modules["torchvision.datasets.vision"].StandardTransform
-    values = {"_images": own["_images"], labels: own[labels],  # (torchvision's attributes, in the instance)
-              "transform": getattr(joint, "transform", None), "target_transform": getattr(joint, "target_transform", None)}
+    values = {key: own[name] for key, name in names.items()}
+    values.update(transform=getattr(joint, "transform", None),
+                  target_transform=getattr(joint, "target_transform", None))
+    name = type(dataset).__name__
     why = "" if joint is None or type(joint) is standard else \
-        f"OxfordIIITPet is given transforms of the script's ({named(joint)})"
-    return FileList(shape, values, why or _refused("OxfordIIITPet", shape, values))
+        f"{name} is given transforms of the script's ({named(joint)})"
+    return FileList(shape, values, why or _refused(name, shape, values))
 
 
 def loader_refused(loader: Any, name: str) -> str:

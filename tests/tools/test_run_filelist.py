@@ -932,10 +932,11 @@ def test_a_file_list_split_wrapped_or_joined_is_served_natively(tv, folder):
         _same_batches(dataset, 2)
 
 
-def _torchvision_datasets(folder: Path, root: Path) -> dict:
+def _torchvision_datasets(folder: Path, root: Path, monkeypatch) -> dict:
     """torchvision's own datasets that list their files, laid out under `root` as each expects its
-    download, from `folder`'s images (class c the c-th class of each)."""
-    from torchvision.datasets import DTD, GTSRB, Food101, Imagenette, OxfordIIITPet
+    download, from `folder`'s images (class c the c-th class of each; Places365's md5 checks of its
+    lists stubbed)."""
+    from torchvision.datasets import DTD, GTSRB, Food101, Imagenette, OxfordIIITPet, Places365
 
     paths, labels = _listing(folder)
     for path, label in zip(paths, labels):
@@ -944,7 +945,8 @@ def _torchvision_datasets(folder: Path, root: Path) -> dict:
         for at in (root / "food-101" / "images" / f"class{label}" / f"{name}.jpg",
                    root / "dtd" / "dtd" / "images" / f"class{label}" / f"{name}.jpg",
                    root / "imagenette2" / "train" / wnid / f"{name}.jpeg",
-                   root / "oxford-iiit-pet" / "images" / f"class{label}_{name}.jpg"):
+                   root / "oxford-iiit-pet" / "images" / f"class{label}_{name}.jpg",
+                   root / "data_large_standard" / f"class{label}" / f"{name}.jpg"):
             at.parent.mkdir(parents=True, exist_ok=True)
             os.link(path, at)
         at = root / "gtsrb" / "GTSRB" / "Training" / f"{label:05d}" / f"{name}.ppm"
@@ -960,38 +962,49 @@ def _torchvision_datasets(folder: Path, root: Path) -> dict:
     (root / "oxford-iiit-pet" / "annotations").mkdir()  # (each image's id, class, species and breed, from 1)
     (root / "oxford-iiit-pet" / "annotations" / "trainval.txt").write_text(
         "".join(f"class{y}_{Path(p).stem} {y + 1} {y % 2 + 1} 1\n" for p, y in zip(paths, labels)))
-    return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB, "OxfordIIITPet": OxfordIIITPet}
+    (root / "categories_places365.txt").write_text("".join(f"/c/class{c} {c}\n" for c in sorted(set(labels))))
+    (root / "places365_train_standard.txt").write_text(
+        "".join(f"/class{y}/{Path(p).stem}.jpg {y}\n" for p, y in zip(paths, labels)))
+    monkeypatch.setattr(Places365, "_check_integrity", lambda self, file, md5, download: True)
+    return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB, "OxfordIIITPet": OxfordIIITPet,
+            "Places365": Places365}
 
 
 @pytest.mark.timeout(300)
-def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path):
-    """torchvision's own datasets that list their files (Food101, DTD, Imagenette, GTSRB and
-    OxfordIIITPet here; Flowers102, FGVCAircraft, SUN397, StanfordCars and RenderedSST2 read theirs
-    as Food101 and Imagenette do) are read as file lists: served natively with torchvision's own
-    loader, the batches DataLoader's bit for bit, their target_transform applied; one given a
-    loader of the script's (torchvision.io's decode_image), or joint transforms of the script's
-    (OxfordIIITPet's `transforms`), is not, saying why, and OxfordIIITPet with a segmentation
-    target is not read."""
+def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path, monkeypatch):
+    """torchvision's own datasets that list their files (Food101, DTD, Imagenette, GTSRB,
+    OxfordIIITPet and Places365 here; Flowers102, FGVCAircraft, SUN397, StanfordCars and
+    RenderedSST2 read theirs as Food101 and Imagenette do) are read as file lists: served natively
+    with torchvision's own loader, the batches DataLoader's bit for bit, their target_transform
+    applied; one given a loader of the script's (torchvision.io's decode_image), or joint
+    transforms of the script's (OxfordIIITPet's and Places365's `transforms`, which their
+    `__getitem__` calls), is not, saying why, and OxfordIIITPet with a segmentation target is not
+    read."""
     from torchvision.io import decode_image
 
     from fastdata.run._decide import _collation
 
     sized, cropped = _transforms()
-    made = _torchvision_datasets(folder, tmp_path)
+    made = _torchvision_datasets(folder, tmp_path, monkeypatch)
     for name, cls in made.items():
         dataset = cls(str(tmp_path), transform=sized)
         assert len(dataset) == 48 and f"served natively: {name} with" in _collation({"dataset": dataset})[0]
         _same_batches(dataset, 2)
         _same_batches(cls(tmp_path, transform=cropped, target_transform=lambda y: y + 10), 0, offset=10)
-    lowering, reason = rt.lower(made["Food101"](str(tmp_path), transform=sized, loader=decode_image))
-    assert lowering is None and reason == "Food101 has its own image loader (decode_image)", reason
+    for name in ("Food101", "Places365"):
+        lowering, reason = rt.lower(made[name](str(tmp_path), transform=sized, loader=decode_image))
+        assert lowering is None and reason == f"{name} has its own image loader (decode_image)", reason
 
     def joint(image, target):
         return sized(image), target
 
-    lowering, reason = rt.lower(made["OxfordIIITPet"](str(tmp_path), transforms=joint))
-    assert lowering is None and reason.startswith("OxfordIIITPet is given transforms of the script's (") and \
-        reason.endswith(".joint)"), reason
+    places = made["Places365"](str(tmp_path))
+    places.transforms = joint  # (its __init__ takes none; its __getitem__ calls them)
+    for name, dataset in (("OxfordIIITPet", made["OxfordIIITPet"](str(tmp_path), transforms=joint)),
+                          ("Places365", places)):
+        lowering, reason = rt.lower(dataset)
+        assert lowering is None and reason.startswith(f"{name} is given transforms of the script's (") and \
+            reason.endswith(".joint)"), reason
     lowering, reason = rt.lower(made["OxfordIIITPet"](str(tmp_path), target_types="segmentation", transform=sized))
     assert lowering is None and "OxfordIIITPet's __getitem__ opens its images (Image.open), but not as" in reason
 
