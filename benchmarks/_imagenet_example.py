@@ -32,7 +32,8 @@ Normalize, RandomErasing(0.1); with `--backend tensor` too, the preset's tensor 
 tensor kernels). With `--mixup` the loader's collate_fn is the references' for
 `--mixup-alpha 0.2 --cutmix-alpha 1.0`: default_collate, then MixUp or CutMix (transforms.v2).
 With `--recipe rotate` it is the ImageNet example's with RandomRotation(15) after the flip, as
-fine-tuning tutorials add it; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
+fine-tuning tutorials add it; with `--recipe rgb`, the example's with `Lambda(lambda x:
+x.convert("RGB"))` first, as scripts put it for files that may be grey; with `--recipe crop`, Resize(256) then RandomCrop(224) in place of
 RandomResizedCrop, as older and fine-grained recipes crop; with `--recipe eval`, the example's
 validation loader (Resize(256), CenterCrop(224), ToTensor, Normalize; not shuffled); with `--recipe
 tiny`, a Tiny ImageNet script's (its 64x64 images: RandomCrop(64, padding=4), flip, ToTensor,
@@ -96,7 +97,7 @@ ap.add_argument("--files", nargs="?", const="pil",
                 choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
-                                     "timm_deit"],
+                                     "timm_deit", "rgb"],
                 default="imagenet")
 ap.add_argument("--mixup", action="store_true")
 ap.add_argument("--ra-sampler", action="store_true")
@@ -386,8 +387,9 @@ elif args.recipe == "eval":  # the example's val_loader transform
         transforms.ToTensor(),
         normalize,
     ])
-elif args.recipe in ("imagenet", "rotate", "affine", "crop"):
+elif args.recipe in ("imagenet", "rotate", "affine", "crop", "rgb"):
     transform = transforms.Compose([
+        *([transforms.Lambda(lambda x: x.convert("RGB"))] if args.recipe == "rgb" else []),
         *([transforms.Resize(256), transforms.RandomCrop(224)] if args.recipe == "crop" else
           [transforms.RandomResizedCrop(224)]),
         transforms.RandomHorizontalFlip(),

@@ -33,6 +33,7 @@ torchvision's own Food101 dataset, the files laid out as its download lays them 
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
+with `--recipe rgb` with `Lambda(lambda x: x.convert("RGB"))` first (..._rgb.json),
 with `--recipe affine` with RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1)) there (..._affine.json),
 with `--recipe crop` with Resize(256) and RandomCrop(224) for its RandomResizedCrop (..._crop.json),
 with `--recipe eval` the example's validation loader (Resize(256), CenterCrop(224), not shuffled; ..._eval.json),
@@ -67,7 +68,7 @@ sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
                                           [--split] [--join] [--wrap] [--files [{pil,...,pets,places365}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
-                                                     simclr,moco,moco_v2,dino,deit,timm_train,timm_deit}]
+                                                     simclr,moco,moco_v2,dino,deit,timm_train,timm_deit,rgb}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
                                           [--ra-sampler] [--json PATH]
 """
@@ -118,7 +119,7 @@ def main() -> int:
                     "by torchvision's class)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
-                                         "timm_deit"],
+                                         "timm_deit", "rgb"],
                     default="imagenet",
                     help="the script's transform: the ImageNet example's, or a torchvision references' recipe")
     ap.add_argument("--mixup", action="store_true", help="the references' MixUp/CutMix collate_fn")

@@ -7,7 +7,7 @@ decoder applies in one pass, the pixel ops (`_pixels`: ColorJitter, TrivialAugme
 RandAugment, AutoAugment, RandomRotation, RandomAffine, GaussianBlur, RandomGrayscale,
 RandomVerticalFlip and the other Random* ops of one functional call, Grayscale to 3 channels, a
 RandomApply, RandomChoice or RandomOrder of them, AugMix, an op of the script's, a flip after ops
-it may not commute with)
+it may not commute with; a Lambda converting to RGB, the identity there: `_views.converts_to_rgb`)
 that run as Pillow, torchvision and the script run them, the tensor steps after
 the conversion (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, Normalize), run with
 the very torch operations torchvision runs, and RandomErasing on the tensor (`_erasing`: its
@@ -31,16 +31,12 @@ from ._crop import RandomCrop, fits, pad, random_crop
 from ._erasing import lowered as lowered_erasing, lowered_timm
 from ._pixels import RandomCall, flip_commutes, interpolation, pixel_op, script_ops
 from ._timm import FilterDrawn, is_erasing, translated
-from ._views import views
+from ._views import converts_to_rgb, views
 
 
 def steps_dtype(steps: tuple) -> torch.dtype:
-    """The dtype the tensor steps end in (uint8 without a conversion)."""
-    dtype = torch.uint8
-    for step in steps:
-        if step[0] == "to":
-            dtype = step[1] or torch.get_default_dtype()
-    return dtype
+    """The dtype the tensor steps end in (the last conversion's; uint8 without one)."""
+    return next((step[1] or torch.get_default_dtype() for step in reversed(steps) if step[0] == "to"), torch.uint8)
 
 
 @dataclass(frozen=True)
@@ -349,6 +345,8 @@ def lower_transform(transform: Any, start: str = "pil") -> Lowering:
                                    lowered_erasing(op, cls is v2.RandomErasing, domain, len(steps)))
                 except ValueError as e:  # (its message is the reason)
                     raise Unlowerable(str(e)) from None
+            elif domain == "pil" and converts_to_rgb(op):
+                pass  # (the identity on the RGB image a folder gives, which the pixel ops keep RGB: `_views`)
             else:  # (after the geometry: pixel ops)
                 try:
                     lowered = pixel_op(op, domain)

@@ -11,6 +11,9 @@ from its own code), so that it is known to call those transforms on the image, i
 return the list of what they give. Its attributes must lie in the instance plainly (the class
 has no `__getattribute__` or descriptor of those names), `range` must be the builtin, and a view
 count an int from 1 to `MAX_VIEWS`. Any other code is a transform fastdata cannot see into.
+
+A `Lambda` of torchvision's is read so too (`converts_to_rgb`): one that converts its image to RGB,
+as scripts put first for files that may be grey, is the identity on the RGB images a folder gives.
 """
 
 from __future__ import annotations
@@ -52,13 +55,36 @@ class _MultiCrop:  # DINO's DataAugmentationDINO: two global crops, then n local
         return crops
 
 
+def _rgb(img):  # a Lambda's function that converts its image to RGB, as a def or a lambda, testing its mode or not
+    return img.convert("RGB")
+
+
+def _rgb_unless(img):
+    return img.convert("RGB") if img.mode != "RGB" else img
+
+
 _SHAPES = (_Twice, _Pair, _Repeated, _MultiCrop)
+_RGB = (_rgb, _rgb_unless, lambda img: img.convert("RGB"), lambda img: img.convert("RGB") if img.mode != "RGB" else img)
 _SHAPE_FIELDS = ("co_code", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_exceptiontable")
 _BUILTIN = ("range", "append")  # `range` read as a global (the builtin), `append` the method of the list it made
 # The code's own flags (above them: the __future__ imports of its module), but CO_NESTED, which
 # only says it was defined in a function (a class a script's main() defines; free variables are
 # compared apart)
 _FLAGS = 0xFFFF & ~inspect.CO_NESTED
+
+
+def converts_to_rgb(op: Any) -> bool:
+    """Whether `op` is torchvision's `Lambda` (v1's, or v2's of every type) of a plain function of
+    one of `_RGB`'s shapes, its names those: `img.convert("RGB")`, testing `img.mode` or not."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    f = getattr(op, "__dict__", {}).get("lambd")
+    if not (type(op) is T.Lambda or (type(op) is v2.Lambda and op.types == (object,))) or \
+            type(f) is not types.FunctionType or f.__defaults__ or f.__kwdefaults__ or f.__closure__:
+        return False
+    return any(same_shape(f.__code__, ref.__code__, names) and all(k == v for k, v in names.items())
+               for ref in _RGB for names in [{}])
 
 
 def same_shape(code: types.CodeType, ref: types.CodeType, names: dict) -> bool:

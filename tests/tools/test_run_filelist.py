@@ -1009,6 +1009,37 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
     assert lowering is None and "OxfordIIITPet's __getitem__ opens its images (Image.open), but not as" in reason
 
 
+@pytest.mark.timeout(300)
+def test_a_lambda_that_converts_to_rgb_is_read_as_the_identity_it_is_there(tv, folder):
+    """Scripts put `Lambda(lambda x: x.convert("RGB"))` first, for files that may be grey. On the RGB
+    images a folder or a converting file list gives, it is the identity: served natively with no op
+    of the script's called (before, the geometry after it was refused), the batches DataLoader's bit
+    for bit. A def, a test of the mode and v2's Lambda are read alike; another mode, a default
+    argument, or a Lambda on the tensor are not."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from torchvision.datasets import ImageFolder
+
+    def to_rgb(image):
+        return image.convert("RGB")
+
+    paths, labels = _listing(folder)
+    for rgb in (T.Lambda(lambda x: x.convert("RGB")), T.Lambda(to_rgb),
+                v2.Lambda(lambda img: img.convert("RGB") if img.mode != "RGB" else img)):
+        transform = T.Compose([rgb, T.Resize((24, 24)), T.CenterCrop((20, 16)), T.PILToTensor()])
+        lowering, reason = rt.lower(ImageFolder(str(folder), transform))
+        assert lowering is not None and not lowering.pixel_ops and lowering.names.startswith("Lambda, Resize"), reason
+        _same_batches(ImageFolder(str(folder), transform), 0)
+        _same_batches(Files(paths, labels, transform), 2)
+    for other in (T.Lambda(lambda x: x.convert("L")), T.Lambda(lambda x, mode="RGB": x.convert(mode))):
+        lowering, reason = rt.lower(ImageFolder(str(folder), T.Compose([other, T.Resize((24, 24)), T.PILToTensor()])))
+        assert lowering is None and reason == "Resize after Lambda: fastdata's decoder applies the geometry first", \
+            reason
+    lowering, reason = rt.lower(ImageFolder(str(folder), T.Compose([T.Resize((24, 24)), T.PILToTensor(),
+                                                                   T.Lambda(lambda x: x.convert("RGB"))])))
+    assert lowering is None and reason == "Lambda has no faithful lowering in fastdata", reason
+
+
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
     """Code that does more than open, convert to RGB, transform and return (arithmetic on the
     label, another conversion, its own batch fetch, a property for an attribute, an `Image` that
