@@ -15,7 +15,8 @@ names, opened by Pillow and converted to RGB (as torchvision's folders open thei
 statement or two, within `with open(path, "rb")` or not; or by torchvision's own loader, as
 torchvision's Food101, DTD, Flowers102 and others open theirs: `loader_refused`), or opened as it
 is (fastdata decodes a batch of those only where each file opens as RGB: `_folders.first_not_rgb`;
-else the batch is the script's own fetch), or read as a uint8 tensor by torchvision.io's
+else the batch is the script's own fetch; or where its transform converts each to RGB first:
+`_folders.must_open`), or read as a uint8 tensor by torchvision.io's
 `read_image` (a batch fastdata's only where each file is a JPEG of 3 components; its transform
 lowered on the tensor), through its transform, with the label its code names (through a
 target_transform where the code applies one after the transform, as the PyTorch tutorial's

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from ._filelist import file_list, loader_refused
-from ._lowering import Lowering, Unlowerable, lower_transform, lower_views
+from ._lowering import Lowering, Unlowerable, flatten, lower_transform, lower_views
 from ._timm import image_dataset
+from ._views import converts_to_rgb
 from ._wrapped import wrapped
 
 # How a dataset's `__getitem__` may open its images by path (the names its code reads), for `_unread`
@@ -111,11 +112,15 @@ def target_transform_of(dataset: Any) -> Any:
 
 def must_open(dataset: Any) -> str | None:
     """How each file of an image folder must open for fastdata, which decodes it as RGB, to give
-    its image: None where it converts each to RGB (torchvision's loader does); "rgb", in mode RGB
-    (a script's file list that opens them as they are); "jpeg", as a JPEG of 3 components (one
-    that reads them with torchvision.io, as uint8 tensors)."""
+    its image: None where it converts each to RGB (torchvision's loader does; or its transform's
+    first op, a Lambda `_views.converts_to_rgb` reads); "rgb", in mode RGB (a script's file list
+    that opens them as they are); "jpeg", as a JPEG of 3 components (one that reads them with
+    torchvision.io, as uint8 tensors)."""
     files = file_list(dataset)
-    return None if files is None else files.must_open
+    if files is None or (files.must_open == "rgb" and "torchvision.transforms" in sys.modules and
+                         converts_to_rgb(flatten(files.transform)[0])):
+        return None
+    return files.must_open
 
 
 def transform_of(dataset: Any) -> Any:

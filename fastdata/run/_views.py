@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import sys
 import types
 from typing import Any
 
@@ -76,11 +77,9 @@ _FLAGS = 0xFFFF & ~inspect.CO_NESTED
 def converts_to_rgb(op: Any) -> bool:
     """Whether `op` is torchvision's `Lambda` (v1's, or v2's of every type) of a plain function of
     one of `_RGB`'s shapes, its names those: `img.convert("RGB")`, testing `img.mode` or not."""
-    import torchvision.transforms as T
-    import torchvision.transforms.v2 as v2
-
+    v1, v2 = (getattr(sys.modules.get(f"torchvision.transforms{m}"), "Lambda", None) for m in ("", ".v2"))
     f = getattr(op, "__dict__", {}).get("lambd")
-    if not (type(op) is T.Lambda or (type(op) is v2.Lambda and op.types == (object,))) or \
+    if type(op) not in (v1, v2) or (type(op) is v2 and op.types != (object,)) or \
             type(f) is not types.FunctionType or f.__defaults__ or f.__kwdefaults__ or f.__closure__:
         return False
     return any(same_shape(f.__code__, ref.__code__, names) and all(k == v for k, v in names.items())

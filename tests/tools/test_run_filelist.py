@@ -1231,12 +1231,17 @@ def test_a_method_the_getitem_calls_is_read_in_its_place_only_where_that_is_the_
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["L", "RGBA"])
-def test_a_file_opened_as_it_is_in_another_mode_makes_the_batch_the_scripts_own_fetch(tv, tmp_path, mode):
+def test_a_file_opened_as_it_is_in_another_mode_makes_the_batch_the_scripts_own_fetch(tv, tmp_path, mode,
+                                                                                    monkeypatch):
     """A file list that opens its files as they are (no conversion) gets each batch decoded by
     fastdata only where every file opens as RGB: a grey JPEG or a PNG with alpha among them
     makes the batch the script's own fetch (its images as the files open them: 1 or 4 channels,
-    the batches DataLoader's); the RGB batches beside them are fastdata's."""
+    the batches DataLoader's); the RGB batches beside them are fastdata's. With a Lambda that
+    converts each to RGB first in its transform, every batch is fastdata's, as for a file list
+    that converts (no file's mode asked), the batches DataLoader's."""
     import torchvision.transforms as T
+
+    from fastdata.run import _torchvision
 
     paths, labels = [], []
     for k in range(12):
@@ -1253,6 +1258,16 @@ def test_a_file_opened_as_it_is_in_another_mode_makes_the_batch_the_scripts_own_
     assert isinstance(loader._loader.dataset, rt.NativeFolder)
     got, want = list(loader), list(torch.utils.data.DataLoader(dataset, batch_size=4))
     assert [a.shape[1] for a, _ in got] == [3, 3, len(mode)]
+    for (a, la), (b, lb) in zip(got, want, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader._stop()
+    asked = []
+    monkeypatch.setattr(_torchvision, "first_not_rgb", lambda *a: asked.append(a))
+    dataset.transform = T.Compose([T.Lambda(lambda x: x.convert("RGB")), T.Resize((20, 16)), T.PILToTensor()])
+    loader = _served(dataset, batch_size=4, num_workers=0)  # (in this process: the files' modes asked here)
+    assert isinstance(loader._loader.dataset, rt.NativeFolder) and loader._loader.num_workers == 0
+    got, want = list(loader), list(torch.utils.data.DataLoader(dataset, batch_size=4))
+    assert [a.shape[1] for a, _ in got] == [3, 3, 3] and not asked
     for (a, la), (b, lb) in zip(got, want, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
     loader._stop()
