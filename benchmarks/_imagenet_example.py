@@ -22,7 +22,8 @@ PyTorch course's much-copied `ImageFolderCustom`, which opens each in a method o
 the class from its folder's name and applies the transform in its return; with `--files food101`, torchvision's own `Food101` dataset, the folder's files laid out beside it as its
 download lays out its images (hard links), as fine-tuning scripts train on it; with `--files pets`,
 torchvision's `OxfordIIITPet` over them so; with `--files places365`, torchvision's `Places365` over
-them so (its lists' md5 check, of files written here, the one line added).
+them so (its lists' md5 check, of files written here, the one line added); with `--files caltech101`,
+torchvision's `Caltech101` over them so (its `__getitem__` imports scipy).
 With `--recipe ta_wide`, `ra` or `augmix` the transform is torchvision's references' training
 preset (`references/classification/presets.py`, v1) with that auto-augment policy and
 `--random-erase 0.1`, as its recipes train: RandomResizedCrop(224, bilinear), flip,
@@ -94,7 +95,7 @@ ap.add_argument("--split", action="store_true")
 ap.add_argument("--join", action="store_true")
 ap.add_argument("--wrap", action="store_true")
 ap.add_argument("--files", nargs="?", const="pil",
-                choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365"])
+                choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365", "caltech101"])
 ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                      "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                      "timm_deit", "rgb"],
@@ -481,6 +482,18 @@ else:
         (places / "places365_train_standard.txt").write_text("".join(rows))
         torchvision.datasets.Places365._check_integrity = lambda self, *args: True  # (synthetic lists: not its md5)
         train_dataset = torchvision.datasets.Places365(places, transform=transform)
+    elif args.files == "caltech101":  # the same files as Caltech101's download lays them out, beside the folder
+        caltech = Path(args.data).with_name(Path(args.data).name + "-caltech101")
+        (caltech / "caltech101" / "101_ObjectCategories" / "BACKGROUND_Google").mkdir(parents=True, exist_ok=True)
+        numbers = {}
+        for path, y in train_dataset.samples:
+            numbers[y] = numbers.get(y, 0) + 1
+            at = caltech / "caltech101" / "101_ObjectCategories" / train_dataset.classes[y] / \
+                f"image_{numbers[y]:04d}.jpg"
+            if not at.exists():
+                at.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, at)
+        train_dataset = torchvision.datasets.Caltech101(caltech, transform=transform)
     elif args.files == "course":  # the folder's files, globbed by the course's class
         train_dataset = ImageFolderCustom(args.data, transform)
     elif args.files == "derived":  # the same files in one folder beside it, each named by its class first, globbed

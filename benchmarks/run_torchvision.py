@@ -29,7 +29,8 @@ return: run_torchvision_files_course.json); with `--files food101`, by
 torchvision's own Food101 dataset, the files laid out as its download lays them out
 (run_torchvision_files_food101.json); with `--files pets`, by torchvision's OxfordIIITPet so
 (run_torchvision_files_pets.json); with `--files places365`, by torchvision's Places365 so
-(run_torchvision_files_places365.json).
+(run_torchvision_files_places365.json); with `--files caltech101`, by torchvision's Caltech101 so (which
+opens its files as they are: scripts give it `--recipe rgb`'s Lambda first; run_torchvision_files_caltech101_rgb.json).
 With `--recipe ta_wide`, `ra` or `augmix` its transform is torchvision's references' training
 preset with that auto-augment policy (bilinear) and RandomErasing(0.1) (..._ta_wide.json, ...),
 with `--recipe rotate` the example's with RandomRotation(15) after the flip (..._rotate.json),
@@ -66,7 +67,7 @@ Run it with a user's environment: the registry's torch and torchvision and fastd
 sight of every file; epochs 2+) and the ratios with a bootstrap interval; writes JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/run_torchvision.py [--images 2000] [--rounds 4] [--epochs 3]
-                                          [--split] [--join] [--wrap] [--files [{pil,...,pets,places365}]]
+                                          [--split] [--join] [--wrap] [--files [{pil,...,places365,caltech101}]]
                                           [--recipe {imagenet,ta_wide,ra,augmix,rotate,affine,crop,eval,tiny,tiny_pad,
                                                      simclr,moco,moco_v2,dino,deit,timm_train,timm_deit,rgb}]
                                           [--backend {pil,tensor}] [--padding-mode MODE] [--mixup]
@@ -98,6 +99,10 @@ def _tiny(root: Path) -> Path:
     return tiny
 
 
+# The --files that torchvision's own dataset classes read, by their class
+TORCHVISIONS = {"food101": "Food101", "pets": "OxfordIIITPet", "places365": "Places365", "caltech101": "Caltech101"}
+
+
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=4)
     ap.set_defaults(epochs=3)
@@ -109,14 +114,14 @@ def main() -> int:
     ap.add_argument("--wrap", action="store_true", help="train on the 90%% split given its transform by the script's "
                     "own Dataset class")
     ap.add_argument("--files", nargs="?", const="pil",
-                    choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365"],
+                    choices=["pil", "read", "named", "derived", "course", "food101", "pets", "places365", "caltech101"],
                     help="train on the folder's files listed in a CSV file, read by the script's own Dataset class "
                     "(with Pillow; read: with torchvision.io's read_image, the transform v2's on the tensor; "
                     "named: by an f-string of its stem, opened within `with open`, its class's name mapped by a dict; "
                     "derived: globbed in one folder, the class derived from each file's name by the script's line; "
                     "course: globbed by a PyTorch course's ImageFolderCustom); "
-                    "food101, pets, places365: laid out as Food101's (OxfordIIITPet's, Places365's) download, read "
-                    "by torchvision's class)")
+                    "food101, pets, places365, caltech101: laid out as Food101's (OxfordIIITPet's, Places365's, "
+                    "Caltech101's) download, read by torchvision's class)")
     ap.add_argument("--recipe", choices=["imagenet", "ta_wide", "ra", "augmix", "rotate", "affine", "crop", "eval",
                                          "tiny", "tiny_pad", "simclr", "moco", "moco_v2", "dino", "deit", "timm_train",
                                          "timm_deit", "rgb"],
@@ -168,8 +173,7 @@ def main() -> int:
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__}, arch {args.arch}"
           + (", a random_split's 90%" if args.split else "") + (", two folders joined" if args.join else "")
           + (", the 90% split in the script's wrapper" if args.wrap else "")
-          + (f", torchvision's {dict(food101='Food101', pets='OxfordIIITPet', places365='Places365')[args.files]}"
-             " over its files" if args.files in ("food101", "pets", "places365") else
+          + (f", torchvision's {TORCHVISIONS[args.files]} over its files" if args.files in TORCHVISIONS else
              ", its files globbed in one folder, the class derived from each name" if args.files == "derived" else
              ", its files globbed by the course's ImageFolderCustom" if args.files == "course" else
              f", its files listed in a CSV file, read by the script's Dataset ({args.files})" if args.files else "")

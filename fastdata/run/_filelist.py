@@ -13,7 +13,9 @@ class for them, the same few lines in each:
 Such a dataset is read as an image folder (`file_list`): each sample the file at the path its code
 names, opened by Pillow and converted to RGB (as torchvision's folders open theirs; in one
 statement or two, within `with open(path, "rb")` or not; or by torchvision's own loader, as
-torchvision's Food101, DTD, Flowers102 and others open theirs: `loader_refused`), or opened as it
+torchvision's Food101, DTD, Flowers102 and others open theirs: `loader_refused`; torchvision's
+OxfordIIITPet, Places365, Caltech101 and Caltech256, whose `__getitem__`s are no shape, are read
+by what each reads: `_pets`, `_joint`, `_caltech`), or opened as it
 is (fastdata decodes a batch of those only where each file opens as RGB: `_folders.first_not_rgb`;
 else the batch is the script's own fetch; or where its transform converts each to RGB first:
 `_folders.must_open`), or read as a uint8 tensor by torchvision.io's
@@ -68,9 +70,16 @@ _PETS = {(target,): type("Shape", (Shape,), {"picked": (f"return self._images[i]
                                              "labels": labels, "opens": "convert", "guard": "not_none",
                                              "target": "not_none"})
          for target, labels in (("category", "_labels"), ("binary-category", "_bin_labels"))}
-# Places365's (`_places`): its (path, class) pairs `imgs`, each opened by its loader, called as OxfordIIITPet's are
+# Places365's (`_joint`): its (path, class) pairs `imgs`, each opened by its loader, called as OxfordIIITPet's are
 _PLACES = type("Shape", (Shape,), {"picked": ("p, y = self.samples[i]", "return p, y"), "opens": "loader",
                                    "guard": "not_none", "target": "not_none"})
+# Caltech101's (its target "category") and Caltech256's (`_caltech`): the file its root, its category's folder and
+# its number name (the braces doubled: `pick` formats the statements), opened as it is, its label its `y`
+_CALTECH = {name: type("Shape", (Shape,), {
+    "picked": (f'return os.path.join(self.root, "{folder}", self.categories[self.y[i]], {file}), self.y[i]',),
+    "opens": "plain", "guard": "not_none", "target": "not_none"}) for name, folder, file in (
+        ("Caltech101", "101_ObjectCategories", 'f"image_{{self.index[i]:04d}}.jpg"'),
+        ("Caltech256", "256_ObjectCategories", 'f"{{self.y[i] + 1:03d}}_{{self.index[i]:04d}}.jpg"'))}
 
 
 class FileList:
@@ -127,6 +136,9 @@ def file_list(dataset: Any) -> FileList | None:
     places = sys.modules.get("torchvision.datasets.places365")
     if places is not None and isinstance(dataset, places.Places365):  # (its own __getitem__ opens `self.loader(p)`)
         return _joint(dataset, places, code, _PLACES, {"samples": "imgs", "loader": "loader"})
+    caltech = sys.modules.get("torchvision.datasets.caltech")
+    if caltech is not None and isinstance(dataset, (caltech.Caltech101, caltech.Caltech256)):
+        return _caltech(dataset, caltech, code)
     doc, names, derived = cls.__getitem__.__doc__ is not None, code.co_names, None
     shapes = shapes_of(code, doc)
     scope = getattr(cls.__getitem__, "__globals__", {})
@@ -209,6 +221,20 @@ def _pets(dataset: Any, module: Any, code: Any) -> FileList | None:
     if shape is None or not _pillows_image(module.Image):
         return None
     return _joint(dataset, module, code, shape, {"_images": "_images", shape.labels: shape.labels})
+
+
+def _caltech(dataset: Any, module: Any, code: Any) -> FileList | None:
+    """torchvision's Caltech101 (its one target type "category") and Caltech256, whose own
+    `__getitem__` opens the file its root, category and number name (`_CALTECH`) with Pillow as it
+    is, then calls its transform and target_transform, read as a file list; None for another
+    target, a `__getitem__` of the script's, or its numbers and categories not lists."""
+    base = module.Caltech101 if isinstance(dataset, module.Caltech101) else module.Caltech256
+    own, names = vars(dataset), ("root", "categories", "y", "index", "transform", "target_transform")
+    if code is not base.__getitem__.__code__ or not _pillows_image(module.Image) or not set(names) <= own.keys() or \
+            any(type(own[k]) is not list for k in names[1:4]) or own.get("target_type", ["category"]) != ["category"]:
+        return None
+    shape, values = _CALTECH[base.__name__], {k: own[k] for k in names}
+    return FileList(shape, values, _refused(type(dataset).__name__, shape, values))
 
 
 def _joint(dataset: Any, module: Any, code: Any, shape: type, names: dict) -> FileList | None:

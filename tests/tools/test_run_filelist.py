@@ -936,11 +936,17 @@ def _torchvision_datasets(folder: Path, root: Path, monkeypatch) -> dict:
     """torchvision's own datasets that list their files, laid out under `root` as each expects its
     download, from `folder`'s images (class c the c-th class of each; Places365's md5 checks of its
     lists stubbed)."""
-    from torchvision.datasets import DTD, GTSRB, Food101, Imagenette, OxfordIIITPet, Places365
+    from torchvision.datasets import DTD, GTSRB, Caltech101, Caltech256, Food101, Imagenette, OxfordIIITPet, Places365
 
     paths, labels = _listing(folder)
-    for path, label in zip(paths, labels):
-        name = Path(path).stem
+    (root / "caltech101" / "101_ObjectCategories" / "BACKGROUND_Google").mkdir(parents=True)  # (not a class)
+    for k, (path, label) in enumerate(zip(paths, labels)):
+        name, number = Path(path).stem, labels[:k].count(label) + 1  # (Caltech's files numbered from 1 a class)
+        for at in (root / "caltech101" / "101_ObjectCategories" / f"class{label}" / f"image_{number:04d}.jpg",
+                   root / "caltech256" / "256_ObjectCategories" / f"{label + 1:03d}.class{label}" /
+                   f"{label + 1:03d}_{number:04d}.jpg"):
+            at.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, at)
         wnid = sorted(Imagenette._WNID_TO_CLASS)[label]
         for at in (root / "food-101" / "images" / f"class{label}" / f"{name}.jpg",
                    root / "dtd" / "dtd" / "images" / f"class{label}" / f"{name}.jpg",
@@ -967,19 +973,19 @@ def _torchvision_datasets(folder: Path, root: Path, monkeypatch) -> dict:
         "".join(f"/class{y}/{Path(p).stem}.jpg {y}\n" for p, y in zip(paths, labels)))
     monkeypatch.setattr(Places365, "_check_integrity", lambda self, file, md5, download: True)
     return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB, "OxfordIIITPet": OxfordIIITPet,
-            "Places365": Places365}
+            "Places365": Places365, "Caltech101": Caltech101, "Caltech256": Caltech256}
 
 
 @pytest.mark.timeout(300)
 def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path, monkeypatch):
     """torchvision's own datasets that list their files (Food101, DTD, Imagenette, GTSRB,
-    OxfordIIITPet and Places365 here; Flowers102, FGVCAircraft, SUN397, StanfordCars and
-    RenderedSST2 read theirs as Food101 and Imagenette do) are read as file lists: served natively
-    with torchvision's own loader, the batches DataLoader's bit for bit, their target_transform
-    applied; one given a loader of the script's (torchvision.io's decode_image), or joint
-    transforms of the script's (OxfordIIITPet's and Places365's `transforms`, which their
-    `__getitem__` calls), is not, saying why, and OxfordIIITPet with a segmentation target is not
-    read."""
+    OxfordIIITPet, Places365, Caltech101 and Caltech256 here; Flowers102, FGVCAircraft, SUN397,
+    StanfordCars and RenderedSST2 read theirs as Food101 and Imagenette do) are read as file lists:
+    served natively with torchvision's own loader (Caltech's open theirs as they are), the batches
+    DataLoader's bit for bit, their target_transform applied; one given a loader of the script's
+    (torchvision.io's decode_image), or joint transforms of the script's (OxfordIIITPet's and
+    Places365's `transforms`, which their `__getitem__` calls), is not, saying why, and
+    OxfordIIITPet with a segmentation target, or Caltech101 with annotations, is not read."""
     from torchvision.io import decode_image
 
     from fastdata.run._decide import _collation
@@ -1007,6 +1013,8 @@ def test_torchvisions_own_file_datasets_are_served_natively(tv, folder, tmp_path
             reason.endswith(".joint)"), reason
     lowering, reason = rt.lower(made["OxfordIIITPet"](str(tmp_path), target_types="segmentation", transform=sized))
     assert lowering is None and "OxfordIIITPet's __getitem__ opens its images (Image.open), but not as" in reason
+    lowering, reason = rt.lower(made["Caltech101"](str(tmp_path), ["category", "annotation"], transform=sized))
+    assert lowering is None and "Caltech101's __getitem__ opens its images (Image.open), but not as" in reason
 
 
 @pytest.mark.timeout(300)
