@@ -118,7 +118,7 @@ def must_open(dataset: Any) -> str | None:
     torchvision.io, as uint8 tensors)."""
     files = file_list(dataset)
     if files is None or (files.must_open == "rgb" and "torchvision.transforms" in sys.modules and
-                         converts_to_rgb(flatten(files.transform)[0])):
+                         converts_to_rgb(next(iter(flatten(files.transform)), None))):
         return None
     return files.must_open
 

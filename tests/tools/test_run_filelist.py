@@ -1046,6 +1046,8 @@ def test_a_lambda_that_converts_to_rgb_is_read_as_the_identity_it_is_there(tv, f
     lowering, reason = rt.lower(ImageFolder(str(folder), T.Compose([T.Resize((24, 24)), T.PILToTensor(),
                                                                    T.Lambda(lambda x: x.convert("RGB"))])))
     assert lowering is None and reason == "Lambda has no faithful lowering in fastdata", reason
+    lowering, reason = rt.lower(AsIs(paths, labels, T.Compose([])))  # (no first op to read)
+    assert lowering is None and reason == "the transform gives PIL images, which fastdata does not lay out", reason
 
 
 def test_a_file_list_that_does_more_is_not_read(tv, folder):
