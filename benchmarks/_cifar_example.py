@@ -15,6 +15,9 @@
   RandomApply(ColorJitter(0.5, 0.5, 0.5, 0.1), p=0.8), RandomGrayscale(0.2), GaussianBlur(9),
   ToTensor, Normalize((0.5,), (0.5,))), `DataLoader(batch_size=256, shuffle=True, drop_last=True,
   pin_memory=True, num_workers=os.cpu_count())`; the loop moves both views;
+- `--dataset fashion_rgb`: FashionMNIST made RGB for a 3-channel network, as scripts that fine-tune
+  an ImageNet model on it write it: `FashionMNIST(train=True)` + Grayscale(num_output_channels=3),
+  ToTensor, Normalize((0.5,), (0.5,)), `DataLoader(batch_size=256, shuffle=True, num_workers=2)`;
 - `--dataset svhn`: an SVHN recipe: `SVHN(split="train")` + RandomCrop(32, padding=4) (no flip: digits),
   ToTensor, Normalize(SVHN's mean and std), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`.
 A fresh iterator each epoch; the step is the copy to the device (the tutorial's: its training
@@ -23,7 +26,7 @@ and under `fastdata run`. The files are synthetic (`run_cifar.py` writes them in
 own formats), so CIFAR's (STL10's, SVHN's) md5 check of them is the one line added. The last line printed is
 JSON: images/s of each epoch.
 
-    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn}]
+    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn,fashion_rgb}]
                                              [--epochs 3]
                                              [--workers N]
 """
@@ -39,7 +42,8 @@ import torchvision.transforms as transforms
 
 ap = argparse.ArgumentParser()
 ap.add_argument("root")
-ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn"], default="cifar10")
+ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn", "fashion_rgb"],
+                default="cifar10")
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--workers", type=int, default=None,
                 help="the recipe's: 2 for CIFAR-10 and the tutorial, 4 for CIFAR-100, 0 for MNIST")
@@ -123,6 +127,15 @@ elif args.dataset == "stl10":
                                           transform=ContrastiveTransformations(contrast_transforms, n_views=2))
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=256, shuffle=True, drop_last=True, pin_memory=True,
                                               num_workers=os.cpu_count() if args.workers is None else args.workers)
+elif args.dataset == "fashion_rgb":
+    transform = transforms.Compose([
+        transforms.Grayscale(num_output_channels=3),
+        transforms.ToTensor(),
+        transforms.Normalize((0.5,), (0.5,)),
+    ])
+    trainset = torchvision.datasets.FashionMNIST(root=args.root, train=True, download=False, transform=transform)
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=256, shuffle=True,
+                                              num_workers=2 if args.workers is None else args.workers)
 elif args.dataset == "svhn":
     torchvision.datasets.SVHN._check_integrity = lambda self: True  # (synthetic files: not SVHN's md5)
     transform_train = transforms.Compose([

@@ -1,4 +1,4 @@
-"""An unchanged CIFAR-10, MNIST, STL10 or SVHN training script, plain and under `fastdata run`, paired.
+"""An unchanged CIFAR-10, MNIST, FashionMNIST, STL10 or SVHN training script, plain and under `fastdata run`, paired.
 
 The script is `_cifar_example.py`: the CIFAR-10 recipe (RandomCrop(32, padding=4), flip,
 ToTensor, Normalize; batch 128, shuffle, 2 workers fresh each epoch), weiaicunzai's CIFAR-100
@@ -9,7 +9,9 @@ step: there the main process's cost per batch from the workers is most of the lo
 Lightning tutorial's SimCLR on STL10's unlabeled split (two views of each image, each through
 flip, RandomResizedCrop(96), RandomApply(ColorJitter), RandomGrayscale, GaussianBlur(9), ToTensor,
 Normalize; batch 256, a worker a core) or an SVHN recipe (RandomCrop(32, padding=4), ToTensor,
-Normalize; batch 128, 2 workers fresh each epoch), on synthetic files written here in the
+Normalize; batch 128, 2 workers fresh each epoch) or FashionMNIST made RGB for a 3-channel
+network (Grayscale(num_output_channels=3), ToTensor, Normalize; batch 256, 2 workers fresh each
+epoch), on synthetic files written here in the
 datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors, STL10's binary, SVHN's
 MATLAB file, which needs scipy as SVHN does; the datasets hold them in memory). `fastdata run`
 serves them natively (`fastdata.run._arrays`): the crop and flip on a batch's rows at once
@@ -19,9 +21,9 @@ drift on a shared machine hits both alike.
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
 bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json,
-run_tutorial.json, run_stl10.json, run_svhn.json).
+run_tutorial.json, run_stl10.json, run_svhn.json, run_fashion_rgb.json).
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn}]
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,...,svhn,fashion_rgb}]
                                                      [--images 50000]
                                                      [--rounds 3] [--epochs 3] [--workers N] [--json PATH]
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import os
 import pickle
 import statistics
+from functools import partial
 import sys
 from pathlib import Path
 
@@ -75,11 +78,12 @@ def write_cifar100(root: Path, images: int) -> None:
     (d / f"{images}.made").touch()
 
 
-def write_mnist(root: Path, images: int) -> None:
-    """MNIST's processed tensors (`MNIST/processed/training.pt`, `test.pt`), which it loads as they are."""
+def write_mnist(root: Path, images: int, name: str = "MNIST") -> None:
+    """MNIST's processed tensors (`MNIST/processed/training.pt`, `test.pt`), which it loads as they are
+    (FashionMNIST's so under `name`)."""
     import torch
 
-    d = root / "MNIST" / "processed"
+    d = root / name / "processed"
     if (d / f"{images}.made").exists():
         return
     d.mkdir(parents=True, exist_ok=True)
@@ -116,11 +120,11 @@ def write_svhn(root: Path, images: int) -> None:
 def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=3)
     ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
-    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn"],
+    ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn", "fashion_rgb"],
                     default="cifar10")
     ap.add_argument("--workers", type=int, default=None,
-                    help="the recipe's: 2 for CIFAR-10, the tutorial and SVHN, 4 for CIFAR-100, 0 for MNIST, "
-                         "the cores for STL10")
+                    help="the recipe's: 2 for CIFAR-10, the tutorial, SVHN and FashionMNIST, 4 for CIFAR-100, 0 for "
+                         "MNIST, the cores for STL10")
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs should be at least 2: epoch 1 and the epochs after it are reported apart")
@@ -129,9 +133,11 @@ def main() -> int:
 
     root = Path(args.root)
     {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist,
-     "tutorial": write_cifar, "stl10": write_stl10, "svhn": write_svhn}[args.dataset](root, args.images)
+     "tutorial": write_cifar, "stl10": write_stl10, "svhn": write_svhn,
+     "fashion_rgb": partial(write_mnist, name="FashionMNIST")}[args.dataset](root, args.images)
     workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0, "tutorial": 2,
-                                                             "stl10": os.cpu_count(), "svhn": 2}[args.dataset]
+                                                             "stl10": os.cpu_count(), "svhn": 2,
+                                                             "fashion_rgb": 2}[args.dataset]
     script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
               "--epochs", str(args.epochs), "--workers", str(workers)]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
@@ -143,7 +149,7 @@ def main() -> int:
         fast, slow = sides["fastdata run"][part], sides["plain"][part]
         lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
         ratios[part] = {"ratio": statistics.median(fast) / statistics.median(slow), "ci95": [lo, hi]}
-    batch = {"mnist": 64, "tutorial": 4, "stl10": 256}.get(args.dataset, 128)
+    batch = {"mnist": 64, "tutorial": 4, "stl10": 256, "fashion_rgb": 256}.get(args.dataset, 128)
     print(f"\n{args.dataset}, {args.images} images in memory, batch {batch}, {workers} workers"
           f"{' (fresh each epoch)' if workers else ''}, {args.rounds} rounds ABBA, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")

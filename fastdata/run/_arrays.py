@@ -3,8 +3,8 @@
 and EMNIST (uint8 NHW in a tensor), whose `__getitem__` makes a PIL image of one row and runs the
 transform on it, sample by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
-`lower_arrays` reads the transform those scripts use: the geometry on the PIL image or uint8
-tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
+`lower_arrays` reads the transform those scripts use (MNIST's images made RGB first: `_made_rgb`):
+the geometry on the PIL image or uint8 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
 flips, and on the PIL image RandomResizedCrop, RandomRotation, RandomAffine and
 RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
 after the geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment,
@@ -35,6 +35,7 @@ from ..transforms.pil import FILTERS, apply_pixel_ops
 from ..transforms.plan import plan_pixels
 from ._gather import Draws, gather
 from ._folders import lower, sources
+from ._views import converts_to_rgb
 from ._wrapped import wrapped
 from ._lowering import Lowering, Unlowerable, flatten, lower_transform, lower_views
 from ._pixels import CALLS, flip_commutes, interpolation, pixel_op
@@ -101,7 +102,9 @@ def _lower_rows(transform: Any, channels: int, name: str) -> Lowering:
     import torchvision.transforms as T
 
     ops = flatten(transform)
-    geometry, rest = _split(ops, name)
+    made = _made_rgb(ops) if channels == 1 else ops
+    channels = 3 if len(made) < len(ops) else channels
+    geometry, rest = _split(made, name)
     lowering = lower_transform(T.Compose(rest))
     for step in lowering.steps:
         if step[0] == "normalize" and channels == 1 and max(len(step[1]), len(step[2])) > 1:
@@ -111,6 +114,24 @@ def _lower_rows(transform: Any, channels: int, name: str) -> Lowering:
                           "1-channel images: not lowered")
     return replace(lowering, geometry=tuple(geometry), names=", ".join(type(op).__name__ for op in ops),
                    sized=True, channels=channels, in_memory=True)
+
+
+def _made_rgb(ops: list) -> list:
+    """`ops` of a 1-channel image without the first that makes it RGB (Grayscale(num_output_channels=3),
+    or a Lambda converting to RGB: `_views.converts_to_rgb`), where only moves of pixels (crops, pads,
+    flips: each channel moved alike) come before it: the rows are made 3 channels, each the image's,
+    after the geometry (`NativeArrays._view`), as Pillow's conversion of an L image makes them."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    moves = (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, T.RandomHorizontalFlip,
+             v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip)
+    for k, op in enumerate(ops):
+        if (type(op) in (T.Grayscale, v2.Grayscale) and op.num_output_channels == 3) or converts_to_rgb(op):
+            return ops[:k] + ops[k + 1:]
+        if type(op) not in moves:
+            break
+    return ops
 
 
 def _split(ops: list, name: str) -> tuple[list, list]:
@@ -278,6 +299,8 @@ class NativeArrays(NativeFolder):
             images = np.ascontiguousarray(gather(rows, lowering.geometry, draws))
         except Exception as e:  # (its own fetch raises the script's error, where it raises)
             raise FolderError(str(e)) from None
+        if images.shape[-1] < lowering.channels:  # (an L image made RGB: `_made_rgb`)
+            images = np.repeat(images, lowering.channels, axis=-1)
         # the pixel ops and RandomErasing draw whatever their parameters (a RandAugment of no op, nothing)
         seed = draws.seed if lowering.random else draws.taken()
         if lowering.pixel_ops:  # (each sample's draws keyed by its place in the batch: see the module)

@@ -219,6 +219,33 @@ def test_svhns_random_crop_is_torchvisions_pixels_for_the_offsets_drawn(svhn, tv
     loader._stop()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mnist_made_rgb_is_served_natively_bit_for_bit(tv, roots, workers):
+    """MNIST's L images made RGB before the tensor, as scripts make them for a 3-channel network
+    (Grayscale(num_output_channels=3) or a Lambda converting to RGB; first, or after moves of pixels):
+    served natively, each of the 3 channels the image's, the batches DataLoader's bit for bit (a
+    pixel op after it on the RGB image); after a rotation, or Grayscale to 1 channel, not lowered."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    from fastdata.run._arrays import lower_arrays
+
+    for transform in (T.Compose([T.Grayscale(num_output_channels=3), T.ToTensor(), T.Normalize((0.5,), (0.5,))]),
+                      T.Compose([T.Pad(2, padding_mode="edge"), T.CenterCrop(30), v2.Grayscale(3), T.PILToTensor()]),
+                      T.Compose([T.Lambda(lambda x: x.convert("RGB")), T.ColorJitter(contrast=(0.6, 0.6)),
+                                 T.ToTensor()])):
+        dataset = tv.datasets.MNIST(str(roots), train=True, transform=transform)
+        plain, got, loader = _both(dataset, batch_size=50, num_workers=workers)
+        assert loader._fastdata_lowering.in_memory and loader._fastdata_lowering.channels == 3
+        assert got[0][0].shape[1] == 3 and torch.equal(got[0][0][:, 0], got[0][0][:, 2])
+        _same(plain, got)
+        loader._stop()
+    for transform in (T.Compose([T.RandomRotation(10), T.Grayscale(3), T.ToTensor()]),
+                      T.Compose([T.Grayscale(1), T.ToTensor()])):
+        lowering, reason = lower_arrays(tv.datasets.MNIST(str(roots), train=True, transform=transform))
+        assert lowering is None and reason.startswith("Grayscale has no faithful lowering for an in-memory"), reason
+
+
 def _drawn(images: torch.Tensor, pad: int) -> list[tuple[int, int, int, bool]]:
     """(index mod 250, top, left, flipped) of each CIFAR crop laid out as uint8 (`cifar_rows`'s
     pixels, cut from the image padded with zeros by `pad`)."""
