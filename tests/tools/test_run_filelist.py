@@ -9,11 +9,13 @@ above, as a script's are).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -972,6 +974,11 @@ def _torchvision_datasets(folder: Path, root: Path, monkeypatch) -> dict:
     (root / "places365_train_standard.txt").write_text(
         "".join(f"/class{y}/{Path(p).stem}.jpg {y}\n" for p, y in zip(paths, labels)))
     monkeypatch.setattr(Places365, "_check_integrity", lambda self, file, md5, download: True)
+    if importlib.util.find_spec("scipy") is None:  # (Caltech101's __getitem__ imports scipy.io, as its users have it)
+        scipy = types.ModuleType("scipy")
+        scipy.io = types.ModuleType("scipy.io")
+        monkeypatch.setitem(sys.modules, "scipy", scipy)
+        monkeypatch.setitem(sys.modules, "scipy.io", scipy.io)
     return {"Food101": Food101, "DTD": DTD, "Imagenette": Imagenette, "GTSRB": GTSRB, "OxfordIIITPet": OxfordIIITPet,
             "Places365": Places365, "Caltech101": Caltech101, "Caltech256": Caltech256}
 
