@@ -266,9 +266,9 @@ def shapes_of(code: types.CodeType, doc: bool) -> tuple:
                                                     opens if family == "" and _GUARD_NEEDS[target] <= has]
     maps, rows = (True, False) if "\0[][]" in names else (False,), "\0." in names and "iloc" in names
     return next((found for mapped in maps for join in joins
-                 for joined in [has | ({"\0joined"} if _JOIN_NEEDS.get(join, frozenset()) <= names else set())]
+                 for given in [has | ({"\0joined"} if _JOIN_NEEDS.get(join, frozenset()) <= names else set())]
                  for f, way, target in tries
-                 for found in [_written(f, way, target, leads, join, mapped, rows, joined).get(code.co_code, ())]
+                 for found in [_written(f, way, target, leads, join, mapped, rows, given).get(code.co_code, ())]
                  if found), ())
 
 
