@@ -18,6 +18,9 @@
 - `--dataset fashion_rgb`: FashionMNIST made RGB for a 3-channel network, as scripts that fine-tune
   an ImageNet model on it write it: `FashionMNIST(train=True)` + Grayscale(num_output_channels=3),
   ToTensor, Normalize((0.5,), (0.5,)), `DataLoader(batch_size=256, shuffle=True, num_workers=2)`;
+- `--dataset cifar10_224`: CIFAR-10 upscaled for an ImageNet model, as transfer-learning scripts write
+  it: `CIFAR10(train=True)` + Resize(224), RandomHorizontalFlip, ToTensor, Normalize(ImageNet's),
+  `DataLoader(batch_size=64, shuffle=True, num_workers=2)`;
 - `--dataset svhn`: an SVHN recipe: `SVHN(split="train")` + RandomCrop(32, padding=4) (no flip: digits),
   ToTensor, Normalize(SVHN's mean and std), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`.
 A fresh iterator each epoch; the step is the copy to the device (the tutorial's: its training
@@ -26,7 +29,8 @@ and under `fastdata run`. The files are synthetic (`run_cifar.py` writes them in
 own formats), so CIFAR's (STL10's, SVHN's) md5 check of them is the one line added. The last line printed is
 JSON: images/s of each epoch.
 
-    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn,fashion_rgb}]
+    python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn,fashion_rgb,
+                                                     cifar10_224}]
                                              [--epochs 3]
                                              [--workers N]
 """
@@ -42,7 +46,8 @@ import torchvision.transforms as transforms
 
 ap = argparse.ArgumentParser()
 ap.add_argument("root")
-ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn", "fashion_rgb"],
+ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn", "fashion_rgb",
+                                      "cifar10_224"],
                 default="cifar10")
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--workers", type=int, default=None,
@@ -135,6 +140,16 @@ elif args.dataset == "fashion_rgb":
     ])
     trainset = torchvision.datasets.FashionMNIST(root=args.root, train=True, download=False, transform=transform)
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=256, shuffle=True,
+                                              num_workers=2 if args.workers is None else args.workers)
+elif args.dataset == "cifar10_224":
+    transform_train = transforms.Compose([
+        transforms.Resize(224),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    trainset = torchvision.datasets.CIFAR10(root=args.root, train=True, download=False, transform=transform_train)
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=64, shuffle=True,
                                               num_workers=2 if args.workers is None else args.workers)
 elif args.dataset == "svhn":
     torchvision.datasets.SVHN._check_integrity = lambda self: True  # (synthetic files: not SVHN's md5)

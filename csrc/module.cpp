@@ -22,10 +22,11 @@
 #include "geometry.h"
 #include "parallel.h"
 #include "read.h"
+#include "resample.h"
 #include "tar.h"
+#include "index.h"  // (the keyed hash of `stamps`; the checkpoint index the decoder keeps)
 #ifdef FASTDATA_HAVE_JPEG
 #include "decode.h"
-#include "index.h"
 #endif
 
 namespace nb = nanobind;
@@ -265,6 +266,67 @@ void affine(AnyArray src, OutArray out, std::array<double, 6> data, int resample
   nb::gil_scoped_release release;
   fastdata::affine(s, int(src.shape(1)), int(src.shape(0)), int(c), o, int(out.shape(1)), int(out.shape(0)),
                    data.data(), resample, fills);
+}
+
+// resize_images(src, out, boxes, resample, vertical_first, weights, threads): out[i] = Pillow's resize
+// of the box boxes[i] = (x0, y0, x1, y1) (whole pixels, inside the image) cut from src[i]: uint8 src
+// [N, H, W, C] and out [N, OH, OW, C], C 1 ("L") or 3 ("RGB"), contiguous; boxes int64 [N, 4];
+// resample "bilinear" or "bicubic"; vertical_first None or uint8 [N], nonzero where that image's
+// vertical pass comes first; weights "pillow" or "pillow-simd" (resample.h).
+void resize_images(AnyArray src, OutArray out, AnyArray boxes, const std::string& resample,
+                   std::optional<AnyArray> vertical_first, const std::string& weights, int threads) {
+  const bool shapes = src.ndim() == 4 && out.ndim() == 4 && src.shape(0) == out.shape(0) &&
+                      src.shape(3) == out.shape(3) && (src.shape(3) == 1 || src.shape(3) == 3) &&
+                      src.dtype() == nb::dtype<uint8_t>() && out.dtype() == nb::dtype<uint8_t>();
+  if (!shapes) throw nb::value_error("resize_images takes uint8 src [N, H, W, C] and out [N, OH, OW, C], C 1 or 3");
+  const int64_t n = int64_t(src.shape(0));
+  for (int d = 1; d < 3; ++d) {
+    if (src.shape(d) < 1 || out.shape(d) < 1 || int64_t(src.shape(d)) >= (int64_t(1) << 30) ||
+        int64_t(out.shape(d)) >= (int64_t(1) << 30)) {
+      throw nb::value_error("resize_images takes images of 1 to 2^30 - 1 pixels a side");
+    }
+  }
+  if (!contiguous(src) || !contiguous(out)) throw nb::value_error("resize_images takes contiguous arrays");
+  if (boxes.ndim() != 2 || int64_t(boxes.shape(0)) != n || boxes.shape(1) != 4 ||
+      boxes.dtype() != nb::dtype<int64_t>() || !contiguous(boxes)) {
+    shape_error("boxes should be a contiguous int64 array of shape [" + std::to_string(n) + ", 4]", boxes.ndim(),
+                boxes.shape_ptr());
+  }
+  const int h = int(src.shape(1)), w = int(src.shape(2));
+  const auto* b = static_cast<const int64_t*>(boxes.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t* box = b + 4 * i;
+    if (!(0 <= box[0] && box[0] < box[2] && box[2] <= w && 0 <= box[1] && box[1] < box[3] && box[3] <= h)) {
+      throw nb::value_error(("resize_images takes boxes inside the image, but box " + std::to_string(i) +
+                             " is not").c_str());
+    }
+  }
+  const uint8_t* first = nullptr;
+  if (vertical_first.has_value()) {
+    if (vertical_first->ndim() != 1 || int64_t(vertical_first->shape(0)) != n ||
+        vertical_first->dtype() != nb::dtype<uint8_t>() || !contiguous(*vertical_first)) {
+      shape_error("vertical_first should be a contiguous uint8 array of shape [" + std::to_string(n) + "]",
+                  vertical_first->ndim(), vertical_first->shape_ptr());
+    }
+    first = static_cast<const uint8_t*>(vertical_first->data());
+  }
+  if (resample != "bilinear" && resample != "bicubic") {
+    throw nb::value_error(("resample should be 'bilinear' or 'bicubic', not '" + resample + "'").c_str());
+  }
+  if (weights != "pillow" && weights != "pillow-simd") {
+    throw nb::value_error(("weights should be 'pillow' or 'pillow-simd', not '" + weights + "'").c_str());
+  }
+  const auto* s = static_cast<const uint8_t*>(src.data());
+  auto* o = static_cast<uint8_t*>(out.data());
+  if (src.nbytes() && out.nbytes() && s < o + out.nbytes() && o < s + src.nbytes()) {
+    throw nb::value_error("resize_images takes an out that does not overlap src");
+  }
+  fastdata::Resize r;
+  r.filter = resample == "bicubic" ? fastdata::Filter::kBicubic : fastdata::Filter::kBilinear;
+  r.int16_weights = weights == "pillow-simd";
+  nb::gil_scoped_release release;
+  fastdata::resize_images(s, n, h, w, int(src.shape(3)), b, o, int(out.shape(1)), int(out.shape(2)), r, first,
+                          std::max(1, threads));
 }
 
 // gaussian_blur(src, out, xradius, yradius): Pillow's Image.gaussian_blur((xradius, yradius)) of
@@ -766,6 +828,10 @@ NB_MODULE(_native, m) {
         "Pillow's Image.transform(size, AFFINE, data, resample, fillcolor=fill) of uint8 pixels [H, W, C] (C 1 or 3) "
         "into out [H2, W2, C], each pixel as Pillow's gives it (resample 0 nearest, 2 bilinear, 3 bicubic); "
         "GIL released.");
+  m.def("resize_images", &resize_images, nb::arg("src"), nb::arg("out"), nb::arg("boxes"), nb::arg("resample"),
+        nb::arg("vertical_first").none(), nb::arg("weights"), nb::arg("threads") = 1,
+        "Pillow's resize (bilinear or bicubic, classic or Pillow-SIMD weights) of each box (x0, y0, x1, y1) cut from "
+        "uint8 images [N, H, W, C] (C 1 or 3) into out [N, OH, OW, C], each pixel as Pillow's; GIL released.");
   m.def("gaussian_blur", &gaussian_blur, nb::arg("src"), nb::arg("out"), nb::arg("xradius"), nb::arg("yradius"),
         "Pillow's Image.gaussian_blur((xradius, yradius)) (ImageFilter.GaussianBlur's) of uint8 pixels [H, W, C] "
         "(C 1 or 3) into out, each value as Pillow's BoxBlur.c gives it; False, out untouched, for a radius past "

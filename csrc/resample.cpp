@@ -2,10 +2,13 @@
 // Pillow's fixed point, and the row kernels (generic C++, SSE4.1, AVX2) picked at run time.
 #include "resample.h"
 
+#include "parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -529,6 +532,96 @@ void write_line(const uint8_t* line, int out_w, uint8_t* dst, int64_t sc, int64_
     dst[sc] = line[4 * xx + 1];
     dst[2 * sc] = line[4 * xx + 2];
   }
+}
+
+namespace {
+
+// Image i's pixels x0 .. x0 + cols - 1 of row y as RGBX (an L pixel's value in R, G and B) into dst.
+void load_rgbx(const uint8_t* row, int c, int x0, int cols, uint8_t* dst) {
+  const uint8_t* p = row + int64_t(x0) * c;
+  if (c == 3) {
+    for (int x = 0; x < cols; ++x, p += 3, dst += 4) {
+      dst[0] = p[0];
+      dst[1] = p[1];
+      dst[2] = p[2];
+      dst[3] = 0;
+    }
+  } else {
+    for (int x = 0; x < cols; ++x, ++p, dst += 4) {
+      dst[0] = dst[1] = dst[2] = *p;
+      dst[3] = 0;
+    }
+  }
+}
+
+// One resampled RGBX line into an output row of c channels.
+void store_line(const uint8_t* line, int ow, int c, uint8_t* dst) {
+  if (c == 3) return write_line(line, ow, dst, 1, 3, false);
+  for (int xx = 0; xx < ow; ++xx) dst[xx] = line[4 * xx];
+}
+
+// decode.cpp's passes over decoded rows, here over an image's rows: horizontal then vertical (each
+// input row the vertical taps reach resampled across, then each output row summed down), or with
+// `vertical_first` each output row summed down the input rows, then resampled across.
+void resize_one(const uint8_t* src, int h, int w, int c, const int64_t* box, uint8_t* out, int oh, int ow,
+                Resize r, bool vertical_first) {
+  Taps ht, vt;
+  window_taps(w, float(box[0]), float(box[2]), ow, r, &ht);
+  window_taps(h, float(box[1]), float(box[3]), oh, r, &vt);
+  if (horizontal_needs_split()) split_weights(&ht, ow);
+  const HorizontalKernel horizontal = pick_horizontal(ht.taps);
+  const VerticalKernel vertical = pick_vertical();
+  const int x0 = ht.lo, cols = ht.hi - ht.lo, rows = vt.hi - vt.lo, n = ow * 4;
+  const int64_t in_row = int64_t(w) * c, out_row = int64_t(ow) * c;
+  // each loaded row padded as the horizontal kernels read: `taps` taps (rounded up to even) from every start
+  const size_t row_bytes = size_t(cols + ht.taps + 1) * 4;
+  std::vector<uint8_t> row(2 * row_bytes, 0), line(2 * size_t(n));
+  if (vertical_first) {
+    std::vector<uint8_t> loaded(size_t(rows) * row_bytes, 0);
+    for (int y = 0; y < rows; ++y) load_rgbx(src + (vt.lo + y) * in_row, c, x0, cols, &loaded[y * row_bytes]);
+    for (int yy = 0; yy < oh; yy += 2) {
+      const int want = std::min(2, oh - yy);
+      for (int k = 0; k < want; ++k) {
+        vertical(&loaded[size_t(vt.start[yy + k] - vt.lo) * row_bytes], int64_t(row_bytes),
+                 &vt.weights[size_t(yy + k) * vt.ksize], vt.count[yy + k], vt.precision, &row[k * row_bytes],
+                 cols * 4);
+      }
+      const uint8_t* second = want == 2 ? &row[row_bytes] : row.data();
+      horizontal(row.data(), second, x0, ht, line.data(), want == 2 ? &line[n] : line.data(), ow);
+      for (int k = 0; k < want; ++k) store_line(&line[k * n], ow, c, out + (yy + k) * out_row);
+    }
+    return;
+  }
+  std::vector<uint8_t> across(size_t(rows) * n);
+  for (int y = 0; y < rows; y += 2) {
+    const int want = std::min(2, rows - y);
+    for (int k = 0; k < want; ++k) load_rgbx(src + (vt.lo + y + k) * in_row, c, x0, cols, &row[k * row_bytes]);
+    uint8_t* d = &across[size_t(y) * n];
+    horizontal(row.data(), want == 2 ? &row[row_bytes] : row.data(), x0, ht, d, want == 2 ? d + n : d, ow);
+  }
+  for (int yy = 0; yy < oh; ++yy) {
+    vertical(&across[size_t(vt.start[yy] - vt.lo) * n], n, &vt.weights[size_t(yy) * vt.ksize], vt.count[yy],
+             vt.precision, line.data(), n);
+    store_line(line.data(), ow, c, out + yy * out_row);
+  }
+}
+
+}  // namespace
+
+void resize_images(const uint8_t* src, int64_t n, int h, int w, int c, const int64_t* boxes, uint8_t* out,
+                   int oh, int ow, Resize resize, const uint8_t* vertical_first, int threads) {
+  resize.cut = true;
+  const int64_t in_image = int64_t(h) * w * c, out_image = int64_t(oh) * ow * c;
+  std::atomic<bool> short_of_memory{false};
+  parallel_for(n, threads, [&](int64_t i) {
+    try {
+      resize_one(src + i * in_image, h, w, c, boxes + 4 * i, out + i * out_image, oh, ow, resize,
+                 vertical_first != nullptr && vertical_first[i] != 0);
+    } catch (const std::bad_alloc&) {  // (its taps' and rows' buffers)
+      short_of_memory = true;
+    }
+  });
+  if (short_of_memory) throw std::bad_alloc();
 }
 
 }  // namespace fastdata

@@ -81,4 +81,14 @@ VerticalKernel pick_vertical();
 // c * sc + xx * sx bytes from dst, pixels in reverse order when flip.
 void write_line(const uint8_t* line, int out_w, uint8_t* dst, int64_t sc, int64_t sx, bool flip);
 
+// Resizes n images of h x w pixels of c channels (1 or 3; uint8, each contiguous, one after
+// another in src) into n of oh x ow in out: image i's box boxes[4i .. 4i + 3] = (x0, y0, x1, y1),
+// whole pixels inside the image, cut out, then resized as Pillow's resize of that crop does (so
+// torchvision's F.resize or F.resized_crop of the PIL image), with `resize`'s filter and weights
+// (its `cut` taken as set), the vertical pass first where vertical_first (null: nowhere) says so.
+// A 1-channel image is resized as its RGB copy: Pillow takes each band of an L or RGB image
+// through the same taps and roundings.
+void resize_images(const uint8_t* src, int64_t n, int h, int w, int c, const int64_t* boxes, uint8_t* out,
+                   int oh, int ow, Resize resize, const uint8_t* vertical_first, int threads);
+
 }  // namespace fastdata

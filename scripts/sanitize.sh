@@ -57,6 +57,7 @@ if [ $# -eq 0 ]; then
     "$root/tests/unit/test_index.py" "$root/tests/unit/test_fork.py" "$root/tests/robustness/test_hostile_decode.py" \
     "$root/tests/unit/test_batch_ops.py" "$root/tests/unit/test_color_jitter.py" "$root/tests/unit/test_geometry.py" \
     "$root/tests/unit/test_auto_augment.py" "$root/tests/unit/test_tensor_kernels.py" "$root/tests/unit/test_blur.py" \
+    "$root/tests/unit/test_resize_images.py" \
     "$root/tests/backends/test_image_pil.py::test_read_files_gives_the_bytes_or_the_cause" \
     "$root/tests/robustness/test_hostile_shards.py::test_native_walk_gives_walk_tars_members" \
     -k "not test_fuzz_targets_run_clean"

@@ -4,9 +4,9 @@ and EMNIST (uint8 NHW in a tensor), whose `__getitem__` makes a PIL image of one
 transform on it, sample by sample, in Python: at 32x32 pixels that is most of a training step's time.
 
 `lower_arrays` reads the transform those scripts use (MNIST's images made RGB first: `_made_rgb`):
-the geometry on the PIL image or uint8 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad, horizontal and vertical
-flips, and on the PIL image RandomResizedCrop, RandomRotation, RandomAffine and
-RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
+the geometry on the PIL image or uint8 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad,
+horizontal and vertical flips, Resize, and on the PIL image RandomResizedCrop, RandomRotation,
+RandomAffine and RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
 after the geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment,
 AutoAugment, GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply,
 RandomChoice or RandomOrder of pixel ops, AugMix, the conversion, Normalize, RandomErasing); a
@@ -119,13 +119,15 @@ def _lower_rows(transform: Any, channels: int, name: str) -> Lowering:
 def _made_rgb(ops: list) -> list:
     """`ops` of a 1-channel image without the first that makes it RGB (Grayscale(num_output_channels=3),
     or a Lambda converting to RGB: `_views.converts_to_rgb`), where only moves of pixels (crops, pads,
-    flips: each channel moved alike) come before it: the rows are made 3 channels, each the image's,
-    after the geometry (`NativeArrays._view`), as Pillow's conversion of an L image makes them."""
+    flips: each channel moved alike) and Resize come before it: the rows are made 3 channels, each
+    the image's, after the geometry (`NativeArrays._view`), as Pillow's conversion of an L image
+    makes them. (A Resize after it then resizes the L rows: Pillow resamples each band of an image
+    with the same taps and rounding, so each channel of the RGB image's resize is the L image's.)"""
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
     moves = (T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, T.RandomHorizontalFlip,
-             v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip)
+             v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip, T.Resize, v2.Resize)
     for k, op in enumerate(ops):
         if (type(op) in (T.Grayscale, v2.Grayscale) and op.num_output_channels == 3) or converts_to_rgb(op):
             return ops[:k] + ops[k + 1:]
@@ -169,7 +171,7 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             continue
         if (pinned if cls in flips else closed) and cls in (
                 T.RandomCrop, v2.RandomCrop, T.CenterCrop, v2.CenterCrop, T.Pad, v2.Pad, *flips, T.RandomRotation,
-                T.RandomResizedCrop, v2.RandomResizedCrop,
+                T.RandomResizedCrop, v2.RandomResizedCrop, T.Resize, v2.Resize,
                 v2.RandomRotation, T.RandomAffine, v2.RandomAffine, T.RandomPerspective, v2.RandomPerspective):
             raise Unlowerable(f"{kind} after {pinned if cls in flips else closed}: not lowered for an in-memory "
                               "dataset")
@@ -186,6 +188,10 @@ def _split(ops: list, name: str) -> tuple[list, list]:
             geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
         elif cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
             geometry.append(("resized", *_resized_crop(op, tensor)))
+        elif cls in (T.Resize, v2.Resize):  # (the script's own, on each row: it draws nothing)
+            if scaled:
+                raise Unlowerable(f"{kind} on a float tensor of an in-memory dataset: fastdata resizes the uint8 rows")
+            geometry.append(("resize", op, tensor, _pillow_filter(op)))
         elif cls in (T.Pad, v2.Pad):
             geometry.append(("pad", _padding(op), *_fill(op, scaled), tensor, None))
         elif cls in (T.CenterCrop, v2.CenterCrop):
@@ -201,7 +207,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
                 raise Unlowerable(str(e)) from None
         else:
             raise Unlowerable(f"{kind} has no faithful lowering for an in-memory dataset ({name}): fastdata lowers "
-                              "RandomCrop, RandomResizedCrop, CenterCrop, Pad, flips, RandomRotation, RandomAffine, "
+                              "RandomCrop, RandomResizedCrop, Resize, CenterCrop, Pad, flips, RandomRotation, "
+                              "RandomAffine, "
                               "RandomPerspective, "
                               "ColorJitter, "
                               "TrivialAugmentWide, RandAugment, AutoAugment, AugMix, GaussianBlur, RandomGrayscale "
@@ -226,6 +233,16 @@ def _resized_crop(op: Any, tensor: bool) -> tuple:
     size = op.size if isinstance(op.size, (list, tuple)) else (op.size, op.size)
     size = (int(size[0]), int(size[-1]))
     return fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)), FILTERS[mode]
+
+
+def _pillow_filter(op: Any) -> int | None:
+    """The Pillow filter of a Resize's interpolation where the extension has it (2, bilinear, or
+    3, bicubic), else None (the script's own Resize then runs on each row)."""
+    try:
+        mode = interpolation(op).value
+    except ValueError:  # (the script's own then raises torchvision's error)
+        return None
+    return FILTERS[mode] if mode in ("bilinear", "bicubic") else None
 
 
 def _flip_commutes(op: Any, domain: str) -> bool:

@@ -3,7 +3,8 @@ its rows at once: numpy's pad (the one torchvision's PIL pad calls for edge, ref
 symmetric; its constant pad is Pillow's expand, the same fill), windows cut at per-sample
 offsets, flips by mask; a RandomResizedCrop's boxes cut and resized by Pillow, a rotation by
 Pillow's rotate, an affine or perspective map by torchvision's own `F.affine` or `F.perspective`,
-each row as torchvision calls them on its PIL image.
+each row as torchvision calls them on its PIL image; a Resize (which draws nothing) the
+script's own on each row's PIL image or tensor.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._cores import batch_threads
+from .._ext import native
+from .._pillow import pillow_info
+from ..image.decode import pillow_order, vertical_first
 from ..transforms.plan import plan_geometry
 
 
@@ -71,19 +76,25 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
         elif op[0] == "resized":  # each row's box cut, then Pillow's resize of it: torchvision's F.resized_crop
-            from PIL import Image
-
             crop, resample = op[1], op[2]
             h, w = crop.size
             # its boxes drawn as the folders' (torchvision's get_params), from a seed of the batch's generator
             boxes = plan_geometry((crop,), int(draws.rng().integers(0, 2**62)), 0, np.arange(n), np.full(n, width),
                                   np.full(n, height)).boxes.astype(np.int64)
-            out = np.empty((n, h, w, x.shape[3]), np.uint8)
-            for k, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
-                window = np.ascontiguousarray(x[k, y0:y1, x0:x1])
-                img = Image.fromarray(window[:, :, 0] if window.shape[2] == 1 else window)
-                out[k] = np.asarray(img.resize((w, h), resample)).reshape(out[k].shape)
+            out = _native_resize(x, boxes, (w, h), resample, _box_resized(x[0], boxes[0], (w, h), resample)) \
+                if n else None
+            if out is None:
+                out = np.empty((n, h, w, x.shape[3]), np.uint8)
+                for k in range(n):
+                    out[k] = _box_resized(x[k], boxes[k], (w, h), resample)
             x = out
+        elif op[0] == "resize":  # the script's own Resize on each row, as its PIL image or uint8 CHW tensor
+            out = None
+            if n and not op[2] and op[3] is not None:  # (on the PIL image, Pillow's bilinear or bicubic)
+                first = _each(x[:1], op[1], False)[0]  # (its size: torchvision's for this image size)
+                out = _native_resize(x, np.tile(np.array([0, 0, width, height], np.int64), (n, 1)),
+                                     (first.shape[1], first.shape[0]), op[3], first)
+            x = _each(x, op[1], op[2]) if out is None else out
         elif op[0] == "rotate":  # each row as torchvision transforms the PIL image (F.rotate's, F.affine's call)
             from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
 
@@ -96,9 +107,66 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
         else:  # flip
             flipped = draws.rng().random(n) < op[2]
             if flipped.any():
-                x = np.array(x)
-                x[flipped] = np.flip(x[flipped], op[1])
+                x = x if x.flags.writeable else np.array(x)  # (a window cut is a read-only view of the rows)
+                if x.shape[3] == 1:
+                    x[flipped] = np.flip(x[flipped], op[1])
+                else:  # torch's flip of a row: numpy's copies 3-byte pixels a byte at a time, 6x slower
+                    rows = torch.from_numpy(x)
+                    for k in np.flatnonzero(flipped).tolist():
+                        rows[k] = rows[k].flip(op[1] - 1)
     return x
+
+
+def _box_resized(row: np.ndarray, box: np.ndarray, size: tuple[int, int], resample: int) -> np.ndarray:
+    """The box (x0, y0, x1, y1) of `row` (HWC) cut, then resized by Pillow to size (w, h)."""
+    from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
+
+    x0, y0, x1, y1 = box.tolist()
+    window = np.ascontiguousarray(row[y0:y1, x0:x1])
+    img = Image.fromarray(window[:, :, 0] if window.shape[2] == 1 else window)
+    return np.asarray(img.resize(size, resample)).reshape(size[1], size[0], row.shape[2])
+
+
+def _native_resize(x: np.ndarray, boxes: np.ndarray, size: tuple[int, int], resample: int,
+                   first: np.ndarray) -> np.ndarray | None:
+    """Each row's box (x0, y0, x1, y1) cut, then resized to size (w, h) as the installed Pillow's
+    resize with `resample` (2, bilinear, or 3, bicubic) does, by the extension's `resize_images`
+    (csrc/resample.h: Pillow's taps, weights and order of passes, on the batch's threads); None
+    where it is not built or cannot follow this Pillow (`pillow_order`), or where its first row
+    is not `first`, Pillow's own of it (a Pillow whose arithmetic it does not know: the batch,
+    and this process's later ones, are then Pillow's)."""
+    global _NATIVE_EXACT
+    order = pillow_order() if native is not None and _NATIVE_EXACT and resample in (2, 3) else "other"
+    if order == "other":
+        return None
+    out = np.empty((len(x), size[1], size[0], x.shape[3]), np.uint8)
+    vertical = vertical_first(boxes, size).astype(np.uint8) if order == "rule" else None
+    native.resize_images(np.ascontiguousarray(x), out, boxes, "bilinear" if resample == 2 else "bicubic", vertical,
+                         "pillow-simd" if pillow_info()["simd"] else "pillow", batch_threads())
+    _NATIVE_EXACT = bool(np.array_equal(out[0], first))
+    return out if _NATIVE_EXACT else None
+
+
+_NATIVE_EXACT = True  # (until a batch's first row says otherwise: `_native_resize`)
+
+
+def _each(x: np.ndarray, transform, tensor: bool) -> np.ndarray:
+    """Each row of `x` through `transform` (one that draws nothing, the same output size for
+    each input size), given as torchvision's `__getitem__` gives it: the PIL image of the row (an
+    L image for one channel) or, on a tensor, the CHW view PILToTensor makes of it."""
+    from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
+
+    out = None
+    for k in range(len(x)):
+        row = np.ascontiguousarray(x[k])
+        if tensor:
+            made = transform(torch.from_numpy(row).permute(2, 0, 1)).permute(1, 2, 0).numpy()
+        else:
+            made = np.asarray(transform(Image.fromarray(row[:, :, 0] if row.shape[2] == 1 else row)))
+        if out is None:
+            out = np.empty((len(x), made.shape[0], made.shape[1], row.shape[2]), np.uint8)
+        out[k] = made.reshape(out.shape[1:])
+    return x if out is None else out
 
 
 def _pad(x: np.ndarray, ltrb: tuple, fill: int, mode: str, tensor: bool) -> np.ndarray:

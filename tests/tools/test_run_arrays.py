@@ -133,6 +133,14 @@ def _deterministic(tv) -> dict:
         "v2 center crop past a tensor, edge pad past it": v2.Compose([
             v2.ToImage(), v2.CenterCrop(35), v2.Pad(70, padding_mode="edge"), v2.ToPureTensor()]),
         "a crop that cannot move": T.Compose([T.RandomCrop(32), v2.RandomCrop(32, padding=0), T.PILToTensor()]),
+        # Resize: the script's own on each row's PIL image, or on its uint8 tensor (torch's resize there)
+        "v1 Resize up, flip p=1, normalize": T.Compose([T.Resize(45), T.RandomHorizontalFlip(1.0), T.ToTensor(),
+                                                         T.Normalize(CIFAR_MEAN, CIFAR_STD)]),
+        "v1 Resize down lanczos, center crop": T.Compose([
+            T.Resize([20], interpolation=T.InterpolationMode.LANCZOS), T.CenterCrop(18), T.PILToTensor()]),
+        "v2 Resize of a uint8 tensor, bicubic, to a pair": v2.Compose([
+            v2.ToImage(), v2.Resize((36, 44), interpolation=v2.InterpolationMode.BICUBIC),
+            v2.ToDtype(torch.float32, scale=True)]),
     }
 
 
@@ -155,7 +163,10 @@ def test_mnist_is_served_natively_bit_for_bit(tv, roots, workers):
 
     for transform in (T.Compose([T.ToTensor(), T.Normalize((0.1307,), (0.3081,))]),
                       T.Compose([T.CenterCrop(24), T.PILToTensor()]),
-                      v2.Compose([v2.ToImage(), v2.Pad(2, padding_mode="edge"), v2.ToDtype(torch.float16, scale=True)])):
+                      v2.Compose([v2.ToImage(), v2.Pad(2, padding_mode="edge"), v2.ToDtype(torch.float16, scale=True)]),
+                      T.Compose([T.Resize(40), T.ToTensor()]),
+                      v2.Compose([v2.ToImage(), v2.Resize(20, antialias=False),
+                                  v2.ToDtype(torch.float32, scale=True)])):
         for cls in (tv.datasets.MNIST, tv.datasets.FashionMNIST):
             if cls is tv.datasets.FashionMNIST:
                 (roots / "FashionMNIST").mkdir(exist_ok=True)
@@ -222,7 +233,8 @@ def test_svhns_random_crop_is_torchvisions_pixels_for_the_offsets_drawn(svhn, tv
 @pytest.mark.parametrize("workers", [0, 2])
 def test_mnist_made_rgb_is_served_natively_bit_for_bit(tv, roots, workers):
     """MNIST's L images made RGB before the tensor, as scripts make them for a 3-channel network
-    (Grayscale(num_output_channels=3) or a Lambda converting to RGB; first, or after moves of pixels):
+    (Grayscale(num_output_channels=3) or a Lambda converting to RGB; first, or after moves of pixels
+    or a Resize; a Resize after it too):
     served natively, each of the 3 channels the image's, the batches DataLoader's bit for bit (a
     pixel op after it on the RGB image); after a rotation, or Grayscale to 1 channel, not lowered."""
     import torchvision.transforms as T
@@ -233,7 +245,11 @@ def test_mnist_made_rgb_is_served_natively_bit_for_bit(tv, roots, workers):
     for transform in (T.Compose([T.Grayscale(num_output_channels=3), T.ToTensor(), T.Normalize((0.5,), (0.5,))]),
                       T.Compose([T.Pad(2, padding_mode="edge"), T.CenterCrop(30), v2.Grayscale(3), T.PILToTensor()]),
                       T.Compose([T.Lambda(lambda x: x.convert("RGB")), T.ColorJitter(contrast=(0.6, 0.6)),
-                                 T.ToTensor()])):
+                                 T.ToTensor()]),
+                      # a Resize before it (on the L image, as torchvision) or after it (on the RGB image)
+                      T.Compose([T.Resize(40), T.Grayscale(3), T.ToTensor(), T.Normalize((0.5,), (0.5,))]),
+                      T.Compose([T.Grayscale(3), T.Resize((20, 36), interpolation=T.InterpolationMode.BICUBIC),
+                                 T.RandomHorizontalFlip(1.0), T.PILToTensor()])):
         dataset = tv.datasets.MNIST(str(roots), train=True, transform=transform)
         plain, got, loader = _both(dataset, batch_size=50, num_workers=workers)
         assert loader._fastdata_lowering.in_memory and loader._fastdata_lowering.channels == 3
@@ -244,6 +260,29 @@ def test_mnist_made_rgb_is_served_natively_bit_for_bit(tv, roots, workers):
                       T.Compose([T.Grayscale(1), T.ToTensor()])):
         lowering, reason = lower_arrays(tv.datasets.MNIST(str(roots), train=True, transform=transform))
         assert lowering is None and reason.startswith("Grayscale has no faithful lowering for an in-memory"), reason
+
+
+def test_a_resize_the_extension_gets_wrong_is_pillows(cifar, tv, monkeypatch):
+    """The extension's resize (`_gather._native_resize`) is checked against Pillow's own on each
+    batch's first row: where they differ (a Pillow of arithmetic it does not know; here an
+    extension that writes zeros), that batch and the later ones are Pillow's; without the
+    extension, Pillow's too. The batches are DataLoader's bit for bit either way."""
+    import torchvision.transforms as T
+
+    import fastdata.run._gather as G
+
+    dataset = cifar(T.Compose([T.Resize(45, interpolation=T.InterpolationMode.BICUBIC), T.ToTensor()]))
+    plain = _batches(torch.utils.data.DataLoader(dataset, batch_size=64))
+    calls = []
+    zeros = types.SimpleNamespace(resize_images=lambda src, out, *args: calls.append(out.fill(0)))
+    for extension, exact in ((zeros, False), (None, True)):
+        monkeypatch.setattr(G, "native", extension)
+        monkeypatch.setattr(G, "_NATIVE_EXACT", True)
+        loader = _served(dataset, batch_size=64, num_workers=0)
+        with natively_only():
+            _same(plain, _batches(loader))
+        assert G._NATIVE_EXACT is exact and len(calls) == 1
+        loader._stop()
 
 
 def _drawn(images: torch.Tensor, pad: int) -> list[tuple[int, int, int, bool]]:
@@ -461,6 +500,8 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
          "RandomResizedCrop on a tensor image"),
         (cifar(T.Compose([T.RandomResizedCrop(24, interpolation=T.InterpolationMode.LANCZOS), T.ToTensor()])),
          "interpolation lanczos"),
+        (cifar(T.Compose([T.ToTensor(), T.Resize(40)])), "Resize on a float tensor"),
+        (cifar(T.Compose([T.ColorJitter(0.4), T.Resize(40), T.ToTensor()])), "Resize after ColorJitter"),
         (cifar(None), "no transform"),
         (cifar(T.RandomCrop(32, padding=4)), "gives PIL images"),
         (tv.datasets.MNIST(str(roots), transform=T.Compose([T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)])),
