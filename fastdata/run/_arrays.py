@@ -104,7 +104,7 @@ def _lower_rows(transform: Any, channels: int, name: str) -> Lowering:
     ops = flatten(transform)
     made = _made_rgb(ops) if channels == 1 else ops
     channels = 3 if len(made) < len(ops) else channels
-    geometry, rest = _split(made, name)
+    geometry, rest = _split(made, name, channels == 3)
     lowering = lower_transform(T.Compose(rest))
     for step in lowering.steps:
         if step[0] == "normalize" and channels == 1 and max(len(step[1]), len(step[2])) > 1:
@@ -136,11 +136,13 @@ def _made_rgb(ops: list) -> list:
     return ops
 
 
-def _split(ops: list, name: str) -> tuple[list, list]:
+def _split(ops: list, name: str, rgb: bool) -> tuple[list, list]:
     """(the geometry as `gather`'s ops, the other ops in their order). The geometry may stand
     anywhere before the pixel ops, Normalize and RandomErasing: it moves before the conversions
     (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype), which it commutes with (each
-    maps each value on its own; after a scaling one, only a fill of 0, which stays 0)."""
+    maps each value on its own; after a scaling one, only a fill of 0, which stays 0). A Lambda
+    converting the PIL image to RGB (`_views.converts_to_rgb`) is dropped where the image is RGB
+    (`rgb`): Pillow's convert of an RGB image to RGB is a copy."""
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
@@ -156,6 +158,8 @@ def _split(ops: list, name: str) -> tuple[list, list]:
     flips = (T.RandomHorizontalFlip, v2.RandomHorizontalFlip, T.RandomVerticalFlip, v2.RandomVerticalFlip)
     for op in ops:
         cls, kind = type(op), type(op).__name__
+        if rgb and not tensor and converts_to_rgb(op):
+            continue
         if cls in keeping or cls in scaling:
             scaled, tensor = scaled or cls in scaling, True
             rest.append(op)

@@ -136,6 +136,12 @@ def _deterministic(tv) -> dict:
         # Resize: the script's own on each row's PIL image, or on its uint8 tensor (torch's resize there)
         "v1 Resize up, flip p=1, normalize": T.Compose([T.Resize(45), T.RandomHorizontalFlip(1.0), T.ToTensor(),
                                                          T.Normalize(CIFAR_MEAN, CIFAR_STD)]),
+        # a weights' transforms(), as transfer-learning scripts give CIFAR: Resize(256), CenterCrop(224), ...
+        "ResNet-18's weights' transforms()": tv.models.ResNet18_Weights.DEFAULT.transforms(),
+        # a Lambda converting to RGB, as scripts written for folders of any mode add: the identity here
+        "a convert-to-RGB Lambda before and after a flip": T.Compose([
+            T.Lambda(lambda img: img.convert("RGB")), T.RandomVerticalFlip(1.0),
+            v2.Lambda(lambda x: x.convert("RGB") if x.mode != "RGB" else x), T.PILToTensor()]),
         "v1 Resize down lanczos, center crop": T.Compose([
             T.Resize([20], interpolation=T.InterpolationMode.LANCZOS), T.CenterCrop(18), T.PILToTensor()]),
         "v2 Resize of a uint8 tensor, bicubic, to a pair": v2.Compose([
