@@ -1,4 +1,5 @@
-// Pillow-exact resampling for the native decoder (decode.cpp): the taps of Pillow's separable
+// Pillow-exact resampling for the native decoder (decode.cpp) and for arrays of pixels
+// (resize_images, `fastdata run`'s in-memory datasets): the taps of Pillow's separable
 // bilinear or bicubic filter for a box of the input, in its fixed point, and the kernels that apply them
 // to decoded RGBX rows, the same bytes whichever the CPU runs (generic C++, SSE4.1, AVX2).
 // Raw pointers only: no Python, no torch, no libjpeg.

@@ -1,13 +1,16 @@
 """`fastdata run`: the geometry of an in-memory dataset's batch (`fastdata.run._arrays`), run on
 its rows at once: numpy's pad (the one torchvision's PIL pad calls for edge, reflect and
 symmetric; its constant pad is Pillow's expand, the same fill), windows cut at per-sample
-offsets, flips by mask; a RandomResizedCrop's boxes cut and resized by Pillow, a rotation by
-Pillow's rotate, an affine or perspective map by torchvision's own `F.affine` or `F.perspective`,
-each row as torchvision calls them on its PIL image; a Resize (which draws nothing) the
-script's own on each row's PIL image or tensor.
+offsets, flips by mask; a RandomResizedCrop's boxes cut and resized as Pillow resizes them (its
+bilinear and bicubic natively on the batch: `_native_resize`), a rotation by Pillow's rotate, an
+affine or perspective map by torchvision's own `F.affine` or `F.perspective`, each row as
+torchvision calls them on its PIL image; a Resize (which draws nothing) as RandomResizedCrop's
+resize on the PIL image, else the script's own on each row's PIL image or tensor.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
@@ -81,7 +84,7 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
             # its boxes drawn as the folders' (torchvision's get_params), from a seed of the batch's generator
             boxes = plan_geometry((crop,), int(draws.rng().integers(0, 2**62)), 0, np.arange(n), np.full(n, width),
                                   np.full(n, height)).boxes.astype(np.int64)
-            out = _native_resize(x, boxes, (w, h), resample, _box_resized(x[0], boxes[0], (w, h), resample)) \
+            out = _native_resize(x, boxes, resample, lambda: _box_resized(x[0], boxes[0], (w, h), resample)) \
                 if n else None
             if out is None:
                 out = np.empty((n, h, w, x.shape[3]), np.uint8)
@@ -91,9 +94,8 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
         elif op[0] == "resize":  # the script's own Resize on each row, as its PIL image or uint8 CHW tensor
             out = None
             if n and not op[2] and op[3] is not None:  # (on the PIL image, Pillow's bilinear or bicubic)
-                first = _each(x[:1], op[1], False)[0]  # (its size: torchvision's for this image size)
-                out = _native_resize(x, np.tile(np.array([0, 0, width, height], np.int64), (n, 1)),
-                                     (first.shape[1], first.shape[0]), op[3], first)
+                whole = np.tile(np.array([0, 0, width, height], np.int64), (n, 1))
+                out = _native_resize(x, whole, op[3], lambda: _each(x[:1], op[1], False)[0])
             x = _each(x, op[1], op[2]) if out is None else out
         elif op[0] == "rotate":  # each row as torchvision transforms the PIL image (F.rotate's, F.affine's call)
             from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
@@ -127,23 +129,25 @@ def _box_resized(row: np.ndarray, box: np.ndarray, size: tuple[int, int], resamp
     return np.asarray(img.resize(size, resample)).reshape(size[1], size[0], row.shape[2])
 
 
-def _native_resize(x: np.ndarray, boxes: np.ndarray, size: tuple[int, int], resample: int,
-                   first: np.ndarray) -> np.ndarray | None:
-    """Each row's box (x0, y0, x1, y1) cut, then resized to size (w, h) as the installed Pillow's
-    resize with `resample` (2, bilinear, or 3, bicubic) does, by the extension's `resize_images`
-    (csrc/resample.h: Pillow's taps, weights and order of passes, on the batch's threads); None
-    where it is not built or cannot follow this Pillow (`pillow_order`), or where its first row
-    is not `first`, Pillow's own of it (a Pillow whose arithmetic it does not know: the batch,
-    and this process's later ones, are then Pillow's)."""
+def _native_resize(x: np.ndarray, boxes: np.ndarray, resample: int,
+                   first: Callable[[], np.ndarray]) -> np.ndarray | None:
+    """Each row's box (x0, y0, x1, y1) cut, then resized as the installed Pillow's resize with
+    `resample` (2, bilinear, or 3, bicubic) does, by the extension's `resize_images`
+    (csrc/resample.h: Pillow's taps, weights and order of passes, on the batch's threads), to the
+    size of `first()`, Pillow's own of the first row; None where the extension is not built or
+    cannot follow this Pillow (`pillow_order`), or where its first row is not Pillow's (a Pillow
+    whose arithmetic it does not know: the batch, and this process's later ones, are then Pillow's)."""
     global _NATIVE_EXACT
     order = pillow_order() if native is not None and _NATIVE_EXACT and resample in (2, 3) else "other"
     if order == "other":
         return None
-    out = np.empty((len(x), size[1], size[0], x.shape[3]), np.uint8)
+    want = first()
+    out = np.empty((len(x), *want.shape), np.uint8)
+    size = (want.shape[1], want.shape[0])
     vertical = vertical_first(boxes, size).astype(np.uint8) if order == "rule" else None
     native.resize_images(np.ascontiguousarray(x), out, boxes, "bilinear" if resample == 2 else "bicubic", vertical,
                          "pillow-simd" if pillow_info()["simd"] else "pillow", batch_threads())
-    _NATIVE_EXACT = bool(np.array_equal(out[0], first))
+    _NATIVE_EXACT = bool(np.array_equal(out[0], want))
     return out if _NATIVE_EXACT else None
 
 
