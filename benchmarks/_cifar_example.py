@@ -21,6 +21,10 @@
 - `--dataset cifar10_224`: CIFAR-10 upscaled for an ImageNet model, as transfer-learning scripts write
   it: `CIFAR10(train=True)` + Resize(224), RandomHorizontalFlip, ToTensor, Normalize(ImageNet's),
   `DataLoader(batch_size=64, shuffle=True, num_workers=2)`;
+- `--dataset cifar10_v2`: the same in torchvision's v2 style, as its "Getting started with transforms v2"
+  writes it: v2.ToImage, v2.RandomResizedCrop((224, 224), antialias=True) (on the uint8 tensor),
+  v2.RandomHorizontalFlip, v2.ToDtype(torch.float32, scale=True), v2.Normalize(ImageNet's), batch 64,
+  2 workers;
 - `--dataset svhn`: an SVHN recipe: `SVHN(split="train")` + RandomCrop(32, padding=4) (no flip: digits),
   ToTensor, Normalize(SVHN's mean and std), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`.
 A fresh iterator each epoch; the step is the copy to the device (the tutorial's: its training
@@ -30,7 +34,7 @@ own formats), so CIFAR's (STL10's, SVHN's) md5 check of them is the one line add
 JSON: images/s of each epoch.
 
     python benchmarks/_cifar_example.py ROOT [--dataset {cifar10,cifar100,mnist,tutorial,stl10,svhn,fashion_rgb,
-                                                     cifar10_224}]
+                                                     cifar10_224,cifar10_v2}]
                                              [--epochs 3]
                                              [--workers N]
 """
@@ -47,7 +51,7 @@ import torchvision.transforms as transforms
 ap = argparse.ArgumentParser()
 ap.add_argument("root")
 ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn", "fashion_rgb",
-                                      "cifar10_224"],
+                                      "cifar10_224", "cifar10_v2"],
                 default="cifar10")
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--workers", type=int, default=None,
@@ -147,6 +151,19 @@ elif args.dataset == "cifar10_224":
         transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    trainset = torchvision.datasets.CIFAR10(root=args.root, train=True, download=False, transform=transform_train)
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=64, shuffle=True,
+                                              num_workers=2 if args.workers is None else args.workers)
+elif args.dataset == "cifar10_v2":
+    import torchvision.transforms.v2 as v2
+
+    transform_train = v2.Compose([
+        v2.ToImage(),
+        v2.RandomResizedCrop(size=(224, 224), antialias=True),
+        v2.RandomHorizontalFlip(p=0.5),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
     ])
     trainset = torchvision.datasets.CIFAR10(root=args.root, train=True, download=False, transform=transform_train)
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=64, shuffle=True,

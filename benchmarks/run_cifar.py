@@ -12,7 +12,8 @@ Normalize; batch 256, a worker a core) or an SVHN recipe (RandomCrop(32, padding
 Normalize; batch 128, 2 workers fresh each epoch) or FashionMNIST made RGB for a 3-channel
 network (Grayscale(num_output_channels=3), ToTensor, Normalize; batch 256, 2 workers fresh each
 epoch) or CIFAR-10 upscaled for an ImageNet model (Resize(224), flip, ToTensor, Normalize; batch 64,
-2 workers fresh each epoch), on synthetic files written here in the
+2 workers fresh each epoch; or in torchvision's v2 style: ToImage, RandomResizedCrop(224) on the
+tensor, flip, ToDtype, Normalize), on synthetic files written here in the
 datasets' own formats (CIFAR's pickled batches, MNIST's processed tensors, STL10's binary, SVHN's
 MATLAB file, which needs scipy as SVHN does; the datasets hold them in memory). `fastdata run`
 serves them natively (`fastdata.run._arrays`): the crop and flip on a batch's rows at once
@@ -22,9 +23,10 @@ drift on a shared machine hits both alike.
 Run it with a user's environment: the registry's torch and torchvision and fastdata installed
 (.ci/run makes one). Prints each side's images/s (epoch 1; epochs 2+) and the ratios with a
 bootstrap interval; writes JSON (run_cifar10.json, run_cifar100.json, run_mnist.json,
-run_tutorial.json, run_stl10.json, run_svhn.json, run_fashion_rgb.json, run_cifar10_224.json).
+run_tutorial.json, run_stl10.json, run_svhn.json, run_fashion_rgb.json, run_cifar10_224.json,
+run_cifar10_v2.json).
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,...,fashion_rgb,cifar10_224}]
+    OMP_NUM_THREADS=1 python benchmarks/run_cifar.py [--dataset {cifar10,...,cifar10_224,cifar10_v2}]
                                                      [--images 50000]
                                                      [--rounds 3] [--epochs 3] [--workers N] [--json PATH]
 """
@@ -122,7 +124,7 @@ def main() -> int:
     ap = _common.rounds_parser(__doc__, rounds=3)
     ap.set_defaults(epochs=3, images=50000, root=str(_common.RESULTS.parent / "data" / "small-images"))
     ap.add_argument("--dataset", choices=["cifar10", "cifar100", "mnist", "tutorial", "stl10", "svhn", "fashion_rgb",
-                                          "cifar10_224"],
+                                          "cifar10_224", "cifar10_v2"],
                     default="cifar10")
     ap.add_argument("--workers", type=int, default=None,
                     help="the recipe's: 2 for CIFAR-10, the tutorial, SVHN and FashionMNIST, 4 for CIFAR-100, 0 for "
@@ -137,10 +139,11 @@ def main() -> int:
     {"cifar10": write_cifar, "cifar100": write_cifar100, "mnist": write_mnist,
      "tutorial": write_cifar, "stl10": write_stl10, "svhn": write_svhn,
      "fashion_rgb": partial(write_mnist, name="FashionMNIST"),
-     "cifar10_224": write_cifar}[args.dataset](root, args.images)
+     "cifar10_224": write_cifar, "cifar10_v2": write_cifar}[args.dataset](root, args.images)
     workers = args.workers if args.workers is not None else {"cifar10": 2, "cifar100": 4, "mnist": 0, "tutorial": 2,
                                                              "stl10": os.cpu_count(), "svhn": 2,
-                                                             "fashion_rgb": 2, "cifar10_224": 2}[args.dataset]
+                                                             "fashion_rgb": 2, "cifar10_224": 2,
+                                                             "cifar10_v2": 2}[args.dataset]
     script = [sys.executable, str(HERE / "_cifar_example.py"), str(root), "--dataset", args.dataset,
               "--epochs", str(args.epochs), "--workers", str(workers)]
     fastdata_cli = str(Path(sys.executable).with_name("fastdata"))
@@ -152,7 +155,8 @@ def main() -> int:
         fast, slow = sides["fastdata run"][part], sides["plain"][part]
         lo, hi = _common.ratio_ci([1 / x for x in slow], [1 / x for x in fast])
         ratios[part] = {"ratio": statistics.median(fast) / statistics.median(slow), "ci95": [lo, hi]}
-    batch = {"mnist": 64, "tutorial": 4, "stl10": 256, "fashion_rgb": 256, "cifar10_224": 64}.get(args.dataset, 128)
+    batch = {"mnist": 64, "tutorial": 4, "stl10": 256, "fashion_rgb": 256, "cifar10_224": 64,
+             "cifar10_v2": 64}.get(args.dataset, 128)
     print(f"\n{args.dataset}, {args.images} images in memory, batch {batch}, {workers} workers"
           f"{' (fresh each epoch)' if workers else ''}, {args.rounds} rounds ABBA, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")

@@ -5,7 +5,7 @@ transform on it, sample by sample, in Python: at 32x32 pixels that is most of a 
 
 `lower_arrays` reads the transform those scripts use (MNIST's images made RGB first: `_made_rgb`):
 the geometry on the PIL image or uint8 tensor (RandomCrop with its padding and pad_if_needed, CenterCrop, Pad,
-horizontal and vertical flips, Resize, and on the PIL image RandomResizedCrop, RandomRotation,
+horizontal and vertical flips, Resize, RandomResizedCrop, and on the PIL image RandomRotation,
 RandomAffine and RandomPerspective, each its exact torchvision class), then what the folders' lowering reads
 after the geometry (`_lowering.lower_transform`: ColorJitter, TrivialAugmentWide, RandAugment,
 AutoAugment, GaussianBlur, RandomGrayscale and the other Random* photometric ops, a RandomApply,
@@ -25,6 +25,7 @@ from __future__ import annotations
 import operator
 import sys
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -191,7 +192,7 @@ def _split(ops: list, name: str, rgb: bool) -> tuple[list, list]:
                 geometry.append(("pad", (0, 0, 0, 0), *_fill(op, scaled), tensor, tuple(op.size)))
             geometry.append(("crop", (int(op.size[0]), int(op.size[1]))))
         elif cls in (T.RandomResizedCrop, v2.RandomResizedCrop):
-            geometry.append(("resized", *_resized_crop(op, tensor)))
+            geometry.append(("resized", *_resized_crop(op, tensor, scaled)))
         elif cls in (T.Resize, v2.Resize):  # (the script's own, on each row: it draws nothing)
             if scaled:
                 raise Unlowerable(f"{kind} on a float tensor of an in-memory dataset: fastdata resizes the uint8 rows")
@@ -222,21 +223,29 @@ def _split(ops: list, name: str, rgb: bool) -> tuple[list, list]:
     return geometry, rest
 
 
-def _resized_crop(op: Any, tensor: bool) -> tuple:
-    """(fastdata's RandomResizedCrop, the Pillow filter) of torchvision's, on a PIL image only: on
-    a tensor torchvision resizes with its own kernels, not Pillow's."""
+def _resized_crop(op: Any, tensor: bool, scaled: bool) -> tuple:
+    """(fastdata's RandomResizedCrop, its boxes drawn as torchvision's get_params draws them; on
+    the PIL image the Pillow filter, None; on a uint8 tensor None, the op's own functional
+    `resized_crop` with its size, interpolation and antialias, torch's resize there)."""
     kind = type(op).__name__
+    size = op.size if isinstance(op.size, (list, tuple)) else (op.size, op.size)
+    crop = fd.RandomResizedCrop((int(size[0]), int(size[-1])), scale=tuple(op.scale), ratio=tuple(op.ratio))
+    if scaled:
+        raise Unlowerable(f"{kind} on a float tensor of an in-memory dataset: fastdata resizes the uint8 rows")
     if tensor:
-        raise Unlowerable(f"{kind} on a tensor image of an in-memory dataset: fastdata lowers it on the PIL image")
+        import torchvision.transforms.functional as F1
+        import torchvision.transforms.v2.functional as F2
+
+        functional = F2 if type(op).__module__.startswith("torchvision.transforms.v2") else F1
+        return crop, None, partial(functional.resized_crop, size=op.size, interpolation=op.interpolation,
+                                   antialias=op.antialias)
     try:
         mode = interpolation(op).value
     except ValueError as e:  # (its message is the reason)
         raise Unlowerable(str(e)) from None
     if mode not in FILTERS:
         raise Unlowerable(f"{kind} with interpolation {mode}: fastdata lowers bilinear, bicubic and nearest")
-    size = op.size if isinstance(op.size, (list, tuple)) else (op.size, op.size)
-    size = (int(size[0]), int(size[-1]))
-    return fd.RandomResizedCrop(size, scale=tuple(op.scale), ratio=tuple(op.ratio)), FILTERS[mode]
+    return crop, FILTERS[mode], None
 
 
 def _pillow_filter(op: Any) -> int | None:

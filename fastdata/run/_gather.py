@@ -2,7 +2,8 @@
 its rows at once: numpy's pad (the one torchvision's PIL pad calls for edge, reflect and
 symmetric; its constant pad is Pillow's expand, the same fill), windows cut at per-sample
 offsets, flips by mask; a RandomResizedCrop's boxes cut and resized as Pillow resizes them (its
-bilinear and bicubic natively on the batch: `_native_resize`), a rotation by Pillow's rotate, an
+bilinear and bicubic natively on the batch: `_native_resize`; on a tensor, by the op's own
+functional on each row), a rotation by Pillow's rotate, an
 affine or perspective map by torchvision's own `F.affine` or `F.perspective`, each row as
 torchvision calls them on its PIL image; a Resize (which draws nothing) as RandomResizedCrop's
 resize on the PIL image, else the script's own on each row's PIL image or tensor.
@@ -78,15 +79,20 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
                 height, width = x.shape[1:3]
             top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
             x = x[:, top:top + h, left:left + w]
-        elif op[0] == "resized":  # each row's box cut, then Pillow's resize of it: torchvision's F.resized_crop
-            crop, resample = op[1], op[2]
+        elif op[0] == "resized":  # each row's box cut, then resized: torchvision's F.resized_crop
+            crop, resample, on_tensor = op[1], op[2], op[3]
             h, w = crop.size
             # its boxes drawn as the folders' (torchvision's get_params), from a seed of the batch's generator
             boxes = plan_geometry((crop,), int(draws.rng().integers(0, 2**62)), 0, np.arange(n), np.full(n, width),
                                   np.full(n, height)).boxes.astype(np.int64)
             out = _native_resize(x, boxes, resample, lambda: _box_resized(x[0], boxes[0], (w, h), resample)) \
-                if n else None
-            if out is None:
+                if n and on_tensor is None else None
+            if on_tensor is not None:  # the op's own functional on each row's CHW view, as PILToTensor makes it
+                out = np.empty((n, h, w, x.shape[3]), np.uint8)
+                for k, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
+                    row = torch.from_numpy(np.ascontiguousarray(x[k])).permute(2, 0, 1)
+                    out[k] = on_tensor(row, y0, x0, y1 - y0, x1 - x0).permute(1, 2, 0).numpy()
+            elif out is None:
                 out = np.empty((n, h, w, x.shape[3]), np.uint8)
                 for k in range(n):
                     out[k] = _box_resized(x[k], boxes[k], (w, h), resample)

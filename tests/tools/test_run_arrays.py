@@ -358,22 +358,25 @@ def test_random_crop_and_flip_are_torchvisions_pixels_for_what_was_drawn(cifar, 
     loader._stop()
 
 
-@pytest.mark.parametrize("version", ["v1 bilinear", "v2 bicubic", "MNIST v1 nearest"])
+@pytest.mark.parametrize("version", ["v1 bilinear", "v2 bicubic", "MNIST v1 nearest", "v2 on a tensor, bilinear",
+                                     "v1 on a tensor, bicubic"])
 def test_random_resized_crop_is_torchvisions_resized_crop_for_a_box_drawn(cifar, tv, roots, version):
-    """RandomResizedCrop on the PIL image (a quarter of the area, square: a 16x16 box of a 32x32
-    CIFAR image, 14x14 of MNIST's 28x28): each served image is torchvision's
-    `F.resized_crop` (Pillow's crop, then its resize) of one of the boxes it could draw, to the
-    bit; every offset drawn, uniformly (binomial bounds on a fixed seed), top and left apart."""
+    """RandomResizedCrop on the PIL image or its uint8 tensor (a quarter of the area, square: a
+    16x16 box of a 32x32 CIFAR image, 14x14 of MNIST's 28x28): each served image is torchvision's
+    `F.resized_crop` (Pillow's crop, then its resize; on a tensor, torch's, the op's version's
+    functional) of one of the boxes it could draw, to the bit; every offset drawn, uniformly
+    (binomial bounds on a fixed seed), top and left apart."""
     import torchvision.transforms as T
     import torchvision.transforms.functional as F
     import torchvision.transforms.v2 as v2
+    import torchvision.transforms.v2.functional as F2
     from PIL import Image
 
     M = v2 if version.startswith("v2") else T
-    mode = {"v1 bilinear": "bilinear", "v2 bicubic": "bicubic", "MNIST v1 nearest": "nearest"}[version]
-    mnist = version.startswith("MNIST")
-    transform = M.Compose([M.RandomResizedCrop(24, scale=(0.25, 0.25), ratio=(1.0, 1.0),
-                                               interpolation=T.InterpolationMode(mode)), T.PILToTensor()])
+    mode = next(m for m in ("bilinear", "bicubic", "nearest") if version.endswith(m))
+    mnist, on_tensor = version.startswith("MNIST"), "tensor" in version
+    crop = M.RandomResizedCrop(24, scale=(0.25, 0.25), ratio=(1.0, 1.0), interpolation=T.InterpolationMode(mode))
+    transform = M.Compose([T.PILToTensor(), crop] if on_tensor else [crop, T.PILToTensor()])
     dataset = tv.datasets.MNIST(str(roots), transform=transform) if mnist else cifar(transform)
     side, box = (28, 14) if mnist else (32, 16)
     torch.manual_seed(1)
@@ -386,9 +389,14 @@ def test_random_resized_crop_is_torchvisions_resized_crop_for_a_box_drawn(cifar,
     places = []
     for index, served in enumerate(images):
         img = Image.fromarray(data[index])
-        found = [(top, left) for top in range(side - box + 1) for left in range(side - box + 1)
-                 if torch.equal(F.pil_to_tensor(F.resized_crop(img, top, left, box, box, [24, 24],
-                                                               T.InterpolationMode(mode))), served)]
+        if on_tensor:  # (the op's version's functional, as the op calls it)
+            resized = [(F2 if M is v2 else F).resized_crop(F.pil_to_tensor(img), top, left, box, box, [24, 24],
+                                                          T.InterpolationMode(mode), antialias=True)
+                       for top in range(side - box + 1) for left in range(side - box + 1)]
+        else:
+            resized = [F.pil_to_tensor(F.resized_crop(img, top, left, box, box, [24, 24], T.InterpolationMode(mode)))
+                       for top in range(side - box + 1) for left in range(side - box + 1)]
+        found = [divmod(k, side - box + 1) for k, r in enumerate(resized) if torch.equal(r, served)]
         assert found, f"sample {index}: no box of torchvision's gives its pixels"
         places.append(found[0])
     for name, drawn in (("top", [t for t, _ in places]), ("left", [u for _, u in places])):
@@ -502,8 +510,7 @@ def test_what_is_not_lowered_falls_back_and_says_why(cifar, tv, roots):
         (cifar(T.Compose([T.ToTensor(), T.RandomCrop(32, padding=4, fill=9)])), "0 on a scaled tensor"),
         (cifar(v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4, fill={tv.tv_tensors.Image: 0}),
                            v2.ToDtype(torch.float32, scale=True)])), "with fill {"),
-        (cifar(v2.Compose([v2.ToImage(), v2.RandomResizedCrop(24), v2.ToDtype(torch.float32, scale=True)])),
-         "RandomResizedCrop on a tensor image"),
+        (cifar(T.Compose([T.ToTensor(), T.RandomResizedCrop(24)])), "RandomResizedCrop on a float tensor"),
         (cifar(T.Compose([T.RandomResizedCrop(24, interpolation=T.InterpolationMode.LANCZOS), T.ToTensor()])),
          "interpolation lanczos"),
         (cifar(T.Compose([T.ToTensor(), T.Resize(40)])), "Resize on a float tensor"),
