@@ -281,9 +281,10 @@ void resize_images(AnyArray src, OutArray out, AnyArray boxes, const std::string
   if (!shapes) throw nb::value_error("resize_images takes uint8 src [N, H, W, C] and out [N, OH, OW, C], C 1 or 3");
   const int64_t n = int64_t(src.shape(0));
   for (int d = 1; d < 3; ++d) {
-    if (src.shape(d) < 1 || out.shape(d) < 1 || int64_t(src.shape(d)) >= (int64_t(1) << 30) ||
-        int64_t(out.shape(d)) >= (int64_t(1) << 30)) {
-      throw nb::value_error("resize_images takes images of 1 to 2^30 - 1 pixels a side");
+    // (a row's RGBX bytes, 4 a pixel, and the kernels' counts fit int)
+    if (src.shape(d) < 1 || out.shape(d) < 1 || int64_t(src.shape(d)) >= (int64_t(1) << 28) ||
+        int64_t(out.shape(d)) >= (int64_t(1) << 28)) {
+      throw nb::value_error("resize_images takes images of 1 to 2^28 - 1 pixels a side");
     }
   }
   if (!contiguous(src) || !contiguous(out)) throw nb::value_error("resize_images takes contiguous arrays");

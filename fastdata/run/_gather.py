@@ -148,6 +148,8 @@ def _native_resize(x: np.ndarray, boxes: np.ndarray, resample: int,
     if order == "other":
         return None
     want = first()
+    if max(*want.shape[:2], *x.shape[1:3]) >= 1 << 28:  # (past what `resize_images` takes)
+        return None
     out = np.empty((len(x), *want.shape), np.uint8)
     size = (want.shape[1], want.shape[0])
     vertical = vertical_first(boxes, size).astype(np.uint8) if order == "rule" else None

@@ -97,8 +97,10 @@ def test_simd_and_generic_kernels_give_the_same_bytes(tmp_path, resample):
     for cap in ("sse4.1", "none"):
         result = tmp_path / f"{cap}.npz"
         env = {**os.environ, "FASTDATA_DECODE_SIMD": cap, "OMP_NUM_THREADS": "1"}
+        # (run from tmp_path: `-c` puts the working folder first on sys.path, and a checkout's folder
+        # there would shadow the installed package)
         subprocess.run([sys.executable, "-c", _KERNELS, str(result), os.path.dirname(__file__), resample], env=env,
-                       check=True, timeout=100)
+                       check=True, timeout=100, cwd=tmp_path)
         got = np.load(result)
         assert len(got.files) == len(want) and all(np.array_equal(got[f"arr_{k}"], w) for k, w in enumerate(want)), cap
 
