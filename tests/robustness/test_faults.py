@@ -102,17 +102,20 @@ def _image_ids(images, labels):
 
 
 def _image_loader(folder, **kw):
-    return fastdata.loader(str(folder), batch_size=16, transform=T.Compose([T.RandomResizedCrop(24)]), **kw)
+    kw.setdefault("batch_size", 16)
+    return fastdata.loader(str(folder), transform=T.Compose([T.RandomResizedCrop(24)]), **kw)
 
 
 # --------------------------------------------------------------- dead, stopped and stuck workers
 
 
 def _a_pass_one_batch_in(folder, kind):
-    """(loader, its pass after one batch, the pass's 2 worker pids) of the drop-in or image mode."""
+    """(loader, its pass after one batch, the pass's 2 worker pids) of the drop-in or image mode;
+    25 batches of 4, so that a worker killed after the first still has batches of the pass to
+    make (of 7 batches of 16 small images, a worker may have made all its own by then)."""
     before = _children()
     loader = fastdata.loader(Slow(), batch_size=4, num_workers=2) if kind == "dropin" else \
-        _image_loader(folder, num_workers=2)
+        _image_loader(folder, num_workers=2, batch_size=4)
     it = iter(loader)
     next(it)
     workers = sorted(_children() - before)
