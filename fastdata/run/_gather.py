@@ -127,12 +127,16 @@ def gather(images: np.ndarray, geometry: tuple, draws: Draws) -> np.ndarray:
 
 def _box_resized(row: np.ndarray, box: np.ndarray, size: tuple[int, int], resample: int) -> np.ndarray:
     """The box (x0, y0, x1, y1) of `row` (HWC) cut, then resized by Pillow to size (w, h)."""
-    from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
-
     x0, y0, x1, y1 = box.tolist()
     window = np.ascontiguousarray(row[y0:y1, x0:x1])
-    img = Image.fromarray(window[:, :, 0] if window.shape[2] == 1 else window)
-    return np.asarray(img.resize(size, resample)).reshape(size[1], size[0], row.shape[2])
+    return np.asarray(_pil(window).resize(size, resample)).reshape(size[1], size[0], row.shape[2])
+
+
+def _pil(row: np.ndarray):
+    """The PIL image torchvision's `__getitem__` makes of an HWC row: L for one channel, else RGB."""
+    from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
+
+    return Image.fromarray(row[:, :, 0] if row.shape[2] == 1 else row)
 
 
 def _native_resize(x: np.ndarray, boxes: np.ndarray, resample: int,
@@ -166,15 +170,13 @@ def _each(x: np.ndarray, transform, tensor: bool) -> np.ndarray:
     """Each row of `x` through `transform` (one that draws nothing, the same output size for
     each input size), given as torchvision's `__getitem__` gives it: the PIL image of the row (an
     L image for one channel) or, on a tensor, the CHW view PILToTensor makes of it."""
-    from PIL import Image  # (here, not at import: `fastdata run` serves scripts without Pillow)
-
     out = None
     for k in range(len(x)):
         row = np.ascontiguousarray(x[k])
         if tensor:
             made = transform(torch.from_numpy(row).permute(2, 0, 1)).permute(1, 2, 0).numpy()
         else:
-            made = np.asarray(transform(Image.fromarray(row[:, :, 0] if row.shape[2] == 1 else row)))
+            made = np.asarray(transform(_pil(row)))
         if out is None:
             out = np.empty((len(x), made.shape[0], made.shape[1], row.shape[2]), np.uint8)
         out[k] = made.reshape(out.shape[1:])
